@@ -1,0 +1,16 @@
+/*
+ * cli.h — subcommands of the dsv32 CLI. Each returns the process exit status
+ * (0 ok, 1 failure, 2 usage error); argv[0] is the subcommand's name.
+ */
+#ifndef DSV32_CLI_H
+#define DSV32_CLI_H
+
+struct cli_cmd {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *help;
+};
+
+int cmd_info(int argc, char **argv);
+
+#endif

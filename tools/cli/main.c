@@ -1,0 +1,38 @@
+/*
+ * main.c — the dsv32 command-line tool: the table of subcommands.
+ *
+ * Offline subcommands link the engine (model/); client subcommands use only the client
+ * library (ipc/dsv32.h). Each subcommand lives in its own file tools/cli/cmd_<name>.c and is
+ * listed in the table below.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ipc/dsv32.h"
+#include "tools/cli/cli.h"
+
+static const struct cli_cmd commands[] = {
+	{"info", cmd_info, "load a checkpoint, bind every tensor and print a summary"},
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "dsv32 %s — DeepSeek-V3.2 inference engine tools\n\nusage: dsv32 COMMAND [ARGS]\n\n",
+		dsv32_version());
+	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+		usage(argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "dsv32: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}
