@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/fileio.h"
 #include "model/json.h"
 
 enum ftype { F_INT, F_NUM, F_STR, F_BOOL };
@@ -291,22 +292,13 @@ int config_load(struct dsv32_config *c, const char *path, struct err *e)
 	if (n > 5 && !strcmp(path + n - 5, ".json"))
 		snprintf(file, sizeof file, "%s", path);
 	else
-		snprintf(file, sizeof file, "%s/config.json", path);
-	FILE *f = fopen(file, "rb");
-	if (!f)
-		return err_set(e, -errno, "%s: cannot open: %s", file, strerror(errno));
-	struct sbuf b = {0};
-	char chunk[65536];
-	size_t k;
-	while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && b.len < (16u << 20))
-		sbuf_put(&b, chunk, k);
-	fclose(f);
-	if (b.oom) {
-		sbuf_free(&b);
-		return err_set(e, -ENOMEM, "%s: out of memory", file);
-	}
-	int r = config_parse(c, b.p ? b.p : "", b.len, file, e);
-	sbuf_free(&b);
+		path_join(file, sizeof file, path, "config.json");
+	size_t len;
+	char *text = file_read(file, &len, 16u << 20, e);
+	if (!text)
+		return e ? -EINVAL : -EINVAL;
+	int r = config_parse(c, text, len, file, e);
+	free(text);
 	return r;
 }
 
