@@ -296,7 +296,7 @@ int config_load(struct dsv32_config *c, const char *path, struct err *e)
 	size_t len;
 	char *text = file_read(file, &len, 16u << 20, e);
 	if (!text)
-		return e ? -EINVAL : -EINVAL;
+		return -EINVAL;
 	int r = config_parse(c, text, len, file, e);
 	free(text);
 	return r;
