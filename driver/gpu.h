@@ -1,0 +1,96 @@
+/*
+ * gpu.h — one GPU: its context, stream, the embedded kernel modules, and memory.
+ *
+ * Owns: opening a device (primary context), loading every embedded kernel image (the sm_90a
+ * cubin when present, else the PTX through the JIT, whose error log is printed on failure),
+ * looking kernels up by name, launching them, and the device memory of the process:
+ *   - one reserved virtual range per pool (driver VMM API: reserve once, map physical chunks),
+ *     a weights region, a KV page pool and a LIFO per-step scratch arena; nothing is allocated
+ *     after start-up;
+ *   - pinned host staging buffers for uploads.
+ * Must not: know about the model; model/ asks for memory and launches kernels by name.
+ */
+#ifndef DSV32_GPU_H
+#define DSV32_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver/cu.h"
+#include "model/err.h"
+
+typedef uint64_t gpu_ptr; /* a device address (CUdeviceptr) */
+
+/* A virtual range reserved once, backed by physical chunks mapped on demand up to `size`. */
+struct gpu_region {
+	const char *name;
+	gpu_ptr base;
+	size_t reserved;   /* bytes of address space */
+	size_t mapped;     /* bytes backed by physical memory, from base */
+	size_t used;       /* bump pointer for gpu_region_alloc */
+	int n_chunks;
+	void *chunks;      /* CUmemGenericAllocationHandle[] */
+};
+
+/* LIFO scratch: mark, allocate, release back to the mark; backed by a gpu_region. */
+struct gpu_arena {
+	struct gpu_region region;
+	size_t top;
+	size_t high_water;
+};
+
+struct gpu_kernel_fn {
+	const char *name;
+	void *fn; /* CUfunction */
+};
+
+struct gpu {
+	int ordinal;
+	char name[128];
+	int cc_major, cc_minor, sm_count;
+	size_t total_mem;
+	size_t granularity; /* VMM allocation granularity */
+	void *ctx;          /* CUcontext (primary) */
+	void *stream;       /* CUstream: the engine's one stream */
+	int n_modules;
+	void **modules;     /* CUmodule[] in kernel_images order */
+	int n_fns;
+	struct gpu_kernel_fn *fns; /* cache of looked-up functions */
+};
+
+/* Opens device `ordinal`, makes its primary context current, creates the stream and loads
+ * every embedded kernel image. */
+int gpu_open(struct gpu *g, int ordinal, struct err *e);
+void gpu_close(struct gpu *g);
+/* Finds kernel `fn` (an extern "C" entry point) in any loaded module; NULL if absent. */
+void *gpu_kernel(struct gpu *g, const char *fn);
+/* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
+ * (an array of pointers to each argument, as cuLaunchKernel takes them). */
+int gpu_launch(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+	       unsigned by, unsigned bz, unsigned smem, void **args);
+int gpu_sync(struct gpu *g);
+
+/* Regions (driver VMM API). reserve: address space only; grow maps physical memory so that
+ * at least `bytes` from base are backed; alloc bumps within the mapped part (aligned to 256). */
+int gpu_region_reserve(struct gpu *g, struct gpu_region *r, const char *name, size_t reserve,
+		       struct err *e);
+int gpu_region_grow(struct gpu *g, struct gpu_region *r, size_t bytes, struct err *e);
+gpu_ptr gpu_region_alloc(struct gpu_region *r, size_t bytes);
+void gpu_region_free(struct gpu *g, struct gpu_region *r);
+
+int gpu_arena_init(struct gpu *g, struct gpu_arena *a, size_t bytes, struct err *e);
+static inline size_t gpu_arena_mark(const struct gpu_arena *a) { return a->top; }
+gpu_ptr gpu_arena_push(struct gpu_arena *a, size_t bytes); /* 0 when full (a bug: sized at start) */
+static inline void gpu_arena_release(struct gpu_arena *a, size_t mark) { a->top = mark; }
+void gpu_arena_free(struct gpu *g, struct gpu_arena *a);
+
+/* Pinned host memory for staging. */
+void *gpu_host_alloc(size_t bytes);
+void gpu_host_free(void *p);
+
+/* Plain copies on the engine stream, synchronous. */
+int gpu_upload(struct gpu *g, gpu_ptr dst, const void *src, size_t bytes);
+int gpu_download(struct gpu *g, void *dst, gpu_ptr src, size_t bytes);
+int gpu_memset(struct gpu *g, gpu_ptr dst, uint8_t byte, size_t bytes);
+
+#endif
