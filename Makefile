@@ -18,9 +18,13 @@ MUSLCC  ?= musl-gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 PTXAS   ?= $(dir $(NVCC))ptxas
 
+# The driver API header (cuda.h) comes from the CUDA toolkit when present; without it the
+# daemon builds CPU-only. The toolkit is never needed at run time.
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/,%,$(dir $(NVCC))),/usr/local/cuda)
+CUDA_INC  := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),-I$(CUDA_HOME)/include)
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -MMD -MP
+CFLAGS  += -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. $(CUDA_INC) -MMD -MP
 LDLIBS  := -lm -ldl -pthread
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
@@ -30,6 +34,7 @@ BOOT_SRC   := $(wildcard boot/*.c)
 CLI_SRC    := $(wildcard tools/cli/*.c)
 MKMODEL_SRC:= $(wildcard tools/mkmodel/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
+GPU_TEST_SRC := tests/runner.c $(wildcard tests/gpu/*.c)
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
 KERNELS    := $(wildcard kernels_ptx/*.cu)
 
@@ -38,7 +43,8 @@ san = $(patsubst %.c,$(BUILD)/asan/obj/%.o,$(1))
 fz  = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(1))
 mus = $(patsubst %.c,$(BUILD)/static/obj/%.o,$(1))
 
-PROGRAMS := $(BUILD)/dsv32d $(BUILD)/dsv32 $(BUILD)/mkmodel $(BUILD)/libdsv32.a $(BUILD)/test_runner
+PROGRAMS := $(BUILD)/dsv32d $(BUILD)/dsv32 $(BUILD)/mkmodel $(BUILD)/libdsv32.a $(BUILD)/test_runner \
+	    $(BUILD)/gpu_test_runner
 
 .PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test
 all: $(PROGRAMS)
@@ -80,10 +86,10 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CLANG) -O1 -g -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -MMD -MP $(SAN) -c -o $@ $<
+	$(CLANG) -O1 -g -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. $(CUDA_INC) -MMD -MP $(SAN) -c -o $@ $<
 $(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CLANG) -O1 -g -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -MMD -MP $(SAN) -fsanitize=fuzzer-no-link -DDSV32_FUZZ -c -o $@ $<
+	$(CLANG) -O1 -g -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. $(CUDA_INC) -MMD -MP $(SAN) -fsanitize=fuzzer-no-link -DDSV32_FUZZ -c -o $@ $<
 $(BUILD)/static/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(MUSLCC) -O2 -g -std=c11 $(WARN) -D_GNU_SOURCE -pthread -I. -MMD -MP -DDSV32_STATIC -c -o $@ $<
@@ -102,6 +108,10 @@ $(BUILD)/dsv32: $(call obj,$(CLI_SRC)) $(BUILD)/libengine.a $(call obj,$(IPC_SRC
 $(BUILD)/mkmodel: $(call obj,$(MKMODEL_SRC)) $(BUILD)/libengine.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/test_runner: $(call obj,$(TEST_SRC)) $(call obj,$(ENGINE_SRC) $(IPC_SRC)) $(EMBED_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# GPU tests: built everywhere (CI checks they compile), run only by `make gpu-test` on a GPU.
+$(BUILD)/gpu_test_runner: $(call obj,$(GPU_TEST_SRC)) $(BUILD)/libengine.a $(EMBED_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- sanitizer build of the whole suite (clang ASan + UBSan) --------------------------------
@@ -156,7 +166,7 @@ test: all asan fuzz tokenizer
 	@tools/run_tests.sh $(BUILD)
 
 gpu-test: all
-	@tools/gpu_test.sh $(BUILD)
+	DSV32_BIN=$(BUILD) $(BUILD)/gpu_test_runner
 
 PREFIX ?= /usr/local
 install: all

@@ -1,0 +1,64 @@
+/*
+ * gpu_harness.h — shared helpers of the GPU tests (tests/gpu/, run by `make gpu-test` on the
+ * GPU machine; built but not run in CI). Each case runs in its own forked process, so each
+ * opens the device itself. Outputs are poisoned (0xff bytes: NaN in bf16 and fp32) before a
+ * kernel runs, so an element the kernel never wrote cannot pass.
+ */
+#ifndef DSV32_GPU_HARNESS_H
+#define DSV32_GPU_HARNESS_H
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "driver/gpu.h"
+#include "model/numerics.h"
+#include "tests/test.h"
+
+#ifndef DSV32_NO_CUDA
+
+/* Opens GPU 0 or ends the case with the reason. */
+static inline void gpu_test_open(struct gpu *g)
+{
+	struct err e = {""};
+	if (gpu_open(g, 0, &e)) {
+		test_fail(__FILE__, __LINE__, "gpu_open: %s", e.msg);
+		test_abort_case();
+	}
+}
+
+/* Device buffer from a plain allocation (tests only; the engine uses regions). */
+static inline gpu_ptr gpu_test_alloc(size_t bytes)
+{
+	CUdeviceptr p = 0;
+	if (cu_check(cu.cuMemAlloc(&p, bytes), "cuMemAlloc", __FILE__, __LINE__))
+		test_abort_case();
+	return p;
+}
+
+static inline void gpu_test_poison(struct gpu *g, gpu_ptr p, size_t bytes)
+{
+	REQUIRE(gpu_memset(g, p, 0xff, bytes) == 0);
+}
+
+/* Random bf16 values ~ U(-amp, amp), never all zero. */
+static inline void fill_bf16(uint16_t *x, size_t n, float amp, uint64_t *seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		float u = (float)((test_rand(seed) >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+		x[i] = f32_to_bf16(u * amp);
+	}
+}
+
+/* Distance in bf16 units in the last place between two bf16 values (NaN: huge). */
+static inline int bf16_ulps(uint16_t a, uint16_t b)
+{
+	if (isnan(bf16_to_f32(a)) || isnan(bf16_to_f32(b)))
+		return 1 << 30;
+	int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+	int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+	return abs(ia - ib);
+}
+
+#endif
+#endif
