@@ -4,18 +4,7 @@
 // is null), out[t] = bf16(w * s / sqrt(mean(s^2) + eps)), residual[t] = bf16(s).
 // One block per row; blockDim.x = 256; dims up to 8192 (hidden 7168 fits with 28 values per
 // thread). Shapes: x, out, residual [T, dim] bf16 (uint16 bits); w [dim] fp32.
-#include <stdint.h>
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40);
-	u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even, as model/numerics.h
-	return (uint16_t)(u >> 16);
-}
+#include "common.cuh"
 
 #define RMS_THREADS 256
 #define RMS_MAX_PER_THREAD 32

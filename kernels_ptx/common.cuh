@@ -1,0 +1,69 @@
+// common.cuh — device helpers shared by the kernels: the number formats of spec §5 with the
+// same rounding as model/numerics.h (bf16 round-to-nearest-even, e4m3 RNE with saturation,
+// UE8M0 power-of-two scales), and warp reductions. Device code only.
+#pragma once
+#include <stdint.h>
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+// e4m3 (float8_e4m3fn) code of x, round to nearest even, saturating at ±448.
+__device__ __forceinline__ uint8_t f32_to_e4m3(float x)
+{
+	uint16_t r;
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+	return (uint8_t)(r & 0xff);
+}
+
+// Two e4m3 codes packed (lo = a, hi = b).
+__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float a, float b)
+{
+	uint16_t r;
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+	return r;
+}
+
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b)
+{
+	float out;
+	uint16_t in = b;
+	asm("{ .reg .b32 h2; .reg .f16 lo, hi;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 h2, %1;\n\t"
+	    "mov.b32 {lo, hi}, h2;\n\t"
+	    "cvt.f32.f16 %0, lo; }"
+	    : "=f"(out)
+	    : "h"(in));
+	return out;
+}
+
+// 2^ceil(log2(amax / 448)) on the fp32 bits (spec §5.3); amax carries the 1e-4 floor.
+__device__ __forceinline__ float ue8m0_scale(float amax)
+{
+	uint32_t bits = __float_as_uint(amax * (1.0f / 448.0f));
+	int e = (int)((bits >> 23) & 0xff) - 127 + ((bits & 0x7fffffu) != 0);
+	return __uint_as_float((uint32_t)(e + 127) << 23);
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
