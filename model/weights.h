@@ -86,4 +86,13 @@ int weights_bind(struct weights *w, const struct dsv32_config *c, const struct c
 		 struct err *e);
 void weights_free(struct weights *w);
 
+/* What binding saw (spec §11: V3.2 expects power-of-two weight_scale_inv; others are counted,
+ * not rejected; every scale must be finite and positive). */
+struct weights_stats {
+	int64_t n_tensors;         /* checkpoint tensors bound */
+	int64_t n_scales;          /* weight_scale_inv values checked */
+	int64_t n_scales_not_pow2; /* of those, not an exact power of two */
+};
+void weights_get_stats(const struct weights *w, struct weights_stats *s);
+
 #endif
