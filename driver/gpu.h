@@ -19,7 +19,7 @@
 #include "driver/cu.h"
 #include "model/err.h"
 
-typedef uint64_t gpu_ptr; /* a device address (CUdeviceptr) */
+typedef unsigned long long gpu_ptr; /* a device address (the same type as CUdeviceptr) */
 
 /* A virtual range reserved once, backed by physical chunks mapped on demand up to `size`. */
 struct gpu_region {

@@ -12,5 +12,9 @@ struct cli_cmd {
 };
 
 int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* benchmarks (dsv32 bench NAME) */
+int bench_gemm(int argc, char **argv);
 
 #endif

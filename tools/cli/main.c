@@ -13,6 +13,7 @@
 
 static const struct cli_cmd commands[] = {
 	{"info", cmd_info, "load a checkpoint, bind every tensor and print a summary"},
+	{"bench", cmd_bench, "benchmarks: dsv32 bench WHAT (gemm, ...)"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,154 @@
+// gemm_fp8_decode.cu — FP8 block-scaled GEMM for decode (M <= 64 tokens), spec §5.4:
+//   y[m, n] = bf16( Σ_kb ( Σ_{k in kb} x8[m, k] · W8[n, k] ) · sx[m, kb] · S[n / 128, kb] )
+// W8 e4m3 [N, K] (row stride K), S fp32 [N/128, K/128] (weight_scale_inv, multiplied),
+// x8 e4m3 [M, K] (row stride K), sx fp32 [M, K/128] (UE8M0 act_quant scales), y bf16 [M, ldy].
+//
+// Decode is a stream of weights: every weight byte is read once, with 16-byte streaming loads
+// (L1 no-allocate), two in flight per row per lane. The tensor cores do the arithmetic:
+// mma.m16n8k32 e4m3 with the weights as A (16 output rows) and the tokens as B (8 per group).
+// Inside one 128-wide K block the 4 MMAs accumulate into a fresh fp32 fragment, which is then
+// scaled and added to the fp32 accumulator ("promotion", as DeepSeek's 2xAcc), so limited
+// tensor-core accumulation precision never spans more than 128 products.
+//
+// K order: lane (g, t) of a warp loads bytes [32t, 32t+32) of each 128-byte block of its rows
+// and of its token's activations; MMA step s uses words 2s, 2s+1 of those 32 bytes for both A
+// and B. A and B therefore see the same permutation of k, so every dot product is complete.
+//
+// Work split: a block of 8 warps covers `8 / ksplit` tiles of 16 rows; the ksplit warps of a
+// tile take K blocks kb = ks, ks + ksplit, ... and their partial sums are added in smem in the
+// fixed order ks = 0 .. ksplit-1. The result for (m, n) does not depend on M or on the other
+// tokens (each output element's arithmetic is independent): batch-invariant.
+#include "common.cuh"
+
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
+{
+	uint4 r;
+	asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+		     : "l"(p));
+	return r;
+}
+
+__device__ __forceinline__ uint4 ld_cached16(const uint8_t *p)
+{
+	return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+// D = A·B + C for one m16n8k32 e4m3 MMA (A row-major 16x32, B column-major 32x8, fp32 C/D).
+__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#define DEC_WARPS 8
+
+template <int MG> // token groups of 8: M <= 8 * MG
+__device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
+						const float *__restrict__ S,
+						const uint8_t *__restrict__ X,
+						const float *__restrict__ SX,
+						uint16_t *__restrict__ Y, int M, int N, int K,
+						int ldy, int ksplit)
+{
+	__shared__ float red[DEC_WARPS][16][8 * MG]; // partial sums per warp, row, token
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int g = lane >> 2, t = lane & 3;
+	const int tiles = DEC_WARPS / ksplit;
+	const int tile = blockIdx.x * tiles + warp / ksplit;
+	const int ks = warp % ksplit;
+	const int KB = K >> 7;
+	const int n0 = tile * 16;
+
+	float acc[MG][4];
+#pragma unroll
+	for (int mg = 0; mg < MG; mg++)
+		acc[mg][0] = acc[mg][1] = acc[mg][2] = acc[mg][3] = 0.f;
+
+	if (n0 < N) {
+		const uint8_t *w_lo = W + (size_t)(n0 + g) * K + 32 * t;
+		const uint8_t *w_hi = w_lo + (size_t)8 * K;
+		const float *s_row = S + (size_t)(n0 >> 7) * KB;
+		// software pipeline: the next block's weights are in flight while this one computes
+		int kb = ks;
+		uint4 lo0, lo1, hi0, hi1;
+		if (kb < KB) {
+			lo0 = ld_stream16(w_lo + (size_t)kb * 128);
+			lo1 = ld_stream16(w_lo + (size_t)kb * 128 + 16);
+			hi0 = ld_stream16(w_hi + (size_t)kb * 128);
+			hi1 = ld_stream16(w_hi + (size_t)kb * 128 + 16);
+		}
+		for (; kb < KB; kb += ksplit) {
+			const uint4 a_lo0 = lo0, a_lo1 = lo1, a_hi0 = hi0, a_hi1 = hi1;
+			const int kn = kb + ksplit;
+			if (kn < KB) {
+				lo0 = ld_stream16(w_lo + (size_t)kn * 128);
+				lo1 = ld_stream16(w_lo + (size_t)kn * 128 + 16);
+				hi0 = ld_stream16(w_hi + (size_t)kn * 128);
+				hi1 = ld_stream16(w_hi + (size_t)kn * 128 + 16);
+			}
+			const float sw = s_row[kb];
+#pragma unroll
+			for (int mg = 0; mg < MG; mg++) {
+				const int tok = mg * 8 + g;
+				uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+				if (tok < M) {
+					const uint8_t *xp = X + (size_t)tok * K + (size_t)kb * 128 + 32 * t;
+					b0 = ld_cached16(xp);
+					b1 = ld_cached16(xp + 16);
+				}
+				float c[4] = {0.f, 0.f, 0.f, 0.f};
+				mma_e4m3(c, a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
+				mma_e4m3(c, a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
+				mma_e4m3(c, a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
+				mma_e4m3(c, a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+				// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
+				const int m0 = mg * 8 + 2 * t;
+				const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
+				const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
+				acc[mg][0] += c[0] * s0;
+				acc[mg][1] += c[1] * s1;
+				acc[mg][2] += c[2] * s0;
+				acc[mg][3] += c[3] * s1;
+			}
+		}
+	}
+#pragma unroll
+	for (int mg = 0; mg < MG; mg++) {
+		red[warp][g][mg * 8 + 2 * t] = acc[mg][0];
+		red[warp][g][mg * 8 + 2 * t + 1] = acc[mg][1];
+		red[warp][g + 8][mg * 8 + 2 * t] = acc[mg][2];
+		red[warp][g + 8][mg * 8 + 2 * t + 1] = acc[mg][3];
+	}
+	__syncthreads(); // every warp's partials are in smem before the fixed-order sum
+	const int per_tile = 16 * M;
+	for (int i = threadIdx.x; i < tiles * per_tile; i += blockDim.x) {
+		const int tl = i / per_tile, r = i % per_tile;
+		const int m = r / 16, row = r % 16;
+		const int n = (blockIdx.x * tiles + tl) * 16 + row;
+		if (n >= N)
+			continue;
+		float sum = 0.f;
+		for (int k = 0; k < ksplit; k++)
+			sum += red[tl * ksplit + k][row][m];
+		Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
+	}
+}
+
+#define DEC_ENTRY(MG, MINB)                                                                         \
+	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)                        \
+	k_gemm_fp8_decode_m##MG(const uint8_t *W, const float *S, const uint8_t *X,             \
+				const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
+				int ksplit)                                                     \
+	{                                                                                       \
+		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit);                      \
+	}
+
+// blocks per SM the register budget is sized for (more warps hide more memory latency)
+DEC_ENTRY(1, 3)
+DEC_ENTRY(2, 2)
+DEC_ENTRY(4, 1)
+DEC_ENTRY(8, 1)

@@ -1,0 +1,21 @@
+/*
+ * cuda_gemm.h — host launchers of the FP8 block-scaled GEMM kernels (kernels_ptx/gemm_fp8_*).
+ *
+ * Owns: choosing the kernel variant and grid for a shape, and checking the shape contract
+ * (N % 16 == 0, K % 128 == 0, M <= 64 for the decode kernel). Must not: allocate.
+ */
+#ifndef DSV32_CUDA_GEMM_H
+#define DSV32_CUDA_GEMM_H
+
+#include "driver/gpu.h"
+
+#ifndef DSV32_NO_CUDA
+/* y[M, ldy] (bf16) = x8[M, K] (e4m3, scales sx[M, K/128]) x W8[N, K]^T (e4m3, scales
+ * S[N/128, K/128]), fp32 accumulation promoted per 128-block. M <= 64. */
+int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+			 int M, int N, int K, int ldy);
+/* The split of K across the warps of a tile that the decode kernel uses for this K. */
+int cuda_gemm_decode_ksplit(int K);
+#endif
+
+#endif

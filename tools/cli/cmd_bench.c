@@ -1,0 +1,25 @@
+/*
+ * cmd_bench.c — `dsv32 bench WHAT ...`: the benchmarks, one per subsystem. Each prints its
+ * numbers, the ratio to the peer or the physical limit measured in the same run, and the
+ * command; none asserts a speed.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli/cli.h"
+
+static const struct cli_cmd benches[] = {
+	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
+};
+
+int cmd_bench(int argc, char **argv)
+{
+	if (argc >= 2)
+		for (size_t i = 0; i < sizeof benches / sizeof *benches; i++)
+			if (!strcmp(argv[1], benches[i].name))
+				return benches[i].fn(argc - 1, argv + 1);
+	fprintf(stderr, "usage: dsv32 bench WHAT [ARGS]\n");
+	for (size_t i = 0; i < sizeof benches / sizeof *benches; i++)
+		fprintf(stderr, "  %-10s %s\n", benches[i].name, benches[i].help);
+	return 2;
+}
