@@ -25,6 +25,8 @@ k_rope(uint16_t *__restrict__ x, const int *__restrict__ pos, const float *__res
 	const float c = cs[((size_t)pos[t] * 32 + lane) * 2 + 0];
 	const float s = cs[((size_t)pos[t] * 32 + lane) * 2 + 1];
 	const float a = bf16_to_f32(v[i0]), b = bf16_to_f32(v[i1]);
-	v[i0] = f32_to_bf16(a * c - b * s);
-	v[i1] = f32_to_bf16(a * s + b * c);
+	// explicit roundings (no FMA contraction): the same fp32 operations as the CPU backend's
+	// rope_apply_*, so the result is bit-identical
+	v[i0] = f32_to_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+	v[i1] = f32_to_bf16(__fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
 }

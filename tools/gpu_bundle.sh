@@ -1,0 +1,14 @@
+#!/bin/sh
+# Collects what tools/gpu_session.sh needs into one small folder that travels to the GPU
+# machine (the device tool's `carry`): the binaries built here and the tokenizer.
+# Usage: tools/gpu_bundle.sh BUILD_DIR BUNDLE_DIR
+set -e
+build=$1
+bundle=$2
+rm -rf "$bundle"
+mkdir -p "$bundle"
+for f in gpu_test_runner dsv32 dsv32d mkmodel; do
+  [ -x "$build/$f" ] && cp "$build/$f" "$bundle/"
+done
+[ -f "$build/tokenizer/tokenizer.json" ] && cp "$build/tokenizer/tokenizer.json" "$bundle/"
+du -sh "$bundle"

@@ -1,0 +1,46 @@
+#!/bin/bash
+# One GPU session in one call (run on the GPU machine from the repository root):
+#   tools/gpu_session.sh BUNDLE_DIR OUT_DIR
+# BUNDLE_DIR holds binaries built on the development machine (tools/gpu_bundle.sh makes it):
+# gpu_test_runner, dsv32, dsv32d, mkmodel, and tokenizer.json. Steps, each logged to OUT_DIR:
+#   1. the GPU and driver;  2. every GPU test (kernels against the CPU backend);
+#   3. the same under compute-sanitizer memcheck;  4. benchmarks;
+#   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
+set -u
+bundle=${1:?bundle dir}
+out=${2:?out dir}
+mkdir -p "$out"
+summary=$out/summary.txt
+: > "$summary"
+step() { echo "== $*" | tee -a "$summary"; }
+
+step "GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
+date -u | tee -a "$summary"
+
+step "GPU tests"
+DSV32_BIN=$bundle "$bundle/gpu_test_runner" > "$out/gpu_tests.log" 2>&1
+tail -n 1 "$out/gpu_tests.log" | tee -a "$summary"
+grep -E "^FAIL|worst|sm_" "$out/gpu_tests.log" | head -40 | tee -a "$summary"
+
+if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
+  step "compute-sanitizer memcheck over the GPU tests"
+  DSV32_BIN=$bundle timeout 400 compute-sanitizer --tool memcheck --target-processes all \
+    --print-limit 20 "$bundle/gpu_test_runner" > "$out/sanitizer.log" 2>&1
+  grep -E "ERROR SUMMARY|passed, " "$out/sanitizer.log" | sort | uniq -c | tee -a "$summary"
+fi
+
+step "bench gemm"
+"$bundle/dsv32" bench gemm > "$out/bench_gemm.txt" 2>&1
+cat "$out/bench_gemm.txt" >> "$summary"
+
+if [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
+  step "tiny checkpoint through the independent safetensors reader"
+  m=/tmp/dsv32-tiny
+  rm -rf "$m"
+  "$bundle/mkmodel" tiny --seed 1 --out "$m" --tokenizer "$bundle/tokenizer.json" > "$out/mkmodel.log" 2>&1
+  tail -n 3 "$out/mkmodel.log" | tee -a "$summary"
+  python3 tests/gpu/check_safetensors.py "$m" "$bundle" > "$out/check_safetensors.log" 2>&1
+  tail -n 5 "$out/check_safetensors.log" | tee -a "$summary"
+fi
+cat "$summary"
