@@ -1,0 +1,119 @@
+/*
+ * backend.h — the one interface every forward-pass backend implements (DESIGN.md §1): the CPU
+ * reference (model/cpu_backend.c) now, the CUDA backend later. The scheduler drives it.
+ *
+ * A step is, for each sequence, its new tokens, their absolute positions, its block table and
+ * which rows need logits (and/or their final hidden state). The backend owns the KV pools: per
+ * layer (main layers 0..L-1 and the MTP layer L) one MLA pool and one indexer pool, both of
+ * n_pages pages of KV_PAGE_TOKENS = 64 tokens, in the byte layouts of model/kv_cache.h (spec
+ * §6). One page id indexes the page of every layer's pools. The caller owns page allocation:
+ * positions [64 b, 64 b + 64) of a sequence live in page block_table[b].
+ *
+ * Contract of step(): every row's K/V (MLA record and indexer key) is written into its page
+ * before any row attends, and attention reads keys only from the cache, for positions
+ * 0..pos of the row's own sequence. So a row sees exactly the bytes a later step would, the
+ * cache must already hold positions below the step's rows (written by earlier steps or
+ * earlier rows of this step), and, on the CPU backend, a row's numbers are bit-identical
+ * however the tokens are chunked or batched (batch invariance).
+ *
+ * MTP (spec §4): a step with mtp = 1 runs the MTP layer instead of the main model. Row i then
+ * carries token x_{i+1} (the token after position pos[i]), position pos[i], and mtp_hidden[i]
+ * = h_i, the main model's final normed hidden state at pos[i] (a row flagged
+ * BACKEND_ROW_HIDDEN of an earlier main step). It writes the MTP layer's caches at pos[i] and
+ * returns the draft logits for x_{i+2}. The MTP layer's caches lag the main ones by one
+ * position, because x_{i+1} must be known.
+ */
+#ifndef DSV32_BACKEND_H
+#define DSV32_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/err.h"
+#include "model/weights.h"
+
+#define BACKEND_ROW_LOGITS 1u /* write this row's fp32 logits [vocab_size] */
+#define BACKEND_ROW_HIDDEN 2u /* write this row's final hidden state [hidden_size] */
+
+struct backend_seq {
+	int64_t n;                  /* new rows of this sequence in the step */
+	const int32_t *tokens;      /* [n] ids (MTP step: the next token x_{i+1}) */
+	const int64_t *pos;         /* [n] absolute positions, each < 64 * n_blocks */
+	const int32_t *block_table; /* [n_blocks] page ids */
+	int64_t n_blocks;
+	const uint8_t *flags;       /* [n] BACKEND_ROW_* bits, or NULL = logits of the last row */
+	float *logits;              /* [rows flagged LOGITS, vocab_size] out, in row order */
+	float *hidden;              /* [rows flagged HIDDEN, hidden_size] out (bf16 values): main
+				     * step: the final normed state fed to lm_head; MTP step: the
+				     * MTP block's output before shared_head.norm */
+	const float *mtp_hidden;    /* MTP step only: [n, hidden_size] h_i (bf16 values) */
+};
+
+/* Named intermediates (the names used in the code: attn_norm, q_lat, kv_cmpr, idx_scores,
+ * idx_topk, attn_out, ffn_moe_topk, ffn_moe_out, ...). layer = -1 for model-level tensors.
+ * data: n values of one row, float (is_int = 0) or int32 (is_int = 1). */
+struct backend_dump {
+	void (*fn)(void *ctx, const char *name, int64_t layer, int64_t seq, int64_t pos,
+		   int is_int, const void *data, int64_t n);
+	void *ctx;
+};
+
+struct backend_step {
+	int mtp;                        /* 0: main model, 1: the MTP layer */
+	int64_t n_seqs;
+	const struct backend_seq *seqs; /* [n_seqs]; pages written by two rows must differ */
+	const struct backend_dump *dump; /* NULL: no dumps */
+};
+
+enum backend_pool { BACKEND_POOL_MLA, BACKEND_POOL_INDEX };
+
+struct backend;
+
+struct backend_ops {
+	const char *name;
+	/* 0, or -EINVAL for an invalid step (token out of range, position outside the block
+	 * table, page id out of range, MTP without MTP weights) with nothing computed. */
+	int (*step)(struct backend *b, const struct backend_step *s);
+	/* Copies one page of one layer's pool out of (write = 0) or into (write = 1) buf, which
+	 * holds mla_page_bytes or idx_page_bytes. For tests and tools. 0 or -EINVAL. */
+	int (*page_io)(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
+		       void *buf, int write);
+	void (*destroy)(struct backend *b);
+};
+
+struct backend {
+	const struct backend_ops *ops;
+	const struct dsv32_config *c;
+	int64_t n_layers;        /* pools of each kind: num_hidden_layers + MTP layers */
+	int64_t n_pages;
+	size_t mla_page_bytes;   /* 64 * mla_record_bytes */
+	size_t idx_page_bytes;   /* 64 * (index_head_dim + 4) */
+};
+
+static inline int backend_step(struct backend *b, const struct backend_step *s)
+{
+	return b->ops->step(b, s);
+}
+
+static inline int backend_page_io(struct backend *b, int64_t layer, enum backend_pool pool,
+				  int64_t page, void *buf, int write)
+{
+	return b->ops->page_io(b, layer, pool, page, buf, write);
+}
+
+static inline void backend_destroy(struct backend *b)
+{
+	if (b)
+		b->ops->destroy(b);
+}
+
+/* The CPU reference backend. c and w must outlive it. n_threads >= 1 (matmul columns, heads
+ * and key positions are split across threads; results do not depend on n_threads). */
+int backend_cpu_create(const struct dsv32_config *c, const struct weights *w, int64_t n_pages,
+		       int n_threads, struct backend **out, struct err *e);
+
+/* Test switch: 1 = use the naive attention form (§3.7a) instead of the absorbed one. */
+void backend_cpu_set_naive_attention(struct backend *b, int on);
+
+#endif

@@ -1,0 +1,219 @@
+/*
+ * cpu_ops.c — norms, FP8/bf16 linears, SwiGLU, Hadamard and embedding for the CPU backend.
+ * See cpu_ops.h for the rounding and ordering rules every op follows.
+ */
+#include "model/cpu_ops.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/err.h"
+#include "model/numerics.h"
+
+/* ---- tables and the one dot product ---------------------------------------------------- */
+
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_lut_init(void)
+{
+	for (int i = 0; i < 256; i++)
+		e4m3_lut[i] = e4m3_to_f32((uint8_t)i);
+}
+
+const float *cpu_e4m3_table(void)
+{
+	pthread_once(&e4m3_once, e4m3_lut_init);
+	return e4m3_lut;
+}
+
+float cpu_dot(const float *a, const float *b, int64_t n)
+{
+	float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	int64_t k = 0;
+	for (; k + 8 <= n; k += 8)
+		for (int j = 0; j < 8; j++)
+			l[j] += a[k + j] * b[k + j];
+	for (; k < n; k++)
+		l[k & 7] += a[k] * b[k];
+	return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* ---- embedding and norms ----------------------------------------------------------------- */
+
+void cpu_embed(const struct bf16_mat *E, const int32_t *tokens, int64_t T, float *h)
+{
+	for (int64_t t = 0; t < T; t++) {
+		ASSERT(tokens[t] >= 0 && tokens[t] < E->rows);
+		const uint16_t *row = E->w + (size_t)tokens[t] * (size_t)E->cols; /* [cols] */
+		for (int64_t i = 0; i < E->cols; i++)
+			h[t * E->cols + i] = bf16_to_f32(row[i]);
+	}
+}
+
+void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+	float ss = cpu_dot(x, x, n);
+	float inv = 1.0f / sqrtf(ss / (float)n + eps);
+	for (int64_t i = 0; i < n; i++)
+		out[i] = bf16_round(w[i] * (x[i] * inv));
+}
+
+void cpu_add_rmsnorm(float *out, const float *x, float *r, const float *w, int64_t n, float eps)
+{
+	float *s = malloc((size_t)n * sizeof *s); /* [n] fp32 sum, normalised unrounded */
+	ASSERT(s);
+	for (int64_t i = 0; i < n; i++)
+		s[i] = x[i] + r[i];
+	for (int64_t i = 0; i < n; i++)
+		r[i] = bf16_round(s[i]);
+	cpu_rmsnorm(out, s, w, n, eps);
+	free(s);
+}
+
+void cpu_layernorm(float *out, const float *x, const float *w, const float *b, int64_t n,
+		   float eps)
+{
+	float sum = 0;
+	for (int64_t i = 0; i < n; i++)
+		sum += x[i];
+	float mean = sum / (float)n;
+	float var = 0;
+	for (int64_t i = 0; i < n; i++)
+		var += (x[i] - mean) * (x[i] - mean);
+	var /= (float)n;
+	float inv = 1.0f / sqrtf(var + eps);
+	for (int64_t i = 0; i < n; i++)
+		out[i] = bf16_round((x[i] - mean) * inv * w[i] + b[i]);
+}
+
+/* ---- FP8 linear ------------------------------------------------------------------------ */
+
+void cpu_act_quant(const float *x, int64_t n, uint8_t *q, float *s)
+{
+	for (int64_t k = 0, g = 0; k < n; k += CPU_QBLOCK, g++) {
+		int64_t len = n - k < CPU_QBLOCK ? n - k : CPU_QBLOCK;
+		s[g] = act_quant_group(x + k, (int)len, q + k);
+	}
+}
+
+struct fp8_job {
+	const struct fp8_linear *W;
+	const float *xq;  /* [T, in] e4m3 values of the quantised rows (codes decoded) */
+	const float *xs;  /* [T, nkb] activation scales */
+	int64_t T;
+	float *y;         /* [T, out] */
+};
+
+static void fp8_cols(void *a, int64_t o0, int64_t o1)
+{
+	struct fp8_job *j = a;
+	const struct fp8_linear *W = j->W;
+	const float *lut = cpu_e4m3_table();
+	int64_t in = W->in, nkb = (in + CPU_QBLOCK - 1) / CPU_QBLOCK;
+	float *wrow = malloc((size_t)in * sizeof *wrow); /* [in] decoded codes of one output row */
+	ASSERT(wrow);
+	for (int64_t o = o0; o < o1; o++) {
+		const uint8_t *w8 = W->w + (size_t)o * (size_t)in;
+		for (int64_t k = 0; k < in; k++)
+			wrow[k] = lut[w8[k]];
+		const float *ws = W->scale + (size_t)(o / CPU_QBLOCK) * (size_t)nkb; /* [nkb] */
+		for (int64_t t = 0; t < j->T; t++) {
+			const float *xq = j->xq + t * in, *xs = j->xs + t * nkb;
+			float y = 0;
+			for (int64_t kb = 0; kb < nkb; kb++) {
+				int64_t k = kb * CPU_QBLOCK;
+				int64_t len = in - k < CPU_QBLOCK ? in - k : CPU_QBLOCK;
+				float acc = cpu_dot(xq + k, wrow + k, len); /* one 128-block, promoted */
+				y += acc * (xs[kb] * ws[kb]);
+			}
+			j->y[t * W->out + o] = bf16_round(y);
+		}
+	}
+	free(wrow);
+}
+
+void cpu_fp8_linear(struct cpu_pool *p, const struct fp8_linear *W, const float *x, int64_t T,
+		    float *y)
+{
+	const float *lut = cpu_e4m3_table();
+	int64_t in = W->in, nkb = (in + CPU_QBLOCK - 1) / CPU_QBLOCK;
+	uint8_t *q = malloc((size_t)in);                       /* [in] codes of one row */
+	float *xq = malloc((size_t)(T * in) * sizeof *xq);     /* [T, in] */
+	float *xs = malloc((size_t)(T * nkb) * sizeof *xs);    /* [T, nkb] */
+	ASSERT(q && xq && xs);
+	for (int64_t t = 0; t < T; t++) {
+		cpu_act_quant(x + t * in, in, q, xs + t * nkb);
+		for (int64_t k = 0; k < in; k++)
+			xq[t * in + k] = lut[q[k]];
+	}
+	struct fp8_job j = {W, xq, xs, T, y};
+	cpu_pool_run(p, fp8_cols, &j, W->out, 8);
+	free(q);
+	free(xq);
+	free(xs);
+}
+
+/* ---- bf16 linear ----------------------------------------------------------------------- */
+
+struct bf16_job {
+	const struct bf16_mat *W;
+	const float *x; /* [T, cols] */
+	int64_t T;
+	float *y;       /* [T, rows] */
+	int round_bf16;
+};
+
+static void bf16_cols(void *a, int64_t o0, int64_t o1)
+{
+	struct bf16_job *j = a;
+	int64_t in = j->W->cols;
+	float *wrow = malloc((size_t)in * sizeof *wrow); /* [in] */
+	ASSERT(wrow);
+	for (int64_t o = o0; o < o1; o++) {
+		const uint16_t *w = j->W->w + (size_t)o * (size_t)in;
+		for (int64_t k = 0; k < in; k++)
+			wrow[k] = bf16_to_f32(w[k]);
+		for (int64_t t = 0; t < j->T; t++) {
+			float v = cpu_dot(j->x + t * in, wrow, in);
+			j->y[t * j->W->rows + o] = j->round_bf16 ? bf16_round(v) : v;
+		}
+	}
+	free(wrow);
+}
+
+void cpu_bf16_linear(struct cpu_pool *p, const struct bf16_mat *W, const float *x, int64_t T,
+		     float *y, int round_bf16)
+{
+	struct bf16_job j = {W, x, T, y, round_bf16};
+	cpu_pool_run(p, bf16_cols, &j, W->rows, 8);
+}
+
+/* ---- SwiGLU and Hadamard --------------------------------------------------------------- */
+
+void cpu_swiglu(float *out, const float *g, const float *u, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		float silu = g[i] / (1.0f + expf(-g[i]));
+		out[i] = bf16_round(silu * u[i]);
+	}
+}
+
+void cpu_hadamard(float *x, int64_t n)
+{
+	ASSERT(n > 0 && (n & (n - 1)) == 0);
+	/* In-place butterflies: after the pass of width h, x[i] holds sums over the bits below
+	 * 2h, so the result is x . H with H[i][j] = (-1)^popcount(i & j) (Sylvester order). */
+	for (int64_t h = 1; h < n; h *= 2)
+		for (int64_t i = 0; i < n; i += 2 * h)
+			for (int64_t k = i; k < i + h; k++) {
+				float a = x[k], b = x[k + h];
+				x[k] = a + b;
+				x[k + h] = a - b;
+			}
+	float scale = (float)pow((double)n, -0.5); /* the Python float n**-0.5, used as fp32 */
+	for (int64_t i = 0; i < n; i++)
+		x[i] = bf16_round(x[i] * scale);
+}
