@@ -31,6 +31,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 ENGINE_SRC := $(wildcard model/*.c) $(wildcard driver/*.c)
 IPC_SRC    := $(wildcard ipc/*.c)
 BOOT_SRC   := $(wildcard boot/*.c)
+BOOT_LIB   := $(filter-out boot/dsv32d.c,$(BOOT_SRC))
 CLI_SRC    := $(wildcard tools/cli/*.c)
 MKMODEL_SRC:= $(wildcard tools/mkmodel/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
@@ -107,7 +108,7 @@ $(BUILD)/dsv32: $(call obj,$(CLI_SRC)) $(BUILD)/libengine.a $(call obj,$(IPC_SRC
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/mkmodel: $(call obj,$(MKMODEL_SRC)) $(BUILD)/libengine.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BUILD)/test_runner: $(call obj,$(TEST_SRC)) $(call obj,$(ENGINE_SRC) $(IPC_SRC)) $(EMBED_OBJ)
+$(BUILD)/test_runner: $(call obj,$(TEST_SRC)) $(call obj,$(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB)) $(EMBED_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # GPU tests: built everywhere (CI checks they compile), run only by `make gpu-test` on a GPU.
@@ -116,7 +117,7 @@ $(BUILD)/gpu_test_runner: $(call obj,$(GPU_TEST_SRC)) $(BUILD)/libengine.a $(EMB
 
 # ---- sanitizer build of the whole suite (clang ASan + UBSan) --------------------------------
 asan: $(BUILD)/asan/test_runner $(BUILD)/asan/mkmodel $(BUILD)/asan/dsv32 $(BUILD)/asan/dsv32d
-$(BUILD)/asan/test_runner: $(call san,$(TEST_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
+$(BUILD)/asan/test_runner: $(call san,$(TEST_SRC) $(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 $(BUILD)/asan/mkmodel: $(call san,$(MKMODEL_SRC) $(ENGINE_SRC))
 	$(CLANG) $(SAN) -g -o $@ $^ $(LDLIBS)
@@ -174,6 +175,8 @@ install: all
 	install -D -m 755 $(BUILD)/dsv32 $(DESTDIR)$(PREFIX)/bin/dsv32
 	install -D -m 644 $(BUILD)/libdsv32.a $(DESTDIR)$(PREFIX)/lib/libdsv32.a
 	install -D -m 644 ipc/dsv32.h $(DESTDIR)$(PREFIX)/include/dsv32.h
+	install -D -m 644 dist/dsv32d.service $(DESTDIR)/etc/systemd/system/dsv32d.service
+	install -D -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/dsv32/README.md
 
 clean:
 	rm -rf $(BUILD)
