@@ -113,7 +113,7 @@ static int parse_entry(const struct json *v, struct st_tensor *t, uint64_t data_
 	}
 	uint64_t nbytes;
 	ovf |= __builtin_mul_overflow(count, (uint64_t)dtypes[d].size, &nbytes);
-	if (ovf || nbytes > SIZE_MAX)
+	if (ovf || nbytes > INT64_MAX || nbytes > SIZE_MAX)
 		return err_set(e, -EOVERFLOW, "%s: tensor %s: shape overflows 64 bits", path, n);
 	int64_t b, en;
 	if (off->type != JSON_ARRAY || off->n != 2 || json_int64(json_at(off, 0), &b) ||
