@@ -1,0 +1,54 @@
+/* test_conf.c — dsv32d configuration: defaults, file, flags, precedence and errors. */
+#include <errno.h>
+
+#include "boot/conf.h"
+#include "model/fileio.h"
+#include "tests/test.h"
+
+TEST(conf, defaults_file_and_flag_precedence)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/d.conf", test_tmpdir());
+	const char *text = "# dsv32d\n\nmodel = /srv/ds32   # the checkpoint\nmax_seqs=16\nsocket-mode = 0660\n";
+	struct err e;
+	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	char *argv[] = {"dsv32d", "--max-seqs", "8", "--config", path, "--backend=cpu"};
+	struct dsv32d_conf c;
+	conf_defaults(&c);
+	CHECK_EQ_STR(c.socket, "/run/dsv32/dsv32.sock");
+	CHECK_EQ_INT(c.max_seqs, 64);
+	REQUIRE(conf_from_args(&c, 6, argv, &e) == 0);
+	CHECK_EQ_STR(c.model, "/srv/ds32");
+	CHECK_EQ_INT(c.max_seqs, 8); /* the flag wins over the file, wherever it stands */
+	CHECK_EQ_STR(c.backend, "cpu");
+	CHECK_EQ_INT(c.socket_mode, 0660);
+}
+
+TEST(conf, errors_name_file_line_and_key)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/bad.conf", test_tmpdir());
+	struct err e;
+	struct dsv32d_conf c;
+	const char *cases[][2] = {
+		{"model = x\nmax-seqs = 0\n", ":2: max-seqs = 0 out of range"},
+		{"max-seqs = lots\n", "max-seqs: \"lots\" is not an integer"},
+		{"frobnicate = 1\n", ":1: unknown key \"frobnicate\""},
+		{"just words\n", ":1: expected \"key = value\""},
+		{"socket-mode = 999\n", "not an octal file mode"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		REQUIRE(file_write(path, cases[i][0], strlen(cases[i][0]), &e) == 0);
+		conf_defaults(&c);
+		CHECK(conf_load_file(&c, path, &e) < 0);
+		CHECK_CONTAINS(e.msg, cases[i][1]);
+	}
+	char *argv[] = {"dsv32d", "--max-clients"};
+	conf_defaults(&c);
+	CHECK(conf_from_args(&c, 2, argv, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "--max-clients needs a value");
+	char *argv2[] = {"dsv32d", "stray"};
+	CHECK(conf_from_args(&c, 2, argv2, &e) == -EINVAL);
+	CHECK(conf_load_file(&c, "/nonexistent/x.conf", &e) < 0);
+	CHECK_CONTAINS(e.msg, "/nonexistent/x.conf");
+}
