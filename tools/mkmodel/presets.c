@@ -68,13 +68,13 @@ const char mkmodel_tiny_config[] =
 	"  \"routed_scaling_factor\": 2.5,\n"
 	"  \"scoring_func\": \"sigmoid\",\n"
 	"  \"tie_word_embeddings\": false,\n"
+	"  \"topk_group\": 2,\n"
 	"  \"topk_method\": \"noaux_tc\",\n"
 	"  \"torch_dtype\": \"bfloat16\",\n"
 	"  \"transformers_version\": \"4.44.2\",\n"
 	"  \"use_cache\": true,\n"
 	"  \"v_head_dim\": 64,\n"
-	"  \"vocab_size\": 129280,\n"
-	"  \"topk_group\": 2\n"
+	"  \"vocab_size\": 129280\n"
 	"}\n"
 	;
 
@@ -138,6 +138,7 @@ const char mkmodel_real_config[] =
 	"  \"routed_scaling_factor\": 2.5,\n"
 	"  \"scoring_func\": \"sigmoid\",\n"
 	"  \"tie_word_embeddings\": false,\n"
+	"  \"topk_group\": 4,\n"
 	"  \"topk_method\": \"noaux_tc\",\n"
 	"  \"torch_dtype\": \"bfloat16\",\n"
 	"  \"transformers_version\": \"4.44.2\",\n"
