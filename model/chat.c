@@ -646,7 +646,7 @@ int chat_encode(struct chat_prompt *out, const struct json *messages, const stru
 		}
 	/* drop_thinking_messages() keeps only user, system, tool and assistant messages before the
 	 * last user message; the reference then indexes past the shortened list and fails. */
-	if (o->mode == CHAT_MODE_THINKING && o->drop_thinking)
+	if (o->mode == CHAT_MODE_THINKING && o->drop_thinking && first < x.n)
 		for (ssize_t i = 0; i < x.last_user; i++)
 			if (m[i].role == ROLE_DEVELOPER) {
 				char at[48];
