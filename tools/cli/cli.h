@@ -15,6 +15,8 @@ int cmd_info(int argc, char **argv);
 int cmd_chat_render(int argc, char **argv); /* also serves chat-parse */
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);

@@ -15,6 +15,8 @@ static const struct cli_cmd commands[] = {
 	{"info", cmd_info, "load a checkpoint, bind every tensor and print a summary"},
 	{"chat-render", cmd_chat_render, "messages JSON on stdin -> the V3.2 chat prompt (no tokenizing)"},
 	{"chat-parse", cmd_chat_render, "model output on stdin -> reasoning, content, tool calls as JSON"},
+	{"tokenize", cmd_tokenize, "text on stdin -> token ids (--model DIR [--special])"},
+	{"detokenize", cmd_detokenize, "token ids on stdin -> text (--model DIR)"},
 	{"eval", cmd_eval, "run the forward pass on token files: logits, MTP, dumps, perplexity, greedy"},
 	{"bench", cmd_bench, "benchmarks: dsv32 bench WHAT (gemm, ...)"},
 };

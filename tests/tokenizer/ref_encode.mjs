@@ -1,0 +1,98 @@
+// ref_encode.mjs — the JavaScript reference tokenizer (@lenml/tokenizers 3.7.2, installed by
+// tools/fetch_tokenizer_js.sh) run over a corpus, or timed over one, for the C tokenizer's tests
+// and benchmark. It loads the same tokenizer.json the C code loads.
+//
+//   node tests/tokenizer/ref_encode.mjs --corpus FILE --out FILE [--tokenizer JSON] [--js DIR]
+//       writes two lines per record: the ids with added tokens recognised (the reference's
+//       _encode_text), then the ids with none recognised (pre_tokenizer + model only: the C
+//       default mode); ids comma-separated, an empty line for none.
+//   node tests/tokenizer/ref_encode.mjs --bench FILE [--min-mb N] ...
+//       encodes every record (repeated until N MB, default 10) and decodes the ids; prints one
+//       JSON line {"bytes":..., "encode_s":..., "decode_s":..., "tokens":...}.
+//
+// Corpus format (tests/tokenizer/gen_corpus.js): records of "<decimal byte length>\n<bytes>\n".
+// Bytes are decoded with TextDecoder (WHATWG: each invalid sequence -> U+FFFD), which is the
+// rule the C encoder applies to invalid UTF-8.
+import { readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { resolve, dirname, join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const args = process.argv.slice(2);
+const opt = (name, def) => {
+  const i = args.indexOf(name);
+  return i >= 0 && i + 1 < args.length ? args[i + 1] : def;
+};
+const jsDir = resolve(opt('--js', process.env.DSV32_TOKENIZER_JS || 'build/tokenizer/js'));
+const tokPath = resolve(opt('--tokenizer', 'build/tokenizer/tokenizer.json'));
+const lib = join(jsDir, 'node_modules/@lenml/tokenizers/dist/main.mjs');
+if (!existsSync(lib)) {
+  console.error(`ref_encode: the reference is not installed (${lib} missing): run make tokenizer`);
+  process.exit(3);
+}
+const { TokenizerLoader } = await import(pathToFileURL(lib).href);
+
+const tokenizerJSON = JSON.parse(readFileSync(tokPath, 'utf8'));
+const cfgPath = join(dirname(tokPath), 'tokenizer_config.json');
+const tokenizerConfig = existsSync(cfgPath)
+  ? JSON.parse(readFileSync(cfgPath, 'utf8'))
+  : { tokenizer_class: 'LlamaTokenizerFast', legacy: true };
+const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON, tokenizerConfig });
+
+function readCorpus(path) {
+  const buf = readFileSync(path);
+  const recs = [];
+  let p = 0;
+  while (p < buf.length) {
+    const nl = buf.indexOf(10, p);
+    if (nl < 0) throw new Error(`${path}: bad record header at byte ${p}`);
+    const n = Number(buf.toString('latin1', p, nl));
+    if (!Number.isInteger(n) || nl + 1 + n + 1 > buf.length || buf[nl + 1 + n] !== 10)
+      throw new Error(`${path}: bad record at byte ${p}`);
+    recs.push(buf.subarray(nl + 1, nl + 1 + n));
+    p = nl + 1 + n + 1;
+  }
+  return recs;
+}
+
+const dec = new TextDecoder('utf-8', { fatal: false, ignoreBOM: true });
+const toIds = (tokens) => tokens.map((t) => {
+  const id = tok.model.tokens_to_ids.get(t);
+  if (id === undefined) throw new Error(`reference produced a token with no id: ${JSON.stringify(t)}`);
+  return id;
+});
+const encodeSpecial = (text) => toIds(tok._encode_text(text));
+const encodePlain = (text) => (text.length ? toIds(tok.model(tok.pre_tokenizer(text))) : []);
+
+const corpus = opt('--corpus');
+const bench = opt('--bench');
+if (corpus) {
+  const out = [];
+  for (const r of readCorpus(corpus)) {
+    const text = dec.decode(r);
+    out.push(encodeSpecial(text).join(','));
+    out.push(encodePlain(text).join(','));
+  }
+  writeFileSync(opt('--out', '/dev/stdout'), out.join('\n') + '\n');
+} else if (bench) {
+  const recs = readCorpus(bench).map((r) => dec.decode(r));
+  const minBytes = Number(opt('--min-mb', '10')) * 1e6;
+  const texts = [];
+  let bytes = 0;
+  while (bytes < minBytes)
+    for (const t of recs) {
+      texts.push(t);
+      bytes += Buffer.byteLength(t);
+    }
+  let t0 = process.hrtime.bigint();
+  const ids = texts.map(encodeSpecial);
+  const encS = Number(process.hrtime.bigint() - t0) / 1e9;
+  t0 = process.hrtime.bigint();
+  let outBytes = 0;
+  for (const v of ids) if (v.length) outBytes += tok.decode(v).length;
+  const decS = Number(process.hrtime.bigint() - t0) / 1e9;
+  const tokens = ids.reduce((a, v) => a + v.length, 0);
+  console.log(JSON.stringify({ bytes, encode_s: encS, decode_s: decS, tokens, out_chars: outBytes }));
+} else {
+  console.error('usage: ref_encode.mjs --corpus FILE --out FILE | --bench FILE');
+  process.exit(2);
+}
