@@ -79,6 +79,8 @@ struct alter {
 	int ndim;           /* > 0: relabel with this shape (same byte count) */
 	int64_t shape[ST_MAX_DIMS];
 	void (*edit)(void *bytes, size_t n); /* change the bytes */
+	const void *data;   /* non-NULL: new bytes (nbytes of them) */
+	size_t nbytes;
 };
 
 /* Copies every tensor of ck into the single file OUT (model.safetensors), altered as a says. */
@@ -103,7 +105,9 @@ static inline void rewrite_ckpt(const struct checkpoint *ck, const char *out, co
 		int hit = a && !strcmp(t->name, a->name);
 		if (hit && a->drop)
 			continue;
-		if (hit && a->edit) {
+		if (hit && a->data) {
+			REQUIRE(st_writer_data(w, a->data, a->nbytes) == 0);
+		} else if (hit && a->edit) {
 			void *copy = malloc(t->nbytes ? t->nbytes : 1);
 			REQUIRE(copy);
 			memcpy(copy, t->data, t->nbytes);
