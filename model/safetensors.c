@@ -190,9 +190,10 @@ int st_parse_header(const uint8_t *file, size_t file_size, const char *path,
 		return err_set(e, r, "%s: header is not valid JSON: %s", path, doc.err);
 	const struct json *root = doc.root;
 	if (root->type != JSON_OBJECT) {
+		enum json_type t = root->type;
 		json_doc_free(&doc);
 		return err_set(e, -EINVAL, "%s: header is %s, expected an object", path,
-			       json_type_name(root->type));
+			       json_type_name(t));
 	}
 	size_t n = 0, names = 0;
 	for (const struct json *m = root->child; m; m = m->next) {
