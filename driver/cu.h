@@ -23,7 +23,10 @@
 #ifndef DSV32_NO_CUDA
 
 /* Every driver function we use. The macro argument is the documented base name; cuda.h may
- * map it to a versioned symbol (cuMemAlloc -> cuMemAlloc_v2), which the table follows. */
+ * map it to a versioned symbol (cuMemAlloc -> cuMemAlloc_v2), which the table follows.
+ * Name the base of the ABI we call: cuda.h maps cuGraphInstantiate to
+ * cuGraphInstantiateWithFlags, but cuGetProcAddress("cuGraphInstantiate") returns the old
+ * five-argument function, so the table lists cuGraphInstantiateWithFlags itself. */
 #define CU_FUNCS(X)                                                                           \
 	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                 \
 	X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)         \
@@ -39,7 +42,8 @@
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
 	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)             \
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)          \
-	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)  \
+	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)        \
+	X(cuGraphLaunch) \
 	X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 struct cu_api {

@@ -100,10 +100,17 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 	for (int i = 0; i < g->n_fns; i++)
 		if (!strcmp(g->fns[i].name, fn))
 			return g->fns[i].fn;
+	/* Find the module from the build-time entry list, so no driver call fails on a miss. */
 	for (int i = 0; i < g->n_modules; i++) {
-		CUfunction f;
-		if (cu.cuModuleGetFunction(&f, g->modules[i], fn) != CUDA_SUCCESS)
+		int has = 0;
+		for (int k = 0; k < kernel_images[i].n_entries && !has; k++)
+			has = !strcmp(kernel_images[i].entries[k], fn);
+		if (!has)
 			continue;
+		CUfunction f;
+		if (cu_check(cu.cuModuleGetFunction(&f, g->modules[i], fn), "cuModuleGetFunction",
+			     __FILE__, __LINE__))
+			return NULL;
 		struct gpu_kernel_fn *nf = realloc(g->fns, (size_t)(g->n_fns + 1) * sizeof *nf);
 		if (!nf)
 			return NULL;

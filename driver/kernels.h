@@ -14,6 +14,8 @@ struct kernel_image {
 	long ptx_len;               /* bytes, without the NUL */
 	const unsigned char *cubin; /* sm_90a ELF, or NULL */
 	long cubin_len;
+	const char *const *entries; /* the module's kernel entry points (from the PTX .entry lines) */
+	int n_entries;
 };
 
 extern const struct kernel_image kernel_images[]; /* terminated by a zeroed entry */

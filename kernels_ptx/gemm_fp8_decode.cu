@@ -16,8 +16,11 @@
 //
 // Work split: a block of 8 warps covers `8 / ksplit` tiles of 16 rows; the ksplit warps of a
 // tile take K blocks kb = ks, ks + ksplit, ... and their partial sums are added in smem in the
-// fixed order ks = 0 .. ksplit-1. The result for (m, n) does not depend on M or on the other
-// tokens (each output element's arithmetic is independent): batch-invariant.
+// fixed order ks = 0 .. ksplit-1. When a matrix has too few row tiles to fill the GPU, K is
+// also cut into chunks of `chunk_blocks` blocks (gridDim.y), whose fp32 partials are summed
+// in chunk order by k_gemm_chunk_reduce. The split depends only on N and K, and each output
+// element's arithmetic is independent of the other tokens: the result for (m, n) does not
+// depend on M or on the batch (batch-invariant).
 #include "common.cuh"
 
 __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
@@ -52,7 +55,8 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 						const uint8_t *__restrict__ X,
 						const float *__restrict__ SX,
 						uint16_t *__restrict__ Y, int M, int N, int K,
-						int ldy, int ksplit)
+						int ldy, int ksplit, float *__restrict__ partial,
+						int chunk_blocks)
 {
 	__shared__ float red[DEC_WARPS][16][8 * MG]; // partial sums per warp, row, token
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -60,7 +64,10 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 	const int tiles = DEC_WARPS / ksplit;
 	const int tile = blockIdx.x * tiles + warp / ksplit;
 	const int ks = warp % ksplit;
+	// K blocks of this block's chunk (blockIdx.y); one chunk when gridDim.y == 1
 	const int KB = K >> 7;
+	const int kb_begin = blockIdx.y * chunk_blocks;
+	const int kb_end = min(KB, kb_begin + chunk_blocks);
 	const int n0 = tile * 16;
 
 	float acc[MG][4];
@@ -73,18 +80,18 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 		const uint8_t *w_hi = w_lo + (size_t)8 * K;
 		const float *s_row = S + (size_t)(n0 >> 7) * KB;
 		// software pipeline: the next block's weights are in flight while this one computes
-		int kb = ks;
+		int kb = kb_begin + ks;
 		uint4 lo0, lo1, hi0, hi1;
-		if (kb < KB) {
+		if (kb < kb_end) {
 			lo0 = ld_stream16(w_lo + (size_t)kb * 128);
 			lo1 = ld_stream16(w_lo + (size_t)kb * 128 + 16);
 			hi0 = ld_stream16(w_hi + (size_t)kb * 128);
 			hi1 = ld_stream16(w_hi + (size_t)kb * 128 + 16);
 		}
-		for (; kb < KB; kb += ksplit) {
+		for (; kb < kb_end; kb += ksplit) {
 			const uint4 a_lo0 = lo0, a_lo1 = lo1, a_hi0 = hi0, a_hi1 = hi1;
 			const int kn = kb + ksplit;
-			if (kn < KB) {
+			if (kn < kb_end) {
 				lo0 = ld_stream16(w_lo + (size_t)kn * 128);
 				lo1 = ld_stream16(w_lo + (size_t)kn * 128 + 16);
 				hi0 = ld_stream16(w_hi + (size_t)kn * 128);
@@ -134,7 +141,25 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 		float sum = 0.f;
 		for (int k = 0; k < ksplit; k++)
 			sum += red[tl * ksplit + k][row][m];
-		Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
+		if (gridDim.y == 1)
+			Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
+		else // chunk partials, summed in chunk order by k_gemm_chunk_reduce
+			partial[((size_t)blockIdx.y * M + m) * N + n] = sum;
+	}
+}
+
+// y[m, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][m][n] ), the fixed-order sum of the K chunks.
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
+		    int M, int N, int ldy)
+{
+	const long long total = (long long)M * N;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+	     i += (long long)gridDim.x * blockDim.x) {
+		float sum = 0.f;
+		for (int c = 0; c < chunks; c++)
+			sum += partial[(size_t)c * total + i];
+		Y[(i / N) * ldy + i % N] = f32_to_bf16(sum);
 	}
 }
 
@@ -142,9 +167,10 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)                        \
 	k_gemm_fp8_decode_m##MG(const uint8_t *W, const float *S, const uint8_t *X,             \
 				const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				int ksplit)                                                     \
+				int ksplit, float *partial, int chunk_blocks)                   \
 	{                                                                                       \
-		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit);                      \
+		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,              \
+				    chunk_blocks);                                              \
 	}
 
 // blocks per SM the register budget is sized for (more warps hide more memory latency)

@@ -29,6 +29,29 @@ static int emit_array(FILE *out, const char *sym, const char *path, long *len)
 	return 1;
 }
 
+/* Writes `static const char *const entries_I[] = {"k_a", "k_b", 0};` from the PTX's
+ * ".entry NAME(" lines; returns the count. */
+static int emit_entries(FILE *out, int i, const char *ptx_path)
+{
+	FILE *f = fopen(ptx_path, "r");
+	char line[4096];
+	int n = 0;
+	fprintf(out, "static const char *const entries_%d[] = {", i);
+	while (f && fgets(line, sizeof line, f)) {
+		char *e = strstr(line, ".entry ");
+		if (!e)
+			continue;
+		e += 7;
+		size_t len = strcspn(e, "( \t\r\n");
+		fprintf(out, "\"%.*s\", ", (int)len, e);
+		n++;
+	}
+	fprintf(out, "0};\n");
+	if (f)
+		fclose(f);
+	return n;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -44,6 +67,7 @@ int main(int argc, char **argv)
 	int n = argc - 2;
 	long *ptx_len = calloc((size_t)n + 1, sizeof *ptx_len);
 	long *cub_len = calloc((size_t)n + 1, sizeof *cub_len);
+	int *n_ent = calloc((size_t)n + 1, sizeof *n_ent);
 	for (int i = 0; i < n; i++) {
 		char sym[64], path[4096];
 		snprintf(sym, sizeof sym, "ptx_%d", i);
@@ -56,6 +80,7 @@ int main(int argc, char **argv)
 		strcpy(dot, ".cubin");
 		snprintf(sym, sizeof sym, "cubin_%d", i);
 		emit_array(out, sym, path, &cub_len[i]);
+		n_ent[i] = emit_entries(out, i, argv[i + 2]);
 	}
 	fprintf(out, "\nconst struct kernel_image kernel_images[] = {\n");
 	for (int i = 0; i < n; i++) {
@@ -64,13 +89,15 @@ int main(int argc, char **argv)
 		int blen = (int)(strrchr(base, '.') - base);
 		fprintf(out, "\t{\"%.*s\", ptx_%d, %ld, ", blen, base, i, ptx_len[i]);
 		if (cub_len[i] >= 0)
-			fprintf(out, "cubin_%d, %ld},\n", i, cub_len[i]);
+			fprintf(out, "cubin_%d, %ld, ", i, cub_len[i]);
 		else
-			fprintf(out, "0, 0},\n");
+			fprintf(out, "0, 0, ");
+		fprintf(out, "entries_%d, %d},\n", i, n_ent[i]);
 	}
-	fprintf(out, "\t{0, 0, 0, 0, 0},\n};\nconst int n_kernel_images = %d;\n", n);
+	fprintf(out, "\t{0, 0, 0, 0, 0, 0, 0},\n};\nconst int n_kernel_images = %d;\n", n);
 	fclose(out);
 	free(ptx_len);
 	free(cub_len);
+	free(n_ent);
 	return 0;
 }

@@ -38,9 +38,10 @@ if [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
   step "tiny checkpoint through the independent safetensors reader"
   m=/tmp/dsv32-tiny
   rm -rf "$m"
-  "$bundle/mkmodel" tiny --seed 1 --out "$m" --tokenizer "$bundle/tokenizer.json" > "$out/mkmodel.log" 2>&1
+  "$bundle/mkmodel" tiny --seed 1 --out "$m" --tokenizer "$bundle/tokenizer.json" \
+    --manifest "$m.manifest" > "$out/mkmodel.log" 2>&1
   tail -n 3 "$out/mkmodel.log" | tee -a "$summary"
-  python3 tests/gpu/check_safetensors.py "$m" "$bundle" > "$out/check_safetensors.log" 2>&1
+  python3 tests/gpu/check_safetensors.py "$m" --manifest "$m.manifest" > "$out/check_safetensors.log" 2>&1
   tail -n 5 "$out/check_safetensors.log" | tee -a "$summary"
 fi
 cat "$summary"

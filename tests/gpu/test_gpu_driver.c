@@ -107,7 +107,7 @@ TEST(gpu_driver, graph_capture_replay)
 			 "cuStreamBeginCapture", __FILE__, __LINE__) == 0);
 	REQUIRE(gpu_launch(&g, fn, rows, 1, 1, 256, 1, 1, 0, args) == 0);
 	REQUIRE(cu_check(cu.cuStreamEndCapture(g.stream, &graph), "cuStreamEndCapture", __FILE__, __LINE__) == 0);
-	REQUIRE(cu_check(cu.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate", __FILE__, __LINE__) == 0);
+	REQUIRE(cu_check(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags", __FILE__, __LINE__) == 0);
 	for (int k = 0; k < 3; k++)
 		REQUIRE(cu_check(cu.cuGraphLaunch(exec, g.stream), "cuGraphLaunch", __FILE__, __LINE__) == 0);
 	REQUIRE(gpu_download(&g, y2, dy, nb) == 0);

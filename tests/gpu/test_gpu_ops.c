@@ -326,12 +326,35 @@ static void check_gemm(struct gpu *g, int M, int N, int K, uint64_t seed)
 	REQUIRE(gpu_upload(g, dx, xq, (size_t)M * K) == 0);
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)M * KB * 4) == 0);
 	gpu_test_poison(g, dy, (size_t)M * N * 2);
-	REQUIRE(cuda_gemm_fp8_decode(g, dW, dS, dx, dsx, dy, M, N, K, N) == 0);
+	size_t wsb = cuda_gemm_decode_workspace(g, M, N, K);
+	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
+	REQUIRE(cuda_gemm_fp8_decode(g, dW, dS, dx, dsx, dy, M, N, K, N, dws) == 0);
+	if (dws)
+		cu.cuMemFree(dws);
 	REQUIRE(gpu_download(g, yg, dy, (size_t)M * N * 2) == 0);
-	char what[64];
-	snprintf(what, sizeof what, "gemm M=%d N=%d K=%d", M, N, K);
-	/* fp32 accumulation order differs (tensor-core k32 sums, split-K): allow one bf16 ulp */
-	CHECK(count_ulp_diff(yh, yg, (size_t)M * N, 1, what) == 0);
+	/* fp32 accumulation order differs (tensor-core k32 sums, split-K), so an output that
+	 * cancels to near zero can differ by several of its own ulps: the limit is one bf16 ulp
+	 * or 2^-12 of the row's RMS, whichever is larger. */
+	int64_t bad = 0;
+	int worst_ulp = 0;
+	double worst_rel = 0;
+	for (int m = 0; m < M; m++) {
+		double rms = 0;
+		for (int n = 0; n < N; n++)
+			rms += (double)y[(size_t)m * N + n] * y[(size_t)m * N + n];
+		rms = sqrt(rms / N);
+		for (int n = 0; n < N; n++) {
+			size_t i = (size_t)m * N + n;
+			int u = bf16_ulps(yh[i], yg[i]);
+			double rel = fabs((double)bf16_to_f32(yg[i]) - y[i]) / rms;
+			worst_ulp = u > worst_ulp ? u : worst_ulp;
+			worst_rel = rel > worst_rel || isnan(rel) ? rel : worst_rel;
+			bad += u > 1 && !(rel <= 1.0 / 4096);
+		}
+	}
+	printf("    gemm M=%d N=%d K=%d: worst %d bf16 ulp, worst |err|/rms(row) %.2g\n", M, N, K,
+	       worst_ulp, worst_rel);
+	CHECK_EQ_INT(bad, 0);
 	cu.cuMemFree(dW), cu.cuMemFree(dS), cu.cuMemFree(dx), cu.cuMemFree(dsx), cu.cuMemFree(dy);
 	free(W), free(xq), free(S), free(x), free(sx), free(y), free(yh), free(yg);
 }
@@ -341,6 +364,7 @@ TEST_T(gpu_ops, gemm_fp8_decode_vs_cpu, 120)
 	struct gpu g;
 	gpu_test_open(&g);
 	static const int shapes[][3] = {{1, 2112, 7168}, {5, 576, 7168},  {8, 1536, 7168},
+					{2, 7168, 16384}, {9, 4096, 7168},
 					{13, 256, 1536}, {16, 4096, 512}, {31, 7168, 2048},
 					{64, 1024, 2048}, {40, 128, 7168}, {3, 32768, 512}};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)

@@ -87,7 +87,7 @@ static int launch_read(struct gpu *g, void *vctx, int i)
 }
 
 struct gemm_ctx {
-	gpu_ptr w, s, x, sx, y;
+	gpu_ptr w, s, x, sx, y, ws;
 	size_t w_bytes, s_bytes;
 	int copies, M, N, K;
 };
@@ -97,7 +97,7 @@ static int launch_gemm(struct gpu *g, void *vctx, int i)
 	struct gemm_ctx *c = vctx;
 	int k = i % c->copies;
 	return cuda_gemm_fp8_decode(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
-				    c->x, c->sx, c->y, c->M, c->N, c->K, c->N);
+				    c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws);
 }
 
 int bench_gemm(int argc, char **argv)
@@ -128,8 +128,8 @@ int bench_gemm(int argc, char **argv)
 	cu.cuMemFree(rc.buf);
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, g.sm_count,
 	       read_tbs);
-	printf("\n%-12s %4s %10s %9s %8s %9s\n", "N x K", "M", "time_us", "TB/s", "of_read",
-	       "TFLOP/s");
+	printf("\n%-12s %4s %10s %9s %8s %9s  %s\n", "N x K", "M", "time_us", "TB/s", "of_read",
+	       "TFLOP/s", "split");
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
@@ -146,7 +146,9 @@ int bench_gemm(int argc, char **argv)
 		    cu_check(cu.cuMemAlloc(&c.s, c.s_bytes * c.copies), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.x, (size_t)64 * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)64 * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.y, (size_t)64 * c.N * 2), "cuMemAlloc", __FILE__, __LINE__))
+		    cu_check(cu.cuMemAlloc(&c.y, (size_t)64 * c.N * 2), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.ws, cuda_gemm_decode_workspace(&g, 64, c.N, c.K) + 256),
+			     "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
 		fill_e4m3(&g, c.w, (long long)(c.w_bytes * c.copies), 100 + si);
 		fill_pow2(&g, c.s, (long long)(c.s_bytes * c.copies / 4), 200 + si, -12, -8);
@@ -164,14 +166,16 @@ int bench_gemm(int argc, char **argv)
 				       (double)c.M * c.K + (double)c.M * c.N * 2;
 			double tbs = bytes / (ms * 1e-3) / 1e12;
 			double tflops = 2.0 * c.M * c.N * c.K / (ms * 1e-3) / 1e12;
-			printf("%5dx%-6d %4d %10.2f %9.3f %7.0f%% %9.1f\n", c.N, c.K, c.M, ms * 1e3,
-			       tbs, 100.0 * tbs / read_tbs, tflops);
+			struct gemm_split sp = cuda_gemm_decode_split(&g, c.N, c.K);
+			printf("%5dx%-6d %4d %10.2f %9.3f %7.0f%% %9.1f  k%dx%d\n", c.N, c.K, c.M,
+			       ms * 1e3, tbs, 100.0 * tbs / read_tbs, tflops, sp.ksplit, sp.chunks);
 		}
 		cu.cuMemFree(c.w);
 		cu.cuMemFree(c.s);
 		cu.cuMemFree(c.x);
 		cu.cuMemFree(c.sx);
 		cu.cuMemFree(c.y);
+		cu.cuMemFree(c.ws);
 	}
 	printf("\ncommand: dsv32 bench gemm --trials %d (decode kernel k_gemm_fp8_decode_m*; "
 	       "weights rotated over >= 1 GiB; cuBLASLt comparison: not yet built)\n", trials);
