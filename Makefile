@@ -129,8 +129,8 @@ $(BUILD)/asan/dsv32d: $(call san,$(BOOT_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/
 # ---- fuzz targets (libFuzzer) ---------------------------------------------------------------
 FUZZERS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 fuzz: $(FUZZERS)
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC))
-	$(CLANG) $(SAN) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
+	$(CLANG) $(SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 
 # ---- static (musl) builds of everything that does not touch the GPU -------------------------
 STATIC_PROGRAMS := $(BUILD)/static/dsv32 $(BUILD)/static/mkmodel $(BUILD)/static/dsv32d

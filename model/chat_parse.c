@@ -434,7 +434,8 @@ int chat_stream_finish(struct chat_stream *s, struct sbuf *reasoning, struct sbu
 	if (s->phase == CHAT_STREAM_REASONING) {
 		/* Cut off while thinking: the reasoning so far, checked like a closed one. */
 		struct sbuf t = {0};
-		sbuf_put(&t, s->text.p, s->text.len);
+		if (s->text.len)
+			sbuf_put(&t, s->text.p, s->text.len);
 		sbuf_puts(&t, CHAT_THINK_END);
 		rc = t.oom ? -ENOMEM : chat_parse(r, t.p, t.len, s->mode, e);
 		sbuf_free(&t);

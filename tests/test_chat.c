@@ -624,3 +624,21 @@ TEST(chat, stream_holds_back_markers)
 	sbuf_free(&rs);
 	sbuf_free(&cs);
 }
+
+TEST(chat, stream_finish_with_nothing_fed)
+{
+	/* fuzz finding: finishing a thinking-mode stream that was never fed passed NULL to memcpy */
+	for (int mode = 0; mode < 2; mode++) {
+		struct chat_stream s;
+		struct sbuf rs = {0}, cs = {0};
+		struct chat_reply r;
+		struct err e;
+		chat_stream_init(&s, mode ? CHAT_MODE_THINKING : CHAT_MODE_CHAT);
+		REQUIRE(chat_stream_finish(&s, &rs, &cs, &r, &e) == 0);
+		CHECK(r.reasoning_len == 0 && r.content_len == 0 && r.n_calls == 0 && !r.has_eos);
+		chat_reply_free(&r);
+		chat_stream_free(&s);
+		sbuf_free(&rs);
+		sbuf_free(&cs);
+	}
+}
