@@ -356,8 +356,14 @@ static int load_msg(struct msg *m, const struct json *v, size_t idx, struct err 
 	size_t r = 0;
 	while (r < 5 && strcmp(role->str, role_names[r]))
 		r++;
-	if (r == 5 || strlen(role->str) != role->len)
-		return err_set(e, -EINVAL, "%s.role: unknown role \"%.40s\"", at, role->str);
+	if (r == 5 || strlen(role->str) != role->len) {
+		char shown[41];
+		size_t k = 0;
+		for (; k < role->len && k < 40; k++) /* printable ASCII only: it may be echoed back */
+			shown[k] = role->str[k] >= 0x20 && role->str[k] < 0x7f ? role->str[k] : '?';
+		shown[k] = 0;
+		return err_set(e, -EINVAL, "%s.role: unknown role \"%s\"", at, shown);
+	}
 	m->role = (enum role)r;
 
 	int rc = opt_str(v, "content", &m->content, &m->content_len, at, e);

@@ -258,6 +258,13 @@ TEST(chat, chat_mode)
 		     BOS "S" USER "U1" ASSISTANT "</think>A1" EOS USER "U2" ASSISTANT "</think>");
 	CHECK_PROMPT("[{\"role\": \"user\", \"content\": \"hello\"}]", CHAT_MODE_CHAT,
 		     BOS USER "hello" ASSISTANT "</think>");
+	CHECK_PROMPT("[{\"role\": \"system\", \"content\": \"S\", \"response_format\": {\"type\": "
+		     "\"json_schema\", \"json_schema\": {\"name\": \"x\"}}}, {\"role\": \"user\", "
+		     "\"content\": \"u\"}]",
+		     CHAT_MODE_CHAT,
+		     BOS "S\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to "
+			 "reply:\n{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\"}}" USER "u" ASSISTANT
+			 "</think>");
 	/* chat mode never renders reasoning, even after the last user message */
 	CHECK_PROMPT("[{\"role\": \"user\", \"content\": \"q\"},"
 		     " {\"role\": \"assistant\", \"reasoning_content\": \"R\", \"content\": \"A\"}]",
@@ -442,6 +449,7 @@ TEST(chat, validation_names_the_field)
 		{"[{\"content\": \"x\"}]", "messages[0].role: missing", CHAT_MODE_CHAT},
 		{"[{\"role\": 5}]", "messages[0].role: expected a string, got number", CHAT_MODE_CHAT},
 		{"[{\"role\": \"bot\", \"content\": \"x\"}]", "messages[0].role: unknown role \"bot\"", CHAT_MODE_CHAT},
+		{"[{\"role\": \"us\\ner\u00e9\"}]", "messages[0].role: unknown role \"us?er??\"", CHAT_MODE_CHAT},
 		{"[{\"role\": \"user\"}]", "messages[0].content: missing", CHAT_MODE_CHAT},
 		{"[{\"role\": \"user\", \"content\": null}]", "messages[0].content: missing", CHAT_MODE_CHAT},
 		{"[{\"role\": \"user\", \"content\": [\"a\"]}]",
