@@ -14,10 +14,13 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 	struct gemm_split sp = {.ksplit = kb >= 8 ? 8 : kb >= 4 ? 4 : kb >= 2 ? 2 : 1};
 	int blocks = (N / 16) / (8 / sp.ksplit);
 	/* Aim for >= 8 blocks of 8 warps per SM (about 3 resident, so the last wave is short),
-	 * but keep >= 2 K blocks per warp so the partials stay a small part of the traffic. */
+	 * but keep >= 2 K blocks per warp so the partials stay a small part of the traffic, and
+	 * only for matrices >= 32 MB: below that the reduce launch costs more than it gains
+	 * (measured, docs/PERF.md). */
 	int want = g->sm_count * 8;
 	sp.chunks = 1;
-	while (blocks * sp.chunks * 2 <= want && kb / (sp.chunks * 2) >= 2 * sp.ksplit)
+	while ((size_t)N * K >= (32u << 20) && blocks * sp.chunks * 2 <= want &&
+	       kb / (sp.chunks * 2) >= 2 * sp.ksplit)
 		sp.chunks *= 2;
 	sp.chunk_blocks = (kb + sp.chunks - 1) / sp.chunks;
 	return sp;
