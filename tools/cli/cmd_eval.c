@@ -90,6 +90,11 @@ static int parse_tokens(const char *text, size_t n, const char *path, int64_t vo
 					     path, (long long)line, col);
 				break;
 			}
+			if (text[p] == ',' && len) {
+				rc = err_set(e, -EINVAL, "%s:%lld:%zu: missing token id after ','", path,
+					     (long long)line, col);
+				break;
+			}
 			if (text[p] < '0' || text[p] > '9') {
 				rc = err_set(e, -EINVAL, "%s:%lld:%zu: expected a token id, got '%c'", path,
 					     (long long)line, col, text[p]);
@@ -155,6 +160,7 @@ struct dumps {
 	const char *names[MAX_DUMP_NAMES];
 	int n_names;
 	int64_t max_pos;  /* rows at positions >= max_pos (generated tokens) are not kept */
+	int64_t seq;      /* the sequence being run (steps carry one sequence each) */
 	struct dump_buf *b;
 	int64_t n, cap;
 };
@@ -171,6 +177,8 @@ static void dump_cb(void *ctx, const char *name, int64_t layer, int64_t seq, int
 		    int is_int, const void *data, int64_t n)
 {
 	struct dumps *d = ctx;
+	(void)seq; /* always 0: eval runs one sequence per step */
+	seq = d->seq;
 	if (pos >= d->max_pos || !dump_wanted(d, name))
 		return;
 	char key[96];
@@ -537,6 +545,7 @@ int cmd_eval(int argc, char **argv)
 	int64_t base = 0, n_tok = 0, r = 0;
 	for (int64_t i = 0; i < S.n && !r; i++) {
 		int64_t nb = (S.len[i] + o.generate + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+		o.dumps.seq = i;
 		r = run_seq(be, &c, &o, o.dumps.n_names ? &dump : NULL, i, S.tok[i], S.len[i],
 			    bt + base, nb, &logits[i], &mtp[i], &t_pre, &t_dec);
 		base += nb;
