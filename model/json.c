@@ -658,7 +658,9 @@ static void write_number(struct sbuf *b, const struct json *v)
 	for (size_t k = 0; k < v->len; k++)
 		if (v->str[k] == '.' || v->str[k] == 'e' || v->str[k] == 'E')
 			is_int = 0;
-	if (is_int) /* an integer too large for int64: Python keeps its digits */
+	/* An integer too large for int64: Python keeps its digits. A number beyond double's range
+	 * (1e400) keeps its source text too: Python would write Infinity, which is not JSON. */
+	if (is_int || !isfinite(v->num))
 		sbuf_put(b, v->str, v->len);
 	else
 		json_write_double(b, v->num);
