@@ -5,6 +5,8 @@
 #ifndef DSV32_MKMODEL_H
 #define DSV32_MKMODEL_H
 
+#include <stdint.h>
+
 #include "model/err.h"
 
 extern const char mkmodel_tiny_config[];        /* = tests/data/tiny_config.json */
