@@ -41,7 +41,7 @@ struct chat_opts {
 	size_t context;
 };
 
-/* The reference's defaults: thinking mode, drop_thinking, BOS, no context. */
+/* The reference's defaults in the given mode: drop_thinking and BOS on, no context. */
 struct chat_opts chat_opts_default(enum chat_mode mode);
 
 struct chat_segment {
