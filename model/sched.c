@@ -1,0 +1,820 @@
+/*
+ * sched.c — continuous batching: admission, the step (schedule -> run -> postprocess),
+ * preemption, cancellation, stop conditions and events (see sched.h for the rules).
+ *
+ * Owns: sequences (prompt + output ids, progress, block table, detokenizer, held-back text),
+ * the running list (admission order) and the waiting queue (arrival order), per-step scratch
+ * sized at init. Must not: touch page contents or the driver; allocate per step except when a
+ * sequence's token array, block table or the text arena grows (amortised doubling).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/sched.h"
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+struct seq {
+	uint64_t id;
+	uint64_t arrival;          /* arrival number: waiting order */
+	enum seq_state state;
+	int32_t *tokens;           /* [cap] prompt then output ids */
+	int64_t n_tokens, cap, n_prompt;
+	int64_t n_computed;        /* positions whose K/V are in the cache */
+	int64_t n_prompt_cached;   /* prompt positions taken from the prefix cache, first admission */
+	int admitted_once;
+	int64_t max_tokens;        /* 0 = none */
+	int64_t n_emitted;         /* TOKEN events sent */
+	struct sampler_params sp;
+	int32_t stop_ids[SCHED_MAX_STOP_IDS];
+	int n_stop_ids;
+	struct sched_str stop[SCHED_MAX_STOP_STRINGS];
+	char *stop_buf;
+	int n_stop;
+	size_t max_stop_len;
+	int ignore_eos;
+	struct kv_seq kv;
+	struct detok dt;
+	struct sbuf held;          /* text that may start a stop string */
+	/* this step */
+	int64_t rows;              /* scheduled rows (0 = none) */
+	int decode;                /* the rows are a decode */
+};
+
+struct sched {
+	struct backend *b;
+	struct sched_config cfg;
+	int64_t vocab, limit;
+	int32_t eos;
+	struct kv_pages kp;
+	struct sampler smp;
+	struct seq **running;      /* [max_seqs] admission order */
+	int64_t n_running;
+	struct seq **waiting;      /* arrival order */
+	int64_t n_waiting, cap_waiting;
+	uint64_t next_arrival;
+	/* step scratch */
+	struct seq **sched;        /* [max_seqs] scheduled this step */
+	int64_t n_sched;
+	struct backend_seq *bseq;  /* [max_seqs] */
+	int64_t *pos;              /* [max_batch_tokens] */
+	uint8_t *flags;            /* [max_batch_tokens] */
+	float *logits;             /* [max_seqs, vocab] */
+	struct sampler_out *outs;  /* [max_seqs] */
+	int *out_rc;               /* [max_seqs] */
+	struct sbuf piece;         /* detok output of one token */
+	/* events */
+	struct sched_event *ev;
+	size_t *ev_text;           /* [cap_ev] offset in text, or SIZE_MAX */
+	int64_t n_ev, cap_ev;
+	struct sbuf text;
+	int delivered;             /* ev were handed out: clear before adding */
+	/* counters */
+	uint64_t preemptions, steps, added, finished, prefill_tokens, decode_tokens;
+	double t_step, t_backend, t_sample, last_step;
+};
+
+const char *sched_finish_name(enum sched_finish r)
+{
+	switch (r) {
+	case SCHED_FINISH_STOP: return "stop";
+	case SCHED_FINISH_LENGTH: return "length";
+	case SCHED_FINISH_EOS: return "eos";
+	case SCHED_FINISH_CANCELLED: return "cancelled";
+	case SCHED_FINISH_CONTEXT_LIMIT: return "context_limit";
+	}
+	return "?";
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static void ev_begin(struct sched *s)
+{
+	if (s->delivered) {
+		s->n_ev = 0;
+		s->text.len = 0;
+		s->delivered = 0;
+	}
+}
+
+static struct sched_event *ev_new(struct sched *s, enum sched_event_type t, uint64_t id)
+{
+	ev_begin(s);
+	if (s->n_ev == s->cap_ev) {
+		int64_t cap = s->cap_ev ? s->cap_ev * 2 : 256;
+		struct sched_event *ev = realloc(s->ev, (size_t)cap * sizeof *ev);
+		ASSERT(ev);
+		s->ev = ev;
+		size_t *tx = realloc(s->ev_text, (size_t)cap * sizeof *tx);
+		ASSERT(tx);
+		s->ev_text = tx;
+		s->cap_ev = cap;
+	}
+	struct sched_event *e = &s->ev[s->n_ev];
+	e->type = t;
+	e->id = id;
+	e->n_top = 0;
+	e->text = NULL;
+	e->text_len = 0;
+	s->ev_text[s->n_ev] = SIZE_MAX;
+	s->n_ev++;
+	return e;
+}
+
+/* Attaches bytes to the event just created (copied into the step's text arena). */
+static void ev_text(struct sched *s, const char *p, size_t n)
+{
+	if (!n)
+		return;
+	s->ev_text[s->n_ev - 1] = s->text.len;
+	s->ev[s->n_ev - 1].text_len = n;
+	sbuf_put(&s->text, p, n);
+	ASSERT(!s->text.oom);
+}
+
+/* ---- sequences ---------------------------------------------------------------------------- */
+
+static void seq_free(struct seq *q)
+{
+	if (!q)
+		return;
+	free(q->tokens);
+	free(q->stop_buf);
+	sbuf_free(&q->held);
+	kv_seq_free(&q->kv);
+	free(q);
+}
+
+static int seq_append(struct seq *q, int32_t t)
+{
+	if (q->n_tokens == q->cap) {
+		int64_t cap = q->cap * 2;
+		int32_t *p = realloc(q->tokens, (size_t)cap * sizeof *p);
+		if (!p)
+			return -ENOMEM;
+		q->tokens = p;
+		q->cap = cap;
+	}
+	q->tokens[q->n_tokens++] = t;
+	return 0;
+}
+
+static void list_remove(struct seq **a, int64_t *n, struct seq *q)
+{
+	for (int64_t i = 0; i < *n; i++)
+		if (a[i] == q) {
+			memmove(a + i, a + i + 1, (size_t)(*n - i - 1) * sizeof *a);
+			(*n)--;
+			return;
+		}
+	ASSERT(0);
+}
+
+/* Into the waiting queue at its arrival place (preempted sequences go back near the front). */
+static int waiting_insert(struct sched *s, struct seq *q)
+{
+	if (s->n_waiting == s->cap_waiting) {
+		int64_t cap = s->cap_waiting ? s->cap_waiting * 2 : 64;
+		struct seq **w = realloc(s->waiting, (size_t)cap * sizeof *w);
+		if (!w)
+			return -ENOMEM;
+		s->waiting = w;
+		s->cap_waiting = cap;
+	}
+	int64_t i = s->n_waiting;
+	while (i > 0 && s->waiting[i - 1]->arrival > q->arrival) {
+		s->waiting[i] = s->waiting[i - 1];
+		i--;
+	}
+	s->waiting[i] = q;
+	s->n_waiting++;
+	q->state = SEQ_WAITING;
+	return 0;
+}
+
+/* Removes a live sequence from its list and frees it and its pages. */
+static void seq_drop(struct sched *s, struct seq *q)
+{
+	if (q->state == SEQ_RUNNING)
+		list_remove(s->running, &s->n_running, q);
+	else
+		list_remove(s->waiting, &s->n_waiting, q);
+	kv_pages_release(&s->kp, &q->kv);
+	seq_free(q);
+	s->finished++;
+}
+
+static struct seq *seq_find(const struct sched *s, uint64_t id)
+{
+	for (int64_t i = 0; i < s->n_running; i++)
+		if (s->running[i]->id == id)
+			return s->running[i];
+	for (int64_t i = 0; i < s->n_waiting; i++)
+		if (s->waiting[i]->id == id)
+			return s->waiting[i];
+	return NULL;
+}
+
+/* ---- init --------------------------------------------------------------------------------- */
+
+int sched_init(struct sched **out, struct backend *b, const struct sched_config *cfg,
+	       struct err *e)
+{
+	*out = NULL;
+	if (cfg->max_batch_tokens < 1)
+		return err_set(e, -EINVAL, "max_batch_tokens = %lld: must be >= 1",
+			       (long long)cfg->max_batch_tokens);
+	if (cfg->max_seqs < 1 || cfg->max_seqs > (1 << 20))
+		return err_set(e, -EINVAL, "max_seqs = %lld: must be in [1, 2^20]",
+			       (long long)cfg->max_seqs);
+	if (cfg->max_context < 0 || cfg->max_waiting < 0)
+		return err_set(e, -EINVAL, "max_context and max_waiting must be >= 0");
+	if (b->n_pages < 1)
+		return err_set(e, -EINVAL, "backend has %lld KV pages", (long long)b->n_pages);
+	struct sched *s = calloc(1, sizeof *s);
+	if (!s)
+		return -ENOMEM;
+	s->b = b;
+	s->cfg = *cfg;
+	s->vocab = b->c->vocab_size;
+	s->eos = (int32_t)b->c->eos_token_id;
+	int64_t lim = cfg->max_context ? cfg->max_context : b->c->max_position_embeddings;
+	if (lim > b->c->max_position_embeddings)
+		lim = b->c->max_position_embeddings;
+	if (lim > b->n_pages * KV_PAGE_TOKENS)
+		lim = b->n_pages * KV_PAGE_TOKENS;
+	s->limit = lim;
+	int64_t S = cfg->max_seqs, B = cfg->max_batch_tokens;
+	int64_t L = S < B ? S : B; /* rows with logits per step */
+	int rc = kv_pages_init(&s->kp, b->n_pages);
+	if (rc < 0)
+		goto fail;
+	rc = sampler_init(&s->smp, s->vocab);
+	if (rc < 0)
+		goto fail;
+	s->running = calloc((size_t)S, sizeof *s->running);
+	s->sched = calloc((size_t)S, sizeof *s->sched);
+	s->bseq = calloc((size_t)S, sizeof *s->bseq);
+	s->pos = calloc((size_t)B, sizeof *s->pos);
+	s->flags = calloc((size_t)B, sizeof *s->flags);
+	s->logits = malloc((size_t)L * (size_t)s->vocab * sizeof *s->logits);
+	s->outs = calloc((size_t)S, sizeof *s->outs);
+	s->out_rc = calloc((size_t)S, sizeof *s->out_rc);
+	rc = -ENOMEM;
+	if (!s->running || !s->sched || !s->bseq || !s->pos || !s->flags || !s->logits ||
+	    !s->outs || !s->out_rc)
+		goto fail;
+	*out = s;
+	return 0;
+fail:
+	sched_free(s);
+	return err_set(e, rc, "scheduler: %s", rc == -ENOMEM ? "out of memory" : "bad sizes");
+}
+
+void sched_free(struct sched *s)
+{
+	if (!s)
+		return;
+	for (int64_t i = 0; i < s->n_running; i++)
+		seq_free(s->running[i]);
+	for (int64_t i = 0; i < s->n_waiting; i++)
+		seq_free(s->waiting[i]);
+	kv_pages_free(&s->kp);
+	sampler_free(&s->smp);
+	free(s->running);
+	free(s->waiting);
+	free(s->sched);
+	free(s->bseq);
+	free(s->pos);
+	free(s->flags);
+	free(s->logits);
+	free(s->outs);
+	free(s->out_rc);
+	sbuf_free(&s->piece);
+	sbuf_free(&s->text);
+	free(s->ev);
+	free(s->ev_text);
+	free(s);
+}
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+static int check_request(const struct sched *s, const struct sched_request *r, struct err *e)
+{
+	if (seq_find(s, r->id))
+		return err_set(e, -EEXIST, "request id %llu is already live",
+			       (unsigned long long)r->id);
+	if (r->n_prompt < 1 || !r->prompt)
+		return err_set(e, -EINVAL, "prompt: empty");
+	if (r->n_prompt >= s->limit)
+		return err_set(e, -E2BIG,
+			       "prompt too long: %lld tokens, the context limit is %lld (prompt "
+			       "+ at least one output token)",
+			       (long long)r->n_prompt, (long long)s->limit);
+	for (int64_t i = 0; i < r->n_prompt; i++)
+		if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
+			return err_set(e, -EINVAL, "prompt[%lld] = %d: token id outside [0, %lld)",
+				       (long long)i, r->prompt[i], (long long)s->vocab);
+	if (r->max_tokens < 0)
+		return err_set(e, -EINVAL, "max_tokens = %lld: must be >= 0 (0 = no limit)",
+			       (long long)r->max_tokens);
+	int rc = sampler_params_check(&r->sampling, e);
+	if (rc < 0)
+		return rc;
+	if (r->n_stop_ids < 0 || r->n_stop_ids > SCHED_MAX_STOP_IDS ||
+	    (r->n_stop_ids && !r->stop_ids))
+		return err_set(e, -EINVAL, "stop_token_ids: %d ids, at most %d", r->n_stop_ids,
+			       SCHED_MAX_STOP_IDS);
+	for (int i = 0; i < r->n_stop_ids; i++)
+		if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->vocab)
+			return err_set(e, -EINVAL, "stop_token_ids[%d] = %d: outside [0, %lld)", i,
+				       r->stop_ids[i], (long long)s->vocab);
+	if (r->n_stop < 0 || r->n_stop > SCHED_MAX_STOP_STRINGS || (r->n_stop && !r->stop))
+		return err_set(e, -EINVAL, "stop: %d strings, at most %d", r->n_stop,
+			       SCHED_MAX_STOP_STRINGS);
+	if (r->n_stop && !s->cfg.tok)
+		return err_set(e, -EINVAL, "stop: stop strings need a tokenizer");
+	for (int i = 0; i < r->n_stop; i++) {
+		const struct sched_str *t = &r->stop[i];
+		if (t->n < 1 || t->n > SCHED_MAX_STOP_LEN || !t->p)
+			return err_set(e, -EINVAL, "stop[%d]: %zu bytes, must be 1..%d", i, t->n,
+				       SCHED_MAX_STOP_LEN);
+		if (detok_valid_prefix(t->p, t->n) != t->n)
+			return err_set(e, -EINVAL, "stop[%d]: invalid UTF-8", i);
+	}
+	if (s->cfg.max_waiting && s->n_waiting >= s->cfg.max_waiting)
+		return err_set(e, -EAGAIN, "queue full: %lld requests waiting",
+			       (long long)s->n_waiting);
+	return 0;
+}
+
+int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
+{
+	int rc = check_request(s, r, e);
+	if (rc < 0)
+		return rc;
+	struct seq *q = calloc(1, sizeof *q);
+	if (!q)
+		return err_set(e, -ENOMEM, "out of memory");
+	q->id = r->id;
+	q->arrival = s->next_arrival++;
+	q->cap = r->n_prompt + 16;
+	q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
+	size_t stop_bytes = 0;
+	for (int i = 0; i < r->n_stop; i++)
+		stop_bytes += r->stop[i].n;
+	q->stop_buf = stop_bytes ? malloc(stop_bytes) : NULL;
+	if (!q->tokens || (stop_bytes && !q->stop_buf)) {
+		seq_free(q);
+		return err_set(e, -ENOMEM, "out of memory");
+	}
+	memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+	q->n_tokens = q->n_prompt = r->n_prompt;
+	q->max_tokens = r->max_tokens;
+	q->sp = r->sampling;
+	if (!r->seeded)
+		q->sp.seed = sampler_bits(s->cfg.seed, q->arrival);
+	memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
+	q->n_stop_ids = r->n_stop_ids;
+	size_t off = 0;
+	for (int i = 0; i < r->n_stop; i++) {
+		memcpy(q->stop_buf + off, r->stop[i].p, r->stop[i].n);
+		q->stop[i].p = q->stop_buf + off;
+		q->stop[i].n = r->stop[i].n;
+		off += r->stop[i].n;
+		if (r->stop[i].n > q->max_stop_len)
+			q->max_stop_len = r->stop[i].n;
+	}
+	q->n_stop = r->n_stop;
+	q->ignore_eos = r->ignore_eos;
+	q->kv.uid = r->uid;
+	q->kv.chain_page = -1;
+	if (s->cfg.tok)
+		detok_init(&q->dt, s->cfg.tok, s->cfg.detok_flags);
+	rc = waiting_insert(s, q);
+	if (rc < 0) {
+		seq_free(q);
+		return err_set(e, rc, "out of memory");
+	}
+	s->added++;
+	return 0;
+}
+
+int sched_cancel(struct sched *s, uint64_t id)
+{
+	struct seq *q = seq_find(s, id);
+	if (!q)
+		return -ENOENT;
+	struct sched_event *ev = ev_new(s, SCHED_EVENT_FINISH, id);
+	ev->reason = SCHED_FINISH_CANCELLED;
+	ev->n_prompt = q->n_prompt;
+	ev->n_output = q->n_tokens - q->n_prompt;
+	ev->n_prompt_cached = q->n_prompt_cached;
+	seq_drop(s, q);
+	return 0;
+}
+
+void sched_fail_all(struct sched *s, int code, const char *msg)
+{
+	while (s->n_running + s->n_waiting > 0) {
+		struct seq *q = s->n_running ? s->running[s->n_running - 1]
+					     : s->waiting[s->n_waiting - 1];
+		struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
+		ev->error = code;
+		ev->msg = msg;
+		seq_drop(s, q);
+	}
+}
+
+int sched_has_work(const struct sched *s)
+{
+	return s->n_running + s->n_waiting > 0 || (!s->delivered && s->n_ev > 0);
+}
+
+/* ---- schedule ----------------------------------------------------------------------------- */
+
+/* Back to the waiting queue, to be recomputed; its output so far is kept. */
+static void preempt(struct sched *s, struct seq *q)
+{
+	ASSERT(q->state == SEQ_RUNNING && q->rows == 0);
+	list_remove(s->running, &s->n_running, q);
+	kv_pages_release(&s->kp, &q->kv);
+	q->n_computed = 0;
+	int rc = waiting_insert(s, q);
+	ASSERT(rc == 0); /* the queue held it before: only growth past its old size can fail */
+	s->preemptions++;
+}
+
+static void add_rows(struct sched *s, struct seq *q, int64_t n, int decode)
+{
+	q->rows = n;
+	q->decode = decode;
+	s->sched[s->n_sched++] = q;
+}
+
+/* Decodes: one token each, admission order; a missing page preempts the newest running. */
+static int64_t schedule_decodes(struct sched *s, int64_t budget)
+{
+	for (int64_t i = 0; i < s->n_running && budget > 0; i++) {
+		struct seq *q = s->running[i];
+		if (q->n_tokens - q->n_computed != 1)
+			continue;
+		int self = 0;
+		while (kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 1) < 0) {
+			struct seq *v = s->running[s->n_running - 1];
+			self = v == q;
+			preempt(s, v); /* v comes after q: it has no rows yet */
+			if (self)
+				break;
+		}
+		if (self)
+			break; /* q was the newest: nothing after it */
+		add_rows(s, q, 1, 1);
+		budget--;
+	}
+	return budget;
+}
+
+/* Pages for positions [0, q->n_computed + n); returns the n that fits (0: none). Preempts
+ * newer sequences without rows in this step; otherwise shrinks n. */
+static int64_t fit_chunk(struct sched *s, struct seq *q, int64_t n)
+{
+	while (kv_pages_reserve(&s->kp, &q->kv, q->n_computed + n) < 0) {
+		struct seq *v = s->running[s->n_running - 1];
+		if (v != q && v->rows == 0) {
+			preempt(s, v);
+			continue;
+		}
+		int64_t fit = (q->kv.n_blocks + kv_pages_available(&s->kp)) * KV_PAGE_TOKENS -
+			      q->n_computed;
+		if (fit <= 0 || fit >= n)
+			return 0; /* no page at all, or the block table could not grow */
+		n = fit;
+	}
+	return n;
+}
+
+static int64_t schedule_prefills(struct sched *s, int64_t budget)
+{
+	for (int64_t i = 0; i < s->n_running && budget > 0; i++) {
+		struct seq *q = s->running[i];
+		int64_t rem = q->n_tokens - q->n_computed;
+		if (q->rows || rem <= 1)
+			continue;
+		int64_t n = fit_chunk(s, q, rem < budget ? rem : budget);
+		if (n > 0) {
+			add_rows(s, q, n, 0);
+			budget -= n;
+		}
+	}
+	/* Waiting requests, strict arrival order. */
+	while (s->n_waiting > 0 && budget > 0 && s->n_running < s->cfg.max_seqs) {
+		struct seq *q = s->waiting[0];
+		int64_t hit = 0, hit_cached = 0;
+		if (s->cfg.prefix_cache)
+			kv_pages_peek(&s->kp, q->kv.uid, q->tokens, q->n_tokens, &hit, &hit_cached);
+		int64_t start = hit * KV_PAGE_TOKENS, rem = q->n_tokens - start;
+		int64_t n = rem < budget ? rem : budget;
+		int64_t avail = kv_pages_available(&s->kp) - hit_cached;
+		int64_t fit = (hit + avail) * KV_PAGE_TOKENS - start;
+		if (fit <= 0)
+			break; /* the head waits for pages; later arrivals wait behind it */
+		n = fit < n ? fit : n;
+		if (s->cfg.prefix_cache) {
+			int64_t got = kv_pages_match(&s->kp, &q->kv, q->tokens, q->n_tokens);
+			if (got < 0)
+				break;
+			ASSERT(got == start);
+		}
+		if (kv_pages_reserve(&s->kp, &q->kv, start + n) < 0) {
+			kv_pages_release(&s->kp, &q->kv);
+			break;
+		}
+		memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
+		s->n_waiting--;
+		q->state = SEQ_RUNNING;
+		q->n_computed = start;
+		if (!q->admitted_once) {
+			q->n_prompt_cached = start;
+			q->admitted_once = 1;
+		}
+		s->running[s->n_running++] = q;
+		add_rows(s, q, n, 0);
+		budget -= n;
+	}
+	return budget;
+}
+
+/* ---- postprocess -------------------------------------------------------------------------- */
+
+/* Feeds text to q's stop-string matcher and emits what is safe into the current event.
+ * Returns 1 if a stop string matched (the text before it was emitted; the rest dropped). */
+static int stop_scan(struct sched *s, struct seq *q, const char *p, size_t n, int final)
+{
+	if (!q->n_stop) {
+		ev_text(s, p, n);
+		return 0;
+	}
+	struct sbuf *h = &q->held;
+	sbuf_put(h, p, n);
+	ASSERT(!h->oom);
+	size_t best = SIZE_MAX;
+	for (int i = 0; i < q->n_stop; i++) {
+		const struct sched_str *t = &q->stop[i];
+		if (t->n > h->len)
+			continue;
+		const char *m = memmem(h->p, h->len, t->p, t->n);
+		if (m && (size_t)(m - h->p) < best)
+			best = (size_t)(m - h->p);
+	}
+	if (best != SIZE_MAX) {
+		ev_text(s, h->p, best);
+		h->len = 0;
+		return 1;
+	}
+	size_t keep = 0;
+	if (!final) { /* the longest suffix that is a proper prefix of a stop string */
+		size_t maxl = q->max_stop_len - 1 < h->len ? q->max_stop_len - 1 : h->len;
+		for (size_t L = maxl; L > 0 && !keep; L--)
+			for (int i = 0; i < q->n_stop; i++)
+				if (q->stop[i].n > L && !memcmp(h->p + h->len - L, q->stop[i].p, L)) {
+					keep = L;
+					break;
+				}
+	}
+	ev_text(s, h->p, h->len - keep);
+	memmove(h->p, h->p + h->len - keep, keep);
+	h->len = keep;
+	return 0;
+}
+
+static void finish(struct sched *s, struct seq *q, enum sched_finish reason, int flush)
+{
+	struct sched_event *ev = ev_new(s, SCHED_EVENT_FINISH, q->id);
+	ev->reason = reason;
+	ev->n_prompt = q->n_prompt;
+	ev->n_output = q->n_tokens - q->n_prompt;
+	ev->n_prompt_cached = q->n_prompt_cached;
+	if (flush && s->cfg.tok) {
+		s->piece.len = 0;
+		detok_flush(&q->dt, &s->piece);
+		stop_scan(s, q, s->piece.p, s->piece.len, 1);
+	}
+	q->rows = 0;
+	seq_drop(s, q);
+}
+
+static int is_stop_id(const struct seq *q, int32_t t)
+{
+	for (int i = 0; i < q->n_stop_ids; i++)
+		if (q->stop_ids[i] == t)
+			return 1;
+	return 0;
+}
+
+/* One sampled token of q: stop checks, append, events. */
+static void accept_token(struct sched *s, struct seq *q, const struct sampler_out *o)
+{
+	int32_t t = o->token;
+	if (t == s->eos && !q->ignore_eos) {
+		finish(s, q, SCHED_FINISH_EOS, 1);
+		return;
+	}
+	if (is_stop_id(q, t)) {
+		finish(s, q, SCHED_FINISH_STOP, 1);
+		return;
+	}
+	if (seq_append(q, t) < 0) {
+		struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
+		ev->error = -ENOMEM;
+		ev->msg = "out of memory";
+		q->rows = 0;
+		seq_drop(s, q);
+		return;
+	}
+	struct sched_event *ev = ev_new(s, SCHED_EVENT_TOKEN, q->id);
+	ev->seq = q->n_emitted++;
+	ev->token = t;
+	ev->logprob = o->logprob;
+	ev->n_top = o->n_top;
+	if (o->n_top) {
+		memcpy(ev->top_ids, o->top_ids, (size_t)o->n_top * sizeof *o->top_ids);
+		memcpy(ev->top_logprobs, o->top_logprobs, (size_t)o->n_top * sizeof(float));
+	}
+	int stopped = 0;
+	if (s->cfg.tok) {
+		s->piece.len = 0;
+		if (detok_push(&q->dt, t, &s->piece) < 0)
+			s->piece.len = 0; /* an id the tokenizer does not know: no text */
+		stopped = stop_scan(s, q, s->piece.p, s->piece.len, 0);
+	}
+	int64_t n_out = q->n_tokens - q->n_prompt;
+	if (stopped)
+		finish(s, q, SCHED_FINISH_STOP, 0);
+	else if (q->max_tokens && n_out >= q->max_tokens)
+		finish(s, q, SCHED_FINISH_LENGTH, 1);
+	else if (q->n_tokens >= s->limit)
+		finish(s, q, SCHED_FINISH_CONTEXT_LIMIT, 1);
+}
+
+/* ---- the step ----------------------------------------------------------------------------- */
+
+int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
+{
+	double t0 = now_s();
+	ev_begin(s);
+	int rc = 0;
+
+	/* schedule */
+	s->n_sched = 0;
+	int64_t budget = schedule_decodes(s, s->cfg.max_batch_tokens);
+	schedule_prefills(s, budget);
+
+	/* run */
+	double t1 = t0, t2 = t0;
+	int64_t row = 0, n_logits = 0;
+	if (s->n_sched > 0) {
+		for (int64_t k = 0; k < s->n_sched; k++) {
+			struct seq *q = s->sched[k];
+			struct backend_seq *bs = &s->bseq[k];
+			int sample = q->n_computed + q->rows == q->n_tokens;
+			for (int64_t j = 0; j < q->rows; j++) {
+				s->pos[row + j] = q->n_computed + j;
+				s->flags[row + j] = 0;
+			}
+			if (sample)
+				s->flags[row + q->rows - 1] = BACKEND_ROW_LOGITS;
+			bs->n = q->rows;
+			bs->tokens = q->tokens + q->n_computed;
+			bs->pos = s->pos + row;
+			bs->block_table = q->kv.bt;
+			bs->n_blocks = q->kv.n_blocks;
+			bs->flags = s->flags + row;
+			bs->logits = sample ? s->logits + n_logits * s->vocab : NULL;
+			bs->hidden = NULL;
+			bs->mtp_hidden = NULL;
+			row += q->rows;
+			n_logits += sample;
+		}
+		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
+		t1 = now_s();
+		rc = backend_step(s->b, &st);
+		t2 = now_s();
+		if (rc < 0) {
+			for (int64_t k = 0; k < s->n_sched; k++)
+				s->sched[k]->rows = 0;
+			goto out;
+		}
+	}
+
+	/* postprocess: progress and publication, then sampling, then stop checks */
+	for (int64_t k = 0; k < s->n_sched; k++) {
+		struct seq *q = s->sched[k];
+		q->n_computed += q->rows;
+		if (q->decode)
+			s->decode_tokens += (uint64_t)q->rows;
+		else
+			s->prefill_tokens += (uint64_t)q->rows;
+		if (s->cfg.prefix_cache)
+			kv_pages_publish(&s->kp, &q->kv, q->tokens, q->n_computed);
+	}
+	double t3 = now_s();
+	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
+		struct seq *q = s->sched[k];
+		if (q->n_computed != q->n_tokens)
+			continue;
+		s->out_rc[k] = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
+					      q->n_prompt, q->tokens + q->n_prompt,
+					      q->n_tokens - q->n_prompt, &s->outs[k]);
+		l++;
+	}
+	double t4 = now_s();
+	for (int64_t k = 0; k < s->n_sched; k++) {
+		struct seq *q = s->sched[k];
+		if (q->n_computed != q->n_tokens) {
+			q->rows = 0;
+			continue;
+		}
+		if (s->out_rc[k] < 0) {
+			struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
+			ev->error = s->out_rc[k];
+			ev->msg = "engine fault: the logits hold NaN or no finite value";
+			q->rows = 0;
+			seq_drop(s, q);
+			continue;
+		}
+		q->rows = 0;
+		accept_token(s, q, &s->outs[k]); /* may free q */
+	}
+	s->t_sample += t4 - t3;
+	s->t_backend += t2 - t1;
+	s->steps++;
+out:;
+	double t5 = now_s();
+	s->last_step = t5 - t0;
+	s->t_step += t5 - t0;
+	for (int64_t i = 0; i < s->n_ev; i++)
+		s->ev[i].text = s->ev_text[i] == SIZE_MAX ? "" : s->text.p + s->ev_text[i];
+	s->delivered = 1;
+	*evp = s->ev;
+	*np = s->n_ev;
+	return rc;
+}
+
+/* ---- stats -------------------------------------------------------------------------------- */
+
+void sched_stats(const struct sched *s, struct sched_stats *st)
+{
+	memset(st, 0, sizeof *st);
+	st->running = s->n_running;
+	st->waiting = s->n_waiting;
+	st->pages_total = s->kp.n_pages;
+	st->pages_used = kv_pages_used(&s->kp);
+	st->pages_free = s->kp.n_free;
+	st->pages_cached = s->kp.n_cached;
+	st->prefix_lookup_pages = s->kp.n_lookup_pages;
+	st->prefix_hit_pages = s->kp.n_hit_pages;
+	st->prefix_hit_rate = s->kp.n_lookup_pages
+				      ? (double)s->kp.n_hit_pages / (double)s->kp.n_lookup_pages
+				      : 0.0;
+	st->prefill_tokens = s->prefill_tokens;
+	st->decode_tokens = s->decode_tokens;
+	if (s->t_step > 0) {
+		st->prefill_tok_s = (double)s->prefill_tokens / s->t_step;
+		st->decode_tok_s = (double)s->decode_tokens / s->t_step;
+	}
+	st->preemptions = s->preemptions;
+	st->steps = s->steps;
+	st->requests_added = s->added;
+	st->requests_finished = s->finished;
+	st->last_step_us = s->last_step * 1e6;
+	if (s->steps) {
+		double n = (double)s->steps;
+		st->avg_step_us = s->t_step / n * 1e6;
+		st->avg_backend_us = s->t_backend / n * 1e6;
+		st->avg_sample_us = s->t_sample / n * 1e6;
+		st->avg_sched_us = (s->t_step - s->t_backend - s->t_sample) / n * 1e6;
+	}
+	st->context_limit = s->limit;
+}
+
+const struct kv_pages *sched_pages(const struct sched *s) { return &s->kp; }
+
+int64_t sched_kv_seqs(const struct sched *s, const struct kv_seq **out, int64_t max)
+{
+	int64_t n = 0;
+	for (int64_t i = 0; i < s->n_running && n < max; i++)
+		out[n++] = &s->running[i]->kv;
+	for (int64_t i = 0; i < s->n_waiting && n < max; i++)
+		out[n++] = &s->waiting[i]->kv;
+	return s->n_running + s->n_waiting;
+}
