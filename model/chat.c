@@ -16,6 +16,7 @@
 #include "model/chat.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +163,12 @@ static int write_py(struct sbuf *b, const struct json *v)
 				return r;
 		}
 		sbuf_putc(b, ']');
+		return 0;
+	}
+	if (v->type == JSON_NUMBER && isinf(v->num) && strpbrk(v->str, ".eE")) {
+		/* json.loads makes a float of 1e400 and json.dumps writes it as Infinity (json_write
+		 * keeps the source text instead, to stay valid JSON) */
+		json_write_double(b, v->num);
 		return 0;
 	}
 	if (v->type != JSON_OBJECT) {

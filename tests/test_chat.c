@@ -650,3 +650,19 @@ TEST(chat, stream_finish_with_nothing_fed)
 		sbuf_free(&cs);
 	}
 }
+
+TEST(chat, numbers_as_python_writes_them)
+{
+	/* json.loads + json.dumps: floats beyond double's range become Infinity, integers keep all
+	 * their digits, 1e5 is a float, -0 an int and -0.0 a float */
+	static const char msgs[] =
+		"[{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"tool_calls\": "
+		"[{\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\": [1e400, -1E+999, "
+		"123456789012345678901234567890, 1e5, -0, -0.0, 0.1, 1e-7, 1e16, 12345678901234567.0]}\"}}]}]";
+	CHECK_PROMPT(msgs, CHAT_MODE_CHAT,
+		     BOS USER "u" ASSISTANT "</think>\n\n<" DSML "function_calls>\n<" DSML "invoke name=\"f\">\n<" DSML
+		     "parameter name=\"a\" string=\"false\">[Infinity, -Infinity, "
+		     "123456789012345678901234567890, 100000.0, 0, -0.0, 0.1, 1e-07, 1e+16, "
+		     "1.2345678901234568e+16]</" DSML "parameter>\n</" DSML "invoke>\n</" DSML
+		     "function_calls>" EOS);
+}
