@@ -25,10 +25,14 @@ static inline const char *bin_dir(void)
  * status and, if log is non-NULL, the log text (malloc'd). */
 static inline int run_mkmodel(const char *args, char **log)
 {
-	char cmd[8192], logp[512];
+	char logp[512];
 	snprintf(logp, sizeof logp, "%s/mkmodel.log", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/mkmodel %s >%s 2>&1", bin_dir(), args, logp);
+	size_t n = strlen(bin_dir()) + strlen(args) + strlen(logp) + 32;
+	char *cmd = malloc(n);
+	REQUIRE(cmd);
+	snprintf(cmd, n, "%s/mkmodel %s >%s 2>&1", bin_dir(), args, logp);
 	int st = system(cmd);
+	free(cmd);
 	if (log)
 		*log = file_read(logp, NULL, 1 << 20, NULL);
 	return st == -1 ? -1 : WEXITSTATUS(st);
