@@ -8,7 +8,7 @@
 //       default mode); ids comma-separated, an empty line for none.
 //   node tests/tokenizer/ref_encode.mjs --bench FILE [--min-mb N] ...
 //       encodes every record (repeated until N MB, default 10) and decodes the ids; prints one
-//       JSON line {"bytes":..., "encode_s":..., "decode_s":..., "tokens":...}.
+//       JSON line {"bytes":..., "encode_s":..., "decode_s":..., "tokens":...} (CPU seconds).
 //
 // Corpus format (tests/tokenizer/gen_corpus.js): records of "<decimal byte length>\n<bytes>\n".
 // Bytes are decoded with TextDecoder (WHATWG: each invalid sequence -> U+FFFD), which is the
@@ -83,13 +83,18 @@ if (corpus) {
       texts.push(t);
       bytes += Buffer.byteLength(t);
     }
-  let t0 = process.hrtime.bigint();
+  // CPU seconds of this process (user + system), as the C side measures its thread's.
+  const cpu = () => {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1e6;
+  };
+  let t0 = cpu();
   const ids = texts.map(encodeSpecial);
-  const encS = Number(process.hrtime.bigint() - t0) / 1e9;
-  t0 = process.hrtime.bigint();
+  const encS = cpu() - t0;
+  t0 = cpu();
   let outBytes = 0;
   for (const v of ids) if (v.length) outBytes += tok.decode(v).length;
-  const decS = Number(process.hrtime.bigint() - t0) / 1e9;
+  const decS = cpu() - t0;
   const tokens = ids.reduce((a, v) => a + v.length, 0);
   console.log(JSON.stringify({ bytes, encode_s: encS, decode_s: decS, tokens, out_chars: outBytes }));
 } else {

@@ -20,5 +20,6 @@ int cmd_detokenize(int argc, char **argv);
 
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);
+int bench_tokenizer(int argc, char **argv);
 
 #endif

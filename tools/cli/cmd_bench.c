@@ -9,6 +9,7 @@
 #include "tools/cli/cli.h"
 
 static const struct cli_cmd benches[] = {
+	{"tokenizer", bench_tokenizer, "tokenizer encode/decode MB/s on one core vs the JS reference"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
 };
 

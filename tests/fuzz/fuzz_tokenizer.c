@@ -1,0 +1,141 @@
+/*
+ * fuzz_tokenizer.c — libFuzzer target for model/tokenizer.h and model/detok.h: arbitrary bytes
+ * encoded in both modes (and strictly), decoded back, the same bytes read as an id array for
+ * decode and the streaming detokenizer, and streamed through the detokenizer in random splits.
+ *
+ * Needs the real tokenizer.json: $DSV32_TOKENIZER, else build/tokenizer/tokenizer.json relative
+ * to the working directory (tools/run_tests.sh runs fuzzers from the repository root); aborts
+ * loudly if it is missing. Input: byte 0 seeds the stream's split sizes; the rest is the text.
+ * Checks beyond "no crash": decode(encode(s)) == s for valid UTF-8 (its repair otherwise), strict
+ * mode fails exactly on invalid UTF-8, uncached == cached, and streamed output is valid UTF-8
+ * equal to the one-shot repair.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/detok.h"
+#include "model/tokenizer.h"
+
+#define FUZZ_CHECK(c)                   \
+	do {                            \
+		if (!(c))               \
+			__builtin_trap(); \
+	} while (0)
+
+static struct tokenizer *tok;
+
+/* memcmp that allows empty (NULL) buffers */
+static int same(const void *a, size_t na, const void *b, size_t nb)
+{
+	return na == nb && (na == 0 || !memcmp(a, b, na));
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	const char *p = getenv("DSV32_TOKENIZER");
+	if (!p || !*p)
+		p = "build/tokenizer/tokenizer.json";
+	struct err e;
+	if (tokenizer_load(&tok, p, &e)) {
+		fprintf(stderr, "fuzz_tokenizer: cannot load the tokenizer (run `make tokenizer`, set "
+				"DSV32_TOKENIZER or run from the repository root): %s\n", e.msg);
+		abort();
+	}
+	return 0;
+}
+
+static void check_encode(const char *s, size_t n, const struct sbuf *fixed, int valid)
+{
+	for (int mode = 0; mode < 2; mode++) {
+		unsigned fl = mode ? TOKENIZER_SPECIAL : 0;
+		struct tokenizer_ids ids = {0}, cold = {0};
+		FUZZ_CHECK(tokenizer_encode(tok, s, n, fl, &ids) == 0);
+		FUZZ_CHECK(tokenizer_encode(tok, s, n, fl | TOKENIZER_NO_CACHE, &cold) == 0);
+		FUZZ_CHECK(same(ids.v, ids.n * sizeof *ids.v, cold.v, cold.n * sizeof *cold.v));
+		struct sbuf out = {0};
+		FUZZ_CHECK(tokenizer_decode(tok, ids.v, ids.n, 0, &out) == 0);
+		FUZZ_CHECK(same(out.p, out.len, fixed->p, fixed->len));
+		cold.n = 0;
+		int r = tokenizer_encode(tok, s, n, fl | TOKENIZER_STRICT_UTF8, &cold);
+		FUZZ_CHECK(valid ? r == 0 && cold.n == ids.n : r == -EILSEQ && cold.n == 0);
+		sbuf_free(&out);
+		tokenizer_ids_free(&ids);
+		tokenizer_ids_free(&cold);
+	}
+}
+
+static void check_ids(const uint8_t *d, size_t n)
+{
+	size_t k = n / 4;
+	int32_t *ids = malloc((k ? k : 1) * sizeof *ids);
+	FUZZ_CHECK(ids);
+	int known = 1;
+	for (size_t i = 0; i < k; i++) {
+		uint32_t v;
+		memcpy(&v, d + 4 * i, 4);
+		/* Mostly ids in range, sometimes anything. */
+		ids[i] = (v >> 31) ? (int32_t)v : (int32_t)(v % (tokenizer_n_ids(tok) + 2));
+		const char *p;
+		size_t l;
+		known &= tokenizer_token_bytes(tok, ids[i], &p, &l) == 0;
+	}
+	struct sbuf out = {0}, st = {0}, fixed = {0};
+	int r = tokenizer_decode(tok, ids, k, 0, &out);
+	FUZZ_CHECK(known ? r == 0 : r == -EINVAL && out.len == 0);
+	struct detok dt;
+	detok_init(&dt, tok, 0);
+	for (size_t i = 0; i < k; i++) {
+		int rr = detok_push(&dt, ids[i], &st);
+		FUZZ_CHECK(rr == 0 || rr == -EINVAL);
+		FUZZ_CHECK(detok_valid_prefix(st.p, st.len) == st.len);
+	}
+	detok_flush(&dt, &st);
+	if (known) {
+		detok_repair(out.p, out.len, &fixed);
+		FUZZ_CHECK(same(st.p, st.len, fixed.p, fixed.len));
+	}
+	free(ids);
+	sbuf_free(&out);
+	sbuf_free(&st);
+	sbuf_free(&fixed);
+}
+
+static void check_stream(const char *s, size_t n, uint8_t seed, const struct sbuf *fixed)
+{
+	struct detok dt;
+	struct sbuf st = {0};
+	detok_init(&dt, NULL, 0);
+	uint32_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n;) {
+		x = x * 1103515245u + 12345u;
+		size_t k = 1 + (x >> 16) % 5;
+		k = k > n - i ? n - i : k;
+		detok_push_bytes(&dt, s + i, k, &st);
+		FUZZ_CHECK(detok_pending(&dt) <= 3);
+		i += k;
+	}
+	detok_flush(&dt, &st);
+	FUZZ_CHECK(same(st.p, st.len, fixed->p, fixed->len));
+	FUZZ_CHECK(detok_valid_prefix(st.p, st.len) == st.len);
+	sbuf_free(&st);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1 || size > 1 << 16)
+		return 0;
+	const char *s = (const char *)data + 1;
+	size_t n = size - 1;
+	struct sbuf fixed = {0};
+	detok_repair(s, n, &fixed);
+	int valid = detok_valid_prefix(s, n) == n;
+	FUZZ_CHECK(!valid || same(fixed.p, fixed.len, s, n));
+	check_encode(s, n, &fixed, valid);
+	check_ids(data, size);
+	check_stream(s, n, data[0], &fixed);
+	sbuf_free(&fixed);
+	return 0;
+}
