@@ -71,7 +71,8 @@ const struct st_tensor *ckpt_find(const struct checkpoint *ck, const char *name)
 
 /* Validates one safetensors header held in memory (file_size = the whole file's size).
  * Used by ckpt_open and by the fuzz target. On success *out / *n_out hold the tensors (names
- * pointing into *arena, data pointers relative: (const void *)offset from the data start). */
+ * pointing into *arena, data pointers relative: (const void *)offset from the data start;
+ * the caller frees both *out and *arena with free()). */
 int st_parse_header(const uint8_t *file, size_t file_size, const char *path,
 		    struct st_tensor **out, size_t *n_out, void **arena, struct err *e);
 
@@ -84,7 +85,7 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, in
 /* Writes the header; after this, st_writer_data for each tensor in order. */
 int st_writer_begin_data(struct st_writer *w);
 int st_writer_data(struct st_writer *w, const void *p, size_t n);
-/* Leaves the remaining bytes of the data area as a hole (for header-only checkpoints). */
+/* Skips the next n bytes of the data area, leaving a hole (for header-only checkpoints). */
 int st_writer_skip(struct st_writer *w, size_t n);
 int st_writer_close(struct st_writer *w, struct err *e);
 
