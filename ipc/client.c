@@ -550,3 +550,5 @@ void *ipc_client_region(dsv32_t *h, size_t *bytes)
 	*bytes = h->bytes;
 	return h->base;
 }
+
+int ipc_client_socket(dsv32_t *h) { return h->sock; }

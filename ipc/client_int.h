@@ -10,5 +10,6 @@
 #include "ipc/dsv32.h"
 
 void *ipc_client_region(dsv32_t *h, size_t *bytes);
+int ipc_client_socket(dsv32_t *h);
 
 #endif
