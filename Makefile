@@ -119,8 +119,8 @@ $(BUILD)/gpu_test_runner: $(call obj,$(GPU_TEST_SRC)) $(BUILD)/libengine.a $(EMB
 asan: $(BUILD)/asan/test_runner $(BUILD)/asan/mkmodel $(BUILD)/asan/dsv32 $(BUILD)/asan/dsv32d
 $(BUILD)/asan/test_runner: $(call san,$(TEST_SRC) $(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
-$(BUILD)/asan/mkmodel: $(call san,$(MKMODEL_SRC) $(ENGINE_SRC))
-	$(CLANG) $(SAN) -g -o $@ $^ $(LDLIBS)
+$(BUILD)/asan/mkmodel: $(call san,$(MKMODEL_SRC) $(ENGINE_SRC)) $(BUILD)/gen/kernels_embed.c
+	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 $(BUILD)/asan/dsv32: $(call san,$(CLI_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 $(BUILD)/asan/dsv32d: $(call san,$(BOOT_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
