@@ -66,6 +66,7 @@ int kv_pages_init(struct kv_pages *kp, int64_t n_pages)
 		kp->free_stack[i] = (int32_t)(n_pages - 1 - i);
 	kp->n_free = n_pages;
 	kp->lru_head = kp->lru_tail = -1;
+	kp->hash_mask = ~0ull;
 	return 0;
 }
 
@@ -206,7 +207,7 @@ void kv_pages_peek(const struct kv_pages *kp, uint32_t uid, const int32_t *token
 	int32_t parent = -1;
 	uint32_t pgen = 0;
 	for (; k < maxp; k++) {
-		h = kv_pages_hash(h, uid, tokens + k * T);
+		h = kv_pages_hash(h, uid, tokens + k * T) & kp->hash_mask;
 		int32_t p = table_find(kp, h, uid, tokens + k * T, parent, pgen);
 		if (p < 0)
 			break;
@@ -227,7 +228,7 @@ int64_t kv_pages_match(struct kv_pages *kp, struct kv_seq *s, const int32_t *tok
 		return -ENOMEM;
 	kp->n_lookup_pages += (uint64_t)maxp;
 	for (int64_t k = 0; k < maxp; k++) {
-		uint64_t h = kv_pages_hash(s->chain_hash, s->uid, tokens + k * T);
+		uint64_t h = kv_pages_hash(s->chain_hash, s->uid, tokens + k * T) & kp->hash_mask;
 		int32_t p = table_find(kp, h, s->uid, tokens + k * T, s->chain_page, s->chain_gen);
 		if (p < 0)
 			break;
@@ -261,7 +262,7 @@ void kv_pages_publish(struct kv_pages *kp, struct kv_seq *s, const int32_t *toke
 	while ((s->n_published + 1) * T <= n_computed && s->n_published < s->n_blocks) {
 		int64_t b = s->n_published;
 		const int32_t *tk = tokens + b * T;
-		uint64_t h = kv_pages_hash(s->chain_hash, s->uid, tk);
+		uint64_t h = kv_pages_hash(s->chain_hash, s->uid, tk) & kp->hash_mask;
 		int32_t p = table_find(kp, h, s->uid, tk, s->chain_page, s->chain_gen);
 		if (p < 0) { /* not cached yet: this sequence's page becomes the entry */
 			p = s->bt[b];

@@ -69,6 +69,8 @@ struct kv_pages {
 	int64_t n_free;
 	/* counters */
 	uint64_t n_lookup_pages, n_hit_pages, n_evicted;
+	/* All ones; tests narrow it to force hash collisions (verification must still hold). */
+	uint64_t hash_mask;
 };
 
 /* One sequence's block table and prefix-cache chain state. Zero-initialise. */

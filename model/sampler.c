@@ -349,7 +349,7 @@ static int32_t draw(struct sampler *s, const struct sampler_params *p, uint64_t 
 
 int sampler_sample(struct sampler *s, const struct sampler_params *p, const float *logits,
 		   const int32_t *prompt, int64_t n_prompt, const int32_t *output, int64_t n_output,
-		   struct sampler_out *out)
+		   uint64_t index, struct sampler_out *out)
 {
 	int64_t V = s->vocab;
 	int any = 0;
@@ -379,7 +379,7 @@ int sampler_sample(struct sampler *s, const struct sampler_params *p, const floa
 				tok = (int32_t)i;
 			}
 	} else {
-		tok = draw(s, p, (uint64_t)n_output);
+		tok = draw(s, p, index);
 	}
 	ASSERT(tok >= 0 && tok < V);
 	memset(out, 0, sizeof *out);

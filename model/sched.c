@@ -734,7 +734,8 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			continue;
 		s->out_rc[k] = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
 					      q->n_prompt, q->tokens + q->n_prompt,
-					      q->n_tokens - q->n_prompt, &s->outs[k]);
+					      q->n_tokens - q->n_prompt,
+					      (uint64_t)(q->n_tokens - q->n_prompt), &s->outs[k]);
 		l++;
 	}
 	double t4 = now_s();
