@@ -11,6 +11,7 @@ struct cli_cmd {
 	const char *help;
 };
 
+int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_chat_render(int argc, char **argv); /* also serves chat-parse */
 int cmd_bench(int argc, char **argv);
