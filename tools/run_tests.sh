@@ -40,8 +40,9 @@ for f in "$build"/fuzz/fuzz_*; do
   mkdir -p "$corpus"
   seeds=tests/fuzz/seeds/${name#fuzz_}
   [ -d "$seeds" ] || seeds=
+  mkdir -p "$build/fuzz/artifacts"
   if "$f" -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=0 \
-       "$corpus" $seeds >"$log" 2>&1; then
+       -artifact_prefix="$build/fuzz/artifacts/$name-" "$corpus" $seeds >"$log" 2>&1; then
     echo "ok    fuzz.${name#fuzz_} ($(grep -E '^#[0-9]+.*DONE' "$log" | awk '{print $1}' | tr -d '#') runs)"
     passed=$((passed + 1))
   else
