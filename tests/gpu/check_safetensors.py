@@ -45,7 +45,7 @@ def read_with_safetensors(path):
         for name in f.keys():
             t = f.get_tensor(name).contiguous()
             dt = DTYPES_TORCH.get(str(t.dtype).replace("torch.", ""), str(t.dtype))
-            raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
             info = {}
             if dt == "F8_E4M3":
                 info["nan"] = bool(torch.isnan(t.float()).any())
