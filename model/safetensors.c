@@ -167,6 +167,11 @@ static int check_overlaps(struct st_tensor *t, size_t n, const char *path, struc
 	return r;
 }
 
+static int is_metadata(const struct json *m)
+{
+	return m->key_len == 12 && !memcmp(m->key, "__metadata__", 12);
+}
+
 int st_parse_header(const uint8_t *file, size_t file_size, const char *path,
 		    struct st_tensor **out, size_t *n_out, void **arena, struct err *e)
 {
@@ -197,7 +202,7 @@ int st_parse_header(const uint8_t *file, size_t file_size, const char *path,
 	}
 	size_t n = 0, names = 0;
 	for (const struct json *m = root->child; m; m = m->next) {
-		if (!strcmp(m->key, "__metadata__"))
+		if (is_metadata(m))
 			continue;
 		n++;
 		names += m->key_len + 1;
@@ -211,7 +216,7 @@ int st_parse_header(const uint8_t *file, size_t file_size, const char *path,
 	size_t i = 0;
 	char *np = nb;
 	for (const struct json *m = root->child; m && !r; m = m->next) {
-		if (m->key_len == strlen(m->key) && !strcmp(m->key, "__metadata__")) {
+		if (is_metadata(m)) {
 			if (m->type != JSON_OBJECT)
 				r = err_set(e, -EINVAL, "%s: __metadata__ is %s, expected an object",
 					    path, json_type_name(m->type));

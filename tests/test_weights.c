@@ -180,6 +180,16 @@ TEST(weights, mini_binds_every_tensor_with_generated_values)
 		lines++;
 	}
 	CHECK_EQ_INT(lines, b.ck.n_tensors);
+	/* `mkmodel manifest` on the finished directory prints the same */
+	char args[2048], mp2[700];
+	snprintf(mp2, sizeof mp2, "%s.again", mp);
+	snprintf(args, sizeof args, "manifest --model %s --out %s", dir, mp2);
+	REQUIRE(run_mkmodel(args, NULL) == 0);
+	char *m1 = file_read(mp, NULL, 1 << 24, NULL), *m2 = file_read(mp2, NULL, 1 << 24, NULL);
+	REQUIRE(m1 && m2);
+	CHECK_EQ_STR(m1, m2);
+	free(m1);
+	free(m2);
 	free(m);
 	unbind(&b);
 }
