@@ -38,18 +38,20 @@
 #define CLS_PS (UNI_P | UNI_S)
 
 #define BPE_SMALL 48
-#define CACHE_SLOTS (1u << 16)
-#define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)
+#define CACHE_SLOTS (1u << 15)
+#define CACHE_MAX_ENTRIES (CACHE_SLOTS / 4 * 3)
 #define CACHE_MAX_KEY 255
 #define CACHE_KEY_BYTES (2u << 20)
 #define CACHE_IDS (512u << 10)
 
 /* ---- word cache ----------------------------------------------------------------------------- */
 
-struct tok_cslot {
-	uint64_t hash;
-	uint32_t key_off, ids_off;
-	uint16_t key_len, n_ids; /* key_len 0: empty slot */
+struct tok_cslot { /* 32 bytes: a short word's lookup touches only its slot */
+	uint64_t head;     /* the word's first 8 bytes, zero-padded */
+	uint32_t tail_off; /* bytes 8.. of the word in keys[], when key_len > 8 */
+	uint16_t key_len;  /* 0: empty slot */
+	uint16_t n_ids;
+	int32_t ids[4];    /* the ids when n_ids <= 4, else ids[0] = their offset in ids[] */
 };
 
 struct tok_cache {
@@ -88,37 +90,65 @@ void tok_cache_free(struct tokenizer *t)
 	t->cache = NULL;
 }
 
-static const struct tok_cslot *cache_find(const struct tok_cache *c, uint64_t h, const uint8_t *w,
-					  uint32_t n)
+static inline uint64_t word_head(const uint8_t *w, uint32_t n)
 {
-	for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
+	uint64_t h = 0;
+	memcpy(&h, w, n < 8 ? n : 8);
+	return h;
+}
+
+static inline uint32_t word_hash(uint64_t head, const uint8_t *w, uint32_t n)
+{
+	if (n <= 8) {
+		uint64_t x = (head ^ ((uint64_t)n << 59)) * 0x9e3779b97f4a7c15ull;
+		return (uint32_t)(x >> 32);
+	}
+	return (uint32_t)tok_hash(w, n);
+}
+
+static const struct tok_cslot *cache_find(const struct tok_cache *c, uint32_t h, uint64_t head,
+					  const uint8_t *w, uint32_t n)
+{
+	for (uint32_t i = h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
 		const struct tok_cslot *s = &c->slots[i];
 		if (!s->key_len)
 			return NULL;
-		if (s->hash == h && s->key_len == n && !memcmp(c->keys + s->key_off, w, n))
+		if (s->head == head && s->key_len == n &&
+		    (n <= 8 || !memcmp(c->keys + s->tail_off, w + 8, n - 8)))
 			return s;
 	}
 }
 
-static void cache_put(struct tok_cache *c, uint64_t h, const uint8_t *w, uint32_t n,
-		      const int32_t *ids, uint32_t n_ids)
+static void cache_put(struct tok_cache *c, uint32_t h, uint64_t head, const uint8_t *w,
+		      uint32_t n, const int32_t *ids, uint32_t n_ids)
 {
 	if (n_ids > UINT16_MAX)
 		return;
-	if (c->n >= CACHE_MAX_ENTRIES || c->keys_used + n > CACHE_KEY_BYTES ||
-	    c->ids_used + n_ids > CACHE_IDS) {
+	uint32_t key_extra = n > 8 ? n - 8 : 0, ids_extra = n_ids > 4 ? n_ids : 0;
+	if (c->n >= CACHE_MAX_ENTRIES || c->keys_used + key_extra > CACHE_KEY_BYTES ||
+	    c->ids_used + ids_extra > CACHE_IDS) {
 		/* Full: start over (cheaper than LRU bookkeeping; a text's words refill it). */
 		memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
 		c->n = c->keys_used = c->ids_used = 0;
 	}
-	uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);
+	uint32_t i = h & (CACHE_SLOTS - 1);
 	while (c->slots[i].key_len)
 		i = (i + 1) & (CACHE_SLOTS - 1);
-	memcpy(c->keys + c->keys_used, w, n);
-	memcpy(c->ids + c->ids_used, ids, n_ids * sizeof *ids);
-	c->slots[i] = (struct tok_cslot){h, c->keys_used, c->ids_used, (uint16_t)n, (uint16_t)n_ids};
-	c->keys_used += n;
-	c->ids_used += n_ids;
+	struct tok_cslot *s = &c->slots[i];
+	s->head = head;
+	s->key_len = (uint16_t)n;
+	s->n_ids = (uint16_t)n_ids;
+	s->tail_off = c->keys_used;
+	if (key_extra)
+		memcpy(c->keys + c->keys_used, w + 8, key_extra);
+	c->keys_used += key_extra;
+	if (n_ids <= 4) {
+		memcpy(s->ids, ids, n_ids * sizeof *ids);
+	} else {
+		s->ids[0] = (int32_t)c->ids_used;
+		memcpy(c->ids + c->ids_used, ids, n_ids * sizeof *ids);
+		c->ids_used += n_ids;
+	}
 	c->n++;
 }
 
@@ -130,8 +160,11 @@ struct enc {
 	struct tokenizer_ids *out;
 	struct tok_cache *cache; /* NULL when not held */
 	int err;
-	/* scratch of the heap BPE, (cap) each */
-	int32_t *sym, *prev, *next;
+	/* scratch of the heap BPE, (cap) each: symbol, neighbours, and the rank and merged id of
+	 * the pair that starts at each node (kept current, so heap entries validate without a
+	 * hash lookup) */
+	int32_t *sym, *prev, *next, *pid;
+	uint32_t *prank;
 	uint64_t *heap;
 	size_t cap;
 };
@@ -271,55 +304,64 @@ static uint64_t heap_pop(uint64_t *h, size_t *n)
 	return top;
 }
 
-/* Pushes the pair that starts at node i, keyed (rank, i): i is the original position of the
- * pair's left symbol, which orders ties leftmost first. */
+/* Recomputes the pair that starts at node i and pushes it keyed (rank, i): i is the original
+ * position of the pair's left symbol, which orders ties leftmost first. */
 static void heap_pair(struct enc *E, size_t *hn, int32_t i)
 {
-	int32_t id, j = E->next[i];
-	if (j < 0)
-		return;
-	uint32_t r = pair_rank(E->t, E->sym[i], E->sym[j], &id);
-	if (r != UINT32_MAX)
-		heap_push(E->heap, hn, (uint64_t)r << 32 | (uint32_t)i);
+	int32_t j = E->next[i];
+	E->prank[i] = j < 0 ? UINT32_MAX : pair_rank(E->t, E->sym[i], E->sym[j], &E->pid[i]);
+	if (E->prank[i] != UINT32_MAX)
+		heap_push(E->heap, hn, (uint64_t)E->prank[i] << 32 | (uint32_t)i);
+}
+
+static int bpe_scratch(struct enc *E, uint32_t n)
+{
+	if (n <= E->cap)
+		return 0;
+	size_t cap = E->cap ? E->cap : 256;
+	while (cap < n)
+		cap *= 2;
+	free(E->sym);
+	free(E->prev);
+	free(E->next);
+	free(E->pid);
+	free(E->prank);
+	free(E->heap);
+	E->sym = malloc(cap * sizeof *E->sym);
+	E->prev = malloc(cap * sizeof *E->prev);
+	E->next = malloc(cap * sizeof *E->next);
+	E->pid = malloc(cap * sizeof *E->pid);
+	E->prank = malloc(cap * sizeof *E->prank);
+	/* Each merge pushes at most two entries: n initial + 2 n. */
+	E->heap = malloc(3 * cap * sizeof *E->heap);
+	E->cap = cap;
+	if (!E->sym || !E->prev || !E->next || !E->pid || !E->prank || !E->heap) {
+		E->cap = 0;
+		E->err = -ENOMEM;
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 static void bpe_large(struct enc *E, const uint8_t *w, uint32_t n)
 {
-	if (n > E->cap) {
-		size_t cap = E->cap ? E->cap : 256;
-		while (cap < n)
-			cap *= 2;
-		free(E->sym);
-		free(E->prev);
-		free(E->next);
-		free(E->heap);
-		E->sym = malloc(cap * sizeof *E->sym);
-		E->prev = malloc(cap * sizeof *E->prev);
-		E->next = malloc(cap * sizeof *E->next);
-		E->heap = malloc(cap * sizeof *E->heap);
-		E->cap = cap;
-		if (!E->sym || !E->prev || !E->next || !E->heap) {
-			E->cap = 0;
-			E->err = -ENOMEM;
-			return;
-		}
-	}
+	if (bpe_scratch(E, n))
+		return;
 	for (uint32_t i = 0; i < n; i++) {
 		E->sym[i] = E->t->byte_id[w[i]];
 		E->prev[i] = (int32_t)i - 1;
 		E->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
 	}
 	size_t hn = 0;
-	for (uint32_t i = 0; i + 1 < n; i++)
+	for (uint32_t i = 0; i < n; i++)
 		heap_pair(E, &hn, (int32_t)i);
 	while (hn) {
 		uint64_t top = heap_pop(E->heap, &hn);
-		int32_t i = (int32_t)(uint32_t)top, j = E->next[i], id = 0;
-		/* Stale if i was absorbed, or its pair no longer has this rank. */
-		if (E->sym[i] < 0 || j < 0 ||
-		    pair_rank(E->t, E->sym[i], E->sym[j], &id) != (uint32_t)(top >> 32))
+		int32_t i = (int32_t)(uint32_t)top, j = E->next[i];
+		/* Stale if i was absorbed, or its pair changed since (a pair's rank names it). */
+		if (E->sym[i] < 0 || E->prank[i] != (uint32_t)(top >> 32))
 			continue;
-		E->sym[i] = id;
+		E->sym[i] = E->pid[i];
 		E->sym[j] = -1;
 		E->next[i] = E->next[j];
 		if (E->next[j] >= 0)
@@ -349,15 +391,18 @@ static void word(struct enc *E, uint32_t b, uint32_t e)
 			return;
 		}
 	}
-	uint64_t h = 0;
+	uint64_t head = 0;
+	uint32_t h = 0;
 	if (E->cache && n <= CACHE_MAX_KEY) {
-		h = tok_hash(w, n);
-		const struct tok_cslot *c = cache_find(E->cache, h, w, n);
+		head = word_head(w, n);
+		h = word_hash(head, w, n);
+		const struct tok_cslot *c = cache_find(E->cache, h, head, w, n);
 		if (c) {
 			struct tokenizer_ids *o = E->out;
 			if (o->n + c->n_ids > o->cap && out_grow(E, c->n_ids))
 				return;
-			memcpy(o->v + o->n, E->cache->ids + c->ids_off, c->n_ids * sizeof *o->v);
+			const int32_t *src = c->n_ids <= 4 ? c->ids : E->cache->ids + c->ids[0];
+			memcpy(o->v + o->n, src, c->n_ids * sizeof *o->v);
 			o->n += c->n_ids;
 			return;
 		}
@@ -368,7 +413,7 @@ static void word(struct enc *E, uint32_t b, uint32_t e)
 	else
 		bpe_large(E, w, n);
 	if (E->cache && n <= CACHE_MAX_KEY && !E->err)
-		cache_put(E->cache, h, w, n, E->out->v + start, (uint32_t)(E->out->n - start));
+		cache_put(E->cache, h, head, w, n, E->out->v + start, (uint32_t)(E->out->n - start));
 }
 
 /* ---- the pre-tokenizer scanner ---------------------------------------------------------- */
@@ -477,11 +522,42 @@ static void split(struct enc *E, int lvl, uint32_t b, uint32_t e)
 		piece(E, lvl, g, e);
 }
 
+/* DIGITS3 then CJK in one pass (DeepSeek's first two steps): since no CJK/kana character is a
+ * number, their composition cuts the text into number groups, CJK runs and the maximal runs of
+ * everything else, which is what this does; each piece goes on to step 2. */
+static void split_digits_cjk(struct enc *E, uint32_t b, uint32_t e)
+{
+	const uint8_t *s = E->s;
+	uint32_t i = b, g = b, l, j;
+	while (i < e && !E->err) {
+		uint32_t c = cls_at(s, i, &l);
+		if (c & UNI_N) {
+			j = i + l;
+			for (int k = 1; k < 3 && j < e && (cls_at(s, j, &l) & UNI_N); k++)
+				j += l;
+		} else if (c & UNI_CJK) {
+			j = run_of(s, i + l, e, UNI_CJK);
+		} else {
+			i += l;
+			continue;
+		}
+		if (g < i)
+			piece(E, 1, g, i);
+		piece(E, 1, i, j);
+		i = g = j;
+	}
+	if (g < e && !E->err)
+		piece(E, 1, g, e);
+}
+
 static void section(struct enc *E, uint32_t b, uint32_t e)
 {
+	const struct tokenizer *t = E->t;
 	if (b >= e)
 		return;
-	if (E->t->n_steps)
+	if (t->n_steps >= 2 && t->steps[0] == TOK_SPLIT_DIGITS3 && t->steps[1] == TOK_SPLIT_CJK)
+		split_digits_cjk(E, b, e);
+	else if (t->n_steps)
 		split(E, 0, b, e);
 	else
 		word(E, b, e);
@@ -603,6 +679,8 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, un
 	free(E.sym);
 	free(E.prev);
 	free(E.next);
+	free(E.pid);
+	free(E.prank);
 	free(E.heap);
 	sbuf_free(&fixed);
 	if (E.err) {

@@ -677,3 +677,33 @@ TEST(tokenizer, cli_tokenize_detokenize)
 		 "2>/dev/null >/dev/null", test_root(), bin, tokp);
 	CHECK(run(cmd) == 1);
 }
+
+/* ---- long words (the heap BPE) ------------------------------------------------------------- */
+
+TEST_T(tokenizer, long_words_round_trip, 60)
+{
+	/* Power-of-two lengths fill the heap scratch exactly: every merge may push two entries,
+	 * so the heap must hold more than n (a regression under ASan). */
+	struct tokenizer *t = real_tok();
+	const char *units[] = {" ", "a", "ab", "\xe4\xb8\xad", "\n", "1", "!"};
+	struct sbuf text = {0}, dec = {0};
+	for (size_t u = 0; u < sizeof units / sizeof *units; u++) {
+		for (size_t n = 64; n <= 8192; n *= 4) {
+			text.len = 0;
+			while (text.len < n)
+				sbuf_puts(&text, units[u]);
+			struct tokenizer_ids ids = {0}, cold = {0};
+			REQUIRE(tokenizer_encode(t, text.p, text.len, 0, &ids) == 0);
+			REQUIRE(tokenizer_encode(t, text.p, text.len, TOKENIZER_NO_CACHE, &cold) == 0);
+			CHECK(ids.n == cold.n && !memcmp(ids.v, cold.v, ids.n * sizeof *ids.v));
+			dec.len = 0;
+			REQUIRE(tokenizer_decode(t, ids.v, ids.n, 0, &dec) == 0);
+			CHECK(dec.len == text.len && !memcmp(dec.p, text.p, dec.len));
+			tokenizer_ids_free(&ids);
+			tokenizer_ids_free(&cold);
+		}
+	}
+	sbuf_free(&text);
+	sbuf_free(&dec);
+	tokenizer_free(t);
+}
