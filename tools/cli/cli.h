@@ -12,6 +12,9 @@ struct cli_cmd {
 };
 
 int cmd_run(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_stats(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_chat_render(int argc, char **argv); /* also serves chat-parse */
 int cmd_bench(int argc, char **argv);
@@ -22,5 +25,6 @@ int cmd_detokenize(int argc, char **argv);
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
+int bench_ipc(int argc, char **argv);
 
 #endif

@@ -12,6 +12,10 @@
 #include "tools/cli/cli.h"
 
 static const struct cli_cmd commands[] = {
+	{"run", cmd_run, "the main job offline: load a model, generate from a prompt, stream the text"},
+	{"generate", cmd_generate, "client: send one request to dsv32d and stream the answer"},
+	{"chat", cmd_chat, "client: interactive chat with dsv32d (streaming, history, /think on|off)"},
+	{"stats", cmd_stats, "client: the server's statistics"},
 	{"info", cmd_info, "load a checkpoint, bind every tensor and print a summary"},
 	{"chat-render", cmd_chat_render, "messages JSON on stdin -> the V3.2 chat prompt (no tokenizing)"},
 	{"chat-parse", cmd_chat_render, "model output on stdin -> reasoning, content, tool calls as JSON"},
