@@ -472,3 +472,48 @@ TEST_T(weights, tiny_preset_full, 120)
 	CHECK(fp8_is(&b.w.mtp.layer.idx_wk, 1, "model.layers.4.self_attn.indexer.wk", 128, H));
 	unbind(&b);
 }
+
+/* The generator's bytes are part of the checkpoint format's promise ("the same seed gives
+ * byte-identical files on every machine"): these digests were recorded from mkmodel's seed 1
+ * (glibc -O2, musl static and clang ASan builds agree). A change here changes every test
+ * checkpoint; update them only on purpose. */
+TEST(weights, generator_golden_digests)
+{
+	static const struct {
+		const char *name;
+		enum gen_kind kind;
+		int64_t fan_in, n;
+		const char *sha;
+	} g[] = {
+		{"model.embed_tokens.weight", GEN_BF16, 1, 1024 * 256,
+		 "71c5899008faff81ec05ac497f686a95f9e871d9137fcb38878906c740f5c882"},
+		{"model.layers.0.input_layernorm.weight", GEN_NORM, 0, 256,
+		 "6ff357ca49bf4817a68569c6e88b2a05f986df4f83725795a731ff1dd71434c8"},
+		{"model.layers.2.mlp.gate.e_score_correction_bias", GEN_BIAS_F32, 0, 16,
+		 "2f75d49b1c511f195fb7eeb317a004545c108af6491d6b1cbec7a10efdbe0497"},
+		{"model.layers.3.mlp.experts.7.down_proj.weight", GEN_FP8, 128, 256 * 128,
+		 "51b60f694735e39dde516f7ba875593dfbb3ff5cb972bf2adb4671db494969c5"},
+		{"model.layers.3.mlp.experts.7.down_proj.weight_scale_inv", GEN_SCALE, 128, 2,
+		 "6d459e617934150d4c61d52741281baaed0e0f00cd7585ffbbd755ad2cb174fd"},
+	};
+	for (size_t i = 0; i < sizeof g / sizeof *g; i++) {
+		size_t bytes = (size_t)g[i].n * gen_elem_size(g[i].kind);
+		uint8_t *buf = malloc(bytes);
+		REQUIRE(buf);
+		struct gen s;
+		gen_init(&s, 1, g[i].name, g[i].kind, g[i].fan_in);
+		gen_fill(&s, buf, (size_t)g[i].n);
+		char hex[65];
+		sha256_hex(buf, bytes, hex);
+		CHECK_EQ_STR(hex, g[i].sha);
+		free(buf);
+	}
+	/* and the scales are the powers of two the header comment promises: fan-in 128 gives
+	 * e = floor(log2(78 * 128) / 2) = 6, so 2^-6 or 2^-7 */
+	struct gen s;
+	float v[64];
+	gen_init(&s, 1, "x", GEN_SCALE, 128);
+	gen_fill(&s, v, 64);
+	for (int i = 0; i < 64; i++)
+		CHECK(v[i] == 1.0f / 64 || v[i] == 1.0f / 128);
+}
