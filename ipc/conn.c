@@ -117,6 +117,10 @@ struct ipc_flight *ipc_conn_find(struct ipc_conn *c, uint64_t req_id)
 	return NULL;
 }
 
+/* Terminal events that must always fit: one per request in flight, plus one connection-level
+ * error until it has been sent. */
+static uint32_t reserve(const struct ipc_conn *c) { return c->n_flight + !c->conn_err_sent; }
+
 static void flight_remove(struct ipc_conn *c, struct ipc_flight *f)
 {
 	*f = c->flight[--c->n_flight];
@@ -200,6 +204,7 @@ int ipc_conn_violation(struct ipc_conn *c, const char *fmt, ...)
 	/* Best effort: uses the connection-level reservation (none is kept after it). The head
 	 * may be unusable (it is what broke), so no refresh. */
 	post_error(c, 0, DSV32_E_BAD_FRAME, c->why, 0);
+	c->conn_err_sent = 1;
 	return -EPROTO;
 }
 
@@ -218,11 +223,11 @@ int ipc_conn_emit_token(struct ipc_conn *c, uint64_t req_id, const uint32_t *tok
 	if (n_top > DSV32_MAX_LOGPROBS || len > c->lay.cq_data_bytes / 4)
 		return -EMSGSIZE;
 	/* every in-flight request (this one included) and the connection keep their reservation */
-	int64_t off = cq_alloc(c, len, c->n_flight + 1);
+	int64_t off = cq_alloc(c, len, reserve(c));
 	if (off < 0) {
 		c->n_busy++;
 		flight_remove(c, f);
-		post_error(c, req_id, DSV32_E_BUSY, "completion ring full: client not draining", c->n_flight + 1);
+		post_error(c, req_id, DSV32_E_BUSY, "completion ring full: client not draining", reserve(c));
 		return -ENOBUFS;
 	}
 	ipc_frame_encode_token(c->cq_data + off, tokens, n_tokens, logprobs, top, n_top, text, text_len);
@@ -240,7 +245,7 @@ int ipc_conn_emit_done(struct ipc_conn *c, uint64_t req_id, const struct ipc_don
 		return -ENOENT;
 	flight_remove(c, f);
 	/* the reservation released by flight_remove is what this allocation uses */
-	int64_t off = cq_alloc(c, sizeof *d, c->n_flight + 1);
+	int64_t off = cq_alloc(c, sizeof *d, reserve(c));
 	if (off < 0)
 		return -ENOBUFS; /* unreachable while the reservation invariant holds */
 	memcpy(c->cq_data + off, d, sizeof *d);
@@ -253,13 +258,16 @@ int ipc_conn_emit_error(struct ipc_conn *c, uint64_t req_id, int code, const cha
 	int r = cq_refresh(c);
 	if (r)
 		return r;
-	if (req_id == 0)
-		return post_error(c, 0, code, msg, c->n_flight);
+	if (req_id == 0) {
+		r = post_error(c, 0, code, msg, c->n_flight);
+		c->conn_err_sent |= r == 0;
+		return r;
+	}
 	struct ipc_flight *f = ipc_conn_find(c, req_id);
 	if (!f)
 		return -ENOENT;
 	flight_remove(c, f);
-	return post_error(c, req_id, code, msg, c->n_flight + 1);
+	return post_error(c, req_id, code, msg, reserve(c));
 }
 
 int ipc_conn_emit_stats(struct ipc_conn *c, uint64_t req_id, const char *text, uint32_t len)
@@ -271,10 +279,10 @@ int ipc_conn_emit_stats(struct ipc_conn *c, uint64_t req_id, const char *text, u
 	if (!f || f->kind != IPC_OP_STATS)
 		return -ENOENT;
 	flight_remove(c, f);
-	int64_t off = len <= c->lay.cq_data_bytes / 4 ? cq_alloc(c, len, c->n_flight + 1) : -1;
+	int64_t off = len <= c->lay.cq_data_bytes / 4 ? cq_alloc(c, len, reserve(c)) : -1;
 	if (off < 0) {
 		c->n_busy++;
-		post_error(c, req_id, DSV32_E_BUSY, "completion ring full: stats dropped", c->n_flight + 1);
+		post_error(c, req_id, DSV32_E_BUSY, "completion ring full: stats dropped", reserve(c));
 		return -ENOBUFS;
 	}
 	memcpy(c->cq_data + off, text, len);
@@ -287,7 +295,7 @@ int ipc_conn_emit_stats(struct ipc_conn *c, uint64_t req_id, const char *text, u
 /* Room to answer one more submission: the current reservations plus one. */
 static int have_room(struct ipc_conn *c)
 {
-	uint32_t need = c->n_flight + 2;
+	uint32_t need = reserve(c) + 1;
 	return ring_space(c->cq_tail, c->cq_head_seen, c->lay.cq_entries) >= need &&
 	       ring_data_free(&c->cq_dat) >= need * TERM_BYTES;
 }
@@ -333,14 +341,14 @@ int ipc_conn_ready(struct ipc_conn *c)
 	uint32_t dhead = h != c->cq_head_seen ? c->cq_data_end[ring_slot(h - 1, c->lay.cq_entries)]
 					      : c->cq_dat.head;
 	uint32_t dfree = c->cq_dat.size - (c->cq_dat.tail - dhead);
-	return slots >= c->n_flight + 2 && dfree >= (c->n_flight + 2) * TERM_BYTES;
+	return slots >= reserve(c) + 1 && dfree >= (reserve(c) + 1) * TERM_BYTES;
 }
 
 /* Answers one submission with a typed error (it uses the room checked by have_room). */
 static void reject(struct ipc_conn *c, uint64_t req_id, int code, const char *msg)
 {
 	c->n_rejected++;
-	post_error(c, req_id, code, msg, c->n_flight + 1);
+	post_error(c, req_id, code, msg, reserve(c));
 }
 
 static int take_flight(struct ipc_conn *c, uint64_t id, uint32_t kind)
@@ -384,8 +392,10 @@ static int consume_generate(struct ipc_conn *c, const struct ipc_sqe *e, int dra
 	char msg[IPC_ERROR_MSG_MAX];
 	int code = ipc_frame_decode_generate(c->rec, e->data_len, e->req_id,
 					     c->lim.max_prompt_bytes, &req, msg, sizeof msg);
-	if (code < 0)
-		return code;
+	if (code < 0) { /* out of memory: this request fails, the client stays */
+		reject(c, e->req_id, DSV32_E_BUSY, "server out of memory");
+		return 0;
+	}
 	if (code == DSV32_E_BAD_FRAME)
 		return ipc_conn_violation(c, "%s", msg);
 	if (code) {
@@ -417,18 +427,24 @@ int ipc_conn_consume(struct ipc_conn *c, int draining, uint64_t now_ns,
 		memcpy(&e, &c->sqes[ring_slot(c->sq_head, c->lay.sq_entries)], sizeof e);
 		c->sq_head++;
 		c->n_submitted++;
-		if (e.rsv0 || e.rsv1 || e.rsv2 || e.rsv3)
-			return ipc_conn_violation(c, "reserved fields of sqe %u are not zero", c->sq_head - 1);
-		if (e.req_id == 0)
-			return ipc_conn_violation(c, "sqe %u has request id 0", c->sq_head - 1);
-		if (e.opcode != IPC_OP_GENERATE && e.data_len)
-			return ipc_conn_violation(c, "sqe %u (opcode %u) carries data", c->sq_head - 1, e.opcode);
+		if (e.rsv0 || e.rsv1 || e.rsv2 || e.rsv3) {
+			r = ipc_conn_violation(c, "reserved fields of sqe %u are not zero", c->sq_head - 1);
+			break;
+		}
+		if (e.req_id == 0) {
+			r = ipc_conn_violation(c, "sqe %u has request id 0", c->sq_head - 1);
+			break;
+		}
+		if (e.opcode != IPC_OP_GENERATE && e.data_len) {
+			r = ipc_conn_violation(c, "sqe %u (opcode %u) carries data", c->sq_head - 1, e.opcode);
+			break;
+		}
+		r = 0;
 		switch (e.opcode) {
 		case IPC_OP_GENERATE:
 			r = consume_generate(c, &e, draining, now_ns, &items[n]);
-			if (r < 0)
-				return r;
-			n += r;
+			if (r > 0)
+				n += r, r = 0;
 			break;
 		case IPC_OP_CANCEL: {
 			struct ipc_flight *f = ipc_conn_find(c, e.req_id);
@@ -438,14 +454,23 @@ int ipc_conn_consume(struct ipc_conn *c, int draining, uint64_t now_ns,
 		}
 		case IPC_OP_STATS:
 			if (ipc_conn_find(c, e.req_id))
-				return ipc_conn_violation(c, "request id %llu is already in flight",
-							  (unsigned long long)e.req_id);
-			if (take_flight(c, e.req_id, IPC_OP_STATS))
+				r = ipc_conn_violation(c, "request id %llu is already in flight",
+						       (unsigned long long)e.req_id);
+			else if (take_flight(c, e.req_id, IPC_OP_STATS))
 				items[n++] = (struct ipc_conn_item){.type = IPC_CONN_STATS, .req_id = e.req_id};
 			break;
 		default:
-			return ipc_conn_violation(c, "sqe %u has unknown opcode %u", c->sq_head - 1, e.opcode);
+			r = ipc_conn_violation(c, "sqe %u has unknown opcode %u", c->sq_head - 1, e.opcode);
 		}
+		if (r < 0)
+			break;
+	}
+	if (r < 0) {
+		/* The connection is done for: what this call decoded never reaches the engine
+		 * (the flights go with the conn). */
+		for (int i = 0; i < n; i++)
+			ipc_request_free(items[i].req);
+		return r;
 	}
 	/* Release: our copies of the consumed sqes and records are complete before the client
 	 * may reuse their slots and bytes. */

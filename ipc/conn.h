@@ -64,6 +64,7 @@ struct ipc_conn {
 	uint8_t *rec; /* [max_msg_bytes]: private copy of the record being decoded */
 	/* set once the client broke the protocol: the connection must be closed */
 	int violated;
+	int conn_err_sent; /* the connection-level error reservation is used up */
 	char why[IPC_ERROR_MSG_MAX];
 	/* counters (diagnostics, tests) */
 	uint64_t n_submitted, n_rejected, n_events, n_busy;

@@ -297,3 +297,17 @@ TEST(ipc_conn, record_rewritten_after_copy_is_not_seen)
 	ipc_conn_emit_error(&f.c, 1, DSV32_E_CANCELLED, "x");
 	fake_close(&f);
 }
+
+TEST(ipc_conn, violation_mid_batch_frees_what_was_decoded)
+{
+	/* regression (fuzz_ipc_frame): requests decoded earlier in the same consume call leaked
+	 * when a later entry broke the protocol */
+	struct fake f;
+	fake_open(&f, 16, 4);
+	push_gen(&f, 1, 3);
+	push_gen(&f, 2, 3);
+	push(&f, 9, 3, NULL, 0);
+	struct ipc_conn_item it[8];
+	CHECK_EQ_INT(ipc_conn_consume(&f.c, 0, 1, it, 8), -EPROTO);
+	fake_close(&f); /* the flights of 1 and 2 go with the conn; ASan checks the requests */
+}

@@ -26,6 +26,5 @@ int cmd_detokenize(int argc, char **argv);
 int bench_gemm(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
-int bench_ipc(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
 
 static const struct cli_cmd benches[] = {
 	{"tokenizer", bench_tokenizer, "tokenizer encode/decode MB/s on one core vs the JS reference"},
+	{"ipc", bench_ipc, "round-trip latency through the shared-memory rings vs a unix socket"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
 };
 
