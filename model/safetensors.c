@@ -389,7 +389,7 @@ static int list_dir(struct checkpoint *ck, struct err *e)
 		char **g = realloc(names, (n + 1) * sizeof *g);
 		if (!g || !(g[n] = strdup(de->d_name))) {
 			names = g ? g : names;
-			r = -ENOMEM;
+			r = err_set(e, -ENOMEM, "%s: out of memory", ck->dir);
 			break;
 		}
 		names = g;
@@ -490,7 +490,7 @@ int ckpt_open(struct checkpoint *ck, const char *path, struct err *e)
 	}
 	if (S_ISDIR(st.st_mode)) {
 		if (!(ck->dir = strdup(path))) {
-			r = -ENOMEM;
+			r = err_set(e, -ENOMEM, "%s: out of memory", path);
 			goto err;
 		}
 		path_join(ipath, sizeof ipath, path, INDEX_NAME);
@@ -501,7 +501,8 @@ int ckpt_open(struct checkpoint *ck, const char *path, struct err *e)
 	} else {
 		const char *slash = strrchr(path, '/');
 		ck->dir = slash ? strndup(path, (size_t)(slash - path + (slash == path))) : strdup(".");
-		r = ck->dir ? add_file(ck, path) : -ENOMEM;
+		if (!ck->dir || add_file(ck, path))
+			r = err_set(e, -ENOMEM, "%s: out of memory", path);
 	}
 	if (r)
 		goto err;
@@ -525,8 +526,6 @@ int ckpt_open(struct checkpoint *ck, const char *path, struct err *e)
 	json_doc_free(&idx);
 	return 0;
 err:
-	if (r == -ENOMEM && e && !strstr(e->msg, "memory"))
-		err_set(e, r, "%s: out of memory", path);
 	free(all);
 	json_doc_free(&idx);
 	ckpt_close(ck);
