@@ -1,0 +1,346 @@
+/*
+ * test_sched_cpu.c — the scheduler driving the real CPU backend on the tiny model
+ * (`$DSV32_BIN/mkmodel tiny --seed 1`; the two long runs use its shape with a 1024-token
+ * vocabulary to stay fast under ASan), which is batch-invariant bit for bit:
+ *   - a prefix-cache hit gives logits bit-identical to a cold run;
+ *   - a pool so small that sequences are preempted and recomputed finishes every request with
+ *     the greedy tokens of an unconstrained run;
+ *   - a seeded sampled request gives the same tokens alone and inside a busy batch.
+ * A recorder wraps the CPU backend to keep the logits rows the scheduler asked for (it only
+ * copies; every number comes from the CPU backend).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "model/numerics.h"
+#include "model/safetensors.h"
+#include "model/sched.h"
+#include "model/weights.h"
+#include "tests/test.h"
+
+struct model {
+	char dir[512];
+	struct dsv32_config c;
+	struct checkpoint ck;
+	struct weights w;
+};
+
+/* "tiny": `mkmodel tiny --seed 1`; "mini": the same preset with a 1024-token vocabulary (the
+ * lm_head and sampler dominate the tiny model's time at 129280 ids). */
+static void model_load(struct model *m, const char *preset)
+{
+	const char *b = getenv("DSV32_BIN");
+	const char *bin = b && *b ? b : "build";
+	char cmd[4096];
+	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), preset);
+	if (!strcmp(preset, "tiny"))
+		snprintf(cmd, sizeof cmd,
+			 "%s/mkmodel tiny --seed 1 --tokenizer fallback --out %s >%s.log 2>&1", bin,
+			 m->dir, m->dir);
+	else
+		snprintf(cmd, sizeof cmd,
+			 "sed 's/\"vocab_size\": 129280/\"vocab_size\": 1024/' "
+			 "%s/tests/data/tiny_config.json > %s.json && "
+			 "%s/mkmodel --config %s.json --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
+			 test_root(), m->dir, bin, m->dir, m->dir, m->dir);
+	REQUIRE(system(cmd) == 0);
+	struct err e;
+	REQUIRE(config_load(&m->c, m->dir, &e) == 0);
+	REQUIRE(ckpt_open(&m->ck, m->dir, &e) == 0);
+	if (weights_bind(&m->w, &m->c, &m->ck, &e)) {
+		test_fail(__FILE__, __LINE__, "weights_bind: %s", e.msg);
+		test_abort_case();
+	}
+}
+
+static void model_free(struct model *m)
+{
+	weights_free(&m->w);
+	ckpt_close(&m->ck);
+}
+
+/* ---- a recorder around the CPU backend ----------------------------------------------------- */
+
+struct rec {
+	struct backend base;
+	struct backend *cpu;
+	int64_t vocab;
+	float *rows;      /* [cap, vocab] logits rows in the order they were produced */
+	int64_t *pos;     /* [cap] their positions */
+	int64_t n, cap;
+};
+
+static int rec_step(struct backend *b, const struct backend_step *s)
+{
+	struct rec *r = (struct rec *)b;
+	int rc = backend_step(r->cpu, s);
+	if (rc < 0 || !r->rows)
+		return rc;
+	for (int64_t k = 0; k < s->n_seqs; k++) {
+		const struct backend_seq *q = &s->seqs[k];
+		int64_t l = 0;
+		for (int64_t i = 0; i < q->n; i++) {
+			int want = q->flags ? (q->flags[i] & BACKEND_ROW_LOGITS) : i == q->n - 1;
+			if (!want)
+				continue;
+			if (r->n < r->cap) {
+				memcpy(r->rows + r->n * r->vocab, q->logits + l * r->vocab,
+				       (size_t)r->vocab * sizeof(float));
+				r->pos[r->n++] = q->pos[i];
+			}
+			l++;
+		}
+	}
+	return rc;
+}
+
+static int rec_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
+		       void *buf, int write)
+{
+	struct rec *r = (struct rec *)b;
+	return backend_page_io(r->cpu, layer, pool, page, buf, write);
+}
+
+static void rec_destroy(struct backend *b)
+{
+	struct rec *r = (struct rec *)b;
+	backend_destroy(r->cpu);
+	free(r->rows);
+	free(r->pos);
+	free(r);
+}
+
+static const struct backend_ops rec_ops = {"recorder+cpu", rec_step, rec_page_io, rec_destroy};
+
+static struct rec *rec_new(struct model *m, int64_t n_pages, int64_t cap)
+{
+	struct rec *r = calloc(1, sizeof *r);
+	REQUIRE(r);
+	struct err e;
+	REQUIRE(backend_cpu_create(&m->c, &m->w, n_pages, 2, &r->cpu, &e) == 0);
+	r->base = *r->cpu;
+	r->base.ops = &rec_ops;
+	r->vocab = m->c.vocab_size;
+	r->cap = cap;
+	if (cap) {
+		r->rows = malloc((size_t)cap * (size_t)r->vocab * sizeof(float));
+		r->pos = malloc((size_t)cap * sizeof *r->pos);
+		REQUIRE(r->rows && r->pos);
+	}
+	return r;
+}
+
+/* ---- driving ------------------------------------------------------------------------------- */
+
+#define MAXREQ 32
+
+struct result {
+	int32_t tok[512];
+	int64_t n, cached;
+	int done;
+	enum sched_finish reason;
+};
+
+static struct sched *sched_new(struct rec *r, int64_t budget, int64_t max_seqs, int prefix)
+{
+	struct sched_config c = {0};
+	c.max_batch_tokens = budget;
+	c.max_seqs = max_seqs;
+	c.prefix_cache = prefix;
+	c.seed = 9;
+	struct sched *s;
+	struct err e = {{0}};
+	int rc = sched_init(&s, &r->base, &c, &e);
+	if (rc)
+		test_fail(__FILE__, __LINE__, "sched_init: %s", e.msg);
+	REQUIRE(rc == 0);
+	return s;
+}
+
+static void drain(struct sched *s, struct result *res)
+{
+	for (int guard = 0; sched_has_work(s); guard++) {
+		REQUIRE(guard < 100000);
+		const struct sched_event *ev;
+		int64_t n;
+		REQUIRE(sched_step(s, &ev, &n) == 0);
+		for (int64_t i = 0; i < n; i++) {
+			REQUIRE(ev[i].id < MAXREQ);
+			struct result *o = &res[ev[i].id];
+			CHECK(!o->done);
+			if (ev[i].type == SCHED_EVENT_TOKEN) {
+				CHECK_EQ_INT(ev[i].seq, o->n);
+				REQUIRE(o->n < 512);
+				o->tok[o->n++] = ev[i].token;
+			} else {
+				CHECK_EQ_INT(ev[i].type, SCHED_EVENT_FINISH);
+				o->done = 1;
+				o->reason = ev[i].reason;
+				o->cached = ev[i].n_prompt_cached;
+			}
+		}
+	}
+}
+
+static void add(struct sched *s, uint64_t id, const int32_t *p, int64_t n, int64_t max_tokens,
+		const struct sampler_params *sp)
+{
+	struct sched_request q = {0};
+	q.id = id;
+	q.uid = 1000;
+	q.prompt = p;
+	q.n_prompt = n;
+	if (sp) {
+		q.sampling = *sp;
+		q.seeded = 1;
+	} else {
+		sampler_params_default(&q.sampling);
+	}
+	q.max_tokens = max_tokens;
+	q.ignore_eos = 1; /* random weights: keep lengths fixed */
+	struct err e = {{0}};
+	int rc = sched_add(s, &q, &e);
+	if (rc)
+		test_fail(__FILE__, __LINE__, "sched_add: %s", e.msg);
+	REQUIRE(rc == 0);
+}
+
+static void prompt_of(int32_t *t, int64_t n, int64_t vocab, uint64_t seed)
+{
+	for (int64_t i = 0; i < n; i++)
+		t[i] = 3 + (int32_t)(test_rand(&seed) % (uint64_t)(vocab - 3));
+}
+
+static int same(const struct result *a, const struct result *b)
+{
+	return a->n == b->n && !memcmp(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+}
+
+TEST_T(sched_cpu, prefix_hit_logits_bit_identical_to_cold, 300)
+{
+	struct model m;
+	model_load(&m, "tiny");
+	int64_t V = m.c.vocab_size;
+	int32_t p[150], other[70];
+	prompt_of(p, 150, V, 1);
+	prompt_of(other, 70, V, 2);
+	/* cold: alone, no prefix cache */
+	struct rec *cold = rec_new(&m, 16, 8);
+	struct sched *s = sched_new(cold, 64, 4, 0);
+	static struct result a[MAXREQ], b[MAXREQ];
+	add(s, 0, p, 150, 4, NULL);
+	drain(s, a);
+	sched_free(s);
+	/* warm: a first request publishes the pages; the second, batched with another, hits */
+	struct rec *warm = rec_new(&m, 16, 64);
+	s = sched_new(warm, 48, 4, 1);
+	add(s, 0, p, 150, 1, NULL);
+	drain(s, b);
+	warm->n = 0;
+	add(s, 1, other, 70, 3, NULL);
+	add(s, 2, p, 150, 4, NULL);
+	drain(s, b);
+	CHECK_EQ_INT(b[2].cached, 128);
+	REQUIRE(same(&a[0], &b[2]));
+	/* the rows of request 2 are those at positions 149..152 (request 1's are < 73) */
+	int64_t found = 0;
+	for (int64_t i = 0; i < warm->n; i++) {
+		int64_t j = warm->pos[i] - 149;
+		if (warm->pos[i] < 149)
+			continue;
+		REQUIRE(j >= 0 && j < cold->n && cold->pos[j] == warm->pos[i]);
+		CHECK(!memcmp(warm->rows + i * V, cold->rows + j * V, (size_t)V * sizeof(float)));
+		found++;
+	}
+	CHECK_EQ_INT(found, 4);
+	CHECK_EQ_INT(cold->n, 4);
+	sched_free(s);
+	backend_destroy(&cold->base);
+	backend_destroy(&warm->base);
+	model_free(&m);
+}
+
+TEST_T(sched_cpu, preemption_keeps_greedy_tokens, 300)
+{
+	struct model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size;
+	enum { N = 5 };
+	int32_t p[N][100];
+	int64_t len[N] = {100, 60, 90, 30, 75};
+	for (int i = 0; i < N; i++)
+		prompt_of(p[i], len[i], V, 10 + (uint64_t)i);
+	static struct result big[MAXREQ], small[MAXREQ];
+	struct rec *r1 = rec_new(&m, 32, 0);
+	struct sched *s = sched_new(r1, 256, 8, 0);
+	for (int i = 0; i < N; i++)
+		add(s, (uint64_t)i, p[i], len[i], 40, NULL);
+	drain(s, big);
+	sched_free(s);
+	backend_destroy(&r1->base);
+	/* 4 pages = 256 positions for ~580 positions of demand */
+	struct rec *r2 = rec_new(&m, 4, 0);
+	s = sched_new(r2, 64, 8, 1);
+	for (int i = 0; i < N; i++)
+		add(s, (uint64_t)i, p[i], len[i], 40, NULL);
+	drain(s, small);
+	struct sched_stats st;
+	sched_stats(s, &st);
+	CHECK(st.preemptions > 0);
+	CHECK_EQ_INT(st.pages_used, 0);
+	for (int i = 0; i < N; i++) {
+		CHECK_EQ_INT(small[i].n, 40);
+		if (!same(&big[i], &small[i]))
+			test_fail(__FILE__, __LINE__, "request %d: tokens differ after preemption", i);
+	}
+	sched_free(s);
+	backend_destroy(&r2->base);
+	model_free(&m);
+}
+
+TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
+{
+	struct model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size;
+	struct sampler_params sp;
+	sampler_params_default(&sp);
+	sp.temperature = 1.0;
+	sp.top_p = 0.95;
+	sp.seed = 31337;
+	int32_t p[8][64];
+	for (int i = 0; i < 8; i++)
+		prompt_of(p[i], 64, V, 100 + (uint64_t)i);
+	static struct result alone[MAXREQ], busy[MAXREQ];
+	struct rec *r1 = rec_new(&m, 8, 0);
+	struct sched *s = sched_new(r1, 16, 1, 0);
+	add(s, 0, p[0], 64, 24, &sp);
+	drain(s, alone);
+	sched_free(s);
+	backend_destroy(&r1->base);
+	struct rec *r2 = rec_new(&m, 6, 0);
+	s = sched_new(r2, 40, 8, 1);
+	for (int i = 1; i < 8; i++) {
+		struct sampler_params o = sp;
+		o.seed = (uint64_t)i;
+		o.temperature = 0.7;
+		add(s, (uint64_t)i, p[i], 64, 24, &o);
+		if (i == 4)
+			add(s, 0, p[0], 64, 24, &sp);
+	}
+	drain(s, busy);
+	struct sched_stats st;
+	sched_stats(s, &st);
+	CHECK(st.preemptions > 0);
+	CHECK_EQ_INT(alone[0].n, 24);
+	CHECK(same(&alone[0], &busy[0]));
+	int differ = 0; /* the stream is per request: other seeds give other tokens */
+	for (int i = 1; i < 8; i++)
+		differ += !same(&busy[i], &busy[0]);
+	CHECK_EQ_INT(differ, 7);
+	sched_free(s);
+	backend_destroy(&r2->base);
+	model_free(&m);
+}
