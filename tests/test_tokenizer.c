@@ -16,6 +16,7 @@
 #include "model/detok.h"
 #include "model/fileio.h"
 #include "model/tokenizer.h"
+#include "model/unicode_tables.h"
 #include "tests/test.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -148,13 +149,29 @@ TEST_T(tokenizer, matches_reference_on_corpus, 240)
 	size_t rlen;
 	char *ref = file_read(out, &rlen, 256u << 20, &e);
 	REQUIRE(ref);
-	char *line = ref;
-	size_t bad[2] = {0, 0}, reported = 0;
+	/* First line: the Unicode version of node's regexes. Records with code points whose classes
+	 * differ between that and the tables' version come back as "#skip": allowed only when the
+	 * versions differ (a CI node of another version), and never for more than 5% of them. */
+	char *line = ref, *nl = strchr(ref, '\n');
+	REQUIRE(nl && !strncmp(ref, "#unicode ", 9));
+	*nl = 0;
+	char node_unicode[32];
+	snprintf(node_unicode, sizeof node_unicode, "%s", ref + 9);
+	line = nl + 1;
+	size_t bad[2] = {0, 0}, reported = 0, skipped = 0;
 	for (size_t i = 0; i < c.n; i++) {
 		for (int mode = 0; mode < 2; mode++) {
-			char *nl = strchr(line, '\n');
+			nl = strchr(line, '\n');
 			REQUIRE(nl);
 			*nl = 0;
+			if (!strncmp(line, "#skip", 5)) {
+				if (mode == 0 && skipped++ < 3)
+					printf("tokenizer: record %zu skipped: node's Unicode %s classes %s "
+					       "differently from the tables' %s\n", i, node_unicode,
+					       line + 6, unicode_tables_version);
+				line = nl + 1;
+				continue;
+			}
 			char *got = encode_str(t, c.rec[i], c.rec_len[i],
 					       mode == 0 ? TOKENIZER_SPECIAL : 0);
 			if (strcmp(got, line)) {
@@ -172,9 +189,14 @@ TEST_T(tokenizer, matches_reference_on_corpus, 240)
 			line = nl + 1;
 		}
 	}
-	printf("tokenizer: %zu records: %zu/%zu identical with added tokens recognised, %zu/%zu "
-	       "in the plain-text mode\n",
-	       c.n, c.n - bad[0], c.n, c.n - bad[1], c.n);
+	printf("tokenizer: %zu records (%zu skipped): %zu/%zu identical with added tokens "
+	       "recognised, %zu/%zu in the plain-text mode (node Unicode %s, tables %s)\n",
+	       c.n, skipped, c.n - skipped - bad[0], c.n - skipped, c.n - skipped - bad[1],
+	       c.n - skipped, node_unicode, unicode_tables_version);
+	if (skipped && !strcmp(node_unicode, unicode_tables_version))
+		test_fail(__FILE__, __LINE__, "%zu records skipped although node and the tables "
+			  "agree on the Unicode version: the tables are wrong", skipped);
+	CHECK(skipped * 20 <= c.n);
 	CHECK_EQ_INT(bad[0], 0);
 	CHECK_EQ_INT(bad[1], 0);
 	free(ref);

@@ -3,9 +3,12 @@
 // and benchmark. It loads the same tokenizer.json the C code loads.
 //
 //   node tests/tokenizer/ref_encode.mjs --corpus FILE --out FILE [--tokenizer JSON] [--js DIR]
-//       writes two lines per record: the ids with added tokens recognised (the reference's
-//       _encode_text), then the ids with none recognised (pre_tokenizer + model only: the C
-//       default mode); ids comma-separated, an empty line for none.
+//       writes "#unicode <node's Unicode version>", then two lines per record: the ids with
+//       added tokens recognised (the reference's _encode_text), then the ids with none
+//       recognised (pre_tokenizer + model only: the C default mode); ids comma-separated, an
+//       empty line for none. A record holding a code point whose classes under this node differ
+//       from model/unicode_tables.c (a node with another Unicode version) gets two lines
+//       "#skip U+XXXX ..." instead, so the comparison is only made where both agree.
 //   node tests/tokenizer/ref_encode.mjs --bench FILE [--min-mb N] ...
 //       encodes every record (repeated until N MB, default 10) and decodes the ids; prints one
 //       JSON line {"bytes":..., "encode_s":..., "decode_s":..., "tokens":...} (CPU seconds).
@@ -63,12 +66,61 @@ const toIds = (tokens) => tokens.map((t) => {
 const encodeSpecial = (text) => toIds(tok._encode_text(text));
 const encodePlain = (text) => (text.length ? toIds(tok.model(tok.pre_tokenizer(text))) : []);
 
+// The C tables, read from model/unicode_tables.c, to find code points whose classes differ
+// under this node's regexes.
+const classRe = [/^\p{L}$/u, /^\p{M}$/u, /^\p{N}$/u, /^\p{P}$/u, /^\p{S}$/u, /^\s$/u,
+  /^[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]$/u];
+const bitName = ['UNI_L', 'UNI_M', 'UNI_N', 'UNI_P', 'UNI_S', 'UNI_WS', 'UNI_CJK'];
+function loadTables() {
+  const src = readFileSync(resolve(opt('--tables', 'model/unicode_tables.c')), 'utf8');
+  const ranges = [];
+  for (const m of src.matchAll(/\{0x([0-9A-F]+), 0x([0-9A-F]+), ([A-Z_ |]+)\}/g)) {
+    let bits = 0;
+    for (const n of m[3].split('|')) bits |= 1 << bitName.indexOf(n.trim());
+    ranges.push([parseInt(m[1], 16), parseInt(m[2], 16), bits]);
+  }
+  return ranges;
+}
+const tableRanges = loadTables();
+const tableBits = (cp) => {
+  let lo = 0, hi = tableRanges.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1, r = tableRanges[mid];
+    if (cp < r[0]) hi = mid - 1;
+    else if (cp > r[1]) lo = mid + 1;
+    else return r[2];
+  }
+  return 0;
+};
+const agreeMemo = new Map();
+function disagreeing(text) {
+  const bad = [];
+  for (const ch of text) {
+    const cp = ch.codePointAt(0);
+    let ok = agreeMemo.get(cp);
+    if (ok === undefined) {
+      let b = 0;
+      for (let i = 0; i < classRe.length; i++) if (classRe[i].test(ch)) b |= 1 << i;
+      ok = b === tableBits(cp);
+      agreeMemo.set(cp, ok);
+    }
+    if (!ok) bad.push('U+' + cp.toString(16).toUpperCase().padStart(4, '0'));
+  }
+  return bad;
+}
+
 const corpus = opt('--corpus');
 const bench = opt('--bench');
 if (corpus) {
-  const out = [];
+  const out = [`#unicode ${process.versions.unicode}`];
   for (const r of readCorpus(corpus)) {
     const text = dec.decode(r);
+    const bad = disagreeing(text);
+    if (bad.length) {
+      const line = '#skip ' + [...new Set(bad)].slice(0, 8).join(' ');
+      out.push(line, line);
+      continue;
+    }
     out.push(encodeSpecial(text).join(','));
     out.push(encodePlain(text).join(','));
   }
