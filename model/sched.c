@@ -383,7 +383,8 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
 	q->sp = r->sampling;
 	if (!r->seeded)
 		q->sp.seed = sampler_bits(s->cfg.seed, q->arrival);
-	memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
+	if (r->n_stop_ids)
+		memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
 	q->n_stop_ids = r->n_stop_ids;
 	size_t off = 0;
 	for (int i = 0; i < r->n_stop; i++) {
@@ -565,8 +566,11 @@ static int stop_scan(struct sched *s, struct seq *q, const char *p, size_t n, in
 		return 0;
 	}
 	struct sbuf *h = &q->held;
-	sbuf_put(h, p, n);
+	if (n)
+		sbuf_put(h, p, n);
 	ASSERT(!h->oom);
+	if (!h->len)
+		return 0;
 	size_t best = SIZE_MAX;
 	for (int i = 0; i < q->n_stop; i++) {
 		const struct sched_str *t = &q->stop[i];
@@ -592,7 +596,8 @@ static int stop_scan(struct sched *s, struct seq *q, const char *p, size_t n, in
 				}
 	}
 	ev_text(s, h->p, h->len - keep);
-	memmove(h->p, h->p + h->len - keep, keep);
+	if (keep)
+		memmove(h->p, h->p + h->len - keep, keep);
 	h->len = keep;
 	return 0;
 }

@@ -353,14 +353,14 @@ TEST_T(sampler, chi_square_large_vocab, 120)
 	sp.temperature = 1.0;
 	sp.top_p = 0.9;
 	sp.seed = 5;
-	fit(l, V, &sp, 40000, 0);
+	fit(l, V, &sp, 20000, 0);
 	sp.top_p = 1.0;
 	sp.min_p = 0.5; /* keeps roughly the upper half: also past 256 */
-	fit(l, V, &sp, 40000, 0);
+	fit(l, V, &sp, 20000, 0);
 	sp.min_p = 0.0;
 	sp.top_k = 300;
 	sp.top_p = 0.7;
-	fit(l, V, &sp, 40000, 0);
+	fit(l, V, &sp, 20000, 0);
 }
 
 TEST(sampler, reproducible_by_seed_and_index)
