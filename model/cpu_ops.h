@@ -27,6 +27,8 @@ const float *cpu_e4m3_table(void);
 /* The one fixed-order fp32 dot product: 8 lanes (lane j sums k = j mod 8 in order), then
  * ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). Every matmul and score in the backend uses it. */
 float cpu_dot(const float *a, const float *b, int64_t n);
+/* The same with bf16 weights decoded on the fly (exact, so the same bits as decoding first). */
+float cpu_dot_bf16(const float *a, const uint16_t *w, int64_t n);
 
 /* h[t] = E[tokens[t]] (bf16 rows, exact). h: [T, cols] */
 void cpu_embed(const struct bf16_mat *E, const int32_t *tokens, int64_t T, float *h);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/cpu_ops.h"
 #include "model/err.h"
 #include "model/numerics.h"
 
@@ -50,11 +51,12 @@ void kv_mla_read(const struct dsv32_config *c, const uint8_t *page, int64_t slot
 	ASSERT(slot >= 0 && slot < KV_PAGE_TOKENS);
 	const uint8_t *rec = page + (size_t)slot * c->mla_record_bytes;
 	const uint8_t *scales = rec + kv_mla_scale_offset(c);
+	const float *lut = cpu_e4m3_table();
 	for (int64_t g = 0; g < c->kv_lora_rank / 128; g++) {
 		float s;
 		memcpy(&s, scales + g * 4, 4);
 		for (int64_t j = 0; j < 128; j++)
-			kv[g * 128 + j] = e4m3_to_f32(rec[g * 128 + j]) * s;
+			kv[g * 128 + j] = lut[rec[g * 128 + j]] * s;
 	}
 	const uint8_t *pe = rec + kv_mla_kpe_offset(c);
 	for (int64_t i = 0; i < c->qk_rope_head_dim; i++) {

@@ -305,6 +305,13 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static double cpu_s(void) /* CPU time of every thread of the process */
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static int64_t argmax(const float *x, int64_t n)
 {
 	int64_t best = 0;
@@ -332,6 +339,7 @@ struct eval_opts {
 	const char *dump_out;
 	int64_t chunk, generate;
 	int threads;
+	int bench; /* logits of the last prompt row only (no perplexity): serving-like timing */
 	struct dumps dumps;
 };
 
@@ -340,7 +348,8 @@ static int usage(void)
 	fprintf(stderr,
 		"usage: dsv32 eval --model DIR --backend cpu --tokens FILE [--chunk N] [--generate N]\n"
 		"                  [--logits-out F] [--mtp-out F] [--dump-topk F] [--dump-experts F]\n"
-		"                  [--dump NAME... [--dump-out F]] [--threads N]\n");
+		"                  [--dump NAME... [--dump-out F]] [--threads N] [--bench]\n"
+		"  --bench: logits for the last prompt row only (no perplexity), for timing\n");
 	return 2;
 }
 
@@ -365,6 +374,10 @@ static int parse_args(int argc, char **argv, struct eval_opts *o)
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int64_t n;
+		if (!strcmp(a, "--bench")) {
+			o->bench = 1;
+			continue;
+		}
 		if (!strcmp(a, "--dump")) {
 			while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
 				if (o->dumps.n_names == MAX_DUMP_NAMES)
@@ -401,7 +414,7 @@ static int parse_args(int argc, char **argv, struct eval_opts *o)
 		else
 			return -1;
 	}
-	if (!o->model || !o->tokens)
+	if (!o->model || !o->tokens || (o->bench && (o->logits_out || o->mtp_out)))
 		return -1;
 	if (o->topk_out && o->dumps.n_names < MAX_DUMP_NAMES)
 		o->dumps.names[o->dumps.n_names++] = "idx_topk";
@@ -415,7 +428,7 @@ static int parse_args(int argc, char **argv, struct eval_opts *o)
 static int run_seq(struct backend *be, const struct dsv32_config *c, const struct eval_opts *o,
 		   struct backend_dump *dump, int64_t si, const int32_t *tok, int64_t T,
 		   const int32_t *bt, int64_t n_blocks, float **logits_all, float **mtp_all,
-		   double *t_prefill, double *t_decode)
+		   double *t_prefill, double *t_decode, double *c_prefill, double *c_decode)
 {
 	int64_t D = c->hidden_size, V = c->vocab_size, chunk = o->chunk ? o->chunk : T;
 	int r = 0;
@@ -431,16 +444,17 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 	for (int64_t t = 0; t <= T; t++) {
 		pos[t] = t;
 		if (t < T)
-			flags[t] = BACKEND_ROW_LOGITS | (hidden ? BACKEND_ROW_HIDDEN : 0);
+			flags[t] = (o->bench && t < T - 1 ? 0 : BACKEND_ROW_LOGITS) |
+				   (hidden ? BACKEND_ROW_HIDDEN : 0);
 	}
-	double nll_sum = 0, t0 = now_s();
+	double nll_sum = 0, t0 = now_s(), c0 = cpu_s();
 	for (int64_t b = 0; b < T && !r; b += chunk) {
 		int64_t n = T - b < chunk ? T - b : chunk;
 		struct backend_seq s = {n, tok + b, pos + b, bt, n_blocks, flags + b, logits,
 					hidden ? hidden + b * D : NULL, NULL};
 		struct backend_step st = {0, 1, &s, dump};
 		r = backend_step(be, &st);
-		for (int64_t i = 0; i < n && !r; i++) {
+		for (int64_t i = 0; i < n && !r && !o->bench; i++) {
 			if (b + i + 1 < T)
 				nll_sum += nll(logits + i * V, V, tok[b + i + 1]);
 			if (*logits_all)
@@ -448,7 +462,8 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 		}
 	}
 	*t_prefill += now_s() - t0;
-	if (!r && T > 1)
+	*c_prefill += cpu_s() - c0;
+	if (!r && T > 1 && !o->bench)
 		printf("seq%lld: perplexity %.4f over %lld tokens\n", (long long)si,
 		       exp(nll_sum / (double)(T - 1)), (long long)(T - 1));
 
@@ -467,8 +482,9 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 	}
 
 	if (!r && o->generate > 0) {
-		int64_t cur = argmax(logits + ((T - 1) % chunk) * V, V);
-		double t1 = now_s();
+		int64_t last = o->bench ? 0 : (T - 1) % chunk; /* bench: only the last row has logits */
+		int64_t cur = argmax(logits + last * V, V);
+		double t1 = now_s(), c1 = cpu_s();
 		printf("seq%lld: generated", (long long)si);
 		for (int64_t g = 0; g < o->generate && !r; g++) {
 			printf(" %lld", (long long)cur);
@@ -483,6 +499,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 		}
 		printf("\n");
 		*t_decode += now_s() - t1;
+		*c_decode += cpu_s() - c1;
 	}
 	free(pos);
 	free(flags);
@@ -541,13 +558,13 @@ int cmd_eval(int argc, char **argv)
 	ASSERT(logits && mtp && rows && mrows && bt);
 	for (int64_t p = 0; p < n_pages; p++)
 		bt[p] = (int32_t)p;
-	double t_pre = 0, t_dec = 0;
+	double t_pre = 0, t_dec = 0, c_pre = 0, c_dec = 0;
 	int64_t base = 0, n_tok = 0, r = 0;
 	for (int64_t i = 0; i < S.n && !r; i++) {
 		int64_t nb = (S.len[i] + o.generate + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
 		o.dumps.seq = i;
 		r = run_seq(be, &c, &o, o.dumps.n_names ? &dump : NULL, i, S.tok[i], S.len[i],
-			    bt + base, nb, &logits[i], &mtp[i], &t_pre, &t_dec);
+			    bt + base, nb, &logits[i], &mtp[i], &t_pre, &t_dec, &c_pre, &c_dec);
 		base += nb;
 		n_tok += S.len[i];
 		rows[i] = S.len[i];
@@ -555,13 +572,15 @@ int cmd_eval(int argc, char **argv)
 	}
 	if (r)
 		err_set(&e, (int)r, "backend step failed: %s", strerror((int)-r));
-	fprintf(stderr, "eval: %lld prompt tokens in %.3f s (%.1f tok/s)", (long long)n_tok, t_pre,
-		n_tok / (t_pre > 0 ? t_pre : 1e-9));
-	if (o.generate > 1)
-		fprintf(stderr, ", %lld decode steps in %.3f s (%.2f tok/s)",
-			(long long)(S.n * (o.generate - 1)), t_dec,
-			(double)(S.n * (o.generate - 1)) / (t_dec > 0 ? t_dec : 1e-9));
-	fprintf(stderr, ", %d threads\n", o.threads);
+	/* wall time, and CPU time of all threads (the honest number on a shared machine) */
+	fprintf(stderr, "eval: %d threads; prefill %lld tokens: %.3f s wall (%.1f tok/s), %.3f s CPU",
+		o.threads, (long long)n_tok, t_pre, n_tok / (t_pre > 0 ? t_pre : 1e-9), c_pre);
+	if (o.generate > 1) {
+		int64_t nd = S.n * (o.generate - 1);
+		fprintf(stderr, "; decode %lld steps: %.3f s wall (%.2f tok/s), %.3f s CPU",
+			(long long)nd, t_dec, (double)nd / (t_dec > 0 ? t_dec : 1e-9), c_dec);
+	}
+	fprintf(stderr, "\n");
 	if (!r && o.logits_out)
 		r = write_mats(o.logits_out, logits, rows, S.n, c.vocab_size, &e);
 	if (!r && o.mtp_out)
