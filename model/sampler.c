@@ -274,10 +274,10 @@ static void fill_logprobs(const struct sampler *s, const struct sampler_params *
 	}
 }
 
-/* Steps 3-7 of the header on the penalised logits; returns the chosen id. */
-static int32_t draw(struct sampler *s, const struct sampler_params *p, uint64_t index)
+/* Steps 3-7 of the header on the penalised logits l; returns the chosen id. */
+static int32_t draw(struct sampler *s, const struct sampler_params *p, const float *l,
+		    uint64_t index)
 {
-	const float *l = s->logits;
 	int64_t V = s->vocab, n = 0;
 	for (int64_t i = 0; i < V; i++)
 		if (l[i] != -INFINITY)
@@ -352,35 +352,36 @@ int sampler_sample(struct sampler *s, const struct sampler_params *p, const floa
 		   uint64_t index, struct sampler_out *out)
 {
 	int64_t V = s->vocab;
-	int any = 0;
-	for (int64_t i = 0; i < V; i++) {
-		float x = logits[i];
-		if (isnan(x) || x == INFINITY)
-			return -EDOM;
-		any |= x != -INFINITY;
-	}
-	if (!any)
-		return -EDOM;
 	for (int64_t i = 0; i < n_prompt; i++)
 		if (prompt[i] < 0 || prompt[i] >= V)
 			return -EINVAL;
 	for (int64_t i = 0; i < n_output; i++)
 		if (output[i] < 0 || output[i] >= V)
 			return -EINVAL;
-	memcpy(s->logits, logits, (size_t)V * sizeof *logits);
-	apply_penalties(s, p, prompt, n_prompt, output, n_output);
-
-	int32_t tok = 0;
-	if (p->temperature == 0.0) {
-		float best = s->logits[0];
-		for (int64_t i = 1; i < V; i++)
-			if (s->logits[i] > best) { /* strict: ties keep the lowest id */
-				best = s->logits[i];
-				tok = (int32_t)i;
-			}
-	} else {
-		tok = draw(s, p, index);
+	const float *l = logits; /* penalties work on a copy; without them, on the row itself */
+	if (p->repetition_penalty != 1.0 || p->frequency_penalty != 0.0 ||
+	    p->presence_penalty != 0.0) {
+		memcpy(s->logits, logits, (size_t)V * sizeof *logits);
+		apply_penalties(s, p, prompt, n_prompt, output, n_output);
+		l = s->logits;
 	}
+	/* One pass: the checks (penalties keep NaN, +inf and -inf as they are) and the argmax,
+	 * strict so that ties keep the lowest id. */
+	int32_t tok = -1;
+	float best = -INFINITY;
+	for (int64_t i = 0; i < V; i++) {
+		float x = l[i];
+		if (x != x || x == INFINITY)
+			return -EDOM;
+		if (x > best) {
+			best = x;
+			tok = (int32_t)i;
+		}
+	}
+	if (tok < 0)
+		return -EDOM; /* every logit -inf */
+	if (p->temperature != 0.0)
+		tok = draw(s, p, l, index);
 	ASSERT(tok >= 0 && tok < V);
 	memset(out, 0, sizeof *out);
 	out->token = tok;

@@ -103,8 +103,8 @@ void sampler_free(struct sampler *s);
 /* Samples one token. logits: [vocab]; prompt [n_prompt] and output [n_output] ids (each in
  * [0, vocab)); index: the stream position, n_output for a request (tests pass others). 0,
  * -EDOM (a NaN or +inf logit, or every logit -inf), or -EINVAL (a history id out of range).
- * The parameters must have passed sampler_params_check. Leaves the penalised logits in
- * s->logits. */
+ * The parameters must have passed sampler_params_check. With a penalty on, leaves the
+ * penalised logits in s->logits. */
 int sampler_sample(struct sampler *s, const struct sampler_params *p, const float *logits,
 		   const int32_t *prompt, int64_t n_prompt, const int32_t *output, int64_t n_output,
 		   uint64_t index, struct sampler_out *out);

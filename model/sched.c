@@ -88,10 +88,10 @@ const char *sched_finish_name(enum sched_finish r)
 	return "?";
 }
 
-static double now_s(void)
+static double now_s(const struct sched *s)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(s->cfg.cpu_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -675,7 +675,7 @@ static void accept_token(struct sched *s, struct seq *q, const struct sampler_ou
 
 int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 {
-	double t0 = now_s();
+	double t0 = now_s(s);
 	ev_begin(s);
 	int rc = 0;
 
@@ -711,9 +711,9 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			n_logits += sample;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
-		t1 = now_s();
+		t1 = now_s(s);
 		rc = backend_step(s->b, &st);
-		t2 = now_s();
+		t2 = now_s(s);
 		if (rc < 0) {
 			for (int64_t k = 0; k < s->n_sched; k++)
 				s->sched[k]->rows = 0;
@@ -732,7 +732,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 		if (s->cfg.prefix_cache)
 			kv_pages_publish(&s->kp, &q->kv, q->tokens, q->n_computed);
 	}
-	double t3 = now_s();
+	double t3 = now_s(s);
 	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
 		if (q->n_computed != q->n_tokens)
@@ -743,7 +743,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 					      (uint64_t)(q->n_tokens - q->n_prompt), &s->outs[k]);
 		l++;
 	}
-	double t4 = now_s();
+	double t4 = now_s(s);
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
 		if (q->n_computed != q->n_tokens) {
@@ -765,7 +765,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	s->t_backend += t2 - t1;
 	s->steps++;
 out:;
-	double t5 = now_s();
+	double t5 = now_s(s);
 	s->last_step = t5 - t0;
 	s->t_step += t5 - t0;
 	for (int64_t i = 0; i < s->n_ev; i++)

@@ -88,6 +88,8 @@ struct sched_config {
 	uint64_t seed;            /* unseeded requests get seeds derived from this */
 	const struct tokenizer *tok; /* text of events and stop strings; NULL = no text */
 	unsigned detok_flags;     /* 0 or TOKENIZER_SKIP_SPECIAL */
+	int cpu_clock;            /* step timings in this thread's CPU time instead of wall time
+				   * (benchmarks on shared machines) */
 };
 
 struct sched_str {

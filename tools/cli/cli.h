@@ -26,5 +26,6 @@ int cmd_detokenize(int argc, char **argv);
 int bench_gemm(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
+int bench_sched(int argc, char **argv);
 
 #endif
