@@ -312,6 +312,34 @@ static double cpu_s(void) /* CPU time of every thread of the process */
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Single-thread streaming read bandwidth in GB/s (sum over a 256 MiB buffer, best of 3): the
+ * limit decode is compared against in --bench. */
+static double read_bandwidth(void)
+{
+	size_t n = (size_t)64 << 20; /* floats */
+	float *buf = malloc(n * sizeof *buf);
+	if (!buf)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		buf[i] = (float)(i & 7);
+	double best = 0;
+	volatile float sink = 0;
+	for (int rep = 0; rep < 3; rep++) {
+		double t0 = now_s();
+		float l[8] = {0};
+		for (size_t i = 0; i < n; i += 8)
+			for (int j = 0; j < 8; j++)
+				l[j] += buf[i + j];
+		double dt = now_s() - t0;
+		sink += l[0] + l[7];
+		double gbs = (double)(n * sizeof *buf) / dt / 1e9;
+		best = gbs > best ? gbs : best;
+	}
+	(void)sink;
+	free(buf);
+	return best;
+}
+
 static int64_t argmax(const float *x, int64_t n)
 {
 	int64_t best = 0;
@@ -581,6 +609,11 @@ int cmd_eval(int argc, char **argv)
 			(long long)nd, t_dec, (double)nd / (t_dec > 0 ? t_dec : 1e-9), c_dec);
 	}
 	fprintf(stderr, "\n");
+	if (o.bench) {
+		double bw = read_bandwidth(), mb = (double)c.vocab_size * c.hidden_size * 2 / 1e6;
+		fprintf(stderr, "bench: one-thread read bandwidth %.1f GB/s; lm_head alone streams %.1f MB "
+				"per decode token -> floor %.0f tok/s\n", bw, mb, bw * 1e3 / mb);
+	}
 	if (!r && o.logits_out)
 		r = write_mats(o.logits_out, logits, rows, S.n, c.vocab_size, &e);
 	if (!r && o.mtp_out)
