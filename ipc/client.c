@@ -510,6 +510,8 @@ int dsv32_poll(dsv32_t *h, struct dsv32_event *ev)
 
 int dsv32_wait(dsv32_t *h, int timeout_ms, struct dsv32_event *ev)
 {
+	if (timeout_ms == 0)
+		return dsv32_poll(h, ev);
 	uint64_t t0 = now_ns();
 	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * 1000000ull;
 	for (;;) {
@@ -518,6 +520,8 @@ int dsv32_wait(dsv32_t *h, int timeout_ms, struct dsv32_event *ev)
 			return r;
 		/* spin: the answer is often microseconds away */
 		uint64_t spin_until = now_ns() + (uint64_t)h->spin_us * 1000;
+		if (spin_until > deadline)
+			spin_until = deadline;
 		int seen = 0;
 		while (!seen && now_ns() < spin_until)
 			/* Relaxed: only a hint; dsv32_poll re-reads it with acquire. */

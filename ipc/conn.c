@@ -285,7 +285,8 @@ int ipc_conn_emit_stats(struct ipc_conn *c, uint64_t req_id, const char *text, u
 		post_error(c, req_id, DSV32_E_BUSY, "completion ring full: stats dropped", reserve(c));
 		return -ENOBUFS;
 	}
-	memcpy(c->cq_data + off, text, len);
+	if (len)
+		memcpy(c->cq_data + off, text, len);
 	cq_post(c, IPC_EV_STATS, req_id, 0, off, len);
 	return 0;
 }

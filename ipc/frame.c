@@ -308,14 +308,16 @@ void ipc_frame_encode_token(void *dst, const uint32_t *tokens, uint32_t n_tokens
 				   logprobs ? IPC_TOK_LOGPROBS : 0};
 	memcpy(o, &h, sizeof h);
 	o += sizeof h;
-	memcpy(o, tokens, 4 * (size_t)n_tokens);
+	if (n_tokens) /* tokens may be NULL with n_tokens 0 (a text-only piece) */
+		memcpy(o, tokens, 4 * (size_t)n_tokens);
 	o += 4 * (size_t)n_tokens;
 	if (logprobs) {
-		memcpy(o, logprobs, 4 * (size_t)n_tokens);
+		if (n_tokens)
+			memcpy(o, logprobs, 4 * (size_t)n_tokens);
 		o += 4 * (size_t)n_tokens;
-		if (n_top && top)
+		if (n_top && top && n_tokens)
 			memcpy(o, top, 8 * (size_t)n_tokens * n_top);
-		else
+		else if (n_top && n_tokens)
 			memset(o, 0, 8 * (size_t)n_tokens * n_top);
 		o += 8 * (size_t)n_tokens * n_top;
 	}

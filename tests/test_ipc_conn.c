@@ -115,6 +115,8 @@ TEST(ipc_conn, requests_in_events_out)
 	const uint32_t t = 42;
 	CHECK_EQ_INT(ipc_conn_emit_token(&f.c, 1, &t, 1, NULL, NULL, 0, "x", 1), 0);
 	CHECK_EQ_INT(ipc_conn_emit_token(&f.c, 1, &t, 1, NULL, NULL, 0, "y", 1), 0);
+	/* a text-only piece (held-back bytes flushed at the end): no token ids, NULL pointer */
+	CHECK_EQ_INT(ipc_conn_emit_token(&f.c, 1, NULL, 0, NULL, NULL, 0, "z", 1), 0);
 	struct ipc_done_wire d = {.reason = DSV32_FINISH_CANCELLED, .completion_tokens = 2};
 	CHECK_EQ_INT(ipc_conn_emit_done(&f.c, 1, &d), 0);
 	CHECK_EQ_INT(ipc_conn_emit_done(&f.c, 1, &d), -ENOENT); /* exactly one terminal */
@@ -125,6 +127,8 @@ TEST(ipc_conn, requests_in_events_out)
 	CHECK(pop(&f, &ev, pl) == DSV32_EVENT_TOKEN && ev.token.seq == 0 && ev.token.tokens[0] == 42);
 	CHECK(pop(&f, &ev, pl) == DSV32_EVENT_TOKEN && ev.token.seq == 1);
 	CHECK_EQ_STR(ev.token.text, "y");
+	CHECK(pop(&f, &ev, pl) == DSV32_EVENT_TOKEN && ev.token.seq == 2 && ev.token.n_tokens == 0);
+	CHECK_EQ_STR(ev.token.text, "z");
 	CHECK(pop(&f, &ev, pl) == DSV32_EVENT_DONE && ev.done.reason == DSV32_FINISH_CANCELLED);
 	CHECK(pop(&f, &ev, pl) == DSV32_EVENT_STATS);
 	CHECK_EQ_STR(ev.stats.text, "a 1\n");
