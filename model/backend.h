@@ -50,9 +50,14 @@ struct backend_seq {
 	const float *mtp_hidden;    /* MTP step only: [n, hidden_size] h_i (bf16 values) */
 };
 
-/* Named intermediates (the names used in the code: attn_norm, q_lat, kv_cmpr, idx_scores,
- * idx_topk, attn_out, ffn_moe_topk, ffn_moe_out, ...). layer = -1 for model-level tensors.
- * data: n values of one row, float (is_int = 0) or int32 (is_int = 1). */
+/* Named intermediates, one call per row, under the names the CPU code uses (ggml-style):
+ *   model level (layer -1): embed, result_norm (the MTP step tags result_norm with its layer);
+ *   per layer: attn_norm, q_cmpr (c_q), q (per head nope | rope, post-RoPE), kv_cmpr (c_kv before
+ *   FP8), k_pe, idx_q, idx_k (after RoPE + Hadamard, before FP8), idx_w (w' with s_q folded in),
+ *   idx_scores (positions 0..pos), idx_topk (int32, ascending), q_lat (absorbed form), attn_o
+ *   (o_proj input), attn_out, ffn_norm, ffn_out (dense) or ffn_moe_logits, ffn_moe_topk (int32,
+ *   ascending), ffn_moe_weights, ffn_moe_out; MTP layer also mtp_cat, mtp_eh_proj.
+ * layer = -1 for model-level tensors; data: n values, float (is_int = 0) or int32 (is_int = 1). */
 struct backend_dump {
 	void (*fn)(void *ctx, const char *name, int64_t layer, int64_t seq, int64_t pos,
 		   int is_int, const void *data, int64_t n);

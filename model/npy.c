@@ -5,6 +5,7 @@
 #include "model/npy.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,19 +14,23 @@
 
 /* ---- CRC-32 (zip polynomial 0xEDB88320) --------------------------------------------------- */
 
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+		crc_table[i] = c;
+	}
+}
+
 uint32_t npy_crc32(uint32_t crc, const void *p, size_t n)
 {
-	static uint32_t table[256];
-	static int ready;
-	if (!ready) { /* idempotent: racing initialisers write identical values */
-		for (uint32_t i = 0; i < 256; i++) {
-			uint32_t c = i;
-			for (int k = 0; k < 8; k++)
-				c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-			table[i] = c;
-		}
-		ready = 1;
-	}
+	pthread_once(&crc_once, crc_init);
+	const uint32_t *table = crc_table;
 	const uint8_t *b = p;
 	crc = ~crc;
 	for (size_t i = 0; i < n; i++)
