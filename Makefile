@@ -48,6 +48,8 @@ PROGRAMS := $(BUILD)/dsv32d $(BUILD)/dsv32 $(BUILD)/mkmodel $(BUILD)/libdsv32.a 
 	    $(BUILD)/gpu_test_runner
 
 .PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test
+# objects reached only through pattern rules are kept (make would delete them as intermediates)
+.SECONDARY:
 all: $(PROGRAMS)
 
 # ---- kernels: .cu -> .ptx -> ptxas check (+cubin) -> embedded C table -------------------------
