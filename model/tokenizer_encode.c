@@ -40,7 +40,7 @@
 #define BPE_SMALL 48
 #define CACHE_SLOTS (1u << 15)
 #define CACHE_MAX_ENTRIES (CACHE_SLOTS / 4 * 3)
-#define CACHE_MAX_KEY 255
+#define CACHE_MAX_KEY 4096 /* long words cost the most BPE work, so they are worth keeping */
 #define CACHE_KEY_BYTES (2u << 20)
 #define CACHE_IDS (512u << 10)
 
