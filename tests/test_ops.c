@@ -455,18 +455,60 @@ TEST(ops, naive_and_absorbed_attention_agree)
 	float oa[192], on[192];
 	attn_absorbed(NULL, &c, &W.lin, q, kv, n_sel, oa, NULL);
 	attn_naive(NULL, &c, &W.lin, q, kv, n_sel, on);
+	/* exact reference in double: both forms sit within bf16 noise of it */
+	double od[192];
+	for (int64_t h = 0; h < H; h++) {
+		double sc[11], mx = -1e300, sum = 0;
+		for (int64_t s = 0; s < n_sel; s++) {
+			double dot = 0;
+			for (int d = 0; d < 64; d++) {
+				double k = 0;
+				for (int i = 0; i < 256; i++)
+					k += (double)e4m3_to_f32(W.w[(h * 128 + d) * 256 + i]) *
+					     W.s[((h * 128 + d) / 128) * 2 + i / 128] * kv[s * dkv + i];
+				dot += q[h * dq + d] * k;
+			}
+			for (int d = 0; d < 64; d++)
+				dot += (double)q[h * dq + 64 + d] * kv[s * dkv + 256 + d];
+			sc[s] = dot * c.softmax_scale;
+			mx = fmax(mx, sc[s]);
+		}
+		for (int64_t s = 0; s < n_sel; s++)
+			sum += (sc[s] = exp(sc[s] - mx));
+		for (int d = 0; d < 64; d++) {
+			double o = 0;
+			for (int64_t s = 0; s < n_sel; s++) {
+				double v = 0;
+				for (int i = 0; i < 256; i++)
+					v += (double)e4m3_to_f32(W.w[(h * 128 + 64 + d) * 256 + i]) *
+					     W.s[((h * 128 + 64 + d) / 128) * 2 + i / 128] * kv[s * dkv + i];
+				o += sc[s] / sum * v;
+			}
+			od[h * 64 + d] = o;
+		}
+	}
+	double ea = 0, en = 0, rd = 0;
+	for (int i = 0; i < 192; i++) {
+		ea += (oa[i] - od[i]) * (oa[i] - od[i]);
+		en += (on[i] - od[i]) * (on[i] - od[i]);
+		rd += od[i] * od[i];
+	}
+	fprintf(stderr, "    vs exact: absorbed %.2e, naive %.2e\n", sqrt(ea / rd), sqrt(en / rd));
+	CHECK(sqrt(ea / rd) < 2e-2 && sqrt(en / rd) < 2e-2);
 	double err = 0, ref = 0;
 	for (int i = 0; i < 192; i++)
 		err += (oa[i] - on[i]) * (oa[i] - on[i]), ref += on[i] * on[i];
 	CHECK(ref > 0);
-	CHECK(sqrt(err / ref) < 2e-2); /* bf16 roundings in different places */
+	/* bf16 roundings in different places (k_nope, v vs q_lat, o_lat), amplified by the
+	 * sharp softmax of these random inputs (scores of order +-10) */
+	CHECK(sqrt(err / ref) < 3e-2);
 	/* one key: softmax = 1, o = W_UV . c_kv in both forms */
 	attn_absorbed(NULL, &c, &W.lin, q, kv, 1, oa, NULL);
 	attn_naive(NULL, &c, &W.lin, q, kv, 1, on);
 	err = ref = 0;
 	for (int i = 0; i < 192; i++)
 		err += (oa[i] - on[i]) * (oa[i] - on[i]), ref += on[i] * on[i];
-	CHECK(sqrt(err / ref) < 1e-2);
+	CHECK(sqrt(err / ref) < 4e-3); /* o = W_UV c_kv, one bf16 rounding apart */
 	/* heads split over threads: same bits */
 	struct cpu_pool *p = cpu_pool_start(2);
 	float ob[192];
