@@ -587,13 +587,15 @@ static int stop_scan(struct sched *s, struct seq *q, const char *p, size_t n, in
 	}
 	size_t keep = 0;
 	if (!final) { /* the longest suffix that is a proper prefix of a stop string */
-		size_t maxl = q->max_stop_len - 1 < h->len ? q->max_stop_len - 1 : h->len;
-		for (size_t L = maxl; L > 0 && !keep; L--)
-			for (int i = 0; i < q->n_stop; i++)
-				if (q->stop[i].n > L && !memcmp(h->p + h->len - L, q->stop[i].p, L)) {
-					keep = L;
+		for (int i = 0; i < q->n_stop; i++) {
+			const struct sched_str *t = &q->stop[i];
+			size_t j = h->len > t->n - 1 ? h->len - (t->n - 1) : 0;
+			for (; j < h->len && h->len - j > keep; j++)
+				if (h->p[j] == t->p[0] && !memcmp(h->p + j, t->p, h->len - j)) {
+					keep = h->len - j;
 					break;
 				}
+		}
 	}
 	ev_text(s, h->p, h->len - keep);
 	if (keep)
