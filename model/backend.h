@@ -31,6 +31,7 @@
 
 #include "model/config.h"
 #include "model/err.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 
 #define BACKEND_ROW_LOGITS 1u /* write this row's fp32 logits [vocab_size] */
@@ -117,6 +118,19 @@ static inline void backend_destroy(struct backend *b)
  * and key positions are split across threads; results do not depend on n_threads). */
 int backend_cpu_create(const struct dsv32_config *c, const struct weights *w, int64_t n_pages,
 		       int n_threads, struct backend **out, struct err *e);
+
+/* The CUDA backend (model/cuda_backend.c): uploads every tensor of ck, sizes the KV pool from
+ * the GPU memory left (n_pages > 0 caps it) and reports pools and upload rate. Its step does
+ * not run the model yet: it validates and returns -ENOTSUP naming what is missing. */
+int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
+			const struct checkpoint *ck, int64_t n_pages, struct backend **out,
+			struct err *e);
+
+/* Checks a step against the backend's pools and weights (token ids, positions inside the
+ * block table, page ids, output buffers, MTP weights): 0 or -EINVAL. Every backend calls it
+ * before computing anything. */
+int backend_validate_step(const struct backend *b, const struct weights *w,
+			  const struct backend_step *st);
 
 /* Test switch: 1 = use the naive attention form (§3.7a) instead of the absorbed one. */
 void backend_cpu_set_naive_attention(struct backend *b, int on);

@@ -55,30 +55,37 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 	if ((r = tokenizer_load(&en->tok, o->model_dir, e)))
 		goto err_weights;
 	const char *want = o->backend ? o->backend : "auto";
-	if (!strcmp(want, "cuda")) {
-		r = err_set(e, -ENOTSUP, "the CUDA backend cannot run the whole model yet "
-					 "(kernels exist, the forward pass on the GPU does not): "
-					 "use --backend cpu");
-		goto err_tok;
-	}
-	if (strcmp(want, "cpu") && strcmp(want, "auto")) {
+	if (strcmp(want, "cpu") && strcmp(want, "cuda") && strcmp(want, "auto")) {
 		r = err_set(e, -EINVAL, "unknown backend \"%s\" (cpu, cuda or auto)", want);
 		goto err_tok;
 	}
-	en->backend_name = "cpu";
-	size_t page_bytes;
-	en->kv_pages = pages_for(&en->c, o, &page_bytes);
-	en->kv_bytes = (size_t)en->kv_pages * page_bytes;
-	if (en->kv_pages < 1) {
-		r = err_set(e, -ENOMEM, "host-memory-mb = %lld MB holds no KV page of %zu bytes",
-			    (long long)o->host_memory_mb, page_bytes);
-		goto err_tok;
+	if (!strcmp(want, "cuda")) {
+		/* pools and upload are real; its step says what is not on the GPU yet */
+		progress(o, "uploading the weights to the GPU");
+		en->backend_name = "cuda";
+		if ((r = backend_cuda_create(&en->c, &en->w, &en->ck, o->kv_pages, &en->be, e)))
+			goto err_tok;
+		en->kv_pages = en->be->n_pages;
+		en->kv_bytes = (size_t)en->kv_pages * (size_t)en->be->n_layers *
+			       (en->be->mla_page_bytes + en->be->idx_page_bytes);
+	} else {
+		/* "auto" is the CPU backend until the GPU forward exists (backend_cuda_create's step
+		 * cannot run the model yet) */
+		en->backend_name = "cpu";
+		size_t page_bytes;
+		en->kv_pages = pages_for(&en->c, o, &page_bytes);
+		en->kv_bytes = (size_t)en->kv_pages * page_bytes;
+		if (en->kv_pages < 1) {
+			r = err_set(e, -ENOMEM, "host-memory-mb = %lld MB holds no KV page of %zu bytes",
+				    (long long)o->host_memory_mb, page_bytes);
+			goto err_tok;
+		}
+		int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+		progress(o, "starting the CPU backend");
+		if ((r = backend_cpu_create(&en->c, &en->w, en->kv_pages, threads < 1 ? 1 : threads,
+					    &en->be, e)))
+			goto err_tok;
 	}
-	int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-	progress(o, "starting the CPU backend");
-	if ((r = backend_cpu_create(&en->c, &en->w, en->kv_pages, threads < 1 ? 1 : threads,
-				    &en->be, e)))
-		goto err_tok;
 	struct sched_config sc = {
 		.max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 2048,
 		.max_seqs = o->max_seqs > 0 ? o->max_seqs : 64,

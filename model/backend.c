@@ -1,0 +1,40 @@
+/*
+ * backend.c — what every backend shares: the validation of a step (see backend.h).
+ */
+#include "model/backend.h"
+
+#include <errno.h>
+
+#include "model/kv_cache.h"
+
+int backend_validate_step(const struct backend *b, const struct weights *w,
+			  const struct backend_step *st)
+{
+	const struct dsv32_config *c = b->c;
+	if (st->n_seqs < 0 || (st->n_seqs && !st->seqs))
+		return -EINVAL;
+	if (st->mtp && !w->has_mtp)
+		return -EINVAL;
+	int64_t vocab = st->mtp ? w->mtp.embed.rows : w->embed.rows;
+	for (int64_t i = 0; i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		if (s->n < 0 || (s->n && (!s->tokens || !s->pos || !s->block_table)))
+			return -EINVAL;
+		if (st->mtp && s->n && !s->mtp_hidden)
+			return -EINVAL;
+		for (int64_t j = 0; j < s->n; j++) {
+			unsigned fl = s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
+			if (s->tokens[j] < 0 || s->tokens[j] >= vocab || s->pos[j] < 0 ||
+			    s->pos[j] >= s->n_blocks * KV_PAGE_TOKENS ||
+			    s->pos[j] >= c->max_position_embeddings)
+				return -EINVAL;
+			if (((fl & BACKEND_ROW_LOGITS) && !s->logits) ||
+			    ((fl & BACKEND_ROW_HIDDEN) && !s->hidden))
+				return -EINVAL;
+			for (int64_t blk = 0; blk <= s->pos[j] / KV_PAGE_TOKENS; blk++)
+				if (s->block_table[blk] < 0 || s->block_table[blk] >= b->n_pages)
+					return -EINVAL;
+		}
+	}
+	return 0;
+}
