@@ -236,6 +236,11 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	if (cfg->max_seqs < 1 || cfg->max_seqs > (1 << 20))
 		return err_set(e, -EINVAL, "max_seqs = %lld: must be in [1, 2^20]",
 			       (long long)cfg->max_seqs);
+	if (cfg->max_batch_tokens < cfg->max_seqs)
+		return err_set(e, -EINVAL,
+			       "max_batch_tokens = %lld < max_seqs = %lld: every running sequence "
+			       "must be able to decode in every step",
+			       (long long)cfg->max_batch_tokens, (long long)cfg->max_seqs);
 	if (cfg->max_context < 0 || cfg->max_waiting < 0)
 		return err_set(e, -EINVAL, "max_context and max_waiting must be >= 0");
 	if (b->n_pages < 1)

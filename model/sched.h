@@ -79,8 +79,8 @@
 #define SCHED_MAX_STOP_IDS 64
 
 struct sched_config {
-	int64_t max_batch_tokens; /* rows per step (decode + prefill), >= 1 */
-	int64_t max_seqs;         /* running sequences, >= 1 */
+	int64_t max_batch_tokens; /* rows per step (decode + prefill), >= max_seqs */
+	int64_t max_seqs;         /* running sequences, >= 1 (so every one decodes each step) */
 	int64_t max_context;      /* prompt + output tokens; 0 = max_position_embeddings. The
 				   * effective limit is also capped at n_pages * 64. */
 	int64_t max_waiting;      /* queued (not running) requests; 0 = no limit */

@@ -886,3 +886,83 @@ TEST_T(sched, stop_strings_split_across_tokens, 60)
 	CHECK_EQ_STR(o.text, "caf\xc3\xa9 ok caf");
 	tokenizer_free(t);
 }
+
+TEST(sched, newest_is_preempted_oldest_never_waits)
+{
+	/* 4 pages; three requests of 60 prompt tokens each take one page, then each needs a
+	 * second one at position 64: A gets the free page, B takes C's (the newest), C waits. */
+	struct run *r = malloc(sizeof *r);
+	run_init(r, 4, cfg_of(256, 4, 0));
+	int32_t p[3][60];
+	for (int i = 0; i < 3; i++) {
+		prompt_of(p[i], 60, 50 + (uint64_t)i);
+		add(r, i, 0, p[i], 60, 60);
+	}
+	int64_t last[3] = {-1, -1, -1}, gaps[3] = {0, 0, 0};
+	while (sched_has_work(r->s)) {
+		int64_t before[3];
+		for (int i = 0; i < 3; i++)
+			before[i] = r->out[i].n;
+		step_once(r);
+		for (int i = 0; i < 3; i++)
+			if (r->out[i].n > before[i]) {
+				gaps[i] += last[i] >= 0 && r->steps - last[i] > 1;
+				last[i] = r->steps;
+			}
+	}
+	struct sched_stats st;
+	sched_stats(r->s, &st);
+	CHECK(st.preemptions >= 1);
+	CHECK_EQ_INT(gaps[0], 0);
+	CHECK_EQ_INT(gaps[1], 0);
+	CHECK(gaps[2] >= 1);
+	for (int i = 0; i < 3; i++) {
+		struct outcome ref;
+		solo(p[i], 60, 60, &ref);
+		same_tokens(&r->out[i], &ref, (uint64_t)i);
+	}
+	run_free(r);
+	free(r);
+}
+
+TEST(sched, logprobs_ride_on_token_events)
+{
+	struct fake *f = fake_new(16);
+	struct sched_config c = cfg_of(64, 4, 0);
+	struct sched *s;
+	struct err e = {{0}};
+	REQUIRE(sched_init(&s, &f->base, &c, &e) == 0);
+	int32_t p[20];
+	prompt_of(p, 20, 3);
+	struct sched_request q = {0};
+	q.prompt = p;
+	q.n_prompt = 20;
+	sampler_params_default(&q.sampling);
+	q.sampling.logprobs = 1;
+	q.sampling.top_logprobs = 3;
+	q.max_tokens = 4;
+	REQUIRE(sched_add(s, &q, &e) == 0);
+	int64_t tokens = 0;
+	while (sched_has_work(s)) {
+		const struct sched_event *ev;
+		int64_t n;
+		REQUIRE(sched_step(s, &ev, &n) == 0);
+		for (int64_t i = 0; i < n; i++) {
+			if (ev[i].type != SCHED_EVENT_TOKEN)
+				continue;
+			tokens++;
+			CHECK_EQ_INT(ev[i].n_top, 3);
+			CHECK_EQ_INT(ev[i].top_ids[0], ev[i].token); /* greedy: the top alternative */
+			CHECK(ev[i].logprob == ev[i].top_logprobs[0]);
+			CHECK(ev[i].logprob < 0 && ev[i].top_logprobs[1] <= ev[i].top_logprobs[0]);
+		}
+	}
+	CHECK_EQ_INT(tokens, 4);
+	/* a budget below max_seqs is refused */
+	struct sched *bad;
+	c.max_batch_tokens = 3;
+	CHECK_EQ_INT(sched_init(&bad, &f->base, &c, &e), -EINVAL);
+	CHECK_CONTAINS(e.msg, "max_batch_tokens");
+	sched_free(s);
+	backend_destroy(&f->base);
+}
