@@ -327,7 +327,7 @@ static int check_request(const struct sched *s, const struct sched_request *r, s
 			       (long long)r->n_prompt, (long long)s->limit);
 	for (int64_t i = 0; i < r->n_prompt; i++)
 		if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
-			return err_set(e, -EINVAL, "prompt[%lld] = %d: token id outside [0, %lld)",
+			return err_set(e, -ERANGE, "prompt[%lld] = %d: token id outside [0, %lld)",
 				       (long long)i, r->prompt[i], (long long)s->vocab);
 	if (r->max_tokens < 0)
 		return err_set(e, -EINVAL, "max_tokens = %lld: must be >= 0 (0 = no limit)",
@@ -341,7 +341,7 @@ static int check_request(const struct sched *s, const struct sched_request *r, s
 			       SCHED_MAX_STOP_IDS);
 	for (int i = 0; i < r->n_stop_ids; i++)
 		if (r->stop_ids[i] < 0 || r->stop_ids[i] >= s->vocab)
-			return err_set(e, -EINVAL, "stop_token_ids[%d] = %d: outside [0, %lld)", i,
+			return err_set(e, -ERANGE, "stop_token_ids[%d] = %d: token id outside [0, %lld)", i,
 				       r->stop_ids[i], (long long)s->vocab);
 	if (r->n_stop < 0 || r->n_stop > SCHED_MAX_STOP_STRINGS || (r->n_stop && !r->stop))
 		return err_set(e, -EINVAL, "stop: %d strings, at most %d", r->n_stop,

@@ -173,9 +173,10 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	       struct err *e);
 void sched_free(struct sched *s);
 
-/* Queues a request. 0, or a typed error with e naming the field: -EINVAL (bad parameter, bad
- * token id, bad stop string), -E2BIG (prompt reaches the context limit), -EEXIST (id live),
- * -EAGAIN (waiting queue full), -ENOMEM. Nothing is kept on error. */
+/* Queues a request. 0, or a typed error with e naming the field: -EINVAL (bad parameter or
+ * stop string), -ERANGE (a prompt or stop token id outside the vocabulary), -E2BIG (prompt
+ * reaches the context limit), -EEXIST (id live), -EAGAIN (waiting queue full), -ENOMEM.
+ * Nothing is kept on error. */
 int sched_add(struct sched *s, const struct sched_request *r, struct err *e);
 /* Ends a live request now and frees its pages: 0 (its FINISH cancelled comes with the next
  * sched_step's events) or -ENOENT. */

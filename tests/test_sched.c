@@ -599,9 +599,9 @@ TEST(sched, validation_errors_are_typed)
 	EXPECT(-E2BIG, "prompt too long");
 	q.n_prompt = 255;
 	p[17] = FAKE_VOCAB;
-	EXPECT(-EINVAL, "prompt[17]");
+	EXPECT(-ERANGE, "prompt[17]");
 	p[17] = -3;
-	EXPECT(-EINVAL, "prompt[17]");
+	EXPECT(-ERANGE, "prompt[17]");
 	p[17] = 5;
 	q.sampling.temperature = NAN;
 	EXPECT(-EINVAL, "temperature");
@@ -615,7 +615,7 @@ TEST(sched, validation_errors_are_typed)
 	int32_t bad_id = 5000;
 	q.stop_ids = &bad_id;
 	q.n_stop_ids = 1;
-	EXPECT(-EINVAL, "stop_token_ids[0]");
+	EXPECT(-ERANGE, "stop_token_ids[0]");
 	q.n_stop_ids = 0;
 	struct sched_str st = {"x", 1};
 	q.stop = &st;
