@@ -429,6 +429,17 @@ static int load_merges(struct tokenizer *t, const struct json *merges, struct er
 	}
 	t->n_merges = rank;
 	free(buf);
+	if (!rc) {
+		t->bpair = malloc(256 * 256 * sizeof *t->bpair);
+		if (!t->bpair)
+			return err_set(e, -ENOMEM, "%s: out of memory", name);
+		for (int a = 0; a < 256; a++)
+			for (int b = 0; b < 256; b++) {
+				const struct tok_merge *m = tok_merge_find(t, t->byte_id[a], t->byte_id[b]);
+				t->bpair[a << 8 | b] = m ? (struct tok_bpair){m->rank, m->id}
+							 : (struct tok_bpair){UINT32_MAX, -1};
+			}
+	}
 	return rc;
 }
 
@@ -525,6 +536,15 @@ static int build_ids(struct tokenizer *t, struct err *e, const char *name)
 	}
 	for (size_t i = 0; i < t->n_added; i++) {
 		struct tok_added *a = &t->added[i];
+		/* An added token may reuse a vocab id only for the same bytes, or decoding would
+		 * turn BPE output into the added token's text. */
+		if (t->voc_len[a->id] >= 0 && ((uint32_t)t->voc_len[a->id] != a->len ||
+					       memcmp(t->voc_pool + t->voc_off[a->id], a->content,
+						      a->len)))
+			return err_set(e, -EINVAL,
+				       "%s: added_tokens[%zu] \"%.100s\": id %d is the vocab entry of "
+				       "other bytes",
+				       name, i, a->content, a->id);
 		t->tok_len[a->id] = (int32_t)a->len;
 		t->tok_flags[a->id] = (uint8_t)(1 | (a->special ? 2 : 0));
 	}
@@ -627,6 +647,7 @@ void tokenizer_free(struct tokenizer *t)
 	free(t->voc_pool);
 	free(t->vmap);
 	free(t->merges);
+	free(t->bpair);
 	free(t->added);
 	free(t->added_pool);
 	free(t->trie);

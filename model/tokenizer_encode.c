@@ -251,8 +251,11 @@ static void bpe_small(struct enc *E, const uint8_t *w, uint32_t n)
 	uint32_t rk[BPE_SMALL];
 	for (uint32_t i = 0; i < n; i++)
 		sym[i] = t->byte_id[w[i]];
-	for (uint32_t i = 0; i + 1 < n; i++)
-		rk[i] = pair_rank(t, sym[i], sym[i + 1], &mid[i]);
+	for (uint32_t i = 0; i + 1 < n; i++) {
+		const struct tok_bpair *bp = &t->bpair[w[i] << 8 | w[i + 1]];
+		rk[i] = bp->rank;
+		mid[i] = bp->id;
+	}
 	uint32_t m = n;
 	while (m > 1) {
 		uint32_t best = UINT32_MAX, k = 0;

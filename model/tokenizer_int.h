@@ -61,6 +61,8 @@ struct tokenizer {
 	uint32_t vmask;
 
 	int32_t byte_id[256]; /* id of each single byte */
+	struct tok_bpair { uint32_t rank; int32_t id; } *bpair; /* (256 * 256) merges of two bytes:
+								   a word's first lookups */
 	struct tok_merge *merges; /* (mmask + 1) */
 	uint32_t mmask;
 	uint32_t n_merges;

@@ -608,6 +608,8 @@ TEST(tokenizer, refuses_what_it_does_not_implement)
 		{mini_json(NULL, NULL, NULL, "[\"h q\"]", NULL), "merges[0]"},
 		{mini_json(NULL, NULL, NULL, "[\"hq\"]", NULL), "merges[0]"},
 		{mini_json(NULL, NULL, NULL, NULL, "{\"id\":300}"), "added_tokens"},
+		{mini_json(NULL, NULL, NULL, NULL, "{\"id\":65,\"content\":\"<s>\"}"),
+		 "id 65 is the vocab entry of other bytes"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		struct tokenizer *t = (void *)1;
