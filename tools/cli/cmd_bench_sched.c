@@ -192,7 +192,7 @@ int bench_sched(int argc, char **argv)
 	int64_t seqs = 256, steps = 3000, prompt = 128, gen = 256, budget = 2048, vocab = 1024,
 		pages = 0;
 	const char *tpath = NULL, *stop = "\n\nUser:";
-	for (int i = 1; i < argc; i++) {
+	for (int i = 1; i < argc; i += 2) { /* every flag takes a value */
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!v)
 			goto usage;
@@ -216,7 +216,6 @@ int bench_sched(int argc, char **argv)
 			stop = v;
 		else
 			goto usage;
-		i++;
 	}
 	if (seqs < 1 || steps < 1 || prompt < 65 || gen < 2 || budget < 1 || vocab < 300)
 		goto usage;
