@@ -27,7 +27,7 @@ struct key {
 
 static const struct key keys[] = {
 	S("model", model, "", "checkpoint directory (config.json, safetensors, tokenizer.json)"),
-	S("backend", backend, "auto", "cpu, cuda, or auto (cuda when a GPU is usable)"),
+	S("backend", backend, "auto", "cpu, cuda, or auto (the CPU until the GPU forward pass exists)"),
 	S("socket", socket, "/run/dsv32/dsv32.sock", "unix socket clients connect to"),
 	{"socket-mode", C_MODE, offsetof(struct dsv32d_conf, socket_mode), 4, 0, 0777, "0666", "file mode of the socket (octal)"},
 	S("allow-uids", allow_uids, "", "comma-separated uids allowed to connect (empty: any)"),
