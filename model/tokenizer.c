@@ -518,6 +518,10 @@ static int load_added(struct tokenizer *t, const struct json *added, struct err 
 		t->added_first[(uint8_t)s[0]] = 1;
 	}
 	t->n_added = n;
+	t->added_first_only = -1;
+	for (int c = 0, k = 0; c < 256; c++)
+		if (t->added_first[c])
+			t->added_first_only = k++ ? -1 : c;
 	return 0;
 }
 

@@ -631,6 +631,13 @@ static void encode_special(struct enc *E, uint32_t len)
 	uint32_t g = 0, i = 0, end;
 	int strip_next = 0;
 	while (i < len && !E->err) {
+		if (t->added_first_only >= 0) {
+			/* DeepSeek's added tokens all start with '<': jump between those. */
+			const uint8_t *p = memchr(E->s + i, t->added_first_only, len - i);
+			if (!p)
+				break;
+			i = (uint32_t)(p - E->s);
+		}
 		int32_t a = t->added_first[E->s[i]] ? match_added(E, i, len, &end) : -1;
 		if (a < 0) {
 			i++;

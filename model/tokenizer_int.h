@@ -74,6 +74,7 @@ struct tokenizer {
 	struct tok_trie *trie; /* (n_trie) */
 	uint32_t n_trie;
 	uint8_t added_first[256]; /* 1 if some added token starts with this byte */
+	int added_first_only;     /* that byte if it is the only one (memchr finds them), else -1 */
 
 	enum tok_split steps[TOK_MAX_STEPS];
 	int n_steps;
