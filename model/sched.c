@@ -30,14 +30,10 @@ struct seq {
 	struct sampler_params sp;
 	int32_t stop_ids[SCHED_MAX_STOP_IDS];
 	int n_stop_ids;
-	struct sched_str stop[SCHED_MAX_STOP_STRINGS];
-	char *stop_buf;
-	int n_stop;
-	size_t max_stop_len;
+	struct stopstr stop;       /* stop strings and the text held back for them */
 	int ignore_eos;
 	struct kv_seq kv;
 	struct detok dt;
-	struct sbuf held;          /* text that may start a stop string */
 	/* this step */
 	int64_t rows;              /* scheduled rows (0 = none) */
 	int decode;                /* the rows are a decode */
@@ -130,17 +126,6 @@ static struct sched_event *ev_new(struct sched *s, enum sched_event_type t, uint
 	return e;
 }
 
-/* Attaches bytes to the event just created (copied into the step's text arena). */
-static void ev_text(struct sched *s, const char *p, size_t n)
-{
-	if (!n)
-		return;
-	s->ev_text[s->n_ev - 1] = s->text.len;
-	s->ev[s->n_ev - 1].text_len = n;
-	sbuf_put(&s->text, p, n);
-	ASSERT(!s->text.oom);
-}
-
 /* ---- sequences ---------------------------------------------------------------------------- */
 
 static void seq_free(struct seq *q)
@@ -148,8 +133,7 @@ static void seq_free(struct seq *q)
 	if (!q)
 		return;
 	free(q->tokens);
-	free(q->stop_buf);
-	sbuf_free(&q->held);
+	stopstr_free(&q->stop);
 	kv_seq_free(&q->kv);
 	free(q);
 }
@@ -374,11 +358,13 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
 	q->arrival = s->next_arrival++;
 	q->cap = r->n_prompt + 16;
 	q->tokens = malloc((size_t)q->cap * sizeof *q->tokens);
-	size_t stop_bytes = 0;
-	for (int i = 0; i < r->n_stop; i++)
-		stop_bytes += r->stop[i].n;
-	q->stop_buf = stop_bytes ? malloc(stop_bytes) : NULL;
-	if (!q->tokens || (stop_bytes && !q->stop_buf)) {
+	const char *sp[SCHED_MAX_STOP_STRINGS];
+	size_t sl[SCHED_MAX_STOP_STRINGS];
+	for (int i = 0; i < r->n_stop; i++) {
+		sp[i] = r->stop[i].p;
+		sl[i] = r->stop[i].n;
+	}
+	if (!q->tokens || stopstr_init(&q->stop, sp, sl, r->n_stop) < 0) {
 		seq_free(q);
 		return err_set(e, -ENOMEM, "out of memory");
 	}
@@ -391,16 +377,6 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
 	if (r->n_stop_ids)
 		memcpy(q->stop_ids, r->stop_ids, (size_t)r->n_stop_ids * sizeof *q->stop_ids);
 	q->n_stop_ids = r->n_stop_ids;
-	size_t off = 0;
-	for (int i = 0; i < r->n_stop; i++) {
-		memcpy(q->stop_buf + off, r->stop[i].p, r->stop[i].n);
-		q->stop[i].p = q->stop_buf + off;
-		q->stop[i].n = r->stop[i].n;
-		off += r->stop[i].n;
-		if (r->stop[i].n > q->max_stop_len)
-			q->max_stop_len = r->stop[i].n;
-	}
-	q->n_stop = r->n_stop;
 	q->ignore_eos = r->ignore_eos;
 	q->kv.uid = r->uid;
 	q->kv.chain_page = -1;
@@ -456,7 +432,7 @@ static void preempt(struct sched *s, struct seq *q)
 	kv_pages_release(&s->kp, &q->kv);
 	q->n_computed = 0;
 	int rc = waiting_insert(s, q);
-	ASSERT(rc == 0); /* the queue held it before: only growth past its old size can fail */
+	ASSERT(rc == 0); /* growing the queue fails only when the host is out of memory */
 	s->preemptions++;
 }
 
@@ -562,51 +538,18 @@ static int64_t schedule_prefills(struct sched *s, int64_t budget)
 
 /* ---- postprocess -------------------------------------------------------------------------- */
 
-/* Feeds text to q's stop-string matcher and emits what is safe into the current event.
- * Returns 1 if a stop string matched (the text before it was emitted; the rest dropped). */
+/* Feeds text to q's stop-string matcher; what is safe to stream becomes the text of the event
+ * just created. Returns 1 if a stop string matched (the text before it was released). */
 static int stop_scan(struct sched *s, struct seq *q, const char *p, size_t n, int final)
 {
-	if (!q->n_stop) {
-		ev_text(s, p, n);
-		return 0;
+	size_t off = s->text.len;
+	int hit = stopstr_feed(&q->stop, p, n, final, &s->text);
+	ASSERT(!s->text.oom);
+	if (s->text.len > off) {
+		s->ev_text[s->n_ev - 1] = off;
+		s->ev[s->n_ev - 1].text_len = s->text.len - off;
 	}
-	struct sbuf *h = &q->held;
-	if (n)
-		sbuf_put(h, p, n);
-	ASSERT(!h->oom);
-	if (!h->len)
-		return 0;
-	size_t best = SIZE_MAX;
-	for (int i = 0; i < q->n_stop; i++) {
-		const struct sched_str *t = &q->stop[i];
-		if (t->n > h->len)
-			continue;
-		const char *m = memmem(h->p, h->len, t->p, t->n);
-		if (m && (size_t)(m - h->p) < best)
-			best = (size_t)(m - h->p);
-	}
-	if (best != SIZE_MAX) {
-		ev_text(s, h->p, best);
-		h->len = 0;
-		return 1;
-	}
-	size_t keep = 0;
-	if (!final) { /* the longest suffix that is a proper prefix of a stop string */
-		for (int i = 0; i < q->n_stop; i++) {
-			const struct sched_str *t = &q->stop[i];
-			size_t j = h->len > t->n - 1 ? h->len - (t->n - 1) : 0;
-			for (; j < h->len && h->len - j > keep; j++)
-				if (h->p[j] == t->p[0] && !memcmp(h->p + j, t->p, h->len - j)) {
-					keep = h->len - j;
-					break;
-				}
-		}
-	}
-	ev_text(s, h->p, h->len - keep);
-	if (keep)
-		memmove(h->p, h->p + h->len - keep, keep);
-	h->len = keep;
-	return 0;
+	return hit;
 }
 
 static void finish(struct sched *s, struct seq *q, enum sched_finish reason, int flush)

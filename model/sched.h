@@ -72,6 +72,7 @@
 #include "model/json.h"
 #include "model/kv_pages.h"
 #include "model/sampler.h"
+#include "model/stopstr.h"
 #include "model/tokenizer.h"
 
 #define SCHED_MAX_STOP_STRINGS 16

@@ -966,3 +966,60 @@ TEST(sched, logprobs_ride_on_token_events)
 	sched_free(s);
 	backend_destroy(&f->base);
 }
+
+/* ---- the stop-string matcher alone --------------------------------------------------------- */
+
+TEST(sched, stopstr_any_chunking_gives_the_one_shot_result)
+{
+	uint64_t rng = 77;
+	for (int round = 0; round < 3000; round++) {
+		char text[64], stops[4][6];
+		const char *sp[4];
+		size_t sl[4];
+		int n_stop = 1 + (int)(test_rand(&rng) % 4);
+		size_t n = (size_t)(test_rand(&rng) % 40);
+		for (size_t i = 0; i < n; i++)
+			text[i] = "abc"[test_rand(&rng) % 3];
+		for (int k = 0; k < n_stop; k++) {
+			sl[k] = 1 + (size_t)(test_rand(&rng) % 5);
+			for (size_t i = 0; i < sl[k]; i++)
+				stops[k][i] = "abc"[test_rand(&rng) % 3];
+			sp[k] = stops[k];
+		}
+		/* one shot: the occurrence ending first, ties to the longest */
+		size_t best = SIZE_MAX, best_end = SIZE_MAX;
+		for (int k = 0; k < n_stop; k++)
+			for (size_t at = 0; at + sl[k] <= n; at++)
+				if (!memcmp(text + at, sp[k], sl[k])) {
+					size_t end = at + sl[k];
+					if (end < best_end || (end == best_end && at < best))
+						best = at, best_end = end;
+					break;
+				}
+		struct stopstr m;
+		REQUIRE(stopstr_init(&m, sp, sl, n_stop) == 0);
+		struct sbuf out = {0};
+		int hit = 0;
+		size_t i = 0;
+		while (i < n && !hit) {
+			size_t c = 1 + (size_t)(test_rand(&rng) % 6);
+			c = c < n - i ? c : n - i;
+			size_t before = out.len;
+			hit = stopstr_feed(&m, text + i, c, 0, &out);
+			/* what is released is never taken back: it stays a prefix of the answer */
+			CHECK(out.len >= before);
+			i += c;
+		}
+		if (!hit)
+			hit = stopstr_feed(&m, NULL, 0, 1, &out);
+		CHECK_EQ_INT(hit, best != SIZE_MAX);
+		size_t want = best != SIZE_MAX ? best : n;
+		if (out.len != want || (want && memcmp(out.p, text, want))) {
+			test_fail(__FILE__, __LINE__, "round %d: released %zu bytes, want %zu", round,
+				  out.len, want);
+			break;
+		}
+		sbuf_free(&out);
+		stopstr_free(&m);
+	}
+}
