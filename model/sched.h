@@ -37,6 +37,9 @@
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not
  *            change a seeded request's tokens), stop conditions are checked and events emitted.
+ * MTP: steps run the main model only (mtp = 0); speculative decoding is not implemented, so
+ * the MTP layer's page slots are never written or read (the rule for prefix hits when it is:
+ * model/kv_pages.h).
  * Deadlock freedom: the context limit is capped at n_pages * 64 tokens and a request whose
  * prompt reaches it is refused at sched_add (-E2BIG), so one sequence always fits once every
  * later-admitted one is preempted; the oldest running sequence is never preempted by a newer
