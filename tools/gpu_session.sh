@@ -30,6 +30,13 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; t
   grep -E "ERROR SUMMARY|passed, " "$out/sanitizer.log" | sort | uniq -c | tee -a "$summary"
 fi
 
+if [ "${SKIP_DAEMON:-0}" != 1 ]; then
+  # the real-dimension checkpoint is written in the background while the GPU tests run
+  ( "$bundle/mkmodel" real --layers 2 --dense 1 --seed 1 --out /tmp/dsv32-real21 \
+      --tokenizer "$bundle/tokenizer.json" > "$out/mkmodel_real21.log" 2>&1 ) &
+  real_pid=$!
+fi
+
 step "bench gemm"
 "$bundle/dsv32" bench gemm > "$out/bench_gemm.txt" 2>&1
 cat "$out/bench_gemm.txt" >> "$summary"
@@ -43,5 +50,27 @@ if [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
   tail -n 3 "$out/mkmodel.log" | tee -a "$summary"
   python3 tests/gpu/check_safetensors.py "$m" --manifest "$m.manifest" > "$out/check_safetensors.log" 2>&1
   tail -n 5 "$out/check_safetensors.log" | tee -a "$summary"
+fi
+if [ "${SKIP_DAEMON:-0}" != 1 ]; then
+  step "dsv32d --backend cuda: pools and weight upload (its step is not on the GPU yet)"
+  for m in /tmp/dsv32-tiny /tmp/dsv32-real21; do
+    [ "$m" = /tmp/dsv32-real21 ] && { wait "$real_pid"; tail -n 1 "$out/mkmodel_real21.log" | tee -a "$summary"; }
+    [ -f "$m/config.json" ] || { echo "no checkpoint $m" | tee -a "$summary"; continue; }
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null # cold page cache where allowed
+    timeout 300 "$bundle/dsv32d" --model "$m" --backend cuda --socket /tmp/dsv32-gpu.sock \
+      > "$out/daemon_$(basename $m).log" 2>&1
+    echo "exit status $?" >> "$out/daemon_$(basename $m).log"
+    grep -E "cuda backend|not yet on GPU|warm-up|exit status|<3>" "$out/daemon_$(basename $m).log" | tee -a "$summary"
+  done
+fi
+
+if [ -f tests/oracle/READY_TO_RUN ]; then
+  step "PyTorch oracle fixtures"
+  cmd=$(cat tests/oracle/READY_TO_RUN)
+  mkdir -p "$out/oracle"
+  BUNDLE=$bundle ORACLE_OUT=$out/oracle timeout 420 bash -c "$cmd" > "$out/oracle.log" 2>&1
+  echo "oracle exit status $?" | tee -a "$summary"
+  tail -n 40 "$out/oracle.log" | tee -a "$summary"
+  (cd "$out" && tar czf oracle.tgz oracle 2>/dev/null && rm -rf oracle)
 fi
 cat "$summary"
