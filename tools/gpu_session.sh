@@ -8,9 +8,10 @@
 #   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
 set -u
 bundle=${1:?bundle dir}
-out=${2:?out dir}
+top=${2:?out dir}
+out=$top/logs # every log; packed into logs.tgz at the end (the device tool returns <= 8 files)
 mkdir -p "$out"
-summary=$out/summary.txt
+summary=$top/summary.txt
 : > "$summary"
 step() { echo "== $*" | tee -a "$summary"; }
 
@@ -71,6 +72,7 @@ if [ -f tests/oracle/READY_TO_RUN ]; then
   BUNDLE=$bundle ORACLE_OUT=$out/oracle timeout 420 bash -c "$cmd" > "$out/oracle.log" 2>&1
   echo "oracle exit status $?" | tee -a "$summary"
   tail -n 40 "$out/oracle.log" | tee -a "$summary"
-  (cd "$out" && tar czf oracle.tgz oracle 2>/dev/null && rm -rf oracle)
+  (cd "$out" && tar czf "$top/oracle.tgz" oracle 2>/dev/null && rm -rf oracle)
 fi
+(cd "$top" && tar czf logs.tgz logs && rm -rf logs)
 cat "$summary"
