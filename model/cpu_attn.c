@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "model/cpu_mutation.h"
 #include "model/cpu_ops.h"
 #include "model/err.h"
 #include "model/numerics.h"
@@ -34,7 +35,30 @@ static void wkvb_row(const struct fp8_linear *W, int64_t r, float *w)
 	const uint8_t *w8 = W->w + (size_t)r * (size_t)W->in;
 	const float *s = W->scale + (size_t)(r / 128) * (size_t)nkb;
 	for (int64_t k = 0; k < W->in; k++)
-		w[k] = lut[w8[k]] * s[k / 128];
+		w[k] = lut[w8[k]] * cpu_weight_scale(s[k / 128]);
+}
+
+/* kv_b_proj rows of head h (spec §3.3): [k_nope (W_UK) | v (W_UV)], pitfall 11. */
+static int64_t uk_row(const struct dsv32_config *c, int64_t h, int64_t d)
+{
+	int64_t per_head = c->qk_nope_head_dim + c->v_head_dim;
+	return h * per_head + (cpu_mutated(CPU_MUTATION_KV_B_SWAPPED) ? c->qk_nope_head_dim : 0) + d;
+}
+
+static int64_t uv_row(const struct dsv32_config *c, int64_t h, int64_t d)
+{
+	int64_t per_head = c->qk_nope_head_dim + c->v_head_dim;
+	return h * per_head + (cpu_mutated(CPU_MUTATION_KV_B_SWAPPED) ? 0 : c->qk_nope_head_dim) + d;
+}
+
+/* The softmax scale of both forms: qk_head_dim^-0.5 * m^2 (spec §3.5, pitfall 3). */
+static float attn_scale(const struct dsv32_config *c)
+{
+	if (cpu_mutated(CPU_MUTATION_NO_MSCALE))
+		return (float)pow((double)c->qk_head_dim, -0.5);
+	if (cpu_mutated(CPU_MUTATION_SCALE_576))
+		return (float)pow((double)(c->kv_lora_rank + c->qk_rope_head_dim), -0.5);
+	return c->softmax_scale;
 }
 
 /* ---- absorbed form ------------------------------------------------------------------- */
@@ -52,7 +76,8 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 	struct absorbed_job *j = a;
 	const struct dsv32_config *c = j->c;
 	int64_t R = c->kv_lora_rank, rope = c->qk_rope_head_dim, nope = c->qk_nope_head_dim;
-	int64_t dv = c->v_head_dim, dq = c->qk_head_dim, dkv = R + rope, per_head = nope + dv;
+	int64_t dv = c->v_head_dim, dq = c->qk_head_dim, dkv = R + rope;
+	float scale = attn_scale(c);
 	float *w = malloc((size_t)R * sizeof *w);              /* [R] one row of W_UK or W_UV */
 	float *q_lat = malloc((size_t)R * sizeof *q_lat);      /* [R] */
 	float *o_lat = malloc((size_t)R * sizeof *o_lat);      /* [R] */
@@ -64,7 +89,7 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 		for (int64_t i = 0; i < R; i++)
 			q_lat[i] = 0;
 		for (int64_t d = 0; d < nope; d++) {
-			wkvb_row(j->wkv_b, h * per_head + d, w);
+			wkvb_row(j->wkv_b, uk_row(c, h, d), w);
 			for (int64_t i = 0; i < R; i++)
 				q_lat[i] += q_nope[d] * w[i];
 		}
@@ -76,8 +101,7 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 		/* scores over the selected keys, softmax, o_lat = P . c_kv (keys ascending) */
 		for (int64_t s = 0; s < j->n_sel; s++) {
 			const float *ks = j->kv + s * dkv;
-			score[s] = (cpu_dot(q_lat, ks, R) + cpu_dot(q_pe, ks + R, rope)) *
-				   c->softmax_scale;
+			score[s] = (cpu_dot(q_lat, ks, R) + cpu_dot(q_pe, ks + R, rope)) * scale;
 		}
 		attn_softmax(score, j->n_sel);
 		for (int64_t i = 0; i < R; i++)
@@ -89,7 +113,7 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 			o_lat[i] = bf16_round(o_lat[i]);
 		/* o[d] = W_UV_h[d, :] . o_lat */
 		for (int64_t d = 0; d < dv; d++) {
-			wkvb_row(j->wkv_b, h * per_head + nope + d, w);
+			wkvb_row(j->wkv_b, uv_row(c, h, d), w);
 			j->o[h * dv + d] = bf16_round(cpu_dot(o_lat, w, R));
 		}
 	}
@@ -117,6 +141,7 @@ void attn_naive(struct cpu_pool *p, const struct dsv32_config *c, const struct f
 	int64_t R = c->kv_lora_rank, rope = c->qk_rope_head_dim, nope = c->qk_nope_head_dim;
 	int64_t dv = c->v_head_dim, dq = c->qk_head_dim, dkv = R + rope, per_head = nope + dv;
 	int64_t H = c->num_attention_heads;
+	float scale = attn_scale(c);
 	float *ckv = malloc((size_t)(n_sel * R) * sizeof *ckv);          /* [n_sel, R] */
 	float *kvb = malloc((size_t)(n_sel * H * per_head) * sizeof *kvb); /* [n_sel, H, nope+dv] */
 	float *score = malloc((size_t)n_sel * sizeof *score);            /* [n_sel] */
@@ -128,15 +153,15 @@ void attn_naive(struct cpu_pool *p, const struct dsv32_config *c, const struct f
 	for (int64_t h = 0; h < H; h++) {
 		const float *q_nope = q + h * dq, *q_pe = q_nope + nope;
 		for (int64_t s = 0; s < n_sel; s++) {
-			const float *k_nope = kvb + (s * H + h) * per_head;
+			const float *k_nope = kvb + s * H * per_head + uk_row(c, h, 0);
 			score[s] = (cpu_dot(q_nope, k_nope, nope) +
-				    cpu_dot(q_pe, kv + s * dkv + R, rope)) * c->softmax_scale;
+				    cpu_dot(q_pe, kv + s * dkv + R, rope)) * scale;
 		}
 		attn_softmax(score, n_sel);
 		for (int64_t d = 0; d < dv; d++) {
 			float acc = 0;
 			for (int64_t s = 0; s < n_sel; s++)
-				acc += score[s] * kvb[(s * H + h) * per_head + nope + d];
+				acc += score[s] * kvb[s * H * per_head + uv_row(c, h, d)];
 			o[h * dv + d] = bf16_round(acc);
 		}
 	}

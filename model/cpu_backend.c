@@ -22,6 +22,7 @@
 #include "model/cpu_attn.h"
 #include "model/cpu_indexer.h"
 #include "model/cpu_moe.h"
+#include "model/cpu_mutation.h"
 #include "model/cpu_ops.h"
 #include "model/cpu_pool.h"
 #include "model/kv_cache.h"
@@ -91,6 +92,9 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 {
 	const struct dsv32_config *c = b->base.c;
 	int64_t n = R->pos[t] + 1, R_ = c->kv_lora_rank, dkv = R_ + c->qk_rope_head_dim;
+	if (cpu_mutated(CPU_MUTATION_SELF_EXCLUDED) && n > 1)
+		n--; /* spec: the query's own key is a candidate (pitfall 9) */
+	int64_t k_max = cpu_mutated(CPU_MUTATION_TOPK_IGNORED) ? n : c->index_topk;
 	const uint8_t **keys = ALLOC(const uint8_t *, n); /* [n] indexer key codes per position */
 	float *k_s = ALLOC(float, n);                      /* [n] */
 	float *scores = ALLOC(float, n);                   /* [n] idx_scores */
@@ -101,7 +105,7 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 		k_s[s] = kv_index_scale(c, page, s % KV_PAGE_TOKENS);
 	}
 	indexer_scores(b->pool, c, q8, w, keys, k_s, n, scores);
-	int64_t k = indexer_topk(scores, n, c->index_topk, sel);
+	int64_t k = indexer_topk(scores, n, k_max, sel);
 	dump_row(R, "idx_scores", layer, t, 0, scores, n);
 	dump_row(R, "idx_topk", layer, t, 1, sel, k);
 
@@ -126,6 +130,31 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 	free(scores);
 	free(sel);
 	free(kv);
+}
+
+/* MLA RoPE: interleaved pairs (x[2i], x[2i+1]) (spec §3.4, pitfall 1). x: [rope] */
+static void mla_rope(float *x, const float *cs, int64_t half)
+{
+	if (cpu_mutated(CPU_MUTATION_MLA_ROPE_HALFSPLIT))
+		rope_apply_halfsplit(x, cs, cs + half, half);
+	else
+		rope_apply_interleaved(x, cs, cs + half, half);
+}
+
+/* The q_b_proj head layout is [nope | rope] (spec §7.2); the mutation reads it rope-first by
+ * rotating each head so that its first rope values land in the rope slot. q: [T, H, dq] */
+static void q_head_layout(const struct dsv32_config *c, float *q, int64_t T)
+{
+	if (!cpu_mutated(CPU_MUTATION_Q_HEAD_ROPE_FIRST))
+		return;
+	int64_t dq = c->qk_head_dim, rope = c->qk_rope_head_dim;
+	float *tmp = ALLOC(float, dq);
+	for (int64_t i = 0; i < T * c->num_attention_heads; i++) {
+		memcpy(tmp, q + i * dq + rope, (size_t)(dq - rope) * sizeof *tmp);
+		memcpy(tmp + dq - rope, q + i * dq, (size_t)rope * sizeof *tmp);
+		memcpy(q + i * dq, tmp, (size_t)dq * sizeof *tmp);
+	}
+	free(tmp);
 }
 
 /* ---- one decoder layer (§3.2) -------------------------------------------------------------- */
@@ -169,15 +198,16 @@ static void layer_forward(struct cpu_backend *b, const struct rows *R,
 	for (int64_t t = 0; t < T; t++)
 		cpu_rmsnorm(c_q + t * qlr, q_a + t * qlr, lw->q_norm, qlr, eps);
 	cpu_fp8_linear(p, &lw->wq_b, c_q, T, q);
+	q_head_layout(c, q, T);
 	cpu_fp8_linear(p, &lw->wkv_a, a, T, kv_a);
 	for (int64_t t = 0; t < T; t++) {
 		const float *kvt = kv_a + t * (Rk + rope);
 		cpu_rmsnorm(c_kv + t * Rk, kvt, lw->kv_norm, Rk, eps);
 		memcpy(k_pe + t * rope, kvt + Rk, (size_t)rope * sizeof *k_pe);
 		rope_cos_sin(b->inv_freq, half, R->pos[t], cs, cs + half);
-		rope_apply_interleaved(k_pe + t * rope, cs, cs + half, half);
+		mla_rope(k_pe + t * rope, cs, half);
 		for (int64_t h = 0; h < H; h++)
-			rope_apply_interleaved(q + (t * H + h) * dq + nope, cs, cs + half, half);
+			mla_rope(q + (t * H + h) * dq + nope, cs, half);
 	}
 	dump_rows(R, "q_cmpr", layer, c_q, qlr);
 	dump_rows(R, "q", layer, q, H * dq);
@@ -272,8 +302,11 @@ static void mtp_input(struct cpu_backend *b, const struct rows *R, float *z)
 	for (int64_t t = 0; t < T; t++) {
 		const struct backend_seq *s = &R->st->seqs[R->seq[t]];
 		const float *h = s->mtp_hidden + row_in_seq[R->seq[t]]++ * D; /* [D] */
-		cpu_rmsnorm(cat + t * 2 * D, e + t * D, m->enorm, D, eps);
-		cpu_rmsnorm(cat + t * 2 * D + D, h, m->hnorm, D, eps);
+		int64_t e_at = 0, h_at = D; /* [e ; h]: the engines' order (spec §4, pitfall 12) */
+		if (cpu_mutated(CPU_MUTATION_MTP_CONCAT_SWAPPED))
+			e_at = D, h_at = 0;
+		cpu_rmsnorm(cat + t * 2 * D + e_at, e + t * D, m->enorm, D, eps);
+		cpu_rmsnorm(cat + t * 2 * D + h_at, h, m->hnorm, D, eps);
 	}
 	dump_rows(R, "mtp_cat", c->num_hidden_layers, cat, 2 * D);
 	cpu_bf16_linear(b->pool, &m->eh_proj, cat, T, z, 1);
@@ -471,6 +504,18 @@ int backend_cpu_create(const struct dsv32_config *c, const struct weights *w, in
 		free(b);
 		return err_set(e, -ENOMEM, "cpu backend: cannot allocate %lld KV pages",
 			       (long long)n_pages);
+	}
+	const char *mut = getenv("DSV32_CPU_MUTATION"); /* test-only, cpu_mutation.h */
+	if (mut && *mut && cpu_mutation_set(mut)) {
+		cpu_destroy(&b->base);
+		return err_set(e, -EINVAL, "DSV32_CPU_MUTATION=%s: unknown mutation", mut);
+	}
+	if (cpu_mutation != CPU_MUTATION_NONE)
+		fprintf(stderr, "dsv32: cpu backend: TEST MUTATION '%s' is on (spec deliberately "
+				"violated)\n", cpu_mutation_name(cpu_mutation));
+	if (cpu_mutated(CPU_MUTATION_KV_B_SWAPPED) && c->qk_nope_head_dim != c->v_head_dim) {
+		cpu_destroy(&b->base);
+		return err_set(e, -EINVAL, "mutation kv_b_swapped needs qk_nope_head_dim == v_head_dim");
 	}
 	rope_inv_freq(c, b->inv_freq, NULL, NULL);
 	*out = &b->base;

@@ -6,12 +6,22 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "model/cpu_mutation.h"
 #include "model/cpu_ops.h"
 #include "model/err.h"
 #include "model/numerics.h"
 #include "model/rope.h"
 
 /* ---- per-token projections ------------------------------------------------------------- */
+
+/* The indexer's RoPE layout: half-split pairs (x[i], x[i + 32]), spec §3.4 / pitfall 1. */
+static void indexer_rope(float *x, const float *cs, int64_t half)
+{
+	if (cpu_mutated(CPU_MUTATION_INDEXER_ROPE_INTERLEAVED))
+		rope_apply_interleaved(x, cs, cs + half, half);
+	else
+		rope_apply_halfsplit(x, cs, cs + half, half);
+}
 
 void indexer_project(struct cpu_pool *p, const struct dsv32_config *c,
 		     const struct layer_weights *lw, const float *inv, const float *a,
@@ -32,7 +42,7 @@ void indexer_project(struct cpu_pool *p, const struct dsv32_config *c,
 		rope_cos_sin(inv, half, pos[t], cs, cs + half);
 		for (int64_t h = 0; h < H; h++) {
 			float *qh = q + (t * H + h) * D; /* [D] */
-			rope_apply_halfsplit(qh, cs, cs + half, half);
+			indexer_rope(qh, cs, half);
 			cpu_hadamard(qh, D);
 			cpu_act_quant(qh, D, q8 + (t * H + h) * D, &q_s[h]);
 		}
@@ -41,8 +51,9 @@ void indexer_project(struct cpu_pool *p, const struct dsv32_config *c,
 		float *kt = k + t * D; /* [D] */
 		cpu_layernorm(kt, kraw + t * D, lw->idx_k_norm_w, lw->idx_k_norm_b, D,
 			      (float)c->rms_norm_eps);
-		rope_apply_halfsplit(kt, cs, cs + half, half);
-		cpu_hadamard(kt, D);
+		indexer_rope(kt, cs, half);
+		if (!cpu_mutated(CPU_MUTATION_HADAMARD_Q_ONLY))
+			cpu_hadamard(kt, D);
 		cpu_act_quant(kt, D, k8 + t * D, &k_s[t]);
 	}
 	free(cs);
@@ -74,9 +85,11 @@ static void score_keys(void *a, int64_t s0, int64_t s1)
 		float sum = 0;
 		for (int64_t h = 0; h < H; h++) {
 			float dot = cpu_dot(j->qf + h * D, kf, D);
-			sum += (dot > 0 ? dot : 0) * j->w[h];
+			if (!cpu_mutated(CPU_MUTATION_INDEXER_NO_RELU))
+				dot = dot > 0 ? dot : 0;
+			sum += dot * j->w[h];
 		}
-		j->scores[s] = sum * j->k_s[s];
+		j->scores[s] = cpu_mutated(CPU_MUTATION_INDEXER_NO_K_SCALE) ? sum : sum * j->k_s[s];
 	}
 	free(kf);
 }

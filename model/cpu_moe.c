@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/cpu_mutation.h"
 #include "model/cpu_ops.h"
 #include "model/err.h"
 #include "model/numerics.h"
@@ -56,9 +57,11 @@ void moe_route(const struct dsv32_config *c, const float *logits, const float *b
 	ASSERT(sc && sel && taken && gscore);
 	for (int64_t e = 0; e < E; e++) {
 		sc[e] = 1.0f / (1.0f + expf(-logits[e]));
-		sel[e] = sc[e] + (bias ? bias[e] : 0.0f);
+		sel[e] = sc[e];
+		if (bias && !cpu_mutated(CPU_MUTATION_GATE_BIAS_IGNORED))
+			sel[e] += bias[e]; /* selection only (pitfall 6) */
 	}
-	if (G > 1) {
+	if (G > 1 && !cpu_mutated(CPU_MUTATION_NO_GROUP_LIMIT)) {
 		/* group score = sum of the group's top-2 biased scores; keep topk_group groups */
 		for (int64_t g = 0; g < G; g++) {
 			const float *s = sel + g * per;
@@ -87,13 +90,16 @@ void moe_route(const struct dsv32_config *c, const float *logits, const float *b
 		taken[e] = 1;
 		idx[n] = (int32_t)e;
 		wts[n] = sc[e];
-		sum += sc[e];
+		if (bias && cpu_mutated(CPU_MUTATION_GATE_BIAS_IN_WEIGHTS))
+			wts[n] += bias[e];
+		sum += wts[n];
 	}
 	float route_scale = (float)c->routed_scaling_factor;
 	for (int64_t n = 0; n < K; n++) {
-		if (c->norm_topk_prob)
+		if (c->norm_topk_prob && !cpu_mutated(CPU_MUTATION_NO_RENORM))
 			wts[n] /= sum;
-		wts[n] *= route_scale;
+		if (!cpu_mutated(CPU_MUTATION_NO_ROUTE_SCALE))
+			wts[n] *= route_scale;
 	}
 	/* ascending expert id (insertion sort, K is small), weights follow */
 	for (int64_t i = 1; i < K; i++)
@@ -142,6 +148,8 @@ void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct 
 			memcpy(ex_out + slot[i] * D, yg + i * D, (size_t)D * sizeof *yg);
 	}
 	mlp_forward(p, &lw->sh_w1, &lw->sh_w3, &lw->sh_w2, f, T, sh);
+	if (cpu_mutated(CPU_MUTATION_NO_SHARED_EXPERT))
+		memset(sh, 0, (size_t)(T * D) * sizeof *sh);
 	for (int64_t t = 0; t < T; t++)
 		for (int64_t d = 0; d < D; d++) {
 			float acc = 0;

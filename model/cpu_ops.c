@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/cpu_mutation.h"
 #include "model/err.h"
 #include "model/numerics.h"
 
@@ -135,6 +136,12 @@ void cpu_layernorm(float *out, const float *x, const float *w, const float *b, i
 		out[i] = bf16_round((x[i] - mean) * inv * w[i] + b[i]);
 }
 
+float cpu_weight_scale(float scale_inv)
+{
+	/* weight_scale_inv is multiplied (spec §5.2, pitfall 4) */
+	return cpu_mutated(CPU_MUTATION_DIVIDE_SCALE_INV) ? 1.0f / scale_inv : scale_inv;
+}
+
 /* Columns per thread below which a wake-up costs more than it saves (~64K multiply-adds). */
 static int64_t min_cols(int64_t in, int64_t T) { return 1 + ((int64_t)1 << 16) / (in * T); }
 
@@ -176,7 +183,7 @@ static void fp8_cols(void *a, int64_t o0, int64_t o1)
 				int64_t k = kb * CPU_QBLOCK;
 				int64_t len = in - k < CPU_QBLOCK ? in - k : CPU_QBLOCK;
 				float acc = cpu_dot(xq + k, wrow + k, len); /* one 128-block, promoted */
-				y += acc * (xs[kb] * ws[kb]);
+				y += acc * (xs[kb] * cpu_weight_scale(ws[kb]));
 			}
 			j->y[t * W->out + o] = bf16_round(y);
 		}
@@ -239,6 +246,10 @@ void cpu_bf16_linear(struct cpu_pool *p, const struct bf16_mat *W, const float *
 
 void cpu_swiglu(float *out, const float *g, const float *u, int64_t n)
 {
+	if (cpu_mutated(CPU_MUTATION_SILU_ON_UP)) {
+		const float *t = g;
+		g = u, u = t;
+	}
 	for (int64_t i = 0; i < n; i++) {
 		float silu = g[i] / (1.0f + expf(-g[i]));
 		out[i] = bf16_round(silu * u[i]);

@@ -53,6 +53,9 @@ void cpu_act_quant(const float *x, int64_t n, uint8_t *q, float *s);
 void cpu_fp8_linear(struct cpu_pool *p, const struct fp8_linear *W, const float *x, int64_t T,
 		    float *y);
 
+/* The factor a block of an FP8 weight is multiplied by: its weight_scale_inv (spec §5.2). */
+float cpu_weight_scale(float scale_inv);
+
 /* bf16-weight linear with fp32 inputs and accumulation. y: [T, rows]; round_bf16 = 1 rounds
  * the output to bf16 (eh_proj), 0 keeps fp32 (router, weights_proj, lm_head). x: [T, cols] */
 void cpu_bf16_linear(struct cpu_pool *p, const struct bf16_mat *W, const float *x, int64_t T,

@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include "model/cpu_mutation.h"
 #include "model/numerics.h"
 
 static double correction_dim(double rotations, double dim, double base, double max_len)
@@ -36,7 +37,7 @@ void rope_inv_freq(const struct dsv32_config *c, float *inv, int *low_out, int *
 		float f = 1.0f / powf((float)base, e);
 		float ramp = ((float)i - lo) / (hi - lo);
 		ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-		float smooth = 1.0f - ramp;
+		float smooth = cpu_mutated(CPU_MUTATION_NO_YARN) ? 1.0f : 1.0f - ramp;
 		inv[i] = f / factor * (1.0f - smooth) + f * smooth;
 	}
 	if (low_out)

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 
 #include "model/backend.h"
+#include "model/cpu_mutation.h"
 #include "model/fileio.h"
 #include "model/kv_cache.h"
 #include "model/npy.h"
@@ -496,6 +497,65 @@ TEST_T(forward, tiny_model_100_greedy_steps_stay_finite, 600)
 	model_free(&m);
 }
 
+/* Main logits [T, V] and MTP logits [T-1, V] of one sequence on a fresh backend. */
+static void run_with_mtp(struct model *m, const int32_t *tok, int64_t T, float *lg, float *mtp)
+{
+	int64_t D = m->c.hidden_size;
+	int32_t bt[1] = {0};
+	int64_t pos[64];
+	uint8_t fl[64];
+	float *hid = malloc((size_t)(T * D) * sizeof *hid);
+	struct backend *b = make_backend(m, 1, 2);
+	for (int64_t i = 0; i < T; i++)
+		pos[i] = i, fl[i] = BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN;
+	struct backend_seq s = {T, tok, pos, bt, 1, fl, lg, hid, NULL};
+	struct backend_step st = {0, 1, &s, NULL};
+	REQUIRE(backend_step(b, &st) == 0);
+	for (int64_t i = 0; i < T; i++)
+		fl[i] = BACKEND_ROW_LOGITS;
+	struct backend_seq ms = {T - 1, tok + 1, pos, bt, 1, fl, mtp, NULL, hid};
+	struct backend_step mst = {1, 1, &ms, NULL};
+	REQUIRE(backend_step(b, &mst) == 0);
+	backend_destroy(b);
+	free(hid);
+}
+
+TEST_T(forward, every_mutation_changes_the_output, 300)
+{
+	/* the test-only switches of issue 4 each change something on a random checkpoint
+	 * (whether a test turns red for each is issue 4's structured-checkpoint job) */
+	struct model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size, T = 24;
+	int32_t tok[24];
+	rand_tokens(tok, T, V, 8);
+	float *lg0 = malloc((size_t)(T * V) * sizeof *lg0), *mt0 = malloc((size_t)(T * V) * sizeof *mt0);
+	float *lg = malloc((size_t)(T * V) * sizeof *lg), *mt = malloc((size_t)(T * V) * sizeof *mt);
+	run_with_mtp(&m, tok, T, lg0, mt0);
+	for (int k = 1; k < CPU_MUTATION_COUNT; k++) {
+		cpu_mutation = (enum cpu_mutation)k;
+		run_with_mtp(&m, tok, T, lg, mt);
+		int main_same = first_diff(lg0, lg, T * V) < 0;
+		int mtp_same = first_diff(mt0, mt, (T - 1) * V) < 0;
+		if (main_same && mtp_same)
+			test_fail(__FILE__, __LINE__, "mutation %s changes nothing",
+				  cpu_mutation_name((enum cpu_mutation)k));
+		if (k == CPU_MUTATION_MTP_CONCAT_SWAPPED)
+			CHECK(main_same && !mtp_same); /* only the MTP layer is touched */
+	}
+	cpu_mutation = CPU_MUTATION_NONE;
+	run_with_mtp(&m, tok, T, lg, mt);
+	CHECK(first_diff(lg0, lg, T * V) < 0);
+	CHECK_EQ_INT(cpu_mutation_set("topk_ignored"), 0);
+	CHECK(cpu_mutation == CPU_MUTATION_TOPK_IGNORED);
+	CHECK_EQ_INT(cpu_mutation_set("no_such_bug"), -EINVAL);
+	free(lg0);
+	free(mt0);
+	free(lg);
+	free(mt);
+	model_free(&m);
+}
+
 /* ---- dsv32 eval ----------------------------------------------------------------------------- */
 
 /* Runs `$DSV32_BIN/dsv32 ARGS`, output into TMP/eval.log; returns the exit status and the log. */
@@ -637,5 +697,16 @@ TEST_T(eval, malformed_tokens_files, 120)
 	snprintf(args, sizeof args, "eval --model %s", m.dir);
 	CHECK_EQ_INT(run_dsv32(args, &log), 2); /* usage */
 	free(log);
+	/* the test-only mutation switch is loud, and an unknown name is an error */
+	snprintf(args, sizeof args, "eval --model %s --tokens %s", m.dir, ok);
+	setenv("DSV32_CPU_MUTATION", "no_relu_typo", 1);
+	CHECK_EQ_INT(run_dsv32(args, &log), 1);
+	CHECK_CONTAINS(log, "unknown mutation");
+	free(log);
+	setenv("DSV32_CPU_MUTATION", "indexer_no_relu", 1);
+	CHECK_EQ_INT(run_dsv32(args, &log), 0);
+	CHECK_CONTAINS(log, "TEST MUTATION 'indexer_no_relu' is on");
+	free(log);
+	unsetenv("DSV32_CPU_MUTATION");
 	model_free(&m);
 }
