@@ -66,7 +66,10 @@ struct sched {
 	size_t *ev_text;           /* [cap_ev] offset in text, or SIZE_MAX */
 	int64_t n_ev, cap_ev;
 	struct sbuf text;
-	int delivered;             /* ev were handed out: clear before adding */
+	/* terminal events of cancel / fail_all between steps: the next step delivers them, so
+	 * the array a step handed out stays intact while the caller walks it */
+	struct sched_event *pend;
+	int64_t n_pend, cap_pend;
 	/* counters */
 	uint64_t preemptions, steps, added, finished, prefill_tokens, decode_tokens;
 	double t_step, t_backend, t_sample, last_step;
@@ -93,36 +96,42 @@ static double now_s(const struct sched *s)
 
 /* ---- events ------------------------------------------------------------------------------- */
 
-static void ev_begin(struct sched *s)
+static struct sched_event *ev_push(struct sched_event **a, int64_t *n, int64_t *cap)
 {
-	if (s->delivered) {
-		s->n_ev = 0;
-		s->text.len = 0;
-		s->delivered = 0;
+	if (*n == *cap) {
+		int64_t c = *cap ? *cap * 2 : 256;
+		struct sched_event *p = realloc(*a, (size_t)c * sizeof *p);
+		ASSERT(p); /* host out of memory */
+		*a = p;
+		*cap = c;
 	}
+	struct sched_event *e = &(*a)[(*n)++];
+	memset(e, 0, sizeof *e);
+	return e;
 }
 
+/* An event of the running step. */
 static struct sched_event *ev_new(struct sched *s, enum sched_event_type t, uint64_t id)
 {
-	ev_begin(s);
-	if (s->n_ev == s->cap_ev) {
-		int64_t cap = s->cap_ev ? s->cap_ev * 2 : 256;
-		struct sched_event *ev = realloc(s->ev, (size_t)cap * sizeof *ev);
-		ASSERT(ev);
-		s->ev = ev;
-		size_t *tx = realloc(s->ev_text, (size_t)cap * sizeof *tx);
+	int64_t cap = s->cap_ev;
+	struct sched_event *e = ev_push(&s->ev, &s->n_ev, &s->cap_ev);
+	if (s->cap_ev != cap) {
+		size_t *tx = realloc(s->ev_text, (size_t)s->cap_ev * sizeof *tx);
 		ASSERT(tx);
 		s->ev_text = tx;
-		s->cap_ev = cap;
 	}
-	struct sched_event *e = &s->ev[s->n_ev];
 	e->type = t;
 	e->id = id;
-	e->n_top = 0;
-	e->text = NULL;
-	e->text_len = 0;
-	s->ev_text[s->n_ev] = SIZE_MAX;
-	s->n_ev++;
+	s->ev_text[s->n_ev - 1] = SIZE_MAX;
+	return e;
+}
+
+/* A terminal event outside a step, delivered first by the next one. */
+static struct sched_event *pend_new(struct sched *s, enum sched_event_type t, uint64_t id)
+{
+	struct sched_event *e = ev_push(&s->pend, &s->n_pend, &s->cap_pend);
+	e->type = t;
+	e->id = id;
 	return e;
 }
 
@@ -292,6 +301,7 @@ void sched_free(struct sched *s)
 	sbuf_free(&s->text);
 	free(s->ev);
 	free(s->ev_text);
+	free(s->pend);
 	free(s);
 }
 
@@ -396,7 +406,7 @@ int sched_cancel(struct sched *s, uint64_t id)
 	struct seq *q = seq_find(s, id);
 	if (!q)
 		return -ENOENT;
-	struct sched_event *ev = ev_new(s, SCHED_EVENT_FINISH, id);
+	struct sched_event *ev = pend_new(s, SCHED_EVENT_FINISH, id);
 	ev->reason = SCHED_FINISH_CANCELLED;
 	ev->n_prompt = q->n_prompt;
 	ev->n_output = q->n_tokens - q->n_prompt;
@@ -410,7 +420,7 @@ void sched_fail_all(struct sched *s, int code, const char *msg)
 	while (s->n_running + s->n_waiting > 0) {
 		struct seq *q = s->n_running ? s->running[s->n_running - 1]
 					     : s->waiting[s->n_waiting - 1];
-		struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
+		struct sched_event *ev = pend_new(s, SCHED_EVENT_ERROR, q->id);
 		ev->error = code;
 		ev->msg = msg;
 		seq_drop(s, q);
@@ -419,7 +429,7 @@ void sched_fail_all(struct sched *s, int code, const char *msg)
 
 int sched_has_work(const struct sched *s)
 {
-	return s->n_running + s->n_waiting > 0 || (!s->delivered && s->n_ev > 0);
+	return s->n_running + s->n_waiting > 0 || s->n_pend > 0;
 }
 
 /* ---- schedule ----------------------------------------------------------------------------- */
@@ -626,7 +636,11 @@ static void accept_token(struct sched *s, struct seq *q, const struct sampler_ou
 int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 {
 	double t0 = now_s(s);
-	ev_begin(s);
+	s->n_ev = 0;
+	s->text.len = 0;
+	for (int64_t i = 0; i < s->n_pend; i++)
+		*ev_new(s, s->pend[i].type, s->pend[i].id) = s->pend[i];
+	s->n_pend = 0;
 	int rc = 0;
 
 	/* schedule */
@@ -720,7 +734,6 @@ out:;
 	s->t_step += t5 - t0;
 	for (int64_t i = 0; i < s->n_ev; i++)
 		s->ev[i].text = s->ev_text[i] == SIZE_MAX ? "" : s->text.p + s->ev_text[i];
-	s->delivered = 1;
 	*evp = s->ev;
 	*np = s->n_ev;
 	return rc;

@@ -142,7 +142,7 @@ struct sched_event {
 	int32_t top_ids[SAMPLER_MAX_LOGPROBS];
 	float top_logprobs[SAMPLER_MAX_LOGPROBS];
 	/* TOKEN and FINISH: UTF-8 text released now (possibly empty), valid until the next
-	 * sched_step or sched_cancel */
+	 * sched_step */
 	const char *text;
 	size_t text_len;
 	/* FINISH */
@@ -187,7 +187,9 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e);
 int sched_cancel(struct sched *s, uint64_t id);
 /* 1 if a step would do anything (running, waiting or undelivered events). */
 int sched_has_work(const struct sched *s);
-/* One step. *ev / *n: the events (valid until the next sched_step or sched_cancel). 0, or the
+/* One step. *ev / *n: the events, first those of cancels and fail_all since the last step
+ * (valid until the next sched_step; sched_add, sched_cancel and sched_fail_all may be called
+ * while walking them). 0, or the
  * backend's negative errno (engine fault: nothing of the step is committed; the events so far
  * are still returned). A row of logits with a NaN ends that request with ERROR -EDOM. */
 int sched_step(struct sched *s, const struct sched_event **ev, int64_t *n);

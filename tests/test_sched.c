@@ -1023,3 +1023,35 @@ TEST(sched, stopstr_any_chunking_gives_the_one_shot_result)
 		stopstr_free(&m);
 	}
 }
+
+TEST(sched, cancel_while_walking_events_keeps_them)
+{
+	/* The daemon may cancel (a client went away) in the middle of forwarding a step's events:
+	 * the array it walks must not change under it. */
+	struct run *r = malloc(sizeof *r);
+	run_init(r, 64, cfg_of(256, 8, 0));
+	int32_t p[6][30];
+	for (int i = 0; i < 6; i++) {
+		prompt_of(p[i], 30, 600 + (uint64_t)i);
+		add(r, i, 0, p[i], 30, 20);
+	}
+	step_once(r);
+	const struct sched_event *ev;
+	int64_t n;
+	REQUIRE(sched_step(r->s, &ev, &n) == 0);
+	REQUIRE(n == 6);
+	struct sched_event copy[6];
+	memcpy(copy, ev, sizeof copy);
+	for (int64_t i = 0; i < n; i++) {
+		CHECK_EQ_INT(sched_cancel(r->s, ev[i].id), 0);
+		for (int64_t j = i; j < n; j++)
+			CHECK(!memcmp(&ev[j], &copy[j], sizeof copy[j]));
+	}
+	REQUIRE(sched_step(r->s, &ev, &n) == 0);
+	CHECK_EQ_INT(n, 6);
+	for (int64_t i = 0; i < n; i++)
+		CHECK_EQ_INT(ev[i].reason, SCHED_FINISH_CANCELLED);
+	CHECK(!sched_has_work(r->s));
+	run_free(r);
+	free(r);
+}
