@@ -34,8 +34,11 @@ static void wkvb_row(const struct fp8_linear *W, int64_t r, float *w)
 	int64_t nkb = (W->in + 127) / 128;
 	const uint8_t *w8 = W->w + (size_t)r * (size_t)W->in;
 	const float *s = W->scale + (size_t)(r / 128) * (size_t)nkb;
-	for (int64_t k = 0; k < W->in; k++)
-		w[k] = lut[w8[k]] * cpu_weight_scale(s[k / 128]);
+	for (int64_t kb = 0; kb * 128 < W->in; kb++) {
+		float scale = cpu_weight_scale(s[kb]);
+		for (int64_t k = kb * 128; k < W->in && k < (kb + 1) * 128; k++)
+			w[k] = lut[w8[k]] * scale;
+	}
 }
 
 /* kv_b_proj rows of head h (spec §3.3): [k_nope (W_UK) | v (W_UV)], pitfall 11. */

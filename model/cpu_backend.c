@@ -91,7 +91,7 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 		       const float *q, const uint8_t *q8, const float *w, float *o)
 {
 	const struct dsv32_config *c = b->base.c;
-	int64_t n = R->pos[t] + 1, R_ = c->kv_lora_rank, dkv = R_ + c->qk_rope_head_dim;
+	int64_t n = R->pos[t] + 1, Rk = c->kv_lora_rank, dkv = Rk + c->qk_rope_head_dim;
 	if (cpu_mutated(CPU_MUTATION_SELF_EXCLUDED) && n > 1)
 		n--; /* spec: the query's own key is a candidate (pitfall 9) */
 	int64_t k_max = cpu_mutated(CPU_MUTATION_TOPK_IGNORED) ? n : c->index_topk;
@@ -119,10 +119,10 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 	if (b->naive_attention) {
 		attn_naive(b->pool, c, &lw->wkv_b, q, kv, k, o);
 	} else {
-		float *q_lat = R->st->dump ? ALLOC(float, c->num_attention_heads * R_) : NULL;
+		float *q_lat = R->st->dump ? ALLOC(float, c->num_attention_heads * Rk) : NULL;
 		attn_absorbed(b->pool, c, &lw->wkv_b, q, kv, k, o, q_lat); /* q_lat [heads, R] */
 		if (q_lat)
-			dump_row(R, "q_lat", layer, t, 0, q_lat, c->num_attention_heads * R_);
+			dump_row(R, "q_lat", layer, t, 0, q_lat, c->num_attention_heads * Rk);
 		free(q_lat);
 	}
 	free(keys);
@@ -131,6 +131,8 @@ static void attend_row(struct cpu_backend *b, const struct rows *R, int64_t laye
 	free(sel);
 	free(kv);
 }
+
+/* ---- one decoder layer (§3.2) -------------------------------------------------------------- */
 
 /* MLA RoPE: interleaved pairs (x[2i], x[2i+1]) (spec §3.4, pitfall 1). x: [rope] */
 static void mla_rope(float *x, const float *cs, int64_t half)
@@ -157,7 +159,6 @@ static void q_head_layout(const struct dsv32_config *c, float *q, int64_t T)
 	free(tmp);
 }
 
-/* ---- one decoder layer (§3.2) -------------------------------------------------------------- */
 
 /* x: [T, hidden] the previous layer's output (or the embedding when first), r: [T, hidden] the
  * bf16 residual stream. On return x holds this layer's FFN output. */

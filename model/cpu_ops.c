@@ -170,12 +170,14 @@ static void fp8_cols(void *a, int64_t o0, int64_t o1)
 	const float *lut = cpu_e4m3_table();
 	int64_t in = W->in, nkb = (in + CPU_QBLOCK - 1) / CPU_QBLOCK;
 	float *wrow = malloc((size_t)in * sizeof *wrow); /* [in] decoded codes of one output row */
-	ASSERT(wrow);
+	float *ws = malloc((size_t)nkb * sizeof *ws);    /* [nkb] its block scales */
+	ASSERT(wrow && ws);
 	for (int64_t o = o0; o < o1; o++) {
 		const uint8_t *w8 = W->w + (size_t)o * (size_t)in;
 		for (int64_t k = 0; k < in; k++)
 			wrow[k] = lut[w8[k]];
-		const float *ws = W->scale + (size_t)(o / CPU_QBLOCK) * (size_t)nkb; /* [nkb] */
+		for (int64_t kb = 0; kb < nkb; kb++)
+			ws[kb] = cpu_weight_scale(W->scale[(o / CPU_QBLOCK) * nkb + kb]);
 		for (int64_t t = 0; t < j->T; t++) {
 			const float *xq = j->xq + t * in, *xs = j->xs + t * nkb;
 			float y = 0;
@@ -183,12 +185,13 @@ static void fp8_cols(void *a, int64_t o0, int64_t o1)
 				int64_t k = kb * CPU_QBLOCK;
 				int64_t len = in - k < CPU_QBLOCK ? in - k : CPU_QBLOCK;
 				float acc = cpu_dot(xq + k, wrow + k, len); /* one 128-block, promoted */
-				y += acc * (xs[kb] * cpu_weight_scale(ws[kb]));
+				y += acc * (xs[kb] * ws[kb]);
 			}
 			j->y[t * W->out + o] = bf16_round(y);
 		}
 	}
 	free(wrow);
+	free(ws);
 }
 
 void cpu_fp8_linear(struct cpu_pool *p, const struct fp8_linear *W, const float *x, int64_t T,
