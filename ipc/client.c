@@ -50,6 +50,7 @@ struct dsv32 {
 	uint32_t *sq_data_end; /* [sq_entries]: sq_dat.tail after each record */
 	/* completion side (we consume) */
 	uint32_t cq_head;
+	uint32_t cq_data_next; /* where the server's next payload probably starts (prefetch hint) */
 	char *evbuf; /* copy of the current event's payload */
 	size_t evcap;
 	/* requests waiting for their terminal event */
@@ -345,12 +346,21 @@ static int64_t sq_reserve(struct dsv32 *h, uint32_t len)
 {
 	if (h->lost)
 		return -ENOTCONN;
-	int r = sq_reclaim(h);
-	if (r)
-		return r;
-	if (!ring_space(h->sq_tail, h->sq_head_seen, h->sq_entries))
-		return -EAGAIN;
-	int64_t off = ring_data_alloc(&h->sq_dat, len, IPC_DATA_ALIGN, 0);
+	/* Read the server's head only when our last view of it says there is no room (as
+	 * io_uring does): it is a cache line the server writes, so reading it costs a miss. */
+	int64_t off = -1;
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass) {
+			int r = sq_reclaim(h);
+			if (r)
+				return r;
+		}
+		if (!ring_space(h->sq_tail, h->sq_head_seen, h->sq_entries))
+			continue;
+		off = ring_data_alloc(&h->sq_dat, len, IPC_DATA_ALIGN, 0);
+		if (off >= 0)
+			break;
+	}
 	return off < 0 ? -EAGAIN : off;
 }
 
@@ -369,12 +379,9 @@ int dsv32_submit_generate(dsv32_t *h, const struct dsv32_generate_params *p)
 		h->n_inflight--; /* grow now so that nothing can fail after publishing */
 	if (h->n_inflight == h->cap_inflight)
 		return -ENOMEM;
-	struct ring_data saved = h->sq_dat;
 	int64_t off = sq_reserve(h, (uint32_t)len);
-	if (off < 0) {
-		h->sq_dat = saved;
+	if (off < 0)
 		return (int)off;
-	}
 	ipc_frame_encode_generate(h->sq_data + off, p);
 	sq_publish(h, IPC_OP_GENERATE, p->request_id, off, (uint32_t)len);
 	inflight_add(h, p->request_id);
@@ -448,11 +455,19 @@ static int synth_next(struct dsv32 *h, struct dsv32_event *ev)
 static int take_cqe(struct dsv32 *h, struct dsv32_event *ev)
 {
 	struct ipc_cqe e;
+	/* The server allocates payloads one after another: fetch where the next one probably is
+	 * together with the entry (one cache miss less on the round trip). Only a hint. */
+	uint32_t guess = h->cq_data_next & (h->cq_data_bytes - 1);
+	__builtin_prefetch(h->cq_data + guess);
+	if (guess + 64 < h->cq_data_bytes)
+		__builtin_prefetch(h->cq_data + guess + 64);
 	memcpy(&e, &h->cqes[ring_slot(h->cq_head, h->cq_entries)], sizeof e);
 	int bad = ring_data_check(e.data_off, e.data_len, h->cq_data_bytes) ||
 		  e.data_len + 1 > h->evcap;
-	if (!bad)
+	if (!bad) {
 		memcpy(h->evbuf, h->cq_data + e.data_off, e.data_len);
+		h->cq_data_next = e.data_off + ipc_align(e.data_len, IPC_DATA_ALIGN);
+	}
 	h->cq_head++;
 	/* Release: our copies of the cqe and its payload are done before the server may reuse
 	 * the slot and bytes. */
@@ -472,8 +487,10 @@ static int take_cqe(struct dsv32 *h, struct dsv32_event *ev)
 	/* The server may have left submissions waiting for completion room that we just made;
 	 * if it sleeps, wake it (same Dekker pairing as in sq_publish). */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (h->sq_tail != atomic_load_explicit(&h->hdr->sq_head.v, memory_order_relaxed) &&
-	    (atomic_load_explicit(&h->hdr->sq_flags.v, memory_order_relaxed) & IPC_NEED_WAKEUP)) {
+	/* Relaxed (ordered by the fence). The flag first: it rarely changes, so its line stays
+	 * in our cache, while sq_head's moves with every submission the server takes. */
+	if ((atomic_load_explicit(&h->hdr->sq_flags.v, memory_order_relaxed) & IPC_NEED_WAKEUP) &&
+	    h->sq_tail != atomic_load_explicit(&h->hdr->sq_head.v, memory_order_relaxed)) {
 		uint64_t one = 1;
 		if (write(h->efd, &one, sizeof one) < 0) {
 			/* EAGAIN: already being woken */

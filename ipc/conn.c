@@ -389,6 +389,7 @@ static int consume_generate(struct ipc_conn *c, const struct ipc_sqe *e, int dra
 	}
 	/* Copy first: from here on only the private copy is read. */
 	memcpy(c->rec, c->sq_data + e->data_off, e->data_len);
+	c->sq_data_next = e->data_off + ipc_align(e->data_len, IPC_DATA_ALIGN);
 	struct ipc_request *req;
 	char msg[IPC_ERROR_MSG_MAX];
 	int code = ipc_frame_decode_generate(c->rec, e->data_len, e->req_id,
@@ -424,6 +425,13 @@ int ipc_conn_consume(struct ipc_conn *c, int draining, uint64_t now_ns,
 	int n = 0;
 	while (n < max && c->sq_head != tail && have_room(c)) {
 		struct ipc_sqe e;
+		/* The client allocates records one after another: fetch where the next one probably
+		 * is while the entry itself is fetched, rather than after (one cache miss less on
+		 * the round trip). Only a hint: the offset is masked into the area. */
+		uint32_t guess = c->sq_data_next & (c->lay.sq_data_bytes - 1);
+		__builtin_prefetch(c->sq_data + guess);
+		if (guess + 64 < c->lay.sq_data_bytes)
+			__builtin_prefetch(c->sq_data + guess + 64);
 		/* Copy the entry once; the client may be rewriting it as we read. */
 		memcpy(&e, &c->sqes[ring_slot(c->sq_head, c->lay.sq_entries)], sizeof e);
 		c->sq_head++;

@@ -56,6 +56,7 @@ struct ipc_conn {
 	struct ipc_totals *tot;
 	/* ring state: indices this side owns, and the last accepted value of the peer's */
 	uint32_t sq_head, sq_tail_seen;
+	uint32_t sq_data_next; /* where the client's next record probably starts (a prefetch hint) */
 	uint32_t cq_tail, cq_head_seen;
 	struct ring_data cq_dat;  /* the cq data area, allocated by us */
 	uint32_t *cq_data_end;    /* [cq_entries]: cq_dat.tail after each event's payload */
