@@ -106,7 +106,17 @@ static struct sched_event *ev_push(struct sched_event **a, int64_t *n, int64_t *
 		*cap = c;
 	}
 	struct sched_event *e = &(*a)[(*n)++];
-	memset(e, 0, sizeof *e);
+	/* every field but the logprob arrays (read only up to n_top) */
+	e->seq = 0;
+	e->token = 0;
+	e->logprob = 0;
+	e->n_top = 0;
+	e->text = NULL;
+	e->text_len = 0;
+	e->reason = SCHED_FINISH_STOP;
+	e->n_prompt = e->n_output = e->n_prompt_cached = 0;
+	e->error = 0;
+	e->msg = NULL;
 	return e;
 }
 

@@ -55,6 +55,16 @@ int stopstr_feed(struct stopstr *m, const char *p, size_t n, int final, struct s
 		return 0;
 	}
 	struct sbuf *h = &m->held;
+	if (!h->len) { /* nothing held: text without any stop string's first byte passes */
+		int i = 0;
+		while (i < m->n && !(n && memchr(p, (unsigned char)m->s[i][0], n)))
+			i++;
+		if (i == m->n) {
+			if (n)
+				sbuf_put(out, p, n);
+			return 0;
+		}
+	}
 	if (n)
 		sbuf_put(h, p, n);
 	ASSERT(!h->oom);
