@@ -128,14 +128,26 @@ static int prompt_chat(const struct engine *en, const char *text, size_t len, in
 	int r = chat_encode_json(&p, text, len, &co, e);
 	if (r)
 		return r;
-	/* template text may hold special tokens; message content is encoded as plain text, so a
-	 * user cannot inject "<｜User｜>" and friends */
-	for (size_t i = 0; i < p.n_seg && !r; i++) {
-		r = tokenizer_encode(en->tok, p.text + p.seg[i].off, p.seg[i].len,
-				     p.seg[i].allow_special ? TOKENIZER_SPECIAL : 0, out);
-		if (r)
-			err_set(e, r, "tokenizing the rendered chat failed");
+	/* special tokens only inside template segments, so message content cannot inject
+	 * "<｜User｜>" and friends; the text between them is one run, as the reference sees it */
+	struct tokenizer_span *allow = malloc((p.n_seg + 1) * sizeof *allow);
+	size_t n_allow = 0;
+	if (!allow) {
+		chat_prompt_free(&p);
+		return err_set(e, -ENOMEM, "out of memory");
 	}
+	for (size_t i = 0; i < p.n_seg; i++) {
+		if (!p.seg[i].allow_special)
+			continue;
+		if (n_allow && allow[n_allow - 1].off + allow[n_allow - 1].len == p.seg[i].off)
+			allow[n_allow - 1].len += p.seg[i].len; /* adjacent template segments merge */
+		else
+			allow[n_allow++] = (struct tokenizer_span){p.seg[i].off, p.seg[i].len};
+	}
+	r = tokenizer_encode_spans(en->tok, p.text, p.len, allow, n_allow, 0, out);
+	if (r)
+		err_set(e, r, "tokenizing the rendered chat failed");
+	free(allow);
 	chat_prompt_free(&p);
 	return r;
 }

@@ -67,6 +67,20 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, un
 		     struct tokenizer_ids *out);
 void tokenizer_ids_free(struct tokenizer_ids *ids);
 
+/* A byte range of the text. */
+struct tokenizer_span {
+	size_t off, len;
+};
+/* Encodes text with added tokens recognised only where the whole token lies inside one of the
+ * allow spans (sorted by offset, not overlapping); everything else is text, and the text
+ * between two recognised tokens is encoded as one run across span boundaries (so a template
+ * space and the content after it form one pre-token, as in the reference's whole-string
+ * encoding). This is how a rendered chat prompt is tokenized without letting message content
+ * inject special tokens (model/chat.h). The text must be valid UTF-8 (-EILSEQ otherwise). */
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len,
+			   const struct tokenizer_span *allow, size_t n_allow, unsigned flags,
+			   struct tokenizer_ids *out);
+
 /* Appends the bytes of ids[0..n) to out (added tokens as their content, BPE tokens byte-level
  * decoded; the bytes may be invalid UTF-8 when a character spans a cut: see model/detok.h).
  * 0, or -EINVAL if an id is unknown (nothing is appended), or -ENOMEM. */

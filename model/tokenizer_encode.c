@@ -159,6 +159,8 @@ struct enc {
 	const uint8_t *s; /* valid UTF-8 */
 	struct tokenizer_ids *out;
 	struct tok_cache *cache; /* NULL when not held */
+	const struct tokenizer_span *allow; /* NULL: added tokens anywhere; else only inside these */
+	size_t n_allow;
 	int err;
 	/* scratch of the heap BPE, (cap) each: symbol, neighbours, and the rank and merged id of
 	 * the pair that starts at each node (kept current, so heap entries validate without a
@@ -625,6 +627,23 @@ static uint32_t trim_end(const uint8_t *s, uint32_t b, uint32_t e)
 	return e;
 }
 
+/* 1 if [b, e) lies inside one allowed span (or no spans were given). */
+static int allowed(const struct enc *E, uint32_t b, uint32_t e)
+{
+	if (!E->allow)
+		return 1;
+	size_t lo = 0, hi = E->n_allow; /* the last span starting at or before b */
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (E->allow[mid].off <= b)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct tokenizer_span *sp = &E->allow[lo];
+	return E->n_allow && sp->off <= b && e <= sp->off + sp->len;
+}
+
 static void encode_special(struct enc *E, uint32_t len)
 {
 	const struct tokenizer *t = E->t;
@@ -639,7 +658,7 @@ static void encode_special(struct enc *E, uint32_t len)
 			i = (uint32_t)(p - E->s);
 		}
 		int32_t a = t->added_first[E->s[i]] ? match_added(E, i, len, &end) : -1;
-		if (a < 0) {
+		if (a < 0 || !allowed(E, i, end)) {
 			i++;
 			continue;
 		}
@@ -658,13 +677,20 @@ static void encode_special(struct enc *E, uint32_t len)
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
 		     struct tokenizer_ids *out)
 {
+	return tokenizer_encode_spans(t, text, len, NULL, 0, flags, out);
+}
+
+int tokenizer_encode_spans(const struct tokenizer *t, const char *text, size_t len,
+			   const struct tokenizer_span *allow, size_t n_allow, unsigned flags,
+			   struct tokenizer_ids *out)
+{
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
 	pthread_once(&once, ascii_cls_build);
 	if (len >= INT32_MAX)
 		return -EOVERFLOW;
 	struct sbuf fixed = {0};
 	if (detok_valid_prefix(text, len) < len) {
-		if (flags & TOKENIZER_STRICT_UTF8)
+		if ((flags & TOKENIZER_STRICT_UTF8) || allow) /* repair would move the spans */
 			return -EILSEQ;
 		detok_repair(text, len, &fixed);
 		if (fixed.oom)
@@ -676,7 +702,10 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, un
 		text = fixed.p;
 		len = fixed.len;
 	}
-	struct enc E = {.t = t, .s = (const uint8_t *)text, .out = out};
+	struct enc E = {.t = t, .s = (const uint8_t *)text, .out = out, .allow = allow,
+			.n_allow = n_allow};
+	if (allow)
+		flags |= TOKENIZER_SPECIAL;
 	size_t n0 = out->n;
 	if (!(flags & TOKENIZER_NO_CACHE) && !pthread_mutex_trylock(&t->cache->lock))
 		E.cache = t->cache;
