@@ -736,12 +736,14 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 		accept_token(s, q, &s->outs[k]); /* may free q */
 	}
 	s->t_sample += t4 - t3;
-	s->t_backend += t2 - t1;
-	s->steps++;
 out:;
-	double t5 = now_s(s);
-	s->last_step = t5 - t0;
-	s->t_step += t5 - t0;
+	if (s->n_sched > 0) { /* steps that only deliver cancel events are not counted */
+		double t5 = now_s(s);
+		s->steps++;
+		s->last_step = t5 - t0;
+		s->t_step += t5 - t0;
+		s->t_backend += t2 - t1;
+	}
 	for (int64_t i = 0; i < s->n_ev; i++)
 		s->ev[i].text = s->ev_text[i] == SIZE_MAX ? "" : s->text.p + s->ev_text[i];
 	*evp = s->ev;

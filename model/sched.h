@@ -160,8 +160,9 @@ struct sched_stats {
 	double prefix_hit_rate;
 	uint64_t prefill_tokens, decode_tokens;  /* computed rows, all steps */
 	double prefill_tok_s, decode_tok_s;      /* per second of step time */
-	uint64_t preemptions, steps, requests_added, requests_finished;
-	double last_step_us, avg_step_us;        /* whole step */
+	uint64_t preemptions, requests_added, requests_finished;
+	uint64_t steps;                          /* steps that ran the backend */
+	double last_step_us, avg_step_us;        /* whole step (wall, or CPU with cpu_clock) */
 	double avg_sched_us;                     /* bookkeeping: step minus backend and sampling */
 	double avg_backend_us, avg_sample_us;
 	int64_t context_limit;                   /* effective */
