@@ -393,3 +393,74 @@ TEST(sampler, reproducible_by_seed_and_index)
 	sampler_free(&a);
 	sampler_free(&b);
 }
+
+/* The draw itself, the slow obvious way: every id sorted, then the header's steps 4-7. */
+static int32_t reference_draw(const float *l, int V, const struct sampler_params *sp,
+			      uint64_t index)
+{
+	double *p = malloc((size_t)V * sizeof *p);
+	int *ord = malloc((size_t)V * sizeof *ord);
+	reference(l, V, sp, p); /* kept ids have p > 0 */
+	int n = 0;
+	for (int i = 0; i < V; i++)
+		if (p[i] > 0)
+			ord[n++] = i;
+	for (int i = 1; i < n; i++) /* sorted order among the kept */
+		for (int j = i; j > 0 && (l[ord[j]] > l[ord[j - 1]] ||
+					  (l[ord[j]] == l[ord[j - 1]] && ord[j] < ord[j - 1])); j--) {
+			int t = ord[j];
+			ord[j] = ord[j - 1];
+			ord[j - 1] = t;
+		}
+	double lmax = l[ord[0]], S = 0, cum = 0;
+	for (int k = 0; k < n; k++)
+		S += exp(((double)l[ord[k]] - lmax) / sp->temperature);
+	double target = sampler_uniform(sp->seed, index) * S;
+	int32_t tok = ord[n - 1];
+	for (int k = 0; k < n; k++) {
+		cum += exp(((double)l[ord[k]] - lmax) / sp->temperature);
+		if (cum > target) {
+			tok = ord[k];
+			break;
+		}
+	}
+	free(p);
+	free(ord);
+	return tok;
+}
+
+TEST_T(sampler, exact_draws_match_the_definition, 60)
+{
+	/* Not just the distribution: the very token of each (seed, index), as the GPU sampler
+	 * must reproduce it. */
+	enum { V = 300 };
+	static float l[V];
+	uint64_t r = 3;
+	for (int i = 0; i < V; i++)
+		l[i] = (float)((double)(test_rand(&r) >> 40) / (double)(1 << 24) * 6.0 - 3.0);
+	l[17] = l[18]; /* a tie */
+	struct sampler s;
+	REQUIRE(sampler_init(&s, V) == 0);
+	struct {
+		double T, top_p, min_p;
+		int64_t k;
+	} set[] = {{1, 1, 0, 0}, {0.6, 0.9, 0, 0}, {1.5, 1, 0.2, 0}, {1, 0.8, 0.05, 40},
+		   {2, 0.99, 0, 0}, {0.3, 1, 0, 7}};
+	int64_t mismatches = 0;
+	for (size_t k = 0; k < sizeof set / sizeof *set; k++) {
+		struct sampler_params sp;
+		sampler_params_default(&sp);
+		sp.temperature = set[k].T;
+		sp.top_p = set[k].top_p;
+		sp.min_p = set[k].min_p;
+		sp.top_k = set[k].k;
+		for (uint64_t i = 0; i < 500; i++) {
+			sp.seed = 1000 + i % 7;
+			struct sampler_out o;
+			REQUIRE(sampler_sample(&s, &sp, l, NULL, 0, NULL, 0, i, &o) == 0);
+			mismatches += o.token != reference_draw(l, V, &sp, i);
+		}
+	}
+	CHECK_EQ_INT(mismatches, 0);
+	sampler_free(&s);
+}
