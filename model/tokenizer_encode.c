@@ -22,7 +22,7 @@
  *   the piece. Characters where nothing matches collect into one piece.
  *
  * BPE: the lowest-ranked adjacent pair merges first, the leftmost on a tie (the reference's
- * rank + position/length score); words under BPE_SMALL symbols use a linear scan, longer ones a
+ * rank + position/length score); words of up to BPE_SMALL bytes use a linear scan, longer ones a
  * heap with lazy invalidation.
  */
 #include <errno.h>
@@ -589,9 +589,11 @@ static int32_t match_added(const struct enc *E, uint32_t i, uint32_t len, uint32
 			break;
 		node = ch;
 		if (t->trie[node].added >= 0) {
-			if (nc == 64)
-				memmove(cand, cand + 1, --nc * sizeof *cand),
-					memmove(cend, cend + 1, nc * sizeof *cend);
+			if (nc == 64) { /* keep the 64 longest */
+				nc--;
+				memmove(cand, cand + 1, nc * sizeof *cand);
+				memmove(cend, cend + 1, nc * sizeof *cend);
+			}
 			cand[nc] = (uint32_t)t->trie[node].added;
 			cend[nc++] = j + 1;
 		}
