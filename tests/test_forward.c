@@ -591,7 +591,9 @@ TEST_T(eval, outputs_dumps_generation, 300)
 	snprintf(args, sizeof args,
 		 "eval --model %s --backend cpu --tokens %s --chunk 7 --generate 3 --threads 2 "
 		 "--logits-out %s/l.npz --mtp-out %s/m.npz --dump-topk %s/k.npz --dump-experts %s/e.npz "
-		 "--dump attn_norm idx_scores ffn_moe_out --dump-out %s/d.npz",
+		 "--dump embed attn_norm q_cmpr q kv_cmpr k_pe idx_q idx_k idx_w idx_scores idx_topk "
+		 "q_lat attn_o attn_out ffn_norm ffn_out ffn_moe_logits ffn_moe_topk ffn_moe_weights "
+		 "ffn_moe_out result_norm mtp_cat mtp_eh_proj --dump-out %s/d.npz",
 		 m.dir, tf, t, t, t, t, t);
 	int rc = run_dsv32(args, &log);
 	CHECK_EQ_INT(rc, 0);
@@ -639,8 +641,18 @@ TEST_T(eval, outputs_dumps_generation, 300)
 	REQUIRE(npz_read(p, "attn_norm_s0_l1", &k, &e) == 0);
 	CHECK(k.shape[0] == 12 && k.shape[1] == m.c.hidden_size);
 	npy_free(&k);
-	REQUIRE(npz_read(p, "ffn_moe_out_s0_l4", &k, &e) == 0);
-	npy_free(&k);
+	/* every dump name of backend.h is produced (layer 2 is MoE, 4 the MTP layer) */
+	const char *keys[] = {"embed_s0", "q_cmpr_s0_l0", "q_s0_l0", "kv_cmpr_s0_l0", "k_pe_s1_l3",
+			      "idx_q_s0_l0", "idx_k_s0_l0", "idx_w_s0_l0", "idx_topk_s0_l0",
+			      "q_lat_s0_l0", "attn_o_s0_l0", "attn_out_s0_l0", "ffn_norm_s0_l0",
+			      "ffn_out_s0_l0", "ffn_moe_logits_s0_l2", "ffn_moe_topk_s0_l2",
+			      "ffn_moe_weights_s0_l2", "ffn_moe_out_s0_l4", "result_norm_s0",
+			      "result_norm_s0_l4", "mtp_cat_s0_l4", "mtp_eh_proj_s1_l4"};
+	for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+		if (npz_read(p, keys[i], &k, &e))
+			test_fail(__FILE__, __LINE__, "dump %s missing: %s", keys[i], e.msg);
+		npy_free(&k);
+	}
 
 	/* one sequence, .npy, no chunking: the same bits as seq1 above */
 	const char *one = write_tokens("one.txt", "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4");
@@ -696,6 +708,10 @@ TEST_T(eval, malformed_tokens_files, 120)
 	free(log);
 	snprintf(args, sizeof args, "eval --model %s", m.dir);
 	CHECK_EQ_INT(run_dsv32(args, &log), 2); /* usage */
+	free(log);
+	snprintf(args, sizeof args, "eval --model %s --tokens %s --dump attn_norm kv_cmprr", m.dir, ok);
+	CHECK_EQ_INT(run_dsv32(args, &log), 2);
+	CHECK_CONTAINS(log, "unknown name 'kv_cmprr'");
 	free(log);
 	/* the test-only mutation switch is loud, and an unknown name is an error */
 	snprintf(args, sizeof args, "eval --model %s --tokens %s", m.dir, ok);

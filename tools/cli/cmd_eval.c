@@ -165,6 +165,22 @@ struct dumps {
 	int64_t n, cap;
 };
 
+/* The names the CPU backend dumps (model/backend.h). */
+static const char *const dump_names[] = {
+	"embed", "attn_norm", "q_cmpr", "q", "kv_cmpr", "k_pe", "idx_q", "idx_k", "idx_w",
+	"idx_scores", "idx_topk", "q_lat", "attn_o", "attn_out", "ffn_norm", "ffn_out",
+	"ffn_moe_logits", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_out", "result_norm",
+	"mtp_cat", "mtp_eh_proj",
+};
+
+static int dump_name_known(const char *name)
+{
+	for (size_t i = 0; i < sizeof dump_names / sizeof *dump_names; i++)
+		if (!strcmp(dump_names[i], name))
+			return 1;
+	return 0;
+}
+
 static int dump_wanted(const struct dumps *d, const char *name)
 {
 	for (int i = 0; i < d->n_names; i++)
@@ -410,6 +426,14 @@ static int parse_args(int argc, char **argv, struct eval_opts *o)
 			while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
 				if (o->dumps.n_names == MAX_DUMP_NAMES)
 					return -1;
+				if (!dump_name_known(argv[i + 1])) {
+					fprintf(stderr, "dsv32 eval: --dump: unknown name '%s'; known:",
+						argv[i + 1]);
+					for (size_t k = 0; k < sizeof dump_names / sizeof *dump_names; k++)
+						fprintf(stderr, " %s", dump_names[k]);
+					fprintf(stderr, "\n");
+					return -1;
+				}
 				o->dumps.names[o->dumps.n_names++] = argv[++i];
 			}
 			continue;
