@@ -6,7 +6,8 @@
  *   mkmodel tiny --out DIR [--seed N]
  *   mkmodel real --layers N --dense K --out DIR [--header-only]
  *   mkmodel --config FILE --out DIR
- *   common: --tokenizer FILE|fallback, --patch-v31-tokens, --manifest FILE
+ *   common: --tokenizer FILE|fallback, --patch-v31-tokens, --manifest FILE, --structured
+ *   (small test checkpoints whose routing and index choices have margins: structured.c)
  *   mkmodel manifest --model DIR [--out FILE]     (name, dtype, shape, sha256 per tensor)
  *
  * Owns: the tensor list of spec §7.2 as the writer sees it, the sharding, and the manifest.
@@ -174,9 +175,25 @@ static void shard_name(char *buf, size_t size, int s, int n)
 	snprintf(buf, size, "model-%05d-of-%05d.safetensors", s + 1, n);
 }
 
+/* --structured: the whole tensor generated in memory, edited by structured_apply, written. */
+static int write_structured(struct st_writer *w, const struct dsv32_config *c,
+			    const struct tspec *t, uint64_t seed)
+{
+	size_t n = tbytes(t);
+	void *buf = malloc(n ? n : 1);
+	ASSERT(buf);
+	struct gen g;
+	gen_init(&g, seed, t->stream ? t->stream : t->name, t->kind, t->fan_in);
+	gen_fill(&g, buf, n / gen_elem_size(t->kind));
+	structured_apply(c, seed, t->name, t->shape, buf);
+	int r = st_writer_data(w, buf, n);
+	free(buf);
+	return r;
+}
+
 static int write_shard(const char *dir, const struct tlist *l, int s, int n_shards,
 		       uint64_t seed, int header_only, void *chunk, size_t chunk_bytes,
-		       struct err *e)
+		       const struct dsv32_config *structured, struct err *e)
 {
 	char name[64], path[4096];
 	shard_name(name, sizeof name, s, n_shards);
@@ -192,6 +209,11 @@ static int write_shard(const char *dir, const struct tlist *l, int s, int n_shar
 		if (t->shard != s)
 			continue;
 		size_t left = tbytes(t);
+		if (structured) {
+			if (write_structured(w, structured, t, seed))
+				break;
+			continue;
+		}
 		if (header_only && (t->kind == GEN_FP8 || t->kind == GEN_BF16)) {
 			st_writer_skip(w, left); /* a file hole: big weights stay unwritten */
 			continue;
@@ -297,7 +319,8 @@ static int usage(void)
 		"       mkmodel manifest --model DIR [--out FILE]\n"
 		"options: --seed N (default 1)  --tokenizer FILE|fallback (default\n"
 		"         build/tokenizer/tokenizer.json)  --patch-v31-tokens  --manifest FILE\n"
-		"         --header-only (big tensors left as file holes)\n");
+		"         --header-only (big tensors left as file holes)\n"
+		"         --structured (routing and indexer signals with wide margins, structured.c)\n");
 	return 2;
 }
 
@@ -330,7 +353,7 @@ int main(int argc, char **argv)
 	const char *preset = NULL, *config = NULL, *out = NULL, *manifest = NULL, *model = NULL;
 	const char *tok = "build/tokenizer/tokenizer.json";
 	int64_t seed = 1, layers = -1, dense = -1;
-	int header_only = 0, patch = 0;
+	int header_only = 0, patch = 0, structured = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int takes = 1;
@@ -340,6 +363,8 @@ int main(int argc, char **argv)
 			header_only = 1, takes = 0;
 		else if (!strcmp(a, "--patch-v31-tokens"))
 			patch = 1, takes = 0;
+		else if (!strcmp(a, "--structured"))
+			structured = 1, takes = 0;
 		else if (!v)
 			return usage();
 		else if (!strcmp(a, "--config"))
@@ -393,6 +418,10 @@ int main(int argc, char **argv)
 		c.num_hidden_layers = layers;
 		c.first_k_dense_replace = dense;
 	}
+	if (!r && structured && header_only)
+		r = err_set(&e, -EINVAL, "--structured and --header-only exclude each other");
+	if (!r && structured)
+		r = structured_check(&c, &e);
 	if (r) {
 		fprintf(stderr, "mkmodel: %s\n", e.msg);
 		return 1;
@@ -419,7 +448,7 @@ int main(int argc, char **argv)
 		r = tokfiles_write(out, strcmp(tok, "fallback") ? tok : NULL, patch, c.vocab_size, &e);
 	for (int s = 0; s < n_shards && !r; s++)
 		r = write_shard(out, &l, s, n_shards, (uint64_t)seed, header_only, chunk, chunk_bytes,
-				&e);
+				structured ? &c : NULL, &e);
 	if (!r)
 		r = write_index(out, &l, n_shards, &e);
 	if (!r && manifest)

@@ -20,4 +20,14 @@ extern const char mkmodel_deepseek_pretokenizer[];
 int tokfiles_write(const char *dir, const char *src, int patch_v31, int64_t vocab_size,
 		   struct err *e);
 
+/* --structured (structured.c): checks that the config can carry the structure, then edits each
+ * generated tensor in place (data: the tensor's bytes, shape: its dims). pattern/is_anchor
+ * say what a token id carries, for tests and docs. */
+struct dsv32_config;
+int structured_check(const struct dsv32_config *c, struct err *e);
+void structured_apply(const struct dsv32_config *c, uint64_t seed, const char *name,
+		      const int64_t *shape, void *data);
+int structured_pattern(int64_t tok);
+int structured_is_anchor(int64_t tok);
+
 #endif
