@@ -731,3 +731,26 @@ TEST_T(tokenizer, long_words_round_trip, 60)
 	sbuf_free(&dec);
 	tokenizer_free(t);
 }
+
+/* ---- the generated tables ---------------------------------------------------------------- */
+
+TEST_T(tokenizer, unicode_tables_match_node, 60)
+{
+	/* Regenerate with this node; when its Unicode version is the tables', every range must be
+	 * the same (line 3, which names the node and ICU builds, may differ). */
+	char cmd[2048];
+	snprintf(cmd, sizeof cmd,
+		 "cd '%s' && v=$(node -p process.versions.unicode) || exit 2; "
+		 "[ \"$v\" = '%s' ] || { echo \"tokenizer: node's Unicode $v is not the tables' %s: "
+		 "range check skipped\"; exit 0; }; "
+		 "node tools/gen_unicode.js | sed 3d > '%s/u.c' && sed 3d model/unicode_tables.c | "
+		 "cmp -s - '%s/u.c'",
+		 test_root(), unicode_tables_version, unicode_tables_version, test_tmpdir(),
+		 test_tmpdir());
+	int r = run(cmd);
+	if (r == 2)
+		test_fail(__FILE__, __LINE__, "node is missing: the tables cannot be checked");
+	else if (r != 0)
+		test_fail(__FILE__, __LINE__, "model/unicode_tables.c differs from what "
+			  "`node tools/gen_unicode.js` writes with the same Unicode version");
+}
