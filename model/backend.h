@@ -135,4 +135,13 @@ int backend_validate_step(const struct backend *b, const struct weights *w,
 /* Test switch: 1 = use the naive attention form (§3.7a) instead of the absorbed one. */
 void backend_cpu_set_naive_attention(struct backend *b, int on);
 
+/* Test-only (issue 4, teacher forcing against the oracle's per-layer dumps): decoder layer
+ * `layer` (0 .. num_hidden_layers; the last is the MTP layer) alone on the rows of st (mtp = 0;
+ * flags should ask for no outputs). x [T, hidden]: the layer's input (the embedding, the
+ * previous layer's FFN output, or the MTP eh_proj output), r [T, hidden]: the residual (unused
+ * for layer 0 and the MTP layer). Writes the layer's KV caches for the rows, attends over the
+ * cache like a step; on return x = the layer's FFN output and r = its residual. 0 or -EINVAL. */
+int backend_cpu_layer_step(struct backend *b, int64_t layer, const struct backend_step *st,
+			   float *x, float *r);
+
 #endif

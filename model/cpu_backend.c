@@ -528,3 +528,37 @@ void backend_cpu_set_naive_attention(struct backend *base, int on)
 	ASSERT(base->ops == &cpu_ops);
 	((struct cpu_backend *)base)->naive_attention = on;
 }
+
+/* Test-only (issue 4, teacher forcing): runs decoder layer `layer` alone on the step's rows. */
+int backend_cpu_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,
+			   float *x, float *r)
+{
+	ASSERT(base->ops == &cpu_ops);
+	struct cpu_backend *b = (struct cpu_backend *)base;
+	const struct dsv32_config *c = base->c;
+	if (layer < 0 || layer >= base->n_layers || st->mtp)
+		return -EINVAL;
+	int rc = validate_step(b, st);
+	if (rc)
+		return rc;
+	struct rows R = {0, NULL, NULL, NULL, st};
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		R.T += st->seqs[i].n;
+	R.tok = ALLOC(int32_t, R.T);
+	R.pos = ALLOC(int64_t, R.T);
+	R.seq = ALLOC(int64_t, R.T);
+	for (int64_t i = 0, t = 0; i < st->n_seqs; i++)
+		for (int64_t j = 0; j < st->seqs[i].n; j++, t++) {
+			R.tok[t] = st->seqs[i].tokens[j];
+			R.pos[t] = st->seqs[i].pos[j];
+			R.seq[t] = i;
+		}
+	int is_mtp = layer == c->num_hidden_layers;
+	if (R.T)
+		layer_forward(b, &R, is_mtp ? &b->w->mtp.layer : &b->w->layers[layer], layer, x, r,
+			      layer == 0 || is_mtp);
+	free(R.tok);
+	free(R.pos);
+	free(R.seq);
+	return 0;
+}
