@@ -274,71 +274,107 @@ static void fill_logprobs(const struct sampler *s, const struct sampler_params *
 	}
 }
 
-/* Steps 3-7 of the header on the penalised logits l; returns the chosen id. */
-static int32_t draw(struct sampler *s, const struct sampler_params *p, const float *l,
-		    uint64_t index)
+/* How many leading ids of the order steps 4-6 can keep, with one pass over the row (keys
+ * filled as a side effect, n = the finite ones): top-k: top_k; top-p: every id in the
+ * logit bins whose mass reaches top_p * Z (the bins follow the order, so they hold exactly a
+ * prefix; the 1e-9 margin covers the different summation order); min-p: the ids whose
+ * exponent is within 1e-9 of log(min_p) (a superset of those kept). The shorter bound wins;
+ * the exact cut is found on the sorted prefix. */
+#define DRAW_BINS 128
+#define DRAW_BINS_PER_NAT 4.0
+static int64_t draw_bound(struct sampler *s, const struct sampler_params *p, const float *l,
+			  double lmax, int64_t *n_out, double *Z_out)
 {
 	int64_t V = s->vocab, n = 0;
-	for (int64_t i = 0; i < V; i++)
-		if (l[i] != -INFINITY)
-			s->keys[n++] = order_key(l[i], (int32_t)i);
-	double T = p->temperature;
-	int topk = p->top_k > 0 && p->top_k < n;
-	int topp = p->top_p < 1.0;
-	int64_t lim = topk ? p->top_k : n; /* ids step 4 keeps */
-	double Z = 0.0;
-	int64_t m;
-	double lmax = 0.0;
-	if (topk || (!topp && p->min_p == 0.0)) {
-		m = lim; /* the whole kept set must be sorted anyway */
-	} else {
-		m = lim < 256 ? lim : 256;
-		if (topp) { /* Z over every id, in id order */
-			uint64_t k0 = s->keys[0];
-			for (int64_t i = 1; i < n; i++)
-				if (s->keys[i] < k0)
-					k0 = s->keys[i];
-			lmax = l[key_id(k0)];
-			for (int64_t i = 0; i < V; i++)
-				if (l[i] != -INFINITY)
-					Z += exp(((double)l[i] - lmax) / T);
+	double T = p->temperature, Z = 0.0;
+	int topp = p->top_p < 1.0, minp = p->min_p > 0.0;
+	int topk = p->top_k > 0 && p->top_k < V;
+	if (topk || (!topp && !minp)) {
+		for (int64_t i = 0; i < V; i++)
+			if (l[i] != -INFINITY)
+				s->keys[n++] = order_key(l[i], (int32_t)i);
+		*n_out = n;
+		*Z_out = 0.0;
+		if (topk && p->top_k < n)
+			return p->top_k;
+		if (!topp && !minp)
+			return n;
+		n = 0; /* top_k >= the finite ids: off after all, and a filter is on */
+	}
+	double mass[DRAW_BINS] = {0};
+	int64_t cnt[DRAW_BINS] = {0}, n_minp = 0;
+	double xmin = minp ? log(p->min_p) - 1e-9 : 0.0;
+	for (int64_t i = 0; i < V; i++) {
+		if (l[i] == -INFINITY)
+			continue;
+		s->keys[n++] = order_key(l[i], (int32_t)i);
+		double x = ((double)l[i] - lmax) / T; /* <= 0 */
+		if (minp)
+			n_minp += x >= xmin;
+		if (topp) {
+			double q = exp(x);
+			Z += q; /* Z over every id, in id order (header step 5) */
+			int b = -x < DRAW_BINS / DRAW_BINS_PER_NAT ? (int)(-x * DRAW_BINS_PER_NAT)
+								    : DRAW_BINS - 1;
+			mass[b] += q;
+			cnt[b]++;
 		}
 	}
-	int64_t keep;
-	for (;;) {
-		partial_sort(s->keys, n, m);
-		lmax = l[key_id(s->keys[0])];
+	int64_t m = n;
+	if (topp) {
+		double need = p->top_p * Z * (1.0 + 1e-9), cum = 0.0;
+		int64_t c = 0;
+		for (int b = 0; b < DRAW_BINS; b++) {
+			cum += mass[b];
+			c += cnt[b];
+			if (cum >= need) {
+				m = c;
+				break;
+			}
+		}
+	}
+	if (minp && n_minp < m)
+		m = n_minp;
+	*n_out = n;
+	*Z_out = Z;
+	return m > 0 ? m : 1;
+}
+
+/* Steps 3-7 of the header on the penalised logits l (lmax: their maximum); returns the id. */
+static int32_t draw(struct sampler *s, const struct sampler_params *p, const float *l,
+		    double lmax, uint64_t index)
+{
+	int64_t n;
+	double Z, T = p->temperature;
+	int64_t m = draw_bound(s, p, l, lmax, &n, &Z);
+	partial_sort(s->keys, n, m);
+	for (int64_t j = 0; j < m; j++)
+		s->q[j] = exp(((double)l[key_id(s->keys[j])] - lmax) / T);
+	if (p->top_k > 0 && p->top_k < n) { /* Z over the top-k set, in the sorted order */
+		Z = 0.0;
 		for (int64_t j = 0; j < m; j++)
-			s->q[j] = exp(((double)l[key_id(s->keys[j])] - lmax) / T);
-		if (topk) {
-			Z = 0.0;
-			for (int64_t j = 0; j < m; j++)
-				Z += s->q[j];
-		}
-		/* Steps 5 and 6 both keep a prefix: find the shorter. */
-		double need = p->top_p * Z, cum = 0.0;
-		keep = -1;
-		for (int64_t j = 0; j < m; j++) {
-			if (j > 0 && s->q[j] < p->min_p) {
-				keep = j;
-				break;
-			}
-			cum += s->q[j];
-			if (topp && cum >= need) {
-				keep = j + 1;
-				break;
-			}
-		}
-		if (keep < 0 && m == lim)
-			keep = m;
-		if (keep >= 0)
+			Z += s->q[j];
+	}
+	/* Steps 5 and 6 both keep a prefix of the first m: find the shorter. */
+	int topp = p->top_p < 1.0;
+	double need = p->top_p * Z, cum = 0.0;
+	int64_t keep = m;
+	for (int64_t j = 0; j < m; j++) {
+		if (j > 0 && s->q[j] < p->min_p) {
+			keep = j;
 			break;
-		m = m * 8 < lim ? m * 8 : lim;
+		}
+		cum += s->q[j];
+		if (topp && cum >= need) {
+			keep = j + 1;
+			break;
+		}
 	}
 	double S = 0.0;
 	for (int64_t j = 0; j < keep; j++)
 		S += s->q[j];
-	double target = sampler_uniform(p->seed, index) * S, cum = 0.0;
+	double target = sampler_uniform(p->seed, index) * S;
+	cum = 0.0;
 	for (int64_t j = 0; j < keep; j++) {
 		cum += s->q[j];
 		if (cum > target)
@@ -381,7 +417,7 @@ int sampler_sample(struct sampler *s, const struct sampler_params *p, const floa
 	if (tok < 0)
 		return -EDOM; /* every logit -inf */
 	if (p->temperature != 0.0)
-		tok = draw(s, p, l, index);
+		tok = draw(s, p, l, best, index);
 	ASSERT(tok >= 0 && tok < V);
 	memset(out, 0, sizeof *out);
 	out->token = tok;

@@ -461,6 +461,20 @@ TEST_T(sampler, exact_draws_match_the_definition, 60)
 			mismatches += o.token != reference_draw(l, V, &sp, i);
 		}
 	}
+	/* -inf logits, and a top_k that only they make >= the finite ids (so it is off) */
+	for (int i = 0; i < V; i += 5)
+		l[i] = -INFINITY;
+	struct sampler_params sp;
+	sampler_params_default(&sp);
+	sp.temperature = 0.8;
+	sp.top_p = 0.9;
+	sp.top_k = V - 10;
+	for (uint64_t i = 0; i < 300; i++) {
+		struct sampler_out o;
+		REQUIRE(sampler_sample(&s, &sp, l, NULL, 0, NULL, 0, i, &o) == 0);
+		mismatches += o.token != reference_draw(l, V, &sp, i);
+		CHECK(o.token % 5 != 0);
+	}
 	CHECK_EQ_INT(mismatches, 0);
 	sampler_free(&s);
 }
