@@ -8,8 +8,8 @@
  *
  * Candidates are sorted as uint64 keys (~orderable(logit) << 32 | id): ascending keys are
  * logits descending, ties by id ascending — the strict total order of the header. Only the
- * prefix that the filters can keep is selected and sorted (quickselect, then sort), growing it
- * geometrically when top-p needs more; a full sort happens only for plain temperature sampling.
+ * prefix that the filters can keep is selected and sorted (quickselect, then sort): one pass
+ * bounds it (draw_bound); a full sort happens only for plain temperature sampling.
  */
 #include <errno.h>
 #include <math.h>
