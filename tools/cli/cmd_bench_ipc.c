@@ -14,12 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ipc/dsv32.h"
+#include "ipc/futex.h"
 #include "ipc/server.h"
 #include "tools/cli/cli.h"
 
@@ -56,15 +58,19 @@ static struct result summarize(uint64_t *t, int n)
 	return (struct result){t[n / 2] / 1e3, t[(int)(n * 0.99)] / 1e3};
 }
 
-/* The echo server: answers every generate with done; exits when its client leaves. */
-static void echo_server(const char *path, int busy, int ready_fd)
+enum mode { MODE_BUSY, MODE_FUTEX, MODE_DEFAULT };
+
+/* The echo server: answers every generate with done; exits when its client leaves.
+ * BUSY: polls without sleeping; FUTEX: sleeps at once; DEFAULT: spins 50 us, then sleeps. */
+static void echo_server(const char *path, int mode, int ready_fd)
 {
+	int busy = mode == MODE_BUSY;
 	pin(1);
 	struct ipc_server_config c;
 	ipc_server_config_init(&c);
 	c.path = path;
 	c.max_clients = 2;
-	c.spin_us = 0;
+	c.spin_us = mode == MODE_DEFAULT ? 50 : 0;
 	struct ipc_server *s;
 	if (ipc_server_open(&s, &c)) {
 		fprintf(stderr, "dsv32 bench ipc: cannot open a server on %s\n", path);
@@ -88,9 +94,10 @@ static void echo_server(const char *path, int busy, int ready_fd)
 	}
 }
 
-static int ring_rtt(const char *path, int busy, uint64_t *t, int iters, int warmup,
+static int ring_rtt(const char *path, int mode, uint64_t *t, int iters, int warmup,
 		    struct result *res)
 {
+	int busy = mode == MODE_BUSY;
 	int pfd[2];
 	if (pipe(pfd))
 		return -errno;
@@ -99,7 +106,7 @@ static int ring_rtt(const char *path, int busy, uint64_t *t, int iters, int warm
 	pid_t pid = fork();
 	if (pid == 0) {
 		close(pfd[0]);
-		echo_server(path, busy, pfd[1]);
+		echo_server(path, mode, pfd[1]);
 	}
 	close(pfd[1]);
 	char c;
@@ -113,7 +120,8 @@ static int ring_rtt(const char *path, int busy, uint64_t *t, int iters, int warm
 		waitpid(pid, NULL, 0);
 		return r;
 	}
-	dsv32_set_spin(h, 0);
+	if (mode != MODE_DEFAULT)
+		dsv32_set_spin(h, 0);
 	const uint32_t tok = 1;
 	struct dsv32_generate_params p;
 	dsv32_generate_params_init(&p, 1);
@@ -182,6 +190,46 @@ static int socket_rtt(int busy, uint64_t *t, int iters, int warmup, struct resul
 	return r;
 }
 
+/* The floor of any sleeping round trip on this machine: two processes ping-ponging one shared
+ * futex word (two wake-ups per round trip, nothing else). */
+static int futex_floor(uint64_t *t, int iters, int warmup, struct result *res)
+{
+	_Atomic uint32_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (w == MAP_FAILED)
+		return -errno;
+	atomic_store(w, 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		pin(1);
+		for (uint32_t v = 1;; v += 2) { /* wait for odd v, answer v + 1 */
+			while (atomic_load(w) != v) {
+				if (atomic_load(w) == UINT32_MAX)
+					_exit(0);
+				ipc_futex_wait(w, v - 1, 100);
+			}
+			atomic_store(w, v + 1);
+			ipc_futex_wake(w);
+		}
+	}
+	for (int i = 0; i < warmup + iters; i++) {
+		uint32_t v = 2 * (uint32_t)i + 1;
+		uint64_t t0 = ns_now();
+		atomic_store(w, v);
+		ipc_futex_wake(w);
+		while (atomic_load(w) != v + 1)
+			ipc_futex_wait(w, v, 100);
+		if (i >= warmup)
+			t[i - warmup] = ns_now() - t0;
+	}
+	atomic_store(w, UINT32_MAX);
+	ipc_futex_wake(w);
+	waitpid(pid, NULL, 0);
+	munmap((void *)w, 4096);
+	*res = summarize(t, iters);
+	return 0;
+}
+
 int bench_ipc(int argc, char **argv)
 {
 	int iters = 100000;
@@ -200,14 +248,18 @@ int bench_ipc(int argc, char **argv)
 	char path[108];
 	snprintf(path, sizeof path, "/tmp/dsv32-bench-ipc-%d.sock", (int)getpid());
 	pin(0);
-	struct result busy, fut, sock, sock_busy;
-	int r = ring_rtt(path, 1, t, iters, warmup, &busy);
+	struct result busy, fut, dflt, sock, sock_busy, floor;
+	int r = ring_rtt(path, MODE_BUSY, t, iters, warmup, &busy);
 	if (!r)
-		r = ring_rtt(path, 0, t, iters, warmup, &fut);
+		r = ring_rtt(path, MODE_FUTEX, t, iters, warmup, &fut);
+	if (!r)
+		r = ring_rtt(path, MODE_DEFAULT, t, iters, warmup, &dflt);
 	if (!r)
 		r = socket_rtt(0, t, iters, warmup, &sock);
 	if (!r)
 		r = socket_rtt(1, t, iters, warmup, &sock_busy);
+	if (!r)
+		r = futex_floor(t, iters, warmup, &floor);
 	unlink(path);
 	free(t);
 	if (r) {
@@ -220,13 +272,15 @@ int bench_ipc(int argc, char **argv)
 	printf("  %-46s %9s %9s\n", "path", "p50 us", "p99 us");
 	printf("  %-46s %9.2f %9.2f\n", "rings, busy-poll (generate -> done event)", busy.p50_us, busy.p99_us);
 	printf("  %-46s %9.2f %9.2f\n", "rings, futex + eventfd (both sides asleep)", fut.p50_us, fut.p99_us);
+	printf("  %-46s %9.2f %9.2f\n", "rings, defaults (spin 20/50 us, then futex)", dflt.p50_us, dflt.p99_us);
 	printf("  %-46s %9.2f %9.2f\n", "unix socket echo, 64 B, blocking", sock.p50_us, sock.p99_us);
 	printf("  %-46s %9.2f %9.2f\n", "unix socket echo, 64 B, busy-poll", sock_busy.p50_us, sock_busy.p99_us);
+	printf("  %-46s %9.2f %9.2f\n", "floor: bare futex ping-pong (2 wake-ups)", floor.p50_us, floor.p99_us);
 	printf("  busy-poll rings vs blocking socket: %.1fx lower p50 (target >= 5x, p50 <= 1 us)\n",
 	       sock.p50_us / busy.p50_us);
 	printf("  busy-poll rings vs busy-poll socket: %.1fx lower p50\n", sock_busy.p50_us / busy.p50_us);
-	printf("  futex rings vs blocking socket: %.2fx (target: futex p50 <= 5 us)\n",
-	       sock.p50_us / fut.p50_us);
+	printf("  futex rings vs blocking socket: %.2fx; vs the bare futex floor: %.2fx (aim: futex p50 <= 5 us)\n",
+	       sock.p50_us / fut.p50_us, fut.p50_us / floor.p50_us);
 	printf("command: dsv32 bench ipc --iters %d\n", iters);
 	return 0;
 }
