@@ -8,6 +8,7 @@
  * loudly if it is missing. Input: byte 0 seeds the stream's split sizes; the rest is the text.
  * An input that starts with '{' is instead a whole tokenizer.json for tokenizer_parse (the
  * loader is a parser of untrusted files too); if it loads, it must encode and decode.
+ * Also tokenizer_encode_spans (added tokens allowed only inside given spans).
  * Checks beyond "no crash": decode(encode(s)) == s for valid UTF-8 (its repair otherwise), strict
  * mode fails exactly on invalid UTF-8, uncached == cached, and streamed output is valid UTF-8
  * equal to the one-shot repair.
@@ -67,6 +68,46 @@ static void check_encode(const char *s, size_t n, const struct sbuf *fixed, int 
 		tokenizer_ids_free(&ids);
 		tokenizer_ids_free(&cold);
 	}
+}
+
+/* tokenizer_encode_spans: the whole text allowed = special mode, nothing allowed = plain mode,
+ * and any spans keep every byte (valid UTF-8 only: spans refuse invalid text). */
+static void check_spans(const char *s, size_t n, uint8_t seed, int valid)
+{
+	struct tokenizer_span whole = {0, n}, sp[8];
+	struct tokenizer_ids a = {0}, b = {0};
+	if (!valid) {
+		FUZZ_CHECK(tokenizer_encode_spans(tok, s, n, &whole, 1, 0, &a) == -EILSEQ);
+		return;
+	}
+	FUZZ_CHECK(tokenizer_encode_spans(tok, s, n, &whole, 1, 0, &a) == 0);
+	FUZZ_CHECK(tokenizer_encode(tok, s, n, TOKENIZER_SPECIAL, &b) == 0);
+	FUZZ_CHECK(same(a.v, a.n * sizeof *a.v, b.v, b.n * sizeof *b.v));
+	a.n = b.n = 0;
+	FUZZ_CHECK(tokenizer_encode_spans(tok, s, n, sp, 0, 0, &a) == 0);
+	FUZZ_CHECK(tokenizer_encode(tok, s, n, 0, &b) == 0);
+	FUZZ_CHECK(same(a.v, a.n * sizeof *a.v, b.v, b.n * sizeof *b.v));
+	/* Up to 8 sorted, disjoint spans from a PRNG seeded by the input. */
+	size_t k = 0, off = 0;
+	uint32_t x = seed * 747796405u + 2891336453u;
+	while (k < 8 && off < n) {
+		x = x * 1103515245u + 12345u;
+		size_t gap = (x >> 16) % 8, len = 1 + (x >> 8) % 32;
+		if (off + gap >= n)
+			break;
+		sp[k].off = off + gap;
+		sp[k].len = sp[k].off + len > n ? n - sp[k].off : len;
+		off = sp[k].off + sp[k].len;
+		k++;
+	}
+	a.n = 0;
+	FUZZ_CHECK(tokenizer_encode_spans(tok, s, n, sp, k, 0, &a) == 0);
+	struct sbuf out = {0};
+	FUZZ_CHECK(tokenizer_decode(tok, a.v, a.n, 0, &out) == 0);
+	FUZZ_CHECK(same(out.p, out.len, s, n));
+	sbuf_free(&out);
+	tokenizer_ids_free(&a);
+	tokenizer_ids_free(&b);
 }
 
 static void check_ids(const uint8_t *d, size_t n)
@@ -165,6 +206,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int valid = detok_valid_prefix(s, n) == n;
 	FUZZ_CHECK(!valid || same(fixed.p, fixed.len, s, n));
 	check_encode(s, n, &fixed, valid);
+	check_spans(s, n, data[0], valid);
 	check_ids(data, size);
 	check_stream(s, n, data[0], &fixed);
 	sbuf_free(&fixed);
