@@ -156,7 +156,9 @@ struct sched_event {
 struct sched_stats {
 	int64_t running, waiting;
 	int64_t pages_total, pages_used, pages_free, pages_cached;
-	uint64_t prefix_lookup_pages, prefix_hit_pages; /* hit rate = hit / lookup */
+	/* full prompt pages looked up at admission (readmissions after preemption included) and
+	 * found; hit rate = hit / lookup */
+	uint64_t prefix_lookup_pages, prefix_hit_pages;
 	double prefix_hit_rate;
 	uint64_t prefill_tokens, decode_tokens;  /* computed rows, all steps */
 	double prefill_tok_s, decode_tok_s;      /* per second of step time */
