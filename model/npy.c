@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,9 +250,17 @@ int npy_parse(const uint8_t *buf, size_t len, struct npy_array *a, struct err *e
 		while (*s == ',' || *s == ' ')
 			s++;
 	}
-	size_t n = elem_count(a->ndim, a->shape) * 4;
-	if (off + hlen + n > len)
-		return err_set(e, -EINVAL, ".npy data truncated: %zu bytes of %zu", len - off - hlen, n);
+	size_t n = 4, avail = len - off - hlen;
+	for (int i = 0; i < a->ndim; i++) { /* checked: a shape must fit in the bytes present */
+		if (a->shape[i] && n > avail / (size_t)a->shape[i]) {
+			n = SIZE_MAX;
+			break;
+		}
+		n *= (size_t)a->shape[i];
+	}
+	if (n > avail)
+		return err_set(e, -EINVAL, ".npy data truncated: %zu bytes for shape of %d dims", avail,
+			       a->ndim);
 	a->data = malloc(n ? n : 1);
 	if (!a->data)
 		return err_set(e, -ENOMEM, "out of memory");
@@ -271,68 +280,67 @@ int npy_read(const char *path, struct npy_array *a, struct err *e)
 	return r;
 }
 
+int npz_find(const uint8_t *z, size_t len, const char *key, struct npy_array *a, struct err *e)
+{
+	char want[256];
+	memset(a, 0, sizeof *a);
+	snprintf(want, sizeof want, "%s.npy", key);
+	size_t eocd = len >= 22 ? len - 22 : 0;
+	while (eocd > 0 && get32(z + eocd) != 0x06054b50)
+		eocd--;
+	if (len < 22 || get32(z + eocd) != 0x06054b50)
+		return err_set(e, -EINVAL, "not a zip archive");
+	uint64_t p = get32(z + eocd + 16);
+	size_t n = get16(z + eocd + 10);
+	for (size_t i = 0; i < n; i++) {
+		if (p + 46 > len || get32(z + p) != 0x02014b50)
+			return err_set(e, -EINVAL, "bad central directory");
+		uint32_t method = get16(z + p + 10);
+		uint64_t csize = get32(z + p + 20), lofs = get32(z + p + 42);
+		size_t nl = get16(z + p + 28), xl = get16(z + p + 30), cl = get16(z + p + 32);
+		if (p + 46 + nl + xl > len)
+			return err_set(e, -EINVAL, "bad central directory");
+		const uint8_t *x = z + p + 46 + nl;
+		for (size_t k = 0; k + 4 <= xl;) { /* zip64 extra: the fields that were 0xffffffff */
+			uint32_t id = get16(x + k), sz = get16(x + k + 2);
+			if (id == 1) {
+				const uint8_t *v = x + k + 4, *end = x + k + 4 + sz;
+				if (end > x + xl)
+					end = x + xl;
+				if (get32(z + p + 24) == 0xffffffffu && v + 8 <= end)
+					v += 8;
+				if (csize == 0xffffffffu && v + 8 <= end)
+					csize = get64(v), v += 8;
+				if (lofs == 0xffffffffu && v + 8 <= end)
+					lofs = get64(v);
+			}
+			k += 4 + sz;
+		}
+		if (nl == strlen(want) && !memcmp(z + p + 46, want, nl)) {
+			if (method != 0)
+				return err_set(e, -EINVAL, "entry %s is compressed (not supported)", want);
+			if (lofs > len || len - lofs < 30)
+				return err_set(e, -EINVAL, "entry %s: bad local header", want);
+			uint64_t data = lofs + 30 + get16(z + lofs + 26) + get16(z + lofs + 28);
+			if (data > len || csize > len - data)
+				return err_set(e, -EINVAL, "entry %s truncated", want);
+			return npy_parse(z + data, (size_t)csize, a, e);
+		}
+		p += 46 + nl + xl + cl;
+	}
+	return err_set(e, -ENOENT, "no entry %s", want);
+}
+
 int npz_read(const char *path, const char *key, struct npy_array *a, struct err *e)
 {
 	size_t len;
 	uint8_t *z = (uint8_t *)file_read(path, &len, (size_t)1 << 36, e);
 	if (!z)
 		return -EIO;
-	char want[256];
-	snprintf(want, sizeof want, "%s.npy", key);
-	int r = -ENOENT;
-	size_t eocd = len >= 22 ? len - 22 : 0;
-	while (eocd > 0 && get32(z + eocd) != 0x06054b50)
-		eocd--;
-	if (len < 22 || get32(z + eocd) != 0x06054b50) {
-		r = err_set(e, -EINVAL, "%s: not a zip archive", path);
-		goto out;
-	}
-	size_t p = get32(z + eocd + 16), n = get16(z + eocd + 10);
-	for (size_t i = 0; i < n; i++) {
-		if (p + 46 > len || get32(z + p) != 0x02014b50) {
-			r = err_set(e, -EINVAL, "%s: bad central directory", path);
-			goto out;
-		}
-		uint32_t method = get16(z + p + 10);
-		uint64_t csize = get32(z + p + 20), lofs = get32(z + p + 42);
-		size_t nl = get16(z + p + 28), xl = get16(z + p + 30), cl = get16(z + p + 32);
-		if (p + 46 + nl + xl > len)
-			break;
-		const uint8_t *x = z + p + 46 + nl;
-		for (size_t k = 0; k + 4 <= xl;) { /* zip64 extra: sizes and offset that were 0xffffffff */
-			uint32_t id = get16(x + k), sz = get16(x + k + 2);
-			if (id == 1) {
-				const uint8_t *v = x + k + 4;
-				if (get32(z + p + 24) == 0xffffffffu)
-					v += 8;
-				if (csize == 0xffffffffu)
-					csize = get64(v), v += 8;
-				if (lofs == 0xffffffffu)
-					lofs = get64(v);
-			}
-			k += 4 + sz;
-		}
-		if (nl == strlen(want) && !memcmp(z + p + 46, want, nl)) {
-			if (method != 0) {
-				r = err_set(e, -EINVAL, "%s: entry %s is compressed (not supported)", path, want);
-				goto out;
-			}
-			if (lofs + 30 > len) {
-				r = err_set(e, -EINVAL, "%s: bad local header", path);
-				goto out;
-			}
-			size_t data = lofs + 30 + get16(z + lofs + 26) + get16(z + lofs + 28);
-			if (data + csize > len) {
-				r = err_set(e, -EINVAL, "%s: entry %s truncated", path, want);
-				goto out;
-			}
-			r = npy_parse(z + data, csize, a, e);
-			goto out;
-		}
-		p += 46 + nl + xl + cl;
-	}
-	err_set(e, -ENOENT, "%s: no entry %s", path, want);
-out:
+	struct err e2;
+	int r = npz_find(z, len, key, a, &e2);
+	if (r)
+		err_set(e, r, "%s: %s", path, e2.msg);
 	free(z);
 	return r;
 }

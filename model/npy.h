@@ -45,7 +45,9 @@ int npz_close(struct npz_writer *z, struct err *e);
 /* Parses an in-memory .npy (copies the data). */
 int npy_parse(const uint8_t *buf, size_t len, struct npy_array *a, struct err *e);
 int npy_read(const char *path, struct npy_array *a, struct err *e);
-/* Reads entry KEY(.npy) of an .npz; -ENOENT if absent. */
+/* Finds entry KEY(.npy) in an in-memory .npz and parses it; -ENOENT if absent. */
+int npz_find(const uint8_t *z, size_t len, const char *key, struct npy_array *a, struct err *e);
+/* Reads entry KEY(.npy) of an .npz file; -ENOENT if absent. */
 int npz_read(const char *path, const char *key, struct npy_array *a, struct err *e);
 void npy_free(struct npy_array *a);
 

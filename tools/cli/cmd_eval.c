@@ -26,124 +26,11 @@
 #include "model/kv_cache.h"
 #include "model/npy.h"
 #include "model/safetensors.h"
+#include "model/token_file.h"
 #include "model/weights.h"
 #include "tools/cli/cli.h"
 
 #define MAX_DUMP_NAMES 32
-
-/* ---- the tokens file ------------------------------------------------------------------ */
-
-struct seqs {
-	int64_t n;
-	int32_t **tok; /* [n] -> [len[i]] */
-	int64_t *len;  /* [n] */
-};
-
-static void seqs_free(struct seqs *s)
-{
-	for (int64_t i = 0; i < s->n; i++)
-		free(s->tok[i]);
-	free(s->tok);
-	free(s->len);
-	memset(s, 0, sizeof *s);
-}
-
-static int seqs_push(struct seqs *s, int32_t *tok, int64_t len)
-{
-	int32_t **nt = realloc(s->tok, (size_t)(s->n + 1) * sizeof *nt);
-	int64_t *nl = nt ? realloc(s->len, (size_t)(s->n + 1) * sizeof *nl) : NULL;
-	if (nt)
-		s->tok = nt;
-	if (!nl)
-		return -ENOMEM;
-	s->len = nl;
-	s->tok[s->n] = tok;
-	s->len[s->n++] = len;
-	return 0;
-}
-
-/* Parses "id,id,...\n" lines; every error names the file, line and column (1-based). */
-static int parse_tokens(const char *text, size_t n, const char *path, int64_t vocab,
-			struct seqs *out, struct err *e)
-{
-	memset(out, 0, sizeof *out);
-	size_t i = 0;
-	int64_t line = 0;
-	while (i < n) {
-		line++;
-		size_t b = i, end = i;
-		while (end < n && text[end] != '\n')
-			end++;
-		size_t stop = end > b && text[end - 1] == '\r' ? end - 1 : end;
-		i = end + 1;
-		int32_t *tok = NULL;
-		int64_t len = 0, cap = 0;
-		size_t p = b;
-		int rc = 0;
-		for (;;) {
-			while (p < stop && (text[p] == ' ' || text[p] == '\t'))
-				p++;
-			size_t col = p - b + 1;
-			if (p == stop) {
-				rc = err_set(e, -EINVAL, len ? "%s:%lld:%zu: missing token id after ','"
-							    : "%s:%lld:%zu: empty line (expected comma-separated token ids)",
-					     path, (long long)line, col);
-				break;
-			}
-			if (text[p] == ',' && len) {
-				rc = err_set(e, -EINVAL, "%s:%lld:%zu: missing token id after ','", path,
-					     (long long)line, col);
-				break;
-			}
-			if (text[p] < '0' || text[p] > '9') {
-				rc = err_set(e, -EINVAL, "%s:%lld:%zu: expected a token id, got '%c'", path,
-					     (long long)line, col, text[p]);
-				break;
-			}
-			int64_t v = 0;
-			while (p < stop && text[p] >= '0' && text[p] <= '9') {
-				v = v * 10 + (text[p++] - '0');
-				if (v >= vocab)
-					break;
-			}
-			if (v >= vocab) {
-				rc = err_set(e, -EINVAL, "%s:%lld:%zu: token id out of range (vocab_size %lld)",
-					     path, (long long)line, col, (long long)vocab);
-				break;
-			}
-			if (len == cap) {
-				cap = cap ? 2 * cap : 64;
-				int32_t *nt = realloc(tok, (size_t)cap * sizeof *nt);
-				if (!nt) {
-					rc = err_set(e, -ENOMEM, "out of memory");
-					break;
-				}
-				tok = nt;
-			}
-			tok[len++] = (int32_t)v;
-			while (p < stop && (text[p] == ' ' || text[p] == '\t'))
-				p++;
-			if (p == stop)
-				break;
-			if (text[p] != ',') {
-				rc = err_set(e, -EINVAL, "%s:%lld:%zu: expected ',' or end of line, got '%c'",
-					     path, (long long)line, p - b + 1, text[p]);
-				break;
-			}
-			p++;
-		}
-		if (!rc && seqs_push(out, tok, len))
-			rc = err_set(e, -ENOMEM, "out of memory");
-		if (rc) {
-			free(tok);
-			seqs_free(out);
-			return rc;
-		}
-	}
-	if (out->n == 0)
-		return err_set(e, -EINVAL, "%s: no sequences (the file is empty)", path);
-	return 0;
-}
 
 /* ---- dumps: rows collected per (name, seq, layer), written as padded matrices ------------- */
 
@@ -574,7 +461,7 @@ int cmd_eval(int argc, char **argv)
 	struct dsv32_config c;
 	struct checkpoint ck;
 	struct weights w;
-	struct seqs S = {0};
+	struct token_seqs S = {0};
 	struct backend *be = NULL;
 	int rc = 1, ck_open = 0, w_bound = 0;
 	size_t len;
@@ -582,7 +469,7 @@ int cmd_eval(int argc, char **argv)
 	if (config_load(&c, o.model, &e))
 		goto out;
 	text = file_read(o.tokens, &len, (size_t)1 << 30, &e);
-	if (!text || parse_tokens(text, len, o.tokens, c.vocab_size, &S, &e))
+	if (!text || token_file_parse(text, len, o.tokens, c.vocab_size, &S, &e))
 		goto out;
 	if (ckpt_open(&ck, o.model, &e))
 		goto out;
@@ -667,7 +554,7 @@ out:
 		weights_free(&w);
 	if (ck_open)
 		ckpt_close(&ck);
-	seqs_free(&S);
+	token_seqs_free(&S);
 	free(text);
 	dumps_free(&o.dumps);
 	return rc;
