@@ -319,43 +319,12 @@ static void mtp_input(struct cpu_backend *b, const struct rows *R, float *z)
 
 /* ---- the step ------------------------------------------------------------------------------- */
 
-static int validate_step(const struct cpu_backend *b, const struct backend_step *st)
-{
-	const struct dsv32_config *c = b->base.c;
-	if (st->n_seqs < 0 || (st->n_seqs && !st->seqs))
-		return -EINVAL;
-	if (st->mtp && !b->w->has_mtp)
-		return -EINVAL;
-	int64_t vocab = st->mtp ? b->w->mtp.embed.rows : b->w->embed.rows;
-	for (int64_t i = 0; i < st->n_seqs; i++) {
-		const struct backend_seq *s = &st->seqs[i];
-		if (s->n < 0 || (s->n && (!s->tokens || !s->pos || !s->block_table)))
-			return -EINVAL;
-		if (st->mtp && s->n && !s->mtp_hidden)
-			return -EINVAL;
-		for (int64_t j = 0; j < s->n; j++) {
-			unsigned fl = s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
-			if (s->tokens[j] < 0 || s->tokens[j] >= vocab || s->pos[j] < 0 ||
-			    s->pos[j] >= s->n_blocks * KV_PAGE_TOKENS ||
-			    s->pos[j] >= c->max_position_embeddings)
-				return -EINVAL;
-			if (((fl & BACKEND_ROW_LOGITS) && !s->logits) ||
-			    ((fl & BACKEND_ROW_HIDDEN) && !s->hidden))
-				return -EINVAL;
-			for (int64_t blk = 0; blk <= s->pos[j] / KV_PAGE_TOKENS; blk++)
-				if (s->block_table[blk] < 0 || s->block_table[blk] >= b->base.n_pages)
-					return -EINVAL;
-		}
-	}
-	return 0;
-}
-
 static int cpu_step(struct backend *base, const struct backend_step *st)
 {
 	struct cpu_backend *b = (struct cpu_backend *)base;
 	const struct dsv32_config *c = base->c;
 	const struct weights *w = b->w;
-	int r_ = validate_step(b, st);
+	int r_ = backend_validate_step(base, w, st);
 	if (r_)
 		return r_;
 	struct rows R = {0, NULL, NULL, NULL, st};
@@ -538,7 +507,7 @@ int backend_cpu_layer_step(struct backend *base, int64_t layer, const struct bac
 	const struct dsv32_config *c = base->c;
 	if (layer < 0 || layer >= base->n_layers || st->mtp)
 		return -EINVAL;
-	int rc = validate_step(b, st);
+	int rc = backend_validate_step(base, b->w, st);
 	if (rc)
 		return rc;
 	struct rows R = {0, NULL, NULL, NULL, st};
