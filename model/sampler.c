@@ -7,9 +7,9 @@
  * or keep state between calls (seen/count are cleared before returning).
  *
  * Candidates are sorted as uint64 keys (~orderable(logit) << 32 | id): ascending keys are
- * logits descending, ties by id ascending — the strict total order of the header. Only the
- * prefix that the filters can keep is selected and sorted (quickselect, then sort): one pass
- * bounds it (draw_bound); a full sort happens only for plain temperature sampling.
+ * logits descending, ties by id ascending — the strict total order of the header. It only
+ * decides which ids are kept: top-k is one quickselect, top-p / min-p sort just the prefix one
+ * pass bounds, and the draw walks the kept ids in id order (radix-sorted ids).
  */
 #include <errno.h>
 #include <math.h>
@@ -94,9 +94,11 @@ int sampler_init(struct sampler *s, int64_t vocab)
 	s->logits = malloc((size_t)vocab * sizeof *s->logits);
 	s->keys = malloc((size_t)vocab * sizeof *s->keys);
 	s->q = malloc((size_t)vocab * sizeof *s->q);
+	s->ids = malloc((size_t)vocab * sizeof *s->ids);
+	s->tmp = malloc((size_t)vocab * sizeof *s->tmp);
 	s->count = calloc((size_t)vocab, sizeof *s->count);
 	s->seen = calloc((size_t)vocab, sizeof *s->seen);
-	if (!s->logits || !s->keys || !s->q || !s->count || !s->seen) {
+	if (!s->logits || !s->keys || !s->q || !s->ids || !s->tmp || !s->count || !s->seen) {
 		sampler_free(s);
 		return -ENOMEM;
 	}
@@ -108,6 +110,8 @@ void sampler_free(struct sampler *s)
 	free(s->logits);
 	free(s->keys);
 	free(s->q);
+	free(s->ids);
+	free(s->tmp);
 	free(s->count);
 	free(s->seen);
 	memset(s, 0, sizeof *s);
@@ -202,6 +206,24 @@ static void partial_sort(uint64_t *a, int64_t n, int64_t m)
 		sort_u64(a, 0, m - 1);
 }
 
+/* Sorts n ids ascending (a radix sort: ids are < 2^31, and this runs on up to the whole
+ * vocabulary). tmp: [n] scratch. */
+static void sort_i32_tmp(int32_t *a, int32_t *tmp, int64_t n)
+{
+	for (int shift = 0; shift < 32; shift += 8) {
+		int64_t c[257] = {0};
+		for (int64_t i = 0; i < n; i++)
+			c[((uint32_t)a[i] >> shift & 0xff) + 1]++;
+		if (c[1] == n) /* every id has this byte 0: nothing to move */
+			continue;
+		for (int k = 0; k < 256; k++)
+			c[k + 1] += c[k];
+		for (int64_t i = 0; i < n; i++)
+			tmp[c[(uint32_t)a[i] >> shift & 0xff]++] = a[i];
+		memcpy(a, tmp, (size_t)n * sizeof *a);
+	}
+}
+
 /* ---- sampling ----------------------------------------------------------------------------- */
 
 static void apply_penalties(struct sampler *s, const struct sampler_params *p,
@@ -274,113 +296,141 @@ static void fill_logprobs(const struct sampler *s, const struct sampler_params *
 	}
 }
 
-/* How many leading ids of the order steps 4-6 can keep, with one pass over the row (keys
- * filled as a side effect, n = the finite ones): top-k: top_k; top-p: every id in the
- * logit bins whose mass reaches top_p * Z (the bins follow the order, so they hold exactly a
- * prefix; the 1e-9 margin covers the different summation order); min-p: the ids whose
- * exponent is within 1e-9 of log(min_p) (a superset of those kept). The shorter bound wins;
- * the exact cut is found on the sorted prefix. */
+/* Quickselect: a[k-1] ends in its sorted place, a[0..k) holds the k smallest keys. */
+static void select_k(uint64_t *a, int64_t n, int64_t k)
+{
+	int64_t lo = 0, hi = n - 1;
+	while (hi > lo) {
+		int64_t p = partition(a, lo, hi);
+		if (p == k - 1)
+			break;
+		if (p < k - 1)
+			lo = p + 1;
+		else
+			hi = p - 1;
+	}
+}
+
+/* Inverse CDF over q[0..n) of ids[0..n) (increasing ids): step 7. */
+static int32_t walk(const double *q, const int32_t *ids, int64_t n, double u)
+{
+	double S = 0.0, cum = 0.0;
+	int64_t last = 0;
+	for (int64_t j = 0; j < n; j++) {
+		S += q[j];
+		if (q[j] > 0.0)
+			last = j;
+	}
+	double target = u * S;
+	for (int64_t j = 0; j < n; j++) {
+		cum += q[j];
+		if (cum > target)
+			return ids[j];
+	}
+	return ids[last];
+}
+
+/* Steps 3-7 of the header on the penalised logits l (lmax: their maximum); returns the id.
+ *
+ * The order of step 3 only decides which ids are kept. Top-k: one quickselect. Top-p and
+ * min-p need the exact cut along the sorted order, but only over a prefix that one pass
+ * bounds: the logit bins (they follow the order, so their ids form a prefix) whose mass
+ * reaches top_p * Z, with a 1e-9 margin for the different summation order, and for min-p the
+ * ids whose exponent is within 1e-9 of log(min_p) (a superset of those kept). Only that
+ * prefix is sorted. Plain temperature sorts nothing. */
 #define DRAW_BINS 128
 #define DRAW_BINS_PER_NAT 4.0
-static int64_t draw_bound(struct sampler *s, const struct sampler_params *p, const float *l,
-			  double lmax, int64_t *n_out, double *Z_out)
+static int32_t draw(struct sampler *s, const struct sampler_params *p, const float *l,
+		    double lmax, uint64_t index)
 {
 	int64_t V = s->vocab, n = 0;
-	double T = p->temperature, Z = 0.0;
+	double T = p->temperature, u = sampler_uniform(p->seed, index);
 	int topp = p->top_p < 1.0, minp = p->min_p > 0.0;
-	int topk = p->top_k > 0 && p->top_k < V;
-	if (topk || (!topp && !minp)) {
+	int want_k = p->top_k > 0 && p->top_k < V;
+	double *q = s->q;
+	int32_t *ids = s->ids;
+	if (!want_k && !topp && !minp) { /* every finite id, in id order */
 		for (int64_t i = 0; i < V; i++)
-			if (l[i] != -INFINITY)
-				s->keys[n++] = order_key(l[i], (int32_t)i);
-		*n_out = n;
-		*Z_out = 0.0;
-		if (topk && p->top_k < n)
-			return p->top_k;
-		if (!topp && !minp)
-			return n;
-		n = 0; /* top_k >= the finite ids: off after all, and a filter is on */
+			if (l[i] != -INFINITY) {
+				q[n] = exp(((double)l[i] - lmax) / T);
+				ids[n++] = (int32_t)i;
+			}
+		return walk(q, ids, n, u);
 	}
-	double mass[DRAW_BINS] = {0};
-	int64_t cnt[DRAW_BINS] = {0}, n_minp = 0;
-	double xmin = minp ? log(p->min_p) - 1e-9 : 0.0;
-	for (int64_t i = 0; i < V; i++) {
-		if (l[i] == -INFINITY)
-			continue;
-		s->keys[n++] = order_key(l[i], (int32_t)i);
-		double x = ((double)l[i] - lmax) / T; /* <= 0 */
-		if (minp)
-			n_minp += x >= xmin;
-		if (topp) {
-			double q = exp(x);
-			Z += q; /* Z over every id, in id order (header step 5) */
-			int b = -x < DRAW_BINS / DRAW_BINS_PER_NAT ? (int)(-x * DRAW_BINS_PER_NAT)
-								    : DRAW_BINS - 1;
-			mass[b] += q;
-			cnt[b]++;
+	for (int64_t i = 0; i < V; i++)
+		if (l[i] != -INFINITY)
+			s->keys[n++] = order_key(l[i], (int32_t)i);
+	int topk = want_k && p->top_k < n; /* top_k >= the finite ids is off */
+	int64_t cand = topk ? p->top_k : n;  /* keys[0..cand): the ids step 4 keeps */
+	if (topk)
+		select_k(s->keys, n, cand);
+	int64_t keep = cand;
+	if (topp || minp) {
+		/* Z over the top-k set in id order, the bins, and the min-p superset */
+		double Z = 0.0, mass[DRAW_BINS] = {0};
+		int64_t cnt[DRAW_BINS] = {0}, n_minp = 0;
+		double xmin = minp ? log(p->min_p) - 1e-9 : 0.0;
+		int64_t nv = topk ? cand : V;
+		if (topk) {
+			for (int64_t j = 0; j < cand; j++)
+				ids[j] = key_id(s->keys[j]);
+			sort_i32_tmp(ids, s->tmp, cand);
 		}
-	}
-	int64_t m = n;
-	if (topp) {
-		double need = p->top_p * Z * (1.0 + 1e-9), cum = 0.0;
-		int64_t c = 0;
-		for (int b = 0; b < DRAW_BINS; b++) {
-			cum += mass[b];
-			c += cnt[b];
-			if (cum >= need) {
-				m = c;
+		for (int64_t t = 0; t < nv; t++) {
+			int64_t i = topk ? ids[t] : t;
+			if (l[i] == -INFINITY)
+				continue;
+			double x = ((double)l[i] - lmax) / T; /* <= 0 */
+			if (minp)
+				n_minp += x >= xmin;
+			if (topp) {
+				double e = exp(x);
+				Z += e;
+				int b = -x < DRAW_BINS / DRAW_BINS_PER_NAT ? (int)(-x * DRAW_BINS_PER_NAT)
+									    : DRAW_BINS - 1;
+				mass[b] += e;
+				cnt[b]++;
+			}
+		}
+		int64_t m = cand;
+		if (topp) {
+			double need = p->top_p * Z * (1.0 + 1e-9), cum = 0.0;
+			int64_t c = 0;
+			for (int b = 0; b < DRAW_BINS; b++) {
+				cum += mass[b];
+				c += cnt[b];
+				if (cum >= need) {
+					m = c < m ? c : m;
+					break;
+				}
+			}
+		}
+		if (minp && n_minp < m)
+			m = n_minp; /* >= 1: the first id has x = 0 */
+		/* steps 5 and 6 both keep a prefix: the shorter, on the sorted prefix */
+		partial_sort(s->keys, cand, m);
+		double need = p->top_p * Z, cum = 0.0;
+		keep = m;
+		for (int64_t j = 0; j < m; j++) {
+			double e = exp(((double)l[key_id(s->keys[j])] - lmax) / T);
+			if (j > 0 && e < p->min_p) {
+				keep = j;
+				break;
+			}
+			cum += e;
+			if (topp && cum >= need) {
+				keep = j + 1;
 				break;
 			}
 		}
 	}
-	if (minp && n_minp < m)
-		m = n_minp;
-	*n_out = n;
-	*Z_out = Z;
-	return m > 0 ? m : 1;
-}
-
-/* Steps 3-7 of the header on the penalised logits l (lmax: their maximum); returns the id. */
-static int32_t draw(struct sampler *s, const struct sampler_params *p, const float *l,
-		    double lmax, uint64_t index)
-{
-	int64_t n;
-	double Z, T = p->temperature;
-	int64_t m = draw_bound(s, p, l, lmax, &n, &Z);
-	partial_sort(s->keys, n, m);
-	for (int64_t j = 0; j < m; j++)
-		s->q[j] = exp(((double)l[key_id(s->keys[j])] - lmax) / T);
-	if (p->top_k > 0 && p->top_k < n) { /* Z over the top-k set, in the sorted order */
-		Z = 0.0;
-		for (int64_t j = 0; j < m; j++)
-			Z += s->q[j];
-	}
-	/* Steps 5 and 6 both keep a prefix of the first m: find the shorter. */
-	int topp = p->top_p < 1.0;
-	double need = p->top_p * Z, cum = 0.0;
-	int64_t keep = m;
-	for (int64_t j = 0; j < m; j++) {
-		if (j > 0 && s->q[j] < p->min_p) {
-			keep = j;
-			break;
-		}
-		cum += s->q[j];
-		if (topp && cum >= need) {
-			keep = j + 1;
-			break;
-		}
-	}
-	double S = 0.0;
+	/* the kept ids keys[0..keep), in id order */
 	for (int64_t j = 0; j < keep; j++)
-		S += s->q[j];
-	double target = sampler_uniform(p->seed, index) * S;
-	cum = 0.0;
-	for (int64_t j = 0; j < keep; j++) {
-		cum += s->q[j];
-		if (cum > target)
-			return key_id(s->keys[j]);
-	}
-	return key_id(s->keys[keep - 1]);
+		ids[j] = key_id(s->keys[j]);
+	sort_i32_tmp(ids, s->tmp, keep);
+	for (int64_t j = 0; j < keep; j++)
+		q[j] = exp(((double)l[ids[j]] - lmax) / T);
+	return walk(q, ids, keep, u);
 }
 
 int sampler_sample(struct sampler *s, const struct sampler_params *p, const float *logits,

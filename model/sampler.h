@@ -18,15 +18,16 @@
  *       q_i = exp(((double)l_i - (double)l_max) / temperature), so the first id has q = 1.
  *  4. top_k (0 = off): keep the first top_k ids of the order (top_k >= V is off).
  *  5. top_p (1 = off): of the ids kept, keep the shortest prefix of the order whose sum reaches
- *     top_p * Z, where Z is the sum of q over the ids kept by step 4 (summed in id order when
- *     top_k is off, in the sorted order when it is on) and the prefix sum runs in the sorted
- *     order; at least one id.
+ *     top_p * Z, where Z is the sum of q over the ids kept by step 4, in id order, and the
+ *     prefix sum runs in the sorted order; at least one id.
  *  6. min_p (0 = off): of the ids kept, drop those with q_i < min_p (q_max = 1, so this is the
  *     usual p_i < min_p * p_max; it keeps a prefix too).
  *  7. Draw: u = sampler_uniform(seed, index), index = how many tokens this request has output
- *     before this one (0 for the first). Over the kept prefix in sorted order with sum S (summed
- *     in that order), the chosen id is the first whose running sum exceeds u * S (the last kept
- *     id if rounding leaves none) — inverse CDF of the renormalised distribution.
+ *     before this one (0 for the first). With S the sum of q over the kept ids in id order, the
+ *     chosen id is the first kept id, in increasing id order, whose running sum (same order)
+ *     exceeds u * S (the last kept id with q > 0 if rounding leaves none) — inverse CDF of the
+ *     renormalised distribution. (The order of step 3 only decides which ids are kept, so a
+ *     sampler needs no sort for top-k or plain temperature, only for the top-p / min-p cut.)
  * Ids whose logit is -inf have q = 0 and are never chosen unless every id is -inf (an error).
  * A NaN logit from the model is an error (-EDOM): the caller treats it as an engine fault.
  *
@@ -92,7 +93,9 @@ struct sampler {
 	int64_t vocab;
 	float *logits;   /* [vocab] penalised copy */
 	uint64_t *keys;  /* [vocab] candidates as sort keys (logit order, id) */
-	double *q;       /* [vocab] unnormalised probabilities in sorted order */
+	double *q;       /* [vocab] unnormalised probabilities of the kept ids */
+	int32_t *ids;    /* [vocab] kept ids in id order */
+	int32_t *tmp;    /* [vocab] sort scratch */
 	uint32_t *count; /* [vocab] output-token counts, all zero between calls */
 	uint8_t *seen;   /* [vocab] prompt/output presence, all zero between calls */
 };

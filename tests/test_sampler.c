@@ -225,9 +225,14 @@ static void reference(const float *l, int V, const struct sampler_params *sp, do
 	int keep = V;
 	if (sp->top_k > 0 && sp->top_k < keep)
 		keep = (int)sp->top_k;
-	double Z = 0;
+	double Z = 0; /* over the top-k set, in id order */
+	char *in = calloc((size_t)V, 1);
 	for (int j = 0; j < keep; j++)
-		Z += exp((l[ord[j]] - lmax) / T);
+		in[ord[j]] = 1;
+	for (int i = 0; i < V; i++)
+		if (in[i])
+			Z += exp((l[i] - lmax) / T);
+	free(in);
 	if (sp->top_p < 1.0) {
 		double cum = 0;
 		int j = 0;
@@ -394,38 +399,33 @@ TEST(sampler, reproducible_by_seed_and_index)
 	sampler_free(&b);
 }
 
-/* The draw itself, the slow obvious way: every id sorted, then the header's steps 4-7. */
+/* The draw itself, the slow obvious way: the kept set from reference(), then step 7. */
 static int32_t reference_draw(const float *l, int V, const struct sampler_params *sp,
 			      uint64_t index)
 {
 	double *p = malloc((size_t)V * sizeof *p);
-	int *ord = malloc((size_t)V * sizeof *ord);
-	reference(l, V, sp, p); /* kept ids have p > 0 */
-	int n = 0;
+	reference(l, V, sp, p); /* kept ids with q > 0 have p > 0 */
+	double lmax = -INFINITY, S = 0, cum = 0;
 	for (int i = 0; i < V; i++)
-		if (p[i] > 0)
-			ord[n++] = i;
-	for (int i = 1; i < n; i++) /* sorted order among the kept */
-		for (int j = i; j > 0 && (l[ord[j]] > l[ord[j - 1]] ||
-					  (l[ord[j]] == l[ord[j - 1]] && ord[j] < ord[j - 1])); j--) {
-			int t = ord[j];
-			ord[j] = ord[j - 1];
-			ord[j - 1] = t;
+		if (l[i] > lmax)
+			lmax = l[i];
+	int32_t last = -1;
+	for (int i = 0; i < V; i++)
+		if (p[i] > 0) {
+			S += exp(((double)l[i] - lmax) / sp->temperature);
+			last = i;
 		}
-	double lmax = l[ord[0]], S = 0, cum = 0;
-	for (int k = 0; k < n; k++)
-		S += exp(((double)l[ord[k]] - lmax) / sp->temperature);
 	double target = sampler_uniform(sp->seed, index) * S;
-	int32_t tok = ord[n - 1];
-	for (int k = 0; k < n; k++) {
-		cum += exp(((double)l[ord[k]] - lmax) / sp->temperature);
-		if (cum > target) {
-			tok = ord[k];
-			break;
+	int32_t tok = last;
+	for (int i = 0; i < V; i++)
+		if (p[i] > 0) {
+			cum += exp(((double)l[i] - lmax) / sp->temperature);
+			if (cum > target) {
+				tok = i;
+				break;
+			}
 		}
-	}
 	free(p);
-	free(ord);
 	return tok;
 }
 

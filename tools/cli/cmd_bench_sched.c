@@ -129,7 +129,7 @@ static void bench_sampler(int64_t V)
 		{"T=1 top_p=0.95 (card default)", 1, 0.95, 0, 1, 0, 0},
 		{"T=0.7 top_k=50", 0.7, 1, 0, 1, 50, 0},
 		{"T=1 min_p=0.05", 1, 1, 0.05, 1, 0, 0},
-		{"T=1 (full sort)", 1, 1, 0, 1, 0, 0},
+		{"T=1 (no filter)", 1, 1, 0, 1, 0, 0},
 	};
 	printf("sampler, vocab %lld, CPU time per token: model-like row / flat row\n", (long long)V);
 	for (size_t k = 0; k < sizeof set / sizeof *set; k++) {
