@@ -36,6 +36,9 @@
 
 #define NC_FN static __attribute__((unused))
 
+/* 1: our side runs the naive attention form (the fixtures are the oracle's absorbed form). */
+static int nc_naive_attention __attribute__((unused));
+
 /* ---- verdicts: failed checks are counted and printed, the caller decides ------------------ */
 
 struct nc_verdict {
@@ -380,6 +383,7 @@ NC_FN void nc_e2e(struct nc_verdict *v, const char *name, const struct nc_e2e_li
 	struct backend *b;
 	struct err e;
 	REQUIRE(backend_cpu_create(c, &m.w, n_pages, 4, &b, &e) == 0);
+	backend_cpu_set_naive_attention(b, nc_naive_attention);
 	double *rl = malloc((size_t)(S.n * max_T) * sizeof *rl);
 	double *mrl = malloc((size_t)(S.n * max_T) * sizeof *mrl);
 	int64_t n_rl = 0, n_mrl = 0, agree = 0;
