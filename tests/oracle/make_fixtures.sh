@@ -13,7 +13,7 @@
 # Writes OUT_DIR/NAME/{manifest.txt,logits.npz,topk.npz,experts.npz,layers.npz} for every
 # numerics config NAME, OUT_DIR/ops.npz, and OUT_DIR/selfcheck.txt (also printed). Copy
 # OUT_DIR/* into tests/data/oracle/ to commit them (the tokens files there are the inputs).
-set -u
+set -u -o pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "${1:?usage: make_fixtures.sh BIN_DIR OUT_DIR}" 2>/dev/null && pwd || echo "$1")
 out=${2:?usage: make_fixtures.sh BIN_DIR OUT_DIR}
