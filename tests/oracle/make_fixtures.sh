@@ -36,7 +36,7 @@ say "== oracle fixtures: $(date -u)  host $(hostname)"
 python3 -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$log"
 
 status=0
-# name  structured  logit-stride  teacher-forced sequence
+# name  structured  logit-stride  teacher-forced sequence (-1: none)
 while read -r name structured stride tf; do
   [ -z "$name" ] && continue
   cfg=tests/data/numerics_$name.json
@@ -75,8 +75,8 @@ while read -r name structured stride tf; do
 done <<'EOF'
 tiny 1 4 1
 wide 1 4 1
-dense1 0 2 0
-moe1 1 2 0
+dense1 0 2 -1
+moe1 1 2 -1
 EOF
 
 python3 tests/oracle/oracle.py ops --config tests/data/numerics_tiny.json --out "$out/ops.npz" \
