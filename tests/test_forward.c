@@ -709,6 +709,14 @@ TEST_T(eval, malformed_tokens_files, 120)
 	snprintf(args, sizeof args, "eval --model %s", m.dir);
 	CHECK_EQ_INT(run_dsv32(args, &log), 2); /* usage */
 	free(log);
+	snprintf(args, sizeof args, "eval --model %s --tokens %s --bench --logits-out x.npy", m.dir, ok);
+	CHECK_EQ_INT(run_dsv32(args, &log), 2); /* --bench computes no per-row logits */
+	free(log);
+	snprintf(args, sizeof args, "eval --model %s --tokens %s --bench --generate 3", m.dir, ok);
+	CHECK_EQ_INT(run_dsv32(args, &log), 0);
+	CHECK_CONTAINS(log, "seq1: generated ");
+	CHECK_CONTAINS(log, "bench: one-thread read bandwidth");
+	free(log);
 	snprintf(args, sizeof args, "eval --model %s --tokens %s --dump attn_norm kv_cmprr", m.dir, ok);
 	CHECK_EQ_INT(run_dsv32(args, &log), 2);
 	CHECK_CONTAINS(log, "unknown name 'kv_cmprr'");
