@@ -16,6 +16,8 @@
  * earlier rows of this step), and, on the CPU backend, a row's numbers are bit-identical
  * however the tokens are chunked or batched (batch invariance).
  *
+ * A backend runs one step at a time: its callers (the engine thread, a tool) serialise steps.
+ *
  * MTP (spec §4): a step with mtp = 1 runs the MTP layer instead of the main model. Row i then
  * carries token x_{i+1} (the token after position pos[i]), position pos[i], and mtp_hidden[i]
  * = h_i, the main model's final normed hidden state at pos[i] (a row flagged

@@ -22,7 +22,8 @@ struct cpu_pool *cpu_pool_start(int n_threads);
 void cpu_pool_stop(struct cpu_pool *p);
 int cpu_pool_threads(const struct cpu_pool *p);
 
-/* Runs fn over [0, n) and returns when every range is done. p may be NULL (inline).
+/* Runs fn over [0, n) and returns when every range is done. p may be NULL (inline). One caller
+ * at a time per pool, and fn must not call cpu_pool_run on the same pool (no nesting).
  * Ranges smaller than min_chunk items are not split further (threads cost a wake-up). */
 void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *ctx, int64_t n, int64_t min_chunk);
 
