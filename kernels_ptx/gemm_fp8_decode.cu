@@ -49,7 +49,7 @@ __device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, u
 
 #define DEC_WARPS 8
 
-template <int MG, int U> // token groups of 8: M <= 8 * MG; U K blocks per iteration
+template <int MG> // token groups of 8: M <= 8 * MG
 __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 						const float *__restrict__ S,
 						const uint8_t *__restrict__ X,
@@ -79,49 +79,47 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 		const uint8_t *w_lo = W + (size_t)(n0 + g) * K + 32 * t;
 		const uint8_t *w_hi = w_lo + (size_t)8 * K;
 		const float *s_row = S + (size_t)(n0 >> 7) * KB;
-		// U K blocks per iteration: all their weight loads are issued before the first MMA,
-		// so each lane has 4*U 16-byte loads in flight (U*2 KB per warp)
-		for (int kb0 = kb_begin + ks; kb0 < kb_end; kb0 += U * ksplit) {
-			uint4 a[U][4];
-#pragma unroll
-			for (int u = 0; u < U; u++) {
-				const int kb = kb0 + u * ksplit;
-				if (kb < kb_end) {
-					a[u][0] = ld_stream16(w_lo + (size_t)kb * 128);
-					a[u][1] = ld_stream16(w_lo + (size_t)kb * 128 + 16);
-					a[u][2] = ld_stream16(w_hi + (size_t)kb * 128);
-					a[u][3] = ld_stream16(w_hi + (size_t)kb * 128 + 16);
-				}
+		// software pipeline: the next block's weights are in flight while this one computes
+		int kb = kb_begin + ks;
+		uint4 lo0, lo1, hi0, hi1;
+		if (kb < kb_end) {
+			lo0 = ld_stream16(w_lo + (size_t)kb * 128);
+			lo1 = ld_stream16(w_lo + (size_t)kb * 128 + 16);
+			hi0 = ld_stream16(w_hi + (size_t)kb * 128);
+			hi1 = ld_stream16(w_hi + (size_t)kb * 128 + 16);
+		}
+		for (; kb < kb_end; kb += ksplit) {
+			const uint4 a_lo0 = lo0, a_lo1 = lo1, a_hi0 = hi0, a_hi1 = hi1;
+			const int kn = kb + ksplit;
+			if (kn < kb_end) {
+				lo0 = ld_stream16(w_lo + (size_t)kn * 128);
+				lo1 = ld_stream16(w_lo + (size_t)kn * 128 + 16);
+				hi0 = ld_stream16(w_hi + (size_t)kn * 128);
+				hi1 = ld_stream16(w_hi + (size_t)kn * 128 + 16);
 			}
+			const float sw = s_row[kb];
 #pragma unroll
-			for (int u = 0; u < U; u++) {
-				const int kb = kb0 + u * ksplit;
-				if (kb >= kb_end)
-					break;
-				const float sw = s_row[kb];
-#pragma unroll
-				for (int mg = 0; mg < MG; mg++) {
-					const int tok = mg * 8 + g;
-					uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-					if (tok < M) {
-						const uint8_t *xp = X + (size_t)tok * K + (size_t)kb * 128 + 32 * t;
-						b0 = ld_cached16(xp);
-						b1 = ld_cached16(xp + 16);
-					}
-					float c[4] = {0.f, 0.f, 0.f, 0.f};
-					mma_e4m3(c, a[u][0].x, a[u][2].x, a[u][0].y, a[u][2].y, b0.x, b0.y);
-					mma_e4m3(c, a[u][0].z, a[u][2].z, a[u][0].w, a[u][2].w, b0.z, b0.w);
-					mma_e4m3(c, a[u][1].x, a[u][3].x, a[u][1].y, a[u][3].y, b1.x, b1.y);
-					mma_e4m3(c, a[u][1].z, a[u][3].z, a[u][1].w, a[u][3].w, b1.z, b1.w);
-					// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
-					const int m0 = mg * 8 + 2 * t;
-					const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
-					const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
-					acc[mg][0] += c[0] * s0;
-					acc[mg][1] += c[1] * s1;
-					acc[mg][2] += c[2] * s0;
-					acc[mg][3] += c[3] * s1;
+			for (int mg = 0; mg < MG; mg++) {
+				const int tok = mg * 8 + g;
+				uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+				if (tok < M) {
+					const uint8_t *xp = X + (size_t)tok * K + (size_t)kb * 128 + 32 * t;
+					b0 = ld_cached16(xp);
+					b1 = ld_cached16(xp + 16);
 				}
+				float c[4] = {0.f, 0.f, 0.f, 0.f};
+				mma_e4m3(c, a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
+				mma_e4m3(c, a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
+				mma_e4m3(c, a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
+				mma_e4m3(c, a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+				// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
+				const int m0 = mg * 8 + 2 * t;
+				const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
+				const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
+				acc[mg][0] += c[0] * s0;
+				acc[mg][1] += c[1] * s1;
+				acc[mg][2] += c[2] * s0;
+				acc[mg][3] += c[3] * s1;
 			}
 		}
 	}
@@ -165,18 +163,18 @@ k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y,
 	}
 }
 
-#define DEC_ENTRY(MG, U, MINB)                                                                          \
+#define DEC_ENTRY(MG, MINB)                                                                         \
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)                        \
 	k_gemm_fp8_decode_m##MG(const uint8_t *W, const float *S, const uint8_t *X,             \
 				const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
 				int ksplit, float *partial, int chunk_blocks)                   \
 	{                                                                                       \
-		gemm_fp8_decode<MG, U>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,           \
+		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,              \
 				    chunk_blocks);                                              \
 	}
 
 // blocks per SM the register budget is sized for (more warps hide more memory latency)
-DEC_ENTRY(1, 4, 2)
-DEC_ENTRY(2, 2, 1)
-DEC_ENTRY(4, 1, 1)
-DEC_ENTRY(8, 1, 1)
+DEC_ENTRY(1, 3)
+DEC_ENTRY(2, 2)
+DEC_ENTRY(4, 1)
+DEC_ENTRY(8, 1)
