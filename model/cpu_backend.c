@@ -159,7 +159,6 @@ static void q_head_layout(const struct dsv32_config *c, float *q, int64_t T)
 	free(tmp);
 }
 
-
 /* x: [T, hidden] the previous layer's output (or the embedding when first), r: [T, hidden] the
  * bf16 residual stream. On return x holds this layer's FFN output. */
 static void layer_forward(struct cpu_backend *b, const struct rows *R,
