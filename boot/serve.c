@@ -82,6 +82,7 @@ static void reject(struct serve *sv, const struct ipc_item *it, int code, const 
 static int error_code(int r, enum dsv32_input input)
 {
 	switch (r) {
+	case -ERANGE: return DSV32_E_BAD_TOKEN; /* a prompt or stop id outside the vocabulary */
 	case -E2BIG: return DSV32_E_PROMPT_TOO_LONG;
 	case -EAGAIN: return DSV32_E_QUEUE_FULL;
 	case -ENOMEM: return DSV32_E_QUEUE_FULL;
@@ -150,8 +151,10 @@ static void handle_generate(struct serve *sv, const struct ipc_item *it)
 	rq.sampling.presence_penalty = q->presence_penalty;
 	rq.sampling.frequency_penalty = q->frequency_penalty;
 	rq.sampling.seed = q->seed;
+	/* dsv32.h: logprobs N > 0 = the chosen token's logprob and N alternatives */
 	rq.sampling.logprobs = q->logprobs > 0;
-	rq.sampling.top_logprobs = q->logprobs > 1 ? (int)q->logprobs : 0;
+	rq.sampling.top_logprobs = q->logprobs > SAMPLER_MAX_LOGPROBS ? SAMPLER_MAX_LOGPROBS
+								       : (int)q->logprobs;
 	struct serve_req *lr = add_live(sv);
 	if (!lr) {
 		reject(sv, it, DSV32_E_QUEUE_FULL, "out of memory");

@@ -482,12 +482,17 @@ TEST_T(daemon, typed_errors_keep_the_client, 120)
 	p.text = "[{\"role\": \"user\", \"content\": \"<｜User｜>hi\"}]"; /* injected tokens stay text */
 	p.text_len = strlen(p.text);
 	p.max_tokens = 3;
+	p.logprobs = 3; /* the chosen token's logprob and 3 alternatives */
 	REQUIRE(dsv32_submit_generate(h, &p) == 0);
 	struct dsv32_event ev;
 	int toks = 0, done = 0;
 	while (!done && dsv32_wait(h, 20000, &ev) == 1) {
-		if (ev.type == DSV32_EVENT_TOKEN)
+		if (ev.type == DSV32_EVENT_TOKEN && ev.token.n_tokens) {
 			toks += (int)ev.token.n_tokens;
+			CHECK_EQ_INT(ev.token.n_top, 3);
+			CHECK(ev.token.logprobs && ev.token.logprobs[0] <= 0.0f);
+			CHECK(ev.token.top && ev.token.top[0].logprob >= ev.token.top[1].logprob);
+		}
 		done = ev.type != DSV32_EVENT_TOKEN;
 	}
 	CHECK_EQ_INT(ev.type, DSV32_EVENT_DONE);
