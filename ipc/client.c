@@ -554,6 +554,9 @@ int dsv32_wait(dsv32_t *h, int timeout_ms, struct dsv32_event *ev)
 		 * load flag"): either we see its new tail, or it sees our flag and wakes us. */
 		atomic_store_explicit(&h->hdr->cq_flags.v, IPC_NEED_WAKEUP, memory_order_relaxed);
 		atomic_thread_fence(memory_order_seq_cst);
+		/* Relaxed loads (ordered by the fence): they only decide whether to sleep;
+		 * dsv32_poll re-reads the tail with acquire. A CLOSED state set (and woken) between
+		 * here and the futex call costs at most one sleep slice. */
 		uint32_t tail = atomic_load_explicit(&h->hdr->cq_tail.v, memory_order_relaxed);
 		if (tail == h->cq_head &&
 		    atomic_load_explicit(&h->hdr->state.v, memory_order_relaxed) == IPC_STATE_RUNNING)

@@ -6,7 +6,9 @@
  * message measured in the same run (blocking, and busy-polled with MSG_DONTWAIT).
  *
  * The server is a separate process, as in production. With two or more CPUs the two processes
- * are pinned to different CPUs. Prints p50 and p99 and the ratios; asserts nothing.
+ * are pinned to different CPUs (--same-cpu: both to CPU 0, where a wake-up is a context switch
+ * rather than an interrupt to an idle CPU; busy-polling is then meaningless). Prints p50 and p99
+ * and the ratios; asserts nothing.
  */
 #include <errno.h>
 #include <sched.h>
@@ -32,10 +34,15 @@ static uint64_t ns_now(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static long n_cpus;  /* counted before anything is pinned (musl counts the affinity mask) */
+static int same_cpu; /* --same-cpu: both processes on CPU 0 */
+
 static void pin(int cpu)
 {
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+	if (n_cpus < 2)
 		return;
+	if (same_cpu)
+		cpu = 0;
 	cpu_set_t s;
 	CPU_ZERO(&s);
 	CPU_SET(cpu, &s);
@@ -236,13 +243,16 @@ int bench_ipc(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--iters") && i + 1 < argc)
 			iters = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--same-cpu"))
+			same_cpu = 1;
 		else {
-			fprintf(stderr, "usage: dsv32 bench ipc [--iters N]\n");
+			fprintf(stderr, "usage: dsv32 bench ipc [--iters N] [--same-cpu]\n");
 			return 2;
 		}
 	}
 	if (iters < 100)
 		iters = 100;
+	n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	int warmup = iters / 10;
 	uint64_t *t = malloc((size_t)iters * sizeof *t);
 	char path[108];
@@ -266,9 +276,8 @@ int bench_ipc(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench ipc: %s\n", strerror(-r));
 		return 1;
 	}
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	printf("dsv32 bench ipc: round trip, client and server in separate processes%s, %d iterations each\n",
-	       ncpu >= 2 ? " pinned to CPUs 0 and 1" : " (one CPU)", iters);
+	       n_cpus < 2 ? " (one CPU)" : same_cpu ? " both pinned to CPU 0" : " pinned to CPUs 0 and 1", iters);
 	printf("  %-46s %9s %9s\n", "path", "p50 us", "p99 us");
 	printf("  %-46s %9.2f %9.2f\n", "rings, busy-poll (generate -> done event)", busy.p50_us, busy.p99_us);
 	printf("  %-46s %9.2f %9.2f\n", "rings, futex + eventfd (both sides asleep)", fut.p50_us, fut.p99_us);
@@ -281,6 +290,6 @@ int bench_ipc(int argc, char **argv)
 	printf("  busy-poll rings vs busy-poll socket: %.1fx lower p50\n", sock_busy.p50_us / busy.p50_us);
 	printf("  futex rings vs blocking socket: %.2fx; vs the bare futex floor: %.2fx (aim: futex p50 <= 5 us)\n",
 	       sock.p50_us / fut.p50_us, fut.p50_us / floor.p50_us);
-	printf("command: dsv32 bench ipc --iters %d\n", iters);
+	printf("command: dsv32 bench ipc --iters %d%s\n", iters, same_cpu ? " --same-cpu" : "");
 	return 0;
 }
