@@ -11,8 +11,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "model/config.h"
 #include "model/fileio.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "tests/test.h"
 
 static inline const char *bin_dir(void)
@@ -36,6 +38,34 @@ static inline int run_mkmodel(const char *args, char **log)
 	if (log)
 		*log = file_read(logp, NULL, 1 << 20, NULL);
 	return st == -1 ? -1 : WEXITSTATUS(st);
+}
+
+/* A generated checkpoint, opened and bound. */
+struct test_model {
+	char dir[512];
+	struct dsv32_config c;
+	struct checkpoint ck;
+	struct weights w;
+};
+
+/* Runs cmd (a shell command that writes the checkpoint into m->dir), then loads its config,
+ * opens it and binds every tensor; ends the case with the reason on any failure. */
+static inline void test_model_make(struct test_model *m, const char *cmd)
+{
+	REQUIRE(system(cmd) == 0);
+	struct err e;
+	REQUIRE(config_load(&m->c, m->dir, &e) == 0);
+	REQUIRE(ckpt_open(&m->ck, m->dir, &e) == 0);
+	if (weights_bind(&m->w, &m->c, &m->ck, &e)) {
+		test_fail(__FILE__, __LINE__, "weights_bind: %s", e.msg);
+		test_abort_case();
+	}
+}
+
+static inline void test_model_free(struct test_model *m)
+{
+	weights_free(&m->w);
+	ckpt_close(&m->ck);
 }
 
 /* Writes TMP/mini.json: tests/data/tiny_config.json with vocab_size 1024. Returns its path. */

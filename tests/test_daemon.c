@@ -18,13 +18,8 @@
 
 #include "ipc/dsv32.h"
 #include "model/fileio.h"
+#include "tests/ckpt_helpers.h"
 #include "tests/test.h"
-
-static const char *bin(void)
-{
-	const char *b = getenv("DSV32_BIN");
-	return b ? b : "build";
-}
 
 static int sanitizer(void) { return getenv("DSV32_SANITIZER") && atoi(getenv("DSV32_SANITIZER")); }
 
@@ -42,7 +37,7 @@ static void make_model(char *dir, size_t n)
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd,
 		 "%s/mkmodel tiny --seed 1 --tokenizer %s/build/tokenizer/tokenizer.json --out %s > %s.log 2>&1",
-		 bin(), test_root(), dir, dir);
+		 bin_dir(), test_root(), dir, dir);
 	if (system(cmd)) {
 		test_fail(__FILE__, __LINE__, "mkmodel failed (is build/tokenizer/tokenizer.json there? `make tokenizer`): %s", cmd);
 		test_abort_case();
@@ -62,7 +57,7 @@ static void daemon_start(struct daemon *d, const char *model, const char *extra)
 	snprintf(d->log, sizeof d->log, "%s/dsv32d.log", test_tmpdir());
 	char cmd[4096];
 	snprintf(cmd, sizeof cmd, "exec %s/dsv32d --model %s --socket %s --backend cpu --threads 2 %s > %s 2>&1",
-		 bin(), model, d->sock, extra ? extra : "", d->log);
+		 bin_dir(), model, d->sock, extra ? extra : "", d->log);
 	d->pid = fork();
 	if (d->pid == 0) {
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -123,7 +118,7 @@ static void eval_reference(const char *model, uint32_t ref[N_PROMPTS][GEN])
 		fprintf(f, "%u,%u,%u,%u,%u\n", prompts[p][0], prompts[p][1], prompts[p][2],
 			prompts[p][3], prompts[p][4]);
 	fclose(f);
-	snprintf(cmd, sizeof cmd, "%s/dsv32 eval --model %s --tokens %s --generate %d > %s 2>&1", bin(),
+	snprintf(cmd, sizeof cmd, "%s/dsv32 eval --model %s --tokens %s --generate %d > %s 2>&1", bin_dir(),
 		 model, toks, GEN, out);
 	REQUIRE(system(cmd) == 0);
 	struct err e;
@@ -236,7 +231,7 @@ TEST_T(daemon, notify_sequence_and_drain, 120)
 	snprintf(d.log, sizeof d.log, "%s/dsv32d.log", test_tmpdir());
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd, "exec %s/dsv32d --model %s --socket %s --backend cpu > %s 2>&1",
-		 bin(), model, d.sock, d.log);
+		 bin_dir(), model, d.sock, d.log);
 	if ((d.pid = fork()) == 0) {
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 		_exit(127);
@@ -516,7 +511,7 @@ TEST(daemon, bad_config_and_checkpoint_exit_nonzero)
 {
 	char cmd[2048], out[512];
 	snprintf(out, sizeof out, "%s/out.log", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/dsv32d --model %s/nonexistent > %s 2>&1", bin(), test_tmpdir(), out);
+	snprintf(cmd, sizeof cmd, "%s/dsv32d --model %s/nonexistent > %s 2>&1", bin_dir(), test_tmpdir(), out);
 	int st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
 	struct err e;
@@ -525,7 +520,7 @@ TEST(daemon, bad_config_and_checkpoint_exit_nonzero)
 	REQUIRE(log);
 	CHECK_CONTAINS(log, "nonexistent/config.json");
 	free(log);
-	snprintf(cmd, sizeof cmd, "%s/dsv32d --model x --max-seqs 0 > %s 2>&1", bin(), out);
+	snprintf(cmd, sizeof cmd, "%s/dsv32d --model x --max-seqs 0 > %s 2>&1", bin_dir(), out);
 	st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 	log = file_read(out, &n, 1 << 20, &e);

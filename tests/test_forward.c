@@ -21,15 +21,10 @@
 #include "model/numerics.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "tests/ckpt_helpers.h"
 #include "tests/test.h"
 
 /* ---- models ---------------------------------------------------------------------------- */
-
-static const char *bin_dir(void)
-{
-	const char *b = getenv("DSV32_BIN");
-	return b && *b ? b : "build";
-}
 
 static const char *mini_json =
 	"{\"architectures\": [\"DeepseekV32ForCausalLM\"], \"model_type\": \"deepseek_v32\",\n"
@@ -50,16 +45,9 @@ static const char *mini_json =
 	" \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\",\n"
 	"   \"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128], \"scale_fmt\": \"ue8m0\"}}\n";
 
-struct model {
-	char dir[512];
-	struct dsv32_config c;
-	struct checkpoint ck;
-	struct weights w;
-};
-
 /* Generates TMP/NAME with mkmodel ("tiny" preset, "mini", or "shallow" = mini with one MoE
  * layer) and binds it. */
-static void model_load(struct model *m, const char *name)
+static void model_load(struct test_model *m, const char *name)
 {
 	char cmd[4096], cfg[512];
 	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), name);
@@ -75,23 +63,10 @@ static void model_load(struct model *m, const char *name)
 		snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
 			 bin_dir(), cfg, m->dir, m->dir);
 	}
-	REQUIRE(system(cmd) == 0);
-	struct err e;
-	REQUIRE(config_load(&m->c, m->dir, &e) == 0);
-	REQUIRE(ckpt_open(&m->ck, m->dir, &e) == 0);
-	if (weights_bind(&m->w, &m->c, &m->ck, &e)) {
-		test_fail(__FILE__, __LINE__, "weights_bind: %s", e.msg);
-		test_abort_case();
-	}
+	test_model_make(m, cmd);
 }
 
-static void model_free(struct model *m)
-{
-	weights_free(&m->w);
-	ckpt_close(&m->ck);
-}
-
-static struct backend *make_backend(struct model *m, int64_t n_pages, int threads)
+static struct backend *make_backend(struct test_model *m, int64_t n_pages, int threads)
 {
 	struct backend *b;
 	struct err e;
@@ -139,7 +114,7 @@ static int64_t first_diff(const float *a, const float *b, int64_t n)
 
 TEST_T(forward, every_chunk_size_is_bit_identical, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size, T = 20;
 	int32_t tok[80], bt[2] = {0, 1};
@@ -170,12 +145,12 @@ TEST_T(forward, every_chunk_size_is_bit_identical, 300)
 	backend_destroy(b);
 	free(ref);
 	free(got);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, mixed_batches_and_threads_are_bit_identical, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size;
 	enum { NS = 3 };
@@ -238,14 +213,14 @@ TEST_T(forward, mixed_batches_and_threads_are_bit_identical, 300)
 		free(ref[s]);
 		free(got[s]);
 	}
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, prefix_pages_copied_elsewhere_give_same_logits, 120)
 {
 	/* a prefix-cache hit: the first full page of a sequence is copied (every layer, both
 	 * pools) to another page id, and a second sequence continues from it */
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size, T = 75;
 	int32_t tok[75], bt_a[2] = {0, 1}, bt_b[2] = {3, 2};
@@ -268,14 +243,14 @@ TEST_T(forward, prefix_pages_copied_elsewhere_give_same_logits, 120)
 	free(ref);
 	free(got);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, naive_attention_agrees_on_a_shallow_model, 120)
 {
 	/* one layer: the end-to-end noise floor is near zero, so the two attention forms (which
 	 * round to bf16 in different places) must agree closely on the logits */
-	struct model m;
+	struct test_model m;
 	model_load(&m, "shallow");
 	int64_t V = m.c.vocab_size, T = 40;
 	int32_t tok[40], bt[1] = {0};
@@ -307,7 +282,7 @@ TEST_T(forward, naive_attention_agrees_on_a_shallow_model, 120)
 	free(a);
 	free(n);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 /* ---- cache bytes, MTP, validation -------------------------------------------------------- */
@@ -337,7 +312,7 @@ static void capture_cb(void *ctx, const char *name, int64_t layer, int64_t seq, 
 
 TEST_T(forward, cache_bytes_match_the_layouts, 120)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	const struct dsv32_config *c = &m.c;
 	int32_t tok[30], bt[1] = {1};
@@ -374,12 +349,12 @@ TEST_T(forward, cache_bytes_match_the_layouts, 120)
 	free(ip);
 	free(logits);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, mtp_is_batch_invariant_and_finite, 120)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	REQUIRE(m.w.has_mtp);
 	int64_t V = m.c.vocab_size, D = m.c.hidden_size, T = 30;
@@ -420,12 +395,12 @@ TEST_T(forward, mtp_is_batch_invariant_and_finite, 120)
 	free(ref);
 	free(got);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, step_validation, 60)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	struct backend *b = make_backend(&m, 2, 1);
 	float *lg = malloc((size_t)m.c.vocab_size * sizeof *lg);
@@ -451,12 +426,12 @@ TEST_T(forward, step_validation, 60)
 	CHECK(backend_step(b, &empty) == 0);
 	free(lg);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(forward, tiny_model_100_greedy_steps_stay_finite, 600)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "tiny");
 	int64_t V = m.c.vocab_size, D = m.c.hidden_size, T = 16, steps = 100;
 	int32_t tok[16 + 100], bt[2] = {0, 1};
@@ -494,11 +469,11 @@ TEST_T(forward, tiny_model_100_greedy_steps_stay_finite, 600)
 	free(lg);
 	free(hid);
 	backend_destroy(b);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 /* Main logits [T, V] and MTP logits [T-1, V] of one sequence on a fresh backend. */
-static void run_with_mtp(struct model *m, const int32_t *tok, int64_t T, float *lg, float *mtp)
+static void run_with_mtp(struct test_model *m, const int32_t *tok, int64_t T, float *lg, float *mtp)
 {
 	int64_t D = m->c.hidden_size;
 	int32_t bt[1] = {0};
@@ -524,7 +499,7 @@ TEST_T(forward, every_mutation_changes_the_output, 300)
 {
 	/* the test-only switches of issue 4 each change something on a random checkpoint
 	 * (whether a test turns red for each is issue 4's structured-checkpoint job) */
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size, T = 24;
 	int32_t tok[24];
@@ -553,7 +528,7 @@ TEST_T(forward, every_mutation_changes_the_output, 300)
 	free(mt0);
 	free(lg);
 	free(mt);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 /* ---- dsv32 eval ----------------------------------------------------------------------------- */
@@ -581,7 +556,7 @@ static const char *write_tokens(const char *name, const char *text)
 
 TEST_T(eval, outputs_dumps_generation, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size, K = m.c.num_experts_per_tok;
 	const char *tf = write_tokens("two.txt", "5,17,300,2,9,44,1000,7,8,9,10,11\n"
@@ -665,12 +640,12 @@ TEST_T(eval, outputs_dumps_generation, 300)
 	CHECK(!memcmp(k.data, l1, (size_t)(20 * V) * 4));
 	npy_free(&k);
 	npy_free(&a);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(eval, malformed_tokens_files, 120)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	struct {
 		const char *text, *want;
@@ -732,5 +707,5 @@ TEST_T(eval, malformed_tokens_files, 120)
 	CHECK_CONTAINS(log, "TEST MUTATION 'indexer_no_relu' is on");
 	free(log);
 	unsetenv("DSV32_CPU_MUTATION");
-	model_free(&m);
+	test_model_free(&m);
 }

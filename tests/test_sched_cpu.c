@@ -18,21 +18,15 @@
 #include "model/safetensors.h"
 #include "model/sched.h"
 #include "model/weights.h"
+#include "tests/ckpt_helpers.h"
 #include "tests/test.h"
 
-struct model {
-	char dir[512];
-	struct dsv32_config c;
-	struct checkpoint ck;
-	struct weights w;
-};
 
 /* "tiny": `mkmodel tiny --seed 1`; "mini": the same preset with a 1024-token vocabulary (the
  * lm_head and sampler dominate the tiny model's time at 129280 ids). */
-static void model_load(struct model *m, const char *preset)
+static void model_load(struct test_model *m, const char *preset)
 {
-	const char *b = getenv("DSV32_BIN");
-	const char *bin = b && *b ? b : "build";
+	const char *bin = bin_dir();
 	char cmd[4096];
 	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), preset);
 	if (!strcmp(preset, "tiny"))
@@ -45,20 +39,7 @@ static void model_load(struct model *m, const char *preset)
 			 "%s/tests/data/tiny_config.json > %s.json && "
 			 "%s/mkmodel --config %s.json --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
 			 test_root(), m->dir, bin, m->dir, m->dir, m->dir);
-	REQUIRE(system(cmd) == 0);
-	struct err e;
-	REQUIRE(config_load(&m->c, m->dir, &e) == 0);
-	REQUIRE(ckpt_open(&m->ck, m->dir, &e) == 0);
-	if (weights_bind(&m->w, &m->c, &m->ck, &e)) {
-		test_fail(__FILE__, __LINE__, "weights_bind: %s", e.msg);
-		test_abort_case();
-	}
-}
-
-static void model_free(struct model *m)
-{
-	weights_free(&m->w);
-	ckpt_close(&m->ck);
+	test_model_make(m, cmd);
 }
 
 /* ---- a recorder around the CPU backend ----------------------------------------------------- */
@@ -114,7 +95,7 @@ static void rec_destroy(struct backend *b)
 
 static const struct backend_ops rec_ops = {"recorder+cpu", rec_step, rec_page_io, rec_destroy};
 
-static struct rec *rec_new(struct model *m, int64_t n_pages, int64_t cap)
+static struct rec *rec_new(struct test_model *m, int64_t n_pages, int64_t cap)
 {
 	struct rec *r = calloc(1, sizeof *r);
 	REQUIRE(r);
@@ -220,7 +201,7 @@ static int same(const struct result *a, const struct result *b)
 
 TEST_T(sched_cpu, prefix_hit_logits_bit_identical_to_cold, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "tiny");
 	int64_t V = m.c.vocab_size;
 	int32_t p[150], other[70];
@@ -259,12 +240,12 @@ TEST_T(sched_cpu, prefix_hit_logits_bit_identical_to_cold, 300)
 	sched_free(s);
 	backend_destroy(&cold->base);
 	backend_destroy(&warm->base);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(sched_cpu, preemption_keeps_greedy_tokens, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size;
 	enum { N = 5 };
@@ -297,12 +278,12 @@ TEST_T(sched_cpu, preemption_keeps_greedy_tokens, 300)
 	}
 	sched_free(s);
 	backend_destroy(&r2->base);
-	model_free(&m);
+	test_model_free(&m);
 }
 
 TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 {
-	struct model m;
+	struct test_model m;
 	model_load(&m, "mini");
 	int64_t V = m.c.vocab_size;
 	struct sampler_params sp;
@@ -342,5 +323,5 @@ TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 	CHECK_EQ_INT(differ, 7);
 	sched_free(s);
 	backend_destroy(&r2->base);
-	model_free(&m);
+	test_model_free(&m);
 }
