@@ -104,9 +104,13 @@ static struct client *client_of(struct ipc_server *s, uint64_t h)
 
 /* ---- open / close --------------------------------------------------------------------------- */
 
-/* A socket file left by a dead server is replaced; one that still answers is not. */
+/* A socket file left by a dead server is replaced; one that still answers is not, and a path
+ * that is not a socket is never removed (bind then fails with EADDRINUSE). */
 static int claim_path(const struct sockaddr_un *a)
 {
+	struct stat st;
+	if (lstat(a->sun_path, &st) || !S_ISSOCK(st.st_mode))
+		return 0;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
@@ -128,7 +132,7 @@ int ipc_server_open(struct ipc_server **out, const struct ipc_server_config *cfg
 		return -ENOMEM;
 	s->cfg = *cfg;
 	s->lfd = s->epfd = -1;
-	int r = -EINVAL;
+	int r = -EINVAL, bound = 0;
 	const char *path = cfg->path ? cfg->path : DSV32_DEFAULT_SOCKET;
 	if (strlen(path) >= sizeof s->path || cfg->max_clients == 0 ||
 	    cfg->max_prompt_bytes > cfg->max_msg_bytes || cfg->max_inflight_total == 0)
@@ -165,8 +169,12 @@ int ipc_server_open(struct ipc_server **out, const struct ipc_server_config *cfg
 	if ((r = claim_path(&a)))
 		goto err;
 	s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) ||
-	    chmod(s->path, cfg->socket_mode) || listen(s->lfd, 128)) {
+	if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a)) {
+		r = -errno;
+		goto err;
+	}
+	bound = 1;
+	if (chmod(s->path, cfg->socket_mode) || listen(s->lfd, 128)) {
 		r = -errno;
 		goto err;
 	}
@@ -180,10 +188,10 @@ int ipc_server_open(struct ipc_server **out, const struct ipc_server_config *cfg
 	*out = s;
 	return 0;
 err:
-	if (s->lfd >= 0) {
+	if (s->lfd >= 0)
 		close(s->lfd);
+	if (bound) /* only a socket file we created */
 		unlink(s->path);
-	}
 	if (s->epfd >= 0)
 		close(s->epfd);
 	free(s->cl);

@@ -926,6 +926,12 @@ TEST(ipc_e2e, limits_draining_and_refusals)
 	REQUIRE(ipc_server_open(&s1, &c) == 0);
 	CHECK_EQ_INT(ipc_server_open(&s2, &c), -EADDRINUSE);
 	ipc_server_close(s1);
+	FILE *f = fopen(path, "w"); /* not a socket: left alone */
+	REQUIRE(f);
+	fclose(f);
+	CHECK_EQ_INT(ipc_server_open(&s2, &c), -EADDRINUSE);
+	CHECK(access(path, F_OK) == 0);
+	unlink(path);
 	/* SO_PEERCRED: a uid/gid not on the lists is refused; on the list, let in */
 	uint32_t other = getuid() + 1, mine = getuid();
 	c.allow_uids = &other;
