@@ -14,20 +14,7 @@ k_act_quant(const uint16_t *__restrict__ x, uint8_t *__restrict__ q, float *__re
 	const int lane = threadIdx.x & 31;
 	if (group >= n_groups)
 		return;
-	const uint2 raw = *reinterpret_cast<const uint2 *>(x + group * 128 + lane * 4);
-	float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
-		      bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
-	float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-	amax = fmaxf(warp_max(amax), 1e-4f);
-	const float sc = ue8m0_scale(amax);
-	// x / sc is exact (sc is a power of two); clamp then round to nearest even
-	uint32_t packed = 0;
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		float y = fminf(fmaxf(v[k] / sc, -448.f), 448.f);
-		packed |= (uint32_t)f32_to_e4m3(y) << (8 * k);
-	}
-	*reinterpret_cast<uint32_t *>(q + group * 128 + lane * 4) = packed;
+	const float sc = warp_act_quant128(x + group * 128, q + group * 128, lane);
 	if (lane == 0)
 		s[group] = sc;
 }

@@ -67,3 +67,26 @@ __device__ __forceinline__ float warp_sum(float v)
 		v += __shfl_xor_sync(0xffffffffu, v, o);
 	return v;
 }
+
+// act_quant of one 128-wide group by one warp (spec §5.3): lane l handles x[4l .. 4l+3] (one
+// 8-byte load), writes their e4m3 codes to q[4l ..] and returns the group's UE8M0 scale (every
+// lane gets it). Bit-exact to model/numerics.h act_quant_group.
+__device__ __forceinline__ float warp_act_quant128(const uint16_t *__restrict__ x,
+						   uint8_t *__restrict__ q, int lane)
+{
+	const uint2 raw = *reinterpret_cast<const uint2 *>(x + lane * 4);
+	float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
+		      bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
+	float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+	amax = fmaxf(warp_max(amax), 1e-4f);
+	const float sc = ue8m0_scale(amax);
+	// x / sc is exact (sc is a power of two); clamp then round to nearest even
+	uint32_t packed = 0;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		float y = fminf(fmaxf(v[k] / sc, -448.f), 448.f);
+		packed |= (uint32_t)f32_to_e4m3(y) << (8 * k);
+	}
+	*reinterpret_cast<uint32_t *>(q + lane * 4) = packed;
+	return sc;
+}
