@@ -1,0 +1,117 @@
+/*
+ * test_gpu_indexer.c — the lightning-indexer score kernel against the CPU backend's
+ * indexer_scores on the same FP8 queries, head weights and paged FP8 keys: every causal score
+ * within fp32 summation-order rounding, every masked position -inf.
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include "model/cpu_indexer.h"
+#include "model/kv_cache.h"
+
+static uint8_t rand_e4m3(uint64_t *seed)
+{
+	uint8_t b = (uint8_t)test_rand(seed);
+	return (b & 0x80) | ((b & 0x7f) % 0x70); /* |value| <= 240, never NaN */
+}
+
+static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, uint64_t seed)
+{
+	struct dsv32_config c = {.index_n_heads = H, .index_head_dim = 128, .kv_lora_rank = 512,
+				 .qk_rope_head_dim = 64};
+	config_derive(&c);
+	size_t page_bytes = kv_index_page_bytes(&c);
+	int n_pages = B * max_blocks;
+	uint8_t *pool = malloc((size_t)n_pages * page_bytes);
+	for (size_t i = 0; i < (size_t)n_pages * page_bytes; i++)
+		pool[i] = rand_e4m3(&seed);
+	for (int p = 0; p < n_pages; p++) /* power-of-two key scales */
+		for (int s = 0; s < 64; s++) {
+			float sc = ldexpf(1.0f, -(int)(test_rand(&seed) % 8) - 2);
+			memcpy(pool + (size_t)p * page_bytes + 64 * 128 + s * 4, &sc, 4);
+		}
+	/* each query's pages: a random permutation slice, so pages are not in order */
+	int *bt = malloc((size_t)B * max_blocks * sizeof *bt), *perm = malloc((size_t)n_pages * sizeof *perm);
+	for (int i = 0; i < n_pages; i++)
+		perm[i] = i;
+	for (int i = n_pages - 1; i > 0; i--) {
+		int j = (int)(test_rand(&seed) % (uint64_t)(i + 1)), tmp = perm[i];
+		perm[i] = perm[j], perm[j] = tmp;
+	}
+	for (int i = 0; i < B * max_blocks; i++)
+		bt[i] = perm[i];
+	uint8_t *q8 = malloc((size_t)B * H * 128);
+	float *w = malloc((size_t)B * H * 4);
+	for (size_t i = 0; i < (size_t)B * H * 128; i++)
+		q8[i] = rand_e4m3(&seed);
+	for (int i = 0; i < B * H; i++)
+		w[i] = ((float)(test_rand(&seed) % 2001) - 1000.0f) * 1e-6f;
+	int ld = max_blocks * 64;
+	float *ref = malloc((size_t)B * ld * 4), *got = malloc((size_t)B * ld * 4);
+	const uint8_t **keys = malloc((size_t)ld * sizeof *keys);
+	float *ks = malloc((size_t)ld * 4);
+	for (int b = 0; b < B; b++) {
+		for (int s = 0; s < n[b]; s++) {
+			const uint8_t *pg = pool + (size_t)bt[b * max_blocks + s / 64] * page_bytes;
+			keys[s] = kv_index_codes(&c, pg, s % 64);
+			ks[s] = kv_index_scale(&c, pg, s % 64);
+		}
+		indexer_scores(NULL, &c, q8 + (size_t)b * H * 128, w + (size_t)b * H, keys, ks, n[b],
+			       ref + (size_t)b * ld);
+	}
+	gpu_ptr d_q = gpu_test_alloc((size_t)B * H * 128), d_w = gpu_test_alloc((size_t)B * H * 4),
+		d_pool = gpu_test_alloc((size_t)n_pages * page_bytes),
+		d_bt = gpu_test_alloc((size_t)B * max_blocks * 4), d_n = gpu_test_alloc((size_t)B * 4),
+		d_out = gpu_test_alloc((size_t)B * ld * 4);
+	REQUIRE(gpu_upload(g, d_q, q8, (size_t)B * H * 128) == 0);
+	REQUIRE(gpu_upload(g, d_w, w, (size_t)B * H * 4) == 0);
+	REQUIRE(gpu_upload(g, d_pool, pool, (size_t)n_pages * page_bytes) == 0);
+	REQUIRE(gpu_upload(g, d_bt, bt, (size_t)B * max_blocks * 4) == 0);
+	REQUIRE(gpu_upload(g, d_n, n, (size_t)B * 4) == 0);
+	gpu_test_poison(g, d_out, (size_t)B * ld * 4);
+	long long pb = (long long)page_bytes;
+	int hh = H, mb = max_blocks, l = ld;
+	void *args[] = {&d_q, &d_w, &hh, &d_pool, &pb, &d_bt, &mb, &d_n, &d_out, &l};
+	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
+			   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
+	REQUIRE(gpu_download(g, got, d_out, (size_t)B * ld * 4) == 0);
+	int64_t bad = 0, masked_bad = 0;
+	double worst = 0;
+	for (int b = 0; b < B; b++) {
+		double mx = 0;
+		for (int s = 0; s < n[b]; s++)
+			mx = fmax(mx, fabs(ref[(size_t)b * ld + s]));
+		for (int s = 0; s < ld; s++) {
+			float r = ref[(size_t)b * ld + s], x = got[(size_t)b * ld + s];
+			if (s >= n[b]) {
+				masked_bad += !(isinf(x) && x < 0);
+				continue;
+			}
+			/* fp32 order of 128-term dots and an H-term sum: relative to the row's scale */
+			double e = fabs((double)x - r) / (mx > 0 ? mx : 1);
+			worst = e > worst || isnan(e) ? e : worst;
+			bad += !(e <= 1e-5);
+		}
+	}
+	printf("    indexer scores H=%d B=%d: worst |err|/max|row| %.2g, %lld over 1e-5, %lld masked not -inf\n",
+	       H, B, worst, (long long)bad, (long long)masked_bad);
+	CHECK_EQ_INT(bad, 0);
+	CHECK_EQ_INT(masked_bad, 0);
+	cu.cuMemFree(d_q), cu.cuMemFree(d_w), cu.cuMemFree(d_pool), cu.cuMemFree(d_bt);
+	cu.cuMemFree(d_n), cu.cuMemFree(d_out);
+	free(pool), free(bt), free(perm), free(q8), free(w), free(ref), free(got), free(keys), free(ks);
+}
+
+TEST_T(gpu_indexer, scores_match_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	int n_real[6] = {1, 63, 64, 65, 300, 2047};
+	check_scores(&g, 64, n_real, 6, 32, 1001); /* the real 64 heads */
+	int n_tiny[3] = {5, 128, 500};
+	check_scores(&g, 4, n_tiny, 3, 8, 1002);   /* the tiny model's 4 heads */
+	gpu_close(&g);
+}
+
+#endif
