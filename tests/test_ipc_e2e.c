@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -717,7 +718,7 @@ static int wait_eof(int fd, int timeout_ms)
 }
 
 /* A client that breaks the protocol in one way; exits 0 if it was disconnected for it. */
-static int hostile(const char *path, int kind)
+static int hostile(const char *path, int kind, uint64_t seed)
 {
 	dsv32_t *h = connect_retry(path);
 	if (!h)
@@ -726,7 +727,7 @@ static int hostile(const char *path, int kind)
 	uint8_t *m = ipc_client_region(h, &bytes);
 	struct ipc_header *x = (struct ipc_header *)m;
 	struct ipc_sqe *sq = (struct ipc_sqe *)(m + x->sq_off);
-	uint64_t s = 99 + (uint64_t)kind;
+	uint64_t s = seed + (uint64_t)kind;
 	const uint32_t p[] = {3};
 	switch (kind) {
 	case H_RANDOM: {
@@ -775,8 +776,17 @@ static int hostile(const char *path, int kind)
 		atomic_store(&x->sq_tail.v, atomic_load(&x->sq_tail.v) - 1);
 		break;
 	}
-	case H_SOCKET_WRITE:
-		break; /* handled by the caller: it writes on its socket */
+	case H_SOCKET_WRITE: { /* after the handshake, a write the protocol forbids */
+		if (send(ipc_client_socket(h), "hi", 2, MSG_NOSIGNAL) != 2)
+			return 3;
+		struct dsv32_event ev;
+		int r;
+		uint64_t t0 = ms_now();
+		while ((r = dsv32_wait(h, 200, &ev)) >= 0 && ms_now() - t0 < 10000)
+			;
+		dsv32_close(h);
+		return r == -ENOTCONN ? 0 : 1;
+	}
 	}
 	/* wake the server regardless of its flags: via a stats submission's eventfd path */
 	atomic_store(&x->sq_flags.v, IPC_NEED_WAKEUP);
@@ -812,22 +822,7 @@ TEST_T(ipc_e2e, hostile_clients_alone_are_disconnected, 60)
 		fflush(NULL);
 		bad[k] = fork();
 		if (bad[k] == 0) {
-			if (k == H_SOCKET_WRITE) {
-				/* raw handshake, then a write the protocol forbids */
-				dsv32_t *h = connect_retry(path);
-				if (!h)
-					_exit(2);
-				if (send(ipc_client_socket(h), "hi", 2, MSG_NOSIGNAL) != 2)
-					_exit(3);
-				struct dsv32_event ev;
-				int r;
-				uint64_t t0 = ms_now();
-				while ((r = dsv32_wait(h, 200, &ev)) >= 0 && ms_now() - t0 < 10000)
-					;
-				dsv32_close(h);
-				_exit(r == -ENOTCONN ? 0 : 1);
-			}
-			_exit(hostile(path, k));
+			_exit(hostile(path, k, 99));
 		}
 	}
 	int good_ok = 0, bad_ok = 0, left = 3 + H_N;
@@ -957,4 +952,123 @@ TEST(ipc_e2e, limits_draining_and_refusals)
 		REQUIRE(ipc_server_open(&s1, &c) == 0);
 	}
 	ipc_server_close(s1);
+}
+
+/* Hostile clients of every kind, one after another for a few seconds, beside good clients:
+ * each hostile one is disconnected for a violation, every good one finishes correctly. */
+TEST_T(ipc_e2e, hostile_loop, 60)
+{
+	char path[256];
+	sock_path(path, sizeof path);
+	signal(SIGPIPE, SIG_IGN);
+	struct engine e;
+	engine_open(&e, path, 16);
+	int fds0 = count_fds();
+	enum { G = 3, B = 3 };
+	pid_t good[G], bad[B];
+	uint64_t seed = 7000;
+	for (int i = 0; i < G; i++) {
+		struct client_arg a = {path, seed++, 20, 4};
+		good[i] = spawn_client(&a);
+	}
+	for (int i = 0; i < B; i++)
+		bad[i] = 0;
+	int n_bad = 0, bad_ok = 0, good_ok = 0, good_fail = 0;
+	uint64_t t0 = ms_now(), dur = sanitizer() ? 3000 : 5000;
+	while (ms_now() - t0 < dur) {
+		engine_step(&e, 5);
+		for (int i = 0; i < G + B; i++) {
+			pid_t *pp = i < G ? &good[i] : &bad[i - G];
+			int st;
+			if (*pp > 0 && waitpid(*pp, &st, WNOHANG) != *pp)
+				continue;
+			if (*pp > 0) {
+				int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+				if (i < G)
+					ok ? good_ok++ : good_fail++;
+				else
+					bad_ok += ok;
+			}
+			if (i < G) {
+				struct client_arg a = {path, seed++, 20, 4};
+				*pp = spawn_client(&a);
+			} else {
+				int kind = (int)(seed % H_N);
+				uint64_t hs = seed++;
+				fflush(NULL);
+				if ((*pp = fork()) == 0)
+					_exit(hostile(path, kind, hs));
+				n_bad++;
+			}
+		}
+	}
+	for (int i = 0; i < G + B; i++) {
+		pid_t p = i < G ? good[i] : bad[i - G];
+		int st;
+		if (p > 0) {
+			uint64_t t1 = ms_now();
+			while (waitpid(p, &st, WNOHANG) == 0 && ms_now() - t1 < 20000)
+				engine_step(&e, 5);
+			int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+			if (i < G)
+				ok ? good_ok++ : good_fail++;
+			else
+				bad_ok += ok;
+		}
+	}
+	struct ipc_server_counters c;
+	uint64_t t1 = ms_now();
+	do {
+		engine_step(&e, 5);
+		ipc_server_counters(e.srv, &c);
+	} while (c.clients && ms_now() - t1 < 2000);
+	fprintf(stderr, "    %d hostile clients (%d disconnected as they should be), %d good ok\n",
+		n_bad, bad_ok, good_ok);
+	CHECK(n_bad >= 3);
+	CHECK_EQ_INT(bad_ok, n_bad);
+	CHECK_EQ_INT(good_fail, 0);
+	CHECK(good_ok >= G);
+	CHECK_EQ_INT(c.violations, n_bad);
+	CHECK_EQ_INT(c.clients, 0);
+	CHECK_EQ_INT(c.inflight, 0);
+	CHECK_EQ_INT(e.n_jobs, 0);
+	CHECK_EQ_INT(count_fds(), fds0);
+	engine_close(&e);
+}
+
+/* A server that speaks another protocol version, or sends garbage, is refused by the client. */
+TEST(ipc_e2e, client_refuses_bad_hello)
+{
+	char path[256];
+	sock_path(path, sizeof path);
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	REQUIRE(strlen(path) < sizeof a.sun_path);
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	int lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	REQUIRE(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0);
+	struct ipc_hello hellos[3] = {
+		{.magic = IPC_MAGIC, .version = IPC_VERSION + 1},
+		{.magic = 0x12345678, .version = IPC_VERSION},
+		{.magic = IPC_MAGIC, .version = IPC_VERSION, .status = 0}, /* status ok but no fds */
+	};
+	int want[3] = {-EPROTONOSUPPORT, -EPROTO, -EPROTO};
+	for (int k = 0; k < 3; k++) {
+		fflush(NULL);
+		pid_t p = fork();
+		if (p == 0) {
+			dsv32_t *h = NULL;
+			int r = dsv32_connect(path, &h);
+			if (r != want[k])
+				fprintf(stderr, "hello %d: %d, want %d\n", k, r, want[k]);
+			_exit(r == want[k] && !h ? 0 : 1);
+		}
+		int fd = accept(lfd, NULL, NULL);
+		REQUIRE(fd >= 0);
+		CHECK(send(fd, &hellos[k], sizeof hellos[k], 0) == (ssize_t)sizeof hellos[k]);
+		int st;
+		waitpid(p, &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		close(fd);
+	}
+	close(lfd);
 }
