@@ -115,3 +115,76 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
 }
 
 #endif
+
+#ifndef DSV32_NO_CUDA
+/* The top-k kernel against indexer_topk on the same scores: the same positions, in ascending
+ * order, -1 padded; slots through the block table. Scores with many ties, NaN and -inf. */
+static void check_topk(struct gpu *g, const int *n, int B, int k_max, uint64_t seed)
+{
+	int ld = 0;
+	for (int b = 0; b < B; b++)
+		ld = n[b] > ld ? n[b] : ld;
+	int max_blocks = (ld + 63) / 64;
+	float *sc = malloc((size_t)B * ld * 4);
+	int *bt = malloc((size_t)B * max_blocks * 4);
+	for (int b = 0; b < B; b++) {
+		for (int s = 0; s < ld; s++) {
+			uint64_t r = test_rand(&seed);
+			float v = (float)(r % 512) * 0.25f - 64.0f; /* 512 levels: plenty of ties */
+			if (r % 1000 == 7)
+				v = NAN;
+			if (r % 1000 == 8)
+				v = -INFINITY;
+			if (r % 1000 == 9)
+				v = -0.0f;
+			sc[(size_t)b * ld + s] = v;
+		}
+		for (int i = 0; i < max_blocks; i++)
+			bt[b * max_blocks + i] = (int)(test_rand(&seed) % 100000);
+	}
+	int32_t *ref = malloc((size_t)k_max * 4);
+	int *pos = malloc((size_t)B * k_max * 4), *slot = malloc((size_t)B * k_max * 4);
+	gpu_ptr d_sc = gpu_test_alloc((size_t)B * ld * 4), d_n = gpu_test_alloc((size_t)B * 4),
+		d_bt = gpu_test_alloc((size_t)B * max_blocks * 4), d_pos = gpu_test_alloc((size_t)B * k_max * 4),
+		d_slot = gpu_test_alloc((size_t)B * k_max * 4);
+	REQUIRE(gpu_upload(g, d_sc, sc, (size_t)B * ld * 4) == 0);
+	REQUIRE(gpu_upload(g, d_n, n, (size_t)B * 4) == 0);
+	REQUIRE(gpu_upload(g, d_bt, bt, (size_t)B * max_blocks * 4) == 0);
+	gpu_test_poison(g, d_pos, (size_t)B * k_max * 4);
+	gpu_test_poison(g, d_slot, (size_t)B * k_max * 4);
+	int l = ld, km = k_max, mb = max_blocks;
+	void *args[] = {&d_sc, &l, &d_n, &km, &d_bt, &mb, &d_pos, &d_slot};
+	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args) == 0);
+	REQUIRE(gpu_download(g, pos, d_pos, (size_t)B * k_max * 4) == 0);
+	REQUIRE(gpu_download(g, slot, d_slot, (size_t)B * k_max * 4) == 0);
+	int64_t bad_rows = 0;
+	for (int b = 0; b < B; b++) {
+		int64_t k = indexer_topk(sc + (size_t)b * ld, n[b], k_max, ref);
+		int bad = 0;
+		for (int i = 0; i < k_max; i++) {
+			int want = i < k ? ref[i] : -1;
+			int p = pos[(size_t)b * k_max + i], s = slot[(size_t)b * k_max + i];
+			int want_slot = want < 0 ? -1 : bt[b * max_blocks + want / 64] * 64 + want % 64;
+			bad += p != want || s != want_slot;
+		}
+		if (bad)
+			printf("    topk row %d (n=%d, k_max=%d): %d entries differ\n", b, n[b], k_max, bad);
+		bad_rows += bad != 0;
+	}
+	printf("    topk k_max=%d over %d rows: %lld rows differ from the CPU's sorted selection\n",
+	       k_max, B, (long long)bad_rows);
+	CHECK_EQ_INT(bad_rows, 0);
+	cu.cuMemFree(d_sc), cu.cuMemFree(d_n), cu.cuMemFree(d_bt), cu.cuMemFree(d_pos), cu.cuMemFree(d_slot);
+	free(sc), free(bt), free(ref), free(pos), free(slot);
+}
+
+TEST_T(gpu_indexer, topk_matches_full_sort, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
+	check_topk(&g, n, 8, 2048, 2001);
+	check_topk(&g, n, 8, 64, 2002);
+	gpu_close(&g);
+}
+#endif
