@@ -24,6 +24,7 @@ int cmd_detokenize(int argc, char **argv);
 
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);
+int bench_attention(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
 int bench_sched(int argc, char **argv);

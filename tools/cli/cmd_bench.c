@@ -12,6 +12,7 @@ static const struct cli_cmd benches[] = {
 	{"tokenizer", bench_tokenizer, "tokenizer encode/decode MB/s on one core vs the JS reference"},
 	{"ipc", bench_ipc, "round-trip latency through the shared-memory rings vs a unix socket"},
 	{"sched", bench_sched, "scheduler bookkeeping per step at 256 sequences (fake backend) and the sampler"},
+	{"attention", bench_attention, "indexer scan and top-2048 on the GPU at 1K-128K contexts, batch 1-128"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
 };
 

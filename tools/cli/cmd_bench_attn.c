@@ -1,0 +1,140 @@
+/*
+ * cmd_bench_attn.c — `dsv32 bench attention`: the DeepSeek Sparse Attention kernels that exist
+ * on the GPU (the indexer scan over the paged FP8 keys, and the top-2048 selection) at the real
+ * dims (64 index heads x 128, index_topk 2048), contexts 1K..128K, batch 1..128, with the
+ * indexer caches filled synthetically on the GPU. Prints time, bytes, FLOPs and the ratios to
+ * the HBM read limit measured in the same run. Sparse MLA decode is not on the GPU yet.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/gpu.h"
+#include "tools/cli/cli.h"
+
+#ifdef DSV32_NO_CUDA
+int bench_attention(int argc, char **argv)
+{
+	fprintf(stderr, "dsv32 bench attention: this build has no CUDA support (static or no toolkit)\n");
+	return 1;
+}
+#else
+
+static float event_ms(struct gpu *g, CUevent a, CUevent b)
+{
+	float ms = 0;
+	cu_check(cu.cuEventSynchronize(b), "cuEventSynchronize", __FILE__, __LINE__);
+	cu.cuEventElapsedTime(&ms, a, b);
+	return ms;
+}
+
+int bench_attention(int argc, char **argv)
+{
+	int reps = 10;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+			reps = atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: dsv32 bench attention [--reps N]\n");
+			return 2;
+		}
+	}
+	struct gpu g;
+	struct err e;
+	if (gpu_open(&g, 0, &e)) {
+		fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
+		return 1;
+	}
+	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
+	const long long page_bytes = 64 * 132;
+	CUevent e0, e1;
+	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
+	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
+	void *fill = gpu_kernel(&g, "k_fill_e4m3"), *fillp = gpu_kernel(&g, "k_fill_f32_pow2");
+	void *scan = gpu_kernel(&g, "k_indexer_scores"), *topk = gpu_kernel(&g, "k_topk");
+	void *rd = gpu_kernel(&g, "k_read_bw");
+	/* the limit: streaming read of 4 GiB */
+	gpu_ptr big, sink;
+	long long n16 = (4ll << 30) / 16;
+	if (cu_check(cu.cuMemAlloc(&big, (size_t)n16 * 16), "cuMemAlloc", __FILE__, __LINE__) ||
+	    cu_check(cu.cuMemAlloc(&sink, 8), "cuMemAlloc", __FILE__, __LINE__))
+		return 1;
+	unsigned long long seed = 7;
+	long long nb = n16 * 16;
+	void *fa[] = {&big, &nb, &seed};
+	gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, fa);
+	void *ra[] = {&big, &n16, &sink};
+	gpu_launch(&g, rd, (unsigned)g.sm_count * 4, 1, 1, 512, 1, 1, 0, ra);
+	cu.cuEventRecord(e0, g.stream);
+	for (int r = 0; r < reps; r++)
+		gpu_launch(&g, rd, (unsigned)g.sm_count * 4, 1, 1, 512, 1, 1, 0, ra);
+	cu.cuEventRecord(e1, g.stream);
+	double read_tbs = (double)nb * reps / (event_ms(&g, e0, e1) * 1e-3) / 1e12;
+	cu.cuMemFree(big);
+	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n\n", g.name, read_tbs);
+	printf("%7s %5s | %12s %9s %8s %9s | %10s\n", "context", "batch", "scan_us", "TB/s",
+	       "of_read", "TFLOP/s", "topk_us");
+	for (size_t ci = 0; ci < sizeof ctxs / sizeof *ctxs; ci++)
+		for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+			int ctx = ctxs[ci], B = batches[bi], blocks = ctx / 64;
+			/* every sequence has its own pages (the keys a decode step must read) */
+			size_t pool_bytes = (size_t)B * blocks * page_bytes;
+			gpu_ptr pool, q, w, bt, n, sc, pos;
+			if (cu_check(cu.cuMemAlloc(&pool, pool_bytes), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&q, (size_t)B * H * 128), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&w, (size_t)B * H * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&bt, (size_t)B * blocks * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&n, (size_t)B * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&sc, (size_t)B * ctx * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&pos, (size_t)B * TOPK * 4), "cuMemAlloc", __FILE__, __LINE__))
+				return 1;
+			long long pbn = (long long)pool_bytes, qn = (long long)B * H * 128, wn = (long long)B * H;
+			void *f1[] = {&pool, &pbn, &seed};
+			gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, f1);
+			void *f2[] = {&q, &qn, &seed};
+			gpu_launch(&g, fill, 64, 1, 1, 256, 1, 1, 0, f2);
+			int lo = -8, hi = -4;
+			void *f3[] = {&w, &wn, &seed, &lo, &hi};
+			gpu_launch(&g, fillp, 16, 1, 1, 256, 1, 1, 0, f3);
+			int *hbt = malloc((size_t)B * blocks * 4), *hn = malloc((size_t)B * 4);
+			for (int i = 0; i < B * blocks; i++)
+				hbt[i] = i; /* page i of sequence b: b * blocks + i */
+			for (int b = 0; b < B; b++)
+				hn[b] = ctx;
+			gpu_upload(&g, bt, hbt, (size_t)B * blocks * 4);
+			gpu_upload(&g, n, hn, (size_t)B * 4);
+			free(hbt), free(hn);
+			int hh = H, mb = blocks, ld = ctx, km = TOPK;
+			long long pb = page_bytes;
+			void *sa[] = {&q, &w, &hh, &pool, &pb, &bt, &mb, &n, &sc, &ld};
+			gpu_ptr none = 0; /* positions not needed: slots only, as the attention takes them */
+			void *ta[] = {&sc, &ld, &n, &km, &bt, &mb, &none, &pos};
+			gpu_launch(&g, scan, (unsigned)(ctx / 256), (unsigned)B, 1, 128, 1, 1, 0, sa);
+			cu.cuEventRecord(e0, g.stream);
+			for (int r = 0; r < reps; r++)
+				gpu_launch(&g, scan, (unsigned)(ctx / 256), (unsigned)B, 1, 128, 1, 1, 0, sa);
+			cu.cuEventRecord(e1, g.stream);
+			double scan_ms = event_ms(&g, e0, e1) / reps;
+			gpu_launch(&g, topk, (unsigned)B, 1, 1, 1024, 1, 1, 0, ta);
+			cu.cuEventRecord(e0, g.stream);
+			for (int r = 0; r < reps; r++)
+				gpu_launch(&g, topk, (unsigned)B, 1, 1, 1024, 1, 1, 0, ta);
+			cu.cuEventRecord(e1, g.stream);
+			double topk_ms = event_ms(&g, e0, e1) / reps;
+			double bytes = (double)pool_bytes + (double)B * ctx * 4; /* keys in, scores out */
+			double flops = 2.0 * B * H * 128.0 * ctx;
+			double tbs = bytes / (scan_ms * 1e-3) / 1e12;
+			printf("%7d %5d | %12.2f %9.3f %7.0f%% %9.1f | %10.2f\n", ctx, B, scan_ms * 1e3, tbs,
+			       100.0 * tbs / read_tbs, flops / (scan_ms * 1e-3) / 1e12, topk_ms * 1e3);
+			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
+			cu.cuMemFree(n), cu.cuMemFree(sc), cu.cuMemFree(pos);
+		}
+	printf("\ncommand: dsv32 bench attention --reps %d (k_indexer_scores: one query per sequence, "
+	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
+	       "k_topk: 2048 of ctx; sparse MLA decode: not on the GPU yet)\n", reps);
+	cu.cuEventDestroy(e0);
+	cu.cuEventDestroy(e1);
+	gpu_close(&g);
+	return 0;
+}
+#endif
