@@ -66,6 +66,24 @@ static float attn_scale(const struct dsv32_config *c)
 
 /* ---- absorbed form ------------------------------------------------------------------- */
 
+void attn_latent(const struct dsv32_config *c, const float *q_lat, const float *q_pe,
+		 const float *kv, int64_t n_sel, float scale, float *score, float *o_lat)
+{
+	int64_t R = c->kv_lora_rank, rope = c->qk_rope_head_dim, dkv = R + rope;
+	for (int64_t s = 0; s < n_sel; s++) {
+		const float *ks = kv + s * dkv;
+		score[s] = (cpu_dot(q_lat, ks, R) + cpu_dot(q_pe, ks + R, rope)) * scale;
+	}
+	attn_softmax(score, n_sel);
+	for (int64_t i = 0; i < R; i++)
+		o_lat[i] = 0;
+	for (int64_t s = 0; s < n_sel; s++)
+		for (int64_t i = 0; i < R; i++)
+			o_lat[i] += score[s] * kv[s * dkv + i];
+	for (int64_t i = 0; i < R; i++)
+		o_lat[i] = bf16_round(o_lat[i]);
+}
+
 struct absorbed_job {
 	const struct dsv32_config *c;
 	const struct fp8_linear *wkv_b;
@@ -78,8 +96,8 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 {
 	struct absorbed_job *j = a;
 	const struct dsv32_config *c = j->c;
-	int64_t R = c->kv_lora_rank, rope = c->qk_rope_head_dim, nope = c->qk_nope_head_dim;
-	int64_t dv = c->v_head_dim, dq = c->qk_head_dim, dkv = R + rope;
+	int64_t R = c->kv_lora_rank, nope = c->qk_nope_head_dim;
+	int64_t dv = c->v_head_dim, dq = c->qk_head_dim;
 	float scale = attn_scale(c);
 	float *w = malloc((size_t)R * sizeof *w);              /* [R] one row of W_UK or W_UV */
 	float *q_lat = malloc((size_t)R * sizeof *q_lat);      /* [R] */
@@ -101,19 +119,7 @@ static void absorbed_heads(void *a, int64_t h0, int64_t h1)
 		if (j->q_lat_out)
 			for (int64_t i = 0; i < R; i++)
 				j->q_lat_out[h * R + i] = q_lat[i];
-		/* scores over the selected keys, softmax, o_lat = P . c_kv (keys ascending) */
-		for (int64_t s = 0; s < j->n_sel; s++) {
-			const float *ks = j->kv + s * dkv;
-			score[s] = (cpu_dot(q_lat, ks, R) + cpu_dot(q_pe, ks + R, rope)) * scale;
-		}
-		attn_softmax(score, j->n_sel);
-		for (int64_t i = 0; i < R; i++)
-			o_lat[i] = 0;
-		for (int64_t s = 0; s < j->n_sel; s++)
-			for (int64_t i = 0; i < R; i++)
-				o_lat[i] += score[s] * j->kv[s * dkv + i];
-		for (int64_t i = 0; i < R; i++)
-			o_lat[i] = bf16_round(o_lat[i]);
+		attn_latent(c, q_lat, q_pe, j->kv, j->n_sel, scale, score, o_lat);
 		/* o[d] = W_UV_h[d, :] . o_lat */
 		for (int64_t d = 0; d < dv; d++) {
 			wkvb_row(j->wkv_b, uv_row(c, h, d), w);

@@ -28,6 +28,14 @@ void attn_absorbed(struct cpu_pool *p, const struct dsv32_config *c,
 		   const struct fp8_linear *wkv_b, const float *q, const float *kv, int64_t n_sel,
 		   float *o, float *q_lat_out);
 
+/* The latent core of the absorbed form for one head: scores = scale (q_lat.c_kv + q_pe.k_pe)
+ * in fp32 (keys in the given order), fp32 softmax, o_lat = bf16(P.c_kv). The part the GPU's
+ * sparse MLA decode kernel computes. q_lat [kv_lora_rank], q_pe [qk_rope_head_dim] (bf16
+ * values), kv [n_sel, kv_lora_rank + qk_rope_head_dim], score [n_sel] scratch (ends as P),
+ * o_lat [kv_lora_rank]. */
+void attn_latent(const struct dsv32_config *c, const float *q_lat, const float *q_pe,
+		 const float *kv, int64_t n_sel, float scale, float *score, float *o_lat);
+
 /* Naive / MHA form (§3.7a): [k_nope | v] = FP8Linear_{kv_b_proj}(c_kv) per key (bf16),
  * scores = s_att (q_nope.k_nope + q_pe.k_pe) in fp32, fp32 softmax, o = P.v (bf16). */
 void attn_naive(struct cpu_pool *p, const struct dsv32_config *c, const struct fp8_linear *wkv_b,
