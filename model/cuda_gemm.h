@@ -1,8 +1,15 @@
 /*
- * cuda_gemm.h — host launchers of the FP8 block-scaled GEMM kernels (kernels_ptx/gemm_fp8_*).
+ * cuda_gemm.h — host launchers of the FP8 block-scaled GEMM (spec §5.4): our decode kernel
+ * (kernels_ptx/gemm_fp8_*), cuBLASLt's block-scaled path (driver/cublaslt.h), and the per-shape
+ * dispatch between them.
  *
- * Owns: choosing the kernel variant and grid for a shape, and checking the shape contract
- * (N % 16 == 0, K % 128 == 0, M <= 64 for the decode kernel). Must not: allocate.
+ * Owns: choosing the kernel variant and grid for a shape, checking the shape contract
+ * (N % 16 == 0, K % 128 == 0, M <= 64 for the decode kernel), the cuBLASLt handle of each GPU
+ * (opened on first use) and the dispatch table: per (M bucket, N, K) which path is faster,
+ * measured by cuda_gemm_tune() at start-up (or recorded by a benchmark). Must not: allocate
+ * device memory (callers pass workspaces of the sizes asked for here).
+ *
+ * Threading: one engine thread owns a GPU; the table is guarded by a mutex all the same.
  */
 #ifndef DSV32_CUDA_GEMM_H
 #define DSV32_CUDA_GEMM_H
@@ -24,6 +31,50 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K);
  * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws);
+
+/* ---- cuBLASLt and the dispatch --------------------------------------------------------- */
+
+/* cuBLASLt's own workspace inside ours (NVIDIA's advice for Hopper: 32 MiB). */
+#define CUDA_GEMM_LT_WORKSPACE ((size_t)32 << 20)
+
+/* Workspace bytes of cuda_gemm_fp8 / cuda_gemm_fp8_lt for M tokens: the transposed activation
+ * scales and cuBLASLt's workspace, or the decode kernel's chunk partials, whichever is more. */
+size_t cuda_gemm_fp8_workspace(const struct gpu *g, int M, int N, int K);
+
+/* The same GEMM as cuda_gemm_fp8_decode through cuBLASLt (any M; weight scales S as
+ * weight_scale_inv [ceil(N/128), K/128], so K/128 % 4 == 0 — true for every V3.2 matrix).
+ * Transposes sx into the workspace first (cuBLASLt reads sx[K/128, M]). 0, -ENOTSUP when
+ * cuBLASLt is absent or has no algorithm for the shape (small M), -EINVAL, -EIO. */
+int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+		     int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
+
+enum cuda_gemm_path {
+	CUDA_GEMM_PATH_NONE = 0, /* not measured: the default rule applies */
+	CUDA_GEMM_PATH_DECODE,   /* k_gemm_fp8_decode_m* (M <= 64) */
+	CUDA_GEMM_PATH_CUBLASLT, /* cuBLASLt VEC128 x BLK128x128 */
+};
+
+/* Dispatch bucket of M: 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
+int cuda_gemm_m_bucket(int M);
+/* The path cuda_gemm_fp8 takes for (M, N, K): the table's entry for M's bucket, else the
+ * default rule (M <= 64: our decode kernel; larger M: cuBLASLt, the only path). */
+enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
+/* Records the path for (bucket(M), N, K), replacing an earlier entry. */
+void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
+/* Times both paths on these operands at M = bucket(M) rows (x8/sx/y must hold that many),
+ * median of 5 launches each after a warm-up, and records the faster for the bucket. flush:
+ * when non-zero, flush_bytes (>= 64 MB) are rewritten before every timed launch so the 60 MB
+ * L2 does not serve the weights (cold, as in a decode step that streams every layer).
+ * us_decode / us_lt (may be NULL): the medians in microseconds, < 0 where a path cannot run. */
+int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+		   int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes, gpu_ptr flush,
+		   size_t flush_bytes, float *us_decode, float *us_lt);
+/* y = the FP8 GEMM by the path above; falls back to the decode kernel when cuBLASLt refuses
+ * a shape with M <= 64. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
+int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
+		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
+/* Closes g's cuBLASLt handle and forgets its table (before gpu_close). */
+void cuda_gemm_close(struct gpu *g);
 #endif
 
 #endif

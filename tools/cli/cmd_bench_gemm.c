@@ -1,6 +1,10 @@
 /*
  * cmd_bench_gemm.c — `dsv32 bench gemm`: the FP8 block-scaled GEMMs at DeepSeek-V3.2's real
- * shapes on the GPU, against the HBM read limit measured in the same run.
+ * shapes on the GPU, our decode kernel side by side with cuBLASLt's block-scaled path
+ * (activations VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the
+ * HBM read limit measured in the same run. The faster path per (M bucket, N, K) is recorded in
+ * the dispatch table and printed ("pick"); M > 64 has only cuBLASLt until a prefill kernel
+ * exists. The cuBLASLt time includes the transpose of the activation scales it needs.
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
@@ -12,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/cublaslt.h"
 #include "driver/gpu.h"
 #include "model/cuda_gemm.h"
 #include "tools/cli/cli.h"
@@ -88,7 +93,7 @@ static int launch_read(struct gpu *g, void *vctx, int i)
 
 struct gemm_ctx {
 	gpu_ptr w, s, x, sx, y, ws;
-	size_t w_bytes, s_bytes;
+	size_t w_bytes, s_bytes, ws_bytes;
 	int copies, M, N, K;
 };
 
@@ -98,6 +103,24 @@ static int launch_gemm(struct gpu *g, void *vctx, int i)
 	int k = i % c->copies;
 	return cuda_gemm_fp8_decode(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
 				    c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws);
+}
+
+static int launch_lt(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8_lt(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
+				c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
+}
+
+/* time_us, TB/s, TFLOP/s of one path, or n/a. */
+static void print_path(float ms, double bytes, double flops)
+{
+	if (ms < 0)
+		printf(" %9s %6s %7s", "n/a", "", "");
+	else
+		printf(" %9.2f %6.3f %7.1f", ms * 1e3, bytes / (ms * 1e-3) / 1e12,
+		       flops / (ms * 1e-3) / 1e12);
 }
 
 int bench_gemm(int argc, char **argv)
@@ -126,14 +149,16 @@ int bench_gemm(int argc, char **argv)
 	float read_ms = time_ms(&g, launch_read, &rc, 3, trials);
 	double read_tbs = (double)rc.n16 * 16 / (read_ms * 1e-3) / 1e12;
 	cu.cuMemFree(rc.buf);
-	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, g.sm_count,
-	       read_tbs);
-	printf("\n%-12s %4s %10s %9s %8s %9s  %s\n", "N x K", "M", "time_us", "TB/s", "of_read",
-	       "TFLOP/s", "split");
+	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
+	       g.sm_count, read_tbs, cublaslt_version());
+	printf("\n%-12s %4s | %9s %6s %7s %5s | %9s %6s %7s | %7s %s\n", "N x K", "M",
+	       "ours_us", "TB/s", "TFLOP/s", "split", "lt_us", "TB/s", "TFLOP/s", "ours/lt",
+	       "pick");
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
-	static const int Ms[] = {1, 8, 32, 64};
+	static const int Ms[] = {1, 8, 32, 64, 128, 4096};
+	const int max_m = 4096;
 	int rc_all = 0;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		struct gemm_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
@@ -144,31 +169,54 @@ int bench_gemm(int argc, char **argv)
 			c.copies = 2;
 		if (cu_check(cu.cuMemAlloc(&c.w, c.w_bytes * c.copies), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.s, c.s_bytes * c.copies), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.x, (size_t)64 * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)64 * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.y, (size_t)64 * c.N * 2), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.ws, cuda_gemm_decode_workspace(&g, 64, c.N, c.K) + 256),
-			     "cuMemAlloc", __FILE__, __LINE__))
+		    cu_check(cu.cuMemAlloc(&c.x, (size_t)max_m * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)max_m * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.y, (size_t)max_m * c.N * 2), "cuMemAlloc", __FILE__, __LINE__))
+			return 1;
+		c.ws_bytes = 256;
+		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+			size_t b = cuda_gemm_fp8_workspace(&g, Ms[mi], c.N, c.K);
+			c.ws_bytes = b > c.ws_bytes ? b : c.ws_bytes;
+		}
+		if (cu_check(cu.cuMemAlloc(&c.ws, c.ws_bytes), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
 		fill_e4m3(&g, c.w, (long long)(c.w_bytes * c.copies), 100 + si);
 		fill_pow2(&g, c.s, (long long)(c.s_bytes * c.copies / 4), 200 + si, -12, -8);
-		fill_e4m3(&g, c.x, (long long)64 * c.K, 300 + si);
-		fill_pow2(&g, c.sx, (long long)64 * (c.K / 128), 400 + si, -4, 0);
+		fill_e4m3(&g, c.x, (long long)max_m * c.K, 300 + si);
+		fill_pow2(&g, c.sx, (long long)max_m * (c.K / 128), 400 + si, -4, 0);
 		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
 			c.M = Ms[mi];
-			int reps = c.copies * ((40 + c.copies - 1) / c.copies);
-			float ms = time_ms(&g, launch_gemm, &c, reps, trials);
-			if (ms < 0) {
+			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
+			int want = c.M >= 1024 ? 8 : 40;
+			int reps = c.copies * ((want + c.copies - 1) / c.copies);
+			float ms = c.M <= 64 ? time_ms(&g, launch_gemm, &c, reps, trials) : -1;
+			float lt = time_ms(&g, launch_lt, &c, reps, trials);
+			if (c.M <= 64 && ms < 0)
 				rc_all = 1;
-				continue;
-			}
 			double bytes = (double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4 +
 				       (double)c.M * c.K + (double)c.M * c.N * 2;
-			double tbs = bytes / (ms * 1e-3) / 1e12;
-			double tflops = 2.0 * c.M * c.N * c.K / (ms * 1e-3) / 1e12;
+			double flops = 2.0 * c.M * c.N * c.K;
 			struct gemm_split sp = cuda_gemm_decode_split(&g, c.N, c.K);
-			printf("%5dx%-6d %4d %10.2f %9.3f %7.0f%% %9.1f  k%dx%d\n", c.N, c.K, c.M,
-			       ms * 1e3, tbs, 100.0 * tbs / read_tbs, tflops, sp.ksplit, sp.chunks);
+			printf("%5dx%-6d %4d |", c.N, c.K, c.M);
+			print_path(ms, bytes, flops);
+			if (ms >= 0)
+				printf(" k%dx%-2d |", sp.ksplit, sp.chunks);
+			else
+				printf(" %5s |", "");
+			print_path(lt, bytes, flops);
+			enum cuda_gemm_path pick = lt >= 0 && (ms < 0 || lt < ms)
+							   ? CUDA_GEMM_PATH_CUBLASLT
+							   : CUDA_GEMM_PATH_DECODE;
+			if (ms >= 0 && lt >= 0)
+				printf(" | %7.2f", lt / ms);
+			else
+				printf(" | %7s", "n/a");
+			if (ms < 0 && lt < 0)
+				printf(" none\n");
+			else
+				printf(" %s\n", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
+			if (c.M <= 64 && (ms >= 0 || lt >= 0))
+				cuda_gemm_path_set(&g, c.M, c.N, c.K, pick);
 		}
 		cu.cuMemFree(c.w);
 		cu.cuMemFree(c.s);
@@ -177,8 +225,11 @@ int bench_gemm(int argc, char **argv)
 		cu.cuMemFree(c.y);
 		cu.cuMemFree(c.ws);
 	}
-	printf("\ncommand: dsv32 bench gemm --trials %d (decode kernel k_gemm_fp8_decode_m*; "
-	       "weights rotated over >= 1 GiB; cuBLASLt comparison: not yet built)\n", trials);
+	printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_decode_m*, M <= 64; "
+	       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated over "
+	       ">= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the path "
+	       "cannot run the shape)\n", trials);
+	cuda_gemm_close(&g);
 	gpu_close(&g);
 	return rc_all;
 }

@@ -1,0 +1,160 @@
+/*
+ * test_gpu_cublaslt.c — cuBLASLt's FP8 block-scaled GEMM (driver/cublaslt.c through
+ * cuda_gemm_fp8_lt) and the per-shape dispatch (cuda_gemm_fp8) against the CPU backend's
+ * cpu_fp8_linear on the same quantised activations, with the error limit of every FP8 GEMM
+ * test (gpu_gemm_count_bad: fp32 accumulation order only). N and K are kept small where M is
+ * large so the CPU reference stays fast.
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include "model/cpu_ops.h"
+#include "model/cuda_gemm.h"
+
+/* One GEMM problem: host inputs, the CPU's fp32 result, and the device copies. */
+struct lt_case {
+	int M, N, K;
+	uint8_t *W, *xq;    /* [N, K], [M, K] e4m3 */
+	float *S, *sx, *y;  /* [ceil(N/128), K/128], [M, K/128], [M, N] (CPU result) */
+	uint16_t *got;      /* [M, N] bf16 from the GPU */
+	gpu_ptr dW, dS, dx, dsx, dy, dws;
+	size_t ws_bytes;
+};
+
+static void case_init(struct gpu *g, struct lt_case *c, int M, int N, int K, uint64_t seed)
+{
+	size_t KB = (size_t)K / 128, NB = (size_t)(N + 127) / 128;
+	*c = (struct lt_case){.M = M, .N = N, .K = K};
+	c->W = malloc((size_t)N * K), c->xq = malloc((size_t)M * K);
+	c->S = malloc(NB * KB * 4), c->sx = malloc((size_t)M * KB * 4);
+	c->y = malloc((size_t)M * N * 4), c->got = malloc((size_t)M * N * 2);
+	float *x = malloc((size_t)M * K * 4);
+	for (size_t i = 0; i < (size_t)N * K; i++) {
+		uint8_t b = (uint8_t)test_rand(&seed);
+		c->W[i] = (b & 0x80) | ((b & 0x7f) % 0x70); /* any code but NaN */
+	}
+	for (size_t i = 0; i < NB * KB; i++)
+		c->S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
+	for (int m = 0; m < M; m++) { /* rows over many binades, so the per-row scales matter */
+		float amp = ldexpf(1.0f, (int)(test_rand(&seed) % 24) - 16);
+		for (int k = 0; k < K; k++) {
+			float u = (float)((test_rand(&seed) >> 40) * (1.0 / (1ull << 24))) * 2 - 1;
+			x[(size_t)m * K + k] = bf16_round(u * amp);
+		}
+	}
+	struct fp8_linear L = {c->W, c->S, N, K};
+	cpu_fp8_linear(NULL, &L, x, M, c->y);
+	for (int m = 0; m < M; m++)
+		cpu_act_quant(x + (size_t)m * K, K, c->xq + (size_t)m * K, c->sx + (size_t)m * KB);
+	free(x);
+	c->ws_bytes = cuda_gemm_fp8_workspace(g, M, N, K);
+	c->dW = gpu_test_alloc((size_t)N * K), c->dS = gpu_test_alloc(NB * KB * 4);
+	c->dx = gpu_test_alloc((size_t)M * K), c->dsx = gpu_test_alloc((size_t)M * KB * 4);
+	c->dy = gpu_test_alloc((size_t)M * N * 2), c->dws = gpu_test_alloc(c->ws_bytes);
+	REQUIRE(gpu_upload(g, c->dW, c->W, (size_t)N * K) == 0);
+	REQUIRE(gpu_upload(g, c->dS, c->S, NB * KB * 4) == 0);
+	REQUIRE(gpu_upload(g, c->dx, c->xq, (size_t)M * K) == 0);
+	REQUIRE(gpu_upload(g, c->dsx, c->sx, (size_t)M * KB * 4) == 0);
+}
+
+static void case_free(struct lt_case *c)
+{
+	cu.cuMemFree(c->dW), cu.cuMemFree(c->dS), cu.cuMemFree(c->dx), cu.cuMemFree(c->dsx);
+	cu.cuMemFree(c->dy), cu.cuMemFree(c->dws);
+	free(c->W), free(c->xq), free(c->S), free(c->sx), free(c->y), free(c->got);
+}
+
+enum { VIA_LT, VIA_DISPATCH };
+
+/* Runs the GEMM (poisoned output first) and returns its status; on 0, checks the result. */
+static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label)
+{
+	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
+	int r = via == VIA_LT ? cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N,
+						 c->K, c->N, c->dws, c->ws_bytes)
+			      : cuda_gemm_fp8(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+					      c->N, c->dws, c->ws_bytes);
+	if (r)
+		return r;
+	REQUIRE(gpu_download(g, c->got, c->dy, (size_t)c->M * c->N * 2) == 0);
+	char what[96];
+	snprintf(what, sizeof what, "%s M=%d N=%d K=%d", label, c->M, c->N, c->K);
+	CHECK_EQ_INT(gpu_gemm_count_bad(c->y, c->got, c->M, c->N, what), 0);
+	return 0;
+}
+
+TEST_T(gpu_cublaslt, gemm_fp8_vs_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* N: multiples of 128 and partial blocks (576 = kv_a, 2112 = q_a + kv_a); K/128 % 4 == 0 */
+	static const int shapes[][3] = {{16, 1536, 7168}, {64, 576, 2048},  {32, 2112, 7168},
+					{128, 4096, 512}, {128, 2112, 1536}, {4096, 256, 1024},
+					{4096, 576, 512}};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 700 + i);
+		CHECK_EQ_INT(case_run(&g, &c, VIA_LT, "cuBLASLt"), 0);
+		case_free(&c);
+	}
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+/* cuBLASLt may refuse small or odd M (-ENOTSUP); whatever it accepts must be right. */
+TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int Ms[] = {1, 2, 5, 8, 13};
+	for (size_t i = 0; i < sizeof Ms / sizeof *Ms; i++) {
+		struct lt_case c;
+		case_init(&g, &c, Ms[i], 2112, 7168, 800 + i);
+		int r = case_run(&g, &c, VIA_LT, "cuBLASLt");
+		if (r == -ENOTSUP)
+			printf("    cuBLASLt M=%d N=2112 K=7168: refused (no algorithm)\n", Ms[i]);
+		else
+			CHECK_EQ_INT(r, 0);
+		case_free(&c);
+	}
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+/* The dispatch: measured choice, each path forced, the fallback when cuBLASLt refuses. */
+TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct lt_case c;
+	case_init(&g, &c, 16, 2112, 7168, 900);
+	float td = -1, tl = -1;
+	REQUIRE(cuda_gemm_tune(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N, c.dws,
+			       c.ws_bytes, 0, 0, &td, &tl) == 0);
+	enum cuda_gemm_path p = cuda_gemm_path_for(&g, c.M, c.N, c.K);
+	printf("    tune M=16 2112x7168 (L2 warm): ours %.2f us, cuBLASLt %.2f us -> %s\n", td, tl,
+	       p == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
+	CHECK(td > 0);
+	CHECK(p == CUDA_GEMM_PATH_DECODE || p == CUDA_GEMM_PATH_CUBLASLT);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch (tuned)"), 0);
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch -> ours"), 0);
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_CUBLASLT);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch -> cuBLASLt"), 0);
+	case_free(&c);
+	/* M = 1 in a bucket marked cuBLASLt: runs (cuBLASLt or the decode fallback), correctly */
+	case_init(&g, &c, 1, 2112, 7168, 901);
+	cuda_gemm_path_set(&g, 1, c.N, c.K, CUDA_GEMM_PATH_CUBLASLT);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch M=1 (cuBLASLt or fallback)"), 0);
+	case_free(&c);
+	/* M > 64: cuBLASLt, the only path */
+	case_init(&g, &c, 256, 576, 2048, 902);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_CUBLASLT);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch M=256"), 0);
+	case_free(&c);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+#endif
