@@ -3,7 +3,7 @@
  * on the GPU (the indexer scan over the paged FP8 keys, and the top-2048 selection) at the real
  * dims (64 index heads x 128, index_topk 2048), contexts 1K..128K, batch 1..128, with the
  * indexer caches filled synthetically on the GPU. Prints time, bytes, FLOPs and the ratios to
- * the HBM read limit measured in the same run. Sparse MLA decode is not on the GPU yet.
+ * the HBM read limit measured in the same run, and the sparse MLA decode over the chosen slots.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +52,7 @@ int bench_attention(int argc, char **argv)
 	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
 	void *fill = gpu_kernel(&g, "k_fill_e4m3"), *fillp = gpu_kernel(&g, "k_fill_f32_pow2");
 	void *scan = gpu_kernel(&g, "k_indexer_scores"), *topk = gpu_kernel(&g, "k_topk");
-	void *rd = gpu_kernel(&g, "k_read_bw");
+	void *rd = gpu_kernel(&g, "k_read_bw"), *mla = gpu_kernel(&g, "k_mla_decode");
 	/* the limit: streaming read of 4 GiB */
 	gpu_ptr big, sink;
 	long long n16 = (4ll << 30) / 16;
@@ -72,8 +72,8 @@ int bench_attention(int argc, char **argv)
 	double read_tbs = (double)nb * reps / (event_ms(&g, e0, e1) * 1e-3) / 1e12;
 	cu.cuMemFree(big);
 	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n\n", g.name, read_tbs);
-	printf("%7s %5s | %12s %9s %8s %9s | %10s\n", "context", "batch", "scan_us", "TB/s",
-	       "of_read", "TFLOP/s", "topk_us");
+	printf("%7s %5s | %12s %9s %8s %9s | %10s | %10s %9s\n", "context", "batch", "scan_us", "TB/s",
+	       "of_read", "TFLOP/s", "topk_us", "mla_us", "TFLOP/s");
 	for (size_t ci = 0; ci < sizeof ctxs / sizeof *ctxs; ci++)
 		for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
 			int ctx = ctxs[ci], B = batches[bi], blocks = ctx / 64;
@@ -121,17 +121,42 @@ int bench_attention(int argc, char **argv)
 				gpu_launch(&g, topk, (unsigned)B, 1, 1, 1024, 1, 1, 0, ta);
 			cu.cuEventRecord(e1, g.stream);
 			double topk_ms = event_ms(&g, e0, e1) / reps;
+			/* sparse MLA decode over the selected slots: 128 heads, 656-byte records in a pool
+			 * of B * blocks pages (the slots the top-k just chose) */
+			const int MH = 128, R = 512, nsel = ctx < TOPK ? ctx : TOPK;
+			size_t mla_pool = (size_t)B * blocks * 64 * 656;
+			gpu_ptr mpool, mq, mo;
+			if (cu_check(cu.cuMemAlloc(&mpool, mla_pool), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&mq, (size_t)B * MH * (R + 64) * 2), "cuMemAlloc", __FILE__, __LINE__) ||
+			    cu_check(cu.cuMemAlloc(&mo, (size_t)B * MH * R * 2), "cuMemAlloc", __FILE__, __LINE__))
+				return 1;
+			long long mpn = (long long)mla_pool;
+			void *f4[] = {&mpool, &mpn, &seed};
+			gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, f4);
+			gpu_memset(&g, mq, 0x3c, (size_t)B * MH * (R + 64) * 2); /* bf16 ~0.0115 */
+			int rec = 656, rr = R, mh = MH;
+			float sc_att = 0.1352337789f;
+			void *ma[] = {&mq, &pos, &km, &mpool, &rec, &rr, &mh, &sc_att, &mo};
+			gpu_launch(&g, mla, (unsigned)(MH / 16), (unsigned)B, 1, 256, 1, 1, 0, ma);
+			cu.cuEventRecord(e0, g.stream);
+			for (int r = 0; r < reps; r++)
+				gpu_launch(&g, mla, (unsigned)(MH / 16), (unsigned)B, 1, 256, 1, 1, 0, ma);
+			cu.cuEventRecord(e1, g.stream);
+			double mla_ms = event_ms(&g, e0, e1) / reps;
+			double mla_flops = 2.0 * B * MH * (double)nsel * (R + 64 + R);
+			cu.cuMemFree(mpool), cu.cuMemFree(mq), cu.cuMemFree(mo);
 			double bytes = (double)pool_bytes + (double)B * ctx * 4; /* keys in, scores out */
 			double flops = 2.0 * B * H * 128.0 * ctx;
 			double tbs = bytes / (scan_ms * 1e-3) / 1e12;
-			printf("%7d %5d | %12.2f %9.3f %7.0f%% %9.1f | %10.2f\n", ctx, B, scan_ms * 1e3, tbs,
-			       100.0 * tbs / read_tbs, flops / (scan_ms * 1e-3) / 1e12, topk_ms * 1e3);
+			printf("%7d %5d | %12.2f %9.3f %7.0f%% %9.1f | %10.2f | %10.2f %9.1f\n", ctx, B,
+			       scan_ms * 1e3, tbs, 100.0 * tbs / read_tbs, flops / (scan_ms * 1e-3) / 1e12,
+			       topk_ms * 1e3, mla_ms * 1e3, mla_flops / (mla_ms * 1e-3) / 1e12);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
 			cu.cuMemFree(n), cu.cuMemFree(sc), cu.cuMemFree(pos);
 		}
 	printf("\ncommand: dsv32 bench attention --reps %d (k_indexer_scores: one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "k_topk: 2048 of ctx; sparse MLA decode: not on the GPU yet)\n", reps);
+	       "k_topk: 2048 of ctx; k_mla_decode: 128 heads over the selected slots, 656-byte records)\n", reps);
 	cu.cuEventDestroy(e0);
 	cu.cuEventDestroy(e1);
 	gpu_close(&g);
