@@ -361,14 +361,16 @@ def cmd_compare(a):
     same = tot = 0
     worst = 0
     for k in tk_f:
+        if k not in tk_o:  # e.g. the MTP layer of a run without MTP
+            continue
         for rf, ro in zip(tk_f[k], tk_o[k]):
             d = len(set(rf[rf >= 0].tolist()) - set(ro[ro >= 0].tolist()))
             same += d == 0
             tot += 1
             worst = max(worst, d)
     ex_f, ex_o = dict(np.load(os.path.join(a.fixture, "experts.npz"))), dict(np.load(a.experts))
-    ex_same = sum(int((ex_f[k] == ex_o[k]).all(axis=1).sum()) for k in ex_f)
-    ex_tot = sum(ex_f[k].shape[0] for k in ex_f)
+    ex_same = sum(int((ex_f[k] == ex_o[k]).all(axis=1).sum()) for k in ex_f if k in ex_o)
+    ex_tot = sum(ex_f[k].shape[0] for k in ex_f if k in ex_o)
     q = lambda v, p: float(np.percentile(v, p)) if v else float("nan")  # noqa: E731
     print("%-28s logits relL2 median %.2e p90 %.2e max %.2e argmax %.3f | mtp median %.2e | "
           "topk rows same %.3f worst %d | experts same %d/%d"
