@@ -17,6 +17,8 @@
  *   B = x8 as a K x M column-major matrix (ld K), op N, scales VEC128:
  *       sxT[K/128, M] (token index contiguous): the TRANSPOSE of act_quant's sx[M, K/128];
  *   D = y as an N x M column-major matrix with ld = ldy, i.e. our row-major y[M, ldy].
+ * If this cuBLASLt refuses that operand order, the swapped one is used (A = x8 with VEC128,
+ * B = W8 with BLK128x128, D = y^T in the workspace, then transposed into y); see cublaslt.c.
  *
  * Builds without the CUDA headers, and static builds, define DSV32_NO_CUDA (driver/cu.h):
  * cublaslt_open() then fails with "no cuBLASLt in this build".
@@ -38,8 +40,14 @@ void cublaslt_close(struct cublaslt *lt);
 /* "cuBLASLt 130100 (libcublasLt.so.13)" or why it is absent. */
 const char *cublaslt_version(void);
 
+/* cuBLASLt's own workspace (NVIDIA's advice for Hopper: 32 MiB). */
+#define CUBLASLT_WORKSPACE ((size_t)32 << 20)
+/* Workspace bytes cublaslt_gemm_fp8 needs: CUBLASLT_WORKSPACE and room for y^T. */
+size_t cublaslt_gemm_fp8_workspace(int M, int N);
+
 #ifndef DSV32_NO_CUDA
-/* The GEMM above, enqueued on g's stream. ws: ws_bytes of device workspace (alignment 256).
+/* The GEMM above, enqueued on g's stream. ws: ws_bytes >= cublaslt_gemm_fp8_workspace(M, N)
+ * of device workspace (alignment 256).
  * 0; -ENOTSUP when cuBLASLt has no algorithm for the shape (e.g. small M; remembered per
  * shape, so a refused shape costs one query); -EINVAL on a shape outside the contract
  * (K % 128, s_ld, ldy < N or ldy % 8); -EIO on a cuBLASLt error (logged with call and status). */

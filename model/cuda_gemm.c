@@ -76,7 +76,7 @@ static size_t sxT_bytes(int M, int K) { return ((size_t)M * (K / 128) * 4 + 255)
 
 size_t cuda_gemm_fp8_workspace(const struct gpu *g, int M, int N, int K)
 {
-	size_t lt = sxT_bytes(M, K) + CUDA_GEMM_LT_WORKSPACE;
+	size_t lt = sxT_bytes(M, K) + cublaslt_gemm_fp8_workspace(M, N);
 	size_t dec = M <= 64 ? cuda_gemm_decode_workspace(g, M, N, K) : 0;
 	return lt > dec ? lt : dec;
 }
@@ -107,7 +107,7 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
 	if (!lt)
 		return -ENOTSUP;
 	size_t st = sxT_bytes(M, K);
-	if (M < 1 || K % 128 || ws_bytes < st + CUDA_GEMM_LT_WORKSPACE || !ws)
+	if (M < 1 || K % 128 || ws_bytes < st + cublaslt_gemm_fp8_workspace(M, N) || !ws)
 		return -EINVAL;
 	/* cuBLASLt reads the activation scales token-contiguous: sxT[K/128, M] = sx^T. */
 	int rows = M, cols = K / 128;
@@ -118,7 +118,7 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
 	if (r)
 		return r;
 	return cublaslt_gemm_fp8(lt, g, W, S, (K / 128 + 3) / 4 * 4, x8, ws, y, M, N, K, ldy,
-				 ws + st, CUDA_GEMM_LT_WORKSPACE);
+				 ws + st, ws_bytes - st);
 }
 
 /* ---- the dispatch table ------------------------------------------------------------------ */

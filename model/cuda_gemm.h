@@ -34,11 +34,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 
 /* ---- cuBLASLt and the dispatch --------------------------------------------------------- */
 
-/* cuBLASLt's own workspace inside ours (NVIDIA's advice for Hopper: 32 MiB). */
-#define CUDA_GEMM_LT_WORKSPACE ((size_t)32 << 20)
-
 /* Workspace bytes of cuda_gemm_fp8 / cuda_gemm_fp8_lt for M tokens: the transposed activation
- * scales and cuBLASLt's workspace, or the decode kernel's chunk partials, whichever is more. */
+ * scales and cuBLASLt's (cublaslt_gemm_fp8_workspace: 32 MiB and room for y^T), or the decode
+ * kernel's chunk partials, whichever is more. */
 size_t cuda_gemm_fp8_workspace(const struct gpu *g, int M, int N, int K);
 
 /* The same GEMM as cuda_gemm_fp8_decode through cuBLASLt (any M; weight scales S as
