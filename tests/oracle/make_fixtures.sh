@@ -11,7 +11,8 @@
 # once by the oracle on the GPU and once by `dsv32 eval` on the CPU; op fixtures).
 #
 # Writes OUT_DIR/NAME/{manifest.txt,logits.npz,topk.npz,experts.npz,layers.npz} for every
-# numerics config NAME, OUT_DIR/ops.npz, and OUT_DIR/selfcheck.txt (also printed). Copy
+# numerics config NAME (and NAME/naive/ = the oracle in the naive attention form, for the
+# shallow configs), OUT_DIR/ops.npz, and OUT_DIR/selfcheck.txt (also printed). Copy
 # OUT_DIR/* into tests/data/oracle/ to commit them (the tokens files there are the inputs).
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,8 +37,8 @@ say "== oracle fixtures: $(date -u)  host $(hostname)"
 python3 -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$log"
 
 status=0
-# name  structured  logit-stride  teacher-forced sequence (-1: none)
-while read -r name structured stride tf; do
+# name  structured  logit-stride  teacher-forced sequence (-1: none)  naive-form fixture too
+while read -r name structured stride tf naive; do
   [ -z "$name" ] && continue
   cfg=tests/data/numerics_$name.json
   tok=tests/data/oracle/$name/tokens.txt
@@ -53,6 +54,11 @@ while read -r name structured stride tf; do
   if ! python3 tests/oracle/oracle.py fixture --model "$m" --tokens "$tok" --out "$out/$name" \
        --logit-stride "$stride" --full-rows 0 --tf-seq "$tf" 2>&1 | tee -a "$log"; then
     say "FAIL oracle fixture $name"; status=1; continue
+  fi
+  if [ "$naive" = 1 ] && ! python3 tests/oracle/oracle.py fixture --attn naive --model "$m" \
+       --tokens "$tok" --out "$out/$name/naive" --logit-stride "$stride" --full-rows 0 \
+       --tf-seq -1 2>&1 | tee -a "$log"; then
+    say "FAIL oracle naive-form fixture $name"; status=1
   fi
   mtp=""
   grep -q '"num_nextn_predict_layers": 0' "$cfg" || mtp="--mtp-out $work/$name.mtp.npz"
@@ -73,10 +79,10 @@ while read -r name structured stride tf; do
       --topk "$work/$name.naive_topk.npz" --experts "$work/$name.naive_ex.npz" 2>&1 | tee -a "$log"
   fi
 done <<'EOF'
-tiny 1 4 1
-wide 1 4 1
-dense1 0 2 -1
-moe1 1 2 -1
+tiny 1 4 1 0
+wide 1 4 1 0
+dense1 0 2 -1 1
+moe1 1 2 -1 1
 EOF
 
 python3 tests/oracle/oracle.py ops --config tests/data/numerics_tiny.json --out "$out/ops.npz" \

@@ -36,8 +36,16 @@
 
 #define NC_FN static __attribute__((unused))
 
-/* 1: our side runs the naive attention form (the fixtures are the oracle's absorbed form). */
+/* 1: our side runs the naive attention form, compared with the oracle's naive-form outputs
+ * (NAME/naive/ fixtures) end to end. */
 static int nc_naive_attention __attribute__((unused));
+
+/* An end-to-end fixture file of NAME: FILE, or naive/FILE in the naive form. */
+static const char *nc_fx(char *buf, size_t n, const char *file)
+{
+	snprintf(buf, n, "%s%s", nc_naive_attention ? "naive/" : "", file);
+	return buf;
+}
 
 /* ---- verdicts: failed checks are counted and printed, the caller decides ------------------ */
 
@@ -324,8 +332,9 @@ NC_FN void nc_sets_add(struct nc_verdict *v, struct nc_sets *st, const struct nc
 {
 	char key[64];
 	struct npy_array a;
+	char fb[64];
 	snprintf(key, sizeof key, "s%lld_l%lld", (long long)s, (long long)l);
-	nc_load(m->name, "topk.npz", key, &a);
+	nc_load(m->name, nc_fx(fb, sizeof fb, "topk.npz"), key, &a);
 	if (a.shape[0] != rows)
 		nc_fail(v, "%s topk %s: %lld rows in the fixture, %lld ours", m->name, key,
 			(long long)a.shape[0], (long long)rows);
@@ -341,7 +350,7 @@ NC_FN void nc_sets_add(struct nc_verdict *v, struct nc_sets *st, const struct nc
 	npy_free(&a);
 	if (!config_layer_is_moe(&m->c, l))
 		return;
-	nc_load(m->name, "experts.npz", key, &a);
+	nc_load(m->name, nc_fx(fb, sizeof fb, "experts.npz"), key, &a);
 	for (int64_t t = 0; t < rows && t < a.shape[0]; t++) {
 		st->ex_rows++;
 		st->ex_same += d->ex_seen[l * d->T + t] &&
@@ -409,12 +418,12 @@ NC_FN void nc_e2e(struct nc_verdict *v, const char *name, const struct nc_e2e_li
 		struct backend_seq sq = {T, S.tok[s], pos, bt, nb, fl, logits, hidden, NULL};
 		struct backend_step step = {0, 1, &sq, &dump};
 		REQUIRE(backend_step(b, &step) == 0);
-		char key[32];
+		char key[32], fb[64];
 		struct npy_array fx, rows;
 		snprintf(key, sizeof key, "seq%d", s);
-		nc_load(name, "logits.npz", key, &fx);
+		nc_load(name, nc_fx(fb, sizeof fb, "logits.npz"), key, &fx);
 		snprintf(key, sizeof key, "rows%d", s);
-		nc_load(name, "logits.npz", key, &rows);
+		nc_load(name, nc_fx(fb, sizeof fb, "logits.npz"), key, &rows);
 		REQUIRE(fx.shape[1] == V && fx.shape[0] == rows.shape[0]);
 		for (int64_t i = 0; i < rows.shape[0]; i++) {
 			int64_t t = ((const int32_t *)rows.data)[i];
@@ -432,9 +441,9 @@ NC_FN void nc_e2e(struct nc_verdict *v, const char *name, const struct nc_e2e_li
 				fl[t] = BACKEND_ROW_LOGITS;
 			REQUIRE(backend_step(b, &ms) == 0);
 			snprintf(key, sizeof key, "mtp%d", s);
-			nc_load(name, "logits.npz", key, &fx);
+			nc_load(name, nc_fx(fb, sizeof fb, "logits.npz"), key, &fx);
 			snprintf(key, sizeof key, "mrows%d", s);
-			nc_load(name, "logits.npz", key, &rows);
+			nc_load(name, nc_fx(fb, sizeof fb, "logits.npz"), key, &rows);
 			for (int64_t i = 0; i < rows.shape[0]; i++) {
 				int64_t t = ((const int32_t *)rows.data)[i];
 				REQUIRE(t >= 0 && t < T - 1);
