@@ -7,7 +7,7 @@
  * at least one failed check. The list is pinned: a new mutation fails here until it has a case.
  */
 #include "model/cpu_mutation.h"
-#include "tests/oracle/numerics_check.h"
+#include "tests/oracle/numerics_ops.h"
 
 static void expect_red(const char *mutation, int deep)
 {

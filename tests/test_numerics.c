@@ -14,7 +14,7 @@
  * Every case prints the measured agreement. A missing fixture fails loudly. The checks live in
  * tests/oracle/numerics_check.h, shared with the mutation tests.
  */
-#include "tests/oracle/numerics_check.h"
+#include "tests/oracle/numerics_ops.h"
 
 static void verdict(const struct nc_verdict *v)
 {
