@@ -78,6 +78,10 @@ while read -r name structured stride tf naive; do
     python3 tests/oracle/oracle.py compare --fixture "$out/$name" --logits "$work/$name.naive.npz" \
       --topk "$work/$name.naive_topk.npz" --experts "$work/$name.naive_ex.npz" 2>&1 | tee -a "$log"
   fi
+  # transformers' bf16 port as a second opinion on structure (informative; never fails the run)
+  timeout 120 python3 tests/oracle/oracle.py hf --model "$m" --tokens "$tok" --fixture "$out/$name" \
+    > "$work/$name.hf.log" 2>&1 && tee -a "$log" < "$work/$name.hf.log" | tail -1 \
+    || { echo "  (transformers second opinion failed: $(tail -1 "$work/$name.hf.log"))" | tee -a "$log"; }
 done <<'EOF'
 tiny 1 4 1 0
 wide 1 4 1 0

@@ -12,6 +12,8 @@
       op-level fixtures on fresh random inputs (ops.npz).
   oracle.py compare --fixture DIR --logits F [--mtp F] --topk F --experts F
       the self-check: our `dsv32 eval` outputs against a fixture, as a short table.
+  oracle.py hf --model DIR --tokens FILE --fixture DIR
+      a second opinion on structure only: transformers' bf16 deepseek_v32 port.
 """
 import argparse
 import json
@@ -379,6 +381,47 @@ def cmd_compare(a):
     return 0
 
 
+def cmd_hf(a):
+    """Second opinion on structure only: transformers' bf16 deepseek_v32 port (no FP8, no
+    Hadamard, no MTP) on our checkpoint dequantised to bf16, against the fixture's logits.
+    Prints one line; loose by nature (FP8 vs bf16 differs at the 1e-2..1e-1 level)."""
+    import tempfile
+    import transformers
+    from safetensors.torch import save_file
+    dev = ref.setup_torch()
+    ck = ref.Checkpoint(a.model, dev)
+    L = ck.cfg["num_hidden_layers"]
+    tensors = {}
+    for name, t in ck.t.items():
+        if name.endswith("weight_scale_inv") or name.startswith("model.layers.%d." % L):
+            continue
+        if name.endswith(".weight") and name + "_scale_inv" in ck.t:
+            t = ck.fp8(name[: -len(".weight")]).dequant()
+        tensors[name] = t.to(torch.bfloat16).contiguous().cpu()
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        cfg = dict(ck.cfg)
+        cfg.pop("quantization_config", None)
+        cfg["num_nextn_predict_layers"] = 0
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.bfloat16, attn_implementation="eager").to(dev).eval()
+        fx = dict(np.load(os.path.join(a.fixture, "logits.npz")))
+        rl, agree = [], []
+        with torch.no_grad():
+            for s, toks in enumerate(read_tokens(a.tokens)):
+                lg = model(torch.tensor([toks], device=dev)).logits[0].float().cpu().numpy()
+                rows = fx["rows%d" % s]
+                for i, t in enumerate(rows):
+                    rl.append(rel_l2(lg[t], fx["seq%d" % s][i]))
+                    agree.append(int(np.argmax(lg[t]) == np.argmax(fx["seq%d" % s][i])))
+    print("  (transformers %s bf16 port vs the oracle, structure only) logits relL2 median %.2e "
+          "p90 %.2e argmax %.3f" % (transformers.__version__, float(np.median(rl)),
+                                     float(np.percentile(rl, 90)), float(np.mean(agree))))
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -408,8 +451,13 @@ def main():
     c.add_argument("--mtp")
     c.add_argument("--topk", required=True)
     c.add_argument("--experts", required=True)
+    h = sub.add_parser("hf")
+    h.add_argument("--model", required=True)
+    h.add_argument("--tokens", required=True)
+    h.add_argument("--fixture", required=True)
     a = p.parse_args()
-    return {"eval": cmd_eval, "fixture": cmd_fixture, "ops": cmd_ops, "compare": cmd_compare}[a.cmd](a)
+    return {"eval": cmd_eval, "fixture": cmd_fixture, "ops": cmd_ops, "compare": cmd_compare,
+            "hf": cmd_hf}[a.cmd](a)
 
 
 if __name__ == "__main__":
