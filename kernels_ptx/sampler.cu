@@ -13,6 +13,9 @@
 //   out      struct sampler_result [rows]
 //   ws       per block slot_bytes: pl fp32 [Vp] (penalised copy), a, b int32 [Vp] (counts,
 //            candidate ids and sort ping-pong), Vp = V rounded up to 64
+//   flags    SB_FAST: parallel sums with an error bound, falling back to the serial ones near
+//            a boundary; SB_VERIFY: both, diag[0] += disagreements, diag[1] += fallbacks
+//            (diag may be NULL)
 // V <= SB_TILE * SB_MAX_TILES.
 //
 // k_sampler_uniform: bits[i] = sampler_bits(seed[i], index[i]) (the test checks the stream
@@ -43,6 +46,14 @@ struct sampler_result {
 	float top_logprobs[SB_MAX_LOGPROBS];
 };
 
+// flags of k_sampler
+#define SB_FAST 1   // parallel sums with an error bound; the serial sums only near a boundary
+#define SB_VERIFY 2 // with SB_FAST: also run the serial sums, count disagreements in diag[0]
+// Every parallel approximation of a sum of n <= 524288 non-negative terms, and every serial
+// one (sampler.c's), is within (n - 1) * 2^-53 < 5.9e-11 of the exact sum, relative: a
+// decision whose margin exceeds SB_SLACK / 4 = 1e-10 of the sum is the serial sums' decision.
+#define SB_SLACK 4e-10
+
 #define SB_EINVAL (-22)
 #define SB_EDOM (-33)
 
@@ -58,6 +69,7 @@ struct sb_smem {
 	double bins[SB_BINS];
 	uint32_t hist[256], base[256], tot[256];
 	double red_d[SB_WARPS];
+	double scan_d[SB_WARPS];
 	float red_f[SB_WARPS];
 	int32_t red_i[SB_WARPS];
 	uint32_t scan[SB_WARPS];
@@ -220,6 +232,47 @@ __device__ uint32_t sb_scan(sb_smem &sh, uint32_t x, uint32_t *total)
 	__syncthreads(); // everyone read scan[] before it is reused
 	*total = all;
 	return before + inc - x;
+}
+
+// exclusive prefix sum of doubles over the threads in thread order
+__device__ double sb_scan_d(sb_smem &sh, double x)
+{
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	double inc = x;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		double y = __shfl_up_sync(0xffffffffu, inc, o);
+		if (lane >= o)
+			inc += y;
+	}
+	if (lane == 31)
+		sh.scan_d[w] = inc;
+	__syncthreads(); // warp totals visible
+	double before = 0.0;
+	for (int i = 0; i < w; i++)
+		before += sh.scan_d[i];
+	__syncthreads(); // everyone read scan_d[] before it is reused
+	return before + (inc - x);
+}
+
+__device__ int32_t sb_min_i(sb_smem &sh, int32_t v)
+{
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+	if (lane == 0)
+		sh.red_i[w] = v;
+	__syncthreads(); // partials visible
+	if (threadIdx.x == 0) {
+		for (int i = 1; i < SB_WARPS; i++)
+			v = min(v, sh.red_i[i]);
+		sh.b_i = v;
+	}
+	__syncthreads(); // result visible
+	v = sh.b_i;
+	__syncthreads(); // read before reuse
+	return v;
 }
 
 // ---- radix select: the k-th smallest key (1-based) ---------------------------------------
@@ -395,6 +448,87 @@ __device__ int32_t sb_walk(sb_smem &sh, const sb_draw &d, double u)
 	return tok;
 }
 
+// q_i of d (0 for the ids it does not keep)
+__device__ __forceinline__ double sb_q(const sb_draw &d, int i, bool bins, sb_smem &sh)
+{
+	if (i >= d.V)
+		return 0.0;
+	float x = d.l[i];
+	if (x == -INFINITY || sb_key(x, i) > d.thr)
+		return 0.0;
+	double xx = sb_x(x, d.lmax, d.T);
+	double q = exp(xx);
+	if (bins)
+		atomicAdd(&sh.bins[sb_bin(xx)], q);
+	return q;
+}
+
+// Parallel sums of q per tile: sh.tsum[t] = the (approximate) sum before tile t; returns the
+// total. bins as sb_tile.
+__device__ double sb_tile_sums(sb_smem &sh, const sb_draw &d, bool bins)
+{
+	const int ntiles = (d.V + SB_TILE - 1) / SB_TILE;
+	for (int t = 0; t < ntiles; t++) {
+		const int base = t * SB_TILE + threadIdx.x * 4;
+		double s = 0.0;
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			s += sb_q(d, base + k, bins, sh);
+		s = sb_sum_d(sh, s);
+		if (threadIdx.x == 0)
+			sh.tsum[t + 1] = s;
+	}
+	if (threadIdx.x == 0) {
+		sh.tsum[0] = 0.0;
+		for (int t = 0; t < ntiles; t++)
+			sh.tsum[t + 1] += sh.tsum[t];
+		sh.b_d = sh.tsum[ntiles];
+	}
+	__syncthreads(); // tsum and the total visible
+	const double S = sh.b_d;
+	__syncthreads(); // read before reuse
+	return S;
+}
+
+// Step 7 from parallel sums: with lo/hi = u * S -/+ SB_SLACK * S, the first id whose prefix
+// sum exceeds lo also exceeds hi, and every id before it stays under lo: then the serial
+// walk stops at that id too (every sum involved is within a quarter of the slack of the
+// exact one). Returns it, or -1 when the draw is too near a boundary (then sb_walk).
+__device__ int32_t sb_walk_fast(sb_smem &sh, const sb_draw &d, double u)
+{
+	const double S = sb_tile_sums(sh, d, false);
+	const double target = __dmul_rn(u, S), lo = target - SB_SLACK * S,
+		     hi = target + SB_SLACK * S;
+	const int ntiles = (d.V + SB_TILE - 1) / SB_TILE;
+	int t = 0;
+	while (t < ntiles && !(sh.tsum[t + 1] > lo))
+		t++;
+	if (t == ntiles)
+		return -1;
+	const int base = t * SB_TILE + threadIdx.x * 4;
+	double p[4], run = 0.0;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		run += sb_q(d, base + k, false, sh);
+		p[k] = run;
+	}
+	const double before = sh.tsum[t] + sb_scan_d(sh, run);
+	int32_t j1 = INT32_MAX, j2 = INT32_MAX;
+#pragma unroll
+	for (int k = 3; k >= 0; k--) {
+		const double P = before + p[k];
+		if (base + k < d.V) {
+			if (P > lo)
+				j1 = base + k;
+			if (P > hi)
+				j2 = base + k;
+		}
+	}
+	j1 = sb_min_i(sh, j1);
+	j2 = sb_min_i(sh, j2);
+	return j1 != INT32_MAX && j1 == j2 ? j1 : -1;
+}
+
 // ---- top-p / min-p: candidates, stable radix sort, the exact cut --------------------------
 
 // Stable LSD radix sort of ids a[0..n) by sb_ord(l[id]) (input in id order, so ties stay in id
@@ -460,13 +594,135 @@ __device__ int32_t *sb_sort(sb_smem &sh, const float *l, int32_t *a, int32_t *b,
 	return a;
 }
 
+// The cut over the sorted candidates s[0..n): the first j > 0 with q < min_p, or the first
+// prefix whose running sum reaches need (>= need_hi; between need_lo and need_hi: -1, too
+// near to call without the serial Z). need_lo == need_hi: sampler.c's loop.
+__device__ int sb_cut_loop(sb_smem &sh, const sb_draw &d, const int32_t *s, int n, bool topp,
+			   double min_p, double need_lo, double need_hi)
+{
+	const int tid = threadIdx.x;
+	double cum = 0.0; // thread 0's, across tiles
+	if (tid == 0) {
+		sh.b_n = n;
+		sh.b_j = 0;
+	}
+	for (int t0 = 0; t0 < n; t0 += SB_TILE) {
+		const int end = n - t0 < SB_TILE ? n : t0 + SB_TILE;
+		for (int j = t0 + tid; j < end; j += SB_THREADS)
+			sh.u.t.q[j - t0] = exp(sb_x(d.l[s[j]], d.lmax, d.T));
+		__syncthreads(); // the tile's q visible (and b_j's last read done)
+		if (tid == 0) {
+			for (int j = t0; j < end; j++) {
+				double e = sh.u.t.q[j - t0];
+				if (j > 0 && e < min_p) {
+					sh.b_n = j;
+					sh.b_j = 1;
+					break;
+				}
+				cum += e;
+				if (topp && cum >= need_hi) {
+					sh.b_n = j + 1;
+					sh.b_j = 1;
+					break;
+				}
+				if (topp && cum >= need_lo) {
+					sh.b_n = -1;
+					sh.b_j = 1;
+					break;
+				}
+			}
+		}
+		__syncthreads(); // stop flag visible
+		if (sh.b_j)
+			break;
+	}
+	const int keep = (int)sh.b_n;
+	__syncthreads(); // read before reuse
+	return keep;
+}
+
+// The cut of sb_cut_loop from parallel sums (need in [need_lo, need_hi], from a parallel Z):
+// jm = the first j > 0 with q < min_p (exact); jA = the first j whose prefix sum may reach
+// need, jB = the first that surely does (slack as sb_walk_fast). The loop stops at jm when
+// jm <= jA, at jA + 1 when jA == jB; otherwise -1 (too near: the serial loop decides).
+__device__ int sb_cut_fast(sb_smem &sh, const sb_draw &d, const int32_t *s, int n, bool topp,
+			   double min_p, double need_lo, double need_hi)
+{
+	const int nt = (n + SB_TILE - 1) / SB_TILE;
+	int32_t jm = INT32_MAX;
+	for (int t = 0; t < nt; t++) {
+		const int base = t * SB_TILE + threadIdx.x * 4;
+		double sum = 0.0;
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			const int j = base + k;
+			if (j < n) {
+				const double e = exp(sb_x(d.l[s[j]], d.lmax, d.T));
+				if (j > 0 && e < min_p && j < jm)
+					jm = j;
+				sum += e;
+			}
+		}
+		sum = sb_sum_d(sh, sum);
+		if (threadIdx.x == 0)
+			sh.tsum[t + 1] = sum;
+	}
+	jm = sb_min_i(sh, jm);
+	const int none = jm == INT32_MAX ? n : jm; // the cut when top-p never stops the loop
+	if (!topp)
+		return none;
+	if (threadIdx.x == 0) {
+		sh.tsum[0] = 0.0;
+		for (int t = 0; t < nt; t++)
+			sh.tsum[t + 1] += sh.tsum[t];
+		sh.b_d = sh.tsum[nt];
+	}
+	__syncthreads(); // prefix sums visible
+	const double E = SB_SLACK * sh.b_d;
+	int t = 0;
+	while (t < nt && !(sh.tsum[t + 1] + E >= need_lo))
+		t++;
+	__syncthreads(); // b_d read before reuse
+	if (t == nt)
+		return none;
+	const int base = t * SB_TILE + threadIdx.x * 4;
+	double p[4], run = 0.0;
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		const int j = base + k;
+		run += j < n ? exp(sb_x(d.l[s[j]], d.lmax, d.T)) : 0.0;
+		p[k] = run;
+	}
+	const double before = sh.tsum[t] + sb_scan_d(sh, run);
+	int32_t ja = INT32_MAX, jb = INT32_MAX;
+#pragma unroll
+	for (int k = 3; k >= 0; k--) {
+		const double P = before + p[k];
+		if (base + k < n) {
+			if (P + E >= need_lo)
+				ja = base + k;
+			if (P - E >= need_hi)
+				jb = base + k;
+		}
+	}
+	ja = sb_min_i(sh, ja);
+	jb = sb_min_i(sh, jb);
+	if (ja == INT32_MAX)
+		return -1;
+	if (jm <= ja)
+		return jm;
+	return ja == jb ? ja + 1 : -1;
+}
+
 // Steps 5-6 (sampler.c draw): of the ids d keeps (step 4), the shortest prefix of the order
 // whose running sum reaches top_p * Z, cut where q < min_p; returns its last key. Only a
 // prefix that the bins bound (top-p, with sampler.c's 1e-9 margin) and the min-p superset
 // bound is sorted; the exact cut then runs over it in sorted order, as sampler.c's does.
 __device__ uint64_t sb_cut(sb_smem &sh, const sb_draw &d, bool topp, bool minp, double top_p,
-			   double min_p, int32_t *a, int32_t *b)
+			   double min_p, int32_t *a, int32_t *b, int flags,
+			   unsigned long long *diag)
 {
+	const bool fast = flags & SB_FAST;
 	const int tid = threadIdx.x;
 	double Z = 0.0;
 	int bmax = SB_BINS; // candidates: bin <= bmax (SB_BINS: no bound)
@@ -475,7 +731,8 @@ __device__ uint64_t sb_cut(sb_smem &sh, const sb_draw &d, bool topp, bool minp, 
 			sh.bins[i] = 0.0;
 		__syncthreads(); // bins zeroed before the pass adds to them
 		int32_t last;
-		Z = sb_serial_sum(sh, d, true, &last); // Z in id order, as sampler.c
+		Z = fast ? sb_tile_sums(sh, d, true)
+			 : sb_serial_sum(sh, d, true, &last); // Z in id order, as sampler.c
 		const double need = __dmul_rn(__dmul_rn(top_p, Z), 1.0 + 1e-9);
 		double cum = 0.0;
 		for (int bi = 0; bi < SB_BINS; bi++) {
@@ -516,39 +773,27 @@ __device__ uint64_t sb_cut(sb_smem &sh, const sb_draw &d, bool topp, bool minp, 
 	}
 	__syncthreads(); // a[] (global) complete for the block
 	const int32_t *s = sb_sort(sh, d.l, a, b, n);
-	// the exact cut, in sorted order (thread 0 carries cum across tiles)
-	const double need = __dmul_rn(top_p, Z);
-	double cum = 0.0;
-	if (tid == 0) {
-		sh.b_n = n;
-		sh.b_j = 0;
-	}
-	for (int t0 = 0; t0 < n; t0 += SB_TILE) {
-		const int end = n - t0 < SB_TILE ? n : t0 + SB_TILE;
-		for (int j = t0 + tid; j < end; j += SB_THREADS)
-			sh.u.t.q[j - t0] = exp(sb_x(d.l[s[j]], d.lmax, d.T));
-		__syncthreads(); // the tile's q visible (and b_j's last read done)
-		if (tid == 0) {
-			for (int j = t0; j < end; j++) {
-				double e = sh.u.t.q[j - t0];
-				if (j > 0 && e < min_p) {
-					sh.b_n = j;
-					sh.b_j = 1;
-					break;
-				}
-				cum += e;
-				if (topp && cum >= need) {
-					sh.b_n = j + 1;
-					sh.b_j = 1;
-					break;
-				}
+	// the cut, in sorted order; with a parallel Z, the serial Z when the cut is too near
+	int keep;
+	if (fast) {
+		keep = sb_cut_fast(sh, d, s, n, topp, min_p,
+				   __dmul_rn(top_p, __dmul_rn(Z, 1.0 - SB_SLACK)),
+				   __dmul_rn(top_p, __dmul_rn(Z, 1.0 + SB_SLACK)));
+		if (keep < 0 || (flags & SB_VERIFY)) {
+			double need = 0.0;
+			if (topp) {
+				int32_t last;
+				need = __dmul_rn(top_p, sb_serial_sum(sh, d, false, &last));
 			}
+			const int k2 = sb_cut_loop(sh, d, s, n, topp, min_p, need, need);
+			if (threadIdx.x == 0 && diag)
+				atomicAdd(&diag[keep < 0 ? 1 : 0], keep < 0 || keep != k2 ? 1ull : 0ull);
+			keep = keep < 0 ? k2 : keep;
 		}
-		__syncthreads(); // stop flag visible
-		if (sh.b_j)
-			break;
+	} else {
+		const double need = __dmul_rn(top_p, Z);
+		keep = sb_cut_loop(sh, d, s, n, topp, min_p, need, need);
 	}
-	const int keep = (int)sh.b_n;
 	const int32_t id = s[keep - 1];
 	__syncthreads(); // read before reuse
 	return sb_key(d.l[id], id);
@@ -657,7 +902,8 @@ __device__ void sb_penalties(const float *raw, int V, const sampler_row &P, cons
 }
 
 __device__ void sb_row(sb_smem &sh, const float *raw, int V, const sampler_row &P,
-		       const int32_t *hist, sampler_result *o, float *pl, int32_t *a, int32_t *b)
+		       const int32_t *hist, sampler_result *o, float *pl, int32_t *a, int32_t *b,
+		       int flags, unsigned long long *diag)
 {
 	const int tid = threadIdx.x;
 	const int32_t *prompt = hist + P.prompt_off, *output = hist + P.output_off;
@@ -710,8 +956,20 @@ __device__ void sb_row(sb_smem &sh, const float *raw, int V, const sampler_row &
 		if (want_k && P.top_k < nfin)
 			d.thr = sb_select(sh, l, V, P.top_k, false);
 		if (topp || minp)
-			d.thr = sb_cut(sh, d, topp, minp, P.top_p, P.min_p, a, b);
-		tok = sb_walk(sh, d, sb_uniform(P.seed, P.index));
+			d.thr = sb_cut(sh, d, topp, minp, P.top_p, P.min_p, a, b, flags, diag);
+		const double u = sb_uniform(P.seed, P.index);
+		if (flags & SB_FAST) {
+			tok = sb_walk_fast(sh, d, u);
+			if (tok < 0 || (flags & SB_VERIFY)) {
+				const int32_t t2 = sb_walk(sh, d, u);
+				if (threadIdx.x == 0 && diag)
+					atomicAdd(&diag[tok < 0 ? 1 : 0],
+						  tok < 0 || tok != t2 ? 1ull : 0ull);
+				tok = tok < 0 ? t2 : tok;
+			}
+		} else {
+			tok = sb_walk(sh, d, u);
+		}
 	}
 	if (tid == 0)
 		sb_finish(o, tok, 0);
@@ -723,7 +981,8 @@ __device__ void sb_row(sb_smem &sh, const float *raw, int V, const sampler_row &
 extern "C" __global__ void __launch_bounds__(SB_THREADS, 1)
 k_sampler(const float *__restrict__ logits, long long ld, int V, int n_rows,
 	  const sampler_row *__restrict__ rows, const int32_t *__restrict__ hist,
-	  sampler_result *__restrict__ out, unsigned char *__restrict__ ws, long long slot_bytes)
+	  sampler_result *__restrict__ out, unsigned char *__restrict__ ws, long long slot_bytes,
+	  int flags, unsigned long long *__restrict__ diag)
 {
 	__shared__ sb_smem sh;
 	const long long vp = (V + 63) / 64 * 64;
@@ -731,7 +990,7 @@ k_sampler(const float *__restrict__ logits, long long ld, int V, int n_rows,
 	int32_t *a = (int32_t *)(pl + vp), *b = a + vp;
 	for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
 		const sampler_row P = rows[r];
-		sb_row(sh, logits + r * ld, V, P, hist, out + r, pl, a, b);
+		sb_row(sh, logits + r * ld, V, P, hist, out + r, pl, a, b, flags, diag);
 		__syncthreads(); // the slot's scratch and shared memory are free for the next row
 	}
 }

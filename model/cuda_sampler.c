@@ -56,8 +56,9 @@ size_t cuda_sampler_workspace(const struct gpu *g, int rows, int vocab)
 	return rows > 0 ? (size_t)cuda_sampler_grid(g, rows) * slot_bytes(vocab) : 0;
 }
 
-int cuda_sampler_sample(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int vocab,
-			gpu_ptr params, gpu_ptr hist, gpu_ptr out, gpu_ptr ws)
+int cuda_sampler_sample_flags(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int vocab,
+			      gpu_ptr params, gpu_ptr hist, gpu_ptr out, gpu_ptr ws, int flags,
+			      gpu_ptr diag)
 {
 	if (vocab < 1 || vocab > SB_MAX_VOCAB || ld < vocab || rows < 0 || (rows && !ws)) {
 		fprintf(stderr, "<3>dsv32: sampler: unsupported shape rows=%d vocab=%d ld=%lld\n",
@@ -68,9 +69,16 @@ int cuda_sampler_sample(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int
 		return 0;
 	long long ldl = ld, sb = (long long)slot_bytes(vocab);
 	int V = vocab, n = rows;
-	void *args[] = {&logits, &ldl, &V, &n, &params, &hist, &out, &ws, &sb};
+	void *args[] = {&logits, &ldl, &V, &n, &params, &hist, &out, &ws, &sb, &flags, &diag};
 	return gpu_launch(g, gpu_kernel(g, "k_sampler"), (unsigned)cuda_sampler_grid(g, rows), 1, 1,
 			  SB_THREADS, 1, 1, 0, args);
+}
+
+int cuda_sampler_sample(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int vocab,
+			gpu_ptr params, gpu_ptr hist, gpu_ptr out, gpu_ptr ws)
+{
+	return cuda_sampler_sample_flags(g, logits, ld, rows, vocab, params, hist, out, ws,
+					 CUDA_SAMPLER_FAST, 0);
 }
 
 int cuda_sampler_bits(struct gpu *g, gpu_ptr seed, gpu_ptr index, gpu_ptr bits, int n)

@@ -46,6 +46,15 @@ size_t cuda_sampler_workspace(const struct gpu *g, int rows, int vocab);
  * kernel does not take (vocab > 524288, ld < vocab). */
 int cuda_sampler_sample(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int vocab,
 			gpu_ptr params, gpu_ptr hist, gpu_ptr out, gpu_ptr ws);
+/* Flags of cuda_sampler_sample_flags (sampler.cu): */
+#define CUDA_SAMPLER_FAST 1   /* parallel sums with an error bound; serial ones near a boundary */
+#define CUDA_SAMPLER_VERIFY 2 /* with FAST: run both, diag[0] += disagreements, diag[1] +=
+			       * fallbacks to the serial sums (diag: 2 uint64 on the device) */
+/* cuda_sampler_sample with explicit flags (0: every sum serial, as sampler.c) and diag (may be
+ * 0); cuda_sampler_sample uses CUDA_SAMPLER_FAST. */
+int cuda_sampler_sample_flags(struct gpu *g, gpu_ptr logits, int64_t ld, int rows, int vocab,
+			      gpu_ptr params, gpu_ptr hist, gpu_ptr out, gpu_ptr ws, int flags,
+			      gpu_ptr diag);
 /* bits[i] = sampler_bits(seed[i], index[i]) for i < n, on the device (the stream's test). */
 int cuda_sampler_bits(struct gpu *g, gpu_ptr seed, gpu_ptr index, gpu_ptr bits, int n);
 #endif

@@ -164,55 +164,79 @@ static void free_dev(struct dev_batch *d)
 		REQUIRE(cu_check(cu.cuMemFree(p[i]), "cuMemFree", __FILE__, __LINE__) == 0);
 }
 
-/* Runs the batch on the GPU (outputs and workspace poisoned first) and on the CPU; returns
- * the number of rows that differ and adds them to bad[class]. */
-static int64_t compare_batch(struct gpu *g, const struct batch *b, int64_t *bad, int64_t *seen)
+static int same_lp(float a, float b) { return a == b || fabsf(a - b) <= 1e-5f; } /* -inf too */
+
+/* Runs the batch on the CPU and twice on the GPU (outputs and workspace poisoned first):
+ * mode 0 every sum serial, mode 1 the fast path with its self-check (diag[0]: rows whose fast
+ * and serial decisions differ, diag[1]: fallbacks). Returns the differing rows of both modes,
+ * adds them to bad[mode][class]. */
+static int64_t compare_batch(struct gpu *g, const struct batch *b, int64_t bad[2][N_CLASSES],
+			     int64_t *seen, uint64_t *diag)
 {
 	struct dev_batch d;
 	upload_batch(g, b, &d);
 	size_t ob = b->rows * sizeof(struct cuda_sampler_result);
-	gpu_test_poison(g, d.out, ob);
-	gpu_test_poison(g, d.ws, d.ws_bytes);
-	REQUIRE(cuda_sampler_sample(g, d.logits, b->V, b->rows, b->V, d.params, d.hist, d.out,
-				    d.ws) == 0);
-	REQUIRE(gpu_sync(g) == 0);
 	struct cuda_sampler_result *res = malloc(ob);
-	REQUIRE(gpu_download(g, res, d.out, ob) == 0);
+	struct sampler_out *cpu = malloc(b->rows * sizeof *cpu);
+	int *rc = malloc(b->rows * sizeof *rc);
 	struct sampler s;
 	REQUIRE(sampler_init(&s, b->V) == 0);
-	int64_t diff = 0;
 	for (int i = 0; i < b->rows; i++) {
 		const struct cuda_sampler_row *r = &b->r[i];
-		struct sampler_out o;
-		int rc = sampler_sample(&s, &b->p[i], b->logits + (size_t)i * b->V,
-					b->hist + r->prompt_off, r->n_prompt,
-					b->hist + r->output_off, r->n_output, b->index[i], &o);
-		const struct cuda_sampler_result *x = &res[i];
-		int ok = rc == x->err;
-		if (ok && rc == 0) {
-			ok = o.token == x->token;
-			if (ok && b->p[i].logprobs) {
-				ok = fabsf(o.logprob - x->logprob) <= 1e-5f && o.n_top == x->n_top;
-				for (int j = 0; ok && j < o.n_top; j++)
-					ok = o.top_ids[j] == x->top_ids[j] &&
-					     fabsf(o.top_logprobs[j] - x->top_logprobs[j]) <= 1e-5f;
-			}
-		}
+		rc[i] = sampler_sample(&s, &b->p[i], b->logits + (size_t)i * b->V,
+				       b->hist + r->prompt_off, r->n_prompt,
+				       b->hist + r->output_off, r->n_output, b->index[i], &cpu[i]);
 		seen[b->cls[i]]++;
-		if (!ok) {
-			if (diff < 10)
-				printf("    differ: V=%d row %d (%s, T=%g k=%lld p=%g minp=%g rep=%g): "
-				       "cpu %d/%d lp %g, gpu %d/%d lp %g\n",
-				       b->V, i, names[b->cls[i]], b->p[i].temperature,
-				       (long long)b->p[i].top_k, b->p[i].top_p, b->p[i].min_p,
-				       b->p[i].repetition_penalty, rc, rc ? -1 : o.token,
-				       rc ? 0.0 : o.logprob, x->err, x->token, x->logprob);
-			diff++;
-			bad[b->cls[i]]++;
-		}
 	}
 	sampler_free(&s);
-	free(res);
+	gpu_ptr ddiag = gpu_test_alloc(16);
+	int64_t diff = 0;
+	for (int mode = 0; mode < 2; mode++) {
+		int flags = mode ? CUDA_SAMPLER_FAST | CUDA_SAMPLER_VERIFY : 0;
+		gpu_test_poison(g, d.out, ob);
+		gpu_test_poison(g, d.ws, d.ws_bytes);
+		REQUIRE(gpu_memset(g, ddiag, 0, 16) == 0);
+		REQUIRE(cuda_sampler_sample_flags(g, d.logits, b->V, b->rows, b->V, d.params, d.hist,
+						  d.out, d.ws, flags, ddiag) == 0);
+		REQUIRE(gpu_sync(g) == 0);
+		REQUIRE(gpu_download(g, res, d.out, ob) == 0);
+		uint64_t dg[2];
+		REQUIRE(gpu_download(g, dg, ddiag, 16) == 0);
+		if (mode) {
+			diag[0] += dg[0];
+			diag[1] += dg[1];
+		} else {
+			CHECK(dg[0] == 0 && dg[1] == 0);
+		}
+		for (int i = 0; i < b->rows; i++) {
+			const struct sampler_out *o = &cpu[i];
+			const struct cuda_sampler_result *x = &res[i];
+			int ok = rc[i] == x->err;
+			if (ok && rc[i] == 0) {
+				ok = o->token == x->token;
+				if (ok && b->p[i].logprobs) {
+					ok = same_lp(o->logprob, x->logprob) && o->n_top == x->n_top;
+					for (int j = 0; ok && j < o->n_top; j++)
+						ok = o->top_ids[j] == x->top_ids[j] &&
+						     same_lp(o->top_logprobs[j], x->top_logprobs[j]);
+				}
+			}
+			if (ok)
+				continue;
+			if (diff < 10)
+				printf("    differ (%s sums): V=%d row %d (%s, T=%g k=%lld p=%g "
+				       "minp=%g rep=%g): cpu %d/%d lp %g, gpu %d/%d lp %g\n",
+				       mode ? "fast" : "serial", b->V, i, names[b->cls[i]],
+				       b->p[i].temperature, (long long)b->p[i].top_k, b->p[i].top_p,
+				       b->p[i].min_p, b->p[i].repetition_penalty, rc[i],
+				       rc[i] ? -1 : o->token, rc[i] ? 0.0 : o->logprob, x->err,
+				       x->token, x->logprob);
+			diff++;
+			bad[mode][b->cls[i]]++;
+		}
+	}
+	REQUIRE(cu_check(cu.cuMemFree(ddiag), "cuMemFree", __FILE__, __LINE__) == 0);
+	free(res), free(cpu), free(rc);
 	free_dev(&d);
 	return diff;
 }
@@ -248,22 +272,47 @@ TEST_T(gpu_sampler, same_token_as_cpu, 150)
 	struct gpu g;
 	gpu_test_open(&g);
 	uint64_t s = 777;
-	int64_t bad[N_CLASSES] = {0}, seen[N_CLASSES] = {0}, diff = 0, rows = 0;
+	int64_t bad[2][N_CLASSES] = {{0}}, seen[N_CLASSES] = {0}, diff = 0, rows = 0;
+	uint64_t diag[2] = {0, 0};
 	static const int vocabs[] = {VOCAB, VOCAB, VOCAB, 1, 7, 50, 1000, 4099, 32000};
 	for (int v = 0; v < 9; v++) {
 		int V = vocabs[v], R = V == VOCAB ? 2 * g.sm_count + 7 : 150;
 		struct batch b;
 		fill_batch(&b, R, V, -1, &s);
-		diff += compare_batch(&g, &b, bad, seen);
+		diff += compare_batch(&g, &b, bad, seen, diag);
 		rows += R;
 		free_batch(&b);
 	}
+	printf("    class        rows  differ (serial sums)  differ (fast sums)\n");
 	for (int c = 0; c < N_CLASSES; c++)
-		printf("    %-12s %5lld rows, %lld differ\n", names[c], (long long)seen[c],
-		       (long long)bad[c]);
-	printf("    total: %lld rows, %lld tokens/logprobs differ from the CPU sampler\n",
-	       (long long)rows, (long long)diff);
+		printf("    %-12s %5lld  %5lld                 %5lld\n", names[c], (long long)seen[c],
+		       (long long)bad[0][c], (long long)bad[1][c]);
+	printf("    total: %lld rows, %lld row results differ from the CPU sampler; fast path: "
+	       "%llu rows disagree with its serial sums, %llu fell back to them\n",
+	       (long long)rows, (long long)diff, (unsigned long long)diag[0],
+	       (unsigned long long)diag[1]);
 	CHECK(diff == 0);
+	CHECK(diag[0] == 0);
+	gpu_close(&g);
+}
+
+/* A small case for compute-sanitizer (memcheck, racecheck): every class at small vocabs. */
+TEST_T(gpu_sampler, small_vocabs, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	uint64_t s = 31337;
+	int64_t bad[2][N_CLASSES] = {{0}}, seen[N_CLASSES] = {0}, diff = 0;
+	uint64_t diag[2] = {0, 0};
+	static const int vocabs[] = {3, 300, 2500, 5000};
+	for (int v = 0; v < 4; v++) {
+		struct batch b;
+		fill_batch(&b, 2 * N_CLASSES, vocabs[v], -1, &s);
+		diff += compare_batch(&g, &b, bad, seen, diag);
+		free_batch(&b);
+	}
+	CHECK(diff == 0);
+	CHECK(diag[0] == 0);
 	gpu_close(&g);
 }
 
@@ -289,8 +338,9 @@ TEST(gpu_sampler, errors_per_row)
 	b.r[7].n_output = 1;
 	b.r[7].output_off = b.n_hist;
 	b.hist[b.n_hist++] = 5000;
-	int64_t bad[N_CLASSES] = {0}, seen[N_CLASSES] = {0};
-	CHECK(compare_batch(&g, &b, bad, seen) == 0);
+	int64_t bad[2][N_CLASSES] = {{0}}, seen[N_CLASSES] = {0};
+	uint64_t diag[2] = {0, 0};
+	CHECK(compare_batch(&g, &b, bad, seen, diag) == 0);
 	free_batch(&b);
 	gpu_close(&g);
 }
@@ -318,29 +368,34 @@ static void time_class(struct gpu *g, const char *what, int R, int kind, double 
 	}
 	struct dev_batch d;
 	upload_batch(g, &b, &d);
-	for (int w = 0; w < 2; w++)
-		REQUIRE(cuda_sampler_sample(g, d.logits, VOCAB, R, VOCAB, d.params, d.hist, d.out,
-					    d.ws) == 0);
-	REQUIRE(gpu_sync(g) == 0);
-	const int reps = 5;
-	double t0 = now_ms();
-	for (int w = 0; w < reps; w++)
-		REQUIRE(cuda_sampler_sample(g, d.logits, VOCAB, R, VOCAB, d.params, d.hist, d.out,
-					    d.ws) == 0);
-	REQUIRE(gpu_sync(g) == 0);
-	double gms = (now_ms() - t0) / reps;
+	double gms[2];
+	for (int mode = 0; mode < 2; mode++) {
+		int flags = mode ? 0 : CUDA_SAMPLER_FAST;
+		for (int w = 0; w < 2; w++)
+			REQUIRE(cuda_sampler_sample_flags(g, d.logits, VOCAB, R, VOCAB, d.params,
+							  d.hist, d.out, d.ws, flags, 0) == 0);
+		REQUIRE(gpu_sync(g) == 0);
+		const int reps = 5;
+		double t0 = now_ms();
+		for (int w = 0; w < reps; w++)
+			REQUIRE(cuda_sampler_sample_flags(g, d.logits, VOCAB, R, VOCAB, d.params,
+							  d.hist, d.out, d.ws, flags, 0) == 0);
+		REQUIRE(gpu_sync(g) == 0);
+		gms[mode] = (now_ms() - t0) / reps;
+	}
 	struct sampler cs;
 	REQUIRE(sampler_init(&cs, VOCAB) == 0);
 	struct sampler_out o;
 	int nc = R < 16 ? R : 16;
-	t0 = now_ms();
+	double t0 = now_ms();
 	for (int i = 0; i < nc; i++)
 		REQUIRE(sampler_sample(&cs, &b.p[i], b.logits + (size_t)i * VOCAB, NULL, 0, NULL, 0,
 				       (uint64_t)i, &o) == 0);
 	double cms = (now_ms() - t0) / nc;
 	sampler_free(&cs);
-	printf("    %-28s rows %3d: GPU %8.3f ms a launch (%7.4f ms a row), CPU %7.3f ms a row\n",
-	       what, R, gms, gms / R, cms);
+	printf("    %-26s rows %3d: GPU fast %7.3f ms a launch (%7.4f a row), serial sums %7.3f "
+	       "ms (%7.4f a row); CPU %7.3f ms a row\n",
+	       what, R, gms[0], gms[0] / R, gms[1], gms[1] / R, cms);
 	free_dev(&d);
 	free_batch(&b);
 }
