@@ -39,10 +39,12 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * kernel's chunk partials, whichever is more. */
 size_t cuda_gemm_fp8_workspace(const struct gpu *g, int M, int N, int K);
 
-/* The same GEMM as cuda_gemm_fp8_decode through cuBLASLt (any M; weight scales S as
+/* The same GEMM as cuda_gemm_fp8_decode through cuBLASLt (weight scales S as
  * weight_scale_inv [ceil(N/128), K/128], so K/128 % 4 == 0 — true for every V3.2 matrix).
  * Transposes sx into the workspace first (cuBLASLt reads sx[K/128, M]). 0, -ENOTSUP when
- * cuBLASLt is absent or has no algorithm for the shape (small M), -EINVAL, -EIO. */
+ * cuBLASLt is absent or has no algorithm for the shape, -EINVAL, -EIO. cuBLASLt 13.1 on the
+ * H200 refused M = 1, 2, 5, 13 and accepted 8, 16, 32, 64, 128, 256, 4096: a prefill caller
+ * pads M to a multiple of 8 (rows of x8/sx/y it owns). */
 int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 		     int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
 
@@ -60,7 +62,10 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 /* Records the path for (bucket(M), N, K), replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times both paths on these operands at M = bucket(M) rows (x8/sx/y must hold that many),
- * median of 5 launches each after a warm-up, and records the faster for the bucket. flush:
+ * median of 5 launches each after a warm-up (each from an idle stream, so the host cost of
+ * enqueueing counts, as in a decode step without graph capture), and records the faster for
+ * the bucket — but cuBLASLt for M <= 64 only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off:
+ * its results miss the CPU check, docs/PERF.md). flush:
  * when non-zero, flush_bytes (>= 64 MB) are rewritten before every timed launch so the 60 MB
  * L2 does not serve the weights (cold, as in a decode step that streams every layer).
  * us_decode / us_lt (may be NULL): the medians in microseconds, < 0 where a path cannot run. */

@@ -4,6 +4,10 @@
  * cpu_fp8_linear on the same quantised activations, with the error limit of every FP8 GEMM
  * test (gpu_gemm_count_bad: fp32 accumulation order only). N and K are kept small where M is
  * large so the CPU reference stays fast.
+ *
+ * Status (H200, cuBLASLt 13.1, docs/PERF.md): the cases that reach cuBLASLt FAIL this limit
+ * (0.5-1% of outputs a few bf16 ulps off); the limit is kept, not widened, until that is
+ * understood — which is why the dispatch keeps our kernel for M <= 64.
  */
 #include "tests/gpu/gpu_harness.h"
 

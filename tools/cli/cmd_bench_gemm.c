@@ -2,9 +2,10 @@
  * cmd_bench_gemm.c — `dsv32 bench gemm`: the FP8 block-scaled GEMMs at DeepSeek-V3.2's real
  * shapes on the GPU, our decode kernel side by side with cuBLASLt's block-scaled path
  * (activations VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the
- * HBM read limit measured in the same run. The faster path per (M bucket, N, K) is recorded in
- * the dispatch table and printed ("pick"); M > 64 has only cuBLASLt until a prefill kernel
- * exists. The cuBLASLt time includes the transpose of the activation scales it needs.
+ * HBM read limit measured in the same run, and which is faster ("faster": what a speed-only
+ * dispatch would pick; cuda_gemm_tune keeps ours for M <= 64 while cuBLASLt misses the CPU
+ * check, see model/cuda_gemm.c). M > 64 has only cuBLASLt until a prefill kernel exists. The
+ * cuBLASLt time includes the transpose of the activation scales it needs.
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
@@ -153,7 +154,7 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	printf("\n%-12s %4s | %9s %6s %7s %5s | %9s %6s %7s | %7s %s\n", "N x K", "M",
 	       "ours_us", "TB/s", "TFLOP/s", "split", "lt_us", "TB/s", "TFLOP/s", "ours/lt",
-	       "pick");
+	       "faster");
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
@@ -215,8 +216,6 @@ int bench_gemm(int argc, char **argv)
 				printf(" none\n");
 			else
 				printf(" %s\n", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
-			if (c.M <= 64 && (ms >= 0 || lt >= 0))
-				cuda_gemm_path_set(&g, c.M, c.N, c.K, pick);
 		}
 		cu.cuMemFree(c.w);
 		cu.cuMemFree(c.s);
