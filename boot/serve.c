@@ -24,6 +24,10 @@ void serve_init(struct serve *sv, struct engine *en, struct ipc_server *ipc,
 	sv->ipc = ipc;
 	sv->conf = conf;
 	sv->next_sid = 1;
+	/* Test hook (tests/test_daemon.c): make the Nth engine step fail as a sticky GPU error
+	 * would, to check that every request ends with engine_fault and the daemon exits 1. */
+	const char *f = getenv("DSV32D_TEST_FAULT_AT_STEP");
+	sv->fault_at_step = f ? strtoull(f, NULL, 10) : 0;
 }
 
 void serve_free(struct serve *sv)
@@ -307,6 +311,8 @@ int serve_step(struct serve *sv)
 		return 0;
 	const struct sched_event *ev;
 	int64_t n = 0;
+	if (sv->fault_at_step && ++sv->n_steps >= sv->fault_at_step)
+		return -EIO;
 	int r = sched_step(sv->en->s, &ev, &n);
 	for (int64_t i = 0; i < n; i++)
 		forward(sv, &ev[i]);

@@ -34,6 +34,7 @@ struct serve {
 	int64_t n_live, cap_live;
 	uint64_t next_sid;
 	uint64_t n_requests, n_rejected, n_finished, n_engine_errors;
+	uint64_t n_steps, fault_at_step; /* test hook: fail step fault_at_step (0 = never) */
 };
 
 void serve_init(struct serve *sv, struct engine *en, struct ipc_server *ipc,

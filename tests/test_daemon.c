@@ -528,3 +528,51 @@ TEST(daemon, bad_config_and_checkpoint_exit_nonzero)
 	CHECK_CONTAINS(log, "max-seqs = 0 out of range");
 	free(log);
 }
+
+TEST_T(daemon, engine_fault_ends_every_request_and_exits_1, 120)
+{
+	char model[512];
+	make_model(model, sizeof model);
+	struct daemon d;
+	setenv("DSV32D_TEST_FAULT_AT_STEP", "6", 1); /* a few steps after the clients start */
+	daemon_start(&d, model, NULL);
+	unsetenv("DSV32D_TEST_FAULT_AT_STEP");
+	dsv32_t *h[3];
+	for (int c = 0; c < 3; c++) {
+		REQUIRE(dsv32_connect(d.sock, &h[c]) == 0);
+		for (int r = 0; r < 2; r++) {
+			struct dsv32_generate_params p;
+			dsv32_generate_params_init(&p, (uint64_t)r + 1);
+			p.input = DSV32_INPUT_TOKENS, p.tokens = prompts[(c + r) % N_PROMPTS], p.n_tokens = 5;
+			p.max_tokens = 500;
+			REQUIRE(dsv32_submit_generate(h[c], &p) == 0);
+		}
+	}
+	/* every request ends with exactly one engine_fault (or, at worst, server_lost if the
+	 * daemon exited before a client read its ring: never a silent hang) */
+	for (int c = 0; c < 3; c++) {
+		int terminal[2] = {0, 0}, faults = 0;
+		struct dsv32_event ev;
+		uint64_t t0 = ms_now();
+		while ((terminal[0] + terminal[1] < 2) && ms_now() - t0 < 20000) {
+			int r = dsv32_wait(h[c], 200, &ev);
+			if (r < 0)
+				break;
+			if (r == 0 || ev.type == DSV32_EVENT_TOKEN)
+				continue;
+			REQUIRE(ev.request_id >= 1 && ev.request_id <= 2);
+			terminal[ev.request_id - 1]++;
+			if (ev.type == DSV32_EVENT_ERROR && ev.error.code == DSV32_E_ENGINE_FAULT)
+				faults++;
+		}
+		CHECK_EQ_INT(terminal[0], 1);
+		CHECK_EQ_INT(terminal[1], 1);
+		CHECK_EQ_INT(faults, 2);
+		dsv32_close(h[c]);
+	}
+	int st = 0;
+	uint64_t t0 = ms_now();
+	while (waitpid(d.pid, &st, WNOHANG) != d.pid && ms_now() - t0 < 10000)
+		usleep(10000);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+}
