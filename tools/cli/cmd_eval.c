@@ -452,9 +452,8 @@ int cmd_eval(int argc, char **argv)
 	struct eval_opts o;
 	if (parse_args(argc, argv, &o))
 		return usage();
-	if (strcmp(o.backend, "cpu")) {
-		fprintf(stderr, "dsv32 eval: backend '%s' is not available (use --backend cpu)\n",
-			o.backend);
+	if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
+		fprintf(stderr, "dsv32 eval: unknown backend '%s' (cpu or cuda)\n", o.backend);
 		return 1;
 	}
 	struct err e = {{0}};
@@ -487,7 +486,10 @@ int cmd_eval(int argc, char **argv)
 		n_pages += (S.len[i] + o.generate + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
 		max_T = S.len[i] > max_T ? S.len[i] : max_T;
 	}
-	if (backend_cpu_create(&c, &w, n_pages, o.threads, &be, &e))
+	/* cuda: pools and the weight upload are real; its step says what is not on the GPU yet
+	 * (never a silent CPU fallback) */
+	if (!strcmp(o.backend, "cuda") ? backend_cuda_create(&c, &w, &ck, n_pages, &be, &e)
+				       : backend_cpu_create(&c, &w, n_pages, o.threads, &be, &e))
 		goto out;
 	o.dumps.max_pos = max_T;
 	struct backend_dump dump = {dump_cb, &o.dumps};
