@@ -81,20 +81,10 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 			for (int i = tid; i < 256; i += TOPK_THREADS)
 				hist[i] = 0;
 			__syncthreads(); // histogram cleared before counting
-			// warp-aggregated counting: similar scores share their top bits, so many lanes hit
-			// one bin; the lanes of a warp with the same bin add once, by their lowest lane
-			const int lane = tid & 31;
-			for (int base = tid - lane; base < n; base += TOPK_THREADS) {
-				const int i = base + lane;
-				uint32_t bin = 256u + (uint32_t)lane; // a value no other lane has: not counted
-				if (i < n) {
-					const uint32_t key = order_key(row[i]);
-					if ((key & mask) == prefix)
-						bin = (key >> shift) & 255;
-				}
-				const unsigned peers = __match_any_sync(0xffffffffu, bin);
-				if (bin < 256u && lane == __ffs(peers) - 1)
-					atomicAdd(&hist[bin], __popc(peers));
+			for (int i = tid; i < n; i += TOPK_THREADS) {
+				const uint32_t key = order_key(row[i]);
+				if ((key & mask) == prefix)
+					atomicAdd(&hist[(key >> shift) & 255], 1);
 			}
 			__syncthreads(); // counts complete before the scan
 			if (tid == 0) {
