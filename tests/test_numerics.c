@@ -166,3 +166,15 @@ TEST_T(numerics, structured_checkpoint_margins, 120)
 	nc_tokens_free(&S);
 	nc_model_free(&m);
 }
+
+/* Like with like in the other attention form: our naive form (§3.7a) against the oracle's. */
+TEST_T(numerics, e2e_shallow_naive_form, 120)
+{
+	struct nc_verdict v = {0};
+	struct nc_e2e_limits lim = NC_SHALLOW;
+	nc_naive_attention = 1;
+	lim.experts_exact = 0;
+	nc_e2e(&v, "dense1", &lim);
+	nc_e2e(&v, "moe1", &NC_SHALLOW);
+	verdict(&v);
+}
