@@ -7,7 +7,7 @@
 # BIN_DIR holds mkmodel and dsv32 built from this tree (e.g. build/; if they are missing the
 # script runs `make build/mkmodel build/dsv32` first). Run from anywhere; paths are resolved
 # against the repository root. Needs python3 with torch (float8_e4m3fn), numpy, safetensors.
-# Expected runtime on the H200 machine: about 1-2 minutes (four small checkpoints, each run
+# Expected runtime on the H200 machine: about 2-3 minutes (measured 140 s: four small checkpoints, each run
 # once by the oracle on the GPU and once by `dsv32 eval` on the CPU; op fixtures).
 #
 # Writes OUT_DIR/NAME/{manifest.txt,logits.npz,topk.npz,experts.npz,layers.npz} for every
