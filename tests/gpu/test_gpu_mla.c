@@ -9,6 +9,7 @@
 #ifndef DSV32_NO_CUDA
 
 #include "model/cpu_attn.h"
+#include "model/cuda_attn.h"
 #include "model/kv_cache.h"
 
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int n_pages, uint64_t seed)
@@ -62,10 +63,12 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	REQUIRE(gpu_upload(g, d_sel, sel, (size_t)B * ld * 4) == 0);
 	REQUIRE(gpu_upload(g, d_pool, pool, pool_bytes) == 0);
 	gpu_test_poison(g, d_o, (size_t)B * H * R * 2);
-	int l = ld, rb = rec, rr = R, hh = H;
-	float scale = 0.1352f;
-	void *args[] = {&d_q, &d_sel, &l, &d_pool, &rb, &rr, &hh, &scale, &d_o};
-	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_mla_decode"), (unsigned)(H / 16), (unsigned)B, 1, 256, 1, 1, 0, args) == 0);
+	size_t wsb = cuda_mla_decode_workspace(g, B, H, R, ld);
+	gpu_ptr d_ws = wsb ? gpu_test_alloc(wsb) : 0;
+	printf("    (%d key splits)\n", cuda_mla_decode_splits(g, B, H, ld));
+	REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
+	if (d_ws)
+		cu.cuMemFree(d_ws);
 	uint16_t *got = malloc((size_t)B * H * R * 2);
 	REQUIRE(gpu_download(g, got, d_o, (size_t)B * H * R * 2) == 0);
 	char what[96];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "driver/gpu.h"
+#include "model/cuda_attn.h"
 #include "tools/cli/cli.h"
 
 #ifdef DSV32_NO_CUDA
@@ -52,7 +53,7 @@ int bench_attention(int argc, char **argv)
 	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
 	void *fill = gpu_kernel(&g, "k_fill_e4m3"), *fillp = gpu_kernel(&g, "k_fill_f32_pow2");
 	void *scan = gpu_kernel(&g, "k_indexer_scores"), *topk = gpu_kernel(&g, "k_topk");
-	void *rd = gpu_kernel(&g, "k_read_bw"), *mla = gpu_kernel(&g, "k_mla_decode");
+	void *rd = gpu_kernel(&g, "k_read_bw");
 	/* the limit: streaming read of 4 GiB */
 	gpu_ptr big, sink;
 	long long n16 = (4ll << 30) / 16;
@@ -134,17 +135,21 @@ int bench_attention(int argc, char **argv)
 			void *f4[] = {&mpool, &mpn, &seed};
 			gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, f4);
 			gpu_memset(&g, mq, 0x3c, (size_t)B * MH * (R + 64) * 2); /* bf16 ~0.0115 */
-			int rec = 656, rr = R, mh = MH;
-			float sc_att = 0.1352337789f;
-			void *ma[] = {&mq, &pos, &km, &mpool, &rec, &rr, &mh, &sc_att, &mo};
-			gpu_launch(&g, mla, (unsigned)(MH / 16), (unsigned)B, 1, 256, 1, 1, 0, ma);
+			const float sc_att = 0.1352337789f;
+			gpu_ptr mws = 0;
+			size_t mwsb = cuda_mla_decode_workspace(&g, B, MH, R, TOPK);
+			if (mwsb && cu_check(cu.cuMemAlloc(&mws, mwsb), "cuMemAlloc", __FILE__, __LINE__))
+				return 1;
+			cuda_mla_decode(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws);
 			cu.cuEventRecord(e0, g.stream);
 			for (int r = 0; r < reps; r++)
-				gpu_launch(&g, mla, (unsigned)(MH / 16), (unsigned)B, 1, 256, 1, 1, 0, ma);
+				cuda_mla_decode(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws);
 			cu.cuEventRecord(e1, g.stream);
 			double mla_ms = event_ms(&g, e0, e1) / reps;
 			double mla_flops = 2.0 * B * MH * (double)nsel * (R + 64 + R);
 			cu.cuMemFree(mpool), cu.cuMemFree(mq), cu.cuMemFree(mo);
+			if (mws)
+				cu.cuMemFree(mws);
 			double bytes = (double)pool_bytes + (double)B * ctx * 4; /* keys in, scores out */
 			double flops = 2.0 * B * H * 128.0 * ctx;
 			double tbs = bytes / (scan_ms * 1e-3) / 1e12;
