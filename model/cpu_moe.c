@@ -56,7 +56,9 @@ void moe_route(const struct dsv32_config *c, const float *logits, const float *b
 	float *gscore = malloc((size_t)G * sizeof *gscore); /* [G] */
 	ASSERT(sc && sel && taken && gscore);
 	for (int64_t e = 0; e < E; e++) {
-		sc[e] = 1.0f / (1.0f + expf(-logits[e]));
+		/* sigmoid in double, rounded once: the GPU gate (kernels_ptx/moe_gate.cu) computes the
+		 * same, so both route identically even at near ties */
+		sc[e] = (float)(1.0 / (1.0 + exp(-(double)logits[e])));
 		sel[e] = sc[e];
 		if (bias && !cpu_mutated(CPU_MUTATION_GATE_BIAS_IGNORED))
 			sel[e] += bias[e]; /* selection only (pitfall 6) */
