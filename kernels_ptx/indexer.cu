@@ -11,8 +11,9 @@
 // exact products summed in fp32 — the CPU's semantics up to the order of the fp32 additions.
 // (FP8 MMA would be faster but accumulates with reduced precision.)
 //
-// Layout: block = 4 warps = 256 keys of one query row = 4 pages; warp w takes page
-// blockIdx.x * 4 + w. Q (H x 128, fp16) and w sit in shared memory, zero-padded to 64 heads.
+// Layout: block = 4 warps = 256 keys (4 pages) of one query row; warp w owns head tile w (heads
+// 16w .. 16w+15) with its Q fragments in registers (fp16, zero beyond H), runs over all 256 keys,
+// and leaves per-key partial sums in shared memory; the four tiles are added in a fixed order.
 // D order: lane (g, t) loads bytes [32t, 32t+32) of key g of an 8-key group; MMA step s uses
 // bytes 4s..4s+3 of those for B and the same columns of Q for A — one permutation of the dot
 // index for both operands.
@@ -43,68 +44,77 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 		 const int *__restrict__ block_table, int max_blocks, const int *__restrict__ n_keys,
 		 float *__restrict__ scores, int ld)
 {
-	__shared__ uint32_t qs[IDX_HEADS][IDX_D / 2]; // fp16 pairs, head-major
-	__shared__ float ws[IDX_HEADS];
+	__shared__ float part[4][256]; // per head tile (warp), per key of the block: Σ ReLU(.)·w
 	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int g = lane >> 2, t = lane & 3;
 	const int n = n_keys[b];
-	const int key0 = blockIdx.x * 256 + warp * 64; // this warp's page of keys
-
-	// Q to fp16 in shared memory (rows >= H are zero, their weights zero: no contribution)
-	const uint16_t *qb = reinterpret_cast<const uint16_t *>(q8 + (size_t)b * H * IDX_D);
-	for (int i = threadIdx.x; i < IDX_HEADS * IDX_D / 2; i += blockDim.x) {
-		const int h = i / (IDX_D / 2);
-		qs[h][i % (IDX_D / 2)] = h < H ? e4m3x2_to_f16x2(qb[i]) : 0u;
-	}
-	for (int h = threadIdx.x; h < IDX_HEADS; h += blockDim.x)
-		ws[h] = h < H ? w[(size_t)b * H + h] : 0.f;
-	__syncthreads(); // Q and w complete before any warp multiplies
-
+	const int key_base = blockIdx.x * 256;
 	float *out = scores + (size_t)b * ld;
-	if (key0 >= n) { // the whole page is past the causal limit
-		for (int i = lane; i < 64; i += 32)
-			if (key0 + i < ld)
-				out[key0 + i] = -INFINITY;
+	if (key_base >= n) { // the whole block is past the causal limit
+		for (int i = threadIdx.x; i < 256; i += blockDim.x)
+			if (key_base + i < ld)
+				out[key_base + i] = -INFINITY;
 		return;
 	}
-	const int page = block_table[(size_t)b * max_blocks + key0 / 64];
-	const uint8_t *pg = pool + (size_t)page * page_bytes;
-	const float *kscale = reinterpret_cast<const float *>(pg + 64 * IDX_D);
+	// this warp's head tile: heads 16*warp .. +15; its A fragments (Q as fp16) in registers for
+	// all 8 MMA steps, in the same D permutation as the keys below (rows >= H are zero)
+	const int h0 = warp * 16 + g;
+	const uint16_t *qb = reinterpret_cast<const uint16_t *>(q8 + (size_t)b * H * IDX_D);
+	uint32_t qa[8][4];
+#pragma unroll
+	for (int s = 0; s < 8; s++) {
+		const int col = 16 * t + 2 * s; // e4m3 pair index of d = 32t + 4s
+		qa[s][0] = h0 < H ? e4m3x2_to_f16x2(qb[(size_t)h0 * (IDX_D / 2) + col]) : 0u;
+		qa[s][1] = h0 + 8 < H ? e4m3x2_to_f16x2(qb[(size_t)(h0 + 8) * (IDX_D / 2) + col]) : 0u;
+		qa[s][2] = h0 < H ? e4m3x2_to_f16x2(qb[(size_t)h0 * (IDX_D / 2) + col + 1]) : 0u;
+		qa[s][3] = h0 + 8 < H ? e4m3x2_to_f16x2(qb[(size_t)(h0 + 8) * (IDX_D / 2) + col + 1]) : 0u;
+	}
+	const float w_lo = h0 < H ? w[(size_t)b * H + h0] : 0.f;
+	const float w_hi = h0 + 8 < H ? w[(size_t)b * H + h0 + 8] : 0.f;
 
-	for (int o = 0; o < 8; o++) { // 8 keys at a time
-		const uint8_t *kp = pg + (size_t)(o * 8 + g) * IDX_D + 32 * t;
-		const uint4 k0 = *reinterpret_cast<const uint4 *>(kp);
-		const uint4 k1 = *reinterpret_cast<const uint4 *>(kp + 16);
-		const uint32_t kw[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-		float part0 = 0.f, part1 = 0.f; // keys o*8 + 2t, o*8 + 2t + 1 (this lane's head rows)
-#pragma unroll
-		for (int ht = 0; ht < IDX_HEADS / 16; ht++) {
+	for (int pgi = 0; pgi < 4; pgi++) { // the block's 4 pages, 64 keys each
+		const int key0 = key_base + pgi * 64;
+		if (key0 >= n)
+			break;
+		const int page = block_table[(size_t)b * max_blocks + key0 / 64];
+		const uint8_t *pg = pool + (size_t)page * page_bytes;
+		for (int o = 0; o < 8; o++) { // 8 keys at a time
+			const uint8_t *kp = pg + (size_t)(o * 8 + g) * IDX_D + 32 * t;
+			const uint4 k0 = *reinterpret_cast<const uint4 *>(kp);
+			const uint4 k1 = *reinterpret_cast<const uint4 *>(kp + 16);
+			const uint32_t kw[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
-			const int h0 = ht * 16 + g;
 #pragma unroll
-			for (int s = 0; s < 8; s++) {
-				const uint32_t b0 = e4m3x2_to_f16x2((uint16_t)(kw[s] & 0xffff));
-				const uint32_t b1 = e4m3x2_to_f16x2((uint16_t)(kw[s] >> 16));
-				const int col = 16 * t + 2 * s; // fp16-pair index of d = 32t + 4s
-				mma_f16(c, qs[h0][col], qs[h0 + 8][col], qs[h0][col + 1], qs[h0 + 8][col + 1],
-					b0, b1);
-			}
+			for (int s = 0; s < 8; s++)
+				mma_f16(c, qa[s][0], qa[s][1], qa[s][2], qa[s][3],
+					e4m3x2_to_f16x2((uint16_t)(kw[s] & 0xffff)),
+					e4m3x2_to_f16x2((uint16_t)(kw[s] >> 16)));
 			// c0, c1: head h0, keys 2t, 2t+1; c2, c3: head h0 + 8
-			part0 += fmaxf(c[0], 0.f) * ws[h0] + fmaxf(c[2], 0.f) * ws[h0 + 8];
-			part1 += fmaxf(c[1], 0.f) * ws[h0] + fmaxf(c[3], 0.f) * ws[h0 + 8];
-		}
-		// sum over the 8 lanes that share t (g = 0..7: the other head rows)
+			float p0 = fmaxf(c[0], 0.f) * w_lo + fmaxf(c[2], 0.f) * w_hi;
+			float p1 = fmaxf(c[1], 0.f) * w_lo + fmaxf(c[3], 0.f) * w_hi;
 #pragma unroll
-		for (int m = 4; m < 32; m <<= 1) {
-			part0 += __shfl_xor_sync(0xffffffffu, part0, m);
-			part1 += __shfl_xor_sync(0xffffffffu, part1, m);
+			for (int m = 4; m < 32; m <<= 1) { // the 8 lanes sharing t hold the tile's heads
+				p0 += __shfl_xor_sync(0xffffffffu, p0, m);
+				p1 += __shfl_xor_sync(0xffffffffu, p1, m);
+			}
+			if (g == 0) {
+				part[warp][pgi * 64 + o * 8 + 2 * t] = p0;
+				part[warp][pgi * 64 + o * 8 + 2 * t + 1] = p1;
+			}
 		}
-		if (g == 0) {
-			const int s0 = key0 + o * 8 + 2 * t;
-			if (s0 < ld)
-				out[s0] = s0 < n ? part0 * kscale[o * 8 + 2 * t] : -INFINITY;
-			if (s0 + 1 < ld)
-				out[s0 + 1] = s0 + 1 < n ? part1 * kscale[o * 8 + 2 * t + 1] : -INFINITY;
+	}
+	__syncthreads(); // every head tile's partial sums are in shared memory
+	for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+		const int s = key_base + i;
+		if (s >= ld)
+			continue;
+		if (s >= n) {
+			out[s] = -INFINITY;
+			continue;
 		}
+		const int page = block_table[(size_t)b * max_blocks + s / 64];
+		const float ks = *reinterpret_cast<const float *>(pool + (size_t)page * page_bytes +
+								  64 * IDX_D + (s & 63) * 4);
+		out[s] = ((part[0][i] + part[1][i]) + (part[2][i] + part[3][i])) * ks;
 	}
 }
