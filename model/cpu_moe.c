@@ -121,6 +121,18 @@ void moe_route(const struct dsv32_config *c, const float *logits, const float *b
 
 /* ---- MoE block ------------------------------------------------------------------------- */
 
+void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const float *wts,
+		 const float *sh, float *y)
+{
+	for (int64_t t = 0; t < T; t++)
+		for (int64_t d = 0; d < D; d++) {
+			float acc = 0;
+			for (int64_t n = 0; n < K; n++)
+				acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
+			y[t * D + d] = bf16_round(acc + sh[t * D + d]);
+		}
+}
+
 void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct layer_weights *lw,
 		 const float *f, int64_t T, float *y, int32_t *idx, float *wts, float *logits)
 {
@@ -152,13 +164,7 @@ void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct 
 	mlp_forward(p, &lw->sh_w1, &lw->sh_w3, &lw->sh_w2, f, T, sh);
 	if (cpu_mutated(CPU_MUTATION_NO_SHARED_EXPERT))
 		memset(sh, 0, (size_t)(T * D) * sizeof *sh);
-	for (int64_t t = 0; t < T; t++)
-		for (int64_t d = 0; d < D; d++) {
-			float acc = 0;
-			for (int64_t n = 0; n < K; n++)
-				acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
-			y[t * D + d] = bf16_round(acc + sh[t * D + d]);
-		}
+	moe_combine(T, K, D, ex_out, wts, sh, y);
 	free(ex_out);
 	free(xg);
 	free(yg);

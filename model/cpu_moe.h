@@ -28,6 +28,12 @@ void mlp_forward(struct cpu_pool *p, const struct fp8_linear *w1, const struct f
 void moe_route(const struct dsv32_config *c, const float *logits, const float *bias,
 	       int32_t *idx, float *wts);
 
+/* The combine of the MoE block: y[t] = bf16( sum_n ex_out[t, n] * wts[t, n] (picks in ascending
+ * expert id, fp32, one multiply and one add each) + sh[t] ). ex_out [T, K, D], wts [T, K],
+ * sh [T, D] (bf16 values), y [T, D]. The GPU's k_moe_combine computes the same to the bit. */
+void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const float *wts,
+		 const float *sh, float *y);
+
 /* MoE block for T rows: y[t] = bf16( sum over picks in ascending expert id of
  * wts * Expert(f[t]) + Shared(f[t]) ), fp32 accumulation. f, y: [T, hidden];
  * idx, wts: [T, num_experts_per_tok] out (for dumps); logits: [T, n_routed_experts] out. */

@@ -60,3 +60,93 @@ TEST(gpu_moe, gate_matches_cpu)
 }
 
 #endif
+
+#ifndef DSV32_NO_CUDA
+/* Token permutation by expert, the gather, and the weighted combine against the CPU's
+ * moe_combine: rows of an expert in token order, exact gathers, bit-identical outputs. */
+TEST(gpu_moe, permute_gather_combine_exact)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	const int T = 300, K = 8, E = 256, D = 512;
+	uint64_t seed = 4101;
+	int *idx = malloc((size_t)T * K * 4);
+	for (int t = 0; t < T; t++) { /* K distinct ascending experts, skewed toward low ids */
+		int n = 0;
+		uint8_t used[256] = {0};
+		while (n < K) {
+			int e = (int)((test_rand(&seed) % 64) * (test_rand(&seed) % 4 + 1)) % E;
+			if (!used[e])
+				used[e] = 1, n++;
+		}
+		n = 0;
+		for (int e = 0; e < E; e++)
+			if (used[e])
+				idx[t * K + n++] = e;
+	}
+	/* the expected permutation: experts in order, rows of an expert in token order */
+	int *want_perm = malloc((size_t)T * K * 4), *want_src = malloc((size_t)T * K * 4);
+	int r = 0;
+	for (int e = 0; e < E; e++)
+		for (int i = 0; i < T * K; i++)
+			if (idx[i] == e)
+				want_perm[i] = r, want_src[r++] = i / K;
+	float *xf = malloc((size_t)T * D * 4), *ex = malloc((size_t)T * K * D * 4), *w = malloc((size_t)T * K * 4),
+	      *sh = malloc((size_t)T * D * 4), *y = malloc((size_t)T * D * 4);
+	uint16_t *xh = malloc((size_t)T * D * 2), *exh = malloc((size_t)T * K * D * 2), *shh = malloc((size_t)T * D * 2);
+	fill_bf16(xh, (size_t)T * D, 2.0f, &seed);
+	fill_bf16(exh, (size_t)T * K * D, 3.0f, &seed); /* expert outputs, in sorted-row order */
+	fill_bf16(shh, (size_t)T * D, 1.0f, &seed);
+	for (size_t i = 0; i < (size_t)T * K; i++)
+		w[i] = (float)(test_rand(&seed) % 10000) * 1e-4f;
+	for (int t = 0; t < T; t++) /* the CPU's ex_out is [T, K, D] in pick order */
+		for (int n = 0; n < K; n++)
+			for (int d = 0; d < D; d++)
+				ex[((size_t)t * K + n) * D + d] = bf16_to_f32(exh[(size_t)want_perm[t * K + n] * D + d]);
+	for (size_t i = 0; i < (size_t)T * D; i++)
+		sh[i] = bf16_to_f32(shh[i]), xf[i] = bf16_to_f32(xh[i]);
+	moe_combine(T, K, D, ex, w, sh, y);
+	gpu_ptr d_idx = gpu_test_alloc((size_t)T * K * 4), d_cnt = gpu_test_alloc((size_t)E * 4),
+		d_off = gpu_test_alloc((size_t)(E + 1) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
+		d_src = gpu_test_alloc((size_t)T * K * 4), d_x = gpu_test_alloc((size_t)T * D * 2),
+		d_xs = gpu_test_alloc((size_t)T * K * D * 2), d_ex = gpu_test_alloc((size_t)T * K * D * 2),
+		d_w = gpu_test_alloc((size_t)T * K * 4), d_sh = gpu_test_alloc((size_t)T * D * 2),
+		d_y = gpu_test_alloc((size_t)T * D * 2);
+	REQUIRE(gpu_upload(&g, d_idx, idx, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+	REQUIRE(gpu_upload(&g, d_ex, exh, (size_t)T * K * D * 2) == 0);
+	REQUIRE(gpu_upload(&g, d_w, w, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_upload(&g, d_sh, shh, (size_t)T * D * 2) == 0);
+	gpu_test_poison(&g, d_perm, (size_t)T * K * 4);
+	gpu_test_poison(&g, d_xs, (size_t)T * K * D * 2);
+	gpu_test_poison(&g, d_y, (size_t)T * D * 2);
+	int tt = T, kk = K, ee = E, dd = D;
+	void *a1[] = {&d_idx, &tt, &kk, &ee, &d_cnt, &d_off, &d_perm, &d_src};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute"), 1, 1, 1, 256, 1, 1, 0, a1) == 0);
+	void *a2[] = {&d_x, &d_src, &d_xs, &dd};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_gather"), (unsigned)(T * K), 1, 1, 64, 1, 1, 0, a2) == 0);
+	void *a3[] = {&d_ex, &d_w, &d_perm, &d_sh, &d_y, &tt, &kk, &dd};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_combine"), 264, 1, 1, 256, 1, 1, 0, a3) == 0);
+	int *perm = malloc((size_t)T * K * 4);
+	uint16_t *xs = malloc((size_t)T * K * D * 2), *yg = malloc((size_t)T * D * 2);
+	REQUIRE(gpu_download(&g, perm, d_perm, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_download(&g, xs, d_xs, (size_t)T * K * D * 2) == 0);
+	REQUIRE(gpu_download(&g, yg, d_y, (size_t)T * D * 2) == 0);
+	CHECK(memcmp(perm, want_perm, (size_t)T * K * 4) == 0);
+	int64_t bad_rows = 0, bad_y = 0;
+	for (int rr = 0; rr < T * K; rr++)
+		bad_rows += memcmp(xs + (size_t)rr * D, xh + (size_t)want_src[rr] * D, (size_t)D * 2) != 0;
+	for (size_t i = 0; i < (size_t)T * D; i++)
+		bad_y += yg[i] != f32_to_bf16(y[i]);
+	printf("    moe permute/gather/combine T=%d K=%d D=%d: %lld gathered rows and %lld outputs differ\n",
+	       T, K, D, (long long)bad_rows, (long long)bad_y);
+	CHECK_EQ_INT(bad_rows, 0);
+	CHECK_EQ_INT(bad_y, 0);
+	gpu_ptr all[] = {d_idx, d_cnt, d_off, d_perm, d_src, d_x, d_xs, d_ex, d_w, d_sh, d_y};
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		cu.cuMemFree(all[i]);
+	free(idx), free(want_perm), free(want_src), free(xf), free(ex), free(w), free(sh), free(y);
+	free(xh), free(exh), free(shh), free(perm), free(xs), free(yg);
+	gpu_close(&g);
+}
+#endif
