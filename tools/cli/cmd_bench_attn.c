@@ -11,6 +11,7 @@
 
 #include "driver/gpu.h"
 #include "model/cuda_attn.h"
+#include "tools/cli/bench_gpu.h"
 #include "tools/cli/cli.h"
 
 #ifdef DSV32_NO_CUDA
@@ -51,27 +52,11 @@ int bench_attention(int argc, char **argv)
 	CUevent e0, e1;
 	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
 	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
-	void *fill = gpu_kernel(&g, "k_fill_e4m3"), *fillp = gpu_kernel(&g, "k_fill_f32_pow2");
 	void *scan = gpu_kernel(&g, "k_indexer_scores"), *topk = gpu_kernel(&g, "k_topk");
-	void *rd = gpu_kernel(&g, "k_read_bw");
-	/* the limit: streaming read of 4 GiB */
-	gpu_ptr big, sink;
-	long long n16 = (4ll << 30) / 16;
-	if (cu_check(cu.cuMemAlloc(&big, (size_t)n16 * 16), "cuMemAlloc", __FILE__, __LINE__) ||
-	    cu_check(cu.cuMemAlloc(&sink, 8), "cuMemAlloc", __FILE__, __LINE__))
-		return 1;
 	unsigned long long seed = 7;
-	long long nb = n16 * 16;
-	void *fa[] = {&big, &nb, &seed};
-	gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, fa);
-	void *ra[] = {&big, &n16, &sink};
-	gpu_launch(&g, rd, (unsigned)g.sm_count * 4, 1, 1, 512, 1, 1, 0, ra);
-	cu.cuEventRecord(e0, g.stream);
-	for (int r = 0; r < reps; r++)
-		gpu_launch(&g, rd, (unsigned)g.sm_count * 4, 1, 1, 512, 1, 1, 0, ra);
-	cu.cuEventRecord(e1, g.stream);
-	double read_tbs = (double)nb * reps / (event_ms(&g, e0, e1) * 1e-3) / 1e12;
-	cu.cuMemFree(big);
+	double read_tbs = bench_read_limit(&g, 5);
+	if (read_tbs <= 0)
+		return 1;
 	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n\n", g.name, read_tbs);
 	printf("%7s %5s | %12s %9s %8s %9s | %10s | %10s %9s\n", "context", "batch", "scan_us", "TB/s",
 	       "of_read", "TFLOP/s", "topk_us", "mla_us", "TFLOP/s");
@@ -90,13 +75,9 @@ int bench_attention(int argc, char **argv)
 			    cu_check(cu.cuMemAlloc(&pos, (size_t)B * TOPK * 4), "cuMemAlloc", __FILE__, __LINE__))
 				return 1;
 			long long pbn = (long long)pool_bytes, qn = (long long)B * H * 128, wn = (long long)B * H;
-			void *f1[] = {&pool, &pbn, &seed};
-			gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, f1);
-			void *f2[] = {&q, &qn, &seed};
-			gpu_launch(&g, fill, 64, 1, 1, 256, 1, 1, 0, f2);
-			int lo = -8, hi = -4;
-			void *f3[] = {&w, &wn, &seed, &lo, &hi};
-			gpu_launch(&g, fillp, 16, 1, 1, 256, 1, 1, 0, f3);
+			bench_fill_e4m3(&g, pool, pbn, seed);
+			bench_fill_e4m3(&g, q, qn, seed);
+			bench_fill_pow2(&g, w, wn, seed, -8, -4);
 			int *hbt = malloc((size_t)B * blocks * 4), *hn = malloc((size_t)B * 4);
 			for (int i = 0; i < B * blocks; i++)
 				hbt[i] = i; /* page i of sequence b: b * blocks + i */
@@ -132,8 +113,7 @@ int bench_attention(int argc, char **argv)
 			    cu_check(cu.cuMemAlloc(&mo, (size_t)B * MH * R * 2), "cuMemAlloc", __FILE__, __LINE__))
 				return 1;
 			long long mpn = (long long)mla_pool;
-			void *f4[] = {&mpool, &mpn, &seed};
-			gpu_launch(&g, fill, (unsigned)g.sm_count * 8, 1, 1, 256, 1, 1, 0, f4);
+			bench_fill_e4m3(&g, mpool, mpn, seed);
 			gpu_memset(&g, mq, 0x3c, (size_t)B * MH * (R + 64) * 2); /* bf16 ~0.0115 */
 			const float sc_att = 0.1352337789f;
 			gpu_ptr mws = 0;

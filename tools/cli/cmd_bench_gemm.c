@@ -20,6 +20,7 @@
 #include "driver/cublaslt.h"
 #include "driver/gpu.h"
 #include "model/cuda_gemm.h"
+#include "tools/cli/bench_gpu.h"
 #include "tools/cli/cli.h"
 
 #ifdef DSV32_NO_CUDA
@@ -34,21 +35,6 @@ static int cmp_float(const void *a, const void *b)
 {
 	float x = *(const float *)a, y = *(const float *)b;
 	return (x > y) - (x < y);
-}
-
-/* Fills n bytes at p with random e4m3 codes (never NaN) on the GPU. */
-static int fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed)
-{
-	void *args[] = {&p, &n, &seed};
-	return gpu_launch(g, gpu_kernel(g, "k_fill_e4m3"), (unsigned)g->sm_count * 8, 1, 1, 256, 1,
-			  1, 0, args);
-}
-
-static int fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed, int lo, int hi)
-{
-	void *args[] = {&p, &n, &seed, &lo, &hi};
-	return gpu_launch(g, gpu_kernel(g, "k_fill_f32_pow2"), (unsigned)g->sm_count * 4, 1, 1, 256,
-			  1, 1, 0, args);
 }
 
 /* Milliseconds of `reps` runs of fn(i), median of `trials`. */
@@ -77,19 +63,6 @@ static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trial
 	cu.cuEventDestroy(e1);
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
 	return t[trials / 2];
-}
-
-struct read_ctx {
-	gpu_ptr buf, sink;
-	long long n16;
-};
-
-static int launch_read(struct gpu *g, void *vctx, int i)
-{
-	struct read_ctx *c = vctx;
-	void *args[] = {&c->buf, &c->n16, &c->sink};
-	return gpu_launch(g, gpu_kernel(g, "k_read_bw"), (unsigned)g->sm_count * 4, 1, 1, 512, 1, 1,
-			  0, args);
 }
 
 struct gemm_ctx {
@@ -142,14 +115,9 @@ int bench_gemm(int argc, char **argv)
 		return 1;
 	}
 	/* The limit: streaming read of 4 GiB. */
-	struct read_ctx rc = {.n16 = (4ll << 30) / 16};
-	if (cu_check(cu.cuMemAlloc(&rc.buf, (size_t)rc.n16 * 16), "cuMemAlloc", __FILE__, __LINE__) ||
-	    cu_check(cu.cuMemAlloc(&rc.sink, 8), "cuMemAlloc", __FILE__, __LINE__))
+	double read_tbs = bench_read_limit(&g, trials);
+	if (read_tbs <= 0)
 		return 1;
-	fill_e4m3(&g, rc.buf, rc.n16 * 16, 1);
-	float read_ms = time_ms(&g, launch_read, &rc, 3, trials);
-	double read_tbs = (double)rc.n16 * 16 / (read_ms * 1e-3) / 1e12;
-	cu.cuMemFree(rc.buf);
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
 	printf("\n%-12s %4s | %9s %6s %7s %5s | %9s %6s %7s | %7s %s\n", "N x K", "M",
@@ -181,10 +149,10 @@ int bench_gemm(int argc, char **argv)
 		}
 		if (cu_check(cu.cuMemAlloc(&c.ws, c.ws_bytes), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
-		fill_e4m3(&g, c.w, (long long)(c.w_bytes * c.copies), 100 + si);
-		fill_pow2(&g, c.s, (long long)(c.s_bytes * c.copies / 4), 200 + si, -12, -8);
-		fill_e4m3(&g, c.x, (long long)max_m * c.K, 300 + si);
-		fill_pow2(&g, c.sx, (long long)max_m * (c.K / 128), 400 + si, -4, 0);
+		bench_fill_e4m3(&g, c.w, (long long)(c.w_bytes * c.copies), 100 + si);
+		bench_fill_pow2(&g, c.s, (long long)(c.s_bytes * c.copies / 4), 200 + si, -12, -8);
+		bench_fill_e4m3(&g, c.x, (long long)max_m * c.K, 300 + si);
+		bench_fill_pow2(&g, c.sx, (long long)max_m * (c.K / 128), 400 + si, -4, 0);
 		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
 			c.M = Ms[mi];
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */

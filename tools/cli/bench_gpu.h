@@ -1,0 +1,20 @@
+/*
+ * bench_gpu.h — what the GPU benchmarks share: synthetic data generated on the GPU (never zeros)
+ * and the HBM read limit each benchmark reports its ratios against, measured in the same run.
+ */
+#ifndef DSV32_BENCH_GPU_H
+#define DSV32_BENCH_GPU_H
+
+#include "driver/gpu.h"
+
+#ifndef DSV32_NO_CUDA
+/* n bytes of random e4m3 codes (never NaN) at p. */
+int bench_fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed);
+/* n fp32 powers of two 2^e, e uniform in [lo, hi], at p. */
+int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed, int lo, int hi);
+/* Streaming read of 4 GiB (k_read_bw), median of `trials` timings of 3 passes: TB/s, or a
+ * negative value when the GPU call failed. */
+double bench_read_limit(struct gpu *g, int trials);
+#endif
+
+#endif
