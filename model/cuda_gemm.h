@@ -78,6 +78,21 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
 /* Closes g's cuBLASLt handle and forgets its table (before gpu_close). */
 void cuda_gemm_close(struct gpu *g);
+/* ---- grouped GEMM (MoE experts) ------------------------------------------------------------ */
+
+/* Group e (e = 0 .. G-1) multiplies rows [off[e], off[e+1]) of x8/sx/y by its own weight:
+ *   y[r, :N] = x8[r] x W_e^T with W_e = ((uint64_t *)w_tab)[e] (e4m3 [N, K]) and its scales
+ *   S_e = ((uint64_t *)s_tab)[e] (fp32 [N/128, K/128]).
+ * w_tab, s_tab: device arrays [G] of device addresses; off: device int32 [G + 1] (ascending,
+ * off[0] = 0); the counts live on the device (graph capture needs no host sync), max_rows is a
+ * host bound on off[G] (rows of x8, sx and y). A group with no rows reads none of its weights.
+ * Per row the numbers equal cuda_gemm_fp8's for the same weight (promotion per 128 block).
+ * Decode-sized (max_rows small): the streaming kernel; large: the wgmma kernel
+ * (model/cuda_gemm_wgmma.h). ws: cuda_gemm_fp8_grouped_workspace() bytes. */
+size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
+int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
+			  gpu_ptr ws, size_t ws_bytes);
 #endif
 
 #endif

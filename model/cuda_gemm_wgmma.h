@@ -1,0 +1,30 @@
+/*
+ * cuda_gemm_wgmma.h — the FP8 block-scaled GEMM for many tokens (prefill, MoE prefill) on
+ * Hopper's warpgroup MMA (kernels_ptx/gemm_fp8_wgmma.cu): bulk tensor copies (TMA) into
+ * swizzled shared memory through an mbarrier pipeline, wgmma e4m3 with fp32 accumulators
+ * promoted after every 128-wide K block (spec §5.4, DeepSeek's 2xAcc), bf16 output.
+ *
+ * Operands as in model/cuda_gemm.h: W8 e4m3 [N, K] with S fp32 [N/128, K/128], x8 e4m3 [M, K]
+ * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 128 == 0,
+ * K % 128 == 0; any M >= 1 (the last tile is masked).
+ * Owns: tensor-map encoding (cuTensorMapEncodeTiled through driver/cu.h), tile choice, grid.
+ * Must not: allocate device memory (the tensor maps travel as kernel parameters).
+ */
+#ifndef DSV32_CUDA_GEMM_WGMMA_H
+#define DSV32_CUDA_GEMM_WGMMA_H
+
+#include "driver/gpu.h"
+
+#ifndef DSV32_NO_CUDA
+/* 0, -EINVAL (shape contract), -ENOTSUP (no tensor-map entry point in this driver), or the
+ * launch's error. */
+int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+			int M, int N, int K, int ldy);
+/* The grouped form (MoE experts; arguments as cuda_gemm_fp8_grouped in model/cuda_gemm.h): the
+ * weights of each group are found through w_tab/s_tab on the device, rows through off. */
+int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
+				int ldy);
+#endif
+
+#endif

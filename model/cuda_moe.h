@@ -1,0 +1,63 @@
+/*
+ * cuda_moe.h — the MoE block on the GPU (spec §3.9): the sigmoid gate with its group limit,
+ * the token permutation by expert, the grouped FP8 expert GEMMs (gate and up fused), SwiGLU,
+ * the down projection, the shared expert and the weighted combine — the numbers of the CPU's
+ * moe_forward (model/cpu_moe.h): the same experts for the same logits, weights within fp32
+ * rounding, the output within bf16/FP8 rounding.
+ *
+ * Weight layout on the device (the CUDA backend places the tensors so): each expert's
+ * gate_proj and up_proj are adjacent, forming one fused matrix W13 e4m3 [2 * moe_inter, hidden]
+ * (gate rows first) with one scale matrix [2 * moe_inter / 128, hidden / 128]; the shared
+ * expert likewise.
+ * Owns: the per-layer device tables of expert addresses, the block's scratch (from the caller's
+ * arena, released before return). Must not: norm its input or add the residual.
+ */
+#ifndef DSV32_CUDA_MOE_H
+#define DSV32_CUDA_MOE_H
+
+#include "driver/gpu.h"
+#include "model/config.h"
+#include "model/err.h"
+
+#ifndef DSV32_NO_CUDA
+/* A device FP8 weight [out, in] e4m3 with its fp32 block scales [out/128, in/128]. */
+struct cuda_fp8_mat {
+	gpu_ptr w, s;
+	int out, in;
+};
+
+/* One MoE layer's device tensors. */
+struct cuda_moe_layer {
+	gpu_ptr gate;            /* bf16 [n_routed_experts, hidden] mlp.gate.weight */
+	gpu_ptr gate_bias;       /* fp32 [n_routed_experts] e_score_correction_bias */
+	gpu_ptr w13_tab, s13_tab; /* device uint64 [E]: expert e's fused gate|up and its scales */
+	gpu_ptr w2_tab, s2_tab;   /* device uint64 [E]: expert e's down_proj [hidden, inter] + scales */
+	struct cuda_fp8_mat sh13, sh2; /* shared expert: fused gate|up, down */
+};
+
+/* Builds L: allocates and fills the address tables in region r (the weights region).
+ * w13[e], s13[e], w2[e], s2[e]: device addresses of expert e's tensors (host arrays [E]). */
+int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
+			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
+			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
+			struct cuda_fp8_mat sh2, struct cuda_moe_layer *L, struct err *e);
+
+/* Device buffers that receive the routing of the T rows, for dumps and tests (any may be 0). */
+struct cuda_moe_trace {
+	gpu_ptr logits; /* fp32 [T, n_routed_experts] */
+	gpu_ptr idx;    /* int32 [T, num_experts_per_tok], ascending expert ids */
+	gpu_ptr wts;    /* fp32 [T, num_experts_per_tok] */
+};
+
+/* Bytes of arena scratch cuda_moe_forward needs for T rows (the caller sizes its arena). */
+size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T);
+
+/* y[T, hidden] (bf16) = MoE(x) for the ffn-normed input x[T, hidden] (bf16): routed experts
+ * and the shared expert, combined like moe_combine. Everything on the engine stream, no host
+ * synchronisation (graph-capturable). trace may be NULL. 0 or a negative errno. */
+int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
+		     const struct cuda_moe_trace *trace);
+#endif
+
+#endif
