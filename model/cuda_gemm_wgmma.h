@@ -5,7 +5,7 @@
  * promoted after every 128-wide K block (spec §5.4, DeepSeek's 2xAcc), bf16 output.
  *
  * Operands as in model/cuda_gemm.h: W8 e4m3 [N, K] with S fp32 [N/128, K/128], x8 e4m3 [M, K]
- * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 128 == 0,
+ * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 64 == 0 (kv_a has 576 rows; the last 128-row tile is masked),
  * K % 128 == 0; any M >= 1 (the last tile is masked).
  * Owns: tensor-map encoding (cuTensorMapEncodeTiled through driver/cu.h), tile choice, grid.
  * Must not: allocate device memory (the tensor maps travel as kernel parameters).
