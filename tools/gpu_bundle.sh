@@ -12,3 +12,6 @@ for f in gpu_test_runner dsv32 dsv32d mkmodel; do
 done
 [ -f "$build/tokenizer/tokenizer.json" ] && cp "$build/tokenizer/tokenizer.json" "$bundle/"
 du -sh "$bundle"
+# extra commands for tools/gpu_session.sh (one shell line each), when the caller names a file
+[ -n "${EXTRA_FILE:-}" ] && [ -f "$EXTRA_FILE" ] && cp "$EXTRA_FILE" "$bundle/EXTRA"
+true

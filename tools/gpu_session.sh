@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 date -u | tee -a "$summary"
 
 step "GPU tests"
-DSV32_BIN=$bundle "$bundle/gpu_test_runner" > "$out/gpu_tests.log" 2>&1
+DSV32_BIN=$bundle timeout "${TEST_TIMEOUT:-300}" "$bundle/gpu_test_runner" > "$out/gpu_tests.log" 2>&1
 tail -n 1 "$out/gpu_tests.log" | tee -a "$summary"
 grep -E "^FAIL|worst|sm_" "$out/gpu_tests.log" | head -40 | tee -a "$summary"
 
@@ -38,9 +38,25 @@ if [ "${SKIP_DAEMON:-0}" != 1 ]; then
   real_pid=$!
 fi
 
-step "bench gemm"
-"$bundle/dsv32" bench gemm > "$out/bench_gemm.txt" 2>&1
-cat "$out/bench_gemm.txt" >> "$summary"
+for b in ${BENCHES-gemm attention moe}; do
+  step "bench $b"
+  timeout "${BENCH_TIMEOUT:-150}" "$bundle/dsv32" bench $b > "$out/bench_$b.txt" 2>&1
+  echo "exit status $?" >> "$out/bench_$b.txt"
+  cat "$out/bench_$b.txt" >> "$summary"
+done
+
+# EXTRA: one shell line per command (B = the bundle dir), each logged to extra_N.log
+if [ -f "$bundle/EXTRA" ]; then
+  n=0
+  while IFS= read -r line; do
+    [ -z "$line" ] && continue
+    n=$((n + 1))
+    step "extra $n: $line"
+    B=$bundle timeout "${EXTRA_TIMEOUT:-90}" bash -c "$line" > "$out/extra_$n.log" 2>&1
+    echo "exit status $?" >> "$out/extra_$n.log"
+    tail -n 30 "$out/extra_$n.log" | tee -a "$summary"
+  done < "$bundle/EXTRA"
+fi
 
 if [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
   step "tiny checkpoint through the independent safetensors reader"
@@ -66,6 +82,7 @@ if [ "${SKIP_DAEMON:-0}" != 1 ]; then
 fi
 
 if [ -f tests/oracle/READY_TO_RUN ]; then
+  [ "${SKIP_ORACLE:-0}" = 1 ] || {
   step "PyTorch oracle fixtures"
   cmd=$(cat tests/oracle/READY_TO_RUN)
   mkdir -p "$out/oracle"
@@ -73,6 +90,7 @@ if [ -f tests/oracle/READY_TO_RUN ]; then
   echo "oracle exit status $?" | tee -a "$summary"
   tail -n 40 "$out/oracle.log" | tee -a "$summary"
   (cd "$out" && tar czf "$top/oracle.tgz" oracle 2>/dev/null && rm -rf oracle)
+  }
 fi
 (cd "$top" && tar czf logs.tgz logs && rm -rf logs)
 cat "$summary"
