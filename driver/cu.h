@@ -44,7 +44,8 @@
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)          \
 	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)        \
 	X(cuGraphLaunch) \
-	X(cuGraphExecDestroy) X(cuGraphDestroy)
+	X(cuGraphExecDestroy) X(cuGraphDestroy)                                               \
+	X(cuTensorMapEncodeTiled)
 
 struct cu_api {
 #define CU_MEMBER(name) __typeof__(name) *name;
