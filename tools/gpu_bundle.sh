@@ -7,7 +7,7 @@ build=$1
 bundle=$2
 rm -rf "$bundle"
 mkdir -p "$bundle"
-for f in gpu_test_runner dsv32 dsv32d mkmodel; do
+for f in gpu_test_runner test_runner dsv32 dsv32d mkmodel; do
   [ -x "$build/$f" ] && cp "$build/$f" "$bundle/"
 done
 [ -f "$build/tokenizer/tokenizer.json" ] && cp "$build/tokenizer/tokenizer.json" "$bundle/"
