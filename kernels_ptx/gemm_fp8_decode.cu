@@ -178,3 +178,59 @@ DEC_ENTRY(1, 3)
 DEC_ENTRY(2, 2)
 DEC_ENTRY(4, 1)
 DEC_ENTRY(8, 1)
+
+// ---- grouped form (MoE experts, model/cuda_gemm.h cuda_gemm_fp8_grouped) -----------------------
+// Group e multiplies rows [off[e], off[e+1]) of X/SX/Y by W_e = w_tab[e], S_e = s_tab[e]. Grid
+// (row-tile blocks, 1, slots): block z takes the z-th group that has rows (slots >= the number of
+// such groups, so a group with no rows is never touched and reads no weights) and walks its rows
+// 64 at a time with the dense kernel's code (ksplit warps per tile, no K chunks), so every row's
+// result equals the dense kernel's for that weight whenever the dense split has one chunk.
+
+// The index of the z-th group with rows (ascending), or -1: one warp scans off[] 32 groups at a
+// time with a ballot.
+__device__ __forceinline__ int nth_nonempty_group(const int *__restrict__ off, int G, int z)
+{
+	const int lane = threadIdx.x & 31;
+	for (int base = 0; base < G; base += 32) {
+		const int e = base + lane;
+		const bool has = e < G && off[e + 1] > off[e];
+		const unsigned m = __ballot_sync(0xffffffffu, has);
+		const int n = __popc(m);
+		if (z < n) {
+			unsigned mm = m;
+			for (int i = 0; i < z; i++)
+				mm &= mm - 1; // drop the lowest set bits
+			return base + __ffs(mm) - 1;
+		}
+		z -= n;
+	}
+	return -1;
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
+k_gemm_fp8_grouped_m8(const unsigned long long *__restrict__ w_tab,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, const uint8_t *X, const float *SX, uint16_t *Y, int N, int K, int ldy,
+		      int ksplit)
+{
+	__shared__ int grp;
+	if (threadIdx.x < 32) {
+		const int e = nth_nonempty_group(off, G, blockIdx.z);
+		if (threadIdx.x == 0)
+			grp = e;
+	}
+	__syncthreads();
+	const int e = grp;
+	if (e < 0)
+		return;
+	const int r0 = off[e], r1 = off[e + 1];
+	const uint8_t *W = reinterpret_cast<const uint8_t *>(w_tab[e]);
+	const float *S = reinterpret_cast<const float *>(s_tab[e]);
+	const int KB = K >> 7;
+	for (int r = r0; r < r1; r += 64) {
+		const int m = min(64, r1 - r);
+		gemm_fp8_decode<8>(W, S, X + (size_t)r * K, SX + (size_t)r * KB, Y + (size_t)r * ldy, m,
+				   N, K, ldy, ksplit, nullptr, KB);
+		__syncthreads(); // the reduction buffer is reused by the next 64 rows
+	}
+}

@@ -64,6 +64,36 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 			  1, 1, 0, rargs);
 }
 
+/* ---- grouped (MoE experts) ------------------------------------------------------------------ */
+
+size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K)
+{
+	(void)g, (void)max_rows, (void)G, (void)N, (void)K;
+	return 0;
+}
+
+int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
+			  gpu_ptr ws, size_t ws_bytes)
+{
+	(void)ws, (void)ws_bytes;
+	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N) {
+		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
+				"K=%d ldy=%d\n", G, max_rows, N, K, ldy);
+		return -EINVAL;
+	}
+	if (max_rows == 0)
+		return 0;
+	/* one z-slot per group that can have rows: at most min(G, max_rows) of them */
+	int slots = G < max_rows ? G : max_rows;
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	int tiles_per_block = 8 / sp.ksplit;
+	unsigned blocks = (unsigned)((N / 16 + tiles_per_block - 1) / tiles_per_block);
+	void *args[] = {&w_tab, &s_tab, &off, &G, &x8, &sx, &y, &N, &K, &ldy, &sp.ksplit};
+	return gpu_launch(g, gpu_kernel(g, "k_gemm_fp8_grouped_m8"), blocks, 1, (unsigned)slots, 256,
+			  1, 1, 0, args);
+}
+
 /* ---- cuBLASLt -------------------------------------------------------------------------- */
 
 #define MAX_GPUS 16

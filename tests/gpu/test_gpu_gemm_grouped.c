@@ -1,0 +1,154 @@
+/*
+ * test_gpu_gemm_grouped.c — the grouped FP8 GEMM (MoE experts, model/cuda_gemm.h
+ * cuda_gemm_fp8_grouped) against cpu_fp8_linear group by group on fresh random inputs: random
+ * row offsets with empty groups (whose weight pointers are NULL, so reading one faults), a group
+ * of more than 64 rows, and the real expert shapes with 256 groups. Each group's rows must also
+ * equal, bit for bit, the dense GEMM (cuda_gemm_fp8) of the same rows and weight (the numbers of
+ * a row do not depend on its group's other rows).
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include "model/cpu_ops.h"
+#include "model/cuda_gemm.h"
+
+/* Random bf16-representable activations, a per-row magnitude over many binades. */
+static void fill_rows(float *x, int64_t rows, int64_t cols, uint64_t *seed)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		float amp = ldexpf(1.0f, (int)(test_rand(seed) % 24) - 16);
+		for (int64_t i = 0; i < cols; i++) {
+			float u = (float)((test_rand(seed) >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+			x[r * cols + i] = bf16_round(u * amp);
+		}
+	}
+}
+
+/* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights. */
+static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, uint64_t seed)
+{
+	const size_t KB = (size_t)K / 128, NB = (size_t)N / 128 + (N % 128 != 0);
+	int *off = malloc((size_t)(G + 1) * sizeof *off);
+	off[0] = 0;
+	for (int e = 0; e < G; e++)
+		off[e + 1] = off[e] + rows[e];
+	const int R = off[G], max_rows = R + 3; /* a bound above the real count, as callers pass */
+	float *x = malloc((size_t)max_rows * K * 4), *sx = malloc((size_t)max_rows * KB * 4),
+	      *y = malloc((size_t)max_rows * N * 4);
+	uint8_t *xq = malloc((size_t)max_rows * K), *W = malloc((size_t)N * K);
+	float *S = malloc(NB * KB * 4);
+	uint16_t *yg = malloc((size_t)max_rows * N * 2), *yd = malloc((size_t)64 * N * 2);
+	fill_rows(x, max_rows, K, &seed);
+	for (int m = 0; m < max_rows; m++)
+		cpu_act_quant(x + (size_t)m * K, K, xq + (size_t)m * K, sx + (size_t)m * KB);
+	uint64_t *wt = calloc((size_t)G, 8), *st = calloc((size_t)G, 8);
+	gpu_ptr *dW = calloc((size_t)G, sizeof *dW), *dS = calloc((size_t)G, sizeof *dS);
+	for (int e = 0; e < G; e++) {
+		if (!rows[e])
+			continue; /* NULL pointers: a kernel that reads an empty group's weights faults */
+		for (size_t i = 0; i < (size_t)N * K; i++) {
+			uint8_t b = (uint8_t)test_rand(&seed);
+			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70); /* any code but NaN */
+		}
+		for (size_t i = 0; i < NB * KB; i++)
+			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
+		dW[e] = gpu_test_alloc((size_t)N * K);
+		dS[e] = gpu_test_alloc(NB * KB * 4);
+		REQUIRE(gpu_upload(g, dW[e], W, (size_t)N * K) == 0);
+		REQUIRE(gpu_upload(g, dS[e], S, NB * KB * 4) == 0);
+		wt[e] = dW[e], st[e] = dS[e];
+		struct fp8_linear L = {W, S, N, K};
+		cpu_fp8_linear(NULL, &L, x + (size_t)off[e] * K, rows[e], y + (size_t)off[e] * N);
+	}
+	gpu_ptr dwt = gpu_test_alloc((size_t)G * 8), dst = gpu_test_alloc((size_t)G * 8),
+		doff = gpu_test_alloc((size_t)(G + 1) * 4), dx = gpu_test_alloc((size_t)max_rows * K),
+		dsx = gpu_test_alloc((size_t)max_rows * KB * 4),
+		dy = gpu_test_alloc((size_t)max_rows * N * 2), ddy = gpu_test_alloc((size_t)64 * N * 2);
+	REQUIRE(gpu_upload(g, dwt, wt, (size_t)G * 8) == 0);
+	REQUIRE(gpu_upload(g, dst, st, (size_t)G * 8) == 0);
+	REQUIRE(gpu_upload(g, doff, off, (size_t)(G + 1) * 4) == 0);
+	REQUIRE(gpu_upload(g, dx, xq, (size_t)max_rows * K) == 0);
+	REQUIRE(gpu_upload(g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
+	gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
+	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
+	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
+	REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K, N, dws,
+				      wsb) == 0);
+	REQUIRE(gpu_sync(g) == 0);
+	REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
+	char what[96];
+	snprintf(what, sizeof what, "grouped G=%d rows=%d N=%d K=%d", G, R, N, K);
+	CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
+
+	/* the dense GEMM of each group's rows (<= 64 of them) with the same weight: bit-equal */
+	size_t dwsb = 0;
+	for (int m = 1; m <= 64; m++) {
+		size_t b = cuda_gemm_fp8_workspace(g, m, N, K);
+		dwsb = b > dwsb ? b : dwsb;
+	}
+	gpu_ptr ddws = gpu_test_alloc(dwsb);
+	int64_t differ = 0, first = -1;
+	unsigned first_dense = 0;
+	for (int e = 0; e < G; e++) {
+		int m = rows[e] < 64 ? rows[e] : 64;
+		if (!m)
+			continue;
+		gpu_test_poison(g, ddy, (size_t)m * N * 2);
+		REQUIRE(cuda_gemm_fp8(g, dW[e], dS[e], dx + (size_t)off[e] * K,
+				      dsx + (size_t)off[e] * KB * 4, ddy, m, N, K, N, ddws, dwsb) == 0);
+		REQUIRE(gpu_download(g, yd, ddy, (size_t)m * N * 2) == 0);
+		for (size_t i = 0; i < (size_t)m * N; i++)
+			if (yd[i] != yg[(size_t)off[e] * N + i]) {
+				if (first < 0)
+					first = (int64_t)off[e] * N + (int64_t)i, first_dense = yd[i];
+				differ++;
+			}
+	}
+	if (first >= 0)
+		printf("    dense vs grouped: %lld outputs differ, first at row %lld col %lld: "
+		       "dense %04x, grouped %04x\n", (long long)differ, (long long)(first / N),
+		       (long long)(first % N), first_dense, yg[first]);
+	else
+		printf("    dense vs grouped: bit-identical\n");
+	CHECK_EQ_INT(differ, 0);
+
+	for (int e = 0; e < G; e++)
+		if (rows[e])
+			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
+	if (dws)
+		cu.cuMemFree(dws);
+	cu.cuMemFree(ddws), cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff);
+	cu.cuMemFree(dx), cu.cuMemFree(dsx), cu.cuMemFree(dy), cu.cuMemFree(ddy);
+	free(off), free(x), free(sx), free(y), free(xq), free(W), free(S), free(yg), free(yd);
+	free(wt), free(st), free(dW), free(dS);
+}
+
+TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* empty groups first, last and in between; one group above 64 rows */
+	static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
+	check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900);
+	static const int rows2[] = {5};
+	check_grouped(&g, 1, rows2, 7168, 2048, 901);
+	gpu_close(&g);
+}
+
+/* The real expert shapes: 256 experts, a decode step of 5 tokens x 8 experts, several experts
+ * shared by tokens, most experts empty. */
+TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	int rows[256] = {0};
+	uint64_t seed = 77;
+	for (int i = 0; i < 40; i++)
+		rows[(test_rand(&seed) % 32) * 8 + 3]++; /* 40 rows over <= 32 experts */
+	check_grouped(&g, 256, rows, 4096, 7168, 902);
+	check_grouped(&g, 256, rows, 7168, 2048, 903);
+	gpu_close(&g);
+}
+
+#endif
