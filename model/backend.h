@@ -128,6 +128,25 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 			const struct checkpoint *ck, int64_t n_pages, struct backend **out,
 			struct err *e);
 
+/* The CUDA backend with options. synthetic = 1: ck may be a header-only checkpoint (`mkmodel
+ * real --header-only`); the tensors it leaves as holes (model/cuda_synth.h) are generated on the
+ * GPU from seed instead of read, the others are read from ck. n_pages as above. */
+struct backend_cuda_opts {
+	int64_t n_pages;
+	int synthetic;
+	uint64_t seed;
+};
+int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
+			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
+			     struct backend **out, struct err *e);
+
+/* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
+ * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid
+ * synthetic records (random latent, rope and indexer keys quantised by the real KV-write
+ * kernels), as if a prompt of n_tokens had been prefilled. 0, -EINVAL, -ENOTSUP (not CUDA). */
+int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
+				   uint64_t seed, struct err *e);
+
 /* Checks a step against the backend's pools and weights (token ids, positions inside the
  * block table, page ids, output buffers, MTP weights): 0 or -EINVAL. Every backend calls it
  * before computing anything. */
