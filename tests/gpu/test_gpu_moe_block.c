@@ -1,0 +1,292 @@
+/*
+ * test_gpu_moe_block.c — the whole MoE block on the GPU (model/cuda_moe.c) against the CPU
+ * backend's moe_forward on random weights: router logits and expert ids identical, routing
+ * weights within fp32 rounding, the output within bf16/FP8 rounding (the GEMMs sum in another
+ * order, so an intermediate bf16 or e4m3 rounding may flip: the limit is relative to the row).
+ * Small configs at T = 1, 5, 64, 300, and the real dims (7168 / 2048, 256 experts, top-8) at
+ * T = 4, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
+ * expert with its own scales (a mix-up of experts still shows).
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <string.h>
+#include <unistd.h>
+
+#include "model/cpu_moe.h"
+#include "model/cpu_pool.h"
+#include "model/cuda_gemm.h"
+#include "model/cuda_moe.h"
+
+/* The limit on |y_gpu - y_cpu| / rms(row) for outputs more than one bf16 ulp off. */
+#define MOE_REL_LIMIT (1.0 / 32)
+
+/* 256 e4m3 codes of U(-4, 4) values: a random byte picks one (fast bulk fills). */
+static void e4m3_table(uint8_t *tab)
+{
+	for (int i = 0; i < 256; i++) {
+		float u = ((float)i + 0.5f) / 128.0f - 1.0f;
+		tab[i] = f32_to_e4m3(u * 4.0f);
+	}
+}
+
+static void fill_codes(uint8_t *w, size_t n, const uint8_t *tab, uint64_t *seed)
+{
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t r = test_rand(seed);
+		for (size_t k = 0; k < 8 && i + k < n; k++)
+			w[i + k] = tab[(r >> (8 * k)) & 0xff];
+	}
+}
+
+static void fill_scales(float *s, size_t n, uint64_t *seed)
+{
+	for (size_t i = 0; i < n; i++)
+		s[i] = ldexpf(1.0f, -8 - (int)(test_rand(seed) % 3));
+}
+
+static gpu_ptr upload(struct gpu *g, const void *h, size_t bytes)
+{
+	gpu_ptr d = gpu_test_alloc(bytes);
+	REQUIRE(gpu_upload(g, d, h, bytes) == 0);
+	return d;
+}
+
+/* One case: config c, T rows, `sets` distinct expert code sets (expert e uses set e % sets). */
+static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32_config *c, int T,
+			int sets, uint64_t seed)
+{
+	const int D = (int)c->hidden_size, I = (int)c->moe_intermediate_size,
+		  E = (int)c->n_routed_experts, K = (int)c->num_experts_per_tok;
+	const int Ish = I * (int)c->n_shared_experts;
+	const size_t n13 = (size_t)2 * I * D, n2 = (size_t)D * I;
+	const size_t ns13 = (size_t)(2 * I / 128) * (D / 128), ns2 = (size_t)(D / 128) * (I / 128);
+	uint8_t tab[256];
+	e4m3_table(tab);
+	/* host weights */
+	uint8_t *w13 = malloc(n13 * sets), *w2 = malloc(n2 * sets);
+	float *s13 = malloc(ns13 * E * 4), *s2 = malloc(ns2 * E * 4);
+	uint8_t *sh13 = malloc((size_t)2 * Ish * D), *sh2 = malloc((size_t)D * Ish);
+	float *shs13 = malloc((size_t)(2 * Ish / 128) * (D / 128) * 4),
+	      *shs2 = malloc((size_t)(D / 128) * (Ish / 128) * 4);
+	uint16_t *gate = malloc((size_t)E * D * 2), *xh = malloc((size_t)T * D * 2);
+	float *bias = malloc((size_t)E * 4);
+	REQUIRE(w13 && w2 && s13 && s2 && sh13 && sh2 && shs13 && shs2 && gate && xh && bias);
+	fill_codes(w13, n13 * sets, tab, &seed);
+	fill_codes(w2, n2 * sets, tab, &seed);
+	fill_codes(sh13, (size_t)2 * Ish * D, tab, &seed);
+	fill_codes(sh2, (size_t)D * Ish, tab, &seed);
+	fill_scales(s13, ns13 * E, &seed);
+	fill_scales(s2, ns2 * E, &seed);
+	fill_scales(shs13, (size_t)(2 * Ish / 128) * (D / 128), &seed);
+	fill_scales(shs2, (size_t)(D / 128) * (Ish / 128), &seed);
+	fill_bf16(gate, (size_t)E * D, 0.06f, &seed);
+	fill_bf16(xh, (size_t)T * D, 1.0f, &seed);
+	for (int e = 0; e < E; e++)
+		bias[e] = ((float)(test_rand(&seed) % 2001) - 1000.0f) * 1e-5f;
+
+	/* the CPU's view: w1 = rows [0, I) of the fused matrix, w3 = rows [I, 2I) */
+	struct fp8_linear *ew1 = calloc((size_t)E, sizeof *ew1), *ew3 = calloc((size_t)E, sizeof *ew3),
+			  *ew2 = calloc((size_t)E, sizeof *ew2);
+	REQUIRE(ew1 && ew3 && ew2);
+	for (int e = 0; e < E; e++) {
+		const uint8_t *m13 = w13 + n13 * (e % sets);
+		ew1[e] = (struct fp8_linear){m13, s13 + ns13 * e, I, D};
+		ew3[e] = (struct fp8_linear){m13 + (size_t)I * D, s13 + ns13 * e + ns13 / 2, I, D};
+		ew2[e] = (struct fp8_linear){w2 + n2 * (e % sets), s2 + ns2 * e, D, I};
+	}
+	struct layer_weights lw = {.is_moe = 1, .gate = {gate, E, D}, .gate_bias = bias,
+				   .exp_w1 = ew1, .exp_w3 = ew3, .exp_w2 = ew2};
+	lw.sh_w1 = (struct fp8_linear){sh13, shs13, Ish, D};
+	lw.sh_w3 = (struct fp8_linear){sh13 + (size_t)Ish * D,
+				       shs13 + (size_t)(Ish / 128) * (D / 128), Ish, D};
+	lw.sh_w2 = (struct fp8_linear){sh2, shs2, D, Ish};
+	float *f = malloc((size_t)T * D * 4), *y = malloc((size_t)T * D * 4),
+	      *wts = malloc((size_t)T * K * 4), *logits = malloc((size_t)T * E * 4);
+	int32_t *idx = malloc((size_t)T * K * 4);
+	REQUIRE(f && y && wts && logits && idx);
+	for (size_t i = 0; i < (size_t)T * D; i++)
+		f[i] = bf16_to_f32(xh[i]);
+	moe_forward(pool, c, &lw, f, T, y, idx, wts, logits);
+
+	/* the device layout: fused W13 per expert, tables of addresses */
+	gpu_ptr d_w13 = upload(g, w13, n13 * sets), d_w2 = upload(g, w2, n2 * sets),
+		d_s13 = upload(g, s13, ns13 * E * 4), d_s2 = upload(g, s2, ns2 * E * 4),
+		d_sh13 = upload(g, sh13, (size_t)2 * Ish * D), d_sh2 = upload(g, sh2, (size_t)D * Ish),
+		d_shs13 = upload(g, shs13, (size_t)(2 * Ish / 128) * (D / 128) * 4),
+		d_shs2 = upload(g, shs2, (size_t)(D / 128) * (Ish / 128) * 4),
+		d_gate = upload(g, gate, (size_t)E * D * 2), d_bias = upload(g, bias, (size_t)E * 4),
+		d_x = upload(g, xh, (size_t)T * D * 2);
+	gpu_ptr *t13 = malloc((size_t)E * sizeof *t13), *ts13 = malloc((size_t)E * sizeof *ts13),
+		*t2 = malloc((size_t)E * sizeof *t2), *ts2 = malloc((size_t)E * sizeof *ts2);
+	REQUIRE(t13 && ts13 && t2 && ts2);
+	for (int e = 0; e < E; e++) {
+		t13[e] = d_w13 + n13 * (e % sets);
+		ts13[e] = d_s13 + ns13 * e * 4;
+		t2[e] = d_w2 + n2 * (e % sets);
+		ts2[e] = d_s2 + ns2 * e * 4;
+	}
+	struct err er = {""};
+	struct gpu_region reg;
+	REQUIRE(gpu_region_reserve(g, &reg, "moe-test", (size_t)64 << 20, &er) == 0);
+	REQUIRE(gpu_region_grow(g, &reg, (size_t)2 << 20, &er) == 0);
+	struct cuda_moe_layer L;
+	struct cuda_fp8_mat m_sh13 = {d_sh13, d_shs13, 2 * Ish, D}, m_sh2 = {d_sh2, d_shs2, D, Ish};
+	int rc = cuda_moe_layer_init(g, &reg, c, d_gate, d_bias, t13, ts13, t2, ts2, m_sh13, m_sh2,
+				     &L, &er);
+	if (rc)
+		printf("    cuda_moe_layer_init: %s\n", er.msg);
+	REQUIRE(rc == 0);
+	struct gpu_arena arena;
+	REQUIRE(gpu_arena_init(g, &arena, cuda_moe_scratch_bytes(g, c, T), &er) == 0);
+	struct cuda_moe_trace tr = {gpu_test_alloc((size_t)T * E * 4), gpu_test_alloc((size_t)T * K * 4),
+				    gpu_test_alloc((size_t)T * K * 4)};
+	gpu_ptr d_y = gpu_test_alloc((size_t)T * D * 2);
+	gpu_test_poison(g, tr.logits, (size_t)T * E * 4);
+	gpu_test_poison(g, tr.idx, (size_t)T * K * 4);
+	gpu_test_poison(g, tr.wts, (size_t)T * K * 4);
+	gpu_test_poison(g, d_y, (size_t)T * D * 2);
+	rc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, &tr);
+	if (rc)
+		printf("    cuda_moe_forward: %d\n", rc);
+	REQUIRE(rc == 0);
+	REQUIRE(gpu_sync(g) == 0);
+	CHECK_EQ_INT(arena.top, 0); /* scratch released */
+
+	float *g_logits = malloc((size_t)T * E * 4), *g_wts = malloc((size_t)T * K * 4);
+	int32_t *g_idx = malloc((size_t)T * K * 4);
+	uint16_t *g_y = malloc((size_t)T * D * 2);
+	REQUIRE(g_logits && g_wts && g_idx && g_y);
+	REQUIRE(gpu_download(g, g_logits, tr.logits, (size_t)T * E * 4) == 0);
+	REQUIRE(gpu_download(g, g_idx, tr.idx, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_download(g, g_wts, tr.wts, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_download(g, g_y, d_y, (size_t)T * D * 2) == 0);
+
+	int64_t bad_logits = 0, bad_ids = 0, bad_w = 0, first_logit = -1, first_id = -1;
+	double worst_logit = 0, worst_w = 0;
+	for (size_t i = 0; i < (size_t)T * E; i++)
+		if (memcmp(&g_logits[i], &logits[i], 4)) {
+			double dd = fabs((double)g_logits[i] - logits[i]);
+			worst_logit = dd > worst_logit || isnan(dd) ? dd : worst_logit;
+			if (first_logit < 0)
+				first_logit = (int64_t)i;
+			bad_logits++;
+		}
+	for (int t = 0; t < T; t++) {
+		if (memcmp(g_idx + (size_t)t * K, idx + (size_t)t * K, (size_t)K * 4)) {
+			bad_ids++;
+			if (first_id < 0)
+				first_id = t;
+			continue;
+		}
+		for (int n = 0; n < K; n++) {
+			double w = wts[t * K + n], dw = fabs((double)g_wts[t * K + n] - w);
+			double rel = dw / (fabs(w) > 0 ? fabs(w) : 1);
+			worst_w = rel > worst_w || isnan(rel) ? rel : worst_w;
+			bad_w += !(rel <= 4 * 0x1p-24);
+		}
+	}
+	printf("    moe block D=%d I=%d E=%d top-%d (groups %d keep %d), T=%d:\n", D, I, E, K,
+	       (int)c->n_group, (int)c->topk_group, T);
+	printf("    logits: %lld of %lld differ from the CPU's (worst |d| %.3g, first at %lld)\n",
+	       (long long)bad_logits, (long long)T * E, worst_logit, (long long)first_logit);
+	printf("    expert ids: %lld tokens differ (first: token %lld); weights: worst rel %.3g, %lld over 4 ulp\n",
+	       (long long)bad_ids, (long long)first_id, worst_w, (long long)bad_w);
+	if (first_id >= 0) {
+		printf("      token %lld cpu:", (long long)first_id);
+		for (int n = 0; n < K; n++)
+			printf(" %d", idx[first_id * K + n]);
+		printf("  gpu:");
+		for (int n = 0; n < K; n++)
+			printf(" %d", g_idx[first_id * K + n]);
+		printf("\n");
+	}
+	/* y: worst error relative to the row, fraction over one bf16 ulp, first bad element */
+	int64_t over1 = 0, first_bad = -1;
+	double sum_rel = 0;
+	for (int t = 0; t < T; t++) {
+		double rms = 0;
+		for (int d = 0; d < D; d++)
+			rms += (double)y[(size_t)t * D + d] * y[(size_t)t * D + d];
+		rms = sqrt(rms / D);
+		for (int d = 0; d < D; d++) {
+			size_t i = (size_t)t * D + d;
+			int u = bf16_ulps(f32_to_bf16(y[i]), g_y[i]);
+			double rel = fabs((double)bf16_to_f32(g_y[i]) - y[i]) / (rms > 0 ? rms : 1);
+			over1 += u > 1;
+			sum_rel += rel;
+			if (first_bad < 0 && u > 1 && !(rel <= MOE_REL_LIMIT)) {
+				first_bad = (int64_t)i;
+				printf("      first bad y[%d, %d]: cpu %.6g gpu %.6g (row rms %.4g)\n", t, d,
+				       y[i], bf16_to_f32(g_y[i]), rms);
+			}
+		}
+	}
+	int64_t bad_y = gpu_count_bad_bf16(y, g_y, T, D, MOE_REL_LIMIT, "    y");
+	printf("    y: %.3f%% of outputs over 1 bf16 ulp, mean |err|/rms(row) %.3g\n",
+	       100.0 * (double)over1 / ((double)T * D), sum_rel / ((double)T * D));
+	CHECK_EQ_INT(bad_logits, 0);
+	CHECK_EQ_INT(bad_ids, 0);
+	CHECK_EQ_INT(bad_w, 0);
+	CHECK_EQ_INT(bad_y, 0);
+	CHECK((double)over1 < 0.10 * T * D); /* flips are rare, not the rule */
+
+	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
+			 d_x, tr.logits, tr.idx, tr.wts, d_y};
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		cu.cuMemFree(all[i]);
+	gpu_arena_free(g, &arena);
+	gpu_region_free(g, &reg);
+	free(w13), free(w2), free(s13), free(s2), free(sh13), free(sh2), free(shs13), free(shs2);
+	free(gate), free(xh), free(bias), free(ew1), free(ew3), free(ew2), free(f), free(y);
+	free(wts), free(logits), free(idx), free(t13), free(ts13), free(t2), free(ts2);
+	free(g_logits), free(g_wts), free(g_idx), free(g_y);
+}
+
+static struct cpu_pool *test_pool(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return cpu_pool_start(n < 1 ? 1 : n > 32 ? 32 : (int)n);
+}
+
+TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	/* hidden 512, inter 512 (the shared expert's down_proj at T > 64 goes through cuBLASLt,
+	 * which takes K / 128 % 4 == 0), 32 experts in 4 groups, keep 2, top-6 */
+	struct dsv32_config a = {.hidden_size = 512, .moe_intermediate_size = 512,
+				 .n_routed_experts = 32, .n_shared_experts = 1,
+				 .num_experts_per_tok = 6, .n_group = 4, .topk_group = 2,
+				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
+	static const int Ts[] = {1, 5, 64, 300};
+	for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
+		check_block(&g, pool, &a, Ts[i], a.n_routed_experts, 5000 + i);
+	/* the tiny model's routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
+	struct dsv32_config b = {.hidden_size = 256, .moe_intermediate_size = 128,
+				 .n_routed_experts = 16, .n_shared_experts = 1,
+				 .num_experts_per_tok = 4, .n_group = 4, .topk_group = 2,
+				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
+	check_block(&g, pool, &b, 1, b.n_routed_experts, 5100);
+	check_block(&g, pool, &b, 37, b.n_routed_experts, 5101);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	struct dsv32_config c = {.hidden_size = 7168, .moe_intermediate_size = 2048,
+				 .n_routed_experts = 256, .n_shared_experts = 1,
+				 .num_experts_per_tok = 8, .n_group = 8, .topk_group = 4,
+				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
+	check_block(&g, pool, &c, 4, 8, 5200);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+#endif
