@@ -1,134 +1,321 @@
 // mla_decode.cu — sparse MLA attention of decode rows over the paged FP8 latent cache, in the
 // absorbed form (spec §3.7b): for each row b and head h, over the selected keys s in order,
 //   score[s] = scale * (q_lat[b,h] . c_kv[s] + q_pe[b,h] . k_pe[s])     (fp32)
-//   P = softmax(score) (fp32),  o_lat[b,h] = bf16( Σ_s P[s] c_kv[s] )
-// c_kv is dequantised from the 656-byte record (e4m3 x its tile's fp32 scale; exact in bf16),
-// k_pe read as bf16. The CPU reference is attn_latent (model/cpu_attn.c); the q_lat absorption
-// before and the W_UV projection after are GEMMs.
+//   P = softmax(score),  o_lat[b,h] = bf16( Σ_s P[s] c_kv[s] )
+// c_kv is dequantised from the 656-byte record of spec §6.1 (e4m3 x its 128-wide tile's fp32
+// power-of-two scale: exact in bf16), k_pe read as bf16. The CPU reference is attn_latent
+// (model/cpu_attn.c); the q_lat absorption before and the W_UV projection after are GEMMs.
 //
 // k_mla_decode: q bf16 [B, H, R + 64] per head [q_lat (R) | q_pe (64)], sel int [B, ld_sel]
 // physical slots in key order (-1 ends the list), pool: the layer's MLA records (slot r at
-// pool + r * rec_bytes), o_lat bf16 [B, H, R]. R <= 512, H a multiple of 16.
-// Grid (H / 16, B, splits), 256 threads: one block = 16 heads of one row and keys_per_split of
-// its keys; with more than one split, the partial results go to `part` and k_mla_combine merges
-// them (small batches would otherwise leave most SMs idle). Keys go through shared memory
-// 16 at a time as bf16; thread (h = tid / 16, c = tid % 16) computes the scores of head h for
-// keys c (one dot of R + 64), and owns o_lat[h][c + 16 j] for j < R / 16 in registers, updated
-// by an online softmax (running max and sum in fp32). This is the correct first version on
-// CUDA cores; the tensor-core version is the next step (docs/PERF.md).
+// pool + r * rec_bytes), o_lat bf16 [B, H, R]. R % 128 == 0, R <= 512, H % 16 == 0.
+//
+// Structure (FlashMLA's, on mma.sync): grid (ceil(H / 64), B, splits), 256 threads = 8 warps,
+// one block = 64 heads of one row over keys_per_split (a multiple of 64) of its keys. Dynamic
+// shared memory (mla_smem_bytes in model/cuda_attn.c): Q [64 heads][R+64] bf16 (loaded once),
+// the key tile K [64 keys][R+64] bf16 (dequantised), P [64 heads][64 keys] bf16, the raw records
+// of the next tile [64][rec_bytes] (gathered by slot id with cp.async while the current tile is
+// computed), and the softmax exchange. Rows are padded by 16 bytes so ldmatrix hits 8 banks.
+// Per tile of 64 keys:
+//   1. the raw records (landed) are dequantised into K (rows of invalid keys zeroed), the next
+//      tile's gather is issued;
+//   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 bf16 -> fp32: warp w owns heads
+//      16 (w % 4) .. +16 and keys 32 (w / 4) .. +32;
+//   3. online softmax in fp32: the two warps of a head group exchange their row maxima through
+//      shared memory (named barrier of 64 threads), p = exp(s - m) rounded to bf16 into P;
+//   4. O += P V with V = the latent part of the same K tile: warp w owns heads 16 (w % 4) .. +16
+//      and latent dims (w / 4) R/2 .. +R/2 (R/16 n-tiles, up to 128 fp32 accumulators a thread).
+// Numerics, where this departs from attn_latent: the dots are fp32 tensor-core sums in another
+// order; P is rounded to bf16 before P V (relative error <= 2^-9 per weight) and the normaliser
+// l sums those rounded weights, so o is an exact-weight average of the keys with weights within
+// 2^-9 (relative) of the CPU's. With more than one split, partial (o, m, l) go to `part` and
+// k_mla_combine merges them (FlashDecoding; small batches would leave most SMs idle).
 #include "common.cuh"
 
-#define MLA_HEADS 16
-#define MLA_KEYS 16
-#define MLA_MAXR 512
-#define MLA_ROPE 64
+#define MLA_HG 64   // heads per block
+#define MLA_KT 64   // keys per tile
+#define MLA_ROPE 64 // rope part of a key (bf16)
+#define MLA_PAD 8   // bf16 elements of row padding
+#define MLA_PLD (MLA_KT + MLA_PAD)
 
-extern "C" __global__ void __launch_bounds__(256)
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+		     : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+		     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+		     : "r"(a));
+}
+
+// c += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulators
+__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+					 uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+		     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (lo = first element) times a power-of-two scale, as two bf16 (exact).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes, float sc)
+{
+	float a, b;
+	asm("{ .reg .b32 h2; .reg .f16 lo, hi;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 h2, %2;\n\t"
+	    "mov.b32 {lo, hi}, h2;\n\t"
+	    "cvt.f32.f16 %0, lo;\n\t"
+	    "cvt.f32.f16 %1, hi; }"
+	    : "=f"(a), "=f"(b)
+	    : "h"((uint16_t)codes));
+	return (uint32_t)f32_to_bf16(a * sc) | ((uint32_t)f32_to_bf16(b * sc) << 16);
+}
+
+__device__ __forceinline__ void pair_barrier(int id)
+{
+	asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+
+// Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw.
+__device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0, int k_end,
+					   const uint8_t *__restrict__ pool, int rec_bytes, int RB,
+					   uint8_t *raw, int tid)
+{
+	const int cb = (rec_bytes & 15) == 0 ? 16 : (rec_bytes & 7) == 0 ? 8 : 4;
+	const int nch = rec_bytes / cb;
+	for (int i = tid; i < MLA_KT * nch; i += 256) {
+		const int kk = i / nch, c = i - kk * nch, k = k0 + kk;
+		const int slot = k < k_end ? srow[k] : -1;
+		if (slot < 0)
+			continue;
+		const uint8_t *src = pool + (size_t)slot * rec_bytes + c * cb;
+		const uint32_t dst = smem_u32(raw + kk * RB + c * cb);
+		if (cb == 16)
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+		else if (cb == 8)
+			asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+		else
+			asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+	}
+	asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
 k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 	     const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 	     uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part)
 {
-	__shared__ uint16_t qs[MLA_HEADS][MLA_MAXR + MLA_ROPE]; // this block's 16 heads
-	// 16 keys, dequantised, bf16; rows padded by 2 elements so the 16 threads of a head, which
-	// read 16 different keys at the same d, hit 16 different banks
-	__shared__ uint16_t ks[MLA_KEYS][MLA_MAXR + MLA_ROPE + 2];
-	__shared__ float ps[MLA_HEADS][MLA_KEYS];               // their probabilities (unnormalised)
-	const int b = blockIdx.y, h0 = blockIdx.x * MLA_HEADS, tid = threadIdx.x;
-	const int hh = tid / MLA_KEYS, c = tid % MLA_KEYS;
-	const int DK = R + MLA_ROPE;
+	extern __shared__ __align__(16) uint8_t smem[];
+	const int DK = R + MLA_ROPE, LD = DK + MLA_PAD; // bf16 row stride of Q and K
+	const int RB = (rec_bytes + 15) & ~15;          // byte stride of the raw records
+	uint16_t *qs = reinterpret_cast<uint16_t *>(smem);       // [64 heads][LD]
+	uint16_t *ks = qs + MLA_HG * LD;                         // [64 keys][LD]
+	uint16_t *ps = ks + MLA_KT * LD;                         // [64 heads][MLA_PLD]
+	uint8_t *raw = reinterpret_cast<uint8_t *>(ps + MLA_HG * MLA_PLD); // [64 keys][RB]
+	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [2][64]
+	int *nval = reinterpret_cast<int *>(red + 2 * MLA_HG);             // [2]
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int hg = warp & 3, kh = warp >> 2;
+	const int b = blockIdx.y, h0 = blockIdx.x * MLA_HG;
 	const int *srow = sel + (size_t)b * ld_sel;
-	// this block's keys: [k_begin, k_end) of the row's list (gridDim.z splits of the keys)
 	const int k_begin = blockIdx.z * keys_per_split;
 	const int k_end = min(ld_sel, k_begin + keys_per_split);
 
-	for (int i = tid; i < MLA_HEADS * DK; i += blockDim.x)
-		qs[i / DK][i % DK] = q[((size_t)b * H + h0 + i / DK) * DK + i % DK];
+	if (k_begin < k_end)
+		mla_gather(srow, k_begin, k_end, pool, rec_bytes, RB, raw, tid);
+	// Q of the block's 64 heads (zero rows beyond H)
+	for (int i = tid; i < MLA_HG * (DK / 8); i += 256) {
+		const int r = i / (DK / 8), c = i - r * (DK / 8);
+		uint4 v = make_uint4(0, 0, 0, 0);
+		if (h0 + r < H)
+			v = *reinterpret_cast<const uint4 *>(q + ((size_t)b * H + h0 + r) * DK + c * 8);
+		*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = v;
+	}
 
-	float o[MLA_MAXR / 16];
+	const int NT = R / 16;        // n-tiles of 8 latent dims a warp owns in P V
+	const int dbase = kh * (R / 2); // its first latent dim
+	float o[32][4];
 #pragma unroll
-	for (int j = 0; j < MLA_MAXR / 16; j++)
-		o[j] = 0.f;
-	float m = -INFINITY, l = 0.f; // running max and sum of head hh (same in its 16 threads)
-	for (int k0 = k_begin;; k0 += MLA_KEYS) {
-		__syncthreads(); // the previous tile's keys and probabilities are consumed
-		const int nk = k0 < k_end ? min(MLA_KEYS, k_end - k0) : 0;
-		// dequantise up to 16 keys: c_kv code * tile scale (exact in bf16), k_pe as is
-		for (int i = tid; i < MLA_KEYS * DK; i += blockDim.x) {
-			const int kk = i / DK, d = i % DK;
-			const int slot = kk < nk ? srow[k0 + kk] : -1;
-			uint16_t v = 0;
-			if (slot >= 0) {
-				const uint8_t *rec = pool + (size_t)slot * rec_bytes;
-				if (d < R) {
-					const float sc = *reinterpret_cast<const float *>(rec + R + (d >> 7) * 4);
-					v = f32_to_bf16(e4m3_to_f32(rec[d]) * sc);
-				} else {
-					v = *reinterpret_cast<const uint16_t *>(rec + R + (R >> 7) * 4 + 2 * (d - R));
+	for (int n = 0; n < 32; n++)
+		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows lane/4 and lane/4 + 8
+	const int row0 = 16 * hg + (lane >> 2);                 // this thread's first head in the block
+
+	// ldmatrix addresses (bytes): Q as A (rows = heads), K as B of S (rows = keys, non-trans),
+	// P as A, K as B of P V (rows = keys, .trans)
+	const uint32_t qa = smem_u32(qs + (16 * hg + (lane & 15)) * LD + (lane >> 4) * 8);
+	const uint32_t kb = smem_u32(ks + (32 * kh + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
+	const uint32_t pa = smem_u32(ps + (16 * hg + (lane & 15)) * MLA_PLD + (lane >> 4) * 8);
+	const uint32_t vb = smem_u32(ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dbase + (lane >> 4) * 8);
+	const int J = R / 8 + MLA_ROPE / 8; // 16-byte bf16 chunks of a key row
+
+	int t = 0;
+	for (int k0 = k_begin; k0 < k_end; k0 += MLA_KT, t++) {
+		if (tid == 0)
+			nval[t & 1] = min(MLA_KT, k_end - k0);
+		asm volatile("cp.async.wait_all;" ::: "memory");
+		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
+		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
+		for (int i = tid; i < MLA_KT * J; i += 256) {
+			const int kk = i / J, c = i - kk * J, k = k0 + kk;
+			const int slot = k < k_end ? srow[k] : -1;
+			uint4 out = make_uint4(0, 0, 0, 0);
+			const uint8_t *rp = raw + kk * RB;
+			if (slot < 0) {
+				if (c == 0)
+					atomicMin(&nval[t & 1], kk);
+			} else if (c < R / 8) {
+				const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
+				const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
+				out.x = e4m3x2_to_bf16x2(codes.x & 0xffff, sc);
+				out.y = e4m3x2_to_bf16x2(codes.x >> 16, sc);
+				out.z = e4m3x2_to_bf16x2(codes.y & 0xffff, sc);
+				out.w = e4m3x2_to_bf16x2(codes.y >> 16, sc);
+			} else {
+				const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
+				out = make_uint4(src[0], src[1], src[2], src[3]);
+			}
+			*reinterpret_cast<uint4 *>(ks + kk * LD + 8 * c) = out;
+		}
+		__syncthreads(); // K tile and the valid count visible; raw free
+		const int nv = nval[t & 1];
+		if (nv == MLA_KT && k0 + MLA_KT < k_end)
+			mla_gather(srow, k0 + MLA_KT, k_end, pool, rec_bytes, RB, raw, tid);
+		if (nv == 0)
+			break;
+
+		// 2. S = Q K^T for 16 heads x 32 keys
+		float s[4][4];
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll 4
+		for (int d0 = 0; d0 < DK; d0 += 16) {
+			uint32_t a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;
+			ldsm_x4(qa + d0 * 2, a0, a1, a2, a3);
+			ldsm_x4(kb + d0 * 2, b0, b1, b2, b3);
+			ldsm_x4(kb + (16 * LD + d0) * 2, c0, c1, c2, c3);
+			mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
+			mma_bf16(s[1], a0, a1, a2, a3, b2, b3);
+			mma_bf16(s[2], a0, a1, a2, a3, c0, c1);
+			mma_bf16(s[3], a0, a1, a2, a3, c2, c3);
+		}
+		// 3. online softmax: scale, mask, row maxima over the pair of warps
+		float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const bool ok = 32 * kh + 8 * j + 2 * (lane & 3) + e < nv;
+				s[j][e] = ok ? s[j][e] * scale : -INFINITY;
+				s[j][2 + e] = ok ? s[j][2 + e] * scale : -INFINITY;
+				mx[0] = fmaxf(mx[0], s[j][e]);
+				mx[1] = fmaxf(mx[1], s[j][2 + e]);
+			}
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+			mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+		}
+		if ((lane & 3) == 0)
+			red[kh * MLA_HG + row0] = mx[0], red[kh * MLA_HG + row0 + 8] = mx[1];
+		pair_barrier(1 + hg);
+		float corr[2], msub[2];
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const float mnew = fmaxf(m[i], fmaxf(mx[i], red[(kh ^ 1) * MLA_HG + row0 + 8 * i]));
+			corr[i] = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
+			msub[i] = mnew == -INFINITY ? 0.f : mnew;
+			m[i] = mnew;
+			l[i] *= corr[i];
+		}
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				const uint16_t p0 = f32_to_bf16(expf(s[j][2 * i] - msub[i]));
+				const uint16_t p1 = f32_to_bf16(expf(s[j][2 * i + 1] - msub[i]));
+				l[i] += bf16_to_f32(p0) + bf16_to_f32(p1);
+				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 32 * kh + 8 * j + 2 * (lane & 3)) =
+					(uint32_t)p0 | ((uint32_t)p1 << 16);
+			}
+#pragma unroll
+		for (int n = 0; n < 32; n++) {
+			o[n][0] *= corr[0], o[n][1] *= corr[0];
+			o[n][2] *= corr[1], o[n][3] *= corr[1];
+		}
+		pair_barrier(1 + hg); // both halves of P written
+		// 4. O += P V over the tile's 64 keys
+#pragma unroll
+		for (int kk = 0; kk < MLA_KT / 16; kk++) {
+			uint32_t a0, a1, a2, a3;
+			ldsm_x4(pa + kk * 32, a0, a1, a2, a3);
+#pragma unroll
+			for (int n2 = 0; n2 < 16; n2++) {
+				if (2 * n2 < NT) {
+					uint32_t b0, b1, b2, b3;
+					ldsm_x4_t(vb + (16 * kk * LD + 16 * n2) * 2, b0, b1, b2, b3);
+					mma_bf16(o[2 * n2], a0, a1, a2, a3, b0, b1);
+					mma_bf16(o[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
 				}
 			}
-			ks[kk][d] = v;
 		}
-		__syncthreads(); // keys in shared memory
-		// how many of the 16 are valid (the list ends at the first -1)
-		int valid = 0;
-		while (valid < nk && srow[k0 + valid] >= 0)
-			valid++;
-		if (valid == 0)
-			break;
-		float s = -INFINITY;
-		if (c < valid) {
-			float acc = 0.f;
-			for (int d = 0; d < DK; d++)
-				acc = fmaf(bf16_to_f32(qs[hh][d]), bf16_to_f32(ks[c][d]), acc);
-			s = acc * scale;
-		}
-		// online softmax over the 16 threads of head hh (they share a 16-lane half warp)
-		float tmax = s;
-#pragma unroll
-		for (int o2 = 8; o2 > 0; o2 >>= 1)
-			tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o2));
-		const float mnew = fmaxf(m, tmax);
-		const float p = c < valid ? expf(s - mnew) : 0.f;
-		const float corr = m == -INFINITY ? 0.f : expf(m - mnew);
-		float psum = p;
-#pragma unroll
-		for (int o2 = 8; o2 > 0; o2 >>= 1)
-			psum += __shfl_xor_sync(0xffffffffu, psum, o2);
-		l = l * corr + psum;
-		m = mnew;
-		ps[hh][c] = p;
-		__syncthreads(); // every head's probabilities are visible
-#pragma unroll
-		for (int j = 0; j < MLA_MAXR / 16; j++) {
-			if (j * 16 >= R)
-				break;
-			const int d = c + 16 * j;
-			float acc = o[j] * corr;
-			for (int kk = 0; kk < valid; kk++)
-				acc = fmaf(ps[hh][kk], bf16_to_f32(ks[kk][d]), acc);
-			o[j] = acc;
-		}
-		if (valid < MLA_KEYS)
+		if (nv < MLA_KT)
 			break;
 	}
-	if (gridDim.z > 1) {
-		// a split's unnormalised o, its max and sum: k_mla_combine merges the splits
-		// part: [B, H, splits] x (R + 2) floats: o[R], m, l
-		float *pp = part + (((size_t)b * H + h0 + hh) * gridDim.z + blockIdx.z) * (R + 2);
+	asm volatile("cp.async.wait_all;" ::: "memory");
+
+	// the normaliser: the quad's partial sums, then the two warps of the pair in a fixed order
 #pragma unroll
-		for (int j = 0; j < MLA_MAXR / 16; j++)
-			if (j * 16 < R)
-				pp[c + 16 * j] = o[j];
-		if (c == 0)
-			pp[R] = m, pp[R + 1] = l;
-		return;
+	for (int i = 0; i < 2; i++) {
+		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
 	}
-	const float inv = l > 0.f ? 1.f / l : 0.f;
-	uint16_t *out = o_lat + ((size_t)b * H + h0 + hh) * R;
+	__syncthreads();
+	if ((lane & 3) == 0)
+		red[kh * MLA_HG + row0] = l[0], red[kh * MLA_HG + row0 + 8] = l[1];
+	__syncthreads();
 #pragma unroll
-	for (int j = 0; j < MLA_MAXR / 16; j++)
-		if (j * 16 < R)
-			out[c + 16 * j] = f32_to_bf16(o[j] * inv);
+	for (int i = 0; i < 2; i++)
+		l[i] = red[row0 + 8 * i] + red[MLA_HG + row0 + 8 * i];
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int h = h0 + row0 + 8 * i;
+		if (h >= H)
+			continue;
+		if (gridDim.z > 1) {
+			// part: [B, H, splits] x (R + 2) floats: unnormalised o[R], m, l
+			float *pp = part + (((size_t)b * H + h) * gridDim.z + blockIdx.z) * (R + 2);
+#pragma unroll
+			for (int n = 0; n < 32; n++)
+				if (n < NT)
+					*reinterpret_cast<float2 *>(pp + dbase + 8 * n + 2 * (lane & 3)) =
+						make_float2(o[n][2 * i], o[n][2 * i + 1]);
+			if (kh == 0 && (lane & 3) == 0)
+				pp[R] = m[i], pp[R + 1] = l[i];
+		} else {
+			const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+			uint16_t *out = o_lat + ((size_t)b * H + h) * R + dbase + 2 * (lane & 3);
+#pragma unroll
+			for (int n = 0; n < 32; n++)
+				if (n < NT)
+					*reinterpret_cast<uint32_t *>(out + 8 * n) =
+						(uint32_t)f32_to_bf16(o[n][2 * i] * inv) |
+						((uint32_t)f32_to_bf16(o[n][2 * i + 1] * inv) << 16);
+		}
+	}
 }
 
 // Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, L = Σ l_i e^(m_i - M),

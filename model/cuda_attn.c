@@ -7,12 +7,34 @@
 
 #include <errno.h>
 
+/* k_mla_decode's tiles: 64 heads of a row per block, keys in tiles of 64 */
+#define MLA_HG 64
+#define MLA_KT 64
+
+/* Dynamic shared memory of k_mla_decode (its layout comment): Q and K [64][R + 64 + 8] bf16,
+ * P [64][72] bf16, the raw records [64][rec_bytes rounded to 16], 2 x 64 floats, 2 ints. */
+static size_t mla_smem_bytes(int R, int rec_bytes)
+{
+	size_t ld = (size_t)R + 64 + 8, rb = ((size_t)rec_bytes + 15) & ~(size_t)15;
+	return 2 * 64 * ld * 2 + 64 * 72 * 2 + 64 * rb + 2 * 64 * 4 + 2 * 4;
+}
+
+/* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
+static int mla_keys_per_split(int ld_sel, int splits)
+{
+	int kps = (ld_sel + splits - 1) / splits;
+	return (kps + MLA_KT - 1) / MLA_KT * MLA_KT;
+}
+
 int cuda_mla_decode_splits(const struct gpu *g, int B, int H, int ld_sel)
 {
-	int blocks = B * (H / 16), splits = 1;
-	while (blocks * splits < 2 * g->sm_count && ld_sel / (splits * 2) >= 128)
+	/* one block per SM (~200 KB of shared memory): split the keys while the blocks do not fill
+	 * the SMs, keeping >= 64 keys (one tile) per split */
+	int blocks = B * ((H + MLA_HG - 1) / MLA_HG), splits = 1;
+	while (blocks * splits * 2 <= g->sm_count && ld_sel / (splits * 2) >= MLA_KT)
 		splits *= 2;
-	return splits;
+	int kps = mla_keys_per_split(ld_sel, splits);
+	return (ld_sel + kps - 1) / kps;
 }
 
 size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int ld_sel)
@@ -24,15 +46,20 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws)
 {
-	if (R > 512 || R % 128 || H % 16 || B < 1 || ld_sel < 1)
+	if (R > 512 || R < 128 || R % 128 || H % 16 || H < 16 || B < 1 || ld_sel < 1 || rec_bytes % 4)
 		return -EINVAL;
 	int splits = cuda_mla_decode_splits(g, B, H, ld_sel);
 	if (splits > 1 && !ws)
 		return -EINVAL;
-	int kps = (ld_sel + splits - 1) / splits;
+	int kps = mla_keys_per_split(ld_sel, splits);
+	void *fn = gpu_kernel(g, "k_mla_decode");
+	if (!fn)
+		return -ENOENT;
+	unsigned smem = (unsigned)mla_smem_bytes(R, rec_bytes);
+	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws};
-	int r = gpu_launch(g, gpu_kernel(g, "k_mla_decode"), (unsigned)(H / 16), (unsigned)B,
-			   (unsigned)splits, 256, 1, 1, 0, args);
+	int r = gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
+			   256, 1, 1, smem, args);
 	if (r || splits == 1)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};
