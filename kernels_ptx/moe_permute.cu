@@ -4,8 +4,10 @@
 // k_moe_permute: idx int [T, K] (each token's K experts) -> counts int [E], offsets int [E + 1]
 //   (exclusive prefix of counts), perm int [T * K]: perm[t*K + n] = the row of (t, n) in the
 //   expert-sorted order, where within an expert the rows are in ascending t (the CPU's order),
-//   and src int [T * K]: the token of each sorted row. One block of 256 threads: thread e counts
-//   expert e and places its rows by one ordered scan of idx (E <= 256).
+//   and src int [T * K]: the token of each sorted row. One block (any multiple of 32 threads;
+//   1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a shared-memory
+//   histogram, a warp scan for the offsets, then the tokens in chunks of PERM_CHUNK: a bitmask
+//   per expert of the chunk's tokens that hit it gives each row its rank by popcounts.
 // k_moe_gather: x bf16 [T, D] -> xs bf16 [T*K, D], xs[r] = x[src[r]]; one block per sorted row,
 //   16-byte copies (D % 8 == 0).
 // k_moe_combine: y[t, d] = bf16( Σ_n ex[perm[t*K+n], d] * w[t, n] + sh[t, d] ) with the picks in
@@ -14,39 +16,75 @@
 //   sorted order), w fp32 [T, K], sh bf16 [T, D], y bf16 [T, D]. Grid-stride over T * D.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256)
+#define PERM_CHUNK 128 // tokens placed per pass of k_moe_permute
+
+extern "C" __global__ void __launch_bounds__(1024)
 k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict__ counts,
 	      int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src)
 {
-	__shared__ int cnt[256], off[257];
-	const int e = threadIdx.x;
+	__shared__ int cnt[256], base[256];
+	__shared__ unsigned hit[256][PERM_CHUNK / 32]; // hit[e]: bit t of the chunk's token t
+	const int tid = threadIdx.x, nt = blockDim.x;
 	const int n = T * K;
-	if (e < E) {
-		int c = 0;
-		for (int i = 0; i < n; i++)
-			c += idx[i] == e;
-		cnt[e] = c;
-	}
+	for (int e = tid; e < E; e += nt)
+		cnt[e] = 0;
+	__syncthreads(); // counters cleared
+	for (int i = tid; i < n; i += nt)
+		atomicAdd(&cnt[idx[i]], 1);
 	__syncthreads(); // every expert's count is known
-	if (e == 0) {
-		off[0] = 0;
-		for (int k = 0; k < E; k++)
-			off[k + 1] = off[k] + cnt[k];
-	}
-	__syncthreads(); // offsets known
-	if (e < E) {
-		int r = off[e];
-		for (int i = 0; i < n; i++) // ascending (t, n): rows of expert e in token order
-			if (idx[i] == e) {
-				perm[i] = r;
-				src[r] = i / K;
-				r++;
+	if (tid < 32) { // exclusive prefix: lane l sums experts [8l, 8l + 8), then a warp scan
+		int local = 0;
+		for (int k = 0; k < 8; k++)
+			local += 8 * tid + k < E ? cnt[8 * tid + k] : 0;
+		int incl = local;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			const int v = __shfl_up_sync(0xffffffffu, incl, o);
+			if (tid >= o)
+				incl += v;
+		}
+		int run = incl - local;
+		for (int k = 0; k < 8; k++)
+			if (8 * tid + k < E) {
+				const int e = 8 * tid + k;
+				base[e] = run;
+				offsets[e] = run;
+				counts[e] = cnt[e];
+				run += cnt[e];
 			}
-		counts[e] = cnt[e];
-		offsets[e] = off[e];
+		if (tid == 31)
+			offsets[E] = incl;
 	}
-	if (e == 0)
-		offsets[E] = off[E];
+	// placement in token order, PERM_CHUNK tokens at a time: the rank of (t, n) within its
+	// expert e = base[e] (rows of e in earlier chunks) + the chunk's earlier tokens that hit e
+	for (int t0 = 0; t0 < T; t0 += PERM_CHUNK) {
+		for (int j = tid; j < E * (PERM_CHUNK / 32); j += nt)
+			hit[j / (PERM_CHUNK / 32)][j % (PERM_CHUNK / 32)] = 0;
+		__syncthreads(); // hit cleared (and base[] written, on the first pass)
+		const int m = min(PERM_CHUNK, T - t0) * K;
+		for (int j = tid; j < m; j += nt) {
+			const int e = idx[t0 * K + j], tl = j / K;
+			atomicOr(&hit[e][tl >> 5], 1u << (tl & 31));
+		}
+		__syncthreads(); // the chunk's hits are known
+		for (int j = tid; j < m; j += nt) {
+			const int e = idx[t0 * K + j], tl = j / K;
+			int r = base[e];
+			for (int w = 0; w < (tl >> 5); w++)
+				r += __popc(hit[e][w]);
+			r += __popc(hit[e][tl >> 5] & ((1u << (tl & 31)) - 1u));
+			perm[t0 * K + j] = r;
+			src[r] = t0 + tl;
+		}
+		__syncthreads(); // ranks read base[] and hit[] before they change
+		for (int e = tid; e < E; e += nt) {
+			int c = 0;
+			for (int w = 0; w < PERM_CHUNK / 32; w++)
+				c += __popc(hit[e][w]);
+			base[e] += c;
+		}
+		__syncthreads(); // base[] advanced before the next chunk
+	}
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -155,12 +155,13 @@ static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int r
 }
 
 static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cuda_moe_layer *L,
-		   gpu_ptr x, gpu_ptr y, const struct moe_dims *d, const gpu_ptr *b, size_t ws_bytes)
+		   gpu_ptr x, gpu_ptr y, const struct moe_dims *d, const gpu_ptr *b, size_t ws_bytes,
+		   unsigned stages)
 {
 	int T = d->T, E = d->E, D = d->D, K = d->K, R = d->R, I = d->I, Ish = d->Ish;
-	int rc;
+	int rc = 0;
 	/* router logits and the routing */
-	{
+	if (stages & CUDA_MOE_GATE) {
 		int m4 = T > 256;
 		unsigned gy = (unsigned)((T + (m4 ? 64 : 16) - 1) / (m4 ? 64 : 16));
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -176,14 +177,15 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_route"), (unsigned)T, 1, 1, 256, 1, 1, 0, rargs);
 		if (rc)
 			return rc;
+	}
+	/* rows by expert; x quantised once (rows T..Tp-1 zero for the padded shared GEMM) and
+	 * gathered in that order */
+	if (stages & CUDA_MOE_PERMUTE) {
 		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 256, 1, 1, 0, pargs);
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);
 		if (rc)
 			return rc;
-	}
-	/* x quantised once (rows T..Tp-1 zero for the padded shared GEMM), gathered by expert */
-	{
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_X8], (void *)&b[B_SX], &ng};
 		rc = gpu_launch(g, gpu_kernel(g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1,
@@ -208,25 +210,30 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	/* routed experts: gate|up, SwiGLU + act_quant, down */
-	rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E, b[B_XS8], b[B_SXS], b[B_GU], R, 2 * I, D,
-		     b[B_WS], ws_bytes);
-	if (!rc)
+	if (stages & CUDA_MOE_W13)
+		rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E, b[B_XS8], b[B_SXS], b[B_GU], R,
+			     2 * I, D, b[B_WS], ws_bytes);
+	if (!rc && (stages & CUDA_MOE_SWIGLU))
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], R, I);
-	if (!rc)
+	if (!rc && (stages & CUDA_MOE_W2))
 		rc = grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E, b[B_H8], b[B_HS], b[B_EY], R, D, I,
 			     b[B_WS], ws_bytes);
 	if (rc)
 		return rc;
 	/* shared expert on the same quantised x */
-	rc = cuda_gemm_fp8(g, L->sh13.w, L->sh13.s, b[B_X8], b[B_SX], b[B_SGU], d->Tp, 2 * Ish, D,
-			   2 * Ish, b[B_WS], ws_bytes);
-	if (!rc)
-		rc = swiglu_quant(g, b[B_SGU], b[B_SH8], b[B_SHS], d->Tp, Ish);
-	if (!rc)
-		rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_SH8], b[B_SHS], b[B_SHY], d->Tp, D, Ish, D,
-				   b[B_WS], ws_bytes);
-	if (rc)
-		return rc;
+	if (stages & CUDA_MOE_SHARED) {
+		rc = cuda_gemm_fp8(g, L->sh13.w, L->sh13.s, b[B_X8], b[B_SX], b[B_SGU], d->Tp, 2 * Ish,
+				   D, 2 * Ish, b[B_WS], ws_bytes);
+		if (!rc)
+			rc = swiglu_quant(g, b[B_SGU], b[B_SH8], b[B_SHS], d->Tp, Ish);
+		if (!rc)
+			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_SH8], b[B_SHS], b[B_SHY], d->Tp, D,
+					   Ish, D, b[B_WS], ws_bytes);
+		if (rc)
+			return rc;
+	}
+	if (!(stages & CUDA_MOE_COMBINE))
+		return 0;
 	/* y = bf16( sum of weighted expert rows + shared ) */
 	void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], (void *)&b[B_SHY],
 			 &y, &T, &K, &D};
@@ -240,6 +247,13 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace)
+{
+	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, CUDA_MOE_ALL);
+}
+
+int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
+			    const struct cuda_moe_trace *trace, unsigned stages)
 {
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
@@ -262,7 +276,7 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 			return -ENOMEM;
 		}
 	}
-	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS]);
+	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages);
 	gpu_arena_release(a, mark);
 	return rc;
 }

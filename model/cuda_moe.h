@@ -58,6 +58,24 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace);
+
+/* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
+enum {
+	CUDA_MOE_GATE = 1,     /* router logits, routing */
+	CUDA_MOE_PERMUTE = 2,  /* rows by expert, act_quant of x, gather */
+	CUDA_MOE_W13 = 4,      /* grouped GEMM, fused gate|up */
+	CUDA_MOE_SWIGLU = 8,   /* SwiGLU + act_quant of the routed rows */
+	CUDA_MOE_W2 = 16,      /* grouped GEMM, down_proj */
+	CUDA_MOE_SHARED = 32,  /* the shared expert */
+	CUDA_MOE_COMBINE = 64, /* weighted sum into y */
+	CUDA_MOE_ALL = 127,
+};
+/* cuda_moe_forward running only the stages in `stages`. The scratch is pushed in a fixed order,
+ * so with the same arena mark and T a skipped stage's outputs are what the previous call left
+ * (for benchmarks: time one stage on the data of a full run). */
+int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
+			    const struct cuda_moe_trace *trace, unsigned stages);
 #endif
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * test_gpu_moe.c — the MoE gate on the GPU against the CPU backend's moe_route: the same
  * experts and bit-identical weights for every token, on logits with many exact and near ties,
- * for the real routing (256 experts, 8 groups, 4 kept, 8 picks) and smaller ones.
+ * for the real routing (256 experts, 8 groups, 4 kept, 8 picks) and smaller ones; the token
+ * permutation, gather and combine exact.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -147,6 +148,82 @@ TEST(gpu_moe, permute_gather_combine_exact)
 		cu.cuMemFree(all[i]);
 	free(idx), free(want_perm), free(want_src), free(xf), free(ex), free(w), free(sh), free(y);
 	free(xh), free(exh), free(shh), free(perm), free(xs), free(yg);
+	gpu_close(&g);
+}
+#endif
+
+#ifndef DSV32_NO_CUDA
+/* k_moe_permute at prefill sizes and with the block's 1024 threads: counts, offsets, the
+ * permutation (rows of an expert in token order) and the source tokens, exact. */
+TEST(gpu_moe, permute_large_exact)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int cases[][4] = {{4096, 8, 256, 1024}, {1, 8, 256, 1024}, {77, 6, 32, 1024},
+				       {300, 8, 256, 256}, {129, 1, 64, 1024}};
+	uint64_t seed = 4201;
+	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+		const int T = cases[ci][0], K = cases[ci][1], E = cases[ci][2], nt = cases[ci][3];
+		int *idx = malloc((size_t)T * K * 4), *want_perm = malloc((size_t)T * K * 4),
+		    *want_src = malloc((size_t)T * K * 4), *want_cnt = calloc((size_t)E, 4),
+		    *want_off = malloc((size_t)(E + 1) * 4);
+		for (int t = 0; t < T; t++) { /* K distinct ascending experts */
+			uint8_t used[256] = {0};
+			for (int n = 0; n < K;) {
+				int e = (int)(test_rand(&seed) % (uint64_t)E);
+				if (!used[e])
+					used[e] = 1, n++;
+			}
+			for (int e = 0, n = 0; e < E; e++)
+				if (used[e])
+					idx[t * K + n++] = e, want_cnt[e]++;
+		}
+		want_off[0] = 0;
+		for (int e = 0; e < E; e++)
+			want_off[e + 1] = want_off[e] + want_cnt[e];
+		for (int e = 0, r = 0; e < E; e++)
+			for (int i = 0; i < T * K; i++)
+				if (idx[i] == e)
+					want_perm[i] = r, want_src[r++] = i / K;
+		gpu_ptr d_idx = gpu_test_alloc((size_t)T * K * 4), d_cnt = gpu_test_alloc((size_t)E * 4),
+			d_off = gpu_test_alloc((size_t)(E + 1) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
+			d_src = gpu_test_alloc((size_t)T * K * 4);
+		REQUIRE(gpu_upload(&g, d_idx, idx, (size_t)T * K * 4) == 0);
+		gpu_test_poison(&g, d_cnt, (size_t)E * 4);
+		gpu_test_poison(&g, d_off, (size_t)(E + 1) * 4);
+		gpu_test_poison(&g, d_perm, (size_t)T * K * 4);
+		gpu_test_poison(&g, d_src, (size_t)T * K * 4);
+		int tt = T, kk = K, ee = E;
+		void *a1[] = {&d_idx, &tt, &kk, &ee, &d_cnt, &d_off, &d_perm, &d_src};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute"), 1, 1, 1, (unsigned)nt, 1, 1, 0, a1) == 0);
+		int *perm = malloc((size_t)T * K * 4), *src = malloc((size_t)T * K * 4),
+		    *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 1) * 4);
+		REQUIRE(gpu_download(&g, perm, d_perm, (size_t)T * K * 4) == 0);
+		REQUIRE(gpu_download(&g, src, d_src, (size_t)T * K * 4) == 0);
+		REQUIRE(gpu_download(&g, cnt, d_cnt, (size_t)E * 4) == 0);
+		REQUIRE(gpu_download(&g, off, d_off, (size_t)(E + 1) * 4) == 0);
+		int64_t bad_perm = 0, bad_src = 0, first = -1;
+		for (int i = 0; i < T * K; i++) {
+			bad_perm += perm[i] != want_perm[i];
+			bad_src += src[i] != want_src[i];
+			if (first < 0 && (perm[i] != want_perm[i] || src[i] != want_src[i]))
+				first = i;
+		}
+		int bad_cnt = memcmp(cnt, want_cnt, (size_t)E * 4) != 0,
+		    bad_off = memcmp(off, want_off, (size_t)(E + 1) * 4) != 0;
+		printf("    moe permute T=%d K=%d E=%d, %d threads: %lld perm, %lld src differ (first %lld); counts %s, offsets %s\n",
+		       T, K, E, nt, (long long)bad_perm, (long long)bad_src, (long long)first,
+		       bad_cnt ? "DIFFER" : "ok", bad_off ? "DIFFER" : "ok");
+		CHECK_EQ_INT(bad_perm, 0);
+		CHECK_EQ_INT(bad_src, 0);
+		CHECK_EQ_INT(bad_cnt, 0);
+		CHECK_EQ_INT(bad_off, 0);
+		gpu_ptr all[] = {d_idx, d_cnt, d_off, d_perm, d_src};
+		for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+			cu.cuMemFree(all[i]);
+		free(idx), free(want_perm), free(want_src), free(want_cnt), free(want_off);
+		free(perm), free(src), free(cnt), free(off);
+	}
 	gpu_close(&g);
 }
 #endif

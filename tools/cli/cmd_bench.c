@@ -8,12 +8,15 @@
 
 #include "tools/cli/cli.h"
 
+int bench_moe(int argc, char **argv); /* cmd_bench_moe.c */
+
 static const struct cli_cmd benches[] = {
 	{"tokenizer", bench_tokenizer, "tokenizer encode/decode MB/s on one core vs the JS reference"},
 	{"ipc", bench_ipc, "round-trip latency through the shared-memory rings vs a unix socket"},
 	{"sched", bench_sched, "scheduler bookkeeping per step at 256 sequences (fake backend) and the sampler"},
 	{"attention", bench_attention, "indexer scan and top-2048 on the GPU at 1K-128K contexts, batch 1-128"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
+	{"moe", bench_moe, "the MoE block at the real dims, 1-4096 tokens: stages, TB/s, TFLOP/s (GPU)"},
 };
 
 int cmd_bench(int argc, char **argv)

@@ -1,0 +1,278 @@
+/*
+ * cmd_bench_moe.c — `dsv32 bench moe`: the MoE block on the GPU (model/cuda_moe.h) at
+ * DeepSeek-V3.2's real dims (hidden 7168, expert width 2048, 256 routed experts of which 8 per
+ * token in 4 of 8 groups, one shared expert) for 1 to 4096 tokens per step: the time of the
+ * block and of each stage, the bytes of weights it touches (the experts hit, counted from the
+ * device's routing after the timed runs, plus the shared expert and the router), TB/s against
+ * the HBM read limit measured in the same run and TFLOP/s against the H200's FP8 dense peak.
+ *
+ * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales);
+ * the router weight and the inputs are random bf16 from the host, so routing is random (about
+ * every expert is hit from 64 tokens on). The 256 experts take 11.3 GB: even one token's 8
+ * experts (352 MB) exceed the 60 MB L2, so repeats stream the expert weights from HBM; the
+ * router (3.7 MB) and the shared expert (44 MB) may partly stay in L2 between repeats.
+ * Time = median of trials of CUDA-event-timed launch sequences.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/gpu.h"
+#include "model/config.h"
+#include "model/cuda_gemm.h"
+#include "model/cuda_moe.h"
+#include "model/numerics.h"
+#include "tools/cli/bench_gpu.h"
+#include "tools/cli/cli.h"
+
+int bench_moe(int argc, char **argv);
+
+#ifdef DSV32_NO_CUDA
+int bench_moe(int argc, char **argv)
+{
+	fprintf(stderr, "dsv32 bench moe: this build has no CUDA support (static or no toolkit)\n");
+	return 1;
+}
+#else
+
+/* The H200's dense FP8 tensor-core peak (SXM, 1979 TFLOP/s without sparsity). */
+#define FP8_PEAK_TFLOPS 1979.0
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+struct moe_bench {
+	struct gpu *g;
+	struct gpu_arena *a;
+	const struct dsv32_config *c;
+	const struct cuda_moe_layer *L;
+	const struct cuda_moe_trace *tr;
+	gpu_ptr x, y;
+	int T;
+	unsigned stages;
+};
+
+static int run_stages(const struct moe_bench *b)
+{
+	return cuda_moe_forward_stages(b->g, b->a, b->c, b->L, b->x, b->y, b->T, b->tr, b->stages);
+}
+
+/* Milliseconds per run of `reps` back-to-back runs, median of `trials`; < 0 on failure. */
+static float time_ms(const struct moe_bench *b, int reps, int trials)
+{
+	CUevent e0, e1;
+	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
+	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
+	float t[32], ms = -1;
+	trials = trials > 32 ? 32 : trials < 1 ? 1 : trials;
+	if (run_stages(b) || gpu_sync(b->g)) /* warm-up */
+		goto out;
+	for (int k = 0; k < trials; k++) {
+		cu.cuEventRecord(e0, b->g->stream);
+		for (int i = 0; i < reps; i++)
+			if (run_stages(b))
+				goto out;
+		cu.cuEventRecord(e1, b->g->stream);
+		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
+			goto out;
+		cu.cuEventElapsedTime(&t[k], e0, e1);
+		t[k] /= (float)reps;
+	}
+	qsort(t, (size_t)trials, sizeof *t, cmp_float);
+	ms = t[trials / 2];
+out:
+	cu.cuEventDestroy(e0);
+	cu.cuEventDestroy(e1);
+	return ms;
+}
+
+/* Random bf16 ~ U(-amp, amp) (xorshift), uploaded to a new device buffer. */
+static gpu_ptr upload_bf16(struct gpu *g, size_t n, float amp, unsigned long long seed)
+{
+	uint16_t *h = malloc(n * 2);
+	gpu_ptr d = 0;
+	if (!h)
+		return 0;
+	unsigned long long s = seed * 0x9e3779b97f4a7c15ull + 1;
+	for (size_t i = 0; i < n; i++) {
+		s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+		float u = (float)((s >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+		h[i] = f32_to_bf16(u * amp);
+	}
+	if (cu_check(cu.cuMemAlloc(&d, n * 2), "cuMemAlloc", __FILE__, __LINE__) ||
+	    gpu_upload(g, d, h, n * 2))
+		d = 0;
+	free(h);
+	return d;
+}
+
+static gpu_ptr dev_alloc(size_t bytes)
+{
+	gpu_ptr p = 0;
+	return cu_check(cu.cuMemAlloc(&p, bytes), "cuMemAlloc", __FILE__, __LINE__) ? 0 : p;
+}
+
+/* One stage's line: time, bytes and flops it moves/does. */
+static void print_part(const char *name, float ms, double bytes, double flops, double read_tbs)
+{
+	if (ms < 0) {
+		printf("  %-8s %10s\n", name, "failed");
+		return;
+	}
+	double s = ms * 1e-3;
+	printf("  %-8s %10.1f us", name, ms * 1e3);
+	if (bytes > 0)
+		printf("  %7.3f TB/s (%4.0f%% of read)", bytes / s / 1e12, 100.0 * bytes / s / 1e12 / read_tbs);
+	else
+		printf("  %28s", "");
+	if (flops > 0)
+		printf("  %7.1f TFLOP/s (%4.1f%% of FP8 peak)", flops / s / 1e12,
+		       100.0 * flops / s / 1e12 / FP8_PEAK_TFLOPS);
+	printf("\n");
+}
+
+int bench_moe(int argc, char **argv)
+{
+	int trials = 5;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
+			trials = atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: dsv32 bench moe [--trials N]\n");
+			return 2;
+		}
+	}
+	struct dsv32_config c = {.hidden_size = 7168, .moe_intermediate_size = 2048,
+				 .n_routed_experts = 256, .n_shared_experts = 1,
+				 .num_experts_per_tok = 8, .n_group = 8, .topk_group = 4,
+				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
+	const int D = 7168, I = 2048, E = 256, K = 8, Ish = 2048, max_T = 4096;
+	struct gpu g;
+	struct err e = {""};
+	if (gpu_open(&g, 0, &e)) {
+		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
+		return 1;
+	}
+	double read_tbs = bench_read_limit(&g, trials);
+	if (read_tbs <= 0)
+		return 1;
+	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; FP8 dense peak %.0f TFLOP/s\n",
+	       g.name, g.sm_count, read_tbs, FP8_PEAK_TFLOPS);
+
+	/* weights: all experts' fused gate|up then all down_proj, one allocation each */
+	const size_t n13 = (size_t)2 * I * D, n2 = (size_t)D * I;
+	const size_t ns13 = (size_t)(2 * I / 128) * (D / 128) * 4, ns2 = (size_t)(D / 128) * (I / 128) * 4;
+	gpu_ptr w13 = dev_alloc(n13 * E), w2 = dev_alloc(n2 * E), s13 = dev_alloc(ns13 * E),
+		s2 = dev_alloc(ns2 * E), sh13 = dev_alloc((size_t)2 * Ish * D),
+		sh2 = dev_alloc((size_t)D * Ish), shs13 = dev_alloc((size_t)(2 * Ish / 128) * (D / 128) * 4),
+		shs2 = dev_alloc((size_t)(D / 128) * (Ish / 128) * 4), bias = dev_alloc((size_t)E * 4);
+	gpu_ptr gate = upload_bf16(&g, (size_t)E * D, 0.05f, 11), x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
+	gpu_ptr y = dev_alloc((size_t)max_T * D * 2);
+	struct cuda_moe_trace tr = {dev_alloc((size_t)max_T * E * 4), dev_alloc((size_t)max_T * K * 4),
+				    dev_alloc((size_t)max_T * K * 4)};
+	if (!w13 || !w2 || !s13 || !s2 || !sh13 || !sh2 || !shs13 || !shs2 || !bias || !gate || !x ||
+	    !y || !tr.logits || !tr.idx || !tr.wts) {
+		fprintf(stderr, "dsv32 bench moe: device allocation failed\n");
+		return 1;
+	}
+	if (bench_fill_e4m3(&g, w13, (long long)(n13 * E), 21) ||
+	    bench_fill_e4m3(&g, w2, (long long)(n2 * E), 22) ||
+	    bench_fill_e4m3(&g, sh13, (long long)2 * Ish * D, 23) ||
+	    bench_fill_e4m3(&g, sh2, (long long)D * Ish, 24) ||
+	    bench_fill_pow2(&g, s13, (long long)(ns13 / 4 * E), 25, -12, -9) ||
+	    bench_fill_pow2(&g, s2, (long long)(ns2 / 4 * E), 26, -12, -9) ||
+	    bench_fill_pow2(&g, shs13, (long long)(2 * Ish / 128) * (D / 128), 27, -12, -9) ||
+	    bench_fill_pow2(&g, shs2, (long long)(D / 128) * (Ish / 128), 28, -12, -9) ||
+	    gpu_memset(&g, bias, 0, (size_t)E * 4)) {
+		fprintf(stderr, "dsv32 bench moe: filling the weights failed\n");
+		return 1;
+	}
+	gpu_ptr *t13 = malloc((size_t)E * sizeof *t13), *ts13 = malloc((size_t)E * sizeof *ts13),
+		*t2 = malloc((size_t)E * sizeof *t2), *ts2 = malloc((size_t)E * sizeof *ts2);
+	int32_t *idx = malloc((size_t)max_T * K * 4);
+	if (!t13 || !ts13 || !t2 || !ts2 || !idx)
+		return 1;
+	for (int k = 0; k < E; k++) {
+		t13[k] = w13 + n13 * k, ts13[k] = s13 + ns13 * k;
+		t2[k] = w2 + n2 * k, ts2[k] = s2 + ns2 * k;
+	}
+	struct gpu_region reg;
+	struct gpu_arena arena;
+	struct cuda_moe_layer L;
+	struct cuda_fp8_mat m13 = {sh13, shs13, 2 * Ish, D}, m2 = {sh2, shs2, D, Ish};
+	if (gpu_region_reserve(&g, &reg, "bench-moe", (size_t)64 << 20, &e) ||
+	    gpu_region_grow(&g, &reg, (size_t)2 << 20, &e) ||
+	    cuda_moe_layer_init(&g, &reg, &c, gate, bias, t13, ts13, t2, ts2, m13, m2, &L, &e) ||
+	    gpu_arena_init(&g, &arena, cuda_moe_scratch_bytes(&g, &c, max_T), &e)) {
+		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
+		return 1;
+	}
+
+	const double exp_bytes = (double)n13 + n2 + ns13 + ns2; /* one expert's weights + scales */
+	const double sh_bytes = 3.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4 +
+				(double)(D / 128) * (Ish / 128) * 4;
+	const double gate_bytes = (double)E * D * 2;
+	static const int Ts[] = {1, 16, 64, 256, 4096};
+	int rc_all = 0;
+	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+		const int T = Ts[ti];
+		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL};
+		const int reps = T >= 1024 ? 3 : 20;
+		float block = time_ms(&b, reps, trials);
+		/* the experts the timed runs hit, from the device's routing */
+		if (block < 0 || gpu_download(&g, idx, tr.idx, (size_t)T * K * 4)) {
+			printf("T=%d: the block failed\n", T);
+			rc_all = 1;
+			continue;
+		}
+		unsigned char hit[256] = {0};
+		int distinct = 0;
+		for (int i = 0; i < T * K; i++)
+			if (idx[i] >= 0 && idx[i] < E && !hit[idx[i]])
+				hit[idx[i]] = 1, distinct++;
+		const double R = (double)T * K;
+		const double f13 = 2.0 * R * 2 * I * D, f2 = 2.0 * R * D * I;
+		const double fsh = 2.0 * T * 3.0 * Ish * D, fgate = 2.0 * T * E * D;
+		const double touched = distinct * exp_bytes + sh_bytes + gate_bytes;
+		printf("\nT=%d tokens: %d rows routed to %d distinct experts; weights touched %.1f MB "
+		       "(experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
+		       T, T * K, distinct, touched / 1e6, distinct * exp_bytes / 1e6, sh_bytes / 1e6,
+		       gate_bytes / 1e6);
+		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
+		static const struct {
+			const char *name;
+			unsigned stages;
+		} parts[] = {{"gate", CUDA_MOE_GATE},     {"permute", CUDA_MOE_PERMUTE},
+			     {"w13", CUDA_MOE_W13},       {"swiglu", CUDA_MOE_SWIGLU},
+			     {"w2", CUDA_MOE_W2},         {"shared", CUDA_MOE_SHARED},
+			     {"combine", CUDA_MOE_COMBINE}};
+		float sum = 0;
+		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
+			b.stages = parts[p].stages;
+			float ms = time_ms(&b, reps, trials);
+			double by = 0, fl = 0;
+			switch (parts[p].stages) {
+			case CUDA_MOE_GATE: by = gate_bytes, fl = fgate; break;
+			case CUDA_MOE_W13: by = distinct * ((double)n13 + ns13), fl = f13; break;
+			case CUDA_MOE_W2: by = distinct * ((double)n2 + ns2), fl = f2; break;
+			case CUDA_MOE_SHARED: by = sh_bytes, fl = fsh; break;
+			default: break;
+			}
+			print_part(parts[p].name, ms, by, fl, read_tbs);
+			sum += ms > 0 ? ms : 0;
+			rc_all |= ms < 0;
+		}
+		printf("  (stages sum %.1f us; block %.1f us)\n", sum * 1e3, block * 1e3);
+	}
+	printf("\ncommand: dsv32 bench moe --trials %d (block: cuda_moe_forward; stages timed alone on "
+	       "the data of a full run; TB/s of the weights each touches; FLOPs 2*rows*N*K per GEMM, "
+	       "the block's include the router)\n", trials);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+	return rc_all;
+}
+#endif
