@@ -5,8 +5,9 @@
  * promoted after every 128-wide K block (spec §5.4, DeepSeek's 2xAcc), bf16 output.
  *
  * Operands as in model/cuda_gemm.h: W8 e4m3 [N, K] with S fp32 [N/128, K/128], x8 e4m3 [M, K]
- * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 64 == 0 (kv_a has 576 rows; the last 128-row tile is masked),
- * K % 128 == 0; any M >= 1 (the last tile is masked).
+ * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 64 == 0 (kv_a
+ * has 576 rows; the last weight tile is masked), K % 128 == 0, ldy even and >= N (y's rows are
+ * written as bf16 pairs); any M >= 1 (the last tile is masked).
  * Owns: tensor-map encoding (cuTensorMapEncodeTiled through driver/cu.h), tile choice, grid.
  * Must not: allocate device memory (the tensor maps travel as kernel parameters).
  */
@@ -25,6 +26,15 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
+/* The same with the tile width forced: bn = 128 or 192 weight rows per tile (tests and
+ * benchmarks compare them; the two above pick). Grouped: G <= 1024; the per-group tensor maps
+ * live in one module-global table per GPU, so one grouped GEMM runs at a time per GPU (stream
+ * order: the engine's one stream). */
+int cuda_gemm_fp8_wgmma_bn(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			   gpu_ptr y, int M, int N, int K, int ldy, int bn);
+int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
+				   int K, int ldy, int bn);
 #endif
 
 #endif

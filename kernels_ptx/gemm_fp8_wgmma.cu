@@ -1,0 +1,475 @@
+// gemm_fp8_wgmma.cu — FP8 block-scaled GEMM for many tokens (prefill, MoE prefill) on Hopper's
+// warpgroup MMA, spec §5.4:
+//   y[m, n] = bf16( Σ_kb ( Σ_{k in kb} x8[m, k] · W8[n, k] ) · (sx[m, kb] · S[n / 128, kb]) )
+// x8 e4m3 [M, K] (row stride K), sx fp32 [M, K/128] (UE8M0 act_quant scales), W8 e4m3 [N, K]
+// (row stride K), S fp32 [ceil(N/128), K/128] (weight_scale_inv, multiplied), y bf16 [M, ldy].
+// Contract (checked by the launcher, model/cuda_gemm_wgmma.c): K % 128 == 0, N % 64 == 0,
+// ldy even and >= N; any M.
+//
+// Structure (DeepGEMM-like, one CTA per SM, persistent):
+//   - 3 warpgroups of 128 threads. Warpgroup 0 is the producer: one thread issues the bulk
+//     tensor copies (TMA, cp.async.bulk.tensor.2d, 128-byte swizzle) of a 128 x 128 x8 tile
+//     (tokens x K bytes) and a BN x 128 W8 tile into stage s of a STAGES-deep ring, completing
+//     on the stage's "full" mbarrier (transaction bytes). Rows past the end of x8 or W8 are
+//     zero-filled by the copy engine. It gives its registers away (setmaxnreg.dec).
+//   - Warpgroups 1 and 2 are the consumers, tokens [0, 64) and [64, 128) of the tile. Per
+//     128-wide K block: wait "full", 4 x wgmma m64nBNk32 (e4m3 x e4m3 -> f32) into a fragment
+//     that the first one zeroes, commit, wait for completion, release the stage (one arrival
+//     per warp on its "empty" mbarrier), then promote: acc += frag · (sx[m, kb] · S[n/128, kb])
+//     in fp32 (DeepSeek's 2xAcc: the tensor cores' limited-precision accumulation never spans
+//     more than 128 products). The scales of the next K block are loaded one block ahead.
+//   - Epilogue: acc -> bf16 (round to nearest even), masked to rows < the tile's row end and
+//     columns < N, stored from registers as bf16 pairs.
+//   - Tiles (128 tokens x BN weight rows) are walked by the persistent CTAs in the order
+//     tile = blockIdx.x + i·gridDim.x with the token tile fastest, so the CTAs running at one
+//     time share a few weight tiles and stream through x8 (which stays in L2 for M·K <= ~40 MB).
+//
+// Numerics: per output, per K block, the 128 products are summed by the tensor core (fp32
+// accumulation of k32 steps in hardware order), then scaled and added in K-block order with
+// one fma each — the CPU's order except inside a block, and independent of M, of the tile
+// position and of the other rows (batch-invariant).
+//
+// Grouped form (MoE experts, k_gemm_fp8_wgmma_grouped): group e multiplies rows
+// [off[e], off[e+1]) of x8 by its own weight W_e = w_tab[e] (scales s_tab[e]). The counts live
+// on the device, so the tiles are found on the device: each CTA walks the same global tile index
+// sequence and maps it to (group, token tile, weight tile) by scanning off[] (groups in order,
+// token tile fastest inside a group, then weight tile). x8 has one tensor map over all rows; a
+// tile's rows past its group's end belong to the next group (or are zero-filled past max_rows)
+// and are computed but never stored. Each group's W8 needs its own tensor map, and its address
+// is on the device: k_wgmma_group_maps (one warp per non-empty group) copies a host-encoded
+// template into shared memory, replaces its global address (tensormap.replace) and copies it to
+// g_group_maps[e] in global memory with a release fence of the tensor-map proxy; the GEMM's
+// producer acquires it (fence.proxy.tensormap::generic.acquire) before its first copy. The
+// table is module-global: one grouped GEMM at a time per GPU (the engine's one stream).
+#include "common.cuh"
+
+// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) without including cuda.h in device code.
+struct __align__(64) tmap {
+	unsigned long long opaque[16];
+};
+
+#define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
+#define WG_BK 128              // K bytes per stage = one scale block
+#define WG_THREADS 384         // producer warpgroup + 2 consumer warpgroups
+#define WG_MAX_GROUPS 1024     // size of g_group_maps
+
+__device__ tmap g_group_maps[WG_MAX_GROUPS];
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Blocks until the phase of parity `parity` of the barrier has completed. A fresh barrier is in
+// phase 0, so waiting for parity 1 returns at once (the producer's first pass over the ring).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+	uint32_t done;
+	do {
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done)
+			     : "r"(bar), "r"(parity)
+			     : "memory");
+	} while (!done);
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// One arrival that also expects `bytes` of copy-engine transactions before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+		     : "memory");
+}
+
+// Box (c0 = K byte, c1 = row) of the 2-D tensor map into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, uint32_t bar, int c0,
+					    int c1)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(c0), "r"(c1)
+		     : "memory");
+}
+
+__device__ __forceinline__ void tmap_prefetch(const void *map)
+{
+	asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+// wgmma shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
+// bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset unused by this
+// layout, base offset 0 (tiles are 1024-byte aligned; the start address moves by 32 bytes per
+// k32 step inside the swizzle atom, which the hardware's address swizzle accounts for).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr)
+{
+	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4);
+	d |= (uint64_t)1 << 16;            // leading byte offset (16 B; ignored for this layout)
+	d |= (uint64_t)(1024 >> 4) << 32;  // stride byte offset
+	d |= (uint64_t)1 << 62;            // layout: 128-byte swizzle
+	return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of v across this point (the wgmma fragment is
+// written asynchronously: its registers are only valid after wgmma.wait_group).
+__device__ __forceinline__ void reg_fence(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// ---- wgmma m64nNk32 e4m3 (generated: one output register per operand) ----------------
+
+// d[0..64) (+)= A[64x32] . B[128x32]^T, both e4m3 K-major in 128B-swizzled smem (descriptors);
+// accumulate = 0 overwrites d (the fragment starts at zero), 1 adds.
+__device__ __forceinline__ void wgmma_m64n128k32(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, %64, %65, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d[0..96) (+)= A[64x32] . B[192x32]^T, both e4m3 K-major in 128B-swizzled smem (descriptors);
+// accumulate = 0 overwrites d (the fragment starts at zero), 1 adds.
+__device__ __forceinline__ void wgmma_m64n192k32(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+		     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+		     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+		     "}, %96, %97, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+		       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+		       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+		       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+		       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+		       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+		       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+		       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+		       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+		       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+		       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+		       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	if constexpr (BN == 128)
+		wgmma_m64n128k32(d, da, db, accumulate);
+	else
+		wgmma_m64n192k32(d, da, db, accumulate);
+}
+
+// ---- the GEMM ----------------------------------------------------------------------------------
+
+template <int BN, int STAGES> struct wg_cfg {
+	static constexpr uint32_t A_BYTES = WG_BM * WG_BK; // x8 tile [128 tokens][128 K bytes]
+	static constexpr uint32_t B_BYTES = BN * WG_BK;    // W8 tile [BN rows][128 K bytes]
+	// STAGES x A, STAGES x B, 2 x STAGES barriers; +1024 so the tiles can be 1024-aligned
+	static constexpr uint32_t SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024;
+};
+
+// Where one tile lives: token rows [row0, row0 + 128) of x8 (stored only below row_end), weight
+// rows [n0, n0 + BN), its weight tensor map and scales.
+struct wg_tile {
+	int row0, row_end, n0;
+	const void *bmap;
+	const float *S; // [ceil(N/128), K/128]
+};
+
+// The tile walker: plain form (M x N tiles, token tile fastest) or grouped (groups in order,
+// each its token tiles x N tiles, token tile fastest). Every thread that walks keeps its own
+// copy; all of them see the same sequence for the same blockIdx.
+struct wg_sched {
+	// plain
+	int m_tiles;
+	long long total;
+	// grouped
+	const int *off;
+	const unsigned long long *s_tab;
+	int G, e;
+	long long base; // first global tile index of group e
+};
+
+template <int BN, bool GROUPED>
+__device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int N,
+					   const void *bmap, const float *S, wg_tile &tl)
+{
+	const int n_tiles = (N + BN - 1) / BN;
+	if constexpr (!GROUPED) {
+		if (t >= sc.total)
+			return false;
+		const int mb = (int)(t % sc.m_tiles), nb = (int)(t / sc.m_tiles);
+		tl.row0 = mb * WG_BM, tl.row_end = M, tl.n0 = nb * BN, tl.bmap = bmap, tl.S = S;
+		return true;
+	}
+	// t only grows, so the group pointer only moves forward.
+	while (sc.e < sc.G) {
+		const int r0 = __ldg(sc.off + sc.e), r1 = __ldg(sc.off + sc.e + 1);
+		const int mt = (r1 - r0 + WG_BM - 1) / WG_BM;
+		const long long cnt = (long long)mt * n_tiles;
+		if (t < sc.base + cnt) {
+			const int local = (int)(t - sc.base);
+			tl.row0 = r0 + (local % mt) * WG_BM, tl.row_end = r1;
+			tl.n0 = (local / mt) * BN;
+			tl.bmap = &g_group_maps[sc.e];
+			tl.S = reinterpret_cast<const float *>(__ldg(sc.s_tab + sc.e));
+			return true;
+		}
+		sc.base += cnt;
+		sc.e++;
+	}
+	return false;
+}
+
+// The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
+// grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
+template <int BN, int STAGES, bool GROUPED>
+__device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
+					   const float *S, const unsigned long long *s_tab,
+					   const int *off, int G, uint16_t *y, int M, int N, int K,
+					   int ldy)
+{
+	typedef wg_cfg<BN, STAGES> C;
+	extern __shared__ uint8_t smem_raw[];
+	const uint32_t raw = smem_u32(smem_raw);
+	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
+	const uint32_t a_smem = base, b_smem = base + STAGES * C::A_BYTES;
+	const uint32_t bars = b_smem + STAGES * C::B_BYTES; // full[STAGES], then empty[STAGES]
+#define FULL(s) (bars + (uint32_t)(s) * 8)
+#define EMPTY(s) (bars + (uint32_t)(STAGES + (s)) * 8)
+
+	const int wg = threadIdx.x >> 7;
+	const int KB = K / WG_BK;
+	wg_sched sc = {};
+	sc.m_tiles = (M + WG_BM - 1) / WG_BM;
+	sc.total = (long long)sc.m_tiles * ((N + BN - 1) / BN);
+	sc.off = off, sc.s_tab = s_tab, sc.G = G;
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < STAGES; s++) {
+			mbar_init(FULL(s), 1);  // the producer's arrive.expect_tx (+ the copy bytes)
+			mbar_init(EMPTY(s), 8); // lane 0 of each of the 8 consumer warps
+		}
+		// make the initialised barriers visible to the copy engine (async proxy)
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		tmap_prefetch(mA);
+		if (!GROUPED)
+			tmap_prefetch(mB);
+	}
+	__syncthreads();
+
+	if (wg == 0) {
+		// ---- producer: one thread issues every copy ----
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		if (threadIdx.x != 0)
+			return;
+		int s = 0;
+		uint32_t ph = 0;
+		int e_acq = -1;
+		wg_tile tl;
+		for (long long t = blockIdx.x; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl);
+		     t += gridDim.x) {
+			if (GROUPED && sc.e != e_acq) {
+				// the map was written by k_wgmma_group_maps through the generic proxy
+				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+						     tl.bmap)
+					     : "memory");
+				e_acq = sc.e;
+			}
+			for (int kb = 0; kb < KB; kb++) {
+				mbar_wait(EMPTY(s), ph ^ 1); // the consumers released this stage
+				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
+				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK, tl.row0);
+				tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK, tl.n0);
+				if (++s == STAGES)
+					s = 0, ph ^= 1;
+			}
+		}
+		return;
+	}
+
+	// ---- consumers: warpgroup cw computes tokens [64 cw, 64 cw + 64) of the tile ----
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+	const int cw = wg - 1;
+	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+	// fragment layout of wgmma m64nN (f32): register 4j + {0,1} holds row r_lo, columns
+	// 8j + 2(lane % 4) + {0,1}; register 4j + {2,3} the same columns of row r_lo + 8.
+	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
+	const int cq = (lane & 3) * 2;
+	constexpr int NR = BN / 2;
+	float frag[NR], acc[NR];
+#pragma unroll
+	for (int i = 0; i < NR; i++)
+		frag[i] = 0.f;
+	int s = 0;
+	uint32_t ph = 0;
+	wg_tile tl;
+	for (long long t = blockIdx.x; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl);
+	     t += gridDim.x) {
+#pragma unroll
+		for (int i = 0; i < NR; i++)
+			acc[i] = 0.f;
+		const int gm_lo = tl.row0 + r_lo, gm_hi = gm_lo + 8;
+		// scale rows (rows past M read row M-1: their outputs are never stored)
+		const float *sx_lo = sx + (size_t)min(gm_lo, M - 1) * KB;
+		const float *sx_hi = sx + (size_t)min(gm_hi, M - 1) * KB;
+		// weight-scale blocks of the tile: b0 = n0 / 128 and, when BN > 128 or the tile
+		// straddles a 128 boundary, b0 + 1 from column jb * 8 of the tile on
+		const int NB = (N + 127) / 128;
+		const int b0 = tl.n0 / 128;
+		const int b1 = min(b0 + 1, NB - 1);
+		const int jb = ((b0 + 1) * 128 - tl.n0) / 8;
+		const float *w0 = tl.S + (size_t)b0 * KB, *w1 = tl.S + (size_t)b1 * KB;
+		float nx_lo = __ldg(sx_lo), nx_hi = __ldg(sx_hi), nw0 = __ldg(w0), nw1 = __ldg(w1);
+		const uint64_t da0 = smem_desc(a_smem + cw * 64 * WG_BK);
+		const uint64_t db0 = smem_desc(b_smem);
+		for (int kb = 0; kb < KB; kb++) {
+			const float x_lo = nx_lo, x_hi = nx_hi, cw0 = nw0, cw1 = nw1;
+			if (kb + 1 < KB) { // the next block's scales, a block ahead
+				nx_lo = __ldg(sx_lo + kb + 1), nx_hi = __ldg(sx_hi + kb + 1);
+				nw0 = __ldg(w0 + kb + 1), nw1 = __ldg(w1 + kb + 1);
+			}
+			mbar_wait(FULL(s), ph); // the copies of this stage have landed
+			const uint64_t da = da0 + ((uint64_t)(s * C::A_BYTES) >> 4);
+			const uint64_t db = db0 + ((uint64_t)(s * C::B_BYTES) >> 4);
+#pragma unroll
+			for (int i = 0; i < NR; i++)
+				reg_fence(frag[i]);
+			wgmma_fence(); // orders the promotion's reads of frag before the MMAs write it
+#pragma unroll
+			for (int k = 0; k < WG_BK / 32; k++) // k32 steps: +32 bytes = +2 in the descriptor
+				wgmma_k32<BN>(frag, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_commit();
+			wgmma_wait0();
+#pragma unroll
+			for (int i = 0; i < NR; i++)
+				reg_fence(frag[i]);
+			// the stage's smem has been read by this warp's MMAs: release it
+			if (lane == 0)
+				mbar_arrive(EMPTY(s));
+			if (++s == STAGES)
+				s = 0, ph ^= 1;
+			// promotion: the scale product first (x scale · weight scale), as the CPU
+			const float s_lo0 = x_lo * cw0, s_hi0 = x_hi * cw0;
+			const float s_lo1 = x_lo * cw1, s_hi1 = x_hi * cw1;
+#pragma unroll
+			for (int j = 0; j < BN / 8; j++) {
+				const bool second = BN > 128 ? j >= jb : false;
+				const float sl = second ? s_lo1 : s_lo0, sh = second ? s_hi1 : s_hi0;
+				acc[4 * j + 0] = fmaf(frag[4 * j + 0], sl, acc[4 * j + 0]);
+				acc[4 * j + 1] = fmaf(frag[4 * j + 1], sl, acc[4 * j + 1]);
+				acc[4 * j + 2] = fmaf(frag[4 * j + 2], sh, acc[4 * j + 2]);
+				acc[4 * j + 3] = fmaf(frag[4 * j + 3], sh, acc[4 * j + 3]);
+			}
+		}
+		// epilogue: bf16 pairs, masked to the tile's rows and to N
+		uint16_t *y_lo = y + (size_t)gm_lo * ldy, *y_hi = y + (size_t)gm_hi * ldy;
+		const bool ok_lo = gm_lo < tl.row_end, ok_hi = gm_hi < tl.row_end;
+#pragma unroll
+		for (int j = 0; j < BN / 8; j++) {
+			const int col = tl.n0 + 8 * j + cq;
+			if (col < N) {
+				if (ok_lo)
+					*reinterpret_cast<uint32_t *>(y_lo + col) =
+						(uint32_t)f32_to_bf16(acc[4 * j + 0]) |
+						((uint32_t)f32_to_bf16(acc[4 * j + 1]) << 16);
+				if (ok_hi)
+					*reinterpret_cast<uint32_t *>(y_hi + col) =
+						(uint32_t)f32_to_bf16(acc[4 * j + 2]) |
+						((uint32_t)f32_to_bf16(acc[4 * j + 3]) << 16);
+			}
+		}
+	}
+#undef FULL
+#undef EMPTY
+}
+
+// ---- entry points ------------------------------------------------------------------------------
+// k_gemm_fp8_wgmma_n{128,192}: the plain form, BN = 128 or 192 weight rows per tile.
+// Grid: min(tiles, SMs) persistent CTAs of 384 threads; dynamic smem wg_cfg<BN, STAGES>::SMEM.
+#define WG_PLAIN(bn, stages)                                                                   \
+	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_wgmma_n##bn(      \
+		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
+		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
+		int M, int N, int K, int ldy)                                                   \
+	{                                                                                      \
+		wgmma_gemm<bn, stages, false>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, K, ldy); \
+	}
+// k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
+// g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
+#define WG_GROUPED(bn, stages)                                                                 \
+	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                             \
+		k_gemm_fp8_wgmma_grouped_n##bn(const __grid_constant__ tmap mA,                 \
+					       const float *__restrict__ sx,                    \
+					       const unsigned long long *__restrict__ s_tab,    \
+					       const int *__restrict__ off, int G,              \
+					       uint16_t *__restrict__ y, int max_rows, int N,   \
+					       int K, int ldy)                                  \
+	{                                                                                      \
+		wgmma_gemm<bn, stages, true>(&mA, nullptr, sx, nullptr, s_tab, off, G, y, max_rows, \
+					     N, K, ldy);                                        \
+	}
+
+WG_PLAIN(128, 6)
+WG_PLAIN(192, 5)
+WG_GROUPED(128, 6)
+WG_GROUPED(192, 5)
+
+// k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
+// every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8
+// map encoded on the host with the right dims/strides/box (any valid address).
+extern "C" __global__ void __launch_bounds__(32)
+k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *__restrict__ w_tab,
+		   const int *__restrict__ off, int G)
+{
+	__shared__ tmap sm;
+	const int e = blockIdx.x;
+	if (e >= G || off[e + 1] == off[e])
+		return; // the whole warp leaves together
+	if (threadIdx.x < 16)
+		sm.opaque[threadIdx.x] = tmpl.opaque[threadIdx.x];
+	__syncwarp();
+	if (threadIdx.x == 0)
+		asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(
+				     smem_u32(&sm)),
+			     "l"(w_tab[e])
+			     : "memory");
+	__syncwarp();
+	// copy to global and make it visible to the tensor-map proxy of later copies (release)
+	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"
+		     ".sync.aligned [%0], [%1], 128;" ::"l"(&g_group_maps[e]),
+		     "r"(smem_u32(&sm))
+		     : "memory");
+}

@@ -1,0 +1,119 @@
+/*
+ * cuda_gemm_wgmma.c — host side of the wgmma FP8 GEMM (kernels_ptx/gemm_fp8_wgmma.cu): tensor
+ * maps (cuTensorMapEncodeTiled), tile width, persistent grid, the shape contract; and the
+ * grouped form's per-group weight maps, made on the device by k_wgmma_group_maps just before
+ * the GEMM (the weight addresses live in a device table; see the kernel file's header).
+ */
+#include "model/cuda_gemm_wgmma.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define WG_THREADS 384
+#define WG_BM 128
+#define WG_MAX_GROUPS 1024 /* g_group_maps in the kernel file */
+
+/* Dynamic shared memory of a variant: STAGES x (128 x 128 + BN x 128) bytes, 2 x STAGES
+ * barriers, 1024 bytes of alignment slack (wg_cfg in the kernel file). */
+static unsigned smem_bytes(int bn)
+{
+	int stages = bn == 128 ? 6 : 5;
+	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + 2 * stages * 8 + 1024);
+}
+
+/* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes), box 128 K bytes x
+ * box_rows rows, 128-byte swizzle (what the wgmma descriptors expect), zero fill past the end. */
+static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
+{
+	if (!cu.cuTensorMapEncodeTiled)
+		return -ENOTSUP;
+	cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+	cuuint64_t strides[1] = {(cuuint64_t)K};
+	cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
+	cuuint32_t estr[2] = {1, 1};
+	CU_TRY(cu.cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)(uintptr_t)base,
+					 dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+	return 0;
+}
+
+static int launch(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args)
+{
+	void *fn = gpu_kernel(g, name);
+	if (!fn)
+		return -ENOENT;
+	/* above 48 KB a kernel must opt in to its dynamic shared memory */
+	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
+	return gpu_launch(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args);
+}
+
+static int shape_ok(const char *what, int M, int N, int K, int ldy)
+{
+	if (M >= 1 && N >= 64 && N % 64 == 0 && K >= 128 && K % 128 == 0 && ldy >= N && ldy % 2 == 0)
+		return 1;
+	fprintf(stderr, "<3>dsv32: %s: unsupported shape M=%d N=%d K=%d ldy=%d\n", what, M, N, K,
+		ldy);
+	return 0;
+}
+
+int cuda_gemm_fp8_wgmma_bn(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			   gpu_ptr y, int M, int N, int K, int ldy, int bn)
+{
+	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192))
+		return -EINVAL;
+	CUtensorMap mA, mB;
+	int r;
+	if ((r = encode_2d(&mA, x8, M, K, WG_BM)) || (r = encode_2d(&mB, W, N, K, bn)))
+		return r;
+	long long tiles = (long long)((M + WG_BM - 1) / WG_BM) * ((N + bn - 1) / bn);
+	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
+	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy};
+	return launch(g, bn == 128 ? "k_gemm_fp8_wgmma_n128" : "k_gemm_fp8_wgmma_n192", grid,
+		      smem_bytes(bn), args);
+}
+
+int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+			int M, int N, int K, int ldy)
+{
+	return cuda_gemm_fp8_wgmma_bn(g, W, S, x8, sx, y, M, N, K, ldy, 128);
+}
+
+int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
+				   int K, int ldy, int bn)
+{
+	if (max_rows == 0 && G >= 1)
+		return 0; /* no rows in any group */
+	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
+	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192))
+		return -EINVAL;
+	/* the template: any valid address (x8), replaced per group on the device */
+	CUtensorMap mA, tmpl;
+	int r;
+	if ((r = encode_2d(&mA, x8, max_rows, K, WG_BM)) || (r = encode_2d(&tmpl, x8, N, K, bn)))
+		return r;
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
+		return r;
+	/* a bound on the tiles: every group adds at most one partial token tile */
+	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
+	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
+	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
+	return launch(g, bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128" : "k_gemm_fp8_wgmma_grouped_n192",
+		      grid, smem_bytes(bn), args);
+}
+
+int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
+				int ldy)
+{
+	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
+					      ldy, 128);
+}
+
+#endif

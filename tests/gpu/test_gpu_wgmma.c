@@ -1,0 +1,476 @@
+/*
+ * test_gpu_wgmma.c — the wgmma FP8 GEMM (model/cuda_gemm_wgmma.c, kernels_ptx/gemm_fp8_wgmma.cu)
+ * against the CPU backend's cpu_fp8_linear on the same quantised activations, with the error
+ * limit of every FP8 GEMM test (gpu_gemm_count_bad: fp32 accumulation order only): small and odd
+ * shapes in full, the real V3.2 shapes at M = 256 and 4096 on sampled rows (the CPU reference is
+ * slow), the grouped form (MoE experts) with empty groups; and the timing of the issue-9 shapes
+ * at M = 4096 and of the MoE prefill (issue 11), each with cuBLASLt on the same operands.
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/cpu_ops.h"
+#include "model/cuda_gemm.h"
+#include "model/cuda_gemm_wgmma.h"
+
+static struct cpu_pool *test_pool(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return cpu_pool_start(n < 1 ? 1 : n > 64 ? 64 : (int)n);
+}
+
+/* One problem: host inputs (x in bf16 values, its act_quant codes and scales), device copies. */
+struct wg_case {
+	int M, N, K;
+	uint8_t *W, *xq; /* [N, K], [M, K] e4m3 */
+	float *S, *sx;   /* [ceil(N/128), K/128], [M, K/128] */
+	float *x;        /* [M, K] the activations before quantisation (bf16 values) */
+	gpu_ptr dW, dS, dx, dsx, dy;
+};
+
+static void fill_weights(uint8_t *W, float *S, size_t nw, size_t ns, uint64_t *seed)
+{
+	for (size_t i = 0; i < nw; i += 8) {
+		uint64_t r = test_rand(seed);
+		for (size_t k = 0; k < 8 && i + k < nw; k++) {
+			uint8_t b = (uint8_t)(r >> (8 * k));
+			W[i + k] = (b & 0x80) | ((b & 0x7f) % 0x70); /* any code but NaN */
+		}
+	}
+	for (size_t i = 0; i < ns; i++)
+		S[i] = ldexpf(1.0f, -(int)(test_rand(seed) % 6) - 8);
+}
+
+/* rows over many binades, so the per-row scales matter */
+static void fill_acts(float *x, int M, int K, uint64_t *seed)
+{
+	for (int m = 0; m < M; m++) {
+		float amp = ldexpf(1.0f, (int)(test_rand(seed) % 24) - 16);
+		for (int k = 0; k < K; k++) {
+			float u = (float)((test_rand(seed) >> 40) * (1.0 / (1ull << 24))) * 2 - 1;
+			x[(size_t)m * K + k] = bf16_round(u * amp);
+		}
+	}
+}
+
+static void case_init(struct wg_case *c, int M, int N, int K, uint64_t seed)
+{
+	size_t KB = (size_t)K / 128, NB = (size_t)(N + 127) / 128;
+	*c = (struct wg_case){.M = M, .N = N, .K = K};
+	c->W = malloc((size_t)N * K), c->xq = malloc((size_t)M * K);
+	c->S = malloc(NB * KB * 4), c->sx = malloc((size_t)M * KB * 4);
+	c->x = malloc((size_t)M * K * 4);
+	REQUIRE(c->W && c->xq && c->S && c->sx && c->x);
+	fill_weights(c->W, c->S, (size_t)N * K, NB * KB, &seed);
+	fill_acts(c->x, M, K, &seed);
+	for (int m = 0; m < M; m++)
+		cpu_act_quant(c->x + (size_t)m * K, K, c->xq + (size_t)m * K, c->sx + (size_t)m * KB);
+	c->dW = gpu_test_alloc((size_t)N * K), c->dS = gpu_test_alloc(NB * KB * 4);
+	c->dx = gpu_test_alloc((size_t)M * K), c->dsx = gpu_test_alloc((size_t)M * KB * 4);
+	c->dy = gpu_test_alloc((size_t)M * N * 2);
+}
+
+static void case_upload(struct gpu *g, struct wg_case *c)
+{
+	size_t KB = (size_t)c->K / 128, NB = (size_t)(c->N + 127) / 128;
+	REQUIRE(gpu_upload(g, c->dW, c->W, (size_t)c->N * c->K) == 0);
+	REQUIRE(gpu_upload(g, c->dS, c->S, NB * KB * 4) == 0);
+	REQUIRE(gpu_upload(g, c->dx, c->xq, (size_t)c->M * c->K) == 0);
+	REQUIRE(gpu_upload(g, c->dsx, c->sx, (size_t)c->M * KB * 4) == 0);
+}
+
+static void case_free(struct wg_case *c)
+{
+	cu.cuMemFree(c->dW), cu.cuMemFree(c->dS), cu.cuMemFree(c->dx), cu.cuMemFree(c->dsx);
+	cu.cuMemFree(c->dy);
+	free(c->W), free(c->xq), free(c->S), free(c->sx), free(c->x);
+}
+
+/* Checks rows rows[0..n) of the GPU's y [M, N] (already in c->dy) against cpu_fp8_linear on the
+ * same rows of x; prints the first bad element. Returns the number of bad outputs. */
+static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *c,
+			  const int *rows, int n, const char *what)
+{
+	int N = c->N, K = c->K;
+	float *xs = calloc((size_t)n * K, 4), *ref = malloc((size_t)n * N * 4);
+	uint16_t *got = malloc((size_t)n * N * 2);
+	REQUIRE(xs && ref && got);
+	for (int i = 0; i < n; i++) {
+		memcpy(xs + (size_t)i * K, c->x + (size_t)rows[i] * K, (size_t)K * 4);
+		REQUIRE(gpu_download(g, got + (size_t)i * N, c->dy + (size_t)rows[i] * N * 2,
+				     (size_t)N * 2) == 0);
+	}
+	struct fp8_linear L = {c->W, c->S, N, K};
+	cpu_fp8_linear(pool, &L, xs, n, ref);
+	int64_t bad = gpu_gemm_count_bad(ref, got, n, N, what);
+	for (int i = 0; i < n && bad; i++) /* the first bad element, to locate a layout bug */
+		for (int j = 0; j < N; j++) {
+			float r = ref[(size_t)i * N + j], v = bf16_to_f32(got[(size_t)i * N + j]);
+			if (bf16_ulps(f32_to_bf16(r), got[(size_t)i * N + j]) > 1 &&
+			    !(fabsf(v - r) <= fabsf(r) * 0.01f)) {
+				printf("    first bad: row %d col %d: got %g want %g\n", rows[i], j, v,
+				       r);
+				i = n;
+				break;
+			}
+		}
+	free(xs), free(ref), free(got);
+	return bad;
+}
+
+/* Runs the plain GEMM with tile width bn into a poisoned y and checks rows (all when n_rows
+ * <= 0, else n_rows spread over M incl. the first and the last). */
+static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int bn, int n_rows)
+{
+	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
+	int r = cuda_gemm_fp8_wgmma_bn(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+				       c->N, bn);
+	CHECK_EQ_INT(r, 0);
+	if (r)
+		return;
+	REQUIRE(gpu_sync(g) == 0);
+	int n = n_rows <= 0 || n_rows > c->M ? c->M : n_rows;
+	int *rows = malloc((size_t)n * sizeof *rows);
+	for (int i = 0; i < n; i++)
+		rows[i] = n == c->M ? i : (int)((long long)i * (c->M - 1) / (n - 1));
+	char what[96];
+	snprintf(what, sizeof what, "wgmma n%d M=%d N=%d K=%d (%d rows)", bn, c->M, c->N, c->K, n);
+	CHECK_EQ_INT(check_rows(g, pool, c, rows, n, what), 0);
+	free(rows);
+}
+
+TEST_T(gpu_wgmma, gemm_fp8_vs_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	/* small and odd: M not a multiple of 128, N % 128 == 64 (kv_a 576, q_a + kv_a 2112) */
+	static const int small[][3] = {{1, 128, 128},   {77, 576, 512},    {200, 2112, 1536},
+				       {130, 64, 256},  {129, 192, 1024},  {300, 1536, 7168},
+				       {256, 320, 384}, {513, 2048, 512}};
+	for (size_t i = 0; i < sizeof small / sizeof *small; i++) {
+		struct wg_case c;
+		case_init(&c, small[i][0], small[i][1], small[i][2], 1000 + i);
+		case_upload(&g, &c);
+		run_check(&g, pool, &c, 128, 0);
+		run_check(&g, pool, &c, 192, 0);
+		case_free(&c);
+	}
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+/* The issue-9 shapes (N x K) */
+static const int big_shapes[][2] = {{24576, 1536}, {32768, 512},  {7168, 16384}, {18432, 7168},
+				    {7168, 18432}, {4096, 7168},  {7168, 2048},  {2112, 7168}};
+#define N_BIG (int)(sizeof big_shapes / sizeof *big_shapes)
+
+TEST_T(gpu_wgmma, real_shapes_m256, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	for (int i = 0; i < N_BIG; i++) {
+		struct wg_case c;
+		case_init(&c, 256, big_shapes[i][0], big_shapes[i][1], 1100 + i);
+		case_upload(&g, &c);
+		run_check(&g, pool, &c, 128, 12);
+		run_check(&g, pool, &c, 192, 12);
+		case_free(&c);
+	}
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+/* ---- timing --------------------------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+enum { PATH_N128, PATH_N192, PATH_LT };
+
+static int run_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size_t ws_bytes)
+{
+	if (path == PATH_LT)
+		return cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+					c->N, ws, ws_bytes);
+	return cuda_gemm_fp8_wgmma_bn(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K, c->N,
+				      path == PATH_N128 ? 128 : 192);
+}
+
+/* Median microseconds of 7 event-timed launches after a warm-up (L2 warm: prefill shapes are
+ * compute-bound); < 0 when the path fails. */
+static float time_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size_t ws_bytes)
+{
+	if (run_path(g, c, path, ws, ws_bytes) || gpu_sync(g))
+		return -1;
+	CUevent e0, e1;
+	REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+	REQUIRE(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+	float t[7];
+	int k;
+	for (k = 0; k < 7; k++) {
+		cu.cuEventRecord(e0, g->stream);
+		if (run_path(g, c, path, ws, ws_bytes))
+			break;
+		cu.cuEventRecord(e1, g->stream);
+		if (cu.cuEventSynchronize(e1) != CUDA_SUCCESS)
+			break;
+		cu.cuEventElapsedTime(&t[k], e0, e1);
+	}
+	cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+	if (k < 7)
+		return -1;
+	qsort(t, 7, sizeof *t, cmp_float);
+	return t[3] * 1e3f;
+}
+
+/* M = 4096 on the issue's shapes: ours (both tile widths) and cuBLASLt, TFLOP/s against the
+ * H200's dense FP8 peak (1979 spec) and the ratio to cuBLASLt; sampled rows checked. */
+TEST_T(gpu_wgmma, timing_m4096, 600)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	const int M = 4096;
+	printf("    %-12s %9s %9s %9s %8s %8s %8s %7s\n", "N x K", "n128 us", "n192 us", "cuBLASLt",
+	       "n128 TF", "n192 TF", "LT TF", "best/LT");
+	for (int i = 0; i < N_BIG; i++) {
+		struct wg_case c;
+		int N = big_shapes[i][0], K = big_shapes[i][1];
+		case_init(&c, M, N, K, 1200 + i);
+		case_upload(&g, &c);
+		size_t ws_bytes = cuda_gemm_fp8_workspace(&g, M, N, K);
+		gpu_ptr ws = gpu_test_alloc(ws_bytes);
+		float us[3];
+		for (int p = 0; p < 3; p++)
+			us[p] = time_path(&g, &c, p, ws, ws_bytes);
+		double flop = 2.0 * M * N * K;
+		double tf[3];
+		for (int p = 0; p < 3; p++)
+			tf[p] = us[p] > 0 ? flop / (us[p] * 1e-6) / 1e12 : -1;
+		double best = tf[0] > tf[1] ? tf[0] : tf[1];
+		char nk[24];
+		snprintf(nk, sizeof nk, "%dx%d", N, K);
+		printf("    %-12s %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %7.2f\n", nk, us[0], us[1], us[2],
+		       tf[0], tf[1], tf[2], tf[2] > 0 ? best / tf[2] : -1);
+		CHECK(us[0] > 0 && us[1] > 0);
+		/* the timed result is checked too (last launch: n192 ran before cuBLASLt; rerun) */
+		run_check(&g, pool, &c, 128, 6);
+		cu.cuMemFree(ws);
+		case_free(&c);
+	}
+	printf("    floor: 2*M*N*K FLOPs at the dense FP8 peak 1979 TFLOP/s (spec)\n");
+	cpu_pool_stop(pool);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+/* ---- grouped -------------------------------------------------------------------------------- */
+
+/* G groups with the given row counts; each group its own weight. Checks every row (or sampled
+ * rows per group when the groups are big) against cpu_fp8_linear with the group's weight. */
+struct grp_case {
+	int G, N, K, rows;
+	int *off;              /* [G + 1] */
+	uint8_t **W;           /* [G] host weights [N, K] */
+	float **S;             /* [G] host scales */
+	float *x;              /* [rows, K] */
+	uint8_t *xq;
+	float *sx;
+	gpu_ptr dWall, dSall, dw_tab, ds_tab, doff, dx, dsx, dy;
+};
+
+static void grp_init(struct gpu *g, struct grp_case *c, int G, const int *counts, int N, int K,
+		     uint64_t seed, int host_weights)
+{
+	size_t KB = (size_t)K / 128, NB = (size_t)(N + 127) / 128;
+	size_t wbytes = (size_t)N * K, sbytes = NB * KB * 4;
+	*c = (struct grp_case){.G = G, .N = N, .K = K};
+	c->off = calloc((size_t)G + 1, sizeof *c->off);
+	for (int e = 0; e < G; e++)
+		c->off[e + 1] = c->off[e] + counts[e];
+	c->rows = c->off[G];
+	int R = c->rows > 0 ? c->rows : 1;
+	c->x = malloc((size_t)R * K * 4), c->xq = malloc((size_t)R * K);
+	c->sx = malloc((size_t)R * KB * 4);
+	REQUIRE(c->x && c->xq && c->sx);
+	fill_acts(c->x, c->rows, K, &seed);
+	for (int m = 0; m < c->rows; m++)
+		cpu_act_quant(c->x + (size_t)m * K, K, c->xq + (size_t)m * K, c->sx + (size_t)m * KB);
+	/* weights: one device block, group e at e * wbytes (addresses in w_tab, as the engine) */
+	c->dWall = gpu_test_alloc(wbytes * G), c->dSall = gpu_test_alloc(sbytes * G);
+	uint64_t *wt = malloc((size_t)G * 8), *st = malloc((size_t)G * 8);
+	c->W = calloc((size_t)G, sizeof *c->W), c->S = calloc((size_t)G, sizeof *c->S);
+	for (int e = 0; e < G; e++) {
+		wt[e] = c->dWall + (size_t)e * wbytes, st[e] = c->dSall + (size_t)e * sbytes;
+		if (host_weights) {
+			c->W[e] = malloc(wbytes), c->S[e] = malloc(sbytes);
+			fill_weights(c->W[e], c->S[e], wbytes, NB * KB, &seed);
+			REQUIRE(gpu_upload(g, wt[e], c->W[e], wbytes) == 0);
+			REQUIRE(gpu_upload(g, st[e], c->S[e], sbytes) == 0);
+		}
+	}
+	if (!host_weights) { /* synthetic weights made on the GPU (timing only) */
+		long long nw = (long long)(wbytes * G), ns = (long long)(NB * KB * G);
+		unsigned long long sd = seed;
+		int lo = -14, hi = -8;
+		void *a1[] = {&c->dWall, &nw, &sd};
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_fill_e4m3"), 1024, 1, 1, 256, 1, 1, 0, a1) == 0);
+		void *a2[] = {&c->dSall, &ns, &sd, &lo, &hi};
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_fill_f32_pow2"), 1024, 1, 1, 256, 1, 1, 0, a2) ==
+			0);
+	}
+	c->dw_tab = gpu_test_alloc((size_t)G * 8), c->ds_tab = gpu_test_alloc((size_t)G * 8);
+	c->doff = gpu_test_alloc(((size_t)G + 1) * 4);
+	REQUIRE(gpu_upload(g, c->dw_tab, wt, (size_t)G * 8) == 0);
+	REQUIRE(gpu_upload(g, c->ds_tab, st, (size_t)G * 8) == 0);
+	REQUIRE(gpu_upload(g, c->doff, c->off, ((size_t)G + 1) * 4) == 0);
+	c->dx = gpu_test_alloc((size_t)R * K), c->dsx = gpu_test_alloc((size_t)R * KB * 4);
+	c->dy = gpu_test_alloc((size_t)R * N * 2);
+	if (c->rows > 0) {
+		REQUIRE(gpu_upload(g, c->dx, c->xq, (size_t)c->rows * K) == 0);
+		REQUIRE(gpu_upload(g, c->dsx, c->sx, (size_t)c->rows * KB * 4) == 0);
+	}
+	free(wt), free(st);
+}
+
+static void grp_free(struct grp_case *c)
+{
+	cu.cuMemFree(c->dWall), cu.cuMemFree(c->dSall), cu.cuMemFree(c->dw_tab);
+	cu.cuMemFree(c->ds_tab), cu.cuMemFree(c->doff), cu.cuMemFree(c->dx), cu.cuMemFree(c->dsx);
+	cu.cuMemFree(c->dy);
+	for (int e = 0; e < c->G; e++)
+		free(c->W[e]), free(c->S[e]);
+	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
+}
+
+static int grp_run(struct gpu *g, struct grp_case *c, int bn)
+{
+	return cuda_gemm_fp8_wgmma_grouped_bn(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
+					      c->dy, c->rows, c->N, c->K, c->N, bn);
+}
+
+/* Checks up to max_per rows of each group (the first and last among them) against the CPU. */
+static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int bn,
+		      int max_per)
+{
+	gpu_test_poison(g, c->dy, (size_t)(c->rows > 0 ? c->rows : 1) * c->N * 2);
+	int r = grp_run(g, c, bn);
+	CHECK_EQ_INT(r, 0);
+	if (r)
+		return;
+	REQUIRE(gpu_sync(g) == 0);
+	int64_t bad = 0;
+	for (int e = 0; e < c->G; e++) {
+		int cnt = c->off[e + 1] - c->off[e];
+		if (!cnt)
+			continue;
+		int n = cnt < max_per ? cnt : max_per;
+		int rows[64];
+		for (int i = 0; i < n; i++)
+			rows[i] = c->off[e] + (n == cnt ? i : (int)((long long)i * (cnt - 1) / (n - 1)));
+		struct wg_case v = {.M = c->rows, .N = c->N, .K = c->K, .W = c->W[e], .S = c->S[e],
+				    .x = c->x, .dy = c->dy};
+		char what[96];
+		snprintf(what, sizeof what, "grouped n%d group %d (%d rows, %d checked) N=%d K=%d", bn,
+			 e, cnt, n, c->N, c->K);
+		bad += check_rows(g, pool, &v, rows, n, what);
+	}
+	CHECK_EQ_INT(bad, 0);
+}
+
+TEST_T(gpu_wgmma, grouped_vs_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = test_pool();
+	/* empty groups first, in the middle and last; partial tiles; a group of several tiles */
+	static const int counts[] = {0, 5, 130, 0, 1, 257, 64, 0, 128, 0};
+	struct grp_case c;
+	grp_init(&g, &c, 10, counts, 576, 1024, 1300, 1);
+	grp_check(&g, pool, &c, 128, 64);
+	grp_check(&g, pool, &c, 192, 64);
+	grp_free(&c);
+	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
+	static const int c2[] = {3, 0, 200, 129, 0, 64};
+	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, 1);
+	grp_check(&g, pool, &c, 128, 8);
+	grp_free(&c);
+	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, 1);
+	grp_check(&g, pool, &c, 128, 8);
+	grp_free(&c);
+	/* all groups empty: nothing to do, no error */
+	static const int c3[] = {0, 0, 0};
+	grp_init(&g, &c, 3, c3, 128, 128, 1303, 1);
+	CHECK_EQ_INT(grp_run(&g, &c, 128), 0);
+	REQUIRE(gpu_sync(&g) == 0);
+	grp_free(&c);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+/* MoE prefill (issue 11): 4096 tokens x 8 experts of 256, routed at random (seeded), gate+up
+ * N x K = 4096 x 7168 then down 7168 x 2048; TFLOP/s of the rows' useful FLOPs. */
+TEST_T(gpu_wgmma, timing_moe_prefill, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	const int G = 256, T = 4096, topk = 8;
+	int counts[256] = {0};
+	uint64_t seed = 1400;
+	for (int t = 0; t < T; t++) { /* topk distinct experts per token */
+		int chosen[8], n = 0;
+		while (n < topk) {
+			int e = (int)(test_rand(&seed) % G), dup = 0;
+			for (int k = 0; k < n; k++)
+				dup |= chosen[k] == e;
+			if (!dup)
+				chosen[n++] = e, counts[e]++;
+		}
+	}
+	int cmin = T, cmax = 0;
+	for (int e = 0; e < G; e++)
+		cmin = counts[e] < cmin ? counts[e] : cmin, cmax = counts[e] > cmax ? counts[e] : cmax;
+	printf("    rows per expert: %d .. %d (mean %d)\n", cmin, cmax, T * topk / G);
+	static const int shapes[][2] = {{4096, 7168}, {7168, 2048}};
+	for (int s = 0; s < 2; s++) {
+		struct grp_case c;
+		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, 0);
+		for (int bn = 128; bn <= 192; bn += 64) {
+			CHECK_EQ_INT(grp_run(&g, &c, bn), 0);
+			REQUIRE(gpu_sync(&g) == 0);
+			CUevent e0, e1;
+			REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+			REQUIRE(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+			float t[5];
+			for (int k = 0; k < 5; k++) {
+				cu.cuEventRecord(e0, g.stream);
+				grp_run(&g, &c, bn);
+				cu.cuEventRecord(e1, g.stream);
+				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
+				cu.cuEventElapsedTime(&t[k], e0, e1);
+			}
+			cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+			qsort(t, 5, sizeof *t, cmp_float);
+			double us = t[2] * 1e3, flop = 2.0 * c.rows * c.N * c.K;
+			double wbytes = (double)G * c.N * c.K;
+			printf("    grouped n%d %d x (%dx%d), %d rows: %.1f us, %.0f TFLOP/s, weights "
+			       "%.2f TB/s\n",
+			       bn, G, c.N, c.K, c.rows, us, flop / (us * 1e-6) / 1e12,
+			       wbytes / (us * 1e-6) / 1e12);
+		}
+		grp_free(&c);
+	}
+	gpu_close(&g);
+}
+
+#endif
