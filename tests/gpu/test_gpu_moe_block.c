@@ -5,7 +5,8 @@
  * order, so an intermediate bf16 or e4m3 rounding may flip: the limit is relative to the row).
  * Small configs at T = 1, 5, 64, 300, and the real dims (7168 / 2048, 256 experts, top-8) at
  * T = 4, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
- * expert with its own scales (a mix-up of experts still shows).
+ * expert with its own scales (a mix-up of experts still shows). For T <= 64 (decode) the block
+ * is also captured into a CUDA graph and replayed: the same bytes.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -163,6 +164,35 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	REQUIRE(gpu_download(g, g_wts, tr.wts, (size_t)T * K * 4) == 0);
 	REQUIRE(gpu_download(g, g_y, d_y, (size_t)T * D * 2) == 0);
 
+	/* the decode step is captured into a CUDA graph: the block must capture (no host sync)
+	 * and its replay must give the same bytes */
+	int64_t graph_diff = -1;
+	if (T <= 64) {
+		uint16_t *g_y2 = malloc((size_t)T * D * 2);
+		REQUIRE(g_y2);
+		gpu_test_poison(g, d_y, (size_t)T * D * 2);
+		CUgraph graph;
+		CUgraphExec exec;
+		REQUIRE(cu_check(cu.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+				 "cuStreamBeginCapture", __FILE__, __LINE__) == 0);
+		int crc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, &tr);
+		REQUIRE(cu_check(cu.cuStreamEndCapture(g->stream, &graph), "cuStreamEndCapture",
+				 __FILE__, __LINE__) == 0);
+		REQUIRE(crc == 0);
+		REQUIRE(cu_check(cu.cuGraphInstantiateWithFlags(&exec, graph, 0),
+				 "cuGraphInstantiateWithFlags", __FILE__, __LINE__) == 0);
+		for (int k = 0; k < 2; k++)
+			REQUIRE(cu_check(cu.cuGraphLaunch(exec, g->stream), "cuGraphLaunch", __FILE__,
+					 __LINE__) == 0);
+		REQUIRE(gpu_download(g, g_y2, d_y, (size_t)T * D * 2) == 0);
+		graph_diff = 0;
+		for (size_t i = 0; i < (size_t)T * D; i++)
+			graph_diff += g_y2[i] != g_y[i];
+		cu.cuGraphExecDestroy(exec);
+		cu.cuGraphDestroy(graph);
+		free(g_y2);
+	}
+
 	int64_t bad_logits = 0, bad_ids = 0, bad_w = 0, first_logit = -1, first_id = -1;
 	double worst_logit = 0, worst_w = 0;
 	for (size_t i = 0; i < (size_t)T * E; i++)
@@ -226,7 +256,11 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	int64_t bad_y = gpu_count_bad_bf16(y, g_y, T, D, MOE_REL_LIMIT, "    y");
 	printf("    y: %.3f%% of outputs over 1 bf16 ulp, mean |err|/rms(row) %.3g\n",
 	       100.0 * (double)over1 / ((double)T * D), sum_rel / ((double)T * D));
+	if (graph_diff >= 0)
+		printf("    graph-captured block, replayed: %lld outputs differ from the direct run\n",
+		       (long long)graph_diff);
 	CHECK_EQ_INT(bad_logits, 0);
+	CHECK(graph_diff <= 0);
 	CHECK_EQ_INT(bad_ids, 0);
 	CHECK_EQ_INT(bad_w, 0);
 	CHECK_EQ_INT(bad_y, 0);
