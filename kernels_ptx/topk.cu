@@ -146,3 +146,241 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 			out_slot[(size_t)b * k_max + i] = -1;
 	}
 }
+
+// ---- k_topk_select: the same function in two reads of the row ---------------------------------
+//
+// k_topk_select: the arguments of k_topk; one block of 1024 threads per row, dynamic shared
+// memory topk_smem_bytes(ld) (model/cuda_attn.c): a 4096-bin histogram, two bitmaps of the row
+// (selected; equal to the threshold) and a candidate list of TOPK_CAND (key, position) pairs.
+//   pass 1 (one read): histogram of the top 12 bits of the order key (sign, exponent, 3 mantissa
+//     bits); a block suffix scan finds the bin B holding the k-th key;
+//   pass 2 (one read): keys above bin B set their bit in the selected bitmap, keys in bin B are
+//     appended to the candidate list;
+//   the candidates: two 10-bit radix rounds in shared memory give the k-th key T and how many
+//     keys equal to T to take; candidates > T set their selected bit, == T their equal bit
+//     (when the candidates overflow the list, the rounds and the marking read the row instead);
+//   output: each thread owns consecutive bitmap words; block prefix sums of the selected bits
+//     and of the equal bits (the first take_eq in position order) place every position, so the
+//     output is in ascending position order, as k_topk's.
+// Loads are float4 (when ld % 4 == 0), four in flight per thread.
+#define TOPK_CAND 8192
+#define TOPK_BINS 4096
+
+__device__ __forceinline__ void topk_load4(const float *__restrict__ row, int n, int vec, int i4, uint32_t key[4],
+					   bool ok[4])
+{
+	if (vec) {
+		const float4 v = __ldg(reinterpret_cast<const float4 *>(row) + i4);
+		key[0] = order_key(v.x), key[1] = order_key(v.y), key[2] = order_key(v.z), key[3] = order_key(v.w);
+	} else {
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			key[e] = 4 * i4 + e < n ? order_key(__ldg(row + 4 * i4 + e)) : 0u;
+	}
+#pragma unroll
+	for (int e = 0; e < 4; e++)
+		ok[e] = 4 * i4 + e < n;
+}
+
+// Thread j owns bins [per*(nthreads-1-j), +per) (thread 0 the highest); finds the bin where the
+// count from the top reaches `rem`: *bin_out and *rem_out (rem minus the keys above that bin).
+__device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem, int *bin_out, int *rem_out)
+{
+	const int tid = threadIdx.x;
+	const int lo = per * (TOPK_THREADS - 1 - tid);
+	int local = 0;
+	for (int i = 0; i < per; i++)
+		local += hist[lo + i];
+	int total;
+	int above = block_exclusive_scan(local, &total);
+	if (above < rem && above + local >= rem) {
+		for (int bb = lo + per - 1; bb >= lo; bb--) {
+			if (above + hist[bb] >= rem) {
+				*bin_out = bb;
+				*rem_out = rem - above;
+				break;
+			}
+			above += hist[bb];
+		}
+	}
+	__syncthreads(); // the bin is visible
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	      const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos,
+	      int *__restrict__ out_slot)
+{
+	extern __shared__ __align__(16) uint8_t topk_smem[];
+	int *hist = reinterpret_cast<int *>(topk_smem);                  // [TOPK_BINS]
+	uint32_t *cand_key = reinterpret_cast<uint32_t *>(hist + TOPK_BINS); // [TOPK_CAND]
+	int *cand_pos = reinterpret_cast<int *>(cand_key + TOPK_CAND);    // [TOPK_CAND]
+	const int W = (ld + 31) / 32;                                     // bitmap words
+	uint32_t *selb = reinterpret_cast<uint32_t *>(cand_pos + TOPK_CAND); // [W]
+	uint32_t *eqb = selb + W;                                        // [W]
+	__shared__ int s_bin, s_rem, s_ncand;
+
+	const int b = blockIdx.x, tid = threadIdx.x;
+	const int n = n_keys[b];
+	const int k = n < k_max ? n : k_max;
+	const float *row = scores + (size_t)b * ld;
+	const int *bt = block_table ? block_table + (size_t)b * max_blocks : nullptr;
+	int *op = out_pos ? out_pos + (size_t)b * k_max : nullptr;
+	int *os = out_slot ? out_slot + (size_t)b * k_max : nullptr;
+	for (int i = k + tid; i < k_max; i += TOPK_THREADS) {
+		if (op)
+			op[i] = -1;
+		if (os)
+			os[i] = -1;
+	}
+	if (k >= n) { // every key is selected, in order
+		for (int i = tid; i < n; i += TOPK_THREADS) {
+			if (op)
+				op[i] = i;
+			if (os)
+				os[i] = bt[i >> 6] * 64 + (i & 63);
+		}
+		return;
+	}
+	const int vec = (ld & 3) == 0;
+	const int n4 = (n + 3) / 4, nw = (n + 31) / 32;
+	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS)
+		hist[i] = 0;
+	for (int i = tid; i < nw; i += TOPK_THREADS)
+		selb[i] = 0, eqb[i] = 0;
+	if (tid == 0)
+		s_ncand = 0;
+	__syncthreads(); // cleared
+
+	// pass 1: histogram of the top 12 bits
+	for (int i0 = tid; i0 < n4; i0 += 4 * TOPK_THREADS) {
+		uint32_t key[4][4];
+		bool ok[4][4];
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			if (i0 + u * TOPK_THREADS < n4)
+				topk_load4(row, n, vec, i0 + u * TOPK_THREADS, key[u], ok[u]);
+			else
+				ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				if (ok[u][e])
+					atomicAdd(&hist[key[u][e] >> 20], 1);
+	}
+	__syncthreads(); // histogram complete
+	topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
+	const uint32_t bin = (uint32_t)s_bin;
+	int rem = s_rem;
+
+	// pass 2: above the bin -> selected; in the bin -> candidates
+	for (int i0 = tid; i0 < n4; i0 += 4 * TOPK_THREADS) {
+		uint32_t key[4][4];
+		bool ok[4][4];
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+			if (i0 + u * TOPK_THREADS < n4)
+				topk_load4(row, n, vec, i0 + u * TOPK_THREADS, key[u], ok[u]);
+			else
+				ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				if (!ok[u][e])
+					continue;
+				const int pos = 4 * (i0 + u * TOPK_THREADS) + e;
+				const uint32_t kb = key[u][e] >> 20;
+				if (kb > bin) {
+					atomicOr(&selb[pos >> 5], 1u << (pos & 31));
+				} else if (kb == bin) {
+					const int c = atomicAdd(&s_ncand, 1);
+					if (c < TOPK_CAND)
+						cand_key[c] = key[u][e], cand_pos[c] = pos;
+				}
+			}
+	}
+	__syncthreads(); // bitmaps and candidates complete
+	const int ncand = s_ncand;
+	const bool in_smem = ncand <= TOPK_CAND;
+
+	// the k-th key T within the bin: two rounds of 10 bits
+	uint32_t prefix = bin << 20, mask = 0xfff00000u;
+	for (int round = 0; round < 2; round++) {
+		const int shift = 10 - 10 * round;
+		hist[tid] = 0; // 1024 bins, one a thread
+		__syncthreads(); // cleared
+		if (in_smem) {
+			for (int c = tid; c < ncand; c += TOPK_THREADS)
+				if ((cand_key[c] & mask) == prefix)
+					atomicAdd(&hist[(cand_key[c] >> shift) & 1023], 1);
+		} else {
+			for (int i = tid; i < n; i += TOPK_THREADS) {
+				const uint32_t key = order_key(row[i]);
+				if ((key & mask) == prefix)
+					atomicAdd(&hist[(key >> shift) & 1023], 1);
+			}
+		}
+		__syncthreads(); // counts complete
+		topk_find_bin(hist, 1, rem, &s_bin, &s_rem);
+		prefix |= (uint32_t)s_bin << shift;
+		mask |= 1023u << shift;
+		rem = s_rem;
+	}
+	const uint32_t T = prefix;
+	const int take_eq = rem;
+	// mark the bin's keys: > T selected, == T equal
+	if (in_smem) {
+		for (int c = tid; c < ncand; c += TOPK_THREADS) {
+			const uint32_t key = cand_key[c];
+			const int pos = cand_pos[c];
+			if (key > T)
+				atomicOr(&selb[pos >> 5], 1u << (pos & 31));
+			else if (key == T)
+				atomicOr(&eqb[pos >> 5], 1u << (pos & 31));
+		}
+	} else {
+		for (int pos = tid; pos < n; pos += TOPK_THREADS) {
+			const uint32_t key = order_key(row[pos]);
+			if ((key >> 20) != bin)
+				continue;
+			if (key > T)
+				atomicOr(&selb[pos >> 5], 1u << (pos & 31));
+			else if (key == T)
+				atomicOr(&eqb[pos >> 5], 1u << (pos & 31));
+		}
+	}
+	__syncthreads(); // bitmaps final
+
+	// output: thread tid owns words [tid*wpt, (tid+1)*wpt)
+	const int wpt = (nw + TOPK_THREADS - 1) / TOPK_THREADS;
+	const int w0 = min(nw, tid * wpt), w1 = min(nw, w0 + wpt);
+	int gt = 0, eq = 0;
+	for (int w = w0; w < w1; w++)
+		gt += __popc(selb[w]), eq += __popc(eqb[w]);
+	int total;
+	const int eq_before = block_exclusive_scan(eq, &total);
+	const int mine_eq = max(0, min(eq, take_eq - eq_before));
+	const int out_before = block_exclusive_scan(gt + mine_eq, &total);
+	int o = out_before, eq_seen = 0;
+	for (int w = w0; w < w1; w++) {
+		uint32_t s = selb[w], e = eqb[w];
+		while (s | e) {
+			const int bit = __ffs(s | e) - 1;
+			const uint32_t m1 = 1u << bit;
+			bool take = (s & m1) != 0;
+			if (!take && eq_seen < mine_eq)
+				take = true, eq_seen++;
+			s &= ~m1, e &= ~m1;
+			if (take) {
+				const int pos = 32 * w + bit;
+				if (op)
+					op[o] = pos;
+				if (os)
+					os[o] = bt[pos >> 6] * 64 + (pos & 63);
+				o++;
+			}
+		}
+	}
+}

@@ -67,4 +67,27 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 			  (unsigned)(R < 32 ? 32 : R), 1, 1, 0, cargs);
 }
 
+/* Dynamic shared memory of k_topk_select: 4096 bins, 8192 candidates (key, position), two
+ * bitmaps of ld bits. */
+static size_t topk_smem_bytes(int ld)
+{
+	return 4096 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
+}
+
+int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
+		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B)
+{
+	if (B < 1 || ld < 0 || k_max < 1)
+		return -EINVAL;
+	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot};
+	size_t smem = topk_smem_bytes(ld);
+	if (smem > 200 * 1024) /* rows beyond ~1.2 M keys: the one-block radix select */
+		return gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args);
+	void *fn = gpu_kernel(g, "k_topk_select");
+	if (!fn)
+		return -ENOENT;
+	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
+	return gpu_launch(g, fn, (unsigned)B, 1, 1, 1024, 1, 1, (unsigned)smem, args);
+}
+
 #endif

@@ -22,6 +22,14 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * to bf16 before P V (kernels_ptx/mla_decode.cu says where this departs from attn_latent). */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
+/* The indexer's top-k (kernels_ptx/topk.cu): for each of B rows, the min(k_max, n_keys[b])
+ * highest of scores[b, 0 .. n_keys[b]) (fp32, row stride ld), the set of a full sort with ties
+ * to the lower position, as positions (out_pos) and/or physical slots through block_table
+ * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
+ * be 0 when every n_keys[b] <= k_max. k_topk_select (two reads of a row) when its bitmaps fit
+ * in shared memory, else k_topk. */
+int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
+		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 #endif
 
 #endif

@@ -8,6 +8,7 @@
 #ifndef DSV32_NO_CUDA
 
 #include "model/cpu_indexer.h"
+#include "model/cuda_attn.h"
 #include "model/kv_cache.h"
 
 static uint8_t rand_e4m3(uint64_t *seed)
@@ -119,7 +120,12 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
 #ifndef DSV32_NO_CUDA
 /* The top-k kernel against indexer_topk on the same scores: the same positions, in ascending
  * order, -1 padded; slots through the block table. Scores with many ties, NaN and -inf. */
-static void check_topk(struct gpu *g, const int *n, int B, int k_max, uint64_t seed)
+/* dist: 0 = 512 levels with NaN, -inf, -0 (many ties); 1 = continuous (a sum of uniforms, no
+ * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
+ * nearly the whole row: k_topk_select's candidate list overflows). use_select: through
+ * cuda_indexer_topk (k_topk_select) instead of k_topk. */
+static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int use_select,
+		       uint64_t seed)
 {
 	int ld = 0;
 	for (int b = 0; b < B; b++)
@@ -130,13 +136,23 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, uint64_t s
 	for (int b = 0; b < B; b++) {
 		for (int s = 0; s < ld; s++) {
 			uint64_t r = test_rand(&seed);
-			float v = (float)(r % 512) * 0.25f - 64.0f; /* 512 levels: plenty of ties */
-			if (r % 1000 == 7)
-				v = NAN;
-			if (r % 1000 == 8)
-				v = -INFINITY;
-			if (r % 1000 == 9)
-				v = -0.0f;
+			float v;
+			if (dist == 1) {
+				v = 0;
+				for (int u = 0; u < 4; u++)
+					v += (float)((test_rand(&seed) >> 40) * (1.0 / (1ull << 24)));
+				v = (v - 2.0f) * 3.0f;
+			} else if (dist == 2) {
+				v = r % 97 == 0 ? 1.5f + (float)(r % 7) : 1.25f;
+			} else {
+				v = (float)(r % 512) * 0.25f - 64.0f; /* 512 levels: plenty of ties */
+				if (r % 1000 == 7)
+					v = NAN;
+				if (r % 1000 == 8)
+					v = -INFINITY;
+				if (r % 1000 == 9)
+					v = -0.0f;
+			}
 			sc[(size_t)b * ld + s] = v;
 		}
 		for (int i = 0; i < max_blocks; i++)
@@ -154,7 +170,10 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, uint64_t s
 	gpu_test_poison(g, d_slot, (size_t)B * k_max * 4);
 	int l = ld, km = k_max, mb = max_blocks;
 	void *args[] = {&d_sc, &l, &d_n, &km, &d_bt, &mb, &d_pos, &d_slot};
-	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args) == 0);
+	if (use_select)
+		REQUIRE(cuda_indexer_topk(g, d_sc, ld, d_n, k_max, d_bt, max_blocks, d_pos, d_slot, B) == 0);
+	else
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args) == 0);
 	REQUIRE(gpu_download(g, pos, d_pos, (size_t)B * k_max * 4) == 0);
 	REQUIRE(gpu_download(g, slot, d_slot, (size_t)B * k_max * 4) == 0);
 	int64_t bad_rows = 0;
@@ -167,24 +186,37 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, uint64_t s
 			int want_slot = want < 0 ? -1 : bt[b * max_blocks + want / 64] * 64 + want % 64;
 			bad += p != want || s != want_slot;
 		}
-		if (bad)
-			printf("    topk row %d (n=%d, k_max=%d): %d entries differ\n", b, n[b], k_max, bad);
+		if (bad) {
+			int i = 0;
+			while (i < k_max && pos[(size_t)b * k_max + i] == (i < k ? ref[i] : -1))
+				i++;
+			printf("    topk row %d (n=%d, k_max=%d): %d entries differ, first at %d: got pos %d, want %d\n",
+			       b, n[b], k_max, bad, i, i < k_max ? pos[(size_t)b * k_max + i] : 0,
+			       i < k_max ? (i < k ? ref[i] : -1) : 0);
+		}
 		bad_rows += bad != 0;
 	}
-	printf("    topk k_max=%d over %d rows: %lld rows differ from the CPU's sorted selection\n",
-	       k_max, B, (long long)bad_rows);
+	printf("    %s k_max=%d dist=%d over %d rows: %lld rows differ from the CPU's sorted selection\n",
+	       use_select ? "k_topk_select" : "k_topk", k_max, dist, B, (long long)bad_rows);
 	CHECK_EQ_INT(bad_rows, 0);
 	cu.cuMemFree(d_sc), cu.cuMemFree(d_n), cu.cuMemFree(d_bt), cu.cuMemFree(d_pos), cu.cuMemFree(d_slot);
 	free(sc), free(bt), free(ref), free(pos), free(slot);
 }
 
-TEST_T(gpu_indexer, topk_matches_full_sort, 120)
+TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 {
 	struct gpu g;
 	gpu_test_open(&g);
 	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
-	check_topk(&g, n, 8, 2048, 2001);
-	check_topk(&g, n, 8, 64, 2002);
+	for (int sel = 0; sel < 2; sel++) {
+		check_topk(&g, n, 8, 2048, 0, sel, 2001);
+		check_topk(&g, n, 8, 64, 0, sel, 2002);
+		check_topk(&g, n, 8, 2048, 1, sel, 2003);
+		check_topk(&g, n, 8, 2048, 2, sel, 2004);
+	}
+	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
+	check_topk(&g, n_odd, 3, 2048, 1, 1, 2005);
+	check_topk(&g, n_odd, 3, 2048, 0, 1, 2006);
 	gpu_close(&g);
 }
 #endif

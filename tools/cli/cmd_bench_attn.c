@@ -52,7 +52,7 @@ int bench_attention(int argc, char **argv)
 	CUevent e0, e1;
 	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
 	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
-	void *scan = gpu_kernel(&g, "k_indexer_scores"), *topk = gpu_kernel(&g, "k_topk");
+	void *scan = gpu_kernel(&g, "k_indexer_scores");
 	unsigned long long seed = 7;
 	double read_tbs = bench_read_limit(&g, 5);
 	if (read_tbs <= 0)
@@ -99,18 +99,20 @@ int bench_attention(int argc, char **argv)
 			int hh = H, mb = blocks, ld = ctx, km = TOPK;
 			long long pb = page_bytes;
 			void *sa[] = {&q, &w, &hh, &pool, &pb, &bt, &mb, &n, &sc, &ld};
-			gpu_ptr none = 0; /* positions not needed: slots only, as the attention takes them */
-			void *ta[] = {&sc, &ld, &n, &km, &bt, &mb, &none, &pos};
+			/* top-k: slots only (positions not needed), as the attention takes them */
 			gpu_launch(&g, scan, (unsigned)(ctx / 256), (unsigned)B, 1, 128, 1, 1, 0, sa);
 			cu.cuEventRecord(e0, g.stream);
 			for (int r = 0; r < reps; r++)
 				gpu_launch(&g, scan, (unsigned)(ctx / 256), (unsigned)B, 1, 128, 1, 1, 0, sa);
 			cu.cuEventRecord(e1, g.stream);
 			double scan_ms = event_ms(&g, e0, e1) / reps;
-			gpu_launch(&g, topk, (unsigned)B, 1, 1, 1024, 1, 1, 0, ta);
+			if (cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B)) {
+				fprintf(stderr, "dsv32 bench attention: cuda_indexer_topk failed\n");
+				return 1;
+			}
 			cu.cuEventRecord(e0, g.stream);
 			for (int r = 0; r < reps; r++)
-				gpu_launch(&g, topk, (unsigned)B, 1, 1, 1024, 1, 1, 0, ta);
+				cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B);
 			cu.cuEventRecord(e1, g.stream);
 			double topk_ms = event_ms(&g, e0, e1) / reps;
 			/* sparse MLA decode over the selected slots: 128 heads, 656-byte records in a pool
@@ -164,7 +166,7 @@ int bench_attention(int argc, char **argv)
 		}
 	printf("\ncommand: dsv32 bench attention --reps %d (k_indexer_scores: one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "k_topk: 2048 of ctx; k_mla_decode: 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (k_topk_select): 2048 of ctx; k_mla_decode: 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
