@@ -9,9 +9,11 @@
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
 //   routing agrees even at near ties. D % 8 == 0, E % 2 == 0.
 //   Block: 2 experts (their rows staged in shared memory: 2 * D * 2 bytes dynamic) x 8 partials
-//   x 16 token slots; each thread runs one partial sum for TM tokens (t, t+16, ...). Grid
-//   (E / 2, ceil(T / (16 * TM))). The partials of one (token, expert) are 8 adjacent lanes,
-//   reduced by shuffles xor 1, 2, 4 — which is exactly the tree above.
+//   x 16 token slots; each thread runs one partial sum. Grid (E / 2, ceil(T / 16)). The
+//   partials of one (token, expert) are 8 adjacent lanes, reduced by shuffles xor 1, 2, 4 —
+//   which is exactly the tree above.
+// k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 128 == 0), a
+//   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One block per sorted row; D % 16 == 0.
@@ -21,10 +23,9 @@
 //   One warp per 128-group, 4 values per lane; grid covers R * I / 128 groups, 8 warps a block.
 #include "common.cuh"
 
-template <int TM>
-__device__ __forceinline__ void gate_logits(const uint16_t *__restrict__ W,
-					    const uint16_t *__restrict__ x,
-					    float *__restrict__ logits, int T, int E, int D)
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		  float *__restrict__ logits, int T, int E, int D)
 {
 	extern __shared__ uint4 gate_w4[]; // [2, D] bf16: this block's two expert rows
 	const uint16_t *wsm = reinterpret_cast<const uint16_t *>(gate_w4);
@@ -34,47 +35,110 @@ __device__ __forceinline__ void gate_logits(const uint16_t *__restrict__ W,
 		gate_w4[i] = src[i];
 	__syncthreads(); // both rows staged
 	const int j = threadIdx.x & 7, slot = (threadIdx.x >> 3) & 15, el = threadIdx.x >> 7;
-	const int t0 = blockIdx.y * 16 * TM + slot;
-	float p[TM];
-	const uint16_t *xr[TM];
-#pragma unroll
-	for (int m = 0; m < TM; m++) {
-		p[m] = 0.f;
-		const int t = min(t0 + 16 * m, T - 1); // rows past T compute a copy, never stored
-		xr[m] = x + (size_t)t * D + j;
-	}
+	const int t = blockIdx.y * 16 + slot;
+	const uint16_t *xr = x + (size_t)min(t, T - 1) * D + j; // rows past T: a copy, never stored
 	const uint16_t *wr = wsm + (size_t)el * D + j;
-#pragma unroll 4
-	for (int k = 0; k < D; k += 8) {
-		const float w = bf16_to_f32(wr[k]);
-#pragma unroll
-		for (int m = 0; m < TM; m++) // exact product: fma == the CPU's multiply, then add
-			p[m] = fmaf(bf16_to_f32(xr[m][k]), w, p[m]);
-	}
-#pragma unroll
-	for (int m = 0; m < TM; m++) {
-		float v = p[m];
-		v += __shfl_xor_sync(0xffffffffu, v, 1); // (p0+p1), (p2+p3), ...
-		v += __shfl_xor_sync(0xffffffffu, v, 2); // ((p0+p1)+(p2+p3)), ...
-		v += __shfl_xor_sync(0xffffffffu, v, 4); // the whole tree
-		const int t = t0 + 16 * m;
-		if (j == 0 && t < T)
-			logits[(size_t)t * E + e0 + el] = v;
-	}
+	float p = 0.f;
+#pragma unroll 8
+	for (int k = 0; k < D; k += 8) // exact product: fma == the CPU's multiply, then add
+		p = fmaf(bf16_to_f32(xr[k]), bf16_to_f32(wr[k]), p);
+	p += __shfl_xor_sync(0xffffffffu, p, 1); // (p0+p1), (p2+p3), ...
+	p += __shfl_xor_sync(0xffffffffu, p, 2); // ((p0+p1)+(p2+p3)), ...
+	p += __shfl_xor_sync(0xffffffffu, p, 4); // the whole tree
+	if (j == 0 && t < T)
+		logits[(size_t)t * E + e0 + el] = p;
 }
 
+// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of 128 staged
+// in shared memory as fp32, split by partial: xs[t][j][s] = x[t, kc + 8s + j], so partial j's
+// 16 steps of a chunk are contiguous (4-wide loads; rows padded to 20 floats: no bank
+// conflicts). Thread (owner o = tid / 8, partial j = tid % 8) keeps partial j of 4 tokens x 8
+// experts in registers, adding the steps in ascending k: the same sums as gate_logits.
+#define GT_T 32
+#define GT_E 32
+#define GT_PAD 20
 extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		  float *__restrict__ logits, int T, int E, int D)
+k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+			float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits<1>(W, x, logits, T, E, D);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_m4(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		     float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits<4>(W, x, logits, T, E, D);
+	__shared__ __align__(16) float xs[GT_T][8][GT_PAD];
+	__shared__ __align__(16) float ws[GT_E][8][GT_PAD];
+	const int tid = threadIdx.x, j = tid & 7, o = tid >> 3;
+	const int ot = o & 7, oe = o >> 3; // tokens 4*ot .. +3, experts 8*oe .. +7 of the tile
+	const int t_base = blockIdx.y * GT_T, e_base = blockIdx.x * GT_E;
+	// staging: 64 rows (32 of x, 32 of W) x 16 uint4 per chunk; thread q loads 4 of them
+	const uint4 *src[4];
+	float *dst[4];
+#pragma unroll
+	for (int r = 0; r < 4; r++) {
+		const int q = tid + 256 * r, row = q >> 4, s = q & 15;
+		if (row < GT_T) {
+			const int t = min(t_base + row, T - 1); // rows past T: a copy, never stored
+			src[r] = reinterpret_cast<const uint4 *>(x + (size_t)t * D + 8 * s);
+			dst[r] = &xs[row][0][s];
+		} else {
+			src[r] = reinterpret_cast<const uint4 *>(W + (size_t)(e_base + row - GT_T) * D + 8 * s);
+			dst[r] = &ws[row - GT_T][0][s];
+		}
+	}
+	float acc[4][8];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[i][e] = 0.f;
+	uint4 pre[4];
+#pragma unroll
+	for (int r = 0; r < 4; r++)
+		pre[r] = __ldg(src[r]);
+	for (int kc = 0; kc < D; kc += 128) {
+		__syncthreads(); // the previous chunk's reads are done
+#pragma unroll
+		for (int r = 0; r < 4; r++) {
+			const uint32_t wd[4] = {pre[r].x, pre[r].y, pre[r].z, pre[r].w};
+#pragma unroll
+			for (int h = 0; h < 4; h++) {
+				dst[r][(2 * h) * GT_PAD] = __uint_as_float(wd[h] << 16);
+				dst[r][(2 * h + 1) * GT_PAD] = __uint_as_float(wd[h] & 0xffff0000u);
+			}
+		}
+		__syncthreads(); // the chunk is staged
+		if (kc + 128 < D)
+#pragma unroll
+			for (int r = 0; r < 4; r++)
+				pre[r] = __ldg(src[r] + (kc + 128) / 8);
+#pragma unroll
+		for (int s4 = 0; s4 < 4; s4++) {
+			float4 xv[4], wv[8];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				xv[i] = *reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				wv[e] = *reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int e = 0; e < 8; e++) { // exact products: fma == multiply, then add
+					acc[i][e] = fmaf(xv[i].x, wv[e].x, acc[i][e]);
+					acc[i][e] = fmaf(xv[i].y, wv[e].y, acc[i][e]);
+					acc[i][e] = fmaf(xv[i].z, wv[e].z, acc[i][e]);
+					acc[i][e] = fmaf(xv[i].w, wv[e].w, acc[i][e]);
+				}
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			float v = acc[i][e];
+			v += __shfl_xor_sync(0xffffffffu, v, 1);
+			v += __shfl_xor_sync(0xffffffffu, v, 2);
+			v += __shfl_xor_sync(0xffffffffu, v, 4);
+			const int t = t_base + 4 * ot + i;
+			if (e == j && t < T) // lane j stores expert j of the 8
+				logits[(size_t)t * E + e_base + 8 * oe + e] = v;
+		}
 }
 
 extern "C" __global__ void __launch_bounds__(128)

@@ -162,11 +162,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int rc = 0;
 	/* router logits and the routing */
 	if (stages & CUDA_MOE_GATE) {
-		int m4 = T > 256;
-		unsigned gy = (unsigned)((T + (m4 ? 64 : 16) - 1) / (m4 ? 64 : 16));
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
-		rc = gpu_launch(g, gpu_kernel(g, m4 ? "k_moe_gate_logits_m4" : "k_moe_gate_logits"),
-				(unsigned)(E / 2), gy, 1, 256, 1, 1, (unsigned)(2 * D * 2), args);
+		if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
+			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits_tiled"), (unsigned)(E / 32),
+					(unsigned)((T + 31) / 32), 1, 256, 1, 1, 0, args);
+		else
+			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits"), (unsigned)(E / 2),
+					(unsigned)((T + 15) / 16), 1, 256, 1, 1, (unsigned)(2 * D * 2),
+					args);
 		if (rc)
 			return rc;
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
