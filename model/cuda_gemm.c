@@ -13,15 +13,141 @@
 
 #include "driver/cublaslt.h"
 
+static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- the decode kernels ------------------------------------------------------------------ */
+
+/* The streaming kernel's K chunks (kernels_ptx/gemm_fp8_stream.cu): work units are 128-row tiles
+ * x K chunks, one block per SM takes units round-robin, so the busiest SM streams
+ * ceil(units / SMs) x chunk_blocks K blocks. Pick the chunk count that minimises that (plus one
+ * block's worth per unit for the pipeline fill and the epilogue, and a flat cost for the reduce
+ * launch when there is more than one chunk). A function of N, K and the SM count only: the
+ * summation order, and so every result, never depends on M. */
 struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
+{
+	int kb = K / 128, tiles = (N + 127) / 128, sms = g->sm_count > 0 ? g->sm_count : 132;
+	struct gemm_split best = {1, 1, kb > 0 ? kb : 1};
+	double best_cost = 1e30;
+	for (int c = 1; c <= kb && c <= 64; c++) {
+		int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
+		long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
+		double cost = (double)rounds * (cb + 1.0) + (ce > 1 ? 3.0 : 0.0);
+		if (cost < best_cost - 1e-9) {
+			best_cost = cost;
+			best = (struct gemm_split){1, ce, cb};
+		}
+	}
+	return best;
+}
+
+static size_t v2_workspace(const struct gpu *g, int M, int N, int K);
+
+size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
+{
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	size_t st = sp.chunks > 1 ? (size_t)sp.chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
+	return st > v2 ? st : v2; /* room for either kernel */
+}
+
+#define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
+#define ST_PITCH 272       /* the kernel's smem row pitch (ST_KC + 16) */
+
+/* Raises fn's dynamic shared memory limit once (per function handle). */
+static int smem_optin(void *fn, int bytes)
+{
+	static void *done[64];
+	static int n_done;
+	pthread_mutex_lock(&gemm_lock);
+	int found = 0;
+	for (int i = 0; i < n_done && !found; i++)
+		found = done[i] == fn;
+	pthread_mutex_unlock(&gemm_lock);
+	if (found)
+		return 0;
+	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+				     ST_SMEM_MAX));
+	(void)bytes;
+	pthread_mutex_lock(&gemm_lock);
+	if (n_done < 64)
+		done[n_done++] = fn;
+	pthread_mutex_unlock(&gemm_lock);
+	return 0;
+}
+
+/* k_gemm_fp8_stream_m* (+ k_gemm_stream_reduce when K is chunked): dense when w_tab == 0 (W, S,
+ * rows = M), grouped otherwise (rows = max_rows). */
+static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
+			 int K, int ldy, gpu_ptr ws)
+{
+	static const char *names[] = {"k_gemm_fp8_stream_m1", "k_gemm_fp8_stream_m2",
+				      "k_gemm_fp8_stream_m4", "k_gemm_fp8_stream_m8"};
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	if (sp.chunks > 1 && !ws)
+		return -EINVAL;
+	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
+	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
+	int mpad = 8 << v;
+	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
+	int head = 256 + slice_cap * 16, stage = (128 + mpad) * ST_PITCH;
+	int ns = (ST_SMEM_MAX - head) / stage;
+	ns = ns > 8 ? 8 : ns;
+	if (ns < 2) {
+		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups x %d rows do not fit\n", G,
+			rows);
+		return -EINVAL;
+	}
+	int smem = head + ns * stage;
+	void *fn = gpu_kernel(g, names[v]);
+	if (!fn)
+		return -ENOENT;
+	int r = smem_optin(fn, smem);
+	if (r)
+		return r;
+	unsigned grid = (unsigned)g->sm_count;
+	if (!w_tab) { /* dense: no more blocks than units */
+		long long units = (long long)((rows + 63) / 64) * ((N + 127) / 128) * sp.chunks;
+		grid = units < grid ? (unsigned)units : grid;
+	}
+	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
+			&sx,    &y,     &ws,   &rows, &N, &K,         &ldy,
+			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap};
+	r = gpu_launch(g, fn, grid, 1, 1, 9 * 32, 1, 1, (unsigned)smem, args);
+	if (r || sp.chunks == 1)
+		return r;
+	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
+	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
+	unsigned rb = (unsigned)(((long long)rows * N + 255) / 256);
+	return gpu_launch(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < 1024 ? rb : 1024, 1, 1, 256,
+			  1, 1, 0, rargs);
+}
+
+/* Which kernels cuda_gemm_fp8_decode / cuda_gemm_fp8_grouped run: 1 the streaming kernel,
+ * 0 the previous ones (until the streaming kernel has passed its GPU tests). */
+static int stream_on = 0;
+
+void cuda_gemm_set_stream(int on) { stream_on = on; }
+
+int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+			 int M, int N, int K, int ldy, gpu_ptr ws)
+{
+	if (!stream_on)
+		return cuda_gemm_fp8_decode_v2(g, W, S, x8, sx, y, M, N, K, ldy, ws);
+	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N) {
+		fprintf(stderr, "<3>dsv32: gemm_fp8_decode: unsupported shape M=%d N=%d K=%d ldy=%d\n",
+			M, N, K, ldy);
+		return -EINVAL;
+	}
+	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws);
+}
+
+/* The previous decode kernel (gemm_fp8_decode.cu: 16-byte register loads, ksplit warps per
+ * tile, K chunks for matrices >= 32 MB), kept for the benchmark's comparison. */
+static struct gemm_split v2_split(const struct gpu *g, int N, int K)
 {
 	int kb = K / 128;
 	struct gemm_split sp = {.ksplit = kb >= 8 ? 8 : kb >= 4 ? 4 : kb >= 2 ? 2 : 1};
 	int blocks = (N / 16) / (8 / sp.ksplit);
-	/* Aim for >= 8 blocks of 8 warps per SM (about 3 resident, so the last wave is short),
-	 * but keep >= 2 K blocks per warp so the partials stay a small part of the traffic, and
-	 * only for matrices >= 32 MB: below that the reduce launch costs more than it gains
-	 * (measured, docs/PERF.md). */
 	int want = g->sm_count * 8;
 	sp.chunks = 1;
 	while ((size_t)N * K >= (32u << 20) && blocks * sp.chunks * 2 <= want &&
@@ -31,24 +157,26 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 	return sp;
 }
 
-size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
+static size_t v2_workspace(const struct gpu *g, int M, int N, int K)
 {
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	struct gemm_split sp = v2_split(g, N, K);
 	return sp.chunks > 1 ? (size_t)sp.chunks * M * N * 4 : 0;
 }
 
-int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
-			 int M, int N, int K, int ldy, gpu_ptr ws)
+size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K)
 {
-	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N) {
-		fprintf(stderr, "<3>dsv32: gemm_fp8_decode: unsupported shape M=%d N=%d K=%d ldy=%d\n",
-			M, N, K, ldy);
+	return v2_workspace(g, M, N, K);
+}
+
+int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws)
+{
+	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
-	}
 	static const char *names[] = {"k_gemm_fp8_decode_m1", "k_gemm_fp8_decode_m2",
 				      "k_gemm_fp8_decode_m4", "k_gemm_fp8_decode_m8"};
 	int v = M <= 8 ? 0 : M <= 16 ? 1 : M <= 32 ? 2 : 3;
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	struct gemm_split sp = v2_split(g, N, K);
 	if (sp.chunks > 1 && !ws)
 		return -EINVAL;
 	int tiles_per_block = 8 / sp.ksplit;
@@ -68,25 +196,40 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K)
 {
-	(void)g, (void)max_rows, (void)G, (void)N, (void)K;
-	return 0;
+	(void)G;
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
 }
 
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes)
 {
-	(void)ws, (void)ws_bytes;
-	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N) {
+	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N || !w_tab || !s_tab || !off) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
 				"K=%d ldy=%d\n", G, max_rows, N, K, ldy);
 		return -EINVAL;
 	}
 	if (max_rows == 0)
 		return 0;
-	/* one z-slot per group that can have rows: at most min(G, max_rows) of them */
-	int slots = G < max_rows ? G : max_rows;
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	if (!stream_on)
+		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
+	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
+		return -EINVAL;
+	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws);
+}
+
+/* The first grouped version (gemm_fp8_decode.cu k_gemm_fp8_grouped_m8: the v2 decode kernel with
+ * a group index per grid z-slot), kept for the benchmark's comparison. Needs no workspace. */
+int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
+{
+	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N)
+		return -EINVAL;
+	if (max_rows == 0)
+		return 0;
+	int slots = G < max_rows ? G : max_rows; /* groups that can have rows */
+	struct gemm_split sp = v2_split(g, N, K);
 	int tiles_per_block = 8 / sp.ksplit;
 	unsigned blocks = (unsigned)((N / 16 + tiles_per_block - 1) / tiles_per_block);
 	void *args[] = {&w_tab, &s_tab, &off, &G, &x8, &sx, &y, &N, &K, &ldy, &sp.ksplit};
@@ -97,8 +240,6 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 /* ---- cuBLASLt -------------------------------------------------------------------------- */
 
 #define MAX_GPUS 16
-
-static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cublaslt *lt_of[MAX_GPUS]; /* per GPU ordinal, opened on first use */
 static int lt_state[MAX_GPUS];           /* 0 untried, 1 open, < 0 failed (errno) */
 

@@ -3,8 +3,8 @@
  * (kernels_ptx/gemm_fp8_*), cuBLASLt's block-scaled path (driver/cublaslt.h), and the per-shape
  * dispatch between them.
  *
- * Owns: choosing the kernel variant and grid for a shape, checking the shape contract
- * (N % 16 == 0, K % 128 == 0, M <= 64 for the decode kernel), the cuBLASLt handle of each GPU
+ * Owns: choosing the kernel variant, K split and grid for a shape, checking the shape contract
+ * (N % 16 == 0, K % 128 == 0, M <= 64 for the decode kernel), the grouped (MoE) entry point, the cuBLASLt handle of each GPU
  * (opened on first use) and the dispatch table: per (M bucket, N, K) which path is faster,
  * measured by cuda_gemm_tune() at start-up (or recorded by a benchmark). Must not: allocate
  * device memory (callers pass workspaces of the sizes asked for here).
@@ -17,9 +17,10 @@
 #include "driver/gpu.h"
 
 #ifndef DSV32_NO_CUDA
-/* The decode kernel's split of a shape: ksplit warps share a tile's K; chunks of chunk_blocks
- * 128-wide K blocks are separate blocks (chunks > 1 needs a workspace). Depends only on N, K
- * and the GPU, never on M. */
+/* The decode kernel's split of a shape (kernels_ptx/gemm_fp8_stream.cu): K is cut into `chunks`
+ * chunks of chunk_blocks 128-wide K blocks (chunks > 1 needs a workspace for the fp32 partials,
+ * summed in chunk order); ksplit is 1 (the field is the previous kernel's). Depends only on N,
+ * K and the GPU's SM count, never on M: so does the summation order of every output. */
 struct gemm_split {
 	int ksplit, chunks, chunk_blocks;
 };
@@ -28,9 +29,22 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K);
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K);
 /* y[M, ldy] (bf16) = x8[M, K] (e4m3, scales sx[M, K/128]) x W8[N, K]^T (e4m3, scales
  * S[N/128, K/128]), fp32 accumulation promoted per 128-block. M <= 64. ws: a workspace of
- * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). */
+ * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). The streaming kernel (bulk
+ * copies into shared memory, persistent grid); batch invariant: row m's result does not depend
+ * on M. */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws);
+/* 1: cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel; 0 (the default
+ * until it has passed the GPU tests): the previous kernels below. Process-wide; tests and the
+ * benchmark set it. */
+void cuda_gemm_set_stream(int on);
+/* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads) and the first
+ * grouped version built on it, kept for the benchmark's comparison. */
+size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K);
+int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws);
+int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
 
 /* ---- cuBLASLt and the dispatch --------------------------------------------------------- */
 

@@ -79,6 +79,7 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 	REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
 	char what[96];
 	snprintf(what, sizeof what, "grouped G=%d rows=%d N=%d K=%d", G, R, N, K);
+	/* the dense GEMM of the same kernel generation as the grouped one */
 	CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
 
 	/* the dense GEMM of each group's rows (<= 64 of them) with the same weight: bit-equal */
@@ -128,11 +129,17 @@ TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 120)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	/* empty groups first, last and in between; one group above 64 rows */
-	static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
-	check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900);
-	static const int rows2[] = {5};
-	check_grouped(&g, 1, rows2, 7168, 2048, 901);
+	for (int on = 1; on >= 0; on--) { /* the streaming kernel, then the first version */
+		cuda_gemm_set_stream(on);
+		printf("    %s kernel\n", on ? "streaming" : "v0");
+		/* empty groups first, last and in between; one group above 64 rows */
+		static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
+		check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900);
+		static const int rows2[] = {5};
+		check_grouped(&g, 1, rows2, 7168, 2048, 901);
+		static const int rows3[] = {0, 0, 130};
+		check_grouped(&g, 3, rows3, 2112, 7168, 904); /* K chunked */
+	}
 	gpu_close(&g);
 }
 
@@ -146,8 +153,12 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 300)
 	uint64_t seed = 77;
 	for (int i = 0; i < 40; i++)
 		rows[(test_rand(&seed) % 32) * 8 + 3]++; /* 40 rows over <= 32 experts */
-	check_grouped(&g, 256, rows, 4096, 7168, 902);
-	check_grouped(&g, 256, rows, 7168, 2048, 903);
+	for (int on = 1; on >= 0; on--) {
+		cuda_gemm_set_stream(on);
+		printf("    %s kernel\n", on ? "streaming" : "v0");
+		check_grouped(&g, 256, rows, 4096, 7168, 902);
+		check_grouped(&g, 256, rows, 7168, 2048, 903);
+	}
 	gpu_close(&g);
 }
 

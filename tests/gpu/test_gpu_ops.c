@@ -346,8 +346,78 @@ TEST_T(gpu_ops, gemm_fp8_decode_vs_cpu, 120)
 					{2, 7168, 16384}, {9, 4096, 7168},
 					{13, 256, 1536}, {16, 4096, 512}, {31, 7168, 2048},
 					{64, 1024, 2048}, {40, 128, 7168}, {3, 32768, 512}};
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-		check_gemm(&g, shapes[i][0], shapes[i][1], shapes[i][2], 600 + i);
+	for (int on = 1; on >= 0; on--) { /* the streaming kernel, then the previous one */
+		cuda_gemm_set_stream(on);
+		printf("    %s kernel\n", on ? "streaming" : "v2");
+		for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+			check_gemm(&g, shapes[i][0], shapes[i][1], shapes[i][2], 600 + i);
+	}
+	gpu_close(&g);
+}
+
+/* Batch invariance of the decode GEMM (the streaming kernel): the first m rows of a 64-row product, recomputed with
+ * M = m (1, 7, 8, 9, 33, 63), are bit-identical to the 64-row result (shapes with one and with
+ * several K chunks). */
+TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][2] = {{2112, 7168}, {7168, 16384}, {576, 512}};
+	static const int ms[] = {1, 7, 8, 9, 33, 63};
+	uint64_t seed = 4242;
+	cuda_gemm_set_stream(1);
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+		const int N = shapes[si][0], K = shapes[si][1], KB = K / 128, M = 64;
+		const int NB = N / 128 + (N % 128 != 0);
+		uint8_t *W = malloc((size_t)N * K), *xq = malloc((size_t)M * K);
+		float *S = malloc((size_t)NB * KB * 4), *x = malloc((size_t)M * K * 4),
+		      *sx = malloc((size_t)M * KB * 4);
+		uint16_t *y64 = malloc((size_t)M * N * 2), *ym = malloc((size_t)M * N * 2);
+		for (size_t i = 0; i < (size_t)N * K; i++) {
+			uint8_t b = (uint8_t)test_rand(&seed);
+			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
+		}
+		for (int i = 0; i < NB * KB; i++)
+			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
+		fill_act(x, M, K, &seed);
+		for (int m = 0; m < M; m++)
+			cpu_act_quant(x + (size_t)m * K, K, xq + (size_t)m * K, sx + (size_t)m * KB);
+		gpu_ptr dW = gpu_test_alloc((size_t)N * K), dS = gpu_test_alloc((size_t)NB * KB * 4),
+			dx = gpu_test_alloc((size_t)M * K), dsx = gpu_test_alloc((size_t)M * KB * 4),
+			dy = gpu_test_alloc((size_t)M * N * 2);
+		size_t wsb = cuda_gemm_decode_workspace(&g, M, N, K);
+		gpu_ptr dws = gpu_test_alloc(wsb ? wsb : 256);
+		REQUIRE(gpu_upload(&g, dW, W, (size_t)N * K) == 0);
+		REQUIRE(gpu_upload(&g, dS, S, (size_t)NB * KB * 4) == 0);
+		REQUIRE(gpu_upload(&g, dx, xq, (size_t)M * K) == 0);
+		REQUIRE(gpu_upload(&g, dsx, sx, (size_t)M * KB * 4) == 0);
+		gpu_test_poison(&g, dy, (size_t)M * N * 2);
+		REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, M, N, K, N, dws) == 0);
+		REQUIRE(gpu_download(&g, y64, dy, (size_t)M * N * 2) == 0);
+		struct gemm_split sp = cuda_gemm_decode_split(&g, N, K);
+		for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+			const int m = ms[mi];
+			gpu_test_poison(&g, dy, (size_t)M * N * 2);
+			REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, m, N, K, N, dws) == 0);
+			REQUIRE(gpu_download(&g, ym, dy, (size_t)m * N * 2) == 0);
+			int64_t differ = 0, first = -1;
+			for (size_t i = 0; i < (size_t)m * N; i++)
+				if (ym[i] != y64[i]) {
+					first = first < 0 ? (int64_t)i : first;
+					differ++;
+				}
+			printf("    N=%d K=%d (%d chunks) M=%d vs 64: %lld differ", N, K, sp.chunks, m,
+			       (long long)differ);
+			if (first >= 0)
+				printf(", first row %lld col %lld: %04x vs %04x", (long long)(first / N),
+				       (long long)(first % N), ym[first], y64[first]);
+			printf("\n");
+			CHECK_EQ_INT(differ, 0);
+		}
+		cu.cuMemFree(dW), cu.cuMemFree(dS), cu.cuMemFree(dx), cu.cuMemFree(dsx);
+		cu.cuMemFree(dy), cu.cuMemFree(dws);
+		free(W), free(xq), free(S), free(x), free(sx), free(y64), free(ym);
+	}
 	gpu_close(&g);
 }
 

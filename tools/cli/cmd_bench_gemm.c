@@ -79,6 +79,15 @@ static int launch_gemm(struct gpu *g, void *vctx, int i)
 				    c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws);
 }
 
+static int launch_v2(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8_decode_v2(g, c->w + (size_t)k * c->w_bytes,
+				       c->s + (size_t)k * c->s_bytes, c->x, c->sx, c->y, c->M, c->N,
+				       c->K, c->N, c->ws);
+}
+
 static int launch_lt(struct gpu *g, void *vctx, int i)
 {
 	struct gemm_ctx *c = vctx;
@@ -97,14 +106,142 @@ static void print_path(float ms, double bytes, double flops)
 		       flops / (ms * 1e-3) / 1e12);
 }
 
+/* ---- grouped expert GEMM -------------------------------------------------------------------- */
+
+#define GB_EXPERTS 256
+#define GB_TOPK 8
+#define GB_ROUTINGS 8
+
+struct grouped_ctx {
+	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
+	size_t ws_bytes;
+	int rows, N, K, v0;
+};
+
+static int launch_grouped(struct gpu *g, void *vctx, int i)
+{
+	struct grouped_ctx *c = vctx;
+	gpu_ptr off = c->off[i % GB_ROUTINGS];
+	if (c->v0)
+		return cuda_gemm_fp8_grouped_v0(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx,
+						c->y, c->rows, c->N, c->K, c->N);
+	return cuda_gemm_fp8_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx, c->y,
+				     c->rows, c->N, c->K, c->N, c->ws, c->ws_bytes);
+}
+
+static int bench_grouped(struct gpu *g, int trials, double read_tbs)
+{
+	static const int shapes[][2] = {{4096, 7168}, {7168, 2048}};
+	static const int tokens[] = {1, 16, 64};
+	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
+	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
+	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s\n", "N x K", "tokens", "experts",
+	       "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim", "v0_us", "TB/s");
+	uint64_t seed = 12345;
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+		struct grouped_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
+		size_t w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
+		size_t s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
+		gpu_ptr w, s;
+		const int max_rows = 64 * GB_TOPK;
+		if (cu_check(cu.cuMemAlloc(&w, w_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&s, s_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.w_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.s_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.x, (size_t)max_rows * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)max_rows * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.y, (size_t)max_rows * c.N * 2), "cuMemAlloc", __FILE__, __LINE__))
+			return 1;
+		for (int r = 0; r < GB_ROUTINGS; r++)
+			if (cu_check(cu.cuMemAlloc(&c.off[r], (GB_EXPERTS + 1) * 4), "cuMemAlloc", __FILE__, __LINE__))
+				return 1;
+		c.ws_bytes = cuda_gemm_fp8_grouped_workspace(g, max_rows, GB_EXPERTS, c.N, c.K);
+		c.ws_bytes = c.ws_bytes < 256 ? 256 : c.ws_bytes;
+		if (cu_check(cu.cuMemAlloc(&c.ws, c.ws_bytes), "cuMemAlloc", __FILE__, __LINE__))
+			return 1;
+		uint64_t wt[GB_EXPERTS], st[GB_EXPERTS];
+		for (int e = 0; e < GB_EXPERTS; e++)
+			wt[e] = w + (size_t)e * w_bytes, st[e] = s + (size_t)e * s_bytes;
+		if (gpu_upload(g, c.w_tab, wt, sizeof wt) || gpu_upload(g, c.s_tab, st, sizeof st))
+			return 1;
+		bench_fill_e4m3(g, w, (long long)(w_bytes * GB_EXPERTS), 700 + si);
+		bench_fill_pow2(g, s, (long long)(s_bytes * GB_EXPERTS / 4), 800 + si, -12, -8);
+		bench_fill_e4m3(g, c.x, (long long)max_rows * c.K, 900 + si);
+		bench_fill_pow2(g, c.sx, (long long)max_rows * (c.K / 128), 1000 + si, -4, 0);
+		for (size_t ti = 0; ti < sizeof tokens / sizeof *tokens; ti++) {
+			const int T = tokens[ti];
+			c.rows = T * GB_TOPK;
+			double touched = 0; /* experts with rows, averaged over the routings */
+			for (int r = 0; r < GB_ROUTINGS; r++) {
+				int cnt[GB_EXPERTS] = {0}, off[GB_EXPERTS + 1];
+				for (int t = 0; t < T; t++) {
+					int chosen[GB_TOPK];
+					for (int k = 0; k < GB_TOPK; k++) {
+						int e, dup;
+						do {
+							seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+							e = (int)((seed >> 33) % GB_EXPERTS);
+							dup = 0;
+							for (int j = 0; j < k; j++)
+								dup |= chosen[j] == e;
+						} while (dup);
+						chosen[k] = e;
+						cnt[e]++;
+					}
+				}
+				off[0] = 0;
+				for (int e = 0; e < GB_EXPERTS; e++) {
+					off[e + 1] = off[e] + cnt[e];
+					touched += cnt[e] > 0;
+				}
+				if (gpu_upload(g, c.off[r], off, sizeof off))
+					return 1;
+			}
+			touched /= GB_ROUTINGS;
+			double bytes = touched * ((double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4) +
+				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
+			double flops = 2.0 * c.rows * c.N * c.K;
+			int reps = 5 * GB_ROUTINGS;
+			c.v0 = 0;
+			float ms = time_ms(g, launch_grouped, &c, reps, trials);
+			c.v0 = 1;
+			float v0 = time_ms(g, launch_grouped, &c, reps, trials);
+			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
+			print_path(ms, bytes, flops);
+			if (ms >= 0)
+				printf(" %4.0f%% |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs);
+			else
+				printf(" %5s |", "");
+			if (v0 >= 0)
+				printf(" %9.2f %6.3f\n", v0 * 1e3, bytes / (v0 * 1e-3) / 1e12);
+			else
+				printf(" %9s\n", "n/a");
+			if (ms < 0)
+				return 1;
+		}
+		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(c.w_tab), cu.cuMemFree(c.s_tab);
+		cu.cuMemFree(c.x), cu.cuMemFree(c.sx), cu.cuMemFree(c.y), cu.cuMemFree(c.ws);
+		for (int r = 0; r < GB_ROUTINGS; r++)
+			cu.cuMemFree(c.off[r]);
+	}
+	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped; v0: "
+	       "the first grouped version; experts: groups with rows, mean over the routings; "
+	       "touch_MB: their weights + x + y; %%lim: against the read limit)\n", trials);
+	return 0;
+}
+
 int bench_gemm(int argc, char **argv)
 {
-	int trials = 7;
+	int trials = 7, run_dense = 1, run_grouped = 1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--grouped"))
+			run_dense = 0;
+		else if (!strcmp(argv[i], "--dense"))
+			run_grouped = 0;
 		else {
-			fprintf(stderr, "usage: dsv32 bench gemm [--trials N]\n");
+			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense]\n");
 			return 2;
 		}
 	}
@@ -114,22 +251,24 @@ int bench_gemm(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
 		return 1;
 	}
+	cuda_gemm_set_stream(1); /* "ours" is the streaming kernel */
 	/* The limit: streaming read of 4 GiB. */
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
-	printf("\n%-12s %4s | %9s %6s %7s %5s | %9s %6s %7s | %7s %s\n", "N x K", "M",
-	       "ours_us", "TB/s", "TFLOP/s", "split", "lt_us", "TB/s", "TFLOP/s", "ours/lt",
-	       "faster");
+	if (run_dense)
+		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %s\n",
+		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "split", "v2_us", "TB/s",
+		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster");
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
 	static const int Ms[] = {1, 8, 32, 64, 128, 4096};
 	const int max_m = 4096;
 	int rc_all = 0;
-	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+	for (size_t si = 0; run_dense && si < sizeof shapes / sizeof *shapes; si++) {
 		struct gemm_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
 		c.w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
 		c.s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
@@ -146,6 +285,8 @@ int bench_gemm(int argc, char **argv)
 		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
 			size_t b = cuda_gemm_fp8_workspace(&g, Ms[mi], c.N, c.K);
 			c.ws_bytes = b > c.ws_bytes ? b : c.ws_bytes;
+			b = Ms[mi] <= 64 ? cuda_gemm_decode_v2_workspace(&g, Ms[mi], c.N, c.K) : 0;
+			c.ws_bytes = b > c.ws_bytes ? b : c.ws_bytes;
 		}
 		if (cu_check(cu.cuMemAlloc(&c.ws, c.ws_bytes), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
@@ -159,6 +300,7 @@ int bench_gemm(int argc, char **argv)
 			int want = c.M >= 1024 ? 8 : 40;
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
 			float ms = c.M <= 64 ? time_ms(&g, launch_gemm, &c, reps, trials) : -1;
+			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (c.M <= 64 && ms < 0)
 				rc_all = 1;
@@ -169,9 +311,14 @@ int bench_gemm(int argc, char **argv)
 			printf("%5dx%-6d %4d |", c.N, c.K, c.M);
 			print_path(ms, bytes, flops);
 			if (ms >= 0)
-				printf(" k%dx%-2d |", sp.ksplit, sp.chunks);
+				printf(" %4.0f%% c%-4d |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs,
+				       sp.chunks);
 			else
-				printf(" %5s |", "");
+				printf(" %5s %5s |", "", "");
+			if (v2 >= 0)
+				printf(" %9.2f %6.3f |", v2 * 1e3, bytes / (v2 * 1e-3) / 1e12);
+			else
+				printf(" %9s %6s |", "n/a", "");
 			print_path(lt, bytes, flops);
 			enum cuda_gemm_path pick = lt >= 0 && (ms < 0 || lt < ms)
 							   ? CUDA_GEMM_PATH_CUBLASLT
@@ -192,10 +339,14 @@ int bench_gemm(int argc, char **argv)
 		cu.cuMemFree(c.y);
 		cu.cuMemFree(c.ws);
 	}
-	printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_decode_m*, M <= 64; "
-	       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated over "
-	       ">= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the path "
-	       "cannot run the shape)\n", trials);
+	if (run_dense)
+		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m*, M <= 64; "
+		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
+		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
+		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
+		       "path cannot run the shape)\n", trials);
+	if (run_grouped && bench_grouped(&g, trials, read_tbs))
+		rc_all = 1;
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 	return rc_all;

@@ -1,0 +1,363 @@
+// gemm_fp8_stream.cu — the FP8 block-scaled GEMM for decode (few tokens: weight streaming),
+// dense and grouped (MoE experts), spec §5.4:
+//   y[m, n] = bf16( Σ_kb ( Σ_{k in kb} x8[m, k] · W8[n, k] ) · sx[m, kb] · S[n / 128, kb] )
+// W8 e4m3 [N, K] (row stride K), S fp32 [ceil(N/128), K/128] (weight_scale_inv, multiplied),
+// x8 e4m3 [rows, K], sx fp32 [rows, K/128] (UE8M0 act_quant scales), y bf16 [rows, ldy].
+// Grouped (w_tab != NULL): group e owns rows [off[e], off[e+1]) and its own W8 = w_tab[e],
+// S = s_tab[e] (device addresses); a group without rows is never touched.
+//
+// Streaming: weights never pass through registers on their way in. One producer warp per block
+// issues bulk asynchronous copies (cp.async.bulk global -> shared, completion counted in bytes
+// on an mbarrier, L2 evict-first) of a stage = 128 weight rows x 256 bytes of K (two 128-wide K
+// blocks) plus the same K range of the slice's token rows, into a ring of NS stages (4-6, as
+// many as fit in shared memory); eight consumer warps wait on a stage's "full" barrier, compute,
+// and release it on its "empty" barrier. Rows sit at a pitch of 272 bytes so the fragment loads
+// below are free of bank conflicts. The grid is persistent (one block per SM): block b takes
+// work units b, b + gridDim.x, ... and its producer runs ahead across unit boundaries.
+//
+// Work unit = (slice, row tile, K chunk). A slice is <= 64 rows of one group (dense: of x); a row
+// tile is 128 weight rows (consumer warp w owns rows 16w .. 16w+15); a K chunk is chunk_blocks
+// 128-wide K blocks. chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only
+// (model/cuda_gemm.c), so that units fill the SMs evenly.
+//
+// Arithmetic: mma.m16n8k32 e4m3 with the weights as A (16 rows of the warp) and 8 tokens as B.
+// Lane (g, t) reads bytes [32t, 32t+32) of each 128-byte K block for its rows (g, g+8) and its
+// token (g of each group of 8), and MMA step s uses words 2s, 2s+1 of them for A and B alike, so
+// both see the same permutation of k and each dot product is complete. Inside one K block the 4
+// MMAs accumulate into a fresh fp32 fragment, which is scaled by sx·S and added to the fp32
+// accumulator ("promotion" after every 128 products, DeepSeek's 2xAcc).
+//
+// Summation order (fixed, depends only on N and K): within a chunk, K blocks in increasing
+// order; chunks (when more than one) are summed in chunk order by k_gemm_stream_reduce from fp32
+// partials. A token's column never mixes with another's (tensor-core outputs are independent
+// per row and column), and nothing depends on how many tokens there are or which group a row
+// is in: a row's result does not depend on M, on its slice, or on its neighbours (batch
+// invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
+#include "common.cuh"
+
+#define ST_WARPS 8                  // consumer warps; + 1 producer warp
+#define ST_ROWS (ST_WARPS * 16)     // weight rows per tile
+#define ST_KC 256                   // K bytes per stage: two 128-wide K blocks
+#define ST_PITCH (ST_KC + 16)       // smem row pitch: conflict-free 16-byte fragment loads
+#define ST_MAXSTAGES 8
+#define ST_SLICE_ROWS 64
+
+struct st_slice {
+	int e, r0, rows, pad;
+};
+
+// ---- mbarrier and bulk-copy primitives (PTX, sm_90) ----------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+	uint32_t done;
+	do {
+		asm volatile("{\n\t.reg .pred p;\n\t"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+			     "selp.u32 %0, 1, 0, p;\n\t}"
+			     : "=r"(done)
+			     : "r"(bar), "r"(parity)
+			     : "memory");
+	} while (!done);
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+		     : "memory");
+}
+
+// bytes (multiple of 16) from global src to shared dst, completion counted on bar.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
+					  uint32_t bar, uint64_t policy)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+		     " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+		     : "memory");
+}
+
+__device__ __forceinline__ uint64_t policy_evict_first()
+{
+	uint64_t p;
+	asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+	return p;
+}
+
+__device__ __forceinline__ uint64_t policy_evict_normal()
+{
+	uint64_t p;
+	asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+	return p;
+}
+
+// 16 bytes of shared memory; volatile keeps it after the mbarrier wait that made them valid.
+__device__ __forceinline__ uint4 lds128(uint32_t addr)
+{
+	uint4 r;
+	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+		     : "r"(addr));
+	return r;
+}
+
+// D = A·B + C for one m16n8k32 e4m3 MMA (A row-major 16x32, B column-major 32x8, fp32 C/D).
+__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+
+struct st_unit {
+	int e, r0, ms, n0, kb0, kb1, chunk;
+};
+
+__device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
+					   int chunk_blocks, int KB)
+{
+	st_unit w;
+	w.chunk = u % chunks;
+	const int rest = u / chunks;
+	const int tile = rest % tiles;
+	const st_slice s = sl[rest / tiles];
+	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
+	w.n0 = tile * ST_ROWS;
+	w.kb0 = w.chunk * chunk_blocks;
+	w.kb1 = min(KB, w.kb0 + chunk_blocks);
+	return w;
+}
+
+template <int MG> // token groups of 8 per slice: slice rows <= 8 * MG
+__device__ __forceinline__ void
+gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
+		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
+		const uint8_t *__restrict__ W, const float *__restrict__ S,
+		const uint8_t *__restrict__ X, const float *__restrict__ SX, uint16_t *__restrict__ Y,
+		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
+		int chunk_blocks, int ns, int mpad, int slice_cap)
+{
+	extern __shared__ __align__(128) uint8_t smem[];
+	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
+	uint64_t *empty = full + ST_MAXSTAGES;
+	int *n_slices = reinterpret_cast<int *>(empty + ST_MAXSTAGES);
+	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
+	uint8_t *stages = smem + 256 + (size_t)slice_cap * sizeof(st_slice);
+	const int stage_bytes = (ST_ROWS + mpad) * ST_PITCH;
+
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int KB = K >> 7;
+
+	// the slices: <= 64 rows of one group each, groups without rows left out
+	if (warp == 0) {
+		if (!w_tab) {
+			const int n = (rows + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
+			for (int i = lane; i < n && i < slice_cap; i += 32)
+				sl[i] = st_slice{0, i * ST_SLICE_ROWS, min(ST_SLICE_ROWS, rows - i * ST_SLICE_ROWS), 0};
+			if (lane == 0)
+				*n_slices = min(n, slice_cap);
+		} else {
+			int base = 0;
+			for (int e0 = 0; e0 < G; e0 += 32) {
+				const int e = e0 + lane;
+				const int o = e < G ? off[e] : 0;
+				const int cnt = e < G ? off[e + 1] - o : 0;
+				const int ns_e = (cnt + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
+				int incl = ns_e; // inclusive warp scan
+#pragma unroll
+				for (int d = 1; d < 32; d <<= 1) {
+					const int v = __shfl_up_sync(0xffffffffu, incl, d);
+					if (lane >= d)
+						incl += v;
+				}
+				for (int j = 0; j < ns_e; j++) {
+					const int at = base + incl - ns_e + j;
+					if (at < slice_cap)
+						sl[at] = st_slice{e, o + j * ST_SLICE_ROWS,
+								  min(ST_SLICE_ROWS, cnt - j * ST_SLICE_ROWS), 0};
+				}
+				base += __shfl_sync(0xffffffffu, incl, 31);
+			}
+			if (lane == 0)
+				*n_slices = min(base, slice_cap);
+		}
+	}
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < ns; s++) {
+			mbar_init(smem_u32(&full[s]), 1);
+			mbar_init(smem_u32(&empty[s]), ST_WARPS);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+	}
+	__syncthreads();
+
+	const int tiles = (N + ST_ROWS - 1) / ST_ROWS;
+	const int units = *n_slices * tiles * chunks;
+
+	if (warp == ST_WARPS) {
+		// ---- producer: stream the stages of this block's units, running ahead ----
+		const uint64_t pol_w = policy_evict_first(), pol_x = policy_evict_normal();
+		int s = 0;
+		uint32_t ph = 0;
+		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			const uint8_t *Wp = w_tab ? reinterpret_cast<const uint8_t *>(w_tab[w.e]) : W;
+			const int nrows = min(ST_ROWS, N - w.n0);
+			for (int kb = w.kb0; kb < w.kb1; kb += 2) {
+				const uint32_t bytes = (uint32_t)min(2, w.kb1 - kb) * 128;
+				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
+				const uint32_t bar = smem_u32(&full[s]);
+				if (lane == 0)
+					mbar_expect_tx(bar, (uint32_t)(nrows + w.ms) * bytes);
+				__syncwarp();
+				const uint32_t dst = smem_u32(stages + (size_t)s * stage_bytes);
+				for (int r = lane; r < nrows; r += 32)
+					bulk_copy(dst + r * ST_PITCH,
+						  Wp + (size_t)(w.n0 + r) * K + (size_t)kb * 128, bytes, bar,
+						  pol_w);
+				for (int r = lane; r < w.ms; r += 32)
+					bulk_copy(dst + (ST_ROWS + r) * ST_PITCH,
+						  X + (size_t)(w.r0 + r) * K + (size_t)kb * 128, bytes, bar,
+						  pol_x);
+				if (++s == ns)
+					s = 0, ph ^= 1;
+			}
+		}
+		return;
+	}
+
+	// ---- consumers: warp w owns rows n0 + 16w .. + 15 of each unit ----
+	const int g = lane >> 2, t = lane & 3;
+	int s = 0;
+	uint32_t ph = 0;
+	const uint32_t stage0 = smem_u32(stages);
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
+		const int n = w.n0 + warp * 16; // this warp's first row
+		const bool active = n < N;      // N % 16 == 0: a warp's 16 rows are all in or all out
+		const int mg_n = (w.ms + 7) >> 3;
+		const float *s_row = Sp + (size_t)(n >> 7) * KB;
+		const float *sx = SX + (size_t)w.r0 * KB;
+		float acc[MG][4];
+#pragma unroll
+		for (int mg = 0; mg < MG; mg++)
+			acc[mg][0] = acc[mg][1] = acc[mg][2] = acc[mg][3] = 0.f;
+		for (int kb = w.kb0; kb < w.kb1; kb += 2) {
+			mbar_wait(smem_u32(&full[s]), ph);
+			if (active) {
+				const uint32_t st = stage0 + s * stage_bytes;
+				const uint32_t a_addr = st + (warp * 16 + g) * ST_PITCH + 32 * t;
+				const uint32_t b_addr = st + (ST_ROWS + g) * ST_PITCH + 32 * t;
+				const int nb = min(2, w.kb1 - kb);
+				for (int j = 0; j < nb; j++) {
+					const uint4 lo0 = lds128(a_addr + j * 128);
+					const uint4 lo1 = lds128(a_addr + j * 128 + 16);
+					const uint4 hi0 = lds128(a_addr + 8 * ST_PITCH + j * 128);
+					const uint4 hi1 = lds128(a_addr + 8 * ST_PITCH + j * 128 + 16);
+					const float sw = s_row[kb + j];
+#pragma unroll
+					for (int mg = 0; mg < MG; mg++) {
+						if (mg >= mg_n)
+							break;
+						const uint32_t bp = b_addr + mg * 8 * ST_PITCH + j * 128;
+						const uint4 b0 = lds128(bp), b1 = lds128(bp + 16);
+						float c[4] = {0.f, 0.f, 0.f, 0.f};
+						mma_e4m3(c, lo0.x, hi0.x, lo0.y, hi0.y, b0.x, b0.y);
+						mma_e4m3(c, lo0.z, hi0.z, lo0.w, hi0.w, b0.z, b0.w);
+						mma_e4m3(c, lo1.x, hi1.x, lo1.y, hi1.y, b1.x, b1.y);
+						mma_e4m3(c, lo1.z, hi1.z, lo1.w, hi1.w, b1.z, b1.w);
+						// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
+						const int m0 = mg * 8 + 2 * t;
+						const float s0 = m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
+						const float s1 =
+							m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
+						acc[mg][0] += c[0] * s0;
+						acc[mg][1] += c[1] * s1;
+						acc[mg][2] += c[2] * s0;
+						acc[mg][3] += c[3] * s1;
+					}
+				}
+			}
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&empty[s]));
+			if (++s == ns)
+				s = 0, ph ^= 1;
+		}
+		if (!active)
+			continue;
+#pragma unroll
+		for (int mg = 0; mg < MG; mg++) {
+			if (mg >= mg_n)
+				break;
+			const int m0 = mg * 8 + 2 * t;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const int m = m0 + (q & 1), row = n + g + 8 * (q >> 1);
+				if (m >= w.ms)
+					continue;
+				const size_t r = (size_t)w.r0 + m;
+				if (chunks == 1)
+					Y[r * ldy + row] = f32_to_bf16(acc[mg][q]);
+				else // fp32 partial of this chunk, summed in chunk order below
+					partial[((size_t)w.chunk * rows + r) * N + row] = acc[mg][q];
+			}
+		}
+	}
+}
+
+#define ST_ENTRY(MG)                                                                              \
+	extern "C" __global__ void __launch_bounds__((ST_WARPS + 1) * 32, 1)                      \
+	k_gemm_fp8_stream_m##MG(const unsigned long long *w_tab, const unsigned long long *s_tab, \
+				const int *off, int G, const uint8_t *W, const float *S,          \
+				const uint8_t *X, const float *SX, uint16_t *Y, float *partial,   \
+				int rows, int N, int K, int ldy, int chunks, int chunk_blocks,    \
+				int ns, int mpad, int slice_cap)                                  \
+	{                                                                                         \
+		gemm_fp8_stream<MG>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K,    \
+				    ldy, chunks, chunk_blocks, ns, mpad, slice_cap);              \
+	}
+
+ST_ENTRY(1)
+ST_ENTRY(2)
+ST_ENTRY(4)
+ST_ENTRY(8)
+
+// y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
+// K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
+// partial: [chunks][rows][N].
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
+		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
+{
+	const int R = rows_dev ? min(rows, *rows_dev) : rows;
+	const long long total = (long long)R * N, plane = (long long)rows * N;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+	     i += (long long)gridDim.x * blockDim.x) {
+		float sum = partial[i];
+		for (int c = 1; c < chunks; c++)
+			sum += partial[(size_t)c * plane + i];
+		Y[(i / N) * ldy + i % N] = f32_to_bf16(sum);
+	}
+}
