@@ -69,17 +69,26 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 
 // Blocks until the phase of parity `parity` of the barrier has completed. A fresh barrier is in
 // phase 0, so waiting for parity 1 returns at once (the producer's first pass over the ring).
+// A wait that has not finished after ~2^28 tries (seconds) is a bug (a lost arrival or copy):
+// it says where and traps, so a test fails with a message instead of hanging.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
 	uint32_t done;
-	do {
+	for (uint32_t tries = 0;; tries++) {
 		asm volatile("{\n.reg .pred p;\n"
 			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
 			     "selp.u32 %0, 1, 0, p;\n}\n"
 			     : "=r"(done)
 			     : "r"(bar), "r"(parity)
 			     : "memory");
-	} while (!done);
+		if (done)
+			return;
+		if (tries == (1u << 28)) {
+			printf("k_gemm_fp8_wgmma: stuck: block %d thread %d barrier %u parity %u\n",
+			       blockIdx.x, threadIdx.x, bar, parity);
+			__trap();
+		}
+	}
 }
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar)
@@ -222,6 +231,10 @@ struct wg_sched {
 	long long base; // first global tile index of group e
 };
 
+template <int BN>
+__device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int n_tiles,
+						 wg_tile &tl);
+
 template <int BN, bool GROUPED>
 __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int N,
 					   const void *bmap, const float *S, wg_tile &tl)
@@ -233,8 +246,16 @@ __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int
 		const int mb = (int)(t % sc.m_tiles), nb = (int)(t / sc.m_tiles);
 		tl.row0 = mb * WG_BM, tl.row_end = M, tl.n0 = nb * BN, tl.bmap = bmap, tl.S = S;
 		return true;
+	} else {
+		return wg_group_tile_at<BN>(sc, t, n_tiles, tl);
 	}
-	// t only grows, so the group pointer only moves forward.
+}
+
+// The grouped walker; t only grows, so the group pointer only moves forward.
+template <int BN>
+__device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int n_tiles,
+						 wg_tile &tl)
+{
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), r1 = __ldg(sc.off + sc.e + 1);
 		const int mt = (r1 - r0 + WG_BM - 1) / WG_BM;
@@ -355,6 +376,11 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		float nx_lo = __ldg(sx_lo), nx_hi = __ldg(sx_hi), nw0 = __ldg(w0), nw1 = __ldg(w1);
 		const uint64_t da0 = smem_desc(a_smem + cw * 64 * WG_BK);
 		const uint64_t db0 = smem_desc(b_smem);
+		// When none of this warpgroup's rows is stored (a group's or M's last tile) it skips
+		// the MMAs but still takes part in every stage's handshake; its wait on "full" keeps
+		// its arrivals on "empty" in step with the stage's phase. (Not for BN = 192: its
+		// fragment and accumulators leave no registers for it.)
+		const bool active = BN > 128 || tl.row0 + cw * 64 < tl.row_end;
 		for (int kb = 0; kb < KB; kb++) {
 			const float x_lo = nx_lo, x_hi = nx_hi, cw0 = nw0, cw1 = nw1;
 			if (kb + 1 < KB) { // the next block's scales, a block ahead
@@ -362,6 +388,13 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 				nw0 = __ldg(w0 + kb + 1), nw1 = __ldg(w1 + kb + 1);
 			}
 			mbar_wait(FULL(s), ph); // the copies of this stage have landed
+			if (!active) {
+				if (lane == 0)
+					mbar_arrive(EMPTY(s));
+				if (++s == STAGES)
+					s = 0, ph ^= 1;
+				continue;
+			}
 			const uint64_t da = da0 + ((uint64_t)(s * C::A_BYTES) >> 4);
 			const uint64_t db = db0 + ((uint64_t)(s * C::B_BYTES) >> 4);
 #pragma unroll
@@ -454,18 +487,17 @@ extern "C" __global__ void __launch_bounds__(32)
 k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *__restrict__ w_tab,
 		   const int *__restrict__ off, int G)
 {
-	__shared__ tmap sm;
+	__shared__ __align__(128) tmap sm;
 	const int e = blockIdx.x;
 	if (e >= G || off[e + 1] == off[e])
 		return; // the whole warp leaves together
-	if (threadIdx.x < 16)
-		sm.opaque[threadIdx.x] = tmpl.opaque[threadIdx.x];
-	__syncwarp();
-	if (threadIdx.x == 0)
+	if (threadIdx.x == 0) {
+		sm = tmpl;
 		asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(
 				     smem_u32(&sm)),
 			     "l"(w_tab[e])
 			     : "memory");
+	}
 	__syncwarp();
 	// copy to global and make it visible to the tensor-map proxy of later copies (release)
 	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"

@@ -113,8 +113,15 @@ static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *
 			float r = ref[(size_t)i * N + j], v = bf16_to_f32(got[(size_t)i * N + j]);
 			if (bf16_ulps(f32_to_bf16(r), got[(size_t)i * N + j]) > 1 &&
 			    !(fabsf(v - r) <= fabsf(r) * 0.01f)) {
-				printf("    first bad: row %d col %d: got %g want %g\n", rows[i], j, v,
-				       r);
+				/* a layout bug moves values: where in this row is the one we got? */
+				int at = -1;
+				for (int k = 0; k < N && at < 0; k++)
+					if (v != 0 && fabsf(ref[(size_t)i * N + k] - v) <=
+							      fabsf(v) * (1.0f / 128))
+						at = k;
+				printf("    first bad: row %d col %d: got %g want %g (got matches this "
+				       "row's col %d)\n",
+				       rows[i], j, v, r, at);
 				i = n;
 				break;
 			}
