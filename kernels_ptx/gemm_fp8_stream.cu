@@ -58,17 +58,28 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 
+// Blocks until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
+// parity 1 returns at once: the producer's first pass over the ring). A wait still unfinished
+// after ~2^28 tries (seconds) is a bug (a lost arrival or copy): it says where and traps, so a
+// test fails with a message instead of hanging.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
 	uint32_t done;
-	do {
+	for (uint32_t tries = 0;; tries++) {
 		asm volatile("{\n\t.reg .pred p;\n\t"
 			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
 			     "selp.u32 %0, 1, 0, p;\n\t}"
 			     : "=r"(done)
 			     : "r"(bar), "r"(parity)
 			     : "memory");
-	} while (!done);
+		if (done)
+			return;
+		if (tries == (1u << 28)) {
+			printf("k_gemm_fp8_stream: stuck: block %d thread %d barrier %u parity %u\n",
+			       blockIdx.x, threadIdx.x, bar, parity);
+			__trap();
+		}
+	}
 }
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar)

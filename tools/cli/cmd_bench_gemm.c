@@ -1,11 +1,19 @@
 /*
  * cmd_bench_gemm.c — `dsv32 bench gemm`: the FP8 block-scaled GEMMs at DeepSeek-V3.2's real
- * shapes on the GPU, our decode kernel side by side with cuBLASLt's block-scaled path
- * (activations VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the
- * HBM read limit measured in the same run, and which is faster ("faster": what a speed-only
- * dispatch would pick; cuda_gemm_tune keeps ours for M <= 64 while cuBLASLt misses the CPU
- * check, see model/cuda_gemm.c). M > 64 has only cuBLASLt until a prefill kernel exists. The
- * cuBLASLt time includes the transpose of the activation scales it needs.
+ * shapes on the GPU, ours side by side with cuBLASLt's block-scaled path (activations
+ * VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the HBM read limit
+ * measured in the same run, and which is faster ("faster": what a speed-only dispatch would
+ * pick; cuda_gemm_tune keeps ours for M <= 64 while cuBLASLt misses the CPU check, see
+ * model/cuda_gemm.c). "Ours" is the streaming decode kernel for M <= 64 (with the previous
+ * register-load kernel "v2" beside it) and the wgmma kernel above (model/cuda_gemm_wgmma.h, the
+ * prefill engineer's). The cuBLASLt time includes the transpose of the activation scales it
+ * needs.
+ *
+ * Then the grouped expert GEMM (cuda_gemm_fp8_grouped; --grouped: only that): 256 experts of the
+ * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
+ * experts at random, tokens per step 1/16/64; TB/s of the touched experts' weights (experts
+ * with no rows are not read), over 8 routings in turn so the L2 does not serve repeats; beside
+ * it the first grouped version ("v0").
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
@@ -20,6 +28,7 @@
 #include "driver/cublaslt.h"
 #include "driver/gpu.h"
 #include "model/cuda_gemm.h"
+#include "model/cuda_gemm_wgmma.h"
 #include "tools/cli/bench_gpu.h"
 #include "tools/cli/cli.h"
 
@@ -86,6 +95,14 @@ static int launch_v2(struct gpu *g, void *vctx, int i)
 	return cuda_gemm_fp8_decode_v2(g, c->w + (size_t)k * c->w_bytes,
 				       c->s + (size_t)k * c->s_bytes, c->x, c->sx, c->y, c->M, c->N,
 				       c->K, c->N, c->ws);
+}
+
+static int launch_wgmma(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8_wgmma(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
+				   c->x, c->sx, c->y, c->M, c->N, c->K, c->N);
 }
 
 static int launch_lt(struct gpu *g, void *vctx, int i)
@@ -207,6 +224,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			c.v0 = 1;
 			float v0 = time_ms(g, launch_grouped, &c, reps, trials);
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
+			fflush(stdout);
 			print_path(ms, bytes, flops);
 			if (ms >= 0)
 				printf(" %4.0f%% |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs);
@@ -216,6 +234,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				printf(" %9.2f %6.3f\n", v0 * 1e3, bytes / (v0 * 1e-3) / 1e12);
 			else
 				printf(" %9s\n", "n/a");
+			fflush(stdout);
 			if (ms < 0)
 				return 1;
 		}
@@ -299,20 +318,22 @@ int bench_gemm(int argc, char **argv)
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
 			int want = c.M >= 1024 ? 8 : 40;
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
-			float ms = c.M <= 64 ? time_ms(&g, launch_gemm, &c, reps, trials) : -1;
+			float ms = time_ms(&g, c.M <= 64 ? launch_gemm : launch_wgmma, &c, reps, trials);
 			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
-			if (c.M <= 64 && ms < 0)
+			if (ms < 0)
 				rc_all = 1;
 			double bytes = (double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4 +
 				       (double)c.M * c.K + (double)c.M * c.N * 2;
 			double flops = 2.0 * c.M * c.N * c.K;
 			struct gemm_split sp = cuda_gemm_decode_split(&g, c.N, c.K);
+			char split[16];
+			snprintf(split, sizeof split, "c%d", sp.chunks);
 			printf("%5dx%-6d %4d |", c.N, c.K, c.M);
 			print_path(ms, bytes, flops);
 			if (ms >= 0)
-				printf(" %4.0f%% c%-4d |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs,
-				       sp.chunks);
+				printf(" %4.0f%% %-5s |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs,
+				       c.M > 64 ? "wgmma" : split);
 			else
 				printf(" %5s %5s |", "", "");
 			if (v2 >= 0)
@@ -331,6 +352,7 @@ int bench_gemm(int argc, char **argv)
 				printf(" none\n");
 			else
 				printf(" %s\n", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
+			fflush(stdout); /* rows survive a later failure */
 		}
 		cu.cuMemFree(c.w);
 		cu.cuMemFree(c.s);
@@ -340,7 +362,8 @@ int bench_gemm(int argc, char **argv)
 		cu.cuMemFree(c.ws);
 	}
 	if (run_dense)
-		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m*, M <= 64; "
+		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m* for M <= 64, "
+		       "cuda_gemm_fp8_wgmma above; "
 		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
