@@ -118,3 +118,113 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 		out[s] = ((part[0][i] + part[1][i]) + (part[2][i] + part[3][i])) * ks;
 	}
 }
+
+// ---- k_indexer_scores_fp8: the same scores on the FP8 tensor cores -----------------------------
+//
+// Same arguments and output as k_indexer_scores; grid (ceil(ld / 1024), B), 128 threads: warp w
+// of a block owns keys [1024 bx + 256 w, +256) in groups of 16. Keys are the A operand of
+// mma.m16n8k32 e4m3 (16 keys x 32 d, read straight from the page into registers, the next
+// group's bytes loaded while the current one multiplies), Q is B (8 heads x 32 d), so one warp
+// holds all 64 heads' Q fragments (64 registers) and the head sum stays inside the warp:
+// C[key][head] -> ReLU -> x w'[head] -> summed over the 8 head tiles in registers and over the
+// quad by two shuffles, then x s_k. D order: lane (g, t) holds bytes [32t, 32t+32) of keys g and
+// g+8; k-step s uses bytes 8s..8s+7 of those (a0/a1: 8s..8s+3, a2/a3: 8s+4..8s+7) and the same
+// bytes of each head's q for B — one permutation of the dot index for both operands.
+// Numerics: the 128-term dot is 4 chained k32 MMA steps (products exact; Hopper's FP8 MMA adds
+// them with reduced alignment precision, so the dot is within ~2^-13 of Σ|products| rather than
+// fp32-exact; DeepSeek's fp8_index does the same on wgmma); ReLU, weights, the head sum and s_k
+// in fp32 (spec §3.6 step 8).
+__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#define IDX8_KEYS_WARP 256
+
+extern "C" __global__ void __launch_bounds__(128, 3)
+k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+		     const uint8_t *__restrict__ pool, long long page_bytes,
+		     const int *__restrict__ block_table, int max_blocks,
+		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld)
+{
+	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int g = lane >> 2, t = lane & 3;
+	const int n = n_keys[b];
+	const int kbeg = blockIdx.x * (4 * IDX8_KEYS_WARP) + warp * IDX8_KEYS_WARP;
+	const int kend = min(ld, kbeg + IDX8_KEYS_WARP);
+	float *out = scores + (size_t)b * ld;
+	const int kval = min(kend, n); // keys [kbeg, kval) are scored, [kval, kend) are -inf
+	for (int s = max(kbeg, kval) + lane; s < kend; s += 32)
+		out[s] = -INFINITY;
+	if (kbeg >= kval)
+		return;
+	// Q as B: head 8j + g, bytes [32t, 32t+32) (zero beyond H); weights of heads 8j+2t, +1
+	uint32_t qf[8][8];
+	float wv[8][2];
+#pragma unroll
+	for (int j = 0; j < 8; j++) {
+		const int h = 8 * j + g;
+		uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+		if (h < H) {
+			const uint4 *qp = reinterpret_cast<const uint4 *>(q8 + ((size_t)b * H + h) * IDX_D + 32 * t);
+			x0 = qp[0], x1 = qp[1];
+		}
+		qf[j][0] = x0.x, qf[j][1] = x0.y, qf[j][2] = x0.z, qf[j][3] = x0.w;
+		qf[j][4] = x1.x, qf[j][5] = x1.y, qf[j][6] = x1.z, qf[j][7] = x1.w;
+		const int h2 = 8 * j + 2 * t;
+		wv[j][0] = h2 < H ? w[(size_t)b * H + h2] : 0.f;
+		wv[j][1] = h2 + 1 < H ? w[(size_t)b * H + h2 + 1] : 0.f;
+	}
+	const int *btr = block_table + (size_t)b * max_blocks;
+	// group loader: keys k0 + g and k0 + g + 8, bytes [32t, 32t+32)
+	auto load = [&](int k0, uint4 &lo0, uint4 &lo1, uint4 &hi0, uint4 &hi1) {
+		const uint8_t *pg = pool + (size_t)btr[k0 >> 6] * page_bytes;
+		const uint8_t *kp = pg + (size_t)((k0 & 63) + g) * IDX_D + 32 * t;
+		lo0 = __ldg(reinterpret_cast<const uint4 *>(kp));
+		lo1 = __ldg(reinterpret_cast<const uint4 *>(kp + 16));
+		hi0 = __ldg(reinterpret_cast<const uint4 *>(kp + 8 * IDX_D));
+		hi1 = __ldg(reinterpret_cast<const uint4 *>(kp + 8 * IDX_D + 16));
+	};
+	uint4 lo0, lo1, hi0, hi1;
+	load(kbeg, lo0, lo1, hi0, hi1);
+	for (int k0 = kbeg; k0 < kval; k0 += 16) {
+		uint4 nlo0 = lo0, nlo1 = lo1, nhi0 = hi0, nhi1 = hi1;
+		if (k0 + 16 < kval)
+			load(k0 + 16, nlo0, nlo1, nhi0, nhi1);
+		const uint32_t lo[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
+		const uint32_t hi[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
+		float c[8][4];
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+#pragma unroll
+		for (int s = 0; s < 4; s++)
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				mma_e4m3(c[j], lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[j][2 * s],
+					 qf[j][2 * s + 1]);
+		float p_lo = 0.f, p_hi = 0.f;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			p_lo += fmaxf(c[j][0], 0.f) * wv[j][0] + fmaxf(c[j][1], 0.f) * wv[j][1];
+			p_hi += fmaxf(c[j][2], 0.f) * wv[j][0] + fmaxf(c[j][3], 0.f) * wv[j][1];
+		}
+		p_lo += __shfl_xor_sync(0xffffffffu, p_lo, 1);
+		p_lo += __shfl_xor_sync(0xffffffffu, p_lo, 2);
+		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 1);
+		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 2);
+		if (t < 2) { // lane t = 0 writes key g, t = 1 key g + 8
+			const int s = k0 + g + 8 * t;
+			if (s < kval) {
+				const uint8_t *pg = pool + (size_t)btr[s >> 6] * page_bytes;
+				const float ks = *reinterpret_cast<const float *>(pg + 64 * IDX_D + (s & 63) * 4);
+				out[s] = (t ? p_hi : p_lo) * ks;
+			}
+		}
+		lo0 = nlo0, lo1 = nlo1, hi0 = nhi0, hi1 = nhi1;
+	}
+}

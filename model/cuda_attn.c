@@ -67,6 +67,16 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 			  (unsigned)(R < 32 ? 32 : R), 1, 1, 0, cargs);
 }
 
+int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
+			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B)
+{
+	if (H < 1 || H > 64 || B < 1 || ld < 1)
+		return -EINVAL;
+	void *args[] = {&q8, &w, &H, &pool, &page_bytes, &block_table, &max_blocks, &n_keys, &scores, &ld};
+	return gpu_launch(g, gpu_kernel(g, "k_indexer_scores_fp8"), (unsigned)((ld + 1023) / 1024),
+			  (unsigned)B, 1, 128, 1, 1, 0, args);
+}
+
 /* Dynamic shared memory of k_topk_select: 4096 bins, 8192 candidates (key, position), two
  * bitmaps of ld bits. */
 static size_t topk_smem_bytes(int ld)

@@ -22,6 +22,14 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * to bf16 before P V (kernels_ptx/mla_decode.cu says where this departs from attn_latent). */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
+/* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys on the
+ * FP8 tensor cores (k_indexer_scores_fp8): q8 e4m3 [B, H, 128] (H <= 64), w fp32 [B, H] (the
+ * folded head weights), pages of page_bytes (64 x 128 codes, then 64 fp32 scales) through
+ * block_table [B, max_blocks], n_keys int [B]; scores fp32 [B, ld], -inf from n_keys[b] on.
+ * The dots are FP8 MMA sums (within ~2^-13 of the sum of |products|, not fp32-exact: see the
+ * kernel); k_indexer_scores is the fp32-exact version. */
+int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
+			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B);
 /* The indexer's top-k (kernels_ptx/topk.cu): for each of B rows, the min(k_max, n_keys[b])
  * highest of scores[b, 0 .. n_keys[b]) (fp32, row stride ld), the set of a full sort with ties
  * to the lower position, as positions (out_pos) and/or physical slots through block_table

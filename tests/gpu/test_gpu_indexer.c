@@ -8,6 +8,7 @@
 #ifndef DSV32_NO_CUDA
 
 #include "model/cpu_indexer.h"
+#include "model/cpu_ops.h"
 #include "model/cuda_attn.h"
 #include "model/kv_cache.h"
 
@@ -17,7 +18,13 @@ static uint8_t rand_e4m3(uint64_t *seed)
 	return (b & 0x80) | ((b & 0x7f) % 0x70); /* |value| <= 240, never NaN */
 }
 
-static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, uint64_t seed)
+/* fp8: through cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA dots) instead of
+ * k_indexer_scores (exact products in fp16, fp32 sums). Limit of the exact kernel: 1e-5 of the
+ * row's largest |score| (fp32 order). Limit of the FP8 one: the same plus 2^-10 of the score's
+ * magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| (the FP8 MMA adds the exact products with
+ * reduced alignment precision, ~2^-13 of Σ|products| per chained k32 step; a wrong key, head
+ * or scale is off by O(M)); the worst error / M is printed to show the precision reached. */
+static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, int fp8, uint64_t seed)
 {
 	struct dsv32_config c = {.index_n_heads = H, .index_head_dim = 128, .kv_lora_rank = 512,
 				 .qk_rope_head_dim = 64};
@@ -74,11 +81,16 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 	long long pb = (long long)page_bytes;
 	int hh = H, mb = max_blocks, l = ld;
 	void *args[] = {&d_q, &d_w, &hh, &d_pool, &pb, &d_bt, &mb, &d_n, &d_out, &l};
-	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
-			   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
+	if (fp8)
+		REQUIRE(cuda_indexer_scores(g, d_q, d_w, H, d_pool, pb, d_bt, max_blocks, d_n, d_out, ld, B) == 0);
+	else
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
+				   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
 	REQUIRE(gpu_download(g, got, d_out, (size_t)B * ld * 4) == 0);
 	int64_t bad = 0, masked_bad = 0;
-	double worst = 0;
+	double worst = 0, worst_m = 0;
+	int worst_b = 0, worst_s = 0;
+	const float *lut = cpu_e4m3_table();
 	for (int b = 0; b < B; b++) {
 		double mx = 0;
 		for (int s = 0; s < n[b]; s++)
@@ -90,13 +102,33 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 				continue;
 			}
 			/* fp32 order of 128-term dots and an H-term sum: relative to the row's scale */
-			double e = fabs((double)x - r) / (mx > 0 ? mx : 1);
+			double e = fabs((double)x - r) / (mx > 0 ? mx : 1), lim = 1e-5;
+			if (fp8) { /* M: the magnitude scale of this score */
+				const uint8_t *pg = pool + (size_t)bt[b * max_blocks + s / 64] * page_bytes;
+				const uint8_t *kc = kv_index_codes(&c, pg, s % 64);
+				double M = 0;
+				for (int h = 0; h < H; h++) {
+					double a = 0;
+					for (int d = 0; d < 128; d++)
+						a += fabs((double)lut[q8[((size_t)b * H + h) * 128 + d]] * lut[kc[d]]);
+					M += fabs(w[b * H + h]) * a;
+				}
+				M *= kv_index_scale(&c, pg, s % 64);
+				double em = M > 0 ? fabs((double)x - r) / M : (x == r ? 0 : INFINITY);
+				if (!(em <= worst_m))
+					worst_m = em, worst_b = b, worst_s = s;
+				lim += M > 0 && mx > 0 ? ldexp(M, -10) / mx : 0;
+			}
 			worst = e > worst || isnan(e) ? e : worst;
-			bad += !(e <= 1e-5);
+			bad += !(e <= lim);
 		}
 	}
-	printf("    indexer scores H=%d B=%d: worst |err|/max|row| %.2g, %lld over 1e-5, %lld masked not -inf\n",
-	       H, B, worst, (long long)bad, (long long)masked_bad);
+	printf("    indexer scores%s H=%d B=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf\n",
+	       fp8 ? " (FP8 MMA)" : "", H, B, worst, (long long)bad, (long long)masked_bad);
+	if (fp8)
+		printf("    worst |err| / M (M = s_k sum_h |w_h| sum_d |q k|) %.3g = 2^%.1f at row %d key %d (got %g ref %g)\n",
+		       worst_m, worst_m > 0 ? log2(worst_m) : -INFINITY, worst_b, worst_s,
+		       got[(size_t)worst_b * ld + worst_s], ref[(size_t)worst_b * ld + worst_s]);
 	CHECK_EQ_INT(bad, 0);
 	CHECK_EQ_INT(masked_bad, 0);
 	cu.cuMemFree(d_q), cu.cuMemFree(d_w), cu.cuMemFree(d_pool), cu.cuMemFree(d_bt);
@@ -108,10 +140,14 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	int n_real[6] = {1, 63, 64, 65, 300, 2047};
-	check_scores(&g, 64, n_real, 6, 32, 1001); /* the real 64 heads */
-	int n_tiny[3] = {5, 128, 500};
-	check_scores(&g, 4, n_tiny, 3, 8, 1002);   /* the tiny model's 4 heads */
+	for (int fp8 = 0; fp8 < 2; fp8++) {
+		int n_real[6] = {1, 63, 64, 65, 300, 2047};
+		check_scores(&g, 64, n_real, 6, 32, fp8, 1001); /* the real 64 heads */
+		int n_tiny[3] = {5, 128, 500};
+		check_scores(&g, 4, n_tiny, 3, 8, fp8, 1002);   /* the tiny model's 4 heads */
+		int n_long[2] = {5000, 3333};
+		check_scores(&g, 64, n_long, 2, 80, fp8, 1003); /* several blocks of 1024 keys */
+	}
 	gpu_close(&g);
 }
 
