@@ -28,5 +28,6 @@ int bench_attention(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
 int bench_sched(int argc, char **argv);
+int bench_model(int argc, char **argv);
 
 #endif

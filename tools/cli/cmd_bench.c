@@ -15,6 +15,7 @@ static const struct cli_cmd benches[] = {
 	{"ipc", bench_ipc, "round-trip latency through the shared-memory rings vs a unix socket"},
 	{"sched", bench_sched, "scheduler bookkeeping per step at 256 sequences (fake backend) and the sampler"},
 	{"attention", bench_attention, "indexer scan and top-2048 on the GPU at 1K-128K contexts, batch 1-128"},
+	{"model", bench_model, "the whole model at real dims (synthetic weights and KV): decode, prefill, TTFT (GPU)"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
 	{"moe", bench_moe, "the MoE block at the real dims, 1-4096 tokens: stages, TB/s, TFLOP/s (GPU)"},
 };

@@ -1,0 +1,925 @@
+/*
+ * cmd_bench_model.c — `dsv32 bench model`: the whole model on the GPU at real dimensions
+ * (issue 12). With --synthetic no checkpoint is needed: `mkmodel real --header-only` (the
+ * mkmodel binary next to this one) writes every tensor's name, dtype and shape with the big
+ * tensors left as file holes into a temporary directory, and the CUDA backend generates those
+ * on the GPU (model/cuda_synth.h); --model DIR benchmarks a real checkpoint instead.
+ *
+ *   dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)
+ *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
+ *                     [--warmup N] [--kv-pages N] [--keep] [--daemon]
+ *
+ * Decode: for each context x batch (default 1K/8K/32K/128K x 1/16/64/128; a corner whose pages
+ * do not fit the KV pool is skipped and said so) every sequence gets its own pages, filled
+ * with synthetic KV for positions [0, context) (backend_cuda_kv_fill_synthetic: the real
+ * KV-write kernels), then decode steps of one new token per sequence at position = context,
+ * logits for every row as the engine asks them: warm-up, then the median of --steps steps
+ * (wall time of backend_step, which returns with the logits on the host). Printed: step time,
+ * per token, per layer (step / main layers), bytes per step, FLOPs per step and the ratio to
+ * the HBM roofline (bytes / the streaming read limit measured in the same run, before the
+ * backend takes the memory; tools/cli/bench_gpu.h).
+ *   Bytes per step = weights touched + KV read. Weights: every layer's attention and indexer
+ *   projections, the dense FFNs, per MoE layer the router, the shared expert and the distinct
+ *   routed experts hit (batch < 32: the expectation under uniform routing, E (1 - (1 - k/E)^B);
+ *   batch >= 32: all E), the embedding rows and lm_head; FP8 block scales included. KV, per
+ *   row and layer: the indexer keys of the whole context ((ctx + 1) x (index_head_dim + 4))
+ *   and min(ctx + 1, index_topk) MLA records. The MTP layer does not run in a decode step.
+ *   FLOPs: 2 x MACs of every projection per row (experts: top-k + shared), the indexer scores
+ *   (2 x index heads x index_head_dim x keys), the absorbed MLA over the selected keys
+ *   (2 x heads x keys x (2 kv_lora_rank + rope)), lm_head.
+ * Prefill: one sequence per prompt length (default 4K, 32K) in chunks of SCHED_CHUNK tokens
+ * (the scheduler's per-step token budget, max_batch_tokens, whose default is 2048 in
+ * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, median
+ * of 3 after a warm-up.
+ * --daemon: starts dsv32d --backend cuda (next to this binary; --synthetic-weights on the
+ * header-only checkpoint) on a private socket, connects with the client library and measures
+ * the time to first token of 1K and 4K-token prompts (client side: submit to the first token
+ * event; the server's own figure beside it) and the streaming rate after the first token.
+ *
+ * Until the CUDA forward exists the step returns -ENOTSUP: the bench says so and exits 1;
+ * it never prints a number it did not measure. Exit: 0, 1 (failure), 2 (usage).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "driver/gpu.h"
+#include "ipc/dsv32.h"
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "tools/cli/bench_gpu.h"
+#include "tools/cli/cli.h"
+
+extern char **environ;
+
+#define SCHED_CHUNK 2048 /* prefill tokens per step: the default max_batch_tokens */
+#define MAX_LIST 16
+
+struct opts {
+	int synthetic, keep, daemon;
+	const char *model;
+	int64_t layers, dense;
+	uint64_t seed;
+	int64_t batches[MAX_LIST], contexts[MAX_LIST], prompts[MAX_LIST];
+	int n_batches, n_contexts, n_prompts;
+	int64_t steps, warmup, kv_pages;
+};
+
+static int usage(void)
+{
+	fprintf(stderr,
+		"usage: dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)\n"
+		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
+		"                         [--warmup N] [--kv-pages N] [--keep] [--daemon]\n"
+		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
+		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
+		"                   (default 1) dense; --seed S (default 1)\n"
+		"  --model DIR      a real checkpoint instead\n"
+		"  --batches LIST   decode batch sizes (default 1,16,64,128)\n"
+		"  --contexts LIST  decode contexts in tokens (default 1024,8192,32768,131072)\n"
+		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096)\n"
+		"  --steps N        timed decode steps per point (default 10), after --warmup N (default 2)\n"
+		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
+		"  --keep           keep the temporary checkpoint directory\n"
+		"  --daemon         time to first token and streaming rate through dsv32d instead\n");
+	return 2;
+}
+
+/* A non-negative integer in [lo, hi]; prints a message naming the flag and value otherwise. */
+static int parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+	char *end;
+	errno = 0;
+	long long x = strtoll(v, &end, 10);
+	if (errno || end == v || *end) {
+		fprintf(stderr, "dsv32 bench model: %s \"%s\": not an integer\n", flag, v);
+		return -EINVAL;
+	}
+	if (x < lo || x > hi) {
+		fprintf(stderr, "dsv32 bench model: %s %lld: out of range [%lld, %lld]\n", flag, x,
+			(long long)lo, (long long)hi);
+		return -ERANGE;
+	}
+	*out = x;
+	return 0;
+}
+
+/* "1,16,64" -> values in [lo, hi]; at most MAX_LIST. */
+static int parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out, int *n)
+{
+	*n = 0;
+	char buf[256];
+	if (!*v || strlen(v) >= sizeof buf) {
+		fprintf(stderr, "dsv32 bench model: %s \"%s\": expected a comma-separated list of integers\n",
+			flag, v);
+		return -EINVAL;
+	}
+	strcpy(buf, v);
+	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (*n == MAX_LIST) {
+			fprintf(stderr, "dsv32 bench model: %s \"%s\": more than %d values\n", flag, v, MAX_LIST);
+			return -E2BIG;
+		}
+		int r = parse_int(flag, tok, lo, hi, &out[*n]);
+		if (r)
+			return r;
+		(*n)++;
+	}
+	if (!*n || v[strlen(v) - 1] == ',' || strstr(v, ",,") || v[0] == ',') {
+		fprintf(stderr, "dsv32 bench model: %s \"%s\": expected a comma-separated list of integers\n",
+			flag, v);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->layers = 4, o->dense = 1, o->seed = 1, o->steps = 10, o->warmup = 2;
+	int have_layers = 0, have_dense = 0, have_prompts = 0;
+	const int64_t b[] = {1, 16, 64, 128}, c[] = {1024, 8192, 32768, 131072}, p[] = {4096, 32768};
+	memcpy(o->batches, b, sizeof b), o->n_batches = 4;
+	memcpy(o->contexts, c, sizeof c), o->n_contexts = 4;
+	memcpy(o->prompts, p, sizeof p), o->n_prompts = 2;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		int r = 0;
+		if (!strcmp(a, "--synthetic")) {
+			o->synthetic = 1;
+			continue;
+		}
+		if (!strcmp(a, "--keep")) {
+			o->keep = 1;
+			continue;
+		}
+		if (!strcmp(a, "--daemon")) {
+			o->daemon = 1;
+			continue;
+		}
+		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+			return usage();
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		int known = !strcmp(a, "--model") || !strcmp(a, "--layers") || !strcmp(a, "--dense") ||
+			    !strcmp(a, "--seed") || !strcmp(a, "--batches") || !strcmp(a, "--contexts") ||
+			    !strcmp(a, "--prompts") || !strcmp(a, "--steps") || !strcmp(a, "--warmup") ||
+			    !strcmp(a, "--kv-pages");
+		if (!known) {
+			fprintf(stderr, "dsv32 bench model: unknown argument \"%s\"\n", a);
+			return usage();
+		}
+		if (!v) {
+			fprintf(stderr, "dsv32 bench model: %s needs a value\n", a);
+			return 2;
+		}
+		i++;
+		int64_t x;
+		if (!strcmp(a, "--model"))
+			o->model = v;
+		else if (!strcmp(a, "--layers"))
+			r = parse_int(a, v, 1, 61, &o->layers), have_layers = 1;
+		else if (!strcmp(a, "--dense"))
+			r = parse_int(a, v, 0, 61, &o->dense), have_dense = 1;
+		else if (!strcmp(a, "--seed"))
+			r = parse_int(a, v, 0, INT64_MAX, &x), o->seed = (uint64_t)x;
+		else if (!strcmp(a, "--batches"))
+			r = parse_list(a, v, 1, 4096, o->batches, &o->n_batches);
+		else if (!strcmp(a, "--contexts"))
+			r = parse_list(a, v, 1, 1 << 24, o->contexts, &o->n_contexts);
+		else if (!strcmp(a, "--prompts"))
+			r = parse_list(a, v, 1, 1 << 24, o->prompts, &o->n_prompts), have_prompts = 1;
+		else if (!strcmp(a, "--steps"))
+			r = parse_int(a, v, 1, 100000, &o->steps);
+		else if (!strcmp(a, "--warmup"))
+			r = parse_int(a, v, 0, 1000, &o->warmup);
+		else if (!strcmp(a, "--kv-pages"))
+			r = parse_int(a, v, 1, INT64_C(1) << 32, &o->kv_pages);
+		if (r)
+			return 2;
+	}
+	if (o->synthetic == !!o->model) {
+		fprintf(stderr, "dsv32 bench model: give exactly one of --synthetic and --model DIR\n");
+		return usage();
+	}
+	if (o->model && (have_layers || have_dense)) {
+		fprintf(stderr, "dsv32 bench model: --layers and --dense describe a synthetic model; "
+				"--model %s has its own\n", o->model);
+		return 2;
+	}
+	if (o->dense > o->layers) {
+		fprintf(stderr, "dsv32 bench model: --dense %lld exceeds --layers %lld\n",
+			(long long)o->dense, (long long)o->layers);
+		return 2;
+	}
+	if (o->daemon && !have_prompts) {
+		o->prompts[0] = 1024, o->prompts[1] = 4096, o->n_prompts = 2;
+	}
+	return 0;
+}
+
+#ifdef DSV32_NO_CUDA
+int bench_model(int argc, char **argv)
+{
+	struct opts o;
+	int r = parse_args(argc, argv, &o);
+	if (r)
+		return r;
+	fprintf(stderr, "dsv32 bench model: this build has no CUDA support (static or no toolkit)\n");
+	return 1;
+}
+#else
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t mix(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* ---- programs next to this one, the temporary checkpoint ----------------------------------- */
+
+/* dir of /proc/self/exe + "/" + name */
+static int sibling(const char *name, char *out, size_t n)
+{
+	char exe[PATH_MAX];
+	ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (k <= 0)
+		return -errno;
+	exe[k] = 0;
+	char *slash = strrchr(exe, '/');
+	if (!slash)
+		return -EINVAL;
+	*slash = 0;
+	if ((size_t)snprintf(out, n, "%s/%s", exe, name) >= n)
+		return -ENAMETOOLONG;
+	return access(out, X_OK) ? -errno : 0;
+}
+
+/* Runs argv[0] with argv, stdout and stderr inherited; returns its exit status or -errno. */
+static int run_wait(char *const *argv)
+{
+	pid_t pid;
+	int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+	if (r)
+		return -r;
+	int st;
+	if (waitpid(pid, &st, 0) < 0)
+		return -errno;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Removes the flat directory mkmodel wrote (files only). */
+static void remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (d) {
+		struct dirent *ent;
+		while ((ent = readdir(d)))
+			if (strcmp(ent->d_name, ".") && strcmp(ent->d_name, ".."))
+				unlinkat(dirfd(d), ent->d_name, 0);
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+/* TMPDIR/dsv32-bench-XXXXXX with a header-only real-dimension checkpoint. 0 or 1. */
+static int make_synthetic(const struct opts *o, char *dir, size_t n)
+{
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, n, "%s/dsv32-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(dir)) {
+		fprintf(stderr, "dsv32 bench model: cannot create %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	char mk[PATH_MAX], layers[32], dense[32];
+	int r = sibling("mkmodel", mk, sizeof mk);
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: no mkmodel next to this dsv32 (%s): %s\n", mk,
+			strerror(-r));
+		rmdir(dir);
+		return 1;
+	}
+	snprintf(layers, sizeof layers, "%lld", (long long)o->layers);
+	snprintf(dense, sizeof dense, "%lld", (long long)o->dense);
+	char *argv[] = {mk, "real", "--layers", layers, "--dense", dense, "--header-only",
+			"--tokenizer", "fallback", "--out", dir, NULL};
+	double t0 = now_s();
+	r = run_wait(argv);
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: %s real --layers %s --dense %s --header-only --out %s "
+				"failed (status %d)\n", mk, layers, dense, dir, r);
+		remove_dir(dir);
+		return 1;
+	}
+	printf("header-only checkpoint: %s (%lld layers, %lld dense) in %.2f s\n", dir,
+	       (long long)o->layers, (long long)o->dense, now_s() - t0);
+	return 0;
+}
+
+/* ---- bytes and FLOPs of a step ------------------------------------------------------------- */
+
+/* bytes of an FP8 [out, in] weight with its fp32 128x128 block scales */
+static double fp8_bytes(int64_t out, int64_t in)
+{
+	return (double)out * (double)in + (double)((out + 127) / 128) * (double)((in + 127) / 128) * 4;
+}
+
+struct cost {
+	double weights; /* bytes of weights read */
+	double kv;      /* bytes of KV cache read */
+	double flops;
+	double experts; /* distinct routed experts per MoE layer */
+};
+
+/* Attention + indexer projections of one layer: bytes, and MACs per row. */
+static void attn_proj(const struct dsv32_config *c, double *bytes, double *macs)
+{
+	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
+	int64_t shapes[7][2] = {
+		{c->q_lora_rank, H},
+		{nh * c->qk_head_dim, c->q_lora_rank},
+		{c->kv_lora_rank + c->qk_rope_head_dim, H},
+		{nh * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank},
+		{H, nh * c->v_head_dim},
+		{c->index_n_heads * c->index_head_dim, c->q_lora_rank},
+		{c->index_head_dim, H},
+	};
+	*bytes = 0, *macs = 0;
+	for (int i = 0; i < 7; i++) {
+		*bytes += fp8_bytes(shapes[i][0], shapes[i][1]);
+		*macs += (double)shapes[i][0] * (double)shapes[i][1];
+	}
+	*bytes += 2.0 * c->index_n_heads * H; /* weights_proj, bf16 */
+	*macs += (double)c->index_n_heads * H;
+}
+
+/* One decode step of B rows, each at position ctx (ctx + 1 keys). */
+static struct cost decode_cost(const struct dsv32_config *c, int64_t B, int64_t ctx)
+{
+	struct cost k = {0};
+	const int64_t H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+	double ab, am;
+	attn_proj(c, &ab, &am);
+	const double keys = (double)ctx + 1, nsel = keys < c->index_topk ? keys : (double)c->index_topk;
+	k.experts = B >= 32 ? (double)E : (double)E * (1 - pow(1 - (double)K / (double)E, (double)B));
+	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+		k.weights += ab;
+		k.flops += 2.0 * am * B;
+		k.kv += B * (keys * (c->index_head_dim + 4) + nsel * (double)c->mla_record_bytes);
+		k.flops += B * (2.0 * c->index_n_heads * c->index_head_dim * keys +
+				2.0 * c->num_attention_heads * nsel * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim));
+		if (config_layer_is_moe(c, l)) {
+			const int64_t I = c->moe_intermediate_size;
+			k.weights += 2.0 * E * H + 4.0 * E; /* router, bias */
+			k.weights += 3 * fp8_bytes(I * c->n_shared_experts, H);
+			k.weights += k.experts * 3 * fp8_bytes(I, H);
+			k.flops += 2.0 * B * ((double)E * H + 3.0 * I * H * (double)(K + c->n_shared_experts));
+		} else {
+			const int64_t I = c->intermediate_size;
+			k.weights += 3 * fp8_bytes(I, H);
+			k.flops += 2.0 * B * 3.0 * I * H;
+		}
+	}
+	k.weights += 2.0 * B * H + 2.0 * c->vocab_size * H; /* embedding rows, lm_head */
+	k.flops += 2.0 * B * (double)c->vocab_size * H;
+	return k;
+}
+
+/* FLOPs of prefilling a P-token prompt (every expert's share by top-k; lm_head on one row). */
+static double prefill_flops(const struct dsv32_config *c, int64_t P)
+{
+	const int64_t H = c->hidden_size, K = c->num_experts_per_tok;
+	double ab, am, f = 0;
+	attn_proj(c, &ab, &am);
+	/* sum over positions p of keys = p + 1, and of min(p + 1, topk) */
+	const double sum_keys = (double)P * (P + 1) / 2, T = (double)c->index_topk;
+	const double sum_sel = P <= T ? sum_keys : T * (T + 1) / 2 + (double)(P - T) * T;
+	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+		f += 2.0 * am * P;
+		f += 2.0 * c->index_n_heads * c->index_head_dim * sum_keys +
+		     2.0 * c->num_attention_heads * sum_sel * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim);
+		if (config_layer_is_moe(c, l))
+			f += 2.0 * P * ((double)c->n_routed_experts * H +
+					3.0 * c->moe_intermediate_size * H * (double)(K + c->n_shared_experts));
+		else
+			f += 2.0 * P * 3.0 * c->intermediate_size * H;
+	}
+	return f + 2.0 * (double)c->vocab_size * H;
+}
+
+/* ---- the in-process benchmark -------------------------------------------------------------- */
+
+static int step_failed(int r)
+{
+	if (r == -ENOTSUP)
+		fprintf(stderr, "dsv32 bench model: the CUDA backend cannot run the model yet "
+				"(backend_step returned -ENOTSUP; its message is above): no timings "
+				"printed\n");
+	else
+		fprintf(stderr, "dsv32 bench model: backend_step failed: %d (%s)\n", r, strerror(-r));
+	return 1;
+}
+
+static int bench_decode(const struct opts *o, const struct dsv32_config *c, struct backend *be,
+			double read_tbs)
+{
+	const int64_t V = c->vocab_size, L = c->num_hidden_layers;
+	int64_t maxB = 0;
+	for (int i = 0; i < o->n_batches; i++)
+		maxB = o->batches[i] > maxB ? o->batches[i] : maxB;
+	float *logits = malloc((size_t)maxB * (size_t)V * sizeof *logits);
+	int32_t *tokens = malloc((size_t)maxB * sizeof *tokens);
+	int64_t *pos = malloc((size_t)maxB * sizeof *pos);
+	struct backend_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
+	int32_t *bt = NULL;
+	double *t = malloc((size_t)o->steps * sizeof *t);
+	int rc = 0;
+	if (!logits || !tokens || !pos || !seqs || !t) {
+		fprintf(stderr, "dsv32 bench model: out of memory for %lld rows of logits\n", (long long)maxB);
+		rc = 1;
+		goto out;
+	}
+	for (int64_t b = 0; b < maxB; b++)
+		tokens[b] = (int32_t)(mix(o->seed + (uint64_t)b) % (uint64_t)(V - 2)) + 2;
+	printf("\ndecode: %lld layers (%lld dense), one new token per sequence at position = context, "
+	       "logits for every row; median of %lld steps after %lld warm-up\n",
+	       (long long)L, (long long)c->first_k_dense_replace, (long long)o->steps, (long long)o->warmup);
+	printf("%7s %5s | %9s %9s %9s | %8s %8s %7s | %9s %8s | %10s %7s\n", "context", "batch",
+	       "step_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts", "GFLOP", "TFLOP/s",
+	       "roof_ms", "x_roof");
+	for (int ci = 0; ci < o->n_contexts; ci++) {
+		const int64_t ctx = o->contexts[ci], blocks = ctx / KV_PAGE_TOKENS + 1;
+		int64_t filled = 0; /* sequences whose KV holds [0, ctx) */
+		free(bt);
+		bt = malloc((size_t)(maxB * blocks) * sizeof *bt);
+		if (!bt) {
+			rc = 1;
+			goto out;
+		}
+		for (int64_t i = 0; i < maxB * blocks; i++)
+			bt[i] = (int32_t)i; /* sequence b: pages [b * blocks, (b + 1) * blocks) */
+		if (ctx + 1 > c->max_position_embeddings) {
+			printf("%7lld       | skipped: past max_position_embeddings %lld\n", (long long)ctx,
+			       (long long)c->max_position_embeddings);
+			continue;
+		}
+		for (int bi = 0; bi < o->n_batches; bi++) {
+			const int64_t B = o->batches[bi];
+			if (B * blocks > be->n_pages) {
+				printf("%7lld %5lld | skipped: needs %lld KV pages, the pool has %lld\n",
+				       (long long)ctx, (long long)B, (long long)(B * blocks),
+				       (long long)be->n_pages);
+				continue;
+			}
+			double tf = now_s();
+			struct err e = {""};
+			for (; filled < B; filled++) {
+				int r = backend_cuda_kv_fill_synthetic(be, bt + filled * blocks, ctx,
+								       o->seed + (uint64_t)filled, &e);
+				if (r) {
+					fprintf(stderr, "dsv32 bench model: synthetic KV fill failed: %s\n", e.msg);
+					rc = 1;
+					goto out;
+				}
+			}
+			tf = now_s() - tf;
+			for (int64_t b = 0; b < B; b++) {
+				pos[b] = ctx;
+				seqs[b] = (struct backend_seq){
+					.n = 1, .tokens = &tokens[b], .pos = &pos[b],
+					.block_table = bt + b * blocks, .n_blocks = blocks, .flags = NULL,
+					.logits = logits + (size_t)b * (size_t)V,
+				};
+			}
+			struct backend_step st = {.mtp = 0, .n_seqs = B, .seqs = seqs};
+			for (int64_t w = 0; w < o->warmup || w < 1; w++) {
+				int r = backend_step(be, &st);
+				if (r) {
+					rc = step_failed(r);
+					goto out;
+				}
+			}
+			for (int64_t s = 0; s < o->steps; s++) {
+				double t0 = now_s();
+				int r = backend_step(be, &st);
+				t[s] = now_s() - t0;
+				if (r) {
+					rc = step_failed(r);
+					goto out;
+				}
+			}
+			int64_t bad = 0;
+			for (size_t i = 0; i < (size_t)B * (size_t)V; i++)
+				bad += !isfinite(logits[i]);
+			double step = median(t, (int)o->steps);
+			struct cost k = decode_cost(c, B, ctx);
+			double bytes = k.weights + k.kv, roof = bytes / (read_tbs * 1e12);
+			printf("%7lld %5lld | %9.3f %9.2f %9.2f | %8.3f %8.3f %7.1f | %9.1f %8.2f | %10.3f %7.2f%s",
+			       (long long)ctx, (long long)B, step * 1e3, step * 1e6 / (double)B,
+			       step * 1e6 / (double)L, k.weights / 1e9, k.kv / 1e9, k.experts,
+			       k.flops / 1e9, k.flops / step / 1e12, roof * 1e3, step / roof,
+			       bad ? "" : "\n");
+			if (bad)
+				printf("  <- %lld non-finite logits\n", (long long)bad);
+			if (filled == B && tf > 0.01)
+				fprintf(stderr, "  (KV fill of %lld sequences x %lld tokens: %.2f s wall)\n",
+					(long long)B, (long long)ctx, tf);
+		}
+	}
+out:
+	free(logits), free(tokens), free(pos), free(seqs), free(bt), free(t);
+	return rc;
+}
+
+static int bench_prefill(const struct opts *o, const struct dsv32_config *c, struct backend *be)
+{
+	const int64_t V = c->vocab_size;
+	int64_t maxP = 0;
+	for (int i = 0; i < o->n_prompts; i++)
+		maxP = o->prompts[i] > maxP ? o->prompts[i] : maxP;
+	const int64_t blocks = (maxP + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+	printf("\nprefill: one sequence, chunks of %d tokens (the scheduler's default step budget), "
+	       "logits for the last row; median of 3 after a warm-up\n", SCHED_CHUNK);
+	if (blocks > be->n_pages) {
+		printf("  skipped: a %lld-token prompt needs %lld KV pages, the pool has %lld\n",
+		       (long long)maxP, (long long)blocks, (long long)be->n_pages);
+		return 0;
+	}
+	int32_t *tokens = malloc((size_t)maxP * sizeof *tokens), *bt = malloc((size_t)blocks * sizeof *bt);
+	int64_t *pos = malloc((size_t)maxP * sizeof *pos);
+	uint8_t *flags = calloc((size_t)maxP, 1);
+	float *logits = malloc((size_t)V * sizeof *logits);
+	int rc = 0;
+	if (!tokens || !bt || !pos || !flags || !logits) {
+		rc = 1;
+		goto out;
+	}
+	for (int64_t i = 0; i < maxP; i++)
+		pos[i] = i, tokens[i] = (int32_t)(mix(o->seed * 7919 + (uint64_t)i) % (uint64_t)(V - 2)) + 2;
+	for (int64_t i = 0; i < blocks; i++)
+		bt[i] = (int32_t)i;
+	printf("%7s | %10s %10s %9s\n", "prompt", "time_ms", "tokens/s", "TFLOP/s");
+	for (int pi = -1; pi < o->n_prompts; pi++) {
+		const int64_t P = pi < 0 ? (o->prompts[0] < 4096 ? o->prompts[0] : 4096) : o->prompts[pi];
+		double t[3];
+		for (int rep = 0; rep < (pi < 0 ? 1 : 3); rep++) {
+			double t0 = now_s();
+			for (int64_t p0 = 0; p0 < P; p0 += SCHED_CHUNK) {
+				int64_t n = P - p0 < SCHED_CHUNK ? P - p0 : SCHED_CHUNK;
+				flags[p0 + n - 1] = p0 + n == P ? BACKEND_ROW_LOGITS : 0;
+				struct backend_seq s = {
+					.n = n, .tokens = tokens + p0, .pos = pos + p0, .block_table = bt,
+					.n_blocks = (p0 + n + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS,
+					.flags = flags + p0, .logits = logits,
+				};
+				struct backend_step st = {.mtp = 0, .n_seqs = 1, .seqs = &s};
+				int r = backend_step(be, &st);
+				flags[p0 + n - 1] = 0;
+				if (r) {
+					rc = step_failed(r);
+					goto out;
+				}
+			}
+			t[rep] = now_s() - t0;
+		}
+		if (pi < 0)
+			continue; /* warm-up */
+		double s = median(t, 3);
+		printf("%7lld | %10.2f %10.0f %9.2f\n", (long long)P, s * 1e3, (double)P / s,
+		       prefill_flops(c, P) / s / 1e12);
+	}
+out:
+	free(tokens), free(bt), free(pos), free(flags), free(logits);
+	return rc;
+}
+
+static int bench_in_process(const struct opts *o, const char *dir)
+{
+	struct dsv32_config c;
+	struct checkpoint ck;
+	struct weights w;
+	struct err e = {""};
+	int rc = 1;
+	if (config_load(&c, dir, &e) || ckpt_open(&ck, dir, &e)) {
+		fprintf(stderr, "dsv32 bench model: %s\n", e.msg);
+		return 1;
+	}
+	if (weights_bind(&w, &c, &ck, &e)) {
+		fprintf(stderr, "dsv32 bench model: %s\n", e.msg);
+		ckpt_close(&ck);
+		return 1;
+	}
+	/* the read limit first: the backend then takes the GPU memory for its KV pool */
+	struct gpu g;
+	if (gpu_open(&g, 0, &e)) {
+		fprintf(stderr, "dsv32 bench model: %s\n", e.msg);
+		goto out_w;
+	}
+	double read_tbs = bench_read_limit(&g, 5);
+	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, read_tbs);
+	gpu_close(&g);
+	if (read_tbs <= 0)
+		goto out_w;
+	struct backend_cuda_opts bo = {.n_pages = o->kv_pages, .synthetic = o->synthetic, .seed = o->seed};
+	struct backend *be;
+	double t0 = now_s();
+	if (backend_cuda_create_opts(&c, &w, &ck, &bo, &be, &e)) {
+		fprintf(stderr, "dsv32 bench model: creating the CUDA backend failed: %s\n", e.msg);
+		goto out_w;
+	}
+	printf("backend: %s, %lld layers + %lld MTP, %lld KV pages of 64 tokens, created in %.2f s%s\n",
+	       be->ops->name, (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
+	       (long long)be->n_pages, now_s() - t0,
+	       o->synthetic ? " (weights generated on the GPU)" : "");
+	rc = bench_decode(o, &c, be, read_tbs);
+	if (!rc)
+		rc = bench_prefill(o, &c, be);
+	if (!rc)
+		printf("\ncommand: dsv32 bench model %s%s --steps %lld (decode bytes = weights touched + "
+		       "KV read; x_roof = step / (bytes / measured read limit))\n",
+		       o->synthetic ? "--synthetic" : "--model ", o->synthetic ? "" : o->model,
+		       (long long)o->steps);
+	backend_destroy(be);
+out_w:
+	weights_free(&w);
+	ckpt_close(&ck);
+	return rc;
+}
+
+/* ---- through the daemon -------------------------------------------------------------------- */
+
+struct daemon {
+	pid_t pid;
+	char sock[108], log[PATH_MAX];
+};
+
+static void show_log(const char *log)
+{
+	FILE *f = fopen(log, "r");
+	if (!f)
+		return;
+	char line[1024];
+	char ring[20][1024];
+	int n = 0;
+	while (fgets(line, sizeof line, f))
+		snprintf(ring[n++ % 20], sizeof ring[0], "%s", line);
+	fclose(f);
+	for (int i = n > 20 ? n - 20 : 0; i < n; i++)
+		fprintf(stderr, "  | %s", ring[i % 20]);
+}
+
+static int daemon_start(struct daemon *d, const struct opts *o, const char *model, const char *tmp)
+{
+	char exe[PATH_MAX], seed[32], socket_dir[PATH_MAX];
+	int r = sibling("dsv32d", exe, sizeof exe);
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: no dsv32d next to this dsv32: %s\n", strerror(-r));
+		return 1;
+	}
+	snprintf(socket_dir, sizeof socket_dir, "%s", tmp);
+	if ((size_t)snprintf(d->sock, sizeof d->sock, "%s/bench.sock", socket_dir) >= sizeof d->sock) {
+		fprintf(stderr, "dsv32 bench model: socket path under %s too long\n", socket_dir);
+		return 1;
+	}
+	snprintf(d->log, sizeof d->log, "%s/dsv32d.log", tmp);
+	snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+	char kvp[32];
+	snprintf(kvp, sizeof kvp, "%lld", (long long)o->kv_pages);
+	char *argv[24];
+	int n = 0;
+	argv[n++] = exe, argv[n++] = "--model", argv[n++] = (char *)model;
+	argv[n++] = "--backend", argv[n++] = "cuda", argv[n++] = "--socket", argv[n++] = d->sock;
+	argv[n++] = "--max-prompt-tokens", argv[n++] = "1048576";
+	argv[n++] = "--kv-pages", argv[n++] = kvp;
+	if (o->synthetic)
+		argv[n++] = "--synthetic-weights", argv[n++] = seed;
+	argv[n] = NULL;
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	posix_spawn_file_actions_adddup2(&fa, 1, 2);
+	r = posix_spawn(&d->pid, exe, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: cannot start %s: %s\n", exe, strerror(r));
+		return 1;
+	}
+	printf("dsv32d: %s --model %s --backend cuda%s%s (log %s)\n", exe, model,
+	       o->synthetic ? " --synthetic-weights " : "", o->synthetic ? seed : "", d->log);
+	double t0 = now_s();
+	for (;;) {
+		dsv32_t *h;
+		if (dsv32_connect(d->sock, &h) == 0) {
+			dsv32_close(h);
+			printf("dsv32d ready (loaded, warmed up, serving) after %.2f s\n", now_s() - t0);
+			return 0;
+		}
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			fprintf(stderr, "dsv32 bench model: dsv32d exited during start-up (%s %d); the end "
+					"of its log:\n", WIFEXITED(st) ? "status" : "signal",
+				WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			show_log(d->log);
+			d->pid = 0;
+			return 1;
+		}
+		if (now_s() - t0 > 600) {
+			fprintf(stderr, "dsv32 bench model: dsv32d not serving after 600 s; its log:\n");
+			show_log(d->log);
+			return 1;
+		}
+		usleep(50000);
+	}
+}
+
+static void daemon_stop(struct daemon *d)
+{
+	if (d->pid <= 0)
+		return;
+	kill(d->pid, SIGTERM);
+	int st;
+	double t0 = now_s();
+	while (waitpid(d->pid, &st, WNOHANG) != d->pid) {
+		if (now_s() - t0 > 60) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, &st, 0);
+			break;
+		}
+		usleep(20000);
+	}
+	d->pid = 0;
+}
+
+/* One request of P random tokens, max_tokens gen, greedy. 0 or 1 (message printed). */
+static int one_request(dsv32_t *h, uint64_t id, int64_t P, uint32_t gen, uint32_t vocab,
+		       double *ttft, double *rate, double *server_ttft, uint32_t *n_out)
+{
+	uint32_t *toks = malloc((size_t)P * sizeof *toks);
+	if (!toks)
+		return 1;
+	for (int64_t i = 0; i < P; i++) /* the id in the first token: no prefix-cache hit */
+		toks[i] = (uint32_t)(mix(id * 1000003 + (uint64_t)i) % (vocab - 2)) + 2;
+	struct dsv32_generate_params p;
+	dsv32_generate_params_init(&p, id);
+	p.input = DSV32_INPUT_TOKENS;
+	p.tokens = toks;
+	p.n_tokens = (size_t)P;
+	p.max_tokens = gen;
+	double t0 = now_s(), t_first = 0, t_last = 0;
+	int r = dsv32_submit_generate(h, &p);
+	free(toks);
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: submit failed: %s\n", strerror(-r));
+		return 1;
+	}
+	uint32_t got = 0;
+	for (;;) {
+		struct dsv32_event ev;
+		r = dsv32_wait(h, 600000, &ev);
+		if (r <= 0) {
+			fprintf(stderr, "dsv32 bench model: %s waiting for request %llu\n",
+				r == 0 ? "timeout (600 s)" : "connection lost", (unsigned long long)id);
+			return 1;
+		}
+		if (ev.request_id != id)
+			continue;
+		if (ev.type == DSV32_EVENT_TOKEN) {
+			t_last = now_s();
+			if (!got)
+				t_first = t_last;
+			got += ev.token.n_tokens;
+		} else if (ev.type == DSV32_EVENT_ERROR) {
+			fprintf(stderr, "dsv32 bench model: request failed: %s: %s\n",
+				dsv32_error_name(ev.error.code), ev.error.message);
+			return 1;
+		} else if (ev.type == DSV32_EVENT_DONE) {
+			if (!got) {
+				fprintf(stderr, "dsv32 bench model: request ended (%s) without a token\n",
+					dsv32_finish_name((int)ev.done.reason));
+				return 1;
+			}
+			*ttft = t_first - t0;
+			*rate = got > 1 && t_last > t_first ? (got - 1) / (t_last - t_first) : 0;
+			*server_ttft = ev.done.ttft_us * 1e-6;
+			*n_out = got;
+			return 0;
+		}
+	}
+}
+
+static int bench_daemon(const struct opts *o, const char *model, const char *tmp)
+{
+	struct dsv32_config c;
+	struct err e = {""};
+	if (config_load(&c, model, &e)) {
+		fprintf(stderr, "dsv32 bench model: %s\n", e.msg);
+		return 1;
+	}
+	struct daemon d = {0};
+	if (daemon_start(&d, o, model, tmp)) {
+		daemon_stop(&d);
+		return 1;
+	}
+	dsv32_t *h;
+	int r = dsv32_connect(d.sock, &h), rc = 0;
+	if (r) {
+		fprintf(stderr, "dsv32 bench model: connect: %s\n", strerror(-r));
+		daemon_stop(&d);
+		return 1;
+	}
+	const uint32_t gen = 64;
+	uint64_t id = 1;
+	double ttft, rate, sttft;
+	uint32_t n_out;
+	if (one_request(h, id++, 16, 4, (uint32_t)c.vocab_size, &ttft, &rate, &sttft, &n_out)) {
+		rc = 1; /* warm-up */
+		goto out;
+	}
+	printf("\nthrough dsv32d (one request at a time, greedy, %u new tokens; median of 3; TTFT = "
+	       "submit to the first token event at the client)\n", gen);
+	printf("%7s | %10s %10s | %12s %8s\n", "prompt", "ttft_ms", "server_ms", "stream_tok/s", "tokens");
+	for (int pi = 0; pi < o->n_prompts; pi++) {
+		double t[3], s[3], rt[3];
+		for (int rep = 0; rep < 3; rep++)
+			if (one_request(h, id++, o->prompts[pi], gen, (uint32_t)c.vocab_size, &t[rep],
+					&rt[rep], &s[rep], &n_out)) {
+				rc = 1;
+				goto out;
+			}
+		printf("%7lld | %10.2f %10.2f | %12.1f %8u\n", (long long)o->prompts[pi],
+		       median(t, 3) * 1e3, median(s, 3) * 1e3, median(rt, 3), n_out);
+	}
+out:
+	dsv32_close(h);
+	daemon_stop(&d);
+	return rc;
+}
+
+int bench_model(int argc, char **argv)
+{
+	struct opts o;
+	int r = parse_args(argc, argv, &o);
+	if (r)
+		return r;
+	char dir[PATH_MAX] = "", tmp[PATH_MAX] = "";
+	const char *model = o.model;
+	if (o.synthetic) {
+		if (make_synthetic(&o, dir, sizeof dir))
+			return 1;
+		model = dir;
+	}
+	int rc;
+	if (o.daemon) {
+		/* the socket and the log live in a directory of their own */
+		const char *t = getenv("TMPDIR");
+		snprintf(tmp, sizeof tmp, "%s/dsv32-bench-d-XXXXXX", t && *t ? t : "/tmp");
+		if (!mkdtemp(tmp)) {
+			fprintf(stderr, "dsv32 bench model: cannot create %s: %s\n", tmp, strerror(errno));
+			rc = 1;
+		} else {
+			rc = bench_daemon(&o, model, tmp);
+			if (!o.keep)
+				remove_dir(tmp);
+		}
+	} else {
+		rc = bench_in_process(&o, model);
+	}
+	if (o.synthetic && !o.keep)
+		remove_dir(dir);
+	else if (o.synthetic)
+		printf("kept %s\n", dir);
+	return rc;
+}
+#endif
