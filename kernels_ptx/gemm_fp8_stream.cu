@@ -179,38 +179,53 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	const int KB = K >> 7;
 
 	// the slices: <= 64 rows of one group each, groups without rows left out
-	if (warp == 0) {
-		if (!w_tab) {
+	if (!w_tab) {
+		if (warp == 0) {
 			const int n = (rows + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
 			for (int i = lane; i < n && i < slice_cap; i += 32)
-				sl[i] = st_slice{0, i * ST_SLICE_ROWS, min(ST_SLICE_ROWS, rows - i * ST_SLICE_ROWS), 0};
+				sl[i] = st_slice{0, i * ST_SLICE_ROWS,
+						 min(ST_SLICE_ROWS, rows - i * ST_SLICE_ROWS), 0};
 			if (lane == 0)
 				*n_slices = min(n, slice_cap);
-		} else {
-			int base = 0;
-			for (int e0 = 0; e0 < G; e0 += 32) {
-				const int e = e0 + lane;
-				const int o = e < G ? off[e] : 0;
-				const int cnt = e < G ? off[e + 1] - o : 0;
-				const int ns_e = (cnt + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
-				int incl = ns_e; // inclusive warp scan
-#pragma unroll
-				for (int d = 1; d < 32; d <<= 1) {
-					const int v = __shfl_up_sync(0xffffffffu, incl, d);
-					if (lane >= d)
-						incl += v;
-				}
-				for (int j = 0; j < ns_e; j++) {
-					const int at = base + incl - ns_e + j;
-					if (at < slice_cap)
-						sl[at] = st_slice{e, o + j * ST_SLICE_ROWS,
-								  min(ST_SLICE_ROWS, cnt - j * ST_SLICE_ROWS), 0};
-				}
-				base += __shfl_sync(0xffffffffu, incl, 31);
-			}
-			if (lane == 0)
-				*n_slices = min(base, slice_cap);
 		}
+	} else {
+		// every thread takes one group per pass (one round of loads for G <= 288), a
+		// block-wide exclusive scan of the slice counts places each group's slices in order
+		int *warp_tot = n_slices + 1; // [blockDim.x / 32]
+		int base = 0;
+		for (int e0 = 0; e0 < G; e0 += blockDim.x) {
+			const int e = e0 + threadIdx.x;
+			int o = 0, cnt = 0;
+			if (e < G)
+				o = off[e], cnt = off[e + 1] - o;
+			const int ns_e = (cnt + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
+			int incl = ns_e; // inclusive warp scan
+#pragma unroll
+			for (int d = 1; d < 32; d <<= 1) {
+				const int v = __shfl_up_sync(0xffffffffu, incl, d);
+				if (lane >= d)
+					incl += v;
+			}
+			if (lane == 31)
+				warp_tot[warp] = incl;
+			__syncthreads();
+			int before = 0, total = 0;
+			for (int w2 = 0; w2 < (int)(blockDim.x >> 5); w2++) {
+				const int v = warp_tot[w2];
+				before += w2 < warp ? v : 0;
+				total += v;
+			}
+			for (int j = 0; j < ns_e; j++) {
+				const int at = base + before + incl - ns_e + j;
+				if (at < slice_cap)
+					sl[at] = st_slice{e, o + j * ST_SLICE_ROWS,
+							  min(ST_SLICE_ROWS, cnt - j * ST_SLICE_ROWS), 0};
+			}
+			base += total;
+			__syncthreads(); // warp_tot is reused by the next pass
+		}
+		if (threadIdx.x == 0)
+			*n_slices = min(base, slice_cap);
 	}
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
