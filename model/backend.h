@@ -122,8 +122,8 @@ int backend_cpu_create(const struct dsv32_config *c, const struct weights *w, in
 		       int n_threads, struct backend **out, struct err *e);
 
 /* The CUDA backend (model/cuda_backend.c): uploads every tensor of ck, sizes the KV pool from
- * the GPU memory left (n_pages > 0 caps it) and reports pools and upload rate. Its step does
- * not run the model yet: it validates and returns -ENOTSUP naming what is missing. */
+ * the GPU memory left (n_pages > 0 caps it) and reports pools and upload rate. Its step runs the
+ * forward on the GPU (model/cuda_forward.c), the CPU backend's ops in the CPU's order. */
 int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 			const struct checkpoint *ck, int64_t n_pages, struct backend **out,
 			struct err *e);
@@ -164,5 +164,9 @@ void backend_cpu_set_naive_attention(struct backend *b, int on);
  * cache like a step; on return x = the layer's FFN output and r = its residual. 0 or -EINVAL. */
 int backend_cpu_layer_step(struct backend *b, int64_t layer, const struct backend_step *st,
 			   float *x, float *r);
+/* The same on the CUDA backend (x and r go up as bf16 and come back as bf16 values); -ENOTSUP in
+ * a build without CUDA. */
+int backend_cuda_layer_step(struct backend *b, int64_t layer, const struct backend_step *st,
+			    float *x, float *r);
 
 #endif

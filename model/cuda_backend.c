@@ -12,9 +12,14 @@
  * buffers and copied to the device asynchronously, so the copy of one chunk overlaps the read
  * of the next; the rate is reported.
  *
- * The step: the forward pass is not on the GPU yet (its kernels exist one by one in
- * kernels_ptx/, tested against the CPU backend). A step validates its input and then fails with
- * -ENOTSUP, saying which op is missing; it never falls back to the CPU silently.
+ * Placement (for the fused GEMMs of model/cuda_forward.c and model/cuda_moe.h): q_a_proj and
+ * kv_a_proj_with_mqa adjacent as one [q_lora_rank + kv_lora_rank + rope, hidden] matrix when
+ * q_lora_rank % 128 == 0 (their scale matrices adjacent too, so the scale block of every row is
+ * where the fused matrix expects it); every gate_proj / up_proj pair (dense MLP, each expert,
+ * the shared expert) adjacent as one [2 * inter, hidden] matrix. The norm vectors (fp32 copies
+ * made by the binder) and the RoPE cos/sin table go into the same region.
+ *
+ * The step: model/cuda_forward.c, after backend_validate_step; never a CPU fallback.
  * Must not: decide scheduling or sample.
  */
 #include "model/backend.h"
@@ -26,7 +31,10 @@
 #include <time.h>
 
 #include "driver/gpu.h"
+#include "model/cuda_forward.h"
+#include "model/cuda_gemm.h"
 #include "model/kv_cache.h"
+#include "model/rope.h"
 
 #ifdef DSV32_NO_CUDA
 
@@ -38,6 +46,13 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 	struct err why;
 	cu_load(&why);
 	return err_set(e, -ENOTSUP, "no CUDA backend in this build: %s", why.msg);
+}
+
+int backend_cuda_layer_step(struct backend *b, int64_t layer, const struct backend_step *st,
+			    float *x, float *r)
+{
+	(void)b, (void)layer, (void)st, (void)x, (void)r;
+	return -ENOTSUP;
 }
 
 #else
@@ -52,8 +67,12 @@ struct cuda_backend {
 	const struct checkpoint *ck;
 	struct gpu_region weights_region; /* every bound tensor, checkpoint order */
 	gpu_ptr *tensor_dev;              /* [ck->n_tensors] device address of each tensor, 0 if unused */
+	size_t *by_data;                  /* [ck->n_tensors] tensor indices sorted by data pointer */
 	struct gpu_region kv_region;      /* [n_layers][n_pages] MLA pages, then the indexer pages */
 	struct gpu_arena scratch;
+	struct fwd_model m;               /* device addresses the forward reads */
+	void *pinned;                     /* per-step metadata staging (grown on demand) */
+	size_t pinned_bytes;
 	size_t upload_bytes;
 	double upload_s;
 };
@@ -101,18 +120,126 @@ static int by_file_offset(const void *a, const void *b)
 
 static size_t round256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* ---- where each tensor goes ------------------------------------------------------------------ */
+
+static int by_data_ptr(const void *a, const void *b)
+{
+	const uint8_t *x = sort_ck->tensors[*(const size_t *)a].data;
+	const uint8_t *y = sort_ck->tensors[*(const size_t *)b].data;
+	return x < y ? -1 : x > y;
+}
+
+/* Index of the checkpoint tensor whose data starts at p, or -1. */
+static int64_t tensor_of(const struct cuda_backend *b, const void *p)
+{
+	size_t lo = 0, hi = b->ck->n_tensors;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const uint8_t *d = b->ck->tensors[b->by_data[mid]].data;
+		if (d == (const uint8_t *)p)
+			return (int64_t)b->by_data[mid];
+		if (d < (const uint8_t *)p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+/* Places FP8 weights x and y (same `in`, x->out % 128 == 0) as one matrix [x.out + y.out, in]
+ * with adjacent scale matrices; their tensors are then copied there by the upload. 0, or -1
+ * when they cannot be fused (left to the ordinary placement). */
+static int place_pair(struct cuda_backend *b, const struct fp8_linear *x, const struct fp8_linear *y,
+		      struct fwd_fp8 *out)
+{
+	int64_t t[4] = {tensor_of(b, x->w), tensor_of(b, x->scale), tensor_of(b, y->w),
+			tensor_of(b, y->scale)};
+	if (x->in != y->in || x->out % 128)
+		return -1;
+	for (int i = 0; i < 4; i++)
+		if (t[i] < 0 || b->tensor_dev[t[i]])
+			return -1;
+	size_t wx = b->ck->tensors[t[0]].nbytes, wy = b->ck->tensors[t[2]].nbytes;
+	size_t sx = b->ck->tensors[t[1]].nbytes, sy = b->ck->tensors[t[3]].nbytes;
+	gpu_ptr W = gpu_region_alloc(&b->weights_region, wx + wy);
+	gpu_ptr S = gpu_region_alloc(&b->weights_region, sx + sy);
+	if (!W || !S)
+		return -1;
+	b->tensor_dev[t[0]] = W, b->tensor_dev[t[2]] = W + wx;
+	b->tensor_dev[t[1]] = S, b->tensor_dev[t[3]] = S + sx;
+	*out = (struct fwd_fp8){W, S, (int)(x->out + y->out), (int)x->in};
+	return 0;
+}
+
+static const struct layer_weights *layer_w(const struct cuda_backend *b, int64_t l)
+{
+	return l < b->base.c->num_hidden_layers ? &b->w->layers[l] : &b->w->mtp.layer;
+}
+
+static int64_t n_fwd_layers(const struct cuda_backend *b)
+{
+	return b->base.c->num_hidden_layers + (b->w->has_mtp ? 1 : 0);
+}
+
+/* The fused placements, before any tensor is uploaded. */
+static int place_fused(struct cuda_backend *b, struct err *e)
+{
+	const struct dsv32_config *c = b->base.c;
+	for (int64_t l = 0; l < n_fwd_layers(b); l++) {
+		const struct layer_weights *lw = layer_w(b, l);
+		struct fwd_layer *L = &b->m.layers[l];
+		L->fused_qkv = place_pair(b, &lw->wq_a, &lw->wkv_a, &L->qkv) == 0;
+		L->is_moe = lw->is_moe;
+		if (!lw->is_moe) {
+			if (place_pair(b, &lw->w1, &lw->w3, &L->w13))
+				return err_set(e, -EINVAL, "layer %lld: dense gate_proj/up_proj cannot be "
+					       "placed as one matrix (intermediate_size %% 128)", (long long)l);
+			continue;
+		}
+		int64_t E = c->n_routed_experts;
+		L->ex13 = calloc((size_t)E, sizeof *L->ex13);
+		L->ex2 = calloc((size_t)E, sizeof *L->ex2);
+		if (!L->ex13 || !L->ex2)
+			return err_set(e, -ENOMEM, "out of memory");
+		if (place_pair(b, &lw->sh_w1, &lw->sh_w3, &L->sh13))
+			return err_set(e, -EINVAL, "layer %lld: shared expert gate/up not fusable", (long long)l);
+		for (int64_t x = 0; x < E; x++)
+			if (place_pair(b, &lw->exp_w1[x], &lw->exp_w3[x], &L->ex13[x]))
+				return err_set(e, -EINVAL, "layer %lld expert %lld: gate/up not fusable "
+					       "(moe_intermediate_size %% 128)", (long long)l, (long long)x);
+	}
+	return 0;
+}
+
 static int upload_weights(struct cuda_backend *b, struct err *e)
 {
 	const struct checkpoint *ck = b->ck;
+	const struct dsv32_config *c = b->base.c;
 	size_t total = 0;
 	for (size_t i = 0; i < ck->n_tensors; i++)
 		total += round256(ck->tensors[i].nbytes);
+	/* + the fp32 vectors, the RoPE table and the MoE address tables */
+	size_t per_layer = 16 * 256 + (size_t)4 * (2 * c->hidden_size + c->q_lora_rank +
+						  c->kv_lora_rank + 2 * c->index_head_dim +
+						  9 * c->n_routed_experts);
+	total += (size_t)(c->num_hidden_layers + 1) * per_layer + (size_t)4 * c->hidden_size * 4 + 4096;
+	total += round256((size_t)c->max_position_embeddings * 64 * sizeof(float));
 	int r = gpu_region_reserve(&b->g, &b->weights_region, "weights", total, e);
 	if (!r)
 		r = gpu_region_grow(&b->g, &b->weights_region, total, e);
 	if (r)
 		return r;
 	b->tensor_dev = calloc(ck->n_tensors, sizeof *b->tensor_dev);
+	b->by_data = malloc((ck->n_tensors ? ck->n_tensors : 1) * sizeof *b->by_data);
+	b->m.layers = calloc((size_t)(c->num_hidden_layers + 1), sizeof *b->m.layers);
+	if (!b->tensor_dev || !b->by_data || !b->m.layers)
+		return err_set(e, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < ck->n_tensors; i++)
+		b->by_data[i] = i;
+	sort_ck = ck;
+	qsort(b->by_data, ck->n_tensors, sizeof *b->by_data, by_data_ptr);
+	if ((r = place_fused(b, e)))
+		return r;
 	struct stager s = {.g = &b->g};
 	s.buf[0] = gpu_host_alloc(STAGE_BYTES);
 	s.buf[1] = gpu_host_alloc(STAGE_BYTES);
@@ -138,7 +265,9 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 	double t0 = now_s();
 	for (size_t k = 0; k < ck->n_tensors && !r; k++) {
 		const struct st_tensor *t = &ck->tensors[order[k]];
-		gpu_ptr d = gpu_region_alloc(&b->weights_region, t->nbytes);
+		gpu_ptr d = b->tensor_dev[order[k]]; /* placed already (fused), or next in the region */
+		if (!d)
+			d = gpu_region_alloc(&b->weights_region, t->nbytes);
 		if (!d) {
 			r = err_set(e, -ENOMEM, "weights region overflow at %s", t->name);
 			break;
@@ -160,7 +289,143 @@ out:
 	return r;
 }
 
+/* ---- the forward's view of the weights ------------------------------------------------------- */
+
+static gpu_ptr dev_of(const struct cuda_backend *b, const void *p)
+{
+	int64_t t = tensor_of(b, p);
+	return t < 0 ? 0 : b->tensor_dev[t];
+}
+
+static struct fwd_fp8 dev8(const struct cuda_backend *b, const struct fp8_linear *l)
+{
+	return (struct fwd_fp8){dev_of(b, l->w), dev_of(b, l->scale), (int)l->out, (int)l->in};
+}
+
+/* A copy of a host fp32 vector [n] in the weights region. */
+static gpu_ptr dev_vec(struct cuda_backend *b, const float *v, int64_t n)
+{
+	gpu_ptr d = v ? gpu_region_alloc(&b->weights_region, (size_t)n * sizeof *v) : 0;
+	if (d && gpu_upload(&b->g, d, v, (size_t)n * sizeof *v))
+		return 0;
+	return d;
+}
+
+/* The RoPE table: rope_cos_sin's values for every position (k_rope reads them). */
+static int build_rope(struct cuda_backend *b, struct err *e)
+{
+	const struct dsv32_config *c = b->base.c;
+	int64_t half = c->qk_rope_head_dim / 2, n = c->max_position_embeddings;
+	if (half != 32)
+		return err_set(e, -EINVAL, "cuda backend: qk_rope_head_dim must be 64 (k_rope)");
+	float *inv = malloc((size_t)half * sizeof *inv), *cs = malloc((size_t)n * 64 * sizeof *cs);
+	float co[32], si[32];
+	if (!inv || !cs) {
+		free(inv), free(cs);
+		return err_set(e, -ENOMEM, "out of memory");
+	}
+	rope_inv_freq(c, inv, NULL, NULL);
+	for (int64_t p = 0; p < n; p++) {
+		rope_cos_sin(inv, half, p, co, si);
+		for (int i = 0; i < 32; i++)
+			cs[(p * 32 + i) * 2] = co[i], cs[(p * 32 + i) * 2 + 1] = si[i];
+	}
+	b->m.rope_cs = gpu_region_alloc(&b->weights_region, (size_t)n * 64 * sizeof *cs);
+	b->m.rope_max_pos = n;
+	int r = b->m.rope_cs ? gpu_upload(&b->g, b->m.rope_cs, cs, (size_t)n * 64 * sizeof *cs) : -ENOMEM;
+	free(inv);
+	free(cs);
+	return r ? err_set(e, r, "cuda backend: RoPE table upload failed") : 0;
+}
+
+static int build_layer(struct cuda_backend *b, int64_t l, struct err *e)
+{
+	const struct dsv32_config *c = b->base.c;
+	const struct layer_weights *lw = layer_w(b, l);
+	struct fwd_layer *L = &b->m.layers[l];
+	L->attn_norm = dev_vec(b, lw->attn_norm, c->hidden_size);
+	L->ffn_norm = dev_vec(b, lw->ffn_norm, c->hidden_size);
+	L->q_norm = dev_vec(b, lw->q_norm, c->q_lora_rank);
+	L->kv_norm = dev_vec(b, lw->kv_norm, c->kv_lora_rank);
+	L->q_a = dev8(b, &lw->wq_a);
+	L->kv_a = dev8(b, &lw->wkv_a);
+	L->q_b = dev8(b, &lw->wq_b);
+	L->kv_b = dev8(b, &lw->wkv_b);
+	L->o = dev8(b, &lw->wo);
+	L->idx_q_b = dev8(b, &lw->idx_wq_b);
+	L->idx_k = dev8(b, &lw->idx_wk);
+	L->idx_k_norm_w = dev_vec(b, lw->idx_k_norm_w, c->index_head_dim);
+	L->idx_k_norm_b = dev_vec(b, lw->idx_k_norm_b, c->index_head_dim);
+	L->idx_wproj = dev_of(b, lw->idx_weights_proj.w);
+	if (!L->attn_norm || !L->ffn_norm || !L->q_norm || !L->kv_norm || !L->kv_b.w || !L->o.w ||
+	    !L->idx_k_norm_w || !L->idx_k_norm_b || !L->idx_wproj)
+		return err_set(e, -EINVAL, "cuda backend: layer %lld: a tensor has no device copy",
+			       (long long)l);
+	if (!lw->is_moe) {
+		L->w2 = dev8(b, &lw->w2);
+		return 0;
+	}
+	int64_t E = c->n_routed_experts;
+	L->gate = dev_of(b, lw->gate.w);
+	L->gate_bias = dev_vec(b, lw->gate_bias, E);
+	L->sh2 = dev8(b, &lw->sh_w2);
+	for (int64_t x = 0; x < E; x++)
+		L->ex2[x] = dev8(b, &lw->exp_w2[x]);
+	const char *dense = getenv("DSV32_CUDA_MOE_DENSE"); /* diagnosis: see cuda_forward.c */
+	if (dense && *dense == '1')
+		return 0;
+	gpu_ptr *tab = malloc((size_t)E * 4 * sizeof *tab);
+	if (!tab)
+		return err_set(e, -ENOMEM, "out of memory");
+	for (int64_t x = 0; x < E; x++) {
+		tab[x] = L->ex13[x].w, tab[E + x] = L->ex13[x].s;
+		tab[2 * E + x] = L->ex2[x].w, tab[3 * E + x] = L->ex2[x].s;
+	}
+	struct cuda_fp8_mat sh13 = {L->sh13.w, L->sh13.s, L->sh13.out, L->sh13.in};
+	struct cuda_fp8_mat sh2 = {L->sh2.w, L->sh2.s, L->sh2.out, L->sh2.in};
+	int r = cuda_moe_layer_init(&b->g, &b->weights_region, c, L->gate, L->gate_bias, tab, tab + E,
+				    tab + 2 * E, tab + 3 * E, sh13, sh2, &L->moe, e);
+	free(tab);
+	L->moe_ready = r == 0;
+	return r;
+}
+
+static int build_model(struct cuda_backend *b, struct err *e)
+{
+	const struct dsv32_config *c = b->base.c;
+	const struct weights *w = b->w;
+	struct fwd_model *m = &b->m;
+	int r = build_rope(b, e);
+	for (int64_t l = 0; l < n_fwd_layers(b) && !r; l++)
+		r = build_layer(b, l, e);
+	if (r)
+		return r;
+	m->embed = dev_of(b, w->embed.w);
+	m->norm = dev_vec(b, w->norm, c->hidden_size);
+	m->lm_head = dev_of(b, w->lm_head.w);
+	m->has_mtp = w->has_mtp;
+	if (w->has_mtp) {
+		m->mtp_embed = dev_of(b, w->mtp.embed.w);
+		m->enorm = dev_vec(b, w->mtp.enorm, c->hidden_size);
+		m->hnorm = dev_vec(b, w->mtp.hnorm, c->hidden_size);
+		m->eh_proj = dev_of(b, w->mtp.eh_proj.w);
+		m->head_norm = dev_vec(b, w->mtp.head_norm, c->hidden_size);
+		m->mtp_head = dev_of(b, w->mtp.head.w);
+	}
+	if (!m->embed || !m->norm || !m->lm_head ||
+	    (w->has_mtp && (!m->mtp_embed || !m->enorm || !m->hnorm || !m->eh_proj ||
+			    !m->head_norm || !m->mtp_head)))
+		return err_set(e, -EINVAL, "cuda backend: a model-level tensor has no device copy");
+	return 0;
+}
+
 /* ---- backend_ops --------------------------------------------------------------------------- */
+
+static struct fwd_env env_of(struct cuda_backend *b)
+{
+	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
+				&b->pinned, &b->pinned_bytes};
+}
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
 {
@@ -168,10 +433,8 @@ static int cuda_step(struct backend *base, const struct backend_step *st)
 	int r = backend_validate_step(base, b->w, st);
 	if (r)
 		return r;
-	fprintf(stderr, "<3>dsv32: cuda backend: not yet on GPU: the decoder layer (MLA attention, "
-			"indexer, MoE) has no GPU forward yet; its kernels are tested one by one "
-			"(make gpu-test). Use --backend cpu.\n");
-	return -ENOTSUP;
+	struct fwd_env env = env_of(b);
+	return cuda_forward_step(&env, st);
 }
 
 static int cuda_page_io(struct backend *base, int64_t layer, enum backend_pool pool, int64_t page,
@@ -196,7 +459,14 @@ static void cuda_destroy(struct backend *base)
 	gpu_arena_free(&b->g, &b->scratch);
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);
+	gpu_host_free(b->pinned);
+	if (b->m.layers)
+		for (int64_t l = 0; l <= b->base.c->num_hidden_layers; l++)
+			free(b->m.layers[l].ex13), free(b->m.layers[l].ex2);
+	free(b->m.layers);
 	free(b->tensor_dev);
+	free(b->by_data);
+	cuda_gemm_close(&b->g);
 	gpu_close(&b->g);
 	free(b);
 }
@@ -222,7 +492,7 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 	b->base.idx_page_bytes = kv_index_page_bytes(c);
 	b->w = w;
 	b->ck = ck;
-	if ((r = upload_weights(b, e)))
+	if ((r = upload_weights(b, e)) || (r = build_model(b, e)))
 		goto err;
 	if ((r = gpu_arena_init(&b->g, &b->scratch, SCRATCH_BYTES, e)))
 		goto err;
@@ -254,6 +524,20 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 err:
 	cuda_destroy(&b->base);
 	return r;
+}
+
+int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,
+			    float *x, float *r)
+{
+	ASSERT(base->ops == &cuda_ops);
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	if (st->mtp || !x || !r)
+		return -EINVAL;
+	int rc = backend_validate_step(base, b->w, st);
+	if (rc)
+		return rc;
+	struct fwd_env env = env_of(b);
+	return cuda_forward_layer(&env, layer, st, x, r);
 }
 
 #endif

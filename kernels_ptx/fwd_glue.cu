@@ -1,0 +1,227 @@
+// fwd_glue.cu — the small ops of the CUDA forward pass (model/cuda_forward.c) that have no
+// kernel of their own elsewhere, each with its CPU counterpart. Device code only.
+//
+// k_fwd_rmsnorm      cpu_rmsnorm / cpu_add_rmsnorm (model/cpu_ops.c): k_rmsnorm_add's arithmetic
+//                    with row strides, so a norm can read a slice of a fused GEMM output (q_a,
+//                    kv_a) and write into a slice of a wider row (the MTP concat).
+// k_fwd_bf16_linear  cpu_bf16_linear (bf16 weights, fp32 accumulation in cpu_dot_bf16's order:
+//                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree), so router
+//                    logits, weights_proj, eh_proj and the LM head are bit-identical to the CPU.
+// k_fwd_idx_weights  the indexer's head weights w' = w * H^-0.5 * s_q[h] * D^-0.5
+//                    (indexer_project, model/cpu_indexer.c), in its multiplication order.
+// k_fwd_q_absorb     q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
+//                    d ascending, one multiply and one add each, so bit-identical), written with
+//                    q_pe into the sparse MLA decode's query layout [B, Hpad, R + rope].
+// k_fwd_uv           o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order).
+// k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
+//                    the all-experts output (for k_moe_combine).
+#include "common.cuh"
+
+#define FWD_RMS_THREADS 256
+#define FWD_RMS_PER_THREAD 32
+
+// out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
+// res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row, dim <= 8192.
+extern "C" __global__ void __launch_bounds__(FWD_RMS_THREADS)
+k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
+	      const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps)
+{
+	const int row = blockIdx.x;
+	const uint16_t *xr = x + (size_t)row * ldx;
+	uint16_t *rr = res ? res + (size_t)row * dim : nullptr;
+	uint16_t *orow = out + (size_t)row * ldo;
+	float s[FWD_RMS_PER_THREAD];
+	float ss = 0.f;
+#pragma unroll
+	for (int k = 0; k < FWD_RMS_PER_THREAD; k++) {
+		int i = threadIdx.x + k * FWD_RMS_THREADS;
+		s[k] = 0.f;
+		if (i < dim) {
+			float v = bf16_to_f32(xr[i]);
+			if (rr)
+				v += bf16_to_f32(rr[i]);
+			s[k] = v;
+			ss += v * v;
+		}
+	}
+	__shared__ float part[FWD_RMS_THREADS / 32];
+	ss = warp_sum(ss);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = ss;
+	__syncthreads(); // every warp's partial is in smem before any thread sums them
+	float tot = 0.f;
+#pragma unroll
+	for (int k = 0; k < FWD_RMS_THREADS / 32; k++)
+		tot += part[k];
+	const float inv = rsqrtf(tot / (float)dim + eps);
+#pragma unroll
+	for (int k = 0; k < FWD_RMS_PER_THREAD; k++) {
+		int i = threadIdx.x + k * FWD_RMS_THREADS;
+		if (i < dim) {
+			orow[i] = f32_to_bf16(w[i] * (s[k] * inv));
+			if (rr)
+				rr[i] = f32_to_bf16(s[k]);
+		}
+	}
+}
+
+// Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
+// (l6+l7)); lane 8q gets the result (addition is commutative, so every lane's value is the same).
+__device__ __forceinline__ float tree8(float v)
+{
+	v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+	v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+	v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+	return v;
+}
+
+#define LIN_ROWS 4
+
+// y[m, v] = Σ_k x[m, k] W[v, k] for m < M, v < V: W bf16 [V, D], x bf16 [M, ldx]; y32 fp32
+// [M, ldy] or (y32 null) y16 bf16 [M, ldy] rounded once. D % 8 == 0.
+// Grid (ceil(V / 32), ceil(M / 4)), 256 threads: lanes 8q .. 8q+7 of a warp own output v (4 per
+// warp, 32 per block) for 4 rows; lane j sums k = j mod 8 in order.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+		  float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+{
+	const int lane = threadIdx.x & 31, j = lane & 7;
+	const int v = blockIdx.x * 32 + (threadIdx.x >> 5) * 4 + (lane >> 3);
+	const int m0 = blockIdx.y * LIN_ROWS;
+	const bool live = v < V;
+	const uint16_t *wr = W + (size_t)(live ? v : 0) * D;
+	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+	if (live)
+		for (int k = j; k < D; k += 8) {
+			const float wv = bf16_to_f32(wr[k]);
+#pragma unroll
+			for (int m = 0; m < LIN_ROWS; m++)
+				if (m0 + m < M)
+					acc[m] = __fadd_rn(acc[m],
+							   __fmul_rn(bf16_to_f32(x[(size_t)(m0 + m) * ldx + k]), wv));
+		}
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++)
+		acc[m] = tree8(acc[m]);
+	if (!live || j)
+		return;
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++) {
+		if (m0 + m >= M)
+			break;
+		if (y32)
+			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
+		else
+			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
+	}
+}
+
+// w[i] = ((w[i] * hs) * qs[i]) * ds for i < n (w fp32 [T, H], qs fp32 [T, H]: the act_quant
+// scale of each query head).
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_idx_weights(float *__restrict__ w, const float *__restrict__ qs, int n, float hs, float ds)
+{
+	const int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n)
+		w[i] = __fmul_rn(__fmul_rn(__fmul_rn(w[i], hs), qs[i]), ds);
+}
+
+#define ABS_ROWS 8
+#define ABS_MAX_NOPE 192
+
+// qf[t, h, :R] = bf16( Σ_d q[t, h*dq + d] · Wkvb[h*(nope+dv) + d, :] ), d ascending (W_UK_h
+// dequantised: e4m3 x its 128x128 block scale, exact), qf[t, h, R:R+rope] = q[t, h*dq+nope ..].
+// q bf16 [T, H*dq] (dq = nope + rope), Wkvb e4m3 [H*(nope+dv), R], S fp32 [H*(nope+dv)/128,
+// R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / 8)), 256 threads; thread owns columns
+// tid + 256 i.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_q_absorb(const uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
+	       const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H, int Hpad,
+	       int nope, int rope, int dv, int R)
+{
+	__shared__ float qn[ABS_ROWS][ABS_MAX_NOPE];
+	const int h = blockIdx.x, t0 = blockIdx.y * ABS_ROWS, dq = nope + rope;
+	for (int i = threadIdx.x; i < ABS_ROWS * nope; i += blockDim.x) {
+		const int tt = i / nope, d = i % nope;
+		qn[tt][d] = t0 + tt < T ? bf16_to_f32(q[(size_t)(t0 + tt) * H * dq + h * dq + d]) : 0.f;
+	}
+	for (int i = threadIdx.x; i < ABS_ROWS * rope; i += blockDim.x) {
+		const int tt = i / rope, d = i % rope;
+		if (t0 + tt < T)
+			qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + R + d] =
+				q[(size_t)(t0 + tt) * H * dq + h * dq + nope + d];
+	}
+	__syncthreads(); // the q_nope rows are staged
+	const int nkb = R / 128;
+	for (int c = threadIdx.x; c < R; c += blockDim.x) {
+		float acc[ABS_ROWS];
+#pragma unroll
+		for (int tt = 0; tt < ABS_ROWS; tt++)
+			acc[tt] = 0.f;
+		for (int d = 0; d < nope; d++) {
+			const int row = h * (nope + dv) + d;
+			const float wv = e4m3_to_f32(Wkvb[(size_t)row * R + c]) * S[(row / 128) * nkb + c / 128];
+#pragma unroll
+			for (int tt = 0; tt < ABS_ROWS; tt++)
+				acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qn[tt][d], wv));
+		}
+#pragma unroll
+		for (int tt = 0; tt < ABS_ROWS; tt++)
+			if (t0 + tt < T)
+				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + c] = f32_to_bf16(acc[tt]);
+	}
+}
+
+#define UV_ROWS 4
+#define UV_MAXR 512
+
+// o[t, h*dv + d] = bf16( cpu_dot(o_lat[t, h, :], W_UV_h[d, :]) ), W_UV_h[d] = row
+// h*(nope+dv) + nope + d of kv_b (dequantised). o_lat bf16 [T, Hpad, R], o bf16 [T, H*dv].
+// Grid (H, ceil(T / 4)), 256 threads: lanes 8q .. 8q+7 own output d (4 per warp), lane j sums
+// k = j mod 8 in order, then tree8.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	 const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H, int Hpad, int nope,
+	 int dv, int R)
+{
+	__shared__ float ol[UV_ROWS][UV_MAXR];
+	const int h = blockIdx.x, t0 = blockIdx.y * UV_ROWS;
+	for (int i = threadIdx.x; i < UV_ROWS * R; i += blockDim.x) {
+		const int tt = i / R, k = i % R;
+		ol[tt][k] = t0 + tt < T ? bf16_to_f32(o_lat[((size_t)(t0 + tt) * Hpad + h) * R + k]) : 0.f;
+	}
+	__syncthreads(); // o_lat rows are staged
+	const int lane = threadIdx.x & 31, j = lane & 7, warp = threadIdx.x >> 5;
+	const int nkb = R / 128;
+	for (int d0 = warp * 4; d0 < dv; d0 += 32) {
+		const int d = d0 + (lane >> 3);
+		const bool live = d < dv;
+		const int row = h * (nope + dv) + nope + (live ? d : 0);
+		float acc[UV_ROWS] = {0.f, 0.f, 0.f, 0.f};
+		if (live)
+			for (int k = j; k < R; k += 8) {
+				const float wv = e4m3_to_f32(Wkvb[(size_t)row * R + k]) *
+						 S[(row / 128) * nkb + k / 128];
+#pragma unroll
+				for (int tt = 0; tt < UV_ROWS; tt++)
+					acc[tt] = __fadd_rn(acc[tt], __fmul_rn(ol[tt][k], wv));
+			}
+#pragma unroll
+		for (int tt = 0; tt < UV_ROWS; tt++)
+			acc[tt] = tree8(acc[tt]);
+		if (live && j == 0)
+#pragma unroll
+			for (int tt = 0; tt < UV_ROWS; tt++)
+				if (t0 + tt < T)
+					o[(size_t)(t0 + tt) * H * dv + h * dv + d] = f32_to_bf16(acc[tt]);
+	}
+}
+
+// perm[t*K + n] = idx[t*K + n] * T + t (idx int [T, K] expert ids).
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_dense_perm(const int *__restrict__ idx, int *__restrict__ perm, int T, int K)
+{
+	const int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < T * K)
+		perm[i] = idx[i] * T + i / K;
+}

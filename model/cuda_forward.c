@@ -1,0 +1,774 @@
+/*
+ * cuda_forward.c — the forward pass on the GPU (see cuda_forward.h): the CPU backend's
+ * layer_forward (model/cpu_backend.c) op for op, one kernel launch per step, all on the
+ * engine stream.
+ *
+ * Reads like the CPU version: the step's rows and metadata, the ops (norm, act_quant, FP8 GEMM,
+ * bf16 linear, RoPE, Hadamard), one decoder layer (§3.2-§3.9), the MoE block, the MTP input
+ * (§4), the step (embedding, layers, final norm, head §3.10). Activations are bf16 on the
+ * device, rounded where the CPU rounds; the per-row state of the CPU (the causal key count
+ * pos + 1, the row's block table, its physical slot) is uploaded once per step.
+ *
+ * Buffers have Tp = round_up(T, 8) rows, so a GEMM may run on the padded row count (cuBLASLt
+ * refuses M that is not a multiple of 8); rows T .. Tp-1 hold garbage that no real row reads.
+ * Synchronisation: none inside the layer loop; the final downloads (logits, hidden rows) wait.
+ * Dumps (st->dump) download after each named op and wait: they are for tests and tools.
+ */
+#include "model/cuda_forward.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/cuda_attn.h"
+#include "model/cuda_gemm.h"
+#include "model/kv_cache.h"
+#include "model/numerics.h"
+
+
+#define SCORES_BUDGET ((size_t)256 << 20) /* bytes of indexer scores per row chunk */
+
+/* ---- the step's rows ------------------------------------------------------------------------ */
+
+struct fwd {
+	const struct fwd_env *E;
+	struct gpu *g;
+	struct gpu_arena *A;
+	const struct dsv32_config *c;
+	const struct fwd_model *m;
+	const struct backend_step *st;
+	int T, Tp;                 /* rows, rows rounded up to 8 */
+	int64_t *pos_h, *seq_h;    /* [T] host copies for dumps */
+	int mb;                    /* block-table columns per row: max(pos) / 64 + 1 */
+	int max_n;                 /* max(pos) + 1: the longest causal key list */
+	int n_logits, n_hidden;
+	/* device metadata, int32 */
+	gpu_ptr tok, pos, slot, nkeys; /* [T] */
+	gpu_ptr bt;                /* [T, mb] the row's sequence's block table */
+	gpu_ptr lrows, hrows;      /* [n_logits], [n_hidden] row indices */
+	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
+};
+
+static int fwd_fail(const char *what, int r)
+{
+	fprintf(stderr, "<3>dsv32: cuda forward: %s failed (%d)\n", what, r);
+	return r ? r : -EIO;
+}
+
+/* Arena scratch; 0 when the arena is exhausted (sized at start: a bug, reported). */
+static gpu_ptr take(struct fwd *F, size_t bytes)
+{
+	gpu_ptr p = gpu_arena_push(F->A, bytes ? bytes : 1);
+	if (!p)
+		fprintf(stderr, "<3>dsv32: cuda forward: scratch arena exhausted (%zu MiB asked, "
+				"%zu MiB in use of %zu)\n", bytes >> 20, F->A->top >> 20,
+			F->A->region.reserved >> 20);
+	return p;
+}
+
+#define TAKE(var, bytes)                          \
+	gpu_ptr var = take(F, (size_t)(bytes));   \
+	if (!var)                                 \
+		return -ENOMEM
+
+#define LAUNCH(name, gx, gy, bx, smem, ...)                                                      \
+	do {                                                                                     \
+		void *a_[] = {__VA_ARGS__};                                                      \
+		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
+				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
+		if (r_)                                                                          \
+			return fwd_fail(name, r_);                                               \
+	} while (0)
+
+#define TRY(call)                  \
+	do {                       \
+		int r_ = (call);   \
+		if (r_)            \
+			return r_; \
+	} while (0)
+
+static int round8(int x) { return (x + 7) / 8 * 8; }
+
+/* ---- dumps (tests and tools: synchronous) ---------------------------------------------------- */
+
+enum dump_kind { DUMP_BF16, DUMP_F32, DUMP_I32 };
+
+/* Rows t0 .. t0+n-1 of a device matrix (row stride ld elements): width values per row (or, for
+ * DUMP_I32, up to width entries before the first -1; width < 0: pos + 1 values). */
+static int dump_rows(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
+		     int64_t ld, int64_t width, int t0, int n)
+{
+	const struct backend_dump *d = F->st->dump;
+	if (!d)
+		return 0;
+	size_t esz = k == DUMP_BF16 ? 2 : 4, bytes = (size_t)n * (size_t)ld * esz;
+	void *raw = malloc(bytes ? bytes : 1);
+	float *row = malloc((size_t)(ld > 0 ? ld : 1) * sizeof *row);
+	if (!raw || !row) {
+		free(raw), free(row);
+		return -ENOMEM;
+	}
+	int r = gpu_download(F->g, raw, p, bytes);
+	for (int i = 0; i < n && !r; i++) {
+		int t = t0 + i;
+		int64_t w = width < 0 ? F->pos_h[t] + 1 : width;
+		if (k == DUMP_I32) {
+			const int32_t *v = (const int32_t *)raw + (size_t)i * ld;
+			int64_t cnt = 0;
+			while (cnt < w && v[cnt] >= 0)
+				cnt++;
+			d->fn(d->ctx, name, layer, F->seq_h[t], F->pos_h[t], 1, v, cnt);
+			continue;
+		}
+		for (int64_t j = 0; j < w; j++)
+			row[j] = k == DUMP_BF16 ? bf16_to_f32(((const uint16_t *)raw)[(size_t)i * ld + j])
+						: ((const float *)raw)[(size_t)i * ld + j];
+		d->fn(d->ctx, name, layer, F->seq_h[t], F->pos_h[t], 0, row, w);
+	}
+	free(raw);
+	free(row);
+	return r;
+}
+
+static int dump_all(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
+		    int64_t ld, int64_t width)
+{
+	return dump_rows(F, name, layer, p, k, ld, width, 0, F->T);
+}
+
+/* ---- ops ------------------------------------------------------------------------------------- */
+
+/* out[t] (stride ldo) = RMSNorm(x[t] (stride ldx) [+ res[t]]), res[t] = bf16(sum) when res. */
+static int op_rms(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr out, int ldo,
+		  int dim)
+{
+	float eps = (float)F->c->rms_norm_eps;
+	LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps);
+	return 0;
+}
+
+/* act_quant (spec §5.3) of rows [rows, K] -> codes [rows, K], scales [rows, K/128]. */
+static int op_quant(struct fwd *F, gpu_ptr x, gpu_ptr q, gpu_ptr s, int rows, int K)
+{
+	long long ng = (long long)rows * K / 128;
+	LAUNCH("k_act_quant", (ng + 7) / 8, 1, 256, 0, &x, &q, &s, &ng);
+	return 0;
+}
+
+/* y[M, ldy] (bf16) = x8 x W^T (spec §5.4) through cuda_gemm_fp8. M > 64 goes to the prefill
+ * path on Mp = round8(M) rows (buffers have them), or in 64-row pieces through the decode kernel
+ * where the prefill path cannot take the shape (cuBLASLt needs K/128 % 4 == 0). */
+static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
+		   int ldy)
+{
+	int N = W->out, K = W->in;
+	size_t mark = gpu_arena_mark(F->A);
+	int r = -ENOTSUP;
+	if (M > 64 && !(cuda_gemm_path_for(F->g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4)) {
+		int Mp = round8(M);
+		size_t wsb = cuda_gemm_fp8_workspace(F->g, Mp, N, K);
+		TAKE(ws, wsb);
+		r = cuda_gemm_fp8(F->g, W->w, W->s, x8, sx, y, Mp, N, K, ldy, ws, wsb);
+		gpu_arena_release(F->A, mark);
+		if (r != -ENOTSUP)
+			return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
+	}
+	int piece = M < 64 ? M : 64;
+	size_t wsb = cuda_gemm_fp8_workspace(F->g, piece, N, K);
+	TAKE(ws, wsb);
+	r = 0;
+	for (int m0 = 0; m0 < M; m0 += 64) {
+		int mm = M - m0 < 64 ? M - m0 : 64;
+		r = cuda_gemm_fp8(F->g, W->w, W->s, x8 + (size_t)m0 * K, sx + (size_t)m0 * (K / 128) * 4,
+				  y + (size_t)m0 * ldy * 2, mm, N, K, ldy, ws, wsb);
+		if (r)
+			break;
+	}
+	gpu_arena_release(F->A, mark);
+	return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
+}
+
+/* y[M, V] = x[M, D] (stride ldx) . W[V, D]^T, bf16 weights, fp32 (y32) or bf16 (y16) out. */
+static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
+		  int M, int D, int V)
+{
+	LAUNCH("k_fwd_bf16_linear", (V + 31) / 32, (M + 3) / 4, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy,
+	       &M, &D, &V);
+	return 0;
+}
+
+/* RoPE in place at the rows' positions: heads per row, interleaved (MLA) or half-split. */
+static int op_rope(struct fwd *F, gpu_ptr x, int heads, long long ld_token, int ld_head, int off,
+		   int interleaved)
+{
+	int T = F->T;
+	long long rows = (long long)T * heads;
+	gpu_ptr cs = F->m->rope_cs;
+	LAUNCH("k_rope", (rows + 7) / 8, 1, 256, 0, &x, &F->pos, &cs, &T, &heads, &ld_token, &ld_head,
+	       &off, &interleaved);
+	return 0;
+}
+
+static int op_hadamard(struct fwd *F, gpu_ptr x, int rows)
+{
+	int ld = 128;
+	float sc = (float)pow(128.0, -0.5);
+	LAUNCH("k_hadamard128", (rows + 7) / 8, 1, 256, 0, &x, &ld, &x, &ld, &rows, &sc);
+	return 0;
+}
+
+/* Dense SwiGLU MLP (cpu_moe.c mlp_forward): y[M, D] = W2(bf16(silu(g) * u)), [g | u] = W13 f. */
+static int op_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, gpu_ptr f,
+		  gpu_ptr y, int M)
+{
+	int D = w13->in, inter = w13->out / 2, Mp = round8(M);
+	size_t mark = gpu_arena_mark(F->A);
+	TAKE(f8, (size_t)Mp * D);
+	TAKE(fs, (size_t)Mp * (D / 128) * 4);
+	TAKE(gu, (size_t)Mp * 2 * inter * 2);         /* bf16 [Mp, 2 * inter] */
+	TAKE(h, (size_t)Mp * inter * 2);              /* bf16 [Mp, inter] */
+	TAKE(h8, (size_t)Mp * inter);
+	TAKE(hs, (size_t)Mp * (inter / 128) * 4);
+	TRY(op_quant(F, f, f8, fs, M, D));
+	TRY(op_gemm(F, w13, f8, fs, gu, M, 2 * inter));
+	long long n = (long long)M * inter;
+	long long blocks = (n + 255) / 256;
+	LAUNCH("k_swiglu", blocks < 4096 ? blocks : 4096, 1, 256, 0, &gu, &h, &inter, &n);
+	TRY(op_quant(F, h, h8, hs, M, inter));
+	TRY(op_gemm(F, w2, h8, hs, y, M, w2->out));
+	gpu_arena_release(F->A, mark);
+	return 0;
+}
+
+/* ---- the MoE block (spec §3.9) ---------------------------------------------------------------- */
+
+/* y[T, D] = MoE(f) through cuda_moe_forward (model/cuda_moe.c), or, when its tables are not
+ * built (DSV32_CUDA_MOE_DENSE=1, a diagnosis switch), by running every expert on every row and
+ * combining the picks (the same numbers per row, E times the work). logits fp32 [T, E], idx int
+ * [T, K], wts fp32 [T, K]: the routing (for the dumps). */
+static int op_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr f, gpu_ptr y)
+{
+	const struct dsv32_config *c = F->c;
+	int T = F->T, D = (int)c->hidden_size, E = (int)c->n_routed_experts;
+	int K = (int)c->num_experts_per_tok;
+	size_t mark = gpu_arena_mark(F->A);
+	TAKE(logits, (size_t)F->Tp * E * 4);
+	TAKE(idx, (size_t)F->Tp * K * 4);
+	TAKE(wts, (size_t)F->Tp * K * 4);
+	if (L->moe_ready) {
+		struct cuda_moe_trace tr = {logits, idx, wts};
+		int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f, y, T, F->st->dump ? &tr : NULL);
+		if (r)
+			return fwd_fail("cuda_moe_forward", r);
+	} else {
+		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
+		float rs = (float)c->routed_scaling_factor;
+		TRY(op_lin(F, L->gate, f, D, logits, 0, E, T, D, E));
+		gpu_ptr bias = L->gate_bias;
+		LAUNCH("k_moe_route", T, 1, 256, 0, &logits, &bias, &E, &G, &tg, &K, &norm, &rs, &idx,
+		       &wts);
+		TAKE(sh, (size_t)F->Tp * D * 2);
+		TRY(op_mlp(F, &L->sh13, &L->sh2, f, sh, T));
+		/* every expert on every row: [E, T, D] (+ 8 rows: the last GEMM may write Tp rows) */
+		TAKE(ex, ((size_t)E * T + 8) * D * 2);
+		for (int e = 0; e < E; e++)
+			TRY(op_mlp(F, &L->ex13[e], &L->ex2[e], f, ex + (size_t)e * T * D * 2, T));
+		TAKE(perm, (size_t)T * K * 4);
+		LAUNCH("k_fwd_dense_perm", (T * K + 255) / 256, 1, 256, 0, &idx, &perm, &T, &K);
+		long long blocks = ((long long)T * D + 255) / 256;
+		LAUNCH("k_moe_combine", blocks < 4096 ? blocks : 4096, 1, 256, 0, &ex, &wts, &perm, &sh, &y,
+		       &T, &K, &D);
+	}
+	if (F->st->dump) {
+		TRY(dump_all(F, "ffn_moe_logits", layer, logits, DUMP_F32, E, E));
+		TRY(dump_all(F, "ffn_moe_topk", layer, idx, DUMP_I32, K, K));
+		TRY(dump_all(F, "ffn_moe_weights", layer, wts, DUMP_F32, K, K));
+		TRY(dump_all(F, "ffn_moe_out", layer, y, DUMP_BF16, D, D));
+	}
+	gpu_arena_release(F->A, mark);
+	return 0;
+}
+
+/* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
+
+/* The layer's pools: MLA records (slot s at + s * record bytes) and indexer pages. */
+static gpu_ptr pool_mla(const struct fwd *F, int64_t layer)
+{
+	const struct backend *b = F->E->base;
+	return F->E->kv_base + (size_t)layer * b->n_pages * b->mla_page_bytes;
+}
+
+static gpu_ptr pool_idx(const struct fwd *F, int64_t layer)
+{
+	const struct backend *b = F->E->base;
+	return F->E->kv_base + (size_t)b->n_layers * b->n_pages * b->mla_page_bytes +
+	       (size_t)layer * b->n_pages * b->idx_page_bytes;
+}
+
+/* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
+ * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
+ * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. */
+static int op_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
+		     gpu_ptr sel_slot, int ksel)
+{
+	const struct dsv32_config *c = F->c;
+	int Hi = (int)c->index_n_heads, mb = F->mb, ld = F->mb * 64;
+	int need = F->max_n > c->index_topk || F->st->dump;
+	long long pb = (long long)F->E->base->idx_page_bytes;
+	gpu_ptr pool = pool_idx(F, layer);
+	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
+	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
+	size_t mark = gpu_arena_mark(F->A);
+	gpu_ptr scores = 0;
+	if (need) {
+		scores = take(F, (size_t)chunk * ld * 4);
+		if (!scores)
+			return -ENOMEM;
+	}
+	for (int t0 = 0; t0 < F->T; t0 += chunk) {
+		int n = F->T - t0 < chunk ? F->T - t0 : chunk;
+		gpu_ptr q = iq8 + (size_t)t0 * Hi * 128, w = iw + (size_t)t0 * Hi * 4;
+		gpu_ptr bt = F->bt + (size_t)t0 * mb * 4, nk = F->nkeys + (size_t)t0 * 4;
+		gpu_ptr op = sel_pos + (size_t)t0 * ksel * 4, os = sel_slot + (size_t)t0 * ksel * 4;
+		if (need) {
+			void *a[] = {&q, &w, &Hi, &pool, &pb, &bt, &mb, &nk, &scores, &ld};
+			int r = gpu_launch(F->g, gpu_kernel(F->g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
+					   (unsigned)n, 1, 128, 1, 1, 0, a);
+			if (r)
+				return fwd_fail("k_indexer_scores", r);
+			TRY(dump_rows(F, "idx_scores", layer, scores, DUMP_F32, ld, -1, t0, n));
+		}
+		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
+		if (r)
+			return fwd_fail("cuda_indexer_topk", r);
+	}
+	gpu_arena_release(F->A, mark);
+	return dump_all(F, "idx_topk", layer, sel_pos, DUMP_I32, ksel, ksel);
+}
+
+/* x [Tp, D] the layer input (the embedding when first), r [Tp, D] the residual stream. On
+ * return x holds the layer's FFN output. */
+static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x, gpu_ptr r,
+		     int first)
+{
+	const struct dsv32_config *c = F->c;
+	/* (not const: the kernels take their addresses) */
+	int T = F->T, Tp = F->Tp, D = (int)c->hidden_size;
+	int H = (int)c->num_attention_heads, dq = (int)c->qk_head_dim;
+	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
+	int Rk = (int)c->kv_lora_rank, qlr = (int)c->q_lora_rank, dv = (int)c->v_head_dim;
+	int Hi = (int)c->index_n_heads, Hpad = (H + 15) / 16 * 16;
+	int Nq = qlr + Rk + rope; /* [q_a | kv_a] */
+	size_t mark = gpu_arena_mark(F->A);
+
+	/* attention norm with the fused residual add: r = bf16(x + r), a = RMSNorm(x + r) */
+	TAKE(a, (size_t)Tp * D * 2);          /* bf16 [Tp, D] attn_norm */
+	TAKE(a8, (size_t)Tp * D);             /* e4m3 [Tp, D] */
+	TAKE(as, (size_t)Tp * (D / 128) * 4); /* fp32 [Tp, D/128] */
+	if (first) {
+		TRY(op_rms(F, x, D, 0, L->attn_norm, a, D, D));
+		if (cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
+			     "cuMemcpyDtoDAsync", __FILE__, __LINE__))
+			return -EIO;
+	} else {
+		TRY(op_rms(F, x, D, r, L->attn_norm, a, D, D));
+	}
+	TRY(dump_all(F, "attn_norm", layer, a, DUMP_BF16, D, D));
+	TRY(op_quant(F, a, a8, as, T, D));
+
+	/* MLA projections (§3.3): [q_a | kv_a] = a W^T (one GEMM when fused) */
+	TAKE(yq, (size_t)Tp * Nq * 2);        /* bf16 [Tp, q_lora_rank | kv_lora_rank | rope] */
+	if (L->fused_qkv) {
+		TRY(op_gemm(F, &L->qkv, a8, as, yq, T, Nq));
+	} else {
+		TRY(op_gemm(F, &L->q_a, a8, as, yq, T, Nq));
+		TRY(op_gemm(F, &L->kv_a, a8, as, yq + (size_t)qlr * 2, T, Nq));
+	}
+	TAKE(cq, (size_t)Tp * qlr * 2);       /* bf16 [Tp, q_lora_rank] q_cmpr */
+	TAKE(ckv, (size_t)Tp * Rk * 2);       /* bf16 [Tp, kv_lora_rank] kv_cmpr (pre-FP8) */
+	gpu_ptr kpe = yq + (size_t)(qlr + Rk) * 2; /* bf16 [Tp, rope] in yq's rows */
+	TRY(op_rms(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr));
+	TRY(op_rms(F, yq + (size_t)qlr * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
+	TRY(op_rope(F, yq, 1, Nq, 0, qlr + Rk, 1));
+	TAKE(cq8, (size_t)Tp * qlr);
+	TAKE(cqs, (size_t)Tp * (qlr / 128) * 4);
+	TRY(op_quant(F, cq, cq8, cqs, T, qlr));
+	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
+	TRY(op_gemm(F, &L->q_b, cq8, cqs, q, T, H * dq));
+	TRY(op_rope(F, q, H, (long long)H * dq, dq, nope, 1));
+	TRY(dump_all(F, "q_cmpr", layer, cq, DUMP_BF16, qlr, qlr));
+	TRY(dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
+	TRY(dump_all(F, "kv_cmpr", layer, ckv, DUMP_BF16, Rk, Rk));
+	TRY(dump_all(F, "k_pe", layer, kpe, DUMP_BF16, Nq, rope));
+
+	/* lightning indexer projections (§3.6.1-7) */
+	TAKE(iq, (size_t)Tp * Hi * 128 * 2);  /* bf16 [Tp, Hi, 128] idx_q */
+	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
+	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
+	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
+	TAKE(ikr, (size_t)Tp * 128 * 2);      /* bf16 [Tp, 128] wk output */
+	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
+	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
+	TRY(op_gemm(F, &L->idx_k, a8, as, ikr, T, 128));
+	TRY(op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
+	TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
+	TRY(op_hadamard(F, iq, T * Hi));
+	TRY(op_quant(F, iq, iq8, iqs, T * Hi, 128));
+	{
+		int n = T * Hi;
+		float hs = (float)pow((double)Hi, -0.5), ds = (float)pow(128.0, -0.5);
+		LAUNCH("k_fwd_idx_weights", (n + 255) / 256, 1, 256, 0, &iw, &iqs, &n, &hs, &ds);
+	}
+	{
+		int ld = 128;
+		float eps = (float)c->rms_norm_eps;
+		gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
+		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &ld, &nw, &nb, &ik, &T, &eps);
+	}
+	TRY(op_rope(F, ik, 1, 128, 0, 0, 0));
+	TRY(op_hadamard(F, ik, T));
+	TRY(dump_all(F, "idx_q", layer, iq, DUMP_BF16, Hi * 128, Hi * 128));
+	TRY(dump_all(F, "idx_k", layer, ik, DUMP_BF16, 128, 128));
+	TRY(dump_all(F, "idx_w", layer, iw, DUMP_F32, Hi, Hi));
+
+	/* cache writes for every row before any row attends */
+	{
+		gpu_ptr pm = pool_mla(F, layer), pi = pool_idx(F, layer);
+		int rec = (int)c->mla_record_bytes, ld128 = 128;
+		long long pb = (long long)F->E->base->idx_page_bytes;
+		LAUNCH("k_kv_mla_write", T, 1, 32 * (Rk / 128 + 1), 0, &ckv, &Rk, &kpe, &Nq, &F->slot, &pm,
+		       &Rk, &rope, &rec);
+		LAUNCH("k_kv_index_write", (T + 7) / 8, 1, 256, 0, &ik, &ld128, &F->slot, &pi, &pb, &T);
+	}
+
+	/* sparse attention: selection, q absorption, MLA over the selected slots, W_UV */
+	int ksel = (int)(c->index_topk < F->max_n ? c->index_topk : F->max_n);
+	TAKE(sel_pos, (size_t)Tp * ksel * 4);
+	TAKE(sel_slot, (size_t)Tp * ksel * 4);
+	TRY(op_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
+	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
+	if (Hpad > H && cu_check(cu.cuMemsetD8Async(qf, 0, (size_t)T * Hpad * (Rk + rope) * 2,
+						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
+		return -EIO;
+	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
+	LAUNCH("k_fwd_q_absorb", H, (T + 7) / 8, 256, 0, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope,
+	       &rope, &dv, &Rk);
+	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
+		size_t n = (size_t)T * Hpad * (Rk + rope);
+		uint16_t *h = malloc(n * 2);
+		float *row = malloc((size_t)H * Rk * sizeof *row);
+		int rr = !h || !row ? -ENOMEM : gpu_download(F->g, h, qf, n * 2);
+		for (int t = 0; t < T && !rr; t++) {
+			for (int hh = 0; hh < H; hh++)
+				for (int i = 0; i < Rk; i++)
+					row[hh * Rk + i] = bf16_to_f32(h[((size_t)t * Hpad + hh) * (Rk + rope) + i]);
+			F->st->dump->fn(F->st->dump->ctx, "q_lat", layer, F->seq_h[t], F->pos_h[t], 0, row,
+					(int64_t)H * Rk);
+		}
+		free(h);
+		free(row);
+		TRY(rr);
+	}
+	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
+	{
+		size_t wsb = cuda_mla_decode_workspace(F->g, T, Hpad, Rk, ksel);
+		gpu_ptr ws = 0;
+		if (wsb && !(ws = take(F, wsb)))
+			return -ENOMEM;
+		int rc = cuda_mla_decode(F->g, qf, sel_slot, ksel, pool_mla(F, layer), (int)c->mla_record_bytes,
+					 Rk, Hpad, T, c->softmax_scale, olat, ws);
+		if (rc)
+			return fwd_fail("cuda_mla_decode", rc);
+	}
+	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
+	LAUNCH("k_fwd_uv", H, (T + 3) / 4, 256, 0, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad, &nope,
+	       &dv, &Rk);
+	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
+	TAKE(o8, (size_t)Tp * H * dv);
+	TAKE(os, (size_t)Tp * (H * dv / 128) * 4);
+	TAKE(ao, (size_t)Tp * D * 2);         /* bf16 [Tp, D] attn_out */
+	TRY(op_quant(F, o, o8, os, T, H * dv));
+	TRY(op_gemm(F, &L->o, o8, os, ao, T, D));
+	TRY(dump_all(F, "attn_out", layer, ao, DUMP_BF16, D, D));
+
+	/* FFN: r = bf16(attn_out + r), f = RMSNorm(attn_out + r); x = FFN(f) */
+	TAKE(f, (size_t)Tp * D * 2);          /* bf16 [Tp, D] ffn_norm */
+	TRY(op_rms(F, ao, D, r, L->ffn_norm, f, D, D));
+	TRY(dump_all(F, "ffn_norm", layer, f, DUMP_BF16, D, D));
+	if (L->is_moe) {
+		TRY(op_moe(F, layer, L, f, x));
+	} else {
+		TRY(op_mlp(F, &L->w13, &L->w2, f, x, T));
+		TRY(dump_all(F, "ffn_out", layer, x, DUMP_BF16, D, D));
+	}
+	gpu_arena_release(F->A, mark);
+	return 0;
+}
+
+/* ---- the step's metadata ------------------------------------------------------------------------ */
+
+static int row_flags(const struct backend_seq *s, int64_t j)
+{
+	return s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
+}
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Counts the rows, fills the host copies and uploads the metadata (and up to two [T, D] float
+ * inputs, as bf16) in one copy. Returns 0 with F->T = 0 for an empty step. */
+static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backend_step *st,
+		     const float *in0, const float *in1)
+{
+	const struct dsv32_config *c = E->c;
+	memset(F, 0, sizeof *F);
+	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
+	int64_t T = 0;
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		T += st->seqs[i].n;
+	if (T == 0)
+		return 0;
+	if (T > 65535)
+		return -EINVAL; /* grid y of the per-row kernels */
+	F->T = (int)T, F->Tp = round8((int)T);
+	F->pos_h = malloc((size_t)T * sizeof *F->pos_h);
+	F->seq_h = malloc((size_t)T * sizeof *F->seq_h);
+	if (!F->pos_h || !F->seq_h)
+		return -ENOMEM;
+	int64_t maxp = 0;
+	for (int64_t i = 0, t = 0; i < st->n_seqs; i++)
+		for (int64_t j = 0; j < st->seqs[i].n; j++, t++) {
+			F->pos_h[t] = st->seqs[i].pos[j];
+			F->seq_h[t] = i;
+			maxp = F->pos_h[t] > maxp ? F->pos_h[t] : maxp;
+			if (F->pos_h[t] >= F->m->rope_max_pos)
+				return -EINVAL;
+			int fl = row_flags(&st->seqs[i], j);
+			F->n_logits += !!(fl & BACKEND_ROW_LOGITS);
+			F->n_hidden += !!(fl & BACKEND_ROW_HIDDEN);
+		}
+	F->mb = (int)(maxp / KV_PAGE_TOKENS + 1);
+	F->max_n = (int)(maxp + 1);
+	int64_t D = c->hidden_size;
+	/* pinned layout: tok, pos, slot, nkeys [T]; bt [T, mb]; lrows, hrows; then bf16 inputs */
+	size_t o_tok = 0, o_pos = al256(T * 4), o_slot = o_pos + al256(T * 4);
+	size_t o_nk = o_slot + al256(T * 4), o_bt = o_nk + al256(T * 4);
+	size_t o_lr = o_bt + al256((size_t)T * F->mb * 4), o_hr = o_lr + al256((size_t)F->n_logits * 4 + 4);
+	size_t o_up = o_hr + al256((size_t)F->n_hidden * 4 + 4);
+	size_t up_bytes = al256((size_t)T * D * 2);
+	int n_up = st->mtp ? 1 : (in0 ? 1 : 0) + (in1 ? 1 : 0);
+	size_t total = o_up + (size_t)n_up * up_bytes;
+	if (*E->pinned_bytes < total) {
+		gpu_host_free(*E->pinned);
+		*E->pinned_bytes = 0;
+		if (!(*E->pinned = gpu_host_alloc(total)))
+			return -ENOMEM;
+		*E->pinned_bytes = total;
+	}
+	uint8_t *h = *E->pinned;
+	int32_t *tok = (int32_t *)(h + o_tok), *pos = (int32_t *)(h + o_pos);
+	int32_t *slot = (int32_t *)(h + o_slot), *nk = (int32_t *)(h + o_nk);
+	int32_t *bt = (int32_t *)(h + o_bt), *lr = (int32_t *)(h + o_lr), *hr = (int32_t *)(h + o_hr);
+	uint16_t *up = (uint16_t *)(h + o_up);
+	int nl = 0, nh = 0;
+	for (int64_t i = 0, t = 0; i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		for (int64_t j = 0; j < s->n; j++, t++) {
+			int64_t p = s->pos[j];
+			tok[t] = s->tokens[j];
+			pos[t] = (int32_t)p;
+			slot[t] = s->block_table[p / KV_PAGE_TOKENS] * KV_PAGE_TOKENS + (int32_t)(p % KV_PAGE_TOKENS);
+			nk[t] = (int32_t)(p + 1);
+			for (int b = 0; b < F->mb; b++)
+				bt[t * F->mb + b] = b < s->n_blocks ? s->block_table[b] : 0;
+			int fl = row_flags(s, j);
+			if (fl & BACKEND_ROW_LOGITS)
+				lr[nl++] = (int32_t)t;
+			if (fl & BACKEND_ROW_HIDDEN)
+				hr[nh++] = (int32_t)t;
+			if (st->mtp)
+				for (int64_t d = 0; d < D; d++)
+					up[t * D + d] = f32_to_bf16(s->mtp_hidden[j * D + d]);
+		}
+	}
+	for (int k = 0, u = 0; k < 2 && !st->mtp; k++) {
+		const float *in = k ? in1 : in0;
+		if (!in)
+			continue;
+		uint16_t *dst = (uint16_t *)((uint8_t *)up + (size_t)u++ * up_bytes);
+		for (int64_t i = 0; i < T * D; i++)
+			dst[i] = f32_to_bf16(in[i]);
+	}
+	TAKE(dev, total);
+	if (cu_check(cu.cuMemcpyHtoDAsync(dev, h, total, F->g->stream), "cuMemcpyHtoDAsync", __FILE__,
+		     __LINE__))
+		return -EIO;
+	F->tok = dev + o_tok, F->pos = dev + o_pos, F->slot = dev + o_slot, F->nkeys = dev + o_nk;
+	F->bt = dev + o_bt, F->lrows = dev + o_lr, F->hrows = dev + o_hr;
+	F->up[0] = dev + o_up, F->up[1] = dev + o_up + up_bytes;
+	return 0;
+}
+
+static void fwd_end(struct fwd *F)
+{
+	free(F->pos_h);
+	free(F->seq_h);
+}
+
+/* ---- the step ---------------------------------------------------------------------------------- */
+
+/* Downloads rows idx (device int32 [n]) of src bf16 [T, D] as floats into dst [n, D]. */
+static int gather_download(struct fwd *F, gpu_ptr src, gpu_ptr idx, int n, int D, float *dst)
+{
+	size_t mark = gpu_arena_mark(F->A);
+	TAKE(g, (size_t)n * D * 2);
+	LAUNCH("k_moe_gather", n, 1, 256, 0, &src, &idx, &g, &D);
+	uint16_t *h = malloc((size_t)n * D * 2);
+	if (!h)
+		return -ENOMEM;
+	int r = gpu_download(F->g, h, g, (size_t)n * D * 2);
+	for (size_t i = 0; !r && i < (size_t)n * D; i++)
+		dst[i] = bf16_to_f32(h[i]);
+	free(h);
+	gpu_arena_release(F->A, mark);
+	return r;
+}
+
+static int step_body(struct fwd *F)
+{
+	const struct dsv32_config *c = F->c;
+	const struct fwd_model *m = F->m;
+	const struct backend_step *st = F->st;
+	int T = F->T, D = (int)c->hidden_size, V = (int)c->vocab_size;
+	int64_t Lm = c->num_hidden_layers;
+	TAKE(x, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] layer input / output */
+	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
+	gpu_ptr norm, head;
+	if (!st->mtp) {
+		gpu_ptr emb = m->embed;
+		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
+		TRY(dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
+		for (int64_t l = 0; l < Lm; l++)
+			TRY(fwd_layer(F, l, &m->layers[l], x, r, l == 0));
+		norm = m->norm, head = m->lm_head;
+	} else {
+		/* MTP input (§4): x = eh_proj([enorm(embed(x_{i+1})) ; hnorm(h_i)]) */
+		TAKE(e, (size_t)F->Tp * D * 2);
+		TAKE(cat, (size_t)F->Tp * 2 * D * 2); /* bf16 [Tp, 2D] */
+		gpu_ptr emb = m->mtp_embed;
+		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &e, &D);
+		TRY(op_rms(F, e, D, 0, m->enorm, cat, 2 * D, D));
+		TRY(op_rms(F, F->up[0], D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
+		TRY(dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
+		TRY(op_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
+		TRY(dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
+		TRY(fwd_layer(F, Lm, &m->layers[Lm], x, r, 1));
+		norm = m->head_norm, head = m->mtp_head;
+	}
+	/* final norm of the fp32 sum x + r: out = RMSNorm, r = bf16(x + r) (the MTP block's output) */
+	TAKE(out, (size_t)F->Tp * D * 2);
+	TRY(op_rms(F, x, D, r, norm, out, D, D));
+	TRY(dump_all(F, "result_norm", st->mtp ? Lm : -1, out, DUMP_BF16, D, D));
+
+	float *hid = NULL, *lg = NULL;
+	int rc = 0;
+	if (F->n_hidden) {
+		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
+		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
+	}
+	if (!rc && F->n_logits) {
+		int nl = F->n_logits;
+		gpu_ptr hr = take(F, (size_t)nl * D * 2), l32 = take(F, (size_t)nl * V * 4);
+		lg = malloc((size_t)nl * V * sizeof *lg);
+		if (!hr || !l32 || !lg) {
+			rc = -ENOMEM;
+		} else {
+			void *ga[] = {&out, &F->lrows, &hr, &D};
+			rc = gpu_launch(F->g, gpu_kernel(F->g, "k_moe_gather"), (unsigned)nl, 1, 1, 256, 1, 1, 0, ga);
+			if (!rc)
+				rc = op_lin(F, head, hr, D, l32, 0, V, nl, D, V);
+			if (!rc)
+				rc = gpu_download(F->g, lg, l32, (size_t)nl * V * 4);
+		}
+	}
+	if (!rc && !F->n_logits && !F->n_hidden)
+		rc = gpu_sync(F->g); /* the step is complete when it returns */
+	/* out to the callers' buffers in row order */
+	for (int64_t i = 0, t = 0, kl = 0, kh = 0; !rc && i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		int64_t nl = 0, nh = 0;
+		for (int64_t j = 0; j < s->n; j++, t++) {
+			int fl = row_flags(s, j);
+			if (fl & BACKEND_ROW_HIDDEN)
+				memcpy(s->hidden + nh++ * D, hid + kh++ * D, (size_t)D * sizeof *hid);
+			if (fl & BACKEND_ROW_LOGITS)
+				memcpy(s->logits + nl++ * V, lg + kl++ * V, (size_t)V * sizeof *lg);
+		}
+	}
+	free(hid);
+	free(lg);
+	return rc;
+}
+
+int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
+{
+	if (st->mtp && !E->m->has_mtp)
+		return -EINVAL;
+	struct fwd F;
+	size_t mark = gpu_arena_mark(E->arena);
+	int r = fwd_begin(&F, E, st, NULL, NULL);
+	if (!r && F.T)
+		r = step_body(&F);
+	if (r)
+		gpu_sync(E->g); /* nothing of this step may still run when the arena is reused */
+	gpu_arena_release(E->arena, mark);
+	fwd_end(&F);
+	return r;
+}
+
+int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct backend_step *st,
+		       float *x, float *r)
+{
+	const struct dsv32_config *c = E->c;
+	if (layer < 0 || layer > c->num_hidden_layers || st->mtp ||
+	    (layer == c->num_hidden_layers && !E->m->has_mtp))
+		return -EINVAL;
+	struct fwd F;
+	size_t mark = gpu_arena_mark(E->arena);
+	int rc = fwd_begin(&F, E, st, x, r);
+	if (!rc && F.T) {
+		int D = (int)c->hidden_size, T = F.T;
+		int first = layer == 0 || layer == c->num_hidden_layers;
+		gpu_ptr dx = take(&F, (size_t)F.Tp * D * 2), dr = take(&F, (size_t)F.Tp * D * 2);
+		rc = !dx || !dr ? -ENOMEM : 0;
+		if (!rc && !cu_check(cu.cuMemcpyDtoDAsync(dx, F.up[0], (size_t)T * D * 2, E->g->stream),
+				     "cuMemcpyDtoDAsync", __FILE__, __LINE__) &&
+		    !cu_check(cu.cuMemcpyDtoDAsync(dr, F.up[1], (size_t)T * D * 2, E->g->stream),
+			      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
+			rc = fwd_layer(&F, layer, &E->m->layers[layer], dx, dr, first);
+		else if (!rc)
+			rc = -EIO;
+		uint16_t *h = rc ? NULL : malloc((size_t)T * D * 2 * 2);
+		if (!rc && !h)
+			rc = -ENOMEM;
+		if (!rc)
+			rc = gpu_download(E->g, h, dx, (size_t)T * D * 2);
+		if (!rc)
+			rc = gpu_download(E->g, h + (size_t)T * D, dr, (size_t)T * D * 2);
+		for (size_t i = 0; !rc && i < (size_t)T * D; i++) {
+			x[i] = bf16_to_f32(h[i]);
+			r[i] = bf16_to_f32(h[(size_t)T * D + i]);
+		}
+		free(h);
+	}
+	if (rc)
+		gpu_sync(E->g);
+	gpu_arena_release(E->arena, mark);
+	fwd_end(&F);
+	return rc;
+}
+
+#endif

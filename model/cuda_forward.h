@@ -1,0 +1,77 @@
+/*
+ * cuda_forward.h — the forward pass of DeepSeek-V3.2 on the GPU (the CUDA backend's step,
+ * model/cuda_backend.c): the device addresses of every weight the forward reads, and the step
+ * and one-layer entry points.
+ *
+ * Owns: the op order of a step (the CPU backend's, model/cpu_backend.c, op for op: same
+ * roundings, bf16 between ops, FP8 where the spec says, the absorbed attention form over keys
+ * read back from the FP8 cache), its scratch (from the backend's arena, released at the end of
+ * the step), the per-step metadata upload and the dumps. Must not: allocate device memory
+ * outside the arena, synchronise inside the layer loop (only the final downloads wait), decide
+ * scheduling or sample.
+ */
+#ifndef DSV32_CUDA_FORWARD_H
+#define DSV32_CUDA_FORWARD_H
+
+#include "driver/gpu.h"
+#include "model/backend.h"
+#include "model/cuda_moe.h"
+
+#ifndef DSV32_NO_CUDA
+
+/* A device FP8 weight: e4m3 [out, in] and fp32 block scales [ceil(out/128), in/128]. */
+struct fwd_fp8 {
+	gpu_ptr w, s;
+	int out, in;
+};
+
+struct fwd_layer {
+	gpu_ptr attn_norm, ffn_norm;  /* fp32 [hidden] */
+	gpu_ptr q_norm, kv_norm;      /* fp32 [q_lora_rank], [kv_lora_rank] */
+	int fused_qkv;                /* 1: qkv is q_a|kv_a as one matrix (q_lora_rank % 128 == 0) */
+	struct fwd_fp8 qkv;           /* [q_lora_rank + kv_lora_rank + rope, hidden] when fused */
+	struct fwd_fp8 q_a, kv_a;     /* the two halves (their addresses lie inside qkv when fused) */
+	struct fwd_fp8 q_b, kv_b, o;
+	struct fwd_fp8 idx_q_b, idx_k;
+	gpu_ptr idx_k_norm_w, idx_k_norm_b; /* fp32 [index_head_dim] */
+	gpu_ptr idx_wproj;            /* bf16 [index_n_heads, hidden] */
+	int is_moe;
+	struct fwd_fp8 w13, w2;       /* dense MLP: gate|up fused [2 * inter, hidden], down */
+	/* MoE: router, experts (each gate|up fused), shared expert */
+	gpu_ptr gate, gate_bias;      /* bf16 [E, hidden], fp32 [E] */
+	struct fwd_fp8 *ex13, *ex2;   /* host arrays [E] */
+	struct fwd_fp8 sh13, sh2;
+	struct cuda_moe_layer moe;    /* for cuda_moe_forward */
+	int moe_ready;                /* cuda_moe_layer_init succeeded */
+};
+
+struct fwd_model {
+	struct fwd_layer *layers;     /* [num_hidden_layers + MTP layers] */
+	gpu_ptr embed, norm, lm_head; /* bf16 [V, D], fp32 [D], bf16 [V, D] */
+	int has_mtp;
+	gpu_ptr mtp_embed, enorm, hnorm, eh_proj, head_norm, mtp_head;
+	gpu_ptr rope_cs;              /* fp32 [rope_max_pos, 32, 2] (cos, sin), rope_cos_sin's values */
+	int64_t rope_max_pos;
+};
+
+/* What a step runs against. */
+struct fwd_env {
+	struct gpu *g;
+	struct gpu_arena *arena;
+	const struct dsv32_config *c;
+	const struct fwd_model *m;
+	const struct backend *base;   /* pools: n_layers, n_pages, page sizes */
+	gpu_ptr kv_base;              /* [n_layers][n_pages] MLA pages, then the indexer pages */
+	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
+	size_t *pinned_bytes;
+};
+
+/* The whole step (st validated by the caller). 0 or a negative errno. */
+int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st);
+
+/* Decoder layer `layer` alone on the rows of st (see backend_cuda_layer_step). */
+int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct backend_step *st,
+		       float *x, float *r);
+
+#endif
+#endif

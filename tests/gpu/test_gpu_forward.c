@@ -1,0 +1,569 @@
+/*
+ * test_gpu_forward.c — the CUDA backend's whole forward (model/cuda_forward.c) against the CPU
+ * backend, like with like (issue 12), on structured checkpoints (mkmodel --structured: the
+ * tiny config and the wider one of tests/data/numerics_*.json) with contexts longer than
+ * 2 x index_topk, so the sparse path runs:
+ *   - each layer alone on the same input (teacher forcing, MTP layer included): the layer output
+ *     within median relative L2 1e-2, routed expert sets identical for every row, indexer top-k
+ *     sets identical on >= 90% of rows and none more than 2 keys off; every other dumped
+ *     intermediate is compared and printed (diagnosis);
+ *   - end to end, prefill in chunks: expert sets identical for every token and layer, top-k as
+ *     above, logits median relative L2 <= 0.2, p90 <= 0.3, argmax agreement >= 0.7;
+ *   - end to end, token-by-token decode of one sequence mixed in the same steps with another
+ *     sequence's 16-row prefill chunks: the same logits limits for both;
+ *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits.
+ * mkmodel comes from $DSV32_BIN, else the directory of this executable, else build/.
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <unistd.h>
+
+#include "model/backend.h"
+#include "model/cpu_ops.h"
+#include "model/fileio.h"
+#include "tests/ckpt_helpers.h"
+
+/* ---- models ------------------------------------------------------------------------------------ */
+
+static const char *fwd_bin(void)
+{
+	static char dir[1024];
+	const char *b = getenv("DSV32_BIN");
+	if (b && *b)
+		return b;
+	ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+	if (n > 0) {
+		dir[n] = 0;
+		char *slash = strrchr(dir, '/');
+		if (slash) {
+			*slash = 0;
+			char p[1100];
+			snprintf(p, sizeof p, "%s/mkmodel", dir);
+			if (access(p, X_OK) == 0)
+				return dir;
+		}
+	}
+	return "build";
+}
+
+static void load_structured(struct test_model *m, const char *name)
+{
+	char cmd[4096];
+	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), name);
+	snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s/tests/data/numerics_%s.json --seed 1 "
+		 "--tokenizer fallback --structured --out %s >%s.log 2>&1", fwd_bin(), test_root(), name,
+		 m->dir, m->dir);
+	test_model_make(m, cmd);
+}
+
+/* Output buffers start as NaN, so a row the backend never wrote cannot pass. */
+static void gpu_fill_nan(float *x, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = NAN;
+}
+
+/* ---- statistics ------------------------------------------------------------------------------- */
+
+static double rel_l2(const float *a, const float *ref, int64_t n)
+{
+	double d = 0, r = 0;
+	for (int64_t i = 0; i < n; i++) {
+		double x = (double)a[i] - ref[i];
+		d += x * x;
+		r += (double)ref[i] * ref[i];
+	}
+	if (isnan(d))
+		return INFINITY;
+	return sqrt(d) / (sqrt(r) > 1e-30 ? sqrt(r) : 1e-30);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* p-th percentile (nearest rank); sorts v. */
+static double pct(double *v, int64_t n, double p)
+{
+	if (n <= 0)
+		return NAN;
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	int64_t i = (int64_t)ceil(p / 100.0 * (double)n) - 1;
+	return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+static int64_t argmax(const float *x, int64_t n)
+{
+	int64_t b = 0;
+	for (int64_t i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+/* max(|A \ B|, |B \ A|) of two ascending sets. */
+static int64_t set_diff(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
+{
+	int64_t i = 0, j = 0, oa = 0, ob = 0;
+	while (i < na || j < nb) {
+		if (j >= nb || (i < na && a[i] < b[j]))
+			oa++, i++;
+		else if (i >= na || b[j] < a[i])
+			ob++, j++;
+		else
+			i++, j++;
+	}
+	return oa > ob ? oa : ob;
+}
+
+/* Logits of rows [n, V] against the reference: median and p90 relative L2, argmax agreement. */
+static void check_logits(const char *what, const float *got, const float *ref, int64_t n, int64_t V)
+{
+	double *e = malloc((size_t)n * sizeof *e);
+	REQUIRE(e);
+	int64_t agree = 0, worst = 0;
+	for (int64_t t = 0; t < n; t++) {
+		e[t] = rel_l2(got + t * V, ref + t * V, V);
+		if (e[t] > e[worst])
+			worst = t;
+		agree += argmax(got + t * V, V) == argmax(ref + t * V, V);
+	}
+	double w = e[worst];
+	double med = pct(e, n, 50), p90 = pct(e, n, 90), ag = (double)agree / (double)n;
+	printf("    %s: %lld rows, logits rel L2 median %.4f (limit 0.2) p90 %.4f (0.3) worst %.4f at "
+	       "row %lld, argmax agreement %.3f (>= 0.7)\n", what, (long long)n, med, p90, w,
+	       (long long)worst, ag);
+	CHECK(med <= 0.2);
+	CHECK(p90 <= 0.3);
+	CHECK(ag >= 0.7);
+	free(e);
+}
+
+/* ---- dumps ------------------------------------------------------------------------------------- */
+
+struct dump_rec {
+	char name[24];
+	int64_t layer, seq, pos, n;
+	int is_int;
+	float *f;
+	int32_t *i;
+};
+
+struct dumps {
+	int64_t n, cap;
+	struct dump_rec *r;
+};
+
+static void dump_cb(void *ctx, const char *name, int64_t layer, int64_t seq, int64_t pos, int is_int,
+		    const void *data, int64_t n)
+{
+	struct dumps *d = ctx;
+	if (d->n == d->cap) {
+		d->cap = d->cap ? 2 * d->cap : 1024;
+		d->r = realloc(d->r, (size_t)d->cap * sizeof *d->r);
+		REQUIRE(d->r);
+	}
+	struct dump_rec *r = &d->r[d->n++];
+	memset(r, 0, sizeof *r);
+	snprintf(r->name, sizeof r->name, "%s", name);
+	r->layer = layer, r->seq = seq, r->pos = pos, r->n = n, r->is_int = is_int;
+	if (is_int) {
+		r->i = malloc((size_t)(n ? n : 1) * 4);
+		REQUIRE(r->i);
+		memcpy(r->i, data, (size_t)n * 4);
+	} else {
+		r->f = malloc((size_t)(n ? n : 1) * 4);
+		REQUIRE(r->f);
+		memcpy(r->f, data, (size_t)n * 4);
+	}
+}
+
+static void dumps_free(struct dumps *d)
+{
+	for (int64_t i = 0; i < d->n; i++)
+		free(d->r[i].f), free(d->r[i].i);
+	free(d->r);
+	memset(d, 0, sizeof *d);
+}
+
+static const struct dump_rec *dump_find(const struct dumps *d, const char *name, int64_t layer,
+					int64_t seq, int64_t pos)
+{
+	for (int64_t i = 0; i < d->n; i++) {
+		const struct dump_rec *r = &d->r[i];
+		if (r->layer == layer && r->seq == seq && r->pos == pos && !strcmp(r->name, name))
+			return r;
+	}
+	return NULL;
+}
+
+/* Routing and selection agreement of every (layer, row) the CPU dumped. */
+struct sets_stat {
+	int64_t ex_rows, ex_same, ex_missing;
+	int64_t tk_rows, tk_same, tk_worst, tk_missing;
+};
+
+static void compare_sets(const struct dumps *cpu, const struct dumps *gpu, struct sets_stat *s)
+{
+	for (int64_t i = 0; i < cpu->n; i++) {
+		const struct dump_rec *c = &cpu->r[i];
+		int ex = !strcmp(c->name, "ffn_moe_topk"), tk = !strcmp(c->name, "idx_topk");
+		if (!ex && !tk)
+			continue;
+		const struct dump_rec *g = dump_find(gpu, c->name, c->layer, c->seq, c->pos);
+		if (ex) {
+			s->ex_rows++;
+			if (!g) {
+				s->ex_missing++;
+				continue;
+			}
+			int64_t dd = set_diff(c->i, c->n, g->i, g->n);
+			if (dd && s->ex_rows - s->ex_same <= 3 + s->ex_missing)
+				printf("    experts differ: layer %lld pos %lld: cpu [%d %d ..] gpu [%d %d ..]\n",
+				       (long long)c->layer, (long long)c->pos, c->i[0], c->n > 1 ? c->i[1] : -1,
+				       g->i[0], g->n > 1 ? g->i[1] : -1);
+			s->ex_same += dd == 0;
+		} else {
+			s->tk_rows++;
+			if (!g) {
+				s->tk_missing++;
+				continue;
+			}
+			int64_t dd = set_diff(c->i, c->n, g->i, g->n);
+			s->tk_same += dd == 0;
+			s->tk_worst = dd > s->tk_worst ? dd : s->tk_worst;
+		}
+	}
+}
+
+static void check_sets(const char *what, const struct sets_stat *s, int have_moe)
+{
+	printf("    %s: experts identical on %lld of %lld (layer, row) (%lld not dumped by the GPU); "
+	       "index top-k identical on %lld of %lld rows (%.3f, >= 0.9), worst row %lld keys off "
+	       "(<= 2), %lld not dumped\n", what, (long long)s->ex_same, (long long)s->ex_rows,
+	       (long long)s->ex_missing, (long long)s->tk_same, (long long)s->tk_rows,
+	       s->tk_rows ? (double)s->tk_same / (double)s->tk_rows : 0.0, (long long)s->tk_worst,
+	       (long long)s->tk_missing);
+	if (have_moe)
+		CHECK(s->ex_rows > 0);
+	CHECK(s->ex_same == s->ex_rows);
+	CHECK(s->tk_rows > 0);
+	CHECK(s->tk_missing == 0);
+	CHECK(s->tk_same >= 0.9 * (double)s->tk_rows);
+	CHECK(s->tk_worst <= 2);
+}
+
+/* Every float intermediate both dumped: per-row relative L2, median and worst (diagnosis). */
+static void compare_floats(const struct dumps *cpu, const struct dumps *gpu, int64_t layer)
+{
+	static const char *names[] = {"attn_norm", "q_cmpr", "q", "kv_cmpr", "k_pe", "idx_q", "idx_k",
+				      "idx_w", "idx_scores", "q_lat", "attn_o", "attn_out", "ffn_norm",
+				      "ffn_out", "ffn_moe_logits", "ffn_moe_weights", "ffn_moe_out"};
+	for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+		double *e = malloc((size_t)(cpu->n ? cpu->n : 1) * sizeof *e);
+		REQUIRE(e);
+		int64_t n = 0, missing = 0, worst_pos = -1;
+		double worst = 0;
+		for (int64_t i = 0; i < cpu->n; i++) {
+			const struct dump_rec *c = &cpu->r[i];
+			if (c->layer != layer || strcmp(c->name, names[k]))
+				continue;
+			const struct dump_rec *g = dump_find(gpu, c->name, c->layer, c->seq, c->pos);
+			if (!g || g->n != c->n) {
+				missing++;
+				continue;
+			}
+			e[n] = rel_l2(g->f, c->f, c->n);
+			if (e[n] > worst || worst_pos < 0)
+				worst = e[n], worst_pos = c->pos;
+			n++;
+		}
+		if (n || missing)
+			printf("      layer %lld %-16s rows %4lld: rel L2 median %.2e worst %.2e (pos %lld)%s\n",
+			       (long long)layer, names[k], (long long)n, pct(e, n, 50), worst,
+			       (long long)worst_pos, missing ? " (GPU rows missing or of another width)" : "");
+		free(e);
+	}
+}
+
+/* ---- backends ---------------------------------------------------------------------------------- */
+
+struct pair {
+	struct test_model m;
+	struct backend *cpu, *gpu;
+	int64_t T, V, D, L;
+	int32_t *tok;
+};
+
+static void pair_open(struct pair *p, const char *name, int64_t T, int64_t n_pages)
+{
+	memset(p, 0, sizeof *p);
+	load_structured(&p->m, name);
+	struct err e = {""};
+	REQUIRE(backend_cpu_create(&p->m.c, &p->m.w, n_pages, 4, &p->cpu, &e) == 0);
+	if (backend_cuda_create(&p->m.c, &p->m.w, &p->m.ck, n_pages, &p->gpu, &e)) {
+		test_fail(__FILE__, __LINE__, "backend_cuda_create: %s", e.msg);
+		test_abort_case();
+	}
+	p->T = T, p->V = p->m.c.vocab_size, p->D = p->m.c.hidden_size, p->L = p->m.c.num_hidden_layers;
+	p->tok = malloc((size_t)T * sizeof *p->tok);
+	REQUIRE(p->tok);
+	uint64_t seed = 77;
+	for (int64_t t = 0; t < T; t++)
+		p->tok[t] = (int32_t)(test_rand(&seed) % (uint64_t)p->V);
+	printf("    model %s: %lld layers, hidden %lld, index_topk %lld, context %lld tokens\n", name,
+	       (long long)p->L, (long long)p->D, (long long)p->m.c.index_topk, (long long)T);
+}
+
+static void pair_close(struct pair *p)
+{
+	backend_destroy(p->cpu);
+	backend_destroy(p->gpu);
+	free(p->tok);
+	test_model_free(&p->m);
+}
+
+/* Rows [p0, p0 + n) of one sequence, every row flagged fl; outputs at logits/hidden + p0 rows. */
+static void seq_rows(struct backend_seq *s, const struct pair *p, int64_t p0, int64_t n, int64_t *pos,
+		     uint8_t *fl, unsigned flags, const int32_t *bt, int64_t nb, float *logits, float *hidden)
+{
+	for (int64_t i = 0; i < n; i++)
+		pos[i] = p0 + i, fl[i] = (uint8_t)flags;
+	*s = (struct backend_seq){n, p->tok + p0, pos, bt, nb, fl,
+				  logits ? logits + p0 * p->V : NULL, hidden ? hidden + p0 * p->D : NULL,
+				  NULL};
+}
+
+/* ---- the cases -------------------------------------------------------------------------------- */
+
+/* Teacher forcing: the CPU's layer input for layer l goes to both backends' layer step. */
+static void teacher_forcing(const char *name, int64_t T)
+{
+	struct pair p;
+	int64_t nb = (T + 63) / 64;
+	pair_open(&p, name, T, nb);
+	int64_t D = p.D, L = p.L;
+	int32_t *bt = malloc((size_t)nb * sizeof *bt);
+	for (int64_t i = 0; i < nb; i++)
+		bt[i] = (int32_t)(nb - 1 - i); /* pages out of order */
+	int64_t *pos = malloc((size_t)T * sizeof *pos);
+	uint8_t *fl = calloc((size_t)T, 1);
+	float *x = malloc((size_t)T * D * 4), *r = calloc((size_t)T * D, 4);
+	float *gx = malloc((size_t)T * D * 4), *gr = malloc((size_t)T * D * 4);
+	double *e = malloc((size_t)T * sizeof *e);
+	REQUIRE(bt && pos && fl && x && r && gx && gr && e);
+	cpu_embed(&p.m.w.embed, p.tok, T, x);
+	struct backend_seq s;
+	seq_rows(&s, &p, 0, T, pos, fl, 0, bt, nb, NULL, NULL);
+	struct sets_stat all = {0};
+	int64_t n_layers = L + (p.m.w.has_mtp ? 1 : 0);
+	for (int64_t l = 0; l < n_layers; l++) {
+		struct dumps dc = {0}, dg = {0};
+		struct backend_dump cd = {dump_cb, &dc}, gd = {dump_cb, &dg};
+		struct backend_step stc = {0, 1, &s, &cd}, stg = {0, 1, &s, &gd};
+		memcpy(gx, x, (size_t)T * D * 4);
+		memcpy(gr, r, (size_t)T * D * 4);
+		REQUIRE(backend_cpu_layer_step(p.cpu, l, &stc, x, r) == 0);
+		int rc = backend_cuda_layer_step(p.gpu, l, &stg, gx, gr);
+		if (rc) {
+			test_fail(__FILE__, __LINE__, "backend_cuda_layer_step(layer %lld) = %d", (long long)l, rc);
+			dumps_free(&dc), dumps_free(&dg);
+			break;
+		}
+		int64_t worst = 0;
+		for (int64_t t = 0; t < T; t++) {
+			e[t] = rel_l2(gx + t * D, x + t * D, D);
+			if (e[t] > e[worst])
+				worst = t;
+		}
+		double w = e[worst], med = pct(e, T, 50), p90 = pct(e, T, 90);
+		struct sets_stat st = {0};
+		compare_sets(&dc, &dg, &st);
+		printf("    %s layer %lld%s (teacher forced): output rel L2 median %.2e (limit 1e-2) p90 "
+		       "%.2e worst %.2e at row %lld; experts %lld/%lld identical, top-k %lld/%lld "
+		       "identical, worst %lld keys off\n", name, (long long)l, l == L ? " (MTP)" : "",
+		       med, p90, w, (long long)worst, (long long)st.ex_same, (long long)st.ex_rows,
+		       (long long)st.tk_same, (long long)st.tk_rows, (long long)st.tk_worst);
+		if (!(med <= 1e-2) || st.ex_same != st.ex_rows || st.tk_worst > 2 || l == 0)
+			compare_floats(&dc, &dg, l);
+		CHECK(med <= 1e-2);
+		all.ex_rows += st.ex_rows, all.ex_same += st.ex_same, all.ex_missing += st.ex_missing;
+		all.tk_rows += st.tk_rows, all.tk_same += st.tk_same, all.tk_missing += st.tk_missing;
+		all.tk_worst = st.tk_worst > all.tk_worst ? st.tk_worst : all.tk_worst;
+		dumps_free(&dc), dumps_free(&dg);
+		/* the next layer's input is the CPU's (teacher forcing); the MTP layer takes the last
+		 * main layer's output as its input (any input serves a like-with-like check) */
+	}
+	check_sets("teacher forced, all layers", &all, 1);
+	free(bt), free(pos), free(fl), free(x), free(r), free(gx), free(gr), free(e);
+	pair_close(&p);
+}
+
+/* End to end: CPU full prefill; GPU chunked prefill (dumps), then decode mixed with chunks. */
+static void end_to_end(const char *name, int64_t T, int64_t chunk)
+{
+	struct pair p;
+	int64_t nb = (T + 63) / 64;
+	pair_open(&p, name, T, 3 * nb);
+	int64_t V = p.V, D = p.D;
+	int32_t *bt = malloc((size_t)3 * nb * sizeof *bt); /* seq A, B, C: 3 disjoint page sets */
+	for (int64_t i = 0; i < 3 * nb; i++)
+		bt[i] = (int32_t)((i * 7 + 3) % (3 * nb)); /* a permutation when 3 * nb % 7 != 0 */
+	REQUIRE((3 * nb) % 7 != 0);
+	int64_t *pos = malloc((size_t)T * 3 * sizeof *pos);
+	uint8_t *fl = malloc((size_t)T * 3);
+	float *ref = malloc((size_t)T * V * 4), *hid = malloc((size_t)T * D * 4);
+	float *ga = malloc((size_t)T * V * 4), *gb = malloc((size_t)T * V * 4), *gc = malloc((size_t)T * V * 4);
+	REQUIRE(bt && pos && fl && ref && hid && ga && gb && gc);
+	gpu_fill_nan(ga, T * V), gpu_fill_nan(gb, T * V), gpu_fill_nan(gc, T * V);
+
+	/* CPU: the whole sequence in one step, logits and hidden state of every row, dumps */
+	struct dumps dc = {0}, dg = {0};
+	struct backend_dump cd = {dump_cb, &dc}, gd = {dump_cb, &dg};
+	struct backend_seq s[2];
+	seq_rows(&s[0], &p, 0, T, pos, fl, BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN, bt, nb, ref, hid);
+	struct backend_step st = {0, 1, s, &cd};
+	REQUIRE(backend_step(p.cpu, &st) == 0);
+
+	/* GPU A: chunked prefill with dumps */
+	for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+		int64_t n = T - p0 < chunk ? T - p0 : chunk;
+		seq_rows(&s[0], &p, p0, n, pos, fl, BACKEND_ROW_LOGITS, bt, nb, ga, NULL);
+		struct backend_step sg = {0, 1, s, &gd};
+		int rc = backend_step(p.gpu, &sg);
+		if (rc) {
+			test_fail(__FILE__, __LINE__, "cuda step (rows %lld..%lld) = %d", (long long)p0,
+				  (long long)(p0 + n), rc);
+			test_abort_case();
+		}
+	}
+	struct sets_stat ss = {0};
+	compare_sets(&dc, &dg, &ss);
+	char what[128];
+	snprintf(what, sizeof what, "%s e2e prefill in chunks of %lld", name, (long long)chunk);
+	check_sets(what, &ss, 1);
+	check_logits(what, ga, ref, T, V);
+	if (ss.ex_same != ss.ex_rows)
+		for (int64_t l = 0; l < p.L; l++)
+			compare_floats(&dc, &dg, l);
+	dumps_free(&dc), dumps_free(&dg);
+
+	/* GPU B (token by token) and C (16-row chunks) in the same steps */
+	int64_t pc = 0;
+	for (int64_t pb = 0; pb < T; pb++) {
+		int64_t ns = 1;
+		seq_rows(&s[0], &p, pb, 1, pos + T, fl + T, BACKEND_ROW_LOGITS, bt + nb, nb, gb, NULL);
+		if (pc < T && pb % 4 == 0) {
+			int64_t n = T - pc < 16 ? T - pc : 16;
+			seq_rows(&s[1], &p, pc, n, pos + 2 * T, fl + 2 * T, BACKEND_ROW_LOGITS, bt + 2 * nb, nb,
+				 gc, NULL);
+			pc += n, ns = 2;
+		}
+		struct backend_step sg = {0, ns, s, NULL};
+		int rc = backend_step(p.gpu, &sg);
+		if (rc) {
+			test_fail(__FILE__, __LINE__, "cuda mixed step (decode row %lld) = %d", (long long)pb, rc);
+			test_abort_case();
+		}
+	}
+	while (pc < T) {
+		int64_t n = T - pc < 16 ? T - pc : 16;
+		seq_rows(&s[0], &p, pc, n, pos + 2 * T, fl + 2 * T, BACKEND_ROW_LOGITS, bt + 2 * nb, nb, gc, NULL);
+		struct backend_step sg = {0, 1, s, NULL};
+		REQUIRE(backend_step(p.gpu, &sg) == 0);
+		pc += n;
+	}
+	snprintf(what, sizeof what, "%s e2e token-by-token decode (mixed steps)", name);
+	check_logits(what, gb, ref, T, V);
+	snprintf(what, sizeof what, "%s e2e 16-row chunks (mixed steps)", name);
+	check_logits(what, gc, ref, T, V);
+	{ /* GPU batch invariance is not required (the GEMM paths differ by M): printed only */
+		double *e = malloc((size_t)T * sizeof *e);
+		int64_t same = 0;
+		for (int64_t t = 0; t < T; t++) {
+			e[t] = rel_l2(gb + t * V, ga + t * V, V);
+			same += !memcmp(gb + t * V, ga + t * V, (size_t)V * 4);
+		}
+		printf("    %s GPU decode vs GPU chunked prefill: rel L2 median %.2e p90 %.2e, %lld of %lld "
+		       "rows bit-identical\n", name, pct(e, T, 50), pct(e, T, 90), (long long)same, (long long)T);
+		free(e);
+	}
+
+	/* MTP (spec §4): rows i = 0..T-2 carry x_{i+1}, pos i, h_i (the CPU's hidden states) */
+	if (p.m.w.has_mtp) {
+		int64_t n = T - 1;
+		float *mref = malloc((size_t)n * V * 4), *mg = malloc((size_t)n * V * 4);
+		REQUIRE(mref && mg);
+		gpu_fill_nan(mg, n * V);
+		for (int64_t i = 0; i < n; i++)
+			pos[i] = i, fl[i] = BACKEND_ROW_LOGITS;
+		struct backend_seq ms = {n, p.tok + 1, pos, bt, nb, fl, mref, NULL, hid};
+		struct backend_step mst = {1, 1, &ms, NULL};
+		REQUIRE(backend_step(p.cpu, &mst) == 0);
+		ms.logits = mg;
+		int rc = backend_step(p.gpu, &mst);
+		if (rc)
+			test_fail(__FILE__, __LINE__, "cuda MTP step = %d", rc);
+		else {
+			snprintf(what, sizeof what, "%s MTP step", name);
+			check_logits(what, mg, mref, n, V);
+		}
+		free(mref), free(mg);
+	}
+	free(bt), free(pos), free(fl), free(ref), free(hid), free(ga), free(gb), free(gc);
+	pair_close(&p);
+}
+
+TEST_T(gpu_forward, teacher_forced_layers_tiny, 300)
+{
+	teacher_forcing("tiny", 200); /* index_topk 64: > 2 x 64 keys */
+}
+
+TEST_T(gpu_forward, teacher_forced_layers_wide, 300)
+{
+	teacher_forcing("wide", 160); /* index_topk 48 */
+}
+
+TEST_T(gpu_forward, end_to_end_tiny, 600)
+{
+	end_to_end("tiny", 200, 48);
+}
+
+TEST_T(gpu_forward, end_to_end_wide, 600)
+{
+	end_to_end("wide", 160, 70);
+}
+
+/* A step's validation and empty steps behave like the CPU backend's. */
+TEST_T(gpu_forward, step_validation, 120)
+{
+	struct pair p;
+	pair_open(&p, "tiny", 8, 2);
+	int32_t bt[2] = {1, 0}, bad_tok[1] = {(int32_t)p.V};
+	int64_t pos[1] = {0}, far[1] = {200};
+	float *lg = malloc((size_t)p.V * 4);
+	REQUIRE(lg);
+	struct backend_seq s = {1, bad_tok, pos, bt, 2, NULL, lg, NULL, NULL};
+	struct backend_step st = {0, 1, &s, NULL};
+	CHECK_EQ_INT(backend_step(p.gpu, &st), -EINVAL); /* token out of range */
+	s.tokens = p.tok, s.pos = far;
+	CHECK_EQ_INT(backend_step(p.gpu, &st), -EINVAL); /* position outside the block table */
+	s.n = 0;
+	CHECK_EQ_INT(backend_step(p.gpu, &st), 0);       /* nothing to do */
+	s.n = 1, s.pos = pos;
+	gpu_fill_nan(lg, p.V);
+	CHECK_EQ_INT(backend_step(p.gpu, &st), 0);
+	int64_t finite = 0;
+	for (int64_t i = 0; i < p.V; i++)
+		finite += isfinite(lg[i]);
+	printf("    one-token step: %lld of %lld logits finite\n", (long long)finite, (long long)p.V);
+	CHECK(finite == p.V);
+	free(lg);
+	pair_close(&p);
+}
+
+#endif
