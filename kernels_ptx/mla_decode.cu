@@ -132,16 +132,21 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	const int k_begin = blockIdx.z * keys_per_split;
 	const int k_end = min(ld_sel, k_begin + keys_per_split);
 
-	if (k_begin < k_end)
-		mla_gather(srow, k_begin, k_end, pool, rec_bytes, RB, raw, tid);
-	// Q of the block's 64 heads (zero rows beyond H)
+	// Q of the block's 64 heads (zero rows beyond H), every load in flight at once (cp.async),
+	// committed with the first tile's gather
 	for (int i = tid; i < MLA_HG * (DK / 8); i += 256) {
 		const int r = i / (DK / 8), c = i - r * (DK / 8);
-		uint4 v = make_uint4(0, 0, 0, 0);
 		if (h0 + r < H)
-			v = *reinterpret_cast<const uint4 *>(q + ((size_t)b * H + h0 + r) * DK + c * 8);
-		*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = v;
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(qs + r * LD + c * 8)),
+				     "l"(q + ((size_t)b * H + h0 + r) * DK + c * 8)
+				     : "memory");
+		else
+			*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
 	}
+	if (k_begin < k_end)
+		mla_gather(srow, k_begin, k_end, pool, rec_bytes, RB, raw, tid);
+	else
+		asm volatile("cp.async.commit_group;" ::: "memory");
 
 	const int NT = R / 16;        // n-tiles of 8 latent dims a warp owns in P V
 	const int dbase = kh * (R / 2); // its first latent dim
