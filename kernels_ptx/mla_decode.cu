@@ -78,7 +78,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes, float sc)
 	    "cvt.f32.f16 %1, hi; }"
 	    : "=f"(a), "=f"(b)
 	    : "h"((uint16_t)codes));
-	return (uint32_t)f32_to_bf16(a * sc) | ((uint32_t)f32_to_bf16(b * sc) << 16);
+	uint32_t r; // exact: no rounding happens, so cvt's round-to-nearest is the identity
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b * sc), "f"(a * sc));
+	return r;
 }
 
 __device__ __forceinline__ void pair_barrier(int id)
@@ -249,11 +251,12 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		for (int j = 0; j < 4; j++)
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
-				const uint16_t p0 = f32_to_bf16(expf(s[j][2 * i] - msub[i]));
-				const uint16_t p1 = f32_to_bf16(expf(s[j][2 * i + 1] - msub[i]));
-				l[i] += bf16_to_f32(p0) + bf16_to_f32(p1);
-				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 32 * kh + 8 * j + 2 * (lane & 3)) =
-					(uint32_t)p0 | ((uint32_t)p1 << 16);
+				uint32_t pp; // the two weights rounded to bf16 (nearest even)
+				asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
+				    : "=r"(pp)
+				    : "f"(expf(s[j][2 * i + 1] - msub[i])), "f"(expf(s[j][2 * i] - msub[i])));
+				l[i] += __uint_as_float(pp << 16) + __uint_as_float(pp & 0xffff0000u);
+				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 32 * kh + 8 * j + 2 * (lane & 3)) = pp;
 			}
 #pragma unroll
 		for (int n = 0; n < 32; n++) {
