@@ -23,6 +23,11 @@
 //   - Tiles (128 tokens x BN weight rows) are walked by the persistent CTAs in the order
 //     tile = blockIdx.x + i·gridDim.x with the token tile fastest, so the CTAs running at one
 //     time share a few weight tiles and stream through x8 (which stays in L2 for M·K <= ~40 MB).
+//   - Cluster variant (MC = 2, plain form): two CTAs take consecutive token tiles of the same
+//     weight tile; each copies BN/2 weight rows and multicasts them into both CTAs' stage, so
+//     L2 serves a weight tile once per pair. A stage may be refilled only when the consumers of
+//     both CTAs have released it: each consumer warp arrives on "empty" in both CTAs (count 16),
+//     and the CTAs of a cluster synchronise after barrier init and before leaving.
 //
 // Numerics: per output, per K block, the 128 products are summed by the tensor core (fp32
 // accumulation of k32 steps in hardware order), then scaled and added in K-block order with
@@ -113,6 +118,41 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, uint3
 		     : "memory");
 }
 
+// The same box, written to the same CTA-relative smem offset in every CTA of ctamask within the
+// cluster, each completing on its own barrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, uint32_t bar, int c0,
+					       int c1, uint16_t ctamask)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(c0), "r"(c1), "h"(ctamask)
+		     : "memory");
+}
+
+// Arrival on the barrier at CTA-relative address bar in the cluster's CTA `rank` (maybe ours).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
+{
+	asm volatile("{\n.reg .b32 ra;\n"
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+		     "r"(rank)
+		     : "memory");
+}
+
+// Every thread of every CTA of the cluster: barrier init visible before any remote arrival or
+// multicast (start), and no CTA leaves while a peer may still signal its barriers (end).
+__device__ __forceinline__ void cluster_sync()
+{
+	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_rank()
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+
 __device__ __forceinline__ void tmap_prefetch(const void *map)
 {
 	asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
@@ -200,6 +240,10 @@ __device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, in
 		wgmma_m64n192k32(d, da, db, accumulate);
 }
 
+// Barriers of stage s: bars = base of full[STAGES], then empty[STAGES] (8 bytes each).
+#define FULL(s) (bars + (uint32_t)(s) * 8)
+#define EMPTY(s) (bars + (uint32_t)(STAGES + (s)) * 8)
+
 // ---- the GEMM ----------------------------------------------------------------------------------
 
 template <int BN, int STAGES> struct wg_cfg {
@@ -221,8 +265,9 @@ struct wg_tile {
 // each its token tiles x N tiles, token tile fastest). Every thread that walks keeps its own
 // copy; all of them see the same sequence for the same blockIdx.
 struct wg_sched {
-	// plain
-	int m_tiles;
+	// plain: token tiles go in groups of MC (a cluster's CTAs), the CTA of rank `rank` takes
+	// the rank-th tile of its cluster's group
+	int m_groups, mc, rank;
 	long long total;
 	// grouped
 	const int *off;
@@ -243,8 +288,9 @@ __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int
 	if constexpr (!GROUPED) {
 		if (t >= sc.total)
 			return false;
-		const int mb = (int)(t % sc.m_tiles), nb = (int)(t / sc.m_tiles);
-		tl.row0 = mb * WG_BM, tl.row_end = M, tl.n0 = nb * BN, tl.bmap = bmap, tl.S = S;
+		const int mg = (int)(t % sc.m_groups), nb = (int)(t / sc.m_groups);
+		tl.row0 = (mg * sc.mc + sc.rank) * WG_BM, tl.row_end = M, tl.n0 = nb * BN;
+		tl.bmap = bmap, tl.S = S;
 		return true;
 	} else {
 		return wg_group_tile_at<BN>(sc, t, n_tiles, tl);
@@ -274,54 +320,32 @@ __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int 
 	return false;
 }
 
-// The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
-// grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
-template <int BN, int STAGES, bool GROUPED>
-__device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
-					   const float *S, const unsigned long long *s_tab,
-					   const int *off, int G, uint16_t *y, int M, int N, int K,
-					   int ldy)
+// A consumer warp releases a stage: one arrival on its "empty" barrier in every CTA of the
+// cluster (the producers there multicast into our smem too).
+template <int MC> __device__ __forceinline__ void release(uint32_t empty_bar, int lane)
+{
+	if (MC == 1) {
+		if (lane == 0)
+			mbar_arrive(empty_bar);
+	} else if (lane < MC) {
+		mbar_arrive_cluster(empty_bar, (uint32_t)lane);
+	}
+}
+
+// The producer thread: every copy of every stage, in the consumers' order.
+template <int BN, int STAGES, bool GROUPED, int MC>
+__device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long dt,
+					   const tmap *mA, const tmap *mB, const float *S, int M,
+					   int N, int KB, uint32_t a_smem, uint32_t b_smem,
+					   uint32_t bars)
 {
 	typedef wg_cfg<BN, STAGES> C;
-	extern __shared__ uint8_t smem_raw[];
-	const uint32_t raw = smem_u32(smem_raw);
-	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
-	const uint32_t a_smem = base, b_smem = base + STAGES * C::A_BYTES;
-	const uint32_t bars = b_smem + STAGES * C::B_BYTES; // full[STAGES], then empty[STAGES]
-#define FULL(s) (bars + (uint32_t)(s) * 8)
-#define EMPTY(s) (bars + (uint32_t)(STAGES + (s)) * 8)
-
-	const int wg = threadIdx.x >> 7;
-	const int KB = K / WG_BK;
-	wg_sched sc = {};
-	sc.m_tiles = (M + WG_BM - 1) / WG_BM;
-	sc.total = (long long)sc.m_tiles * ((N + BN - 1) / BN);
-	sc.off = off, sc.s_tab = s_tab, sc.G = G;
-
-	if (threadIdx.x == 0) {
-		for (int s = 0; s < STAGES; s++) {
-			mbar_init(FULL(s), 1);  // the producer's arrive.expect_tx (+ the copy bytes)
-			mbar_init(EMPTY(s), 8); // lane 0 of each of the 8 consumer warps
-		}
-		// make the initialised barriers visible to the copy engine (async proxy)
-		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-		tmap_prefetch(mA);
-		if (!GROUPED)
-			tmap_prefetch(mB);
-	}
-	__syncthreads();
-
-	if (wg == 0) {
-		// ---- producer: one thread issues every copy ----
-		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		if (threadIdx.x != 0)
-			return;
+	{
 		int s = 0;
 		uint32_t ph = 0;
 		int e_acq = -1;
 		wg_tile tl;
-		for (long long t = blockIdx.x; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl);
-		     t += gridDim.x) {
+		for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
 			if (GROUPED && sc.e != e_acq) {
 				// the map was written by k_wgmma_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
@@ -331,19 +355,37 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			}
 			for (int kb = 0; kb < KB; kb++) {
 				mbar_wait(EMPTY(s), ph ^ 1); // the consumers released this stage
+				// all of A and B land in this CTA's stage: our A, and B from every CTA
+				// of the cluster (each multicasts its BN / MC rows to all of them)
 				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
-				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK, tl.row0);
-				tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK, tl.n0);
+				// (a cluster's tile past M, none of whose rows is stored, reads rows from
+				// 0 rather than a box wholly out of bounds)
+				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
+					    tl.row0 < M ? tl.row0 : 0);
+				if (MC == 1)
+					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
+						    tl.n0);
+				else
+					tma_load_2d_mc(b_smem + s * C::B_BYTES +
+							       sc.rank * (C::B_BYTES / MC),
+						       tl.bmap, FULL(s), kb * WG_BK,
+						       tl.n0 + sc.rank * (BN / MC), (1 << MC) - 1);
 				if (++s == STAGES)
 					s = 0, ph ^= 1;
 			}
 		}
-		return;
 	}
+}
 
-	// ---- consumers: warpgroup cw computes tokens [64 cw, 64 cw + 64) of the tile ----
-	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-	const int cw = wg - 1;
+// The consumer warpgroups: warpgroup cw computes tokens [64 cw, 64 cw + 64) of each tile.
+template <int BN, int STAGES, bool GROUPED, int MC>
+__device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long dt,
+					   const tmap *mB, const float *sx, const float *S,
+					   uint16_t *y, int M, int N, int KB, int ldy,
+					   uint32_t a_smem, uint32_t b_smem, uint32_t bars)
+{
+	typedef wg_cfg<BN, STAGES> C;
+	const int cw = (threadIdx.x >> 7) - 1;
 	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	// fragment layout of wgmma m64nN (f32): register 4j + {0,1} holds row r_lo, columns
 	// 8j + 2(lane % 4) + {0,1}; register 4j + {2,3} the same columns of row r_lo + 8.
@@ -357,8 +399,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	int s = 0;
 	uint32_t ph = 0;
 	wg_tile tl;
-	for (long long t = blockIdx.x; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl);
-	     t += gridDim.x) {
+	for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
 #pragma unroll
 		for (int i = 0; i < NR; i++)
 			acc[i] = 0.f;
@@ -389,8 +430,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			}
 			mbar_wait(FULL(s), ph); // the copies of this stage have landed
 			if (!active) {
-				if (lane == 0)
-					mbar_arrive(EMPTY(s));
+				release<MC>(EMPTY(s), lane);
 				if (++s == STAGES)
 					s = 0, ph ^= 1;
 				continue;
@@ -410,8 +450,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			for (int i = 0; i < NR; i++)
 				reg_fence(frag[i]);
 			// the stage's smem has been read by this warp's MMAs: release it
-			if (lane == 0)
-				mbar_arrive(EMPTY(s));
+			release<MC>(EMPTY(s), lane);
 			if (++s == STAGES)
 				s = 0, ph ^= 1;
 			// promotion: the scale product first (x scale · weight scale), as the CPU
@@ -445,20 +484,78 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			}
 		}
 	}
-#undef FULL
-#undef EMPTY
+}
+
+// The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
+// grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
+template <int BN, int STAGES, bool GROUPED, int MC>
+__device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
+					   const float *S, const unsigned long long *s_tab,
+					   const int *off, int G, uint16_t *y, int M, int N, int K,
+					   int ldy)
+{
+	typedef wg_cfg<BN, STAGES> C;
+	extern __shared__ uint8_t smem_raw[];
+	const uint32_t raw = smem_u32(smem_raw);
+	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
+	const uint32_t a_smem = base, b_smem = base + STAGES * C::A_BYTES;
+	const uint32_t bars = b_smem + STAGES * C::B_BYTES; // full[STAGES], then empty[STAGES]
+
+	const int wg = threadIdx.x >> 7;
+	const int KB = K / WG_BK;
+	wg_sched sc = {};
+	sc.mc = MC, sc.rank = MC > 1 ? (int)cluster_rank() : 0;
+	sc.m_groups = ((M + WG_BM - 1) / WG_BM + MC - 1) / MC;
+	sc.total = (long long)sc.m_groups * ((N + BN - 1) / BN);
+	sc.off = off, sc.s_tab = s_tab, sc.G = G;
+	// the walk: this CTA's cluster, in steps of the number of clusters
+	const long long t0 = blockIdx.x / MC, dt = gridDim.x / MC;
+
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < STAGES; s++) {
+			mbar_init(FULL(s), 1);  // the producer's arrive.expect_tx (+ the copy bytes)
+			mbar_init(EMPTY(s), 8 * MC); // each consumer warp of each CTA of the cluster
+		}
+		// make the initialised barriers visible to the copy engine (async proxy)
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		tmap_prefetch(mA);
+		if (!GROUPED)
+			tmap_prefetch(mB);
+	}
+	if (MC > 1)
+		cluster_sync();
+	else
+		__syncthreads();
+
+	if (wg == 0) {
+		// ---- producer: one thread issues every copy ----
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		if (threadIdx.x == 0)
+			wg_produce<BN, STAGES, GROUPED, MC>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
+							    b_smem, bars);
+	} else {
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		wg_consume<BN, STAGES, GROUPED, MC>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy, a_smem,
+						    b_smem, bars);
+	}
+	if (MC > 1)
+		cluster_sync();
 }
 
 // ---- entry points ------------------------------------------------------------------------------
 // k_gemm_fp8_wgmma_n{128,192}: the plain form, BN = 128 or 192 weight rows per tile.
+// k_gemm_fp8_wgmma_mc2_n{128,192}: the same in clusters of 2 CTAs (consecutive token tiles, the
+// same weight tile): each CTA copies half of the weight tile and multicasts it to both, so L2
+// serves each weight tile once per pair. Grid even.
 // Grid: min(tiles, SMs) persistent CTAs of 384 threads; dynamic smem wg_cfg<BN, STAGES>::SMEM.
-#define WG_PLAIN(bn, stages)                                                                   \
-	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_wgmma_n##bn(      \
+#define WG_PLAIN(name, bn, stages, mc, attr)                                                   \
+	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attr name(                  \
 		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
 		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
 		int M, int N, int K, int ldy)                                                   \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, false>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, K, ldy); \
+		wgmma_gemm<bn, stages, false, mc>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, K, \
+						  ldy);                                         \
 	}
 // k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
 // g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
@@ -471,12 +568,16 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 					       uint16_t *__restrict__ y, int max_rows, int N,   \
 					       int K, int ldy)                                  \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, true>(&mA, nullptr, sx, nullptr, s_tab, off, G, y, max_rows, \
-					     N, K, ldy);                                        \
+		wgmma_gemm<bn, stages, true, 1>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,      \
+						max_rows, N, K, ldy);                           \
 	}
 
-WG_PLAIN(128, 6)
-WG_PLAIN(192, 5)
+#define NO_ATTR
+#define CLUSTER2 __cluster_dims__(2, 1, 1)
+WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_n192, 192, 5, 1, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128, 128, 6, 2, CLUSTER2)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, CLUSTER2)
 WG_GROUPED(128, 6)
 WG_GROUPED(192, 5)
 

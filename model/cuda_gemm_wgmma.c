@@ -60,26 +60,31 @@ static int shape_ok(const char *what, int M, int N, int K, int ldy)
 	return 0;
 }
 
-int cuda_gemm_fp8_wgmma_bn(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
-			   gpu_ptr y, int M, int N, int K, int ldy, int bn)
+int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc)
 {
-	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192))
+	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192) ||
+	    (mc != 1 && mc != 2))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
-	if ((r = encode_2d(&mA, x8, M, K, WG_BM)) || (r = encode_2d(&mB, W, N, K, bn)))
+	/* with clusters each CTA copies (and multicasts) bn / mc rows of the weight tile */
+	if ((r = encode_2d(&mA, x8, M, K, WG_BM)) || (r = encode_2d(&mB, W, N, K, bn / mc)))
 		return r;
-	long long tiles = (long long)((M + WG_BM - 1) / WG_BM) * ((N + bn - 1) / bn);
-	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
+	/* work items: groups of mc token tiles x weight tiles, one cluster of mc CTAs each */
+	long long items = (long long)(((M + WG_BM - 1) / WG_BM + mc - 1) / mc) * ((N + bn - 1) / bn);
+	long long clusters = g->sm_count / mc;
+	unsigned grid = (unsigned)((items < clusters ? items : clusters) * mc);
 	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy};
-	return launch(g, bn == 128 ? "k_gemm_fp8_wgmma_n128" : "k_gemm_fp8_wgmma_n192", grid,
-		      smem_bytes(bn), args);
+	static const char *names[2][2] = {{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
+					  {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}};
+	return launch(g, names[mc - 1][bn == 192], grid, smem_bytes(bn), args);
 }
 
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy)
 {
-	return cuda_gemm_fp8_wgmma_bn(g, W, S, x8, sx, y, M, N, K, ldy, 128);
+	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1);
 }
 
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,

@@ -130,13 +130,18 @@ static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *
 	return bad;
 }
 
-/* Runs the plain GEMM with tile width bn into a poisoned y and checks rows (all when n_rows
- * <= 0, else n_rows spread over M incl. the first and the last). */
-static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int bn, int n_rows)
+/* The plain form's tilings: weight rows per tile, CTAs per cluster (cuda_gemm_fp8_wgmma_tile) */
+static const int variants[][2] = {{128, 1}, {192, 1}, {128, 2}, {192, 2}};
+#define N_VAR (int)(sizeof variants / sizeof *variants)
+
+/* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
+ * else n_rows spread over M incl. the first and the last). */
+static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int v, int n_rows)
 {
+	int bn = variants[v][0], mc = variants[v][1];
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
-	int r = cuda_gemm_fp8_wgmma_bn(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-				       c->N, bn);
+	int r = cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+					 c->N, bn, mc);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -146,7 +151,8 @@ static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, i
 	for (int i = 0; i < n; i++)
 		rows[i] = n == c->M ? i : (int)((long long)i * (c->M - 1) / (n - 1));
 	char what[96];
-	snprintf(what, sizeof what, "wgmma n%d M=%d N=%d K=%d (%d rows)", bn, c->M, c->N, c->K, n);
+	snprintf(what, sizeof what, "wgmma n%d mc%d M=%d N=%d K=%d (%d rows)", bn, mc, c->M, c->N,
+		 c->K, n);
 	CHECK_EQ_INT(check_rows(g, pool, c, rows, n, what), 0);
 	free(rows);
 }
@@ -164,8 +170,8 @@ TEST_T(gpu_wgmma, gemm_fp8_vs_cpu, 300)
 		struct wg_case c;
 		case_init(&c, small[i][0], small[i][1], small[i][2], 1000 + i);
 		case_upload(&g, &c);
-		run_check(&g, pool, &c, 128, 0);
-		run_check(&g, pool, &c, 192, 0);
+		for (int v = 0; v < N_VAR; v++)
+			run_check(&g, pool, &c, v, 0);
 		case_free(&c);
 	}
 	cpu_pool_stop(pool);
@@ -186,8 +192,8 @@ TEST_T(gpu_wgmma, real_shapes_m256, 300)
 		struct wg_case c;
 		case_init(&c, 256, big_shapes[i][0], big_shapes[i][1], 1100 + i);
 		case_upload(&g, &c);
-		run_check(&g, pool, &c, 128, 12);
-		run_check(&g, pool, &c, 192, 12);
+		for (int v = 0; v < N_VAR; v++)
+			run_check(&g, pool, &c, v, 12);
 		case_free(&c);
 	}
 	cpu_pool_stop(pool);
@@ -202,15 +208,14 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-enum { PATH_N128, PATH_N192, PATH_LT };
-
+/* path: a tiling of variants[], or N_VAR for cuBLASLt */
 static int run_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size_t ws_bytes)
 {
-	if (path == PATH_LT)
+	if (path == N_VAR)
 		return cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
 					c->N, ws, ws_bytes);
-	return cuda_gemm_fp8_wgmma_bn(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K, c->N,
-				      path == PATH_N128 ? 128 : 192);
+	return cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+					c->N, variants[path][0], variants[path][1]);
 }
 
 /* Median microseconds of 7 event-timed launches after a warm-up (L2 warm: prefill shapes are
@@ -240,16 +245,18 @@ static float time_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, s
 	return t[3] * 1e3f;
 }
 
-/* M = 4096 on the issue's shapes: ours (both tile widths) and cuBLASLt, TFLOP/s against the
- * H200's dense FP8 peak (1979 spec) and the ratio to cuBLASLt; sampled rows checked. */
+/* M = 4096 on the issue's shapes: ours (every tiling) and cuBLASLt, in us and TFLOP/s (the
+ * H200's dense FP8 peak is 1979, spec), the ratio best/cuBLASLt; sampled rows checked. */
 TEST_T(gpu_wgmma, timing_m4096, 600)
 {
 	struct gpu g;
 	gpu_test_open(&g);
 	struct cpu_pool *pool = test_pool();
 	const int M = 4096;
-	printf("    %-12s %9s %9s %9s %8s %8s %8s %7s\n", "N x K", "n128 us", "n192 us", "cuBLASLt",
-	       "n128 TF", "n192 TF", "LT TF", "best/LT");
+	printf("    %-12s", "N x K  (us)");
+	for (int v = 0; v < N_VAR; v++)
+		printf("  n%d/mc%d", variants[v][0], variants[v][1]);
+	printf("  cuBLASLt | TFLOP/s: ours best, cuBLASLt, best/LT\n");
 	for (int i = 0; i < N_BIG; i++) {
 		struct wg_case c;
 		int N = big_shapes[i][0], K = big_shapes[i][1];
@@ -257,21 +264,27 @@ TEST_T(gpu_wgmma, timing_m4096, 600)
 		case_upload(&g, &c);
 		size_t ws_bytes = cuda_gemm_fp8_workspace(&g, M, N, K);
 		gpu_ptr ws = gpu_test_alloc(ws_bytes);
-		float us[3];
-		for (int p = 0; p < 3; p++)
+		float us[N_VAR + 1];
+		for (int p = 0; p <= N_VAR; p++)
 			us[p] = time_path(&g, &c, p, ws, ws_bytes);
 		double flop = 2.0 * M * N * K;
-		double tf[3];
-		for (int p = 0; p < 3; p++)
-			tf[p] = us[p] > 0 ? flop / (us[p] * 1e-6) / 1e12 : -1;
-		double best = tf[0] > tf[1] ? tf[0] : tf[1];
+		int best = -1;
+		for (int p = 0; p < N_VAR; p++)
+			if (us[p] > 0 && (best < 0 || us[p] < us[best]))
+				best = p;
 		char nk[24];
 		snprintf(nk, sizeof nk, "%dx%d", N, K);
-		printf("    %-12s %9.1f %9.1f %9.1f %8.0f %8.0f %8.0f %7.2f\n", nk, us[0], us[1], us[2],
-		       tf[0], tf[1], tf[2], tf[2] > 0 ? best / tf[2] : -1);
-		CHECK(us[0] > 0 && us[1] > 0);
-		/* the timed result is checked too (last launch: n192 ran before cuBLASLt; rerun) */
-		run_check(&g, pool, &c, 128, 6);
+		printf("    %-12s", nk);
+		for (int p = 0; p <= N_VAR; p++)
+			printf(" %9.1f", us[p]);
+		double tb = best >= 0 ? flop / (us[best] * 1e-6) / 1e12 : -1;
+		double tl = us[N_VAR] > 0 ? flop / (us[N_VAR] * 1e-6) / 1e12 : -1;
+		printf("  | %5.0f (n%d/mc%d) %5.0f %5.2f\n", tb, best >= 0 ? variants[best][0] : 0,
+		       best >= 0 ? variants[best][1] : 0, tl, tl > 0 ? tb / tl : -1);
+		CHECK(best >= 0);
+		/* the timed shapes' results, sampled rows, every tiling */
+		for (int v = 0; v < N_VAR; v++)
+			run_check(&g, pool, &c, v, 4);
 		cu.cuMemFree(ws);
 		case_free(&c);
 	}
