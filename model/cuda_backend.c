@@ -223,7 +223,7 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 						  c->kv_lora_rank + 2 * c->index_head_dim +
 						  9 * c->n_routed_experts);
 	total += (size_t)(c->num_hidden_layers + 1) * per_layer + (size_t)4 * c->hidden_size * 4 + 4096;
-	total += round256((size_t)c->max_position_embeddings * 64 * sizeof(float));
+	total += round256((size_t)c->max_position_embeddings * 64 * sizeof(float)) + ((size_t)1 << 20);
 	int r = gpu_region_reserve(&b->g, &b->weights_region, "weights", total, e);
 	if (!r)
 		r = gpu_region_grow(&b->g, &b->weights_region, total, e);
