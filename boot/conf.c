@@ -45,6 +45,7 @@ static const struct key keys[] = {
 	I("threads", threads, 0, 1024, "0", "CPU backend threads (0: all cores)"),
 	I("drain-timeout", drain_timeout_s, 0, 86400, "30", "seconds in-flight requests get after SIGTERM"),
 	I("host-memory-mb", host_memory_mb, 64, INT64_C(1) << 24, "8192", "bound on host memory for the CPU KV cache"),
+	I("synthetic-weights", synthetic_weights, -1, INT64_MAX, "-1", "seed: generate the weights a header-only checkpoint leaves out on the GPU (backend cuda; -1: off)"),
 };
 
 static const struct key *find_key(const char *name)
@@ -195,6 +196,9 @@ int conf_from_args(struct dsv32d_conf *c, int argc, char **argv, struct err *e)
 		if (r)
 			return r;
 	}
+	if (c->synthetic_weights >= 0 && strcmp(c->backend, "cuda"))
+		return err_set(e, -EINVAL, "synthetic-weights = %lld needs backend = cuda (backend is \"%s\")",
+			       (long long)c->synthetic_weights, c->backend);
 	return 0;
 }
 

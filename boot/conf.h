@@ -35,6 +35,8 @@ struct dsv32d_conf {
 	int64_t threads;           /* CPU backend threads; 0 = all cores */
 	int64_t drain_timeout_s;   /* SIGTERM: in-flight requests get this long to finish */
 	int64_t host_memory_mb;    /* bound on the daemon's own host allocations (KV on CPU) */
+	int64_t synthetic_weights; /* >= 0: seed of the weights the CUDA backend generates for a
+				    * header-only checkpoint (mkmodel real --header-only); -1: off */
 };
 
 void conf_defaults(struct dsv32d_conf *c);
@@ -43,7 +45,8 @@ int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e);
 /* Applies one key/value (from a flag or a file line). `where` names the origin in messages. */
 int conf_set(struct dsv32d_conf *c, const char *key, const char *value, const char *where,
 	     struct err *e);
-/* Parses argv: --config FILE is applied first, then every --key value / --key=value flag.
+/* Parses argv: --config FILE is applied first, then every --key value / --key=value flag,
+ * then the keys are checked against each other (synthetic-weights needs backend = cuda).
  * Returns 0, 1 if --help was asked (usage printed to stdout), or -errno with e set. */
 int conf_from_args(struct dsv32d_conf *c, int argc, char **argv, struct err *e);
 /* Prints every key with its effective value, one per line, each prefixed by `prefix`. */

@@ -42,6 +42,9 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 	memset(en, 0, sizeof *en);
 	double t0 = now_s();
 	int r;
+	if (o->synthetic_weights && (!o->backend || strcmp(o->backend, "cuda")))
+		return err_set(e, -EINVAL, "synthetic weights (seed %llu) need the cuda backend, not \"%s\"",
+			       (unsigned long long)o->synthetic_seed, o->backend ? o->backend : "auto");
 	progress(o, "reading config.json");
 	if ((r = config_load(&en->c, o->model_dir, e)))
 		return r;
@@ -61,9 +64,14 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 	}
 	if (!strcmp(want, "cuda")) {
 		/* pools and upload are real; its step says what is not on the GPU yet */
-		progress(o, "uploading the weights to the GPU");
+		progress(o, o->synthetic_weights ? "uploading the weights to the GPU, generating the "
+						   "synthetic ones there"
+						 : "uploading the weights to the GPU");
 		en->backend_name = "cuda";
-		if ((r = backend_cuda_create(&en->c, &en->w, &en->ck, o->kv_pages, &en->be, e)))
+		struct backend_cuda_opts co = {.n_pages = o->kv_pages,
+					       .synthetic = o->synthetic_weights,
+					       .seed = o->synthetic_seed};
+		if ((r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e)))
 			goto err_tok;
 		en->kv_pages = en->be->n_pages;
 		en->kv_bytes = (size_t)en->kv_pages * (size_t)en->be->n_layers *

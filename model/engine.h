@@ -28,6 +28,11 @@ struct engine_opts {
 	int64_t kv_pages;         /* 0 = from host_memory_mb, at most ENGINE_DEFAULT_PAGES */
 	int64_t host_memory_mb;   /* bound on the CPU KV pool */
 	int64_t max_batch_tokens, max_seqs, max_context;
+	/* 1: model_dir may be a header-only checkpoint (mkmodel real --header-only); the CUDA
+	 * backend generates the tensors it leaves out from synthetic_seed (backend_cuda_opts).
+	 * Needs backend "cuda". For benchmarks: the weights are random. */
+	int synthetic_weights;
+	uint64_t synthetic_seed;
 	/* called with a short description before each loading stage (may be NULL) */
 	void (*progress)(void *ctx, const char *stage);
 	void *progress_ctx;

@@ -52,3 +52,58 @@ TEST(conf, errors_name_file_line_and_key)
 	CHECK(conf_load_file(&c, "/nonexistent/x.conf", &e) < 0);
 	CHECK_CONTAINS(e.msg, "/nonexistent/x.conf");
 }
+
+TEST(conf, synthetic_weights_seed_and_backend)
+{
+	struct dsv32d_conf c;
+	struct err e;
+	conf_defaults(&c);
+	CHECK_EQ_INT(c.synthetic_weights, -1); /* off unless asked */
+	char *ok[] = {"dsv32d", "--backend", "cuda", "--synthetic-weights", "12345"};
+	REQUIRE(conf_from_args(&c, 5, ok, &e) == 0);
+	CHECK_EQ_INT(c.synthetic_weights, 12345);
+	conf_defaults(&c);
+	char *ok0[] = {"dsv32d", "--synthetic_weights=0", "--backend=cuda"};
+	REQUIRE(conf_from_args(&c, 3, ok0, &e) == 0);
+	CHECK_EQ_INT(c.synthetic_weights, 0); /* 0 is a seed, not "off" */
+	/* typed errors naming the bad value */
+	conf_defaults(&c);
+	char *bad[] = {"dsv32d", "--backend", "cuda", "--synthetic-weights", "seven"};
+	CHECK(conf_from_args(&c, 5, bad, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "synthetic-weights: \"seven\" is not an integer");
+	conf_defaults(&c);
+	char *neg[] = {"dsv32d", "--backend", "cuda", "--synthetic-weights=-2"};
+	CHECK(conf_from_args(&c, 4, neg, &e) == -ERANGE);
+	CHECK_CONTAINS(e.msg, "synthetic-weights = -2 out of range [-1,");
+	conf_defaults(&c);
+	char *big[] = {"dsv32d", "--backend", "cuda", "--synthetic-weights", "99999999999999999999"};
+	CHECK(conf_from_args(&c, 5, big, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "\"99999999999999999999\"");
+	conf_defaults(&c);
+	char *noval[] = {"dsv32d", "--synthetic-weights"};
+	CHECK(conf_from_args(&c, 2, noval, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "--synthetic-weights needs a value");
+	/* synthetic weights exist only on the GPU: any other backend is refused, from a flag or
+	 * from the file */
+	conf_defaults(&c);
+	char *cpu[] = {"dsv32d", "--synthetic-weights", "3"};
+	CHECK(conf_from_args(&c, 3, cpu, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "synthetic-weights = 3 needs backend = cuda (backend is \"auto\")");
+	char path[512];
+	snprintf(path, sizeof path, "%s/synth.conf", test_tmpdir());
+	const char *text = "synthetic-weights = 9\nbackend = cpu\n";
+	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	conf_defaults(&c);
+	char *file[] = {"dsv32d", "--config", path};
+	CHECK(conf_from_args(&c, 3, file, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "backend is \"cpu\"");
+	char *file_flag[] = {"dsv32d", "--config", path, "--backend", "cuda"};
+	conf_defaults(&c);
+	REQUIRE(conf_from_args(&c, 5, file_flag, &e) == 0); /* the flag fixes the file's backend */
+	CHECK_EQ_INT(c.synthetic_weights, 9);
+	const char *bad_file = "synthetic-weights = 1.5\n";
+	REQUIRE(file_write(path, bad_file, strlen(bad_file), &e) == 0);
+	conf_defaults(&c);
+	CHECK(conf_load_file(&c, path, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, ":1: synthetic-weights: \"1.5\" is not an integer");
+}
