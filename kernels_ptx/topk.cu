@@ -150,21 +150,26 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 // ---- k_topk_select: the same function in two reads of the row ---------------------------------
 //
 // k_topk_select: the arguments of k_topk; one block of 1024 threads per row, dynamic shared
-// memory topk_smem_bytes(ld) (model/cuda_attn.c): a 4096-bin histogram, two bitmaps of the row
-// (selected; equal to the threshold) and a candidate list of TOPK_CAND (key, position) pairs.
-//   pass 1 (one read): histogram of the top 12 bits of the order key (sign, exponent, 3 mantissa
-//     bits); a block suffix scan finds the bin B holding the k-th key;
+// memory topk_smem_bytes(ld) (model/cuda_attn.c): 8 copies of a 2048-bin histogram, a candidate
+// list of TOPK_CAND (key, position) pairs and two bitmaps of the row (selected; equal to the
+// threshold).
+//   pass 1 (one read): histogram of the top 11 bits of the order key (sign, exponent, 2 mantissa
+//     bits); lane l counts into copy l % 8 (rows with many equal scores — ReLU zeros — would
+//     otherwise serialise on one shared-memory address), the copies are added, and a block
+//     suffix scan finds the bin B holding the k-th key;
 //   pass 2 (one read): keys above bin B set their bit in the selected bitmap, keys in bin B are
-//     appended to the candidate list;
-//   the candidates: two 10-bit radix rounds in shared memory give the k-th key T and how many
-//     keys equal to T to take; candidates > T set their selected bit, == T their equal bit
+//     appended to the candidate list (one atomic per warp: ballot, popc);
+//   the candidates: radix rounds of 11 and 10 bits in shared memory give the k-th key T and how
+//     many keys equal to T to take; candidates > T set their selected bit, == T their equal bit
 //     (when the candidates overflow the list, the rounds and the marking read the row instead);
 //   output: each thread owns consecutive bitmap words; block prefix sums of the selected bits
 //     and of the equal bits (the first take_eq in position order) place every position, so the
 //     output is in ascending position order, as k_topk's.
 // Loads are float4 (when ld % 4 == 0), four in flight per thread.
 #define TOPK_CAND 8192
-#define TOPK_BINS 4096
+#define TOPK_BINS 2048
+#define TOPK_COPIES 8
+#define TOPK_CSTRIDE (TOPK_BINS + 1) // copies on different banks
 
 __device__ __forceinline__ void topk_load4(const float *__restrict__ row, int n, int vec, int i4, uint32_t key[4],
 					   bool ok[4])
@@ -182,8 +187,20 @@ __device__ __forceinline__ void topk_load4(const float *__restrict__ row, int n,
 		ok[e] = 4 * i4 + e < n;
 }
 
-// Thread j owns bins [per*(nthreads-1-j), +per) (thread 0 the highest); finds the bin where the
-// count from the top reaches `rem`: *bin_out and *rem_out (rem minus the keys above that bin).
+// Loads the float4 groups i0 + u * 1024 (u < 4) of the row that exist (others: ok = false).
+__device__ __forceinline__ void topk_load16(const float *__restrict__ row, int n, int n4, int vec, int i0,
+					    uint32_t key[4][4], bool ok[4][4])
+{
+#pragma unroll
+	for (int u = 0; u < 4; u++)
+		if (i0 + u * TOPK_THREADS < n4)
+			topk_load4(row, n, vec, i0 + u * TOPK_THREADS, key[u], ok[u]);
+		else
+			ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
+}
+
+// Thread j owns bins [per*(1023-j), +per) (thread 0 the highest); finds the bin where the count
+// from the top reaches `rem`: *bin_out and *rem_out (rem minus the keys above that bin).
 __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem, int *bin_out, int *rem_out)
 {
 	const int tid = threadIdx.x;
@@ -212,15 +229,15 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	      int *__restrict__ out_slot)
 {
 	extern __shared__ __align__(16) uint8_t topk_smem[];
-	int *hist = reinterpret_cast<int *>(topk_smem);                  // [TOPK_BINS]
-	uint32_t *cand_key = reinterpret_cast<uint32_t *>(hist + TOPK_BINS); // [TOPK_CAND]
-	int *cand_pos = reinterpret_cast<int *>(cand_key + TOPK_CAND);    // [TOPK_CAND]
-	const int W = (ld + 31) / 32;                                     // bitmap words
-	uint32_t *selb = reinterpret_cast<uint32_t *>(cand_pos + TOPK_CAND); // [W]
-	uint32_t *eqb = selb + W;                                        // [W]
+	int *hist = reinterpret_cast<int *>(topk_smem);                          // [COPIES][CSTRIDE]
+	uint32_t *cand_key = reinterpret_cast<uint32_t *>(hist + TOPK_COPIES * TOPK_CSTRIDE); // [CAND]
+	int *cand_pos = reinterpret_cast<int *>(cand_key + TOPK_CAND);            // [CAND]
+	const int W = (ld + 31) / 32;                                             // bitmap words
+	uint32_t *selb = reinterpret_cast<uint32_t *>(cand_pos + TOPK_CAND);      // [W]
+	uint32_t *eqb = selb + W;                                                 // [W]
 	__shared__ int s_bin, s_rem, s_ncand;
 
-	const int b = blockIdx.x, tid = threadIdx.x;
+	const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
 	const int n = n_keys[b];
 	const int k = n < k_max ? n : k_max;
 	const float *row = scores + (size_t)b * ld;
@@ -244,7 +261,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	}
 	const int vec = (ld & 3) == 0;
 	const int n4 = (n + 3) / 4, nw = (n + 31) / 32;
-	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS)
+	for (int i = tid; i < TOPK_COPIES * TOPK_CSTRIDE; i += TOPK_THREADS)
 		hist[i] = 0;
 	for (int i = tid; i < nw; i += TOPK_THREADS)
 		selb[i] = 0, eqb[i] = 0;
@@ -252,51 +269,54 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		s_ncand = 0;
 	__syncthreads(); // cleared
 
-	// pass 1: histogram of the top 12 bits
-	for (int i0 = tid; i0 < n4; i0 += 4 * TOPK_THREADS) {
+	// pass 1: histogram of the top 11 bits, lane l into copy l % 8
+	int *myhist = hist + (lane & (TOPK_COPIES - 1)) * TOPK_CSTRIDE;
+	for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
 		uint32_t key[4][4];
 		bool ok[4][4];
-#pragma unroll
-		for (int u = 0; u < 4; u++)
-			if (i0 + u * TOPK_THREADS < n4)
-				topk_load4(row, n, vec, i0 + u * TOPK_THREADS, key[u], ok[u]);
-			else
-				ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
+		topk_load16(row, n, n4, vec, i0, key, ok);
 #pragma unroll
 		for (int u = 0; u < 4; u++)
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				if (ok[u][e])
-					atomicAdd(&hist[key[u][e] >> 20], 1);
+					atomicAdd(&myhist[key[u][e] >> 21], 1);
 	}
-	__syncthreads(); // histogram complete
+	__syncthreads(); // every copy complete
+	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS) {
+		int sum = 0;
+		for (int c = 0; c < TOPK_COPIES; c++)
+			sum += hist[c * TOPK_CSTRIDE + i];
+		hist[i] = sum; // copy 0 holds the total (each bin read and written by one thread)
+	}
+	__syncthreads(); // totals complete
 	topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
 	const uint32_t bin = (uint32_t)s_bin;
 	int rem = s_rem;
 
-	// pass 2: above the bin -> selected; in the bin -> candidates
-	for (int i0 = tid; i0 < n4; i0 += 4 * TOPK_THREADS) {
+	// pass 2: above the bin -> selected; in the bin -> candidates (warp-aggregated append)
+	// (the loop runs while the warp's first lane has work, so all lanes take the same trips)
+	for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
 		uint32_t key[4][4];
 		bool ok[4][4];
-#pragma unroll
-		for (int u = 0; u < 4; u++)
-			if (i0 + u * TOPK_THREADS < n4)
-				topk_load4(row, n, vec, i0 + u * TOPK_THREADS, key[u], ok[u]);
-			else
-				ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
+		topk_load16(row, n, n4, vec, i0, key, ok);
 #pragma unroll
 		for (int u = 0; u < 4; u++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
-				if (!ok[u][e])
-					continue;
 				const int pos = 4 * (i0 + u * TOPK_THREADS) + e;
-				const uint32_t kb = key[u][e] >> 20;
-				if (kb > bin) {
+				const uint32_t kb = key[u][e] >> 21;
+				if (ok[u][e] && kb > bin)
 					atomicOr(&selb[pos >> 5], 1u << (pos & 31));
-				} else if (kb == bin) {
-					const int c = atomicAdd(&s_ncand, 1);
-					if (c < TOPK_CAND)
+				const bool cand = ok[u][e] && kb == bin;
+				const uint32_t m = __ballot_sync(0xffffffffu, cand);
+				if (m) {
+					int base = 0;
+					if (lane == __ffs(m) - 1)
+						base = atomicAdd(&s_ncand, __popc(m));
+					base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
+					const int c = base + __popc(m & ((1u << lane) - 1));
+					if (cand && c < TOPK_CAND)
 						cand_key[c] = key[u][e], cand_pos[c] = pos;
 				}
 			}
@@ -305,27 +325,28 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	const int ncand = s_ncand;
 	const bool in_smem = ncand <= TOPK_CAND;
 
-	// the k-th key T within the bin: two rounds of 10 bits
-	uint32_t prefix = bin << 20, mask = 0xfff00000u;
+	// the k-th key T within the bin: rounds of 11 bits (bits 20..10) and 10 bits (9..0)
+	uint32_t prefix = bin << 21, mask = 0xffe00000u;
 	for (int round = 0; round < 2; round++) {
-		const int shift = 10 - 10 * round;
-		hist[tid] = 0; // 1024 bins, one a thread
+		const int shift = round ? 0 : 10, nb = round ? 1024 : 2048;
+		for (int i = tid; i < nb; i += TOPK_THREADS)
+			hist[i] = 0;
 		__syncthreads(); // cleared
 		if (in_smem) {
 			for (int c = tid; c < ncand; c += TOPK_THREADS)
 				if ((cand_key[c] & mask) == prefix)
-					atomicAdd(&hist[(cand_key[c] >> shift) & 1023], 1);
+					atomicAdd(&hist[(cand_key[c] >> shift) & (nb - 1)], 1);
 		} else {
 			for (int i = tid; i < n; i += TOPK_THREADS) {
 				const uint32_t key = order_key(row[i]);
 				if ((key & mask) == prefix)
-					atomicAdd(&hist[(key >> shift) & 1023], 1);
+					atomicAdd(&hist[(key >> shift) & (nb - 1)], 1);
 			}
 		}
 		__syncthreads(); // counts complete
-		topk_find_bin(hist, 1, rem, &s_bin, &s_rem);
+		topk_find_bin(hist, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
 		prefix |= (uint32_t)s_bin << shift;
-		mask |= 1023u << shift;
+		mask |= (uint32_t)(nb - 1) << shift;
 		rem = s_rem;
 	}
 	const uint32_t T = prefix;
@@ -343,7 +364,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	} else {
 		for (int pos = tid; pos < n; pos += TOPK_THREADS) {
 			const uint32_t key = order_key(row[pos]);
-			if ((key >> 20) != bin)
+			if ((key >> 21) != bin)
 				continue;
 			if (key > T)
 				atomicOr(&selb[pos >> 5], 1u << (pos & 31));

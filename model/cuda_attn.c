@@ -77,11 +77,11 @@ int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr poo
 			  (unsigned)B, 1, 128, 1, 1, 0, args);
 }
 
-/* Dynamic shared memory of k_topk_select: 4096 bins, 8192 candidates (key, position), two
- * bitmaps of ld bits. */
+/* Dynamic shared memory of k_topk_select: 8 copies of 2048 bins (+1 of padding each), 8192
+ * candidates (key, position), two bitmaps of ld bits. */
 static size_t topk_smem_bytes(int ld)
 {
-	return 4096 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
+	return 8 * 2049 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
 }
 
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
