@@ -1,5 +1,7 @@
 /*
- * cuda_synth.c — synthetic weights on the GPU (model/cuda_synth.h).
+ * cuda_synth.c — synthetic weights and KV caches on the GPU (model/cuda_synth.h): the launches
+ * of kernels_ptx/synth.cu and synth_kv.cu, the KV values' host reference, and (for now) weak
+ * stand-ins for the two backend.h entry points cuda_backend.c will define.
  */
 #include "model/cuda_synth.h"
 
