@@ -164,8 +164,7 @@ __device__ __forceinline__ void tmap_prefetch(const void *map)
 // k32 step inside the swizzle atom, which the hardware's address swizzle accounts for).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr)
 {
-	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4);
-	d |= (uint64_t)1 << 16;            // leading byte offset (16 B; ignored for this layout)
+	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4); // leading byte offset 0 (unused)
 	d |= (uint64_t)(1024 >> 4) << 32;  // stride byte offset
 	d |= (uint64_t)1 << 62;            // layout: 128-byte swizzle
 	return d;
@@ -523,8 +522,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			mbar_init(FULL(s), 1);  // the producer's arrive.expect_tx (+ the copy bytes)
 			mbar_init(EMPTY(s), 8 * MC); // each consumer warp of each CTA of the cluster
 		}
-		// make the initialised barriers visible to the copy engine (async proxy)
-		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		// make the initialised barriers visible to the copy engine (async proxy) and, for
+		// clusters, to the other CTAs
+		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
+				     : "memory");
 		tmap_prefetch(mA);
 		if (!GROUPED)
 			tmap_prefetch(mB);
