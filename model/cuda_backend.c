@@ -10,7 +10,8 @@
  *
  * Upload: tensors are read from the mmapped checkpoint in file order into two pinned staging
  * buffers and copied to the device asynchronously, so the copy of one chunk overlaps the read
- * of the next; the rate is reported.
+ * of the next; the rate is reported. With synthetic weights (backend_cuda_create_opts) the tensors
+ * a header-only checkpoint leaves as holes are generated in place instead (model/cuda_synth.h).
  *
  * Placement (for the fused GEMMs of model/cuda_forward.c and model/cuda_moe.h): q_a_proj and
  * kv_a_proj_with_mqa adjacent as one [q_lora_rank + kv_lora_rank + rope, hidden] matrix when
@@ -33,6 +34,7 @@
 #include "driver/gpu.h"
 #include "model/cuda_forward.h"
 #include "model/cuda_gemm.h"
+#include "model/cuda_synth.h"
 #include "model/kv_cache.h"
 #include "model/rope.h"
 
@@ -72,6 +74,8 @@ struct cuda_backend {
 	struct gpu_arena scratch;
 	struct fwd_model m;               /* device addresses the forward reads */
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
+	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
+	uint64_t seed;
 	size_t pinned_bytes;
 	size_t upload_bytes;
 	double upload_s;
@@ -273,7 +277,11 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 			break;
 		}
 		b->tensor_dev[order[k]] = d;
-		if ((r = stage_copy(&s, d, t->data, t->nbytes)))
+		if (b->synthetic && cuda_synth_generated(t))
+			r = cuda_synth_tensor(&b->g, d, t, b->seed); /* a hole in a header-only file */
+		else
+			r = stage_copy(&s, d, t->data, t->nbytes);
+		if (r)
 			err_set(e, r, "uploading %s failed", t->name);
 		b->upload_bytes += t->nbytes;
 	}
@@ -477,6 +485,15 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 			const struct checkpoint *ck, int64_t n_pages, struct backend **out,
 			struct err *e)
 {
+	struct backend_cuda_opts o = {.n_pages = n_pages};
+	return backend_cuda_create_opts(c, w, ck, &o, out, e);
+}
+
+int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
+			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
+			     struct backend **out, struct err *e)
+{
+	int64_t n_pages = o->n_pages;
 	struct cuda_backend *b = calloc(1, sizeof *b);
 	if (!b)
 		return err_set(e, -ENOMEM, "out of memory");
@@ -485,6 +502,8 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 		free(b);
 		return r;
 	}
+	b->synthetic = o->synthetic;
+	b->seed = o->seed;
 	b->base.ops = &cuda_ops;
 	b->base.c = c;
 	b->base.n_layers = c->num_hidden_layers + c->num_nextn_predict_layers;
