@@ -60,7 +60,7 @@ int backend_cuda_layer_step(struct backend *b, int64_t layer, const struct backe
 #else
 
 #define STAGE_BYTES ((size_t)64 << 20) /* one pinned staging buffer */
-#define SCRATCH_BYTES ((size_t)1 << 30)
+#define SCRATCH_BYTES ((size_t)2 << 30) /* a step larger than it holds runs in passes */
 
 struct cuda_backend {
 	struct backend base;

@@ -713,10 +713,37 @@ static int step_body(struct fwd *F)
 	return rc;
 }
 
-int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
+/* Rows one pass can hold in the arena: the scratch of one layer per row (the largest buffers
+ * live at once in fwd_layer and its FFN), the step's own per-row buffers and a fixed part (GEMM
+ * and attention workspaces, the indexer scores), with a quarter of margin. */
+static int64_t fwd_max_rows(const struct fwd_env *E)
 {
-	if (st->mtp && !E->m->has_mtp)
-		return -EINVAL;
+	const struct dsv32_config *c = E->c;
+	int64_t D = c->hidden_size, H = c->num_attention_heads, Hpad = (H + 15) / 16 * 16;
+	int64_t Rk = c->kv_lora_rank, rope = c->qk_rope_head_dim, qlr = c->q_lora_rank;
+	int64_t Hi = c->index_n_heads, dv = c->v_head_dim, Nq = qlr + Rk + rope;
+	size_t row = (size_t)(5 * D + 3 * Nq + 4 * qlr + 2 * Rk + 2 * H * c->qk_head_dim +
+			      3 * Hi * 128 + 8 * Hi + 512 + 8 * c->index_topk +
+			      2 * Hpad * (Rk + rope) + 2 * Hpad * Rk + 3 * H * dv + 4 * D);
+	size_t ffn = (size_t)(3 * D + 8 * c->intermediate_size);
+	if (c->n_routed_experts) {
+		size_t moe = cuda_moe_scratch_bytes(E->g, c, 1024) / 1024 + 1;
+		ffn = moe > ffn ? moe : ffn;
+	}
+	row += ffn + (size_t)6 * D + 64 + 4 * 2048; /* x, r, out; metadata incl. a 128K block table */
+	const char *cap = getenv("DSV32_CUDA_MAX_ROWS"); /* tests: force passes on small models */
+	if (cap && atoll(cap) > 0)
+		return atoll(cap);
+	size_t fixed = SCORES_BUDGET + ((size_t)128 << 20);
+	size_t have = E->arena->region.reserved - E->arena->top;
+	if (have <= fixed)
+		return 1;
+	int64_t n = (int64_t)((have - fixed) / (row + row / 4));
+	return n < 1 ? 1 : n > 65535 ? 65535 : n;
+}
+
+static int step_pass(const struct fwd_env *E, const struct backend_step *st)
+{
 	struct fwd F;
 	size_t mark = gpu_arena_mark(E->arena);
 	int r = fwd_begin(&F, E, st, NULL, NULL);
@@ -726,6 +753,67 @@ int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
 		gpu_sync(E->g); /* nothing of this step may still run when the arena is reused */
 	gpu_arena_release(E->arena, mark);
 	fwd_end(&F);
+	return r;
+}
+
+/* A step larger than the arena holds runs as consecutive passes over its rows in order (pass
+ * k: rows [k * max, (k + 1) * max) of the step's row order), each a complete step of its own:
+ * a sequence's rows are in position order, so every row still finds the keys of the rows
+ * before it in the cache, as in chunked prefill. Sequence indices are kept (sequences with no
+ * rows in a pass have n = 0), so dumps name the same sequences. */
+int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
+{
+	if (st->mtp && !E->m->has_mtp)
+		return -EINVAL;
+	int64_t T = 0, max = fwd_max_rows(E);
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		T += st->seqs[i].n;
+	if (T <= max)
+		return step_pass(E, st);
+	const struct dsv32_config *c = E->c;
+	int64_t n = st->n_seqs, V = c->vocab_size, D = c->hidden_size;
+	struct backend_seq *sub = calloc((size_t)n, sizeof *sub);
+	uint8_t **fl = calloc((size_t)n, sizeof *fl);
+	int64_t *done_l = calloc((size_t)n, sizeof *done_l), *done_h = calloc((size_t)n, sizeof *done_h);
+	int r = sub && fl && done_l && done_h ? 0 : -ENOMEM;
+	for (int64_t i = 0; i < n && !r; i++) { /* explicit flags (NULL means "the last row") */
+		const struct backend_seq *s = &st->seqs[i];
+		fl[i] = malloc((size_t)(s->n ? s->n : 1));
+		if (!fl[i]) {
+			r = -ENOMEM;
+			break;
+		}
+		for (int64_t j = 0; j < s->n; j++)
+			fl[i][j] = s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
+	}
+	for (int64_t t0 = 0; t0 < T && !r; t0 += max) {
+		int64_t base = 0; /* global index of sequence i's first row */
+		for (int64_t i = 0; i < n; i++) {
+			const struct backend_seq *s = &st->seqs[i];
+			int64_t a = t0 - base, b = t0 + max - base;
+			a = a < 0 ? 0 : a > s->n ? s->n : a;
+			b = b < 0 ? 0 : b > s->n ? s->n : b;
+			sub[i] = *s;
+			sub[i].n = b - a;
+			sub[i].tokens = s->tokens + a;
+			sub[i].pos = s->pos + a;
+			sub[i].flags = fl[i] + a;
+			sub[i].logits = s->logits ? s->logits + done_l[i] * V : NULL;
+			sub[i].hidden = s->hidden ? s->hidden + done_h[i] * D : NULL;
+			sub[i].mtp_hidden = s->mtp_hidden ? s->mtp_hidden + a * D : NULL;
+			for (int64_t j = a; j < b; j++) {
+				done_l[i] += !!(fl[i][j] & BACKEND_ROW_LOGITS);
+				done_h[i] += !!(fl[i][j] & BACKEND_ROW_HIDDEN);
+			}
+			base += s->n;
+		}
+		struct backend_step part = *st;
+		part.seqs = sub;
+		r = step_pass(E, &part);
+	}
+	for (int64_t i = 0; fl && i < n; i++)
+		free(fl[i]);
+	free(fl), free(sub), free(done_l), free(done_h);
 	return r;
 }
 

@@ -8,7 +8,8 @@
  *     sets identical on >= 90% of rows and none more than 2 keys off; every other dumped
  *     intermediate is compared and printed (diagnosis);
  *   - end to end, prefill in chunks: expert sets identical for every token and layer, top-k as
- *     above, logits median relative L2 <= 0.2, p90 <= 0.3, argmax agreement >= 0.7;
+ *     above, logits median relative L2 <= 0.2, p90 <= 0.3, argmax agreement >= 0.7; the same
+ *     logits limits for the whole sequence as one step that the backend runs in passes;
  *   - end to end, token-by-token decode of one sequence mixed in the same steps with another
  *     sequence's 16-row prefill chunks: the same logits limits for both;
  *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits.
@@ -451,6 +452,24 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		for (int64_t l = 0; l < p.L; l++)
 			compare_floats(&dc, &dg, l);
 	dumps_free(&dc), dumps_free(&dg);
+
+	/* GPU A again: the whole sequence as one step, run by the backend in passes of 37 rows
+	 * (what a step larger than the scratch arena does) */
+	{
+		float *gs = malloc((size_t)T * V * 4);
+		REQUIRE(gs);
+		gpu_fill_nan(gs, T * V);
+		setenv("DSV32_CUDA_MAX_ROWS", "37", 1);
+		seq_rows(&s[0], &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, gs, NULL);
+		struct backend_step sg = {0, 1, s, NULL};
+		int rc = backend_step(p.gpu, &sg);
+		unsetenv("DSV32_CUDA_MAX_ROWS");
+		if (rc)
+			test_fail(__FILE__, __LINE__, "cuda step in passes = %d", rc);
+		snprintf(what, sizeof what, "%s e2e one step of %lld rows in passes of 37", name, (long long)T);
+		check_logits(what, gs, ref, T, V);
+		free(gs);
+	}
 
 	/* GPU B (token by token) and C (16-row chunks) in the same steps */
 	int64_t pc = 0;
