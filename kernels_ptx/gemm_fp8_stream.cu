@@ -8,17 +8,20 @@
 //
 // Streaming: weights never pass through registers on their way in. One producer warp per block
 // issues bulk asynchronous copies (cp.async.bulk global -> shared, completion counted in bytes
-// on an mbarrier, L2 evict-first) of a stage = 128 weight rows x 256 bytes of K (two 128-wide K
-// blocks) plus the same K range of the slice's token rows, into a ring of NS stages (4-6, as
-// many as fit in shared memory); eight consumer warps wait on a stage's "full" barrier, compute,
-// and release it on its "empty" barrier. Rows sit at a pitch of 272 bytes so the fragment loads
-// below are free of bank conflicts. The grid is persistent (one block per SM): block b takes
-// work units b, b + gridDim.x, ... and its producer runs ahead across unit boundaries.
+// on an mbarrier, L2 evict-first for weights) of a stage = one unit's weight rows x a K range
+// (32 KB of weights) plus the same K range of the slice's token rows, into a ring of NS stages
+// (4-6, as many as fit in shared memory); eight consumer warps wait on a stage's "full"
+// barrier, compute, and release it on its "empty" barrier. Rows sit at a pitch of the K range +
+// 16 bytes, so the 16-byte fragment loads below are free of bank conflicts. The grid is
+// persistent (one block per SM): block b takes work units b, b + gridDim.x, ... and its producer
+// runs ahead across unit boundaries.
 //
 // Work unit = (slice, row tile, K chunk). A slice is <= 64 rows of one group (dense: of x); a row
-// tile is 128 weight rows (consumer warp w owns rows 16w .. 16w+15); a K chunk is chunk_blocks
-// 128-wide K blocks. chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only
-// (model/cuda_gemm.c), so that units fill the SMs evenly.
+// tile is TR = 128 x RT weight rows, consumer warp w owning RT 16-row MMA tiles; a stage holds
+// 2 / RT K blocks (RT = 1: 128 rows x 256 bytes; RT = 2: 256 rows x 128 bytes, each token
+// fragment then feeds two MMA tiles). A K chunk is chunk_blocks 128-wide K blocks;
+// chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only (model/cuda_gemm.c),
+// so that units fill the SMs evenly.
 //
 // Arithmetic: mma.m16n8k32 e4m3 with the weights as A (16 rows of the warp) and 8 tokens as B.
 // Lane (g, t) reads bytes [32t, 32t+32) of each 128-byte K block for its rows (g, g+8) and its
@@ -31,14 +34,11 @@
 // order; chunks (when more than one) are summed in chunk order by k_gemm_stream_reduce from fp32
 // partials. A token's column never mixes with another's (tensor-core outputs are independent
 // per row and column), and nothing depends on how many tokens there are or which group a row
-// is in: a row's result does not depend on M, on its slice, or on its neighbours (batch
+// is in: a row's result does not depend on M, on its slice, on RT or on its neighbours (batch
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
 #include "common.cuh"
 
-#define ST_WARPS 8                  // consumer warps; + 1 producer warp
-#define ST_ROWS (ST_WARPS * 16)     // weight rows per tile
-#define ST_KC 256                   // K bytes per stage: two 128-wide K blocks
-#define ST_PITCH (ST_KC + 16)       // smem row pitch: conflict-free 16-byte fragment loads
+#define ST_WARPS 8     // consumer warps; + 1 producer warp
 #define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
 
@@ -143,6 +143,7 @@ struct st_unit {
 	int e, r0, ms, n0, kb0, kb1, chunk;
 };
 
+template <int TR>
 __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
 					   int chunk_blocks, int KB)
 {
@@ -152,13 +153,16 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	const int tile = rest % tiles;
 	const st_slice s = sl[rest / tiles];
 	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
-	w.n0 = tile * ST_ROWS;
+	w.n0 = tile * TR;
 	w.kb0 = w.chunk * chunk_blocks;
 	w.kb1 = min(KB, w.kb0 + chunk_blocks);
 	return w;
 }
 
-template <int MG> // token groups of 8 per slice: slice rows <= 8 * MG
+// MG: token groups of 8 per slice (slice rows <= 8 * MG); RT: 16-row MMA tiles per warp (a
+// tile of TR = 8 x 16 x RT weight rows; RT = 2 reuses each token fragment twice); a stage holds
+// KBS = 2 / RT K blocks, so a stage's weights are 32 KB either way.
+template <int MG, int RT>
 __device__ __forceinline__ void
 gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
@@ -167,13 +171,14 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap)
 {
+	constexpr int TR = ST_WARPS * 16 * RT, KBS = 2 / RT, PITCH = KBS * 128 + 16;
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
 	int *n_slices = reinterpret_cast<int *>(empty + ST_MAXSTAGES);
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	uint8_t *stages = smem + 256 + (size_t)slice_cap * sizeof(st_slice);
-	const int stage_bytes = (ST_ROWS + mpad) * ST_PITCH;
+	const int stage_bytes = (TR + mpad) * PITCH;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -237,7 +242,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	}
 	__syncthreads();
 
-	const int tiles = (N + ST_ROWS - 1) / ST_ROWS;
+	const int tiles = (N + TR - 1) / TR;
 	const int units = *n_slices * tiles * chunks;
 
 	if (warp == ST_WARPS) {
@@ -246,11 +251,11 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		int s = 0;
 		uint32_t ph = 0;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			const st_unit w = unit_of<TR>(sl, u, tiles, chunks, chunk_blocks, KB);
 			const uint8_t *Wp = w_tab ? reinterpret_cast<const uint8_t *>(w_tab[w.e]) : W;
-			const int nrows = min(ST_ROWS, N - w.n0);
-			for (int kb = w.kb0; kb < w.kb1; kb += 2) {
-				const uint32_t bytes = (uint32_t)min(2, w.kb1 - kb) * 128;
+			const int nrows = min(TR, N - w.n0);
+			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
+				const uint32_t bytes = (uint32_t)min(KBS, w.kb1 - kb) * 128;
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				if (lane == 0)
@@ -258,11 +263,11 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 				__syncwarp();
 				const uint32_t dst = smem_u32(stages + (size_t)s * stage_bytes);
 				for (int r = lane; r < nrows; r += 32)
-					bulk_copy(dst + r * ST_PITCH,
+					bulk_copy(dst + r * PITCH,
 						  Wp + (size_t)(w.n0 + r) * K + (size_t)kb * 128, bytes, bar,
 						  pol_w);
 				for (int r = lane; r < w.ms; r += 32)
-					bulk_copy(dst + (ST_ROWS + r) * ST_PITCH,
+					bulk_copy(dst + (TR + r) * PITCH,
 						  X + (size_t)(w.r0 + r) * K + (size_t)kb * 128, bytes, bar,
 						  pol_x);
 				if (++s == ns)
@@ -272,56 +277,71 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		return;
 	}
 
-	// ---- consumers: warp w owns rows n0 + 16w .. + 15 of each unit ----
+	// ---- consumers: warp w owns rows n0 + 16 RT w .. + 16 RT - 1 of each unit ----
 	const int g = lane >> 2, t = lane & 3;
 	int s = 0;
 	uint32_t ph = 0;
 	const uint32_t stage0 = smem_u32(stages);
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
-		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		const st_unit w = unit_of<TR>(sl, u, tiles, chunks, chunk_blocks, KB);
 		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
-		const int n = w.n0 + warp * 16; // this warp's first row
-		const bool active = n < N;      // N % 16 == 0: a warp's 16 rows are all in or all out
+		const int n = w.n0 + warp * 16 * RT; // this warp's first row
+		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
+		const int rt_n = min(RT, max(0, (N - n) >> 4));
 		const int mg_n = (w.ms + 7) >> 3;
+		// the warp's rows lie in one 128-row scale block (16 RT divides 128)
 		const float *s_row = Sp + (size_t)(n >> 7) * KB;
 		const float *sx = SX + (size_t)w.r0 * KB;
-		float acc[MG][4];
+		float acc[RT][MG][4];
 #pragma unroll
-		for (int mg = 0; mg < MG; mg++)
-			acc[mg][0] = acc[mg][1] = acc[mg][2] = acc[mg][3] = 0.f;
-		for (int kb = w.kb0; kb < w.kb1; kb += 2) {
+		for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+			for (int mg = 0; mg < MG; mg++)
+				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
+		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
 			mbar_wait(smem_u32(&full[s]), ph);
-			if (active) {
+			if (rt_n > 0) {
 				const uint32_t st = stage0 + s * stage_bytes;
-				const uint32_t a_addr = st + (warp * 16 + g) * ST_PITCH + 32 * t;
-				const uint32_t b_addr = st + (ST_ROWS + g) * ST_PITCH + 32 * t;
-				const int nb = min(2, w.kb1 - kb);
+				const uint32_t a_addr = st + (warp * 16 * RT + g) * PITCH + 32 * t;
+				const uint32_t b_addr = st + (TR + g) * PITCH + 32 * t;
+				const int nb = min(KBS, w.kb1 - kb);
 				for (int j = 0; j < nb; j++) {
-					const uint4 lo0 = lds128(a_addr + j * 128);
-					const uint4 lo1 = lds128(a_addr + j * 128 + 16);
-					const uint4 hi0 = lds128(a_addr + 8 * ST_PITCH + j * 128);
-					const uint4 hi1 = lds128(a_addr + 8 * ST_PITCH + j * 128 + 16);
+					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes
+					uint4 lo0[RT], lo1[RT], hi0[RT], hi1[RT];
+#pragma unroll
+					for (int rt = 0; rt < RT; rt++) {
+						const uint32_t a = a_addr + rt * 16 * PITCH + j * 128;
+						lo0[rt] = lds128(a);
+						lo1[rt] = lds128(a + 16);
+						hi0[rt] = lds128(a + 8 * PITCH);
+						hi1[rt] = lds128(a + 8 * PITCH + 16);
+					}
 					const float sw = s_row[kb + j];
 #pragma unroll
 					for (int mg = 0; mg < MG; mg++) {
 						if (mg >= mg_n)
 							break;
-						const uint32_t bp = b_addr + mg * 8 * ST_PITCH + j * 128;
+						const uint32_t bp = b_addr + mg * 8 * PITCH + j * 128;
 						const uint4 b0 = lds128(bp), b1 = lds128(bp + 16);
-						float c[4] = {0.f, 0.f, 0.f, 0.f};
-						mma_e4m3(c, lo0.x, hi0.x, lo0.y, hi0.y, b0.x, b0.y);
-						mma_e4m3(c, lo0.z, hi0.z, lo0.w, hi0.w, b0.z, b0.w);
-						mma_e4m3(c, lo1.x, hi1.x, lo1.y, hi1.y, b1.x, b1.y);
-						mma_e4m3(c, lo1.z, hi1.z, lo1.w, hi1.w, b1.z, b1.w);
 						// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 						const int m0 = mg * 8 + 2 * t;
 						const float s0 = m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
 						const float s1 =
 							m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
-						acc[mg][0] += c[0] * s0;
-						acc[mg][1] += c[1] * s1;
-						acc[mg][2] += c[2] * s0;
-						acc[mg][3] += c[3] * s1;
+#pragma unroll
+						for (int rt = 0; rt < RT; rt++) {
+							if (rt >= rt_n)
+								break;
+							float c[4] = {0.f, 0.f, 0.f, 0.f};
+							mma_e4m3(c, lo0[rt].x, hi0[rt].x, lo0[rt].y, hi0[rt].y, b0.x, b0.y);
+							mma_e4m3(c, lo0[rt].z, hi0[rt].z, lo0[rt].w, hi0[rt].w, b0.z, b0.w);
+							mma_e4m3(c, lo1[rt].x, hi1[rt].x, lo1[rt].y, hi1[rt].y, b1.x, b1.y);
+							mma_e4m3(c, lo1[rt].z, hi1[rt].z, lo1[rt].w, hi1[rt].w, b1.z, b1.w);
+							acc[rt][mg][0] += c[0] * s0;
+							acc[rt][mg][1] += c[1] * s1;
+							acc[rt][mg][2] += c[2] * s0;
+							acc[rt][mg][3] += c[3] * s1;
+						}
 					}
 				}
 			}
@@ -331,44 +351,51 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 			if (++s == ns)
 				s = 0, ph ^= 1;
 		}
-		if (!active)
-			continue;
 #pragma unroll
-		for (int mg = 0; mg < MG; mg++) {
-			if (mg >= mg_n)
+		for (int rt = 0; rt < RT; rt++) {
+			if (rt >= rt_n)
 				break;
-			const int m0 = mg * 8 + 2 * t;
 #pragma unroll
-			for (int q = 0; q < 4; q++) {
-				const int m = m0 + (q & 1), row = n + g + 8 * (q >> 1);
-				if (m >= w.ms)
-					continue;
-				const size_t r = (size_t)w.r0 + m;
-				if (chunks == 1)
-					Y[r * ldy + row] = f32_to_bf16(acc[mg][q]);
-				else // fp32 partial of this chunk, summed in chunk order below
-					partial[((size_t)w.chunk * rows + r) * N + row] = acc[mg][q];
+			for (int mg = 0; mg < MG; mg++) {
+				if (mg >= mg_n)
+					break;
+				const int m0 = mg * 8 + 2 * t;
+#pragma unroll
+				for (int q = 0; q < 4; q++) {
+					const int m = m0 + (q & 1), row = n + rt * 16 + g + 8 * (q >> 1);
+					if (m >= w.ms)
+						continue;
+					const size_t r = (size_t)w.r0 + m;
+					if (chunks == 1)
+						Y[r * ldy + row] = f32_to_bf16(acc[rt][mg][q]);
+					else // fp32 partial of this chunk, summed in chunk order below
+						partial[((size_t)w.chunk * rows + r) * N + row] = acc[rt][mg][q];
+				}
 			}
 		}
 	}
 }
 
-#define ST_ENTRY(MG)                                                                              \
+#define ST_ENTRY(MG, RT)                                                                          \
 	extern "C" __global__ void __launch_bounds__((ST_WARPS + 1) * 32, 1)                      \
-	k_gemm_fp8_stream_m##MG(const unsigned long long *w_tab, const unsigned long long *s_tab, \
+	k_gemm_fp8_stream_m##MG##_r##RT(const unsigned long long *w_tab, const unsigned long long *s_tab, \
 				const int *off, int G, const uint8_t *W, const float *S,          \
 				const uint8_t *X, const float *SX, uint16_t *Y, float *partial,   \
 				int rows, int N, int K, int ldy, int chunks, int chunk_blocks,    \
 				int ns, int mpad, int slice_cap)                                  \
 	{                                                                                         \
-		gemm_fp8_stream<MG>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K,    \
+		gemm_fp8_stream<MG, RT>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K,    \
 				    ldy, chunks, chunk_blocks, ns, mpad, slice_cap);              \
 	}
 
-ST_ENTRY(1)
-ST_ENTRY(2)
-ST_ENTRY(4)
-ST_ENTRY(8)
+ST_ENTRY(1, 1)
+ST_ENTRY(2, 1)
+ST_ENTRY(4, 1)
+ST_ENTRY(8, 1)
+ST_ENTRY(1, 2)
+ST_ENTRY(2, 2)
+ST_ENTRY(4, 2)
+ST_ENTRY(8, 2)
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.

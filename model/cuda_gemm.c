@@ -12,8 +12,20 @@
 #include <stdlib.h>
 
 #include "driver/cublaslt.h"
+#include "model/cuda_gemm_wgmma.h"
 
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* 1: the default rule and the grouped GEMM send many-token GEMMs to the wgmma kernel
+ * (model/cuda_gemm_wgmma.h); 0 (until that kernel has passed its GPU test): cuBLASLt and the
+ * streaming kernel, as before. */
+#define CUDA_GEMM_WGMMA_DISPATCH 0
+
+/* wgmma's shape contract (model/cuda_gemm_wgmma.h) beyond ours: N % 64, ldy even. */
+static int wgmma_fits(int N, int ldy)
+{
+	return CUDA_GEMM_WGMMA_DISPATCH && N % 64 == 0 && N >= 64 && ldy % 2 == 0;
+}
 
 /* ---- the decode kernels ------------------------------------------------------------------ */
 
@@ -50,7 +62,11 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 }
 
 #define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
-#define ST_PITCH 272       /* the kernel's smem row pitch (ST_KC + 16) */
+
+/* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
+static int stream_rt = 0;
+
+void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
 /* Raises fn's dynamic shared memory limit once (per function handle). */
 static int smem_optin(void *fn, int bytes)
@@ -74,22 +90,26 @@ static int smem_optin(void *fn, int bytes)
 	return 0;
 }
 
-/* k_gemm_fp8_stream_m* (+ k_gemm_stream_reduce when K is chunked): dense when w_tab == 0 (W, S,
+/* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked): dense when w_tab == 0 (W, S,
  * rows = M), grouped otherwise (rows = max_rows). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
 			 int K, int ldy, gpu_ptr ws)
 {
-	static const char *names[] = {"k_gemm_fp8_stream_m1", "k_gemm_fp8_stream_m2",
-				      "k_gemm_fp8_stream_m4", "k_gemm_fp8_stream_m8"};
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	if (sp.chunks > 1 && !ws)
 		return -EINVAL;
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
 	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
 	int mpad = 8 << v;
+	/* RT = 2 (two 16-row tiles per warp, 256-row units, one K block per stage) reads each
+	 * token fragment from shared memory once for two tiles: for the many-token variants. */
+	int rt = stream_rt ? stream_rt : slice_rows > 16 ? 2 : 1;
+	int tile = 128 * rt, pitch = (2 / rt) * 128 + 16;
+	char name[40];
+	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", 1 << v, rt);
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
-	int head = 256 + slice_cap * 16, stage = (128 + mpad) * ST_PITCH;
+	int head = 256 + slice_cap * 16, stage = (tile + mpad) * pitch;
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	if (ns < 2) {
@@ -98,7 +118,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return -EINVAL;
 	}
 	int smem = head + ns * stage;
-	void *fn = gpu_kernel(g, names[v]);
+	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
 	int r = smem_optin(fn, smem);
@@ -106,7 +126,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return r;
 	unsigned grid = (unsigned)g->sm_count;
 	if (!w_tab) { /* dense: no more blocks than units */
-		long long units = (long long)((rows + 63) / 64) * ((N + 127) / 128) * sp.chunks;
+		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		grid = units < grid ? (unsigned)units : grid;
 	}
 	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
@@ -201,9 +221,9 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
 }
 
-int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
-			  gpu_ptr ws, size_t ws_bytes)
+int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
+				 int ldy, gpu_ptr ws, size_t ws_bytes)
 {
 	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N || !w_tab || !s_tab || !off) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
@@ -212,11 +232,27 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	}
 	if (max_rows == 0)
 		return 0;
-	if (!stream_on)
-		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
 	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws);
+}
+
+int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
+			  gpu_ptr ws, size_t ws_bytes)
+{
+	if (!stream_on)
+		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
+	/* Many rows per group (prefill): the wgmma kernel. The crossover is a guess until the
+	 * grouped benchmark has measured both (more than 4 rows per group on average). */
+	if (max_rows > 64 && max_rows > 4 * G && wgmma_fits(N, ldy)) {
+		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
+						    K, ldy);
+		if (r != -ENOTSUP)
+			return r;
+	}
+	return cuda_gemm_fp8_grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
+					    ldy, ws, ws_bytes);
 }
 
 /* The first grouped version (gemm_fp8_decode.cu k_gemm_fp8_grouped_m8: the v2 decode kernel with
@@ -322,14 +358,17 @@ static struct gemm_entry *entry_find(int ordinal, int bucket, int N, int K)
 
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 {
-	if (M > 64)
-		return CUDA_GEMM_PATH_CUBLASLT; /* no prefill kernel of ours yet */
 	pthread_mutex_lock(&gemm_lock);
 	struct gemm_entry *e = entry_find(g->ordinal, cuda_gemm_m_bucket(M), N, K);
 	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
 	pthread_mutex_unlock(&gemm_lock);
-	/* Unmeasured decode shapes: ours (cuBLASLt streams ~0.35 TB/s at M = 16..128, issue 9). */
-	return p == CUDA_GEMM_PATH_NONE ? CUDA_GEMM_PATH_DECODE : p;
+	if (p != CUDA_GEMM_PATH_NONE)
+		return p;
+	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at
+	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds. */
+	if (M <= 64)
+		return CUDA_GEMM_PATH_DECODE;
+	return wgmma_fits(N, N) ? CUDA_GEMM_PATH_WGMMA : CUDA_GEMM_PATH_CUBLASLT;
 }
 
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)
@@ -347,12 +386,20 @@ void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
 		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes)
 {
-	if (cuda_gemm_path_for(g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT) {
+	enum cuda_gemm_path p = cuda_gemm_path_for(g, M, N, K);
+	if (p == CUDA_GEMM_PATH_WGMMA && wgmma_fits(N, ldy)) {
+		int r = cuda_gemm_fp8_wgmma(g, W, S, x8, sx, y, M, N, K, ldy);
+		if (r != -ENOTSUP)
+			return r;
+		p = CUDA_GEMM_PATH_CUBLASLT; /* no tensor-map entry point in this driver */
+	}
+	if (p == CUDA_GEMM_PATH_CUBLASLT || M > 64) {
 		int r = cuda_gemm_fp8_lt(g, W, S, x8, sx, y, M, N, K, ldy, ws, ws_bytes);
 		if (r != -ENOTSUP || M > 64) {
 			if (r == -ENOTSUP)
-				fprintf(stderr, "<3>dsv32: FP8 GEMM M=%d N=%d K=%d: cuBLASLt cannot "
-						"run it and our kernels stop at M = 64\n", M, N, K);
+				fprintf(stderr, "<3>dsv32: FP8 GEMM M=%d N=%d K=%d ldy=%d: neither "
+						"wgmma nor cuBLASLt can run it, and the decode kernel "
+						"stops at M = 64\n", M, N, K, ldy);
 			return r;
 		}
 	}
@@ -382,6 +429,10 @@ static int run_path(struct gpu *g, const struct tune_args *a, enum cuda_gemm_pat
 	if (p == CUDA_GEMM_PATH_DECODE)
 		return cuda_gemm_fp8_decode(g, a->W, a->S, a->x8, a->sx, a->y, a->M, a->N, a->K,
 					    a->ldy, a->ws);
+	if (p == CUDA_GEMM_PATH_WGMMA)
+		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, a->W, a->S, a->x8, a->sx,
+								      a->y, a->M, a->N, a->K, a->ldy)
+						: -EINVAL;
 	return cuda_gemm_fp8_lt(g, a->W, a->S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy, a->ws,
 				a->ws_bytes);
 }
@@ -426,7 +477,8 @@ int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, 
 {
 	struct tune_args a = {W, S, x8, sx, y, ws, flush, ws_bytes, flush_bytes,
 			      cuda_gemm_m_bucket(M), N, K, ldy};
-	float td = a.M <= 64 ? time_path(g, &a, CUDA_GEMM_PATH_DECODE) : -1;
+	enum cuda_gemm_path ours = a.M <= 64 ? CUDA_GEMM_PATH_DECODE : CUDA_GEMM_PATH_WGMMA;
+	float td = time_path(g, &a, ours);
 	float tl = time_path(g, &a, CUDA_GEMM_PATH_CUBLASLT);
 	if (us_decode)
 		*us_decode = td;
@@ -435,9 +487,11 @@ int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, 
 	if (td < 0 && tl < 0)
 		return -EIO;
 	/* cuBLASLt 13.1's block-scaled GEMM misses the CPU check (docs/PERF.md: ~1% of outputs
-	 * 2+ bf16 ulps off), so where ours can run it is chosen only if ours cannot. */
-	int lt_wins = tl >= 0 && (td < 0 || (CUDA_GEMM_LT_FOR_DECODE && tl < td));
-	cuda_gemm_path_set(g, a.M, N, K, lt_wins ? CUDA_GEMM_PATH_CUBLASLT : CUDA_GEMM_PATH_DECODE);
+	 * 2+ bf16 ulps off), so for decode it is chosen only where ours cannot run; for prefill
+	 * (M > 64) the faster one wins (the issue's rule; cuBLASLt was the only path before). */
+	int lt_ok = a.M <= 64 ? CUDA_GEMM_LT_FOR_DECODE : 1;
+	int lt_wins = tl >= 0 && (td < 0 || (lt_ok && tl < td));
+	cuda_gemm_path_set(g, a.M, N, K, lt_wins ? CUDA_GEMM_PATH_CUBLASLT : ours);
 	return 0;
 }
 

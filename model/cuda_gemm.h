@@ -38,6 +38,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * until it has passed the GPU tests): the previous kernels below. Process-wide; tests and the
  * benchmark set it. */
 void cuda_gemm_set_stream(int on);
+/* The streaming kernel's 16-row MMA tiles per warp: 1 or 2 (same numbers either way; the
+ * benchmark compares them), 0: the default rule (2 above 16 rows per slice). Process-wide. */
+void cuda_gemm_set_stream_rt(int rt);
 /* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads) and the first
  * grouped version built on it, kept for the benchmark's comparison. */
 size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K);
@@ -64,30 +67,34 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
 
 enum cuda_gemm_path {
 	CUDA_GEMM_PATH_NONE = 0, /* not measured: the default rule applies */
-	CUDA_GEMM_PATH_DECODE,   /* k_gemm_fp8_decode_m* (M <= 64) */
+	CUDA_GEMM_PATH_DECODE,   /* the decode kernel (M <= 64) */
 	CUDA_GEMM_PATH_CUBLASLT, /* cuBLASLt VEC128 x BLK128x128 */
+	CUDA_GEMM_PATH_WGMMA,    /* cuda_gemm_fp8_wgmma (M > 64; model/cuda_gemm_wgmma.h) */
 };
 
 /* Dispatch bucket of M: 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
 int cuda_gemm_m_bucket(int M);
 /* The path cuda_gemm_fp8 takes for (M, N, K): the table's entry for M's bucket, else the
- * default rule (M <= 64: our decode kernel; larger M: cuBLASLt, the only path). */
+ * default rule (M <= 64: our decode kernel; larger M: the wgmma kernel where N % 64 == 0, else
+ * cuBLASLt). */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
 /* Records the path for (bucket(M), N, K), replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
-/* Times both paths on these operands at M = bucket(M) rows (x8/sx/y must hold that many),
- * median of 5 launches each after a warm-up (each from an idle stream, so the host cost of
- * enqueueing counts, as in a decode step without graph capture), and records the faster for
- * the bucket — but cuBLASLt for M <= 64 only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off:
- * its results miss the CPU check, docs/PERF.md). flush:
+/* Times ours (the decode kernel for M <= 64, wgmma above) and cuBLASLt on these operands at
+ * M = bucket(M) rows (x8/sx/y must hold that many), median of 5 launches each after a warm-up
+ * (each from an idle stream, so the host cost of enqueueing counts, as in a decode step without
+ * graph capture), and records the faster for the bucket — but cuBLASLt for M <= 64 only if
+ * CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the CPU check, docs/PERF.md). flush:
  * when non-zero, flush_bytes (>= 64 MB) are rewritten before every timed launch so the 60 MB
  * L2 does not serve the weights (cold, as in a decode step that streams every layer).
- * us_decode / us_lt (may be NULL): the medians in microseconds, < 0 where a path cannot run. */
+ * us_decode (ours) / us_lt (may be NULL): the medians in microseconds, < 0 where a path
+ * cannot run. */
 int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 		   int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes, gpu_ptr flush,
 		   size_t flush_bytes, float *us_decode, float *us_lt);
-/* y = the FP8 GEMM by the path above; falls back to the decode kernel when cuBLASLt refuses
- * a shape with M <= 64. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
+/* y = the FP8 GEMM by the path above; wgmma falls back to cuBLASLt where it cannot run (ldy
+ * odd, no tensor-map entry point), cuBLASLt to the decode kernel when it refuses a shape with
+ * M <= 64. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
 		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
 /* Closes g's cuBLASLt handle and forgets its table (before gpu_close). */
@@ -100,13 +107,18 @@ void cuda_gemm_close(struct gpu *g);
  * w_tab, s_tab: device arrays [G] of device addresses; off: device int32 [G + 1] (ascending,
  * off[0] = 0); the counts live on the device (graph capture needs no host sync), max_rows is a
  * host bound on off[G] (rows of x8, sx and y). A group with no rows reads none of its weights.
- * Per row the numbers equal cuda_gemm_fp8's for the same weight (promotion per 128 block).
- * Decode-sized (max_rows small): the streaming kernel; large: the wgmma kernel
- * (model/cuda_gemm_wgmma.h). ws: cuda_gemm_fp8_grouped_workspace() bytes. */
+ * Decode-sized (max_rows <= 64, or <= 4 rows per group on average): the streaming kernel, and
+ * then per row the numbers equal cuda_gemm_fp8's (M <= 64) for the same weight, bit for bit;
+ * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
+ * summation order). ws: cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes);
+/* The streaming kernel whatever max_rows (tests and the benchmark). */
+int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
+				 int ldy, gpu_ptr ws, size_t ws_bytes);
 #endif
 
 #endif

@@ -25,8 +25,52 @@ static void fill_rows(float *x, int64_t rows, int64_t cols, uint64_t *seed)
 	}
 }
 
-/* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights. */
-static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, uint64_t seed)
+/* The dense GEMM (cuda_gemm_fp8) of each group's first <= 64 rows with the group's weight,
+ * against the grouped result yg: bit for bit. */
+static void check_dense_equal(struct gpu *g, int G, const int *rows, const int *off, int N, int K,
+			      const gpu_ptr *dW, const gpu_ptr *dS, gpu_ptr dx, gpu_ptr dsx,
+			      gpu_ptr ddy, const uint16_t *yg, uint16_t *yd)
+{
+	const size_t KB = (size_t)K / 128;
+	size_t dwsb = 0;
+	for (int m = 1; m <= 64; m++) {
+		size_t b = cuda_gemm_fp8_workspace(g, m, N, K);
+		dwsb = b > dwsb ? b : dwsb;
+	}
+	gpu_ptr ddws = gpu_test_alloc(dwsb);
+	int64_t differ = 0, first = -1;
+	unsigned first_dense = 0;
+	for (int e = 0; e < G; e++) {
+		int m = rows[e] < 64 ? rows[e] : 64;
+		if (!m)
+			continue;
+		gpu_test_poison(g, ddy, (size_t)m * N * 2);
+		REQUIRE(cuda_gemm_fp8(g, dW[e], dS[e], dx + (size_t)off[e] * K,
+				      dsx + (size_t)off[e] * KB * 4, ddy, m, N, K, N, ddws, dwsb) == 0);
+		REQUIRE(gpu_download(g, yd, ddy, (size_t)m * N * 2) == 0);
+		for (size_t i = 0; i < (size_t)m * N; i++)
+			if (yd[i] != yg[(size_t)off[e] * N + i]) {
+				if (first < 0)
+					first = (int64_t)off[e] * N + (int64_t)i, first_dense = yd[i];
+				differ++;
+			}
+	}
+	if (first >= 0)
+		printf("    dense vs grouped: %lld outputs differ, first at row %lld col %lld: "
+		       "dense %04x, grouped %04x\n", (long long)differ, (long long)(first / N),
+		       (long long)(first % N), first_dense, yg[first]);
+	else
+		printf("    dense vs grouped: bit-identical\n");
+	CHECK_EQ_INT(differ, 0);
+	cu.cuMemFree(ddws);
+}
+
+/* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights. exact = 1:
+ * the streaming kernel, 2: the first version (v0), called directly, and each group's rows must
+ * equal the dense GEMM's (cuda_gemm_fp8 with the matching cuda_gemm_set_stream) bit for bit;
+ * 0: cuda_gemm_fp8_grouped's dispatch (wgmma for many rows), CPU check only. */
+static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, uint64_t seed,
+			  int exact)
 {
 	const size_t KB = (size_t)K / 128, NB = (size_t)N / 128 + (N % 128 != 0);
 	int *off = malloc((size_t)(G + 1) * sizeof *off);
@@ -73,8 +117,15 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 	gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
 	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K, N, dws,
-				      wsb) == 0);
+	if (exact == 1)
+		REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
+						     N, dws, wsb) == 0);
+	else if (exact == 2)
+		REQUIRE(cuda_gemm_fp8_grouped_v0(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
+						 N) == 0);
+	else
+		REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K, N, dws,
+					      wsb) == 0);
 	REQUIRE(gpu_sync(g) == 0);
 	REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
 	char what[96];
@@ -82,44 +133,14 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 	/* the dense GEMM of the same kernel generation as the grouped one */
 	CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
 
-	/* the dense GEMM of each group's rows (<= 64 of them) with the same weight: bit-equal */
-	size_t dwsb = 0;
-	for (int m = 1; m <= 64; m++) {
-		size_t b = cuda_gemm_fp8_workspace(g, m, N, K);
-		dwsb = b > dwsb ? b : dwsb;
-	}
-	gpu_ptr ddws = gpu_test_alloc(dwsb);
-	int64_t differ = 0, first = -1;
-	unsigned first_dense = 0;
-	for (int e = 0; e < G; e++) {
-		int m = rows[e] < 64 ? rows[e] : 64;
-		if (!m)
-			continue;
-		gpu_test_poison(g, ddy, (size_t)m * N * 2);
-		REQUIRE(cuda_gemm_fp8(g, dW[e], dS[e], dx + (size_t)off[e] * K,
-				      dsx + (size_t)off[e] * KB * 4, ddy, m, N, K, N, ddws, dwsb) == 0);
-		REQUIRE(gpu_download(g, yd, ddy, (size_t)m * N * 2) == 0);
-		for (size_t i = 0; i < (size_t)m * N; i++)
-			if (yd[i] != yg[(size_t)off[e] * N + i]) {
-				if (first < 0)
-					first = (int64_t)off[e] * N + (int64_t)i, first_dense = yd[i];
-				differ++;
-			}
-	}
-	if (first >= 0)
-		printf("    dense vs grouped: %lld outputs differ, first at row %lld col %lld: "
-		       "dense %04x, grouped %04x\n", (long long)differ, (long long)(first / N),
-		       (long long)(first % N), first_dense, yg[first]);
-	else
-		printf("    dense vs grouped: bit-identical\n");
-	CHECK_EQ_INT(differ, 0);
-
+	if (exact) /* each group's rows equal the dense GEMM's with the same weight */
+		check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
 	for (int e = 0; e < G; e++)
 		if (rows[e])
 			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
 	if (dws)
 		cu.cuMemFree(dws);
-	cu.cuMemFree(ddws), cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff);
+	cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff);
 	cu.cuMemFree(dx), cu.cuMemFree(dsx), cu.cuMemFree(dy), cu.cuMemFree(ddy);
 	free(off), free(x), free(sx), free(y), free(xq), free(W), free(S), free(yg), free(yd);
 	free(wt), free(st), free(dW), free(dS);
@@ -129,17 +150,24 @@ TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 120)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	for (int on = 1; on >= 0; on--) { /* the streaming kernel, then the first version */
-		cuda_gemm_set_stream(on);
-		printf("    %s kernel\n", on ? "streaming" : "v0");
+	/* the streaming kernel with 1 and 2 MMA tiles per warp, then the first version */
+	for (int v = 0; v < 3; v++) {
+		cuda_gemm_set_stream(v < 2);
+		cuda_gemm_set_stream_rt(v + 1);
+		printf("    %s kernel\n", v == 0 ? "streaming rt=1" : v == 1 ? "streaming rt=2" : "v0");
 		/* empty groups first, last and in between; one group above 64 rows */
 		static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
-		check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900);
+		check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900, v < 2 ? 1 : 2);
 		static const int rows2[] = {5};
-		check_grouped(&g, 1, rows2, 7168, 2048, 901);
+		check_grouped(&g, 1, rows2, 7168, 2048, 901, v < 2 ? 1 : 2);
 		static const int rows3[] = {0, 0, 130};
-		check_grouped(&g, 3, rows3, 2112, 7168, 904); /* K chunked */
+		check_grouped(&g, 3, rows3, 2112, 7168, 904, v < 2 ? 1 : 2); /* K chunked */
 	}
+	/* the dispatch with many rows per group (the wgmma kernel where it is enabled) */
+	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream_rt(0);
+	static const int rows4[] = {200, 0, 77, 300, 1};
+	check_grouped(&g, 5, rows4, 512, 1024, 905, 0);
 	gpu_close(&g);
 }
 
@@ -153,11 +181,12 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 300)
 	uint64_t seed = 77;
 	for (int i = 0; i < 40; i++)
 		rows[(test_rand(&seed) % 32) * 8 + 3]++; /* 40 rows over <= 32 experts */
-	for (int on = 1; on >= 0; on--) {
-		cuda_gemm_set_stream(on);
-		printf("    %s kernel\n", on ? "streaming" : "v0");
-		check_grouped(&g, 256, rows, 4096, 7168, 902);
-		check_grouped(&g, 256, rows, 7168, 2048, 903);
+	for (int v = 0; v < 3; v++) {
+		cuda_gemm_set_stream(v < 2);
+		cuda_gemm_set_stream_rt(v + 1);
+		printf("    %s kernel\n", v == 0 ? "streaming rt=1" : v == 1 ? "streaming rt=2" : "v0");
+		check_grouped(&g, 256, rows, 4096, 7168, 902, v < 2 ? 1 : 2);
+		check_grouped(&g, 256, rows, 7168, 2048, 903, v < 2 ? 1 : 2);
 	}
 	gpu_close(&g);
 }

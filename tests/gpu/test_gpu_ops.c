@@ -346,18 +346,20 @@ TEST_T(gpu_ops, gemm_fp8_decode_vs_cpu, 120)
 					{2, 7168, 16384}, {9, 4096, 7168},
 					{13, 256, 1536}, {16, 4096, 512}, {31, 7168, 2048},
 					{64, 1024, 2048}, {40, 128, 7168}, {3, 32768, 512}};
-	for (int on = 1; on >= 0; on--) { /* the streaming kernel, then the previous one */
-		cuda_gemm_set_stream(on);
-		printf("    %s kernel\n", on ? "streaming" : "v2");
+	/* the streaming kernel with 1 and 2 MMA tiles per warp, then the previous kernel */
+	for (int v = 0; v < 3; v++) {
+		cuda_gemm_set_stream(v < 2);
+		cuda_gemm_set_stream_rt(v + 1);
+		printf("    %s kernel\n", v == 0 ? "streaming rt=1" : v == 1 ? "streaming rt=2" : "v2");
 		for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
 			check_gemm(&g, shapes[i][0], shapes[i][1], shapes[i][2], 600 + i);
 	}
 	gpu_close(&g);
 }
 
-/* Batch invariance of the decode GEMM (the streaming kernel): the first m rows of a 64-row product, recomputed with
- * M = m (1, 7, 8, 9, 33, 63), are bit-identical to the 64-row result (shapes with one and with
- * several K chunks). */
+/* Batch invariance of the decode GEMM (the streaming kernel): the first m rows of a 64-row
+ * product, recomputed with M = m (1, 7, 8, 9, 33, 63), are bit-identical to the 64-row result
+ * (shapes with one and with several K chunks), with 1 and with 2 MMA tiles per warp. */
 TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 120)
 {
 	struct gpu g;
@@ -392,11 +394,14 @@ TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 120)
 		REQUIRE(gpu_upload(&g, dx, xq, (size_t)M * K) == 0);
 		REQUIRE(gpu_upload(&g, dsx, sx, (size_t)M * KB * 4) == 0);
 		gpu_test_poison(&g, dy, (size_t)M * N * 2);
+		cuda_gemm_set_stream_rt(1);
 		REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, M, N, K, N, dws) == 0);
 		REQUIRE(gpu_download(&g, y64, dy, (size_t)M * N * 2) == 0);
 		struct gemm_split sp = cuda_gemm_decode_split(&g, N, K);
-		for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
-			const int m = ms[mi];
+		for (size_t mi = 0; mi < 2 * sizeof ms / sizeof *ms; mi++) {
+			const int m = mi < sizeof ms / sizeof *ms ? ms[mi] : ms[mi - sizeof ms / sizeof *ms];
+			const int rt = mi < sizeof ms / sizeof *ms ? 1 : 2; /* rt=2 vs rt=1 too */
+			cuda_gemm_set_stream_rt(rt);
 			gpu_test_poison(&g, dy, (size_t)M * N * 2);
 			REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, m, N, K, N, dws) == 0);
 			REQUIRE(gpu_download(&g, ym, dy, (size_t)m * N * 2) == 0);
@@ -406,8 +411,8 @@ TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 120)
 					first = first < 0 ? (int64_t)i : first;
 					differ++;
 				}
-			printf("    N=%d K=%d (%d chunks) M=%d vs 64: %lld differ", N, K, sp.chunks, m,
-			       (long long)differ);
+			printf("    N=%d K=%d (%d chunks) rt=%d M=%d vs rt=1 M=64: %lld differ", N, K,
+			       sp.chunks, rt, m, (long long)differ);
 			if (first >= 0)
 				printf(", first row %lld col %lld: %04x vs %04x", (long long)(first / N),
 				       (long long)(first % N), ym[first], y64[first]);

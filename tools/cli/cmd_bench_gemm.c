@@ -11,9 +11,9 @@
  *
  * Then the grouped expert GEMM (cuda_gemm_fp8_grouped; --grouped: only that): 256 experts of the
  * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
- * experts at random, tokens per step 1/16/64; TB/s of the touched experts' weights (experts
- * with no rows are not read), over 8 routings in turn so the L2 does not serve repeats; beside
- * it the first grouped version ("v0").
+ * experts at random, tokens per step 1/16/64/256/4096; TB/s of the touched experts' weights
+ * (experts with no rows are not read), over 8 routings in turn so the L2 does not serve
+ * repeats: the dispatch, and each kernel forced (streaming, wgmma, the first version "v0").
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
@@ -132,16 +132,23 @@ static void print_path(float ms, double bytes, double flops)
 struct grouped_ctx {
 	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
 	size_t ws_bytes;
-	int rows, N, K, v0;
+	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0 */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
 {
 	struct grouped_ctx *c = vctx;
 	gpu_ptr off = c->off[i % GB_ROUTINGS];
-	if (c->v0)
+	if (c->mode == 3)
 		return cuda_gemm_fp8_grouped_v0(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx,
 						c->y, c->rows, c->N, c->K, c->N);
+	if (c->mode == 2)
+		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+						   c->sx, c->y, c->rows, c->N, c->K, c->N);
+	if (c->mode == 1)
+		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
+						    c->ws_bytes);
 	return cuda_gemm_fp8_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx, c->y,
 				     c->rows, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
@@ -149,18 +156,19 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 {
 	static const int shapes[][2] = {{4096, 7168}, {7168, 2048}};
-	static const int tokens[] = {1, 16, 64};
+	static const int tokens[] = {1, 16, 64, 256, 4096};
 	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
-	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s\n", "N x K", "tokens", "experts",
-	       "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim", "v0_us", "TB/s");
+	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s\n",
+	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
+	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s");
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		struct grouped_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
 		size_t w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
 		size_t s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
 		gpu_ptr w, s;
-		const int max_rows = 64 * GB_TOPK;
+		const int max_rows = 4096 * GB_TOPK;
 		if (cu_check(cu.cuMemAlloc(&w, w_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&s, s_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.w_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
@@ -219,19 +227,24 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			c.v0 = 0;
-			float ms = time_ms(g, launch_grouped, &c, reps, trials);
-			c.v0 = 1;
-			float v0 = time_ms(g, launch_grouped, &c, reps, trials);
+			float t[4];
+			for (c.mode = 0; c.mode < 4; c.mode++)
+				t[c.mode] = c.mode < 3 || T <= 64
+						    ? time_ms(g, launch_grouped, &c, reps, trials)
+						    : -1;
+			float ms = t[0];
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
-			fflush(stdout);
 			print_path(ms, bytes, flops);
 			if (ms >= 0)
 				printf(" %4.0f%% |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs);
 			else
 				printf(" %5s |", "");
-			if (v0 >= 0)
-				printf(" %9.2f %6.3f\n", v0 * 1e3, bytes / (v0 * 1e-3) / 1e12);
+			print_path(t[1], bytes, flops);
+			printf(" |");
+			print_path(t[2], bytes, flops);
+			printf(" |");
+			if (t[3] >= 0)
+				printf(" %9.2f %6.3f\n", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
 			else
 				printf(" %9s\n", "n/a");
 			fflush(stdout);
@@ -243,9 +256,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 		for (int r = 0; r < GB_ROUTINGS; r++)
 			cu.cuMemFree(c.off[r]);
 	}
-	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped; v0: "
-	       "the first grouped version; experts: groups with rows, mean over the routings; "
-	       "touch_MB: their weights + x + y; %%lim: against the read limit)\n", trials);
+	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
+	       "dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
+	       "first grouped version, tokens <= 64; experts: groups with rows, mean over the "
+	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
@@ -278,9 +292,9 @@ int bench_gemm(int argc, char **argv)
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
-		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %s\n",
+		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "split", "v2_us", "TB/s",
-		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster");
+		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "rt1", "rt2");
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
@@ -320,6 +334,12 @@ int bench_gemm(int argc, char **argv)
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
 			float ms = time_ms(&g, c.M <= 64 ? launch_gemm : launch_wgmma, &c, reps, trials);
 			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
+			float rt_ms[2] = {-1, -1}; /* the streaming kernel with 1, 2 MMA tiles per warp */
+			for (int rt = 1; rt <= 2 && c.M <= 64; rt++) {
+				cuda_gemm_set_stream_rt(rt);
+				rt_ms[rt - 1] = time_ms(&g, launch_gemm, &c, reps, trials);
+			}
+			cuda_gemm_set_stream_rt(0);
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (ms < 0)
 				rc_all = 1;
@@ -349,9 +369,15 @@ int bench_gemm(int argc, char **argv)
 			else
 				printf(" | %7s", "n/a");
 			if (ms < 0 && lt < 0)
-				printf(" none\n");
+				printf(" %-8s", "none");
 			else
-				printf(" %s\n", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
+				printf(" %-8s", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
+			for (int rt = 0; rt < 2; rt++)
+				if (rt_ms[rt] >= 0)
+					printf(" %6.3f", bytes / (rt_ms[rt] * 1e-3) / 1e12);
+				else
+					printf(" %6s", "");
+			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
 		cu.cuMemFree(c.w);
@@ -365,6 +391,7 @@ int bench_gemm(int argc, char **argv)
 		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m* for M <= 64, "
 		       "cuda_gemm_fp8_wgmma above; "
 		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
+		       "rt1, rt2: TB/s of the streaming kernel with 1, 2 MMA tiles per warp; "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
