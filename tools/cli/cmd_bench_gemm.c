@@ -113,6 +113,9 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 				c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
+/* --no-wgmma: leave the wgmma kernel out (a run that must not depend on it). */
+static int no_wgmma;
+
 /* time_us, TB/s, TFLOP/s of one path, or n/a. */
 static void print_path(float ms, double bytes, double flops)
 {
@@ -229,7 +232,8 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			int reps = 5 * GB_ROUTINGS;
 			float t[4];
 			for (c.mode = 0; c.mode < 4; c.mode++)
-				t[c.mode] = c.mode < 3 || T <= 64
+				t[c.mode] = c.mode < 2 || (c.mode == 2 && !no_wgmma) ||
+							    (c.mode == 3 && T <= 64)
 						    ? time_ms(g, launch_grouped, &c, reps, trials)
 						    : -1;
 			float ms = t[0];
@@ -266,6 +270,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 int bench_gemm(int argc, char **argv)
 {
 	int trials = 7, run_dense = 1, run_grouped = 1;
+	no_wgmma = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
@@ -273,8 +278,10 @@ int bench_gemm(int argc, char **argv)
 			run_dense = 0;
 		else if (!strcmp(argv[i], "--dense"))
 			run_grouped = 0;
+		else if (!strcmp(argv[i], "--no-wgmma"))
+			no_wgmma = 1;
 		else {
-			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense]\n");
+			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] [--no-wgmma]\n");
 			return 2;
 		}
 	}
@@ -332,7 +339,9 @@ int bench_gemm(int argc, char **argv)
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
 			int want = c.M >= 1024 ? 8 : 40;
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
-			float ms = time_ms(&g, c.M <= 64 ? launch_gemm : launch_wgmma, &c, reps, trials);
+			float ms = c.M <= 64    ? time_ms(&g, launch_gemm, &c, reps, trials)
+				   : !no_wgmma ? time_ms(&g, launch_wgmma, &c, reps, trials)
+					       : -1;
 			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
 			float rt_ms[2] = {-1, -1}; /* the streaming kernel with 1, 2 MMA tiles per warp */
 			for (int rt = 1; rt <= 2 && c.M <= 64; rt++) {
@@ -341,7 +350,7 @@ int bench_gemm(int argc, char **argv)
 			}
 			cuda_gemm_set_stream_rt(0);
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
-			if (ms < 0)
+			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
 			double bytes = (double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4 +
 				       (double)c.M * c.K + (double)c.M * c.N * 2;
