@@ -174,6 +174,14 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
+// A shared-memory load that stays after the barrier wait before it (volatile, memory clobber).
+__device__ __forceinline__ float lds_f32(uint32_t addr)
+{
+	float v;
+	asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+	return v;
+}
+
 // bf16(lo) | bf16(hi) << 16, each rounded to nearest even (one instruction; the same bits as
 // f32_to_bf16 for every non-NaN value).
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
@@ -257,8 +265,12 @@ __device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, in
 template <int BN, int STAGES> struct wg_cfg {
 	static constexpr uint32_t A_BYTES = WG_BM * WG_BK; // x8 tile [128 tokens][128 K bytes]
 	static constexpr uint32_t B_BYTES = BN * WG_BK;    // W8 tile [BN rows][128 K bytes]
-	// STAGES x A, STAGES x B, 2 x STAGES barriers; +1024 so the tiles can be 1024-aligned
-	static constexpr uint32_t SMEM = STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024;
+	// scales of a stage (SS variants): sx of the tile's 128 rows, then the 2 weight scales
+	static constexpr uint32_t SC_BYTES = 528;
+	// STAGES x A, STAGES x B, 2 x STAGES barriers, STAGES x scales; +1024 so the tiles can be
+	// 1024-aligned
+	static constexpr uint32_t SMEM =
+		STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * SC_BYTES + 1024;
 };
 
 // Where one tile lives: token rows [row0, row0 + 128) of x8 (stored only below row_end), weight
@@ -340,6 +352,52 @@ template <int MC> __device__ __forceinline__ void release(uint32_t empty_bar, in
 	}
 }
 
+// SS variants: warp 1 of the producer warpgroup loads each stage's scales into shared memory
+// (lane l: rows 4l .. 4l+3 of the tile; lane 0 also the weight scales of blocks b0, b1) and
+// arrives on the stage's "full" barrier (32 arrivals beside the copy producer's), so the
+// consumers never wait on a global load. The loads are issued before the wait for the stage to
+// be free, so their latency overlaps it.
+template <int BN, int STAGES, bool GROUPED, int MC>
+__device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long dt,
+					  const tmap *mB, const float *sx, const float *S, int M,
+					  int N, int KB, uint32_t bars, uint32_t scl)
+{
+	typedef wg_cfg<BN, STAGES> C;
+	const int lane = threadIdx.x & 31;
+	const int NB = (N + 127) / 128;
+	int s = 0;
+	uint32_t ph = 0;
+	wg_tile tl;
+	for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+		// (this warp has 40 registers: one pointer per operand, small offsets)
+		const int b0 = tl.n0 / 128, db = (min(b0 + 1, NB - 1) - b0) * KB;
+		const float *w0 = tl.S + (size_t)b0 * KB;
+		const int r = min(tl.row0 + 4 * lane, M - 1); // rows past M read row M-1 (never stored)
+		const float *x0 = sx + (size_t)r * KB;
+		const int d1 = (min(r + 1, M - 1) - r) * KB, d2 = (min(r + 2, M - 1) - r) * KB,
+			  d3 = (min(r + 3, M - 1) - r) * KB;
+		for (int kb = 0; kb < KB; kb++) {
+			const float v0 = __ldg(x0 + kb), v1 = __ldg(x0 + kb + d1),
+				    v2 = __ldg(x0 + kb + d2), v3 = __ldg(x0 + kb + d3);
+			float a = 0.f, b = 0.f;
+			if (lane == 0)
+				a = __ldg(w0 + kb), b = __ldg(w0 + kb + db);
+			mbar_wait(EMPTY(s), ph ^ 1); // the consumers have read this stage's scales
+			const uint32_t dst = scl + s * C::SC_BYTES;
+			asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(dst + 16 * lane),
+				     "f"(v0), "f"(v1), "f"(v2), "f"(v3)
+				     : "memory");
+			if (lane == 0)
+				asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(dst + 512), "f"(a),
+					     "f"(b)
+					     : "memory");
+			mbar_arrive(FULL(s)); // release: the stores are seen by whoever waits on it
+			if (++s == STAGES)
+				s = 0, ph ^= 1;
+		}
+	}
+}
+
 // The producer thread: every copy of every stage, in the consumers' order.
 template <int BN, int STAGES, bool GROUPED, int MC>
 __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long dt,
@@ -386,11 +444,12 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 }
 
 // The consumer warpgroups: warpgroup cw computes tokens [64 cw, 64 cw + 64) of each tile.
-template <int BN, int STAGES, bool GROUPED, int MC>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
 __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mB, const float *sx, const float *S,
 					   uint16_t *y, int M, int N, int KB, int ldy,
-					   uint32_t a_smem, uint32_t b_smem, uint32_t bars)
+					   uint32_t a_smem, uint32_t b_smem, uint32_t bars,
+					   uint32_t scl)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	const int cw = (threadIdx.x >> 7) - 1;
@@ -412,17 +471,20 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		for (int i = 0; i < NR; i++)
 			acc[i] = 0.f;
 		const int gm_lo = tl.row0 + r_lo, gm_hi = gm_lo + 8;
-		// scale rows (rows past M read row M-1: their outputs are never stored)
-		const float *sx_lo = sx + (size_t)min(gm_lo, M - 1) * KB;
-		const float *sx_hi = sx + (size_t)min(gm_hi, M - 1) * KB;
 		// weight-scale blocks of the tile: b0 = n0 / 128 and, when BN > 128 or the tile
 		// straddles a 128 boundary, b0 + 1 from column jb * 8 of the tile on
 		const int NB = (N + 127) / 128;
 		const int b0 = tl.n0 / 128;
 		const int b1 = min(b0 + 1, NB - 1);
 		const int jb = ((b0 + 1) * 128 - tl.n0) / 8;
+		// not SS: scale rows read from global, a block ahead (rows past M read row M-1:
+		// their outputs are never stored)
+		const float *sx_lo = sx + (size_t)min(gm_lo, M - 1) * KB;
+		const float *sx_hi = sx + (size_t)min(gm_hi, M - 1) * KB;
 		const float *w0 = tl.S + (size_t)b0 * KB, *w1 = tl.S + (size_t)b1 * KB;
-		float nx_lo = __ldg(sx_lo), nx_hi = __ldg(sx_hi), nw0 = __ldg(w0), nw1 = __ldg(w1);
+		float nx_lo = 0.f, nx_hi = 0.f, nw0 = 0.f, nw1 = 0.f;
+		if constexpr (!SS)
+			nx_lo = __ldg(sx_lo), nx_hi = __ldg(sx_hi), nw0 = __ldg(w0), nw1 = __ldg(w1);
 		const uint64_t da0 = smem_desc(a_smem + cw * 64 * WG_BK);
 		const uint64_t db0 = smem_desc(b_smem);
 		// When none of this warpgroup's rows is stored (a group's or M's last tile) it skips
@@ -431,12 +493,17 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		// fragment and accumulators leave no registers for it.)
 		const bool active = BN > 128 || tl.row0 + cw * 64 < tl.row_end;
 		for (int kb = 0; kb < KB; kb++) {
-			const float x_lo = nx_lo, x_hi = nx_hi, cw0 = nw0, cw1 = nw1;
-			if (kb + 1 < KB) { // the next block's scales, a block ahead
+			float x_lo = nx_lo, x_hi = nx_hi, cw0 = nw0, cw1 = nw1;
+			if (!SS && kb + 1 < KB) { // the next block's scales, a block ahead
 				nx_lo = __ldg(sx_lo + kb + 1), nx_hi = __ldg(sx_hi + kb + 1);
 				nw0 = __ldg(w0 + kb + 1), nw1 = __ldg(w1 + kb + 1);
 			}
-			mbar_wait(FULL(s), ph); // the copies of this stage have landed
+			mbar_wait(FULL(s), ph); // the copies (and SS: the scales) of this stage landed
+			if (SS && active) { // read before the stage is released
+				const uint32_t sc_s = scl + s * C::SC_BYTES;
+				x_lo = lds_f32(sc_s + 4 * r_lo), x_hi = lds_f32(sc_s + 4 * (r_lo + 8));
+				cw0 = lds_f32(sc_s + 512), cw1 = lds_f32(sc_s + 516);
+			}
 			if (!active) {
 				release<MC>(EMPTY(s), lane);
 				if (++s == STAGES)
@@ -494,7 +561,7 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 
 // The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
 // grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
-template <int BN, int STAGES, bool GROUPED, int MC>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
 __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
@@ -506,6 +573,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
 	const uint32_t a_smem = base, b_smem = base + STAGES * C::A_BYTES;
 	const uint32_t bars = b_smem + STAGES * C::B_BYTES; // full[STAGES], then empty[STAGES]
+	const uint32_t scl = bars + 2 * STAGES * 8;          // [STAGES][SC_BYTES] (SS)
 
 	const int wg = threadIdx.x >> 7;
 	const int KB = K / WG_BK;
@@ -519,7 +587,8 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < STAGES; s++) {
-			mbar_init(FULL(s), 1);  // the producer's arrive.expect_tx (+ the copy bytes)
+			// the producer's arrive.expect_tx (+ the copy bytes), SS: + 32 scale lanes
+			mbar_init(FULL(s), SS ? 33 : 1);
 			mbar_init(EMPTY(s), 8 * MC); // each consumer warp of each CTA of the cluster
 		}
 		// make the initialised barriers visible to the copy engine (async proxy) and, for
@@ -537,14 +606,24 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 
 	if (wg == 0) {
 		// ---- producer: one thread issues every copy ----
-		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		// registers: 128 x P + 256 x C <= 64K; BN = 192's fragment and accumulators need
+		// C = 232, BN = 128 leaves room for the producer warps (the scale warp's pointers)
+		if constexpr (BN > 128)
+			asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		else
+			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
 		if (threadIdx.x == 0)
 			wg_produce<BN, STAGES, GROUPED, MC>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
 							    b_smem, bars);
+		else if (SS && (threadIdx.x >> 5) == 1)
+			wg_scales<BN, STAGES, GROUPED, MC>(sc, t0, dt, mB, sx, S, M, N, KB, bars, scl);
 	} else {
-		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-		wg_consume<BN, STAGES, GROUPED, MC>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy, a_smem,
-						    b_smem, bars);
+		if constexpr (BN > 128)
+			asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		else
+			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
+		wg_consume<BN, STAGES, GROUPED, MC, SS>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
+							a_smem, b_smem, bars, scl);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -556,38 +635,41 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 // same weight tile): each CTA copies half of the weight tile and multicasts it to both, so L2
 // serves each weight tile once per pair. Grid even.
 // Grid: min(tiles, SMs) persistent CTAs of 384 threads; dynamic smem wg_cfg<BN, STAGES>::SMEM.
-#define WG_PLAIN(name, bn, stages, mc, attr)                                                   \
+#define WG_PLAIN(name, bn, stages, mc, ss, attr)                                               \
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attr name(                  \
 		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
 		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
 		int M, int N, int K, int ldy)                                                   \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, false, mc>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, K, \
-						  ldy);                                         \
+		wgmma_gemm<bn, stages, false, mc, ss>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, \
+						      K, ldy);                                  \
 	}
 // k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
 // g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
-#define WG_GROUPED(bn, stages)                                                                 \
+#define WG_GROUPED(name, bn, stages, ss)                                                       \
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                             \
-		k_gemm_fp8_wgmma_grouped_n##bn(const __grid_constant__ tmap mA,                 \
-					       const float *__restrict__ sx,                    \
-					       const unsigned long long *__restrict__ s_tab,    \
-					       const int *__restrict__ off, int G,              \
-					       uint16_t *__restrict__ y, int max_rows, int N,   \
-					       int K, int ldy)                                  \
+		name(const __grid_constant__ tmap mA, const float *__restrict__ sx,              \
+		     const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,  \
+		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)       \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, true, 1>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,      \
-						max_rows, N, K, ldy);                           \
+		wgmma_gemm<bn, stages, true, 1, ss>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,  \
+						    max_rows, N, K, ldy);                       \
 	}
 
+// _ss: the scales come through shared memory (wg_scales) instead of per-thread global loads
+// (plain form only: the grouped walker leaves the scale warp too few registers).
 #define NO_ATTR
 #define CLUSTER2 __cluster_dims__(2, 1, 1)
-WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_n192, 192, 5, 1, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128, 128, 6, 2, CLUSTER2)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, CLUSTER2)
-WG_GROUPED(128, 6)
-WG_GROUPED(192, 5)
+WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, false, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_n192, 192, 5, 1, false, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128, 128, 6, 2, false, CLUSTER2)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, false, CLUSTER2)
+WG_PLAIN(k_gemm_fp8_wgmma_n128_ss, 128, 6, 1, true, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_n192_ss, 192, 5, 1, true, NO_ATTR)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss, 128, 6, 2, true, CLUSTER2)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192_ss, 192, 5, 2, true, CLUSTER2)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128, 128, 6, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n192, 192, 5, false)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

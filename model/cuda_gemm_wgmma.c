@@ -17,11 +17,12 @@
 #define WG_MAX_GROUPS 1024 /* g_group_maps in the kernel file */
 
 /* Dynamic shared memory of a variant: STAGES x (128 x 128 + BN x 128) bytes, 2 x STAGES
- * barriers, 1024 bytes of alignment slack (wg_cfg in the kernel file). */
+ * barriers, STAGES x 528 bytes of scales, 1024 bytes of alignment slack (wg_cfg in the kernel
+ * file). */
 static unsigned smem_bytes(int bn)
 {
 	int stages = bn == 128 ? 6 : 5;
-	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + 2 * stages * 8 + 1024);
+	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + 2 * stages * 8 + stages * 528 + 1024);
 }
 
 /* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes), box 128 K bytes x
@@ -61,10 +62,10 @@ static int shape_ok(const char *what, int M, int N, int K, int ldy)
 }
 
 int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
-			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc)
+			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc, int ss)
 {
 	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192) ||
-	    (mc != 1 && mc != 2))
+	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
@@ -76,15 +77,18 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	long long clusters = g->sm_count / mc;
 	unsigned grid = (unsigned)((items < clusters ? items : clusters) * mc);
 	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy};
-	static const char *names[2][2] = {{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
-					  {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}};
-	return launch(g, names[mc - 1][bn == 192], grid, smem_bytes(bn), args);
+	static const char *names[2][2][2] = {
+		{{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
+		 {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}},
+		{{"k_gemm_fp8_wgmma_n128_ss", "k_gemm_fp8_wgmma_n192_ss"},
+		 {"k_gemm_fp8_wgmma_mc2_n128_ss", "k_gemm_fp8_wgmma_mc2_n192_ss"}}};
+	return launch(g, names[ss][mc - 1][bn == 192], grid, smem_bytes(bn), args);
 }
 
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy)
 {
-	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1);
+	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1, 0);
 }
 
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,

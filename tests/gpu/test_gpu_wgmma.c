@@ -146,18 +146,20 @@ static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *
 	return bad;
 }
 
-/* The plain form's tilings: weight rows per tile, CTAs per cluster (cuda_gemm_fp8_wgmma_tile) */
-static const int variants[][2] = {{128, 1}, {192, 1}, {128, 2}, {192, 2}};
+/* The plain form's variants: weight rows per tile, CTAs per cluster, scales through smem
+ * (cuda_gemm_fp8_wgmma_tile) */
+static const int variants[][3] = {{128, 1, 0}, {192, 1, 0}, {128, 2, 0}, {192, 2, 0},
+				  {128, 1, 1}, {192, 1, 1}, {128, 2, 1}, {192, 2, 1}};
 #define N_VAR (int)(sizeof variants / sizeof *variants)
 
 /* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
  * else n_rows spread over M incl. the first and the last). */
 static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int v, int n_rows)
 {
-	int bn = variants[v][0], mc = variants[v][1];
+	int bn = variants[v][0], mc = variants[v][1], ss = variants[v][2];
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
 	int r = cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					 c->N, bn, mc);
+					 c->N, bn, mc, ss);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -167,8 +169,8 @@ static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, i
 	for (int i = 0; i < n; i++)
 		rows[i] = n == c->M ? i : (int)((long long)i * (c->M - 1) / (n - 1));
 	char what[96];
-	snprintf(what, sizeof what, "wgmma n%d mc%d M=%d N=%d K=%d (%d rows)", bn, mc, c->M, c->N,
-		 c->K, n);
+	snprintf(what, sizeof what, "wgmma n%d mc%d ss%d M=%d N=%d K=%d (%d rows)", bn, mc, ss, c->M,
+		 c->N, c->K, n);
 	CHECK_EQ_INT(check_rows(g, pool, c, rows, n, what), 0);
 	free(rows);
 }
@@ -231,7 +233,7 @@ static int run_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size
 		return cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
 					c->N, ws, ws_bytes);
 	return cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					c->N, variants[path][0], variants[path][1]);
+					c->N, variants[path][0], variants[path][1], variants[path][2]);
 }
 
 /* Median microseconds of 7 event-timed launches after a warm-up (L2 warm: prefill shapes are
@@ -271,8 +273,8 @@ TEST_T(gpu_wgmma, timing_m4096, 600)
 	const int M = 4096;
 	printf("    %-12s", "N x K  (us)");
 	for (int v = 0; v < N_VAR; v++)
-		printf("  n%d/mc%d", variants[v][0], variants[v][1]);
-	printf("  cuBLASLt | TFLOP/s: ours best, cuBLASLt, best/LT\n");
+		printf(" n%d/%d/%d", variants[v][0], variants[v][1], variants[v][2]);
+	printf("  cuBLASLt | TFLOP/s: ours best (n/mc/ss), cuBLASLt, best/LT\n");
 	for (int i = 0; i < N_BIG; i++) {
 		struct wg_case c;
 		int N = big_shapes[i][0], K = big_shapes[i][1];
@@ -295,8 +297,9 @@ TEST_T(gpu_wgmma, timing_m4096, 600)
 			printf(" %9.1f", us[p]);
 		double tb = best >= 0 ? flop / (us[best] * 1e-6) / 1e12 : -1;
 		double tl = us[N_VAR] > 0 ? flop / (us[N_VAR] * 1e-6) / 1e12 : -1;
-		printf("  | %5.0f (n%d/mc%d) %5.0f %5.2f\n", tb, best >= 0 ? variants[best][0] : 0,
-		       best >= 0 ? variants[best][1] : 0, tl, tl > 0 ? tb / tl : -1);
+		printf("  | %5.0f (n%d/%d/%d) %5.0f %5.2f\n", tb, best >= 0 ? variants[best][0] : 0,
+		       best >= 0 ? variants[best][1] : 0, best >= 0 ? variants[best][2] : 0, tl,
+		       tl > 0 ? tb / tl : -1);
 		CHECK(best >= 0);
 		/* the timed shapes' results, sampled rows, every tiling */
 		for (int v = 0; v < N_VAR; v++)
