@@ -10,16 +10,16 @@
 // issues bulk asynchronous copies (cp.async.bulk global -> shared, completion counted in bytes
 // on an mbarrier, L2 evict-first for weights) of a stage = one unit's weight rows x a K range
 // (32 KB of weights) plus the same K range of the slice's token rows, into a ring of NS stages
-// (4-6, as many as fit in shared memory); eight consumer warps wait on a stage's "full"
+// (4-6, as many as fit in shared memory); the consumer warps wait on a stage's "full"
 // barrier, compute, and release it on its "empty" barrier. Rows sit at a pitch of the K range +
 // 16 bytes, so the 16-byte fragment loads below are free of bank conflicts. The grid is
 // persistent (one block per SM): block b takes work units b, b + gridDim.x, ... and its producer
 // runs ahead across unit boundaries.
 //
 // Work unit = (slice, row tile, K chunk). A slice is <= 64 rows of one group (dense: of x); a row
-// tile is TR = 128 x RT weight rows, consumer warp w owning RT 16-row MMA tiles; a stage holds
-// 2 / RT K blocks (RT = 1: 128 rows x 256 bytes; RT = 2: 256 rows x 128 bytes, each token
-// fragment then feeds two MMA tiles). A K chunk is chunk_blocks 128-wide K blocks;
+// tile is 128 weight rows, a stage 128 rows x 256 bytes (two K blocks); the 128 rows are split
+// among 8 consumer warps of one 16-row MMA tile each (RT = 1) or 4 of two (RT = 2: each token
+// fragment read from shared memory feeds two MMA tiles). A K chunk is chunk_blocks K blocks;
 // chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only (model/cuda_gemm.c),
 // so that units fill the SMs evenly.
 //
@@ -38,7 +38,9 @@
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
 #include "common.cuh"
 
-#define ST_WARPS 8     // consumer warps; + 1 producer warp
+#define ST_TR 128      // weight rows per work unit
+#define ST_KBS 2       // 128-wide K blocks per stage
+#define ST_PITCH (ST_KBS * 128 + 16) // smem row pitch: conflict-free 16-byte fragment loads
 #define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
 
@@ -143,7 +145,6 @@ struct st_unit {
 	int e, r0, ms, n0, kb0, kb1, chunk;
 };
 
-template <int TR>
 __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
 					   int chunk_blocks, int KB)
 {
@@ -153,15 +154,15 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	const int tile = rest % tiles;
 	const st_slice s = sl[rest / tiles];
 	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
-	w.n0 = tile * TR;
+	w.n0 = tile * ST_TR;
 	w.kb0 = w.chunk * chunk_blocks;
 	w.kb1 = min(KB, w.kb0 + chunk_blocks);
 	return w;
 }
 
-// MG: token groups of 8 per slice (slice rows <= 8 * MG); RT: 16-row MMA tiles per warp (a
-// tile of TR = 8 x 16 x RT weight rows; RT = 2 reuses each token fragment twice); a stage holds
-// KBS = 2 / RT K blocks, so a stage's weights are 32 KB either way.
+// MG: token groups of 8 per slice (slice rows <= 8 * MG); RT: 16-row MMA tiles per consumer
+// warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
+// 128-row unit, same stage).
 template <int MG, int RT>
 __device__ __forceinline__ void
 gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
@@ -171,7 +172,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap)
 {
-	constexpr int TR = ST_WARPS * 16 * RT, KBS = 2 / RT, PITCH = KBS * 128 + 16;
+	constexpr int TR = ST_TR, KBS = ST_KBS, PITCH = ST_PITCH, CW = 8 / RT;
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
@@ -235,7 +236,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
 			mbar_init(smem_u32(&full[s]), 1);
-			mbar_init(smem_u32(&empty[s]), ST_WARPS);
+			mbar_init(smem_u32(&empty[s]), CW);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -245,13 +246,13 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	const int tiles = (N + TR - 1) / TR;
 	const int units = *n_slices * tiles * chunks;
 
-	if (warp == ST_WARPS) {
+	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
 		const uint64_t pol_w = policy_evict_first(), pol_x = policy_evict_normal();
 		int s = 0;
 		uint32_t ph = 0;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of<TR>(sl, u, tiles, chunks, chunk_blocks, KB);
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 			const uint8_t *Wp = w_tab ? reinterpret_cast<const uint8_t *>(w_tab[w.e]) : W;
 			const int nrows = min(TR, N - w.n0);
 			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
@@ -283,7 +284,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	uint32_t ph = 0;
 	const uint32_t stage0 = smem_u32(stages);
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
-		const st_unit w = unit_of<TR>(sl, u, tiles, chunks, chunk_blocks, KB);
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
@@ -377,7 +378,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 }
 
 #define ST_ENTRY(MG, RT)                                                                          \
-	extern "C" __global__ void __launch_bounds__((ST_WARPS + 1) * 32, 1)                      \
+	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
 	k_gemm_fp8_stream_m##MG##_r##RT(const unsigned long long *w_tab, const unsigned long long *s_tab, \
 				const int *off, int G, const uint8_t *W, const float *S,          \
 				const uint8_t *X, const float *SX, uint16_t *Y, float *partial,   \

@@ -102,10 +102,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
 	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
 	int mpad = 8 << v;
-	/* RT = 2 (two 16-row tiles per warp, 256-row units, one K block per stage) reads each
-	 * token fragment from shared memory once for two tiles: for the many-token variants. */
+	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) reads each token fragment from
+	 * shared memory once for two tiles: for the many-token variants. */
 	int rt = stream_rt ? stream_rt : slice_rows > 16 ? 2 : 1;
-	int tile = 128 * rt, pitch = (2 / rt) * 128 + 16;
+	const int tile = 128, pitch = 272; /* the kernel's ST_TR, ST_PITCH */
 	char name[40];
 	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", 1 << v, rt);
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
@@ -132,7 +132,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
 			&sx,    &y,     &ws,   &rows, &N, &K,         &ldy,
 			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap};
-	r = gpu_launch(g, fn, grid, 1, 1, 9 * 32, 1, 1, (unsigned)smem, args);
+	r = gpu_launch(g, fn, grid, 1, 1, (unsigned)(8 / rt + 1) * 32, 1, 1, (unsigned)smem, args);
 	if (r || sp.chunks == 1)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;

@@ -38,8 +38,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * until it has passed the GPU tests): the previous kernels below. Process-wide; tests and the
  * benchmark set it. */
 void cuda_gemm_set_stream(int on);
-/* The streaming kernel's 16-row MMA tiles per warp: 1 or 2 (same numbers either way; the
- * benchmark compares them), 0: the default rule (2 above 16 rows per slice). Process-wide. */
+/* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
+ * numbers either way, the benchmark compares them; 0: the default rule (2 above 16 rows per
+ * slice). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads) and the first
  * grouped version built on it, kept for the benchmark's comparison. */
