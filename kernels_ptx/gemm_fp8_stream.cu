@@ -31,8 +31,8 @@
 // accumulator ("promotion" after every 128 products, DeepSeek's 2xAcc).
 //
 // Summation order (fixed, depends only on N and K): within a chunk, K blocks in increasing
-// order; chunks (when more than one) are summed in chunk order by k_gemm_stream_reduce from fp32
-// partials. A token's column never mixes with another's (tensor-core outputs are independent
+// order; chunks (when more than one) are summed in chunk order from fp32 partials, by the warp
+// that finishes the last chunk of its rows (fused) or by k_gemm_stream_reduce. A token's column never mixes with another's (tensor-core outputs are independent
 // per row and column), and nothing depends on how many tokens there are or which group a row
 // is in: a row's result does not depend on M, on its slice, on RT or on its neighbours (batch
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
@@ -141,8 +141,15 @@ __device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, u
 
 // ---- the kernel ------------------------------------------------------------------------------
 
+// Arrival counts of the fused chunk sum, one per (slice, row tile, consumer warp); zero when the
+// module loads, and each GEMM leaves them zero (the last arrival resets its count). One GEMM at
+// a time per GPU uses them (the engine's one stream); the host falls back to
+// k_gemm_stream_reduce (fused = 0) when a GEMM has more counts than this.
+#define ST_COUNTS (1 << 20)
+__device__ unsigned st_count[ST_COUNTS];
+
 struct st_unit {
-	int e, r0, ms, n0, kb0, kb1, chunk;
+	int e, r0, ms, n0, kb0, kb1, chunk, st; // st: the (slice, tile) index
 };
 
 __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
@@ -151,6 +158,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	st_unit w;
 	w.chunk = u % chunks;
 	const int rest = u / chunks;
+	w.st = rest;
 	const int tile = rest % tiles;
 	const st_slice s = sl[rest / tiles];
 	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
@@ -170,7 +178,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 		const uint8_t *__restrict__ W, const float *__restrict__ S,
 		const uint8_t *__restrict__ X, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
-		int chunk_blocks, int ns, int mpad, int slice_cap)
+		int chunk_blocks, int ns, int mpad, int slice_cap, int fused)
 {
 	constexpr int TR = ST_TR, KBS = ST_KBS, PITCH = ST_PITCH, CW = 8 / RT;
 	extern __shared__ __align__(128) uint8_t smem[];
@@ -374,6 +382,33 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 				}
 			}
 		}
+		if (chunks == 1 || !fused || rt_n == 0)
+			continue;
+		// Fused chunk sum: the warp that stores the last of the chunks' partials of its rows
+		// (counted in st_count, which it resets for the next GEMM) sums them in chunk order,
+		// as k_gemm_stream_reduce would.
+		__threadfence(); // this lane's partials are visible GPU-wide before the count
+		__syncwarp();
+		int last = 0;
+		if (lane == 0) {
+			unsigned *cnt = &st_count[(size_t)w.st * CW + warp];
+			last = atomicAdd(cnt, 1u) == (unsigned)chunks - 1;
+			if (last)
+				*cnt = 0;
+		}
+		if (!__shfl_sync(0xffffffffu, last, 0))
+			continue;
+		__threadfence(); // the other chunks' partials are read after their counts
+		const int nr = 16 * rt_n;
+		for (int i = lane; i < nr * w.ms; i += 32) {
+			const int m = i / nr, row = n + i % nr;
+			const size_t r = (size_t)w.r0 + m;
+			const float *p = partial + r * N + row;
+			float sum = __ldcg(p);
+			for (int c = 1; c < chunks; c++)
+				sum += __ldcg(p + (size_t)c * rows * N);
+			Y[r * ldy + row] = f32_to_bf16(sum);
+		}
 	}
 }
 
@@ -383,10 +418,10 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 				const int *off, int G, const uint8_t *W, const float *S,          \
 				const uint8_t *X, const float *SX, uint16_t *Y, float *partial,   \
 				int rows, int N, int K, int ldy, int chunks, int chunk_blocks,    \
-				int ns, int mpad, int slice_cap)                                  \
+				int ns, int mpad, int slice_cap, int fused)                       \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K,    \
-				    ldy, chunks, chunk_blocks, ns, mpad, slice_cap);              \
+		gemm_fp8_stream<MG, RT>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K, \
+					ldy, chunks, chunk_blocks, ns, mpad, slice_cap, fused);   \
 	}
 
 ST_ENTRY(1, 1)

@@ -62,6 +62,7 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 }
 
 #define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
+#define ST_COUNTS (1 << 20) /* the kernel's st_count entries */
 
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
 static int stream_rt = 0;
@@ -90,7 +91,8 @@ static int smem_optin(void *fn, int bytes)
 	return 0;
 }
 
-/* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked): dense when w_tab == 0 (W, S,
+/* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and the fused sum has no
+ * room): dense when w_tab == 0 (W, S,
  * rows = M), grouped otherwise (rows = max_rows). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
@@ -129,11 +131,14 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		grid = units < grid ? (unsigned)units : grid;
 	}
+	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
+	 * one count per slice x tile x warp), else by a second launch */
+	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
 			&sx,    &y,     &ws,   &rows, &N, &K,         &ldy,
-			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap};
+			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
 	r = gpu_launch(g, fn, grid, 1, 1, (unsigned)(8 / rt + 1) * 32, 1, 1, (unsigned)smem, args);
-	if (r || sp.chunks == 1)
+	if (r || sp.chunks == 1 || fused)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
