@@ -128,18 +128,37 @@ k_fwd_idx_weights(float *__restrict__ w, const float *__restrict__ qs, int n, fl
 
 #define ABS_ROWS 8
 #define ABS_MAX_NOPE 192
+#define ABS_MAXR 512
+#define W_CHUNK 32 // kv_b rows staged in shared memory at a time (16 KB at R = 512)
+
+// Stages rows row0 .. row0 + n - 1 of kv_b (R e4m3 codes each) and their block scales
+// (S[row / 128][0 .. R/128)) into shared memory: all 16-byte loads issued before any is used.
+__device__ __forceinline__ void stage_kvb_rows(const uint8_t *__restrict__ W, const float *__restrict__ S,
+					       int row0, int n, int R, uint8_t (*w)[ABS_MAXR], float (*sc)[4])
+{
+	const int per_row = R / 16, nkb = R / 128;
+	for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+		const int r = i / per_row, c = i % per_row;
+		*reinterpret_cast<uint4 *>(&w[r][c * 16]) =
+			*reinterpret_cast<const uint4 *>(W + (size_t)(row0 + r) * R + c * 16);
+	}
+	for (int i = threadIdx.x; i < n * nkb; i += blockDim.x)
+		sc[i / nkb][i % nkb] = S[((row0 + i / nkb) / 128) * nkb + i % nkb];
+}
 
 // qf[t, h, :R] = bf16( Σ_d q[t, h*dq + d] · Wkvb[h*(nope+dv) + d, :] ), d ascending (W_UK_h
 // dequantised: e4m3 x its 128x128 block scale, exact), qf[t, h, R:R+rope] = q[t, h*dq+nope ..].
 // q bf16 [T, H*dq] (dq = nope + rope), Wkvb e4m3 [H*(nope+dv), R], S fp32 [H*(nope+dv)/128,
 // R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / 8)), 256 threads; thread owns columns
-// tid + 256 i.
+// tid and tid + 256; W_UK_h goes through shared memory 32 rows at a time.
 extern "C" __global__ void __launch_bounds__(256)
 k_fwd_q_absorb(const uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
 	       const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H, int Hpad,
 	       int nope, int rope, int dv, int R)
 {
 	__shared__ float qn[ABS_ROWS][ABS_MAX_NOPE];
+	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
+	__shared__ float sc[W_CHUNK][4];
 	const int h = blockIdx.x, t0 = blockIdx.y * ABS_ROWS, dq = nope + rope;
 	for (int i = threadIdx.x; i < ABS_ROWS * nope; i += blockDim.x) {
 		const int tt = i / nope, d = i % nope;
@@ -151,57 +170,75 @@ k_fwd_q_absorb(const uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
 			qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + R + d] =
 				q[(size_t)(t0 + tt) * H * dq + h * dq + nope + d];
 	}
-	__syncthreads(); // the q_nope rows are staged
-	const int nkb = R / 128;
-	for (int c = threadIdx.x; c < R; c += blockDim.x) {
-		float acc[ABS_ROWS];
+	float acc[2][ABS_ROWS];
+#pragma unroll
+	for (int k = 0; k < 2; k++)
 #pragma unroll
 		for (int tt = 0; tt < ABS_ROWS; tt++)
-			acc[tt] = 0.f;
-		for (int d = 0; d < nope; d++) {
-			const int row = h * (nope + dv) + d;
-			const float wv = e4m3_to_f32(Wkvb[(size_t)row * R + c]) * S[(row / 128) * nkb + c / 128];
+			acc[k][tt] = 0.f;
+	const int c0 = threadIdx.x, c1 = threadIdx.x + 256;
+	for (int d0 = 0; d0 < nope; d0 += W_CHUNK) {
+		const int n = min(W_CHUNK, nope - d0);
+		__syncthreads(); // the previous chunk is consumed (and qn is staged, first time)
+		stage_kvb_rows(Wkvb, S, h * (nope + dv) + d0, n, R, w, sc);
+		__syncthreads(); // the chunk is in shared memory
+		for (int dd = 0; dd < n; dd++) {
 #pragma unroll
-			for (int tt = 0; tt < ABS_ROWS; tt++)
-				acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qn[tt][d], wv));
+			for (int k = 0; k < 2; k++) {
+				const int c = k ? c1 : c0;
+				if (c >= R)
+					continue;
+				const float wv = e4m3_to_f32(w[dd][c]) * sc[dd][c / 128];
+#pragma unroll
+				for (int tt = 0; tt < ABS_ROWS; tt++)
+					acc[k][tt] = __fadd_rn(acc[k][tt], __fmul_rn(qn[tt][d0 + dd], wv));
+			}
 		}
+	}
+#pragma unroll
+	for (int k = 0; k < 2; k++) {
+		const int c = k ? c1 : c0;
+		if (c >= R)
+			continue;
 #pragma unroll
 		for (int tt = 0; tt < ABS_ROWS; tt++)
 			if (t0 + tt < T)
-				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + c] = f32_to_bf16(acc[tt]);
+				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + c] = f32_to_bf16(acc[k][tt]);
 	}
 }
 
 #define UV_ROWS 4
-#define UV_MAXR 512
 
 // o[t, h*dv + d] = bf16( cpu_dot(o_lat[t, h, :], W_UV_h[d, :]) ), W_UV_h[d] = row
 // h*(nope+dv) + nope + d of kv_b (dequantised). o_lat bf16 [T, Hpad, R], o bf16 [T, H*dv].
-// Grid (H, ceil(T / 4)), 256 threads: lanes 8q .. 8q+7 own output d (4 per warp), lane j sums
-// k = j mod 8 in order, then tree8.
+// Grid (H, ceil(T / 4)), 256 threads: W_UV_h goes through shared memory 32 rows at a time;
+// lanes 8q .. 8q+7 of warp w own output d0 + 4w + q, lane j sums k = j mod 8 in order, then
+// tree8.
 extern "C" __global__ void __launch_bounds__(256)
 k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 	 const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H, int Hpad, int nope,
 	 int dv, int R)
 {
-	__shared__ float ol[UV_ROWS][UV_MAXR];
+	__shared__ float ol[UV_ROWS][ABS_MAXR];
+	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
+	__shared__ float sc[W_CHUNK][4];
 	const int h = blockIdx.x, t0 = blockIdx.y * UV_ROWS;
 	for (int i = threadIdx.x; i < UV_ROWS * R; i += blockDim.x) {
 		const int tt = i / R, k = i % R;
 		ol[tt][k] = t0 + tt < T ? bf16_to_f32(o_lat[((size_t)(t0 + tt) * Hpad + h) * R + k]) : 0.f;
 	}
-	__syncthreads(); // o_lat rows are staged
 	const int lane = threadIdx.x & 31, j = lane & 7, warp = threadIdx.x >> 5;
-	const int nkb = R / 128;
-	for (int d0 = warp * 4; d0 < dv; d0 += 32) {
-		const int d = d0 + (lane >> 3);
-		const bool live = d < dv;
-		const int row = h * (nope + dv) + nope + (live ? d : 0);
+	for (int d0 = 0; d0 < dv; d0 += W_CHUNK) {
+		const int n = min(W_CHUNK, dv - d0);
+		__syncthreads(); // the previous chunk is consumed (and o_lat is staged, first time)
+		stage_kvb_rows(Wkvb, S, h * (nope + dv) + nope + d0, n, R, w, sc);
+		__syncthreads(); // the chunk is in shared memory
+		const int dd = warp * 4 + (lane >> 3), d = d0 + dd; // 8 warps x 4 = W_CHUNK outputs
+		const bool live = dd < n;
 		float acc[UV_ROWS] = {0.f, 0.f, 0.f, 0.f};
 		if (live)
 			for (int k = j; k < R; k += 8) {
-				const float wv = e4m3_to_f32(Wkvb[(size_t)row * R + k]) *
-						 S[(row / 128) * nkb + k / 128];
+				const float wv = e4m3_to_f32(w[dd][k]) * sc[dd][k / 128];
 #pragma unroll
 				for (int tt = 0; tt < UV_ROWS; tt++)
 					acc[tt] = __fadd_rn(acc[tt], __fmul_rn(ol[tt][k], wv));

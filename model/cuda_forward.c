@@ -174,7 +174,7 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 		TAKE(ws, wsb);
 		r = cuda_gemm_fp8(F->g, W->w, W->s, x8, sx, y, Mp, N, K, ldy, ws, wsb);
 		gpu_arena_release(F->A, mark);
-		if (r != -ENOTSUP)
+		if (r != -ENOTSUP && r != -EINVAL) /* a shape the prefill path refuses: pieces */
 			return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
 	}
 	int piece = M < 64 ? M : 64;
