@@ -1,8 +1,9 @@
 /*
  * test_gpu_moe_block.c — the whole MoE block on the GPU (model/cuda_moe.c) against the CPU
- * backend's moe_forward on random weights: router logits and expert ids identical, routing
- * weights within fp32 rounding, the output within bf16/FP8 rounding (the GEMMs sum in another
- * order, so an intermediate bf16 or e4m3 rounding may flip: the limit is relative to the row).
+ * backend's moe_forward on random weights of realistic shape (block-quantised normals):
+ * router logits and expert ids identical, routing weights within fp32 rounding, the output
+ * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
+ * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
  * Small configs at T = 1, 5, 64, 300, and the real dims (7168 / 2048, 256 experts, top-8) at
  * T = 4, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
  * expert with its own scales (a mix-up of experts still shows). For T <= 64 (decode) the block
@@ -20,16 +21,38 @@
 #include "model/cuda_gemm.h"
 #include "model/cuda_moe.h"
 
-/* The limit on |y_gpu - y_cpu| / rms(row) for outputs more than one bf16 ulp off. */
-#define MOE_REL_LIMIT (1.0 / 32)
+/* Outputs more than one bf16 ulp off must stay within this fraction of their row's RMS.
+ * Decode sizes (T <= 64) run every GEMM on mma.sync kernels, whose fp32 sums differ from the
+ * CPU's in order only (run 1: bit-identical outputs). Larger T runs the shared expert through
+ * cuBLASLt and, once model/cuda_gemm.c dispatches it, the routed experts through the wgmma
+ * kernel: Hopper's wgmma FP8 accumulates a k32 step with reduced precision (DeepSeek-V3 report
+ * §3.3.2; run 1 measured 0.01-0.05 of the row RMS per GEMM on wide-range operands), which two
+ * chained GEMMs and the requantisation of their intermediate carry into y: a looser limit
+ * there, on realistic operands (below). A wrong expert, weight or row is off by O(1). */
+#define MOE_REL_LIMIT_MMA (1.0 / 128)
+#define MOE_REL_LIMIT_WGMMA (1.0 / 32)
 
-/* 256 e4m3 codes of U(-4, 4) values: a random byte picks one (fast bulk fills). */
+/* Realistic operands: weights ~ N(0, 1) quantised per 128x128 block so the block's largest
+ * value maps near the top of e4m3 (code = e4m3(z * 128), |z| < 3.2 here), power-of-two
+ * weight_scale_inv around 2^-12.5 (weights of RMS ~0.02); activations bf16 ~ N(0, 1).
+ * tab: 256 codes at the normal quantiles (i + 0.5) / 256; a random byte picks one. */
+static double normal_quantile(double p)
+{
+	double lo = -10, hi = 10;
+	for (int i = 0; i < 100; i++) {
+		double mid = 0.5 * (lo + hi);
+		if (0.5 * (1 + erf(mid / sqrt(2.0))) < p)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return 0.5 * (lo + hi);
+}
+
 static void e4m3_table(uint8_t *tab)
 {
-	for (int i = 0; i < 256; i++) {
-		float u = ((float)i + 0.5f) / 128.0f - 1.0f;
-		tab[i] = f32_to_e4m3(u * 4.0f);
-	}
+	for (int i = 0; i < 256; i++)
+		tab[i] = f32_to_e4m3((float)(normal_quantile((i + 0.5) / 256.0) * 128.0));
 }
 
 static void fill_codes(uint8_t *w, size_t n, const uint8_t *tab, uint64_t *seed)
@@ -41,10 +64,21 @@ static void fill_codes(uint8_t *w, size_t n, const uint8_t *tab, uint64_t *seed)
 	}
 }
 
+/* bf16 ~ N(0, sigma) (sum of four uniforms, scaled to variance sigma^2). */
+static void fill_normal_bf16(uint16_t *x, size_t n, float sigma, uint64_t *seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		float z = 0;
+		for (int k = 0; k < 4; k++)
+			z += (float)((test_rand(seed) >> 40) * (1.0 / (1ull << 24))) - 0.5f;
+		x[i] = f32_to_bf16(z * sqrtf(3.0f) * sigma);
+	}
+}
+
 static void fill_scales(float *s, size_t n, uint64_t *seed)
 {
 	for (size_t i = 0; i < n; i++)
-		s[i] = ldexpf(1.0f, -8 - (int)(test_rand(seed) % 3));
+		s[i] = ldexpf(1.0f, -12 - (int)(test_rand(seed) % 2));
 }
 
 static gpu_ptr upload(struct gpu *g, const void *h, size_t bytes)
@@ -82,8 +116,8 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	fill_scales(s2, ns2 * E, &seed);
 	fill_scales(shs13, (size_t)(2 * Ish / 128) * (D / 128), &seed);
 	fill_scales(shs2, (size_t)(D / 128) * (Ish / 128), &seed);
-	fill_bf16(gate, (size_t)E * D, 0.06f, &seed);
-	fill_bf16(xh, (size_t)T * D, 1.0f, &seed);
+	fill_normal_bf16(gate, (size_t)E * D, 1.0f / sqrtf((float)D), &seed); /* logits ~ N(0, 1) */
+	fill_normal_bf16(xh, (size_t)T * D, 1.0f, &seed);
 	for (int e = 0; e < E; e++)
 		bias[e] = ((float)(test_rand(&seed) % 2001) - 1000.0f) * 1e-5f;
 
@@ -233,6 +267,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		printf("\n");
 	}
 	/* y: worst error relative to the row, fraction over one bf16 ulp, first bad element */
+	const double limit = T <= 64 ? MOE_REL_LIMIT_MMA : MOE_REL_LIMIT_WGMMA;
 	int64_t over1 = 0, first_bad = -1;
 	double sum_rel = 0;
 	for (int t = 0; t < T; t++) {
@@ -246,16 +281,18 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 			double rel = fabs((double)bf16_to_f32(g_y[i]) - y[i]) / (rms > 0 ? rms : 1);
 			over1 += u > 1;
 			sum_rel += rel;
-			if (first_bad < 0 && u > 1 && !(rel <= MOE_REL_LIMIT)) {
+			if (first_bad < 0 && u > 1 && !(rel <= limit)) {
 				first_bad = (int64_t)i;
 				printf("      first bad y[%d, %d]: cpu %.6g gpu %.6g (row rms %.4g)\n", t, d,
 				       y[i], bf16_to_f32(g_y[i]), rms);
 			}
 		}
 	}
-	int64_t bad_y = gpu_count_bad_bf16(y, g_y, T, D, MOE_REL_LIMIT, "    y");
-	printf("    y: %.3f%% of outputs over 1 bf16 ulp, mean |err|/rms(row) %.3g\n",
-	       100.0 * (double)over1 / ((double)T * D), sum_rel / ((double)T * D));
+	int64_t bad_y = gpu_count_bad_bf16(y, g_y, T, D, limit, "    y");
+	printf("    y: %.3f%% of outputs over 1 bf16 ulp, mean |err|/rms(row) %.3g (limit %.3g of "
+	       "the row's RMS beyond 1 ulp: %s GEMMs)\n",
+	       100.0 * (double)over1 / ((double)T * D), sum_rel / ((double)T * D), limit,
+	       T <= 64 ? "mma.sync" : "wgmma-based");
 	if (graph_diff >= 0)
 		printf("    graph-captured block, replayed: %lld outputs differ from the direct run\n",
 		       (long long)graph_diff);
@@ -264,7 +301,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	CHECK_EQ_INT(bad_ids, 0);
 	CHECK_EQ_INT(bad_w, 0);
 	CHECK_EQ_INT(bad_y, 0);
-	CHECK((double)over1 < 0.10 * T * D); /* flips are rare, not the rule */
+	CHECK((double)over1 < (T <= 64 ? 0.02 : 0.25) * T * D); /* flips are not the rule */
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
 			 d_x, tr.logits, tr.idx, tr.wts, d_y};
