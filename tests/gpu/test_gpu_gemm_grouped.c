@@ -163,6 +163,17 @@ TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 120)
 		static const int rows3[] = {0, 0, 130};
 		check_grouped(&g, 3, rows3, 2112, 7168, 904, v < 2 ? 1 : 2); /* K chunked */
 	}
+	/* 8000 groups, two with rows, K chunked: more arrival counts than the fused chunk sum has
+	 * (slices x tiles x warps > 2^20), so the chunks are summed by a second launch; equal to
+	 * the dense GEMM's fused sum */
+	{
+		int *many = calloc(8000, sizeof *many);
+		many[5] = 3, many[7000] = 9;
+		cuda_gemm_set_stream(1);
+		cuda_gemm_set_stream_rt(1);
+		check_grouped(&g, 8000, many, 2112, 7168, 906, 1);
+		free(many);
+	}
 	/* the dispatch with many rows per group (the wgmma kernel where it is enabled) */
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_rt(0);
