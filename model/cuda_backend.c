@@ -74,6 +74,7 @@ struct cuda_backend {
 	struct gpu_arena scratch;
 	struct fwd_model m;               /* device addresses the forward reads */
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
+	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
 	uint64_t seed;
 	size_t pinned_bytes;
@@ -429,10 +430,15 @@ static int build_model(struct cuda_backend *b, struct err *e)
 
 /* ---- backend_ops --------------------------------------------------------------------------- */
 
+/* Decode steps replay CUDA graphs when DSV32_CUDA_GRAPHS=1 (read at every step, so a test
+ * can compare both ways on one backend). */
 static struct fwd_env env_of(struct cuda_backend *b)
 {
+	const char *gr = getenv("DSV32_CUDA_GRAPHS");
+	if (gr && *gr == '1' && !b->graphs)
+		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
-				&b->pinned, &b->pinned_bytes};
+				&b->pinned, &b->pinned_bytes, gr && *gr == '1' ? b->graphs : NULL};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -464,6 +470,7 @@ static int cuda_page_io(struct backend *base, int64_t layer, enum backend_pool p
 static void cuda_destroy(struct backend *base)
 {
 	struct cuda_backend *b = (struct cuda_backend *)base;
+	cuda_forward_graphs_free(b->graphs);
 	gpu_arena_free(&b->g, &b->scratch);
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);

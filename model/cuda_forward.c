@@ -51,6 +51,8 @@ struct fwd {
 	gpu_ptr bt;                /* [T, mb] the row's sequence's block table */
 	gpu_ptr lrows, hrows;      /* [n_logits], [n_hidden] row indices */
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
+	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
+	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 
 static int fwd_fail(const char *what, int r)
@@ -446,7 +448,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	}
 
 	/* sparse attention: selection, q absorption, MLA over the selected slots, W_UV */
-	int ksel = (int)(c->index_topk < F->max_n ? c->index_topk : F->max_n);
+	int ksel = F->ksel;
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
 	TRY(op_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
@@ -550,8 +552,16 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 			F->n_logits += !!(fl & BACKEND_ROW_LOGITS);
 			F->n_hidden += !!(fl & BACKEND_ROW_HIDDEN);
 		}
-	F->mb = (int)(maxp / KV_PAGE_TOKENS + 1);
+	/* block-table columns and the selection width rounded up to powers of two, so a captured
+	 * decode graph serves many steps (scores past a row's keys are -inf, lists -1 padded) */
+	int64_t mb = 1, ks = 1;
+	while (mb < maxp / KV_PAGE_TOKENS + 1)
+		mb *= 2;
+	while (ks < maxp + 1)
+		ks *= 2;
+	F->mb = (int)mb;
 	F->max_n = (int)(maxp + 1);
+	F->ksel = (int)(ks < c->index_topk ? ks : c->index_topk);
 	int64_t D = c->hidden_size;
 	/* pinned layout: tok, pos, slot, nkeys [T]; bt [T, mb]; lrows, hrows; then bf16 inputs */
 	size_t o_tok = 0, o_pos = al256(T * 4), o_slot = o_pos + al256(T * 4);
@@ -602,13 +612,21 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 		for (int64_t i = 0; i < T * D; i++)
 			dst[i] = f32_to_bf16(in[i]);
 	}
-	TAKE(dev, total);
-	if (cu_check(cu.cuMemcpyHtoDAsync(dev, h, total, F->g->stream), "cuMemcpyHtoDAsync", __FILE__,
-		     __LINE__))
+	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
+	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
+	return 0;
+}
+
+/* The step's one metadata upload (pinned -> device, on the stream: a node of a captured graph). */
+static int fwd_upload(struct fwd *F)
+{
+	TAKE(dev, F->meta_bytes);
+	if (cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
+		     "cuMemcpyHtoDAsync", __FILE__, __LINE__))
 		return -EIO;
-	F->tok = dev + o_tok, F->pos = dev + o_pos, F->slot = dev + o_slot, F->nkeys = dev + o_nk;
-	F->bt = dev + o_bt, F->lrows = dev + o_lr, F->hrows = dev + o_hr;
-	F->up[0] = dev + o_up, F->up[1] = dev + o_up + up_bytes;
+	F->tok = dev, F->pos = dev + F->o_pos, F->slot = dev + F->o_slot, F->nkeys = dev + F->o_nk;
+	F->bt = dev + F->o_bt, F->lrows = dev + F->o_lr, F->hrows = dev + F->o_hr;
+	F->up[0] = dev + F->o_up, F->up[1] = dev + F->o_up + F->up_bytes;
 	return 0;
 }
 
@@ -637,13 +655,17 @@ static int gather_download(struct fwd *F, gpu_ptr src, gpu_ptr idx, int n, int D
 	return r;
 }
 
-static int step_body(struct fwd *F)
+/* Everything of a step on the device, up to the final normed rows (*out, and r = the MTP
+ * block's output) and the logits of the flagged rows (*l32: fp32 [n_logits, V], 0 if none).
+ * No synchronisation unless dumping: this is what a decode graph captures. */
+static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32_p)
 {
 	const struct dsv32_config *c = F->c;
 	const struct fwd_model *m = F->m;
 	const struct backend_step *st = F->st;
 	int T = F->T, D = (int)c->hidden_size, V = (int)c->vocab_size;
 	int64_t Lm = c->num_hidden_layers;
+	TRY(fwd_upload(F));
 	TAKE(x, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] layer input / output */
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;
@@ -672,7 +694,24 @@ static int step_body(struct fwd *F)
 	TAKE(out, (size_t)F->Tp * D * 2);
 	TRY(op_rms(F, x, D, r, norm, out, D, D));
 	TRY(dump_all(F, "result_norm", st->mtp ? Lm : -1, out, DUMP_BF16, D, D));
+	*out_p = out, *r_p = r, *l32_p = 0;
+	if (F->n_logits) {
+		int nl = F->n_logits;
+		TAKE(hr, (size_t)nl * D * 2);
+		TAKE(l32, (size_t)nl * V * 4);
+		LAUNCH("k_moe_gather", nl, 1, 256, 0, &out, &F->lrows, &hr, &D);
+		TRY(op_lin(F, head, hr, D, l32, 0, V, nl, D, V));
+		*l32_p = l32;
+	}
+	return 0;
+}
 
+/* The step's outputs to the callers' buffers, in row order: the logits (downloaded from l32)
+ * and the hidden rows (gathered from out, or r for MTP). Waits for the step. */
+static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
+{
+	const struct backend_step *st = F->st;
+	int D = (int)F->c->hidden_size, V = (int)F->c->vocab_size;
 	float *hid = NULL, *lg = NULL;
 	int rc = 0;
 	if (F->n_hidden) {
@@ -680,23 +719,11 @@ static int step_body(struct fwd *F)
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
 	if (!rc && F->n_logits) {
-		int nl = F->n_logits;
-		gpu_ptr hr = take(F, (size_t)nl * D * 2), l32 = take(F, (size_t)nl * V * 4);
-		lg = malloc((size_t)nl * V * sizeof *lg);
-		if (!hr || !l32 || !lg) {
-			rc = -ENOMEM;
-		} else {
-			void *ga[] = {&out, &F->lrows, &hr, &D};
-			rc = gpu_launch(F->g, gpu_kernel(F->g, "k_moe_gather"), (unsigned)nl, 1, 1, 256, 1, 1, 0, ga);
-			if (!rc)
-				rc = op_lin(F, head, hr, D, l32, 0, V, nl, D, V);
-			if (!rc)
-				rc = gpu_download(F->g, lg, l32, (size_t)nl * V * 4);
-		}
+		lg = malloc((size_t)F->n_logits * V * sizeof *lg);
+		rc = lg ? gpu_download(F->g, lg, l32, (size_t)F->n_logits * V * 4) : -ENOMEM;
 	}
 	if (!rc && !F->n_logits && !F->n_hidden)
 		rc = gpu_sync(F->g); /* the step is complete when it returns */
-	/* out to the callers' buffers in row order */
 	for (int64_t i = 0, t = 0, kl = 0, kh = 0; !rc && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		int64_t nl = 0, nh = 0;
@@ -711,6 +738,110 @@ static int step_body(struct fwd *F)
 	free(hid);
 	free(lg);
 	return rc;
+}
+
+/* ---- decode graphs ------------------------------------------------------------------------------ */
+
+/* A captured step: valid for every step with the same shape (rows, block-table columns,
+ * selection width, whether scores run, logits rows), the same pinned staging buffer and the
+ * same arena top (its scratch addresses are baked in). */
+struct fwd_graph {
+	int T, mb, ksel, need, nl;
+	void *pinned;
+	size_t top;
+	CUgraphExec exec;
+	gpu_ptr out, r, l32;
+	unsigned long long used;
+};
+
+struct fwd_graphs {
+	struct fwd_graph g[FWD_MAX_GRAPHS];
+	int n;
+	unsigned long long clock;
+	int off;                  /* capture failed once: eager from then on */
+	int64_t captures, replays;
+};
+
+struct fwd_graphs *cuda_forward_graphs_new(void)
+{
+	return calloc(1, sizeof(struct fwd_graphs));
+}
+
+void cuda_forward_graphs_free(struct fwd_graphs *G)
+{
+	if (!G)
+		return;
+	for (int i = 0; i < G->n; i++)
+		cu.cuGraphExecDestroy(G->g[i].exec);
+	free(G);
+}
+
+void cuda_forward_graphs_stats(const struct fwd_graphs *G, int64_t *captures, int64_t *replays)
+{
+	*captures = G ? G->captures : 0;
+	*replays = G ? G->replays : 0;
+}
+
+/* Replays the step's graph, capturing it first if none fits. 1: not eligible (the caller runs
+ * the step eagerly), 0: done (outputs at *out, *r, *l32), < 0: error. */
+static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
+{
+	struct fwd_graphs *G = F->E->graphs;
+	const struct backend_step *st = F->st;
+	if (!G || G->off || st->dump || st->mtp || F->n_hidden || F->T > FWD_GRAPH_MAX_ROWS)
+		return 1;
+	int need = F->max_n > F->c->index_topk;
+	size_t top = F->A->top;
+	struct fwd_graph *hit = NULL;
+	for (int i = 0; i < G->n && !hit; i++) {
+		struct fwd_graph *x = &G->g[i];
+		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
+		    x->nl == F->n_logits && x->pinned == *F->E->pinned && x->top == top)
+			hit = x;
+	}
+	if (!hit) {
+		if (G->n == FWD_MAX_GRAPHS) { /* evict the least recently used */
+			int lru = 0;
+			for (int i = 1; i < G->n; i++)
+				if (G->g[i].used < G->g[lru].used)
+					lru = i;
+			cu.cuGraphExecDestroy(G->g[lru].exec);
+			G->g[lru] = G->g[--G->n];
+		}
+		CUgraph graph = NULL;
+		CUgraphExec exec = NULL;
+		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, *F->E->pinned, top, NULL,
+				      0, 0, 0, 0};
+		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
+			     "cuStreamBeginCapture", __FILE__, __LINE__))
+			return G->off = 1;
+		int rc = step_device(F, &x.out, &x.r, &x.l32);
+		CUresult er = cu.cuStreamEndCapture(F->g->stream, &graph);
+		if (!rc && er == CUDA_SUCCESS)
+			er = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
+		if (graph)
+			cu.cuGraphDestroy(graph);
+		gpu_arena_release(F->A, top); /* the replay uses the same addresses */
+		if (rc || er != CUDA_SUCCESS) {
+			fprintf(stderr, "<4>dsv32: cuda forward: decode graph capture failed (%d, CUresult "
+					"%d): steps run eagerly from now on\n", rc, (int)er);
+			if (exec)
+				cu.cuGraphExecDestroy(exec);
+			G->off = 1;
+			return 1;
+		}
+		x.exec = exec;
+		G->g[G->n] = x;
+		hit = &G->g[G->n++];
+		G->captures++;
+	} else {
+		G->replays++;
+	}
+	hit->used = ++G->clock;
+	if (cu_check(cu.cuGraphLaunch(hit->exec, F->g->stream), "cuGraphLaunch", __FILE__, __LINE__))
+		return -EIO;
+	*out = hit->out, *r = hit->r, *l32 = hit->l32;
+	return 0;
 }
 
 /* Rows one pass can hold in the arena: the scratch of one layer per row (the largest buffers
@@ -747,8 +878,14 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 	struct fwd F;
 	size_t mark = gpu_arena_mark(E->arena);
 	int r = fwd_begin(&F, E, st, NULL, NULL);
-	if (!r && F.T)
-		r = step_body(&F);
+	if (!r && F.T) {
+		gpu_ptr out = 0, res = 0, l32 = 0;
+		r = step_graph(&F, &out, &res, &l32);
+		if (r == 1)
+			r = step_device(&F, &out, &res, &l32);
+		if (!r)
+			r = step_finish(&F, out, res, l32);
+	}
 	if (r)
 		gpu_sync(E->g); /* nothing of this step may still run when the arena is reused */
 	gpu_arena_release(E->arena, mark);
@@ -827,6 +964,8 @@ int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct back
 	struct fwd F;
 	size_t mark = gpu_arena_mark(E->arena);
 	int rc = fwd_begin(&F, E, st, x, r);
+	if (!rc && F.T)
+		rc = fwd_upload(&F);
 	if (!rc && F.T) {
 		int D = (int)c->hidden_size, T = F.T;
 		int first = layer == 0 || layer == c->num_hidden_layers;

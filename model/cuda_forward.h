@@ -54,6 +54,14 @@ struct fwd_model {
 	int64_t rope_max_pos;
 };
 
+/* Captured decode steps (CUDA graphs), keyed by shape; see cuda_forward.c. */
+#define FWD_MAX_GRAPHS 32
+#define FWD_GRAPH_MAX_ROWS 64 /* steps of more rows run eagerly (decode GEMM path only) */
+struct fwd_graphs;
+struct fwd_graphs *cuda_forward_graphs_new(void);
+void cuda_forward_graphs_free(struct fwd_graphs *G);
+void cuda_forward_graphs_stats(const struct fwd_graphs *G, int64_t *captures, int64_t *replays);
+
 /* What a step runs against. */
 struct fwd_env {
 	struct gpu *g;
@@ -64,6 +72,7 @@ struct fwd_env {
 	gpu_ptr kv_base;              /* [n_layers][n_pages] MLA pages, then the indexer pages */
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
+	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */
 };
 
 /* The whole step (st validated by the caller). 0 or a negative errno. */

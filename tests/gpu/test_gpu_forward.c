@@ -12,6 +12,8 @@
  *     logits limits for the whole sequence as one step that the backend runs in passes;
  *   - end to end, token-by-token decode of one sequence mixed in the same steps with another
  *     sequence's 16-row prefill chunks: the same logits limits for both;
+ *   - decode one token per step eagerly and through captured CUDA graphs: bit-identical, both
+ *     timed;
  *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits.
  * mkmodel comes from $DSV32_BIN, else the directory of this executable, else build/.
  */
@@ -19,6 +21,7 @@
 
 #ifndef DSV32_NO_CUDA
 
+#include <time.h>
 #include <unistd.h>
 
 #include "model/backend.h"
@@ -500,6 +503,49 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 	check_logits(what, gb, ref, T, V);
 	snprintf(what, sizeof what, "%s e2e 16-row chunks (mixed steps)", name);
 	check_logits(what, gc, ref, T, V);
+	{ /* GPU D: seq B's positions again one token per step, eagerly and then through captured
+	   * graphs (DSV32_CUDA_GRAPHS=1): the same bits, and the step times */
+		float *ge = malloc((size_t)T * V * 4), *gg = malloc((size_t)T * V * 4);
+		REQUIRE(ge && gg);
+		gpu_fill_nan(ge, T * V), gpu_fill_nan(gg, T * V);
+		double us[2] = {0, 0};
+		for (int mode = 0; mode < 2; mode++) {
+			if (mode)
+				setenv("DSV32_CUDA_GRAPHS", "1", 1);
+			else
+				unsetenv("DSV32_CUDA_GRAPHS");
+			struct timespec a, b;
+			clock_gettime(CLOCK_MONOTONIC, &a);
+			for (int64_t pb = 0; pb < T; pb++) {
+				seq_rows(&s[0], &p, pb, 1, pos + T, fl + T, BACKEND_ROW_LOGITS, bt + nb, nb,
+					 mode ? gg : ge, NULL);
+				struct backend_step sg = {0, 1, s, NULL};
+				int rc = backend_step(p.gpu, &sg);
+				if (rc) {
+					test_fail(__FILE__, __LINE__, "cuda decode step (%s, row %lld) = %d",
+						  mode ? "graphs" : "eager", (long long)pb, rc);
+					break;
+				}
+			}
+			clock_gettime(CLOCK_MONOTONIC, &b);
+			us[mode] = ((double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3) / (double)T;
+		}
+		unsetenv("DSV32_CUDA_GRAPHS");
+		int64_t same = 0, first = -1;
+		for (int64_t t = 0; t < T; t++) {
+			int eq = !memcmp(gg + t * V, ge + t * V, (size_t)V * 4);
+			same += eq;
+			if (!eq && first < 0)
+				first = t;
+		}
+		printf("    %s decode one token per step: eager %.1f us/step, graphs %.1f us/step (%.2fx); "
+		       "%lld of %lld rows bit-identical (first differing row %lld)\n", name, us[0], us[1],
+		       us[1] > 0 ? us[0] / us[1] : 0.0, (long long)same, (long long)T, (long long)first);
+		CHECK(same == T);
+		snprintf(what, sizeof what, "%s e2e decode through graphs", name);
+		check_logits(what, gg, ref, T, V);
+		free(ge), free(gg);
+	}
 	{ /* GPU batch invariance is not required (the GEMM paths differ by M): printed only */
 		double *e = malloc((size_t)T * sizeof *e);
 		int64_t same = 0;
