@@ -96,10 +96,10 @@ static int smem_optin(void *fn, int bytes)
  * rows = M), grouped otherwise (rows = max_rows). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
-			 int K, int ldy, gpu_ptr ws)
+			 int K, int ldy, gpu_ptr ws, int copy_only)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
-	if (sp.chunks > 1 && !ws)
+	if (sp.chunks > 1 && !ws && !copy_only)
 		return -EINVAL;
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
 	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
@@ -109,7 +109,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : slice_rows > 16 ? 2 : 1;
 	const int tile = 128, pitch = 272; /* the kernel's ST_TR, ST_PITCH */
 	char name[40];
-	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", 1 << v, rt);
+	if (copy_only)
+		rt = 1;
+	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", copy_only ? 0 : 1 << v, rt);
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + slice_cap * 16, stage = (tile + mpad) * pitch;
 	int ns = (ST_SMEM_MAX - head) / stage;
@@ -134,11 +136,13 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
+	if (copy_only)
+		fused = 0;
 	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
 			&sx,    &y,     &ws,   &rows, &N, &K,         &ldy,
 			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
 	r = gpu_launch(g, fn, grid, 1, 1, (unsigned)(8 / rt + 1) * 32, 1, 1, (unsigned)smem, args);
-	if (r || sp.chunks == 1 || fused)
+	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
@@ -163,7 +167,14 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 			M, N, K, ldy);
 		return -EINVAL;
 	}
-	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws);
+	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0);
+}
+
+int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)
+{
+	if (M < 1 || M > 64 || N % 16 || K % 128)
+		return -EINVAL;
+	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1);
 }
 
 /* The previous decode kernel (gemm_fp8_decode.cu: 16-byte register loads, ksplit warps per
@@ -239,7 +250,7 @@ int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 		return 0;
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
-	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws);
+	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0);
 }
 
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

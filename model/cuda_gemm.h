@@ -42,6 +42,9 @@ void cuda_gemm_set_stream(int on);
  * numbers either way, the benchmark compares them; 0: the default rule (2 above 16 rows per
  * slice). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
+/* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
+ * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
+int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K);
 /* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads) and the first
  * grouped version built on it, kept for the benchmark's comparison. */
 size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K);
