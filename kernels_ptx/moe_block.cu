@@ -1,6 +1,6 @@
 // moe_block.cu — the pieces of the MoE block (spec §3.9) around the expert GEMMs: the router
-// logits, the gather of the quantised rows by expert, and SwiGLU fused with the act_quant of the
-// down projection's input. Launchers: model/cuda_moe.c.
+// logits, the gather of the quantised rows by expert, SwiGLU fused with the act_quant of the
+// down projection's input, and the vectorised combine. Launchers: model/cuda_moe.c.
 //
 // k_moe_gate_logits: logits fp32 [T, E] = x bf16 [T, D] · W bf16 [E, D]^T in the CPU's
 //   summation order (model/cpu_ops.c cpu_dot_bf16): eight partial sums, partial j adding the
@@ -8,8 +8,9 @@
 //   ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)). A bf16 x bf16 product is exact in fp32, so the FMA
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
 //   routing agrees even at near ties. D % 8 == 0, E % 2 == 0.
-//   Block: 2 experts (their rows staged in shared memory: 2 * D * 2 bytes dynamic) x 8 partials
-//   x 16 token slots; each thread runs one partial sum. Grid (E / 2, ceil(T / 16)). The
+//   Block: 2 experts x 8 partials x 16 token slots, each thread one partial sum; K in chunks
+//   of GS_KC staged in shared memory (the 16 token rows and the 2 expert rows, the next chunk
+//   in flight in registers). Grid (E / 2, ceil(T / 16)), no dynamic shared memory. The
 //   partials of one (token, expert) are 8 adjacent lanes, reduced by shuffles xor 1, 2, 4 —
 //   which is exactly the tree above.
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 128 == 0), a
@@ -21,32 +22,67 @@
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
 //   One warp per 128-group, 4 values per lane; grid covers R * I / 128 groups, 8 warps a block.
+// k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
+//   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
+//   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
 
+#define GS_KC 1024 // K chunk of k_moe_gate_logits
+#define GS_PAD 8   // bf16 padding of a staged row: rows 4 banks apart, conflict-free reads
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		  float *__restrict__ logits, int T, int E, int D)
 {
-	extern __shared__ uint4 gate_w4[]; // [2, D] bf16: this block's two expert rows
-	const uint16_t *wsm = reinterpret_cast<const uint16_t *>(gate_w4);
-	const int e0 = blockIdx.x * 2;
-	const uint4 *src = reinterpret_cast<const uint4 *>(W + (size_t)e0 * D);
-	for (int i = threadIdx.x; i < 2 * D / 8; i += blockDim.x)
-		gate_w4[i] = src[i];
-	__syncthreads(); // both rows staged
-	const int j = threadIdx.x & 7, slot = (threadIdx.x >> 3) & 15, el = threadIdx.x >> 7;
-	const int t = blockIdx.y * 16 + slot;
-	const uint16_t *xr = x + (size_t)min(t, T - 1) * D + j; // rows past T: a copy, never stored
-	const uint16_t *wr = wsm + (size_t)el * D + j;
+	__shared__ __align__(16) uint16_t xs[16][GS_KC + GS_PAD]; // the block's 16 token rows
+	__shared__ __align__(16) uint16_t ws[2][GS_KC + GS_PAD];  // its 2 expert rows
+	const int tid = threadIdx.x, j = tid & 7, slot = (tid >> 3) & 15, el = tid >> 7;
+	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * 16;
+	const int rows = min(16, T - t0);
+	// staging: 18 rows x 128 uint4 per chunk, 9 per thread (rows past T are not loaded: their
+	// slots compute on stale data and are never stored)
+	uint4 pre[9];
+	auto load = [&](int kc, int len) {
+#pragma unroll
+		for (int r = 0; r < 9; r++) {
+			const int q = tid + 256 * r, row = q >> 7, c = q & 127;
+			if (8 * c < len) {
+				if (row < 16 && row < rows)
+					pre[r] = __ldg(reinterpret_cast<const uint4 *>(
+						x + (size_t)(t0 + row) * D + kc + 8 * c));
+				else if (row >= 16)
+					pre[r] = __ldg(reinterpret_cast<const uint4 *>(
+						W + (size_t)(e0 + row - 16) * D + kc + 8 * c));
+			}
+		}
+	};
+	load(0, min(GS_KC, D));
 	float p = 0.f;
+	for (int kc = 0; kc < D; kc += GS_KC) {
+		const int len = min(GS_KC, D - kc);
+		__syncthreads(); // the previous chunk's reads are done
+#pragma unroll
+		for (int r = 0; r < 9; r++) {
+			const int q = tid + 256 * r, row = q >> 7, c = q & 127;
+			if (8 * c < len) {
+				if (row < 16 && row < rows)
+					*reinterpret_cast<uint4 *>(&xs[row][8 * c]) = pre[r];
+				else if (row >= 16)
+					*reinterpret_cast<uint4 *>(&ws[row - 16][8 * c]) = pre[r];
+			}
+		}
+		__syncthreads(); // the chunk is staged
+		if (kc + GS_KC < D)
+			load(kc + GS_KC, min(GS_KC, D - kc - GS_KC));
+		const uint16_t *xr = &xs[slot][j], *wr = &ws[el][j];
 #pragma unroll 8
-	for (int k = 0; k < D; k += 8) // exact product: fma == the CPU's multiply, then add
-		p = fmaf(bf16_to_f32(xr[k]), bf16_to_f32(wr[k]), p);
+		for (int k = 0; k < len; k += 8) // exact product: fma == the CPU's multiply, then add
+			p = fmaf(bf16_to_f32(xr[k]), bf16_to_f32(wr[k]), p);
+	}
 	p += __shfl_xor_sync(0xffffffffu, p, 1); // (p0+p1), (p2+p3), ...
 	p += __shfl_xor_sync(0xffffffffu, p, 2); // ((p0+p1)+(p2+p3)), ...
 	p += __shfl_xor_sync(0xffffffffu, p, 4); // the whole tree
-	if (j == 0 && t < T)
-		logits[(size_t)t * E + e0 + el] = p;
+	if (j == 0 && slot < rows)
+		logits[(size_t)(t0 + slot) * E + e0 + el] = p;
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of 128 staged
@@ -192,4 +228,58 @@ k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 	*reinterpret_cast<uint32_t *>(h8 + row * I + c * 128 + lane * 4) = packed;
 	if (lane == 0)
 		hs[group] = sc;
+}
+
+// acc[q] += bf16 value q of v times wk: one fp32 multiply and one add (no FMA), as moe_combine.
+__device__ __forceinline__ void combine_add8(float acc[8], uint4 v, float wk)
+{
+	const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+	for (int q = 0; q < 8; q++) {
+		const float xv = __uint_as_float(q & 1 ? vw[q >> 1] & 0xffff0000u : vw[q >> 1] << 16);
+		acc[q] = __fadd_rn(acc[q], __fmul_rn(xv, wk));
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
+		 const int *__restrict__ perm, const uint16_t *__restrict__ sh,
+		 uint16_t *__restrict__ y, int T, int K, int D)
+{
+	const long long n8 = (long long)T * D / 8;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
+	     i += (long long)gridDim.x * blockDim.x) {
+		const long long e0 = i * 8;
+		const int t = (int)(e0 / D), d = (int)(e0 % D);
+		float acc[8];
+#pragma unroll
+		for (int q = 0; q < 8; q++)
+			acc[q] = 0.f;
+		// picks in ascending expert id, as moe_combine; the first 8 rows' loads all in flight
+		uint4 v[8];
+		float wk[8];
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			if (k < K) {
+				wk[k] = w[(size_t)t * K + k];
+				v[k] = *reinterpret_cast<const uint4 *>(ex + (size_t)perm[t * K + k] * D + d);
+			}
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			if (k < K)
+				combine_add8(acc, v[k], wk[k]);
+		for (int k = 8; k < K; k++)
+			combine_add8(acc, *reinterpret_cast<const uint4 *>(ex + (size_t)perm[t * K + k] * D + d),
+				     w[(size_t)t * K + k]);
+		const uint4 s = *reinterpret_cast<const uint4 *>(sh + e0);
+		const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+		uint32_t o[4];
+#pragma unroll
+		for (int h = 0; h < 4; h++) {
+			const float lo = __fadd_rn(acc[2 * h], __uint_as_float(sw[h] << 16));
+			const float hi = __fadd_rn(acc[2 * h + 1], __uint_as_float(sw[h] & 0xffff0000u));
+			o[h] = (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
+		}
+		*reinterpret_cast<uint4 *>(y + e0) = make_uint4(o[0], o[1], o[2], o[3]);
+	}
 }

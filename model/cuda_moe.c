@@ -9,7 +9,7 @@
  *   -> grouped FP8 GEMM with the fused gate|up weights (N = 2 * moe_inter)
  *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) -> grouped FP8 GEMM down_proj
  *   -> the shared expert (cuda_gemm_fp8 on the same quantised x, SwiGLU + act_quant, down)
- *   -> k_moe_combine (bit-identical to the CPU's moe_combine).
+ *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
  * act_quant as in cpu_fp8_linear.
  * The expert GEMMs are model/cuda_gemm.c's cuda_gemm_fp8_grouped (the decode kernel or wgmma by
@@ -168,8 +168,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					(unsigned)((T + 31) / 32), 1, 256, 1, 1, 0, args);
 		else
 			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits"), (unsigned)(E / 2),
-					(unsigned)((T + 15) / 16), 1, 256, 1, 1, (unsigned)(2 * D * 2),
-					args);
+					(unsigned)((T + 15) / 16), 1, 256, 1, 1, 0, args);
 		if (rc)
 			return rc;
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
@@ -240,11 +239,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* y = bf16( sum of weighted expert rows + shared ) */
 	void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], (void *)&b[B_SHY],
 			 &y, &T, &K, &D};
-	long long n = (long long)T * D;
-	long long blocks = (n + 255) / 256;
-	return gpu_launch(g, gpu_kernel(g, "k_moe_combine"),
-			  (unsigned)(blocks < 4 * g->sm_count ? blocks : 4 * g->sm_count), 1, 1, 256,
-			  1, 1, 0, cargs);
+	long long blocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
+	return gpu_launch(g, gpu_kernel(g, "k_moe_combine_v8"), (unsigned)(blocks < cap ? blocks : cap),
+			  1, 1, 256, 1, 1, 0, cargs);
 }
 
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
