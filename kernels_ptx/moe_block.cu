@@ -13,7 +13,7 @@
 //   in flight in registers). Grid (E / 2, ceil(T / 16)), no dynamic shared memory. The
 //   partials of one (token, expert) are 8 adjacent lanes, reduced by shuffles xor 1, 2, 4 —
 //   which is exactly the tree above.
-// k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 128 == 0), a
+// k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
@@ -85,73 +85,80 @@ k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		logits[(size_t)(t0 + slot) * E + e0 + el] = p;
 }
 
-// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of 128 staged
-// in shared memory as fp32, split by partial: xs[t][j][s] = x[t, kc + 8s + j], so partial j's
-// 16 steps of a chunk are contiguous (4-wide loads; rows padded to 20 floats: no bank
-// conflicts). Thread (owner o = tid / 8, partial j = tid % 8) keeps partial j of 4 tokens x 8
-// experts in registers, adding the steps in ascending k: the same sums as gate_logits.
+// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64
+// staged in shared memory as fp32 and split by partial: xs[t][j][s] = x[t, kc + 8s + j], so
+// partial j's 8 steps of a chunk are contiguous (two 4-wide loads; 12 floats per (row, partial):
+// conflict-free reads). Two buffers: chunk c+1 is stored while chunk c is summed, one barrier a
+// chunk; chunk c+2 is in flight in registers. Thread (owner o = tid / 8, partial j = tid % 8)
+// keeps partial j of 4 tokens x 8 experts, adding the steps in ascending k: the same sums as
+// k_moe_gate_logits.
 #define GT_T 32
 #define GT_E 32
-#define GT_PAD 20
+#define GT_KC 64
+#define GT_PAD 12
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 			float *__restrict__ logits, int T, int E, int D)
 {
-	__shared__ __align__(16) float xs[GT_T][8][GT_PAD];
-	__shared__ __align__(16) float ws[GT_E][8][GT_PAD];
+	__shared__ __align__(16) float xs[2][GT_T][8][GT_PAD];
+	__shared__ __align__(16) float ws[2][GT_E][8][GT_PAD];
 	const int tid = threadIdx.x, j = tid & 7, o = tid >> 3;
 	const int ot = o & 7, oe = o >> 3; // tokens 4*ot .. +3, experts 8*oe .. +7 of the tile
 	const int t_base = blockIdx.y * GT_T, e_base = blockIdx.x * GT_E;
-	// staging: 64 rows (32 of x, 32 of W) x 16 uint4 per chunk; thread q loads 4 of them
-	const uint4 *src[4];
-	float *dst[4];
+	// staging: 64 rows (32 of x, 32 of W) x 8 uint4 per chunk; thread q stages rows q / 8 of
+	// its two q = tid, tid + 256, step q % 8
+	const uint4 *src[2];
+	int srow[2], sst[2];
 #pragma unroll
-	for (int r = 0; r < 4; r++) {
-		const int q = tid + 256 * r, row = q >> 4, s = q & 15;
-		if (row < GT_T) {
-			const int t = min(t_base + row, T - 1); // rows past T: a copy, never stored
-			src[r] = reinterpret_cast<const uint4 *>(x + (size_t)t * D + 8 * s);
-			dst[r] = &xs[row][0][s];
-		} else {
-			src[r] = reinterpret_cast<const uint4 *>(W + (size_t)(e_base + row - GT_T) * D + 8 * s);
-			dst[r] = &ws[row - GT_T][0][s];
-		}
+	for (int r = 0; r < 2; r++) {
+		const int q = tid + 256 * r, row = q >> 3, st = q & 7;
+		srow[r] = row, sst[r] = st;
+		if (row < GT_T) // rows past T: a copy of row T-1, never stored
+			src[r] = reinterpret_cast<const uint4 *>(x + (size_t)min(t_base + row, T - 1) * D + 8 * st);
+		else
+			src[r] = reinterpret_cast<const uint4 *>(W + (size_t)(e_base + row - GT_T) * D + 8 * st);
 	}
+	auto stage = [&](int buf, const uint4 *v) {
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			float *dst = srow[r] < GT_T ? &xs[buf][srow[r]][0][sst[r]]
+						    : &ws[buf][srow[r] - GT_T][0][sst[r]];
+			const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+			for (int h = 0; h < 4; h++) {
+				dst[(2 * h) * GT_PAD] = __uint_as_float(wd[h] << 16);
+				dst[(2 * h + 1) * GT_PAD] = __uint_as_float(wd[h] & 0xffff0000u);
+			}
+		}
+	};
 	float acc[4][8];
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 #pragma unroll
 		for (int e = 0; e < 8; e++)
 			acc[i][e] = 0.f;
-	uint4 pre[4];
+	const int nc = D / GT_KC;
+	uint4 pre[2];
 #pragma unroll
-	for (int r = 0; r < 4; r++)
+	for (int r = 0; r < 2; r++)
 		pre[r] = __ldg(src[r]);
-	for (int kc = 0; kc < D; kc += 128) {
-		__syncthreads(); // the previous chunk's reads are done
+	stage(0, pre);
+	if (nc > 1)
 #pragma unroll
-		for (int r = 0; r < 4; r++) {
-			const uint32_t wd[4] = {pre[r].x, pre[r].y, pre[r].z, pre[r].w};
+		for (int r = 0; r < 2; r++)
+			pre[r] = __ldg(src[r] + GT_KC / 8);
+	__syncthreads(); // chunk 0 staged
+	for (int c = 0; c < nc; c++) {
+		const int buf = c & 1;
 #pragma unroll
-			for (int h = 0; h < 4; h++) {
-				dst[r][(2 * h) * GT_PAD] = __uint_as_float(wd[h] << 16);
-				dst[r][(2 * h + 1) * GT_PAD] = __uint_as_float(wd[h] & 0xffff0000u);
-			}
-		}
-		__syncthreads(); // the chunk is staged
-		if (kc + 128 < D)
-#pragma unroll
-			for (int r = 0; r < 4; r++)
-				pre[r] = __ldg(src[r] + (kc + 128) / 8);
-#pragma unroll
-		for (int s4 = 0; s4 < 4; s4++) {
+		for (int s4 = 0; s4 < 2; s4++) {
 			float4 xv[4], wv[8];
 #pragma unroll
 			for (int i = 0; i < 4; i++)
-				xv[i] = *reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
+				xv[i] = *reinterpret_cast<const float4 *>(&xs[buf][4 * ot + i][j][4 * s4]);
 #pragma unroll
 			for (int e = 0; e < 8; e++)
-				wv[e] = *reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
+				wv[e] = *reinterpret_cast<const float4 *>(&ws[buf][8 * oe + e][j][4 * s4]);
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -162,6 +169,14 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 					acc[i][e] = fmaf(xv[i].w, wv[e].w, acc[i][e]);
 				}
 		}
+		if (c + 1 < nc) { // the other buffer was last read in chunk c-1, before the barrier
+			stage(buf ^ 1, pre);
+			if (c + 2 < nc)
+#pragma unroll
+				for (int r = 0; r < 2; r++)
+					pre[r] = __ldg(src[r] + (size_t)(c + 2) * (GT_KC / 8));
+		}
+		__syncthreads(); // chunk c+1 staged; chunk c's reads done
 	}
 #pragma unroll
 	for (int i = 0; i < 4; i++)

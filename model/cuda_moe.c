@@ -188,6 +188,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);
 		if (rc)
 			return rc;
+	}
+	if (stages & CUDA_MOE_GATHER) {
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_X8], (void *)&b[B_SX], &ng};
 		rc = gpu_launch(g, gpu_kernel(g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1,

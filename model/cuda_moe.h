@@ -62,13 +62,14 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 /* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
 enum {
 	CUDA_MOE_GATE = 1,     /* router logits, routing */
-	CUDA_MOE_PERMUTE = 2,  /* rows by expert, act_quant of x, gather */
+	CUDA_MOE_PERMUTE = 2,  /* rows by expert (counts, offsets, permutation) */
+	CUDA_MOE_GATHER = 128, /* act_quant of x, the rows gathered in expert order */
 	CUDA_MOE_W13 = 4,      /* grouped GEMM, fused gate|up */
 	CUDA_MOE_SWIGLU = 8,   /* SwiGLU + act_quant of the routed rows */
 	CUDA_MOE_W2 = 16,      /* grouped GEMM, down_proj */
 	CUDA_MOE_SHARED = 32,  /* the shared expert */
 	CUDA_MOE_COMBINE = 64, /* weighted sum into y */
-	CUDA_MOE_ALL = 127,
+	CUDA_MOE_ALL = 255,
 };
 /* cuda_moe_forward running only the stages in `stages`. The scratch is pushed in a fixed order,
  * so with the same arena mark and T a skipped stage's outputs are what the previous call left

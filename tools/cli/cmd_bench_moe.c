@@ -247,9 +247,9 @@ int bench_moe(int argc, char **argv)
 			const char *name;
 			unsigned stages;
 		} parts[] = {{"gate", CUDA_MOE_GATE},     {"permute", CUDA_MOE_PERMUTE},
-			     {"w13", CUDA_MOE_W13},       {"swiglu", CUDA_MOE_SWIGLU},
-			     {"w2", CUDA_MOE_W2},         {"shared", CUDA_MOE_SHARED},
-			     {"combine", CUDA_MOE_COMBINE}};
+			     {"gather", CUDA_MOE_GATHER}, {"w13", CUDA_MOE_W13},
+			     {"swiglu", CUDA_MOE_SWIGLU}, {"w2", CUDA_MOE_W2},
+			     {"shared", CUDA_MOE_SHARED}, {"combine", CUDA_MOE_COMBINE}};
 		float sum = 0;
 		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
 			b.stages = parts[p].stages;
