@@ -13,8 +13,9 @@
  * of the next; the rate is reported. With synthetic weights (backend_cuda_create_opts) the tensors
  * a header-only checkpoint leaves as holes are generated in place instead (model/cuda_synth.h).
  *
- * Placement (for the fused GEMMs of model/cuda_forward.c and model/cuda_moe.h): q_a_proj and
- * kv_a_proj_with_mqa adjacent as one [q_lora_rank + kv_lora_rank + rope, hidden] matrix when
+ * Placement (for the fused GEMMs of model/cuda_forward.c and model/cuda_moe.h): the three
+ * projections of the attention-normed input, q_a_proj, indexer.wk and kv_a_proj_with_mqa,
+ * adjacent as one [q_lora_rank + index_head_dim + kv_lora_rank + rope, hidden] matrix when
  * q_lora_rank % 128 == 0 (their scale matrices adjacent too, so the scale block of every row is
  * where the fused matrix expects it); every gate_proj / up_proj pair (dense MLP, each expert,
  * the shared expert) adjacent as one [2 * inter, hidden] matrix. The norm vectors (fp32 copies
@@ -151,29 +152,40 @@ static int64_t tensor_of(const struct cuda_backend *b, const void *p)
 	return -1;
 }
 
-/* Places FP8 weights x and y (same `in`, x->out % 128 == 0) as one matrix [x.out + y.out, in]
- * with adjacent scale matrices; their tensors are then copied there by the upload. 0, or -1
- * when they cannot be fused (left to the ordinary placement). */
+/* Places n FP8 weights p[0..n-1] (same `in`, every one but the last with out % 128 == 0) as one
+ * matrix [sum of out, in] with adjacent scale matrices, so each row's scale block is where the
+ * fused matrix expects it; their tensors are then copied there by the upload. 0, or -1 when
+ * they cannot be fused (left to the ordinary placement). */
+static int place_group(struct cuda_backend *b, const struct fp8_linear *const *p, int n,
+		       struct fwd_fp8 *out)
+{
+	int64_t t[8];
+	size_t wb = 0, sb = 0;
+	for (int i = 0; i < n; i++) {
+		t[2 * i] = tensor_of(b, p[i]->w), t[2 * i + 1] = tensor_of(b, p[i]->scale);
+		if (p[i]->in != p[0]->in || (i < n - 1 && p[i]->out % 128) || t[2 * i] < 0 ||
+		    t[2 * i + 1] < 0 || b->tensor_dev[t[2 * i]] || b->tensor_dev[t[2 * i + 1]])
+			return -1;
+		wb += b->ck->tensors[t[2 * i]].nbytes, sb += b->ck->tensors[t[2 * i + 1]].nbytes;
+	}
+	gpu_ptr W = gpu_region_alloc(&b->weights_region, wb);
+	gpu_ptr S = gpu_region_alloc(&b->weights_region, sb);
+	if (!W || !S)
+		return -1;
+	*out = (struct fwd_fp8){W, S, 0, (int)p[0]->in};
+	for (int i = 0; i < n; i++) {
+		b->tensor_dev[t[2 * i]] = W, b->tensor_dev[t[2 * i + 1]] = S;
+		W += b->ck->tensors[t[2 * i]].nbytes, S += b->ck->tensors[t[2 * i + 1]].nbytes;
+		out->out += (int)p[i]->out;
+	}
+	return 0;
+}
+
 static int place_pair(struct cuda_backend *b, const struct fp8_linear *x, const struct fp8_linear *y,
 		      struct fwd_fp8 *out)
 {
-	int64_t t[4] = {tensor_of(b, x->w), tensor_of(b, x->scale), tensor_of(b, y->w),
-			tensor_of(b, y->scale)};
-	if (x->in != y->in || x->out % 128)
-		return -1;
-	for (int i = 0; i < 4; i++)
-		if (t[i] < 0 || b->tensor_dev[t[i]])
-			return -1;
-	size_t wx = b->ck->tensors[t[0]].nbytes, wy = b->ck->tensors[t[2]].nbytes;
-	size_t sx = b->ck->tensors[t[1]].nbytes, sy = b->ck->tensors[t[3]].nbytes;
-	gpu_ptr W = gpu_region_alloc(&b->weights_region, wx + wy);
-	gpu_ptr S = gpu_region_alloc(&b->weights_region, sx + sy);
-	if (!W || !S)
-		return -1;
-	b->tensor_dev[t[0]] = W, b->tensor_dev[t[2]] = W + wx;
-	b->tensor_dev[t[1]] = S, b->tensor_dev[t[3]] = S + sx;
-	*out = (struct fwd_fp8){W, S, (int)(x->out + y->out), (int)x->in};
-	return 0;
+	const struct fp8_linear *p[2] = {x, y};
+	return place_group(b, p, 2, out);
 }
 
 static const struct layer_weights *layer_w(const struct cuda_backend *b, int64_t l)
@@ -193,7 +205,8 @@ static int place_fused(struct cuda_backend *b, struct err *e)
 	for (int64_t l = 0; l < n_fwd_layers(b); l++) {
 		const struct layer_weights *lw = layer_w(b, l);
 		struct fwd_layer *L = &b->m.layers[l];
-		L->fused_qkv = place_pair(b, &lw->wq_a, &lw->wkv_a, &L->qkv) == 0;
+		const struct fp8_linear *qkv[3] = {&lw->wq_a, &lw->idx_wk, &lw->wkv_a};
+		L->fused_qkv = place_group(b, qkv, 3, &L->qkv) == 0;
 		L->is_moe = lw->is_moe;
 		if (!lw->is_moe) {
 			if (place_pair(b, &lw->w1, &lw->w3, &L->w13))
@@ -325,8 +338,9 @@ static int build_rope(struct cuda_backend *b, struct err *e)
 {
 	const struct dsv32_config *c = b->base.c;
 	int64_t half = c->qk_rope_head_dim / 2, n = c->max_position_embeddings;
-	if (half != 32)
-		return err_set(e, -EINVAL, "cuda backend: qk_rope_head_dim must be 64 (k_rope)");
+	if (half != 32 || c->index_head_dim != 128 || c->index_n_heads > 64)
+		return err_set(e, -EINVAL, "cuda backend: qk_rope_head_dim 64, index_head_dim 128 and "
+					   "index_n_heads <= 64 are what the kernels take");
 	float *inv = malloc((size_t)half * sizeof *inv), *cs = malloc((size_t)n * 64 * sizeof *cs);
 	float co[32], si[32];
 	if (!inv || !cs) {

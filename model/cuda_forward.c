@@ -364,7 +364,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, qlr = (int)c->q_lora_rank, dv = (int)c->v_head_dim;
 	int Hi = (int)c->index_n_heads, Hpad = (H + 15) / 16 * 16;
-	int Nq = qlr + Rk + rope; /* [q_a | kv_a] */
+	int Nq = qlr + 128 + Rk + rope, kvo = qlr + 128; /* [q_a | idx wk | kv_a] */
 	size_t mark = gpu_arena_mark(F->A);
 
 	/* attention norm with the fused residual add: r = bf16(x + r), a = RMSNorm(x + r) */
@@ -382,20 +382,23 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TRY(dump_all(F, "attn_norm", layer, a, DUMP_BF16, D, D));
 	TRY(op_quant(F, a, a8, as, T, D));
 
-	/* MLA projections (§3.3): [q_a | kv_a] = a W^T (one GEMM when fused) */
-	TAKE(yq, (size_t)Tp * Nq * 2);        /* bf16 [Tp, q_lora_rank | kv_lora_rank | rope] */
+	/* the projections of a (§3.3, §3.6.2): [q_a | indexer wk | kv_a] = a W^T, one GEMM when the
+	 * three are placed as one matrix */
+	TAKE(yq, (size_t)Tp * Nq * 2);        /* bf16 [Tp, q_lora_rank | 128 | kv_lora_rank | rope] */
 	if (L->fused_qkv) {
 		TRY(op_gemm(F, &L->qkv, a8, as, yq, T, Nq));
 	} else {
 		TRY(op_gemm(F, &L->q_a, a8, as, yq, T, Nq));
-		TRY(op_gemm(F, &L->kv_a, a8, as, yq + (size_t)qlr * 2, T, Nq));
+		TRY(op_gemm(F, &L->idx_k, a8, as, yq + (size_t)qlr * 2, T, Nq));
+		TRY(op_gemm(F, &L->kv_a, a8, as, yq + (size_t)kvo * 2, T, Nq));
 	}
 	TAKE(cq, (size_t)Tp * qlr * 2);       /* bf16 [Tp, q_lora_rank] q_cmpr */
 	TAKE(ckv, (size_t)Tp * Rk * 2);       /* bf16 [Tp, kv_lora_rank] kv_cmpr (pre-FP8) */
-	gpu_ptr kpe = yq + (size_t)(qlr + Rk) * 2; /* bf16 [Tp, rope] in yq's rows */
+	gpu_ptr kpe = yq + (size_t)(kvo + Rk) * 2; /* bf16 [Tp, rope] in yq's rows */
+	gpu_ptr ikr = yq + (size_t)qlr * 2;   /* bf16 [Tp, 128] indexer wk output, in yq's rows */
 	TRY(op_rms(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr));
-	TRY(op_rms(F, yq + (size_t)qlr * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
-	TRY(op_rope(F, yq, 1, Nq, 0, qlr + Rk, 1));
+	TRY(op_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
+	TRY(op_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
 	TAKE(cq8, (size_t)Tp * qlr);
 	TAKE(cqs, (size_t)Tp * (qlr / 128) * 4);
 	TRY(op_quant(F, cq, cq8, cqs, T, qlr));
@@ -412,10 +415,8 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
 	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
-	TAKE(ikr, (size_t)Tp * 128 * 2);      /* bf16 [Tp, 128] wk output */
 	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
 	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
-	TRY(op_gemm(F, &L->idx_k, a8, as, ikr, T, 128));
 	TRY(op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
 	TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
 	TRY(op_hadamard(F, iq, T * Hi));
@@ -426,10 +427,9 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		LAUNCH("k_fwd_idx_weights", (n + 255) / 256, 1, 256, 0, &iw, &iqs, &n, &hs, &ds);
 	}
 	{
-		int ld = 128;
 		float eps = (float)c->rms_norm_eps;
 		gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
-		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &ld, &nw, &nb, &ik, &T, &eps);
+		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &T, &eps);
 	}
 	TRY(op_rope(F, ik, 1, 128, 0, 0, 0));
 	TRY(op_hadamard(F, ik, T));
@@ -852,7 +852,7 @@ static int64_t fwd_max_rows(const struct fwd_env *E)
 	const struct dsv32_config *c = E->c;
 	int64_t D = c->hidden_size, H = c->num_attention_heads, Hpad = (H + 15) / 16 * 16;
 	int64_t Rk = c->kv_lora_rank, rope = c->qk_rope_head_dim, qlr = c->q_lora_rank;
-	int64_t Hi = c->index_n_heads, dv = c->v_head_dim, Nq = qlr + Rk + rope;
+	int64_t Hi = c->index_n_heads, dv = c->v_head_dim, Nq = qlr + 128 + Rk + rope;
 	size_t row = (size_t)(5 * D + 3 * Nq + 4 * qlr + 2 * Rk + 2 * H * c->qk_head_dim +
 			      3 * Hi * 128 + 8 * Hi + 512 + 8 * c->index_topk +
 			      2 * Hpad * (Rk + rope) + 2 * Hpad * Rk + 3 * H * dv + 4 * D);

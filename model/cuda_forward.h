@@ -28,11 +28,11 @@ struct fwd_fp8 {
 struct fwd_layer {
 	gpu_ptr attn_norm, ffn_norm;  /* fp32 [hidden] */
 	gpu_ptr q_norm, kv_norm;      /* fp32 [q_lora_rank], [kv_lora_rank] */
-	int fused_qkv;                /* 1: qkv is q_a|kv_a as one matrix (q_lora_rank % 128 == 0) */
-	struct fwd_fp8 qkv;           /* [q_lora_rank + kv_lora_rank + rope, hidden] when fused */
-	struct fwd_fp8 q_a, kv_a;     /* the two halves (their addresses lie inside qkv when fused) */
+	int fused_qkv;                /* 1: qkv is q_a|idx_k|kv_a as one matrix (q_lora_rank % 128 == 0) */
+	struct fwd_fp8 qkv;           /* [q_lora_rank + 128 + kv_lora_rank + rope, hidden] when fused */
+	struct fwd_fp8 q_a, kv_a;     /* the parts (their addresses lie inside qkv when fused) */
 	struct fwd_fp8 q_b, kv_b, o;
-	struct fwd_fp8 idx_q_b, idx_k;
+	struct fwd_fp8 idx_q_b, idx_k; /* idx_k: indexer.wk, inside qkv when fused */
 	gpu_ptr idx_k_norm_w, idx_k_norm_b; /* fp32 [index_head_dim] */
 	gpu_ptr idx_wproj;            /* bf16 [index_n_heads, hidden] */
 	int is_moe;
