@@ -503,8 +503,9 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 	check_logits(what, gb, ref, T, V);
 	snprintf(what, sizeof what, "%s e2e 16-row chunks (mixed steps)", name);
 	check_logits(what, gc, ref, T, V);
-	{ /* GPU D: seq B's positions again one token per step, eagerly and then through captured
-	   * graphs (DSV32_CUDA_GRAPHS=1): the same bits, and the step times */
+	{ /* GPU D: seq B's last 48 positions again one token per step, eagerly and then through
+	   * captured graphs (DSV32_CUDA_GRAPHS=1): the same bits, and the step times */
+		int64_t d0 = T - 48;
 		float *ge = malloc((size_t)T * V * 4), *gg = malloc((size_t)T * V * 4);
 		REQUIRE(ge && gg);
 		gpu_fill_nan(ge, T * V), gpu_fill_nan(gg, T * V);
@@ -516,7 +517,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 				unsetenv("DSV32_CUDA_GRAPHS");
 			struct timespec a, b;
 			clock_gettime(CLOCK_MONOTONIC, &a);
-			for (int64_t pb = 0; pb < T; pb++) {
+			for (int64_t pb = d0; pb < T; pb++) {
 				seq_rows(&s[0], &p, pb, 1, pos + T, fl + T, BACKEND_ROW_LOGITS, bt + nb, nb,
 					 mode ? gg : ge, NULL);
 				struct backend_step sg = {0, 1, s, NULL};
@@ -528,11 +529,11 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 				}
 			}
 			clock_gettime(CLOCK_MONOTONIC, &b);
-			us[mode] = ((double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3) / (double)T;
+			us[mode] = ((double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3) / (double)(T - d0);
 		}
 		unsetenv("DSV32_CUDA_GRAPHS");
 		int64_t same = 0, first = -1;
-		for (int64_t t = 0; t < T; t++) {
+		for (int64_t t = d0; t < T; t++) {
 			int eq = !memcmp(gg + t * V, ge + t * V, (size_t)V * 4);
 			same += eq;
 			if (!eq && first < 0)
@@ -540,10 +541,10 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		}
 		printf("    %s decode one token per step: eager %.1f us/step, graphs %.1f us/step (%.2fx); "
 		       "%lld of %lld rows bit-identical (first differing row %lld)\n", name, us[0], us[1],
-		       us[1] > 0 ? us[0] / us[1] : 0.0, (long long)same, (long long)T, (long long)first);
-		CHECK(same == T);
-		snprintf(what, sizeof what, "%s e2e decode through graphs", name);
-		check_logits(what, gg, ref, T, V);
+		       us[1] > 0 ? us[0] / us[1] : 0.0, (long long)same, (long long)(T - d0), (long long)first);
+		CHECK(same == T - d0);
+		snprintf(what, sizeof what, "%s e2e decode through graphs (last 48 rows)", name);
+		check_logits(what, gg + d0 * V, ref + d0 * V, T - d0, V);
 		free(ge), free(gg);
 	}
 	{ /* GPU batch invariance is not required (the GEMM paths differ by M): printed only */
