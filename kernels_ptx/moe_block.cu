@@ -17,7 +17,7 @@
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
-//   numbers of quantising each gathered row). One block per sorted row; D % 16 == 0.
+//   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
@@ -192,18 +192,22 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 		}
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256)
 k_moe_gather_q(const uint8_t *__restrict__ x8, const float *__restrict__ sx,
 	       const int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
-	       int D)
+	       int D, int R)
 {
-	const int r = blockIdx.x, s = src[r];
+	const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	if (r >= R)
+		return;
+	const int s = src[r];
 	const uint4 *from = reinterpret_cast<const uint4 *>(x8 + (size_t)s * D);
 	uint4 *to = reinterpret_cast<uint4 *>(xs8 + (size_t)r * D);
-	for (int i = threadIdx.x; i < D / 16; i += blockDim.x)
+#pragma unroll 4
+	for (int i = lane; i < D / 16; i += 32)
 		to[i] = from[i];
 	const int KB = D / 128;
-	for (int i = threadIdx.x; i < KB; i += blockDim.x)
+	for (int i = lane; i < KB; i += 32)
 		sxs[(size_t)r * KB + i] = sx[(size_t)s * KB + i];
 }
 

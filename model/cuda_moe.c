@@ -207,9 +207,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 		void *gargs[] = {(void *)&b[B_X8], (void *)&b[B_SX], (void *)&b[B_SRC],
-				 (void *)&b[B_XS8], (void *)&b[B_SXS], &D};
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_gather_q"), (unsigned)R, 1, 1, 128, 1, 1, 0,
-				gargs);
+				 (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &R};
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_gather_q"), (unsigned)((R + 7) / 8), 1, 1, 256,
+				1, 1, 0, gargs);
 		if (rc)
 			return rc;
 	}
