@@ -566,6 +566,23 @@ err:
 	return r;
 }
 
+int backend_cuda_kv_fill_synthetic(struct backend *base, const int32_t *bt, int64_t n_tokens,
+				   uint64_t seed, struct err *e)
+{
+	if (!base || base->ops != &cuda_ops)
+		return err_set(e, -ENOTSUP, "synthetic KV fill: not a CUDA backend");
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	size_t mla_layer = (size_t)base->n_pages * base->mla_page_bytes;
+	size_t idx_layer = (size_t)base->n_pages * base->idx_page_bytes;
+	gpu_ptr mla = b->kv_region.base, idx = mla + (size_t)base->n_layers * mla_layer;
+	int r = cuda_synth_kv_fill(&b->g, base->c, mla, mla_layer, idx, idx_layer, (int)base->n_layers,
+				   bt, n_tokens, seed, &b->scratch);
+	if (!r)
+		r = gpu_sync(&b->g);
+	return r ? err_set(e, r, "synthetic KV fill of %lld tokens failed (%d)", (long long)n_tokens, r)
+		 : 0;
+}
+
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,
 			    float *x, float *r)
 {
