@@ -171,6 +171,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					(unsigned)((T + 15) / 16), 1, 256, 1, 1, 0, args);
 		if (rc)
 			return rc;
+	}
+	if (stages & CUDA_MOE_ROUTE) {
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 		float scale = (float)c->routed_scaling_factor;
 		gpu_ptr bias = L->gate_bias;

@@ -61,7 +61,8 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 
 /* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
 enum {
-	CUDA_MOE_GATE = 1,     /* router logits, routing */
+	CUDA_MOE_GATE = 1,     /* router logits */
+	CUDA_MOE_ROUTE = 256,  /* routing: experts and weights from the logits */
 	CUDA_MOE_PERMUTE = 2,  /* rows by expert (counts, offsets, permutation) */
 	CUDA_MOE_GATHER = 128, /* act_quant of x, the rows gathered in expert order */
 	CUDA_MOE_W13 = 4,      /* grouped GEMM, fused gate|up */
@@ -69,7 +70,7 @@ enum {
 	CUDA_MOE_W2 = 16,      /* grouped GEMM, down_proj */
 	CUDA_MOE_SHARED = 32,  /* the shared expert */
 	CUDA_MOE_COMBINE = 64, /* weighted sum into y */
-	CUDA_MOE_ALL = 255,
+	CUDA_MOE_ALL = 511,
 };
 /* cuda_moe_forward running only the stages in `stages`. The scratch is pushed in a fixed order,
  * so with the same arena mark and T a skipped stage's outputs are what the previous call left

@@ -243,10 +243,12 @@ int bench_moe(int argc, char **argv)
 		       T, T * K, distinct, touched / 1e6, distinct * exp_bytes / 1e6, sh_bytes / 1e6,
 		       gate_bytes / 1e6);
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
+		printf("  stages alone (weights, or for gather/swiglu/combine bytes read + written):\n");
 		static const struct {
 			const char *name;
 			unsigned stages;
-		} parts[] = {{"gate", CUDA_MOE_GATE},     {"permute", CUDA_MOE_PERMUTE},
+		} parts[] = {{"gate", CUDA_MOE_GATE},     {"route", CUDA_MOE_ROUTE},
+			     {"permute", CUDA_MOE_PERMUTE},
 			     {"gather", CUDA_MOE_GATHER}, {"w13", CUDA_MOE_W13},
 			     {"swiglu", CUDA_MOE_SWIGLU}, {"w2", CUDA_MOE_W2},
 			     {"shared", CUDA_MOE_SHARED}, {"combine", CUDA_MOE_COMBINE}};
@@ -260,6 +262,10 @@ int bench_moe(int argc, char **argv)
 			case CUDA_MOE_W13: by = distinct * ((double)n13 + ns13), fl = f13; break;
 			case CUDA_MOE_W2: by = distinct * ((double)n2 + ns2), fl = f2; break;
 			case CUDA_MOE_SHARED: by = sh_bytes, fl = fsh; break;
+			/* the memory-bound stages: bytes read + written */
+			case CUDA_MOE_GATHER: by = 3.0 * T * D + 2.0 * R * D; break;
+			case CUDA_MOE_SWIGLU: by = R * 2.0 * I * 2 + R * (double)I; break;
+			case CUDA_MOE_COMBINE: by = R * (double)D * 2 + 4.0 * T * D; break;
 			default: break;
 			}
 			print_part(parts[p].name, ms, by, fl, read_tbs);
