@@ -326,24 +326,43 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	}
 }
 
-// Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, L = Σ l_i e^(m_i - M),
-// o = Σ o_i e^(m_i - M) / L, in split order. One block per (head, row), R threads.
+// Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, w_i = e^(m_i - M),
+// L = Σ l_i w_i, o = Σ o_i w_i / L. One block per (head, row), R threads (splits <= 64): warp 0
+// computes the weights once (lane i: splits i and i + 32) into shared memory, then every thread
+// sums its output element over the splits with the loads of 8 splits in flight.
+#define MLA_MAX_SPLITS 64
 extern "C" __global__ void __launch_bounds__(512)
 k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__restrict__ o_lat)
 {
+	__shared__ float wsh[MLA_MAX_SPLITS];
+	__shared__ float s_L;
 	const size_t bh = blockIdx.x; // b * H + h
 	const float *pp = part + bh * splits * (R + 2);
-	float M = -INFINITY;
-	for (int i = 0; i < splits; i++)
-		M = fmaxf(M, pp[(size_t)i * (R + 2) + R]);
-	float L = 0.f, acc = 0.f;
-	for (int i = 0; i < splits; i++) {
-		const float *pi = pp + (size_t)i * (R + 2);
-		const float w = pi[R] == -INFINITY ? 0.f : expf(pi[R] - M);
-		L += pi[R + 1] * w;
-		if ((int)threadIdx.x < R)
-			acc += pi[threadIdx.x] * w;
+	const int tid = threadIdx.x;
+	if (tid < 32) {
+		const int i0 = tid, i1 = tid + 32;
+		const float m0 = i0 < splits ? pp[(size_t)i0 * (R + 2) + R] : -INFINITY;
+		const float m1 = i1 < splits ? pp[(size_t)i1 * (R + 2) + R] : -INFINITY;
+		const float l0 = i0 < splits ? pp[(size_t)i0 * (R + 2) + R + 1] : 0.f;
+		const float l1 = i1 < splits ? pp[(size_t)i1 * (R + 2) + R + 1] : 0.f;
+		const float M = warp_max(fmaxf(m0, m1));
+		const float w0 = m0 == -INFINITY ? 0.f : expf(m0 - M);
+		const float w1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
+		const float L = warp_sum(l0 * w0 + l1 * w1);
+		if (i0 < splits)
+			wsh[i0] = w0;
+		if (i1 < splits)
+			wsh[i1] = w1;
+		if (tid == 0)
+			s_L = L;
 	}
-	if ((int)threadIdx.x < R)
-		o_lat[bh * R + threadIdx.x] = f32_to_bf16(L > 0.f ? acc / L : 0.f);
+	__syncthreads(); // weights and L visible
+	if (tid < R) {
+		float acc = 0.f;
+#pragma unroll 8
+		for (int i = 0; i < splits; i++)
+			acc += pp[(size_t)i * (R + 2) + tid] * wsh[i];
+		const float L = s_L;
+		o_lat[bh * R + tid] = f32_to_bf16(L > 0.f ? acc / L : 0.f);
+	}
 }

@@ -31,7 +31,7 @@ int cuda_mla_decode_splits(const struct gpu *g, int B, int H, int ld_sel)
 	/* one block per SM (~200 KB of shared memory): split the keys while the blocks do not fill
 	 * the SMs, keeping >= 64 keys (one tile) per split */
 	int blocks = B * ((H + MLA_HG - 1) / MLA_HG), splits = 1;
-	while (blocks * splits * 2 <= g->sm_count && ld_sel / (splits * 2) >= MLA_KT)
+	while (blocks * splits * 2 <= g->sm_count && ld_sel / (splits * 2) >= MLA_KT && splits < 64)
 		splits *= 2;
 	int kps = mla_keys_per_split(ld_sel, splits);
 	return (ld_sel + kps - 1) / kps;
