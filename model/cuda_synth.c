@@ -1,7 +1,7 @@
 /*
  * cuda_synth.c — synthetic weights and KV caches on the GPU (model/cuda_synth.h): the launches
- * of kernels_ptx/synth.cu and synth_kv.cu, the KV values' host reference, and (for now) weak
- * stand-ins for the two backend.h entry points cuda_backend.c will define.
+ * of kernels_ptx/synth.cu and synth_kv.cu, the KV values' host reference, and weak stand-ins
+ * for the two backend.h entry points cuda_backend.c defines in CUDA builds.
  */
 #include "model/cuda_synth.h"
 
@@ -18,12 +18,11 @@ int cuda_synth_generated(const struct st_tensor *t)
 	return t->dtype == ST_F8_E4M3 || (t->dtype == ST_BF16 && t->ndim == 2);
 }
 
-/* Interim (issue 12): model/backend.h declares these two and model/cuda_backend.c will define
- * them (thin wrappers over cuda_synth_tensor and cuda_synth_kv_fill, which need the backend's
- * private pools). Until it does, these weak definitions keep `dsv32 bench model` and dsv32d
- * linking and say what is missing: options without synthetic weights go to backend_cuda_create,
- * synthetic weights and the KV fill answer -ENOTSUP. A definition in cuda_backend.c replaces
- * them at link time; delete these then. */
+/* model/backend.h's two synthetic entry points are defined by model/cuda_backend.c in a CUDA
+ * build (thin wrappers over cuda_synth_tensor and cuda_synth_kv_fill, which need the backend's
+ * private pools). These weak definitions serve builds where it does not (DSV32_NO_CUDA: the
+ * static programs): the plain options go to backend_cuda_create, which says why there is no
+ * CUDA backend; synthetic weights and the KV fill answer -ENOTSUP. */
 __attribute__((weak)) int backend_cuda_create_opts(const struct dsv32_config *c,
 						   const struct weights *w,
 						   const struct checkpoint *ck,
@@ -32,8 +31,8 @@ __attribute__((weak)) int backend_cuda_create_opts(const struct dsv32_config *c,
 {
 	if (!o->synthetic)
 		return backend_cuda_create(c, w, ck, o->n_pages, out, e);
-	return err_set(e, -ENOTSUP, "synthetic weights: backend_cuda_create_opts is not in "
-				    "model/cuda_backend.c yet (cuda_synth_tensor is ready for it)");
+	return err_set(e, -ENOTSUP, "synthetic weights need the CUDA backend, which this build "
+				    "does not have");
 }
 
 __attribute__((weak)) int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt,
@@ -41,8 +40,8 @@ __attribute__((weak)) int backend_cuda_kv_fill_synthetic(struct backend *b, cons
 							 struct err *e)
 {
 	(void)b, (void)bt, (void)n_tokens, (void)seed;
-	return err_set(e, -ENOTSUP, "synthetic KV: backend_cuda_kv_fill_synthetic is not in "
-				    "model/cuda_backend.c yet (cuda_synth_kv_fill is ready for it)");
+	return err_set(e, -ENOTSUP, "synthetic KV needs the CUDA backend, which this build does "
+				    "not have");
 }
 
 /* splitmix64's finaliser, as synth_kv_mix in kernels_ptx/synth_kv.cu */

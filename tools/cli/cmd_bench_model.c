@@ -713,7 +713,8 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		fprintf(stderr, "dsv32 bench model: socket path under %s too long\n", socket_dir);
 		return 1;
 	}
-	snprintf(d->log, sizeof d->log, "%s/dsv32d.log", tmp);
+	if ((size_t)snprintf(d->log, sizeof d->log, "%s/dsv32d.log", tmp) >= sizeof d->log)
+		return 1;
 	snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
 	char kvp[32];
 	snprintf(kvp, sizeof kvp, "%lld", (long long)o->kv_pages);
