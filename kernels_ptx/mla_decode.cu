@@ -10,21 +10,23 @@
 // physical slots in key order (-1 ends the list), pool: the layer's MLA records (slot r at
 // pool + r * rec_bytes), o_lat bf16 [B, H, R]. R % 128 == 0, R <= 512, H % 16 == 0.
 //
-// Structure (FlashMLA's, on mma.sync): grid (ceil(H / 64), B, splits), 256 threads = 8 warps,
+// Structure (FlashMLA's, on mma.sync): grid (ceil(H / 64), B, splits), 512 threads = 16 warps,
 // one block = 64 heads of one row over keys_per_split (a multiple of 64) of its keys. Dynamic
 // shared memory (mla_smem_bytes in model/cuda_attn.c): Q [64 heads][R+64] bf16 (loaded once),
 // the key tile K [64 keys][R+64] bf16 (dequantised), P [64 heads][64 keys] bf16, the raw records
 // of the next tile [64][rec_bytes] (gathered by slot id with cp.async while the current tile is
 // computed), and the softmax exchange. Rows are padded by 16 bytes so ldmatrix hits 8 banks.
-// Per tile of 64 keys:
+// Warp w: head group hg = w % 4 (heads 16 hg .. +16), quarter kq = w / 4. Per tile of 64 keys:
 //   1. the raw records (landed) are dequantised into K (rows of invalid keys zeroed), the next
 //      tile's gather is issued;
-//   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 bf16 -> fp32: warp w owns heads
-//      16 (w % 4) .. +16 and keys 32 (w / 4) .. +32;
-//   3. online softmax in fp32: the two warps of a head group exchange their row maxima through
-//      shared memory (named barrier of 64 threads), p = exp(s - m) rounded to bf16 into P;
-//   4. O += P V with V = the latent part of the same K tile: warp w owns heads 16 (w % 4) .. +16
-//      and latent dims (w / 4) R/2 .. +R/2 (R/16 n-tiles, up to 128 fp32 accumulators a thread).
+//   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 bf16 -> fp32: warp w owns its 16 heads
+//      x keys 16 kq .. +16;
+//   3. online softmax in fp32: the 4 warps of a head group exchange their row maxima through
+//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to bf16 into P;
+//   4. O += P V with V = the latent part of the same K tile: warp w owns its 16 heads x latent
+//      dims kq R/4 .. +R/4 (R/32 n-tiles, up to 64 fp32 accumulators a thread).
+// (First version: 8 warps, 32 keys and R/2 dims a warp, 128 accumulators: 80 TFLOP/s at batch
+// 128 on the H200, latency-bound with 2 warps per scheduler.)
 // Numerics, where this departs from attn_latent: the dots are fp32 tensor-core sums in another
 // order; P is rounded to bf16 before P V (relative error <= 2^-9 per weight) and the normaliser
 // l sums those rounded weights, so o is an exact-weight average of the keys with weights within
@@ -37,6 +39,7 @@
 #define MLA_ROPE 64 // rope part of a key (bf16)
 #define MLA_PAD 8   // bf16 elements of row padding
 #define MLA_PLD (MLA_KT + MLA_PAD)
+#define MLA_THREADS 512 // 16 warps: 4 head groups x 4 quarters (of the keys in S, of R in P V)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
@@ -83,9 +86,10 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes, float sc)
 	return r;
 }
 
-__device__ __forceinline__ void pair_barrier(int id)
+// the 4 warps of one head group (128 threads)
+__device__ __forceinline__ void group_barrier(int id)
 {
-	asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
 // Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw.
@@ -95,7 +99,7 @@ __device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0,
 {
 	const int cb = (rec_bytes & 15) == 0 ? 16 : (rec_bytes & 7) == 0 ? 8 : 4;
 	const int nch = rec_bytes / cb;
-	for (int i = tid; i < MLA_KT * nch; i += 256) {
+	for (int i = tid; i < MLA_KT * nch; i += MLA_THREADS) {
 		const int kk = i / nch, c = i - kk * nch, k = k0 + kk;
 		const int slot = k < k_end ? srow[k] : -1;
 		if (slot < 0)
@@ -112,7 +116,7 @@ __device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0,
 	asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 	     const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 	     uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part)
@@ -124,11 +128,11 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	uint16_t *ks = qs + MLA_HG * LD;                         // [64 keys][LD]
 	uint16_t *ps = ks + MLA_KT * LD;                         // [64 heads][MLA_PLD]
 	uint8_t *raw = reinterpret_cast<uint8_t *>(ps + MLA_HG * MLA_PLD); // [64 keys][RB]
-	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [2][64]
-	int *nval = reinterpret_cast<int *>(red + 2 * MLA_HG);             // [2]
+	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [4][64]
+	int *nval = reinterpret_cast<int *>(red + 4 * MLA_HG);             // [2]
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int hg = warp & 3, kh = warp >> 2;
+	const int hg = warp & 3, kq = warp >> 2;
 	const int b = blockIdx.y, h0 = blockIdx.x * MLA_HG;
 	const int *srow = sel + (size_t)b * ld_sel;
 	const int k_begin = blockIdx.z * keys_per_split;
@@ -136,7 +140,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 
 	// Q of the block's 64 heads (zero rows beyond H), every load in flight at once (cp.async),
 	// committed with the first tile's gather
-	for (int i = tid; i < MLA_HG * (DK / 8); i += 256) {
+	for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
 		const int r = i / (DK / 8), c = i - r * (DK / 8);
 		if (h0 + r < H)
 			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(qs + r * LD + c * 8)),
@@ -150,11 +154,11 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	else
 		asm volatile("cp.async.commit_group;" ::: "memory");
 
-	const int NT = R / 16;        // n-tiles of 8 latent dims a warp owns in P V
-	const int dbase = kh * (R / 2); // its first latent dim
-	float o[32][4];
+	const int NT = R / 32;          // n-tiles of 8 latent dims a warp owns in P V
+	const int dbase = kq * (R / 4); // its first latent dim
+	float o[16][4];
 #pragma unroll
-	for (int n = 0; n < 32; n++)
+	for (int n = 0; n < 16; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows lane/4 and lane/4 + 8
 	const int row0 = 16 * hg + (lane >> 2);                 // this thread's first head in the block
@@ -162,7 +166,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	// ldmatrix addresses (bytes): Q as A (rows = heads), K as B of S (rows = keys, non-trans),
 	// P as A, K as B of P V (rows = keys, .trans)
 	const uint32_t qa = smem_u32(qs + (16 * hg + (lane & 15)) * LD + (lane >> 4) * 8);
-	const uint32_t kb = smem_u32(ks + (32 * kh + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
+	const uint32_t kb = smem_u32(ks + (16 * kq + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
 	const uint32_t pa = smem_u32(ps + (16 * hg + (lane & 15)) * MLA_PLD + (lane >> 4) * 8);
 	const uint32_t vb = smem_u32(ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dbase + (lane >> 4) * 8);
 	const int J = R / 8 + MLA_ROPE / 8; // 16-byte bf16 chunks of a key row
@@ -174,7 +178,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		asm volatile("cp.async.wait_all;" ::: "memory");
 		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
 		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
-		for (int i = tid; i < MLA_KT * J; i += 256) {
+		for (int i = tid; i < MLA_KT * J; i += MLA_THREADS) {
 			const int kk = i / J, c = i - kk * J, k = k0 + kk;
 			const int slot = k < k_end ? srow[k] : -1;
 			uint4 out = make_uint4(0, 0, 0, 0);
@@ -202,29 +206,26 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		if (nv == 0)
 			break;
 
-		// 2. S = Q K^T for 16 heads x 32 keys
-		float s[4][4];
+		// 2. S = Q K^T for 16 heads x 16 keys
+		float s[2][4];
 #pragma unroll
-		for (int j = 0; j < 4; j++)
+		for (int j = 0; j < 2; j++)
 			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll 4
 		for (int d0 = 0; d0 < DK; d0 += 16) {
-			uint32_t a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;
+			uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
 			ldsm_x4(qa + d0 * 2, a0, a1, a2, a3);
 			ldsm_x4(kb + d0 * 2, b0, b1, b2, b3);
-			ldsm_x4(kb + (16 * LD + d0) * 2, c0, c1, c2, c3);
 			mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
 			mma_bf16(s[1], a0, a1, a2, a3, b2, b3);
-			mma_bf16(s[2], a0, a1, a2, a3, c0, c1);
-			mma_bf16(s[3], a0, a1, a2, a3, c2, c3);
 		}
-		// 3. online softmax: scale, mask, row maxima over the pair of warps
+		// 3. online softmax: scale, mask, row maxima over the 4 warps of the head group
 		float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-		for (int j = 0; j < 4; j++)
+		for (int j = 0; j < 2; j++)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
-				const bool ok = 32 * kh + 8 * j + 2 * (lane & 3) + e < nv;
+				const bool ok = 16 * kq + 8 * j + 2 * (lane & 3) + e < nv;
 				s[j][e] = ok ? s[j][e] * scale : -INFINITY;
 				s[j][2 + e] = ok ? s[j][2 + e] * scale : -INFINITY;
 				mx[0] = fmaxf(mx[0], s[j][e]);
@@ -236,19 +237,21 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
 		}
 		if ((lane & 3) == 0)
-			red[kh * MLA_HG + row0] = mx[0], red[kh * MLA_HG + row0 + 8] = mx[1];
-		pair_barrier(1 + hg);
+			red[kq * MLA_HG + row0] = mx[0], red[kq * MLA_HG + row0 + 8] = mx[1];
+		group_barrier(1 + hg);
 		float corr[2], msub[2];
 #pragma unroll
 		for (int i = 0; i < 2; i++) {
-			const float mnew = fmaxf(m[i], fmaxf(mx[i], red[(kh ^ 1) * MLA_HG + row0 + 8 * i]));
+			const int r = row0 + 8 * i;
+			const float tmax = fmaxf(fmaxf(red[r], red[MLA_HG + r]), fmaxf(red[2 * MLA_HG + r], red[3 * MLA_HG + r]));
+			const float mnew = fmaxf(m[i], tmax);
 			corr[i] = m[i] == -INFINITY ? 0.f : expf(m[i] - mnew);
 			msub[i] = mnew == -INFINITY ? 0.f : mnew;
 			m[i] = mnew;
 			l[i] *= corr[i];
 		}
 #pragma unroll
-		for (int j = 0; j < 4; j++)
+		for (int j = 0; j < 2; j++)
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
 				uint32_t pp; // the two weights rounded to bf16 (nearest even)
@@ -256,21 +259,21 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 				    : "=r"(pp)
 				    : "f"(expf(s[j][2 * i + 1] - msub[i])), "f"(expf(s[j][2 * i] - msub[i])));
 				l[i] += __uint_as_float(pp << 16) + __uint_as_float(pp & 0xffff0000u);
-				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 32 * kh + 8 * j + 2 * (lane & 3)) = pp;
+				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 16 * kq + 8 * j + 2 * (lane & 3)) = pp;
 			}
 #pragma unroll
-		for (int n = 0; n < 32; n++) {
+		for (int n = 0; n < 16; n++) {
 			o[n][0] *= corr[0], o[n][1] *= corr[0];
 			o[n][2] *= corr[1], o[n][3] *= corr[1];
 		}
-		pair_barrier(1 + hg); // both halves of P written
+		group_barrier(1 + hg); // the 4 quarters of P written
 		// 4. O += P V over the tile's 64 keys
 #pragma unroll
 		for (int kk = 0; kk < MLA_KT / 16; kk++) {
 			uint32_t a0, a1, a2, a3;
 			ldsm_x4(pa + kk * 32, a0, a1, a2, a3);
 #pragma unroll
-			for (int n2 = 0; n2 < 16; n2++) {
+			for (int n2 = 0; n2 < 8; n2++) {
 				if (2 * n2 < NT) {
 					uint32_t b0, b1, b2, b3;
 					ldsm_x4_t(vb + (16 * kk * LD + 16 * n2) * 2, b0, b1, b2, b3);
@@ -284,7 +287,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	}
 	asm volatile("cp.async.wait_all;" ::: "memory");
 
-	// the normaliser: the quad's partial sums, then the two warps of the pair in a fixed order
+	// the normaliser: the quad's partial sums, then the 4 warps of the group in a fixed order
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -292,11 +295,13 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	}
 	__syncthreads();
 	if ((lane & 3) == 0)
-		red[kh * MLA_HG + row0] = l[0], red[kh * MLA_HG + row0 + 8] = l[1];
+		red[kq * MLA_HG + row0] = l[0], red[kq * MLA_HG + row0 + 8] = l[1];
 	__syncthreads();
 #pragma unroll
-	for (int i = 0; i < 2; i++)
-		l[i] = red[row0 + 8 * i] + red[MLA_HG + row0 + 8 * i];
+	for (int i = 0; i < 2; i++) {
+		const int r = row0 + 8 * i;
+		l[i] = ((red[r] + red[MLA_HG + r]) + red[2 * MLA_HG + r]) + red[3 * MLA_HG + r];
+	}
 
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
@@ -307,17 +312,17 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			// part: [B, H, splits] x (R + 2) floats: unnormalised o[R], m, l
 			float *pp = part + (((size_t)b * H + h) * gridDim.z + blockIdx.z) * (R + 2);
 #pragma unroll
-			for (int n = 0; n < 32; n++)
+			for (int n = 0; n < 16; n++)
 				if (n < NT)
 					*reinterpret_cast<float2 *>(pp + dbase + 8 * n + 2 * (lane & 3)) =
 						make_float2(o[n][2 * i], o[n][2 * i + 1]);
-			if (kh == 0 && (lane & 3) == 0)
+			if (kq == 0 && (lane & 3) == 0)
 				pp[R] = m[i], pp[R + 1] = l[i];
 		} else {
 			const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
 			uint16_t *out = o_lat + ((size_t)b * H + h) * R + dbase + 2 * (lane & 3);
 #pragma unroll
-			for (int n = 0; n < 32; n++)
+			for (int n = 0; n < 16; n++)
 				if (n < NT)
 					*reinterpret_cast<uint32_t *>(out + 8 * n) =
 						(uint32_t)f32_to_bf16(o[n][2 * i] * inv) |

@@ -12,11 +12,11 @@
 #define MLA_KT 64
 
 /* Dynamic shared memory of k_mla_decode (its layout comment): Q and K [64][R + 64 + 8] bf16,
- * P [64][72] bf16, the raw records [64][rec_bytes rounded to 16], 2 x 64 floats, 2 ints. */
+ * P [64][72] bf16, the raw records [64][rec_bytes rounded to 16], 4 x 64 floats, 2 ints. */
 static size_t mla_smem_bytes(int R, int rec_bytes)
 {
 	size_t ld = (size_t)R + 64 + 8, rb = ((size_t)rec_bytes + 15) & ~(size_t)15;
-	return 2 * 64 * ld * 2 + 64 * 72 * 2 + 64 * rb + 2 * 64 * 4 + 2 * 4;
+	return 2 * 64 * ld * 2 + 64 * 72 * 2 + 64 * rb + 4 * 64 * 4 + 2 * 4;
 }
 
 /* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
@@ -59,7 +59,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws};
 	int r = gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
-			   256, 1, 1, smem, args);
+			   512, 1, 1, smem, args);
 	if (r || splits == 1)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};
