@@ -6,20 +6,24 @@
 // Grouped (w_tab != NULL): group e owns rows [off[e], off[e+1]) and its own W8 = w_tab[e],
 // S = s_tab[e] (device addresses); a group without rows is never touched.
 //
-// Streaming: weights never pass through registers on their way in. One producer warp per block
-// issues bulk asynchronous copies (cp.async.bulk global -> shared, completion counted in bytes
-// on an mbarrier, L2 evict-first for weights) of a stage = one unit's weight rows x a K range
-// (32 KB of weights) plus the same K range of the slice's token rows, into a ring of NS stages
-// (4-6, as many as fit in shared memory); the consumer warps wait on a stage's "full"
-// barrier, compute, and release it on its "empty" barrier. Rows sit at a pitch of the K range +
-// 16 bytes, so the 16-byte fragment loads below are free of bank conflicts. The grid is
-// persistent (one block per SM): block b takes work units b, b + gridDim.x, ... and its producer
-// runs ahead across unit boundaries.
+// Streaming: weights never pass through registers on their way in. One producer thread per
+// block issues bulk tensor copies (TMA, cp.async.bulk.tensor.2d, 128-byte swizzle, completion
+// counted in bytes on an mbarrier, L2 evict-first for weights) of a stage = two K blocks of a
+// unit's 128 weight rows (two 16 KB boxes) plus the same K range of its slice's token rows (two
+// boxes of mpad rows), into a ring of NS stages (4-6, as many as fit in shared memory); the
+// consumer warps wait on a stage's "full" barrier, compute, and release it on its "empty"
+// barrier. The grid is persistent (one block per SM): block b takes work units b,
+// b + gridDim.x, ... and its producer runs ahead across unit boundaries. (Run 1 measured the
+// first version, one 1-D bulk copy per 256-byte row piece: ~0.6-0.87 TB/s, bound by the number
+// of copies; a box is one copy per 16 KB.) Dense: the weights' and the tokens' tensor maps are
+// kernel parameters; grouped: each group's weight map is st_maps[e], written on the device by
+// k_stream_group_maps from a host-encoded template.
 //
-// Work unit = (slice, row tile, K chunk). A slice is <= 64 rows of one group (dense: of x); a row
-// tile is 128 weight rows, a stage 128 rows x 256 bytes (two K blocks); the 128 rows are split
-// among 8 consumer warps of one 16-row MMA tile each (RT = 1) or 4 of two (RT = 2: each token
-// fragment read from shared memory feeds two MMA tiles). A K chunk is chunk_blocks K blocks;
+// Work unit = (slice, row tile, K chunk). A slice is <= 64 rows of one group (dense: of x); its
+// token box starts at its first row (rows past the slice belong to others or are zero-filled,
+// and are computed but never stored). A row tile is 128 weight rows, split among 8 consumer
+// warps of one 16-row MMA tile each (RT = 1) or 4 of two (RT = 2: each token fragment read
+// from shared memory feeds two MMA tiles). A K chunk is chunk_blocks K blocks;
 // chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only (model/cuda_gemm.c),
 // so that units fill the SMs evenly.
 //
@@ -40,9 +44,19 @@
 
 #define ST_TR 128      // weight rows per work unit
 #define ST_KBS 2       // 128-wide K blocks per stage
-#define ST_PITCH (ST_KBS * 128 + 16) // smem row pitch: conflict-free 16-byte fragment loads
+#define ST_WBOX (ST_TR * 128) // bytes of one weight box: 128 rows x one K block
 #define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
+#define ST_MAXG 8192   // groups with a tensor map in st_maps
+
+// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) without cuda.h in device code.
+struct __align__(64) st_tmap {
+	unsigned long long opaque[16];
+};
+
+// The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
+// before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
+__device__ st_tmap st_maps[ST_MAXG];
 
 struct st_slice {
 	int e, r0, rows, pad;
@@ -95,13 +109,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
 		     : "memory");
 }
 
-// bytes (multiple of 16) from global src to shared dst, completion counted on bar.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
-					  uint32_t bar, uint64_t policy)
+// The box at (c0 = K byte, c1 = row) of a 2-D tensor map into shared memory at dst (1024-byte
+// aligned: 128-byte swizzle), completion counted in bytes on bar, with an L2 eviction policy.
+__device__ __forceinline__ void tma_2d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1,
+				       uint64_t policy)
 {
-	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-		     " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
-		     "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
 		     : "memory");
 }
 
@@ -173,21 +188,24 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // 128-row unit, same stage).
 template <int MG, int RT>
 __device__ __forceinline__ void
-gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
+gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
-		const uint8_t *__restrict__ W, const float *__restrict__ S,
-		const uint8_t *__restrict__ X, const float *__restrict__ SX, uint16_t *__restrict__ Y,
+		const float *__restrict__ S, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int fused)
 {
-	constexpr int TR = ST_TR, KBS = ST_KBS, PITCH = ST_PITCH, CW = 8 / RT;
-	extern __shared__ __align__(128) uint8_t smem[];
+	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
+	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
 	int *n_slices = reinterpret_cast<int *>(empty + ST_MAXSTAGES);
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
-	uint8_t *stages = smem + 256 + (size_t)slice_cap * sizeof(st_slice);
-	const int stage_bytes = (TR + mpad) * PITCH;
+	// the stages, 1024-byte aligned (the 128-byte swizzle's atom); the host adds the slack.
+	// Stage: the weight boxes of its K blocks (128 rows x 128 bytes each), then the tokens'
+	// (mpad rows x 128 bytes each).
+	const uint32_t stage0 =
+		(smem_u32(smem) + 256 + (uint32_t)slice_cap * sizeof(st_slice) + 1023) & ~1023u;
+	const int xbox = mpad * 128, stage_bytes = KBS * (ST_WBOX + xbox);
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -256,29 +274,32 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 
 	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
+		if (lane != 0)
+			return;
 		const uint64_t pol_w = policy_evict_first(), pol_x = policy_evict_normal();
-		int s = 0;
+		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
 			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-			const uint8_t *Wp = w_tab ? reinterpret_cast<const uint8_t *>(w_tab[w.e]) : W;
-			const int nrows = min(TR, N - w.n0);
+			const st_tmap *wm = w_tab ? &st_maps[w.e] : wmap;
+			if (w_tab && w.e != e_acq) {
+				// written by k_stream_group_maps through the generic proxy
+				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
+					     : "memory");
+				e_acq = w.e;
+			}
 			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
-				const uint32_t bytes = (uint32_t)min(KBS, w.kb1 - kb) * 128;
+				const int nb = min(KBS, w.kb1 - kb);
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
-				if (lane == 0)
-					mbar_expect_tx(bar, (uint32_t)(nrows + w.ms) * bytes);
-				__syncwarp();
-				const uint32_t dst = smem_u32(stages + (size_t)s * stage_bytes);
-				for (int r = lane; r < nrows; r += 32)
-					bulk_copy(dst + r * PITCH,
-						  Wp + (size_t)(w.n0 + r) * K + (size_t)kb * 128, bytes, bar,
-						  pol_w);
-				for (int r = lane; r < w.ms; r += 32)
-					bulk_copy(dst + (TR + r) * PITCH,
-						  X + (size_t)(w.r0 + r) * K + (size_t)kb * 128, bytes, bar,
-						  pol_x);
+				// whole boxes count, rows past N or past the tokens zero-filled included
+				mbar_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbox)));
+				const uint32_t dst = stage0 + s * stage_bytes;
+				for (int j = 0; j < nb; j++) {
+					tma_2d(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0, pol_w);
+					tma_2d(dst + KBS * ST_WBOX + j * xbox, xmap, bar, (kb + j) * 128, w.r0,
+					       pol_x);
+				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
 			}
@@ -290,7 +311,6 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 	const int g = lane >> 2, t = lane & 3;
 	int s = 0;
 	uint32_t ph = 0;
-	const uint32_t stage0 = smem_u32(stages);
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
 		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
@@ -311,27 +331,30 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 			mbar_wait(smem_u32(&full[s]), ph);
 			if (MG > 0 && rt_n > 0) {
 				const uint32_t st = stage0 + s * stage_bytes;
-				const uint32_t a_addr = st + (warp * 16 * RT + g) * PITCH + 32 * t;
-				const uint32_t b_addr = st + (TR + g) * PITCH + 32 * t;
+				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
+				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
+				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
+				const uint32_t a_addr = st + (warp * 16 * RT + g) * 128;
+				const uint32_t b_addr = st + KBS * ST_WBOX + g * 128;
 				const int nb = min(KBS, w.kb1 - kb);
 				for (int j = 0; j < nb; j++) {
 					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes
 					uint4 lo0[RT], lo1[RT], hi0[RT], hi1[RT];
 #pragma unroll
 					for (int rt = 0; rt < RT; rt++) {
-						const uint32_t a = a_addr + rt * 16 * PITCH + j * 128;
-						lo0[rt] = lds128(a);
-						lo1[rt] = lds128(a + 16);
-						hi0[rt] = lds128(a + 8 * PITCH);
-						hi1[rt] = lds128(a + 8 * PITCH + 16);
+						const uint32_t a = a_addr + j * ST_WBOX + rt * 16 * 128;
+						lo0[rt] = lds128(a + c0);
+						lo1[rt] = lds128(a + c1);
+						hi0[rt] = lds128(a + 8 * 128 + c0);
+						hi1[rt] = lds128(a + 8 * 128 + c1);
 					}
 					const float sw = s_row[kb + j];
 #pragma unroll
 					for (int mg = 0; mg < MG; mg++) {
 						if (mg >= mg_n)
 							break;
-						const uint32_t bp = b_addr + mg * 8 * PITCH + j * 128;
-						const uint4 b0 = lds128(bp), b1 = lds128(bp + 16);
+						const uint32_t bp = b_addr + j * xbox + mg * 8 * 128;
+						const uint4 b0 = lds128(bp + c0), b1 = lds128(bp + c1);
 						// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 						const int m0 = mg * 8 + 2 * t;
 						const float s0 = m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
@@ -360,7 +383,7 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 			if (++s == ns)
 				s = 0, ph ^= 1;
 		}
-		if (MG == 0) // the copy-only probe: no arithmetic, no output
+		if constexpr (MG == 0) // the copy-only probe: no arithmetic, no output
 			continue;
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++) {
@@ -416,14 +439,18 @@ gemm_fp8_stream(const unsigned long long *__restrict__ w_tab,
 
 #define ST_ENTRY(MG, RT)                                                                          \
 	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
-	k_gemm_fp8_stream_m##MG##_r##RT(const unsigned long long *w_tab, const unsigned long long *s_tab, \
-				const int *off, int G, const uint8_t *W, const float *S,          \
-				const uint8_t *X, const float *SX, uint16_t *Y, float *partial,   \
-				int rows, int N, int K, int ldy, int chunks, int chunk_blocks,    \
-				int ns, int mpad, int slice_cap, int fused)                       \
+	k_gemm_fp8_stream_m##MG##_r##RT(const __grid_constant__ st_tmap wmap,                     \
+					const __grid_constant__ st_tmap xmap,                     \
+					const unsigned long long *w_tab,                           \
+					const unsigned long long *s_tab, const int *off, int G,    \
+					const float *S, const float *SX, uint16_t *Y,              \
+					float *partial, int rows, int N, int K, int ldy, int chunks, \
+					int chunk_blocks, int ns, int mpad, int slice_cap,         \
+					int fused)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT>(w_tab, s_tab, off, G, W, S, X, SX, Y, partial, rows, N, K, \
-					ldy, chunks, chunk_blocks, ns, mpad, slice_cap, fused);   \
+		gemm_fp8_stream<MG, RT>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y, partial,    \
+					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
+					fused);                                                   \
 	}
 
 ST_ENTRY(1, 1)
@@ -437,6 +464,31 @@ ST_ENTRY(8, 2)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1)
+
+// st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with rows
+// (one warp per group; block e). The copy to global memory is a release of the tensor-map proxy,
+// which the GEMM's producer acquires before its first copy through the map.
+extern "C" __global__ void __launch_bounds__(32)
+k_stream_group_maps(const __grid_constant__ st_tmap tmpl,
+		    const unsigned long long *__restrict__ w_tab, const int *__restrict__ off, int G)
+{
+	__shared__ st_tmap sm;
+	const int e = blockIdx.x;
+	if (e >= G || e >= ST_MAXG || off[e + 1] == off[e])
+		return; // the whole warp leaves together
+	if (threadIdx.x == 0) {
+		sm = tmpl;
+		asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(
+				     smem_u32(&sm)),
+			     "l"(w_tab[e])
+			     : "memory");
+	}
+	__syncwarp();
+	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"
+		     ".sync.aligned [%0], [%1], 128;" ::"l"(&st_maps[e]),
+		     "r"(smem_u32(&sm))
+		     : "memory");
+}
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.

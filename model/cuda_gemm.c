@@ -7,6 +7,7 @@
 #ifndef DSV32_NO_CUDA
 
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,24 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 
 #define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
 #define ST_COUNTS (1 << 20) /* the kernel's st_count entries */
+#define ST_MAXG 8192        /* the kernel's st_maps entries */
+
+/* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes): boxes of one K block
+ * (128 bytes) x box_rows rows, 128-byte swizzle, zero fill past the end. */
+static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
+{
+	if (!cu.cuTensorMapEncodeTiled)
+		return -ENOTSUP;
+	cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+	cuuint64_t strides[1] = {(cuuint64_t)K};
+	cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
+	cuuint32_t estr[2] = {1, 1};
+	CU_TRY(cu.cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)(uintptr_t)base,
+					 dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+	return 0;
+}
 
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
 static int stream_rt = 0;
@@ -107,13 +126,19 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) reads each token fragment from
 	 * shared memory once for two tiles: for the many-token variants. */
 	int rt = stream_rt ? stream_rt : slice_rows > 16 ? 2 : 1;
-	const int tile = 128, pitch = 272; /* the kernel's ST_TR, ST_PITCH */
+	const int tile = 128; /* the kernel's ST_TR */
 	char name[40];
 	if (copy_only)
 		rt = 1;
 	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", copy_only ? 0 : 1 << v, rt);
+	if (w_tab && G > ST_MAXG) {
+		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
+		return -EINVAL;
+	}
+	/* shared memory: barriers and slices, 1 KB of alignment slack, ns stages of two K blocks
+	 * of 128 weight rows and mpad token rows */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
-	int head = 256 + slice_cap * 16, stage = (tile + mpad) * pitch;
+	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	if (ns < 2) {
@@ -128,6 +153,18 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int r = smem_optin(fn, smem);
 	if (r)
 		return r;
+	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
+	 * 128 rows; the tokens, boxes of mpad rows; one K block wide, 128-byte swizzle */
+	CUtensorMap wmap, xmap;
+	if ((r = encode_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
+	    (r = encode_2d(&xmap, x8, rows, K, mpad)))
+		return r;
+	if (w_tab) {
+		void *margs[] = {&wmap, &w_tab, &off, &G};
+		if ((r = gpu_launch(g, gpu_kernel(g, "k_stream_group_maps"), (unsigned)G, 1, 1, 32, 1,
+				    1, 0, margs)))
+			return r;
+	}
 	unsigned grid = (unsigned)g->sm_count;
 	if (!w_tab) { /* dense: no more blocks than units */
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
@@ -138,9 +175,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only)
 		fused = 0;
-	void *args[] = {&w_tab, &s_tab, &off,  &G,   &W, &S,         &x8,
-			&sx,    &y,     &ws,   &rows, &N, &K,         &ldy,
-			&sp.chunks,     &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
+	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
+			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
+			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
 	r = gpu_launch(g, fn, grid, 1, 1, (unsigned)(8 / rt + 1) * 32, 1, 1, (unsigned)smem, args);
 	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
