@@ -44,6 +44,7 @@ TEST(bench_model, argument_errors_exit_2_naming_the_value)
 		{"--synthetic --steps 0", "--steps 0: out of range [1, 100000]"},
 		{"--synthetic --kv-pages none", "--kv-pages \"none\": not an integer"},
 		{"--synthetic --steps", "--steps needs a value"},
+		{"--synthetic --graphs sometimes", "--graphs \"sometimes\": expected off, on or both"},
 		{"--synthetic --frobnicate", "unknown argument \"--frobnicate\""},
 		{"--model /srv/m --layers 2", "--layers and --dense describe a synthetic model"},
 	};

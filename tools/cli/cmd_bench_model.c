@@ -7,14 +7,15 @@
  *
  *   dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
- *                     [--warmup N] [--kv-pages N] [--keep] [--daemon]
+ *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--keep] [--daemon]
  *
  * Decode: for each context x batch (default 1K/8K/32K/128K x 1/16/64/128; a corner whose pages
  * do not fit the KV pool is skipped and said so) every sequence gets its own pages, filled
  * with synthetic KV for positions [0, context) (backend_cuda_kv_fill_synthetic: the real
  * KV-write kernels), then decode steps of one new token per sequence at position = context,
  * logits for every row as the engine asks them: warm-up, then the median of --steps steps
- * (wall time of backend_step, which returns with the logits on the host). Printed: step time,
+ * (wall time of backend_step, which returns with the logits on the host), eagerly and through
+ * CUDA graphs (DSV32_CUDA_GRAPHS=0/1, which the backend reads at every step). Printed: step time,
  * per token, per layer (step / main layers), bytes per step, FLOPs per step and the ratio to
  * the HBM roofline (bytes / the streaming read limit measured in the same run, before the
  * backend takes the memory; tools/cli/bench_gpu.h).
@@ -76,6 +77,7 @@ struct opts {
 	int64_t batches[MAX_LIST], contexts[MAX_LIST], prompts[MAX_LIST];
 	int n_batches, n_contexts, n_prompts;
 	int64_t steps, warmup, kv_pages;
+	int graphs; /* decode modes timed: bit 0 eager, bit 1 CUDA graphs */
 };
 
 static int usage(void)
@@ -83,7 +85,8 @@ static int usage(void)
 	fprintf(stderr,
 		"usage: dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)\n"
 		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
-		"                         [--warmup N] [--kv-pages N] [--keep] [--daemon]\n"
+		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--keep]\n"
+		"                         [--daemon]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -93,6 +96,7 @@ static int usage(void)
 		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096)\n"
 		"  --steps N        timed decode steps per point (default 10), after --warmup N (default 2)\n"
 		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
+		"  --graphs MODE    decode steps eager (off), through CUDA graphs (on) or both (default)\n"
 		"  --keep           keep the temporary checkpoint directory\n"
 		"  --daemon         time to first token and streaming rate through dsv32d instead\n");
 	return 2;
@@ -149,7 +153,7 @@ static int parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, i
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->layers = 4, o->dense = 1, o->seed = 1, o->steps = 10, o->warmup = 2;
+	o->layers = 4, o->dense = 1, o->seed = 1, o->steps = 10, o->warmup = 2, o->graphs = 3;
 	int have_layers = 0, have_dense = 0, have_prompts = 0;
 	const int64_t b[] = {1, 16, 64, 128}, c[] = {1024, 8192, 32768, 131072}, p[] = {4096, 32768};
 	memcpy(o->batches, b, sizeof b), o->n_batches = 4;
@@ -176,7 +180,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		int known = !strcmp(a, "--model") || !strcmp(a, "--layers") || !strcmp(a, "--dense") ||
 			    !strcmp(a, "--seed") || !strcmp(a, "--batches") || !strcmp(a, "--contexts") ||
 			    !strcmp(a, "--prompts") || !strcmp(a, "--steps") || !strcmp(a, "--warmup") ||
-			    !strcmp(a, "--kv-pages");
+			    !strcmp(a, "--kv-pages") || !strcmp(a, "--graphs");
 		if (!known) {
 			fprintf(stderr, "dsv32 bench model: unknown argument \"%s\"\n", a);
 			return usage();
@@ -207,6 +211,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			r = parse_int(a, v, 0, 1000, &o->warmup);
 		else if (!strcmp(a, "--kv-pages"))
 			r = parse_int(a, v, 1, INT64_C(1) << 32, &o->kv_pages);
+		else if (!strcmp(a, "--graphs")) {
+			o->graphs = !strcmp(v, "off") ? 1 : !strcmp(v, "on") ? 2 : !strcmp(v, "both") ? 3 : 0;
+			if (!o->graphs) {
+				fprintf(stderr, "dsv32 bench model: --graphs \"%s\": expected off, on or both\n", v);
+				r = -EINVAL;
+			}
+		}
 		if (r)
 			return 2;
 	}
@@ -464,6 +475,8 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	int64_t *pos = malloc((size_t)maxB * sizeof *pos);
 	struct backend_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
 	int32_t *bt = NULL;
+	const char *env = getenv("DSV32_CUDA_GRAPHS");
+	char *graphs_env = env ? strdup(env) : NULL; /* restored at the end */
 	double *t = malloc((size_t)o->steps * sizeof *t);
 	int rc = 0;
 	if (!logits || !tokens || !pos || !seqs || !t) {
@@ -476,9 +489,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	printf("\ndecode: %lld layers (%lld dense), one new token per sequence at position = context, "
 	       "logits for every row; median of %lld steps after %lld warm-up\n",
 	       (long long)L, (long long)c->first_k_dense_replace, (long long)o->steps, (long long)o->warmup);
-	printf("%7s %5s | %9s %9s %9s | %8s %8s %7s | %9s %8s | %10s %7s\n", "context", "batch",
-	       "step_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts", "GFLOP", "TFLOP/s",
-	       "roof_ms", "x_roof");
+	printf("(eager_ms, graph_ms: step time without and with CUDA graphs; the columns after them "
+	       "use the faster)\n");
+	printf("%7s %5s | %9s %9s | %9s %9s | %8s %8s %7s | %9s %8s | %10s %7s\n", "context", "batch",
+	       "eager_ms", "graph_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts", "GFLOP",
+	       "TFLOP/s", "roof_ms", "x_roof");
 	for (int ci = 0; ci < o->n_contexts; ci++) {
 		const int64_t ctx = o->contexts[ci], blocks = ctx / KV_PAGE_TOKENS + 1;
 		int64_t filled = 0; /* sequences whose KV holds [0, ctx) */
@@ -524,30 +539,44 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 				};
 			}
 			struct backend_step st = {.mtp = 0, .n_seqs = B, .seqs = seqs};
-			for (int64_t w = 0; w < o->warmup || w < 1; w++) {
-				int r = backend_step(be, &st);
-				if (r) {
-					rc = step_failed(r);
-					goto out;
+			/* eager, then through CUDA graphs (the backend reads DSV32_CUDA_GRAPHS at every
+			 * step; the warm-up of the graph run includes the capture) */
+			double med[2] = {0, 0};
+			for (int mode = 0; mode < 2; mode++) {
+				if (!(o->graphs & (1 << mode)))
+					continue;
+				setenv("DSV32_CUDA_GRAPHS", mode ? "1" : "0", 1);
+				for (int64_t w = 0; w < o->warmup || w < 1; w++) {
+					int r = backend_step(be, &st);
+					if (r) {
+						rc = step_failed(r);
+						goto out;
+					}
 				}
-			}
-			for (int64_t s = 0; s < o->steps; s++) {
-				double t0 = now_s();
-				int r = backend_step(be, &st);
-				t[s] = now_s() - t0;
-				if (r) {
-					rc = step_failed(r);
-					goto out;
+				for (int64_t s = 0; s < o->steps; s++) {
+					double t0 = now_s();
+					int r = backend_step(be, &st);
+					t[s] = now_s() - t0;
+					if (r) {
+						rc = step_failed(r);
+						goto out;
+					}
 				}
+				med[mode] = median(t, (int)o->steps);
 			}
 			int64_t bad = 0;
 			for (size_t i = 0; i < (size_t)B * (size_t)V; i++)
 				bad += !isfinite(logits[i]);
-			double step = median(t, (int)o->steps);
+			double step = med[0] && (!med[1] || med[0] < med[1]) ? med[0] : med[1];
 			struct cost k = decode_cost(c, B, ctx);
 			double bytes = k.weights + k.kv, roof = bytes / (read_tbs * 1e12);
-			printf("%7lld %5lld | %9.3f %9.2f %9.2f | %8.3f %8.3f %7.1f | %9.1f %8.2f | %10.3f %7.2f%s",
-			       (long long)ctx, (long long)B, step * 1e3, step * 1e6 / (double)B,
+			char eager[16] = "-", graph[16] = "-";
+			if (med[0])
+				snprintf(eager, sizeof eager, "%.3f", med[0] * 1e3);
+			if (med[1])
+				snprintf(graph, sizeof graph, "%.3f", med[1] * 1e3);
+			printf("%7lld %5lld | %9s %9s | %9.2f %9.2f | %8.3f %8.3f %7.1f | %9.1f %8.2f | %10.3f %7.2f%s",
+			       (long long)ctx, (long long)B, eager, graph, step * 1e6 / (double)B,
 			       step * 1e6 / (double)L, k.weights / 1e9, k.kv / 1e9, k.experts,
 			       k.flops / 1e9, k.flops / step / 1e12, roof * 1e3, step / roof,
 			       bad ? "" : "\n");
@@ -559,6 +588,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 		}
 	}
 out:
+	if (graphs_env)
+		setenv("DSV32_CUDA_GRAPHS", graphs_env, 1);
+	else
+		unsetenv("DSV32_CUDA_GRAPHS");
+	free(graphs_env);
 	free(logits), free(tokens), free(pos), free(seqs), free(bt), free(t);
 	return rc;
 }
