@@ -78,6 +78,7 @@ struct opts {
 	int n_batches, n_contexts, n_prompts;
 	int64_t steps, warmup, kv_pages;
 	int graphs; /* decode modes timed: bit 0 eager, bit 1 CUDA graphs */
+	char cmdline[1024]; /* the arguments, for the closing "command:" line */
 };
 
 static int usage(void)
@@ -92,8 +93,8 @@ static int usage(void)
 		"                   (default 1) dense; --seed S (default 1)\n"
 		"  --model DIR      a real checkpoint instead\n"
 		"  --batches LIST   decode batch sizes (default 1,16,64,128)\n"
-		"  --contexts LIST  decode contexts in tokens (default 1024,8192,32768,131072)\n"
-		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096)\n"
+		"  --contexts LIST  decode contexts in tokens (default 1024,8192,32768,131072; none: no decode)\n"
+		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096; none)\n"
 		"  --steps N        timed decode steps per point (default 10), after --warmup N (default 2)\n"
 		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
 		"  --graphs MODE    decode steps eager (off), through CUDA graphs (on) or both (default)\n"
@@ -159,6 +160,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	memcpy(o->batches, b, sizeof b), o->n_batches = 4;
 	memcpy(o->contexts, c, sizeof c), o->n_contexts = 4;
 	memcpy(o->prompts, p, sizeof p), o->n_prompts = 2;
+	size_t len = 0;
+	for (int i = 1; i < argc && len < sizeof o->cmdline; i++)
+		len += (size_t)snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", argv[i]);
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		int r = 0;
@@ -201,8 +205,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			r = parse_int(a, v, 0, INT64_MAX, &x), o->seed = (uint64_t)x;
 		else if (!strcmp(a, "--batches"))
 			r = parse_list(a, v, 1, 4096, o->batches, &o->n_batches);
+		else if (!strcmp(a, "--contexts") && !strcmp(v, "none"))
+			o->n_contexts = 0;
 		else if (!strcmp(a, "--contexts"))
 			r = parse_list(a, v, 1, 1 << 24, o->contexts, &o->n_contexts);
+		else if (!strcmp(a, "--prompts") && !strcmp(v, "none"))
+			o->n_prompts = 0, have_prompts = 1;
 		else if (!strcmp(a, "--prompts"))
 			r = parse_list(a, v, 1, 1 << 24, o->prompts, &o->n_prompts), have_prompts = 1;
 		else if (!strcmp(a, "--steps"))
@@ -697,14 +705,12 @@ static int bench_in_process(const struct opts *o, const char *dir)
 	       be->ops->name, (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
 	       (long long)be->n_pages, now_s() - t0,
 	       o->synthetic ? " (weights generated on the GPU)" : "");
-	rc = bench_decode(o, &c, be, read_tbs);
-	if (!rc)
+	rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs) : 0;
+	if (!rc && o->n_prompts)
 		rc = bench_prefill(o, &c, be);
 	if (!rc)
-		printf("\ncommand: dsv32 bench model %s%s --steps %lld (decode bytes = weights touched + "
-		       "KV read; x_roof = step / (bytes / measured read limit))\n",
-		       o->synthetic ? "--synthetic" : "--model ", o->synthetic ? "" : o->model,
-		       (long long)o->steps);
+		printf("\ncommand: dsv32 bench model%s (decode bytes = weights touched + KV read; x_roof "
+		       "= step / (bytes / the measured read limit))\n", o->cmdline);
 	backend_destroy(be);
 out_w:
 	weights_free(&w);
@@ -916,6 +922,8 @@ static int bench_daemon(const struct opts *o, const char *model, const char *tmp
 		printf("%7lld | %10.2f %10.2f | %12.1f %8u\n", (long long)o->prompts[pi],
 		       median(t, 3) * 1e3, median(s, 3) * 1e3, median(rt, 3), n_out);
 	}
+	printf("\ncommand: dsv32 bench model%s (server_ms: the daemon's own submit-to-first-token; "
+	       "stream_tok/s: tokens after the first over their arrival time)\n", o->cmdline);
 out:
 	dsv32_close(h);
 	daemon_stop(&d);
@@ -928,6 +936,7 @@ int bench_model(int argc, char **argv)
 	int r = parse_args(argc, argv, &o);
 	if (r)
 		return r;
+	setvbuf(stdout, NULL, _IOLBF, 0); /* every finished row is out even if a timeout kills us */
 	char dir[PATH_MAX] = "", tmp[PATH_MAX] = "";
 	const char *model = o.model;
 	if (o.synthetic) {
