@@ -308,6 +308,7 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 	}
 
 	// ---- consumers: warp w owns rows n0 + 16 RT w .. + 16 RT - 1 of each unit ----
+	constexpr int MGA = MG > 0 ? MG : 1; // array extent
 	const int g = lane >> 2, t = lane & 3;
 	int s = 0;
 	uint32_t ph = 0;
@@ -321,13 +322,29 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 		// the warp's rows lie in one 128-row scale block (16 RT divides 128)
 		const float *s_row = Sp + (size_t)(n >> 7) * KB;
 		const float *sx = SX + (size_t)w.r0 * KB;
-		float acc[RT][MG > 0 ? MG : 1][4];
+		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
+		// (2t, 2t + 1 of each group of 8; 0 past the slice), loaded before the wait for the
+		// stage so their latency hides behind it.
+		float sc[KBS][MGA][2];
+		float acc[RT][MGA][4];
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-			for (int mg = 0; mg < MG; mg++)
+			for (int mg = 0; mg < MGA; mg++)
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
+#pragma unroll
+			for (int j = 0; j < KBS; j++) {
+				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
+				const float sw = ok ? s_row[kb + j] : 0.f;
+#pragma unroll
+				for (int mg = 0; mg < MGA; mg++) {
+					const int m0 = mg * 8 + 2 * t;
+					sc[j][mg][0] = ok && m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
+					sc[j][mg][1] =
+						ok && m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
+				}
+			}
 			mbar_wait(smem_u32(&full[s]), ph);
 			if (MG > 0 && rt_n > 0) {
 				const uint32_t st = stage0 + s * stage_bytes;
@@ -337,7 +354,10 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 				const uint32_t a_addr = st + (warp * 16 * RT + g) * 128;
 				const uint32_t b_addr = st + KBS * ST_WBOX + g * 128;
 				const int nb = min(KBS, w.kb1 - kb);
-				for (int j = 0; j < nb; j++) {
+#pragma unroll
+				for (int j = 0; j < KBS; j++) {
+					if (j >= nb)
+						break;
 					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes
 					uint4 lo0[RT], lo1[RT], hi0[RT], hi1[RT];
 #pragma unroll
@@ -348,18 +368,15 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 						hi0[rt] = lds128(a + 8 * 128 + c0);
 						hi1[rt] = lds128(a + 8 * 128 + c1);
 					}
-					const float sw = s_row[kb + j];
+					// per group of 8 tokens: the K block's 4 MMAs into a fresh fragment, then its
+					// promotion (groups are independent chains the scheduler interleaves)
 #pragma unroll
-					for (int mg = 0; mg < MG; mg++) {
+					for (int mg = 0; mg < MGA; mg++) {
 						if (mg >= mg_n)
 							break;
 						const uint32_t bp = b_addr + j * xbox + mg * 8 * 128;
 						const uint4 b0 = lds128(bp + c0), b1 = lds128(bp + c1);
-						// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
-						const int m0 = mg * 8 + 2 * t;
-						const float s0 = m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
-						const float s1 =
-							m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
+						const float s0 = sc[j][mg][0], s1 = sc[j][mg][1];
 #pragma unroll
 						for (int rt = 0; rt < RT; rt++) {
 							if (rt >= rt_n)
@@ -369,6 +386,7 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 							mma_e4m3(c, lo0[rt].z, hi0[rt].z, lo0[rt].w, hi0[rt].w, b0.z, b0.w);
 							mma_e4m3(c, lo1[rt].x, hi1[rt].x, lo1[rt].y, hi1[rt].y, b1.x, b1.y);
 							mma_e4m3(c, lo1[rt].z, hi1[rt].z, lo1[rt].w, hi1[rt].w, b1.z, b1.w);
+							// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 							acc[rt][mg][0] += c[0] * s0;
 							acc[rt][mg][1] += c[1] * s1;
 							acc[rt][mg][2] += c[2] * s0;
