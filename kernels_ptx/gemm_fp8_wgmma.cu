@@ -74,12 +74,15 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 
 // Blocks until the phase of parity `parity` of the barrier has completed. A fresh barrier is in
 // phase 0, so waiting for parity 1 returns at once (the producer's first pass over the ring).
-// A wait that has not finished after ~2^28 tries (seconds) is a bug (a lost arrival or copy):
-// it says where and traps, so a test fails with a message instead of hanging.
+// A wait that has not finished after 2 s (%globaltimer, checked every 4096 tries) is a bug (a
+// lost arrival or copy): it traps, so a test fails with a launch error instead of hanging the
+// runner. (No printf: a function call in the kernel makes ptxas serialise every wgmma, C7510.)
+// The producer warps wait without it (registers): they can only be stuck if the consumers are.
+template <bool TIMEOUT = true>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
-	uint32_t done;
-	for (uint32_t tries = 0;; tries++) {
+	uint32_t done, t0 = 0;
+	for (uint32_t tries = 1;; tries++) {
 		asm volatile("{\n.reg .pred p;\n"
 			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
 			     "selp.u32 %0, 1, 0, p;\n}\n"
@@ -88,10 +91,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 			     : "memory");
 		if (done)
 			return;
-		if (tries == (1u << 28)) {
-			printf("k_gemm_fp8_wgmma: stuck: block %d thread %d barrier %u parity %u\n",
-			       blockIdx.x, threadIdx.x, bar, parity);
-			__trap();
+		if (TIMEOUT && (tries & 4095) == 0) { // low 32 bits of the ns timer: 4.3 s wrap
+			uint32_t now;
+			asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
+			if (!t0)
+				t0 = now | 1;
+			else if (now - t0 > 2000000000u)
+				__trap();
 		}
 	}
 }
@@ -382,7 +388,7 @@ __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long 
 			float a = 0.f, b = 0.f;
 			if (lane == 0)
 				a = __ldg(w0 + kb), b = __ldg(w0 + kb + db);
-			mbar_wait(EMPTY(s), ph ^ 1); // the consumers have read this stage's scales
+			mbar_wait<false>(EMPTY(s), ph ^ 1); // the consumers have read its scales
 			const uint32_t dst = scl + s * C::SC_BYTES;
 			asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(dst + 16 * lane),
 				     "f"(v0), "f"(v1), "f"(v2), "f"(v3)
@@ -420,7 +426,7 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 				e_acq = sc.e;
 			}
 			for (int kb = 0; kb < KB; kb++) {
-				mbar_wait(EMPTY(s), ph ^ 1); // the consumers released this stage
+				mbar_wait<false>(EMPTY(s), ph ^ 1); // the consumers released it
 				// all of A and B land in this CTA's stage: our A, and B from every CTA
 				// of the cluster (each multicasts its BN / MC rows to all of them)
 				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
