@@ -153,11 +153,15 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 // memory topk_smem_bytes(ld) (model/cuda_attn.c): 8 copies of a 2048-bin histogram, a candidate
 // list of TOPK_CAND (key, position) pairs and two bitmaps of the row (selected; equal to the
 // threshold).
-//   pass 1 (one read): histogram of the top 11 bits of the order key (sign, exponent, 2 mantissa
+//   A (first): a sample of the row (one group of 64 positions in 8) gives a threshold T0 about
+//     1.5 k keys down; one read appends every key >= T0 to the candidate list; when their
+//     count is in [k, TOPK_CAND] the selection is exact among them (three radix rounds in shared
+//     memory), else B:
+//   B, pass 1 (one read): histogram of the top 11 bits of the order key (sign, exponent, 2 mantissa
 //     bits); lane l counts into copy l % 8 (rows with many equal scores — ReLU zeros — would
 //     otherwise serialise on one shared-memory address), the copies are added, and a block
 //     suffix scan finds the bin B holding the k-th key;
-//   pass 2 (one read): keys above bin B set their bit in the selected bitmap, keys in bin B are
+//   B, pass 2 (one read): keys above bin B set their bit in the selected bitmap, keys in bin B are
 //     appended to the candidate list (one atomic per warp: ballot, popc);
 //   the candidates: radix rounds of 11 and 10 bits in shared memory give the k-th key T and how
 //     many keys equal to T to take; candidates > T set their selected bit, == T their equal bit
@@ -170,6 +174,7 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 #define TOPK_BINS 2048
 #define TOPK_COPIES 8
 #define TOPK_CSTRIDE (TOPK_BINS + 1) // copies on different banks
+#define TOPK_STRIDE 8                // the sample: one group of 64 positions in 8
 
 __device__ __forceinline__ void topk_load4(const float *__restrict__ row, int n, int vec, int i4, uint32_t key[4],
 					   bool ok[4])
@@ -268,67 +273,159 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	if (tid == 0)
 		s_ncand = 0;
 	__syncthreads(); // cleared
-
-	// pass 1: histogram of the top 11 bits, lane l into copy l % 8
 	int *myhist = hist + (lane & (TOPK_COPIES - 1)) * TOPK_CSTRIDE;
-	for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-		uint32_t key[4][4];
-		bool ok[4][4];
-		topk_load16(row, n, n4, vec, i0, key, ok);
+
+	// ---- A: threshold from a sample, one pass of compares -------------------------------------
+	// Sample: every TOPK_STRIDE-th group of 64 positions (all of them when n <= 16384), keys
+	// kept in the candidate area (16384 words). T0 = the sample's r-th largest key with
+	// r = 1.5 k (sample / n) + 8, so about 1.5 k keys of the row are >= T0; the pass then
+	// appends every key >= T0. Exact whenever k <= that count <= TOPK_CAND (checked), else B.
+	uint32_t *samp = cand_key; // [2 * TOPK_CAND]
+	const int ngroups = (n + 63) / 64;
+	const int stride = n <= 2 * TOPK_CAND ? 1 : TOPK_STRIDE;
+	const int sgroups = min((ngroups + stride - 1) / stride, 2 * TOPK_CAND / 64);
+	int nsv = 0; // valid sampled positions
+	for (int j = tid; j < sgroups * 16; j += TOPK_THREADS) {
+		const int g = (j >> 4) * stride, i4 = g * 16 + (j & 15);
+		uint32_t key[4] = {0u, 0u, 0u, 0u};
+		bool ok[4] = {false, false, false, false};
+		if (i4 < n4) // (the last group may end before n)
+			topk_load4(row, n, vec, i4, key, ok);
 #pragma unroll
-		for (int u = 0; u < 4; u++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				if (ok[u][e])
-					atomicAdd(&myhist[key[u][e] >> 21], 1);
+		for (int e = 0; e < 4; e++) {
+			samp[4 * j + e] = ok[e] ? key[e] : 0u;
+			if (ok[e])
+				atomicAdd(&myhist[key[e] >> 21], 1), nsv++;
+		}
 	}
-	__syncthreads(); // every copy complete
+	int tot;
+	block_exclusive_scan(nsv, &tot);
+	nsv = tot;
 	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS) {
 		int sum = 0;
 		for (int c = 0; c < TOPK_COPIES; c++)
 			sum += hist[c * TOPK_CSTRIDE + i];
-		hist[i] = sum; // copy 0 holds the total (each bin read and written by one thread)
+		hist[i] = sum;
 	}
-	__syncthreads(); // totals complete
-	topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
-	const uint32_t bin = (uint32_t)s_bin;
-	int rem = s_rem;
-
-	// pass 2: above the bin -> selected; in the bin -> candidates (warp-aggregated append)
-	// (the loop runs while the warp's first lane has work, so all lanes take the same trips)
-	for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-		uint32_t key[4][4];
-		bool ok[4][4];
-		topk_load16(row, n, n4, vec, i0, key, ok);
+	__syncthreads(); // sample histogram totals
+	const long long rr = (long long)k * 3 * nsv / (2LL * n) + 8;
+	bool sampled = rr <= nsv;
+	uint32_t T0 = 0;
+	if (sampled) {
+		const int r = (int)rr;
+		topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, r, &s_bin, &s_rem);
+		uint32_t prefix = (uint32_t)s_bin << 21, mask = 0xffe00000u;
+		int rem = s_rem;
+		for (int round = 0; round < 2; round++) {
+			const int shift = round ? 0 : 10, nb = round ? 1024 : 2048;
+			for (int i = tid; i < nb; i += TOPK_THREADS)
+				hist[i] = 0;
+			__syncthreads(); // cleared
+			for (int c = tid; c < sgroups * 64; c += TOPK_THREADS)
+				if ((samp[c] & mask) == prefix)
+					atomicAdd(&hist[(samp[c] >> shift) & (nb - 1)], 1);
+			__syncthreads(); // counts complete
+			topk_find_bin(hist, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
+			prefix |= (uint32_t)s_bin << shift;
+			mask |= (uint32_t)(nb - 1) << shift;
+			rem = s_rem;
+		}
+		T0 = prefix;
+		// the pass: keys >= T0 -> candidates (warp-aggregated append); the loop runs while the
+		// warp's first lane has work, so all lanes take the same trips
+		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
+			uint32_t key[4][4];
+			bool ok[4][4];
+			topk_load16(row, n, n4, vec, i0, key, ok);
 #pragma unroll
-		for (int u = 0; u < 4; u++)
+			for (int u = 0; u < 4; u++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const int pos = 4 * (i0 + u * TOPK_THREADS) + e;
-				const uint32_t kb = key[u][e] >> 21;
-				if (ok[u][e] && kb > bin)
-					atomicOr(&selb[pos >> 5], 1u << (pos & 31));
-				const bool cand = ok[u][e] && kb == bin;
-				const uint32_t m = __ballot_sync(0xffffffffu, cand);
-				if (m) {
-					int base = 0;
-					if (lane == __ffs(m) - 1)
-						base = atomicAdd(&s_ncand, __popc(m));
-					base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
-					const int c = base + __popc(m & ((1u << lane) - 1));
-					if (cand && c < TOPK_CAND)
-						cand_key[c] = key[u][e], cand_pos[c] = pos;
+				for (int e = 0; e < 4; e++) {
+					const bool cand = ok[u][e] && key[u][e] >= T0;
+					const uint32_t m = __ballot_sync(0xffffffffu, cand);
+					if (m) {
+						int base = 0;
+						if (lane == __ffs(m) - 1)
+							base = atomicAdd(&s_ncand, __popc(m));
+						base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
+						const int c = base + __popc(m & ((1u << lane) - 1));
+						if (cand && c < TOPK_CAND)
+							cand_key[c] = key[u][e], cand_pos[c] = 4 * (i0 + u * TOPK_THREADS) + e;
+					}
 				}
-			}
+		}
+		__syncthreads(); // candidates complete (and every read of the sample done)
+		sampled = s_ncand >= k && s_ncand <= TOPK_CAND;
 	}
-	__syncthreads(); // bitmaps and candidates complete
+
+	uint32_t bin = 0, prefix = 0, mask = 0;
+	int rem = k, first_round = 0;
+	if (!sampled) {
+		// ---- B: exact two-pass method ------------------------------------------------------
+		for (int i = tid; i < TOPK_COPIES * TOPK_CSTRIDE; i += TOPK_THREADS)
+			hist[i] = 0;
+		__syncthreads(); // everyone has read s_ncand; hist cleared
+		if (tid == 0)
+			s_ncand = 0;
+		// pass 1: histogram of the top 11 bits, lane l into copy l % 8
+		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
+			uint32_t key[4][4];
+			bool ok[4][4];
+			topk_load16(row, n, n4, vec, i0, key, ok);
+#pragma unroll
+			for (int u = 0; u < 4; u++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					if (ok[u][e])
+						atomicAdd(&myhist[key[u][e] >> 21], 1);
+		}
+		__syncthreads(); // every copy complete
+		for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS) {
+			int sum = 0;
+			for (int c = 0; c < TOPK_COPIES; c++)
+				sum += hist[c * TOPK_CSTRIDE + i];
+			hist[i] = sum; // copy 0 holds the total (each bin read and written by one thread)
+		}
+		__syncthreads(); // totals complete
+		topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
+		bin = (uint32_t)s_bin;
+		rem = s_rem;
+		// pass 2: above the bin -> selected; in the bin -> candidates (warp-aggregated append)
+		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
+			uint32_t key[4][4];
+			bool ok[4][4];
+			topk_load16(row, n, n4, vec, i0, key, ok);
+#pragma unroll
+			for (int u = 0; u < 4; u++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int pos = 4 * (i0 + u * TOPK_THREADS) + e;
+					const uint32_t kb = key[u][e] >> 21;
+					if (ok[u][e] && kb > bin)
+						atomicOr(&selb[pos >> 5], 1u << (pos & 31));
+					const bool cand = ok[u][e] && kb == bin;
+					const uint32_t m = __ballot_sync(0xffffffffu, cand);
+					if (m) {
+						int base = 0;
+						if (lane == __ffs(m) - 1)
+							base = atomicAdd(&s_ncand, __popc(m));
+						base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
+						const int c = base + __popc(m & ((1u << lane) - 1));
+						if (cand && c < TOPK_CAND)
+							cand_key[c] = key[u][e], cand_pos[c] = pos;
+					}
+				}
+		}
+		__syncthreads(); // bitmaps and candidates complete
+		prefix = bin << 21, mask = 0xffe00000u, first_round = 1;
+	}
 	const int ncand = s_ncand;
 	const bool in_smem = ncand <= TOPK_CAND;
 
-	// the k-th key T within the bin: rounds of 11 bits (bits 20..10) and 10 bits (9..0)
-	uint32_t prefix = bin << 21, mask = 0xffe00000u;
-	for (int round = 0; round < 2; round++) {
-		const int shift = round ? 0 : 10, nb = round ? 1024 : 2048;
+	// the k-th key T among the candidates: rounds of 11 bits (31..21, A only), 11 bits (20..10)
+	// and 10 bits (9..0)
+	for (int round = first_round; round < 3; round++) {
+		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
 		for (int i = tid; i < nb; i += TOPK_THREADS)
 			hist[i] = 0;
 		__syncthreads(); // cleared
@@ -351,7 +448,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	}
 	const uint32_t T = prefix;
 	const int take_eq = rem;
-	// mark the bin's keys: > T selected, == T equal
+	// mark the candidates: > T selected, == T equal (B's keys above the bin are marked already)
 	if (in_smem) {
 		for (int c = tid; c < ncand; c += TOPK_THREADS) {
 			const uint32_t key = cand_key[c];
