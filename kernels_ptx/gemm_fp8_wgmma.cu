@@ -455,10 +455,16 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 					   const tmap *mB, const float *sx, const float *S,
 					   uint16_t *y, int M, int N, int KB, int ldy,
 					   uint32_t a_smem, uint32_t b_smem, uint32_t bars,
-					   uint32_t scl)
+					   uint32_t scl, int skew)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	const int cw = (threadIdx.x >> 7) - 1;
+	// skew: warpgroup 1 issues its first MMAs only after warpgroup 0's first have completed
+	// (named barrier 1), so from then on each promotes while the other's MMAs run, instead
+	// of both promoting at once with the tensor cores idle (they stay out of step: the tensor
+	// cores take the two warpgroups' MMAs in turn).
+	// (Not for BN = 192 with the scales from global memory: no registers left for it.)
+	bool first = (BN == 128 || SS) && skew != 0;
 	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	// fragment layout of wgmma m64nN (f32): register 4j + {0,1} holds row r_lo, columns
 	// 8j + 2(lane % 4) + {0,1}; register 4j + {2,3} the same columns of row r_lo + 8.
@@ -499,6 +505,10 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		// fragment and accumulators leave no registers for it.)
 		const bool active = BN > 128 || tl.row0 + cw * 64 < tl.row_end;
 		for (int kb = 0; kb < KB; kb++) {
+			if (first && cw == 1) {
+				asm volatile("bar.sync 1, 256;" ::: "memory");
+				first = false;
+			}
 			float x_lo = nx_lo, x_hi = nx_hi, cw0 = nw0, cw1 = nw1;
 			if (!SS && kb + 1 < KB) { // the next block's scales, a block ahead
 				nx_lo = __ldg(sx_lo + kb + 1), nx_hi = __ldg(sx_hi + kb + 1);
@@ -512,6 +522,10 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 			}
 			if (!active) {
 				release<MC>(EMPTY(s), lane);
+				if (first) { // warpgroup 0 (warpgroup 1 cleared it above)
+					asm volatile("bar.arrive 1, 256;" ::: "memory");
+					first = false;
+				}
 				if (++s == STAGES)
 					s = 0, ph ^= 1;
 				continue;
@@ -532,6 +546,10 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 				reg_fence(frag[i]);
 			// the stage's smem has been read by this warp's MMAs: release it
 			release<MC>(EMPTY(s), lane);
+			if (first) { // warpgroup 0 after its first MMAs: warpgroup 1 may start
+				asm volatile("bar.arrive 1, 256;" ::: "memory");
+				first = false;
+			}
 			if (++s == STAGES)
 				s = 0, ph ^= 1;
 			// promotion: the scale product first (x scale · weight scale), as the CPU
@@ -571,7 +589,7 @@ template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
 __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
-					   int ldy)
+					   int ldy, int skew)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	extern __shared__ uint8_t smem_raw[];
@@ -629,7 +647,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		else
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
 		wg_consume<BN, STAGES, GROUPED, MC, SS>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
-							a_smem, b_smem, bars, scl);
+							a_smem, b_smem, bars, scl, skew);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -645,10 +663,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attr name(                  \
 		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
 		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
-		int M, int N, int K, int ldy)                                                   \
+		int M, int N, int K, int ldy, int skew)                                         \
 	{                                                                                      \
 		wgmma_gemm<bn, stages, false, mc, ss>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, \
-						      K, ldy);                                  \
+						      K, ldy, skew);                            \
 	}
 // k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
 // g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
@@ -656,10 +674,11 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                             \
 		name(const __grid_constant__ tmap mA, const float *__restrict__ sx,              \
 		     const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,  \
-		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)       \
+		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy,       \
+		     int skew)                                                                   \
 	{                                                                                      \
 		wgmma_gemm<bn, stages, true, 1, ss>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,  \
-						    max_rows, N, K, ldy);                       \
+						    max_rows, N, K, ldy, skew);                 \
 	}
 
 // _ss: the scales come through shared memory (wg_scales) instead of per-thread global loads

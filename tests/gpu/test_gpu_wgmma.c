@@ -188,20 +188,22 @@ static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *
 	return bad;
 }
 
-/* The plain form's variants: weight rows per tile, CTAs per cluster, scales through smem
- * (cuda_gemm_fp8_wgmma_tile) */
-static const int variants[][3] = {{128, 1, 0}, {192, 1, 0}, {128, 2, 0}, {192, 2, 0},
-				  {128, 1, 1}, {192, 1, 1}, {128, 2, 1}, {192, 2, 1}};
+/* The plain form's variants: weight rows per tile, CTAs per cluster, scales through smem,
+ * skewed consumer warpgroups (cuda_gemm_fp8_wgmma_tile) */
+static const int variants[][4] = {{128, 1, 0, 0}, {192, 1, 0, 0}, {128, 2, 0, 0}, {192, 2, 0, 0},
+				  {128, 1, 1, 0}, {192, 1, 1, 0}, {128, 2, 1, 0}, {192, 2, 1, 0},
+				  {128, 1, 0, 1}, {128, 1, 1, 1}, {128, 2, 1, 1}, {192, 1, 1, 1},
+				  {192, 2, 1, 1}};
 #define N_VAR (int)(sizeof variants / sizeof *variants)
 
 /* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
  * else n_rows spread over M incl. the first and the last). */
 static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int v, int n_rows)
 {
-	int bn = variants[v][0], mc = variants[v][1], ss = variants[v][2];
+	int bn = variants[v][0], mc = variants[v][1], ss = variants[v][2], sk = variants[v][3];
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
 	int r = cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					 c->N, bn, mc, ss);
+					 c->N, bn, mc, ss, sk);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -211,8 +213,8 @@ static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, i
 	for (int i = 0; i < n; i++)
 		rows[i] = n == c->M ? i : (int)((long long)i * (c->M - 1) / (n - 1));
 	char what[96];
-	snprintf(what, sizeof what, "wgmma n%d mc%d ss%d %s M=%d N=%d K=%d (%d rows)", bn, mc, ss,
-		 c->real ? "REAL" : "WIDE", c->M, c->N, c->K, n);
+	snprintf(what, sizeof what, "wgmma n%d mc%d ss%d sk%d %s M=%d N=%d K=%d (%d rows)", bn, mc,
+		 ss, sk, c->real ? "REAL" : "WIDE", c->M, c->N, c->K, n);
 	CHECK_EQ_INT(check_rows(g, pool, c, rows, n, what), 0);
 	free(rows);
 }
@@ -276,7 +278,8 @@ static int run_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size
 		return cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
 					c->N, ws, ws_bytes);
 	return cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					c->N, variants[path][0], variants[path][1], variants[path][2]);
+					c->N, variants[path][0], variants[path][1], variants[path][2],
+					variants[path][3]);
 }
 
 /* Microseconds per launch: the median of 5 event-timed batches of 8 back-to-back launches after
@@ -318,8 +321,8 @@ static void timing_m4096(int first, int last)
 	const int M = 4096;
 	printf("    %-12s", "N x K  (us)");
 	for (int v = 0; v < N_VAR; v++)
-		printf(" n%d/%d/%d", variants[v][0], variants[v][1], variants[v][2]);
-	printf("  cuBLASLt | TFLOP/s: ours best (n/mc/ss), cuBLASLt, best/LT\n");
+		printf(" %d/%d/%d/%d", variants[v][0], variants[v][1], variants[v][2], variants[v][3]);
+	printf("  cuBLASLt | TFLOP/s: ours best (n/mc/ss/skew), cuBLASLt, best/LT\n");
 	for (int i = first; i < last; i++) {
 		struct wg_case c;
 		int N = big_shapes[i][0], K = big_shapes[i][1];
@@ -342,9 +345,9 @@ static void timing_m4096(int first, int last)
 			printf(" %9.1f", us[p]);
 		double tb = best >= 0 ? flop / (us[best] * 1e-6) / 1e12 : -1;
 		double tl = us[N_VAR] > 0 ? flop / (us[N_VAR] * 1e-6) / 1e12 : -1;
-		printf("  | %5.0f (n%d/%d/%d) %5.0f %5.2f\n", tb, best >= 0 ? variants[best][0] : 0,
-		       best >= 0 ? variants[best][1] : 0, best >= 0 ? variants[best][2] : 0, tl,
-		       tl > 0 ? tb / tl : -1);
+		printf("  | %5.0f (%d/%d/%d/%d) %5.0f %5.2f\n", tb, best >= 0 ? variants[best][0] : 0,
+		       best >= 0 ? variants[best][1] : 0, best >= 0 ? variants[best][2] : 0,
+		       best >= 0 ? variants[best][3] : 0, tl, tl > 0 ? tb / tl : -1);
 		CHECK(best >= 0);
 		/* the timed shapes' results, sampled rows, every tiling */
 		for (int v = 0; v < N_VAR; v++)
@@ -450,18 +453,18 @@ static void grp_free(struct grp_case *c)
 	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
 }
 
-static int grp_run(struct gpu *g, struct grp_case *c, int bn)
+static int grp_run(struct gpu *g, struct grp_case *c, int bn, int sk)
 {
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
-					      c->dy, c->rows, c->N, c->K, c->N, bn);
+					      c->dy, c->rows, c->N, c->K, c->N, bn, sk);
 }
 
 /* Checks up to max_per rows of each group (the first and last among them) against the CPU. */
-static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int bn,
+static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int bn, int sk,
 		      int max_per)
 {
 	gpu_test_poison(g, c->dy, (size_t)(c->rows > 0 ? c->rows : 1) * c->N * 2);
-	int r = grp_run(g, c, bn);
+	int r = grp_run(g, c, bn, sk);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -479,8 +482,8 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 				    .x = c->x, .xq = c->xq, .sx = c->sx, .dy = c->dy,
 				    .real = c->fill == REAL};
 		char what[112];
-		snprintf(what, sizeof what, "grouped n%d %s group %d (%d rows, %d checked) N=%d K=%d",
-			 bn, c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
+		snprintf(what, sizeof what, "grouped n%d sk%d %s group %d (%d rows, %d checked) N=%d K=%d",
+			 bn, sk, c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
 		bad += check_rows(g, pool, &v, rows, n, what);
 		free(v.ref), free(v.A), free(v.ref_rows);
 	}
@@ -496,21 +499,24 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	static const int counts[] = {0, 5, 130, 0, 1, 257, 64, 0, 128, 0};
 	struct grp_case c;
 	grp_init(&g, &c, 10, counts, 576, 1024, 1300, WIDE);
-	grp_check(&g, pool, &c, 128, 64);
-	grp_check(&g, pool, &c, 192, 64);
+	grp_check(&g, pool, &c, 128, 0, 64);
+	grp_check(&g, pool, &c, 192, 0, 64);
+	grp_check(&g, pool, &c, 128, 1, 64);
 	grp_free(&c);
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	grp_check(&g, pool, &c, 128, 8);
+	grp_check(&g, pool, &c, 128, 0, 8);
+	grp_check(&g, pool, &c, 128, 1, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	grp_check(&g, pool, &c, 128, 8);
+	grp_check(&g, pool, &c, 128, 0, 8);
+	grp_check(&g, pool, &c, 128, 1, 8);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
 	static const int c3[] = {0, 0, 0};
 	grp_init(&g, &c, 3, c3, 128, 128, 1303, WIDE);
-	CHECK_EQ_INT(grp_run(&g, &c, 128), 0);
+	CHECK_EQ_INT(grp_run(&g, &c, 128, 1), 0);
 	REQUIRE(gpu_sync(&g) == 0);
 	grp_free(&c);
 	cpu_pool_stop(pool);
@@ -544,8 +550,10 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 	for (int s = 0; s < 2; s++) {
 		struct grp_case c;
 		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, SYNTH);
-		for (int bn = 128; bn <= 192; bn += 64) {
-			CHECK_EQ_INT(grp_run(&g, &c, bn), 0);
+		static const int gv[][2] = {{128, 0}, {192, 0}, {128, 1}}; /* bn, skew */
+		for (int v = 0; v < 3; v++) {
+			int bn = gv[v][0], sk = gv[v][1];
+			CHECK_EQ_INT(grp_run(&g, &c, bn, sk), 0);
 			REQUIRE(gpu_sync(&g) == 0);
 			CUevent e0, e1;
 			REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
@@ -554,7 +562,7 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			for (int k = 0; k < 5; k++) { /* 4 back to back per batch (maps kernel included) */
 				cu.cuEventRecord(e0, g.stream);
 				for (int i = 0; i < 4; i++)
-					grp_run(&g, &c, bn);
+					grp_run(&g, &c, bn, sk);
 				cu.cuEventRecord(e1, g.stream);
 				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
 				cu.cuEventElapsedTime(&t[k], e0, e1);
@@ -563,9 +571,9 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			qsort(t, 5, sizeof *t, cmp_float);
 			double us = t[2] * 1e3 / 4, flop = 2.0 * c.rows * c.N * c.K;
 			double wbytes = (double)G * c.N * c.K;
-			printf("    grouped n%d %d x (%dx%d), %d rows: %.1f us, %.0f TFLOP/s, weights "
-			       "%.2f TB/s\n",
-			       bn, G, c.N, c.K, c.rows, us, flop / (us * 1e-6) / 1e12,
+			printf("    grouped n%d skew %d, %d x (%dx%d), %d rows: %.1f us, %.0f TFLOP/s, "
+			       "weights %.2f TB/s\n",
+			       bn, sk, G, c.N, c.K, c.rows, us, flop / (us * 1e-6) / 1e12,
 			       wbytes / (us * 1e-6) / 1e12);
 		}
 		grp_free(&c);
