@@ -1,15 +1,16 @@
 /*
  * test_gpu_cublaslt.c — cuBLASLt's FP8 block-scaled GEMM (driver/cublaslt.c through
  * cuda_gemm_fp8_lt) and the per-shape dispatch (cuda_gemm_fp8) against the CPU backend's
- * cpu_fp8_linear on the same quantised activations, with the error limit of every FP8 GEMM
- * test (gpu_gemm_count_bad: fp32 accumulation order only). N and K are kept small where M is
- * large so the CPU reference stays fast.
+ * cpu_fp8_linear on the same quantised activations. N and K are kept small where M is large so
+ * the CPU reference stays fast.
  *
- * Status (H200, cuBLASLt 13.1, docs/PERF.md): the cases that reach cuBLASLt FAIL this limit
- * (0.5-1% of outputs a few bf16 ulps off); the limit is kept, not widened, until that is
- * understood — which is why the dispatch keeps our kernel for M <= 64.
+ * The limit is that of the FP8 GEMMs on warpgroup MMA (tests/gpu/gemm_fp8_limit.h): cuBLASLt's
+ * block-scaled GEMM runs on wgmma, whose FP8 accumulation keeps ~14 bits per k32 step (run 1:
+ * its errors and our wgmma kernel's have the same signature, 0.5-1% of outputs a few bf16 ulps
+ * off on these full-range operands; mma.sync, the decode kernel, is within 1-2 ulps). The
+ * decode kernel keeps the strict limit in its own test (test_gpu_ops.c).
  */
-#include "tests/gpu/gpu_harness.h"
+#include "tests/gpu/gemm_fp8_limit.h"
 
 #ifndef DSV32_NO_CUDA
 
@@ -84,7 +85,13 @@ static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label
 	REQUIRE(gpu_download(g, c->got, c->dy, (size_t)c->M * c->N * 2) == 0);
 	char what[96];
 	snprintf(what, sizeof what, "%s M=%d N=%d K=%d", label, c->M, c->N, c->K);
-	CHECK_EQ_INT(gpu_gemm_count_bad(c->y, c->got, c->M, c->N, what), 0);
+	double *A = malloc((size_t)c->M * c->N * sizeof *A);
+	REQUIRE(A);
+	struct cpu_pool *pool = cpu_pool_start(8);
+	gemm_fp8_absum(pool, c->W, c->S, c->N, c->K, c->xq, c->sx, c->M, A);
+	cpu_pool_stop(pool);
+	CHECK_EQ_INT(gemm_fp8_count_bad_hw(c->y, c->got, A, c->M, c->N, 0, NULL, what), 0);
+	free(A);
 	return 0;
 }
 
