@@ -57,6 +57,10 @@ struct __align__(64) tmap {
 #define WG_BK 128              // K bytes per stage = one scale block
 #define WG_THREADS 384         // producer warpgroup + 2 consumer warpgroups
 #define WG_MAX_GROUPS 1024     // size of g_group_maps
+// kernel flags (model/cuda_gemm_wgmma.h): skewed consumer warpgroups; timing diagnostics
+#define WG_SKEW 1
+#define WG_DIAG_NOSTORE 2
+#define WG_DIAG_NOMMA 4
 
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
 
@@ -455,16 +459,19 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 					   const tmap *mB, const float *sx, const float *S,
 					   uint16_t *y, int M, int N, int KB, int ldy,
 					   uint32_t a_smem, uint32_t b_smem, uint32_t bars,
-					   uint32_t scl, int skew)
+					   uint32_t scl, int flags)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	const int cw = (threadIdx.x >> 7) - 1;
-	// skew: warpgroup 1 issues its first MMAs only after warpgroup 0's first have completed
+	// flags & WG_SKEW: warpgroup 1 issues its first MMAs only after warpgroup 0's first have completed
 	// (named barrier 1), so from then on each promotes while the other's MMAs run, instead
 	// of both promoting at once with the tensor cores idle (they stay out of step: the tensor
 	// cores take the two warpgroups' MMAs in turn).
 	// (Not for BN = 192 with the scales from global memory: no registers left for it.)
-	bool first = (BN == 128 || SS) && skew != 0;
+	bool first = (BN == 128 || SS) && (flags & WG_SKEW);
+	// diagnostics (timing only, the output is wrong): no MMAs / no stores
+	const bool no_mma = (BN == 128 || SS) && (flags & WG_DIAG_NOMMA);
+	const bool no_store = (BN == 128 || SS) && (flags & WG_DIAG_NOSTORE);
 	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	// fragment layout of wgmma m64nN (f32): register 4j + {0,1} holds row r_lo, columns
 	// 8j + 2(lane % 4) + {0,1}; register 4j + {2,3} the same columns of row r_lo + 8.
@@ -503,7 +510,7 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		// the MMAs but still takes part in every stage's handshake; its wait on "full" keeps
 		// its arrivals on "empty" in step with the stage's phase. (Not for BN = 192: its
 		// fragment and accumulators leave no registers for it.)
-		const bool active = BN > 128 || tl.row0 + cw * 64 < tl.row_end;
+		const bool active = (BN > 128 || tl.row0 + cw * 64 < tl.row_end) && !no_mma;
 		for (int kb = 0; kb < KB; kb++) {
 			if (first && cw == 1) {
 				asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -567,7 +574,7 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		}
 		// epilogue: bf16 pairs, masked to the tile's rows and to N
 		uint16_t *y_lo = y + (size_t)gm_lo * ldy, *y_hi = y + (size_t)gm_hi * ldy;
-		const bool ok_lo = gm_lo < tl.row_end, ok_hi = gm_hi < tl.row_end;
+		const bool ok_lo = gm_lo < tl.row_end && !no_store, ok_hi = gm_hi < tl.row_end && !no_store;
 #pragma unroll
 		for (int j = 0; j < BN / 8; j++) {
 			const int col = tl.n0 + 8 * j + cq;
@@ -589,7 +596,7 @@ template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
 __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
-					   int ldy, int skew)
+					   int ldy, int flags)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	extern __shared__ uint8_t smem_raw[];
@@ -647,7 +654,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		else
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
 		wg_consume<BN, STAGES, GROUPED, MC, SS>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
-							a_smem, b_smem, bars, scl, skew);
+							a_smem, b_smem, bars, scl, flags);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -663,10 +670,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attr name(                  \
 		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
 		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
-		int M, int N, int K, int ldy, int skew)                                         \
+		int M, int N, int K, int ldy, int flags)                                        \
 	{                                                                                      \
 		wgmma_gemm<bn, stages, false, mc, ss>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, \
-						      K, ldy, skew);                            \
+						      K, ldy, flags);                           \
 	}
 // k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
 // g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
@@ -675,10 +682,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		name(const __grid_constant__ tmap mA, const float *__restrict__ sx,              \
 		     const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,  \
 		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy,       \
-		     int skew)                                                                   \
+		     int flags)                                                                  \
 	{                                                                                      \
 		wgmma_gemm<bn, stages, true, 1, ss>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,  \
-						    max_rows, N, K, ldy, skew);                 \
+						    max_rows, N, K, ldy, flags);                \
 	}
 
 // _ss: the scales come through shared memory (wg_scales) instead of per-thread global loads

@@ -63,7 +63,7 @@ static int shape_ok(const char *what, int M, int N, int K, int ldy)
 
 int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc, int ss,
-			     int skew)
+			     int flags)
 {
 	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192) ||
 	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1))
@@ -77,7 +77,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	long long items = (long long)(((M + WG_BM - 1) / WG_BM + mc - 1) / mc) * ((N + bn - 1) / bn);
 	long long clusters = g->sm_count / mc;
 	unsigned grid = (unsigned)((items < clusters ? items : clusters) * mc);
-	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy, &skew};
+	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy, &flags};
 	static const char *names[2][2][2] = {
 		{{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
 		 {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}},
@@ -94,7 +94,7 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
-				   int K, int ldy, int bn, int skew)
+				   int K, int ldy, int bn, int flags)
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
@@ -113,7 +113,7 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	/* a bound on the tiles: every group adds at most one partial token tile */
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
-	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &skew};
+	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
 	return launch(g, bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128" : "k_gemm_fp8_wgmma_grouped_n192",
 		      grid, smem_bytes(bn), args);
 }

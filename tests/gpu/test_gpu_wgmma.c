@@ -271,9 +271,13 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* path: a tiling of variants[], or N_VAR for cuBLASLt */
+/* path: a tiling of variants[], N_VAR for cuBLASLt, or N_VAR + 1 + f for n128/mc1/ss with
+ * kernel flags f (the timing diagnostics) */
 static int run_path(struct gpu *g, struct wg_case *c, int path, gpu_ptr ws, size_t ws_bytes)
 {
+	if (path > N_VAR)
+		return cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N,
+						c->K, c->N, 128, 1, 1, path - N_VAR - 1);
 	if (path == N_VAR)
 		return cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
 					c->N, ws, ws_bytes);
@@ -349,6 +353,17 @@ static void timing_m4096(int first, int last)
 		       best >= 0 ? variants[best][1] : 0, best >= 0 ? variants[best][2] : 0,
 		       best >= 0 ? variants[best][3] : 0, tl, tl > 0 ? tb / tl : -1);
 		CHECK(best >= 0);
+		/* where the time goes (n128/mc1/ss/skew): without the stores, without the MMAs
+		 * (loads, handshake and stores), with neither (the load pipeline alone) */
+		float dg[3];
+		static const int dflags[3] = {WGMMA_SKEW | WGMMA_DIAG_NOSTORE,
+					      WGMMA_SKEW | WGMMA_DIAG_NOMMA,
+					      WGMMA_SKEW | WGMMA_DIAG_NOSTORE | WGMMA_DIAG_NOMMA};
+		for (int d = 0; d < 3; d++)
+			dg[d] = time_path(&g, &c, N_VAR + 1 + dflags[d], ws, ws_bytes);
+		printf("    %-12s diag 128/1/1/1: no stores %.1f us, no MMAs %.1f us, loads only %.1f "
+		       "us (full %.1f)\n",
+		       nk, dg[0], dg[1], dg[2], us[9]);
 		/* the timed shapes' results, sampled rows, every tiling */
 		for (int v = 0; v < N_VAR; v++)
 			run_check(&g, pool, &c, v, 4);
