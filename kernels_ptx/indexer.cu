@@ -123,8 +123,8 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 //
 // Same arguments and output as k_indexer_scores; grid (ceil(ld / 1024), B), 128 threads: warp w
 // of a block owns keys [1024 bx + 256 w, +256) in groups of 16. Keys are the A operand of
-// mma.m16n8k32 e4m3 (16 keys x 32 d, read straight from the page into registers, the next
-// group's bytes loaded while the current one multiplies), Q is B (8 heads x 32 d), so one warp
+// mma.m16n8k32 e4m3 (16 keys x 32 d; each warp streams its keys through a 4-stage cp.async
+// ring in shared memory, 3 groups in flight while one multiplies), Q is B (8 heads x 32 d), so one warp
 // holds all 64 heads' Q fragments (64 registers) and the head sum stays inside the warp:
 // C[key][head] -> ReLU -> x w'[head] -> summed over the 8 head tiles in registers and over the
 // quad by two shuffles, then x s_k. D order: lane (g, t) holds bytes [32t, 32t+32) of keys g and
@@ -144,14 +144,31 @@ __device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 #define IDX8_KEYS_WARP 256
+#define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
+#define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
 
-extern "C" __global__ void __launch_bounds__(128, 3)
+extern "C" __global__ void __launch_bounds__(128, 4)
 k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 		     const uint8_t *__restrict__ pool, long long page_bytes,
 		     const int *__restrict__ block_table, int max_blocks,
 		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld)
 {
+	// per warp: a ring of IDX8_NST groups of 16 key rows (cp.async, 3 groups in flight while
+	// one multiplies: bytes in flight without registers)
+	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][16 * IDX8_ROW];
+	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
+	__shared__ __align__(16) uint8_t qsh[IDX_HEADS * IDX8_ROW];     // its q8 rows (padded)
 	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	if (threadIdx.x < IDX_HEADS)
+		wsh[threadIdx.x] = (int)threadIdx.x < H ? w[(size_t)b * H + threadIdx.x] : 0.f;
+	for (int i = threadIdx.x; i < IDX_HEADS * 8; i += blockDim.x) { // 16-byte chunks, 0 beyond H
+		const int h = i >> 3, c = i & 7;
+		uint4 v = make_uint4(0, 0, 0, 0);
+		if (h < H)
+			v = *reinterpret_cast<const uint4 *>(q8 + ((size_t)b * H + h) * IDX_D + 16 * c);
+		*reinterpret_cast<uint4 *>(qsh + h * IDX8_ROW + 16 * c) = v;
+	}
+	__syncthreads(); // weights and q visible (before any warp returns)
 	const int g = lane >> 2, t = lane & 3;
 	const int n = n_keys[b];
 	const int kbeg = blockIdx.x * (4 * IDX8_KEYS_WARP) + warp * IDX8_KEYS_WARP;
@@ -162,69 +179,72 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		out[s] = -INFINITY;
 	if (kbeg >= kval)
 		return;
-	// Q as B: head 8j + g, bytes [32t, 32t+32) (zero beyond H); weights of heads 8j+2t, +1
-	uint32_t qf[8][8];
-	float wv[8][2];
-#pragma unroll
-	for (int j = 0; j < 8; j++) {
-		const int h = 8 * j + g;
-		uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-		if (h < H) {
-			const uint4 *qp = reinterpret_cast<const uint4 *>(q8 + ((size_t)b * H + h) * IDX_D + 32 * t);
-			x0 = qp[0], x1 = qp[1];
-		}
-		qf[j][0] = x0.x, qf[j][1] = x0.y, qf[j][2] = x0.z, qf[j][3] = x0.w;
-		qf[j][4] = x1.x, qf[j][5] = x1.y, qf[j][6] = x1.z, qf[j][7] = x1.w;
-		const int h2 = 8 * j + 2 * t;
-		wv[j][0] = h2 < H ? w[(size_t)b * H + h2] : 0.f;
-		wv[j][1] = h2 + 1 < H ? w[(size_t)b * H + h2 + 1] : 0.f;
-	}
 	const int *btr = block_table + (size_t)b * max_blocks;
-	// group loader: keys k0 + g and k0 + g + 8, bytes [32t, 32t+32)
-	auto load = [&](int k0, uint4 &lo0, uint4 &lo1, uint4 &hi0, uint4 &hi1) {
-		const uint8_t *pg = pool + (size_t)btr[k0 >> 6] * page_bytes;
-		const uint8_t *kp = pg + (size_t)((k0 & 63) + g) * IDX_D + 32 * t;
-		lo0 = __ldg(reinterpret_cast<const uint4 *>(kp));
-		lo1 = __ldg(reinterpret_cast<const uint4 *>(kp + 16));
-		hi0 = __ldg(reinterpret_cast<const uint4 *>(kp + 8 * IDX_D));
-		hi1 = __ldg(reinterpret_cast<const uint4 *>(kp + 8 * IDX_D + 16));
+	const int ngr = (kval - kbeg + 15) / 16;
+	// issue the copy of group gi (16 keys x 128 B = 128 chunks of 16 B, 4 a lane) into its stage;
+	// always one commit, so the group count stays in step
+	auto issue = [&](int gi) {
+		if (gi < ngr) {
+			const int k0 = kbeg + 16 * gi;
+			const uint8_t *pg = pool + (size_t)btr[k0 >> 6] * page_bytes + (size_t)(k0 & 63) * IDX_D;
+			uint8_t *st = ring[warp][gi % IDX8_NST];
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				const int c = lane + 32 * i, key = c >> 3, off = (c & 7) * 16;
+				const uint32_t dst = (uint32_t)__cvta_generic_to_shared(st + key * IDX8_ROW + off);
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+					     "l"(pg + key * IDX_D + off)
+					     : "memory");
+			}
+		}
+		asm volatile("cp.async.commit_group;" ::: "memory");
 	};
-	uint4 lo0, lo1, hi0, hi1;
-	load(kbeg, lo0, lo1, hi0, hi1);
-	for (int k0 = kbeg; k0 < kval; k0 += 16) {
-		uint4 nlo0 = lo0, nlo1 = lo1, nhi0 = hi0, nhi1 = hi1;
-		if (k0 + 16 < kval)
-			load(k0 + 16, nlo0, nlo1, nhi0, nhi1);
+#pragma unroll
+	for (int i = 0; i < IDX8_NST - 1; i++)
+		issue(i);
+	for (int gi = 0; gi < ngr; gi++) {
+		issue(gi + IDX8_NST - 1);
+		const int k0 = kbeg + 16 * gi;
+		// this lane's key scale (lane t = 0: key g, t = 1: key g + 8), in flight with the MMAs
+		const int sk = k0 + g + 8 * (t & 1);
+		float ks = 0.f;
+		if (t < 2 && sk < kval)
+			ks = __ldg(reinterpret_cast<const float *>(pool + (size_t)btr[sk >> 6] * page_bytes +
+								   64 * IDX_D + (sk & 63) * 4));
+		asm volatile("cp.async.wait_group %0;" ::"n"(IDX8_NST - 1) : "memory");
+		__syncwarp(); // every lane's part of group gi is in the ring
+		const uint8_t *st = ring[warp][gi % IDX8_NST];
+		const uint4 lo0 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t);
+		const uint4 lo1 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t + 16);
+		const uint4 hi0 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t);
+		const uint4 hi1 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t + 16);
+		__syncwarp(); // the stage is read: the next issue may overwrite it
 		const uint32_t lo[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
 		const uint32_t hi[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-		float c[8][4];
-#pragma unroll
-		for (int j = 0; j < 8; j++)
-			c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
-#pragma unroll
-		for (int s = 0; s < 4; s++)
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				mma_e4m3(c[j], lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[j][2 * s],
-					 qf[j][2 * s + 1]);
+		// head tile j: its 4 chained k32 steps, then ReLU x w' into the key sums at once (4
+		// accumulators live, not 32)
 		float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
-		for (int j = 0; j < 8; j++) {
-			p_lo += fmaxf(c[j][0], 0.f) * wv[j][0] + fmaxf(c[j][1], 0.f) * wv[j][1];
-			p_hi += fmaxf(c[j][2], 0.f) * wv[j][0] + fmaxf(c[j][3], 0.f) * wv[j][1];
+		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
+			// Q as B: head 8j + g, bytes [32t, 32t+32), from shared memory
+			const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+			const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
+			const uint32_t qf[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+			float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+			for (int s = 0; s < 4; s++)
+				mma_e4m3(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[2 * s],
+					 qf[2 * s + 1]);
+			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
+			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
+			p_hi += fmaxf(c[2], 0.f) * wj.x + fmaxf(c[3], 0.f) * wj.y;
 		}
 		p_lo += __shfl_xor_sync(0xffffffffu, p_lo, 1);
 		p_lo += __shfl_xor_sync(0xffffffffu, p_lo, 2);
 		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 1);
 		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 2);
-		if (t < 2) { // lane t = 0 writes key g, t = 1 key g + 8
-			const int s = k0 + g + 8 * t;
-			if (s < kval) {
-				const uint8_t *pg = pool + (size_t)btr[s >> 6] * page_bytes;
-				const float ks = *reinterpret_cast<const float *>(pg + 64 * IDX_D + (s & 63) * 4);
-				out[s] = (t ? p_hi : p_lo) * ks;
-			}
-		}
-		lo0 = nlo0, lo1 = nlo1, hi0 = nhi0, hi1 = nhi1;
+		if (t < 2 && sk < kval) // lane t = 0 writes key g, t = 1 key g + 8
+			out[sk] = (t ? p_hi : p_lo) * ks;
 	}
+	asm volatile("cp.async.wait_all;" ::: "memory");
 }
