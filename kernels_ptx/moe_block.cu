@@ -159,15 +159,28 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 #pragma unroll
 			for (int e = 0; e < 8; e++)
 				wv[e] = *reinterpret_cast<const float4 *>(&ws[buf][8 * oe + e][j][4 * s4]);
+			// step by step, the 32 accumulators' FMAs independent of each other (exact
+			// products: fma == multiply, then add)
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 #pragma unroll
-				for (int e = 0; e < 8; e++) { // exact products: fma == multiply, then add
+				for (int e = 0; e < 8; e++)
 					acc[i][e] = fmaf(xv[i].x, wv[e].x, acc[i][e]);
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int e = 0; e < 8; e++)
 					acc[i][e] = fmaf(xv[i].y, wv[e].y, acc[i][e]);
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int e = 0; e < 8; e++)
 					acc[i][e] = fmaf(xv[i].z, wv[e].z, acc[i][e]);
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int e = 0; e < 8; e++)
 					acc[i][e] = fmaf(xv[i].w, wv[e].w, acc[i][e]);
-				}
 		}
 		if (c + 1 < nc) { // the other buffer was last read in chunk c-1, before the barrier
 			stage(buf ^ 1, pre);
