@@ -158,7 +158,8 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * order, -1 padded; slots through the block table. Scores with many ties, NaN and -inf. */
 /* dist: 0 = 512 levels with NaN, -inf, -0 (many ties); 1 = continuous (a sum of uniforms, no
  * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
- * nearly the whole row: k_topk_select's candidate list overflows). use_select: through
+ * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
+ * position plus noise (a sample of the row is not representative of its top). use_select: through
  * cuda_indexer_topk (k_topk_select) instead of k_topk. */
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int use_select,
 		       uint64_t seed)
@@ -180,6 +181,8 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, 
 				v = (v - 2.0f) * 3.0f;
 			} else if (dist == 2) {
 				v = r % 97 == 0 ? 1.5f + (float)(r % 7) : 1.25f;
+			} else if (dist == 3) { /* rising with the position (recent keys score higher) */
+				v = (float)s * 1e-3f + (float)((test_rand(&seed) >> 40) % 1000) * 1e-3f;
 			} else {
 				v = (float)(r % 512) * 0.25f - 64.0f; /* 512 levels: plenty of ties */
 				if (r % 1000 == 7)
@@ -249,6 +252,7 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 		check_topk(&g, n, 8, 64, 0, sel, 2002);
 		check_topk(&g, n, 8, 2048, 1, sel, 2003);
 		check_topk(&g, n, 8, 2048, 2, sel, 2004);
+		check_topk(&g, n, 8, 2048, 3, sel, 2007);
 	}
 	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
 	check_topk(&g, n_odd, 3, 2048, 1, 1, 2005);
