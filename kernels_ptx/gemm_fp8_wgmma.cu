@@ -689,7 +689,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	}
 
 // _ss: the scales come through shared memory (wg_scales) instead of per-thread global loads
-// (plain form only: the grouped walker leaves the scale warp too few registers).
+// (grouped: BN = 128 only; with BN = 192 the scale warp has too few registers).
 #define NO_ATTR
 #define CLUSTER2 __cluster_dims__(2, 1, 1)
 WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, false, NO_ATTR)
@@ -702,6 +702,7 @@ WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss, 128, 6, 2, true, CLUSTER2)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192_ss, 192, 5, 2, true, CLUSTER2)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128, 128, 6, false)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n192, 192, 5, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss, 128, 6, true)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

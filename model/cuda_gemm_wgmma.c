@@ -94,12 +94,12 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
-				   int K, int ldy, int bn, int flags)
+				   int K, int ldy, int bn, int ss, int flags)
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
-	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192))
+	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192) || (ss && bn != 128))
 		return -EINVAL;
 	/* the template: any valid address (x8), replaced per group on the device */
 	CUtensorMap mA, tmpl;
@@ -114,7 +114,10 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
-	return launch(g, bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128" : "k_gemm_fp8_wgmma_grouped_n192",
+	return launch(g,
+		      ss ? "k_gemm_fp8_wgmma_grouped_n128_ss"
+		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
+				  : "k_gemm_fp8_wgmma_grouped_n192",
 		      grid, smem_bytes(bn), args);
 }
 
@@ -123,7 +126,7 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 				int ldy)
 {
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					      ldy, 128, 0);
+					      ldy, 128, 0, 0);
 }
 
 #endif

@@ -32,7 +32,8 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
  * (plain form only); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
  * first's first MMAs, so their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing
  * diagnostics, wrong output): no stores / no MMAs (the flags are ignored for bn = 192 without
- * ss). Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU,
+ * ss). Grouped: ss only with bn = 128; G <= 1024; the per-group tensor maps live in one
+ * module-global table per GPU,
  * so one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4 };
 int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
@@ -40,7 +41,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 			     int flags);
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
-				   int K, int ldy, int bn, int flags);
+				   int K, int ldy, int bn, int ss, int flags);
 #endif
 
 #endif

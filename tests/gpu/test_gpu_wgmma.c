@@ -468,18 +468,23 @@ static void grp_free(struct grp_case *c)
 	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
 }
 
-static int grp_run(struct gpu *g, struct grp_case *c, int bn, int sk)
+/* grouped variants: bn, scales through smem, kernel flags */
+static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0}, {128, 1, 1}};
+#define N_GVAR (int)(sizeof gvars / sizeof *gvars)
+
+static int grp_run(struct gpu *g, struct grp_case *c, int v)
 {
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
-					      c->dy, c->rows, c->N, c->K, c->N, bn, sk);
+					      c->dy, c->rows, c->N, c->K, c->N, gvars[v][0],
+					      gvars[v][1], gvars[v][2]);
 }
 
 /* Checks up to max_per rows of each group (the first and last among them) against the CPU. */
-static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int bn, int sk,
+static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int v,
 		      int max_per)
 {
 	gpu_test_poison(g, c->dy, (size_t)(c->rows > 0 ? c->rows : 1) * c->N * 2);
-	int r = grp_run(g, c, bn, sk);
+	int r = grp_run(g, c, v);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -493,14 +498,16 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 		int rows[64];
 		for (int i = 0; i < n; i++)
 			rows[i] = c->off[e] + (n == cnt ? i : (int)((long long)i * (cnt - 1) / (n - 1)));
-		struct wg_case v = {.M = c->rows, .N = c->N, .K = c->K, .W = c->W[e], .S = c->S[e],
-				    .x = c->x, .xq = c->xq, .sx = c->sx, .dy = c->dy,
-				    .real = c->fill == REAL};
+		struct wg_case gc = {.M = c->rows, .N = c->N, .K = c->K, .W = c->W[e], .S = c->S[e],
+				     .x = c->x, .xq = c->xq, .sx = c->sx, .dy = c->dy,
+				     .real = c->fill == REAL};
 		char what[112];
-		snprintf(what, sizeof what, "grouped n%d sk%d %s group %d (%d rows, %d checked) N=%d K=%d",
-			 bn, sk, c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
-		bad += check_rows(g, pool, &v, rows, n, what);
-		free(v.ref), free(v.A), free(v.ref_rows);
+		snprintf(what, sizeof what,
+			 "grouped %d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d", gvars[v][0],
+			 gvars[v][1], gvars[v][2], c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N,
+			 c->K);
+		bad += check_rows(g, pool, &gc, rows, n, what);
+		free(gc.ref), free(gc.A), free(gc.ref_rows);
 	}
 	CHECK_EQ_INT(bad, 0);
 }
@@ -514,24 +521,24 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	static const int counts[] = {0, 5, 130, 0, 1, 257, 64, 0, 128, 0};
 	struct grp_case c;
 	grp_init(&g, &c, 10, counts, 576, 1024, 1300, WIDE);
-	grp_check(&g, pool, &c, 128, 0, 64);
-	grp_check(&g, pool, &c, 192, 0, 64);
-	grp_check(&g, pool, &c, 128, 1, 64);
+	for (int v = 0; v < N_GVAR; v++)
+		grp_check(&g, pool, &c, v, 64);
 	grp_free(&c);
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	grp_check(&g, pool, &c, 128, 0, 8);
-	grp_check(&g, pool, &c, 128, 1, 8);
+	for (int v = 0; v < N_GVAR; v++)
+		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	grp_check(&g, pool, &c, 128, 0, 8);
-	grp_check(&g, pool, &c, 128, 1, 8);
+	for (int v = 0; v < N_GVAR; v++)
+		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
 	static const int c3[] = {0, 0, 0};
 	grp_init(&g, &c, 3, c3, 128, 128, 1303, WIDE);
-	CHECK_EQ_INT(grp_run(&g, &c, 128, 1), 0);
+	for (int v = 0; v < N_GVAR; v++)
+		CHECK_EQ_INT(grp_run(&g, &c, v), 0);
 	REQUIRE(gpu_sync(&g) == 0);
 	grp_free(&c);
 	cpu_pool_stop(pool);
@@ -565,10 +572,8 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 	for (int s = 0; s < 2; s++) {
 		struct grp_case c;
 		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, SYNTH);
-		static const int gv[][2] = {{128, 0}, {192, 0}, {128, 1}}; /* bn, skew */
-		for (int v = 0; v < 3; v++) {
-			int bn = gv[v][0], sk = gv[v][1];
-			CHECK_EQ_INT(grp_run(&g, &c, bn, sk), 0);
+		for (int v = 0; v < N_GVAR; v++) {
+			CHECK_EQ_INT(grp_run(&g, &c, v), 0);
 			REQUIRE(gpu_sync(&g) == 0);
 			CUevent e0, e1;
 			REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
@@ -577,7 +582,7 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			for (int k = 0; k < 5; k++) { /* 4 back to back per batch (maps kernel included) */
 				cu.cuEventRecord(e0, g.stream);
 				for (int i = 0; i < 4; i++)
-					grp_run(&g, &c, bn, sk);
+					grp_run(&g, &c, v);
 				cu.cuEventRecord(e1, g.stream);
 				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
 				cu.cuEventElapsedTime(&t[k], e0, e1);
@@ -586,9 +591,10 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			qsort(t, 5, sizeof *t, cmp_float);
 			double us = t[2] * 1e3 / 4, flop = 2.0 * c.rows * c.N * c.K;
 			double wbytes = (double)G * c.N * c.K;
-			printf("    grouped n%d skew %d, %d x (%dx%d), %d rows: %.1f us, %.0f TFLOP/s, "
-			       "weights %.2f TB/s\n",
-			       bn, sk, G, c.N, c.K, c.rows, us, flop / (us * 1e-6) / 1e12,
+			printf("    grouped %d/%d/%d (n/ss/flags) %d x (%dx%d), %d rows: %.1f us, %.0f "
+			       "TFLOP/s, weights %.2f TB/s\n",
+			       gvars[v][0], gvars[v][1], gvars[v][2], G, c.N, c.K, c.rows, us,
+			       flop / (us * 1e-6) / 1e12,
 			       wbytes / (us * 1e-6) / 1e12);
 		}
 		grp_free(&c);
