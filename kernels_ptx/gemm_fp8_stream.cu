@@ -74,14 +74,22 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 
+__device__ __forceinline__ uint64_t globaltimer_ns()
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
 // Blocks until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
 // parity 1 returns at once: the producer's first pass over the ring). A wait still unfinished
-// after ~2^28 tries (seconds) is a bug (a lost arrival or copy): it says where and traps, so a
-// test fails with a message instead of hanging.
+// after 2 s is a bug (a lost arrival or copy): it says where and traps, so a test fails with a
+// message instead of hanging.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
 	uint32_t done;
-	for (uint32_t tries = 0;; tries++) {
+	uint64_t t0 = 0;
+	for (uint32_t tries = 1;; tries++) {
 		asm volatile("{\n\t.reg .pred p;\n\t"
 			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
 			     "selp.u32 %0, 1, 0, p;\n\t}"
@@ -90,10 +98,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 			     : "memory");
 		if (done)
 			return;
-		if (tries == (1u << 28)) {
-			printf("k_gemm_fp8_stream: stuck: block %d thread %d barrier %u parity %u\n",
-			       blockIdx.x, threadIdx.x, bar, parity);
-			__trap();
+		if ((tries & 255) == 0) {
+			const uint64_t now = globaltimer_ns();
+			if (!t0)
+				t0 = now;
+			else if (now - t0 > 2000000000ull) {
+				printf("k_gemm_fp8_stream: stuck: block %d thread %d barrier %u parity %u\n",
+				       blockIdx.x, threadIdx.x, bar, parity);
+				__trap();
+			}
 		}
 	}
 }

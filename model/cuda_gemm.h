@@ -61,7 +61,8 @@ int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 size_t cuda_gemm_fp8_workspace(const struct gpu *g, int M, int N, int K);
 
 /* The same GEMM as cuda_gemm_fp8_decode through cuBLASLt (weight scales S as
- * weight_scale_inv [ceil(N/128), K/128], so K/128 % 4 == 0 — true for every V3.2 matrix).
+ * weight_scale_inv [ceil(N/128), K/128]; -ENOTSUP unless K/128 % 4 == 0 — true for every V3.2
+ * matrix — because cuBLASLt pads the scales' leading dimension to 4).
  * Transposes sx into the workspace first (cuBLASLt reads sx[K/128, M]). 0, -ENOTSUP when
  * cuBLASLt is absent or has no algorithm for the shape, -EINVAL, -EIO. cuBLASLt 13.1 on the
  * H200 refused M = 1, 2, 5, 13 and accepted 8, 16, 32, 64, 128, 256, 4096: a prefill caller
@@ -97,8 +98,8 @@ int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, 
 		   int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes, gpu_ptr flush,
 		   size_t flush_bytes, float *us_decode, float *us_lt);
 /* y = the FP8 GEMM by the path above; wgmma falls back to cuBLASLt where it cannot run (ldy
- * odd, no tensor-map entry point), cuBLASLt to the decode kernel when it refuses a shape with
- * M <= 64. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
+ * odd, no tensor-map entry point), cuBLASLt to the decode kernel (64 rows at a time) where it
+ * refuses the shape. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
 		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
 /* Closes g's cuBLASLt handle and forgets its table (before gpu_close). */

@@ -11,6 +11,7 @@
 #ifndef DSV32_NO_CUDA
 
 #include "model/cpu_ops.h"
+#include "model/cpu_pool.h"
 #include "model/cuda_gemm.h"
 
 /* Random bf16-representable activations, a per-row magnitude over many binades. */
@@ -65,12 +66,14 @@ static void check_dense_equal(struct gpu *g, int G, const int *rows, const int *
 	cu.cuMemFree(ddws);
 }
 
-/* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights. exact = 1:
- * the streaming kernel, 2: the first version (v0), called directly, and each group's rows must
- * equal the dense GEMM's (cuda_gemm_fp8 with the matching cuda_gemm_set_stream) bit for bit;
- * 0: cuda_gemm_fp8_grouped's dispatch (wgmma for many rows), CPU check only. */
-static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, uint64_t seed,
-			  int exact)
+/* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights; one CPU
+ * reference (cpu_fp8_linear per group, on the pool) against each kernel: exact = 1: the
+ * streaming kernel with 1 and 2 MMA tiles per warp and the first version (v0), called
+ * directly, each group's rows also bit-equal to the dense GEMM's (cuda_gemm_fp8 of the same
+ * kernel generation); exact = 0: cuda_gemm_fp8_grouped's dispatch (wgmma for many rows where
+ * enabled), CPU check only. */
+static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int *rows, int N,
+			  int K, uint64_t seed, int exact)
 {
 	const size_t KB = (size_t)K / 128, NB = (size_t)N / 128 + (N % 128 != 0);
 	int *off = malloc((size_t)(G + 1) * sizeof *off);
@@ -103,7 +106,7 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 		REQUIRE(gpu_upload(g, dS[e], S, NB * KB * 4) == 0);
 		wt[e] = dW[e], st[e] = dS[e];
 		struct fp8_linear L = {W, S, N, K};
-		cpu_fp8_linear(NULL, &L, x + (size_t)off[e] * K, rows[e], y + (size_t)off[e] * N);
+		cpu_fp8_linear(pool, &L, x + (size_t)off[e] * K, rows[e], y + (size_t)off[e] * N);
 	}
 	gpu_ptr dwt = gpu_test_alloc((size_t)G * 8), dst = gpu_test_alloc((size_t)G * 8),
 		doff = gpu_test_alloc((size_t)(G + 1) * 4), dx = gpu_test_alloc((size_t)max_rows * K),
@@ -114,27 +117,31 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 	REQUIRE(gpu_upload(g, doff, off, (size_t)(G + 1) * 4) == 0);
 	REQUIRE(gpu_upload(g, dx, xq, (size_t)max_rows * K) == 0);
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
-	gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
 	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	if (exact == 1)
-		REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
-						     N, dws, wsb) == 0);
-	else if (exact == 2)
-		REQUIRE(cuda_gemm_fp8_grouped_v0(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
-						 N) == 0);
-	else
-		REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K, N, dws,
-					      wsb) == 0);
-	REQUIRE(gpu_sync(g) == 0);
-	REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
-	char what[96];
-	snprintf(what, sizeof what, "grouped G=%d rows=%d N=%d K=%d", G, R, N, K);
-	/* the dense GEMM of the same kernel generation as the grouped one */
-	CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
-
-	if (exact) /* each group's rows equal the dense GEMM's with the same weight */
-		check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
+	static const char *names[] = {"stream rt=1", "stream rt=2", "v0", "dispatch"};
+	for (int v = exact ? 0 : 3; v < (exact ? 3 : 4); v++) {
+		cuda_gemm_set_stream(v != 2);
+		cuda_gemm_set_stream_rt(v < 2 ? v + 1 : 0);
+		gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
+		if (v < 2)
+			REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows,
+							     N, K, N, dws, wsb) == 0);
+		else if (v == 2)
+			REQUIRE(cuda_gemm_fp8_grouped_v0(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N,
+							 K, N) == 0);
+		else
+			REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
+						      N, dws, wsb) == 0);
+		REQUIRE(gpu_sync(g) == 0);
+		REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
+		char what[96];
+		snprintf(what, sizeof what, "%s G=%d rows=%d N=%d K=%d", names[v], G, R, N, K);
+		CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
+		if (exact) /* each group's rows equal the dense GEMM's with the same weight */
+			check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
+	}
+	cuda_gemm_set_stream_rt(0);
 	for (int e = 0; e < G; e++)
 		if (rows[e])
 			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
@@ -146,59 +153,69 @@ static void check_grouped(struct gpu *g, int G, const int *rows, int N, int K, u
 	free(wt), free(st), free(dW), free(dS);
 }
 
-TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 120)
+/* Empty groups first, last and in between; groups of more than 64 rows; K chunked (2112 x
+ * 7168) and not. */
+TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 60)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	/* the streaming kernel with 1 and 2 MMA tiles per warp, then the first version */
-	for (int v = 0; v < 3; v++) {
-		cuda_gemm_set_stream(v < 2);
-		cuda_gemm_set_stream_rt(v + 1);
-		printf("    %s kernel\n", v == 0 ? "streaming rt=1" : v == 1 ? "streaming rt=2" : "v0");
-		/* empty groups first, last and in between; one group above 64 rows */
-		static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
-		check_grouped(&g, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900, v < 2 ? 1 : 2);
-		static const int rows2[] = {5};
-		check_grouped(&g, 1, rows2, 7168, 2048, 901, v < 2 ? 1 : 2);
-		static const int rows3[] = {0, 0, 130};
-		check_grouped(&g, 3, rows3, 2112, 7168, 904, v < 2 ? 1 : 2); /* K chunked */
-	}
-	/* 8000 groups, two with rows, K chunked: more arrival counts than the fused chunk sum has
-	 * (slices x tiles x warps > 2^20), so the chunks are summed by a second launch; equal to
-	 * the dense GEMM's fused sum */
-	{
-		int *many = calloc(8000, sizeof *many);
-		many[5] = 3, many[7000] = 9;
-		cuda_gemm_set_stream(1);
-		cuda_gemm_set_stream_rt(1);
-		check_grouped(&g, 8000, many, 2112, 7168, 906, 1);
-		free(many);
-	}
-	/* the dispatch with many rows per group (the wgmma kernel where it is enabled) */
-	cuda_gemm_set_stream(1);
-	cuda_gemm_set_stream_rt(0);
+	struct cpu_pool *pool = cpu_pool_start(16);
+	REQUIRE(pool);
+	static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
+	check_grouped(&g, pool, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900, 1);
+	static const int rows2[] = {5};
+	check_grouped(&g, pool, 1, rows2, 7168, 2048, 901, 1);
+	static const int rows3[] = {0, 0, 130};
+	check_grouped(&g, pool, 3, rows3, 2112, 7168, 904, 1);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+/* 8000 groups, two with rows, K chunked: more arrival counts than the streaming kernel's fused
+ * chunk sum has (slices x tiles x warps > 2^20), so the chunks are summed by a second launch;
+ * equal to the dense GEMM's fused sum. */
+TEST_T(gpu_gemm_grouped, many_groups_vs_cpu, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = cpu_pool_start(16);
+	REQUIRE(pool);
+	int *many = calloc(8000, sizeof *many);
+	many[5] = 3, many[7000] = 9;
+	check_grouped(&g, pool, 8000, many, 2112, 7168, 906, 1);
+	free(many);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
+/* The dispatch with many rows per group (the wgmma kernel where it is enabled). */
+TEST_T(gpu_gemm_grouped, dispatch_many_rows_vs_cpu, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = cpu_pool_start(16);
+	REQUIRE(pool);
 	static const int rows4[] = {200, 0, 77, 300, 1};
-	check_grouped(&g, 5, rows4, 512, 1024, 905, 0);
+	check_grouped(&g, pool, 5, rows4, 512, 1024, 905, 0);
+	cpu_pool_stop(pool);
 	gpu_close(&g);
 }
 
 /* The real expert shapes: 256 experts, a decode step of 5 tokens x 8 experts, several experts
  * shared by tokens, most experts empty. */
-TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 300)
+TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 {
 	struct gpu g;
 	gpu_test_open(&g);
+	struct cpu_pool *pool = cpu_pool_start(16);
+	REQUIRE(pool);
 	int rows[256] = {0};
 	uint64_t seed = 77;
 	for (int i = 0; i < 40; i++)
 		rows[(test_rand(&seed) % 32) * 8 + 3]++; /* 40 rows over <= 32 experts */
-	for (int v = 0; v < 3; v++) {
-		cuda_gemm_set_stream(v < 2);
-		cuda_gemm_set_stream_rt(v + 1);
-		printf("    %s kernel\n", v == 0 ? "streaming rt=1" : v == 1 ? "streaming rt=2" : "v0");
-		check_grouped(&g, 256, rows, 4096, 7168, 902, v < 2 ? 1 : 2);
-		check_grouped(&g, 256, rows, 7168, 2048, 903, v < 2 ? 1 : 2);
-	}
+	check_grouped(&g, pool, 256, rows, 4096, 7168, 902, 1);
+	check_grouped(&g, pool, 256, rows, 7168, 2048, 903, 1);
+	cpu_pool_stop(pool);
 	gpu_close(&g);
 }
 
