@@ -8,11 +8,10 @@
 //   ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)). A bf16 x bf16 product is exact in fp32, so the FMA
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
 //   routing agrees even at near ties. D % 8 == 0, E % 2 == 0.
-//   Block: 2 experts x 8 partials x 16 token slots, each thread one partial sum; K in chunks
-//   of GS_KC staged in shared memory (the 16 token rows and the 2 expert rows, the next chunk
-//   in flight in registers). Grid (E / 2, ceil(T / 16)), no dynamic shared memory. The
-//   partials of one (token, expert) are 8 adjacent lanes, reduced by shuffles xor 1, 2, 4 —
-//   which is exactly the tree above.
+//   Block: 64 token rows x 2 experts; thread (slot, expert, q) runs partials 4q .. 4q+3 of one
+//   (token, expert) from shared memory (K in chunks of 128 staged as fp32, 4-wide reads, the
+//   next chunk in flight in registers); its (p0+p1)+(p2+p3) and a shuffle with the other half
+//   give exactly the tree above. Grid (E / 2, ceil(T / 64)); D % 128 == 0.
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
@@ -27,62 +26,78 @@
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
 
-#define GS_KC 1024 // K chunk of k_moe_gate_logits
-#define GS_PAD 8   // bf16 padding of a staged row: rows 4 banks apart, conflict-free reads
+#define GD_T 64   // token rows per block of k_moe_gate_logits
+#define GD_KC 128 // K chunk
+#define GD_PAD 8  // floats of padding per staged row: 4 rows of a read phase hit 32 banks
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		  float *__restrict__ logits, int T, int E, int D)
 {
-	__shared__ __align__(16) uint16_t xs[16][GS_KC + GS_PAD]; // the block's 16 token rows
-	__shared__ __align__(16) uint16_t ws[2][GS_KC + GS_PAD];  // its 2 expert rows
-	const int tid = threadIdx.x, j = tid & 7, slot = (tid >> 3) & 15, el = tid >> 7;
-	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * 16;
-	const int rows = min(16, T - t0);
-	// staging: 18 rows x 128 uint4 per chunk, 9 per thread (rows past T are not loaded: their
-	// slots compute on stale data and are never stored)
-	uint4 pre[9];
-	auto load = [&](int kc, int len) {
+	__shared__ __align__(16) float xs[GD_T][GD_KC + GD_PAD]; // the block's token rows (fp32)
+	__shared__ __align__(16) float ws[2][GD_KC + GD_PAD];    // its 2 expert rows
+	const int tid = threadIdx.x, q = tid & 1, slot = (tid >> 1) & (GD_T - 1), el = tid >> 7;
+	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * GD_T;
+	const int rows = min(GD_T, T - t0);
+	const bool active = slot < rows; // whole warps idle past the last token: no reads
+	// staging: (64 + 2) rows x 16 uint4 per chunk, thread loads tid + 256 r; rows past T are
+	// neither loaded nor read; the next chunk is in flight in registers
+	constexpr int NL = ((GD_T + 2) * (GD_KC / 8) + 255) / 256;
+	uint4 pre[NL];
+	auto load = [&](int kc) {
 #pragma unroll
-		for (int r = 0; r < 9; r++) {
-			const int q = tid + 256 * r, row = q >> 7, c = q & 127;
-			if (8 * c < len) {
-				if (row < 16 && row < rows)
+		for (int r = 0; r < NL; r++) {
+			const int i = tid + 256 * r, row = i / (GD_KC / 8), c = i % (GD_KC / 8);
+			if (row < GD_T) {
+				if (row < rows)
 					pre[r] = __ldg(reinterpret_cast<const uint4 *>(
 						x + (size_t)(t0 + row) * D + kc + 8 * c));
-				else if (row >= 16)
-					pre[r] = __ldg(reinterpret_cast<const uint4 *>(
-						W + (size_t)(e0 + row - 16) * D + kc + 8 * c));
+			} else if (row < GD_T + 2) {
+				pre[r] = __ldg(reinterpret_cast<const uint4 *>(
+					W + (size_t)(e0 + row - GD_T) * D + kc + 8 * c));
 			}
 		}
 	};
-	load(0, min(GS_KC, D));
-	float p = 0.f;
-	for (int kc = 0; kc < D; kc += GS_KC) {
-		const int len = min(GS_KC, D - kc);
-		__syncthreads(); // the previous chunk's reads are done
+	auto store = [&]() {
 #pragma unroll
-		for (int r = 0; r < 9; r++) {
-			const int q = tid + 256 * r, row = q >> 7, c = q & 127;
-			if (8 * c < len) {
-				if (row < 16 && row < rows)
-					*reinterpret_cast<uint4 *>(&xs[row][8 * c]) = pre[r];
-				else if (row >= 16)
-					*reinterpret_cast<uint4 *>(&ws[row - 16][8 * c]) = pre[r];
+		for (int r = 0; r < NL; r++) {
+			const int i = tid + 256 * r, row = i / (GD_KC / 8), c = i % (GD_KC / 8);
+			if (row < GD_T + 2 && (row >= GD_T || row < rows)) {
+				float *dst = row < GD_T ? &xs[row][8 * c] : &ws[row - GD_T][8 * c];
+				const uint4 v = pre[r];
+				*reinterpret_cast<float4 *>(dst) =
+					make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+						    __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+				*reinterpret_cast<float4 *>(dst + 4) =
+					make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+						    __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
 			}
 		}
+	};
+	float p[4] = {0.f, 0.f, 0.f, 0.f}; // partials 4q .. 4q+3
+	load(0);
+	for (int kc = 0; kc < D; kc += GD_KC) {
+		__syncthreads(); // the previous chunk's reads are done
+		store();
 		__syncthreads(); // the chunk is staged
-		if (kc + GS_KC < D)
-			load(kc + GS_KC, min(GS_KC, D - kc - GS_KC));
-		const uint16_t *xr = &xs[slot][j], *wr = &ws[el][j];
-#pragma unroll 8
-		for (int k = 0; k < len; k += 8) // exact product: fma == the CPU's multiply, then add
-			p = fmaf(bf16_to_f32(xr[k]), bf16_to_f32(wr[k]), p);
+		if (kc + GD_KC < D)
+			load(kc + GD_KC);
+		if (active) {
+			const float *xr = &xs[slot][4 * q], *wr = &ws[el][4 * q];
+#pragma unroll
+			for (int st = 0; st < GD_KC / 8; st++) { // exact products: fma == mul, then add
+				const float4 a = *reinterpret_cast<const float4 *>(xr + 8 * st);
+				const float4 b = *reinterpret_cast<const float4 *>(wr + 8 * st);
+				p[0] = fmaf(a.x, b.x, p[0]);
+				p[1] = fmaf(a.y, b.y, p[1]);
+				p[2] = fmaf(a.z, b.z, p[2]);
+				p[3] = fmaf(a.w, b.w, p[3]);
+			}
+		}
 	}
-	p += __shfl_xor_sync(0xffffffffu, p, 1); // (p0+p1), (p2+p3), ...
-	p += __shfl_xor_sync(0xffffffffu, p, 2); // ((p0+p1)+(p2+p3)), ...
-	p += __shfl_xor_sync(0xffffffffu, p, 4); // the whole tree
-	if (j == 0 && slot < rows)
-		logits[(size_t)(t0 + slot) * E + e0 + el] = p;
+	float v = (p[0] + p[1]) + (p[2] + p[3]); // q = 0: (p0+p1)+(p2+p3); q = 1: (p4+p5)+(p6+p7)
+	v += __shfl_xor_sync(0xffffffffu, v, 1); // the whole tree
+	if (q == 0 && active)
+		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64

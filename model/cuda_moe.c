@@ -168,7 +168,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					(unsigned)((T + 31) / 32), 1, 256, 1, 1, 0, args);
 		else
 			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits"), (unsigned)(E / 2),
-					(unsigned)((T + 15) / 16), 1, 256, 1, 1, 0, args);
+					(unsigned)((T + 63) / 64), 1, 256, 1, 1, 0, args);
 		if (rc)
 			return rc;
 	}
