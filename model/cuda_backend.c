@@ -484,6 +484,7 @@ static int cuda_page_io(struct backend *base, int64_t layer, enum backend_pool p
 static void cuda_destroy(struct backend *base)
 {
 	struct cuda_backend *b = (struct cuda_backend *)base;
+	cuda_forward_profile_print();
 	cuda_forward_graphs_free(b->graphs);
 	gpu_arena_free(&b->g, &b->scratch);
 	gpu_region_free(&b->g, &b->kv_region);

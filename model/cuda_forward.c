@@ -32,6 +32,90 @@
 
 #define SCORES_BUDGET ((size_t)256 << 20) /* bytes of indexer scores per row chunk */
 
+/* Rows above which a GEMM or the MoE block may take the library / warpgroup-MMA paths. Those
+ * paths miss the CPU by far more than the mma.sync decode kernels in run 2 (dense down_proj
+ * through cuBLASLt 3e-2 of the layer output, the MoE block 0.4-0.6 above 64 rows), so by
+ * default every GEMM and the MoE block run in pieces of at most 64 rows (exact per row, slow
+ * for long prefills); DSV32_CUDA_LARGE_M=1 lets M > 64 go to cuda_gemm_fp8 / cuda_moe_forward
+ * whole (prefill speed; for the GEMM and MoE owners to check their paths end to end). */
+static int large_m_ok(void)
+{
+	const char *v = getenv("DSV32_CUDA_LARGE_M");
+	return v && *v == '1';
+}
+
+/* ---- profile (DSV32_CUDA_PROFILE=1, eager steps only): GPU time between consecutive ops ---- */
+
+#define PROF_EVENTS 4096
+#define PROF_NAMES 128
+
+static struct {
+	int on, n_ev;
+	CUevent ev[PROF_EVENTS];
+	char ev_name[PROF_EVENTS][40];
+	struct {
+		char name[40];
+		double ms;
+		long n;
+	} t[PROF_NAMES];
+	int n_t;
+	long steps;
+} prof;
+
+static void prof_mark(void *stream, const char *name)
+{
+	if (!prof.on || prof.n_ev >= PROF_EVENTS)
+		return;
+	if (!prof.ev[prof.n_ev])
+		cu.cuEventCreate(&prof.ev[prof.n_ev], 0);
+	snprintf(prof.ev_name[prof.n_ev], sizeof prof.ev_name[0], "%s", name);
+	cu.cuEventRecord(prof.ev[prof.n_ev++], stream);
+}
+
+/* Waits for the step, adds each op's time to its name's total. */
+static void prof_step_end(void)
+{
+	if (!prof.on || prof.n_ev < 2)
+		return;
+	cu.cuEventSynchronize(prof.ev[prof.n_ev - 1]);
+	for (int i = 1; i < prof.n_ev; i++) {
+		float ms = 0;
+		cu.cuEventElapsedTime(&ms, prof.ev[i - 1], prof.ev[i]);
+		int k = 0;
+		while (k < prof.n_t && strcmp(prof.t[k].name, prof.ev_name[i]))
+			k++;
+		if (k == prof.n_t && prof.n_t < PROF_NAMES)
+			snprintf(prof.t[prof.n_t++].name, sizeof prof.t[0].name, "%s", prof.ev_name[i]);
+		if (k < prof.n_t)
+			prof.t[k].ms += ms, prof.t[k].n++;
+	}
+	prof.steps++;
+	prof.n_ev = 0;
+}
+
+void cuda_forward_profile_print(void)
+{
+	if (!prof.steps)
+		return;
+	double total = 0;
+	for (int k = 0; k < prof.n_t; k++)
+		total += prof.t[k].ms;
+	fprintf(stderr, "cuda forward profile: %ld steps, %.3f ms GPU per step (time between "
+			"consecutive ops, launch gaps included)\n", prof.steps, total / prof.steps);
+	for (int done = 0; done < prof.n_t; done++) { /* by total time, largest first */
+		int best = -1;
+		for (int k = 0; k < prof.n_t; k++)
+			if (prof.t[k].n >= 0 && (best < 0 || prof.t[k].ms > prof.t[best].ms))
+				best = k;
+		fprintf(stderr, "  %-36s %9.1f us/step %6ld calls/step %9.2f us/call %5.1f%%\n",
+			prof.t[best].name, prof.t[best].ms * 1e3 / prof.steps,
+			prof.t[best].n / prof.steps, prof.t[best].ms * 1e3 / prof.t[best].n,
+			100.0 * prof.t[best].ms / total);
+		prof.t[best].n = -1;
+	}
+	prof.n_t = 0, prof.steps = 0;
+}
+
 /* ---- the step's rows ------------------------------------------------------------------------ */
 
 struct fwd {
@@ -84,6 +168,7 @@ static gpu_ptr take(struct fwd *F, size_t bytes)
 				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
 		if (r_)                                                                          \
 			return fwd_fail(name, r_);                                               \
+		prof_mark(F->g->stream, name);                                                   \
 	} while (0)
 
 #define TRY(call)                  \
@@ -170,14 +255,19 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 	int N = W->out, K = W->in;
 	size_t mark = gpu_arena_mark(F->A);
 	int r = -ENOTSUP;
-	if (M > 64 && !(cuda_gemm_path_for(F->g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4)) {
+	char what[40];
+	snprintf(what, sizeof what, "gemm %dx%d", N, K);
+	if (M > 64 && large_m_ok() &&
+	    !(cuda_gemm_path_for(F->g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4)) {
 		int Mp = round8(M);
 		size_t wsb = cuda_gemm_fp8_workspace(F->g, Mp, N, K);
 		TAKE(ws, wsb);
 		r = cuda_gemm_fp8(F->g, W->w, W->s, x8, sx, y, Mp, N, K, ldy, ws, wsb);
 		gpu_arena_release(F->A, mark);
-		if (r != -ENOTSUP && r != -EINVAL) /* a shape the prefill path refuses: pieces */
+		if (r != -ENOTSUP && r != -EINVAL) { /* else a shape the prefill path refuses: pieces */
+			prof_mark(F->g->stream, what);
 			return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
+		}
 	}
 	int piece = M < 64 ? M : 64;
 	size_t wsb = cuda_gemm_fp8_workspace(F->g, piece, N, K);
@@ -191,6 +281,7 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 			break;
 	}
 	gpu_arena_release(F->A, mark);
+	prof_mark(F->g->stream, what);
 	return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
 }
 
@@ -262,10 +353,17 @@ static int op_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_p
 	TAKE(idx, (size_t)F->Tp * K * 4);
 	TAKE(wts, (size_t)F->Tp * K * 4);
 	if (L->moe_ready) {
-		struct cuda_moe_trace tr = {logits, idx, wts};
-		int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f, y, T, F->st->dump ? &tr : NULL);
-		if (r)
-			return fwd_fail("cuda_moe_forward", r);
+		int piece = large_m_ok() ? T : 64; /* see large_m_ok */
+		for (int t0 = 0; t0 < T; t0 += piece) {
+			int n = T - t0 < piece ? T - t0 : piece;
+			struct cuda_moe_trace tr = {logits + (size_t)t0 * E * 4, idx + (size_t)t0 * K * 4,
+						    wts + (size_t)t0 * K * 4};
+			int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f + (size_t)t0 * D * 2,
+						 y + (size_t)t0 * D * 2, n, F->st->dump ? &tr : NULL);
+			if (r)
+				return fwd_fail("cuda_moe_forward", r);
+		}
+		prof_mark(F->g->stream, "moe block");
 	} else {
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 		float rs = (float)c->routed_scaling_factor;
@@ -342,11 +440,13 @@ static int op_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_
 					   (unsigned)n, 1, 128, 1, 1, 0, a);
 			if (r)
 				return fwd_fail("k_indexer_scores", r);
+			prof_mark(F->g->stream, "k_indexer_scores");
 			TRY(dump_rows(F, "idx_scores", layer, scores, DUMP_F32, ld, -1, t0, n));
 		}
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
 			return fwd_fail("cuda_indexer_topk", r);
+		prof_mark(F->g->stream, "indexer topk");
 	}
 	gpu_arena_release(F->A, mark);
 	return dump_all(F, "idx_topk", layer, sel_pos, DUMP_I32, ksel, ksel);
@@ -485,6 +585,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 					 Rk, Hpad, T, c->softmax_scale, olat, ws);
 		if (rc)
 			return fwd_fail("cuda_mla_decode", rc);
+		prof_mark(F->g->stream, "mla decode");
 	}
 	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
 	LAUNCH("k_fwd_uv", H, (T + 3) / 4, 256, 0, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad, &nope,
@@ -881,8 +982,14 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 	if (!r && F.T) {
 		gpu_ptr out = 0, res = 0, l32 = 0;
 		r = step_graph(&F, &out, &res, &l32);
-		if (r == 1)
+		if (r == 1) {
+			const char *pv = getenv("DSV32_CUDA_PROFILE");
+			prof.on = pv && *pv == '1' && !st->dump;
+			prof_mark(E->g->stream, "step start");
 			r = step_device(&F, &out, &res, &l32);
+			prof_step_end();
+			prof.on = 0;
+		}
 		if (!r)
 			r = step_finish(&F, out, res, l32);
 	}

@@ -75,6 +75,10 @@ struct fwd_env {
 	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */
 };
 
+/* With DSV32_CUDA_PROFILE=1, eager steps record the GPU time between consecutive ops; this
+ * prints the totals by op (stderr) and clears them. Called by the backend's destroy. */
+void cuda_forward_profile_print(void);
+
 /* The whole step (st validated by the caller). 0 or a negative errno. */
 int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st);
 

@@ -26,6 +26,7 @@
 
 #include "model/backend.h"
 #include "model/cpu_ops.h"
+#include "model/cuda_forward.h"
 #include "model/fileio.h"
 #include "tests/ckpt_helpers.h"
 
@@ -666,6 +667,8 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	for (int mode = 0; mode < 2 && !rc; mode++) {
 		if (mode)
 			setenv("DSV32_CUDA_GRAPHS", "1", 1);
+		else
+			setenv("DSV32_CUDA_PROFILE", "1", 1); /* per-op GPU times of the eager steps */
 		for (int64_t i = 0; i < ND && !rc; i++) {
 			struct backend_seq d = {1, tok + P + i, pos + P + i, bt, 8, NULL, lg + (mode * ND + i) * V,
 						NULL, NULL};
@@ -676,6 +679,12 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 				us[mode] += now_us() - t0;
 		}
 		unsetenv("DSV32_CUDA_GRAPHS");
+		if (!mode) {
+			unsetenv("DSV32_CUDA_PROFILE");
+			printf("    profile of the %lld eager decode steps (stderr):\n", (long long)ND);
+			fflush(stdout);
+			cuda_forward_profile_print();
+		}
 	}
 	CHECK_EQ_INT(rc, 0);
 	int64_t same = !memcmp(lg, lg + ND * V, (size_t)ND * V * 4);
@@ -686,6 +695,25 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	       (long long)(2 * ND * V), same ? "bit-identical to" : "DIFFER from");
 	CHECK(fin == 2 * ND * V);
 	CHECK(same);
+	/* the prefill again (same positions), profiled: per-op GPU times at 300 rows */
+	setenv("DSV32_CUDA_PROFILE", "1", 1);
+	t0 = now_us();
+	rc = backend_step(b, &st);
+	double t_pre2 = now_us() - t0;
+	unsetenv("DSV32_CUDA_PROFILE");
+	CHECK_EQ_INT(rc, 0);
+	printf("    prefill %lld tokens again: %.1f ms (%.0f tok/s); its profile (stderr):\n",
+	       (long long)P, t_pre2 / 1e3, P / (t_pre2 / 1e6));
+	fflush(stdout);
+	cuda_forward_profile_print();
+	setenv("DSV32_CUDA_LARGE_M", "1", 1); /* the library / wgmma paths for M > 64 */
+	t0 = now_us();
+	rc = backend_step(b, &st);
+	double t_pre3 = now_us() - t0;
+	unsetenv("DSV32_CUDA_LARGE_M");
+	CHECK_EQ_INT(rc, 0);
+	printf("    prefill %lld tokens with DSV32_CUDA_LARGE_M=1: %.1f ms (%.0f tok/s)\n", (long long)P,
+	       t_pre3 / 1e3, P / (t_pre3 / 1e6));
 	backend_destroy(b);
 	free(tok), free(pos), free(fl), free(lg);
 	test_model_free(&m);
