@@ -576,7 +576,14 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		TRY(rr);
 	}
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
-	{
+	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
+	if (mla32 && *mla32 == '1') {
+		gpu_ptr pm = pool_mla(F, layer);
+		int rec = (int)c->mla_record_bytes;
+		float scale = c->softmax_scale;
+		LAUNCH("k_fwd_mla_fp32", Hpad / 16, T, 256, 0, &qf, &sel_slot, &ksel, &pm, &rec, &Rk, &Hpad,
+		       &scale, &olat);
+	} else {
 		size_t wsb = cuda_mla_decode_workspace(F->g, T, Hpad, Rk, ksel);
 		gpu_ptr ws = 0;
 		if (wsb && !(ws = take(F, wsb)))

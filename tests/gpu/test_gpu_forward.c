@@ -590,6 +590,14 @@ TEST_T(gpu_forward, teacher_forced_layers_tiny, 300)
 	teacher_forcing("tiny", 200); /* index_topk 64: > 2 x 64 keys */
 }
 
+/* The same with the diagnosis attention kernel (fp32 probabilities, as the CPU): how much of a
+ * layer's difference is the production kernel's bf16 P (DSV32_CUDA_MLA_FP32=1). */
+TEST_T(gpu_forward, teacher_forced_layers_tiny_fp32_attention, 300)
+{
+	setenv("DSV32_CUDA_MLA_FP32", "1", 1);
+	teacher_forcing("tiny", 200);
+}
+
 TEST_T(gpu_forward, teacher_forced_layers_wide, 300)
 {
 	teacher_forcing("wide", 160); /* index_topk 48 */
