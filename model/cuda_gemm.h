@@ -112,10 +112,13 @@ void cuda_gemm_close(struct gpu *g);
  * w_tab, s_tab: device arrays [G] of device addresses; off: device int32 [G + 1] (ascending,
  * off[0] = 0); the counts live on the device (graph capture needs no host sync), max_rows is a
  * host bound on off[G] (rows of x8, sx and y). A group with no rows reads none of its weights.
- * Decode-sized (max_rows <= 64, or <= 4 rows per group on average): the streaming kernel, and
+ * Decode-sized (max_rows <= 64, or <= 4 rows per group on average): the streaming kernel
+ * (G <= 8192; its group weight maps are made on the device by one small launch first), and
  * then per row the numbers equal cuda_gemm_fp8's (M <= 64) for the same weight, bit for bit;
- * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
- * summation order). ws: cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
+ * larger: the wgmma kernel where CUDA_GEMM_WGMMA_DISPATCH is on (model/cuda_gemm_wgmma.h;
+ * promotion per 128 block as well, another summation order and a coarser accumulation).
+ * While cuda_gemm_set_stream is off: the first version (v0). ws:
+ * cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
