@@ -76,34 +76,52 @@ __device__ __forceinline__ float tree8(float v)
 }
 
 #define LIN_ROWS 4
+#define LIN_OUTS 32   // outputs per block
+#define LIN_KT 256    // K tile staged in shared memory
+#define LIN_PAD 8     // bf16 elements of padding per staged weight row (bank spread)
 
 // y[m, v] = Σ_k x[m, k] W[v, k] for m < M, v < V: W bf16 [V, D], x bf16 [M, ldx]; y32 fp32
 // [M, ldy] or (y32 null) y16 bf16 [M, ldy] rounded once. D % 8 == 0.
-// Grid (ceil(V / 32), ceil(M / 4)), 256 threads: lanes 8q .. 8q+7 of a warp own output v (4 per
-// warp, 32 per block) for 4 rows; lane j sums k = j mod 8 in order.
+// Grid (ceil(V / 32), ceil(M / 4)), 256 threads. Thread (o = tid / 8, j = tid % 8) owns output
+// v0 + o and sums k = j mod 8 in order (cpu_dot_bf16's lane j), then tree8. The weight rows go
+// through shared memory in K tiles of 256 (coalesced 16-byte loads: 32 rows x 512 bytes), the
+// block's 4 token rows too (as fp32).
 extern "C" __global__ void __launch_bounds__(256)
 k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
 		  float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
 {
-	const int lane = threadIdx.x & 31, j = lane & 7;
-	const int v = blockIdx.x * 32 + (threadIdx.x >> 5) * 4 + (lane >> 3);
-	const int m0 = blockIdx.y * LIN_ROWS;
-	const bool live = v < V;
-	const uint16_t *wr = W + (size_t)(live ? v : 0) * D;
+	__shared__ __align__(16) uint16_t ws[LIN_OUTS][LIN_KT + LIN_PAD];
+	__shared__ float xs[LIN_ROWS][LIN_KT];
+	const int tid = threadIdx.x, o = tid >> 3, j = tid & 7;
+	const int v0 = blockIdx.x * LIN_OUTS, m0 = blockIdx.y * LIN_ROWS;
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
-	if (live)
-		for (int k = j; k < D; k += 8) {
-			const float wv = bf16_to_f32(wr[k]);
+	for (int k0 = 0; k0 < D; k0 += LIN_KT) {
+		const int kt = min(LIN_KT, D - k0), c16 = kt / 8; // 16-byte chunks per row
+		__syncthreads(); // the previous tile is consumed
+		for (int i = tid; i < LIN_OUTS * c16; i += blockDim.x) {
+			const int r = i / c16, c = i % c16;
+			uint4 v = make_uint4(0u, 0u, 0u, 0u);
+			if (v0 + r < V)
+				v = *reinterpret_cast<const uint4 *>(W + (size_t)(v0 + r) * D + k0 + c * 8);
+			*reinterpret_cast<uint4 *>(&ws[r][c * 8]) = v;
+		}
+		for (int i = tid; i < LIN_ROWS * kt; i += blockDim.x) {
+			const int m = i / kt, k = i % kt;
+			xs[m][k] = m0 + m < M ? bf16_to_f32(x[(size_t)(m0 + m) * ldx + k0 + k]) : 0.f;
+		}
+		__syncthreads(); // the tile is staged
+		for (int k = j; k < kt; k += 8) {
+			const float wv = bf16_to_f32(ws[o][k]);
 #pragma unroll
 			for (int m = 0; m < LIN_ROWS; m++)
-				if (m0 + m < M)
-					acc[m] = __fadd_rn(acc[m],
-							   __fmul_rn(bf16_to_f32(x[(size_t)(m0 + m) * ldx + k]), wv));
+				acc[m] = __fadd_rn(acc[m], __fmul_rn(xs[m][k], wv));
 		}
+	}
 #pragma unroll
 	for (int m = 0; m < LIN_ROWS; m++)
 		acc[m] = tree8(acc[m]);
-	if (!live || j)
+	const int v = v0 + o;
+	if (v >= V || j)
 		return;
 #pragma unroll
 	for (int m = 0; m < LIN_ROWS; m++) {
