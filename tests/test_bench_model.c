@@ -42,6 +42,7 @@ TEST(bench_model, argument_errors_exit_2_naming_the_value)
 		{"--synthetic --contexts 1024,", "--contexts \"1024,\": expected a comma-separated list"},
 		{"--synthetic --prompts 4096,-5", "--prompts -5: out of range"},
 		{"--synthetic --steps 0", "--steps 0: out of range [1, 100000]"},
+		{"--synthetic --prefill-reps 0", "--prefill-reps 0: out of range [1, 100]"},
 		{"--synthetic --kv-pages none", "--kv-pages \"none\": not an integer"},
 		{"--synthetic --steps", "--steps needs a value"},
 		{"--synthetic --graphs sometimes", "--graphs \"sometimes\": expected off, on or both"},

@@ -7,10 +7,12 @@
  *
  *   dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
- *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--keep] [--daemon]
+ *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]
+ *                     [--prefill-reps N] [--keep] [--daemon]
  *
- * Decode: for each context x batch (default 1K/8K/32K/128K x 1/16/64/128; a corner whose pages
- * do not fit the KV pool is skipped and said so) every sequence gets its own pages, filled
+ * Decode: for each context x batch (default 1K/32K/128K x 1/16/128, which fits a GPU session's
+ * time; --full: issue 12's 1K/8K/32K/128K x 1/16/64/128; a corner whose pages do not fit the KV
+ * pool is skipped and said so) every sequence gets its own pages, filled
  * with synthetic KV for positions [0, context) (backend_cuda_kv_fill_synthetic: the real
  * KV-write kernels), then decode steps of one new token per sequence at position = context,
  * logits for every row as the engine asks them: warm-up, then the median of --steps steps
@@ -30,8 +32,8 @@
  *   (2 x heads x keys x (2 kv_lora_rank + rope)), lm_head.
  * Prefill: one sequence per prompt length (default 4K, 32K) in chunks of SCHED_CHUNK tokens
  * (the scheduler's per-step token budget, max_batch_tokens, whose default is 2048 in
- * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, median
- * of 3 after a warm-up.
+ * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, the
+ * median of --prefill-reps runs after a warm-up (one 2048-token chunk).
  * --daemon: starts dsv32d --backend cuda (next to this binary; --synthetic-weights on the
  * header-only checkpoint) on a private socket, connects with the client library and measures
  * the time to first token of 1K and 4K-token prompts (client side: submit to the first token
@@ -76,7 +78,7 @@ struct opts {
 	uint64_t seed;
 	int64_t batches[MAX_LIST], contexts[MAX_LIST], prompts[MAX_LIST];
 	int n_batches, n_contexts, n_prompts;
-	int64_t steps, warmup, kv_pages;
+	int64_t steps, warmup, kv_pages, prefill_reps;
 	int graphs; /* decode modes timed: bit 0 eager, bit 1 CUDA graphs */
 	char cmdline[1024]; /* the arguments, for the closing "command:" line */
 };
@@ -86,16 +88,18 @@ static int usage(void)
 	fprintf(stderr,
 		"usage: dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)\n"
 		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
-		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--keep]\n"
-		"                         [--daemon]\n"
+		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
+		"                         [--prefill-reps N] [--keep] [--daemon]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
 		"  --model DIR      a real checkpoint instead\n"
-		"  --batches LIST   decode batch sizes (default 1,16,64,128)\n"
-		"  --contexts LIST  decode contexts in tokens (default 1024,8192,32768,131072; none: no decode)\n"
+		"  --batches LIST   decode batch sizes (default 1,16,128; --full: 1,16,64,128)\n"
+		"  --contexts LIST  decode contexts in tokens (default 1024,32768,131072; --full:\n"
+		"                   1024,8192,32768,131072; none: no decode)\n"
 		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096; none)\n"
 		"  --steps N        timed decode steps per point (default 10), after --warmup N (default 2)\n"
+		"  --prefill-reps N timed prefills per prompt length after a warm-up (default 1)\n"
 		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
 		"  --graphs MODE    decode steps eager (off), through CUDA graphs (on) or both (default)\n"
 		"  --keep           keep the temporary checkpoint directory\n"
@@ -156,10 +160,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	memset(o, 0, sizeof *o);
 	o->layers = 4, o->dense = 1, o->seed = 1, o->steps = 10, o->warmup = 2, o->graphs = 3;
 	int have_layers = 0, have_dense = 0, have_prompts = 0;
-	const int64_t b[] = {1, 16, 64, 128}, c[] = {1024, 8192, 32768, 131072}, p[] = {4096, 32768};
-	memcpy(o->batches, b, sizeof b), o->n_batches = 4;
-	memcpy(o->contexts, c, sizeof c), o->n_contexts = 4;
+	/* the default grid fits the GPU session's time; --full is issue 12's */
+	const int64_t b[] = {1, 16, 128}, c[] = {1024, 32768, 131072}, p[] = {4096, 32768};
+	const int64_t fb[] = {1, 16, 64, 128}, fc[] = {1024, 8192, 32768, 131072};
+	memcpy(o->batches, b, sizeof b), o->n_batches = 3;
+	memcpy(o->contexts, c, sizeof c), o->n_contexts = 3;
 	memcpy(o->prompts, p, sizeof p), o->n_prompts = 2;
+	o->prefill_reps = 1;
+	int have_batches = 0, have_contexts = 0, full = 0;
 	size_t len = 0;
 	for (int i = 1; i < argc && len < sizeof o->cmdline; i++)
 		len += (size_t)snprintf(o->cmdline + len, sizeof o->cmdline - len, " %s", argv[i]);
@@ -178,13 +186,18 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->daemon = 1;
 			continue;
 		}
+		if (!strcmp(a, "--full")) {
+			full = 1;
+			continue;
+		}
 		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
 			return usage();
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int known = !strcmp(a, "--model") || !strcmp(a, "--layers") || !strcmp(a, "--dense") ||
 			    !strcmp(a, "--seed") || !strcmp(a, "--batches") || !strcmp(a, "--contexts") ||
 			    !strcmp(a, "--prompts") || !strcmp(a, "--steps") || !strcmp(a, "--warmup") ||
-			    !strcmp(a, "--kv-pages") || !strcmp(a, "--graphs");
+			    !strcmp(a, "--kv-pages") || !strcmp(a, "--graphs") ||
+			    !strcmp(a, "--prefill-reps");
 		if (!known) {
 			fprintf(stderr, "dsv32 bench model: unknown argument \"%s\"\n", a);
 			return usage();
@@ -204,11 +217,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		else if (!strcmp(a, "--seed"))
 			r = parse_int(a, v, 0, INT64_MAX, &x), o->seed = (uint64_t)x;
 		else if (!strcmp(a, "--batches"))
-			r = parse_list(a, v, 1, 4096, o->batches, &o->n_batches);
+			r = parse_list(a, v, 1, 4096, o->batches, &o->n_batches), have_batches = 1;
 		else if (!strcmp(a, "--contexts") && !strcmp(v, "none"))
-			o->n_contexts = 0;
+			o->n_contexts = 0, have_contexts = 1;
 		else if (!strcmp(a, "--contexts"))
-			r = parse_list(a, v, 1, 1 << 24, o->contexts, &o->n_contexts);
+			r = parse_list(a, v, 1, 1 << 24, o->contexts, &o->n_contexts), have_contexts = 1;
+		else if (!strcmp(a, "--prefill-reps"))
+			r = parse_int(a, v, 1, 100, &o->prefill_reps);
 		else if (!strcmp(a, "--prompts") && !strcmp(v, "none"))
 			o->n_prompts = 0, have_prompts = 1;
 		else if (!strcmp(a, "--prompts"))
@@ -243,6 +258,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			(long long)o->dense, (long long)o->layers);
 		return 2;
 	}
+	if (full && !have_batches)
+		memcpy(o->batches, fb, sizeof fb), o->n_batches = 4;
+	if (full && !have_contexts)
+		memcpy(o->contexts, fc, sizeof fc), o->n_contexts = 4;
 	if (o->daemon && !have_prompts) {
 		o->prompts[0] = 1024, o->prompts[1] = 4096, o->n_prompts = 2;
 	}
@@ -613,7 +632,8 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 		maxP = o->prompts[i] > maxP ? o->prompts[i] : maxP;
 	const int64_t blocks = (maxP + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
 	printf("\nprefill: one sequence, chunks of %d tokens (the scheduler's default step budget), "
-	       "logits for the last row; median of 3 after a warm-up\n", SCHED_CHUNK);
+	       "logits for the last row; median of %lld after a one-chunk warm-up\n", SCHED_CHUNK,
+	       (long long)o->prefill_reps);
 	if (blocks > be->n_pages) {
 		printf("  skipped: a %lld-token prompt needs %lld KV pages, the pool has %lld\n",
 		       (long long)maxP, (long long)blocks, (long long)be->n_pages);
@@ -632,11 +652,12 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 		pos[i] = i, tokens[i] = (int32_t)(mix(o->seed * 7919 + (uint64_t)i) % (uint64_t)(V - 2)) + 2;
 	for (int64_t i = 0; i < blocks; i++)
 		bt[i] = (int32_t)i;
-	printf("%7s | %10s %10s %9s\n", "prompt", "time_ms", "tokens/s", "TFLOP/s");
+	printf("%7s | %10s %10s %9s %9s\n", "prompt", "time_ms", "chunk_ms", "tokens/s", "TFLOP/s");
 	for (int pi = -1; pi < o->n_prompts; pi++) {
-		const int64_t P = pi < 0 ? (o->prompts[0] < 4096 ? o->prompts[0] : 4096) : o->prompts[pi];
-		double t[3];
-		for (int rep = 0; rep < (pi < 0 ? 1 : 3); rep++) {
+		const int64_t P = pi < 0 ? (o->prompts[0] < SCHED_CHUNK ? o->prompts[0] : SCHED_CHUNK)
+					 : o->prompts[pi];
+		double t[100];
+		for (int rep = 0; rep < (pi < 0 ? 1 : (int)o->prefill_reps); rep++) {
 			double t0 = now_s();
 			for (int64_t p0 = 0; p0 < P; p0 += SCHED_CHUNK) {
 				int64_t n = P - p0 < SCHED_CHUNK ? P - p0 : SCHED_CHUNK;
@@ -658,9 +679,10 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 		}
 		if (pi < 0)
 			continue; /* warm-up */
-		double s = median(t, 3);
-		printf("%7lld | %10.2f %10.0f %9.2f\n", (long long)P, s * 1e3, (double)P / s,
-		       prefill_flops(c, P) / s / 1e12);
+		double s = median(t, (int)o->prefill_reps);
+		int64_t chunks = (P + SCHED_CHUNK - 1) / SCHED_CHUNK;
+		printf("%7lld | %10.2f %10.2f %9.0f %9.2f\n", (long long)P, s * 1e3,
+		       s * 1e3 / (double)chunks, (double)P / s, prefill_flops(c, P) / s / 1e12);
 	}
 out:
 	free(tokens), free(bt), free(pos), free(flags), free(logits);
