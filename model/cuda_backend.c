@@ -444,15 +444,16 @@ static int build_model(struct cuda_backend *b, struct err *e)
 
 /* ---- backend_ops --------------------------------------------------------------------------- */
 
-/* Decode steps replay CUDA graphs when DSV32_CUDA_GRAPHS=1 (read at every step, so a test
- * can compare both ways on one backend). */
+/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0 (read at every step, so a test
+ * can compare both ways on one backend; run 2: bit-identical to eager steps). */
 static struct fwd_env env_of(struct cuda_backend *b)
 {
 	const char *gr = getenv("DSV32_CUDA_GRAPHS");
-	if (gr && *gr == '1' && !b->graphs)
+	int on = !(gr && *gr == '0');
+	if (on && !b->graphs)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
-				&b->pinned, &b->pinned_bytes, gr && *gr == '1' ? b->graphs : NULL};
+				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
