@@ -17,16 +17,16 @@
 
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* 1: the default rule and the grouped GEMM send many-token GEMMs to the wgmma kernel
- * (model/cuda_gemm_wgmma.h); 0 (until that kernel has passed its GPU test): cuBLASLt and the
- * streaming kernel, as before. */
-#define CUDA_GEMM_WGMMA_DISPATCH 0
+/* Where the wgmma kernel (model/cuda_gemm_wgmma.h) runs without a measurement saying so:
+ * DENSE 1: the default rule for M > 64 picks it (0: cuBLASLt, faster at M = 4096 in run 1:
+ * 1,247 against 948 TFLOP/s at 4096x7168; cuda_gemm_tune measures both); GROUPED 1: grouped
+ * GEMMs with many rows per group (prefill) run on it. Both accumulate FP8 products more coarsely
+ * than mma.sync (Hopper's wgmma, run 1), within the prefill tests' limits. */
+#define CUDA_GEMM_WGMMA_DENSE 0
+#define CUDA_GEMM_WGMMA_GROUPED 1
 
 /* wgmma's shape contract (model/cuda_gemm_wgmma.h) beyond ours: N % 64, ldy even. */
-static int wgmma_fits(int N, int ldy)
-{
-	return CUDA_GEMM_WGMMA_DISPATCH && N % 64 == 0 && N >= 64 && ldy % 2 == 0;
-}
+static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2 == 0; }
 
 /* ---- the decode kernels ------------------------------------------------------------------ */
 
@@ -294,16 +294,16 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes)
 {
-	if (!stream_on)
-		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
 	/* Many rows per group (prefill): the wgmma kernel. The crossover is a guess until the
 	 * grouped benchmark has measured both (more than 4 rows per group on average). */
-	if (max_rows > 64 && max_rows > 4 * G && wgmma_fits(N, ldy)) {
+	if (CUDA_GEMM_WGMMA_GROUPED && max_rows > 64 && max_rows > 4 * G && wgmma_fits(N, ldy)) {
 		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						    K, ldy);
 		if (r != -ENOTSUP)
 			return r;
 	}
+	if (!stream_on)
+		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
 	return cuda_gemm_fp8_grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
 					    ldy, ws, ws_bytes);
 }
@@ -426,7 +426,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds. */
 	if (M <= 64)
 		return CUDA_GEMM_PATH_DECODE;
-	return wgmma_fits(N, N) ? CUDA_GEMM_PATH_WGMMA : CUDA_GEMM_PATH_CUBLASLT;
+	return CUDA_GEMM_WGMMA_DENSE && wgmma_fits(N, N) ? CUDA_GEMM_PATH_WGMMA
+							 : CUDA_GEMM_PATH_CUBLASLT;
 }
 
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)

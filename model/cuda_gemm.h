@@ -115,9 +115,9 @@ void cuda_gemm_close(struct gpu *g);
  * Decode-sized (max_rows <= 64, or <= 4 rows per group on average): the streaming kernel
  * (G <= 8192; its group weight maps are made on the device by one small launch first), and
  * then per row the numbers equal cuda_gemm_fp8's (M <= 64) for the same weight, bit for bit;
- * larger: the wgmma kernel where CUDA_GEMM_WGMMA_DISPATCH is on (model/cuda_gemm_wgmma.h;
- * promotion per 128 block as well, another summation order and a coarser accumulation).
- * While cuda_gemm_set_stream is off: the first version (v0). ws:
+ * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
+ * summation order and Hopper wgmma's coarser FP8 accumulation; CUDA_GEMM_WGMMA_GROUPED in
+ * cuda_gemm.c). Decode-sized while cuda_gemm_set_stream is off: the first version (v0). ws:
  * cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
