@@ -137,7 +137,13 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 		REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
 		char what[96];
 		snprintf(what, sizeof what, "%s G=%d rows=%d N=%d K=%d", names[v], G, R, N, K);
-		CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, R, N, what), 0);
+		/* the mma.sync kernels: within fp32 summation order (1 ulp, 2^-12 of the row RMS);
+		 * the dispatch's wgmma path: Hopper's wgmma keeps ~14 bits when it adds a k32 step's
+		 * FP8 products (run 1, every wgmma path incl. cuBLASLt's), so 2^-5 of the row RMS on
+		 * these wide-range operands, as the MoE block's test allows above 64 rows */
+		CHECK_EQ_INT(exact ? gpu_gemm_count_bad(y, yg, R, N, what)
+				   : gpu_count_bad_bf16(y, yg, R, N, 1.0 / 32, what),
+			     0);
 		if (exact) /* each group's rows equal the dense GEMM's with the same weight */
 			check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
 	}
