@@ -66,12 +66,33 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 #define ST_COUNTS (1 << 20) /* the kernel's st_count entries */
 #define ST_MAXG 8192        /* the kernel's st_maps entries */
 
+/* Encoded maps kept for reuse (a decode step calls the same GEMMs on the same buffers again),
+ * replaced round-robin; the encoding is a pure function of these fields. */
+#define MAP_CACHE 256
+static struct map_entry {
+	gpu_ptr base;
+	int rows, K, box_rows;
+	CUtensorMap map;
+} map_cache[MAP_CACHE];
+static int map_next;
+
 /* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes): boxes of one K block
  * (128 bytes) x box_rows rows, 128-byte swizzle, zero fill past the end. */
 static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
 {
 	if (!cu.cuTensorMapEncodeTiled)
 		return -ENOTSUP;
+	pthread_mutex_lock(&gemm_lock);
+	for (int i = 0; i < MAP_CACHE; i++) {
+		const struct map_entry *c = &map_cache[i];
+		if (c->base == base && c->rows == rows && c->K == K && c->box_rows == box_rows &&
+		    base) {
+			*m = c->map;
+			pthread_mutex_unlock(&gemm_lock);
+			return 0;
+		}
+	}
+	pthread_mutex_unlock(&gemm_lock);
 	cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
 	cuuint64_t strides[1] = {(cuuint64_t)K};
 	cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
@@ -80,6 +101,10 @@ static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows
 					 dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
 					 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
 					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+	pthread_mutex_lock(&gemm_lock);
+	map_cache[map_next] = (struct map_entry){base, rows, K, box_rows, *m};
+	map_next = (map_next + 1) % MAP_CACHE;
+	pthread_mutex_unlock(&gemm_lock);
 	return 0;
 }
 
