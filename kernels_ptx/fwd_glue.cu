@@ -22,9 +22,12 @@
 
 // out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
 // res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row, dim <= 8192.
+// q non-null (then ldo == dim, dim % 128 == 0): also act_quant of the output row (k_act_quant's
+// numbers): codes q [T, dim], scales qs [T, dim / 128].
 extern "C" __global__ void __launch_bounds__(FWD_RMS_THREADS)
 k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
-	      const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps)
+	      const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
+	      uint8_t *__restrict__ q, float *__restrict__ qs)
 {
 	const int row = blockIdx.x;
 	const uint16_t *xr = x + (size_t)row * ldx;
@@ -62,6 +65,15 @@ k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ re
 			if (rr)
 				rr[i] = f32_to_bf16(s[k]);
 		}
+	}
+	if (!q)
+		return;
+	__syncthreads(); // the block's output row is written (global, visible within the block)
+	const int lane = threadIdx.x & 31, groups = dim / 128;
+	for (int g = threadIdx.x >> 5; g < groups; g += FWD_RMS_THREADS / 32) {
+		const float sc = warp_act_quant128(orow + g * 128, q + (size_t)row * dim + g * 128, lane);
+		if (lane == 0)
+			qs[(size_t)row * groups + g] = sc;
 	}
 }
 

@@ -229,13 +229,28 @@ static int dump_all(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, e
 
 /* ---- ops ------------------------------------------------------------------------------------- */
 
-/* out[t] (stride ldo) = RMSNorm(x[t] (stride ldx) [+ res[t]]), res[t] = bf16(sum) when res. */
+/* out[t] (stride ldo) = RMSNorm(x[t] (stride ldx) [+ res[t]]), res[t] = bf16(sum) when res;
+ * with q: also act_quant of out (codes q, scales qs; ldo == dim). */
+static int op_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr out, int ldo,
+		   int dim, gpu_ptr q, gpu_ptr qs)
+{
+	float eps = (float)F->c->rms_norm_eps;
+	LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
+	return 0;
+}
+
 static int op_rms(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr out, int ldo,
 		  int dim)
 {
-	float eps = (float)F->c->rms_norm_eps;
-	LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps);
-	return 0;
+	return op_rmsq(F, x, ldx, res, w, out, ldo, dim, 0, 0);
+}
+
+/* The fused per-row chains (kernels_ptx/fwd_fused.cu); DSV32_CUDA_UNFUSED=1 runs the separate
+ * kernels instead (the same bits; for diagnosis). */
+static int fused(void)
+{
+	const char *v = getenv("DSV32_CUDA_UNFUSED");
+	return !(v && *v == '1');
 }
 
 /* act_quant (spec §5.3) of rows [rows, K] -> codes [rows, K], scales [rows, K/128]. */
@@ -471,16 +486,15 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(a, (size_t)Tp * D * 2);          /* bf16 [Tp, D] attn_norm */
 	TAKE(a8, (size_t)Tp * D);             /* e4m3 [Tp, D] */
 	TAKE(as, (size_t)Tp * (D / 128) * 4); /* fp32 [Tp, D/128] */
-	if (first) {
-		TRY(op_rms(F, x, D, 0, L->attn_norm, a, D, D));
-		if (cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
-			     "cuMemcpyDtoDAsync", __FILE__, __LINE__))
-			return -EIO;
-	} else {
-		TRY(op_rms(F, x, D, r, L->attn_norm, a, D, D));
-	}
+	const int fuse = fused();
+	gpu_ptr cs = F->m->rope_cs;
+	if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
+			      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
+		return -EIO;
+	TRY(op_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
+	if (!fuse)
+		TRY(op_quant(F, a, a8, as, T, D));
 	TRY(dump_all(F, "attn_norm", layer, a, DUMP_BF16, D, D));
-	TRY(op_quant(F, a, a8, as, T, D));
 
 	/* the projections of a (§3.3, §3.6.2): [q_a | indexer wk | kv_a] = a W^T, one GEMM when the
 	 * three are placed as one matrix */
@@ -496,12 +510,20 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(ckv, (size_t)Tp * Rk * 2);       /* bf16 [Tp, kv_lora_rank] kv_cmpr (pre-FP8) */
 	gpu_ptr kpe = yq + (size_t)(kvo + Rk) * 2; /* bf16 [Tp, rope] in yq's rows */
 	gpu_ptr ikr = yq + (size_t)qlr * 2;   /* bf16 [Tp, 128] indexer wk output, in yq's rows */
-	TRY(op_rms(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr));
-	TRY(op_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
-	TRY(op_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
 	TAKE(cq8, (size_t)Tp * qlr);
 	TAKE(cqs, (size_t)Tp * (qlr / 128) * 4);
-	TRY(op_quant(F, cq, cq8, cqs, T, qlr));
+	TRY(op_rmsq(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr, fuse ? cq8 : 0, fuse ? cqs : 0));
+	if (fuse) { /* kv_norm, k_pe RoPE and the MLA cache record in one launch */
+		gpu_ptr pm = pool_mla(F, layer), nw = L->kv_norm;
+		int rec = (int)c->mla_record_bytes;
+		float eps = (float)c->rms_norm_eps;
+		LAUNCH("k_fwd_kv", T, 1, 256, 0, &yq, &Nq, &kvo, &nw, &ckv, &Rk, &F->pos, &cs,
+		       &F->slot, &pm, &rec, &eps);
+	} else {
+		TRY(op_quant(F, cq, cq8, cqs, T, qlr));
+		TRY(op_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
+		TRY(op_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
+	}
 	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
 	TRY(op_gemm(F, &L->q_b, cq8, cqs, q, T, H * dq));
 	TRY(op_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -518,27 +540,33 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
 	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
 	TRY(op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
-	TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
-	TRY(op_hadamard(F, iq, T * Hi));
-	TRY(op_quant(F, iq, iq8, iqs, T * Hi, 128));
-	{
+	float hs = (float)pow((double)Hi, -0.5), ds = (float)pow(128.0, -0.5), had = ds;
+	float eps = (float)c->rms_norm_eps;
+	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
+	if (fuse) { /* q: RoPE, Hadamard, act_quant, w'; k: LayerNorm, RoPE, Hadamard, cache write */
+		int rows = T * Hi;
+		gpu_ptr pi = pool_idx(F, layer);
+		long long pb = (long long)F->E->base->idx_page_bytes;
+		LAUNCH("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
+		       &Hi, &rows, &had, &hs, &ds);
+		LAUNCH("k_fwd_idx_k", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &F->pos,
+		       &cs, &F->slot, &pi, &pb, &T, &eps, &had);
+	} else {
+		TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
+		TRY(op_hadamard(F, iq, T * Hi));
+		TRY(op_quant(F, iq, iq8, iqs, T * Hi, 128));
 		int n = T * Hi;
-		float hs = (float)pow((double)Hi, -0.5), ds = (float)pow(128.0, -0.5);
 		LAUNCH("k_fwd_idx_weights", (n + 255) / 256, 1, 256, 0, &iw, &iqs, &n, &hs, &ds);
-	}
-	{
-		float eps = (float)c->rms_norm_eps;
-		gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
 		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &T, &eps);
+		TRY(op_rope(F, ik, 1, 128, 0, 0, 0));
+		TRY(op_hadamard(F, ik, T));
 	}
-	TRY(op_rope(F, ik, 1, 128, 0, 0, 0));
-	TRY(op_hadamard(F, ik, T));
 	TRY(dump_all(F, "idx_q", layer, iq, DUMP_BF16, Hi * 128, Hi * 128));
 	TRY(dump_all(F, "idx_k", layer, ik, DUMP_BF16, 128, 128));
 	TRY(dump_all(F, "idx_w", layer, iw, DUMP_F32, Hi, Hi));
 
-	/* cache writes for every row before any row attends */
-	{
+	/* cache writes for every row before any row attends (done above when fused) */
+	if (!fuse) {
 		gpu_ptr pm = pool_mla(F, layer), pi = pool_idx(F, layer);
 		int rec = (int)c->mla_record_bytes, ld128 = 128;
 		long long pb = (long long)F->E->base->idx_page_bytes;

@@ -6,7 +6,8 @@
  *   - each layer alone on the same input (teacher forcing, MTP layer included): the layer output
  *     within median relative L2 1e-2, routed expert sets identical for every row, indexer top-k
  *     sets identical on >= 90% of rows and none more than 2 keys off; every other dumped
- *     intermediate is compared and printed (diagnosis);
+ *     intermediate is compared and printed (diagnosis); the fused per-row kernels give the same
+ *     bits as the separate ones;
  *   - end to end, prefill in chunks: expert sets identical for every token and layer, top-k as
  *     above, logits median relative L2 <= 0.2, p90 <= 0.3, argmax agreement >= 0.7; the same
  *     logits limits for the whole sequence as one step that the backend runs in passes;
@@ -359,8 +360,9 @@ static void teacher_forcing(const char *name, int64_t T)
 	uint8_t *fl = calloc((size_t)T, 1);
 	float *x = malloc((size_t)T * D * 4), *r = calloc((size_t)T * D, 4);
 	float *gx = malloc((size_t)T * D * 4), *gr = malloc((size_t)T * D * 4);
+	float *x_in = malloc((size_t)T * D * 4), *r_in = malloc((size_t)T * D * 4);
 	double *e = malloc((size_t)T * sizeof *e);
-	REQUIRE(bt && pos && fl && x && r && gx && gr && e);
+	REQUIRE(bt && pos && fl && x && r && gx && gr && x_in && r_in && e);
 	cpu_embed(&p.m.w.embed, p.tok, T, x);
 	struct backend_seq s;
 	seq_rows(&s, &p, 0, T, pos, fl, 0, bt, nb, NULL, NULL);
@@ -372,12 +374,32 @@ static void teacher_forcing(const char *name, int64_t T)
 		struct backend_step stc = {0, 1, &s, &cd}, stg = {0, 1, &s, &gd};
 		memcpy(gx, x, (size_t)T * D * 4);
 		memcpy(gr, r, (size_t)T * D * 4);
+		memcpy(x_in, x, (size_t)T * D * 4);
+		memcpy(r_in, r, (size_t)T * D * 4);
 		REQUIRE(backend_cpu_layer_step(p.cpu, l, &stc, x, r) == 0);
 		int rc = backend_cuda_layer_step(p.gpu, l, &stg, gx, gr);
 		if (rc) {
 			test_fail(__FILE__, __LINE__, "backend_cuda_layer_step(layer %lld) = %d", (long long)l, rc);
 			dumps_free(&dc), dumps_free(&dg);
 			break;
+		}
+		{ /* the same layer through the separate kernels (DSV32_CUDA_UNFUSED=1): same bits */
+			float *ux = malloc((size_t)T * D * 4), *ur = malloc((size_t)T * D * 4);
+			REQUIRE(ux && ur);
+			memcpy(ux, x_in, (size_t)T * D * 4);
+			memcpy(ur, r_in, (size_t)T * D * 4);
+			setenv("DSV32_CUDA_UNFUSED", "1", 1);
+			struct backend_step stu = {0, 1, &s, NULL};
+			int ru = backend_cuda_layer_step(p.gpu, l, &stu, ux, ur);
+			unsetenv("DSV32_CUDA_UNFUSED");
+			int64_t same = 0;
+			for (int64_t t = 0; t < T; t++)
+				same += !memcmp(ux + t * D, gx + t * D, (size_t)D * 4) &&
+					!memcmp(ur + t * D, gr + t * D, (size_t)D * 4);
+			printf("    %s layer %lld: fused kernels vs separate ones: %lld of %lld rows "
+			       "bit-identical (rc %d)\n", name, (long long)l, (long long)same, (long long)T, ru);
+			CHECK(ru == 0 && same == T);
+			free(ux), free(ur);
 		}
 		int64_t worst = 0;
 		for (int64_t t = 0; t < T; t++) {
@@ -404,7 +426,7 @@ static void teacher_forcing(const char *name, int64_t T)
 		 * main layer's output as its input (any input serves a like-with-like check) */
 	}
 	check_sets("teacher forced, all layers", &all, 1);
-	free(bt), free(pos), free(fl), free(x), free(r), free(gx), free(gr), free(e);
+	free(bt), free(pos), free(fl), free(x), free(r), free(gx), free(gr), free(x_in), free(r_in), free(e);
 	pair_close(&p);
 }
 
