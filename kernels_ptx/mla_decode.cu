@@ -22,11 +22,13 @@
 //   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 bf16 -> fp32: warp w owns its 16 heads
 //      x keys 16 kq .. +16;
 //   3. online softmax in fp32: the 4 warps of a head group exchange their row maxima through
-//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to bf16 into P;
-//   4. O += P V with V = the latent part of the same K tile: warp w owns its 16 heads x latent
-//      dims kq R/4 .. +R/4 (R/32 n-tiles, up to 64 fp32 accumulators a thread).
-// (First version: 8 warps, 32 keys and R/2 dims a warp, 128 accumulators: 80 TFLOP/s at batch
-// 128 on the H200, latency-bound with 2 warps per scheduler.)
+//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to bf16 into P, the
+//      rescale factor e^(m_old - m) of each head into shared memory;
+//   4. O += P V with V = the latent part of the same K tile: warp w owns all 64 heads x latent
+//      dims w R/16 .. +R/16 (4 m-tiles x R/128 n-tiles, up to 64 fp32 accumulators a thread),
+//      so each V fragment is loaded from shared memory once per tile.
+// (First version: 8 warps, 32 keys and R/2 dims a warp, 128 accumulators: 80-91 TFLOP/s at
+// batch 128 on the H200, latency-bound with 2 warps per scheduler.)
 // Numerics, where this departs from attn_latent: the dots are fp32 tensor-core sums in another
 // order; P is rounded to bf16 before P V (relative error <= 2^-9 per weight) and the normaliser
 // l sums those rounded weights, so o is an exact-weight average of the keys with weights within
@@ -129,7 +131,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	uint16_t *ps = ks + MLA_KT * LD;                         // [64 heads][MLA_PLD]
 	uint8_t *raw = reinterpret_cast<uint8_t *>(ps + MLA_HG * MLA_PLD); // [64 keys][RB]
 	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [4][64]
-	int *nval = reinterpret_cast<int *>(red + 4 * MLA_HG);             // [2]
+	float *cs = red + 4 * MLA_HG;                                      // [64] this tile's rescale
+	int *nval = reinterpret_cast<int *>(cs + MLA_HG);                  // [2]
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int hg = warp & 3, kq = warp >> 2;
@@ -154,12 +157,14 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	else
 		asm volatile("cp.async.commit_group;" ::: "memory");
 
-	const int NT = R / 32;          // n-tiles of 8 latent dims a warp owns in P V
-	const int dbase = kq * (R / 4); // its first latent dim
-	float o[16][4];
+	const int NTW = R / 128;        // n-tiles of 8 latent dims a warp owns in P V (all 64 heads)
+	const int dbase = warp * (R / 16); // its first latent dim
+	float o[4][4][4];                // [head m-tile][n-tile][fragment]
 #pragma unroll
-	for (int n = 0; n < 16; n++)
-		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+	for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+		for (int n = 0; n < 4; n++)
+			o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows lane/4 and lane/4 + 8
 	const int row0 = 16 * hg + (lane >> 2);                 // this thread's first head in the block
 
@@ -167,7 +172,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	// P as A, K as B of P V (rows = keys, .trans)
 	const uint32_t qa = smem_u32(qs + (16 * hg + (lane & 15)) * LD + (lane >> 4) * 8);
 	const uint32_t kb = smem_u32(ks + (16 * kq + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
-	const uint32_t pa = smem_u32(ps + (16 * hg + (lane & 15)) * MLA_PLD + (lane >> 4) * 8);
+	const uint32_t pa = smem_u32(ps + (lane & 15) * MLA_PLD + (lane >> 4) * 8); // + m-tile rows
 	const uint32_t vb = smem_u32(ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dbase + (lane >> 4) * 8);
 	const int J = R / 8 + MLA_ROPE / 8; // 16-byte bf16 chunks of a key row
 
@@ -250,6 +255,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			m[i] = mnew;
 			l[i] *= corr[i];
 		}
+		if (kq == 0 && (lane & 3) == 0)
+			cs[row0] = corr[0], cs[row0 + 8] = corr[1];
 #pragma unroll
 		for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -261,24 +268,36 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 				l[i] += __uint_as_float(pp << 16) + __uint_as_float(pp & 0xffff0000u);
 				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 16 * kq + 8 * j + 2 * (lane & 3)) = pp;
 			}
+		__syncthreads(); // all of P and the rescale factors written
+		// 4. O += P V over the tile's 64 keys: warp w owns all 64 heads x latent dims
+		//    w R/16 .. +R/16 (each V fragment loaded once per tile)
 #pragma unroll
-		for (int n = 0; n < 16; n++) {
-			o[n][0] *= corr[0], o[n][1] *= corr[0];
-			o[n][2] *= corr[1], o[n][3] *= corr[1];
+		for (int mt = 0; mt < 4; mt++) {
+			const float c0 = cs[16 * mt + (lane >> 2)], c1 = cs[16 * mt + (lane >> 2) + 8];
+#pragma unroll
+			for (int n = 0; n < 4; n++) {
+				o[mt][n][0] *= c0, o[mt][n][1] *= c0;
+				o[mt][n][2] *= c1, o[mt][n][3] *= c1;
+			}
 		}
-		group_barrier(1 + hg); // the 4 quarters of P written
-		// 4. O += P V over the tile's 64 keys
 #pragma unroll
 		for (int kk = 0; kk < MLA_KT / 16; kk++) {
-			uint32_t a0, a1, a2, a3;
-			ldsm_x4(pa + kk * 32, a0, a1, a2, a3);
+			uint32_t a[4][4];
 #pragma unroll
-			for (int n2 = 0; n2 < 8; n2++) {
-				if (2 * n2 < NT) {
+			for (int mt = 0; mt < 4; mt++)
+				ldsm_x4(pa + (16 * mt * MLA_PLD + kk * 16) * 2, a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+#pragma unroll
+			for (int n2 = 0; n2 < 2; n2++) {
+				if (2 * n2 < NTW || n2 == 0) {
 					uint32_t b0, b1, b2, b3;
 					ldsm_x4_t(vb + (16 * kk * LD + 16 * n2) * 2, b0, b1, b2, b3);
-					mma_bf16(o[2 * n2], a0, a1, a2, a3, b0, b1);
-					mma_bf16(o[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
+#pragma unroll
+					for (int mt = 0; mt < 4; mt++) {
+						if (2 * n2 < NTW)
+							mma_bf16(o[mt][2 * n2], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+						if (2 * n2 + 1 < NTW)
+							mma_bf16(o[mt][2 * n2 + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+					}
 				}
 			}
 		}
@@ -297,38 +316,40 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	if ((lane & 3) == 0)
 		red[kq * MLA_HG + row0] = l[0], red[kq * MLA_HG + row0 + 8] = l[1];
 	__syncthreads();
+	// m and l of each head (the S warps of quarter 0 hold m), then the outputs of this warp's
+	// dims for all 64 heads
+	if (kq == 0 && (lane & 3) == 0)
+		cs[row0] = m[0], cs[row0 + 8] = m[1];
+	__syncthreads(); // m visible
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int r = row0 + 8 * i;
-		l[i] = ((red[r] + red[MLA_HG + r]) + red[2 * MLA_HG + r]) + red[3 * MLA_HG + r];
-	}
-
+	for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int h = h0 + row0 + 8 * i;
-		if (h >= H)
-			continue;
-		if (gridDim.z > 1) {
-			// part: [B, H, splits] x (R + 2) floats: unnormalised o[R], m, l
-			float *pp = part + (((size_t)b * H + h) * gridDim.z + blockIdx.z) * (R + 2);
+		for (int i = 0; i < 2; i++) {
+			const int r = 16 * mt + (lane >> 2) + 8 * i, h = h0 + r;
+			if (h >= H)
+				continue;
+			const float lr = ((red[r] + red[MLA_HG + r]) + red[2 * MLA_HG + r]) + red[3 * MLA_HG + r];
+			if (gridDim.z > 1) {
+				// part: [B, H, splits] x (R + 2) floats: unnormalised o[R], m, l
+				float *pp = part + (((size_t)b * H + h) * gridDim.z + blockIdx.z) * (R + 2);
 #pragma unroll
-			for (int n = 0; n < 16; n++)
-				if (n < NT)
-					*reinterpret_cast<float2 *>(pp + dbase + 8 * n + 2 * (lane & 3)) =
-						make_float2(o[n][2 * i], o[n][2 * i + 1]);
-			if (kq == 0 && (lane & 3) == 0)
-				pp[R] = m[i], pp[R + 1] = l[i];
-		} else {
-			const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-			uint16_t *out = o_lat + ((size_t)b * H + h) * R + dbase + 2 * (lane & 3);
+				for (int n = 0; n < 4; n++)
+					if (n < NTW)
+						*reinterpret_cast<float2 *>(pp + dbase + 8 * n + 2 * (lane & 3)) =
+							make_float2(o[mt][n][2 * i], o[mt][n][2 * i + 1]);
+				if (warp == 0 && (lane & 3) == 0)
+					pp[R] = cs[r], pp[R + 1] = lr;
+			} else {
+				const float inv = lr > 0.f ? 1.f / lr : 0.f;
+				uint16_t *out = o_lat + ((size_t)b * H + h) * R + dbase + 2 * (lane & 3);
 #pragma unroll
-			for (int n = 0; n < 16; n++)
-				if (n < NT)
-					*reinterpret_cast<uint32_t *>(out + 8 * n) =
-						(uint32_t)f32_to_bf16(o[n][2 * i] * inv) |
-						((uint32_t)f32_to_bf16(o[n][2 * i + 1] * inv) << 16);
+				for (int n = 0; n < 4; n++)
+					if (n < NTW)
+						*reinterpret_cast<uint32_t *>(out + 8 * n) =
+							(uint32_t)f32_to_bf16(o[mt][n][2 * i] * inv) |
+							((uint32_t)f32_to_bf16(o[mt][n][2 * i + 1] * inv) << 16);
+			}
 		}
-	}
 }
 
 // Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, w_i = e^(m_i - M),
