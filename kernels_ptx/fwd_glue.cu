@@ -122,11 +122,16 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 			xs[m][k] = m0 + m < M ? bf16_to_f32(x[(size_t)(m0 + m) * ldx + k0 + k]) : 0.f;
 		}
 		__syncthreads(); // the tile is staged
-		for (int k = j; k < kt; k += 8) {
-			const float wv = bf16_to_f32(ws[o][k]);
+		if (M - m0 == 1) { // one token row (the LM head at batch 1): a quarter of the work
+			for (int k = j; k < kt; k += 8)
+				acc[0] = __fadd_rn(acc[0], __fmul_rn(xs[0][k], bf16_to_f32(ws[o][k])));
+		} else {
+			for (int k = j; k < kt; k += 8) {
+				const float wv = bf16_to_f32(ws[o][k]);
 #pragma unroll
-			for (int m = 0; m < LIN_ROWS; m++)
-				acc[m] = __fadd_rn(acc[m], __fmul_rn(xs[m][k], wv));
+				for (int m = 0; m < LIN_ROWS; m++)
+					acc[m] = __fadd_rn(acc[m], __fmul_rn(xs[m][k], wv));
+			}
 		}
 	}
 #pragma unroll
@@ -139,6 +144,50 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	for (int m = 0; m < LIN_ROWS; m++) {
 		if (m0 + m >= M)
 			break;
+		if (y32)
+			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
+		else
+			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
+	}
+}
+
+// The same numbers for few outputs (V small: the indexer's weights_proj, 64 rows): a block of 64
+// threads owns 8 outputs and stages their whole rows (8 x D bf16, dynamic shared memory, every
+// 16-byte load issued before any is used) — the tiled kernel would walk D in 28 dependent tiles
+// with only V / 32 blocks. x rows are read from global (L1). Grid (ceil(V / 8), ceil(M / 4)).
+extern "C" __global__ void __launch_bounds__(64)
+k_fwd_bf16_linear_small(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+			float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+{
+	extern __shared__ __align__(16) uint16_t wrow[]; // [8, D]
+	const int tid = threadIdx.x, o = tid >> 3, j = tid & 7;
+	const int v0 = blockIdx.x * 8, m0 = blockIdx.y * LIN_ROWS, c16 = D / 8;
+	for (int i = tid; i < 8 * c16; i += blockDim.x) {
+		const int r = i / c16, c = i % c16;
+		uint4 v = make_uint4(0u, 0u, 0u, 0u);
+		if (v0 + r < V)
+			v = *reinterpret_cast<const uint4 *>(W + (size_t)(v0 + r) * D + c * 8);
+		*reinterpret_cast<uint4 *>(&wrow[(size_t)r * D + c * 8]) = v;
+	}
+	__syncthreads(); // the 8 rows are staged
+	const int nm = min(LIN_ROWS, M - m0);
+	const uint16_t *xr = x + (size_t)m0 * ldx;
+	const uint16_t *wr = wrow + (size_t)o * D;
+	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+	for (int k = j; k < D; k += 8) {
+		const float wv = bf16_to_f32(wr[k]);
+#pragma unroll
+		for (int m = 0; m < LIN_ROWS; m++)
+			if (m < nm)
+				acc[m] = __fadd_rn(acc[m], __fmul_rn(bf16_to_f32(xr[(size_t)m * ldx + k]), wv));
+	}
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++)
+		acc[m] = tree8(acc[m]);
+	const int v = v0 + o;
+	if (v >= V || j)
+		return;
+	for (int m = 0; m < nm; m++) {
 		if (y32)
 			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
 		else
@@ -179,71 +228,62 @@ __device__ __forceinline__ void stage_kvb_rows(const uint8_t *__restrict__ W, co
 // qf[t, h, :R] = bf16( Σ_d q[t, h*dq + d] · Wkvb[h*(nope+dv) + d, :] ), d ascending (W_UK_h
 // dequantised: e4m3 x its 128x128 block scale, exact), qf[t, h, R:R+rope] = q[t, h*dq+nope ..].
 // q bf16 [T, H*dq] (dq = nope + rope), Wkvb e4m3 [H*(nope+dv), R], S fp32 [H*(nope+dv)/128,
-// R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / 8)), 256 threads; thread owns columns
-// tid and tid + 256; W_UK_h goes through shared memory 32 rows at a time.
-extern "C" __global__ void __launch_bounds__(256)
+// R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / 8), R / 128), 128 threads: block z
+// owns columns 128 z .. 128 z + 127 (one per thread) and stages its nope x 128 slice of W_UK_h
+// in shared memory at once (every 16-byte load in flight before use). nope <= 192.
+extern "C" __global__ void __launch_bounds__(128)
 k_fwd_q_absorb(const uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
 	       const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H, int Hpad,
 	       int nope, int rope, int dv, int R)
 {
 	__shared__ float qn[ABS_ROWS][ABS_MAX_NOPE];
-	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
-	__shared__ float sc[W_CHUNK][4];
-	const int h = blockIdx.x, t0 = blockIdx.y * ABS_ROWS, dq = nope + rope;
+	__shared__ __align__(16) uint8_t w[ABS_MAX_NOPE][128];
+	__shared__ float sc[ABS_MAX_NOPE];
+	const int h = blockIdx.x, t0 = blockIdx.y * ABS_ROWS, z = blockIdx.z, dq = nope + rope;
+	const int nkb = R / 128, row0 = h * (nope + dv);
+	for (int i = threadIdx.x; i < nope * 8; i += blockDim.x) { // 8 x 16 bytes per row
+		const int d = i / 8, c = i % 8;
+		*reinterpret_cast<uint4 *>(&w[d][c * 16]) =
+			*reinterpret_cast<const uint4 *>(Wkvb + (size_t)(row0 + d) * R + z * 128 + c * 16);
+	}
+	for (int d = threadIdx.x; d < nope; d += blockDim.x)
+		sc[d] = S[((row0 + d) / 128) * nkb + z];
 	for (int i = threadIdx.x; i < ABS_ROWS * nope; i += blockDim.x) {
 		const int tt = i / nope, d = i % nope;
 		qn[tt][d] = t0 + tt < T ? bf16_to_f32(q[(size_t)(t0 + tt) * H * dq + h * dq + d]) : 0.f;
 	}
-	for (int i = threadIdx.x; i < ABS_ROWS * rope; i += blockDim.x) {
-		const int tt = i / rope, d = i % rope;
-		if (t0 + tt < T)
-			qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + R + d] =
-				q[(size_t)(t0 + tt) * H * dq + h * dq + nope + d];
-	}
-	float acc[2][ABS_ROWS];
-#pragma unroll
-	for (int k = 0; k < 2; k++)
-#pragma unroll
-		for (int tt = 0; tt < ABS_ROWS; tt++)
-			acc[k][tt] = 0.f;
-	const int c0 = threadIdx.x, c1 = threadIdx.x + 256;
-	for (int d0 = 0; d0 < nope; d0 += W_CHUNK) {
-		const int n = min(W_CHUNK, nope - d0);
-		__syncthreads(); // the previous chunk is consumed (and qn is staged, first time)
-		stage_kvb_rows(Wkvb, S, h * (nope + dv) + d0, n, R, w, sc);
-		__syncthreads(); // the chunk is in shared memory
-		for (int dd = 0; dd < n; dd++) {
-#pragma unroll
-			for (int k = 0; k < 2; k++) {
-				const int c = k ? c1 : c0;
-				if (c >= R)
-					continue;
-				const float wv = e4m3_to_f32(w[dd][c]) * sc[dd][c / 128];
-#pragma unroll
-				for (int tt = 0; tt < ABS_ROWS; tt++)
-					acc[k][tt] = __fadd_rn(acc[k][tt], __fmul_rn(qn[tt][d0 + dd], wv));
-			}
-		}
-	}
-#pragma unroll
-	for (int k = 0; k < 2; k++) {
-		const int c = k ? c1 : c0;
-		if (c >= R)
-			continue;
-#pragma unroll
-		for (int tt = 0; tt < ABS_ROWS; tt++)
+	if (z == 0)
+		for (int i = threadIdx.x; i < ABS_ROWS * rope; i += blockDim.x) {
+			const int tt = i / rope, d = i % rope;
 			if (t0 + tt < T)
-				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + c] = f32_to_bf16(acc[k][tt]);
+				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + R + d] =
+					q[(size_t)(t0 + tt) * H * dq + h * dq + nope + d];
+		}
+	__syncthreads(); // W slice, scales and q_nope rows are staged
+	const int c = threadIdx.x;
+	float acc[ABS_ROWS];
+#pragma unroll
+	for (int tt = 0; tt < ABS_ROWS; tt++)
+		acc[tt] = 0.f;
+	for (int d = 0; d < nope; d++) {
+		const float wv = e4m3_to_f32(w[d][c]) * sc[d];
+#pragma unroll
+		for (int tt = 0; tt < ABS_ROWS; tt++)
+			acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qn[tt][d], wv));
 	}
+#pragma unroll
+	for (int tt = 0; tt < ABS_ROWS; tt++)
+		if (t0 + tt < T)
+			qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + z * 128 + c] = f32_to_bf16(acc[tt]);
 }
 
 #define UV_ROWS 4
 
 // o[t, h*dv + d] = bf16( cpu_dot(o_lat[t, h, :], W_UV_h[d, :]) ), W_UV_h[d] = row
 // h*(nope+dv) + nope + d of kv_b (dequantised). o_lat bf16 [T, Hpad, R], o bf16 [T, H*dv].
-// Grid (H, ceil(T / 4)), 256 threads: W_UV_h goes through shared memory 32 rows at a time;
-// lanes 8q .. 8q+7 of warp w own output d0 + 4w + q, lane j sums k = j mod 8 in order, then
-// tree8.
+// Grid (H, ceil(T / 4), ceil(dv / 32)), 256 threads: block z owns outputs 32 z .. 32 z + 31 and
+// stages those 32 rows of W_UV_h in shared memory at once; lanes 8q .. 8q+7 of warp w own output
+// 32 z + 4w + q, lane j sums k = j mod 8 in order, then tree8.
 extern "C" __global__ void __launch_bounds__(256)
 k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 	 const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H, int Hpad, int nope,
@@ -258,7 +298,7 @@ k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 		ol[tt][k] = t0 + tt < T ? bf16_to_f32(o_lat[((size_t)(t0 + tt) * Hpad + h) * R + k]) : 0.f;
 	}
 	const int lane = threadIdx.x & 31, j = lane & 7, warp = threadIdx.x >> 5;
-	for (int d0 = 0; d0 < dv; d0 += W_CHUNK) {
+	for (int d0 = blockIdx.z * W_CHUNK; d0 < dv && d0 < (int)(blockIdx.z + 1) * W_CHUNK; d0 += W_CHUNK) {
 		const int n = min(W_CHUNK, dv - d0);
 		__syncthreads(); // the previous chunk is consumed (and o_lat is staged, first time)
 		stage_kvb_rows(Wkvb, S, h * (nope + dv) + nope + d0, n, R, w, sc);

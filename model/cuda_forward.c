@@ -113,6 +113,7 @@ void cuda_forward_profile_print(void)
 			100.0 * prof.t[best].ms / total);
 		prof.t[best].n = -1;
 	}
+	memset(prof.t, 0, sizeof prof.t);
 	prof.n_t = 0, prof.steps = 0;
 }
 
@@ -166,6 +167,17 @@ static gpu_ptr take(struct fwd *F, size_t bytes)
 		void *a_[] = {__VA_ARGS__};                                                      \
 		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
 				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
+		if (r_)                                                                          \
+			return fwd_fail(name, r_);                                               \
+		prof_mark(F->g->stream, name);                                                   \
+	} while (0)
+
+/* A launch with a z grid dimension, no dynamic shared memory. */
+#define LAUNCH3(name, gx, gy, gz, bx, ...)                                                       \
+	do {                                                                                     \
+		void *a_[] = {__VA_ARGS__};                                                      \
+		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
+				    (unsigned)(gz), (unsigned)(bx), 1, 1, 0, a_);                \
 		if (r_)                                                                          \
 			return fwd_fail(name, r_);                                               \
 		prof_mark(F->g->stream, name);                                                   \
@@ -304,6 +316,20 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
 		  int M, int D, int V)
 {
+	unsigned smem = (unsigned)D * 8 * 2; /* k_fwd_bf16_linear_small: 8 whole weight rows */
+	if (V <= 1024 && smem <= 160 * 1024) {
+		void *fn = gpu_kernel(F->g, "k_fwd_bf16_linear_small");
+		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+							  (int)smem), "cuFuncSetAttribute", __FILE__, __LINE__))
+			return fwd_fail("k_fwd_bf16_linear_small", -EIO);
+		void *a[] = {&W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V};
+		int r = gpu_launch(F->g, fn, (unsigned)((V + 7) / 8), (unsigned)((M + 3) / 4), 1, 64, 1, 1,
+				   smem, a);
+		if (r)
+			return fwd_fail("k_fwd_bf16_linear_small", r);
+		prof_mark(F->g->stream, "k_fwd_bf16_linear_small");
+		return 0;
+	}
 	LAUNCH("k_fwd_bf16_linear", (V + 31) / 32, (M + 3) / 4, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy,
 	       &M, &D, &V);
 	return 0;
@@ -585,7 +611,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
 		return -EIO;
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
-	LAUNCH("k_fwd_q_absorb", H, (T + 7) / 8, 256, 0, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope,
+	LAUNCH3("k_fwd_q_absorb", H, (T + 7) / 8, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope,
 	       &rope, &dv, &Rk);
 	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
 		size_t n = (size_t)T * Hpad * (Rk + rope);
@@ -623,7 +649,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		prof_mark(F->g->stream, "mla decode");
 	}
 	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
-	LAUNCH("k_fwd_uv", H, (T + 3) / 4, 256, 0, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad, &nope,
+	LAUNCH3("k_fwd_uv", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad, &nope,
 	       &dv, &Rk);
 	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
 	TAKE(o8, (size_t)Tp * H * dv);
