@@ -12,6 +12,7 @@
 //   (token, expert) from shared memory (K in chunks of 128 staged as fp32, 4-wide reads, the
 //   next chunk in flight in registers); its (p0+p1)+(p2+p3) and a shuffle with the other half
 //   give exactly the tree above. Grid (E / 2, ceil(T / 64)); D % 128 == 0.
+// k_moe_gate_logits_a8, _a2: the same with a cp.async ring (see below; the launcher's choice).
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
@@ -98,6 +99,113 @@ k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	v += __shfl_xor_sync(0xffffffffu, v, 1); // the whole tree
 	if (q == 0 && active)
 		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
+}
+
+// k_moe_gate_logits_a8 / _a2: k_moe_gate_logits with the chunks brought in by cp.async into a
+// ring of S stages (S - 1 chunks in flight; run 3 measured the one-chunk register prefetch at
+// 35 us for one token: each of the 56 chunks waited for its loads). Staged as bf16, converted
+// when read. NQ threads share one (token, expert), each running partials PP = 8 / NQ of them
+// (q * PP .. q * PP + PP - 1); a block is TS = 128 / NQ token rows x 2 experts (a8: 16 rows,
+// one partial a thread, for few tokens; a2: 64 rows, 4 partials a thread, one 8-byte read of x
+// and of W per 4 products). Dynamic shared memory S * (TS + 2) * GA_ROWB bytes; grid (E / 2,
+// ceil(T / TS)); D % 128 == 0. The thread's own partials are added as (p0+p1)+(p2+p3), then
+// shuffles across the NQ lanes: exactly the tree of the CPU.
+#define GA_KC 128                // K chunk (elements)
+#define GA_ROWB (GA_KC * 2 + 16) // bytes of a staged row: consecutive rows 4 banks apart
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+template <int NQ, int S>
+__device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W,
+						  const uint16_t *__restrict__ x,
+						  float *__restrict__ logits, int T, int E, int D)
+{
+	constexpr int PP = 8 / NQ, TS = 128 / NQ, STAGE = (TS + 2) * GA_ROWB;
+	extern __shared__ __align__(16) unsigned char ga_ring[]; // [S][TS + 2][GA_ROWB]
+	const int tid = threadIdx.x, q = tid % NQ, slot = (tid / NQ) % TS, el = tid / (NQ * TS);
+	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * TS;
+	const int rows = min(TS, T - t0);
+	const bool active = slot < rows; // whole warps idle past the last token: no reads
+	const int nc = D / GA_KC;
+	// chunk c into stage c % S: the block's token rows (stage rows 0 .. rows-1) and its 2
+	// expert rows (stage rows TS, TS+1), 16 bytes a copy; one commit group per chunk slot
+	auto issue = [&](int c) {
+		if (c < nc) {
+			unsigned char *st = ga_ring + (size_t)(c % S) * STAGE;
+			const int n = (rows + 2) * (GA_KC / 8);
+			for (int i = tid; i < n; i += 256) {
+				const int r = i / (GA_KC / 8), c16 = i % (GA_KC / 8);
+				const uint16_t *src = r < rows ? x + (size_t)(t0 + r) * D
+							       : W + (size_t)(e0 + r - rows) * D;
+				const int srow = r < rows ? r : TS + r - rows;
+				cp_async16(st + (size_t)srow * GA_ROWB + 16 * c16,
+					   src + (size_t)c * GA_KC + 8 * c16);
+			}
+		}
+		asm volatile("cp.async.commit_group;" ::: "memory");
+	};
+#pragma unroll
+	for (int c = 0; c < S - 1; c++)
+		issue(c);
+	float p[PP];
+#pragma unroll
+	for (int m = 0; m < PP; m++)
+		p[m] = 0.f;
+	for (int c = 0; c < nc; c++) {
+		asm volatile("cp.async.wait_group %0;" ::"n"(S - 2) : "memory"); // chunk c: mine
+		__syncthreads(); // chunk c: everyone's; chunk c-1 read by all (its stage is refilled)
+		issue(c + S - 1);
+		if (active) {
+			const unsigned char *st = ga_ring + (size_t)(c % S) * STAGE;
+			const unsigned char *xr = st + (size_t)slot * GA_ROWB + 2 * PP * q;
+			const unsigned char *wr = st + (size_t)(TS + el) * GA_ROWB + 2 * PP * q;
+#pragma unroll
+			for (int k = 0; k < GA_KC / 8; k++) { // exact products: fma == mul, then add
+				if (PP == 4) {
+					const uint2 a = *reinterpret_cast<const uint2 *>(xr + 16 * k);
+					const uint2 b = *reinterpret_cast<const uint2 *>(wr + 16 * k);
+					p[0] = fmaf(__uint_as_float(a.x << 16), __uint_as_float(b.x << 16), p[0]);
+					p[1 % PP] = fmaf(__uint_as_float(a.x & 0xffff0000u),
+							 __uint_as_float(b.x & 0xffff0000u), p[1 % PP]);
+					p[2 % PP] = fmaf(__uint_as_float(a.y << 16), __uint_as_float(b.y << 16),
+							 p[2 % PP]);
+					p[3 % PP] = fmaf(__uint_as_float(a.y & 0xffff0000u),
+							 __uint_as_float(b.y & 0xffff0000u), p[3 % PP]);
+				} else {
+					const uint32_t a = *reinterpret_cast<const uint16_t *>(xr + 16 * k);
+					const uint32_t b = *reinterpret_cast<const uint16_t *>(wr + 16 * k);
+					p[0] = fmaf(__uint_as_float(a << 16), __uint_as_float(b << 16), p[0]);
+				}
+			}
+		}
+	}
+	asm volatile("cp.async.wait_all;" ::: "memory");
+	float v = PP == 4 ? (p[0] + p[1 % PP]) + (p[2 % PP] + p[3 % PP]) : p[0];
+#pragma unroll
+	for (int o = 1; o < NQ; o <<= 1) // the rest of the tree across the NQ lanes
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if (q == 0 && active)
+		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
+}
+
+#define GA8_S 12
+#define GA2_S 6
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		     float *__restrict__ logits, int T, int E, int D)
+{
+	gate_logits_async<8, GA8_S>(W, x, logits, T, E, D);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		     float *__restrict__ logits, int T, int E, int D)
+{
+	gate_logits_async<2, GA2_S>(W, x, logits, T, E, D);
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64

@@ -138,6 +138,25 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 	return total;
 }
 
+/* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
+ * tile (token rows x experts a block) and dynamic shared memory. a8 / a2: cp.async rings of
+ * GA8_S / GA2_S stages of (rows + 2) x GA_ROWB bytes. */
+struct gate_kernel {
+	const char *name;
+	int rows, experts;
+	unsigned smem;
+};
+
+static struct gate_kernel gate_kernel_for(int T, int E)
+{
+	const unsigned rowb = 128 * 2 + 16; /* GA_ROWB */
+	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
+		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32, 0};
+	if (T <= 16)
+		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 12 * (16 + 2) * rowb};
+	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * rowb};
+}
+
 /* One expert GEMM over the R sorted rows (y row stride N). */
 static int grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G, gpu_ptr x8,
 		   gpu_ptr sx, gpu_ptr y, int R, int N, int K, gpu_ptr ws, size_t ws_bytes)
@@ -163,12 +182,15 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* router logits and the routing */
 	if (stages & CUDA_MOE_GATE) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
-		if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
-			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits_tiled"), (unsigned)(E / 32),
-					(unsigned)((T + 31) / 32), 1, 256, 1, 1, 0, args);
-		else
-			rc = gpu_launch(g, gpu_kernel(g, "k_moe_gate_logits"), (unsigned)(E / 2),
-					(unsigned)((T + 63) / 64), 1, 256, 1, 1, 0, args);
+		struct gate_kernel k = gate_kernel_for(T, E);
+		void *fn = gpu_kernel(g, k.name);
+		if (!fn)
+			return -ENOENT;
+		if (k.smem > 48 * 1024)
+			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						     (int)k.smem));
+		rc = gpu_launch(g, fn, (unsigned)(E / k.experts), (unsigned)((T + k.rows - 1) / k.rows), 1,
+				256, 1, 1, k.smem, args);
 		if (rc)
 			return rc;
 	}

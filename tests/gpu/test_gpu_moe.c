@@ -1,14 +1,15 @@
 /*
  * test_gpu_moe.c — the MoE gate on the GPU against the CPU backend's moe_route: the same
  * experts and bit-identical weights for every token, on logits with many exact and near ties,
- * for the real routing (256 experts, 8 groups, 4 kept, 8 picks) and smaller ones; the token
- * permutation, gather and combine exact.
+ * for the real routing (256 experts, 8 groups, 4 kept, 8 picks) and smaller ones; the router
+ * logits bit-identical to the CPU's; the token permutation, gather and combine exact.
  */
 #include "tests/gpu/gpu_harness.h"
 
 #ifndef DSV32_NO_CUDA
 
 #include "model/cpu_moe.h"
+#include "model/cpu_ops.h"
 
 static void check_route(struct gpu *g, int E, int G, int topk_group, int K, int T, uint64_t seed)
 {
@@ -223,6 +224,80 @@ TEST(gpu_moe, permute_large_exact)
 			cu.cuMemFree(all[i]);
 		free(idx), free(want_perm), free(want_src), free(want_cnt), free(want_off);
 		free(perm), free(src), free(cnt), free(off);
+	}
+	gpu_close(&g);
+}
+#endif
+
+#ifndef DSV32_NO_CUDA
+/* Every router-logit kernel (kernels_ptx/moe_block.cu) against the CPU's cpu_bf16_linear, to
+ * the bit: the register-prefetch k_moe_gate_logits, the cp.async rings a8 and a2, the tiled
+ * form; token counts across their tile edges, the real hidden size and small ones. */
+TEST_T(gpu_moe, gate_logits_bit_exact, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{1, 256, 7168}, {5, 256, 7168},  {16, 256, 7168},
+					{17, 32, 512},  {64, 256, 7168}, {65, 16, 256},
+					{300, 32, 512}, {257, 64, 1024}, {37, 16, 256}};
+	static const struct {
+		const char *name;
+		int rows, experts;
+		unsigned smem;
+	} ks[] = {{"k_moe_gate_logits", 64, 2, 0},
+		  {"k_moe_gate_logits_a8", 16, 2, 12 * 18 * 272},
+		  {"k_moe_gate_logits_a2", 64, 2, 6 * 66 * 272},
+		  {"k_moe_gate_logits_tiled", 32, 32, 0}};
+	uint64_t seed = 4301;
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2];
+		uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)T * D * 2);
+		float *xf = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * E * 4),
+		      *got = malloc((size_t)T * E * 4);
+		REQUIRE(w && xh && xf && ref && got);
+		fill_bf16(w, (size_t)E * D, 0.05f, &seed);
+		fill_bf16(xh, (size_t)T * D, 2.0f, &seed);
+		for (size_t i = 0; i < (size_t)T * D; i++)
+			xf[i] = bf16_to_f32(xh[i]);
+		struct bf16_mat Wm = {w, E, D};
+		cpu_bf16_linear(NULL, &Wm, xf, T, ref, 0);
+		gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)T * D * 2),
+			d_l = gpu_test_alloc((size_t)T * E * 4);
+		REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
+		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+		for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+			if (E % ks[ki].experts)
+				continue;
+			void *fn = gpu_kernel(&g, ks[ki].name);
+			REQUIRE(fn);
+			if (ks[ki].smem > 48 * 1024)
+				REQUIRE(cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+								      (int)ks[ki].smem),
+						 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
+			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
+			int tt = T, ee = E, dd = D;
+			void *args[] = {&d_w, &d_x, &d_l, &tt, &ee, &dd};
+			REQUIRE(gpu_launch(&g, fn, (unsigned)(E / ks[ki].experts),
+					   (unsigned)((T + ks[ki].rows - 1) / ks[ki].rows), 1, 256, 1, 1,
+					   ks[ki].smem, args) == 0);
+			REQUIRE(gpu_download(&g, got, d_l, (size_t)T * E * 4) == 0);
+			int64_t bad = 0, first = -1;
+			for (size_t i = 0; i < (size_t)T * E; i++)
+				if (memcmp(&got[i], &ref[i], 4)) {
+					if (first < 0)
+						first = (int64_t)i;
+					bad++;
+				}
+			printf("    %-24s T=%-3d E=%-3d D=%-4d: %lld of %lld logits differ", ks[ki].name, T, E,
+			       D, (long long)bad, (long long)T * E);
+			if (first >= 0)
+				printf(" (first [%lld, %lld]: gpu %.9g cpu %.9g)", (long long)(first / E),
+				       (long long)(first % E), got[first], ref[first]);
+			printf("\n");
+			CHECK_EQ_INT(bad, 0);
+		}
+		cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
+		free(w), free(xh), free(xf), free(ref), free(got);
 	}
 	gpu_close(&g);
 }
