@@ -8,7 +8,7 @@
  *   dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
  *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]
- *                     [--prefill-reps N] [--keep] [--daemon]
+ *                     [--prefill-reps N] [--profile] [--keep] [--daemon]
  *
  * Decode: for each context x batch (default 1K/32K/128K x 1/16/128, which fits a GPU session's
  * time; --full: issue 12's 1K/8K/32K/128K x 1/16/64/128; a corner whose pages do not fit the KV
@@ -34,6 +34,9 @@
  * (the scheduler's per-step token budget, max_batch_tokens, whose default is 2048 in
  * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, the
  * median of --prefill-reps runs after a warm-up (one 2048-token chunk).
+ * --profile: after each decode point / prompt length, extra eager steps with DSV32_CUDA_PROFILE=1
+ * (the forward's GPU time between consecutive ops, model/cuda_forward.h) and the per-op table,
+ * on stderr; the timed steps are never profiled.
  * --daemon: starts dsv32d --backend cuda (next to this binary; --synthetic-weights on the
  * header-only checkpoint) on a private socket, connects with the client library and measures
  * the time to first token of 1K and 4K-token prompts (client side: submit to the first token
@@ -60,6 +63,7 @@
 #include "ipc/dsv32.h"
 #include "model/backend.h"
 #include "model/config.h"
+#include "model/cuda_forward.h"
 #include "model/kv_cache.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -80,6 +84,7 @@ struct opts {
 	int n_batches, n_contexts, n_prompts;
 	int64_t steps, warmup, kv_pages, prefill_reps;
 	int graphs; /* decode modes timed: bit 0 eager, bit 1 CUDA graphs */
+	int profile; /* --profile: the forward's per-op GPU profile of each point (extra steps) */
 	char cmdline[1024]; /* the arguments, for the closing "command:" line */
 };
 
@@ -89,7 +94,7 @@ static int usage(void)
 		"usage: dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)\n"
 		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
 		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
-		"                         [--prefill-reps N] [--keep] [--daemon]\n"
+		"                         [--prefill-reps N] [--profile] [--keep] [--daemon]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -100,6 +105,8 @@ static int usage(void)
 		"  --prompts LIST   prefill prompt lengths (default 4096,32768; --daemon: 1024,4096; none)\n"
 		"  --steps N        timed decode steps per point (default 10), after --warmup N (default 2)\n"
 		"  --prefill-reps N timed prefills per prompt length after a warm-up (default 1)\n"
+		"  --profile        after each point, the forward's per-op GPU profile of extra eager\n"
+		"                   steps (3 decode steps / one prefill; DSV32_CUDA_PROFILE), on stderr\n"
 		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
 		"  --graphs MODE    decode steps eager (off), through CUDA graphs (on) or both (default)\n"
 		"  --keep           keep the temporary checkpoint directory\n"
@@ -188,6 +195,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 		if (!strcmp(a, "--full")) {
 			full = 1;
+			continue;
+		}
+		if (!strcmp(a, "--profile")) {
+			o->profile = 1;
 			continue;
 		}
 		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -479,6 +490,17 @@ static double prefill_flops(const struct dsv32_config *c, int64_t P)
 
 /* ---- the in-process benchmark -------------------------------------------------------------- */
 
+/* --profile: the forward's per-op profile on (for eager steps only) or off. */
+static void profile_env(int on)
+{
+	if (on) {
+		setenv("DSV32_CUDA_PROFILE", "1", 1);
+		setenv("DSV32_CUDA_GRAPHS", "0", 1); /* the profile records eager steps only */
+	} else {
+		unsetenv("DSV32_CUDA_PROFILE");
+	}
+}
+
 static int step_failed(int r)
 {
 	if (r == -ENOTSUP)
@@ -591,6 +613,17 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 				}
 				med[mode] = median(t, (int)o->steps);
 			}
+			if (o->profile) {
+				profile_env(1);
+				for (int k = 0; k < 3 && !rc; k++) {
+					int r = backend_step(be, &st);
+					if (r)
+						rc = step_failed(r);
+				}
+				profile_env(0);
+				if (rc)
+					goto out;
+			}
 			int64_t bad = 0;
 			for (size_t i = 0; i < (size_t)B * (size_t)V; i++)
 				bad += !isfinite(logits[i]);
@@ -612,6 +645,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 			if (filled == B && tf > 0.01)
 				fprintf(stderr, "  (KV fill of %lld sequences x %lld tokens: %.2f s wall)\n",
 					(long long)B, (long long)ctx, tf);
+			if (o->profile) {
+				fprintf(stderr, "profile: decode, context %lld, batch %lld:\n", (long long)ctx,
+					(long long)B);
+				cuda_forward_profile_print();
+			}
 		}
 	}
 out:
@@ -656,8 +694,11 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 	for (int pi = -1; pi < o->n_prompts; pi++) {
 		const int64_t P = pi < 0 ? (o->prompts[0] < SCHED_CHUNK ? o->prompts[0] : SCHED_CHUNK)
 					 : o->prompts[pi];
-		double t[100];
-		for (int rep = 0; rep < (pi < 0 ? 1 : (int)o->prefill_reps); rep++) {
+		double t[101];
+		const int reps = pi < 0 ? 1 : (int)o->prefill_reps + (o->profile ? 1 : 0);
+		for (int rep = 0; rep < reps; rep++) {
+			if (o->profile)
+				profile_env(pi >= 0 && rep == reps - 1); /* the extra run */
 			double t0 = now_s();
 			for (int64_t p0 = 0; p0 < P; p0 += SCHED_CHUNK) {
 				int64_t n = P - p0 < SCHED_CHUNK ? P - p0 : SCHED_CHUNK;
@@ -677,12 +718,19 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 			}
 			t[rep] = now_s() - t0;
 		}
+		if (o->profile)
+			profile_env(0);
 		if (pi < 0)
 			continue; /* warm-up */
 		double s = median(t, (int)o->prefill_reps);
 		int64_t chunks = (P + SCHED_CHUNK - 1) / SCHED_CHUNK;
 		printf("%7lld | %10.2f %10.2f %9.0f %9.2f\n", (long long)P, s * 1e3,
 		       s * 1e3 / (double)chunks, (double)P / s, prefill_flops(c, P) / s / 1e12);
+		if (o->profile) {
+			fprintf(stderr, "profile: prefill of %lld tokens (%lld steps):\n", (long long)P,
+				(long long)chunks);
+			cuda_forward_profile_print();
+		}
 	}
 out:
 	free(tokens), free(bt), free(pos), free(flags), free(logits);
