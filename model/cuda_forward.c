@@ -38,6 +38,11 @@
  * default every GEMM and the MoE block run in pieces of at most 64 rows (exact per row, slow
  * for long prefills); DSV32_CUDA_LARGE_M=1 lets M > 64 go to cuda_gemm_fp8 / cuda_moe_forward
  * whole (prefill speed; for the GEMM and MoE owners to check their paths end to end). */
+/* Rows above which the bf16 products (q absorption, W_UV, bf16 linears) run on the tensor cores
+ * (kernels_ptx/fwd_mma.cu, fp32 sums in the MMA's order) instead of the CUDA-core kernels in
+ * the CPU's exact order (latency-optimal for a few rows, compute-bound for many). */
+#define MMA_ROWS 8
+
 static int large_m_ok(void)
 {
 	const char *v = getenv("DSV32_CUDA_LARGE_M");
@@ -316,6 +321,14 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
 		  int M, int D, int V)
 {
+	if (M > MMA_ROWS) { /* tensor cores (fp32 sums in another order) */
+		int mode = 2, out32 = y32 != 0, b_row0 = 0, b_hs = 0;
+		long long a_hs = 0, c_hs = 0;
+		gpu_ptr Cp = y32 ? y32 : y16, S = 0;
+		LAUNCH3("k_fwd_mma", (V + 63) / 64, (M + 63) / 64, 1, 128, &mode, &x, &a_hs, &ldx, &W, &S,
+			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
+		return 0;
+	}
 	unsigned smem = (unsigned)D * 8 * 2; /* k_fwd_bf16_linear_small: 8 whole weight rows */
 	if (V <= 1024 && smem <= 160 * 1024) {
 		void *fn = gpu_kernel(F->g, "k_fwd_bf16_linear_small");
@@ -611,8 +624,15 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
 		return -EIO;
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
-	LAUNCH3("k_fwd_q_absorb", H, (T + 7) / 8, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope,
-	       &rope, &dv, &Rk);
+	if (T > MMA_ROWS) {
+		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
+		long long a_hs = dq, c_hs = Rk + rope;
+		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
+			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
+	} else {
+		LAUNCH3("k_fwd_q_absorb", H, (T + 7) / 8, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T, &H,
+			&Hpad, &nope, &rope, &dv, &Rk);
+	}
 	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
 		size_t n = (size_t)T * Hpad * (Rk + rope);
 		uint16_t *h = malloc(n * 2);
@@ -649,8 +669,15 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		prof_mark(F->g->stream, "mla decode");
 	}
 	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
-	LAUNCH3("k_fwd_uv", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad, &nope,
-	       &dv, &Rk);
+	if (T > MMA_ROWS) {
+		int mode = 1, lda = Hpad * Rk, b_row0 = nope, b_hs = nope + dv, ldc = H * dv, out32 = 0;
+		long long a_hs = Rk, c_hs = dv;
+		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
+			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
+	} else {
+		LAUNCH3("k_fwd_uv", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
+			&Hpad, &nope, &dv, &Rk);
+	}
 	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
 	TAKE(o8, (size_t)Tp * H * dv);
 	TAKE(os, (size_t)Tp * (H * dv / 128) * 4);
