@@ -14,7 +14,8 @@
 //   give exactly the tree above. Grid (E / 2, ceil(T / 64)); D % 128 == 0.
 // k_moe_gate_logits_a8, _a2: the same with a cp.async ring (see below; the launcher's choice).
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
-//   32 x 32 tile per block, grid (E / 32, ceil(T / 32)); see below.
+//   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
+//   memory; see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
@@ -208,45 +209,63 @@ k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict_
 	gate_logits_async<2, GA2_S>(W, x, logits, T, E, D);
 }
 
-// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64
-// staged in shared memory as fp32 and split by partial: xs[t][j][s] = x[t, kc + 8s + j], so
-// partial j's 8 steps of a chunk are contiguous (two 4-wide loads; 12 floats per (row, partial):
-// conflict-free reads). Two buffers: chunk c+1 is stored while chunk c is summed, one barrier a
-// chunk; chunk c+2 is in flight in registers. Thread (owner o = tid / 8, partial j = tid % 8)
-// keeps partial j of 4 tokens x 8 experts, adding the steps in ascending k: the same sums as
-// k_moe_gate_logits.
+// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.
+// A chunk arrives raw (bf16 rows) by cp.async into a ring of GT_S stages (GT_S - 1 chunks in
+// flight), then is converted into the fp32 compute buffer split by partial: xs[t][j][s] =
+// x[t, kc + 8s + j], so partial j's 8 steps are contiguous (two 4-wide reads; 12 floats per
+// (row, partial): conflict-free). Thread (owner o = tid / 8, partial j = tid % 8) keeps partial
+// j of 4 tokens x 8 experts, adding the steps in ascending k: the same sums as
+// k_moe_gate_logits. Dynamic shared memory GT_SMEM bytes (run 3: the register-prefetch form
+// took 866 us at 4096 tokens, every chunk waiting for its loads).
 #define GT_T 32
 #define GT_E 32
 #define GT_KC 64
 #define GT_PAD 12
+#define GT_S 4
+#define GT_RAWB (GT_KC * 2 + 16) // bytes of a raw staged row
+#define GT_FP32 ((GT_T + GT_E) * 8 * GT_PAD * 4)
+#define GT_SMEM (GT_FP32 + GT_S * (GT_T + GT_E) * GT_RAWB)
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 			float *__restrict__ logits, int T, int E, int D)
 {
-	__shared__ __align__(16) float xs[2][GT_T][8][GT_PAD];
-	__shared__ __align__(16) float ws[2][GT_E][8][GT_PAD];
+	extern __shared__ __align__(16) unsigned char gt_smem[];
+	float(*xs)[8][GT_PAD] = reinterpret_cast<float(*)[8][GT_PAD]>(gt_smem); // [GT_T]
+	float(*ws)[8][GT_PAD] = reinterpret_cast<float(*)[8][GT_PAD]>(gt_smem + GT_T * 8 * GT_PAD * 4);
+	unsigned char *raw = gt_smem + GT_FP32; // [GT_S][GT_T + GT_E][GT_RAWB]
 	const int tid = threadIdx.x, j = tid & 7, o = tid >> 3;
 	const int ot = o & 7, oe = o >> 3; // tokens 4*ot .. +3, experts 8*oe .. +7 of the tile
 	const int t_base = blockIdx.y * GT_T, e_base = blockIdx.x * GT_E;
-	// staging: 64 rows (32 of x, 32 of W) x 8 uint4 per chunk; thread q stages rows q / 8 of
-	// its two q = tid, tid + 256, step q % 8
-	const uint4 *src[2];
+	const int nc = D / GT_KC;
+	// 64 rows (32 of x, 32 of W) x 8 pieces of 16 bytes a chunk: thread q = tid, tid + 256
+	// moves row q / 8, piece q % 8 (rows past T: a copy of row T-1, never stored)
+	const uint16_t *src[2];
 	int srow[2], sst[2];
 #pragma unroll
 	for (int r = 0; r < 2; r++) {
 		const int q = tid + 256 * r, row = q >> 3, st = q & 7;
 		srow[r] = row, sst[r] = st;
-		if (row < GT_T) // rows past T: a copy of row T-1, never stored
-			src[r] = reinterpret_cast<const uint4 *>(x + (size_t)min(t_base + row, T - 1) * D + 8 * st);
-		else
-			src[r] = reinterpret_cast<const uint4 *>(W + (size_t)(e_base + row - GT_T) * D + 8 * st);
+		src[r] = row < GT_T ? x + (size_t)min(t_base + row, T - 1) * D + 8 * st
+				    : W + (size_t)(e_base + row - GT_T) * D + 8 * st;
 	}
-	auto stage = [&](int buf, const uint4 *v) {
+	auto issue = [&](int c) { // chunk c into ring stage c % GT_S; one commit group a slot
+		if (c < nc) {
+			unsigned char *stg = raw + (size_t)(c % GT_S) * (GT_T + GT_E) * GT_RAWB;
+#pragma unroll
+			for (int r = 0; r < 2; r++)
+				cp_async16(stg + (size_t)srow[r] * GT_RAWB + 16 * sst[r],
+					   src[r] + (size_t)c * GT_KC);
+		}
+		asm volatile("cp.async.commit_group;" ::: "memory");
+	};
+	auto convert = [&](int c) { // ring stage c % GT_S -> the fp32 buffer, split by partial
+		const unsigned char *stg = raw + (size_t)(c % GT_S) * (GT_T + GT_E) * GT_RAWB;
 #pragma unroll
 		for (int r = 0; r < 2; r++) {
-			float *dst = srow[r] < GT_T ? &xs[buf][srow[r]][0][sst[r]]
-						    : &ws[buf][srow[r] - GT_T][0][sst[r]];
-			const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+			const uint4 v = *reinterpret_cast<const uint4 *>(stg + (size_t)srow[r] * GT_RAWB +
+									 16 * sst[r]);
+			float *dst = srow[r] < GT_T ? &xs[srow[r]][0][sst[r]] : &ws[srow[r] - GT_T][0][sst[r]];
+			const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
 			for (int h = 0; h < 4; h++) {
 				dst[(2 * h) * GT_PAD] = __uint_as_float(wd[h] << 16);
@@ -260,28 +279,24 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 #pragma unroll
 		for (int e = 0; e < 8; e++)
 			acc[i][e] = 0.f;
-	const int nc = D / GT_KC;
-	uint4 pre[2];
 #pragma unroll
-	for (int r = 0; r < 2; r++)
-		pre[r] = __ldg(src[r]);
-	stage(0, pre);
-	if (nc > 1)
-#pragma unroll
-		for (int r = 0; r < 2; r++)
-			pre[r] = __ldg(src[r] + GT_KC / 8);
-	__syncthreads(); // chunk 0 staged
+	for (int c = 0; c < GT_S - 1; c++)
+		issue(c);
 	for (int c = 0; c < nc; c++) {
-		const int buf = c & 1;
+		asm volatile("cp.async.wait_group %0;" ::"n"(GT_S - 2) : "memory"); // chunk c: mine
+		__syncthreads(); // chunk c: everyone's; chunk c-1 summed by all (fp32 buffer free)
+		convert(c);
+		issue(c + GT_S - 1); // into the stage of chunk c-1, converted before the barrier
+		__syncthreads(); // chunk c converted
 #pragma unroll
 		for (int s4 = 0; s4 < 2; s4++) {
 			float4 xv[4], wv[8];
 #pragma unroll
 			for (int i = 0; i < 4; i++)
-				xv[i] = *reinterpret_cast<const float4 *>(&xs[buf][4 * ot + i][j][4 * s4]);
+				xv[i] = *reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
 #pragma unroll
 			for (int e = 0; e < 8; e++)
-				wv[e] = *reinterpret_cast<const float4 *>(&ws[buf][8 * oe + e][j][4 * s4]);
+				wv[e] = *reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
 			// step by step, the 32 accumulators' FMAs independent of each other (exact
 			// products: fma == multiply, then add)
 #pragma unroll
@@ -305,15 +320,8 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 				for (int e = 0; e < 8; e++)
 					acc[i][e] = fmaf(xv[i].w, wv[e].w, acc[i][e]);
 		}
-		if (c + 1 < nc) { // the other buffer was last read in chunk c-1, before the barrier
-			stage(buf ^ 1, pre);
-			if (c + 2 < nc)
-#pragma unroll
-				for (int r = 0; r < 2; r++)
-					pre[r] = __ldg(src[r] + (size_t)(c + 2) * (GT_KC / 8));
-		}
-		__syncthreads(); // chunk c+1 staged; chunk c's reads done
 	}
+	asm volatile("cp.async.wait_all;" ::: "memory");
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 #pragma unroll

@@ -140,7 +140,7 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
  * tile (token rows x experts a block) and dynamic shared memory. a8 / a2: cp.async rings of
- * GA8_S / GA2_S stages of (rows + 2) x GA_ROWB bytes. */
+ * GA8_S / GA2_S stages of (rows + 2) x GA_ROWB bytes; tiled: GT_SMEM. */
 struct gate_kernel {
 	const char *name;
 	int rows, experts;
@@ -151,7 +151,8 @@ static struct gate_kernel gate_kernel_for(int T, int E)
 {
 	const unsigned rowb = 128 * 2 + 16; /* GA_ROWB */
 	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
-		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32, 0};
+		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
+					    (64 * 8 * 12 * 4) + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
 	if (T <= 16)
 		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 12 * (16 + 2) * rowb};
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * rowb};
