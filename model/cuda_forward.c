@@ -13,6 +13,13 @@
  * refuses M that is not a multiple of 8); rows T .. Tp-1 hold garbage that no real row reads.
  * Synchronisation: none inside the layer loop; the final downloads (logits, hidden rows) wait.
  * Dumps (st->dump) download after each named op and wait: they are for tests and tools.
+ *
+ * Paths by row count: <= 8 rows the bf16 products run on CUDA cores in the CPU's exact order
+ * (fwd_glue.cu), above on the tensor cores (fwd_mma.cu); GEMMs and the MoE block in pieces of
+ * <= 64 rows unless DSV32_CUDA_LARGE_M=1 (see large_m_ok); a step larger than the scratch
+ * arena holds runs in passes (cuda_forward_step); decode-sized steps (<= 64 rows, no dumps, no
+ * hidden rows, not MTP) replay captured CUDA graphs. Switches for diagnosis: DSV32_CUDA_GRAPHS=0,
+ * DSV32_CUDA_UNFUSED=1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1.
  */
 #include "model/cuda_forward.h"
 
@@ -41,7 +48,13 @@
 /* Rows above which the bf16 products (q absorption, W_UV, bf16 linears) run on the tensor cores
  * (kernels_ptx/fwd_mma.cu, fp32 sums in the MMA's order) instead of the CUDA-core kernels in
  * the CPU's exact order (latency-optimal for a few rows, compute-bound for many). */
-#define MMA_ROWS 8
+#define MMA_ROWS mma_rows()
+
+static int mma_rows(void) /* DSV32_CUDA_MMA_ROWS overrides (tests) */
+{
+	const char *v = getenv("DSV32_CUDA_MMA_ROWS");
+	return v && atoi(v) > 0 ? atoi(v) : 8;
+}
 
 static int large_m_ok(void)
 {

@@ -399,6 +399,22 @@ static void teacher_forcing(const char *name, int64_t T)
 			printf("    %s layer %lld: fused kernels vs separate ones: %lld of %lld rows "
 			       "bit-identical (rc %d)\n", name, (long long)l, (long long)same, (long long)T, ru);
 			CHECK(ru == 0 && same == T);
+			/* and with every bf16 product on the CUDA cores in the CPU's order (the tensor-core
+			 * path above 8 rows differs only in the fp32 order of the sums) */
+			memcpy(ux, x_in, (size_t)T * D * 4);
+			memcpy(ur, r_in, (size_t)T * D * 4);
+			setenv("DSV32_CUDA_MMA_ROWS", "1000000", 1);
+			ru = backend_cuda_layer_step(p.gpu, l, &stu, ux, ur);
+			unsetenv("DSV32_CUDA_MMA_ROWS");
+			double *em = malloc((size_t)T * sizeof *em);
+			REQUIRE(em);
+			for (int64_t t = 0; t < T; t++)
+				em[t] = rel_l2(gx + t * D, ux + t * D, D);
+			double mmed = pct(em, T, 50), mmax = pct(em, T, 100);
+			printf("    %s layer %lld: tensor-core products vs CUDA-core (CPU order): output rel "
+			       "L2 median %.2e max %.2e (rc %d)\n", name, (long long)l, mmed, mmax, ru);
+			CHECK(ru == 0 && mmed <= 1e-2);
+			free(em);
 			free(ux), free(ur);
 		}
 		int64_t worst = 0;
