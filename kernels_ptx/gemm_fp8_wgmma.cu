@@ -61,6 +61,7 @@ struct __align__(64) tmap {
 #define WG_SKEW 1
 #define WG_DIAG_NOSTORE 2
 #define WG_DIAG_NOMMA 4
+// bits 8..15: the raster band (weight tiles per band; 0: token tile fastest over all of M)
 
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
 
@@ -298,6 +299,7 @@ struct wg_sched {
 	// plain: token tiles go in groups of MC (a cluster's CTAs), the CTA of rank `rank` takes
 	// the rank-th tile of its cluster's group
 	int m_groups, mc, rank;
+	int raster; // 0: token tile fastest; > 0: bands of `raster` weight tiles, weight tile fastest
 	long long total;
 	// grouped
 	const int *off;
@@ -318,7 +320,17 @@ __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int
 	if constexpr (!GROUPED) {
 		if (t >= sc.total)
 			return false;
-		const int mg = (int)(t % sc.m_groups), nb = (int)(t / sc.m_groups);
+		int mg, nb;
+		if (sc.raster) {
+			// bands of `raster` weight tiles; inside a band the weight tile is fastest, so
+			// the CTAs running at one time share a few token tiles and a few weight tiles
+			const long long band = (long long)sc.m_groups * sc.raster;
+			const int b = (int)(t / band), in = (int)(t % band);
+			const int n_first = b * sc.raster, gn = min(sc.raster, n_tiles - n_first);
+			mg = in / gn, nb = n_first + in % gn;
+		} else {
+			mg = (int)(t % sc.m_groups), nb = (int)(t / sc.m_groups);
+		}
 		tl.row0 = (mg * sc.mc + sc.rank) * WG_BM, tl.row_end = M, tl.n0 = nb * BN;
 		tl.bmap = bmap, tl.S = S;
 		return true;
@@ -610,6 +622,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	const int KB = K / WG_BK;
 	wg_sched sc = {};
 	sc.mc = MC, sc.rank = MC > 1 ? (int)cluster_rank() : 0;
+	sc.raster = GROUPED ? 0 : (flags >> 8) & 0xff;
 	sc.m_groups = ((M + WG_BM - 1) / WG_BM + MC - 1) / MC;
 	sc.total = (long long)sc.m_groups * ((N + BN - 1) / BN);
 	sc.off = off, sc.s_tab = s_tab, sc.G = G;
@@ -699,7 +712,6 @@ WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, false, CLUSTER2)
 WG_PLAIN(k_gemm_fp8_wgmma_n128_ss, 128, 6, 1, true, NO_ATTR)
 WG_PLAIN(k_gemm_fp8_wgmma_n192_ss, 192, 5, 1, true, NO_ATTR)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss, 128, 6, 2, true, CLUSTER2)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192_ss, 192, 5, 2, true, CLUSTER2)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128, 128, 6, false)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n192, 192, 5, false)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss, 128, 6, true)

@@ -82,8 +82,11 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 		{{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
 		 {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}},
 		{{"k_gemm_fp8_wgmma_n128_ss", "k_gemm_fp8_wgmma_n192_ss"},
-		 {"k_gemm_fp8_wgmma_mc2_n128_ss", "k_gemm_fp8_wgmma_mc2_n192_ss"}}};
-	return launch(g, names[ss][mc - 1][bn == 192], grid, smem_bytes(bn), args);
+		 {"k_gemm_fp8_wgmma_mc2_n128_ss", NULL}}}; /* (its scale warp would spill) */
+	const char *name = names[ss][mc - 1][bn == 192];
+	if (!name)
+		return -EINVAL;
+	return launch(g, name, grid, smem_bytes(bn), args);
 }
 
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,

@@ -29,13 +29,16 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
  * bn = 128 or 192 weight rows per tile; mc = 1, or 2 for clusters of two CTAs that share each
  * weight tile (TMA multicast); ss = 1: the scales staged in shared memory by a producer warp
- * (plain form only); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
+ * (not with bn = 192 and mc = 2); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
  * first's first MMAs, so their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing
  * diagnostics, wrong output): no stores / no MMAs (the flags are ignored for bn = 192 without
  * ss). Grouped: ss only with bn = 128; G <= 1024; the per-group tensor maps live in one
  * module-global table per GPU,
  * so one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4 };
+/* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
+ * fastest inside a band (0: the token tile fastest over all of M) */
+#define WGMMA_RASTER(n) ((n) << 8)
 int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc, int ss,
 			     int flags);
