@@ -9,7 +9,7 @@
 // Arithmetic: the e4m3 codes are converted to fp16 (exact: every e4m3 value is an fp16 value)
 // and multiplied on the tensor cores with fp32 accumulation (mma m16n8k16), so each dot is
 // exact products summed in fp32 — the CPU's semantics up to the order of the fp32 additions.
-// (FP8 MMA would be faster but accumulates with reduced precision.)
+// (k_indexer_scores_fp8 below does the same on the FP8 MMA, faster and as accurate on the H200.)
 //
 // Layout: block = 4 warps = 256 keys (4 pages) of one query row; warp w owns head tile w (heads
 // 16w .. 16w+15) with its Q fragments in registers (fp16, zero beyond H), runs over all 256 keys,
@@ -18,6 +18,7 @@
 // bytes 4s..4s+3 of those for B and the same columns of Q for A — one permutation of the dot
 // index for both operands.
 #include "common.cuh"
+#include "mma.cuh"
 
 #define IDX_HEADS 64
 #define IDX_D 128
@@ -27,15 +28,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v)
 	uint32_t r;
 	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
 	return r;
-}
-
-__device__ __forceinline__ void mma_f16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -86,7 +78,7 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 			for (int s = 0; s < 8; s++)
-				mma_f16(c, qa[s][0], qa[s][1], qa[s][2], qa[s][3],
+				mma_f16_16816(c, qa[s][0], qa[s][1], qa[s][2], qa[s][3],
 					e4m3x2_to_f16x2((uint16_t)(kw[s] & 0xffff)),
 					e4m3x2_to_f16x2((uint16_t)(kw[s] >> 16)));
 			// c0, c1: head h0, keys 2t, 2t+1; c2, c3: head h0 + 8
@@ -124,25 +116,17 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // Same arguments and output as k_indexer_scores; grid (ceil(ld / 1024), B), 128 threads: warp w
 // of a block owns keys [1024 bx + 256 w, +256) in groups of 16. Keys are the A operand of
 // mma.m16n8k32 e4m3 (16 keys x 32 d; each warp streams its keys through a 4-stage cp.async
-// ring in shared memory, 3 groups in flight while one multiplies), Q is B (8 heads x 32 d), so one warp
-// holds all 64 heads' Q fragments (64 registers) and the head sum stays inside the warp:
+// ring in shared memory, 3 groups in flight while one multiplies), Q is B (8 heads x 32 d, from
+// the block's copy of q in shared memory), so one warp covers all 64 heads of its keys and the
+// head sum stays inside the warp:
 // C[key][head] -> ReLU -> x w'[head] -> summed over the 8 head tiles in registers and over the
 // quad by two shuffles, then x s_k. D order: lane (g, t) holds bytes [32t, 32t+32) of keys g and
 // g+8; k-step s uses bytes 8s..8s+7 of those (a0/a1: 8s..8s+3, a2/a3: 8s+4..8s+7) and the same
 // bytes of each head's q for B — one permutation of the dot index for both operands.
-// Numerics: the 128-term dot is 4 chained k32 MMA steps (products exact; Hopper's FP8 MMA adds
-// them with reduced alignment precision, so the dot is within ~2^-13 of Σ|products| rather than
-// fp32-exact; DeepSeek's fp8_index does the same on wgmma); ReLU, weights, the head sum and s_k
-// in fp32 (spec §3.6 step 8).
-__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
+// Numerics: the 128-term dot is 4 chained k32 MMA steps of exact products with fp32
+// accumulation; on the H200 the result is within 2^-23 of Σ|products| (run 3 of the attention
+// work: mma.sync e4m3 adds like fp32, unlike wgmma's FP8 accumulation), so the scores meet the
+// same limit as k_indexer_scores; ReLU, weights, the head sum and s_k in fp32 (spec §3.6 step 8).
 #define IDX8_KEYS_WARP 256
 #define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
 #define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
@@ -191,13 +175,10 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int c = lane + 32 * i, key = c >> 3, off = (c & 7) * 16;
-				const uint32_t dst = (uint32_t)__cvta_generic_to_shared(st + key * IDX8_ROW + off);
-				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
-					     "l"(pg + key * IDX_D + off)
-					     : "memory");
+				cp_async16(smem_u32(st + key * IDX8_ROW + off), pg + key * IDX_D + off);
 			}
 		}
-		asm volatile("cp.async.commit_group;" ::: "memory");
+		cp_async_commit();
 	};
 #pragma unroll
 	for (int i = 0; i < IDX8_NST - 1; i++)
@@ -211,7 +192,7 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		if (t < 2 && sk < kval)
 			ks = __ldg(reinterpret_cast<const float *>(pool + (size_t)btr[sk >> 6] * page_bytes +
 								   64 * IDX_D + (sk & 63) * 4));
-		asm volatile("cp.async.wait_group %0;" ::"n"(IDX8_NST - 1) : "memory");
+		cp_async_wait_group<IDX8_NST - 1>();
 		__syncwarp(); // every lane's part of group gi is in the ring
 		const uint8_t *st = ring[warp][gi % IDX8_NST];
 		const uint4 lo0 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t);
@@ -233,7 +214,7 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 			for (int s = 0; s < 4; s++)
-				mma_e4m3(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[2 * s],
+				mma_e4m3_16832(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[2 * s],
 					 qf[2 * s + 1]);
 			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
 			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
@@ -246,5 +227,5 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		if (t < 2 && sk < kval) // lane t = 0 writes key g, t = 1 key g + 8
 			out[sk] = (t ? p_hi : p_lo) * ks;
 	}
-	asm volatile("cp.async.wait_all;" ::: "memory");
+	cp_async_wait_all();
 }

@@ -3,8 +3,8 @@
 //   score[s] = scale * (q_lat[b,h] . c_kv[s] + q_pe[b,h] . k_pe[s])     (fp32)
 //   P = softmax(score),  o_lat[b,h] = bf16( Σ_s P[s] c_kv[s] )
 // c_kv is dequantised from the 656-byte record of spec §6.1 (e4m3 x its 128-wide tile's fp32
-// power-of-two scale: exact in bf16), k_pe read as bf16. The CPU reference is attn_latent
-// (model/cpu_attn.c); the q_lat absorption before and the W_UV projection after are GEMMs.
+// power-of-two scale), k_pe read as bf16. The CPU reference is attn_latent (model/cpu_attn.c);
+// the q_lat absorption before and the W_UV projection after are GEMMs.
 //
 // k_mla_decode: q bf16 [B, H, R + 64] per head [q_lat (R) | q_pe (64)], sel int [B, ld_sel]
 // physical slots in key order (-1 ends the list), pool: the layer's MLA records (slot r at
@@ -12,80 +12,82 @@
 //
 // Structure (FlashMLA's, on mma.sync): grid (ceil(H / 64), B, splits), 512 threads = 16 warps,
 // one block = 64 heads of one row over keys_per_split (a multiple of 64) of its keys. Dynamic
-// shared memory (mla_smem_bytes in model/cuda_attn.c): Q [64 heads][R+64] bf16 (loaded once),
-// the key tile K [64 keys][R+64] bf16 (dequantised), P [64 heads][64 keys] bf16, the raw records
-// of the next tile [64][rec_bytes] (gathered by slot id with cp.async while the current tile is
+// shared memory (mla_smem_bytes in model/cuda_attn.c): Q [64 heads][R+64] (loaded once), the
+// key tile K [64 keys][R+64] (dequantised), P [64 heads][64 keys], all fp16, the raw records of
+// the next tile [64][rec_bytes] (gathered by slot id with cp.async while the current tile is
 // computed), and the softmax exchange. Rows are padded by 16 bytes so ldmatrix hits 8 banks.
 // Warp w: head group hg = w % 4 (heads 16 hg .. +16), quarter kq = w / 4. Per tile of 64 keys:
 //   1. the raw records (landed) are dequantised into K (rows of invalid keys zeroed), the next
 //      tile's gather is issued;
-//   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 bf16 -> fp32: warp w owns its 16 heads
+//   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 fp16 -> fp32: warp w owns its 16 heads
 //      x keys 16 kq .. +16;
 //   3. online softmax in fp32: the 4 warps of a head group exchange their row maxima through
-//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to bf16 into P, the
+//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to fp16 into P, the
 //      rescale factor e^(m_old - m) of each head into shared memory;
 //   4. O += P V with V = the latent part of the same K tile: warp w owns all 64 heads x latent
 //      dims w R/16 .. +R/16 (4 m-tiles x R/128 n-tiles, up to 64 fp32 accumulators a thread),
 //      so each V fragment is loaded from shared memory once per tile.
 // (First version: 8 warps, 32 keys and R/2 dims a warp, 128 accumulators: 80-91 TFLOP/s at
 // batch 128 on the H200, latency-bound with 2 warps per scheduler.)
-// Numerics, where this departs from attn_latent: the dots are fp32 tensor-core sums in another
-// order; P is rounded to bf16 before P V (relative error <= 2^-9 per weight) and the normaliser
-// l sums those rounded weights, so o is an exact-weight average of the keys with weights within
-// 2^-9 (relative) of the CPU's. With more than one split, partial (o, m, l) go to `part` and
-// k_mla_combine merges them (FlashDecoding; small batches would leave most SMs idle).
+// Numerics, where this departs from attn_latent: the operands are fp16, which holds q (bf16),
+// k_pe (bf16) and the dequantised c_kv (e4m3 x 2^e) exactly while their magnitudes are in
+// [2^-14, 65504] — for c_kv, tile scales 2^-14 .. 2^7, i.e. a tile amax of 0.03 .. 57344 (a
+// smaller value goes subnormal and loses low bits; a larger one overflows); the dots are fp32
+// tensor-core sums in another order; P is rounded to fp16 before P V (relative error <= 2^-11
+// per weight; bf16, the first version, gave 2^-9, which the GPU forward's layer comparisons
+// could see) and the normaliser l sums those rounded weights, so o is an exact-weight average
+// of the keys with weights within 2^-10 (relative) of the CPU's. With more than one split,
+// partial (o, m, l) go to `part` and k_mla_combine merges them (FlashDecoding; small batches
+// would leave most SMs idle).
 #include "common.cuh"
+#include "mma.cuh"
 
 #define MLA_HG 64   // heads per block
 #define MLA_KT 64   // keys per tile
-#define MLA_ROPE 64 // rope part of a key (bf16)
-#define MLA_PAD 8   // bf16 elements of row padding
+#define MLA_ROPE 64 // rope part of a key
+#define MLA_PAD 8   // fp16 elements of row padding
 #define MLA_PLD (MLA_KT + MLA_PAD)
 #define MLA_THREADS 512 // 16 warps: 4 head groups x 4 quarters (of the keys in S, of R in P V)
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
+// Two e4m3 codes (lo = first element) times a power-of-two scale sc2 (as fp16x2), as fp16x2:
+// the code converts exactly, and the product is exact while it stays in fp16's range (scales
+// 2^-14 .. 2^7: see the numerics note above).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes, uint32_t sc2)
 {
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-		     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-		     : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-		     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-		     : "r"(a));
-}
-
-// c += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulators
-__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-					 uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-		     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Two e4m3 codes (lo = first element) times a power-of-two scale, as two bf16 (exact).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes, float sc)
-{
-	float a, b;
-	asm("{ .reg .b32 h2; .reg .f16 lo, hi;\n\t"
-	    "cvt.rn.f16x2.e4m3x2 h2, %2;\n\t"
-	    "mov.b32 {lo, hi}, h2;\n\t"
-	    "cvt.f32.f16 %0, lo;\n\t"
-	    "cvt.f32.f16 %1, hi; }"
-	    : "=f"(a), "=f"(b)
-	    : "h"((uint16_t)codes));
-	uint32_t r; // exact: no rounding happens, so cvt's round-to-nearest is the identity
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b * sc), "f"(a * sc));
+	uint32_t r;
+	asm("{ .reg .b32 h2;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 h2, %1;\n\t"
+	    "mul.rn.f16x2 %0, h2, %2; }"
+	    : "=r"(r)
+	    : "h"((uint16_t)codes), "r"(sc2));
 	return r;
+}
+
+// Two fp32 as fp16x2 (lo = a), rounded to nearest even
+__device__ __forceinline__ uint32_t f32x2_to_f16x2(float a, float b)
+{
+	uint32_t r;
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+	return r;
+}
+
+// bf16x2 -> fp16x2 (exact for magnitudes in [2^-14, 65504])
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v)
+{
+	return f32x2_to_f16x2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+__device__ __forceinline__ float f16_lo(uint32_t v)
+{
+	float f;
+	asm("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(v));
+	return f;
+}
+__device__ __forceinline__ float f16_hi(uint32_t v)
+{
+	float f;
+	asm("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(f) : "r"(v));
+	return f;
 }
 
 // the 4 warps of one head group (128 threads)
@@ -109,13 +111,13 @@ __device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0,
 		const uint8_t *src = pool + (size_t)slot * rec_bytes + c * cb;
 		const uint32_t dst = smem_u32(raw + kk * RB + c * cb);
 		if (cb == 16)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+			cp_async16(dst, src);
 		else if (cb == 8)
-			asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+			cp_async8(dst, src);
 		else
-			asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+			cp_async4(dst, src);
 	}
-	asm volatile("cp.async.commit_group;" ::: "memory");
+	cp_async_commit();
 }
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
@@ -124,7 +126,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	     uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
-	const int DK = R + MLA_ROPE, LD = DK + MLA_PAD; // bf16 row stride of Q and K
+	const int DK = R + MLA_ROPE, LD = DK + MLA_PAD; // fp16 row stride of Q and K
 	const int RB = (rec_bytes + 15) & ~15;          // byte stride of the raw records
 	uint16_t *qs = reinterpret_cast<uint16_t *>(smem);       // [64 heads][LD]
 	uint16_t *ks = qs + MLA_HG * LD;                         // [64 keys][LD]
@@ -146,16 +148,14 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
 		const int r = i / (DK / 8), c = i - r * (DK / 8);
 		if (h0 + r < H)
-			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(qs + r * LD + c * 8)),
-				     "l"(q + ((size_t)b * H + h0 + r) * DK + c * 8)
-				     : "memory");
+			cp_async16(smem_u32(qs + r * LD + c * 8), q + ((size_t)b * H + h0 + r) * DK + c * 8);
 		else
 			*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
 	}
 	if (k_begin < k_end)
 		mla_gather(srow, k_begin, k_end, pool, rec_bytes, RB, raw, tid);
 	else
-		asm volatile("cp.async.commit_group;" ::: "memory");
+		cp_async_commit();
 
 	const int NTW = R / 128;        // n-tiles of 8 latent dims a warp owns in P V (all 64 heads)
 	const int dbase = warp * (R / 16); // its first latent dim
@@ -174,14 +174,21 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	const uint32_t kb = smem_u32(ks + (16 * kq + (lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
 	const uint32_t pa = smem_u32(ps + (lane & 15) * MLA_PLD + (lane >> 4) * 8); // + m-tile rows
 	const uint32_t vb = smem_u32(ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dbase + (lane >> 4) * 8);
-	const int J = R / 8 + MLA_ROPE / 8; // 16-byte bf16 chunks of a key row
+	const int J = R / 8 + MLA_ROPE / 8; // 16-byte fp16 chunks of a key row
 
 	int t = 0;
 	for (int k0 = k_begin; k0 < k_end; k0 += MLA_KT, t++) {
 		if (tid == 0)
 			nval[t & 1] = min(MLA_KT, k_end - k0);
-		asm volatile("cp.async.wait_all;" ::: "memory");
+		cp_async_wait_all();
 		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
+		if (t == 0) // Q (landed with the first tile) to fp16 in place, before the S phase
+			for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
+				uint4 *v = reinterpret_cast<uint4 *>(qs + (i / (DK / 8)) * LD + (i % (DK / 8)) * 8);
+				const uint4 x = *v;
+				*v = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z),
+						bf16x2_to_f16x2(x.w));
+			}
 		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
 		for (int i = tid; i < MLA_KT * J; i += MLA_THREADS) {
 			const int kk = i / J, c = i - kk * J, k = k0 + kk;
@@ -194,13 +201,15 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			} else if (c < R / 8) {
 				const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
 				const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
-				out.x = e4m3x2_to_bf16x2(codes.x & 0xffff, sc);
-				out.y = e4m3x2_to_bf16x2(codes.x >> 16, sc);
-				out.z = e4m3x2_to_bf16x2(codes.y & 0xffff, sc);
-				out.w = e4m3x2_to_bf16x2(codes.y >> 16, sc);
-			} else {
+				const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
+				out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
+				out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
+				out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
+				out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
+			} else { // k_pe: bf16 -> fp16
 				const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
-				out = make_uint4(src[0], src[1], src[2], src[3]);
+				out = make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
+						 bf16x2_to_f16x2(src[3]));
 			}
 			*reinterpret_cast<uint4 *>(ks + kk * LD + 8 * c) = out;
 		}
@@ -221,8 +230,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
 			ldsm_x4(qa + d0 * 2, a0, a1, a2, a3);
 			ldsm_x4(kb + d0 * 2, b0, b1, b2, b3);
-			mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
-			mma_bf16(s[1], a0, a1, a2, a3, b2, b3);
+			mma_f16_16816(s[0], a0, a1, a2, a3, b0, b1);
+			mma_f16_16816(s[1], a0, a1, a2, a3, b2, b3);
 		}
 		// 3. online softmax: scale, mask, row maxima over the 4 warps of the head group
 		float mx[2] = {-INFINITY, -INFINITY};
@@ -261,11 +270,9 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		for (int j = 0; j < 2; j++)
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
-				uint32_t pp; // the two weights rounded to bf16 (nearest even)
-				asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
-				    : "=r"(pp)
-				    : "f"(expf(s[j][2 * i + 1] - msub[i])), "f"(expf(s[j][2 * i] - msub[i])));
-				l[i] += __uint_as_float(pp << 16) + __uint_as_float(pp & 0xffff0000u);
+				// the two weights rounded to fp16 (nearest even)
+				const uint32_t pp = f32x2_to_f16x2(expf(s[j][2 * i] - msub[i]), expf(s[j][2 * i + 1] - msub[i]));
+				l[i] += f16_lo(pp) + f16_hi(pp);
 				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 16 * kq + 8 * j + 2 * (lane & 3)) = pp;
 			}
 		__syncthreads(); // all of P and the rescale factors written
@@ -294,9 +301,9 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 #pragma unroll
 					for (int mt = 0; mt < 4; mt++) {
 						if (2 * n2 < NTW)
-							mma_bf16(o[mt][2 * n2], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+							mma_f16_16816(o[mt][2 * n2], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
 						if (2 * n2 + 1 < NTW)
-							mma_bf16(o[mt][2 * n2 + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+							mma_f16_16816(o[mt][2 * n2 + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
 					}
 				}
 			}
@@ -304,7 +311,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		if (nv < MLA_KT)
 			break;
 	}
-	asm volatile("cp.async.wait_all;" ::: "memory");
+	cp_async_wait_all();
 
 	// the normaliser: the quad's partial sums, then the 4 warps of the group in a fixed order
 #pragma unroll

@@ -11,6 +11,7 @@
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
 #include "common.cuh"
+#include "scan.cuh"
 
 #define TOPK_THREADS 1024
 
@@ -23,38 +24,6 @@ __device__ __forceinline__ uint32_t order_key(float x)
 		x = 0.f;
 	uint32_t u = __float_as_uint(x);
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Exclusive prefix sum over the block (1024 threads); *total gets the sum.
-__device__ __forceinline__ int block_exclusive_scan(int v, int *total)
-{
-	__shared__ int warp_sums[32];
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	int x = v;
-#pragma unroll
-	for (int o = 1; o < 32; o <<= 1) {
-		int y = __shfl_up_sync(0xffffffffu, x, o);
-		if (lane >= o)
-			x += y;
-	}
-	if (lane == 31)
-		warp_sums[warp] = x;
-	__syncthreads(); // every warp's total is in smem before warp 0 scans them
-	if (warp == 0) {
-		int s = warp_sums[lane];
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			int y = __shfl_up_sync(0xffffffffu, s, o);
-			if (lane >= o)
-				s += y;
-		}
-		warp_sums[lane] = s; // inclusive
-	}
-	__syncthreads(); // the scanned warp totals are visible to every warp
-	const int before = (warp ? warp_sums[warp - 1] : 0) + x - v;
-	*total = warp_sums[31];
-	__syncthreads(); // warp_sums may be reused by the next call
-	return before;
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
@@ -119,9 +88,9 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 	else
 		gt = hi - lo; // everything is selected
 	int total;
-	const int eq_before = block_exclusive_scan(eq, &total);
+	const int eq_before = block_exclusive_scan<TOPK_THREADS>(eq, &total);
 	const int mine_eq = max(0, min(eq, take_eq - eq_before));
-	const int out_before = block_exclusive_scan(gt + mine_eq, &total);
+	const int out_before = block_exclusive_scan<TOPK_THREADS>(gt + mine_eq, &total);
 	int o = out_before, eq_seen = 0;
 	for (int i = lo; i < hi; i++) {
 		bool sel;
@@ -214,7 +183,7 @@ __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem,
 	for (int i = 0; i < per; i++)
 		local += hist[lo + i];
 	int total;
-	int above = block_exclusive_scan(local, &total);
+	int above = block_exclusive_scan<TOPK_THREADS>(local, &total);
 	if (above < rem && above + local >= rem) {
 		for (int bb = lo + per - 1; bb >= lo; bb--) {
 			if (above + hist[bb] >= rem) {
@@ -226,6 +195,69 @@ __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem,
 		}
 	}
 	__syncthreads(); // the bin is visible
+}
+
+// Adds the TOPK_COPIES copies of the histogram into copy 0 (each bin read and written by one
+// thread); synchronises after.
+__device__ __forceinline__ void topk_merge_copies(int *hist)
+{
+	for (int i = threadIdx.x; i < TOPK_BINS; i += TOPK_THREADS) {
+		int sum = 0;
+		for (int c = 0; c < TOPK_COPIES; c++)
+			sum += hist[c * TOPK_CSTRIDE + i];
+		hist[i] = sum;
+	}
+	__syncthreads(); // totals complete
+}
+
+// Appends (key, pos) to the candidate list where cand holds: one atomic per warp (ballot, popc).
+// Every lane of the warp must call it; entries beyond TOPK_CAND are counted, not stored.
+__device__ __forceinline__ void topk_append(bool cand, uint32_t key, int pos, int *ncand,
+					    uint32_t *cand_key, int *cand_pos, int lane)
+{
+	const uint32_t m = __ballot_sync(0xffffffffu, cand);
+	if (!m)
+		return;
+	int base = 0;
+	if (lane == __ffs(m) - 1)
+		base = atomicAdd(ncand, __popc(m));
+	base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
+	const int c = base + __popc(m & ((1u << lane) - 1));
+	if (cand && c < TOPK_CAND)
+		cand_key[c] = key, cand_pos[c] = pos;
+}
+
+// Radix rounds r0 .. 2 of the select (digits: round 0 = bits 31..21, 1 = bits 20..10, 2 = bits
+// 9..0): refines (prefix, mask) to the rem-th largest of the keys keys[0 .. nkeys) matching
+// them, or of the row's order keys when keys is null; rem becomes how many keys equal to the
+// result to take. hist: >= 2048 ints. Every thread of the block must call it.
+__device__ __forceinline__ void topk_rounds(const uint32_t *keys, int nkeys, const float *__restrict__ row,
+					    int n, int r0, uint32_t &prefix, uint32_t &mask, int &rem,
+					    int *hist, int *s_bin, int *s_rem)
+{
+	const int tid = threadIdx.x;
+	for (int round = r0; round < 3; round++) {
+		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
+		for (int i = tid; i < nb; i += TOPK_THREADS)
+			hist[i] = 0;
+		__syncthreads(); // cleared
+		if (keys) {
+			for (int c = tid; c < nkeys; c += TOPK_THREADS)
+				if ((keys[c] & mask) == prefix)
+					atomicAdd(&hist[(keys[c] >> shift) & (nb - 1)], 1);
+		} else {
+			for (int i = tid; i < n; i += TOPK_THREADS) {
+				const uint32_t key = order_key(row[i]);
+				if ((key & mask) == prefix)
+					atomicAdd(&hist[(key >> shift) & (nb - 1)], 1);
+			}
+		}
+		__syncthreads(); // counts complete
+		topk_find_bin(hist, nb / TOPK_THREADS, rem, s_bin, s_rem);
+		prefix |= (uint32_t)*s_bin << shift;
+		mask |= (uint32_t)(nb - 1) << shift;
+		rem = *s_rem;
+	}
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
@@ -299,15 +331,9 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		}
 	}
 	int tot;
-	block_exclusive_scan(nsv, &tot);
+	block_exclusive_scan<TOPK_THREADS>(nsv, &tot);
 	nsv = tot;
-	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS) {
-		int sum = 0;
-		for (int c = 0; c < TOPK_COPIES; c++)
-			sum += hist[c * TOPK_CSTRIDE + i];
-		hist[i] = sum;
-	}
-	__syncthreads(); // sample histogram totals
+	topk_merge_copies(hist); // the sample's histogram
 	const long long rr = (long long)k * 3 * nsv / (2LL * n) + 8;
 	bool sampled = rr <= nsv;
 	uint32_t T0 = 0;
@@ -316,20 +342,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, r, &s_bin, &s_rem);
 		uint32_t prefix = (uint32_t)s_bin << 21, mask = 0xffe00000u;
 		int rem = s_rem;
-		for (int round = 0; round < 2; round++) {
-			const int shift = round ? 0 : 10, nb = round ? 1024 : 2048;
-			for (int i = tid; i < nb; i += TOPK_THREADS)
-				hist[i] = 0;
-			__syncthreads(); // cleared
-			for (int c = tid; c < sgroups * 64; c += TOPK_THREADS)
-				if ((samp[c] & mask) == prefix)
-					atomicAdd(&hist[(samp[c] >> shift) & (nb - 1)], 1);
-			__syncthreads(); // counts complete
-			topk_find_bin(hist, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
-			prefix |= (uint32_t)s_bin << shift;
-			mask |= (uint32_t)(nb - 1) << shift;
-			rem = s_rem;
-		}
+		topk_rounds(samp, sgroups * 64, row, n, 1, prefix, mask, rem, hist, &s_bin, &s_rem);
 		T0 = prefix;
 		// the pass: keys >= T0 -> candidates (warp-aggregated append); the loop runs while the
 		// warp's first lane has work, so all lanes take the same trips
@@ -340,19 +353,9 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 #pragma unroll
 			for (int u = 0; u < 4; u++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const bool cand = ok[u][e] && key[u][e] >= T0;
-					const uint32_t m = __ballot_sync(0xffffffffu, cand);
-					if (m) {
-						int base = 0;
-						if (lane == __ffs(m) - 1)
-							base = atomicAdd(&s_ncand, __popc(m));
-						base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
-						const int c = base + __popc(m & ((1u << lane) - 1));
-						if (cand && c < TOPK_CAND)
-							cand_key[c] = key[u][e], cand_pos[c] = 4 * (i0 + u * TOPK_THREADS) + e;
-					}
-				}
+				for (int e = 0; e < 4; e++)
+					topk_append(ok[u][e] && key[u][e] >= T0, key[u][e], 4 * (i0 + u * TOPK_THREADS) + e,
+						    &s_ncand, cand_key, cand_pos, lane);
 		}
 		__syncthreads(); // candidates complete (and every read of the sample done)
 		sampled = s_ncand >= k && s_ncand <= TOPK_CAND;
@@ -380,13 +383,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 						atomicAdd(&myhist[key[u][e] >> 21], 1);
 		}
 		__syncthreads(); // every copy complete
-		for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS) {
-			int sum = 0;
-			for (int c = 0; c < TOPK_COPIES; c++)
-				sum += hist[c * TOPK_CSTRIDE + i];
-			hist[i] = sum; // copy 0 holds the total (each bin read and written by one thread)
-		}
-		__syncthreads(); // totals complete
+		topk_merge_copies(hist);
 		topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
 		bin = (uint32_t)s_bin;
 		rem = s_rem;
@@ -403,17 +400,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 					const uint32_t kb = key[u][e] >> 21;
 					if (ok[u][e] && kb > bin)
 						atomicOr(&selb[pos >> 5], 1u << (pos & 31));
-					const bool cand = ok[u][e] && kb == bin;
-					const uint32_t m = __ballot_sync(0xffffffffu, cand);
-					if (m) {
-						int base = 0;
-						if (lane == __ffs(m) - 1)
-							base = atomicAdd(&s_ncand, __popc(m));
-						base = __shfl_sync(0xffffffffu, base, __ffs(m) - 1);
-						const int c = base + __popc(m & ((1u << lane) - 1));
-						if (cand && c < TOPK_CAND)
-							cand_key[c] = key[u][e], cand_pos[c] = pos;
-					}
+					topk_append(ok[u][e] && kb == bin, key[u][e], pos, &s_ncand, cand_key, cand_pos, lane);
 				}
 		}
 		__syncthreads(); // bitmaps and candidates complete
@@ -422,30 +409,10 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	const int ncand = s_ncand;
 	const bool in_smem = ncand <= TOPK_CAND;
 
-	// the k-th key T among the candidates: rounds of 11 bits (31..21, A only), 11 bits (20..10)
-	// and 10 bits (9..0)
-	for (int round = first_round; round < 3; round++) {
-		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
-		for (int i = tid; i < nb; i += TOPK_THREADS)
-			hist[i] = 0;
-		__syncthreads(); // cleared
-		if (in_smem) {
-			for (int c = tid; c < ncand; c += TOPK_THREADS)
-				if ((cand_key[c] & mask) == prefix)
-					atomicAdd(&hist[(cand_key[c] >> shift) & (nb - 1)], 1);
-		} else {
-			for (int i = tid; i < n; i += TOPK_THREADS) {
-				const uint32_t key = order_key(row[i]);
-				if ((key & mask) == prefix)
-					atomicAdd(&hist[(key >> shift) & (nb - 1)], 1);
-			}
-		}
-		__syncthreads(); // counts complete
-		topk_find_bin(hist, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
-		prefix |= (uint32_t)s_bin << shift;
-		mask |= (uint32_t)(nb - 1) << shift;
-		rem = s_rem;
-	}
+	// the k-th key T among the candidates (or the row, after an overflow): rounds of 11 bits
+	// (31..21, A only), 11 bits (20..10) and 10 bits (9..0)
+	topk_rounds(in_smem ? cand_key : nullptr, ncand, row, n, first_round, prefix, mask, rem, hist, &s_bin,
+		    &s_rem);
 	const uint32_t T = prefix;
 	const int take_eq = rem;
 	// mark the candidates: > T selected, == T equal (B's keys above the bin are marked already)
@@ -478,9 +445,9 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	for (int w = w0; w < w1; w++)
 		gt += __popc(selb[w]), eq += __popc(eqb[w]);
 	int total;
-	const int eq_before = block_exclusive_scan(eq, &total);
+	const int eq_before = block_exclusive_scan<TOPK_THREADS>(eq, &total);
 	const int mine_eq = max(0, min(eq, take_eq - eq_before));
-	const int out_before = block_exclusive_scan(gt + mine_eq, &total);
+	const int out_before = block_exclusive_scan<TOPK_THREADS>(gt + mine_eq, &total);
 	int o = out_before, eq_seen = 0;
 	for (int w = w0; w < w1; w++) {
 		uint32_t s = selb[w], e = eqb[w];

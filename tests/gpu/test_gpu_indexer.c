@@ -19,11 +19,11 @@ static uint8_t rand_e4m3(uint64_t *seed)
 }
 
 /* fp8: through cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA dots) instead of
- * k_indexer_scores (exact products in fp16, fp32 sums). Limit of the exact kernel: 1e-5 of the
- * row's largest |score| (fp32 order). Limit of the FP8 one: the same plus 2^-10 of the score's
- * magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| (the FP8 MMA adds the exact products with
- * reduced alignment precision, ~2^-13 of Σ|products| per chained k32 step; a wrong key, head
- * or scale is off by O(M)); the worst error / M is printed to show the precision reached. */
+ * k_indexer_scores (exact products in fp16, fp32 sums). Limit of both: 1e-5 of the row's
+ * largest |score| (fp32 summation order). For the FP8 kernel the worst error relative to the
+ * score's magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| is printed too: run 3 on the H200
+ * measured 2^-23 .. 2^-24, i.e. mma.sync e4m3 adds the exact products as fp32 would (unlike
+ * wgmma's FP8 accumulation, which keeps ~13 bits). */
 static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, int fp8, uint64_t seed)
 {
 	struct dsv32_config c = {.index_n_heads = H, .index_head_dim = 128, .kv_lora_rank = 512,
@@ -102,7 +102,7 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 				continue;
 			}
 			/* fp32 order of 128-term dots and an H-term sum: relative to the row's scale */
-			double e = fabs((double)x - r) / (mx > 0 ? mx : 1), lim = 1e-5;
+			double e = fabs((double)x - r) / (mx > 0 ? mx : 1);
 			if (fp8) { /* M: the magnitude scale of this score */
 				const uint8_t *pg = pool + (size_t)bt[b * max_blocks + s / 64] * page_bytes;
 				const uint8_t *kc = kv_index_codes(&c, pg, s % 64);
@@ -117,10 +117,9 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 				double em = M > 0 ? fabs((double)x - r) / M : (x == r ? 0 : INFINITY);
 				if (!(em <= worst_m))
 					worst_m = em, worst_b = b, worst_s = s;
-				lim += M > 0 && mx > 0 ? ldexp(M, -10) / mx : 0;
 			}
 			worst = e > worst || isnan(e) ? e : worst;
-			bad += !(e <= lim);
+			bad += !(e <= 1e-5);
 		}
 	}
 	printf("    indexer scores%s H=%d B=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf\n",
