@@ -193,6 +193,16 @@ __device__ __forceinline__ float lds_f32(uint32_t addr)
 	return v;
 }
 
+// Four 8x8 bf16 matrices from the MMA fragment layout (thread t: row t/4, columns 2(t%4), +1 of
+// each) to shared memory; lane l gives the address of row l%8 of matrix l/8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+					    uint32_t r3)
+{
+	asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+		     "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+		     : "memory");
+}
+
 // bf16(lo) | bf16(hi) << 16, each rounded to nearest even (one instruction; the same bits as
 // f32_to_bf16 for every non-NaN value).
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
@@ -273,15 +283,18 @@ __device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, in
 
 // ---- the GEMM ----------------------------------------------------------------------------------
 
-template <int BN, int STAGES> struct wg_cfg {
+template <int BN, int STAGES, bool ST = false> struct wg_cfg {
 	static constexpr uint32_t A_BYTES = WG_BM * WG_BK; // x8 tile [128 tokens][128 K bytes]
 	static constexpr uint32_t B_BYTES = BN * WG_BK;    // W8 tile [BN rows][128 K bytes]
 	// scales of a stage (SS variants): sx of the tile's 128 rows, then the 2 weight scales
 	static constexpr uint32_t SC_BYTES = 528;
 	// STAGES x A, STAGES x B, 2 x STAGES barriers, STAGES x scales; +1024 so the tiles can be
 	// 1024-aligned
-	static constexpr uint32_t SMEM =
-		STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * SC_BYTES + 1024;
+	// ST variants: each consumer warpgroup's 64 x BN bf16 outputs staged for the stores, as
+	// boxes of 64 columns (128 bytes a row) with the 128-byte swizzle
+	static constexpr uint32_t ST_BYTES = ST ? 2 * 64 * BN * 2 : 0;
+	static constexpr uint32_t SMEM = STAGES * (A_BYTES + B_BYTES) + ST_BYTES + 2 * STAGES * 8 +
+					 STAGES * SC_BYTES + 1024;
 };
 
 // Where one tile lives: token rows [row0, row0 + 128) of x8 (stored only below row_end), weight
@@ -465,15 +478,60 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 	}
 }
 
+// ST epilogue of one consumer warpgroup: its 64 x BN outputs -> bf16 -> stmatrix into its
+// staging buffer stg (boxes of 64 columns, 128-byte rows, 16-byte chunk c of row r at chunk
+// c ^ (r % 8): conflict-free for stmatrix's 8 rows and for the row reads), then each thread
+// copies 16-byte chunks to y, a warp writing two whole 256-byte row segments per instruction
+// (masked to the tile's rows and to N; needs ldy % 8 == 0). Named barrier 2 + cw orders the
+// previous tile's reads before the writes and the writes before the reads.
+template <int BN>
+__device__ __forceinline__ void wg_store_staged(const float *acc, uint32_t stg, const wg_tile &tl,
+						int cw, int wi, int lane, uint16_t *y, int N, int ldy)
+{
+	const int bar = 2 + cw;
+	asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+	const int mi = lane >> 3, rr = lane & 7;
+	const int row = wi * 16 + (mi & 1) * 8 + rr; // this lane's stmatrix row address
+#pragma unroll
+	for (int jp = 0; jp < BN / 16; jp++) {
+		const int col = (2 * jp + (mi >> 1)) * 8;
+		const uint32_t addr = stg + (col / 64) * (64 * 128) + row * 128 +
+				      ((((col % 64) / 8) ^ (row & 7)) * 16);
+		stmatrix_x4(addr, bf16x2(acc[8 * jp + 0], acc[8 * jp + 1]),
+			    bf16x2(acc[8 * jp + 2], acc[8 * jp + 3]),
+			    bf16x2(acc[8 * jp + 4], acc[8 * jp + 5]),
+			    bf16x2(acc[8 * jp + 6], acc[8 * jp + 7]));
+	}
+	asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
+	const int tid = threadIdx.x & 127;
+	constexpr int CH = BN / 8; // 16-byte chunks of a row
+#pragma unroll
+	for (int k = 0; k < 64 * CH / 128; k++) {
+		const int i = tid + 128 * k, r = i / CH, ch = i % CH;
+		const uint32_t src = stg + (ch / 8) * (64 * 128) + r * 128 + (((ch % 8) ^ (r & 7)) * 16);
+		uint32_t v0, v1, v2, v3;
+		asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+			     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+			     : "r"(src)
+			     : "memory");
+		const int grow = tl.row0 + cw * 64 + r, gcol = tl.n0 + ch * 8;
+		if (grow < tl.row_end && gcol < N)
+			asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
+					     y + (size_t)grow * ldy + gcol),
+				     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+				     : "memory");
+	}
+}
+
 // The consumer warpgroups: warpgroup cw computes tokens [64 cw, 64 cw + 64) of each tile.
-template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST>
 __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mB, const float *sx, const float *S,
 					   uint16_t *y, int M, int N, int KB, int ldy,
 					   uint32_t a_smem, uint32_t b_smem, uint32_t bars,
-					   uint32_t scl, int flags)
+					   uint32_t scl, uint32_t stg, int flags)
 {
-	typedef wg_cfg<BN, STAGES> C;
+	typedef wg_cfg<BN, STAGES, ST> C;
 	const int cw = (threadIdx.x >> 7) - 1;
 	// flags & WG_SKEW: warpgroup 1 issues its first MMAs only after warpgroup 0's first have completed
 	// (named barrier 1), so from then on each promotes while the other's MMAs run, instead
@@ -584,6 +642,12 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 				acc[4 * j + 3] = fmaf(frag[4 * j + 3], sh, acc[4 * j + 3]);
 			}
 		}
+		if constexpr (ST) {
+			if (active && !no_store)
+				wg_store_staged<BN>(acc, stg + cw * (64 * BN * 2), tl, cw, wi, lane, y,
+						    N, ldy);
+			continue;
+		}
 		// epilogue: bf16 pairs, masked to the tile's rows and to N
 		uint16_t *y_lo = y + (size_t)gm_lo * ldy, *y_hi = y + (size_t)gm_hi * ldy;
 		const bool ok_lo = gm_lo < tl.row_end && !no_store, ok_hi = gm_hi < tl.row_end && !no_store;
@@ -604,18 +668,19 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 
 // The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
 // grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
-template <int BN, int STAGES, bool GROUPED, int MC, bool SS>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST>
 __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
 					   int ldy, int flags)
 {
-	typedef wg_cfg<BN, STAGES> C;
+	typedef wg_cfg<BN, STAGES, ST> C;
 	extern __shared__ uint8_t smem_raw[];
 	const uint32_t raw = smem_u32(smem_raw);
 	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
 	const uint32_t a_smem = base, b_smem = base + STAGES * C::A_BYTES;
-	const uint32_t bars = b_smem + STAGES * C::B_BYTES; // full[STAGES], then empty[STAGES]
+	const uint32_t stg = b_smem + STAGES * C::B_BYTES;  // [2][64 x BN bf16] (ST)
+	const uint32_t bars = stg + C::ST_BYTES;             // full[STAGES], then empty[STAGES]
 	const uint32_t scl = bars + 2 * STAGES * 8;          // [STAGES][SC_BYTES] (SS)
 
 	const int wg = threadIdx.x >> 7;
@@ -666,8 +731,8 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		else
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
-		wg_consume<BN, STAGES, GROUPED, MC, SS>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
-							a_smem, b_smem, bars, scl, flags);
+		wg_consume<BN, STAGES, GROUPED, MC, SS, ST>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
+							    a_smem, b_smem, bars, scl, stg, flags);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -679,25 +744,25 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 // same weight tile): each CTA copies half of the weight tile and multicasts it to both, so L2
 // serves each weight tile once per pair. Grid even.
 // Grid: min(tiles, SMs) persistent CTAs of 384 threads; dynamic smem wg_cfg<BN, STAGES>::SMEM.
-#define WG_PLAIN(name, bn, stages, mc, ss, attr)                                               \
+#define WG_PLAIN(name, bn, stages, mc, ss, attr, st)                                           \
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attr name(                  \
 		const __grid_constant__ tmap mA, const __grid_constant__ tmap mB,              \
 		const float *__restrict__ sx, const float *__restrict__ S, uint16_t *__restrict__ y, \
 		int M, int N, int K, int ldy, int flags)                                        \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, false, mc, ss>(&mA, &mB, sx, S, nullptr, nullptr, 0, y, M, N, \
-						      K, ldy, flags);                           \
+		wgmma_gemm<bn, stages, false, mc, ss, st>(&mA, &mB, sx, S, nullptr, nullptr, 0, y,  \
+							  M, N, K, ldy, flags);                 \
 	}
 // k_gemm_fp8_wgmma_grouped_n{128,192}: the grouped form; the weight maps come from
 // g_group_maps (k_wgmma_group_maps, launched just before), the scales from s_tab.
-#define WG_GROUPED(name, bn, stages, ss)                                                       \
+#define WG_GROUPED(name, bn, stages, ss, st)                                                   \
 	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)                             \
 		name(const __grid_constant__ tmap mA, const float *__restrict__ sx,              \
 		     const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,  \
 		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy,       \
 		     int flags)                                                                  \
 	{                                                                                      \
-		wgmma_gemm<bn, stages, true, 1, ss>(&mA, nullptr, sx, nullptr, s_tab, off, G, y,  \
+		wgmma_gemm<bn, stages, true, 1, ss, st>(&mA, nullptr, sx, nullptr, s_tab, off, G, y, \
 						    max_rows, N, K, ldy, flags);                \
 	}
 
@@ -705,16 +770,21 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 // (grouped: BN = 128 only; with BN = 192 the scale warp has too few registers).
 #define NO_ATTR
 #define CLUSTER2 __cluster_dims__(2, 1, 1)
-WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, false, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_n192, 192, 5, 1, false, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128, 128, 6, 2, false, CLUSTER2)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, false, CLUSTER2)
-WG_PLAIN(k_gemm_fp8_wgmma_n128_ss, 128, 6, 1, true, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_n192_ss, 192, 5, 1, true, NO_ATTR)
-WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss, 128, 6, 2, true, CLUSTER2)
-WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128, 128, 6, false)
-WG_GROUPED(k_gemm_fp8_wgmma_grouped_n192, 192, 5, false)
-WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss, 128, 6, true)
+WG_PLAIN(k_gemm_fp8_wgmma_n128, 128, 6, 1, false, NO_ATTR, false)
+WG_PLAIN(k_gemm_fp8_wgmma_n192, 192, 5, 1, false, NO_ATTR, false)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128, 128, 6, 2, false, CLUSTER2, false)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n192, 192, 5, 2, false, CLUSTER2, false)
+WG_PLAIN(k_gemm_fp8_wgmma_n128_ss, 128, 6, 1, true, NO_ATTR, false)
+WG_PLAIN(k_gemm_fp8_wgmma_n192_ss, 192, 5, 1, true, NO_ATTR, false)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss, 128, 6, 2, true, CLUSTER2, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128, 128, 6, false, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n192, 192, 5, false, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss, 128, 6, true, false)
+// _st: the outputs staged in shared memory and stored as whole 16-byte chunks (wg_store_staged);
+// 5 stages to make room (ldy % 8 == 0)
+WG_PLAIN(k_gemm_fp8_wgmma_n128_ss_st, 128, 5, 1, true, NO_ATTR, true)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss_st, 128, 5, 2, true, CLUSTER2, true)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss_st, 128, 5, true, true)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

@@ -16,13 +16,14 @@
 #define WG_BM 128
 #define WG_MAX_GROUPS 1024 /* g_group_maps in the kernel file */
 
-/* Dynamic shared memory of a variant: STAGES x (128 x 128 + BN x 128) bytes, 2 x STAGES
- * barriers, STAGES x 528 bytes of scales, 1024 bytes of alignment slack (wg_cfg in the kernel
- * file). */
-static unsigned smem_bytes(int bn)
+/* Dynamic shared memory of a variant: STAGES x (128 x 128 + BN x 128) bytes, the staged
+ * outputs (st: 2 x 64 x BN bf16), 2 x STAGES barriers, STAGES x 528 bytes of scales, 1024 bytes
+ * of alignment slack (wg_cfg in the kernel file; st variants have 5 stages). */
+static unsigned smem_bytes(int bn, int st)
 {
-	int stages = bn == 128 ? 6 : 5;
-	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + 2 * stages * 8 + stages * 528 + 1024);
+	int stages = bn == 128 && !st ? 6 : 5;
+	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * bn * 2 : 0) +
+			  2 * stages * 8 + stages * 528 + 1024);
 }
 
 /* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes), box 128 K bytes x
@@ -65,8 +66,10 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc, int ss,
 			     int flags)
 {
+	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192) ||
-	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1))
+	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1) ||
+	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
@@ -84,9 +87,11 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 		{{"k_gemm_fp8_wgmma_n128_ss", "k_gemm_fp8_wgmma_n192_ss"},
 		 {"k_gemm_fp8_wgmma_mc2_n128_ss", NULL}}}; /* (its scale warp would spill) */
 	const char *name = names[ss][mc - 1][bn == 192];
+	if (st)
+		name = mc == 1 ? "k_gemm_fp8_wgmma_n128_ss_st" : "k_gemm_fp8_wgmma_mc2_n128_ss_st";
 	if (!name)
 		return -EINVAL;
-	return launch(g, name, grid, smem_bytes(bn), args);
+	return launch(g, name, grid, smem_bytes(bn, st), args);
 }
 
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
@@ -101,8 +106,10 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
+	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
-	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192) || (ss && bn != 128))
+	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192) || (ss && bn != 128) ||
+	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
 		return -EINVAL;
 	/* the template: any valid address (x8), replaced per group on the device */
 	CUtensorMap mA, tmpl;
@@ -118,10 +125,11 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
 	return launch(g,
-		      ss ? "k_gemm_fp8_wgmma_grouped_n128_ss"
+		      st ? "k_gemm_fp8_wgmma_grouped_n128_ss_st"
+		      : ss ? "k_gemm_fp8_wgmma_grouped_n128_ss"
 		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
 				  : "k_gemm_fp8_wgmma_grouped_n192",
-		      grid, smem_bytes(bn), args);
+		      grid, smem_bytes(bn, st), args);
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

@@ -32,10 +32,11 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
  * (not with bn = 192 and mc = 2); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
  * first's first MMAs, so their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing
  * diagnostics, wrong output): no stores / no MMAs (the flags are ignored for bn = 192 without
- * ss). Grouped: ss only with bn = 128; G <= 1024; the per-group tensor maps live in one
+ * ss); WGMMA_STAGED: the outputs staged in shared memory and stored as whole 16-byte chunks
+ * (bn = 128 with ss only, 5 stages; ldy % 8 == 0 and y 16-byte aligned). Grouped: ss only with bn = 128; G <= 1024; the per-group tensor maps live in one
  * module-global table per GPU,
  * so one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
-enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4 };
+enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
  * fastest inside a band (0: the token tile fastest over all of M) */
 #define WGMMA_RASTER(n) ((n) << 8)

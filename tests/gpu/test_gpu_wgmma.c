@@ -192,10 +192,12 @@ static int64_t check_rows(struct gpu *g, struct cpu_pool *pool, struct wg_case *
  * kernel flags: 1 skewed consumer warpgroups, RS(n) the tile order in bands of n weight tiles
  * (cuda_gemm_fp8_wgmma_tile) */
 #define RS(n) WGMMA_RASTER(n)
+#define ST WGMMA_STAGED
 static const int variants[][4] = {
 	{128, 1, 0, 0},  {192, 1, 0, 0},  {128, 2, 0, 0},  {192, 2, 0, 0}, {128, 1, 1, 0},
 	{192, 1, 1, 0},  {128, 2, 1, 0},  {128, 1, 0, 1},  {128, 1, 1, 1}, {128, 2, 1, 1},
-	{128, 1, 1, RS(8)}, {128, 1, 1, RS(16)}, {128, 2, 1, RS(16)}, {128, 1, 0, RS(16)}};
+	{128, 1, 1, RS(8)}, {128, 1, 1, RS(16)}, {128, 2, 1, RS(16)}, {128, 1, 0, RS(16)},
+	{128, 1, 1, ST},  {128, 2, 1, ST},  {128, 1, 1, ST | RS(16)}, {128, 2, 1, ST | RS(16)}};
 #define N_VAR (int)(sizeof variants / sizeof *variants)
 
 /* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
@@ -471,7 +473,8 @@ static void grp_free(struct grp_case *c)
 }
 
 /* grouped variants: bn, scales through smem, kernel flags */
-static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0}, {128, 1, 1}};
+static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1},
+			       {128, 1, 0}, {128, 1, 1}, {128, 1, ST}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
