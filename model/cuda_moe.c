@@ -199,9 +199,17 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 		float scale = (float)c->routed_scaling_factor;
 		gpu_ptr bias = L->gate_bias;
-		void *rargs[] = {(void *)&b[B_LOGITS], &bias, &E, &G, &tg, &K, &norm, &scale,
-				 (void *)&b[B_IDX], (void *)&b[B_WTS]};
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_route"), (unsigned)T, 1, 1, 256, 1, 1, 0, rargs);
+		if (E == 256 && G == 8 && tg <= 8 && K <= 32) { /* the real shape: a warp a token */
+			void *wargs[] = {(void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm, &scale,
+					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
+			rc = gpu_launch(g, gpu_kernel(g, "k_moe_route_w"), (unsigned)((T + 7) / 8), 1, 1,
+					256, 1, 1, 0, wargs);
+		} else {
+			void *rargs[] = {(void *)&b[B_LOGITS], &bias, &E, &G, &tg, &K, &norm, &scale,
+					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
+			rc = gpu_launch(g, gpu_kernel(g, "k_moe_route"), (unsigned)T, 1, 1, 256, 1, 1, 0,
+					rargs);
+		}
 		if (rc)
 			return rc;
 	}

@@ -46,6 +46,25 @@ static void check_route(struct gpu *g, int E, int G, int topk_group, int K, int 
 	       E, G, topk_group, K, T, (long long)bad_ids, (long long)bad_w);
 	CHECK_EQ_INT(bad_ids, 0);
 	CHECK_EQ_INT(bad_w, 0);
+	if (E == 256 && G == 8) { /* the warp-per-token form of the real shape */
+		gpu_test_poison(g, d_i, (size_t)T * K * 4);
+		gpu_test_poison(g, d_w, (size_t)T * K * 4);
+		int tt = T;
+		void *wargs[] = {&d_lg, &d_b, &tt, &tg, &k, &norm, &scale, &d_i, &d_w};
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_moe_route_w"), (unsigned)((T + 7) / 8), 1, 1, 256, 1,
+				   1, 0, wargs) == 0);
+		REQUIRE(gpu_download(g, gi, d_i, (size_t)T * K * 4) == 0);
+		REQUIRE(gpu_download(g, gw, d_w, (size_t)T * K * 4) == 0);
+		int64_t wb_ids = 0, wb_w = 0;
+		for (int t = 0; t < T; t++) {
+			wb_ids += memcmp(ri + (size_t)t * K, gi + (size_t)t * K, (size_t)K * 4) != 0;
+			wb_w += memcmp(rw + (size_t)t * K, gw + (size_t)t * K, (size_t)K * 4) != 0;
+		}
+		printf("    moe gate (warp per token) E=%d G=%d keep %d pick %d, %d tokens: %lld expert sets and %lld weight rows differ\n",
+		       E, G, topk_group, K, T, (long long)wb_ids, (long long)wb_w);
+		CHECK_EQ_INT(wb_ids, 0);
+		CHECK_EQ_INT(wb_w, 0);
+	}
 	cu.cuMemFree(d_lg), cu.cuMemFree(d_b), cu.cuMemFree(d_i), cu.cuMemFree(d_w);
 	free(lg), free(bias), free(ri), free(gi), free(rw), free(gw);
 }
@@ -55,6 +74,7 @@ TEST(gpu_moe, gate_matches_cpu)
 	struct gpu g;
 	gpu_test_open(&g);
 	check_route(&g, 256, 8, 4, 8, 1000, 4001); /* the real routing */
+	check_route(&g, 256, 8, 3, 6, 300, 4005);  /* the real shape, other counts */
 	check_route(&g, 16, 4, 2, 4, 500, 4002);   /* the tiny model's */
 	check_route(&g, 32, 8, 3, 6, 500, 4003);   /* the wide numerics config's shape */
 	check_route(&g, 64, 1, 1, 8, 200, 4004);   /* no group limit */
