@@ -111,7 +111,7 @@ static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
 static int stream_rt = 0;
 
-void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
+void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 ? rt : 0; }
 
 /* Raises fn's dynamic shared memory limit once (per function handle). */
 static int smem_optin(void *fn, int bytes)
@@ -148,9 +148,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
 	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
 	int mpad = 8 << v;
-	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) reads each token fragment from
-	 * shared memory once for two tiles: for the many-token variants. */
-	int rt = stream_rt ? stream_rt : slice_rows > 16 ? 2 : 1;
+	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) would read each token fragment
+	 * from shared memory once for two tiles; it deadlocked in runs 2 and 3 and is not built:
+	 * RT = 1 always. */
+	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	char name[40];
 	if (copy_only)
@@ -319,9 +320,11 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes)
 {
-	/* Many rows per group (prefill): the wgmma kernel. The crossover is a guess until the
-	 * grouped benchmark has measured both (more than 4 rows per group on average). */
-	if (CUDA_GEMM_WGMMA_GROUPED && max_rows > 64 && max_rows > 4 * G && wgmma_fits(N, ldy)) {
+	/* Many rows per group (prefill): the wgmma kernel, from 64 rows per group on average (half
+	 * its 128-row token tile; a guess until the grouped benchmark has measured both). Below,
+	 * the mma.sync kernels: run 3 sent 512 rows over 16 groups to wgmma and the MoE block's
+	 * decode-size check (T = 64) saw its coarser accumulation. */
+	if (CUDA_GEMM_WGMMA_GROUPED && max_rows > 64 && max_rows >= 64 * G && wgmma_fits(N, ldy)) {
 		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						    K, ldy);
 		if (r != -ENOTSUP)

@@ -38,9 +38,8 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * until it has passed the GPU tests): the previous kernels below. Process-wide; tests and the
  * benchmark set it. */
 void cuda_gemm_set_stream(int on);
-/* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
- * numbers either way, the benchmark compares them; 0: the default rule (2 above 16 rows per
- * slice). Process-wide. */
+/* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps; 0 = the default, 1).
+ * The 2-tile variant (4 warps) deadlocked in runs 2 and 3 and is not built. Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
@@ -112,7 +111,7 @@ void cuda_gemm_close(struct gpu *g);
  * w_tab, s_tab: device arrays [G] of device addresses; off: device int32 [G + 1] (ascending,
  * off[0] = 0); the counts live on the device (graph capture needs no host sync), max_rows is a
  * host bound on off[G] (rows of x8, sx and y). A group with no rows reads none of its weights.
- * Decode-sized (max_rows <= 64, or <= 4 rows per group on average): the streaming kernel
+ * Decode-sized (max_rows <= 64, or < 64 rows per group on average): the streaming kernel
  * (G <= 8192; its group weight maps are made on the device by one small launch first), and
  * then per row the numbers equal cuda_gemm_fp8's (M <= 64) for the same weight, bit for bit;
  * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another

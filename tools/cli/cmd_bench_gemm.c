@@ -307,9 +307,9 @@ int bench_gemm(int argc, char **argv)
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
-		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s %6s %6s\n",
+		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "split", "v2_us", "TB/s",
-		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "rt1", "rt2", "copy");
+		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "copy");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -352,13 +352,7 @@ int bench_gemm(int argc, char **argv)
 				   : !no_wgmma ? time_ms(&g, launch_wgmma, &c, reps, trials)
 					       : -1;
 			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
-			float rt_ms[2] = {-1, -1}; /* the streaming kernel with 1, 2 MMA tiles per warp */
 			float cp = c.M <= 64 ? time_ms(&g, launch_copy, &c, reps, trials) : -1;
-			for (int rt = 1; rt <= 2 && c.M <= 64; rt++) {
-				cuda_gemm_set_stream_rt(rt);
-				rt_ms[rt - 1] = time_ms(&g, launch_gemm, &c, reps, trials);
-			}
-			cuda_gemm_set_stream_rt(0);
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
@@ -391,13 +385,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
-			for (int rt = 0; rt < 3; rt++) {
-				float t = rt < 2 ? rt_ms[rt] : cp;
-				if (t >= 0)
-					printf(" %6.3f", bytes / (t * 1e-3) / 1e12);
-				else
-					printf(" %6s", "");
-			}
+			if (cp >= 0)
+				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -412,8 +401,7 @@ int bench_gemm(int argc, char **argv)
 		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m* for M <= 64, "
 		       "cuda_gemm_fp8_wgmma above; "
 		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
-		       "rt1, rt2: TB/s of the streaming kernel with 1, 2 MMA tiles per warp; copy: its "
-		       "copies alone (no MMA); "
+		       "copy: TB/s of the streaming kernel's copies alone (no MMA); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
