@@ -271,6 +271,7 @@ __device__ __forceinline__ void wgmma_m64n192k32(float *d, uint64_t da, uint64_t
 template <int BN>
 __device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, int accumulate)
 {
+	static_assert(BN == 128 || BN == 192, "m64n128k32 or m64n192k32");
 	if constexpr (BN == 128)
 		wgmma_m64n128k32(d, da, db, accumulate);
 	else
@@ -547,10 +548,14 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 	// 8j + 2(lane % 4) + {0,1}; register 4j + {2,3} the same columns of row r_lo + 8.
 	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
 	const int cq = (lane & 3) * 2;
-	constexpr int NR = BN / 2;
-	float frag[NR], acc[NR];
+	// BN = 256: two halves of 128 columns per K block, each m64n128k32 into the one fragment,
+	// waited for and promoted before the next (acc 128 + frag 64 registers)
+	constexpr int FN = BN > 192 ? 128 : BN; // columns per MMA
+	constexpr int NH = BN / FN;             // halves
+	constexpr int NR = BN / 2, FR = FN / 2;
+	float frag[FR], acc[NR];
 #pragma unroll
-	for (int i = 0; i < NR; i++)
+	for (int i = 0; i < FR; i++)
 		frag[i] = 0.f;
 	int s = 0;
 	uint32_t ph = 0;
@@ -609,37 +614,46 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 			}
 			const uint64_t da = da0 + ((uint64_t)(s * C::A_BYTES) >> 4);
 			const uint64_t db = db0 + ((uint64_t)(s * C::B_BYTES) >> 4);
-#pragma unroll
-			for (int i = 0; i < NR; i++)
-				reg_fence(frag[i]);
-			wgmma_fence(); // orders the promotion's reads of frag before the MMAs write it
-#pragma unroll
-			for (int k = 0; k < WG_BK / 32; k++) // k32 steps: +32 bytes = +2 in the descriptor
-				wgmma_k32<BN>(frag, da + 2 * k, db + 2 * k, k > 0);
-			wgmma_commit();
-			wgmma_wait0();
-#pragma unroll
-			for (int i = 0; i < NR; i++)
-				reg_fence(frag[i]);
-			// the stage's smem has been read by this warp's MMAs: release it
-			release<MC>(EMPTY(s), lane);
-			if (first) { // warpgroup 0 after its first MMAs: warpgroup 1 may start
-				asm volatile("bar.arrive 1, 256;" ::: "memory");
-				first = false;
-			}
-			if (++s == STAGES)
-				s = 0, ph ^= 1;
 			// promotion: the scale product first (x scale · weight scale), as the CPU
 			const float s_lo0 = x_lo * cw0, s_hi0 = x_hi * cw0;
 			const float s_lo1 = x_lo * cw1, s_hi1 = x_hi * cw1;
 #pragma unroll
-			for (int j = 0; j < BN / 8; j++) {
-				const bool second = BN > 128 ? j >= jb : false;
-				const float sl = second ? s_lo1 : s_lo0, sh = second ? s_hi1 : s_hi0;
-				acc[4 * j + 0] = fmaf(frag[4 * j + 0], sl, acc[4 * j + 0]);
-				acc[4 * j + 1] = fmaf(frag[4 * j + 1], sl, acc[4 * j + 1]);
-				acc[4 * j + 2] = fmaf(frag[4 * j + 2], sh, acc[4 * j + 2]);
-				acc[4 * j + 3] = fmaf(frag[4 * j + 3], sh, acc[4 * j + 3]);
+			for (int h = 0; h < NH; h++) {
+#pragma unroll
+				for (int i = 0; i < FR; i++)
+					reg_fence(frag[i]);
+				wgmma_fence(); // the promotion's reads of frag before the MMAs write it
+				// k32 steps: +32 bytes = +2 in the descriptor; half h: rows 128h of B
+#pragma unroll
+				for (int k = 0; k < WG_BK / 32; k++)
+					wgmma_k32<FN>(frag, da + 2 * k,
+						      db + ((uint64_t)(h * FN * WG_BK) >> 4) + 2 * k, k > 0);
+				wgmma_commit();
+				wgmma_wait0();
+#pragma unroll
+				for (int i = 0; i < FR; i++)
+					reg_fence(frag[i]);
+				if (h == NH - 1) {
+					// the stage's smem has been read by this warp's MMAs: release it
+					release<MC>(EMPTY(s), lane);
+					if (first) { // warpgroup 0 after its first MMAs: 1 may start
+						asm volatile("bar.arrive 1, 256;" ::: "memory");
+						first = false;
+					}
+					if (++s == STAGES)
+						s = 0, ph ^= 1;
+				}
+#pragma unroll
+				for (int j = 0; j < FN / 8; j++) {
+					// BN = 192: weight-scale block b1 from column 8 jb; BN = 256: half 1
+					const bool second = NH > 1 ? h == 1 : BN > 128 ? j >= jb : false;
+					const float sl = second ? s_lo1 : s_lo0, sh = second ? s_hi1 : s_hi0;
+					float *a = acc + h * FR + 4 * j;
+					a[0] = fmaf(frag[4 * j + 0], sl, a[0]);
+					a[1] = fmaf(frag[4 * j + 1], sl, a[1]);
+					a[2] = fmaf(frag[4 * j + 2], sh, a[2]);
+					a[3] = fmaf(frag[4 * j + 3], sh, a[3]);
+				}
 			}
 		}
 		if constexpr (ST) {
@@ -717,7 +731,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		// ---- producer: one thread issues every copy ----
 		// registers: 128 x P + 256 x C <= 64K; BN = 192's fragment and accumulators need
 		// C = 232, BN = 128 leaves room for the producer warps (the scale warp's pointers)
-		if constexpr (BN > 128)
+		if constexpr (BN > 128) // (BN = 256: acc 128 + frag 64 registers as well)
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 		else
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
@@ -785,6 +799,10 @@ WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss, 128, 6, true, false)
 WG_PLAIN(k_gemm_fp8_wgmma_n128_ss_st, 128, 5, 1, true, NO_ATTR, true)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss_st, 128, 5, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss_st, 128, 5, true, true)
+// _n256: 128 tokens x 256 weight rows per tile (48 KB a stage, 4 stages): a quarter fewer bytes
+// into each SM per FLOP than 128 x 128 (run 3: the load pipeline alone took 80-85% of the time)
+// (plain, no cluster: with a cluster or the grouped walker its producer warps spill)
+WG_PLAIN(k_gemm_fp8_wgmma_n256_ss, 256, 4, 1, true, NO_ATTR, false)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

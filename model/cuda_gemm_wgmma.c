@@ -21,7 +21,7 @@
  * of alignment slack (wg_cfg in the kernel file; st variants have 5 stages). */
 static unsigned smem_bytes(int bn, int st)
 {
-	int stages = bn == 128 && !st ? 6 : 5;
+	int stages = bn == 256 ? 4 : bn == 128 && !st ? 6 : 5;
 	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * bn * 2 : 0) +
 			  2 * stages * 8 + stages * 528 + 1024);
 }
@@ -67,9 +67,9 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 			     int flags)
 {
 	int st = (flags & WGMMA_STAGED) != 0;
-	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192) ||
+	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192 && bn != 256) ||
 	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1) ||
-	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
+	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)) || (bn == 256 && (!ss || mc != 1 || st)))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
@@ -86,7 +86,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 		 {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}},
 		{{"k_gemm_fp8_wgmma_n128_ss", "k_gemm_fp8_wgmma_n192_ss"},
 		 {"k_gemm_fp8_wgmma_mc2_n128_ss", NULL}}}; /* (its scale warp would spill) */
-	const char *name = names[ss][mc - 1][bn == 192];
+	const char *name = bn == 256 ? "k_gemm_fp8_wgmma_n256_ss" : names[ss][mc - 1][bn == 192];
 	if (st)
 		name = mc == 1 ? "k_gemm_fp8_wgmma_n128_ss_st" : "k_gemm_fp8_wgmma_mc2_n128_ss_st";
 	if (!name)

@@ -27,7 +27,8 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
- * bn = 128 or 192 weight rows per tile; mc = 1, or 2 for clusters of two CTAs that share each
+ * bn = 128, 192 or 256 (ss = 1, mc = 1 only) weight rows per tile; mc = 1, or 2 for clusters of
+ * two CTAs that share each
  * weight tile (TMA multicast); ss = 1: the scales staged in shared memory by a producer warp
  * (not with bn = 192 and mc = 2); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
  * first's first MMAs, so their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing
