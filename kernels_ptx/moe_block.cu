@@ -290,35 +290,24 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 		__syncthreads(); // chunk c converted
 #pragma unroll
 		for (int s4 = 0; s4 < 2; s4++) {
-			float4 xv[4], wv[8];
+			float xv[4][4], wv[8][4];
 #pragma unroll
 			for (int i = 0; i < 4; i++)
-				xv[i] = *reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
+				*reinterpret_cast<float4 *>(xv[i]) =
+					*reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
 #pragma unroll
 			for (int e = 0; e < 8; e++)
-				wv[e] = *reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
+				*reinterpret_cast<float4 *>(wv[e]) =
+					*reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
 			// step by step, the 32 accumulators' FMAs independent of each other (exact
 			// products: fma == multiply, then add)
 #pragma unroll
-			for (int i = 0; i < 4; i++)
+			for (int st = 0; st < 4; st++)
 #pragma unroll
-				for (int e = 0; e < 8; e++)
-					acc[i][e] = fmaf(xv[i].x, wv[e].x, acc[i][e]);
+				for (int i = 0; i < 4; i++)
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					acc[i][e] = fmaf(xv[i].y, wv[e].y, acc[i][e]);
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					acc[i][e] = fmaf(xv[i].z, wv[e].z, acc[i][e]);
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					acc[i][e] = fmaf(xv[i].w, wv[e].w, acc[i][e]);
+					for (int e = 0; e < 8; e++)
+						acc[i][e] = fmaf(xv[i][st], wv[e][st], acc[i][e]);
 		}
 	}
 	asm volatile("cp.async.wait_all;" ::: "memory");
@@ -370,25 +359,20 @@ k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 	const uint2 graw = *reinterpret_cast<const uint2 *>(gp);
 	const uint2 uraw = *reinterpret_cast<const uint2 *>(gp + I);
 	const uint32_t gw[2] = {graw.x, graw.y}, uw[2] = {uraw.x, uraw.y};
-	float v[4];
+	uint32_t hb[4];
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		const float g = bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1))));
 		const float u = bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1))));
 		const float silu = __fdiv_rn(g, 1.0f + expf(-g));
-		v[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
+		hb[k] = f32_to_bf16(__fmul_rn(silu, u));
 	}
-	// act_quant of the 128 values (as warp_act_quant128, on values already in registers)
-	float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-	amax = fmaxf(warp_max(amax), 1e-4f);
-	const float sc = ue8m0_scale(amax);
-	uint32_t packed = 0;
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		const float y = fminf(fmaxf(v[k] / sc, -448.f), 448.f); // exact: sc is a power of two
-		packed |= (uint32_t)f32_to_e4m3(y) << (8 * k);
-	}
-	*reinterpret_cast<uint32_t *>(h8 + row * I + c * 128 + lane * 4) = packed;
+	// the warp's 128 bf16 values through shared memory into the one act_quant
+	__shared__ __align__(16) uint16_t hbuf[8][128];
+	uint16_t *hw = hbuf[threadIdx.x >> 5];
+	*reinterpret_cast<uint2 *>(hw + lane * 4) = make_uint2(hb[0] | hb[1] << 16, hb[2] | hb[3] << 16);
+	__syncwarp();
+	const float sc = warp_act_quant128(hw, h8 + row * I + c * 128, lane);
 	if (lane == 0)
 		hs[group] = sc;
 }

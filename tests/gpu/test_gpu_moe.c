@@ -11,6 +11,38 @@
 #include "model/cpu_moe.h"
 #include "model/cpu_ops.h"
 
+/* The routing outputs (idx, wts on the device, poisoned before the launch) of one kernel against
+ * the CPU's ri, rw: prints and checks the rows that differ. */
+struct route_case {
+	struct gpu *g;
+	gpu_ptr d_i, d_w;
+	const int32_t *ri;
+	const float *rw;
+	int32_t *gi;
+	float *gw;
+	int E, G, topk_group, K, T;
+};
+
+static void run_route(const struct route_case *rc, const char *kernel, unsigned grid, void **args)
+{
+	size_t n = (size_t)rc->T * rc->K;
+	gpu_test_poison(rc->g, rc->d_i, n * 4);
+	gpu_test_poison(rc->g, rc->d_w, n * 4);
+	REQUIRE(gpu_launch(rc->g, gpu_kernel(rc->g, kernel), grid, 1, 1, 256, 1, 1, 0, args) == 0);
+	REQUIRE(gpu_download(rc->g, rc->gi, rc->d_i, n * 4) == 0);
+	REQUIRE(gpu_download(rc->g, rc->gw, rc->d_w, n * 4) == 0);
+	int64_t bad_ids = 0, bad_w = 0;
+	for (int t = 0; t < rc->T; t++) {
+		size_t o = (size_t)t * rc->K, b = (size_t)rc->K * 4;
+		bad_ids += memcmp(rc->ri + o, rc->gi + o, b) != 0;
+		bad_w += memcmp(rc->rw + o, rc->gw + o, b) != 0;
+	}
+	printf("    %s E=%d G=%d keep %d pick %d, %d tokens: %lld expert sets and %lld weight rows differ\n",
+	       kernel, rc->E, rc->G, rc->topk_group, rc->K, rc->T, (long long)bad_ids, (long long)bad_w);
+	CHECK_EQ_INT(bad_ids, 0);
+	CHECK_EQ_INT(bad_w, 0);
+}
+
 static void check_route(struct gpu *g, int E, int G, int topk_group, int K, int T, uint64_t seed)
 {
 	struct dsv32_config c = {.n_routed_experts = E, .n_group = G, .topk_group = topk_group,
@@ -29,41 +61,14 @@ static void check_route(struct gpu *g, int E, int G, int topk_group, int K, int 
 		d_i = gpu_test_alloc((size_t)T * K * 4), d_w = gpu_test_alloc((size_t)T * K * 4);
 	REQUIRE(gpu_upload(g, d_lg, lg, (size_t)T * E * 4) == 0);
 	REQUIRE(gpu_upload(g, d_b, bias, (size_t)E * 4) == 0);
-	gpu_test_poison(g, d_i, (size_t)T * K * 4);
-	gpu_test_poison(g, d_w, (size_t)T * K * 4);
-	int e = E, gg = G, tg = topk_group, k = K, norm = 1;
+	struct route_case rc = {g, d_i, d_w, ri, rw, gi, gw, E, G, topk_group, K, T};
+	int e = E, gg = G, tg = topk_group, k = K, norm = 1, tt = T;
 	float scale = 2.5f;
 	void *args[] = {&d_lg, &d_b, &e, &gg, &tg, &k, &norm, &scale, &d_i, &d_w};
-	REQUIRE(gpu_launch(g, gpu_kernel(g, "k_moe_route"), (unsigned)T, 1, 1, 256, 1, 1, 0, args) == 0);
-	REQUIRE(gpu_download(g, gi, d_i, (size_t)T * K * 4) == 0);
-	REQUIRE(gpu_download(g, gw, d_w, (size_t)T * K * 4) == 0);
-	int64_t bad_ids = 0, bad_w = 0;
-	for (int t = 0; t < T; t++) {
-		bad_ids += memcmp(ri + (size_t)t * K, gi + (size_t)t * K, (size_t)K * 4) != 0;
-		bad_w += memcmp(rw + (size_t)t * K, gw + (size_t)t * K, (size_t)K * 4) != 0;
-	}
-	printf("    moe gate E=%d G=%d keep %d pick %d, %d tokens: %lld expert sets and %lld weight rows differ\n",
-	       E, G, topk_group, K, T, (long long)bad_ids, (long long)bad_w);
-	CHECK_EQ_INT(bad_ids, 0);
-	CHECK_EQ_INT(bad_w, 0);
+	run_route(&rc, "k_moe_route", (unsigned)T, args);
 	if (E == 256 && G == 8) { /* the warp-per-token form of the real shape */
-		gpu_test_poison(g, d_i, (size_t)T * K * 4);
-		gpu_test_poison(g, d_w, (size_t)T * K * 4);
-		int tt = T;
 		void *wargs[] = {&d_lg, &d_b, &tt, &tg, &k, &norm, &scale, &d_i, &d_w};
-		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_moe_route_w"), (unsigned)((T + 7) / 8), 1, 1, 256, 1,
-				   1, 0, wargs) == 0);
-		REQUIRE(gpu_download(g, gi, d_i, (size_t)T * K * 4) == 0);
-		REQUIRE(gpu_download(g, gw, d_w, (size_t)T * K * 4) == 0);
-		int64_t wb_ids = 0, wb_w = 0;
-		for (int t = 0; t < T; t++) {
-			wb_ids += memcmp(ri + (size_t)t * K, gi + (size_t)t * K, (size_t)K * 4) != 0;
-			wb_w += memcmp(rw + (size_t)t * K, gw + (size_t)t * K, (size_t)K * 4) != 0;
-		}
-		printf("    moe gate (warp per token) E=%d G=%d keep %d pick %d, %d tokens: %lld expert sets and %lld weight rows differ\n",
-		       E, G, topk_group, K, T, (long long)wb_ids, (long long)wb_w);
-		CHECK_EQ_INT(wb_ids, 0);
-		CHECK_EQ_INT(wb_w, 0);
+		run_route(&rc, "k_moe_route_w", (unsigned)((T + 7) / 8), wargs);
 	}
 	cu.cuMemFree(d_lg), cu.cuMemFree(d_b), cu.cuMemFree(d_i), cu.cuMemFree(d_w);
 	free(lg), free(bias), free(ri), free(gi), free(rw), free(gw);

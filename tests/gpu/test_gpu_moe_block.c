@@ -315,49 +315,47 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	free(g_logits), free(g_wts), free(g_idx), free(g_y);
 }
 
-static struct cpu_pool *test_pool(void)
+/* A MoE config: hidden D, expert width I, E experts in G groups (keep tg), top-K, 1 shared. */
+static struct dsv32_config moe_config(int D, int I, int E, int G, int tg, int K)
 {
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return cpu_pool_start(n < 1 ? 1 : n > 32 ? 32 : (int)n);
+	return (struct dsv32_config){.hidden_size = D, .moe_intermediate_size = I,
+				     .n_routed_experts = E, .n_shared_experts = 1,
+				     .num_experts_per_tok = K, .n_group = G, .topk_group = tg,
+				     .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
+}
+
+/* Each case against the CPU on a pool of the machine's cores: configs[i] at Ts[i] rows with
+ * sets[i] distinct expert code sets. */
+static void check_blocks(const struct dsv32_config *configs, const int *Ts, const int *sets,
+			 int n, uint64_t seed)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+	struct cpu_pool *pool = cpu_pool_start(nproc < 1 ? 1 : nproc > 32 ? 32 : (int)nproc);
+	for (int i = 0; i < n; i++)
+		check_block(&g, pool, &configs[i], Ts[i], sets[i], seed + (uint64_t)i);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
 }
 
 TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 {
-	struct gpu g;
-	gpu_test_open(&g);
-	struct cpu_pool *pool = test_pool();
-	/* hidden 512, inter 512 (the shared expert's down_proj at T > 64 goes through cuBLASLt,
-	 * which takes K / 128 % 4 == 0), 32 experts in 4 groups, keep 2, top-6 */
-	struct dsv32_config a = {.hidden_size = 512, .moe_intermediate_size = 512,
-				 .n_routed_experts = 32, .n_shared_experts = 1,
-				 .num_experts_per_tok = 6, .n_group = 4, .topk_group = 2,
-				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
-	static const int Ts[] = {1, 5, 64, 300};
-	for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
-		check_block(&g, pool, &a, Ts[i], a.n_routed_experts, 5000 + i);
-	/* the tiny model's routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
-	struct dsv32_config b = {.hidden_size = 256, .moe_intermediate_size = 128,
-				 .n_routed_experts = 16, .n_shared_experts = 1,
-				 .num_experts_per_tok = 4, .n_group = 4, .topk_group = 2,
-				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
-	check_block(&g, pool, &b, 1, b.n_routed_experts, 5100);
-	check_block(&g, pool, &b, 37, b.n_routed_experts, 5101);
-	cpu_pool_stop(pool);
-	gpu_close(&g);
+	/* a: hidden 512, inter 512 (the shared expert's down_proj at T > 64 goes through cuBLASLt,
+	 * which takes K / 128 % 4 == 0), 32 experts in 4 groups, keep 2, top-6; b: the tiny
+	 * model's routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
+	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6),
+				  b = moe_config(256, 128, 16, 4, 2, 4);
+	const struct dsv32_config configs[] = {a, a, a, a, b, b};
+	static const int Ts[] = {1, 5, 64, 300, 1, 37}, sets[] = {32, 32, 32, 32, 16, 16};
+	check_blocks(configs, Ts, sets, 6, 5000);
 }
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
-	struct gpu g;
-	gpu_test_open(&g);
-	struct cpu_pool *pool = test_pool();
-	struct dsv32_config c = {.hidden_size = 7168, .moe_intermediate_size = 2048,
-				 .n_routed_experts = 256, .n_shared_experts = 1,
-				 .num_experts_per_tok = 8, .n_group = 8, .topk_group = 4,
-				 .norm_topk_prob = 1, .routed_scaling_factor = 2.5};
-	check_block(&g, pool, &c, 4, 8, 5200);
-	cpu_pool_stop(pool);
-	gpu_close(&g);
+	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
+	static const int Ts[] = {4}, sets[] = {8};
+	check_blocks(&c, Ts, sets, 1, 5200);
 }
 
 #endif
