@@ -344,18 +344,78 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		int rem = s_rem;
 		topk_rounds(samp, sgroups * 64, row, n, 1, prefix, mask, rem, hist, &s_bin, &s_rem);
 		T0 = prefix;
-		// the pass: keys >= T0 -> candidates (warp-aggregated append); the loop runs while the
-		// warp's first lane has work, so all lanes take the same trips
-		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-			uint32_t key[4][4];
-			bool ok[4][4];
-			topk_load16(row, n, n4, vec, i0, key, ok);
+		// the pass: keys >= T0 -> candidates; the loop runs while the warp's first lane has
+		// work, so all lanes take the same trips
+		if (vec) {
+			// float compares against T0's float (order_key is monotonic; NaN, key 0, is never
+			// >= a T0 above 0 and compares false; T0 = 0 takes everything), an 8-bit mask a
+			// thread, one atomic a warp, the next 8 floats loaded before these 8 are examined
+			const uint32_t tb = (T0 & 0x80000000u) ? (T0 & 0x7fffffffu) : ~T0;
+			const float t0f = __uint_as_float(tb);
+			const bool all = T0 == 0u;
+			float4 cur[2];
 #pragma unroll
-			for (int u = 0; u < 4; u++)
+			for (int u = 0; u < 2; u++)
+				cur[u] = tid + u * TOPK_THREADS < n4 ? __ldg(reinterpret_cast<const float4 *>(row) + tid + u * TOPK_THREADS)
+								     : make_float4(0.f, 0.f, 0.f, 0.f);
+			for (int i0 = tid; i0 - lane < n4; i0 += 2 * TOPK_THREADS) {
+				float4 nxt[2];
 #pragma unroll
-				for (int e = 0; e < 4; e++)
-					topk_append(ok[u][e] && key[u][e] >= T0, key[u][e], 4 * (i0 + u * TOPK_THREADS) + e,
-						    &s_ncand, cand_key, cand_pos, lane);
+				for (int u = 0; u < 2; u++) {
+					const int j = i0 + 2 * TOPK_THREADS + u * TOPK_THREADS;
+					nxt[u] = j < n4 ? __ldg(reinterpret_cast<const float4 *>(row) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+				}
+				uint32_t cm = 0;
+#pragma unroll
+				for (int u = 0; u < 2; u++) {
+					const float x[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						if (4 * (i0 + u * TOPK_THREADS) + e < n && (all || x[e] >= t0f))
+							cm |= 1u << (4 * u + e);
+				}
+				// warp-aggregated append of this thread's __popc(cm) candidates
+				const int cnt = __popc(cm);
+				int incl = cnt;
+#pragma unroll
+				for (int o = 1; o < 32; o <<= 1) {
+					const int y = __shfl_up_sync(0xffffffffu, incl, o);
+					if (lane >= o)
+						incl += y;
+				}
+				const int wtot = __shfl_sync(0xffffffffu, incl, 31);
+				if (wtot) {
+					int base = 0;
+					if (lane == 31)
+						base = atomicAdd(&s_ncand, wtot);
+					base = __shfl_sync(0xffffffffu, base, 31) + incl - cnt;
+#pragma unroll
+					for (int u = 0; u < 2; u++) {
+						const float x[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+#pragma unroll
+						for (int e = 0; e < 4; e++)
+							if ((cm >> (4 * u + e)) & 1) {
+								if (base < TOPK_CAND)
+									cand_key[base] = order_key(x[e]),
+									cand_pos[base] = 4 * (i0 + u * TOPK_THREADS) + e;
+								base++;
+							}
+					}
+				}
+				cur[0] = nxt[0], cur[1] = nxt[1];
+			}
+		} else {
+			for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
+				uint32_t key[4][4];
+				bool ok[4][4];
+				topk_load16(row, n, n4, vec, i0, key, ok);
+#pragma unroll
+				for (int u = 0; u < 4; u++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						topk_append(ok[u][e] && key[u][e] >= T0, key[u][e],
+							    4 * (i0 + u * TOPK_THREADS) + e, &s_ncand, cand_key, cand_pos, lane);
+			}
 		}
 		__syncthreads(); // candidates complete (and every read of the sample done)
 		sampled = s_ncand >= k && s_ncand <= TOPK_CAND;
