@@ -34,9 +34,8 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K);
  * on M. */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws);
-/* 1: cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel; 0 (the default
- * until it has passed the GPU tests): the previous kernels below. Process-wide; tests and the
- * benchmark set it. */
+/* 1 (the default): cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel;
+ * 0: the previous kernels below. Process-wide; tests and the benchmark set it. */
 void cuda_gemm_set_stream(int on);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps; 0 = the default, 1).
  * The 2-tile variant (4 warps) deadlocked in runs 2 and 3 and is not built. Process-wide. */
