@@ -6,6 +6,9 @@
 // power-of-two scale), k_pe read as bf16. The CPU reference is attn_latent (model/cpu_attn.c);
 // the q_lat absorption before and the W_UV projection after are GEMMs.
 //
+// diag (benchmarks only; 0 otherwise): bit 0 skips the gathers after the first tile (the tiles
+// reuse its records), bit 1 skips the MMAs of S and P V, bit 2 skips the dequantisation after
+// the first tile — so `dsv32 bench attention` can time the phases apart.
 // k_mla_decode: q bf16 [B, H, R + 64] per head [q_lat (R) | q_pe (64)], sel int [B, ld_sel]
 // physical slots in key order (-1 ends the list), pool: the layer's MLA records (slot r at
 // pool + r * rec_bytes), o_lat bf16 [B, H, R]. R % 128 == 0, R <= 512, H % 16 == 0.
@@ -123,7 +126,7 @@ __device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0,
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)
 k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 	     const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-	     uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part)
+	     uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
 	extern __shared__ __align__(16) uint8_t smem[];
 	const int DK = R + MLA_ROPE, LD = DK + MLA_PAD; // fp16 row stride of Q and K
@@ -190,7 +193,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 						bf16x2_to_f16x2(x.w));
 			}
 		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
-		for (int i = tid; i < MLA_KT * J; i += MLA_THREADS) {
+		for (int i = tid; i < ((diag & 4) && t ? 0 : MLA_KT * J); i += MLA_THREADS) {
 			const int kk = i / J, c = i - kk * J, k = k0 + kk;
 			const int slot = k < k_end ? srow[k] : -1;
 			uint4 out = make_uint4(0, 0, 0, 0);
@@ -216,7 +219,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		__syncthreads(); // K tile and the valid count visible; raw free
 		const int nv = nval[t & 1];
 		if (nv == MLA_KT && k0 + MLA_KT < k_end)
-			mla_gather(srow, k0 + MLA_KT, k_end, pool, rec_bytes, RB, raw, tid);
+			mla_gather(srow, k0 + MLA_KT, (diag & 1) ? k0 : k_end, pool, rec_bytes, RB, raw, tid);
 		if (nv == 0)
 			break;
 
@@ -226,7 +229,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		for (int j = 0; j < 2; j++)
 			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll 4
-		for (int d0 = 0; d0 < DK; d0 += 16) {
+		for (int d0 = 0; d0 < ((diag & 2) ? 0 : DK); d0 += 16) {
 			uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
 			ldsm_x4(qa + d0 * 2, a0, a1, a2, a3);
 			ldsm_x4(kb + d0 * 2, b0, b1, b2, b3);
@@ -288,7 +291,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			}
 		}
 #pragma unroll
-		for (int kk = 0; kk < MLA_KT / 16; kk++) {
+		for (int kk = 0; kk < ((diag & 2) ? 0 : MLA_KT / 16); kk++) {
 			uint32_t a[4][4];
 #pragma unroll
 			for (int mt = 0; mt < 4; mt++)

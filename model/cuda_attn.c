@@ -46,6 +46,12 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws)
 {
+	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, 0);
+}
+
+int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
+			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag)
+{
 	if (R > 512 || R < 128 || R % 128 || H % 16 || H < 16 || B < 1 || ld_sel < 1 || rec_bytes % 4)
 		return -EINVAL;
 	int splits = cuda_mla_decode_splits(g, B, H, ld_sel);
@@ -57,7 +63,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 		return -ENOENT;
 	unsigned smem = (unsigned)mla_smem_bytes(R, rec_bytes);
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws};
+	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
 	int r = gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
 			   512, 1, 1, smem, args);
 	if (r || splits == 1)

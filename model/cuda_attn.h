@@ -22,6 +22,11 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * to fp16 before P V (kernels_ptx/mla_decode.cu says where this departs from attn_latent). */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
+/* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
+ * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile; the output is then
+ * meaningless). */
+int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
+			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys on the
  * FP8 tensor cores (k_indexer_scores_fp8): q8 e4m3 [B, H, 128] (H <= 64), w fp32 [B, H] (the
  * folded head weights), pages of page_bytes (64 x 128 codes, then 64 fp32 scales) through

@@ -148,6 +148,19 @@ int bench_attention(int argc, char **argv)
 				cuda_mla_decode(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws);
 			cu.cuEventRecord(e1, g.stream);
 			double mla_ms = event_ms(&g, e0, e1) / reps;
+			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
+			double diag_us[8] = {0};
+			const int diags[] = {1, 2, 4, 3, 6, 7};
+			if (ctx == 32768 && (B == 1 || B == 128))
+				for (size_t di = 0; di < sizeof diags / sizeof *diags; di++) {
+					cuda_mla_decode_diag(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws, diags[di]);
+					cu.cuEventRecord(e0, g.stream);
+					for (int r = 0; r < reps; r++)
+						cuda_mla_decode_diag(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws,
+								     diags[di]);
+					cu.cuEventRecord(e1, g.stream);
+					diag_us[diags[di]] = event_ms(&g, e0, e1) / reps * 1e3;
+				}
 			double mla_flops = 2.0 * B * MH * (double)nsel * (R + 64 + R);
 			double mla_bytes = (double)B * nsel * 656 + (double)B * MH * (R + 64) * 2 + (double)B * MH * R * 2;
 			double mla_floor = mla_bytes / (read_tbs * 1e12);
@@ -170,6 +183,10 @@ int bench_attention(int argc, char **argv)
 			       scan16_ms * 1e3, topk_ms * 1e3, 100.0 * topk_floor / (topk_ms * 1e-3), mla_ms * 1e3,
 			       mla_bytes / (mla_ms * 1e-3) / 1e12, mla_flops / (mla_ms * 1e-3) / 1e12,
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
+			if (diag_us[1] > 0)
+				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
+				       mla_ms * 1e3, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
 			fflush(stdout);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
 			cu.cuMemFree(n), cu.cuMemFree(sc), cu.cuMemFree(pos);
