@@ -714,7 +714,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		// ---- producer: one thread issues every copy ----
 		// registers: 128 x P + 256 x C <= 64K; BN = 192's fragment and accumulators need
 		// C = 232, BN = 128 leaves room for the producer warps (the scale warp's pointers)
-		if constexpr (BN > 128) // (BN = 256: acc 128 + frag 64 registers as well)
+		// (BN = 256: acc 128 + frag 64, C = 224 leaves the producer warps 56)
+		if constexpr (BN == 256)
+			asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+		else if constexpr (BN > 128)
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 		else
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
@@ -724,7 +727,9 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		else if (SS && (threadIdx.x >> 5) == 1)
 			wg_scales<BN, STAGES, GROUPED, MC>(sc, t0, dt, mB, sx, S, M, N, KB, bars, scl);
 	} else {
-		if constexpr (BN > 128)
+		if constexpr (BN == 256)
+			asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+		else if constexpr (BN > 128)
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		else
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
@@ -784,8 +789,9 @@ WG_PLAIN(k_gemm_fp8_wgmma_mc2_n128_ss_st, 128, 5, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss_st, 128, 5, true, true)
 // _n256: 128 tokens x 256 weight rows per tile (48 KB a stage, 4 stages): a quarter fewer bytes
 // into each SM per FLOP than 128 x 128 (run 3: the load pipeline alone took 80-85% of the time)
-// (plain, no cluster: with a cluster or the grouped walker its producer warps spill)
 WG_PLAIN(k_gemm_fp8_wgmma_n256_ss, 256, 4, 1, true, NO_ATTR, false)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss, 256, 4, 2, true, CLUSTER2, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss, 256, 4, true, false)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

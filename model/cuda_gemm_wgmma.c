@@ -69,7 +69,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192 && bn != 256) ||
 	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1) ||
-	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)) || (bn == 256 && (!ss || mc != 1 || st)))
+	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)) || (bn == 256 && (!ss || st)))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
@@ -86,7 +86,9 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 		 {"k_gemm_fp8_wgmma_mc2_n128", "k_gemm_fp8_wgmma_mc2_n192"}},
 		{{"k_gemm_fp8_wgmma_n128_ss", "k_gemm_fp8_wgmma_n192_ss"},
 		 {"k_gemm_fp8_wgmma_mc2_n128_ss", NULL}}}; /* (its scale warp would spill) */
-	const char *name = bn == 256 ? "k_gemm_fp8_wgmma_n256_ss" : names[ss][mc - 1][bn == 192];
+	const char *name = bn < 256    ? names[ss][mc - 1][bn == 192]
+			   : mc == 1 ? "k_gemm_fp8_wgmma_n256_ss"
+				     : "k_gemm_fp8_wgmma_mc2_n256_ss";
 	if (st)
 		name = mc == 1 ? "k_gemm_fp8_wgmma_n128_ss_st" : "k_gemm_fp8_wgmma_mc2_n128_ss_st";
 	if (!name)
@@ -110,8 +112,8 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		return 0; /* no rows in any group */
 	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
-	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192) || (ss && bn != 128) ||
-	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
+	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192 && bn != 256) || (ss && bn == 192) ||
+	    (!ss && bn == 256) || (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
 		return -EINVAL;
 	/* the template: any valid address (x8), replaced per group on the device */
 	CUtensorMap mA, tmpl;
@@ -127,8 +129,9 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
 	return launch(g,
-		      st ? "k_gemm_fp8_wgmma_grouped_n128_ss_st"
-		      : ss ? "k_gemm_fp8_wgmma_grouped_n128_ss"
+		      bn == 256 ? "k_gemm_fp8_wgmma_grouped_n256_ss"
+		      : st	? "k_gemm_fp8_wgmma_grouped_n128_ss_st"
+		      : ss	? "k_gemm_fp8_wgmma_grouped_n128_ss"
 		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
 				  : "k_gemm_fp8_wgmma_grouped_n192",
 		      grid, smem_bytes(bn, st), args);

@@ -27,16 +27,17 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
- * bn = 128, 192 or 256 (ss = 1, mc = 1 only) weight rows per tile; mc = 1, or 2 for clusters of
- * two CTAs that share each
- * weight tile (TMA multicast); ss = 1: the scales staged in shared memory by a producer warp
- * (not with bn = 192 and mc = 2); flags: WGMMA_SKEW, the second consumer warpgroup starts after the
- * first's first MMAs, so their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing
- * diagnostics, wrong output): no stores / no MMAs (the flags are ignored for bn = 192 without
- * ss); WGMMA_STAGED: the outputs staged in shared memory and stored as whole 16-byte chunks
- * (bn = 128 with ss only, 5 stages; ldy % 8 == 0 and y 16-byte aligned). Grouped: ss only with bn = 128; G <= 1024; the per-group tensor maps live in one
- * module-global table per GPU,
- * so one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
+ *   bn: weight rows per tile, 128, 192 or 256 (256 needs ss);
+ *   mc: 1, or 2 for clusters of two CTAs that share each weight tile (TMA multicast);
+ *   ss: 1 = the scales staged in shared memory by a producer warp (not with bn = 192 and
+ *       mc = 2, nor in the grouped form with bn = 192);
+ *   flags: WGMMA_SKEW, the second consumer warpgroup starts after the first's first MMAs, so
+ *       their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing diagnostics, wrong
+ *       output): no stores / no MMAs (flags are ignored for bn = 192 without ss);
+ *       WGMMA_STAGED: the outputs staged in shared memory and stored as whole 16-byte chunks
+ *       (bn = 128 with ss only, 5 stages; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER.
+ * Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU, so
+ * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
  * fastest inside a band (0: the token tile fastest over all of M) */

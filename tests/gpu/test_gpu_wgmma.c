@@ -198,7 +198,8 @@ static const int variants[][4] = {
 	{192, 1, 1, 0},  {128, 2, 1, 0},  {128, 1, 0, 1},  {128, 1, 1, 1}, {128, 2, 1, 1},
 	{128, 1, 1, RS(8)}, {128, 1, 1, RS(16)}, {128, 2, 1, RS(16)}, {128, 1, 0, RS(16)},
 	{128, 1, 1, ST},  {128, 2, 1, ST},  {128, 1, 1, ST | RS(16)}, {128, 2, 1, ST | RS(16)},
-	{256, 1, 1, 0},   {256, 1, 1, 1},   {256, 1, 1, RS(8)},       {256, 1, 1, 1 | RS(8)}};
+	{256, 1, 1, 0},   {256, 1, 1, 1},   {256, 1, 1, RS(8)},       {256, 1, 1, 1 | RS(8)},
+	{256, 2, 1, 0},   {256, 2, 1, RS(8)}};
 #define N_VAR (int)(sizeof variants / sizeof *variants)
 
 /* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
@@ -474,8 +475,8 @@ static void grp_free(struct grp_case *c)
 }
 
 /* grouped variants: bn, scales through smem, kernel flags */
-static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1},
-			       {128, 1, 0}, {128, 1, 1}, {128, 1, ST}};
+static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0},
+			       {128, 1, 1}, {128, 1, ST}, {256, 1, 0}, {256, 1, 1}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
