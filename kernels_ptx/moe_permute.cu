@@ -4,10 +4,11 @@
 // k_moe_permute: idx int [T, K] (each token's K experts) -> counts int [E], offsets int [E + 1]
 //   (exclusive prefix of counts), perm int [T * K]: perm[t*K + n] = the row of (t, n) in the
 //   expert-sorted order, where within an expert the rows are in ascending t (the CPU's order),
-//   and src int [T * K]: the token of each sorted row. One block (any multiple of 32 threads;
-//   1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a shared-memory
-//   histogram, a warp scan for the offsets, then the tokens in chunks of PERM_CHUNK: a bitmask
-//   per expert of the chunk's tokens that hit it gives each row its rank by popcounts.
+//   and src int [T * K]: the token of each sorted row. One block (a multiple of 32 threads,
+//   >= E and >= K; 1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a
+//   shared-memory histogram, a warp scan for the offsets, then the tokens in passes of
+//   min(PERM_CHUNK, threads / K), one entry per thread: a bitmask per expert of the pass's tokens
+//   that hit it gives each row its rank by popcounts.
 // k_moe_gather: x bf16 [T, D] -> xs bf16 [T*K, D], xs[r] = x[src[r]]; one block per sorted row,
 //   16-byte copies (D % 8 == 0).
 // k_moe_combine: y[t, d] = bf16( Σ_n ex[perm[t*K+n], d] * w[t, n] + sh[t, d] ) with the picks in
@@ -16,7 +17,7 @@
 //   sorted order), w fp32 [T, K], sh bf16 [T, D], y bf16 [T, D]. Grid-stride over T * D.
 #include "common.cuh"
 
-#define PERM_CHUNK 128 // tokens placed per pass of k_moe_permute
+#define PERM_CHUNK 128 // most tokens placed per pass of k_moe_permute
 
 extern "C" __global__ void __launch_bounds__(1024)
 k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict__ counts,
@@ -55,35 +56,39 @@ k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict_
 		if (tid == 31)
 			offsets[E] = incl;
 	}
-	// placement in token order, PERM_CHUNK tokens at a time: the rank of (t, n) within its
-	// expert e = base[e] (rows of e in earlier chunks) + the chunk's earlier tokens that hit e
-	for (int t0 = 0; t0 < T; t0 += PERM_CHUNK) {
-		for (int j = tid; j < E * (PERM_CHUNK / 32); j += nt)
-			hit[j / (PERM_CHUNK / 32)][j % (PERM_CHUNK / 32)] = 0;
-		__syncthreads(); // hit cleared (and base[] written, on the first pass)
-		const int m = min(PERM_CHUNK, T - t0) * K;
-		for (int j = tid; j < m; j += nt) {
-			const int e = idx[t0 * K + j], tl = j / K;
+	// placement in token order, ct tokens a pass (one entry per thread): the rank of (t, n)
+	// within its expert e = base[e] (rows of e in earlier passes) + the pass's earlier tokens
+	// that hit e; the next pass's entry is loaded while this one is placed
+	const int ct = min(PERM_CHUNK, nt / K);
+	for (int j = tid; j < E * (PERM_CHUNK / 32); j += nt)
+		hit[j / (PERM_CHUNK / 32)][j % (PERM_CHUNK / 32)] = 0;
+	int e_next = tid < min(ct, T) * K ? idx[tid] : 0;
+	for (int t0 = 0; t0 < T; t0 += ct) {
+		const bool has = tid < min(ct, T - t0) * K;
+		const int e = e_next, tl = tid / K;
+		if (t0 + ct < T)
+			e_next = tid < min(ct, T - t0 - ct) * K ? idx[(t0 + ct) * K + tid] : 0;
+		__syncthreads(); // hit cleared, base[] current
+		if (has)
 			atomicOr(&hit[e][tl >> 5], 1u << (tl & 31));
-		}
-		__syncthreads(); // the chunk's hits are known
-		for (int j = tid; j < m; j += nt) {
-			const int e = idx[t0 * K + j], tl = j / K;
+		__syncthreads(); // the pass's hits are known
+		if (has) {
 			int r = base[e];
 			for (int w = 0; w < (tl >> 5); w++)
 				r += __popc(hit[e][w]);
 			r += __popc(hit[e][tl >> 5] & ((1u << (tl & 31)) - 1u));
-			perm[t0 * K + j] = r;
+			perm[t0 * K + tid] = r;
 			src[r] = t0 + tl;
 		}
 		__syncthreads(); // ranks read base[] and hit[] before they change
-		for (int e = tid; e < E; e += nt) {
+		if (tid < E) { // thread e advances expert e and clears its hits (nt >= E)
 			int c = 0;
-			for (int w = 0; w < PERM_CHUNK / 32; w++)
-				c += __popc(hit[e][w]);
-			base[e] += c;
+			for (int w = 0; w < PERM_CHUNK / 32; w++) {
+				c += __popc(hit[tid][w]);
+				hit[tid][w] = 0;
+			}
+			base[tid] += c;
 		}
-		__syncthreads(); // base[] advanced before the next chunk
 	}
 }
 
