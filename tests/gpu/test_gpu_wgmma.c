@@ -386,6 +386,45 @@ static void timing_m4096(int first, int last)
 TEST_T(gpu_wgmma, timing_m4096_a, 90) { timing_m4096(0, N_BIG / 2); }
 TEST_T(gpu_wgmma, timing_m4096_b, 90) { timing_m4096(N_BIG / 2, N_BIG); }
 
+/* Prefill chunks smaller than 4096 tokens (the dispatch's M buckets): a few variants against
+ * cuBLASLt, so the dispatch can be set per (M, N, K). */
+TEST_T(gpu_wgmma, timing_small_m, 90)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int Ms[] = {128, 256, 512, 1024, 2048};
+	static const int shapes[][2] = {{24576, 1536}, {4096, 7168}, {7168, 2048}, {2112, 7168}};
+	static const int pick[] = {4, 14, 18}; /* 128/1/1/0, 128/1/1/ST, 256/1/1/0 */
+	printf("    %-18s %10s %10s %10s %10s  best/LT\n", "M N x K (us)", "128/1/1/0", "128/1/1/ST",
+	       "256/1/1/0", "cuBLASLt");
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+			struct wg_case c;
+			int M = Ms[mi], N = shapes[si][0], K = shapes[si][1];
+			case_init(&c, M, N, K, WIDE, 1500 + si * 8 + mi);
+			case_upload(&g, &c);
+			size_t ws_bytes = cuda_gemm_fp8_workspace(&g, M, N, K);
+			gpu_ptr ws = gpu_test_alloc(ws_bytes);
+			float us[4];
+			for (int p = 0; p < 3; p++)
+				us[p] = time_path(&g, &c, pick[p], ws, ws_bytes);
+			us[3] = time_path(&g, &c, N_VAR, ws, ws_bytes);
+			float best = -1;
+			for (int p = 0; p < 3; p++)
+				if (us[p] > 0 && (best < 0 || us[p] < best))
+					best = us[p];
+			char nk[32];
+			snprintf(nk, sizeof nk, "%d %dx%d", M, N, K);
+			printf("    %-18s %10.1f %10.1f %10.1f %10.1f  %.2f\n", nk, us[0], us[1], us[2],
+			       us[3], best > 0 && us[3] > 0 ? us[3] / best : -1);
+			CHECK(best > 0);
+			cu.cuMemFree(ws);
+			case_free(&c);
+		}
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
 /* ---- grouped -------------------------------------------------------------------------------- */
 
 /* G groups with the given row counts; each group its own weight. Checks every row (or sampled
