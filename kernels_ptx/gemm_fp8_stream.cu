@@ -488,8 +488,10 @@ ST_ENTRY(1, 1)
 ST_ENTRY(2, 1)
 ST_ENTRY(4, 1)
 ST_ENTRY(8, 1)
-// RT = 2 (4 consumer warps) deadlocked in runs 2 and 3 (consumers waiting on a stage's first
-// fill, cause not found yet); not instantiated until it is understood.
+ST_ENTRY(1, 2)
+ST_ENTRY(2, 2)
+ST_ENTRY(4, 2)
+ST_ENTRY(8, 2)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1)

@@ -111,7 +111,7 @@ static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
 static int stream_rt = 0;
 
-void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 ? rt : 0; }
+void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
 /* Raises fn's dynamic shared memory limit once (per function handle). */
 static int smem_optin(void *fn, int bytes)
@@ -148,15 +148,22 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
 	int v = slice_rows <= 8 ? 0 : slice_rows <= 16 ? 1 : slice_rows <= 32 ? 2 : 3;
 	int mpad = 8 << v;
-	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) would read each token fragment
-	 * from shared memory once for two tiles; it deadlocked in runs 2 and 3 and is not built:
-	 * RT = 1 always. */
+	/* RT = 2 (4 consumer warps of two 16-row MMA tiles each) reads each token fragment from
+	 * shared memory once for two tiles. Not the default until measured: its runs 2 and 3
+	 * "deadlocks" were the RT = 1 kernel launched with RT = 2's 160 threads (no producer warp),
+	 * because gpu_kernel caches the name pointer it is given and these names were built in a
+	 * reused stack buffer; the names are literals now. */
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
-	char name[40];
+	/* literals: gpu_kernel keeps the pointer it is given as its cache key */
+	static const char *names[2][5] = {
+		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
+		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
+		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"}};
 	if (copy_only)
 		rt = 1;
-	snprintf(name, sizeof name, "k_gemm_fp8_stream_m%d_r%d", copy_only ? 0 : 1 << v, rt);
+	const char *name = names[rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;

@@ -37,8 +37,8 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 /* 1 (the default): cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel;
  * 0: the previous kernels below. Process-wide; tests and the benchmark set it. */
 void cuda_gemm_set_stream(int on);
-/* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps; 0 = the default, 1).
- * The 2-tile variant (4 warps) deadlocked in runs 2 and 3 and is not built. Process-wide. */
+/* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
+ * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */

@@ -68,7 +68,7 @@ static void check_dense_equal(struct gpu *g, int G, const int *rows, const int *
 
 /* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights; one CPU
  * reference (cpu_fp8_linear per group, on the pool) against each kernel: exact = 1: the
- * streaming kernel and the first version (v0), called directly, each group's rows also bit-equal to the dense GEMM's (cuda_gemm_fp8 of the same
+ * streaming kernel with 1 and 2 MMA tiles per warp and the first version (v0), called directly, each group's rows also bit-equal to the dense GEMM's (cuda_gemm_fp8 of the same
  * kernel generation); exact = 0: cuda_gemm_fp8_grouped's dispatch (wgmma for many rows where
  * enabled), CPU check only. */
 static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int *rows, int N,
@@ -118,14 +118,15 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
 	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	static const char *names[] = {"stream", "v0", "dispatch"};
-	for (int v = exact ? 0 : 2; v < (exact ? 2 : 3); v++) {
-		cuda_gemm_set_stream(v != 1);
+	static const char *names[] = {"stream rt=1", "stream rt=2", "v0", "dispatch"};
+	for (int v = exact ? 0 : 3; v < (exact ? 3 : 4); v++) {
+		cuda_gemm_set_stream(v != 2);
+		cuda_gemm_set_stream_rt(v < 2 ? v + 1 : 0);
 		gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
-		if (v == 0)
+		if (v < 2)
 			REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows,
 							     N, K, N, dws, wsb) == 0);
-		else if (v == 1)
+		else if (v == 2)
 			REQUIRE(cuda_gemm_fp8_grouped_v0(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N,
 							 K, N) == 0);
 		else
@@ -145,6 +146,8 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 		if (exact) /* each group's rows equal the dense GEMM's with the same weight */
 			check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
 	}
+	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream_rt(0);
 	for (int e = 0; e < G; e++)
 		if (rows[e])
 			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);

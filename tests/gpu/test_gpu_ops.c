@@ -300,7 +300,7 @@ TEST(gpu_ops, lm_head_fp32)
 }
 
 /* The FP8 decode GEMM against cpu_fp8_linear on the same quantised activations: the streaming
- * kernel, then the previous kernel, against one CPU result (the
+ * kernel with 1 and 2 MMA tiles per warp, then the previous kernel, against one CPU result (the
  * CPU reference on a thread pool: the GPU suite keeps each case well under 30 s). */
 static void check_gemm(struct gpu *g, struct cpu_pool *pool, int M, int N, int K, uint64_t seed)
 {
@@ -329,9 +329,10 @@ static void check_gemm(struct gpu *g, struct cpu_pool *pool, int M, int N, int K
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)M * KB * 4) == 0);
 	size_t wsb = cuda_gemm_decode_workspace(g, M, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	static const char *names[] = {"stream", "v2"};
-	for (int v = 0; v < 2; v++) {
-		cuda_gemm_set_stream(v == 0);
+	static const char *names[] = {"stream rt=1", "stream rt=2", "v2"};
+	for (int v = 0; v < 3; v++) {
+		cuda_gemm_set_stream(v < 2);
+		cuda_gemm_set_stream_rt(v + 1);
 		gpu_test_poison(g, dy, (size_t)M * N * 2);
 		REQUIRE(cuda_gemm_fp8_decode(g, dW, dS, dx, dsx, dy, M, N, K, N, dws) == 0);
 		REQUIRE(gpu_download(g, yg, dy, (size_t)M * N * 2) == 0);
@@ -339,6 +340,8 @@ static void check_gemm(struct gpu *g, struct cpu_pool *pool, int M, int N, int K
 		snprintf(what, sizeof what, "%s M=%d N=%d K=%d", names[v], M, N, K);
 		CHECK_EQ_INT(gpu_gemm_count_bad(y, yg, M, N, what), 0);
 	}
+	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream_rt(0);
 	if (dws)
 		cu.cuMemFree(dws);
 	cu.cuMemFree(dW), cu.cuMemFree(dS), cu.cuMemFree(dx), cu.cuMemFree(dsx), cu.cuMemFree(dy);
@@ -363,7 +366,7 @@ TEST_T(gpu_ops, gemm_fp8_decode_vs_cpu, 60)
 
 /* Batch invariance of the decode GEMM (the streaming kernel): the first m rows of a 64-row
  * product, recomputed with M = m (1, 7, 8, 9, 33, 63), are bit-identical to the 64-row result
- * (shapes with one and with several K chunks). */
+ * (shapes with one and with several K chunks), with 1 and with 2 MMA tiles per warp. */
 TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 30)
 {
 	struct gpu g;
@@ -402,8 +405,10 @@ TEST_T(gpu_ops, gemm_fp8_decode_batch_invariant, 30)
 		REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, M, N, K, N, dws) == 0);
 		REQUIRE(gpu_download(&g, y64, dy, (size_t)M * N * 2) == 0);
 		struct gemm_split sp = cuda_gemm_decode_split(&g, N, K);
-		for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
-			const int m = ms[mi], rt = 1;
+		for (size_t mi = 0; mi < 2 * sizeof ms / sizeof *ms; mi++) {
+			const int m = mi < sizeof ms / sizeof *ms ? ms[mi] : ms[mi - sizeof ms / sizeof *ms];
+			const int rt = mi < sizeof ms / sizeof *ms ? 1 : 2; /* rt=2 vs rt=1 too */
+			cuda_gemm_set_stream_rt(rt);
 			gpu_test_poison(&g, dy, (size_t)M * N * 2);
 			REQUIRE(cuda_gemm_fp8_decode(&g, dW, dS, dx, dsx, dy, m, N, K, N, dws) == 0);
 			REQUIRE(gpu_download(&g, ym, dy, (size_t)m * N * 2) == 0);

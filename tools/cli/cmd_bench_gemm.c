@@ -307,9 +307,9 @@ int bench_gemm(int argc, char **argv)
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
-		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s\n",
+		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "split", "v2_us", "TB/s",
-		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "copy");
+		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "copy", "rt2");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -353,6 +353,12 @@ int bench_gemm(int argc, char **argv)
 					       : -1;
 			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
 			float cp = c.M <= 64 ? time_ms(&g, launch_copy, &c, reps, trials) : -1;
+			float r2 = -1; /* the streaming kernel with 2 MMA tiles per warp */
+			if (c.M <= 64) {
+				cuda_gemm_set_stream_rt(2);
+				r2 = time_ms(&g, launch_gemm, &c, reps, trials);
+				cuda_gemm_set_stream_rt(0);
+			}
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
@@ -387,6 +393,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
 			if (cp >= 0)
 				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
+			if (r2 >= 0)
+				printf(" %6.3f", bytes / (r2 * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -401,7 +409,8 @@ int bench_gemm(int argc, char **argv)
 		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m* for M <= 64, "
 		       "cuda_gemm_fp8_wgmma above; "
 		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
-		       "copy: TB/s of the streaming kernel's copies alone (no MMA); "
+		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
+		       "tiles per warp (4 consumer warps); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
