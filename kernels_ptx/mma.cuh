@@ -13,34 +13,32 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 	return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// c += A (16xK) * B (Kx8) for the element type TY (a PTX type string) and K
+#define MMA_SYNC_F32(SHAPE, TY, c, a0, a1, a2, a3, b0, b1)                                        \
+	asm volatile("mma.sync.aligned." SHAPE ".row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "     \
+		     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                        \
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                \
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
 // c += A (16x16 bf16) * B (16x8 bf16)
 __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
 					       uint32_t a3, uint32_t b0, uint32_t b1)
 {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-		     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+	MMA_SYNC_F32("m16n8k16", "bf16", c, a0, a1, a2, a3, b0, b1);
 }
 
 // c += A (16x16 fp16) * B (16x8 fp16)
 __device__ __forceinline__ void mma_f16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
 					      uint32_t a3, uint32_t b0, uint32_t b1)
 {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-		     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+	MMA_SYNC_F32("m16n8k16", "f16", c, a0, a1, a2, a3, b0, b1);
 }
 
 // c += A (16x32 e4m3) * B (32x8 e4m3); a register holds 4 consecutive K elements
 __device__ __forceinline__ void mma_e4m3_16832(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
 					       uint32_t a3, uint32_t b0, uint32_t b1)
 {
-	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+	MMA_SYNC_F32("m16n8k32", "e4m3", c, a0, a1, a2, a3, b0, b1);
 }
 
 // Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i (16 bytes each)

@@ -173,6 +173,25 @@ __device__ __forceinline__ void topk_load16(const float *__restrict__ row, int n
 			ok[u][0] = ok[u][1] = ok[u][2] = ok[u][3] = false;
 }
 
+// Runs f(ok, key, pos) for the order keys of the row, 16 a thread per trip (topk_load16); the
+// loop runs while the warp's first lane has work, so every lane of a warp takes the same trips
+// and f may use warp-collective operations.
+template <typename F>
+__device__ __forceinline__ void topk_for_each16(const float *__restrict__ row, int n, int n4, int vec, F f)
+{
+	const int lane = threadIdx.x & 31;
+	for (int i0 = threadIdx.x; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
+		uint32_t key[4][4];
+		bool ok[4][4];
+		topk_load16(row, n, n4, vec, i0, key, ok);
+#pragma unroll
+		for (int u = 0; u < 4; u++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				f(ok[u][e], key[u][e], 4 * (i0 + u * TOPK_THREADS) + e);
+	}
+}
+
 // Thread j owns bins [per*(1023-j), +per) (thread 0 the highest); finds the bin where the count
 // from the top reaches `rem`: *bin_out and *rem_out (rem minus the keys above that bin).
 __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem, int *bin_out, int *rem_out)
@@ -405,17 +424,9 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 				cur[0] = nxt[0], cur[1] = nxt[1];
 			}
 		} else {
-			for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-				uint32_t key[4][4];
-				bool ok[4][4];
-				topk_load16(row, n, n4, vec, i0, key, ok);
-#pragma unroll
-				for (int u = 0; u < 4; u++)
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						topk_append(ok[u][e] && key[u][e] >= T0, key[u][e],
-							    4 * (i0 + u * TOPK_THREADS) + e, &s_ncand, cand_key, cand_pos, lane);
-			}
+			topk_for_each16(row, n, n4, vec, [&](bool ok, uint32_t key, int pos) {
+				topk_append(ok && key >= T0, key, pos, &s_ncand, cand_key, cand_pos, lane);
+			});
 		}
 		__syncthreads(); // candidates complete (and every read of the sample done)
 		sampled = s_ncand >= k && s_ncand <= TOPK_CAND;
@@ -431,38 +442,22 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		if (tid == 0)
 			s_ncand = 0;
 		// pass 1: histogram of the top 11 bits, lane l into copy l % 8
-		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-			uint32_t key[4][4];
-			bool ok[4][4];
-			topk_load16(row, n, n4, vec, i0, key, ok);
-#pragma unroll
-			for (int u = 0; u < 4; u++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					if (ok[u][e])
-						atomicAdd(&myhist[key[u][e] >> 21], 1);
-		}
+		topk_for_each16(row, n, n4, vec, [&](bool ok, uint32_t key, int pos) {
+			if (ok)
+				atomicAdd(&myhist[key >> 21], 1);
+		});
 		__syncthreads(); // every copy complete
 		topk_merge_copies(hist);
 		topk_find_bin(hist, TOPK_BINS / TOPK_THREADS, k, &s_bin, &s_rem);
 		bin = (uint32_t)s_bin;
 		rem = s_rem;
 		// pass 2: above the bin -> selected; in the bin -> candidates (warp-aggregated append)
-		for (int i0 = tid; i0 - lane < n4; i0 += 4 * TOPK_THREADS) {
-			uint32_t key[4][4];
-			bool ok[4][4];
-			topk_load16(row, n, n4, vec, i0, key, ok);
-#pragma unroll
-			for (int u = 0; u < 4; u++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					const int pos = 4 * (i0 + u * TOPK_THREADS) + e;
-					const uint32_t kb = key[u][e] >> 21;
-					if (ok[u][e] && kb > bin)
-						atomicOr(&selb[pos >> 5], 1u << (pos & 31));
-					topk_append(ok[u][e] && kb == bin, key[u][e], pos, &s_ncand, cand_key, cand_pos, lane);
-				}
-		}
+		topk_for_each16(row, n, n4, vec, [&](bool ok, uint32_t key, int pos) {
+			const uint32_t kb = key >> 21;
+			if (ok && kb > bin)
+				atomicOr(&selb[pos >> 5], 1u << (pos & 31));
+			topk_append(ok && kb == bin, key, pos, &s_ncand, cand_key, cand_pos, lane);
+		});
 		__syncthreads(); // bitmaps and candidates complete
 		prefix = bin << 21, mask = 0xffe00000u, first_round = 1;
 	}
