@@ -102,10 +102,11 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 			return g->fns[i].fn;
 	/* Find the module from the build-time entry list, so no driver call fails on a miss. */
 	for (int i = 0; i < g->n_modules; i++) {
-		int has = 0;
-		for (int k = 0; k < kernel_images[i].n_entries && !has; k++)
-			has = !strcmp(kernel_images[i].entries[k], fn);
-		if (!has)
+		const char *name = NULL; /* the entry list's copy: static, unlike the caller's fn */
+		for (int k = 0; k < kernel_images[i].n_entries && !name; k++)
+			if (!strcmp(kernel_images[i].entries[k], fn))
+				name = kernel_images[i].entries[k];
+		if (!name)
 			continue;
 		CUfunction f;
 		if (cu_check(cu.cuModuleGetFunction(&f, g->modules[i], fn), "cuModuleGetFunction",
@@ -115,7 +116,7 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 		if (!nf)
 			return NULL;
 		g->fns = nf;
-		g->fns[g->n_fns++] = (struct gpu_kernel_fn){fn, f};
+		g->fns[g->n_fns++] = (struct gpu_kernel_fn){name, f};
 		return f;
 	}
 	fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
