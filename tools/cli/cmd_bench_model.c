@@ -133,10 +133,12 @@ static int parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, in
 	return 0;
 }
 
-/* "1,16,64" -> values in [lo, hi]; at most MAX_LIST. */
+/* "1,16,64" -> values in [lo, hi]; at most MAX_LIST; "none" -> no values. */
 static int parse_list(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out, int *n)
 {
 	*n = 0;
+	if (!strcmp(v, "none"))
+		return 0;
 	char buf[256];
 	if (!*v || strlen(v) >= sizeof buf) {
 		fprintf(stderr, "dsv32 bench model: %s \"%s\": expected a comma-separated list of integers\n",
@@ -229,14 +231,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			r = parse_int(a, v, 0, INT64_MAX, &x), o->seed = (uint64_t)x;
 		else if (!strcmp(a, "--batches"))
 			r = parse_list(a, v, 1, 4096, o->batches, &o->n_batches), have_batches = 1;
-		else if (!strcmp(a, "--contexts") && !strcmp(v, "none"))
-			o->n_contexts = 0, have_contexts = 1;
 		else if (!strcmp(a, "--contexts"))
 			r = parse_list(a, v, 1, 1 << 24, o->contexts, &o->n_contexts), have_contexts = 1;
 		else if (!strcmp(a, "--prefill-reps"))
 			r = parse_int(a, v, 1, 100, &o->prefill_reps);
-		else if (!strcmp(a, "--prompts") && !strcmp(v, "none"))
-			o->n_prompts = 0, have_prompts = 1;
 		else if (!strcmp(a, "--prompts"))
 			r = parse_list(a, v, 1, 1 << 24, o->prompts, &o->n_prompts), have_prompts = 1;
 		else if (!strcmp(a, "--steps"))
@@ -269,6 +267,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			(long long)o->dense, (long long)o->layers);
 		return 2;
 	}
+	if (!o->n_batches)
+		o->n_contexts = 0; /* --batches none: no decode either */
 	if (full && !have_batches)
 		memcpy(o->batches, fb, sizeof fb), o->n_batches = 4;
 	if (full && !have_contexts)
