@@ -68,15 +68,12 @@ __device__ __forceinline__ float warp_sum(float v)
 	return v;
 }
 
-// act_quant of one 128-wide group by one warp (spec §5.3): lane l handles x[4l .. 4l+3] (one
-// 8-byte load), writes their e4m3 codes to q[4l ..] and returns the group's UE8M0 scale (every
-// lane gets it). Bit-exact to model/numerics.h act_quant_group.
-__device__ __forceinline__ float warp_act_quant128(const uint16_t *__restrict__ x,
-						   uint8_t *__restrict__ q, int lane)
+// act_quant of one 128-wide group held by a warp in registers (spec §5.3): lane l holds the bf16
+// values v[k] = x[4l + k]; writes their e4m3 codes to q[4l ..] and returns the group's UE8M0
+// scale (every lane gets it). Bit-exact to model/numerics.h act_quant_group.
+__device__ __forceinline__ float warp_act_quant128_regs(const float v[4], uint8_t *__restrict__ q,
+							int lane)
 {
-	const uint2 raw = *reinterpret_cast<const uint2 *>(x + lane * 4);
-	float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
-		      bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
 	float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 	amax = fmaxf(warp_max(amax), 1e-4f);
 	const float sc = ue8m0_scale(amax);
@@ -89,4 +86,96 @@ __device__ __forceinline__ float warp_act_quant128(const uint16_t *__restrict__ 
 	}
 	*reinterpret_cast<uint32_t *>(q + lane * 4) = packed;
 	return sc;
+}
+
+// The same reading the group from memory: lane l loads x[4l .. 4l+3] (one 8-byte load).
+__device__ __forceinline__ float warp_act_quant128(const uint16_t *__restrict__ x,
+						   uint8_t *__restrict__ q, int lane)
+{
+	const uint2 raw = *reinterpret_cast<const uint2 *>(x + lane * 4);
+	float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
+		      bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
+	return warp_act_quant128_regs(v, q, lane);
+}
+
+// Sylvester Hadamard transform (unscaled, fp32) of a 128-vector held by a warp as v[k] = x[4l + k]
+// (spec §3.6 step 4): two butterfly stages inside the lane, five across lanes with shuffles.
+__device__ __forceinline__ void warp_hadamard128(float v[4], int lane)
+{
+	// bits 0,1 of the index: inside the lane
+	float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+	v[0] = a0 + a2, v[1] = a1 + a3, v[2] = a0 - a2, v[3] = a1 - a3;
+	// bits 2..6: across lanes (lane bit j = index bit j+2); the lane with the bit clear keeps
+	// the sum, the other the difference
+#pragma unroll
+	for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			float o = __shfl_xor_sync(0xffffffffu, v[k], m);
+			v[k] = (lane & m) ? o - v[k] : v[k] + o;
+		}
+	}
+}
+
+// LayerNorm with bias of a 128-vector held by a warp as v[k] = x[4l + k] (spec §3.6.3):
+// mean-subtracted, biased variance, fp32; v gets the fp32 results (the caller rounds).
+__device__ __forceinline__ void warp_layernorm128(float v[4], int lane, const float *__restrict__ w,
+						  const float *__restrict__ b, float eps)
+{
+	const float mean = warp_sum(v[0] + v[1] + v[2] + v[3]) * (1.0f / 128.0f);
+	float d2 = 0.f;
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		d2 += (v[k] - mean) * (v[k] - mean);
+	const float var = warp_sum(d2) * (1.0f / 128.0f);
+	const float inv = rsqrtf(var + eps);
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		int i = lane * 4 + k;
+		v[k] = (v[k] - mean) * inv * w[i] + b[i];
+	}
+}
+
+// RMSNorm of one row with the optional fused residual add (spec §3.2) by a block of THREADS
+// threads, PER values each (dim <= THREADS * PER): s = fp32(x) [+ fp32(res)],
+// out = bf16(w * s / sqrt(mean(s^2) + eps)), res = bf16(s) when res is not null.
+template <int THREADS, int PER>
+__device__ __forceinline__ void block_rmsnorm_row(const uint16_t *__restrict__ xr,
+						  uint16_t *__restrict__ rr, const float *__restrict__ w,
+						  uint16_t *__restrict__ orow, int dim, float eps)
+{
+	float s[PER];
+	float ss = 0.f;
+#pragma unroll
+	for (int k = 0; k < PER; k++) {
+		int i = threadIdx.x + k * THREADS;
+		s[k] = 0.f;
+		if (i < dim) {
+			float v = bf16_to_f32(xr[i]);
+			if (rr)
+				v += bf16_to_f32(rr[i]);
+			s[k] = v;
+			ss += v * v;
+		}
+	}
+	// block reduction of the sum of squares: warp shuffles, then one value per warp in smem
+	__shared__ float part[THREADS / 32];
+	ss = warp_sum(ss);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = ss;
+	__syncthreads(); // every warp's partial is in smem before any thread sums them
+	float tot = 0.f;
+#pragma unroll
+	for (int k = 0; k < THREADS / 32; k++)
+		tot += part[k];
+	const float inv = rsqrtf(tot / (float)dim + eps);
+#pragma unroll
+	for (int k = 0; k < PER; k++) {
+		int i = threadIdx.x + k * THREADS;
+		if (i < dim) {
+			orow[i] = f32_to_bf16(w[i] * (s[k] * inv));
+			if (rr)
+				rr[i] = f32_to_bf16(s[k]);
+		}
+	}
 }

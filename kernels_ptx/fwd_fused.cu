@@ -41,41 +41,6 @@ __device__ __forceinline__ void warp_rope_halfsplit(float v[4], const float *__r
 	}
 }
 
-// k_hadamard128's transform on the warp's vector (v[k] = x[4 lane + k]), bf16 out.
-__device__ __forceinline__ void warp_hadamard128(float v[4], int lane, float scale)
-{
-	float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
-	v[0] = a0 + a2, v[1] = a1 + a3, v[2] = a0 - a2, v[3] = a1 - a3;
-#pragma unroll
-	for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			float o = __shfl_xor_sync(0xffffffffu, v[k], m);
-			v[k] = (lane & m) ? o - v[k] : v[k] + o;
-		}
-	}
-#pragma unroll
-	for (int k = 0; k < 4; k++)
-		v[k] = bf16r(v[k] * scale);
-}
-
-// warp_act_quant128 on register values (bf16 values held as floats): codes to q[4 lane ..],
-// returns the UE8M0 scale.
-__device__ __forceinline__ float warp_quant_regs(const float v[4], uint8_t *__restrict__ q, int lane)
-{
-	float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-	amax = fmaxf(warp_max(amax), 1e-4f);
-	const float sc = ue8m0_scale(amax);
-	uint32_t packed = 0;
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		float y = fminf(fmaxf(v[k] / sc, -448.f), 448.f);
-		packed |= (uint32_t)f32_to_e4m3(y) << (8 * k);
-	}
-	*reinterpret_cast<uint32_t *>(q + lane * 4) = packed;
-	return sc;
-}
-
 __device__ __forceinline__ void load4(const uint16_t *__restrict__ x, float v[4], int lane)
 {
 	const uint2 raw = *reinterpret_cast<const uint2 *>(x + lane * 4);
@@ -105,9 +70,12 @@ k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restri
 	float v[4];
 	load4(iq + (size_t)r * 128, v, lane);
 	warp_rope_halfsplit(v, cs, pos[r / H], lane);
-	warp_hadamard128(v, lane, had);
+	warp_hadamard128(v, lane);
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		v[k] = bf16r(v[k] * had);
 	store4(iq + (size_t)r * 128, v, lane);
-	const float sc = warp_quant_regs(v, q8 + (size_t)r * 128, lane);
+	const float sc = warp_act_quant128_regs(v, q8 + (size_t)r * 128, lane);
 	if (lane == 0)
 		w[r] = __fmul_rn(__fmul_rn(__fmul_rn(w[r], hs), sc), ds);
 }
@@ -126,26 +94,21 @@ k_fwd_idx_k(const uint16_t *__restrict__ kr, int ld, const float *__restrict__ n
 		return;
 	float v[4];
 #pragma unroll
-	for (int k = 0; k < 4; k++) // k_layernorm128, term for term
+	for (int k = 0; k < 4; k++) // k_layernorm128's arithmetic
 		v[k] = bf16_to_f32(kr[(size_t)t * ld + lane * 4 + k]);
-	const float mean = warp_sum(v[0] + v[1] + v[2] + v[3]) * (1.0f / 128.0f);
-	float d2 = 0.f;
+	warp_layernorm128(v, lane, nw, nb, eps);
 #pragma unroll
 	for (int k = 0; k < 4; k++)
-		d2 += (v[k] - mean) * (v[k] - mean);
-	const float var = warp_sum(d2) * (1.0f / 128.0f);
-	const float inv = rsqrtf(var + eps);
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		const int i = lane * 4 + k;
-		v[k] = bf16r((v[k] - mean) * inv * nw[i] + nb[i]);
-	}
+		v[k] = bf16r(v[k]);
 	warp_rope_halfsplit(v, cs, pos[t], lane);
-	warp_hadamard128(v, lane, had);
+	warp_hadamard128(v, lane);
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		v[k] = bf16r(v[k] * had);
 	store4(ik + (size_t)t * 128, v, lane);
 	const int slot = slots[t], off = slot & 63;
 	uint8_t *page = pool + (size_t)(slot >> 6) * page_bytes;
-	const float sc = warp_quant_regs(v, page + off * 128, lane);
+	const float sc = warp_act_quant128_regs(v, page + off * 128, lane);
 	if (lane == 0)
 		*reinterpret_cast<float *>(page + 64 * 128 + off * 4) = sc;
 }
@@ -166,33 +129,7 @@ k_fwd_kv(uint16_t *__restrict__ y, int ld, int kvo, const float *__restrict__ nw
 	uint16_t *row = y + (size_t)t * ld + kvo;
 	uint8_t *rec = pool + (size_t)slots[t] * rec_bytes;
 	const int tiles = R / 128;
-	float s[8];
-	float ss = 0.f;
-#pragma unroll
-	for (int k = 0; k < 8; k++) {
-		const int i = tid + k * KV_THREADS;
-		s[k] = 0.f;
-		if (i < R) {
-			s[k] = bf16_to_f32(row[i]);
-			ss += s[k] * s[k];
-		}
-	}
-	__shared__ float part[KV_THREADS / 32];
-	ss = warp_sum(ss);
-	if (lane == 0)
-		part[warp] = ss;
-	__syncthreads(); // every warp's partial is in shared memory
-	float tot = 0.f;
-#pragma unroll
-	for (int k = 0; k < KV_THREADS / 32; k++)
-		tot += part[k];
-	const float inv = rsqrtf(tot / (float)R + eps);
-#pragma unroll
-	for (int k = 0; k < 8; k++) {
-		const int i = tid + k * KV_THREADS;
-		if (i < R)
-			ckv[(size_t)t * R + i] = f32_to_bf16(nw[i] * (s[k] * inv));
-	}
+	block_rmsnorm_row<KV_THREADS, 8>(row, nullptr, nw, ckv + (size_t)t * R, R, eps);
 	if (tid < 32) { // k_pe: pair (2 tid, 2 tid + 1), interleaved layout
 		uint16_t *pe = row + R;
 		const float c = cs[((size_t)pos[t] * 32 + tid) * 2 + 0];

@@ -30,42 +30,9 @@ k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ re
 	      uint8_t *__restrict__ q, float *__restrict__ qs)
 {
 	const int row = blockIdx.x;
-	const uint16_t *xr = x + (size_t)row * ldx;
-	uint16_t *rr = res ? res + (size_t)row * dim : nullptr;
 	uint16_t *orow = out + (size_t)row * ldo;
-	float s[FWD_RMS_PER_THREAD];
-	float ss = 0.f;
-#pragma unroll
-	for (int k = 0; k < FWD_RMS_PER_THREAD; k++) {
-		int i = threadIdx.x + k * FWD_RMS_THREADS;
-		s[k] = 0.f;
-		if (i < dim) {
-			float v = bf16_to_f32(xr[i]);
-			if (rr)
-				v += bf16_to_f32(rr[i]);
-			s[k] = v;
-			ss += v * v;
-		}
-	}
-	__shared__ float part[FWD_RMS_THREADS / 32];
-	ss = warp_sum(ss);
-	if ((threadIdx.x & 31) == 0)
-		part[threadIdx.x >> 5] = ss;
-	__syncthreads(); // every warp's partial is in smem before any thread sums them
-	float tot = 0.f;
-#pragma unroll
-	for (int k = 0; k < FWD_RMS_THREADS / 32; k++)
-		tot += part[k];
-	const float inv = rsqrtf(tot / (float)dim + eps);
-#pragma unroll
-	for (int k = 0; k < FWD_RMS_PER_THREAD; k++) {
-		int i = threadIdx.x + k * FWD_RMS_THREADS;
-		if (i < dim) {
-			orow[i] = f32_to_bf16(w[i] * (s[k] * inv));
-			if (rr)
-				rr[i] = f32_to_bf16(s[k]);
-		}
-	}
+	block_rmsnorm_row<FWD_RMS_THREADS, FWD_RMS_PER_THREAD>(
+		x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr, w, orow, dim, eps);
 	if (!q)
 		return;
 	__syncthreads(); // the block's output row is written (global, visible within the block)
@@ -87,7 +54,38 @@ __device__ __forceinline__ float tree8(float v)
 	return v;
 }
 
+// One CPU lane of cpu_dot for ROWS rows at once: acc[m] += x(m, k) * w(k) for k = j, j+8, ...
+// below n, in order, one multiply and one add each (no contraction).
+template <int ROWS, class WF, class XF>
+__device__ __forceinline__ void lane8_accumulate(float *acc, int j, int n, WF w, XF x)
+{
+	for (int k = j; k < n; k += 8) {
+		const float wv = w(k);
+#pragma unroll
+		for (int m = 0; m < ROWS; m++)
+			acc[m] = __fadd_rn(acc[m], __fmul_rn(x(m, k), wv));
+	}
+}
+
 #define LIN_ROWS 4
+
+// The bf16 linears' epilogue: each output's 8 lane sums through tree8, then lane 0 of the 8
+// stores rows m0 .. m0 + nm - 1 of output v (fp32 to y32, or bf16 to y16 when y32 is null).
+__device__ __forceinline__ void lin_store(float acc[LIN_ROWS], int v, int V, int j, int m0, int nm,
+					  float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy)
+{
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++)
+		acc[m] = tree8(acc[m]);
+	if (v >= V || j)
+		return;
+	for (int m = 0; m < nm; m++) {
+		if (y32)
+			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
+		else
+			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
+	}
+}
 #define LIN_OUTS 32   // outputs per block
 #define LIN_KT 256    // K tile staged in shared memory
 #define LIN_PAD 8     // bf16 elements of padding per staged weight row (bank spread)
@@ -122,33 +120,14 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 			xs[m][k] = m0 + m < M ? bf16_to_f32(x[(size_t)(m0 + m) * ldx + k0 + k]) : 0.f;
 		}
 		__syncthreads(); // the tile is staged
-		if (M - m0 == 1) { // one token row (the LM head at batch 1): a quarter of the work
-			for (int k = j; k < kt; k += 8)
-				acc[0] = __fadd_rn(acc[0], __fmul_rn(xs[0][k], bf16_to_f32(ws[o][k])));
-		} else {
-			for (int k = j; k < kt; k += 8) {
-				const float wv = bf16_to_f32(ws[o][k]);
-#pragma unroll
-				for (int m = 0; m < LIN_ROWS; m++)
-					acc[m] = __fadd_rn(acc[m], __fmul_rn(xs[m][k], wv));
-			}
-		}
-	}
-#pragma unroll
-	for (int m = 0; m < LIN_ROWS; m++)
-		acc[m] = tree8(acc[m]);
-	const int v = v0 + o;
-	if (v >= V || j)
-		return;
-#pragma unroll
-	for (int m = 0; m < LIN_ROWS; m++) {
-		if (m0 + m >= M)
-			break;
-		if (y32)
-			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
+		auto wf = [&](int k) { return bf16_to_f32(ws[o][k]); };
+		auto xf = [&](int m, int k) { return xs[m][k]; };
+		if (M - m0 == 1) // one token row (the LM head at batch 1): a quarter of the work
+			lane8_accumulate<1>(acc, j, kt, wf, xf);
 		else
-			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
+			lane8_accumulate<LIN_ROWS>(acc, j, kt, wf, xf);
 	}
+	lin_store(acc, v0 + o, V, j, m0, min(LIN_ROWS, M - m0), y32, y16, ldy);
 }
 
 // The same numbers for few outputs (V small: the indexer's weights_proj, 64 rows): a block of 64
@@ -174,25 +153,11 @@ k_fwd_bf16_linear_small(const uint16_t *__restrict__ W, const uint16_t *__restri
 	const uint16_t *xr = x + (size_t)m0 * ldx;
 	const uint16_t *wr = wrow + (size_t)o * D;
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
-	for (int k = j; k < D; k += 8) {
-		const float wv = bf16_to_f32(wr[k]);
-#pragma unroll
-		for (int m = 0; m < LIN_ROWS; m++)
-			if (m < nm)
-				acc[m] = __fadd_rn(acc[m], __fmul_rn(bf16_to_f32(xr[(size_t)m * ldx + k]), wv));
-	}
-#pragma unroll
-	for (int m = 0; m < LIN_ROWS; m++)
-		acc[m] = tree8(acc[m]);
-	const int v = v0 + o;
-	if (v >= V || j)
-		return;
-	for (int m = 0; m < nm; m++) {
-		if (y32)
-			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
-		else
-			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
-	}
+	lane8_accumulate<LIN_ROWS>(acc, j, D, [&](int k) { return bf16_to_f32(wr[k]); },
+				   [&](int m, int k) {
+					   return m < nm ? bf16_to_f32(xr[(size_t)m * ldx + k]) : 0.f;
+				   });
+	lin_store(acc, v0 + o, V, j, m0, nm, y32, y16, ldy);
 }
 
 // w[i] = ((w[i] * hs) * qs[i]) * ds for i < n (w fp32 [T, H], qs fp32 [T, H]: the act_quant
@@ -307,12 +272,9 @@ k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 		const bool live = dd < n;
 		float acc[UV_ROWS] = {0.f, 0.f, 0.f, 0.f};
 		if (live)
-			for (int k = j; k < R; k += 8) {
-				const float wv = e4m3_to_f32(w[dd][k]) * sc[dd][k / 128];
-#pragma unroll
-				for (int tt = 0; tt < UV_ROWS; tt++)
-					acc[tt] = __fadd_rn(acc[tt], __fmul_rn(ol[tt][k], wv));
-			}
+			lane8_accumulate<UV_ROWS>(acc, j, R,
+						  [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[dd][k / 128]; },
+						  [&](int m, int k) { return ol[m][k]; });
 #pragma unroll
 		for (int tt = 0; tt < UV_ROWS; tt++)
 			acc[tt] = tree8(acc[tt]);

@@ -18,19 +18,7 @@ k_hadamard128(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ y,
 #pragma unroll
 	for (int k = 0; k < 4; k++)
 		v[k] = bf16_to_f32(x[(size_t)row * ldx + lane * 4 + k]);
-	// bits 0,1 of the index: inside the lane
-	float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
-	v[0] = a0 + a2, v[1] = a1 + a3, v[2] = a0 - a2, v[3] = a1 - a3;
-	// bits 2..6: across lanes (lane bit j = index bit j+2); the lane with the bit clear keeps
-	// the sum, the other the difference
-#pragma unroll
-	for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			float o = __shfl_xor_sync(0xffffffffu, v[k], m);
-			v[k] = (lane & m) ? o - v[k] : v[k] + o;
-		}
-	}
+	warp_hadamard128(v, lane);
 #pragma unroll
 	for (int k = 0; k < 4; k++)
 		y[(size_t)row * ldy + lane * 4 + k] = f32_to_bf16(v[k] * scale);

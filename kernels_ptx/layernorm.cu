@@ -17,16 +17,8 @@ k_layernorm128(const uint16_t *__restrict__ x, int ld, const float *__restrict__
 #pragma unroll
 	for (int k = 0; k < 4; k++)
 		v[k] = bf16_to_f32(x[(size_t)row * ld + lane * 4 + k]);
-	const float mean = warp_sum(v[0] + v[1] + v[2] + v[3]) * (1.0f / 128.0f);
-	float d2 = 0.f;
+	warp_layernorm128(v, lane, w, b, eps);
 #pragma unroll
 	for (int k = 0; k < 4; k++)
-		d2 += (v[k] - mean) * (v[k] - mean);
-	const float var = warp_sum(d2) * (1.0f / 128.0f);
-	const float inv = rsqrtf(var + eps);
-#pragma unroll
-	for (int k = 0; k < 4; k++) {
-		int i = lane * 4 + k;
-		out[(size_t)row * 128 + i] = f32_to_bf16((v[k] - mean) * inv * w[i] + b[i]);
-	}
+		out[(size_t)row * 128 + lane * 4 + k] = f32_to_bf16(v[k]);
 }

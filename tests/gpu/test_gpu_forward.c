@@ -30,6 +30,7 @@
 #include "model/cuda_forward.h"
 #include "model/fileio.h"
 #include "tests/ckpt_helpers.h"
+#include "tests/oracle/numerics_check.h"
 
 /* ---- models ------------------------------------------------------------------------------------ */
 
@@ -71,60 +72,7 @@ static void gpu_fill_nan(float *x, int64_t n)
 		x[i] = NAN;
 }
 
-/* ---- statistics ------------------------------------------------------------------------------- */
-
-static double rel_l2(const float *a, const float *ref, int64_t n)
-{
-	double d = 0, r = 0;
-	for (int64_t i = 0; i < n; i++) {
-		double x = (double)a[i] - ref[i];
-		d += x * x;
-		r += (double)ref[i] * ref[i];
-	}
-	if (isnan(d))
-		return INFINITY;
-	return sqrt(d) / (sqrt(r) > 1e-30 ? sqrt(r) : 1e-30);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* p-th percentile (nearest rank); sorts v. */
-static double pct(double *v, int64_t n, double p)
-{
-	if (n <= 0)
-		return NAN;
-	qsort(v, (size_t)n, sizeof *v, cmp_double);
-	int64_t i = (int64_t)ceil(p / 100.0 * (double)n) - 1;
-	return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-static int64_t argmax(const float *x, int64_t n)
-{
-	int64_t b = 0;
-	for (int64_t i = 1; i < n; i++)
-		if (x[i] > x[b])
-			b = i;
-	return b;
-}
-
-/* max(|A \ B|, |B \ A|) of two ascending sets. */
-static int64_t set_diff(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
-{
-	int64_t i = 0, j = 0, oa = 0, ob = 0;
-	while (i < na || j < nb) {
-		if (j >= nb || (i < na && a[i] < b[j]))
-			oa++, i++;
-		else if (i >= na || b[j] < a[i])
-			ob++, j++;
-		else
-			i++, j++;
-	}
-	return oa > ob ? oa : ob;
-}
+/* ---- statistics: tests/oracle/numerics_check.h (nc_rel_l2, nc_pct, nc_argmax, nc_set_diff) ---- */
 
 /* Logits of rows [n, V] against the reference: median and p90 relative L2, argmax agreement. */
 static void check_logits(const char *what, const float *got, const float *ref, int64_t n, int64_t V)
@@ -133,13 +81,13 @@ static void check_logits(const char *what, const float *got, const float *ref, i
 	REQUIRE(e);
 	int64_t agree = 0, worst = 0;
 	for (int64_t t = 0; t < n; t++) {
-		e[t] = rel_l2(got + t * V, ref + t * V, V);
+		e[t] = nc_rel_l2(got + t * V, ref + t * V, V);
 		if (e[t] > e[worst])
 			worst = t;
-		agree += argmax(got + t * V, V) == argmax(ref + t * V, V);
+		agree += nc_argmax(got + t * V, V) == nc_argmax(ref + t * V, V);
 	}
 	double w = e[worst];
-	double med = pct(e, n, 50), p90 = pct(e, n, 90), ag = (double)agree / (double)n;
+	double med = nc_pct(e, n, 50), p90 = nc_pct(e, n, 90), ag = (double)agree / (double)n;
 	printf("    %s: %lld rows, logits rel L2 median %.4f (limit 0.2) p90 %.4f (0.3) worst %.4f at "
 	       "row %lld, argmax agreement %.3f (>= 0.7)\n", what, (long long)n, med, p90, w,
 	       (long long)worst, ag);
@@ -227,7 +175,7 @@ static void compare_sets(const struct dumps *cpu, const struct dumps *gpu, struc
 				s->ex_missing++;
 				continue;
 			}
-			int64_t dd = set_diff(c->i, c->n, g->i, g->n);
+			int64_t dd = nc_set_diff(c->i, c->n, g->i, g->n);
 			if (dd && s->ex_rows - s->ex_same <= 3 + s->ex_missing)
 				printf("    experts differ: layer %lld pos %lld: cpu [%d %d ..] gpu [%d %d ..]\n",
 				       (long long)c->layer, (long long)c->pos, c->i[0], c->n > 1 ? c->i[1] : -1,
@@ -239,7 +187,7 @@ static void compare_sets(const struct dumps *cpu, const struct dumps *gpu, struc
 				s->tk_missing++;
 				continue;
 			}
-			int64_t dd = set_diff(c->i, c->n, g->i, g->n);
+			int64_t dd = nc_set_diff(c->i, c->n, g->i, g->n);
 			s->tk_same += dd == 0;
 			s->tk_worst = dd > s->tk_worst ? dd : s->tk_worst;
 		}
@@ -283,14 +231,14 @@ static void compare_floats(const struct dumps *cpu, const struct dumps *gpu, int
 				missing++;
 				continue;
 			}
-			e[n] = rel_l2(g->f, c->f, c->n);
+			e[n] = nc_rel_l2(g->f, c->f, c->n);
 			if (e[n] > worst || worst_pos < 0)
 				worst = e[n], worst_pos = c->pos;
 			n++;
 		}
 		if (n || missing)
 			printf("      layer %lld %-16s rows %4lld: rel L2 median %.2e worst %.2e (pos %lld)%s\n",
-			       (long long)layer, names[k], (long long)n, pct(e, n, 50), worst,
+			       (long long)layer, names[k], (long long)n, nc_pct(e, n, 50), worst,
 			       (long long)worst_pos, missing ? " (GPU rows missing or of another width)" : "");
 		free(e);
 	}
@@ -409,8 +357,8 @@ static void teacher_forcing(const char *name, int64_t T)
 			double *em = malloc((size_t)T * sizeof *em);
 			REQUIRE(em);
 			for (int64_t t = 0; t < T; t++)
-				em[t] = rel_l2(gx + t * D, ux + t * D, D);
-			double mmed = pct(em, T, 50), mmax = pct(em, T, 100);
+				em[t] = nc_rel_l2(gx + t * D, ux + t * D, D);
+			double mmed = nc_pct(em, T, 50), mmax = nc_pct(em, T, 100);
 			printf("    %s layer %lld: tensor-core products vs CUDA-core (CPU order): output rel "
 			       "L2 median %.2e max %.2e (rc %d)\n", name, (long long)l, mmed, mmax, ru);
 			CHECK(ru == 0 && mmed <= 1e-2);
@@ -419,11 +367,11 @@ static void teacher_forcing(const char *name, int64_t T)
 		}
 		int64_t worst = 0;
 		for (int64_t t = 0; t < T; t++) {
-			e[t] = rel_l2(gx + t * D, x + t * D, D);
+			e[t] = nc_rel_l2(gx + t * D, x + t * D, D);
 			if (e[t] > e[worst])
 				worst = t;
 		}
-		double w = e[worst], med = pct(e, T, 50), p90 = pct(e, T, 90);
+		double w = e[worst], med = nc_pct(e, T, 50), p90 = nc_pct(e, T, 90);
 		struct sets_stat st = {0};
 		compare_sets(&dc, &dg, &st);
 		printf("    %s layer %lld%s (teacher forced): output rel L2 median %.2e (limit 1e-2) p90 "
@@ -587,11 +535,11 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		double *e = malloc((size_t)T * sizeof *e);
 		int64_t same = 0;
 		for (int64_t t = 0; t < T; t++) {
-			e[t] = rel_l2(gb + t * V, ga + t * V, V);
+			e[t] = nc_rel_l2(gb + t * V, ga + t * V, V);
 			same += !memcmp(gb + t * V, ga + t * V, (size_t)V * 4);
 		}
 		printf("    %s GPU decode vs GPU chunked prefill: rel L2 median %.2e p90 %.2e, %lld of %lld "
-		       "rows bit-identical\n", name, pct(e, T, 50), pct(e, T, 90), (long long)same, (long long)T);
+		       "rows bit-identical\n", name, nc_pct(e, T, 50), nc_pct(e, T, 90), (long long)same, (long long)T);
 		free(e);
 	}
 
