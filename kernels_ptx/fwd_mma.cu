@@ -16,19 +16,11 @@
 // [n][k], dequantised to bf16), 4 warps of 16 rows x 64 columns (8 mma n-tiles each).
 // Grid (ceil(N / 64), ceil(M / 64), batches), 128 threads. K % 64 == 0 or K < 64 with K % 16 == 0.
 #include "common.cuh"
+#include "mma.cuh"
 
 #define MM_T 64
 #define MM_KC 64
 #define MM_PAD 8
-
-__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 extern "C" __global__ void __launch_bounds__(128)
 k_fwd_mma(int mode, const uint16_t *__restrict__ A, long long a_hs, int lda,
@@ -129,7 +121,7 @@ k_fwd_mma(int mode, const uint16_t *__restrict__ A, long long a_hs, int lda,
 			for (int nt = 0; nt < 8; nt++) {
 				const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&Bs[nt * 8 + g][ks + 2 * t]);
 				const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&Bs[nt * 8 + g][ks + 2 * t + 8]);
-				mma_bf16(acc[nt], a0, a1, a2, a3, b0, b1);
+				mma_bf16_16816(acc[nt], a0, a1, a2, a3, b0, b1);
 			}
 		}
 	}
