@@ -22,6 +22,7 @@
 // element's arithmetic is independent of the other tokens: the result for (m, n) does not
 // depend on M or on the batch (batch-invariant).
 #include "common.cuh"
+#include "mma.cuh"
 
 __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
 {
@@ -35,16 +36,6 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
 __device__ __forceinline__ uint4 ld_cached16(const uint8_t *p)
 {
 	return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
-// D = A·B + C for one m16n8k32 e4m3 MMA (A row-major 16x32, B column-major 32x8, fp32 C/D).
-__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 #define DEC_WARPS 8
@@ -108,10 +99,10 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 					b1 = ld_cached16(xp + 16);
 				}
 				float c[4] = {0.f, 0.f, 0.f, 0.f};
-				mma_e4m3(c, a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
-				mma_e4m3(c, a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
-				mma_e4m3(c, a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
-				mma_e4m3(c, a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+				mma_e4m3_16832(c, a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
+				mma_e4m3_16832(c, a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
+				mma_e4m3_16832(c, a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
+				mma_e4m3_16832(c, a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
 				// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 				const int m0 = mg * 8 + 2 * t;
 				const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;

@@ -41,6 +41,8 @@
 // is in: a row's result does not depend on M, on its slice, on RT or on its neighbours (batch
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
 #include "common.cuh"
+#include "mma.cuh"
+#include "tma.cuh"
 
 #define ST_TR 128      // weight rows per work unit
 #define ST_KBS 2       // 128-wide K blocks per stage
@@ -49,103 +51,13 @@
 #define ST_SLICE_ROWS 64
 #define ST_MAXG 8192   // groups with a tensor map in st_maps
 
-// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) without cuda.h in device code.
-struct __align__(64) st_tmap {
-	unsigned long long opaque[16];
-};
-
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
-__device__ st_tmap st_maps[ST_MAXG];
+__device__ tmap st_maps[ST_MAXG];
 
 struct st_slice {
 	int e, r0, rows, pad;
 };
-
-// ---- mbarrier and bulk-copy primitives (PTX, sm_90) ----------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
-{
-	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ uint64_t globaltimer_ns()
-{
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
-}
-
-// Blocks until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
-// parity 1 returns at once: the producer's first pass over the ring). A wait still unfinished
-// after 2 s is a bug (a lost arrival or copy): it says where and traps, so a test fails with a
-// message instead of hanging.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-	uint32_t done;
-	uint64_t t0 = 0;
-	for (uint32_t tries = 1;; tries++) {
-		asm volatile("{\n\t.reg .pred p;\n\t"
-			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-			     "selp.u32 %0, 1, 0, p;\n\t}"
-			     : "=r"(done)
-			     : "r"(bar), "r"(parity)
-			     : "memory");
-		if (done)
-			return;
-		if ((tries & 255) == 0) {
-			const uint64_t now = globaltimer_ns();
-			if (!t0)
-				t0 = now;
-			else if (now - t0 > 2000000000ull) {
-				printf("k_gemm_fp8_stream: stuck: block %d thread %d barrier %u parity %u\n",
-				       blockIdx.x, threadIdx.x, bar, parity);
-				__trap();
-			}
-		}
-	}
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
-{
-	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-		     : "memory");
-}
-
-// The box at (c0 = K byte, c1 = row) of a 2-D tensor map into shared memory at dst (1024-byte
-// aligned: 128-byte swizzle), completion counted in bytes on bar, with an L2 eviction policy.
-__device__ __forceinline__ void tma_2d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1,
-				       uint64_t policy)
-{
-	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
-		     "l"(map), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
-		     : "memory");
-}
-
-__device__ __forceinline__ uint64_t policy_evict_first()
-{
-	uint64_t p;
-	asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-	return p;
-}
-
-__device__ __forceinline__ uint64_t policy_evict_normal()
-{
-	uint64_t p;
-	asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-	return p;
-}
 
 // 16 bytes of shared memory; volatile keeps it after the mbarrier wait that made them valid.
 __device__ __forceinline__ uint4 lds128(uint32_t addr)
@@ -155,16 +67,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr)
 		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
 		     : "r"(addr));
 	return r;
-}
-
-// D = A·B + C for one m16n8k32 e4m3 MMA (A row-major 16x32, B column-major 32x8, fp32 C/D).
-__device__ __forceinline__ void mma_e4m3(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -201,7 +103,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // 128-row unit, same stage).
 template <int MG, int RT>
 __device__ __forceinline__ void
-gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long long *__restrict__ w_tab,
+gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
 		const float *__restrict__ S, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
@@ -289,12 +191,12 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 		// ---- producer: stream the stages of this block's units, running ahead ----
 		if (lane != 0)
 			return;
-		const uint64_t pol_w = policy_evict_first(), pol_x = policy_evict_normal();
+		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
 			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-			const st_tmap *wm = w_tab ? &st_maps[w.e] : wmap;
+			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
 			if (w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
@@ -306,12 +208,12 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				// whole boxes count, rows past N or past the tokens zero-filled included
-				mbar_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbox)));
+				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbox)));
 				const uint32_t dst = stage0 + s * stage_bytes;
 				for (int j = 0; j < nb; j++) {
-					tma_2d(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0, pol_w);
-					tma_2d(dst + KBS * ST_WBOX + j * xbox, xmap, bar, (kb + j) * 128, w.r0,
-					       pol_x);
+					tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0, pol_w);
+					tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox, xmap, bar, (kb + j) * 128,
+							 w.r0, pol_x);
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
@@ -395,10 +297,10 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 							if (rt >= rt_n)
 								break;
 							float c[4] = {0.f, 0.f, 0.f, 0.f};
-							mma_e4m3(c, lo0[rt].x, hi0[rt].x, lo0[rt].y, hi0[rt].y, b0.x, b0.y);
-							mma_e4m3(c, lo0[rt].z, hi0[rt].z, lo0[rt].w, hi0[rt].w, b0.z, b0.w);
-							mma_e4m3(c, lo1[rt].x, hi1[rt].x, lo1[rt].y, hi1[rt].y, b1.x, b1.y);
-							mma_e4m3(c, lo1[rt].z, hi1[rt].z, lo1[rt].w, hi1[rt].w, b1.z, b1.w);
+							mma_e4m3_16832(c, lo0[rt].x, hi0[rt].x, lo0[rt].y, hi0[rt].y, b0.x, b0.y);
+							mma_e4m3_16832(c, lo0[rt].z, hi0[rt].z, lo0[rt].w, hi0[rt].w, b0.z, b0.w);
+							mma_e4m3_16832(c, lo1[rt].x, hi1[rt].x, lo1[rt].y, hi1[rt].y, b1.x, b1.y);
+							mma_e4m3_16832(c, lo1[rt].z, hi1[rt].z, lo1[rt].w, hi1[rt].w, b1.z, b1.w);
 							// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 							acc[rt][mg][0] += c[0] * s0;
 							acc[rt][mg][1] += c[1] * s1;
@@ -470,8 +372,8 @@ gemm_fp8_stream(const st_tmap *wmap, const st_tmap *xmap, const unsigned long lo
 
 #define ST_ENTRY(MG, RT)                                                                          \
 	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
-	k_gemm_fp8_stream_m##MG##_r##RT(const __grid_constant__ st_tmap wmap,                     \
-					const __grid_constant__ st_tmap xmap,                     \
+	k_gemm_fp8_stream_m##MG##_r##RT(const __grid_constant__ tmap wmap,                     \
+					const __grid_constant__ tmap xmap,                     \
 					const unsigned long long *w_tab,                           \
 					const unsigned long long *s_tab, const int *off, int G,    \
 					const float *S, const float *SX, uint16_t *Y,              \
@@ -500,25 +402,14 @@ ST_ENTRY(0, 1)
 // (one warp per group; block e). The copy to global memory is a release of the tensor-map proxy,
 // which the GEMM's producer acquires before its first copy through the map.
 extern "C" __global__ void __launch_bounds__(32)
-k_stream_group_maps(const __grid_constant__ st_tmap tmpl,
+k_stream_group_maps(const __grid_constant__ tmap tmpl,
 		    const unsigned long long *__restrict__ w_tab, const int *__restrict__ off, int G)
 {
-	__shared__ st_tmap sm;
+	__shared__ tmap sm;
 	const int e = blockIdx.x;
 	if (e >= G || e >= ST_MAXG || off[e + 1] == off[e])
 		return; // the whole warp leaves together
-	if (threadIdx.x == 0) {
-		sm = tmpl;
-		asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(
-				     smem_u32(&sm)),
-			     "l"(w_tab[e])
-			     : "memory");
-	}
-	__syncwarp();
-	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"
-		     ".sync.aligned [%0], [%1], 128;" ::"l"(&st_maps[e]),
-		     "r"(smem_u32(&sm))
-		     : "memory");
+	tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
 }
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the

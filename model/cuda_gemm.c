@@ -76,9 +76,7 @@ static struct map_entry {
 } map_cache[MAP_CACHE];
 static int map_next;
 
-/* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes): boxes of one K block
- * (128 bytes) x box_rows rows, 128-byte swizzle, zero fill past the end. */
-static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
+int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
 {
 	if (!cu.cuTensorMapEncodeTiled)
 		return -ENOTSUP;
@@ -189,8 +187,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
 	 * 128 rows; the tokens, boxes of mpad rows; one K block wide, 128-byte swizzle */
 	CUtensorMap wmap, xmap;
-	if ((r = encode_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
-	    (r = encode_2d(&xmap, x8, rows, K, mpad)))
+	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
+	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, mpad)))
 		return r;
 	if (w_tab) {
 		void *margs[] = {&wmap, &w_tab, &off, &G};

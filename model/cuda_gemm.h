@@ -51,6 +51,13 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
 
+/* A 2-D tensor map over an e4m3 matrix [rows, K] at base (row stride K bytes): boxes of one K
+ * block (128 bytes) x box_rows rows, 128-byte swizzle, L2 promotion 256 B, zero fill past the
+ * end — the operand maps of the TMA GEMMs (the streaming kernel, model/cuda_gemm_wgmma.c).
+ * Encoded maps are kept for reuse (a decode step repeats its GEMMs on the same buffers). 0,
+ * -ENOTSUP (no cuTensorMapEncodeTiled in this driver), -EIO. */
+int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows);
+
 /* ---- cuBLASLt and the dispatch --------------------------------------------------------- */
 
 /* Workspace bytes of cuda_gemm_fp8 / cuda_gemm_fp8_lt for M tokens: the transposed activation
