@@ -159,22 +159,38 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	free(wt), free(st), free(dW), free(dS);
 }
 
-/* Empty groups first, last and in between; groups of more than 64 rows; K chunked (2112 x
- * 7168) and not. */
-TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 60)
+struct gcase {
+	int G;
+	const int *rows;
+	int N, K;
+	uint64_t seed;
+	int exact;
+};
+
+/* Each case on one GPU and one CPU pool. */
+static void run_grouped(const struct gcase *cs, int n)
 {
 	struct gpu g;
 	gpu_test_open(&g);
 	struct cpu_pool *pool = cpu_pool_start(16);
 	REQUIRE(pool);
-	static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0};
-	check_grouped(&g, pool, (int)(sizeof rows / sizeof *rows), rows, 384, 1024, 900, 1);
-	static const int rows2[] = {5};
-	check_grouped(&g, pool, 1, rows2, 7168, 2048, 901, 1);
-	static const int rows3[] = {0, 0, 130};
-	check_grouped(&g, pool, 3, rows3, 2112, 7168, 904, 1);
+	for (int i = 0; i < n; i++)
+		check_grouped(&g, pool, cs[i].G, cs[i].rows, cs[i].N, cs[i].K, cs[i].seed,
+			      cs[i].exact);
 	cpu_pool_stop(pool);
 	gpu_close(&g);
+}
+
+/* Empty groups first, last and in between; groups of more than 64 rows; K chunked (2112 x
+ * 7168) and not. */
+TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 60)
+{
+	static const int rows[] = {0, 3, 100, 0, 0, 1, 17, 64, 0, 9, 0}, rows2[] = {5},
+			 rows3[] = {0, 0, 130};
+	const struct gcase cs[] = {{11, rows, 384, 1024, 900, 1},
+				   {1, rows2, 7168, 2048, 901, 1},
+				   {3, rows3, 2112, 7168, 904, 1}};
+	run_grouped(cs, 3);
 }
 
 /* 8000 groups, two with rows, K chunked: more arrival counts than the streaming kernel's fused
@@ -182,47 +198,30 @@ TEST_T(gpu_gemm_grouped, small_groups_vs_cpu, 60)
  * equal to the dense GEMM's fused sum. */
 TEST_T(gpu_gemm_grouped, many_groups_vs_cpu, 60)
 {
-	struct gpu g;
-	gpu_test_open(&g);
-	struct cpu_pool *pool = cpu_pool_start(16);
-	REQUIRE(pool);
-	int *many = calloc(8000, sizeof *many);
+	static int many[8000];
 	many[5] = 3, many[7000] = 9;
-	check_grouped(&g, pool, 8000, many, 2112, 7168, 906, 1);
-	free(many);
-	cpu_pool_stop(pool);
-	gpu_close(&g);
+	const struct gcase c = {8000, many, 2112, 7168, 906, 1};
+	run_grouped(&c, 1);
 }
 
-/* The dispatch with many rows per group (the wgmma kernel where it is enabled). */
+/* The dispatch with many rows per group (the wgmma kernel). */
 TEST_T(gpu_gemm_grouped, dispatch_many_rows_vs_cpu, 60)
 {
-	struct gpu g;
-	gpu_test_open(&g);
-	struct cpu_pool *pool = cpu_pool_start(16);
-	REQUIRE(pool);
 	static const int rows4[] = {200, 0, 77, 300, 1};
-	check_grouped(&g, pool, 5, rows4, 512, 1024, 905, 0);
-	cpu_pool_stop(pool);
-	gpu_close(&g);
+	const struct gcase c = {5, rows4, 512, 1024, 905, 0};
+	run_grouped(&c, 1);
 }
 
 /* The real expert shapes: 256 experts, a decode step of 5 tokens x 8 experts, several experts
  * shared by tokens, most experts empty. */
 TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 {
-	struct gpu g;
-	gpu_test_open(&g);
-	struct cpu_pool *pool = cpu_pool_start(16);
-	REQUIRE(pool);
-	int rows[256] = {0};
+	static int rows[256];
 	uint64_t seed = 77;
 	for (int i = 0; i < 40; i++)
 		rows[(test_rand(&seed) % 32) * 8 + 3]++; /* 40 rows over <= 32 experts */
-	check_grouped(&g, pool, 256, rows, 4096, 7168, 902, 1);
-	check_grouped(&g, pool, 256, rows, 7168, 2048, 903, 1);
-	cpu_pool_stop(pool);
-	gpu_close(&g);
+	const struct gcase cs[] = {{256, rows, 4096, 7168, 902, 1}, {256, rows, 7168, 2048, 903, 1}};
+	run_grouped(cs, 2);
 }
 
 #endif
