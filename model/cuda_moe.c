@@ -174,9 +174,20 @@ static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int r
 			  1, 1, 0, args);
 }
 
+/* A copy of n bytes of an intermediate into a trace buffer (when the trace asks for it). */
+static int tap(struct gpu *g, gpu_ptr dst, gpu_ptr src, size_t n)
+{
+	if (!dst)
+		return 0;
+	return cu_check(cu.cuMemcpyDtoDAsync(dst, src, n, g->stream), "cuMemcpyDtoDAsync", __FILE__,
+			__LINE__)
+		       ? -EIO
+		       : 0;
+}
+
 static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cuda_moe_layer *L,
 		   gpu_ptr x, gpu_ptr y, const struct moe_dims *d, const gpu_ptr *b, size_t ws_bytes,
-		   unsigned stages)
+		   unsigned stages, const struct cuda_moe_taps *tr)
 {
 	int T = d->T, E = d->E, D = d->D, K = d->K, R = d->R, I = d->I, Ish = d->Ish;
 	int rc = 0;
@@ -247,14 +258,20 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	/* routed experts: gate|up, SwiGLU + act_quant, down */
-	if (stages & CUDA_MOE_W13)
+	if (stages & CUDA_MOE_W13) {
 		rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E, b[B_XS8], b[B_SXS], b[B_GU], R,
 			     2 * I, D, b[B_WS], ws_bytes);
+		if (!rc && tr)
+			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
+	}
 	if (!rc && (stages & CUDA_MOE_SWIGLU))
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], R, I);
-	if (!rc && (stages & CUDA_MOE_W2))
+	if (!rc && (stages & CUDA_MOE_W2)) {
 		rc = grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E, b[B_H8], b[B_HS], b[B_EY], R, D, I,
 			     b[B_WS], ws_bytes);
+		if (!rc && tr)
+			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
+	}
 	if (rc)
 		return rc;
 	/* shared expert on the same quantised x */
@@ -266,6 +283,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (!rc)
 			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_SH8], b[B_SHS], b[B_SHY], d->Tp, D,
 					   Ish, D, b[B_WS], ws_bytes);
+		if (!rc && tr)
+			rc = tap(g, tr->sh, b[B_SHY], (size_t)T * D * 2);
 		if (rc)
 			return rc;
 	}
@@ -283,12 +302,13 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace)
 {
-	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, CUDA_MOE_ALL);
+	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, NULL, CUDA_MOE_ALL);
 }
 
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
-			    const struct cuda_moe_trace *trace, unsigned stages)
+			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,
+			    unsigned stages)
 {
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
@@ -311,7 +331,7 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 			return -ENOMEM;
 		}
 	}
-	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages);
+	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages, taps);
 	gpu_arena_release(a, mark);
 	return rc;
 }

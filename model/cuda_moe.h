@@ -72,12 +72,21 @@ enum {
 	CUDA_MOE_COMBINE = 64, /* weighted sum into y */
 	CUDA_MOE_ALL = 511,
 };
-/* cuda_moe_forward running only the stages in `stages`. The scratch is pushed in a fixed order,
- * so with the same arena mark and T a skipped stage's outputs are what the previous call left
- * (for benchmarks: time one stage on the data of a full run). */
+/* For tests: device buffers that receive copies of the block's intermediates (any may be 0).
+ * Rows "sorted": the T * num_experts_per_tok routed rows by expert, within one in token order. */
+struct cuda_moe_taps {
+	gpu_ptr gu; /* bf16 [sorted rows, 2 * moe_inter]: the routed gate|up outputs */
+	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs */
+	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
+};
+/* cuda_moe_forward running only the stages in `stages`, copying intermediates to taps (may be
+ * NULL). The scratch is pushed in a fixed order, so with the same arena mark and T a skipped
+ * stage's outputs are what the previous call left (for benchmarks: time one stage on the data
+ * of a full run). */
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
-			    const struct cuda_moe_trace *trace, unsigned stages);
+			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,
+			    unsigned stages);
 #endif
 
 #endif

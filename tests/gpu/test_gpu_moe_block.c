@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "model/cpu_moe.h"
+#include "model/cpu_ops.h"
 #include "model/cpu_pool.h"
 #include "model/cuda_gemm.h"
 #include "model/cuda_moe.h"
@@ -86,6 +87,53 @@ static gpu_ptr upload(struct gpu *g, const void *h, size_t bytes)
 	gpu_ptr d = gpu_test_alloc(bytes);
 	REQUIRE(gpu_upload(g, d, h, bytes) == 0);
 	return d;
+}
+
+/* The block's intermediates (trace taps) against the CPU, stage by stage, to say which stage
+ * departs first: the routed gate|up rows, the routed experts' outputs (both in sorted order:
+ * by expert, tokens ascending, as the CPU's moe_forward gathers them), the shared expert. */
+static void check_stages(struct gpu *g, struct cpu_pool *pool, const struct layer_weights *lw,
+			 const struct dsv32_config *c, const float *f, int T, const int32_t *idx,
+			 const struct cuda_moe_taps *tr)
+{
+	const int D = (int)c->hidden_size, I = (int)c->moe_intermediate_size,
+		  E = (int)c->n_routed_experts, K = (int)c->num_experts_per_tok, R = T * K;
+	float *xg = malloc((size_t)R * D * 4), *ref_gu = malloc((size_t)R * 2 * I * 4),
+	      *ref_ey = malloc((size_t)R * D * 4), *ref_sh = malloc((size_t)T * D * 4),
+	      *tmp = malloc((size_t)R * I * 4);
+	uint16_t *got_gu = malloc((size_t)R * 2 * I * 2), *got_ey = malloc((size_t)R * D * 2),
+		 *got_sh = malloc((size_t)T * D * 2);
+	REQUIRE(xg && ref_gu && ref_ey && ref_sh && tmp && got_gu && got_ey && got_sh);
+	int r0 = 0;
+	for (int e = 0; e < E; e++) {
+		int m = 0;
+		for (int t = 0; t < T; t++)
+			for (int n = 0; n < K; n++)
+				if (idx[t * K + n] == e)
+					memcpy(xg + (size_t)(r0 + m++) * D, f + (size_t)t * D, (size_t)D * 4);
+		if (!m)
+			continue;
+		const float *xe = xg + (size_t)r0 * D;
+		cpu_fp8_linear(pool, &lw->exp_w1[e], xe, m, tmp);
+		for (int i = 0; i < m; i++)
+			memcpy(ref_gu + (size_t)(r0 + i) * 2 * I, tmp + (size_t)i * I, (size_t)I * 4);
+		cpu_fp8_linear(pool, &lw->exp_w3[e], xe, m, tmp);
+		for (int i = 0; i < m; i++)
+			memcpy(ref_gu + (size_t)(r0 + i) * 2 * I + I, tmp + (size_t)i * I, (size_t)I * 4);
+		mlp_forward(pool, &lw->exp_w1[e], &lw->exp_w3[e], &lw->exp_w2[e], xe, m,
+			    ref_ey + (size_t)r0 * D);
+		r0 += m;
+	}
+	mlp_forward(pool, &lw->sh_w1, &lw->sh_w3, &lw->sh_w2, f, T, ref_sh);
+	REQUIRE(gpu_download(g, got_gu, tr->gu, (size_t)R * 2 * I * 2) == 0);
+	REQUIRE(gpu_download(g, got_ey, tr->ey, (size_t)R * D * 2) == 0);
+	REQUIRE(gpu_download(g, got_sh, tr->sh, (size_t)T * D * 2) == 0);
+	printf("    stages against the CPU (diagnosis; the limit column counts > 2^-7 of the row):\n");
+	gpu_count_bad_bf16(ref_gu, got_gu, R, 2 * I, 1.0 / 128, "      routed gate|up (grouped GEMM 1)");
+	gpu_count_bad_bf16(ref_ey, got_ey, R, D, 1.0 / 128, "      routed expert out (grouped GEMM 2)");
+	gpu_count_bad_bf16(ref_sh, got_sh, T, D, 1.0 / 128, "      shared expert out (dense GEMMs)");
+	free(xg), free(ref_gu), free(ref_ey), free(ref_sh), free(tmp), free(got_gu), free(got_ey);
+	free(got_sh);
 }
 
 /* One case: config c, T rows, `sets` distinct expert code sets (expert e uses set e % sets). */
@@ -177,12 +225,18 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	REQUIRE(gpu_arena_init(g, &arena, cuda_moe_scratch_bytes(g, c, T), &er) == 0);
 	struct cuda_moe_trace tr = {gpu_test_alloc((size_t)T * E * 4), gpu_test_alloc((size_t)T * K * 4),
 				    gpu_test_alloc((size_t)T * K * 4)};
+	/* the intermediates, stage by stage, from 64 rows (where the GEMMs change path) */
+	struct cuda_moe_taps taps = {0, 0, 0};
+	if (T >= 64)
+		taps = (struct cuda_moe_taps){gpu_test_alloc((size_t)T * K * 2 * I * 2),
+					      gpu_test_alloc((size_t)T * K * D * 2),
+					      gpu_test_alloc((size_t)T * D * 2)};
 	gpu_ptr d_y = gpu_test_alloc((size_t)T * D * 2);
 	gpu_test_poison(g, tr.logits, (size_t)T * E * 4);
 	gpu_test_poison(g, tr.idx, (size_t)T * K * 4);
 	gpu_test_poison(g, tr.wts, (size_t)T * K * 4);
 	gpu_test_poison(g, d_y, (size_t)T * D * 2);
-	rc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, &tr);
+	rc = cuda_moe_forward_stages(g, &arena, c, &L, d_x, d_y, T, &tr, &taps, CUDA_MOE_ALL);
 	if (rc)
 		printf("    cuda_moe_forward: %d\n", rc);
 	REQUIRE(rc == 0);
@@ -303,10 +357,14 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	CHECK_EQ_INT(bad_y, 0);
 	CHECK((double)over1 < (T <= 64 ? 0.02 : 0.25) * T * D); /* flips are not the rule */
 
+	if (taps.gu)
+		check_stages(g, pool, &lw, c, f, T, idx, &taps);
+
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
-			 d_x, tr.logits, tr.idx, tr.wts, d_y};
+			 d_x, tr.logits, tr.idx, tr.wts, d_y, taps.gu, taps.ey, taps.sh};
 	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-		cu.cuMemFree(all[i]);
+		if (all[i])
+			cu.cuMemFree(all[i]);
 	gpu_arena_free(g, &arena);
 	gpu_region_free(g, &reg);
 	free(w13), free(w2), free(s13), free(s2), free(sh13), free(sh2), free(shs13), free(shs2);

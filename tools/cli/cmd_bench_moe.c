@@ -58,7 +58,8 @@ struct moe_bench {
 
 static int run_stages(const struct moe_bench *b)
 {
-	return cuda_moe_forward_stages(b->g, b->a, b->c, b->L, b->x, b->y, b->T, b->tr, b->stages);
+	return cuda_moe_forward_stages(b->g, b->a, b->c, b->L, b->x, b->y, b->T, b->tr, NULL,
+				       b->stages);
 }
 
 /* Milliseconds per run of `reps` back-to-back runs, median of `trials`; < 0 on failure. */
