@@ -16,7 +16,7 @@
 // Structure (FlashMLA's, on mma.sync): grid (ceil(H / 64), B, splits), 512 threads = 16 warps,
 // one block = 64 heads of one row over keys_per_split (a multiple of 64) of its keys. Dynamic
 // shared memory (mla_smem_bytes in model/cuda_attn.c): Q [64 heads][R+64] (loaded once), the
-// key tile K [64 keys][R+64] (dequantised), P [64 heads][64 keys], all fp16, the raw records of
+// key tile K [64 keys][R+64] (dequantised), P_hi and P_lo [64 heads][64 keys], all fp16, the raw records of
 // the next tile [64][rec_bytes] (gathered by slot id with cp.async while the current tile is
 // computed), and the softmax exchange. Rows are padded by 16 bytes so ldmatrix hits 8 banks.
 // Warp w: head group hg = w % 4 (heads 16 hg .. +16), quarter kq = w / 4. Per tile of 64 keys:
@@ -25,21 +25,22 @@
 //   2. S = Q K^T (64 x 64, k = R + 64) with mma.m16n8k16 fp16 -> fp32: warp w owns its 16 heads
 //      x keys 16 kq .. +16;
 //   3. online softmax in fp32: the 4 warps of a head group exchange their row maxima through
-//      shared memory (named barrier of 128 threads), p = exp(s - m) rounded to fp16 into P, the
-//      rescale factor e^(m_old - m) of each head into shared memory;
+//      shared memory (named barrier of 128 threads), p = exp(s - m) split into P_hi = fp16(p) and
+//      P_lo = fp16(p - P_hi), the rescale factor e^(m_old - m) of each head into shared memory;
 //   4. O += P V with V = the latent part of the same K tile: warp w owns all 64 heads x latent
 //      dims w R/16 .. +R/16 (4 m-tiles x R/128 n-tiles, up to 64 fp32 accumulators a thread),
-//      so each V fragment is loaded from shared memory once per tile.
+//      so each V fragment is loaded from shared memory once per tile; O += P_hi V + P_lo V.
 // (First version: 8 warps, 32 keys and R/2 dims a warp, 128 accumulators: 80-91 TFLOP/s at
 // batch 128 on the H200, latency-bound with 2 warps per scheduler.)
 // Numerics, where this departs from attn_latent: the operands are fp16, which holds q (bf16),
 // k_pe (bf16) and the dequantised c_kv (e4m3 x 2^e) exactly while their magnitudes are in
 // [2^-14, 65504] — for c_kv, tile scales 2^-14 .. 2^7, i.e. a tile amax of 0.03 .. 57344 (a
 // smaller value goes subnormal and loses low bits; a larger one overflows); the dots are fp32
-// tensor-core sums in another order; P is rounded to fp16 before P V (relative error <= 2^-11
-// per weight; bf16, the first version, gave 2^-9, which the GPU forward's layer comparisons
-// could see) and the normaliser l sums those rounded weights, so o is an exact-weight average
-// of the keys with weights within 2^-10 (relative) of the CPU's. With more than one split,
+// tensor-core sums in another order; P enters P V as P_hi + P_lo (two fp16 MMAs on the same V
+// fragment), within 2^-22 of p (or 2^-25 absolute where P_lo is an fp16 subnormal), and the
+// normaliser l sums the fp32 p; so the weights match the CPU's to fp32 rounding (run 4: P
+// rounded to fp16 once, 2^-11, still moved the GPU forward's layer comparisons past their
+// 1e-2; bf16, the first version, 2^-9). The split costs a third more MMAs. With more than one split,
 // partial (o, m, l) go to `part` and k_mla_combine merges them (FlashDecoding; small batches
 // would leave most SMs idle).
 #include "common.cuh"
@@ -133,8 +134,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	const int RB = (rec_bytes + 15) & ~15;          // byte stride of the raw records
 	uint16_t *qs = reinterpret_cast<uint16_t *>(smem);       // [64 heads][LD]
 	uint16_t *ks = qs + MLA_HG * LD;                         // [64 keys][LD]
-	uint16_t *ps = ks + MLA_KT * LD;                         // [64 heads][MLA_PLD]
-	uint8_t *raw = reinterpret_cast<uint8_t *>(ps + MLA_HG * MLA_PLD); // [64 keys][RB]
+	uint16_t *ps = ks + MLA_KT * LD;                         // [2][64 heads][MLA_PLD]: P_hi, P_lo
+	uint8_t *raw = reinterpret_cast<uint8_t *>(ps + 2 * MLA_HG * MLA_PLD); // [64 keys][RB]
 	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [4][64]
 	float *cs = red + 4 * MLA_HG;                                      // [64] this tile's rescale
 	int *nval = reinterpret_cast<int *>(cs + MLA_HG);                  // [2]
@@ -273,10 +274,14 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		for (int j = 0; j < 2; j++)
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
-				// the two weights rounded to fp16 (nearest even)
-				const uint32_t pp = f32x2_to_f16x2(expf(s[j][2 * i] - msub[i]), expf(s[j][2 * i + 1] - msub[i]));
-				l[i] += f16_lo(pp) + f16_hi(pp);
-				*reinterpret_cast<uint32_t *>(ps + (row0 + 8 * i) * MLA_PLD + 16 * kq + 8 * j + 2 * (lane & 3)) = pp;
+				// the two weights as P_hi + P_lo: fp16(p) and fp16(p - P_hi)
+				const float p0 = expf(s[j][2 * i] - msub[i]), p1 = expf(s[j][2 * i + 1] - msub[i]);
+				const uint32_t hi = f32x2_to_f16x2(p0, p1);
+				const uint32_t lo = f32x2_to_f16x2(p0 - f16_lo(hi), p1 - f16_hi(hi));
+				l[i] += p0 + p1;
+				const int at = (row0 + 8 * i) * MLA_PLD + 16 * kq + 8 * j + 2 * (lane & 3);
+				*reinterpret_cast<uint32_t *>(ps + at) = hi;
+				*reinterpret_cast<uint32_t *>(ps + MLA_HG * MLA_PLD + at) = lo;
 			}
 		__syncthreads(); // all of P and the rescale factors written
 		// 4. O += P V over the tile's 64 keys: warp w owns all 64 heads x latent dims
@@ -292,24 +297,25 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		}
 #pragma unroll
 		for (int kk = 0; kk < ((diag & 2) ? 0 : MLA_KT / 16); kk++) {
-			uint32_t a[4][4];
+			uint32_t b[2][4]; // V: dims +0..15 and +16..31 of the warp's slice
+#pragma unroll
+			for (int n2 = 0; n2 < 2; n2++)
+				if (2 * n2 < NTW)
+					ldsm_x4_t(vb + (16 * kk * LD + 16 * n2) * 2, b[n2][0], b[n2][1], b[n2][2], b[n2][3]);
 #pragma unroll
 			for (int mt = 0; mt < 4; mt++)
-				ldsm_x4(pa + (16 * mt * MLA_PLD + kk * 16) * 2, a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
 #pragma unroll
-			for (int n2 = 0; n2 < 2; n2++) {
-				if (2 * n2 < NTW || n2 == 0) {
-					uint32_t b0, b1, b2, b3;
-					ldsm_x4_t(vb + (16 * kk * LD + 16 * n2) * 2, b0, b1, b2, b3);
+				for (int part = 0; part < 2; part++) { // P_hi, then P_lo, on the same V
+					uint32_t a0, a1, a2, a3;
+					ldsm_x4(pa + (part * MLA_HG * MLA_PLD + 16 * mt * MLA_PLD + kk * 16) * 2, a0, a1, a2, a3);
 #pragma unroll
-					for (int mt = 0; mt < 4; mt++) {
+					for (int n2 = 0; n2 < 2; n2++) {
 						if (2 * n2 < NTW)
-							mma_f16_16816(o[mt][2 * n2], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+							mma_f16_16816(o[mt][2 * n2], a0, a1, a2, a3, b[n2][0], b[n2][1]);
 						if (2 * n2 + 1 < NTW)
-							mma_f16_16816(o[mt][2 * n2 + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+							mma_f16_16816(o[mt][2 * n2 + 1], a0, a1, a2, a3, b[n2][2], b[n2][3]);
 					}
 				}
-			}
 		}
 		if (nv < MLA_KT)
 			break;
