@@ -100,17 +100,21 @@ __device__ __forceinline__ void group_barrier(int id)
 	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
-// Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw.
-__device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0, int k_end,
+// Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw (none
+// when copy is 0: benchmarks), and note each key's slot (-1 beyond the list) in sslot[64] for
+// the dequantisation.
+__device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0, int k_end, int copy,
 					   const uint8_t *__restrict__ pool, int rec_bytes, int RB,
-					   uint8_t *raw, int tid)
+					   uint8_t *raw, int *sslot, int tid)
 {
 	const int cb = (rec_bytes & 15) == 0 ? 16 : (rec_bytes & 7) == 0 ? 8 : 4;
 	const int nch = rec_bytes / cb;
 	for (int i = tid; i < MLA_KT * nch; i += MLA_THREADS) {
 		const int kk = i / nch, c = i - kk * nch, k = k0 + kk;
 		const int slot = k < k_end ? srow[k] : -1;
-		if (slot < 0)
+		if (c == 0)
+			sslot[kk] = slot;
+		if (slot < 0 || !copy)
 			continue;
 		const uint8_t *src = pool + (size_t)slot * rec_bytes + c * cb;
 		const uint32_t dst = smem_u32(raw + kk * RB + c * cb);
@@ -139,6 +143,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	float *red = reinterpret_cast<float *>(raw + MLA_KT * RB);          // [4][64]
 	float *cs = red + 4 * MLA_HG;                                      // [64] this tile's rescale
 	int *nval = reinterpret_cast<int *>(cs + MLA_HG);                  // [2]
+	int *sslot = nval + 2;                                             // [2][64] the tiles' slots
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int hg = warp & 3, kq = warp >> 2;
@@ -157,7 +162,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
 	}
 	if (k_begin < k_end)
-		mla_gather(srow, k_begin, k_end, pool, rec_bytes, RB, raw, tid);
+		mla_gather(srow, k_begin, k_end, 1, pool, rec_bytes, RB, raw, sslot, tid);
 	else
 		cp_async_commit();
 
@@ -195,8 +200,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			}
 		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
 		for (int i = tid; i < ((diag & 4) && t ? 0 : MLA_KT * J); i += MLA_THREADS) {
-			const int kk = i / J, c = i - kk * J, k = k0 + kk;
-			const int slot = k < k_end ? srow[k] : -1;
+			const int kk = i / J, c = i - kk * J;
+			const int slot = sslot[(t & 1) * MLA_KT + kk]; // (-1 beyond k_end)
 			uint4 out = make_uint4(0, 0, 0, 0);
 			const uint8_t *rp = raw + kk * RB;
 			if (slot < 0) {
@@ -220,7 +225,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		__syncthreads(); // K tile and the valid count visible; raw free
 		const int nv = nval[t & 1];
 		if (nv == MLA_KT && k0 + MLA_KT < k_end)
-			mla_gather(srow, k0 + MLA_KT, (diag & 1) ? k0 : k_end, pool, rec_bytes, RB, raw, tid);
+			mla_gather(srow, k0 + MLA_KT, k_end, !(diag & 1), pool, rec_bytes, RB, raw,
+				   sslot + ((t + 1) & 1) * MLA_KT, tid);
 		if (nv == 0)
 			break;
 

@@ -13,11 +13,11 @@
 
 /* Dynamic shared memory of k_mla_decode (its layout comment): Q and K [64][R + 64 + 8] fp16,
  * P_hi and P_lo [64][72] fp16, the raw records [64][rec_bytes rounded to 16], 5 x 64 floats,
- * 2 ints. */
+ * 2 ints, the slots of two tiles (2 x 64 ints). */
 static size_t mla_smem_bytes(int R, int rec_bytes)
 {
 	size_t ld = (size_t)R + 64 + 8, rb = ((size_t)rec_bytes + 15) & ~(size_t)15;
-	return 2 * 64 * ld * 2 + 2 * 64 * 72 * 2 + 64 * rb + 5 * 64 * 4 + 2 * 4;
+	return 2 * 64 * ld * 2 + 2 * 64 * 72 * 2 + 64 * rb + 5 * 64 * 4 + 2 * 4 + 2 * 64 * 4;
 }
 
 /* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
