@@ -46,12 +46,7 @@
 // g_group_maps[e] in global memory with a release fence of the tensor-map proxy; the GEMM's
 // producer acquires it (fence.proxy.tensormap::generic.acquire) before its first copy. The
 // table is module-global: one grouped GEMM at a time per GPU (the engine's one stream).
-#include "common.cuh"
-
-// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) without including cuda.h in device code.
-struct __align__(64) tmap {
-	unsigned long long opaque[16];
-};
+#include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
 
 #define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
 #define WG_BK 128              // K bytes per stage = one scale block
@@ -65,69 +60,7 @@ struct __align__(64) tmap {
 
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
 
-// ---- PTX wrappers ---------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
-{
-	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Blocks until the phase of parity `parity` of the barrier has completed. A fresh barrier is in
-// phase 0, so waiting for parity 1 returns at once (the producer's first pass over the ring).
-// A wait that has not finished after 2 s (%globaltimer, checked every 4096 tries) is a bug (a
-// lost arrival or copy): it traps, so a test fails with a launch error instead of hanging the
-// runner. (No printf: a function call in the kernel makes ptxas serialise every wgmma, C7510.)
-// The producer warps wait without it (registers): they can only be stuck if the consumers are.
-template <bool TIMEOUT = true>
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-	uint32_t done, t0 = 0;
-	for (uint32_t tries = 1;; tries++) {
-		asm volatile("{\n.reg .pred p;\n"
-			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-			     "selp.u32 %0, 1, 0, p;\n}\n"
-			     : "=r"(done)
-			     : "r"(bar), "r"(parity)
-			     : "memory");
-		if (done)
-			return;
-		if (TIMEOUT && (tries & 4095) == 0) { // low 32 bits of the ns timer: 4.3 s wrap
-			uint32_t now;
-			asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
-			if (!t0)
-				t0 = now | 1;
-			else if (now - t0 > 2000000000u)
-				__trap();
-		}
-	}
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// One arrival that also expects `bytes` of copy-engine transactions before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
-{
-	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-		     : "memory");
-}
-
-// Box (c0 = K byte, c1 = row) of the 2-D tensor map into shared memory at dst, completing on bar.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, uint32_t bar, int c0,
-					    int c1)
-{
-	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-		     "l"(map), "r"(bar), "r"(c0), "r"(c1)
-		     : "memory");
-}
+// ---- PTX wrappers beyond tma.cuh's -----------------------------------------------------------
 
 // The same box, written to the same CTA-relative smem offset in every CTA of ctamask within the
 // cluster, each completing on its own barrier at bar's offset.
@@ -181,9 +114,20 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr)
 	return d;
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence()
+{
+	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit()
+{
+	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_wait0()
+{
+	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
 
 // A shared-memory load that stays after the barrier wait before it (volatile, memory clobber).
 __device__ __forceinline__ float lds_f32(uint32_t addr)
@@ -804,17 +748,5 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 	const int e = blockIdx.x;
 	if (e >= G || off[e + 1] == off[e])
 		return; // the whole warp leaves together
-	if (threadIdx.x == 0) {
-		sm = tmpl;
-		asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(
-				     smem_u32(&sm)),
-			     "l"(w_tab[e])
-			     : "memory");
-	}
-	__syncwarp();
-	// copy to global and make it visible to the tensor-map proxy of later copies (release)
-	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"
-		     ".sync.aligned [%0], [%1], 128;" ::"l"(&g_group_maps[e]),
-		     "r"(smem_u32(&sm))
-		     : "memory");
+	tmap_store_at(&g_group_maps[e], tmpl, w_tab[e], &sm);
 }

@@ -1,6 +1,6 @@
 /*
  * cuda_gemm_wgmma.c — host side of the wgmma FP8 GEMM (kernels_ptx/gemm_fp8_wgmma.cu): tensor
- * maps (cuTensorMapEncodeTiled), tile width, persistent grid, the shape contract; and the
+ * maps (cuda_gemm_tmap_2d), tile width, persistent grid, the shape contract; and the
  * grouped form's per-group weight maps, made on the device by k_wgmma_group_maps just before
  * the GEMM (the weight addresses live in a device table; see the kernel file's header).
  */
@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "model/cuda_gemm.h" /* cuda_gemm_tmap_2d: the operand tensor maps */
 
 #define WG_THREADS 384
 #define WG_BM 128
@@ -24,23 +26,6 @@ static unsigned smem_bytes(int bn, int st)
 	int stages = bn == 256 ? 4 : bn == 128 && !st ? 6 : 5;
 	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * bn * 2 : 0) +
 			  2 * stages * 8 + stages * 528 + 1024);
-}
-
-/* A 2-D tensor map over an e4m3 matrix [rows, K] (row stride K bytes), box 128 K bytes x
- * box_rows rows, 128-byte swizzle (what the wgmma descriptors expect), zero fill past the end. */
-static int encode_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
-{
-	if (!cu.cuTensorMapEncodeTiled)
-		return -ENOTSUP;
-	cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
-	cuuint64_t strides[1] = {(cuuint64_t)K};
-	cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
-	cuuint32_t estr[2] = {1, 1};
-	CU_TRY(cu.cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)(uintptr_t)base,
-					 dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-					 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-	return 0;
 }
 
 static int launch(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args)
@@ -74,7 +59,8 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	CUtensorMap mA, mB;
 	int r;
 	/* with clusters each CTA copies (and multicasts) bn / mc rows of the weight tile */
-	if ((r = encode_2d(&mA, x8, M, K, WG_BM)) || (r = encode_2d(&mB, W, N, K, bn / mc)))
+	if ((r = cuda_gemm_tmap_2d(&mA, x8, M, K, WG_BM)) ||
+	    (r = cuda_gemm_tmap_2d(&mB, W, N, K, bn / mc)))
 		return r;
 	/* work items: groups of mc token tiles x weight tiles, one cluster of mc CTAs each */
 	long long items = (long long)(((M + WG_BM - 1) / WG_BM + mc - 1) / mc) * ((N + bn - 1) / bn);
@@ -118,7 +104,8 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	/* the template: any valid address (x8), replaced per group on the device */
 	CUtensorMap mA, tmpl;
 	int r;
-	if ((r = encode_2d(&mA, x8, max_rows, K, WG_BM)) || (r = encode_2d(&tmpl, x8, N, K, bn)))
+	if ((r = cuda_gemm_tmap_2d(&mA, x8, max_rows, K, WG_BM)) ||
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, bn)))
 		return r;
 	void *margs[] = {&tmpl, &w_tab, &off, &G};
 	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,

@@ -8,7 +8,8 @@
  * with sx fp32 [M, K/128] (UE8M0 values), y bf16 [M, ldy]. Shape contract: N % 64 == 0 (kv_a
  * has 576 rows; the last weight tile is masked), K % 128 == 0, ldy even and >= N (y's rows are
  * written as bf16 pairs); any M >= 1 (the last tile is masked).
- * Owns: tensor-map encoding (cuTensorMapEncodeTiled through driver/cu.h), tile choice, grid.
+ * Owns: tile choice, grid, the launch (the operand tensor maps come from cuda_gemm_tmap_2d,
+ * model/cuda_gemm.h).
  * Must not: allocate device memory (the tensor maps travel as kernel parameters).
  */
 #ifndef DSV32_CUDA_GEMM_WGMMA_H
