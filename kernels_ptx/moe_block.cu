@@ -2,17 +2,12 @@
 // logits, the gather of the quantised rows by expert, SwiGLU fused with the act_quant of the
 // down projection's input, and the vectorised combine. Launchers: model/cuda_moe.c.
 //
-// k_moe_gate_logits: logits fp32 [T, E] = x bf16 [T, D] · W bf16 [E, D]^T in the CPU's
+// k_moe_gate_logits_a8, _a2: logits fp32 [T, E] = x bf16 [T, D] · W bf16 [E, D]^T in the CPU's
 //   summation order (model/cpu_ops.c cpu_dot_bf16): eight partial sums, partial j adding the
 //   products of k = j, j+8, j+16, ... in ascending k, then the fixed tree
 //   ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)). A bf16 x bf16 product is exact in fp32, so the FMA
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
-//   routing agrees even at near ties. D % 8 == 0, E % 2 == 0.
-//   Block: 64 token rows x 2 experts; thread (slot, expert, q) runs partials 4q .. 4q+3 of one
-//   (token, expert) from shared memory (K in chunks of 128 staged as fp32, 4-wide reads, the
-//   next chunk in flight in registers); its (p0+p1)+(p2+p3) and a shuffle with the other half
-//   give exactly the tree above. Grid (E / 2, ceil(T / 64)); D % 128 == 0.
-// k_moe_gate_logits_a8, _a2: the same with a cp.async ring (see below; the launcher's choice).
+//   routing agrees even at near ties. D % 128 == 0, E % 2 == 0. Decode sizes; see below.
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
 //   memory; see below.
@@ -28,83 +23,9 @@
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
 
-#define GD_T 64   // token rows per block of k_moe_gate_logits
-#define GD_KC 128 // K chunk
-#define GD_PAD 8  // floats of padding per staged row: 4 rows of a read phase hit 32 banks
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		  float *__restrict__ logits, int T, int E, int D)
-{
-	__shared__ __align__(16) float xs[GD_T][GD_KC + GD_PAD]; // the block's token rows (fp32)
-	__shared__ __align__(16) float ws[2][GD_KC + GD_PAD];    // its 2 expert rows
-	const int tid = threadIdx.x, q = tid & 1, slot = (tid >> 1) & (GD_T - 1), el = tid >> 7;
-	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * GD_T;
-	const int rows = min(GD_T, T - t0);
-	const bool active = slot < rows; // whole warps idle past the last token: no reads
-	// staging: (64 + 2) rows x 16 uint4 per chunk, thread loads tid + 256 r; rows past T are
-	// neither loaded nor read; the next chunk is in flight in registers
-	constexpr int NL = ((GD_T + 2) * (GD_KC / 8) + 255) / 256;
-	uint4 pre[NL];
-	auto load = [&](int kc) {
-#pragma unroll
-		for (int r = 0; r < NL; r++) {
-			const int i = tid + 256 * r, row = i / (GD_KC / 8), c = i % (GD_KC / 8);
-			if (row < GD_T) {
-				if (row < rows)
-					pre[r] = __ldg(reinterpret_cast<const uint4 *>(
-						x + (size_t)(t0 + row) * D + kc + 8 * c));
-			} else if (row < GD_T + 2) {
-				pre[r] = __ldg(reinterpret_cast<const uint4 *>(
-					W + (size_t)(e0 + row - GD_T) * D + kc + 8 * c));
-			}
-		}
-	};
-	auto store = [&]() {
-#pragma unroll
-		for (int r = 0; r < NL; r++) {
-			const int i = tid + 256 * r, row = i / (GD_KC / 8), c = i % (GD_KC / 8);
-			if (row < GD_T + 2 && (row >= GD_T || row < rows)) {
-				float *dst = row < GD_T ? &xs[row][8 * c] : &ws[row - GD_T][8 * c];
-				const uint4 v = pre[r];
-				*reinterpret_cast<float4 *>(dst) =
-					make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-						    __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
-				*reinterpret_cast<float4 *>(dst + 4) =
-					make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
-						    __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
-			}
-		}
-	};
-	float p[4] = {0.f, 0.f, 0.f, 0.f}; // partials 4q .. 4q+3
-	load(0);
-	for (int kc = 0; kc < D; kc += GD_KC) {
-		__syncthreads(); // the previous chunk's reads are done
-		store();
-		__syncthreads(); // the chunk is staged
-		if (kc + GD_KC < D)
-			load(kc + GD_KC);
-		if (active) {
-			const float *xr = &xs[slot][4 * q], *wr = &ws[el][4 * q];
-#pragma unroll
-			for (int st = 0; st < GD_KC / 8; st++) { // exact products: fma == mul, then add
-				const float4 a = *reinterpret_cast<const float4 *>(xr + 8 * st);
-				const float4 b = *reinterpret_cast<const float4 *>(wr + 8 * st);
-				p[0] = fmaf(a.x, b.x, p[0]);
-				p[1] = fmaf(a.y, b.y, p[1]);
-				p[2] = fmaf(a.z, b.z, p[2]);
-				p[3] = fmaf(a.w, b.w, p[3]);
-			}
-		}
-	}
-	float v = (p[0] + p[1]) + (p[2] + p[3]); // q = 0: (p0+p1)+(p2+p3); q = 1: (p4+p5)+(p6+p7)
-	v += __shfl_xor_sync(0xffffffffu, v, 1); // the whole tree
-	if (q == 0 && active)
-		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
-}
-
-// k_moe_gate_logits_a8 / _a2: k_moe_gate_logits with the chunks brought in by cp.async into a
-// ring of S stages (S - 1 chunks in flight; run 3 measured the one-chunk register prefetch at
-// 35 us for one token: each of the 56 chunks waited for its loads). Staged as bf16, converted
+// k_moe_gate_logits_a8 / _a2: the chunks of K are brought in by cp.async into a ring of S
+// stages (S - 1 chunks in flight; run 3 measured a one-chunk register prefetch at 35 us for one
+// token: each of the 56 chunks waited for its loads). Staged as bf16, converted
 // when read. NQ threads share one (token, expert), each running partials PP = 8 / NQ of them
 // (q * PP .. q * PP + PP - 1); a block is TS = 128 / NQ token rows x 2 experts (a8: 16 rows,
 // one partial a thread, for few tokens; a2: 64 rows, 4 partials a thread, one 8-byte read of x
@@ -213,25 +134,27 @@ k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict_
 // A chunk arrives raw (bf16 rows) by cp.async into a ring of GT_S stages (GT_S - 1 chunks in
 // flight), then is converted into the fp32 compute buffer split by partial: xs[t][j][s] =
 // x[t, kc + 8s + j], so partial j's 8 steps are contiguous (two 4-wide reads; 12 floats per
-// (row, partial): conflict-free). Thread (owner o = tid / 8, partial j = tid % 8) keeps partial
-// j of 4 tokens x 8 experts, adding the steps in ascending k: the same sums as
-// k_moe_gate_logits. Dynamic shared memory GT_SMEM bytes (run 3: the register-prefetch form
-// took 866 us at 4096 tokens, every chunk waiting for its loads).
+// (row, partial) and 8 more per row: conflict-free reads and stores). Thread (owner o = tid / 8,
+// partial j = tid % 8) keeps partial j of 4 tokens x 8 experts, adding the steps in ascending
+// k: the same sums as k_moe_gate_logits_a8. Dynamic shared memory GT_SMEM bytes. Measured at
+// 4096 tokens: 866 us with a one-chunk register prefetch (run 3), 840 us with the ring (run 4):
+// bound by shared memory (1.5 bytes read per FMA, the conversion's stores 4-way conflicted then).
 #define GT_T 32
 #define GT_E 32
 #define GT_KC 64
 #define GT_PAD 12
 #define GT_S 4
 #define GT_RAWB (GT_KC * 2 + 16) // bytes of a raw staged row
-#define GT_FP32 ((GT_T + GT_E) * 8 * GT_PAD * 4)
+#define GT_ROWF (8 * GT_PAD + 8) // floats of a converted row: rows 8 banks apart (stores conflict-free)
+#define GT_FP32 ((GT_T + GT_E) * GT_ROWF * 4)
 #define GT_SMEM (GT_FP32 + GT_S * (GT_T + GT_E) * GT_RAWB)
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 			float *__restrict__ logits, int T, int E, int D)
 {
 	extern __shared__ __align__(16) unsigned char gt_smem[];
-	float(*xs)[8][GT_PAD] = reinterpret_cast<float(*)[8][GT_PAD]>(gt_smem); // [GT_T]
-	float(*ws)[8][GT_PAD] = reinterpret_cast<float(*)[8][GT_PAD]>(gt_smem + GT_T * 8 * GT_PAD * 4);
+	float *xs = reinterpret_cast<float *>(gt_smem); // [GT_T][GT_ROWF]: row, partial j at j * GT_PAD
+	float *ws = xs + GT_T * GT_ROWF;                // [GT_E][GT_ROWF]
 	unsigned char *raw = gt_smem + GT_FP32; // [GT_S][GT_T + GT_E][GT_RAWB]
 	const int tid = threadIdx.x, j = tid & 7, o = tid >> 3;
 	const int ot = o & 7, oe = o >> 3; // tokens 4*ot .. +3, experts 8*oe .. +7 of the tile
@@ -264,7 +187,7 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 		for (int r = 0; r < 2; r++) {
 			const uint4 v = *reinterpret_cast<const uint4 *>(stg + (size_t)srow[r] * GT_RAWB +
 									 16 * sst[r]);
-			float *dst = srow[r] < GT_T ? &xs[srow[r]][0][sst[r]] : &ws[srow[r] - GT_T][0][sst[r]];
+			float *dst = xs + (size_t)srow[r] * GT_ROWF + sst[r]; // ws follows xs
 			const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
 			for (int h = 0; h < 4; h++) {
@@ -294,11 +217,11 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 				*reinterpret_cast<float4 *>(xv[i]) =
-					*reinterpret_cast<const float4 *>(&xs[4 * ot + i][j][4 * s4]);
+					*reinterpret_cast<const float4 *>(xs + (4 * ot + i) * GT_ROWF + j * GT_PAD + 4 * s4);
 #pragma unroll
 			for (int e = 0; e < 8; e++)
 				*reinterpret_cast<float4 *>(wv[e]) =
-					*reinterpret_cast<const float4 *>(&ws[8 * oe + e][j][4 * s4]);
+					*reinterpret_cast<const float4 *>(ws + (8 * oe + e) * GT_ROWF + j * GT_PAD + 4 * s4);
 			// step by step, the 32 accumulators' FMAs independent of each other (exact
 			// products: fma == multiply, then add)
 #pragma unroll

@@ -3,7 +3,7 @@
  *
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
- *   k_moe_gate_logits (fp32 logits, the CPU's summation order) -> k_moe_route (experts, weights)
+ *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
  *   -> k_moe_permute (rows by expert, token order within an expert) -> k_act_quant of x once
  *   -> k_moe_gather_q (the quantised rows and scales in sorted order)
  *   -> grouped FP8 GEMM with the fused gate|up weights (N = 2 * moe_inter)
@@ -152,7 +152,7 @@ static struct gate_kernel gate_kernel_for(int T, int E)
 	const unsigned rowb = 128 * 2 + 16; /* GA_ROWB */
 	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
 		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
-					    (64 * 8 * 12 * 4) + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
+					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
 	if (T <= 16)
 		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 12 * (16 + 2) * rowb};
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * rowb};
