@@ -24,14 +24,19 @@
 
 /* Outputs more than one bf16 ulp off must stay within this fraction of their row's RMS.
  * Decode sizes (T <= 64) run every GEMM on mma.sync kernels, whose fp32 sums differ from the
- * CPU's in order only (run 1: bit-identical outputs). Larger T runs the shared expert through
+ * CPU's in order only (runs 1-4: bit-identical outputs). Larger T runs the shared expert through
  * cuBLASLt and, once model/cuda_gemm.c dispatches it, the routed experts through the wgmma
  * kernel: Hopper's wgmma FP8 accumulates a k32 step with reduced precision (DeepSeek-V3 report
- * §3.3.2; run 1 measured 0.01-0.05 of the row RMS per GEMM on wide-range operands), which two
- * chained GEMMs and the requantisation of their intermediate carry into y: a looser limit
- * there, on realistic operands (below). A wrong expert, weight or row is off by O(1). */
+ * §3.3.2), about 2^-8 of the RMS per GEMM on realistic operands (P's test, run 4). The MLP
+ * requantises between its two GEMMs: an intermediate off by 2^-8 of its RMS flips its e4m3 code
+ * (2^-4 of the value apart) with probability ~2^-8 / 2^-4, and each flip moves an output by
+ * ~2^-4 / sqrt(inter) of the row: over a few hundred thousand outputs the worst reaches ~0.05-0.1
+ * (run 4, T = 300: worst 0.087, mean 0.0012). So above 64 rows: worst 2^-3 of the row's RMS
+ * and a mean |err| / RMS under 2^-8 (a wrong expert, weight or row is off by O(1) on the mean
+ * too). The stage taps print which stage departs. */
 #define MOE_REL_LIMIT_MMA (1.0 / 128)
-#define MOE_REL_LIMIT_WGMMA (1.0 / 32)
+#define MOE_REL_LIMIT_WGMMA (1.0 / 8)
+#define MOE_MEAN_LIMIT_WGMMA (1.0 / 256)
 
 /* Realistic operands: weights ~ N(0, 1) quantised per 128x128 block so the block's largest
  * value maps near the top of e4m3 (code = e4m3(z * 128), |z| < 3.2 here), power-of-two
@@ -356,6 +361,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	CHECK_EQ_INT(bad_w, 0);
 	CHECK_EQ_INT(bad_y, 0);
 	CHECK((double)over1 < (T <= 64 ? 0.02 : 0.25) * T * D); /* flips are not the rule */
+	CHECK(sum_rel / ((double)T * D) < (T <= 64 ? MOE_REL_LIMIT_MMA : MOE_MEAN_LIMIT_WGMMA));
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
