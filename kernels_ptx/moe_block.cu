@@ -29,11 +29,10 @@
 // when read. NQ threads share one (token, expert), each running partials PP = 8 / NQ of them
 // (q * PP .. q * PP + PP - 1); a block is TS = 128 / NQ token rows x 2 experts (a8: 16 rows,
 // one partial a thread, for few tokens; a2: 64 rows, 4 partials a thread, one 8-byte read of x
-// and of W per 4 products). Dynamic shared memory S * (TS + 2) * GA_ROWB bytes; grid (E / 2,
-// ceil(T / TS)); D % 128 == 0. The thread's own partials are added as (p0+p1)+(p2+p3), then
+// and of W per 4 products). Dynamic shared memory S * (TS + 2) * (2 KC + 16) bytes; grid (E / 2,
+// ceil(T / TS)); D % KC == 0. The thread's own partials are added as (p0+p1)+(p2+p3), then
 // shuffles across the NQ lanes: exactly the tree of the CPU.
-#define GA_KC 128                // K chunk (elements)
-#define GA_ROWB (GA_KC * 2 + 16) // bytes of a staged row: consecutive rows 4 banks apart
+// KC: the K chunk (elements); a staged row is KC * 2 + 16 bytes (consecutive rows 4 banks apart)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
@@ -41,31 +40,30 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-template <int NQ, int S>
+template <int NQ, int S, int KC>
 __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W,
 						  const uint16_t *__restrict__ x,
 						  float *__restrict__ logits, int T, int E, int D)
 {
-	constexpr int PP = 8 / NQ, TS = 128 / NQ, STAGE = (TS + 2) * GA_ROWB;
-	extern __shared__ __align__(16) unsigned char ga_ring[]; // [S][TS + 2][GA_ROWB]
+	constexpr int PP = 8 / NQ, TS = 128 / NQ, ROWB = KC * 2 + 16, STAGE = (TS + 2) * ROWB;
+	extern __shared__ __align__(16) unsigned char ga_ring[]; // [S][TS + 2][ROWB]
 	const int tid = threadIdx.x, q = tid % NQ, slot = (tid / NQ) % TS, el = tid / (NQ * TS);
 	const int e0 = blockIdx.x * 2, t0 = blockIdx.y * TS;
 	const int rows = min(TS, T - t0);
 	const bool active = slot < rows; // whole warps idle past the last token: no reads
-	const int nc = D / GA_KC;
+	const int nc = D / KC;
 	// chunk c into stage c % S: the block's token rows (stage rows 0 .. rows-1) and its 2
 	// expert rows (stage rows TS, TS+1), 16 bytes a copy; one commit group per chunk slot
 	auto issue = [&](int c) {
 		if (c < nc) {
 			unsigned char *st = ga_ring + (size_t)(c % S) * STAGE;
-			const int n = (rows + 2) * (GA_KC / 8);
+			const int n = (rows + 2) * (KC / 8);
 			for (int i = tid; i < n; i += 256) {
-				const int r = i / (GA_KC / 8), c16 = i % (GA_KC / 8);
+				const int r = i / (KC / 8), c16 = i % (KC / 8);
 				const uint16_t *src = r < rows ? x + (size_t)(t0 + r) * D
 							       : W + (size_t)(e0 + r - rows) * D;
 				const int srow = r < rows ? r : TS + r - rows;
-				cp_async16(st + (size_t)srow * GA_ROWB + 16 * c16,
-					   src + (size_t)c * GA_KC + 8 * c16);
+				cp_async16(st + (size_t)srow * ROWB + 16 * c16, src + (size_t)c * KC + 8 * c16);
 			}
 		}
 		asm volatile("cp.async.commit_group;" ::: "memory");
@@ -83,10 +81,10 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 		issue(c + S - 1);
 		if (active) {
 			const unsigned char *st = ga_ring + (size_t)(c % S) * STAGE;
-			const unsigned char *xr = st + (size_t)slot * GA_ROWB + 2 * PP * q;
-			const unsigned char *wr = st + (size_t)(TS + el) * GA_ROWB + 2 * PP * q;
+			const unsigned char *xr = st + (size_t)slot * ROWB + 2 * PP * q;
+			const unsigned char *wr = st + (size_t)(TS + el) * ROWB + 2 * PP * q;
 #pragma unroll
-			for (int k = 0; k < GA_KC / 8; k++) { // exact products: fma == mul, then add
+			for (int k = 0; k < KC / 8; k++) { // exact products: fma == mul, then add
 				if (PP == 4) {
 					const uint2 a = *reinterpret_cast<const uint2 *>(xr + 16 * k);
 					const uint2 b = *reinterpret_cast<const uint2 *>(wr + 16 * k);
@@ -114,20 +112,22 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
 }
 
-#define GA8_S 12
-#define GA2_S 6
+#define GA8_S 6 // a8: 6 stages of K chunks of 512 (D % 512 == 0): few barriers for one token
+#define GA8_KC 512
+#define GA2_S 6 // a2: 6 stages of 128 (D % 128 == 0)
+#define GA2_KC 128
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<8, GA8_S>(W, x, logits, T, E, D);
+	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<2, GA2_S>(W, x, logits, T, E, D);
+	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D);
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.

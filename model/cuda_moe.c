@@ -140,22 +140,21 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
  * tile (token rows x experts a block) and dynamic shared memory. a8 / a2: cp.async rings of
- * GA8_S / GA2_S stages of (rows + 2) x GA_ROWB bytes; tiled: GT_SMEM. */
+ * 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 128); tiled: GT_SMEM. */
 struct gate_kernel {
 	const char *name;
 	int rows, experts;
 	unsigned smem;
 };
 
-static struct gate_kernel gate_kernel_for(int T, int E)
+static struct gate_kernel gate_kernel_for(int T, int E, int D)
 {
-	const unsigned rowb = 128 * 2 + 16; /* GA_ROWB */
 	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
 		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
 					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
-	if (T <= 16)
-		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 12 * (16 + 2) * rowb};
-	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * rowb};
+	if (T <= 16 && D % 512 == 0)
+		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 6 * (16 + 2) * (512 * 2 + 16)};
+	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 
 /* One expert GEMM over the R sorted rows (y row stride N). */
@@ -194,7 +193,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* router logits and the routing */
 	if (stages & CUDA_MOE_GATE) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
-		struct gate_kernel k = gate_kernel_for(T, E);
+		struct gate_kernel k = gate_kernel_for(T, E, D);
 		void *fn = gpu_kernel(g, k.name);
 		if (!fn)
 			return -ENOENT;

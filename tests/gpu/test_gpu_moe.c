@@ -267,11 +267,11 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 					{300, 32, 512}, {257, 64, 1024}, {37, 16, 256}};
 	static const struct {
 		const char *name;
-		int rows, experts;
+		int rows, experts, kc; /* tile; K chunk (D % kc == 0) */
 		unsigned smem;
-	} ks[] = {{"k_moe_gate_logits_a8", 16, 2, 12 * 18 * 272},
-		  {"k_moe_gate_logits_a2", 64, 2, 6 * 66 * 272},
-		  {"k_moe_gate_logits_tiled", 32, 32, 64 * 104 * 4 + 4 * 64 * 144}};
+	} ks[] = {{"k_moe_gate_logits_a8", 16, 2, 512, 6 * 18 * 1040},
+		  {"k_moe_gate_logits_a2", 64, 2, 128, 6 * 66 * 272},
+		  {"k_moe_gate_logits_tiled", 32, 32, 64, 64 * 104 * 4 + 4 * 64 * 144}};
 	uint64_t seed = 4301;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2];
@@ -290,7 +290,7 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 		REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
 		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
 		for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
-			if (E % ks[ki].experts)
+			if (E % ks[ki].experts || D % ks[ki].kc)
 				continue;
 			void *fn = gpu_kernel(&g, ks[ki].name);
 			REQUIRE(fn);
