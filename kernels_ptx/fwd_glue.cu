@@ -5,8 +5,10 @@
 //                    with row strides, so a norm can read a slice of a fused GEMM output (q_a,
 //                    kv_a) and write into a slice of a wider row (the MTP concat).
 // k_fwd_bf16_linear  cpu_bf16_linear (bf16 weights, fp32 accumulation in cpu_dot_bf16's order:
-//                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree), so router
-//                    logits, weights_proj, eh_proj and the LM head are bit-identical to the CPU.
+//                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree): the
+//                    bit-identical path (5-8 token rows; the forward sends 1-4 rows to the
+//                    memory-bound k_fwd_gemv and more than 8 to the tensor cores, fwd_mma.cu).
+// k_fwd_gemv         the same product for 1-4 rows at HBM speed (fixed fp32 order, not the CPU's).
 // k_fwd_idx_weights  the indexer's head weights w' = w * H^-0.5 * s_q[h] * D^-0.5
 //                    (indexer_project, model/cpu_indexer.c), in its multiplication order.
 // k_fwd_q_absorb     q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
@@ -130,34 +132,50 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	lin_store(acc, v0 + o, V, j, m0, min(LIN_ROWS, M - m0), y32, y16, ldy);
 }
 
-// The same numbers for few outputs (V small: the indexer's weights_proj, 64 rows): a block of 64
-// threads owns 8 outputs and stages their whole rows (8 x D bf16, dynamic shared memory, every
-// 16-byte load issued before any is used) — the tiled kernel would walk D in 28 dependent tiles
-// with only V / 32 blocks. x rows are read from global (L1). Grid (ceil(V / 8), ceil(M / 4)).
-extern "C" __global__ void __launch_bounds__(64)
-k_fwd_bf16_linear_small(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
-			float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+// y[m, v] = x[m, :] . W[v, :] for a few token rows (m < M <= 4: decode), memory-bound GEMV: one
+// warp per output v, lanes stride D in 16-byte chunks (8 weights), four chunks in flight per
+// lane, x read as 16-byte chunks too (L1-resident), fp32 fma partials then warp_sum — a fixed
+// order, not the CPU's (fp32 rounding differences only). W bf16 [V, D], x bf16 [M, ldx], y32
+// fp32 [M, ldy] or (y32 null) y16 bf16. D % 8 == 0, ldx % 8 == 0. Grid ceil(V / 8), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_gemv(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+	   float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
 {
-	extern __shared__ __align__(16) uint16_t wrow[]; // [8, D]
-	const int tid = threadIdx.x, o = tid >> 3, j = tid & 7;
-	const int v0 = blockIdx.x * 8, m0 = blockIdx.y * LIN_ROWS, c16 = D / 8;
-	for (int i = tid; i < 8 * c16; i += blockDim.x) {
-		const int r = i / c16, c = i % c16;
-		uint4 v = make_uint4(0u, 0u, 0u, 0u);
-		if (v0 + r < V)
-			v = *reinterpret_cast<const uint4 *>(W + (size_t)(v0 + r) * D + c * 8);
-		*reinterpret_cast<uint4 *>(&wrow[(size_t)r * D + c * 8]) = v;
-	}
-	__syncthreads(); // the 8 rows are staged
-	const int nm = min(LIN_ROWS, M - m0);
-	const uint16_t *xr = x + (size_t)m0 * ldx;
-	const uint16_t *wr = wrow + (size_t)o * D;
+	const int v = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	if (v >= V)
+		return;
+	const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)v * D);
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
-	lane8_accumulate<LIN_ROWS>(acc, j, D, [&](int k) { return bf16_to_f32(wr[k]); },
-				   [&](int m, int k) {
-					   return m < nm ? bf16_to_f32(xr[(size_t)m * ldx + k]) : 0.f;
-				   });
-	lin_store(acc, v0 + o, V, j, m0, nm, y32, y16, ldy);
+	const int nc = D / 8;
+#pragma unroll 4
+	for (int c = lane; c < nc; c += 32) {
+		const uint4 q = wr[c];
+		const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+		for (int m = 0; m < LIN_ROWS; m++) {
+			if (m >= M)
+				break;
+			const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
+			const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
+				acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
+					      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
+			}
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++)
+		acc[m] = warp_sum(acc[m]);
+	if (lane)
+		return;
+	for (int m = 0; m < M; m++) {
+		if (y32)
+			y32[(size_t)m * ldy + v] = acc[m];
+		else
+			y16[(size_t)m * ldy + v] = f32_to_bf16(acc[m]);
+	}
 }
 
 // w[i] = ((w[i] * hs) * qs[i]) * ds for i < n (w fp32 [T, H], qs fp32 [T, H]: the act_quant

@@ -342,18 +342,9 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
 		return 0;
 	}
-	unsigned smem = (unsigned)D * 8 * 2; /* k_fwd_bf16_linear_small: 8 whole weight rows */
-	if (V <= 1024 && smem <= 160 * 1024) {
-		void *fn = gpu_kernel(F->g, "k_fwd_bf16_linear_small");
-		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-							  (int)smem), "cuFuncSetAttribute", __FILE__, __LINE__))
-			return fwd_fail("k_fwd_bf16_linear_small", -EIO);
-		void *a[] = {&W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V};
-		int r = gpu_launch(F->g, fn, (unsigned)((V + 7) / 8), (unsigned)((M + 3) / 4), 1, 64, 1, 1,
-				   smem, a);
-		if (r)
-			return fwd_fail("k_fwd_bf16_linear_small", r);
-		prof_mark(F->g->stream, "k_fwd_bf16_linear_small");
+	if (M <= 4 && ldx % 8 == 0) { /* decode: memory-bound GEMV (run 4: the exact-order kernels
+				       * streamed the LM head at 2.4 TB/s, weights_proj in 160 us) */
+		LAUNCH("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
 		return 0;
 	}
 	LAUNCH("k_fwd_bf16_linear", (V + 31) / 32, (M + 3) / 4, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy,
