@@ -265,7 +265,11 @@ static int op_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gp
 		   int dim, gpu_ptr q, gpu_ptr qs)
 {
 	float eps = (float)F->c->rms_norm_eps;
-	LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
+	if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
+		LAUNCH("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
+		       &qs);
+	else
+		LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
 	return 0;
 }
 
