@@ -14,6 +14,10 @@
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
+// k_moe_quant_gather: the same rows quantised straight from x (act_quant of x[src[r]] into
+//   xs8[r], sxs[r]) and x itself into x8, sx (for the shared expert): one launch for decode
+//   sizes, where quantising a row K times costs less than a second launch. One warp per
+//   128-group of the R + T rows, 8 a block.
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
@@ -265,6 +269,25 @@ k_moe_gather_q(const uint8_t *__restrict__ x8, const float *__restrict__ sx,
 	const int KB = D / 128;
 	for (int i = lane; i < KB; i += 32)
 		sxs[(size_t)r * KB + i] = sx[(size_t)s * KB + i];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_quant_gather(const uint16_t *__restrict__ x, const int *__restrict__ src,
+		   uint8_t *__restrict__ xs8, float *__restrict__ sxs, uint8_t *__restrict__ x8,
+		   float *__restrict__ sx, int D, int R, int T)
+{
+	const int KB = D / 128;
+	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+	if (group >= (long long)(R + T) * KB)
+		return;
+	const int row = (int)(group / KB), c = (int)(group % KB), lane = threadIdx.x & 31;
+	const bool routed = row < R; // sorted rows first, then the T rows of x itself
+	const int t = routed ? src[row] : row - R;
+	uint8_t *q = routed ? xs8 + (size_t)row * D : x8 + (size_t)t * D;
+	float *s = routed ? sxs + (size_t)row * KB : sx + (size_t)t * KB;
+	const float sc = warp_act_quant128(x + (size_t)t * D + c * 128, q + c * 128, lane);
+	if (lane == 0)
+		s[c] = sc;
 }
 
 extern "C" __global__ void __launch_bounds__(256)

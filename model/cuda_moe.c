@@ -232,7 +232,15 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	}
-	if (stages & CUDA_MOE_GATHER) {
+	if ((stages & CUDA_MOE_GATHER) && T <= 64) { /* decode: one launch (Tp == T) */
+		long long ng = (long long)(R + T) * (D / 128);
+		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS],
+				(void *)&b[B_X8], (void *)&b[B_SX], &D, &R, &T};
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_gather"), (unsigned)((ng + 7) / 8), 1, 1,
+				256, 1, 1, 0, args);
+		if (rc)
+			return rc;
+	} else if (stages & CUDA_MOE_GATHER) {
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_X8], (void *)&b[B_SX], &ng};
 		rc = gpu_launch(g, gpu_kernel(g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1,
