@@ -219,18 +219,26 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			  1, 1, 0, rargs);
 }
 
-/* Which kernels cuda_gemm_fp8_decode / cuda_gemm_fp8_grouped run: 1 the streaming kernel
- * (its RT = 1 form passed every check that ran in run 3: grouped at the expert shapes against
- * the CPU, grouped = dense bit for bit, batch invariance M = 1..64, 8000 groups), 0 the
- * previous ones. */
-static int stream_on = 1;
+/* Which kernels cuda_gemm_fp8_decode / cuda_gemm_fp8_grouped run: 1 the streaming kernel, 0 the
+ * previous ones (v2, v0), -1 (the default) per shape by run 4's measurements: the grouped GEMM
+ * on the streaming kernel (2.1-2.7 TB/s against v0's 0.6-0.9), the dense decode GEMM on v2
+ * except where the streaming kernel was faster at every M <= 64 (32768x512). One kernel per
+ * shape for every M, so a row's result never depends on M. */
+static int stream_on = -1;
 
 void cuda_gemm_set_stream(int on) { stream_on = on; }
+
+static int dense_streams(int N, int K)
+{
+	if (stream_on >= 0)
+		return stream_on;
+	return N == 32768 && K == 512;
+}
 
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws)
 {
-	if (!stream_on)
+	if (!dense_streams(N, K))
 		return cuda_gemm_fp8_decode_v2(g, W, S, x8, sx, y, M, N, K, ldy, ws);
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_decode: unsupported shape M=%d N=%d K=%d ldy=%d\n",
@@ -337,7 +345,7 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 		if (r != -ENOTSUP)
 			return r;
 	}
-	if (!stream_on)
+	if (stream_on == 0)
 		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
 	return cuda_gemm_fp8_grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
 					    ldy, ws, ws_bytes);

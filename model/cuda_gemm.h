@@ -30,12 +30,14 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K);
 /* y[M, ldy] (bf16) = x8[M, K] (e4m3, scales sx[M, K/128]) x W8[N, K]^T (e4m3, scales
  * S[N/128, K/128]), fp32 accumulation promoted per 128-block. M <= 64. ws: a workspace of
  * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). The streaming kernel (bulk
- * copies into shared memory, persistent grid); batch invariant: row m's result does not depend
- * on M. */
+ * tensor copies into shared memory, persistent grid) or the previous one (v2), one of them per
+ * shape (cuda_gemm_set_stream); either is batch invariant: row m's result does not depend on
+ * M. */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws);
-/* 1 (the default): cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel;
- * 0: the previous kernels below. Process-wide; tests and the benchmark set it. */
+/* 1: cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel; 0: the previous
+ * kernels below; -1 (the default): per shape by measurement (cuda_gemm.c: grouped streaming,
+ * dense mostly v2). Process-wide; tests and the benchmark set it. */
 void cuda_gemm_set_stream(int on);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
@@ -119,7 +121,8 @@ void cuda_gemm_close(struct gpu *g);
  * host bound on off[G] (rows of x8, sx and y). A group with no rows reads none of its weights.
  * Decode-sized (max_rows <= 64, or < 64 rows per group on average): the streaming kernel
  * (G <= 8192; its group weight maps are made on the device by one small launch first), and
- * then per row the numbers equal cuda_gemm_fp8's (M <= 64) for the same weight, bit for bit;
+ * then per row the numbers equal the streaming dense kernel's (cuda_gemm_fp8 with
+ * cuda_gemm_set_stream(1)) for the same weight, bit for bit;
  * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
  * summation order and Hopper wgmma's coarser FP8 accumulation; CUDA_GEMM_WGMMA_GROUPED in
  * cuda_gemm.c). Decode-sized while cuda_gemm_set_stream is off: the first version (v0). ws:
