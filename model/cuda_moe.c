@@ -4,8 +4,10 @@
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
- *   -> k_moe_permute (rows by expert, token order within an expert) -> k_act_quant of x once
- *   -> k_moe_gather_q (the quantised rows and scales in sorted order)
+ *   -> k_moe_permute (rows by expert, token order within an expert)
+ *   -> the quantised rows in sorted order: up to 64 tokens k_moe_quant_gather (each routed row
+ *      quantised from x, and x itself for the shared expert, one launch), above that
+ *      k_act_quant of x once then k_moe_gather_q
  *   -> grouped FP8 GEMM with the fused gate|up weights (N = 2 * moe_inter)
  *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) -> grouped FP8 GEMM down_proj
  *   -> the shared expert (cuda_gemm_fp8 on the same quantised x, SwiGLU + act_quant, down)
