@@ -18,11 +18,13 @@
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Where the wgmma kernel (model/cuda_gemm_wgmma.h) runs without a measurement saying so:
- * DENSE 1: the default rule for M > 64 picks it (0: cuBLASLt, faster at M = 4096 in run 1:
- * 1,247 against 948 TFLOP/s at 4096x7168; cuda_gemm_tune measures both); GROUPED 1: grouped
- * GEMMs with many rows per group (prefill) run on it. Both accumulate FP8 products more coarsely
- * than mma.sync (Hopper's wgmma, run 1), within the prefill tests' limits. */
-#define CUDA_GEMM_WGMMA_DENSE 0
+ * DENSE 1: the default rule for M > 64 picks it over cuBLASLt — cuBLASLt is faster (run 4:
+ * 987-1137 against 765-845 TFLOP/s at M = 4096) but misses the CPU check by far more than
+ * wgmma's accumulation (run 4: the MoE block at T = 300 had outputs 8.7% of the row RMS off
+ * through its shared expert on cuBLASLt; wgmma stays within ~2^-8 on such operands);
+ * cuda_gemm_tune can still pick cuBLASLt by speed. GROUPED 1: grouped GEMMs with many rows
+ * per group (prefill) run on it. Both accumulate FP8 products more coarsely than mma.sync. */
+#define CUDA_GEMM_WGMMA_DENSE 1
 #define CUDA_GEMM_WGMMA_GROUPED 1
 
 /* wgmma's shape contract (model/cuda_gemm_wgmma.h) beyond ours: N % 64, ldy even. */
@@ -466,7 +468,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
 	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at
-	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds. */
+	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds
+	 * (CUDA_GEMM_WGMMA_DENSE), else cuBLASLt, else the decode kernel in 64-row pieces. */
 	if (M <= 64)
 		return CUDA_GEMM_PATH_DECODE;
 	return CUDA_GEMM_WGMMA_DENSE && wgmma_fits(N, N) ? CUDA_GEMM_PATH_WGMMA

@@ -87,8 +87,8 @@ enum cuda_gemm_path {
 /* Dispatch bucket of M: 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
 int cuda_gemm_m_bucket(int M);
 /* The path cuda_gemm_fp8 takes for (M, N, K): the table's entry for M's bucket, else the
- * default rule (M <= 64: our decode kernel; larger M: the wgmma kernel where N % 64 == 0, else
- * cuBLASLt). */
+ * default rule (M <= 64: our decode kernel; larger M: the wgmma kernel where N % 64 == 0 —
+ * cuBLASLt is faster but misses the CPU check, docs/PERF.md — else cuBLASLt). */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
 /* Records the path for (bucket(M), N, K), replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
