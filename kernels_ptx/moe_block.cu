@@ -27,7 +27,7 @@
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
 
-// k_moe_gate_logits_a8 / _a2: the chunks of K are brought in by cp.async into a ring of S
+// k_moe_gate_logits_a8 / _a2 / _a2l: the chunks of K are brought in by cp.async into a ring of S
 // stages (S - 1 chunks in flight; run 3 measured a one-chunk register prefetch at 35 us for one
 // token: each of the 56 chunks waited for its loads). Staged as bf16, converted
 // when read. NQ threads share one (token, expert), each running partials PP = 8 / NQ of them
@@ -120,6 +120,8 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 #define GA8_KC 512
 #define GA2_S 6 // a2: 6 stages of 128 (D % 128 == 0)
 #define GA2_KC 128
+#define GA2L_S 3 // a2l: 3 stages of 512 (D % 512 == 0): a quarter of a2's barriers
+#define GA2L_KC 512
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
@@ -132,6 +134,13 @@ k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict_
 		     float *__restrict__ logits, int T, int E, int D)
 {
 	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		      float *__restrict__ logits, int T, int E, int D)
+{
+	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D);
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.
@@ -149,7 +158,7 @@ k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict_
 #define GT_PAD 12
 #define GT_S 4
 #define GT_RAWB (GT_KC * 2 + 16) // bytes of a raw staged row
-#define GT_ROWF (8 * GT_PAD + 8) // floats of a converted row: rows 8 banks apart (stores conflict-free)
+#define GT_ROWF (8 * GT_PAD + 8) // floats of a converted row: rows 8 banks apart
 #define GT_FP32 ((GT_T + GT_E) * GT_ROWF * 4)
 #define GT_SMEM (GT_FP32 + GT_S * (GT_T + GT_E) * GT_RAWB)
 extern "C" __global__ void __launch_bounds__(256)

@@ -131,8 +131,8 @@ __device__ __forceinline__ bool route_better(float v, int i, float w, int j)
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-k_moe_route_w(const float *__restrict__ logits, const float *__restrict__ bias, int T, int topk_group,
-	      int K, int norm_topk_prob, float route_scale, int *__restrict__ idx,
+k_moe_route_w(const float *__restrict__ logits, const float *__restrict__ bias, int T,
+	      int topk_group, int K, int norm_topk_prob, float route_scale, int *__restrict__ idx,
 	      float *__restrict__ wts)
 {
 	const int lane = threadIdx.x & 31;

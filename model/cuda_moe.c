@@ -141,8 +141,9 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 }
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
- * tile (token rows x experts a block) and dynamic shared memory. a8 / a2: cp.async rings of
- * 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 128); tiled: GT_SMEM. */
+ * tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings
+ * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled:
+ * GT_SMEM. */
 struct gate_kernel {
 	const char *name;
 	int rows, experts;
@@ -156,6 +157,8 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
 	if (T <= 16 && D % 512 == 0)
 		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 6 * (16 + 2) * (512 * 2 + 16)};
+	if (D % 512 == 0)
+		return (struct gate_kernel){"k_moe_gate_logits_a2l", 64, 2, 3 * (64 + 2) * (512 * 2 + 16)};
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 

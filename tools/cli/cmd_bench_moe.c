@@ -171,7 +171,8 @@ int bench_moe(int argc, char **argv)
 		s2 = dev_alloc(ns2 * E), sh13 = dev_alloc((size_t)2 * Ish * D),
 		sh2 = dev_alloc((size_t)D * Ish), shs13 = dev_alloc((size_t)(2 * Ish / 128) * (D / 128) * 4),
 		shs2 = dev_alloc((size_t)(D / 128) * (Ish / 128) * 4), bias = dev_alloc((size_t)E * 4);
-	gpu_ptr gate = upload_bf16(&g, (size_t)E * D, 0.05f, 11), x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
+	gpu_ptr gate = upload_bf16(&g, (size_t)E * D, 0.05f, 11),
+		x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
 	gpu_ptr y = dev_alloc((size_t)max_T * D * 2);
 	struct cuda_moe_trace tr = {dev_alloc((size_t)max_T * E * 4), dev_alloc((size_t)max_T * K * 4),
 				    dev_alloc((size_t)max_T * K * 4)};
