@@ -220,7 +220,9 @@ template <int BN, int STAGES, bool ST = false> struct wg_cfg {
 	// 1024-aligned
 	// ST variants: each consumer warpgroup's 64 x BN bf16 outputs staged for the stores, as
 	// boxes of 64 columns (128 bytes a row) with the 128-byte swizzle
-	static constexpr uint32_t ST_BYTES = ST ? 2 * 64 * BN * 2 : 0;
+	// (BN = 256: 64 columns at a time, in 4 rounds, so the 4 stages still fit)
+	static constexpr int ST_COLS = BN > 128 ? 64 : BN;
+	static constexpr uint32_t ST_BYTES = ST ? 2 * 64 * ST_COLS * 2 : 0;
 	static constexpr uint32_t SMEM = STAGES * (A_BYTES + B_BYTES) + ST_BYTES + 2 * STAGES * 8 +
 					 STAGES * SC_BYTES + 1024;
 };
@@ -411,17 +413,33 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 // c ^ (r % 8): conflict-free for stmatrix's 8 rows and for the row reads), then each thread
 // copies 16-byte chunks to y, a warp writing two whole 256-byte row segments per instruction
 // (masked to the tile's rows and to N; needs ldy % 8 == 0). Named barrier 2 + cw orders the
-// previous tile's reads before the writes and the writes before the reads.
-template <int BN>
+// previous round's reads before the writes and the writes before the reads. The buffer holds
+// CW columns: the tile goes in BN / CW rounds.
+template <int CW>
+__device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, const wg_tile &tl,
+					       int c0, int cw, int wi, int lane, uint16_t *y, int N,
+					       int ldy);
+
+template <int BN, int CW>
 __device__ __forceinline__ void wg_store_staged(const float *acc, uint32_t stg, const wg_tile &tl,
 						int cw, int wi, int lane, uint16_t *y, int N, int ldy)
+{
+#pragma unroll
+	for (int c0 = 0; c0 < BN; c0 += CW)
+		wg_store_round<CW>(acc + c0 / 2, stg, tl, c0, cw, wi, lane, y, N, ldy);
+}
+
+template <int CW>
+__device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, const wg_tile &tl,
+					       int c0, int cw, int wi, int lane, uint16_t *y, int N,
+					       int ldy)
 {
 	const int bar = 2 + cw;
 	asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
 	const int mi = lane >> 3, rr = lane & 7;
 	const int row = wi * 16 + (mi & 1) * 8 + rr; // this lane's stmatrix row address
 #pragma unroll
-	for (int jp = 0; jp < BN / 16; jp++) {
+	for (int jp = 0; jp < CW / 16; jp++) {
 		const int col = (2 * jp + (mi >> 1)) * 8;
 		const uint32_t addr = stg + (col / 64) * (64 * 128) + row * 128 +
 				      ((((col % 64) / 8) ^ (row & 7)) * 16);
@@ -432,7 +450,7 @@ __device__ __forceinline__ void wg_store_staged(const float *acc, uint32_t stg, 
 	}
 	asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");
 	const int tid = threadIdx.x & 127;
-	constexpr int CH = BN / 8; // 16-byte chunks of a row
+	constexpr int CH = CW / 8; // 16-byte chunks of a row
 #pragma unroll
 	for (int k = 0; k < 64 * CH / 128; k++) {
 		const int i = tid + 128 * k, r = i / CH, ch = i % CH;
@@ -442,7 +460,7 @@ __device__ __forceinline__ void wg_store_staged(const float *acc, uint32_t stg, 
 			     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
 			     : "r"(src)
 			     : "memory");
-		const int grow = tl.row0 + cw * 64 + r, gcol = tl.n0 + ch * 8;
+		const int grow = tl.row0 + cw * 64 + r, gcol = tl.n0 + c0 + ch * 8;
 		if (grow < tl.row_end && gcol < N)
 			asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
 					     y + (size_t)grow * ldy + gcol),
@@ -585,8 +603,8 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		}
 		if constexpr (ST) {
 			if (active && !no_store)
-				wg_store_staged<BN>(acc, stg + cw * (64 * BN * 2), tl, cw, wi, lane, y,
-						    N, ldy);
+				wg_store_staged<BN, C::ST_COLS>(acc, stg + cw * (64 * C::ST_COLS * 2), tl,
+								cw, wi, lane, y, N, ldy);
 			continue;
 		}
 		// epilogue: bf16 pairs, masked to the tile's rows and to N
@@ -735,6 +753,8 @@ WG_GROUPED(k_gemm_fp8_wgmma_grouped_n128_ss_st, 128, 5, true, true)
 // into each SM per FLOP than 128 x 128 (run 3: the load pipeline alone took 80-85% of the time)
 WG_PLAIN(k_gemm_fp8_wgmma_n256_ss, 256, 4, 1, true, NO_ATTR, false)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss, 256, 4, 2, true, CLUSTER2, false)
+WG_PLAIN(k_gemm_fp8_wgmma_n256_ss_st, 256, 4, 1, true, NO_ATTR, true)
+WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss_st, 256, 4, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss, 256, 4, true, false)
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for

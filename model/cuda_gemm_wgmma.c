@@ -24,7 +24,8 @@
 static unsigned smem_bytes(int bn, int st)
 {
 	int stages = bn == 256 ? 4 : bn == 128 && !st ? 6 : 5;
-	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * bn * 2 : 0) +
+	int st_cols = bn > 128 ? 64 : bn; /* staged columns per round */
+	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * st_cols * 2 : 0) +
 			  2 * stages * 8 + stages * 528 + 1024);
 }
 
@@ -54,7 +55,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma", M, N, K, ldy) || (bn != 128 && bn != 192 && bn != 256) ||
 	    (mc != 1 && mc != 2) || (ss != 0 && ss != 1) ||
-	    (st && (bn != 128 || !ss || ldy % 8 || y % 16)) || (bn == 256 && (!ss || st)))
+	    (st && (bn == 192 || !ss || ldy % 8 || y % 16)) || (bn == 256 && !ss))
 		return -EINVAL;
 	CUtensorMap mA, mB;
 	int r;
@@ -75,19 +76,29 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	const char *name = bn < 256    ? names[ss][mc - 1][bn == 192]
 			   : mc == 1 ? "k_gemm_fp8_wgmma_n256_ss"
 				     : "k_gemm_fp8_wgmma_mc2_n256_ss";
-	if (st)
+	if (st && bn == 128)
 		name = mc == 1 ? "k_gemm_fp8_wgmma_n128_ss_st" : "k_gemm_fp8_wgmma_mc2_n128_ss_st";
+	else if (st)
+		name = mc == 1 ? "k_gemm_fp8_wgmma_n256_ss_st" : "k_gemm_fp8_wgmma_mc2_n256_ss_st";
 	if (!name)
 		return -EINVAL;
 	return launch(g, name, grid, smem_bytes(bn, st), args);
 }
 
-/* The default variant: 128 x 128 tiles with the scales staged in shared memory, within 5% of
- * the fastest measured variant at every issue-9 shape (run 3, M = 4096). */
+/* The default variant, from the measurements at M = 128 .. 4096 (run 4, test_gpu_wgmma):
+ * many tokens, long K and many weight rows: 128 x 256 tiles in clusters of 2, bands of 8
+ * weight tiles (the loads into each SM bound the long-K shapes; 0.95-1.02 PFLOP/s); otherwise
+ * 128 x 128 tiles with the outputs staged for whole-chunk stores (the stores bound the short-K
+ * shapes), or without staging where y's rows are not 16-byte aligned. */
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy)
 {
-	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1, 1, 0);
+	if (M >= 1024 && K >= 4096 && N >= 4096)
+		return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 256, 2, 1,
+						WGMMA_RASTER(8));
+	int staged = ldy % 8 == 0 && y % 16 == 0;
+	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1, 1,
+					staged ? WGMMA_STAGED : 0);
 }
 
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
@@ -128,8 +139,11 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy)
 {
+	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
+	 * (K = 2048) with the staged stores */
+	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					      ldy, 128, 0, 0);
+					      ldy, 128, staged, staged ? WGMMA_STAGED : 0);
 }
 
 #endif

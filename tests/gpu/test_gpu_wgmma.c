@@ -199,17 +199,23 @@ static const int variants[][4] = {
 	{128, 1, 1, RS(8)}, {128, 1, 1, RS(16)}, {128, 2, 1, RS(16)}, {128, 1, 0, RS(16)},
 	{128, 1, 1, ST},  {128, 2, 1, ST},  {128, 1, 1, ST | RS(16)}, {128, 2, 1, ST | RS(16)},
 	{256, 1, 1, 0},   {256, 1, 1, 1},   {256, 1, 1, RS(8)},       {256, 1, 1, 1 | RS(8)},
-	{256, 2, 1, 0},   {256, 2, 1, RS(8)}};
+	{256, 2, 1, 0},   {256, 2, 1, RS(8)}, {256, 1, 1, ST}, {256, 2, 1, ST | RS(8)},
+	{256, 1, 1, ST | RS(8)}};
 #define N_VAR (int)(sizeof variants / sizeof *variants)
 
 /* Runs the plain GEMM with tiling v into a poisoned y and checks rows (all when n_rows <= 0,
  * else n_rows spread over M incl. the first and the last). */
+/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma) */
 static void run_check(struct gpu *g, struct cpu_pool *pool, struct wg_case *c, int v, int n_rows)
 {
-	int bn = variants[v][0], mc = variants[v][1], ss = variants[v][2], sk = variants[v][3];
+	int bn = 0, mc = 0, ss = 0, sk = 0;
+	if (v >= 0)
+		bn = variants[v][0], mc = variants[v][1], ss = variants[v][2], sk = variants[v][3];
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
-	int r = cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					 c->N, bn, mc, ss, sk);
+	int r = v < 0 ? cuda_gemm_fp8_wgmma(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+					    c->N)
+		      : cuda_gemm_fp8_wgmma_tile(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N,
+						 c->K, c->N, bn, mc, ss, sk);
 	CHECK_EQ_INT(r, 0);
 	if (r)
 		return;
@@ -239,7 +245,7 @@ TEST_T(gpu_wgmma, gemm_fp8_vs_cpu, 90)
 			struct wg_case c;
 			case_init(&c, small[i][0], small[i][1], small[i][2], real, 1000 + i);
 			case_upload(&g, &c);
-			for (int v = 0; v < N_VAR; v++)
+			for (int v = -1; v < N_VAR; v++)
 				run_check(&g, pool, &c, v, 0);
 			case_free(&c);
 		}
@@ -261,7 +267,7 @@ TEST_T(gpu_wgmma, real_shapes_m256, 90)
 		struct wg_case c;
 		case_init(&c, 256, big_shapes[i][0], big_shapes[i][1], i % 2 ? WIDE : REAL, 1100 + i);
 		case_upload(&g, &c);
-		for (int v = 0; v < N_VAR; v++)
+		for (int v = -1; v < N_VAR; v++)
 			run_check(&g, pool, &c, v, 12);
 		case_free(&c);
 	}
@@ -371,7 +377,7 @@ static void timing_m4096(int first, int last)
 		       "us (full %.1f)\n",
 		       nk, dg[0], dg[1], dg[2], us[8]);
 		/* the timed shapes' results, sampled rows, every tiling */
-		for (int v = 0; v < N_VAR; v++)
+		for (int v = -1; v < N_VAR; v++)
 			run_check(&g, pool, &c, v, 4);
 		cu.cuMemFree(ws);
 		case_free(&c);
@@ -518,8 +524,12 @@ static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0
 			       {128, 1, 1}, {128, 1, ST}, {256, 1, 0}, {256, 1, 1}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
+/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped) */
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
 {
+	if (v < 0)
+		return cuda_gemm_fp8_wgmma_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
+						   c->dsx, c->dy, c->rows, c->N, c->K, c->N);
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
 					      c->dy, c->rows, c->N, c->K, c->N, gvars[v][0],
 					      gvars[v][1], gvars[v][2]);
@@ -549,9 +559,9 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 				     .real = c->fill == REAL};
 		char what[112];
 		snprintf(what, sizeof what,
-			 "grouped %d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d", gvars[v][0],
-			 gvars[v][1], gvars[v][2], c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N,
-			 c->K);
+			 "grouped %d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d",
+			 v < 0 ? 0 : gvars[v][0], v < 0 ? 0 : gvars[v][1], v < 0 ? 0 : gvars[v][2],
+			 c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
 		bad += check_rows(g, pool, &gc, rows, n, what);
 		free(gc.ref), free(gc.A), free(gc.ref_rows);
 	}
@@ -567,17 +577,17 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	static const int counts[] = {0, 5, 130, 0, 1, 257, 64, 0, 128, 0};
 	struct grp_case c;
 	grp_init(&g, &c, 10, counts, 576, 1024, 1300, WIDE);
-	for (int v = 0; v < N_GVAR; v++)
+	for (int v = -1; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 64);
 	grp_free(&c);
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	for (int v = 0; v < N_GVAR; v++)
+	for (int v = -1; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	for (int v = 0; v < N_GVAR; v++)
+	for (int v = -1; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
