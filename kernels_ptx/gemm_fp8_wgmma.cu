@@ -4,7 +4,7 @@
 // x8 e4m3 [M, K] (row stride K), sx fp32 [M, K/128] (UE8M0 act_quant scales), W8 e4m3 [N, K]
 // (row stride K), S fp32 [ceil(N/128), K/128] (weight_scale_inv, multiplied), y bf16 [M, ldy].
 // Contract (checked by the launcher, model/cuda_gemm_wgmma.c): K % 128 == 0, N % 64 == 0,
-// ldy even and >= N; any M.
+// ldy even and >= N (ST variants: ldy % 8 == 0); any M.
 //
 // Structure (DeepGEMM-like, one CTA per SM, persistent):
 //   - 3 warpgroups of 128 threads. Warpgroup 0 is the producer: one thread issues the bulk
@@ -19,20 +19,30 @@
 //     in fp32 (DeepSeek's 2xAcc: the tensor cores' limited-precision accumulation never spans
 //     more than 128 products). The scales of the next K block are loaded one block ahead.
 //   - Epilogue: acc -> bf16 (round to nearest even), masked to rows < the tile's row end and
-//     columns < N, stored from registers as bf16 pairs.
+//     columns < N, stored from registers as bf16 pairs; or (ST variants) through stmatrix into a
+//     swizzled staging buffer and out as whole 16-byte chunks (two 256-byte row segments per
+//     warp store: run 4, 1.5x on K = 512 where the pair stores were the bound).
 //   - Tiles (128 tokens x BN weight rows) are walked by the persistent CTAs in the order
 //     tile = blockIdx.x + i·gridDim.x with the token tile fastest, so the CTAs running at one
-//     time share a few weight tiles and stream through x8 (which stays in L2 for M·K <= ~40 MB).
+//     time share a few weight tiles and stream through x8 (which stays in L2 for M·K <= ~40 MB),
+//     or (flags bits 8..15) in bands of that many weight tiles with the weight tile fastest.
+//   - Variants: BN = 128, 192, or 256 (two m64n128k32 halves per K block into one fragment,
+//     each promoted with its weight-scale block: a quarter fewer bytes into each SM per FLOP,
+//     which bounds the long-K shapes — run 3's copy-only diagnostic took 80-85% of the time);
+//     SS: a producer warp stages each stage's scales in shared memory (arriving on "full"), so
+//     the consumers never wait on global loads; flags: skew (warpgroup 1 starts after warpgroup
+//     0's first MMAs), timing diagnostics (no stores / no MMAs).
 //   - Cluster variant (MC = 2, plain form): two CTAs take consecutive token tiles of the same
 //     weight tile; each copies BN/2 weight rows and multicasts them into both CTAs' stage, so
 //     L2 serves a weight tile once per pair. A stage may be refilled only when the consumers of
 //     both CTAs have released it: each consumer warp arrives on "empty" in both CTAs (count 16),
 //     and the CTAs of a cluster synchronise after barrier init and before leaving.
 //
-// Numerics: per output, per K block, the 128 products are summed by the tensor core (fp32
-// accumulation of k32 steps in hardware order), then scaled and added in K-block order with
-// one fma each — the CPU's order except inside a block, and independent of M, of the tile
-// position and of the other rows (batch-invariant).
+// Numerics: per output, per K block, the 128 products are summed by the tensor core (4 k32
+// steps; each aligns its 32 products and the accumulator to the largest and keeps ~14 bits —
+// measured, tests/gpu/gemm_fp8_limit.h), then scaled and added in K-block order with one fma
+// each — the CPU's order except inside a block, and independent of M, of the tile position
+// and of the other rows (batch-invariant for a given variant).
 //
 // Grouped form (MoE experts, k_gemm_fp8_wgmma_grouped): group e multiplies rows
 // [off[e], off[e+1]) of x8 by its own weight W_e = w_tab[e] (scales s_tab[e]). The counts live
