@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "driver/cu.h"
 #include "model/chat.h"
 #include "model/kv_cache.h"
 
@@ -62,8 +63,17 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 		r = err_set(e, -EINVAL, "unknown backend \"%s\" (cpu, cuda or auto)", want);
 		goto err_tok;
 	}
-	if (!strcmp(want, "cuda")) {
-		/* pools and upload are real; its step says what is not on the GPU yet */
+	/* "auto": the GPU when the driver finds one and the CUDA backend takes the model, else
+	 * the CPU backend, saying why */
+	int try_cuda = !strcmp(want, "cuda");
+	if (!strcmp(want, "auto")) {
+		struct err why = {""};
+		if (cu_load(&why) == 0)
+			try_cuda = 1;
+		else
+			fprintf(stderr, "<6>dsv32: backend auto: %s; using the CPU backend\n", why.msg);
+	}
+	if (try_cuda) {
 		progress(o, o->synthetic_weights ? "uploading the weights to the GPU, generating the "
 						   "synthetic ones there"
 						 : "uploading the weights to the GPU");
@@ -71,14 +81,20 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 		struct backend_cuda_opts co = {.n_pages = o->kv_pages,
 					       .synthetic = o->synthetic_weights,
 					       .seed = o->synthetic_seed};
-		if ((r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e)))
+		r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e);
+		if (r && strcmp(want, "auto"))
 			goto err_tok;
-		en->kv_pages = en->be->n_pages;
-		en->kv_bytes = (size_t)en->kv_pages * (size_t)en->be->n_layers *
-			       (en->be->mla_page_bytes + en->be->idx_page_bytes);
-	} else {
-		/* "auto" is the CPU backend until the GPU forward exists (backend_cuda_create's step
-		 * cannot run the model yet) */
+		if (r) {
+			fprintf(stderr, "<4>dsv32: backend auto: the CUDA backend failed (%s); using "
+					"the CPU backend\n", e->msg);
+			try_cuda = 0;
+		} else {
+			en->kv_pages = en->be->n_pages;
+			en->kv_bytes = (size_t)en->kv_pages * (size_t)en->be->n_layers *
+				       (en->be->mla_page_bytes + en->be->idx_page_bytes);
+		}
+	}
+	if (!try_cuda) {
 		en->backend_name = "cpu";
 		size_t page_bytes;
 		en->kv_pages = pages_for(&en->c, o, &page_bytes);
