@@ -238,28 +238,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		const float *s_row = Sp + (size_t)(n >> 7) * KB;
 		const float *sx = SX + (size_t)w.r0 * KB;
 		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
-		// (2t, 2t + 1 of each group of 8; 0 past the slice). The raw scales are loaded a stage
-		// ahead (run 4: loaded at the stage itself their L2 latency bounded the kernel at
-		// ~1.9 TB/s where its copies alone reach 3.7).
-		// PFG groups of 8 tokens have their scales prefetched (all for MG <= 4; MG = 8 has
-		// registers for the first group only, the usual case of a grouped decode slice), the
-		// others are loaded at their stage; the weight scales always a stage ahead.
-		constexpr int PFG = MG <= 4 ? MGA : 1;
-		float sc[KBS][MGA][2], sw_cur[KBS], nsw[KBS], nsx[KBS][PFG][2];
-		auto load_raw = [&](int kb) {
-#pragma unroll
-			for (int j = 0; j < KBS; j++) {
-				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-				nsw[j] = ok ? s_row[kb + j] : 0.f;
-#pragma unroll
-				for (int mg = 0; mg < PFG; mg++) {
-					const int m0 = mg * 8 + 2 * t;
-					nsx[j][mg][0] = ok && m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] : 0.f;
-					nsx[j][mg][1] = ok && m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] : 0.f;
-				}
-			}
-		};
-		load_raw(w.kb0);
+		// (2t, 2t + 1 of each group of 8; 0 past the slice), loaded before the wait for the
+		// stage so their latency hides behind it.
+		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
@@ -269,28 +250,16 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
 #pragma unroll
 			for (int j = 0; j < KBS; j++) {
-				sw_cur[j] = nsw[j];
-#pragma unroll
-				for (int mg = 0; mg < PFG; mg++) {
-					sc[j][mg][0] = nsx[j][mg][0] * nsw[j];
-					sc[j][mg][1] = nsx[j][mg][1] * nsw[j];
-				}
-			}
-#pragma unroll
-			for (int j = 0; j < KBS; j++) { // the groups without prefetch (MG = 8 only)
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
+				const float sw = ok ? s_row[kb + j] : 0.f;
 #pragma unroll
-				for (int mg = PFG; mg < MGA; mg++) {
+				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
-					sc[j][mg][0] =
-						ok && m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw_cur[j] : 0.f;
-					sc[j][mg][1] = ok && m0 + 1 < w.ms
-							       ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw_cur[j]
-							       : 0.f;
+					sc[j][mg][0] = ok && m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
+					sc[j][mg][1] =
+						ok && m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
 				}
 			}
-			if (kb + KBS < w.kb1)
-				load_raw(kb + KBS);
 			mbar_wait(smem_u32(&full[s]), ph);
 			if (MG > 0 && rt_n > 0) {
 				const uint32_t st = stage0 + s * stage_bytes;
