@@ -85,19 +85,17 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	return launch(g, name, grid, smem_bytes(bn, st), args);
 }
 
-/* The default variant, from the measurements at M = 128 .. 4096 (run 4, test_gpu_wgmma):
- * many tokens, long K and many weight rows: 128 x 256 tiles in clusters of 2, bands of 8
- * weight tiles (the loads into each SM bound the long-K shapes; 0.95-1.02 PFLOP/s); otherwise
- * 128 x 128 tiles with the outputs staged for whole-chunk stores (the stores bound the short-K
- * shapes), or without staging where y's rows are not 16-byte aligned. */
+/* The default variant, from the measurements at M = 128 .. 4096 (runs 4 and 5,
+ * test_gpu_wgmma): with many tokens and many weight rows, 128 x 256 tiles with the outputs
+ * staged for whole-chunk stores (run 5, M = 4096: 1.04-1.10 PFLOP/s on 7 of the 8 issue-9
+ * shapes, 0.85 on K = 512); otherwise 128 x 128 tiles staged the same way; without staging
+ * where y's rows are not 16-byte aligned. */
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy)
 {
-	if (M >= 1024 && K >= 4096 && N >= 4096)
-		return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 256, 2, 1,
-						WGMMA_RASTER(8));
 	int staged = ldy % 8 == 0 && y % 16 == 0;
-	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, 128, 1, 1,
+	int bn = M >= 1024 && N >= 4096 ? 256 : 128;
+	return cuda_gemm_fp8_wgmma_tile(g, W, S, x8, sx, y, M, N, K, ldy, bn, 1, 1,
 					staged ? WGMMA_STAGED : 0);
 }
 
