@@ -87,10 +87,7 @@ static inline int64_t gemm_fp8_count_bad_hw(const float *ref, const uint16_t *go
 	int worst_ulp = 0, first = 1;
 	double worst_rms = 0, worst_a = 0;
 	for (int m = 0; m < rows; m++) {
-		double rms = 0;
-		for (int n = 0; n < N; n++)
-			rms += (double)ref[(size_t)m * N + n] * ref[(size_t)m * N + n];
-		rms = sqrt(rms / N);
+		double rms = gpu_row_rms(ref + (size_t)m * N, N);
 		for (int n = 0; n < N; n++) {
 			size_t i = (size_t)m * N + n;
 			int u = bf16_ulps(f32_to_bf16(ref[i]), got[i]);

@@ -60,6 +60,16 @@ static inline int bf16_ulps(uint16_t a, uint16_t b)
 	return abs(ia - ib);
 }
 
+/* The RMS of a row of n fp32 values (summed in double): the scale the GPU tests' error limits
+ * are relative to. */
+static inline double gpu_row_rms(const float *x, int n)
+{
+	double s = 0;
+	for (int i = 0; i < n; i++)
+		s += (double)x[i] * x[i];
+	return sqrt(s / n);
+}
+
 /* bf16 outputs got [rows, cols] against the CPU's fp32 result ref: an output is bad when it is
  * more than one bf16 ulp from bf16(ref) AND more than rel_limit of its row's RMS away from ref
  * (an output that cancels to near zero can differ by several of its own ulps when only the
@@ -71,10 +81,7 @@ static inline int64_t gpu_count_bad_bf16(const float *ref, const uint16_t *got, 
 	int worst_ulp = 0;
 	double worst_rel = 0;
 	for (int m = 0; m < rows; m++) {
-		double rms = 0;
-		for (int n = 0; n < cols; n++)
-			rms += (double)ref[(size_t)m * cols + n] * ref[(size_t)m * cols + n];
-		rms = sqrt(rms / cols);
+		double rms = gpu_row_rms(ref + (size_t)m * cols, cols);
 		for (int n = 0; n < cols; n++) {
 			size_t i = (size_t)m * cols + n;
 			int u = bf16_ulps(f32_to_bf16(ref[i]), got[i]);

@@ -95,10 +95,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int64_t bad = 0, first = -1, worst_i = 0;
 	double worst = 0, worst_rms = 0;
 	for (int r = 0; r < B * H; r++) {
-		double rms = 0;
-		for (int d = 0; d < R; d++)
-			rms += (double)ref[(size_t)r * R + d] * ref[(size_t)r * R + d];
-		rms = sqrt(rms / R);
+		double rms = gpu_row_rms(ref + (size_t)r * R, R);
 		for (int d = 0; d < R; d++) {
 			size_t i = (size_t)r * R + d;
 			double err = fabs((double)bf16_to_f32(got[i]) - ref[i]);

@@ -330,10 +330,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	int64_t over1 = 0, first_bad = -1;
 	double sum_rel = 0;
 	for (int t = 0; t < T; t++) {
-		double rms = 0;
-		for (int d = 0; d < D; d++)
-			rms += (double)y[(size_t)t * D + d] * y[(size_t)t * D + d];
-		rms = sqrt(rms / D);
+		double rms = gpu_row_rms(y + (size_t)t * D, D);
 		for (int d = 0; d < D; d++) {
 			size_t i = (size_t)t * D + d;
 			int u = bf16_ulps(f32_to_bf16(y[i]), g_y[i]);
