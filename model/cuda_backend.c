@@ -58,6 +58,24 @@ int backend_cuda_layer_step(struct backend *b, int64_t layer, const struct backe
 	return -ENOTSUP;
 }
 
+int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
+			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
+			     struct backend **out, struct err *e)
+{
+	if (!o->synthetic)
+		return backend_cuda_create(c, w, ck, o->n_pages, out, e); /* says why: no CUDA */
+	return err_set(e, -ENOTSUP, "synthetic weights need the CUDA backend, which this build "
+				    "does not have");
+}
+
+int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
+				   uint64_t seed, struct err *e)
+{
+	(void)b, (void)bt, (void)n_tokens, (void)seed;
+	return err_set(e, -ENOTSUP, "synthetic KV needs the CUDA backend, which this build does "
+				    "not have");
+}
+
 #else
 
 #define STAGE_BYTES ((size_t)64 << 20) /* one pinned staging buffer */

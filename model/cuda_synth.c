@@ -18,30 +18,6 @@ int cuda_synth_generated(const struct st_tensor *t)
 	return t->dtype == ST_F8_E4M3 || (t->dtype == ST_BF16 && t->ndim == 2);
 }
 
-#ifdef DSV32_NO_CUDA
-/* model/backend.h's two synthetic entry points: model/cuda_backend.c defines them in a CUDA
- * build (wrappers over cuda_synth_tensor and cuda_synth_kv_fill, which need the backend's
- * private pools); without CUDA (the static programs, machines without the toolkit) they are
- * these. They belong beside backend_cuda_create's CUDA-less stub and may move there. */
-int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
-			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
-			     struct backend **out, struct err *e)
-{
-	if (!o->synthetic)
-		return backend_cuda_create(c, w, ck, o->n_pages, out, e); /* says why: no CUDA */
-	return err_set(e, -ENOTSUP, "synthetic weights need the CUDA backend, which this build "
-				    "does not have");
-}
-
-int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
-				   uint64_t seed, struct err *e)
-{
-	(void)b, (void)bt, (void)n_tokens, (void)seed;
-	return err_set(e, -ENOTSUP, "synthetic KV needs the CUDA backend, which this build does "
-				    "not have");
-}
-#endif
-
 /* splitmix64's finaliser, as synth_kv_mix in kernels_ptx/synth_kv.cu */
 static uint64_t kv_mix(uint64_t z)
 {
