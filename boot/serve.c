@@ -284,10 +284,13 @@ static void forward(struct serve *sv, const struct sched_event *ev)
 			rc = ipc_server_emit_token(sv->ipc, r->client, r->req_id, NULL, 0, NULL, NULL, 0,
 						   ev->text, (uint32_t)ev->text_len);
 		uint64_t ttft = r->n_out ? r->t_first_ns - r->t_submit_ns : 0;
+		/* queued: submission to the first step that ran it (the whole wait when it never ran) */
+		uint64_t ran = ev->t_admitted_ns ? ev->t_admitted_ns : t;
+		uint64_t queued = ran > r->t_submit_ns ? ran - r->t_submit_ns : 0;
 		uint64_t per = r->n_out > 1 ? (r->t_last_ns - r->t_first_ns) / (uint64_t)(r->n_out - 1) : 0;
 		if (!rc)
 			rc = ipc_server_emit_done(sv->ipc, r->client, r->req_id, finish_reason(ev->reason),
-						  (uint32_t)ev->n_prompt, (uint32_t)ev->n_output, 0, ttft,
+						  (uint32_t)ev->n_prompt, (uint32_t)ev->n_output, queued, ttft,
 						  per);
 		sv->n_finished++;
 		drop(sv, r);

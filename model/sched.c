@@ -25,6 +25,7 @@ struct seq {
 	int64_t n_computed;        /* positions whose K/V are in the cache */
 	int64_t n_prompt_cached;   /* prompt positions taken from the prefix cache, first admission */
 	int admitted_once;
+	uint64_t t_admitted_ns;    /* CLOCK_MONOTONIC at the first admission; 0 before */
 	int64_t max_tokens;        /* 0 = none */
 	int64_t n_emitted;         /* TOKEN events sent */
 	struct sampler_params sp;
@@ -94,6 +95,14 @@ static double now_s(const struct sched *s)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Wall time for the caller's latency accounting (the daemon's submission times use it too). */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 static struct sched_event *ev_push(struct sched_event **a, int64_t *n, int64_t *cap)
@@ -115,6 +124,7 @@ static struct sched_event *ev_push(struct sched_event **a, int64_t *n, int64_t *
 	e->text_len = 0;
 	e->reason = SCHED_FINISH_STOP;
 	e->n_prompt = e->n_output = e->n_prompt_cached = 0;
+	e->t_admitted_ns = 0;
 	e->error = 0;
 	e->msg = NULL;
 	return e;
@@ -421,6 +431,7 @@ int sched_cancel(struct sched *s, uint64_t id)
 	ev->n_prompt = q->n_prompt;
 	ev->n_output = q->n_tokens - q->n_prompt;
 	ev->n_prompt_cached = q->n_prompt_cached;
+	ev->t_admitted_ns = q->t_admitted_ns;
 	seq_drop(s, q);
 	return 0;
 }
@@ -548,6 +559,7 @@ static int64_t schedule_prefills(struct sched *s, int64_t budget)
 		if (!q->admitted_once) {
 			q->n_prompt_cached = start;
 			q->admitted_once = 1;
+			q->t_admitted_ns = mono_ns();
 		}
 		s->running[s->n_running++] = q;
 		add_rows(s, q, n, 0);
@@ -579,6 +591,7 @@ static void finish(struct sched *s, struct seq *q, enum sched_finish reason, int
 	ev->n_prompt = q->n_prompt;
 	ev->n_output = q->n_tokens - q->n_prompt;
 	ev->n_prompt_cached = q->n_prompt_cached;
+	ev->t_admitted_ns = q->t_admitted_ns;
 	if (flush && s->cfg.tok) {
 		s->piece.len = 0;
 		detok_flush(&q->dt, &s->piece);

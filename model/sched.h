@@ -148,6 +148,7 @@ struct sched_event {
 	/* FINISH */
 	enum sched_finish reason;
 	int64_t n_prompt, n_output, n_prompt_cached; /* tokens; n_prompt_cached: from the cache */
+	uint64_t t_admitted_ns;   /* CLOCK_MONOTONIC when the request first ran (0: never) */
 	/* ERROR */
 	int error;                /* negative errno */
 	const char *msg;          /* static text */

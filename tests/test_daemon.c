@@ -203,6 +203,8 @@ static int client_streams(const char *sock, int n_req, int window, uint32_t ref[
 			finished++;
 			if (n_got[i] != GEN)
 				bad = 18; /* a request ended early */
+			else if (!(ev.done.queued_us > 0 && ev.done.queued_us <= ev.done.ttft_us))
+				bad = 19; /* queued: submission to the first step, before the first token */
 			else if (memcmp(got[i], ref[pi], sizeof ref[pi]))
 				n_differ++; /* not the tokens `dsv32 eval --generate` produced */
 		} else {

@@ -122,9 +122,11 @@ static int stream(dsv32_t *h, const struct client_opts *o, char **text, size_t *
 					printf("%s%u", k ? "," : "", ids[k]);
 				printf("\n");
 			}
-			fprintf(stderr, "[%s: %u prompt + %u completion tokens, ttft %.1f ms, %.2f ms/token]\n",
+			fprintf(stderr,
+				"[%s: %u prompt + %u completion tokens, queued %.1f ms, ttft %.1f ms, %.2f ms/token]\n",
 				dsv32_finish_name((int)ev.done.reason), ev.done.prompt_tokens,
-				ev.done.completion_tokens, ev.done.ttft_us / 1e3, ev.done.per_token_us / 1e3);
+				ev.done.completion_tokens, ev.done.queued_us / 1e3, ev.done.ttft_us / 1e3,
+				ev.done.per_token_us / 1e3);
 			rc = 0;
 		} else if (ev.type == DSV32_EVENT_ERROR) {
 			fprintf(stderr, "\ndsv32: error %s: %s\n", dsv32_error_name(ev.error.code),
