@@ -289,17 +289,43 @@ static int send_hello(int fd, const struct ipc_hello *h, int memfd, int efd)
 	return sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof *h ? 0 : -errno;
 }
 
-static int allowed(const struct ipc_server *s, const struct ucred *cr)
+static int gid_listed(const struct ipc_server *s, gid_t g)
+{
+	for (uint32_t i = 0; i < s->cfg.n_allow_gids; i++)
+		if (s->cfg.allow_gids[i] == g)
+			return 1;
+	return 0;
+}
+
+/* Whether the peer on fd may connect: its uid, its primary gid, or one of its supplementary
+ * groups (SO_PEERGROUPS, Linux 4.13; the groups of the process that called connect) is listed. */
+static int allowed(const struct ipc_server *s, int fd, const struct ucred *cr)
 {
 	if (!s->cfg.n_allow_uids && !s->cfg.n_allow_gids)
 		return 1;
 	for (uint32_t i = 0; i < s->cfg.n_allow_uids; i++)
 		if (s->cfg.allow_uids[i] == cr->uid)
 			return 1;
-	for (uint32_t i = 0; i < s->cfg.n_allow_gids; i++)
-		if (s->cfg.allow_gids[i] == cr->gid)
-			return 1;
+	if (!s->cfg.n_allow_gids)
+		return 0;
+	if (gid_listed(s, cr->gid))
+		return 1;
+#ifdef SO_PEERGROUPS
+	gid_t small[64], *g = small;
+	socklen_t len = sizeof small;
+	int r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len);
+	if (r && errno == ERANGE && len > sizeof small && (g = malloc(len)))
+		r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len);
+	int ok = 0;
+	for (socklen_t i = 0; !r && i < len / sizeof *g && !ok; i++)
+		ok = gid_listed(s, g[i]);
+	if (g != small)
+		free(g);
+	return ok;
+#else
+	(void)fd;
 	return 0;
+#endif
 }
 
 /* Sets up one accepted connection; on failure the socket is closed. */
@@ -318,8 +344,9 @@ static void client_accept(struct ipc_server *s, int fd)
 	for (uint32_t i = 0; i < s->cfg.max_clients && !c; i++)
 		if (!s->cl[i].live)
 			c = &s->cl[i];
-	if (!allowed(s, &cr) || !c) {
-		h.status = !allowed(s, &cr) ? -EACCES : DSV32_E_TOO_MANY_CLIENTS;
+	int let_in = allowed(s, fd, &cr);
+	if (!let_in || !c) {
+		h.status = !let_in ? -EACCES : DSV32_E_TOO_MANY_CLIENTS;
 		send_hello(fd, &h, -1, -1);
 		s->cnt.refused++;
 		close(fd);

@@ -24,7 +24,8 @@ struct ipc_server;
 struct ipc_server_config {
 	const char *path;             /* socket path (default DSV32_DEFAULT_SOCKET) */
 	uint32_t socket_mode;         /* file mode of the socket (default 0666) */
-	const uint32_t *allow_uids;   /* a client is let in if its uid or (primary) gid is listed */
+	const uint32_t *allow_uids;   /* a client is let in if its uid, its gid or one of its
+				       * supplementary groups is listed */
 	uint32_t n_allow_uids;        /* ... or if both lists are empty (default: anyone) */
 	const uint32_t *allow_gids;
 	uint32_t n_allow_gids;

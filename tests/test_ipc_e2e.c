@@ -5,6 +5,7 @@
  * test_ipc_stress.c.) */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -381,4 +382,68 @@ TEST(ipc_e2e, client_refuses_bad_hello)
 		close(fd);
 	}
 	close(lfd);
+}
+
+/* allow-gids lets a client in by a supplementary group too (SO_PEERGROUPS), not only by its
+ * primary gid; a client in none of the listed groups is refused. The client processes take the
+ * groups with setgroups(), which needs CAP_SETGID: without it the case says so and checks only
+ * the refusal. */
+TEST(ipc_e2e, allow_gids_supplementary_groups)
+{
+	char path[256];
+	tipc_sock_path(path, sizeof path);
+	struct ipc_server_config c;
+	ipc_server_config_init(&c);
+	c.path = path;
+	uint32_t listed = 4242;
+	c.allow_gids = &listed;
+	c.n_allow_gids = 1;
+	struct ipc_server *s;
+	REQUIRE(ipc_server_open(&s, &c) == 0);
+	int can_setgroups = 1;
+	/* k = 0: supplementary groups {4243} (not listed): refused; k = 1: {4241, 4242}: let in */
+	for (int k = 0; k < 2; k++) {
+		fflush(NULL);
+		pid_t p = fork();
+		if (p == 0) {
+			gid_t g[2] = {k ? 4241 : 4243, 4242};
+			if (setgroups(k ? 2 : 1, g))
+				_exit(3); /* no CAP_SETGID */
+			dsv32_t *h = NULL;
+			int r = dsv32_connect(path, &h);
+			dsv32_close(h);
+			_exit(r == (k == 0 ? -EACCES : 0) ? 0 : 1);
+		}
+		int status = -1;
+		uint64_t t0 = tipc_ms();
+		while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 10000) {
+			struct ipc_item it[4];
+			ipc_server_poll(s, 10, it, 4);
+		}
+		REQUIRE(WIFEXITED(status));
+		if (WEXITSTATUS(status) == 3) {
+			can_setgroups = 0;
+			break;
+		}
+		CHECK_EQ_INT(WEXITSTATUS(status), 0);
+	}
+	if (!can_setgroups) {
+		/* no CAP_SETGID: our own groups do not include 4242, so we must be refused */
+		dsv32_t *h = NULL;
+		fflush(NULL);
+		pid_t p = fork();
+		if (p == 0) {
+			int r = dsv32_connect(path, &h);
+			_exit(r == -EACCES ? 0 : 1);
+		}
+		int status = -1;
+		uint64_t t0 = tipc_ms();
+		while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 10000) {
+			struct ipc_item it[4];
+			ipc_server_poll(s, 10, it, 4);
+		}
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		printf("    setgroups not permitted here: only the refusal was checked\n");
+	}
+	ipc_server_close(s);
 }
