@@ -22,6 +22,8 @@
 // bit for bit against the CPU).
 #include <stdint.h>
 
+#include "scan.cuh"
+
 #define SB_THREADS 512
 #define SB_WARPS (SB_THREADS / 32)
 #define SB_TILE 2048 // elements per serial tile (4 per thread)
@@ -72,7 +74,6 @@ struct sb_smem {
 	double scan_d[SB_WARPS];
 	float red_f[SB_WARPS];
 	int32_t red_i[SB_WARPS];
-	uint32_t scan[SB_WARPS];
 	uint64_t topkeys[SB_MAX_LOGPROBS];
 	double b_d;
 	uint64_t b_k, b_m;
@@ -209,31 +210,6 @@ __device__ void sb_argmax(sb_smem &sh, float &v, int32_t &id)
 	__syncthreads(); // everyone read it before red_* is reused
 }
 
-// exclusive prefix sum of x over the threads in thread order; *total = the sum
-__device__ uint32_t sb_scan(sb_smem &sh, uint32_t x, uint32_t *total)
-{
-	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	uint32_t inc = x;
-#pragma unroll
-	for (int o = 1; o < 32; o <<= 1) {
-		uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-		if (lane >= o)
-			inc += y;
-	}
-	if (lane == 31)
-		sh.scan[w] = inc;
-	__syncthreads(); // warp totals visible
-	uint32_t before = 0, all = 0;
-	for (int i = 0; i < SB_WARPS; i++) {
-		uint32_t t = sh.scan[i];
-		before += i < w ? t : 0;
-		all += t;
-	}
-	__syncthreads(); // everyone read scan[] before it is reused
-	*total = all;
-	return before + inc - x;
-}
-
 // exclusive prefix sum of doubles over the threads in thread order
 __device__ double sb_scan_d(sb_smem &sh, double x)
 {
@@ -365,8 +341,8 @@ __device__ uint32_t sb_tile(sb_smem &sh, const sb_draw &d, int t, bool bins)
 		}
 		n += q[k] > 0.0;
 	}
-	uint32_t total;
-	uint32_t pos = sb_scan(sh, n, &total);
+	int total;
+	int pos = block_exclusive_scan<SB_THREADS>((int)n, &total);
 #pragma unroll
 	for (int k = 0; k < 4; k++)
 		if (q[k] > 0.0) {
@@ -763,8 +739,8 @@ __device__ uint64_t sb_cut(sb_smem &sh, const sb_draw &d, bool topp, bool minp, 
 				c++;
 			}
 		}
-		uint32_t total;
-		uint32_t pos = sb_scan(sh, c, &total);
+		int total;
+		int pos = block_exclusive_scan<SB_THREADS>((int)c, &total);
 #pragma unroll
 		for (int k = 0; k < 4; k++)
 			if (flags >> k & 1)
