@@ -5,7 +5,8 @@
 //
 // Decode is a stream of weights: every weight byte is read once, with 16-byte streaming loads
 // (L1 no-allocate), two in flight per row per lane. The tensor cores do the arithmetic:
-// mma.m16n8k32 e4m3 with the weights as A (16 output rows) and the tokens as B (8 per group).
+// mma.m16n8k32 e4m3 with the weights as A (16 output rows) and the tokens as B (8 per group),
+// done as fp16 MMAs on fragments converted once (gemm_fp8_f16.cuh: sm_90 has no e4m3 mma.sync).
 // Inside one 128-wide K block the 4 MMAs accumulate into a fresh fp32 fragment, which is then
 // scaled and added to the fp32 accumulator ("promotion", as DeepSeek's 2xAcc), so limited
 // tensor-core accumulation precision never spans more than 128 products.
@@ -22,6 +23,7 @@
 // element's arithmetic is independent of the other tokens: the result for (m, n) does not
 // depend on M or on the batch (batch-invariant).
 #include "common.cuh"
+#include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
 
 __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
@@ -89,6 +91,8 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 				hi1 = ld_stream16(w_hi + (size_t)kn * 128 + 16);
 			}
 			const float sw = s_row[kb];
+			wfrag af; // the weight fragment, converted once for all token groups
+			wfrag_cvt(af, a_lo0, a_lo1, a_hi0, a_hi1);
 #pragma unroll
 			for (int mg = 0; mg < MG; mg++) {
 				const int tok = mg * 8 + g;
@@ -99,10 +103,7 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 					b1 = ld_cached16(xp + 16);
 				}
 				float c[4] = {0.f, 0.f, 0.f, 0.f};
-				mma_e4m3_16832(c, a_lo0.x, a_hi0.x, a_lo0.y, a_hi0.y, b0.x, b0.y);
-				mma_e4m3_16832(c, a_lo0.z, a_hi0.z, a_lo0.w, a_hi0.w, b0.z, b0.w);
-				mma_e4m3_16832(c, a_lo1.x, a_hi1.x, a_lo1.y, a_hi1.y, b1.x, b1.y);
-				mma_e4m3_16832(c, a_lo1.z, a_hi1.z, a_lo1.w, a_hi1.w, b1.z, b1.w);
+				mma_kblock(c, af, b0, b1); // = the 4 e4m3 m16n8k32 of the K block
 				// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 				const int m0 = mg * 8 + 2 * t;
 				const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;

@@ -27,7 +27,9 @@
 // chunks = ceil(KB / chunk_blocks) is chosen by the host from N and K only (model/cuda_gemm.c),
 // so that units fill the SMs evenly.
 //
-// Arithmetic: mma.m16n8k32 e4m3 with the weights as A (16 rows of the warp) and 8 tokens as B.
+// Arithmetic: mma.m16n8k32 e4m3 with the weights as A (16 rows of the warp) and 8 tokens as B,
+// done as fp16 MMAs on fragments converted once (gemm_fp8_f16.cuh: sm_90 has no e4m3 mma.sync;
+// the weight fragment is converted once for all token groups, a token fragment once for RT tiles).
 // Lane (g, t) reads bytes [32t, 32t+32) of each 128-byte K block for its rows (g, g+8) and its
 // token (g of each group of 8), and MMA step s uses words 2s, 2s+1 of them for A and B alike, so
 // both see the same permutation of k and each dot product is complete. Inside one K block the 4
@@ -41,6 +43,7 @@
 // is in: a row's result does not depend on M, on its slice, on RT or on its neighbours (batch
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
 #include "common.cuh"
+#include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
 #include "tma.cuh"
 
@@ -273,15 +276,14 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				for (int j = 0; j < KBS; j++) {
 					if (j >= nb)
 						break;
-					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes
-					uint4 lo0[RT], lo1[RT], hi0[RT], hi1[RT];
+					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes,
+					// converted to fp16 once for every token group (gemm_fp8_f16.cuh)
+					wfrag af[RT];
 #pragma unroll
 					for (int rt = 0; rt < RT; rt++) {
 						const uint32_t a = a_addr + j * ST_WBOX + rt * 16 * 128;
-						lo0[rt] = lds128(a + c0);
-						lo1[rt] = lds128(a + c1);
-						hi0[rt] = lds128(a + 8 * 128 + c0);
-						hi1[rt] = lds128(a + 8 * 128 + c1);
+						wfrag_cvt(af[rt], lds128(a + c0), lds128(a + c1),
+							  lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
 					}
 					// per group of 8 tokens: the K block's 4 MMAs into a fresh fragment, then its
 					// promotion (groups are independent chains the scheduler interleaves)
@@ -291,16 +293,22 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 							break;
 						const uint32_t bp = b_addr + j * xbox + mg * 8 * 128;
 						const uint4 b0 = lds128(bp + c0), b1 = lds128(bp + c1);
+						const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+						uint32_t bf[8][2]; // the token words, converted once for the RT tiles
+#pragma unroll
+						for (int q = 0; q < 8; q++)
+							e4m3x4_f16(bw[q], bf[q][0], bf[q][1]);
 						const float s0 = sc[j][mg][0], s1 = sc[j][mg][1];
 #pragma unroll
 						for (int rt = 0; rt < RT; rt++) {
 							if (rt >= rt_n)
 								break;
+							// the K block's 4 e4m3 m16n8k32 as 8 fp16 MMAs
 							float c[4] = {0.f, 0.f, 0.f, 0.f};
-							mma_e4m3_16832(c, lo0[rt].x, hi0[rt].x, lo0[rt].y, hi0[rt].y, b0.x, b0.y);
-							mma_e4m3_16832(c, lo0[rt].z, hi0[rt].z, lo0[rt].w, hi0[rt].w, b0.z, b0.w);
-							mma_e4m3_16832(c, lo1[rt].x, hi1[rt].x, lo1[rt].y, hi1[rt].y, b1.x, b1.y);
-							mma_e4m3_16832(c, lo1[rt].z, hi1[rt].z, lo1[rt].w, hi1[rt].w, b1.z, b1.w);
+#pragma unroll
+							for (int q = 0; q < 8; q++)
+								mma_w(c, af[rt].g[q][0], af[rt].g[q][1], af[rt].h[q][0],
+								      af[rt].h[q][1], bf[q][0], bf[q][1]);
 							// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
 							acc[rt][mg][0] += c[0] * s0;
 							acc[rt][mg][1] += c[1] * s1;
