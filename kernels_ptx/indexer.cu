@@ -113,12 +113,17 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 
 // ---- k_indexer_scores_fp8: the same scores on the FP8 tensor cores -----------------------------
 //
-// Same arguments and output as k_indexer_scores; grid (ceil(ld / 1024), B), 128 threads: warp w
-// of a block owns keys [1024 bx + 256 w, +256) in groups of 16. Keys are the A operand of
-// mma.m16n8k32 e4m3 (16 keys x 32 d; each warp streams its keys through a 4-stage cp.async
-// ring in shared memory, 3 groups in flight while one multiplies), Q is B (8 heads x 32 d, from
-// the block's copy of q in shared memory), so one warp covers all 64 heads of its keys and the
-// head sum stays inside the warp:
+// Same arguments and output as k_indexer_scores, plus keys_per_warp (a multiple of 16, chosen by
+// cuda_indexer_scores so that small batches still spread over every SM: at batch 1 x 32K, 16 keys
+// a warp -> 512 blocks instead of 32 blocks of 256-key warps, which ran 16 dependent copy rounds
+// each and sat at 15 us whatever the context). Grid (ceil(ld / (4 keys_per_warp)), B), 128
+// threads: warp w of a block owns keys [4 kpw bx + kpw w, +kpw) in groups of 16. Keys are the A
+// operand of mma.m16n8k32 e4m3 (16 keys x 32 d; each warp streams its groups, the 16 keys' codes
+// and their 16 fp32 scales, through a 4-stage cp.async ring in shared memory, 3 groups in flight
+// while one multiplies), Q is B (8 heads x 32 d; head tiles 0-3 held in registers, 32 per lane,
+// 4-7 read from the block's copy in shared memory for each group), so one warp covers all 64
+// heads of its keys and the head sum stays inside the warp. The warp's page ids sit in lane registers (lane i: its (i+1)-th
+// page), so issuing a copy needs no dependent global load.
 // C[key][head] -> ReLU -> x w'[head] -> summed over the 8 head tiles in registers and over the
 // quad by two shuffles, then x s_k. D order: lane (g, t) holds bytes [32t, 32t+32) of keys g and
 // g+8; k-step s uses bytes 8s..8s+7 of those (a0/a1: 8s..8s+3, a2/a3: 8s+4..8s+7) and the same
@@ -127,19 +132,19 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // accumulation; on the H200 the result is within 2^-23 of Σ|products| (run 3 of the attention
 // work: mma.sync e4m3 adds like fp32, unlike wgmma's FP8 accumulation), so the scores meet the
 // same limit as k_indexer_scores; ReLU, weights, the head sum and s_k in fp32 (spec §3.6 step 8).
-#define IDX8_KEYS_WARP 256
+// page_bytes % 16 == 0 (the 16-byte copies of codes and scales).
 #define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
 #define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
+#define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
+#define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
 extern "C" __global__ void __launch_bounds__(128, 4)
 k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 		     const uint8_t *__restrict__ pool, long long page_bytes,
 		     const int *__restrict__ block_table, int max_blocks,
-		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld)
+		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
-	// per warp: a ring of IDX8_NST groups of 16 key rows (cp.async, 3 groups in flight while
-	// one multiplies: bytes in flight without registers)
-	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][16 * IDX8_ROW];
+	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][IDX8_STAGE];
 	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
 	__shared__ __align__(16) uint8_t qsh[IDX_HEADS * IDX8_ROW];     // its q8 rows (padded)
 	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -152,31 +157,49 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 			v = *reinterpret_cast<const uint4 *>(q8 + ((size_t)b * H + h) * IDX_D + 16 * c);
 		*reinterpret_cast<uint4 *>(qsh + h * IDX8_ROW + 16 * c) = v;
 	}
-	__syncthreads(); // weights and q visible (before any warp returns)
 	const int g = lane >> 2, t = lane & 3;
 	const int n = n_keys[b];
-	const int kbeg = blockIdx.x * (4 * IDX8_KEYS_WARP) + warp * IDX8_KEYS_WARP;
-	const int kend = min(ld, kbeg + IDX8_KEYS_WARP);
-	float *out = scores + (size_t)b * ld;
+	const int kbeg = (blockIdx.x * 4 + warp) * keys_per_warp;
+	const int kend = min(ld, kbeg + keys_per_warp);
 	const int kval = min(kend, n); // keys [kbeg, kval) are scored, [kval, kend) are -inf
+	const int *btr = block_table + (size_t)b * max_blocks;
+	// the warp's page ids: lane i holds page (kbeg >> 6) + i (keys_per_warp <= 1024: <= 17 pages)
+	const int npg = kbeg < kval ? ((kval - 1) >> 6) - (kbeg >> 6) + 1 : 0;
+	const int pid = lane < npg ? btr[(kbeg >> 6) + lane] : 0;
+	__syncthreads(); // weights and q visible (before any warp returns)
+	float *out = scores + (size_t)b * ld;
 	for (int s = max(kbeg, kval) + lane; s < kend; s += 32)
 		out[s] = -INFINITY;
 	if (kbeg >= kval)
 		return;
-	const int *btr = block_table + (size_t)b * max_blocks;
+	// Q as B of head tile j: head 8j + g, bytes [32t, 32t+32); tiles 0-3 in registers, 4-7 read
+	// from shared memory per group (all 8 in registers: 128 registers and a spill at 4 blocks an SM)
+	uint32_t qf[IDX8_QREG][8];
+#pragma unroll
+	for (int j = 0; j < IDX8_QREG; j++) {
+		const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+		const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
+		qf[j][0] = q0.x, qf[j][1] = q0.y, qf[j][2] = q0.z, qf[j][3] = q0.w;
+		qf[j][4] = q1.x, qf[j][5] = q1.y, qf[j][6] = q1.z, qf[j][7] = q1.w;
+	}
 	const int ngr = (kval - kbeg + 15) / 16;
-	// issue the copy of group gi (16 keys x 128 B = 128 chunks of 16 B, 4 a lane) into its stage;
-	// always one commit, so the group count stays in step
+	// issue the copy of group gi (16 keys x 128 B = 128 chunks of 16 B, 4 a lane; lanes 0-3 also
+	// the 64 bytes of the 16 scales) into its stage; always one commit, so the group count stays
+	// in step. Every lane calls it (the page id comes by shuffle).
 	auto issue = [&](int gi) {
+		const int k0 = kbeg + 16 * gi;
+		const int page = __shfl_sync(0xffffffffu, pid, ((k0 >> 6) - (kbeg >> 6)) & 31);
 		if (gi < ngr) {
-			const int k0 = kbeg + 16 * gi;
-			const uint8_t *pg = pool + (size_t)btr[k0 >> 6] * page_bytes + (size_t)(k0 & 63) * IDX_D;
+			const uint8_t *pg = pool + (size_t)page * page_bytes;
+			const uint8_t *kp = pg + (size_t)(k0 & 63) * IDX_D;
 			uint8_t *st = ring[warp][gi % IDX8_NST];
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int c = lane + 32 * i, key = c >> 3, off = (c & 7) * 16;
-				cp_async16(smem_u32(st + key * IDX8_ROW + off), pg + key * IDX_D + off);
+				cp_async16(smem_u32(st + key * IDX8_ROW + off), kp + key * IDX_D + off);
 			}
+			if (lane < 4)
+				cp_async16(smem_u32(st + 16 * IDX8_ROW + 16 * lane), pg + 64 * IDX_D + (k0 & 63) * 4 + 16 * lane);
 		}
 		cp_async_commit();
 	};
@@ -185,13 +208,6 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		issue(i);
 	for (int gi = 0; gi < ngr; gi++) {
 		issue(gi + IDX8_NST - 1);
-		const int k0 = kbeg + 16 * gi;
-		// this lane's key scale (lane t = 0: key g, t = 1: key g + 8), in flight with the MMAs
-		const int sk = k0 + g + 8 * (t & 1);
-		float ks = 0.f;
-		if (t < 2 && sk < kval)
-			ks = __ldg(reinterpret_cast<const float *>(pool + (size_t)btr[sk >> 6] * page_bytes +
-								   64 * IDX_D + (sk & 63) * 4));
 		cp_async_wait_group<IDX8_NST - 1>();
 		__syncwarp(); // every lane's part of group gi is in the ring
 		const uint8_t *st = ring[warp][gi % IDX8_NST];
@@ -199,7 +215,6 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		const uint4 lo1 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t + 16);
 		const uint4 hi0 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t);
 		const uint4 hi1 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t + 16);
-		__syncwarp(); // the stage is read: the next issue may overwrite it
 		const uint32_t lo[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
 		const uint32_t hi[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
 		// head tile j: its 4 chained k32 steps, then ReLU x w' into the key sums at once (4
@@ -207,15 +222,21 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
 		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
-			// Q as B: head 8j + g, bytes [32t, 32t+32), from shared memory
-			const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
-			const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-			const uint32_t qf[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+			uint32_t qs[8];
+			if (j < IDX8_QREG) {
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					qs[e] = qf[j < IDX8_QREG ? j : 0][e];
+			} else {
+				const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+				const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
+				qs[0] = q0.x, qs[1] = q0.y, qs[2] = q0.z, qs[3] = q0.w;
+				qs[4] = q1.x, qs[5] = q1.y, qs[6] = q1.z, qs[7] = q1.w;
+			}
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 			for (int s = 0; s < 4; s++)
-				mma_e4m3_16832(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qf[2 * s],
-					 qf[2 * s + 1]);
+				mma_e4m3_16832(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qs[2 * s], qs[2 * s + 1]);
 			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
 			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
 			p_hi += fmaxf(c[2], 0.f) * wj.x + fmaxf(c[3], 0.f) * wj.y;
@@ -224,6 +245,9 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		p_lo += __shfl_xor_sync(0xffffffffu, p_lo, 2);
 		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 1);
 		p_hi += __shfl_xor_sync(0xffffffffu, p_hi, 2);
+		const float ks = *reinterpret_cast<const float *>(st + 16 * IDX8_ROW + 4 * (g + 8 * (t & 1)));
+		__syncwarp(); // the stage is read: the next issue may overwrite it
+		const int sk = kbeg + 16 * gi + g + 8 * (t & 1); // lane t = 0: key g, t = 1: key g + 8
 		if (t < 2 && sk < kval) // lane t = 0 writes key g, t = 1 key g + 8
 			out[sk] = (t ? p_hi : p_lo) * ks;
 	}

@@ -55,33 +55,62 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 {
 	if (R > 512 || R < 128 || R % 128 || H % 16 || H < 16 || B < 1 || ld_sel < 1 || rec_bytes % 4)
 		return -EINVAL;
-	int splits = cuda_mla_decode_splits(g, B, H, ld_sel);
-	if (splits > 1 && !ws)
+	int splits = (diag >> 8) & 255; /* forced (benchmarks), else by the shape */
+	if (!splits)
+		splits = cuda_mla_decode_splits(g, B, H, ld_sel);
+	else if (splits > 64)
 		return -EINVAL;
 	int kps = mla_keys_per_split(ld_sel, splits);
+	splits = (ld_sel + kps - 1) / kps;
+	if (splits > 1 && !ws)
+		return -EINVAL;
+	const int skip_main = diag & 16, skip_combine = diag & 8;
+	diag &= 7;
 	void *fn = gpu_kernel(g, "k_mla_decode");
 	if (!fn)
 		return -ENOENT;
 	unsigned smem = (unsigned)mla_smem_bytes(R, rec_bytes);
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
-	int r = gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
-			   512, 1, 1, smem, args);
-	if (r || splits == 1)
+	int r = skip_main ? 0
+			  : gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
+				       512, 1, 1, smem, args);
+	if (r || splits == 1 || skip_combine)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};
 	return gpu_launch(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1,
 			  (unsigned)(R < 32 ? 32 : R), 1, 1, 0, cargs);
 }
 
+/* Keys a warp of k_indexer_scores_fp8 scans: 256 (run 5: 2.27 TB/s at 128K x 128), halved while
+ * the grid would give fewer than 4 blocks (16 warps) per SM, down to 16 (one group): a small
+ * batch spreads its rows over every SM instead of running 16 dependent copy rounds in 32 blocks. */
+static int indexer_keys_per_warp(const struct gpu *g, int ld, int B)
+{
+	int kpw = 256;
+	while (kpw > 16 && (long long)B * ((ld + 4 * kpw - 1) / (4 * kpw)) < 4LL * g->sm_count)
+		kpw /= 2;
+	return kpw;
+}
+
+int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
+			    gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B,
+			    int keys_per_warp)
+{
+	if (H < 1 || H > 64 || B < 1 || ld < 1 || page_bytes % 16 || keys_per_warp < 0 || keys_per_warp % 16 ||
+	    keys_per_warp > 1024)
+		return -EINVAL;
+	int kpw = keys_per_warp ? keys_per_warp : indexer_keys_per_warp(g, ld, B);
+	void *args[] = {&q8, &w, &H, &pool, &page_bytes, &block_table, &max_blocks, &n_keys, &scores, &ld, &kpw};
+	return gpu_launch(g, gpu_kernel(g, "k_indexer_scores_fp8"), (unsigned)((ld + 4 * kpw - 1) / (4 * kpw)),
+			  (unsigned)B, 1, 128, 1, 1, 0, args);
+}
+
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B)
 {
-	if (H < 1 || H > 64 || B < 1 || ld < 1)
-		return -EINVAL;
-	void *args[] = {&q8, &w, &H, &pool, &page_bytes, &block_table, &max_blocks, &n_keys, &scores, &ld};
-	return gpu_launch(g, gpu_kernel(g, "k_indexer_scores_fp8"), (unsigned)((ld + 1023) / 1024),
-			  (unsigned)B, 1, 128, 1, 1, 0, args);
+	return cuda_indexer_scores_kpw(g, q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld,
+				       B, 0);
 }
 
 /* Dynamic shared memory of k_topk_select: 8 copies of 2048 bins (+1 of padding each), 8192

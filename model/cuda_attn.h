@@ -23,8 +23,9 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
- * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile; the output is then
- * meaningless). */
+ * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
+ * combine alone; bits 8-15 force the number of key splits (rounded to whole tiles of 64 keys;
+ * ws must then hold B x H x splits x (R + 2) floats); the output is then meaningless). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys on the
@@ -32,9 +33,14 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
  * folded head weights), pages of page_bytes (64 x 128 codes, then 64 fp32 scales) through
  * block_table [B, max_blocks], n_keys int [B]; scores fp32 [B, ld], -inf from n_keys[b] on.
  * The dots are FP8 MMA sums (within ~2^-13 of the sum of |products|, not fp32-exact: see the
- * kernel); k_indexer_scores is the fp32-exact version. */
+ * kernel); k_indexer_scores is the fp32-exact version. page_bytes % 16 == 0. */
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B);
+/* The same with the keys each warp scans given (a multiple of 16, <= 1024; 0: chosen by the
+ * shape, as cuda_indexer_scores does): tests and benchmarks. */
+int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
+			    gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B,
+			    int keys_per_warp);
 /* The indexer's top-k (kernels_ptx/topk.cu): for each of B rows, the min(k_max, n_keys[b])
  * highest of scores[b, 0 .. n_keys[b]) (fp32, row stride ld), the set of a full sort with ties
  * to the lower position, as positions (out_pos) and/or physical slots through block_table

@@ -18,14 +18,16 @@ static uint8_t rand_e4m3(uint64_t *seed)
 	return (b & 0x80) | ((b & 0x7f) % 0x70); /* |value| <= 240, never NaN */
 }
 
-/* fp8: through cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA dots) instead of
- * k_indexer_scores (exact products in fp16, fp32 sums). Limit of both: 1e-5 of the row's
+/* kpw >= 0: through cuda_indexer_scores_kpw (k_indexer_scores_fp8, FP8 MMA dots, kpw keys a warp;
+ * 0 = the launcher's choice) instead of kpw = -1: k_indexer_scores (exact products in fp16, fp32
+ * sums). Limit of both: 1e-5 of the row's
  * largest |score| (fp32 summation order). For the FP8 kernel the worst error relative to the
  * score's magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| is printed too: run 3 on the H200
  * measured 2^-23 .. 2^-24, i.e. mma.sync e4m3 adds the exact products as fp32 would (unlike
  * wgmma's FP8 accumulation, which keeps ~13 bits). */
-static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, int fp8, uint64_t seed)
+static void check_scores(struct gpu *g, int H, const int *n, int B, int max_blocks, int kpw, uint64_t seed)
 {
+	const int fp8 = kpw >= 0;
 	struct dsv32_config c = {.index_n_heads = H, .index_head_dim = 128, .kv_lora_rank = 512,
 				 .qk_rope_head_dim = 64};
 	config_derive(&c);
@@ -82,7 +84,7 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 	int hh = H, mb = max_blocks, l = ld;
 	void *args[] = {&d_q, &d_w, &hh, &d_pool, &pb, &d_bt, &mb, &d_n, &d_out, &l};
 	if (fp8)
-		REQUIRE(cuda_indexer_scores(g, d_q, d_w, H, d_pool, pb, d_bt, max_blocks, d_n, d_out, ld, B) == 0);
+		REQUIRE(cuda_indexer_scores_kpw(g, d_q, d_w, H, d_pool, pb, d_bt, max_blocks, d_n, d_out, ld, B, kpw) == 0);
 	else
 		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
 				   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
@@ -122,8 +124,8 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 			bad += !(e <= 1e-5);
 		}
 	}
-	printf("    indexer scores%s H=%d B=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf\n",
-	       fp8 ? " (FP8 MMA)" : "", H, B, worst, (long long)bad, (long long)masked_bad);
+	printf("    indexer scores%s H=%d B=%d kpw=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf\n",
+	       fp8 ? " (FP8 MMA)" : "", H, B, kpw, worst, (long long)bad, (long long)masked_bad);
 	if (fp8)
 		printf("    worst |err| / M (M = s_k sum_h |w_h| sum_d |q k|) %.3g = 2^%.1f at row %d key %d (got %g ref %g)\n",
 		       worst_m, worst_m > 0 ? log2(worst_m) : -INFINITY, worst_b, worst_s,
@@ -139,13 +141,17 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	for (int fp8 = 0; fp8 < 2; fp8++) {
+	/* the exact kernel, then the FP8 one at the launcher's keys a warp and at 16, 48 (warps
+	 * straddling pages), 256 and 1024 */
+	const int kpws[] = {-1, 0, 16, 48, 256, 1024};
+	for (size_t v = 0; v < sizeof kpws / sizeof *kpws; v++) {
+		int kpw = kpws[v];
 		int n_real[6] = {1, 63, 64, 65, 300, 2047};
-		check_scores(&g, 64, n_real, 6, 32, fp8, 1001); /* the real 64 heads */
+		check_scores(&g, 64, n_real, 6, 32, kpw, 1001); /* the real 64 heads */
 		int n_tiny[3] = {5, 128, 500};
-		check_scores(&g, 4, n_tiny, 3, 8, fp8, 1002);   /* the tiny model's 4 heads */
+		check_scores(&g, 4, n_tiny, 3, 8, kpw, 1002);   /* the tiny model's 4 heads */
 		int n_long[2] = {5000, 3333};
-		check_scores(&g, 64, n_long, 2, 80, fp8, 1003); /* several blocks of 1024 keys */
+		check_scores(&g, 64, n_long, 2, 80, kpw, 1003); /* several blocks of 1024 keys */
 	}
 	gpu_close(&g);
 }

@@ -30,6 +30,68 @@ static float event_ms(struct gpu *g, CUevent a, CUevent b)
 	return ms;
 }
 
+/* us per call of the sparse MLA decode with diag (cuda_mla_decode_diag), over reps calls */
+static double time_mla(struct gpu *g, CUevent e0, CUevent e1, int reps, gpu_ptr mq, gpu_ptr pos, int nsel,
+		       gpu_ptr mpool, int R, int MH, int B, float sc, gpu_ptr mo, gpu_ptr ws, int diag)
+{
+	if (cuda_mla_decode_diag(g, mq, pos, nsel, mpool, 656, R, MH, B, sc, mo, ws, diag))
+		return -1;
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < reps; r++)
+		cuda_mla_decode_diag(g, mq, pos, nsel, mpool, 656, R, MH, B, sc, mo, ws, diag);
+	cu.cuEventRecord(e1, g->stream);
+	return event_ms(g, e0, e1) / reps * 1e3;
+}
+
+/* The fixed costs under the batch-1 kernels (kernels_ptx/attn_bench.cu): the SM clock while one
+ * SM spins (2^20 cycles of clock64 over the event time of one launch), the launch-to-launch time
+ * of an empty kernel, and of an empty kernel with 200 KB of dynamic shared memory alternating
+ * with one without (the carveout switch k_mla_decode and its neighbours pay). */
+static void probe_fixed_costs(struct gpu *g, CUevent e0, CUevent e1)
+{
+	void *spin = gpu_kernel(g, "k_attn_spin"), *empty = gpu_kernel(g, "k_attn_empty");
+	if (!spin || !empty)
+		return;
+	long long cyc = 1LL << 20;
+	gpu_ptr none = 0;
+	void *sa[] = {&cyc, &none}, *ea[] = {&none};
+	gpu_launch(g, spin, 1, 1, 1, 32, 1, 1, 0, sa);
+	cu.cuEventRecord(e0, g->stream);
+	gpu_launch(g, spin, 1, 1, 1, 32, 1, 1, 0, sa);
+	cu.cuEventRecord(e1, g->stream);
+	double spin_ms = event_ms(g, e0, e1);
+	const int n = 200;
+	for (int r = 0; r < 10; r++)
+		gpu_launch(g, empty, 1, 1, 1, 32, 1, 1, 0, ea);
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < n; r++)
+		gpu_launch(g, empty, 1, 1, 1, 32, 1, 1, 0, ea);
+	cu.cuEventRecord(e1, g->stream);
+	double empty_us = event_ms(g, e0, e1) / n * 1e3;
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < n; r++)
+		gpu_launch(g, empty, 132, 1, 1, 512, 1, 1, 0, ea);
+	cu.cuEventRecord(e1, g->stream);
+	double empty132_us = event_ms(g, e0, e1) / n * 1e3;
+	unsigned big = 200 * 1024;
+	cu.cuFuncSetAttribute(empty, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)big);
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < n; r++) {
+		gpu_launch(g, empty, 132, 1, 1, 512, 1, 1, big, ea);
+		gpu_launch(g, empty, 132, 1, 1, 512, 1, 1, 0, ea);
+	}
+	cu.cuEventRecord(e1, g->stream);
+	double alt_us = event_ms(g, e0, e1) / n * 1e3;
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < n; r++)
+		gpu_launch(g, empty, 132, 1, 1, 512, 1, 1, big, ea);
+	cu.cuEventRecord(e1, g->stream);
+	double bigonly_us = event_ms(g, e0, e1) / n * 1e3;
+	printf("fixed costs: SM clock while one SM spins %.0f MHz; empty kernel launch to launch %.2f us (1 block), "
+	       "%.2f us (132 x 512 threads), %.2f us (132 x 512 with 200 KB smem), a 200 KB + a 0 KB pair %.2f us\n\n",
+	       (double)cyc / (spin_ms * 1e3), empty_us, empty132_us, bigonly_us, alt_us);
+}
+
 int bench_attention(int argc, char **argv)
 {
 	int reps = 10;
@@ -57,7 +119,8 @@ int bench_attention(int argc, char **argv)
 	double read_tbs = bench_read_limit(&g, 5);
 	if (read_tbs <= 0)
 		return 1;
-	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n\n", g.name, read_tbs);
+	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, read_tbs);
+	probe_fixed_costs(&g, e0, e1);
 	/* floors: scan = keys + scores at the read limit; top-k = one read of the scores; MLA =
 	 * max(gathered records at the read limit, FLOPs at the bf16 dense tensor-core peak) */
 	const double bf16_peak = 989e12;
@@ -161,6 +224,24 @@ int bench_attention(int argc, char **argv)
 					cu.cuEventRecord(e1, g.stream);
 					diag_us[diags[di]] = event_ms(&g, e0, e1) / reps * 1e3;
 				}
+			/* batch 1: the time by key splits (forced), the decode kernel alone and the combine
+			 * alone */
+			double split_us[7][3] = {{0}};
+			if (ctx == 32768 && B == 1) {
+				gpu_ptr ws64;
+				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
+					     __LINE__))
+					return 1;
+				for (int si = 0; si < 6; si++) {
+					int d = (1 << si) << 8;
+					split_us[si][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64, d);
+					split_us[si][1] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64, d | 8);
+					split_us[si][2] = si ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
+									 ws64, d | 16)
+							     : 0;
+				}
+				cu.cuMemFree(ws64);
+			}
 			double mla_flops = 2.0 * B * MH * (double)nsel * (R + 64 + R);
 			double mla_bytes = (double)B * nsel * 656 + (double)B * MH * (R + 64) * 2 + (double)B * MH * R * 2;
 			double mla_floor = mla_bytes / (read_tbs * 1e12);
@@ -187,6 +268,13 @@ int bench_attention(int argc, char **argv)
 				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       mla_ms * 1e3, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
+			if (split_us[0][0] != 0) {
+				printf("        MLA batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
+				       cuda_mla_decode_splits(&g, B, MH, TOPK));
+				for (int si = 0; si < 6; si++)
+					printf(" | %d: %.1f / %.1f / %.1f", 1 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
+				printf("\n");
+			}
 			fflush(stdout);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
 			cu.cuMemFree(n), cu.cuMemFree(sc), cu.cuMemFree(pos);
