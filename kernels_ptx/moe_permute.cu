@@ -1,9 +1,10 @@
 // moe_permute.cu — token permutation by expert and the weighted combine of the MoE block
 // (spec §3.9), deterministic and exact.
 //
-// k_moe_permute: idx int [T, K] (each token's K experts) -> counts int [E], offsets int [E + 1]
-//   (exclusive prefix of counts), perm int [T * K]: perm[t*K + n] = the row of (t, n) in the
-//   expert-sorted order, where within an expert the rows are in ascending t (the CPU's order),
+// k_moe_permute: idx int [T, K] (each token's K experts) -> counts int [E], offsets int [E + 2]
+//   (exclusive prefix of counts; offsets[E] = T * K and offsets[E + 1] = T * K + T: the T rows
+//   after the routed ones are group E of the block's grouped GEMMs, the shared expert),
+//   perm int [T * K]: perm[t*K + n] = the row of (t, n) in the expert-sorted order, where within an expert the rows are in ascending t (the CPU's order),
 //   and src int [T * K]: the token of each sorted row. One block (a multiple of 32 threads,
 //   >= E and >= K; 1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a
 //   shared-memory histogram, a warp scan for the offsets, then the tokens in passes of
@@ -53,8 +54,10 @@ k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict_
 				counts[e] = cnt[e];
 				run += cnt[e];
 			}
-		if (tid == 31)
+		if (tid == 31) {
 			offsets[E] = incl;
+			offsets[E + 1] = incl + T; // the shared expert's rows
+		}
 	}
 	// placement in token order, ct tokens a pass (one entry per thread): the rank of (t, n)
 	// within its expert e = base[e] (rows of e in earlier passes) + the pass's earlier tokens

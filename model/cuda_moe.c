@@ -4,18 +4,24 @@
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
- *   -> k_moe_permute (rows by expert, token order within an expert)
- *   -> the quantised rows in sorted order: up to 64 tokens k_moe_quant_gather (each routed row
- *      quantised from x, and x itself for the shared expert, one launch), above that
- *      k_act_quant of x once then k_moe_gather_q
- *   -> grouped FP8 GEMM with the fused gate|up weights (N = 2 * moe_inter)
- *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) -> grouped FP8 GEMM down_proj
- *   -> the shared expert (cuda_gemm_fp8 on the same quantised x, SwiGLU + act_quant, down)
- *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine).
+ *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T)
+ *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
+ *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
+ *      quantised from x, one launch), above that k_act_quant of x into rows R.. then
+ *      k_moe_gather_q of the routed rows from there
+ *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
+ *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
+ *      entry E of the address tables), so both run in one launch
+ *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows
+ *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
+ *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
- * act_quant as in cpu_fp8_linear.
+ * act_quant as in cpu_fp8_linear. The shared expert's rows are the same function as a routed
+ * expert's (same shapes: n_shared_experts == 1), so it is one more group.
  * The expert GEMMs are model/cuda_gemm.c's cuda_gemm_fp8_grouped (the decode kernel or wgmma by
- * size), the shared expert's cuda_gemm_fp8 (T > 64 goes to cuBLASLt: rows padded to 8).
+ * size).
+ * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
+ * the routing's row counts per expert and the GPU time of each stage to stderr.
  */
 #include "model/cuda_moe.h"
 
@@ -32,16 +38,18 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
 			struct cuda_fp8_mat sh2, struct cuda_moe_layer *L, struct err *e)
 {
-	int E = (int)c->n_routed_experts;
-	if (E < 2 || E > 256 || E % 2 || c->hidden_size % 128 || c->moe_intermediate_size % 128 ||
+	int E = (int)c->n_routed_experts, I = (int)c->moe_intermediate_size;
+	if (E < 2 || E > 256 || E % 2 || c->hidden_size % 128 || I % 128 ||
 	    c->num_experts_per_tok < 1 || c->num_experts_per_tok > 32 || c->n_group < 1 ||
-	    E % c->n_group || sh13.out % 256 || sh13.in != c->hidden_size ||
-	    sh2.out != c->hidden_size || sh2.in * 2 != sh13.out) {
+	    E % c->n_group || sh13.out != 2 * I || sh13.in != c->hidden_size ||
+	    sh2.out != c->hidden_size || sh2.in != I) {
 		return err_set(e, -EINVAL,
-			       "cuda_moe_layer_init: unsupported MoE shape (E %d, hidden %lld, inter %lld)",
-			       E, (long long)c->hidden_size, (long long)c->moe_intermediate_size);
+			       "cuda_moe_layer_init: unsupported MoE shape (E %d, hidden %lld, inter %d, "
+			       "shared expert %d x %d; one shared expert of the routed width)",
+			       E, (long long)c->hidden_size, I, sh13.out, sh13.in);
 	}
-	size_t tab = (size_t)E * sizeof(uint64_t);
+	/* entry E of each table: the shared expert (group E of the grouped GEMMs) */
+	size_t tab = (size_t)(E + 1) * sizeof(uint64_t);
 	*L = (struct cuda_moe_layer){.gate = gate, .gate_bias = gate_bias, .sh13 = sh13, .sh2 = sh2};
 	L->w13_tab = gpu_region_alloc(r, tab);
 	L->s13_tab = gpu_region_alloc(r, tab);
@@ -53,11 +61,13 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 	if (!h)
 		return err_set(e, -ENOMEM, "cuda_moe_layer_init: out of memory");
 	const gpu_ptr *src[4] = {w13, s13, w2, s2};
+	const gpu_ptr shared[4] = {sh13.w, sh13.s, sh2.w, sh2.s};
 	gpu_ptr dst[4] = {L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab};
 	int rc = 0;
 	for (int k = 0; k < 4 && !rc; k++) {
 		for (int x = 0; x < E; x++)
 			h[x] = src[k][x];
+		h[E] = shared[k];
 		rc = gpu_upload(g, dst[k], h, tab);
 	}
 	free(h);
@@ -65,74 +75,57 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 		  : 0;
 }
 
-/* The shapes of one call. */
+/* The shapes of one call: R routed rows, then the T shared-expert rows (RT = R + T in all). */
 struct moe_dims {
-	int T, Tp, R, D, I, Ish, E, K;
+	int T, R, RT, D, I, E, K;
 };
 
-static struct moe_dims moe_dims(const struct dsv32_config *c, int T, int Ish)
+static struct moe_dims moe_dims(const struct dsv32_config *c, int T)
 {
 	struct moe_dims d = {.T = T, .D = (int)c->hidden_size, .I = (int)c->moe_intermediate_size,
-			     .Ish = Ish, .E = (int)c->n_routed_experts,
-			     .K = (int)c->num_experts_per_tok};
+			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok};
 	d.R = T * d.K;
-	d.Tp = T > 64 ? (T + 7) / 8 * 8 : T; /* cuBLASLt takes M % 8 == 0 (cuda_gemm.h) */
+	d.RT = d.R + T;
 	return d;
 }
 
-static size_t grouped_ws(const struct gpu *g, int R, int E, int N, int K)
-{
-	return cuda_gemm_fp8_grouped_workspace(g, R, E, N, K);
-}
-
-/* Workspace of the GEMMs (one buffer, used by one GEMM at a time). */
+/* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time). */
 static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 {
-	size_t w[4] = {grouped_ws(g, d->R, d->E, 2 * d->I, d->D), grouped_ws(g, d->R, d->E, d->D, d->I),
-		       cuda_gemm_fp8_workspace(g, d->Tp, 2 * d->Ish, d->D),
-		       cuda_gemm_fp8_workspace(g, d->Tp, d->D, d->Ish)};
-	size_t m = 256;
-	for (int i = 0; i < 4; i++)
-		m = w[i] > m ? w[i] : m;
-	return m;
+	size_t a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D),
+	       b = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, d->D, d->I);
+	size_t m = a > b ? a : b;
+	return m > 256 ? m : 256;
 }
 
-/* The scratch buffers, in push order; sizes in bytes. */
-enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_X8, B_SX, B_XS8, B_SXS, B_GU, B_H8,
-       B_HS, B_EY, B_SGU, B_SH8, B_SHS, B_SHY, B_WS, B_COUNT };
+/* The scratch buffers, in push order; sizes in bytes. The row buffers hold R + T rows: the
+ * routed rows in sorted order, then the shared expert's (x itself). */
+enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, B_H8, B_HS, B_EY,
+       B_WS, B_COUNT };
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)
 {
-	size_t T = (size_t)d->T, Tp = (size_t)d->Tp, R = (size_t)d->R, D = (size_t)d->D,
-	       I = (size_t)d->I, Ish = (size_t)d->Ish;
+	size_t T = (size_t)d->T, R = (size_t)d->R, RT = (size_t)d->RT, D = (size_t)d->D,
+	       I = (size_t)d->I;
 	sz[B_LOGITS] = T * d->E * 4;
 	sz[B_IDX] = R * 4;
 	sz[B_WTS] = R * 4;
 	sz[B_CNT] = (size_t)d->E * 4;
-	sz[B_OFF] = ((size_t)d->E + 1) * 4;
+	sz[B_OFF] = ((size_t)d->E + 2) * 4;
 	sz[B_PERM] = R * 4;
 	sz[B_SRC] = R * 4;
-	sz[B_X8] = Tp * D;
-	sz[B_SX] = Tp * (D / 128) * 4;
-	sz[B_XS8] = R * D;
-	sz[B_SXS] = R * (D / 128) * 4;
-	sz[B_GU] = R * 2 * I * 2;
-	sz[B_H8] = R * I;
-	sz[B_HS] = R * (I / 128) * 4;
-	sz[B_EY] = R * D * 2;
-	sz[B_SGU] = Tp * 2 * Ish * 2;
-	sz[B_SH8] = Tp * Ish;
-	sz[B_SHS] = Tp * (Ish / 128) * 4;
-	sz[B_SHY] = Tp * D * 2;
+	sz[B_XS8] = RT * D;
+	sz[B_SXS] = RT * (D / 128) * 4;
+	sz[B_GU] = RT * 2 * I * 2;
+	sz[B_H8] = RT * I;
+	sz[B_HS] = RT * (I / 128) * 4;
+	sz[B_EY] = RT * D * 2;
 	sz[B_WS] = gemm_ws(g, d);
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
 {
-	/* the shared expert's width is moe_inter * n_shared_experts (cuda_moe_layer_init checks
-	 * the layer's matrices against it) */
-	int Ish = (int)(c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1));
-	struct moe_dims d = moe_dims(c, T, Ish);
+	struct moe_dims d = moe_dims(c, T);
 	size_t sz[B_COUNT], total = 256;
 	scratch_sizes(g, &d, sz);
 	for (int i = 0; i < B_COUNT; i++)
@@ -162,13 +155,6 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 
-/* One expert GEMM over the R sorted rows (y row stride N). */
-static int grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G, gpu_ptr x8,
-		   gpu_ptr sx, gpu_ptr y, int R, int N, int K, gpu_ptr ws, size_t ws_bytes)
-{
-	return cuda_gemm_fp8_grouped(g, w_tab, s_tab, off, G, x8, sx, y, R, N, K, N, ws, ws_bytes);
-}
-
 /* SwiGLU of gu [rows, 2I] then act_quant -> h8 [rows, I], hs [rows, I/128]. */
 static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int rows, int I)
 {
@@ -189,12 +175,83 @@ static int tap(struct gpu *g, gpu_ptr dst, gpu_ptr src, size_t n)
 		       : 0;
 }
 
+/* ---- DSV32_CUDA_MOE_STATS (see the file header) ---------------------------------------------- */
+
+enum { ST_GATE, ST_ROUTE, ST_PERMUTE, ST_GATHER, ST_W13, ST_SWIGLU, ST_W2, ST_COMBINE, ST_N };
+static const char *const stage_names[ST_N] = {"gate", "route", "permute", "gather",
+					      "w13", "swiglu", "w2", "combine"};
+
+static struct {
+	int init, left, on;
+	CUevent ev[ST_N + 1];
+} stats;
+
+/* Whether this call is measured (the first n calls of the process). */
+static int stats_begin(void)
+{
+	if (!stats.init) {
+		const char *v = getenv("DSV32_CUDA_MOE_STATS");
+		stats.init = 1;
+		stats.left = v ? atoi(v) : 0;
+		for (int i = 0; i <= ST_N && stats.left > 0; i++)
+			if (cu.cuEventCreate(&stats.ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+				stats.left = 0;
+	}
+	stats.on = stats.left > 0;
+	if (stats.on)
+		stats.left--;
+	return stats.on;
+}
+
+/* Event i: the end of stage i - 1 (0: the start). */
+static void stats_mark(struct gpu *g, int i)
+{
+	if (stats.on)
+		cu.cuEventRecord(stats.ev[i], g->stream);
+}
+
+/* Waits for the call, prints the routing's rows per expert and each stage's time. */
+static void stats_print(struct gpu *g, const struct moe_dims *d, gpu_ptr cnt)
+{
+	int c[256];
+	float ms[ST_N];
+	if (cu.cuEventSynchronize(stats.ev[ST_N]) != CUDA_SUCCESS ||
+	    gpu_download(g, c, cnt, (size_t)d->E * 4))
+		return;
+	int hit = 0, lo = 1 << 30, hi = 0, arg = -1;
+	long long tiles = 0;
+	for (int e = 0; e < d->E; e++) {
+		if (!c[e])
+			continue;
+		hit++;
+		tiles += (c[e] + 127) / 128;
+		lo = c[e] < lo ? c[e] : lo;
+		if (c[e] > hi)
+			hi = c[e], arg = e;
+	}
+	for (int i = 0; i < ST_N; i++)
+		if (cu.cuEventElapsedTime(&ms[i], stats.ev[i], stats.ev[i + 1]) != CUDA_SUCCESS)
+			ms[i] = -1;
+	fprintf(stderr, "moe stats: T=%d, %d routed rows on %d experts (rows per expert hit: min %d, "
+			"mean %.1f, max %d at expert %d; %lld tiles of 128 rows = %.2fx the rows)\n  us:",
+		d->T, d->R, hit, hit ? lo : 0, hit ? (double)d->R / hit : 0.0, hi, arg, tiles,
+		(double)tiles * 128 / d->R);
+	for (int i = 0; i < ST_N; i++)
+		fprintf(stderr, " %s %.1f", stage_names[i], ms[i] * 1e3);
+	fprintf(stderr, "\n");
+}
+
+/* ---- the block ------------------------------------------------------------------------------- */
+
 static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cuda_moe_layer *L,
 		   gpu_ptr x, gpu_ptr y, const struct moe_dims *d, const gpu_ptr *b, size_t ws_bytes,
 		   unsigned stages, const struct cuda_moe_taps *tr)
 {
-	int T = d->T, E = d->E, D = d->D, K = d->K, R = d->R, I = d->I, Ish = d->Ish;
+	int T = d->T, E = d->E, D = d->D, K = d->K, R = d->R, RT = d->RT, I = d->I;
+	/* the shared expert's rows: R .. R+T-1 of the row buffers */
+	gpu_ptr x8 = b[B_XS8] + (size_t)R * D, sx = b[B_SXS] + (size_t)R * (D / 128) * 4;
 	int rc = 0;
+	stats_mark(g, 0);
 	/* router logits and the routing */
 	if (stages & CUDA_MOE_GATE) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -210,6 +267,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	}
+	stats_mark(g, ST_GATE + 1);
 	if (stages & CUDA_MOE_ROUTE) {
 		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 		float scale = (float)c->routed_scaling_factor;
@@ -228,8 +286,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	}
-	/* rows by expert; x quantised once (rows T..Tp-1 zero for the padded shared GEMM) and
-	 * gathered in that order */
+	stats_mark(g, ST_ROUTE + 1);
+	/* rows by expert (offsets [E + 2]: group E, the shared expert, is rows R .. R+T-1) */
 	if (stages & CUDA_MOE_PERMUTE) {
 		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
@@ -237,77 +295,64 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	}
-	if ((stages & CUDA_MOE_GATHER) && T <= 64) { /* decode: one launch (Tp == T) */
-		long long ng = (long long)(R + T) * (D / 128);
-		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS],
-				(void *)&b[B_X8], (void *)&b[B_SX], &D, &R, &T};
+	stats_mark(g, ST_PERMUTE + 1);
+	/* the quantised rows: routed rows in sorted order, then x itself */
+	if ((stages & CUDA_MOE_GATHER) && T <= 64) { /* decode: one launch */
+		long long ng = (long long)RT * (D / 128);
+		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS], &x8, &sx,
+				&D, &R, &T};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_gather"), (unsigned)((ng + 7) / 8), 1, 1,
 				256, 1, 1, 0, args);
 		if (rc)
 			return rc;
-	} else if (stages & CUDA_MOE_GATHER) {
+	} else if (stages & CUDA_MOE_GATHER) { /* x quantised once, the routed rows copied */
 		long long ng = (long long)T * (D / 128);
-		void *args[] = {&x, (void *)&b[B_X8], (void *)&b[B_SX], &ng};
+		void *args[] = {&x, &x8, &sx, &ng};
 		rc = gpu_launch(g, gpu_kernel(g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1,
 				1, 0, args);
-		if (!rc && d->Tp > T) {
-			size_t pad = (size_t)(d->Tp - T);
-			rc = cu_check(cu.cuMemsetD8Async(b[B_X8] + (size_t)T * D, 0, pad * D, g->stream),
-				      "cuMemsetD8Async", __FILE__, __LINE__) ||
-			     cu_check(cu.cuMemsetD8Async(b[B_SX] + (size_t)T * (D / 128) * 4, 0,
-							 pad * (D / 128) * 4, g->stream),
-				      "cuMemsetD8Async", __FILE__, __LINE__)
-				     ? -EIO
-				     : 0;
-		}
 		if (rc)
 			return rc;
-		void *gargs[] = {(void *)&b[B_X8], (void *)&b[B_SX], (void *)&b[B_SRC],
-				 (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &R};
+		void *gargs[] = {&x8, &sx, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS], &D,
+				 &R};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_gather_q"), (unsigned)((R + 7) / 8), 1, 1, 256,
 				1, 1, 0, gargs);
 		if (rc)
 			return rc;
 	}
-	/* routed experts: gate|up, SwiGLU + act_quant, down */
+	stats_mark(g, ST_GATHER + 1);
+	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down */
 	if (stages & CUDA_MOE_W13) {
-		rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E, b[B_XS8], b[B_SXS], b[B_GU], R,
-			     2 * I, D, b[B_WS], ws_bytes);
+		rc = cuda_gemm_fp8_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8],
+					   b[B_SXS], b[B_GU], RT, 2 * I, D, 2 * I, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 	}
+	stats_mark(g, ST_W13 + 1);
 	if (!rc && (stages & CUDA_MOE_SWIGLU))
-		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], R, I);
+		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
+	stats_mark(g, ST_SWIGLU + 1);
 	if (!rc && (stages & CUDA_MOE_W2)) {
-		rc = grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E, b[B_H8], b[B_HS], b[B_EY], R, D, I,
-			     b[B_WS], ws_bytes);
+		rc = cuda_gemm_fp8_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS],
+					   b[B_EY], RT, D, I, D, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
+		if (!rc && tr)
+			rc = tap(g, tr->sh, b[B_EY] + (size_t)R * D * 2, (size_t)T * D * 2);
 	}
+	stats_mark(g, ST_W2 + 1);
 	if (rc)
 		return rc;
-	/* shared expert on the same quantised x */
-	if (stages & CUDA_MOE_SHARED) {
-		rc = cuda_gemm_fp8(g, L->sh13.w, L->sh13.s, b[B_X8], b[B_SX], b[B_SGU], d->Tp, 2 * Ish,
-				   D, 2 * Ish, b[B_WS], ws_bytes);
-		if (!rc)
-			rc = swiglu_quant(g, b[B_SGU], b[B_SH8], b[B_SHS], d->Tp, Ish);
-		if (!rc)
-			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_SH8], b[B_SHS], b[B_SHY], d->Tp, D,
-					   Ish, D, b[B_WS], ws_bytes);
-		if (!rc && tr)
-			rc = tap(g, tr->sh, b[B_SHY], (size_t)T * D * 2);
-		if (rc)
-			return rc;
-	}
-	if (!(stages & CUDA_MOE_COMBINE))
-		return 0;
 	/* y = bf16( sum of weighted expert rows + shared ) */
-	void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], (void *)&b[B_SHY],
-			 &y, &T, &K, &D};
-	long long blocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
-	return gpu_launch(g, gpu_kernel(g, "k_moe_combine_v8"), (unsigned)(blocks < cap ? blocks : cap),
-			  1, 1, 256, 1, 1, 0, cargs);
+	if (stages & CUDA_MOE_COMBINE) {
+		gpu_ptr sh = b[B_EY] + (size_t)R * D * 2;
+		void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], &sh, &y, &T,
+				 &K, &D};
+		long long blocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_combine_v8"),
+				(unsigned)(blocks < cap ? blocks : cap), 1, 1, 256, 1, 1, 0, cargs);
+	}
+	stats_mark(g, ST_COMBINE + 1);
+	return rc;
 }
 
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
@@ -324,7 +369,7 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 {
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
-	struct moe_dims d = moe_dims(c, T, L->sh2.in);
+	struct moe_dims d = moe_dims(c, T);
 	size_t sz[B_COUNT];
 	scratch_sizes(g, &d, sz);
 	size_t mark = gpu_arena_mark(a);
@@ -343,7 +388,11 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 			return -ENOMEM;
 		}
 	}
+	int measured = stages == CUDA_MOE_ALL && stats_begin();
 	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages, taps);
+	if (!rc && measured)
+		stats_print(g, &d, b[B_CNT]);
+	stats.on = 0;
 	gpu_arena_release(a, mark);
 	return rc;
 }

@@ -8,7 +8,8 @@
  * Weight layout on the device (the CUDA backend places the tensors so): each expert's
  * gate_proj and up_proj are adjacent, forming one fused matrix W13 e4m3 [2 * moe_inter, hidden]
  * (gate rows first) with one scale matrix [2 * moe_inter / 128, hidden / 128]; the shared
- * expert likewise.
+ * expert likewise, of the same width (n_shared_experts == 1: it runs as one more group of the
+ * routed experts' grouped GEMMs).
  * Owns: the per-layer device tables of expert addresses, the block's scratch (from the caller's
  * arena, released before return). Must not: norm its input or add the residual.
  */
@@ -30,13 +31,17 @@ struct cuda_fp8_mat {
 struct cuda_moe_layer {
 	gpu_ptr gate;            /* bf16 [n_routed_experts, hidden] mlp.gate.weight */
 	gpu_ptr gate_bias;       /* fp32 [n_routed_experts] e_score_correction_bias */
-	gpu_ptr w13_tab, s13_tab; /* device uint64 [E]: expert e's fused gate|up and its scales */
-	gpu_ptr w2_tab, s2_tab;   /* device uint64 [E]: expert e's down_proj [hidden, inter] + scales */
+	/* device uint64 [E + 1]: expert e's fused gate|up and its scales, down_proj [hidden, inter]
+	 * and its scales; entry E: the shared expert's */
+	gpu_ptr w13_tab, s13_tab;
+	gpu_ptr w2_tab, s2_tab;
 	struct cuda_fp8_mat sh13, sh2; /* shared expert: fused gate|up, down */
 };
 
 /* Builds L: allocates and fills the address tables in region r (the weights region).
- * w13[e], s13[e], w2[e], s2[e]: device addresses of expert e's tensors (host arrays [E]). */
+ * w13[e], s13[e], w2[e], s2[e]: device addresses of expert e's tensors (host arrays [E]).
+ * -EINVAL unless the shared expert has the routed experts' shape (sh13 [2 * moe_inter, hidden],
+ * sh2 [hidden, moe_inter]). */
 int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
 			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
 			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
@@ -65,10 +70,9 @@ enum {
 	CUDA_MOE_ROUTE = 256,  /* routing: experts and weights from the logits */
 	CUDA_MOE_PERMUTE = 2,  /* rows by expert (counts, offsets, permutation) */
 	CUDA_MOE_GATHER = 128, /* act_quant of x, the rows gathered in expert order */
-	CUDA_MOE_W13 = 4,      /* grouped GEMM, fused gate|up */
-	CUDA_MOE_SWIGLU = 8,   /* SwiGLU + act_quant of the routed rows */
-	CUDA_MOE_W2 = 16,      /* grouped GEMM, down_proj */
-	CUDA_MOE_SHARED = 32,  /* the shared expert */
+	CUDA_MOE_W13 = 4,      /* grouped GEMM, fused gate|up (routed experts and the shared one) */
+	CUDA_MOE_SWIGLU = 8,   /* SwiGLU + act_quant of the routed and shared rows */
+	CUDA_MOE_W2 = 16,      /* grouped GEMM, down_proj (routed experts and the shared one) */
 	CUDA_MOE_COMBINE = 64, /* weighted sum into y */
 	CUDA_MOE_ALL = 511,
 };

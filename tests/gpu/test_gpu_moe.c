@@ -134,7 +134,7 @@ TEST(gpu_moe, permute_gather_combine_exact)
 		sh[i] = bf16_to_f32(shh[i]), xf[i] = bf16_to_f32(xh[i]);
 	moe_combine(T, K, D, ex, w, sh, y);
 	gpu_ptr d_idx = gpu_test_alloc((size_t)T * K * 4), d_cnt = gpu_test_alloc((size_t)E * 4),
-		d_off = gpu_test_alloc((size_t)(E + 1) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
+		d_off = gpu_test_alloc((size_t)(E + 2) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
 		d_src = gpu_test_alloc((size_t)T * K * 4), d_x = gpu_test_alloc((size_t)T * D * 2),
 		d_xs = gpu_test_alloc((size_t)T * K * D * 2), d_ex = gpu_test_alloc((size_t)T * K * D * 2),
 		d_w = gpu_test_alloc((size_t)T * K * 4), d_sh = gpu_test_alloc((size_t)T * D * 2),
@@ -192,7 +192,7 @@ TEST(gpu_moe, permute_large_exact)
 		const int T = cases[ci][0], K = cases[ci][1], E = cases[ci][2], nt = cases[ci][3];
 		int *idx = malloc((size_t)T * K * 4), *want_perm = malloc((size_t)T * K * 4),
 		    *want_src = malloc((size_t)T * K * 4), *want_cnt = calloc((size_t)E, 4),
-		    *want_off = malloc((size_t)(E + 1) * 4);
+		    *want_off = malloc((size_t)(E + 2) * 4);
 		for (int t = 0; t < T; t++) { /* K distinct ascending experts */
 			uint8_t used[256] = {0};
 			for (int n = 0; n < K;) {
@@ -207,27 +207,28 @@ TEST(gpu_moe, permute_large_exact)
 		want_off[0] = 0;
 		for (int e = 0; e < E; e++)
 			want_off[e + 1] = want_off[e] + want_cnt[e];
+		want_off[E + 1] = T * K + T; /* the shared expert's rows follow the routed ones */
 		for (int e = 0, r = 0; e < E; e++)
 			for (int i = 0; i < T * K; i++)
 				if (idx[i] == e)
 					want_perm[i] = r, want_src[r++] = i / K;
 		gpu_ptr d_idx = gpu_test_alloc((size_t)T * K * 4), d_cnt = gpu_test_alloc((size_t)E * 4),
-			d_off = gpu_test_alloc((size_t)(E + 1) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
+			d_off = gpu_test_alloc((size_t)(E + 2) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
 			d_src = gpu_test_alloc((size_t)T * K * 4);
 		REQUIRE(gpu_upload(&g, d_idx, idx, (size_t)T * K * 4) == 0);
 		gpu_test_poison(&g, d_cnt, (size_t)E * 4);
-		gpu_test_poison(&g, d_off, (size_t)(E + 1) * 4);
+		gpu_test_poison(&g, d_off, (size_t)(E + 2) * 4);
 		gpu_test_poison(&g, d_perm, (size_t)T * K * 4);
 		gpu_test_poison(&g, d_src, (size_t)T * K * 4);
 		int tt = T, kk = K, ee = E;
 		void *a1[] = {&d_idx, &tt, &kk, &ee, &d_cnt, &d_off, &d_perm, &d_src};
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute"), 1, 1, 1, (unsigned)nt, 1, 1, 0, a1) == 0);
 		int *perm = malloc((size_t)T * K * 4), *src = malloc((size_t)T * K * 4),
-		    *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 1) * 4);
+		    *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 2) * 4);
 		REQUIRE(gpu_download(&g, perm, d_perm, (size_t)T * K * 4) == 0);
 		REQUIRE(gpu_download(&g, src, d_src, (size_t)T * K * 4) == 0);
 		REQUIRE(gpu_download(&g, cnt, d_cnt, (size_t)E * 4) == 0);
-		REQUIRE(gpu_download(&g, off, d_off, (size_t)(E + 1) * 4) == 0);
+		REQUIRE(gpu_download(&g, off, d_off, (size_t)(E + 2) * 4) == 0);
 		int64_t bad_perm = 0, bad_src = 0, first = -1;
 		for (int i = 0; i < T * K; i++) {
 			bad_perm += perm[i] != want_perm[i];
@@ -236,7 +237,7 @@ TEST(gpu_moe, permute_large_exact)
 				first = i;
 		}
 		int bad_cnt = memcmp(cnt, want_cnt, (size_t)E * 4) != 0,
-		    bad_off = memcmp(off, want_off, (size_t)(E + 1) * 4) != 0;
+		    bad_off = memcmp(off, want_off, (size_t)(E + 2) * 4) != 0;
 		printf("    moe permute T=%d K=%d E=%d, %d threads: %lld perm, %lld src differ (first %lld); counts %s, offsets %s\n",
 		       T, K, E, nt, (long long)bad_perm, (long long)bad_src, (long long)first,
 		       bad_cnt ? "DIFFER" : "ok", bad_off ? "DIFFER" : "ok");

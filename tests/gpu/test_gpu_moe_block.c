@@ -24,9 +24,9 @@
 
 /* Outputs more than one bf16 ulp off must stay within this fraction of their row's RMS.
  * Decode sizes (T <= 64) run every GEMM on mma.sync kernels, whose fp32 sums differ from the
- * CPU's in order only (runs 1-4: bit-identical outputs). Larger T runs the shared expert through
- * cuBLASLt and, once model/cuda_gemm.c dispatches it, the routed experts through the wgmma
- * kernel: Hopper's wgmma FP8 accumulates a k32 step with reduced precision (DeepSeek-V3 report
+ * CPU's in order only (runs 1-4: bit-identical outputs). Larger T may run the grouped GEMMs
+ * (routed experts and the shared one, a group of its own) on the wgmma kernel (model/cuda_gemm.c
+ * dispatches by rows per group): Hopper's wgmma FP8 accumulates a k32 step with reduced precision (DeepSeek-V3 report
  * §3.3.2), about 2^-8 of the RMS per GEMM on realistic operands (P's test, run 4). The MLP
  * requantises between its two GEMMs: an intermediate off by 2^-8 of its RMS flips its e4m3 code
  * (2^-4 of the value apart) with probability ~2^-8 / 2^-4, and each flip moves an output by
@@ -136,7 +136,7 @@ static void check_stages(struct gpu *g, struct cpu_pool *pool, const struct laye
 	printf("    stages against the CPU (diagnosis; the limit column counts > 2^-7 of the row):\n");
 	gpu_count_bad_bf16(ref_gu, got_gu, R, 2 * I, 1.0 / 128, "      routed gate|up (grouped GEMM 1)");
 	gpu_count_bad_bf16(ref_ey, got_ey, R, D, 1.0 / 128, "      routed expert out (grouped GEMM 2)");
-	gpu_count_bad_bf16(ref_sh, got_sh, T, D, 1.0 / 128, "      shared expert out (dense GEMMs)");
+	gpu_count_bad_bf16(ref_sh, got_sh, T, D, 1.0 / 128, "      shared expert out (group E of both)");
 	free(xg), free(ref_gu), free(ref_ey), free(ref_sh), free(tmp), free(got_gu), free(got_ey);
 	free(got_sh);
 }
@@ -402,9 +402,8 @@ static void check_blocks(const struct dsv32_config *configs, const int *Ts, cons
 
 TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 {
-	/* a: hidden 512, inter 512 (the shared expert's down_proj at T > 64 goes through cuBLASLt,
-	 * which takes K / 128 % 4 == 0), 32 experts in 4 groups, keep 2, top-6; b: the tiny
-	 * model's routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
+	/* a: hidden 512, inter 512, 32 experts in 4 groups, keep 2, top-6; b: the tiny model's
+	 * routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6),
 				  b = moe_config(256, 128, 16, 4, 2, 4);
 	const struct dsv32_config configs[] = {a, a, a, a, b, b};

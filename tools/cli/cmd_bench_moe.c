@@ -5,10 +5,13 @@
  * block and of each stage, the bytes of weights it touches (the experts hit, counted from the
  * device's routing after the timed runs, plus the shared expert and the router), TB/s against
  * the HBM read limit measured in the same run and TFLOP/s against the H200's FP8 dense peak.
+ * The shared expert runs inside the grouped GEMMs (one more group), so w13 / w2 include it.
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales);
  * the router weight and the inputs are random bf16 from the host, so routing is random (about
- * every expert is hit from 64 tokens on). The 256 experts take 11.3 GB: even one token's 8
+ * every expert is hit from 64 tokens on). --hot N (N >= 8): a routing bias of +1 on experts
+ * 0 .. N-1, so every token picks 8 of those N (the skewed routing of a model whose tokens agree:
+ * fewer experts, many rows each). The 256 experts take 11.3 GB: even one token's 8
  * experts (352 MB) exceed the 60 MB L2, so repeats stream the expert weights from HBM; the
  * router (3.7 MB) and the shared expert (44 MB) may partly stay in L2 between repeats.
  * Time = median of trials of CUDA-event-timed launch sequences.
@@ -138,12 +141,15 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 
 int bench_moe(int argc, char **argv)
 {
-	int trials = 5;
+	int trials = 5, hot = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--hot") && i + 1 < argc && atoi(argv[i + 1]) >= 8 &&
+			 atoi(argv[i + 1]) <= 128)
+			hot = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: dsv32 bench moe [--trials N]\n");
+			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)]\n");
 			return 2;
 		}
 	}
@@ -193,6 +199,14 @@ int bench_moe(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench moe: filling the weights failed\n");
 		return 1;
 	}
+	if (hot) { /* +1 on experts 0 .. hot-1: their groups win, then they win the picks */
+		float hb[256] = {0};
+		for (int k = 0; k < hot; k++)
+			hb[k] = 1.0f;
+		if (gpu_upload(&g, bias, hb, (size_t)E * 4))
+			return 1;
+		printf("routing skewed: bias +1 on experts 0..%d (every token picks 8 of them)\n", hot - 1);
+	}
 	gpu_ptr *t13 = malloc((size_t)E * sizeof *t13), *ts13 = malloc((size_t)E * sizeof *ts13),
 		*t2 = malloc((size_t)E * sizeof *t2), *ts2 = malloc((size_t)E * sizeof *ts2);
 	int32_t *idx = malloc((size_t)max_T * K * 4);
@@ -217,8 +231,9 @@ int bench_moe(int argc, char **argv)
 	const double exp_bytes = (double)n13 + n2 + ns13 + ns2; /* one expert's weights + scales */
 	const double sh_bytes = 3.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4 +
 				(double)(D / 128) * (Ish / 128) * 4;
+	const double sh13_bytes = 2.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4;
 	const double gate_bytes = (double)E * D * 2;
-	static const int Ts[] = {1, 16, 64, 256, 4096};
+	static const int Ts[] = {1, 8, 16, 64, 128, 256, 2048, 4096};
 	int rc_all = 0;
 	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
 		const int T = Ts[ti];
@@ -240,10 +255,17 @@ int bench_moe(int argc, char **argv)
 		const double f13 = 2.0 * R * 2 * I * D, f2 = 2.0 * R * D * I;
 		const double fsh = 2.0 * T * 3.0 * Ish * D, fgate = 2.0 * T * E * D;
 		const double touched = distinct * exp_bytes + sh_bytes + gate_bytes;
-		printf("\nT=%d tokens: %d rows routed to %d distinct experts; weights touched %.1f MB "
-		       "(experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
-		       T, T * K, distinct, touched / 1e6, distinct * exp_bytes / 1e6, sh_bytes / 1e6,
-		       gate_bytes / 1e6);
+		int most = 0;
+		for (int e2 = 0; e2 < E; e2++) {
+			int n = 0;
+			for (int i = 0; i < T * K; i++)
+				n += idx[i] == e2;
+			most = n > most ? n : most;
+		}
+		printf("\nT=%d tokens: %d rows routed to %d distinct experts (at most %d rows one); "
+		       "weights touched %.1f MB (experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
+		       T, T * K, distinct, most, touched / 1e6, distinct * exp_bytes / 1e6,
+		       sh_bytes / 1e6, gate_bytes / 1e6);
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		printf("  stages alone (weights, or for gather/swiglu/combine bytes read + written):\n");
 		static const struct {
@@ -253,7 +275,7 @@ int bench_moe(int argc, char **argv)
 			     {"permute", CUDA_MOE_PERMUTE},
 			     {"gather", CUDA_MOE_GATHER}, {"w13", CUDA_MOE_W13},
 			     {"swiglu", CUDA_MOE_SWIGLU}, {"w2", CUDA_MOE_W2},
-			     {"shared", CUDA_MOE_SHARED}, {"combine", CUDA_MOE_COMBINE}};
+			     {"combine", CUDA_MOE_COMBINE}};
 		float sum = 0;
 		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
 			b.stages = parts[p].stages;
@@ -261,12 +283,16 @@ int bench_moe(int argc, char **argv)
 			double by = 0, fl = 0;
 			switch (parts[p].stages) {
 			case CUDA_MOE_GATE: by = gate_bytes, fl = fgate; break;
-			case CUDA_MOE_W13: by = distinct * ((double)n13 + ns13), fl = f13; break;
-			case CUDA_MOE_W2: by = distinct * ((double)n2 + ns2), fl = f2; break;
-			case CUDA_MOE_SHARED: by = sh_bytes, fl = fsh; break;
+			/* the grouped GEMMs include the shared expert (one more group) */
+			case CUDA_MOE_W13:
+				by = distinct * ((double)n13 + ns13) + sh13_bytes, fl = f13 + 2 * fsh / 3;
+				break;
+			case CUDA_MOE_W2:
+				by = distinct * ((double)n2 + ns2) + (sh_bytes - sh13_bytes), fl = f2 + fsh / 3;
+				break;
 			/* the memory-bound stages: bytes read + written */
 			case CUDA_MOE_GATHER: by = 3.0 * T * D + 2.0 * R * D; break;
-			case CUDA_MOE_SWIGLU: by = R * 2.0 * I * 2 + R * (double)I; break;
+			case CUDA_MOE_SWIGLU: by = (R + T) * (2.0 * I * 2 + I); break;
 			case CUDA_MOE_COMBINE: by = R * (double)D * 2 + 4.0 * T * D; break;
 			default: break;
 			}
@@ -276,9 +302,12 @@ int bench_moe(int argc, char **argv)
 		}
 		printf("  (stages sum %.1f us; block %.1f us)\n", sum * 1e3, block * 1e3);
 	}
-	printf("\ncommand: dsv32 bench moe --trials %d (block: cuda_moe_forward; stages timed alone on "
+	char hot_arg[32] = "";
+	if (hot)
+		snprintf(hot_arg, sizeof hot_arg, " --hot %d", hot);
+	printf("\ncommand: dsv32 bench moe --trials %d%s (block: cuda_moe_forward; stages timed alone on "
 	       "the data of a full run; TB/s of the weights each touches; FLOPs 2*rows*N*K per GEMM, "
-	       "the block's include the router)\n", trials);
+	       "the block's include the router)\n", trials, hot_arg);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 	return rc_all;
