@@ -72,6 +72,26 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr)
 	return r;
 }
 
+__device__ __forceinline__ uint2 lds64(uint32_t addr)
+{
+	uint2 r;
+	asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr));
+	return r;
+}
+
+__device__ __forceinline__ void sts128(uint32_t addr, uint4 v)
+{
+	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),
+		     "r"(v.z), "r"(v.w)
+		     : "memory");
+}
+
+// barrier `id` among the first `n` threads (the consumer warps; the producer never joins)
+__device__ __forceinline__ void named_bar_sync(int id, int n)
+{
+	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // Arrival counts of the fused chunk sum, one per (slice, row tile, consumer warp); zero when the
@@ -124,6 +144,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	const uint32_t stage0 =
 		(smem_u32(smem) + 256 + (uint32_t)slice_cap * sizeof(st_slice) + 1023) & ~1023u;
 	const int xbox = mpad * 128, stage_bytes = KBS * (ST_WBOX + xbox);
+	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
+	// used by alternate stages
+	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
+	const uint32_t fstage = KBS * (MG > 0 ? MG : 1) * 2048;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -229,7 +253,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	constexpr int MGA = MG > 0 ? MG : 1; // array extent
 	const int g = lane >> 2, t = lane & 3;
 	int s = 0;
-	uint32_t ph = 0;
+	uint32_t ph = 0, it = 0; // it: stages consumed, whose parity picks the fp16 token buffer
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
 		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
@@ -264,14 +288,35 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				}
 			}
 			mbar_wait(smem_u32(&full[s]), ph);
+			const uint32_t st = stage0 + s * stage_bytes;
+			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
+			const int nb = min(KBS, w.kb1 - kb);
+			if (MG > 0) {
+				// The stage's token rows as fp16 fragments, converted once by all consumer
+				// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
+				// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
+				// fb + ((j MG + mg) 4 + h) 512 + 16 ln (a lane's 4 loads below are then
+				// conflict-free). The box is 128-byte swizzled: 16-byte chunk c of row r sits at
+				// c ^ (r % 8).
+				const int per_j = mg_n * 128;
+				for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
+					const int j = i / per_j, rest = i - j * per_j;
+					const int mg = rest >> 7, h = (rest >> 5) & 3, ln = rest & 31;
+					const int r = mg * 8 + (ln >> 2), chunk = 2 * (ln & 3) + (h >> 1);
+					const uint2 v = lds64(st + KBS * ST_WBOX + j * xbox + r * 128 +
+							      ((chunk ^ (r & 7)) << 4) + (h & 1) * 8);
+					uint4 o;
+					e4m3x4_f16(v.x, o.x, o.y);
+					e4m3x4_f16(v.y, o.z, o.w);
+					sts128(fb + ((j * MGA + mg) * 4 + h) * 512 + ln * 16, o);
+				}
+				named_bar_sync(1, CW * 32); // every warp's conversions are visible
+			}
 			if (MG > 0 && rt_n > 0) {
-				const uint32_t st = stage0 + s * stage_bytes;
 				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
 				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
 				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
 				const uint32_t a_addr = st + (warp * 16 * RT + g) * 128;
-				const uint32_t b_addr = st + KBS * ST_WBOX + g * 128;
-				const int nb = min(KBS, w.kb1 - kb);
 #pragma unroll
 				for (int j = 0; j < KBS; j++) {
 					if (j >= nb)
@@ -285,25 +330,25 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 						wfrag_cvt(af[rt], lds128(a + c0), lds128(a + c1),
 							  lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
 					}
-					// per group of 8 tokens: the K block's 4 MMAs into a fresh fragment, then its
-					// promotion (groups are independent chains the scheduler interleaves)
+					// per group of 8 tokens: the K block's 8 fp16 MMAs (= its 4 e4m3
+					// m16n8k32) into a fresh fragment, then its promotion (groups are
+					// independent chains the scheduler interleaves)
 #pragma unroll
 					for (int mg = 0; mg < MGA; mg++) {
 						if (mg >= mg_n)
 							break;
-						const uint32_t bp = b_addr + j * xbox + mg * 8 * 128;
-						const uint4 b0 = lds128(bp + c0), b1 = lds128(bp + c1);
-						const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-						uint32_t bf[8][2]; // the token words, converted once for the RT tiles
-#pragma unroll
-						for (int q = 0; q < 8; q++)
-							e4m3x4_f16(bw[q], bf[q][0], bf[q][1]);
+						const uint32_t bp = fb + (j * MGA + mg) * 2048 + lane * 16;
+						const uint4 q0 = lds128(bp), q1 = lds128(bp + 512),
+							    q2 = lds128(bp + 1024), q3 = lds128(bp + 1536);
+						// word q of the token slice: (lo, hi) f16x2
+						const uint32_t bf[8][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y},
+									   {q1.z, q1.w}, {q2.x, q2.y}, {q2.z, q2.w},
+									   {q3.x, q3.y}, {q3.z, q3.w}};
 						const float s0 = sc[j][mg][0], s1 = sc[j][mg][1];
 #pragma unroll
 						for (int rt = 0; rt < RT; rt++) {
 							if (rt >= rt_n)
 								break;
-							// the K block's 4 e4m3 m16n8k32 as 8 fp16 MMAs
 							float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 							for (int q = 0; q < 8; q++)
@@ -318,6 +363,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					}
 				}
 			}
+			it++;
 			__syncwarp();
 			if (lane == 0)
 				mbar_arrive(smem_u32(&empty[s]));

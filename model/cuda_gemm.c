@@ -169,9 +169,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return -EINVAL;
 	}
 	/* shared memory: barriers and slices, 1 KB of alignment slack, ns stages of two K blocks
-	 * of 128 weight rows and mpad token rows */
+	 * of 128 weight rows and mpad token rows, two buffers of the fp16 token fragments of a
+	 * stage (2 K blocks x mpad / 8 groups x 2 KB each) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
+	head += copy_only ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	if (ns < 2) {
