@@ -9,7 +9,7 @@
 // Arithmetic: the e4m3 codes are converted to fp16 (exact: every e4m3 value is an fp16 value)
 // and multiplied on the tensor cores with fp32 accumulation (mma m16n8k16), so each dot is
 // exact products summed in fp32 — the CPU's semantics up to the order of the fp32 additions.
-// (k_indexer_scores_fp8 below does the same on the FP8 MMA, faster and as accurate on the H200.)
+// (k_indexer_scores_fp8 below computes the same products on the same fp16 MMAs, faster.)
 //
 // Layout: block = 4 warps = 256 keys (4 pages) of one query row; warp w owns head tile w (heads
 // 16w .. 16w+15) with its Q fragments in registers (fp16, zero beyond H), runs over all 256 keys,
@@ -18,6 +18,7 @@
 // bytes 4s..4s+3 of those for B and the same columns of Q for A — one permutation of the dot
 // index for both operands.
 #include "common.cuh"
+#include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
 
 #define IDX_HEADS 64
@@ -111,34 +112,37 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 	}
 }
 
-// ---- k_indexer_scores_fp8: the same scores on the FP8 tensor cores -----------------------------
+// ---- k_indexer_scores_fp8: the same scores on FP8 data ------------------------------------------
 //
 // Same arguments and output as k_indexer_scores, plus keys_per_warp (a multiple of 16, chosen by
 // cuda_indexer_scores so that small batches still spread over every SM: at batch 1 x 32K, 16 keys
 // a warp -> 512 blocks instead of 32 blocks of 256-key warps, which ran 16 dependent copy rounds
-// each and sat at 15 us whatever the context). Grid (ceil(ld / (4 keys_per_warp)), B), 128
-// threads: warp w of a block owns keys [4 kpw bx + kpw w, +kpw) in groups of 16. Keys are the A
-// operand of mma.m16n8k32 e4m3 (16 keys x 32 d; each warp streams its groups, the 16 keys' codes
-// and their 16 fp32 scales, through a 4-stage cp.async ring in shared memory, 3 groups in flight
-// while one multiplies), Q is B (8 heads x 32 d; head tiles 0-3 held in registers, 32 per lane,
-// 4-7 read from the block's copy in shared memory for each group), so one warp covers all 64
-// heads of its keys and the head sum stays inside the warp. The warp's page ids sit in lane registers (lane i: its (i+1)-th
-// page), so issuing a copy needs no dependent global load.
+// each and sat at 15 us whatever the context). Grid (ceil(ld / (4 kpw)), B), 128 threads, 3
+// blocks an SM (168 registers): warp w of a block owns keys [4 kpw bx + kpw w, +kpw) in groups of
+// 16. Each warp streams its groups (the 16 keys' codes and their 16 fp32 scales) through a
+// 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies; its page ids
+// sit in lane registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
+// Keys are the A operand (16 keys), Q the B operand (8 heads a tile; tiles 0-3 held in registers
+// as e4m3, 4-7 read from the block's copy in shared memory for each group), so one warp covers all
+// 64 heads of its keys and the head sum stays inside the warp.
+// The products: sm_90 has no e4m3 mma.sync (ptxas lowers one m16n8k32 e4m3 to 12 e4m3 -> f16
+// conversions and two fp16 MMAs, run 5's 2.27 TB/s at 128K x 128 fits that conversion rate), so
+// the keys are converted to fp16 once per group for all 8 head tiles (gemm_fp8_f16.cuh: wfrag) and
+// each head tile's q words on use (mma_kblock): 32 + 128 conversions a group instead of 384.
 // C[key][head] -> ReLU -> x w'[head] -> summed over the 8 head tiles in registers and over the
 // quad by two shuffles, then x s_k. D order: lane (g, t) holds bytes [32t, 32t+32) of keys g and
-// g+8; k-step s uses bytes 8s..8s+7 of those (a0/a1: 8s..8s+3, a2/a3: 8s+4..8s+7) and the same
-// bytes of each head's q for B — one permutation of the dot index for both operands.
-// Numerics: the 128-term dot is 4 chained k32 MMA steps of exact products with fp32
-// accumulation; on the H200 the result is within 2^-23 of Σ|products| (run 3 of the attention
-// work: mma.sync e4m3 adds like fp32, unlike wgmma's FP8 accumulation), so the scores meet the
-// same limit as k_indexer_scores; ReLU, weights, the head sum and s_k in fp32 (spec §3.6 step 8).
-// page_bytes % 16 == 0 (the 16-byte copies of codes and scales).
+// g+8; k16-step s uses its bytes 4s..4s+3 (gemm_fp8_f16.cuh's word layout) and the same bytes of
+// each head's q for B — one permutation of the dot index for both operands.
+// Numerics: e4m3 -> fp16 is exact, each 128-term dot is 8 chained fp16 k16 MMAs of exact products
+// with fp32 accumulation (the arithmetic the lowered e4m3 MMA did; run 3 measured it within 2^-23
+// of Σ|products|), so the scores meet the same limit as k_indexer_scores; ReLU, weights, the head
+// sum and s_k in fp32 (spec §3.6 step 8). page_bytes % 16 == 0 (16-byte copies).
 #define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
 #define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
 #define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
 #define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
-extern "C" __global__ void __launch_bounds__(128, 4)
+extern "C" __global__ void __launch_bounds__(128, 3)
 k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 		     const uint8_t *__restrict__ pool, long long page_bytes,
 		     const int *__restrict__ block_table, int max_blocks,
@@ -173,7 +177,7 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 	if (kbeg >= kval)
 		return;
 	// Q as B of head tile j: head 8j + g, bytes [32t, 32t+32); tiles 0-3 in registers, 4-7 read
-	// from shared memory per group (all 8 in registers: 128 registers and a spill at 4 blocks an SM)
+	// from shared memory per group (all 8 in registers spill even at 168 registers)
 	uint32_t qf[IDX8_QREG][8];
 #pragma unroll
 	for (int j = 0; j < IDX8_QREG; j++) {
@@ -215,28 +219,26 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		const uint4 lo1 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t + 16);
 		const uint4 hi0 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t);
 		const uint4 hi1 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t + 16);
-		const uint32_t lo[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-		const uint32_t hi[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-		// head tile j: its 4 chained k32 steps, then ReLU x w' into the key sums at once (4
+		// the 16 keys as fp16 A fragments, converted once for all 8 head tiles (gemm_fp8_f16.cuh:
+		// sm_90 lowers an e4m3 mma.sync to these conversions and two fp16 MMAs, every time)
+		wfrag kf;
+		wfrag_cvt(kf, lo0, lo1, hi0, hi1);
+		// head tile j: its 8 chained fp16 k16 steps, then ReLU x w' into the key sums at once (4
 		// accumulators live, not 32)
 		float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
 		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
-			uint32_t qs[8];
+			uint4 q0, q1;
 			if (j < IDX8_QREG) {
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					qs[e] = qf[j < IDX8_QREG ? j : 0][e];
+				const int jr = j % IDX8_QREG;
+				q0 = make_uint4(qf[jr][0], qf[jr][1], qf[jr][2], qf[jr][3]);
+				q1 = make_uint4(qf[jr][4], qf[jr][5], qf[jr][6], qf[jr][7]);
 			} else {
-				const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
-				const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-				qs[0] = q0.x, qs[1] = q0.y, qs[2] = q0.z, qs[3] = q0.w;
-				qs[4] = q1.x, qs[5] = q1.y, qs[6] = q1.z, qs[7] = q1.w;
+				q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+				q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
 			}
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-			for (int s = 0; s < 4; s++)
-				mma_e4m3_16832(c, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], qs[2 * s], qs[2 * s + 1]);
+			mma_kblock(c, kf, q0, q1);
 			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
 			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
 			p_hi += fmaxf(c[2], 0.f) * wj.x + fmaxf(c[3], 0.f) * wj.y;

@@ -28,12 +28,13 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * ws must then hold B x H x splits x (R + 2) floats); the output is then meaningless). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
-/* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys on the
- * FP8 tensor cores (k_indexer_scores_fp8): q8 e4m3 [B, H, 128] (H <= 64), w fp32 [B, H] (the
- * folded head weights), pages of page_bytes (64 x 128 codes, then 64 fp32 scales) through
- * block_table [B, max_blocks], n_keys int [B]; scores fp32 [B, ld], -inf from n_keys[b] on.
- * The dots are FP8 MMA sums (within ~2^-13 of the sum of |products|, not fp32-exact: see the
- * kernel); k_indexer_scores is the fp32-exact version. page_bytes % 16 == 0. */
+/* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys
+ * (k_indexer_scores_fp8: e4m3 converted to fp16 once per 16 keys, fp16 tensor cores with fp32
+ * accumulation): q8 e4m3 [B, H, 128] (H <= 64), w fp32 [B, H] (the folded head weights), pages of
+ * page_bytes (64 x 128 codes, then 64 fp32 scales; page_bytes % 16 == 0) through block_table
+ * [B, max_blocks], n_keys int [B]; scores fp32 [B, ld], -inf from n_keys[b] on. The dots are
+ * exact products summed in fp32 (another order than the CPU's; within 2^-23 of the sum of
+ * |products| on the H200). */
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B);
 /* The same with the keys each warp scans given (a multiple of 16, <= 1024; 0: chosen by the
