@@ -8,6 +8,13 @@
 //   ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)). A bf16 x bf16 product is exact in fp32, so the FMA
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
 //   routing agrees even at near ties. D % 128 == 0, E % 2 == 0. Decode sizes; see below.
+// k_moe_gate_route_a8: k_moe_gate_logits_a8, then its last block to finish routes every token
+//   (moe_route_warp256: k_moe_route_w's numbers, a warp a token) and permutes the rows
+//   (moe_permute_block: k_moe_permute's) — three launches in one for decode (T <= 16, the real
+//   routing shape E = 256 in 8 groups). The last block is found by a device counter that every
+//   block increments after a fence on its logits (g_gate_done; the last block resets it, so
+//   each launch, and each replay of a captured graph, starts from 0: one such launch at a time
+//   per GPU, as the engine's one stream runs them).
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
 //   memory; see below.
@@ -26,6 +33,7 @@
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
+#include "moe_route.cuh" // the fused router: moe_route_warp256, moe_permute_block
 
 // k_moe_gate_logits_a8 / _a2 / _a2l: the chunks of K are brought in by cp.async into a ring of S
 // stages (S - 1 chunks in flight; run 3 measured a one-chunk register prefetch at 35 us for one
@@ -141,6 +149,33 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 		      float *__restrict__ logits, int T, int E, int D)
 {
 	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D);
+}
+
+__device__ unsigned g_gate_done = 0; // blocks of the running k_moe_gate_route_a8 that are done
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		    float *logits, int T, int E, int D, const float *__restrict__ bias,
+		    int topk_group, int K, int norm_topk_prob, float route_scale, int *idx,
+		    float *__restrict__ wts, int *__restrict__ counts, int *__restrict__ offsets,
+		    int *__restrict__ perm, int *__restrict__ src)
+{
+	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
+	__shared__ bool last;
+	__threadfence(); // this thread's logits are visible device-wide before the count says so
+	__syncthreads();
+	if (threadIdx.x == 0)
+		last = atomicAdd(&g_gate_done, 1u) == gridDim.x * gridDim.y - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence(); // every block's logits (read through L2) after their counts
+	for (int t = threadIdx.x >> 5; t < T; t += 8)
+		moe_route_warp256(logits, bias, t, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+	__syncthreads(); // idx complete
+	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);
+	if (threadIdx.x == 0)
+		g_gate_done = 0; // for the next launch (stream order)
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.

@@ -11,7 +11,7 @@
 // the picks are sequential block-wide argmaxes (warp 0 reduces), K of them.
 // k_moe_route_w: the same for E = 256, G = 8 (the real model), one warp per token, everything in
 // registers (run 3: k_moe_route took 14 us for one token, 109 us for 4096).
-#include "common.cuh"
+#include "moe_route.cuh" // moe_route_warp256: the body of k_moe_route_w
 
 #define GATE_MAX_E 1024
 #define GATE_MAX_G 64
@@ -124,111 +124,12 @@ k_moe_route(const float *__restrict__ logits, const float *__restrict__ bias, in
 // order for the group top-2, the kept groups and the picks; the weights summed in pick order.
 // Block of 256 threads = 8 tokens; grid ceil(T / 8). (k_moe_route: the general shape.)
 
-// (v, i) better than (w, j): larger value, ties to the lower index; i < 0 is "none" (worst).
-__device__ __forceinline__ bool route_better(float v, int i, float w, int j)
-{
-	return i >= 0 && (j < 0 || v > w || (v == w && i < j));
-}
-
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_route_w(const float *__restrict__ logits, const float *__restrict__ bias, int T,
 	      int topk_group, int K, int norm_topk_prob, float route_scale, int *__restrict__ idx,
 	      float *__restrict__ wts)
 {
-	const int lane = threadIdx.x & 31;
 	const int t = blockIdx.x * 8 + (threadIdx.x >> 5);
-	if (t >= T)
-		return;
-	const float *lg = logits + (size_t)t * 256 + 8 * lane;
-	float sc[8], sel[8];
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		sc[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
-		sel[i] = bias ? sc[i] + bias[8 * lane + i] : sc[i];
-	}
-	// the group's top-2 (CPU: first max, then the best other): the lane's, then across the
-	// group's 4 lanes
-	float av = -INFINITY, bv = -INFINITY;
-	int ai = -1, bi = -1;
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		const int e = 8 * lane + i;
-		if (route_better(sel[i], e, av, ai)) {
-			bv = av, bi = ai;
-			av = sel[i], ai = e;
-		} else if (route_better(sel[i], e, bv, bi)) {
-			bv = sel[i], bi = e;
-		}
-	}
-#pragma unroll
-	for (int o = 1; o < 4; o <<= 1) {
-		const float oav = __shfl_xor_sync(0xffffffffu, av, o), obv = __shfl_xor_sync(0xffffffffu, bv, o);
-		const int oai = __shfl_xor_sync(0xffffffffu, ai, o), obi = __shfl_xor_sync(0xffffffffu, bi, o);
-		if (route_better(oav, oai, av, ai)) { // theirs first: second = ours or their second
-			if (route_better(av, ai, obv, obi))
-				bv = av, bi = ai;
-			else
-				bv = obv, bi = obi;
-			av = oav, ai = oai;
-		} else if (route_better(oav, oai, bv, bi)) {
-			bv = oav, bi = oai;
-		}
-	}
-	const float gsc = bi < 0 ? av : av + bv; // this lane's group (lane / 4)
-	// keep topk_group groups (ties to the lower group id); every lane decides the same
-	float gs[8];
-#pragma unroll
-	for (int g = 0; g < 8; g++)
-		gs[g] = __shfl_sync(0xffffffffu, gsc, 4 * g);
-	unsigned kept = 0;
-	for (int n = 0; n < topk_group; n++) {
-		int best = -1;
-#pragma unroll
-		for (int g = 0; g < 8; g++)
-			if (!(kept >> g & 1) && (best < 0 || gs[g] > gs[best]))
-				best = g;
-		kept |= 1u << best;
-	}
-	if (!(kept >> (lane >> 2) & 1))
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			sel[i] = -INFINITY;
-	// K picks by sel (ties to the lower expert id), weights = sc in pick order; lane n keeps
-	// pick n (every lane reaches the same winner: the order is total)
-	int my_e = 0;
-	float my_w = 0.f, sum = 0.f;
-	for (int n = 0; n < K; n++) {
-		float v = -INFINITY, w = 0.f;
-		int e = -1;
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			if (route_better(sel[i], 8 * lane + i, v, e))
-				v = sel[i], e = 8 * lane + i, w = sc[i];
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1) {
-			const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-			const int oe = __shfl_xor_sync(0xffffffffu, e, o);
-			const float ow = __shfl_xor_sync(0xffffffffu, w, o);
-			if (route_better(ov, oe, v, e))
-				v = ov, e = oe, w = ow;
-		}
-#pragma unroll
-		for (int i = 0; i < 8; i++) // taken (a pick is never a masked -inf: K <= kept experts)
-			if (8 * lane + i == e)
-				sel[i] = -INFINITY;
-		if (lane == n)
-			my_e = e, my_w = w;
-		sum += w; // pick order, as the CPU
-	}
-	if (norm_topk_prob)
-		my_w /= sum;
-	my_w *= route_scale;
-	// ascending expert id, weights follow: pick n goes to its rank among the K ids
-	int rank = 0;
-	for (int m = 0; m < K; m++)
-		rank += __shfl_sync(0xffffffffu, my_e, m) < my_e;
-	if (lane < K) {
-		idx[(size_t)t * K + rank] = my_e;
-		wts[(size_t)t * K + rank] = my_w;
-	}
+	if (t < T)
+		moe_route_warp256(logits, bias, t, topk_group, K, norm_topk_prob, route_scale, idx, wts);
 }

@@ -4,95 +4,26 @@
 // k_moe_permute: idx int [T, K] (each token's K experts) -> counts int [E], offsets int [E + 2]
 //   (exclusive prefix of counts; offsets[E] = T * K and offsets[E + 1] = T * K + T: the T rows
 //   after the routed ones are group E of the block's grouped GEMMs, the shared expert),
-//   perm int [T * K]: perm[t*K + n] = the row of (t, n) in the expert-sorted order, where within an expert the rows are in ascending t (the CPU's order),
-//   and src int [T * K]: the token of each sorted row. One block (a multiple of 32 threads,
+//   perm int [T * K]: perm[t*K + n] = the row of (t, n) in the expert-sorted order, where
+//   within an expert the rows are in ascending t (the CPU's order), and src int [T * K]: the token of each sorted row. One block (a multiple of 32 threads,
 //   >= E and >= K; 1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a
 //   shared-memory histogram, a warp scan for the offsets, then the tokens in passes of
 //   min(PERM_CHUNK, threads / K), one entry per thread: a bitmask per expert of the pass's tokens
-//   that hit it gives each row its rank by popcounts.
+//   that hit it gives each row its rank by popcounts. (The body is moe_permute_block,
+//   moe_route.cuh, which the fused router of moe_block.cu runs too.)
 // k_moe_gather: x bf16 [T, D] -> xs bf16 [T*K, D], xs[r] = x[src[r]]; one block per sorted row,
 //   16-byte copies (D % 8 == 0).
 // k_moe_combine: y[t, d] = bf16( Σ_n ex[perm[t*K+n], d] * w[t, n] + sh[t, d] ) with the picks in
 //   the order of idx (ascending expert id), one fp32 multiply and one fp32 add each, no FMA
 //   contraction: bit-identical to the CPU's moe_combine. ex bf16 [T*K, D] (expert outputs in
 //   sorted order), w fp32 [T, K], sh bf16 [T, D], y bf16 [T, D]. Grid-stride over T * D.
-#include "common.cuh"
-
-#define PERM_CHUNK 128 // most tokens placed per pass of k_moe_permute
+#include "moe_route.cuh" // moe_permute_block: the body of k_moe_permute
 
 extern "C" __global__ void __launch_bounds__(1024)
 k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict__ counts,
 	      int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src)
 {
-	__shared__ int cnt[256], base[256];
-	__shared__ unsigned hit[256][PERM_CHUNK / 32]; // hit[e]: bit t of the chunk's token t
-	const int tid = threadIdx.x, nt = blockDim.x;
-	const int n = T * K;
-	for (int e = tid; e < E; e += nt)
-		cnt[e] = 0;
-	__syncthreads(); // counters cleared
-	for (int i = tid; i < n; i += nt)
-		atomicAdd(&cnt[idx[i]], 1);
-	__syncthreads(); // every expert's count is known
-	if (tid < 32) { // exclusive prefix: lane l sums experts [8l, 8l + 8), then a warp scan
-		int local = 0;
-		for (int k = 0; k < 8; k++)
-			local += 8 * tid + k < E ? cnt[8 * tid + k] : 0;
-		int incl = local;
-#pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			const int v = __shfl_up_sync(0xffffffffu, incl, o);
-			if (tid >= o)
-				incl += v;
-		}
-		int run = incl - local;
-		for (int k = 0; k < 8; k++)
-			if (8 * tid + k < E) {
-				const int e = 8 * tid + k;
-				base[e] = run;
-				offsets[e] = run;
-				counts[e] = cnt[e];
-				run += cnt[e];
-			}
-		if (tid == 31) {
-			offsets[E] = incl;
-			offsets[E + 1] = incl + T; // the shared expert's rows
-		}
-	}
-	// placement in token order, ct tokens a pass (one entry per thread): the rank of (t, n)
-	// within its expert e = base[e] (rows of e in earlier passes) + the pass's earlier tokens
-	// that hit e; the next pass's entry is loaded while this one is placed
-	const int ct = min(PERM_CHUNK, nt / K);
-	for (int j = tid; j < E * (PERM_CHUNK / 32); j += nt)
-		hit[j / (PERM_CHUNK / 32)][j % (PERM_CHUNK / 32)] = 0;
-	int e_next = tid < min(ct, T) * K ? idx[tid] : 0;
-	for (int t0 = 0; t0 < T; t0 += ct) {
-		const bool has = tid < min(ct, T - t0) * K;
-		const int e = e_next, tl = tid / K;
-		if (t0 + ct < T)
-			e_next = tid < min(ct, T - t0 - ct) * K ? idx[(t0 + ct) * K + tid] : 0;
-		__syncthreads(); // hit cleared, base[] current
-		if (has)
-			atomicOr(&hit[e][tl >> 5], 1u << (tl & 31));
-		__syncthreads(); // the pass's hits are known
-		if (has) {
-			int r = base[e];
-			for (int w = 0; w < (tl >> 5); w++)
-				r += __popc(hit[e][w]);
-			r += __popc(hit[e][tl >> 5] & ((1u << (tl & 31)) - 1u));
-			perm[t0 * K + tid] = r;
-			src[r] = t0 + tl;
-		}
-		__syncthreads(); // ranks read base[] and hit[] before they change
-		if (tid < E) { // thread e advances expert e and clears its hits (nt >= E)
-			int c = 0;
-			for (int w = 0; w < PERM_CHUNK / 32; w++) {
-				c += __popc(hit[tid][w]);
-				hit[tid][w] = 0;
-			}
-			base[tid] += c;
-		}
-	}
+	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -4,7 +4,8 @@
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
- *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T)
+ *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T);
+ *   up to 16 tokens of the real routing shape, these three are one launch (k_moe_gate_route_a8)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
  *      quantised from x, one launch), above that k_act_quant of x into rows R.. then
@@ -252,27 +253,34 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	gpu_ptr x8 = b[B_XS8] + (size_t)R * D, sx = b[B_SXS] + (size_t)R * (D / 128) * 4;
 	int rc = 0;
 	stats_mark(g, 0);
-	/* router logits and the routing */
+	/* router logits and the routing; decode sizes of the real routing shape: the logits, the
+	 * routing and the permutation in one launch (k_moe_gate_route_a8) */
+	int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
+	float scale = (float)c->routed_scaling_factor;
+	gpu_ptr bias = L->gate_bias;
+	const int warp_route = E == 256 && G == 8 && tg <= 8 && K <= 32; /* k_moe_route_w's shape */
+	const int fused = warp_route && T <= 16 && D % 512 == 0;
 	if (stages & CUDA_MOE_GATE) {
-		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
 		struct gate_kernel k = gate_kernel_for(T, E, D);
-		void *fn = gpu_kernel(g, k.name);
+		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
+		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
+				 &K, &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS],
+				 (void *)&b[B_CNT], (void *)&b[B_OFF], (void *)&b[B_PERM],
+				 (void *)&b[B_SRC]};
+		void *fn = gpu_kernel(g, fused ? "k_moe_gate_route_a8" : k.name);
 		if (!fn)
 			return -ENOENT;
 		if (k.smem > 48 * 1024)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						     (int)k.smem));
 		rc = gpu_launch(g, fn, (unsigned)(E / k.experts), (unsigned)((T + k.rows - 1) / k.rows), 1,
-				256, 1, 1, k.smem, args);
+				256, 1, 1, k.smem, fused ? fargs : args);
 		if (rc)
 			return rc;
 	}
 	stats_mark(g, ST_GATE + 1);
-	if (stages & CUDA_MOE_ROUTE) {
-		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
-		float scale = (float)c->routed_scaling_factor;
-		gpu_ptr bias = L->gate_bias;
-		if (E == 256 && G == 8 && tg <= 8 && K <= 32) { /* the real shape: a warp a token */
+	if ((stages & CUDA_MOE_ROUTE) && !fused) {
+		if (warp_route) { /* the real shape: a warp a token */
 			void *wargs[] = {(void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm, &scale,
 					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
 			rc = gpu_launch(g, gpu_kernel(g, "k_moe_route_w"), (unsigned)((T + 7) / 8), 1, 1,
@@ -288,7 +296,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_ROUTE + 1);
 	/* rows by expert (offsets [E + 2]: group E, the shared expert, is rows R .. R+T-1) */
-	if (stages & CUDA_MOE_PERMUTE) {
+	if ((stages & CUDA_MOE_PERMUTE) && !fused) {
 		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);

@@ -5,7 +5,7 @@
  * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
  * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
  * Small configs at T = 1, 5, 64, 300, and the real dims (7168 / 2048, 256 experts, top-8) at
- * T = 4, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
+ * T = 1, 4, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
  * expert with its own scales (a mix-up of experts still shows). For T <= 64 (decode) the block
  * is also captured into a CUDA graph and replayed: the same bytes.
  */
@@ -413,9 +413,12 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
+	/* T <= 16: the fused router (k_moe_gate_route_a8), T = 4 in a CUDA graph too; T = 24 the
+	 * separate kernels */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
-	static const int Ts[] = {4}, sets[] = {8};
-	check_blocks(&c, Ts, sets, 1, 5200);
+	const struct dsv32_config configs[] = {c, c, c, c};
+	static const int Ts[] = {1, 4, 16, 24}, sets[] = {8, 8, 8, 8};
+	check_blocks(configs, Ts, sets, 4, 5200);
 }
 
 #endif
