@@ -9,8 +9,8 @@
 // Streaming: weights never pass through registers on their way in. One producer thread per
 // block issues bulk tensor copies (TMA, cp.async.bulk.tensor.2d, 128-byte swizzle, completion
 // counted in bytes on an mbarrier, L2 evict-first for weights) of a stage = two K blocks of a
-// unit's 128 weight rows (two 16 KB boxes) plus the same K range of its slice's token rows (two
-// boxes of mpad rows), into a ring of NS stages (4-6, as many as fit in shared memory); the
+// unit's 128 weight rows (two 16 KB boxes) plus the same K range of its slice's token rows (in
+// boxes of 8 rows, as many as the slice has; room for mpad), into a ring of NS stages (4-6, as many as fit in shared memory); the
 // consumer warps wait on a stage's "full" barrier, compute, and release it on its "empty"
 // barrier. The grid is persistent (one block per SM): block b takes work units b,
 // b + gridDim.x, ... and its producer runs ahead across unit boundaries. (Run 1 measured the
@@ -230,17 +230,21 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					     : "memory");
 				e_acq = w.e;
 			}
+			// the slice's token rows, in boxes of 8 (only as many as it has: a grouped slice
+			// of 2 rows takes 1 KB a K block, not mpad rows)
+			const int xb = (w.ms + 7) >> 3;
 			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
 				const int nb = min(KBS, w.kb1 - kb);
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				// whole boxes count, rows past N or past the tokens zero-filled included
-				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbox)));
+				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
 				const uint32_t dst = stage0 + s * stage_bytes;
 				for (int j = 0; j < nb; j++) {
 					tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0, pol_w);
-					tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox, xmap, bar, (kb + j) * 128,
-							 w.r0, pol_x);
+					for (int i = 0; i < xb; i++)
+						tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap, bar,
+								 (kb + j) * 128, w.r0 + 8 * i, pol_x);
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
