@@ -39,6 +39,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * kernels below; -1 (the default): per shape by measurement (cuda_gemm.c: grouped streaming,
  * dense mostly v2). Process-wide; tests and the benchmark set it. */
 void cuda_gemm_set_stream(int on);
+/* Whether cuda_gemm_fp8_decode runs the streaming kernel (1) or v2 (0) for this shape under the
+ * current setting (the benchmark's label of the dispatch). */
+int cuda_gemm_decode_streams(int N, int K);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);

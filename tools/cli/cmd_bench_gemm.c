@@ -4,10 +4,11 @@
  * VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the HBM read limit
  * measured in the same run, and which is faster ("faster": what a speed-only dispatch would
  * pick; cuda_gemm_tune keeps ours for M <= 64 while cuBLASLt misses the CPU check, see
- * model/cuda_gemm.c). "Ours" is the streaming decode kernel for M <= 64 (with the previous
- * register-load kernel "v2" beside it) and the wgmma kernel above (model/cuda_gemm_wgmma.h, the
- * prefill engineer's). The cuBLASLt time includes the transpose of the activation scales it
- * needs.
+ * model/cuda_gemm.c). "Ours" is what the engine runs: cuda_gemm_fp8, the dispatch (its path in
+ * the "path" column); beside it each kernel forced: the streaming decode kernel and the previous
+ * register-load kernel "v2" for M <= 64, the wgmma kernel above (model/cuda_gemm_wgmma.h, the
+ * prefill engineer's), and cuBLASLt. The cuBLASLt time includes the transpose of the activation
+ * scales it needs.
  *
  * Then the grouped expert GEMM (cuda_gemm_fp8_grouped; --grouped: only that): 256 experts of the
  * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
@@ -86,6 +87,14 @@ static int launch_gemm(struct gpu *g, void *vctx, int i)
 	int k = i % c->copies;
 	return cuda_gemm_fp8_decode(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
 				    c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws);
+}
+
+static int launch_dispatch(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes, c->x,
+			     c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
 static int launch_v2(struct gpu *g, void *vctx, int i)
@@ -299,7 +308,6 @@ int bench_gemm(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
 		return 1;
 	}
-	cuda_gemm_set_stream(1); /* "ours" is the streaming kernel */
 	/* The limit: streaming read of 4 GiB. */
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
@@ -307,9 +315,11 @@ int bench_gemm(int argc, char **argv)
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; %s\n", g.name,
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
-		printf("\n%-12s %4s | %9s %6s %7s %5s %5s | %9s %6s | %9s %6s %7s | %7s %-8s %6s %6s\n",
-		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "split", "v2_us", "TB/s",
-		       "lt_us", "TB/s", "TFLOP/s", "ours/lt", "faster", "copy", "rt2");
+		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
+		       "%6s %7s | %7s %-8s %6s %6s\n",
+		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
+		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
+		       "ours/lt", "faster", "copy", "rt2");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -348,16 +358,29 @@ int bench_gemm(int argc, char **argv)
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
 			int want = c.M >= 1024 ? 8 : 40;
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
-			float ms = c.M <= 64    ? time_ms(&g, launch_gemm, &c, reps, trials)
-				   : !no_wgmma ? time_ms(&g, launch_wgmma, &c, reps, trials)
-					       : -1;
-			float v2 = c.M <= 64 ? time_ms(&g, launch_v2, &c, reps, trials) : -1;
-			float cp = c.M <= 64 ? time_ms(&g, launch_copy, &c, reps, trials) : -1;
-			float r2 = -1; /* the streaming kernel with 2 MMA tiles per warp */
+			/* ours: the dispatch as the engine runs it (the default kernel choice) */
+			cuda_gemm_set_stream(-1);
+			cuda_gemm_set_stream_rt(0);
+			enum cuda_gemm_path path = cuda_gemm_path_for(&g, c.M, c.N, c.K);
+			const char *label = path == CUDA_GEMM_PATH_CUBLASLT ? "lt"
+					    : path == CUDA_GEMM_PATH_WGMMA  ? "wgmma"
+					    : cuda_gemm_decode_streams(c.N, c.K) ? "stream"
+										 : "v2";
+			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
+					   ? -1
+					   : time_ms(&g, launch_dispatch, &c, reps, trials);
+			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1;
 			if (c.M <= 64) {
-				cuda_gemm_set_stream_rt(2);
+				cuda_gemm_set_stream(1);
+				st = time_ms(&g, launch_gemm, &c, reps, trials);
+				cp = time_ms(&g, launch_copy, &c, reps, trials);
+				cuda_gemm_set_stream_rt(2); /* 2 MMA tiles per consumer warp */
 				r2 = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_rt(0);
+				cuda_gemm_set_stream(-1);
+				v2 = time_ms(&g, launch_v2, &c, reps, trials);
+			} else if (!no_wgmma) {
+				wg = time_ms(&g, launch_wgmma, &c, reps, trials);
 			}
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
@@ -371,12 +394,20 @@ int bench_gemm(int argc, char **argv)
 			printf("%5dx%-6d %4d |", c.N, c.K, c.M);
 			print_path(ms, bytes, flops);
 			if (ms >= 0)
-				printf(" %4.0f%% %-5s |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs,
-				       c.M > 64 ? "wgmma" : split);
+				printf(" %4.0f%% %-6s |", 100 * bytes / (ms * 1e-3) / 1e12 / read_tbs,
+				       label);
 			else
-				printf(" %5s %5s |", "", "");
+				printf(" %5s %-6s |", "", label);
+			if (st >= 0)
+				printf(" %9.2f %6.3f %-5s |", st * 1e3, bytes / (st * 1e-3) / 1e12, split);
+			else
+				printf(" %9s %6s %5s |", "n/a", "", "");
 			if (v2 >= 0)
 				printf(" %9.2f %6.3f |", v2 * 1e3, bytes / (v2 * 1e-3) / 1e12);
+			else
+				printf(" %9s %6s |", "n/a", "");
+			if (wg >= 0)
+				printf(" %9.2f %6.3f |", wg * 1e3, bytes / (wg * 1e-3) / 1e12);
 			else
 				printf(" %9s %6s |", "n/a", "");
 			print_path(lt, bytes, flops);
@@ -406,9 +437,11 @@ int bench_gemm(int argc, char **argv)
 		cu.cuMemFree(c.ws);
 	}
 	if (run_dense)
-		printf("\ncommand: dsv32 bench gemm --trials %d (ours: k_gemm_fp8_stream_m* for M <= 64, "
-		       "cuda_gemm_fp8_wgmma above; "
-		       "%%lim: ours against the read limit; split: K chunks; v2: k_gemm_fp8_decode_m*; "
+		printf("\ncommand: dsv32 bench gemm --trials %d (ours: cuda_gemm_fp8, the dispatch the "
+		       "engine runs, path: what it ran (stream / v2: the decode kernels, wgmma, lt: "
+		       "cuBLASLt); %%lim: ours against the read limit; stream: k_gemm_fp8_stream_m* "
+		       "forced, split: its K chunks; v2: k_gemm_fp8_decode_m*; wgmma: "
+		       "cuda_gemm_fp8_wgmma forced; "
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
 		       "tiles per warp (4 consumer warps); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
