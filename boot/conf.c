@@ -11,7 +11,7 @@
 
 #include "model/fileio.h"
 
-enum ctype { C_STR, C_INT, C_MODE };
+enum ctype { C_STR, C_INT, C_MODE, C_SWITCH };
 
 struct key {
 	const char *name;
@@ -24,6 +24,8 @@ struct key {
 
 #define S(n, f, d, h) {n, C_STR, offsetof(struct dsv32d_conf, f), sizeof(((struct dsv32d_conf *)0)->f), 0, 0, d, h}
 #define I(n, f, lo, hi, d, h) {n, C_INT, offsetof(struct dsv32d_conf, f), 8, lo, hi, d, h}
+/* an int64 0 / 1 that a bare --flag sets to 1 */
+#define SW(n, f, d, h) {n, C_SWITCH, offsetof(struct dsv32d_conf, f), 8, 0, 1, d, h}
 
 static const struct key keys[] = {
 	S("model", model, "", "checkpoint directory (config.json, safetensors, tokenizer.json)"),
@@ -46,6 +48,7 @@ static const struct key keys[] = {
 	I("drain-timeout", drain_timeout_s, 0, 86400, "30", "seconds in-flight requests get after SIGTERM"),
 	I("host-memory-mb", host_memory_mb, 64, INT64_C(1) << 24, "8192", "bound on host memory for the CPU KV cache"),
 	I("synthetic-weights", synthetic_weights, -1, INT64_MAX, "-1", "seed: generate the weights a header-only checkpoint leaves out on the GPU (backend cuda; -1: off)"),
+	SW("batch-invariant", batch_invariant, "0", "1: the CUDA backend's batch-invariant mode (a row's numbers do not depend on its batch; slower prefill and large batches), 0: its fast paths; --batch-invariant alone means 1"),
 };
 
 static const struct key *find_key(const char *name)
@@ -77,7 +80,8 @@ int conf_set(struct dsv32d_conf *c, const char *key, const char *value, const ch
 				       k->size - 1);
 		memcpy(dst, value, strlen(value) + 1);
 		return 0;
-	case C_INT: {
+	case C_INT:
+	case C_SWITCH: {
 		errno = 0;
 		long long v = strtoll(value, &end, 10);
 		if (errno || end == value || *end)
@@ -186,9 +190,13 @@ int conf_from_args(struct dsv32d_conf *c, int argc, char **argv, struct err *e)
 			val = eq + 1;
 		} else {
 			snprintf(key, sizeof key, "%s", a + 2);
-			if (i + 1 >= argc)
+			const struct key *k = find_key(key);
+			if (k && k->type == C_SWITCH && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)))
+				val = "1"; /* a bare switch */
+			else if (i + 1 >= argc)
 				return err_set(e, -EINVAL, "--%s needs a value", key);
-			val = argv[++i];
+			else
+				val = argv[++i];
 		}
 		if (!strcmp(key, "config"))
 			continue;
@@ -208,7 +216,8 @@ void conf_print(const struct dsv32d_conf *c, FILE *f, const char *prefix)
 		const char *src = (const char *)c + keys[i].off;
 		switch (keys[i].type) {
 		case C_STR: fprintf(f, "%s%s = %s\n", prefix, keys[i].name, src); break;
-		case C_INT: fprintf(f, "%s%s = %lld\n", prefix, keys[i].name, (long long)*(const int64_t *)src); break;
+		case C_INT:
+		case C_SWITCH: fprintf(f, "%s%s = %lld\n", prefix, keys[i].name, (long long)*(const int64_t *)src); break;
 		case C_MODE: fprintf(f, "%s%s = %04o\n", prefix, keys[i].name, *(const uint32_t *)src); break;
 		}
 	}

@@ -37,6 +37,8 @@ struct dsv32d_conf {
 	int64_t host_memory_mb;    /* bound on the daemon's own host allocations (KV on CPU) */
 	int64_t synthetic_weights; /* >= 0: seed of the weights the CUDA backend generates for a
 				    * header-only checkpoint (mkmodel real --header-only); -1: off */
+	int64_t batch_invariant;   /* 1: the CUDA backend's batch-invariant mode (backend_cuda_opts);
+				    * 0: its fast paths. A flag without a value means 1. */
 };
 
 void conf_defaults(struct dsv32d_conf *c);
@@ -45,8 +47,9 @@ int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e);
 /* Applies one key/value (from a flag or a file line). `where` names the origin in messages. */
 int conf_set(struct dsv32d_conf *c, const char *key, const char *value, const char *where,
 	     struct err *e);
-/* Parses argv: --config FILE is applied first, then every --key value / --key=value flag,
- * then the keys are checked against each other (synthetic-weights needs backend = cuda).
+/* Parses argv: --config FILE is applied first, then every --key value / --key=value flag (a
+ * switch key, batch-invariant, also as a bare --key: 1), then the keys are checked against each
+ * other (synthetic-weights needs backend = cuda).
  * Returns 0, 1 if --help was asked (usage printed to stdout), or -errno with e set. */
 int conf_from_args(struct dsv32d_conf *c, int argc, char **argv, struct err *e);
 /* Prints every key with its effective value, one per line, each prefixed by `prefix`. */

@@ -101,15 +101,18 @@ int main(int argc, char **argv)
 		.max_context = conf.context_limit, .progress = on_progress,
 		.synthetic_weights = conf.synthetic_weights >= 0,
 		.synthetic_seed = (uint64_t)(conf.synthetic_weights >= 0 ? conf.synthetic_weights : 0),
+		.batch_invariant = conf.batch_invariant == 1,
 	};
 	if ((r = engine_open(&en, &eo, &e))) {
 		fprintf(stderr, "<3>dsv32d: %s\n", e.msg);
 		notify_status("failed: %s", e.msg);
 		return 1;
 	}
-	fprintf(stderr, "<6>dsv32d: %s: %lld layers + %lld MTP, backend %s, %lld KV pages (%.1f MiB), loaded in %.2f s%s\n",
+	fprintf(stderr, "<6>dsv32d: %s: %lld layers + %lld MTP, backend %s%s%s, %lld KV pages (%.1f MiB), loaded in %.2f s%s\n",
 		conf.model, (long long)en.c.num_hidden_layers, (long long)en.c.num_nextn_predict_layers,
-		en.backend_name, (long long)en.kv_pages, en.kv_bytes / 1048576.0, en.load_s,
+		en.backend_name, strcmp(en.backend_name, "cuda") ? "" : " mode ",
+		strcmp(en.backend_name, "cuda") ? "" : backend_cuda_mode(en.be),
+		(long long)en.kv_pages, en.kv_bytes / 1048576.0, en.load_s,
 		eo.synthetic_weights ? " (synthetic weights generated on the GPU: random, for benchmarks)" : "");
 	notify_status("warming up");
 	if ((r = engine_warmup(&en, &e))) {

@@ -9,13 +9,15 @@
 //                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree): the
 //                    bit-identical path (5-8 token rows; the forward sends 1-4 rows to the
 //                    memory-bound k_fwd_gemv and more than 8 to the tensor cores, fwd_mma.cu).
-// k_fwd_gemv         the same product for 1-4 rows at HBM speed (fixed fp32 order, not the CPU's).
+// k_fwd_gemv         the same product for 1-4 rows at HBM speed (fixed fp32 order, not the CPU's);
+//                    k_fwd_gemv_ks the same for matrices of few outputs (K split over 8 warps).
 // k_fwd_idx_weights  the indexer's head weights w' = w * H^-0.5 * s_q[h] * D^-0.5
 //                    (indexer_project, model/cpu_indexer.c), in its multiplication order.
-// k_fwd_q_absorb     q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
+// k_fwd_q_absorbN    q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
 //                    d ascending, one multiply and one add each, so bit-identical), written with
-//                    q_pe into the sparse MLA decode's query layout [B, Hpad, R + rope].
-// k_fwd_uv           o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order).
+//                    q_pe (RoPE'd there, optionally: k_rope's arithmetic) into the sparse MLA
+//                    decode's query layout [B, Hpad, R + rope]; N = 1, 2, 4, 8 token rows a block.
+// k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4.
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
@@ -197,6 +199,58 @@ k_fwd_gemv(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int l
 	}
 }
 
+// The same product for matrices of few outputs (the indexer's weights_proj: 64 x 7168), where
+// one warp per output leaves most SMs idle: one block per output v, its 8 warps over K (warp w
+// takes chunks c = w*32 + lane, then every 256th), each warp's partial by warp_sum, the 8
+// partials added in warp order by thread 0 — a fixed order (not the CPU's, nor k_fwd_gemv's).
+// Grid V, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_gemv_ks(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+	      float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+{
+	__shared__ float part[8][LIN_ROWS];
+	const int v = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)v * D);
+	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+	const int nc = D / 8;
+#pragma unroll 4
+	for (int c = threadIdx.x; c < nc; c += 256) {
+		const uint4 q = wr[c];
+		const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+		for (int m = 0; m < LIN_ROWS; m++) {
+			if (m >= M)
+				break;
+			const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
+			const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
+				acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
+					      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
+			}
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++) {
+		acc[m] = warp_sum(acc[m]);
+		if (lane == 0)
+			part[warp][m] = acc[m];
+	}
+	__syncthreads(); // every warp's partials are in shared memory
+	if (threadIdx.x)
+		return;
+	for (int m = 0; m < M; m++) {
+		float t = part[0][m];
+		for (int k = 1; k < 8; k++)
+			t += part[k][m];
+		if (y32)
+			y32[(size_t)m * ldy + v] = t;
+		else
+			y16[(size_t)m * ldy + v] = f32_to_bf16(t);
+	}
+}
+
 // w[i] = ((w[i] * hs) * qs[i]) * ds for i < n (w fp32 [T, H], qs fp32 [T, H]: the act_quant
 // scale of each query head).
 extern "C" __global__ void __launch_bounds__(256)
@@ -207,121 +261,180 @@ k_fwd_idx_weights(float *__restrict__ w, const float *__restrict__ qs, int n, fl
 		w[i] = __fmul_rn(__fmul_rn(__fmul_rn(w[i], hs), qs[i]), ds);
 }
 
-#define ABS_ROWS 8
 #define ABS_MAX_NOPE 192
 #define ABS_MAXR 512
 #define W_CHUNK 32 // kv_b rows staged in shared memory at a time (16 KB at R = 512)
 
-// Stages rows row0 .. row0 + n - 1 of kv_b (R e4m3 codes each) and their block scales
-// (S[row / 128][0 .. R/128)) into shared memory: all 16-byte loads issued before any is used.
-__device__ __forceinline__ void stage_kvb_rows(const uint8_t *__restrict__ W, const float *__restrict__ S,
-					       int row0, int n, int R, uint8_t (*w)[ABS_MAXR], float (*sc)[4])
-{
-	const int per_row = R / 16, nkb = R / 128;
-	for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
-		const int r = i / per_row, c = i % per_row;
-		*reinterpret_cast<uint4 *>(&w[r][c * 16]) =
-			*reinterpret_cast<const uint4 *>(W + (size_t)(row0 + r) * R + c * 16);
-	}
-	for (int i = threadIdx.x; i < n * nkb; i += blockDim.x)
-		sc[i / nkb][i % nkb] = S[((row0 + i / nkb) / 128) * nkb + i % nkb];
-}
-
 // qf[t, h, :R] = bf16( Σ_d q[t, h*dq + d] · Wkvb[h*(nope+dv) + d, :] ), d ascending (W_UK_h
-// dequantised: e4m3 x its 128x128 block scale, exact), qf[t, h, R:R+rope] = q[t, h*dq+nope ..].
+// dequantised: e4m3 x its 128x128 block scale, exact), qf[t, h, R:R+rope] = q[t, h*dq+nope ..],
+// rotated first when cs is not null (k_rope's interleaved pairs (2i, 2i+1) at pos[t], the same
+// fp32 operations; the rotated q_pe is written back to q too, so q ends as after k_rope).
 // q bf16 [T, H*dq] (dq = nope + rope), Wkvb e4m3 [H*(nope+dv), R], S fp32 [H*(nope+dv)/128,
-// R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / 8), R / 128), 128 threads: block z
+// R/128], qf bf16 [T, Hpad, R + rope]. Grid (H, ceil(T / ROWS), R / 128), 128 threads: block z
 // owns columns 128 z .. 128 z + 127 (one per thread) and stages its nope x 128 slice of W_UK_h
-// in shared memory at once (every 16-byte load in flight before use). nope <= 192.
-extern "C" __global__ void __launch_bounds__(128)
-k_fwd_q_absorb(const uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
-	       const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H, int Hpad,
-	       int nope, int rope, int dv, int R)
+// in shared memory (every 16-byte load issued before any is stored); ROWS token rows a block
+// (1, 2, 4 or 8: the step's rows, so a decode row does not pay for 7 empty ones). nope <= 192.
+#define ABS_W_LOADS (ABS_MAX_NOPE * 8 / 128) // 16-byte loads a thread, at most
+template <int ROWS>
+__device__ __forceinline__ void q_absorb(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
+					 const float *__restrict__ S, uint16_t *__restrict__ qf, int T,
+					 int H, int Hpad, int nope, int rope, int dv, int R,
+					 const int *__restrict__ pos, const float *__restrict__ cs)
 {
-	__shared__ float qn[ABS_ROWS][ABS_MAX_NOPE];
+	__shared__ float qn[ROWS][ABS_MAX_NOPE];
 	__shared__ __align__(16) uint8_t w[ABS_MAX_NOPE][128];
 	__shared__ float sc[ABS_MAX_NOPE];
-	const int h = blockIdx.x, t0 = blockIdx.y * ABS_ROWS, z = blockIdx.z, dq = nope + rope;
-	const int nkb = R / 128, row0 = h * (nope + dv);
-	for (int i = threadIdx.x; i < nope * 8; i += blockDim.x) { // 8 x 16 bytes per row
-		const int d = i / 8, c = i % 8;
-		*reinterpret_cast<uint4 *>(&w[d][c * 16]) =
-			*reinterpret_cast<const uint4 *>(Wkvb + (size_t)(row0 + d) * R + z * 128 + c * 16);
+	const int h = blockIdx.x, t0 = blockIdx.y * ROWS, z = blockIdx.z, dq = nope + rope;
+	const int nkb = R / 128, row0 = h * (nope + dv), tid = threadIdx.x;
+	uint4 buf[ABS_W_LOADS];
+#pragma unroll
+	for (int k = 0; k < ABS_W_LOADS; k++) { // 8 x 16 bytes per row
+		const int i = tid + k * 128;
+		if (i < nope * 8)
+			buf[k] = *reinterpret_cast<const uint4 *>(Wkvb + (size_t)(row0 + i / 8) * R + z * 128 +
+								  (i % 8) * 16);
 	}
-	for (int d = threadIdx.x; d < nope; d += blockDim.x)
-		sc[d] = S[((row0 + d) / 128) * nkb + z];
-	for (int i = threadIdx.x; i < ABS_ROWS * nope; i += blockDim.x) {
-		const int tt = i / nope, d = i % nope;
-		qn[tt][d] = t0 + tt < T ? bf16_to_f32(q[(size_t)(t0 + tt) * H * dq + h * dq + d]) : 0.f;
+#pragma unroll
+	for (int k = 0; k < (ABS_MAX_NOPE + 127) / 128; k++) {
+		const int d = tid + k * 128;
+		if (d < nope)
+			sc[d] = S[((row0 + d) / 128) * nkb + z];
+	}
+#pragma unroll
+	for (int k = 0; k < (ROWS * ABS_MAX_NOPE + 127) / 128; k++) {
+		const int i = tid + k * 128, tt = i / nope, d = i % nope;
+		if (i < ROWS * nope)
+			qn[tt][d] = t0 + tt < T ? bf16_to_f32(q[(size_t)(t0 + tt) * H * dq + h * dq + d]) : 0.f;
 	}
 	if (z == 0)
-		for (int i = threadIdx.x; i < ABS_ROWS * rope; i += blockDim.x) {
-			const int tt = i / rope, d = i % rope;
-			if (t0 + tt < T)
-				qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + R + d] =
-					q[(size_t)(t0 + tt) * H * dq + h * dq + nope + d];
+		for (int i = tid; i < ROWS * (rope / 2); i += blockDim.x) {
+			const int tt = i / (rope / 2), p = i % (rope / 2), t = t0 + tt;
+			if (t >= T)
+				continue;
+			uint16_t *src = q + (size_t)t * H * dq + h * dq + nope + 2 * p;
+			uint16_t *dst = qf + ((size_t)t * Hpad + h) * (R + rope) + R + 2 * p;
+			uint16_t o0 = src[0], o1 = src[1];
+			if (cs) {
+				const float c = cs[((size_t)pos[t] * 32 + p) * 2 + 0];
+				const float sn = cs[((size_t)pos[t] * 32 + p) * 2 + 1];
+				const float a = bf16_to_f32(o0), b = bf16_to_f32(o1);
+				o0 = f32_to_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+				o1 = f32_to_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+				src[0] = o0, src[1] = o1;
+			}
+			dst[0] = o0, dst[1] = o1;
 		}
-	__syncthreads(); // W slice, scales and q_nope rows are staged
-	const int c = threadIdx.x;
-	float acc[ABS_ROWS];
 #pragma unroll
-	for (int tt = 0; tt < ABS_ROWS; tt++)
+	for (int k = 0; k < ABS_W_LOADS; k++) {
+		const int i = tid + k * 128;
+		if (i < nope * 8)
+			*reinterpret_cast<uint4 *>(&w[i / 8][(i % 8) * 16]) = buf[k];
+	}
+	__syncthreads(); // W slice, scales and q_nope rows are staged
+	const int c = tid;
+	float acc[ROWS];
+#pragma unroll
+	for (int tt = 0; tt < ROWS; tt++)
 		acc[tt] = 0.f;
 	for (int d = 0; d < nope; d++) {
 		const float wv = e4m3_to_f32(w[d][c]) * sc[d];
 #pragma unroll
-		for (int tt = 0; tt < ABS_ROWS; tt++)
+		for (int tt = 0; tt < ROWS; tt++)
 			acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qn[tt][d], wv));
 	}
 #pragma unroll
-	for (int tt = 0; tt < ABS_ROWS; tt++)
+	for (int tt = 0; tt < ROWS; tt++)
 		if (t0 + tt < T)
 			qf[((size_t)(t0 + tt) * Hpad + h) * (R + rope) + z * 128 + c] = f32_to_bf16(acc[tt]);
 }
 
-#define UV_ROWS 4
+#define Q_ABSORB(ROWS)                                                                                \
+	extern "C" __global__ void __launch_bounds__(128)                                            \
+	k_fwd_q_absorb##ROWS(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,             \
+			     const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H,    \
+			     int Hpad, int nope, int rope, int dv, int R, const int *__restrict__ pos, \
+			     const float *__restrict__ cs)                                            \
+	{                                                                                            \
+		q_absorb<ROWS>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);              \
+	}
+Q_ABSORB(1)
+Q_ABSORB(2)
+Q_ABSORB(4)
+Q_ABSORB(8)
 
 // o[t, h*dv + d] = bf16( cpu_dot(o_lat[t, h, :], W_UV_h[d, :]) ), W_UV_h[d] = row
 // h*(nope+dv) + nope + d of kv_b (dequantised). o_lat bf16 [T, Hpad, R], o bf16 [T, H*dv].
-// Grid (H, ceil(T / 4), ceil(dv / 32)), 256 threads: block z owns outputs 32 z .. 32 z + 31 and
-// stages those 32 rows of W_UV_h in shared memory at once; lanes 8q .. 8q+7 of warp w own output
-// 32 z + 4w + q, lane j sums k = j mod 8 in order, then tree8.
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
-	 const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H, int Hpad, int nope,
-	 int dv, int R)
+// Grid (H, ceil(T / ROWS), ceil(dv / 32)), 256 threads: block z owns outputs 32 z .. 32 z + 31
+// and stages those 32 rows of W_UV_h in shared memory (every 16-byte load issued before any is
+// stored); lanes 8q .. 8q+7 of warp w own output 32 z + 4w + q, lane j sums k = j mod 8 in
+// order, then tree8. ROWS token rows a block: 1 (a decode row) or 4. R <= 512.
+#define UV_W_LOADS (W_CHUNK * ABS_MAXR / 16 / 256) // 16-byte loads a thread, at most
+template <int ROWS>
+__device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+				   const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H,
+				   int Hpad, int nope, int dv, int R)
 {
-	__shared__ float ol[UV_ROWS][ABS_MAXR];
+	__shared__ float ol[ROWS][ABS_MAXR];
 	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
 	__shared__ float sc[W_CHUNK][4];
-	const int h = blockIdx.x, t0 = blockIdx.y * UV_ROWS;
-	for (int i = threadIdx.x; i < UV_ROWS * R; i += blockDim.x) {
-		const int tt = i / R, k = i % R;
-		ol[tt][k] = t0 + tt < T ? bf16_to_f32(o_lat[((size_t)(t0 + tt) * Hpad + h) * R + k]) : 0.f;
-	}
-	const int lane = threadIdx.x & 31, j = lane & 7, warp = threadIdx.x >> 5;
-	for (int d0 = blockIdx.z * W_CHUNK; d0 < dv && d0 < (int)(blockIdx.z + 1) * W_CHUNK; d0 += W_CHUNK) {
-		const int n = min(W_CHUNK, dv - d0);
-		__syncthreads(); // the previous chunk is consumed (and o_lat is staged, first time)
-		stage_kvb_rows(Wkvb, S, h * (nope + dv) + nope + d0, n, R, w, sc);
-		__syncthreads(); // the chunk is in shared memory
-		const int dd = warp * 4 + (lane >> 3), d = d0 + dd; // 8 warps x 4 = W_CHUNK outputs
-		const bool live = dd < n;
-		float acc[UV_ROWS] = {0.f, 0.f, 0.f, 0.f};
-		if (live)
-			lane8_accumulate<UV_ROWS>(acc, j, R,
-						  [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[dd][k / 128]; },
-						  [&](int m, int k) { return ol[m][k]; });
+	const int h = blockIdx.x, t0 = blockIdx.y * ROWS, tid = threadIdx.x;
+	const int d0 = blockIdx.z * W_CHUNK, n = min(W_CHUNK, dv - d0);
+	const int per_row = R / 16, nkb = R / 128, wrow0 = h * (nope + dv) + nope + d0;
+	uint4 buf[UV_W_LOADS];
 #pragma unroll
-		for (int tt = 0; tt < UV_ROWS; tt++)
-			acc[tt] = tree8(acc[tt]);
-		if (live && j == 0)
-#pragma unroll
-			for (int tt = 0; tt < UV_ROWS; tt++)
-				if (t0 + tt < T)
-					o[(size_t)(t0 + tt) * H * dv + h * dv + d] = f32_to_bf16(acc[tt]);
+	for (int k = 0; k < UV_W_LOADS; k++) {
+		const int i = tid + k * 256;
+		if (i < n * per_row)
+			buf[k] = *reinterpret_cast<const uint4 *>(Wkvb + (size_t)(wrow0 + i / per_row) * R +
+								  (i % per_row) * 16);
 	}
+	if (tid < n * nkb)
+		sc[tid / nkb][tid % nkb] = S[((wrow0 + tid / nkb) / 128) * nkb + tid % nkb];
+#pragma unroll
+	for (int k = 0; k < (ROWS * ABS_MAXR + 255) / 256; k++) {
+		const int i = tid + k * 256, tt = i / R, kk = i % R;
+		if (i < ROWS * R)
+			ol[tt][kk] = t0 + tt < T ? bf16_to_f32(o_lat[((size_t)(t0 + tt) * Hpad + h) * R + kk])
+						 : 0.f;
+	}
+#pragma unroll
+	for (int k = 0; k < UV_W_LOADS; k++) {
+		const int i = tid + k * 256;
+		if (i < n * per_row)
+			*reinterpret_cast<uint4 *>(&w[i / per_row][(i % per_row) * 16]) = buf[k];
+	}
+	__syncthreads(); // the chunk, its scales and o_lat are in shared memory
+	const int lane = tid & 31, j = lane & 7, warp = tid >> 5;
+	const int dd = warp * 4 + (lane >> 3), d = d0 + dd; // 8 warps x 4 = W_CHUNK outputs
+	const bool live = dd < n;
+	float acc[ROWS];
+#pragma unroll
+	for (int tt = 0; tt < ROWS; tt++)
+		acc[tt] = 0.f;
+	if (live)
+		lane8_accumulate<ROWS>(acc, j, R,
+				       [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[dd][k / 128]; },
+				       [&](int m, int k) { return ol[m][k]; });
+#pragma unroll
+	for (int tt = 0; tt < ROWS; tt++)
+		acc[tt] = tree8(acc[tt]);
+	if (live && j == 0)
+#pragma unroll
+		for (int tt = 0; tt < ROWS; tt++)
+			if (t0 + tt < T)
+				o[(size_t)(t0 + tt) * H * dv + h * dv + d] = f32_to_bf16(acc[tt]);
 }
+
+#define UV(ROWS)                                                                                   \
+	extern "C" __global__ void __launch_bounds__(256)                                         \
+	k_fwd_uv##ROWS(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,      \
+		       const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H, int Hpad, \
+		       int nope, int dv, int R)                                                    \
+	{                                                                                         \
+		uv<ROWS>(o_lat, Wkvb, S, o, T, H, Hpad, nope, dv, R);                              \
+	}
+UV(1)
+UV(4)
 
 // perm[t*K + n] = idx[t*K + n] * T + t (idx int [T, K] expert ids).
 extern "C" __global__ void __launch_bounds__(256)

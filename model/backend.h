@@ -135,10 +135,21 @@ struct backend_cuda_opts {
 	int64_t n_pages;
 	int synthetic;
 	uint64_t seed;
+	/* 1: the batch-invariant mode: a row's numbers do not depend on the step's other rows or
+	 * its row count (GEMMs and the MoE block in pieces of <= 64 rows through the decode
+	 * kernels, every bf16 product on the CUDA cores in the CPU's order, the full selection
+	 * width); 0 (default): the fast paths, whose large-M GEMMs and MoE block depart from the
+	 * CPU by their accumulation order (model/cuda_forward.c says where). The environment
+	 * variable DSV32_CUDA_BATCH_INVARIANT=1 / 0 overrides it (read at every step). */
+	int batch_invariant;
 };
 int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
 			     struct backend **out, struct err *e);
+
+/* The mode a CUDA backend's steps run in now (backend_cuda_opts.batch_invariant and the
+ * environment override), one line for logs and tools; "not cuda" for another backend. */
+const char *backend_cuda_mode(const struct backend *b);
 
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
  * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid

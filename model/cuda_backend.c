@@ -21,7 +21,9 @@
  * the shared expert) adjacent as one [2 * inter, hidden] matrix. The norm vectors (fp32 copies
  * made by the binder) and the RoPE cos/sin table go into the same region.
  *
- * The step: model/cuda_forward.c, after backend_validate_step; never a CPU fallback.
+ * The step: model/cuda_forward.c, after backend_validate_step; never a CPU fallback. Its mode
+ * (fast, or batch-invariant: backend_cuda_opts.batch_invariant, DSV32_CUDA_BATCH_INVARIANT
+ * overriding it at every step) is said in the start-up line and by backend_cuda_mode.
  * Must not: decide scheduling or sample.
  */
 #include "model/backend.h"
@@ -68,6 +70,12 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 				    "does not have");
 }
 
+const char *backend_cuda_mode(const struct backend *b)
+{
+	(void)b;
+	return "not cuda";
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
@@ -95,6 +103,7 @@ struct cuda_backend {
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
 	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
+	int batch_invariant;              /* backend_cuda_opts.batch_invariant */
 	uint64_t seed;
 	size_t pinned_bytes;
 	size_t upload_bytes;
@@ -462,8 +471,15 @@ static int build_model(struct cuda_backend *b, struct err *e)
 
 /* ---- backend_ops --------------------------------------------------------------------------- */
 
-/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0 (read at every step, so a test
- * can compare both ways on one backend; run 2: bit-identical to eager steps). */
+/* The mode a step runs in: the option, unless DSV32_CUDA_BATCH_INVARIANT is 1 or 0. */
+static int invariant_mode(const struct cuda_backend *b)
+{
+	const char *v = getenv("DSV32_CUDA_BATCH_INVARIANT");
+	return v && (*v == '0' || *v == '1') ? *v == '1' : b->batch_invariant;
+}
+
+/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0; both switches are read at every
+ * step, so a test can compare both ways on one backend (run 2: graphs bit-identical to eager). */
 static struct fwd_env env_of(struct cuda_backend *b)
 {
 	const char *gr = getenv("DSV32_CUDA_GRAPHS");
@@ -471,7 +487,8 @@ static struct fwd_env env_of(struct cuda_backend *b)
 	if (on && !b->graphs)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
-				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL};
+				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL,
+				invariant_mode(b)};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -545,6 +562,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	}
 	b->synthetic = o->synthetic;
 	b->seed = o->seed;
+	b->batch_invariant = o->batch_invariant;
 	b->base.ops = &cuda_ops;
 	b->base.c = c;
 	b->base.n_layers = c->num_hidden_layers + c->num_nextn_predict_layers;
@@ -574,11 +592,13 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		goto err;
 	fprintf(stderr,
 		"<6>dsv32: cuda backend on %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB uploaded "
-		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB\n",
+		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB; "
+		"mode: %s\n",
 		b->g.name, b->g.cc_major, b->g.cc_minor, b->g.sm_count, b->g.total_mem / 1073741824.0,
 		b->upload_bytes / 1073741824.0, b->upload_s,
 		b->upload_s > 0 ? b->upload_bytes / b->upload_s / 1e9 : 0.0,
-		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20);
+		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20,
+		backend_cuda_mode(&b->base));
 	*out = &b->base;
 	return 0;
 err:
@@ -601,6 +621,17 @@ int backend_cuda_kv_fill_synthetic(struct backend *base, const int32_t *bt, int6
 		r = gpu_sync(&b->g);
 	return r ? err_set(e, r, "synthetic KV fill of %lld tokens failed (%d)", (long long)n_tokens, r)
 		 : 0;
+}
+
+const char *backend_cuda_mode(const struct backend *base)
+{
+	if (!base || base->ops != &cuda_ops)
+		return "not cuda";
+	return invariant_mode((const struct cuda_backend *)base)
+		       ? "batch-invariant (GEMMs and MoE in <= 64-row pieces, bf16 products in the "
+			 "CPU's order)"
+		       : "fast (large-M GEMM and MoE paths; not batch-invariant: --batch-invariant "
+			 "or DSV32_CUDA_BATCH_INVARIANT=1 for that)";
 }
 
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,

@@ -14,12 +14,24 @@
  * Synchronisation: none inside the layer loop; the final downloads (logits, hidden rows) wait.
  * Dumps (st->dump) download after each named op and wait: they are for tests and tools.
  *
- * Paths by row count: <= 8 rows the bf16 products run on CUDA cores in the CPU's exact order
- * (fwd_glue.cu), above on the tensor cores (fwd_mma.cu); GEMMs and the MoE block in pieces of
- * <= 64 rows unless DSV32_CUDA_LARGE_M=1 (see large_m_ok); a step larger than the scratch
- * arena holds runs in passes (cuda_forward_step); decode-sized steps (<= 64 rows, no dumps, no
- * hidden rows, not MTP) replay captured CUDA graphs. Switches for diagnosis: DSV32_CUDA_GRAPHS=0,
- * DSV32_CUDA_UNFUSED=1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1.
+ * Two modes (fwd_env.batch_invariant, backend_cuda_opts):
+ *   fast (the default): GEMMs of M > 64 rows through cuda_gemm_fp8's prefill paths (wgmma /
+ *     cuBLASLt) and the MoE block on all the step's rows at once (the wgmma MoE); bf16 products
+ *     on the tensor cores above 8 rows (fwd_mma.cu), the memory-bound GEMV for 1-4 rows, the
+ *     CUDA cores in the CPU's order for 5-8. Where it departs from the CPU: the large-M GEMMs'
+ *     fp32 accumulation (~2^-12 relative) flips FP8 re-quantisations downstream (run 7:
+ *     teacher-forced layer outputs median 3.6e-2 from the CPU, experts differ on 4 of 600
+ *     (layer, row); end-to-end logits within issue 12's limits), and a row's numbers depend
+ *     on the row count of its step.
+ *   batch-invariant: GEMMs and the MoE block in pieces of <= 64 rows through the decode
+ *     kernels (one kernel per shape for every M: a row's result does not depend on M), every
+ *     bf16 product on the CUDA cores in the CPU's order (bit-identical to the CPU backend's),
+ *     the selection width always index_topk, the sparse attention with a decode row's key
+ *     splits for every row count; the like-with-like tests run in this mode.
+ * A step larger than the scratch arena holds runs in passes (cuda_forward_step); decode-sized
+ * steps (<= 64 rows, no dumps, no hidden rows, not MTP) replay captured CUDA graphs. Switches
+ * for diagnosis: DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_MLA_FP32=1,
+ * DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1, DSV32_CUDA_MMA_ROWS=N.
  */
 #include "model/cuda_forward.h"
 
@@ -39,28 +51,17 @@
 
 #define SCORES_BUDGET ((size_t)256 << 20) /* bytes of indexer scores per row chunk */
 
-/* Rows above which a GEMM or the MoE block may take the library / warpgroup-MMA paths. Those
- * paths miss the CPU by far more than the mma.sync decode kernels in run 2 (dense down_proj
- * through cuBLASLt 3e-2 of the layer output, the MoE block 0.4-0.6 above 64 rows), so by
- * default every GEMM and the MoE block run in pieces of at most 64 rows (exact per row, slow
- * for long prefills); DSV32_CUDA_LARGE_M=1 lets M > 64 go to cuda_gemm_fp8 / cuda_moe_forward
- * whole (prefill speed; for the GEMM and MoE owners to check their paths end to end). */
 /* Rows above which the bf16 products (q absorption, W_UV, bf16 linears) run on the tensor cores
  * (kernels_ptx/fwd_mma.cu, fp32 sums in the MMA's order) instead of the CUDA-core kernels in
- * the CPU's exact order (latency-optimal for a few rows, compute-bound for many). */
-#define MMA_ROWS mma_rows()
+ * the CPU's exact order (latency-optimal for a few rows, compute-bound for many): 8 in the fast
+ * mode, never in the batch-invariant one. DSV32_CUDA_MMA_ROWS overrides both (tests). */
+#define MMA_ROWS mma_rows(F)
 
-static int mma_rows(void) /* DSV32_CUDA_MMA_ROWS overrides (tests) */
-{
-	const char *v = getenv("DSV32_CUDA_MMA_ROWS");
-	return v && atoi(v) > 0 ? atoi(v) : 8;
-}
+struct fwd;
+static int mma_rows(const struct fwd *F);
 
-static int large_m_ok(void)
-{
-	const char *v = getenv("DSV32_CUDA_LARGE_M");
-	return v && *v == '1';
-}
+/* 1: M > 64 rows may go to the large-M GEMM and MoE paths whole (the fast mode). */
+#define LARGE_M(F) (!(F)->E->batch_invariant)
 
 /* ---- profile (DSV32_CUDA_PROFILE=1, eager steps only): GPU time between consecutive ops ---- */
 
@@ -157,6 +158,14 @@ struct fwd {
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
+
+static int mma_rows(const struct fwd *F)
+{
+	const char *v = getenv("DSV32_CUDA_MMA_ROWS");
+	if (v && atoi(v) > 0)
+		return atoi(v);
+	return F->E->batch_invariant ? 1 << 30 : 8;
+}
 
 static int fwd_fail(const char *what, int r)
 {
@@ -295,9 +304,10 @@ static int op_quant(struct fwd *F, gpu_ptr x, gpu_ptr q, gpu_ptr s, int rows, in
 	return 0;
 }
 
-/* y[M, ldy] (bf16) = x8 x W^T (spec §5.4) through cuda_gemm_fp8. M > 64 goes to the prefill
- * path on Mp = round8(M) rows (buffers have them), or in 64-row pieces through the decode kernel
- * where the prefill path cannot take the shape (cuBLASLt needs K/128 % 4 == 0). */
+/* y[M, ldy] (bf16) = x8 x W^T (spec §5.4) through cuda_gemm_fp8. In the fast mode M > 64 goes
+ * to the prefill path on Mp = round8(M) rows (buffers have them); otherwise, and where the
+ * prefill path cannot take the shape (cuBLASLt needs K/128 % 4 == 0), in 64-row pieces through
+ * the decode kernel. */
 static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
 		   int ldy)
 {
@@ -306,7 +316,7 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 	int r = -ENOTSUP;
 	char what[40];
 	snprintf(what, sizeof what, "gemm %dx%d", N, K);
-	if (M > 64 && large_m_ok() &&
+	if (M > 64 && LARGE_M(F) &&
 	    !(cuda_gemm_path_for(F->g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4)) {
 		int Mp = round8(M);
 		size_t wsb = cuda_gemm_fp8_workspace(F->g, Mp, N, K);
@@ -346,9 +356,14 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
 		return 0;
 	}
-	if (M <= 4 && ldx % 8 == 0) { /* decode: memory-bound GEMV (run 4: the exact-order kernels
-				       * streamed the LM head at 2.4 TB/s, weights_proj in 160 us) */
-		LAUNCH("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
+	if (M <= 4 && ldx % 8 == 0 && !F->E->batch_invariant) {
+		/* decode, fast mode: memory-bound GEMV (run 4: the exact-order kernels streamed the LM
+		 * head at 2.4 TB/s, weights_proj in 160 us) */
+		if (V < 8 * F->g->sm_count) /* few outputs (weights_proj): K over a block's 8 warps */
+			LAUNCH("k_fwd_gemv_ks", V, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
+		else
+			LAUNCH("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D,
+			       &V);
 		return 0;
 	}
 	LAUNCH("k_fwd_bf16_linear", (V + 31) / 32, (M + 3) / 4, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy,
@@ -415,7 +430,7 @@ static int op_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_p
 	TAKE(idx, (size_t)F->Tp * K * 4);
 	TAKE(wts, (size_t)F->Tp * K * 4);
 	if (L->moe_ready) {
-		int piece = large_m_ok() ? T : 64; /* see large_m_ok */
+		int piece = LARGE_M(F) ? T : 64; /* the modes: see the file's header */
 		for (int t0 = 0; t0 < T; t0 += piece) {
 			int n = T - t0 < piece ? T - t0 : piece;
 			struct cuda_moe_trace tr = {logits + (size_t)t0 * E * 4, idx + (size_t)t0 * K * 4,
@@ -573,9 +588,10 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	}
 	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
 	TRY(op_gemm(F, &L->q_b, cq8, cqs, q, T, H * dq));
-	TRY(op_rope(F, q, H, (long long)H * dq, dq, nope, 1));
+	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
+	if (!(fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
+		TRY(op_rope(F, q, H, (long long)H * dq, dq, nope, 1));
 	TRY(dump_all(F, "q_cmpr", layer, cq, DUMP_BF16, qlr, qlr));
-	TRY(dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
 	TRY(dump_all(F, "kv_cmpr", layer, ckv, DUMP_BF16, Rk, Rk));
 	TRY(dump_all(F, "k_pe", layer, kpe, DUMP_BF16, Nq, rope));
 
@@ -632,15 +648,20 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
 		return -EIO;
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
-	if (T > MMA_ROWS) {
+	if (!absorb_cc) {
 		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
 		long long a_hs = dq, c_hs = Rk + rope;
 		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
 			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
-	} else {
-		LAUNCH3("k_fwd_q_absorb", H, (T + 7) / 8, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T, &H,
-			&Hpad, &nope, &rope, &dv, &Rk);
+	} else { /* rows a block: the step's, up to 8 */
+		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
+					      "k_fwd_q_absorb8"};
+		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
+		gpu_ptr qcs = fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
+		LAUNCH3(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
+			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
 	}
+	TRY(dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
 	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
 		size_t n = (size_t)T * Hpad * (Rk + rope);
 		uint16_t *h = malloc(n * 2);
@@ -665,7 +686,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		float scale = c->softmax_scale;
 		LAUNCH("k_fwd_mla_fp32", Hpad / 16, T, 256, 0, &qf, &sel_slot, &ksel, &pm, &rec, &Rk, &Hpad,
 		       &scale, &olat);
-	} else {
+	} else if (!F->E->batch_invariant) {
 		size_t wsb = cuda_mla_decode_workspace(F->g, T, Hpad, Rk, ksel);
 		gpu_ptr ws = 0;
 		if (wsb && !(ws = take(F, wsb)))
@@ -675,6 +696,25 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		if (rc)
 			return fwd_fail("cuda_mla_decode", rc);
 		prof_mark(F->g->stream, "mla decode");
+	} else {
+		/* batch-invariant: the key splits a decode row gets (cuda_mla_decode_splits at one
+		 * row) for every row count, in pieces of 32 rows (the split partials' workspace: 135
+		 * MB at the real dimensions, within fwd_max_rows' fixed part) */
+		int splits = cuda_mla_decode_splits(F->g, 1, Hpad, ksel);
+		int piece = T < 32 ? T : 32;
+		gpu_ptr ws = 0;
+		if (splits > 1 && !(ws = take(F, (size_t)piece * Hpad * splits * (Rk + 2) * 4)))
+			return -ENOMEM;
+		for (int t0 = 0; t0 < T; t0 += piece) {
+			int n = T - t0 < piece ? T - t0 : piece;
+			int rc = cuda_mla_decode_diag(F->g, qf + (size_t)t0 * Hpad * (Rk + rope) * 2,
+						      sel_slot + (size_t)t0 * ksel * 4, ksel, pool_mla(F, layer),
+						      (int)c->mla_record_bytes, Rk, Hpad, n, c->softmax_scale,
+						      olat + (size_t)t0 * Hpad * Rk * 2, ws, splits << 8);
+			if (rc)
+				return fwd_fail("cuda_mla_decode_diag", rc);
+		}
+		prof_mark(F->g->stream, "mla decode");
 	}
 	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
 	if (T > MMA_ROWS) {
@@ -682,8 +722,11 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		long long a_hs = Rk, c_hs = dv;
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
+	} else if (T == 1) { /* a decode row: one row a block */
+		LAUNCH3("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
+			&nope, &dv, &Rk);
 	} else {
-		LAUNCH3("k_fwd_uv", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
+		LAUNCH3("k_fwd_uv4", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
 			&Hpad, &nope, &dv, &Rk);
 	}
 	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
@@ -750,7 +793,9 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 			F->n_hidden += !!(fl & BACKEND_ROW_HIDDEN);
 		}
 	/* block-table columns and the selection width rounded up to powers of two, so a captured
-	 * decode graph serves many steps (scores past a row's keys are -inf, lists -1 padded) */
+	 * decode graph serves many steps (scores past a row's keys are -inf, lists -1 padded); the
+	 * batch-invariant mode always selects index_topk wide (the attention's work per row then
+	 * never depends on the step's longest row) */
 	int64_t mb = 1, ks = 1;
 	while (mb < maxp / KV_PAGE_TOKENS + 1)
 		mb *= 2;
@@ -758,7 +803,7 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 		ks *= 2;
 	F->mb = (int)mb;
 	F->max_n = (int)(maxp + 1);
-	F->ksel = (int)(ks < c->index_topk ? ks : c->index_topk);
+	F->ksel = (int)(ks < c->index_topk && !E->batch_invariant ? ks : c->index_topk);
 	int64_t D = c->hidden_size;
 	/* pinned layout: tok, pos, slot, nkeys [T]; bt [T, mb]; lrows, hrows; then bf16 inputs */
 	size_t o_tok = 0, o_pos = al256(T * 4), o_slot = o_pos + al256(T * 4);
@@ -940,10 +985,10 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 /* ---- decode graphs ------------------------------------------------------------------------------ */
 
 /* A captured step: valid for every step with the same shape (rows, block-table columns,
- * selection width, whether scores run, logits rows), the same pinned staging buffer and the
- * same arena top (its scratch addresses are baked in). */
+ * selection width, whether scores run, logits rows) and mode, the same pinned staging buffer
+ * and the same arena top (its scratch addresses are baked in). */
 struct fwd_graph {
-	int T, mb, ksel, need, nl;
+	int T, mb, ksel, need, nl, inv;
 	void *pinned;
 	size_t top;
 	CUgraphExec exec;
@@ -993,7 +1038,8 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 	for (int i = 0; i < G->n && !hit; i++) {
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
-		    x->nl == F->n_logits && x->pinned == *F->E->pinned && x->top == top)
+		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
+		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
 	}
 	if (!hit) {
@@ -1007,8 +1053,8 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		}
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
-		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, *F->E->pinned, top, NULL,
-				      0, 0, 0, 0};
+		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
+				      *F->E->pinned, top, NULL, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__))
 			return G->off = 1;

@@ -73,6 +73,8 @@ struct fwd_env {
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
 	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */
+	int batch_invariant;          /* the mode (backend_cuda_opts.batch_invariant; see
+				       * cuda_forward.c for what each mode runs) */
 };
 
 /* With DSV32_CUDA_PROFILE=1, eager steps record the GPU time between consecutive ops; this

@@ -80,7 +80,8 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 		en->backend_name = "cuda";
 		struct backend_cuda_opts co = {.n_pages = o->kv_pages,
 					       .synthetic = o->synthetic_weights,
-					       .seed = o->synthetic_seed};
+					       .seed = o->synthetic_seed,
+					       .batch_invariant = o->batch_invariant};
 		r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e);
 		if (r && strcmp(want, "auto"))
 			goto err_tok;

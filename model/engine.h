@@ -33,6 +33,7 @@ struct engine_opts {
 	 * Needs backend "cuda". For benchmarks: the weights are random. */
 	int synthetic_weights;
 	uint64_t synthetic_seed;
+	int batch_invariant;      /* the CUDA backend's batch-invariant mode (backend_cuda_opts) */
 	/* called with a short description before each loading stage (may be NULL) */
 	void (*progress)(void *ctx, const char *stage);
 	void *progress_ctx;

@@ -53,6 +53,52 @@ TEST(conf, errors_name_file_line_and_key)
 	CHECK_CONTAINS(e.msg, "/nonexistent/x.conf");
 }
 
+TEST(conf, batch_invariant_switch)
+{
+	struct dsv32d_conf c;
+	struct err e;
+	conf_defaults(&c);
+	CHECK_EQ_INT(c.batch_invariant, 0); /* the fast paths unless asked */
+	char *bare[] = {"dsv32d", "--batch-invariant", "--backend", "cuda"};
+	REQUIRE(conf_from_args(&c, 4, bare, &e) == 0);
+	CHECK_EQ_INT(c.batch_invariant, 1);
+	CHECK(!strcmp(c.backend, "cuda")); /* the next flag is not taken as its value */
+	conf_defaults(&c);
+	char *last[] = {"dsv32d", "--backend", "cuda", "--batch-invariant"};
+	REQUIRE(conf_from_args(&c, 4, last, &e) == 0);
+	CHECK_EQ_INT(c.batch_invariant, 1);
+	conf_defaults(&c);
+	char *off[] = {"dsv32d", "--batch-invariant", "0"};
+	REQUIRE(conf_from_args(&c, 3, off, &e) == 0);
+	CHECK_EQ_INT(c.batch_invariant, 0);
+	conf_defaults(&c);
+	char *eq[] = {"dsv32d", "--batch_invariant=1"};
+	REQUIRE(conf_from_args(&c, 2, eq, &e) == 0);
+	CHECK_EQ_INT(c.batch_invariant, 1);
+	conf_defaults(&c);
+	char *bad[] = {"dsv32d", "--batch-invariant", "2"};
+	CHECK(conf_from_args(&c, 3, bad, &e) == -ERANGE);
+	CHECK_CONTAINS(e.msg, "batch-invariant = 2 out of range [0, 1]");
+	conf_defaults(&c);
+	char *word[] = {"dsv32d", "--batch-invariant", "yes"};
+	CHECK(conf_from_args(&c, 3, word, &e) == -EINVAL);
+	CHECK_CONTAINS(e.msg, "batch-invariant: \"yes\" is not an integer");
+	char path[512];
+	snprintf(path, sizeof path, "%s/inv.conf", test_tmpdir());
+	const char *text = "batch-invariant = 1\n";
+	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	conf_defaults(&c);
+	char *file[] = {"dsv32d", "--config", path};
+	REQUIRE(conf_from_args(&c, 3, file, &e) == 0);
+	CHECK_EQ_INT(c.batch_invariant, 1);
+	char buf[8192] = "";
+	FILE *f = fmemopen(buf, sizeof buf, "w");
+	REQUIRE(f);
+	conf_print(&c, f, "");
+	fclose(f);
+	CHECK_CONTAINS(buf, "batch-invariant = 1\n");
+}
+
 TEST(conf, synthetic_weights_seed_and_backend)
 {
 	struct dsv32d_conf c;

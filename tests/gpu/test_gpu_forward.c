@@ -2,7 +2,8 @@
  * test_gpu_forward.c — the CUDA backend's whole forward (model/cuda_forward.c) against the CPU
  * backend, like with like (issue 12), on structured checkpoints (mkmodel --structured: the
  * tiny config and the wider one of tests/data/numerics_*.json) with contexts longer than
- * 2 x index_topk, so the sparse path runs:
+ * 2 x index_topk, so the sparse path runs. Like with like runs in the backend's batch-invariant
+ * mode (backend_cuda_opts.batch_invariant):
  *   - each layer alone on the same input (teacher forcing, MTP layer included): the layer output
  *     within median relative L2 1e-2, routed expert sets identical for every row, indexer top-k
  *     sets identical on >= 90% of rows and none more than 2 keys off; every other dumped
@@ -15,7 +16,13 @@
  *     sequence's 16-row prefill chunks: the same logits limits for both;
  *   - decode one token per step eagerly and through captured CUDA graphs: bit-identical, both
  *     timed;
- *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits.
+ *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits;
+ *   - batch invariance: every row of the token-by-token decode and of the 16-row chunks
+ *     bit-identical to the same row of the chunked prefill.
+ * The fast mode (the default; large-M GEMM and MoE paths) departs from the CPU by its
+ * accumulation order: its own case checks the end-to-end logits limits on steps of more than
+ * 64 rows, and the teacher-forced cases print its layer numbers beside the invariant mode's
+ * (informational: the fast path's departure).
  * mkmodel comes from $DSV32_BIN, else the directory of this executable, else build/.
  */
 #include "tests/gpu/gpu_harness.h"
@@ -253,14 +260,15 @@ struct pair {
 	int32_t *tok;
 };
 
-static void pair_open(struct pair *p, const char *name, int64_t T, int64_t n_pages)
+static void pair_open(struct pair *p, const char *name, int64_t T, int64_t n_pages, int invariant)
 {
 	memset(p, 0, sizeof *p);
 	load_structured(&p->m, name);
 	struct err e = {""};
 	REQUIRE(backend_cpu_create(&p->m.c, &p->m.w, n_pages, 4, &p->cpu, &e) == 0);
-	if (backend_cuda_create(&p->m.c, &p->m.w, &p->m.ck, n_pages, &p->gpu, &e)) {
-		test_fail(__FILE__, __LINE__, "backend_cuda_create: %s", e.msg);
+	struct backend_cuda_opts o = {.n_pages = n_pages, .batch_invariant = invariant};
+	if (backend_cuda_create_opts(&p->m.c, &p->m.w, &p->m.ck, &o, &p->gpu, &e)) {
+		test_fail(__FILE__, __LINE__, "backend_cuda_create_opts: %s", e.msg);
 		test_abort_case();
 	}
 	p->T = T, p->V = p->m.c.vocab_size, p->D = p->m.c.hidden_size, p->L = p->m.c.num_hidden_layers;
@@ -269,8 +277,9 @@ static void pair_open(struct pair *p, const char *name, int64_t T, int64_t n_pag
 	uint64_t seed = 77;
 	for (int64_t t = 0; t < T; t++)
 		p->tok[t] = (int32_t)(test_rand(&seed) % (uint64_t)p->V);
-	printf("    model %s: %lld layers, hidden %lld, index_topk %lld, context %lld tokens\n", name,
-	       (long long)p->L, (long long)p->D, (long long)p->m.c.index_topk, (long long)T);
+	printf("    model %s: %lld layers, hidden %lld, index_topk %lld, context %lld tokens; GPU mode: "
+	       "%s\n", name, (long long)p->L, (long long)p->D, (long long)p->m.c.index_topk,
+	       (long long)T, backend_cuda_mode(p->gpu));
 }
 
 static void pair_close(struct pair *p)
@@ -299,7 +308,7 @@ static void teacher_forcing(const char *name, int64_t T)
 {
 	struct pair p;
 	int64_t nb = (T + 63) / 64;
-	pair_open(&p, name, T, nb);
+	pair_open(&p, name, T, nb, 1);
 	int64_t D = p.D, L = p.L;
 	int32_t *bt = malloc((size_t)nb * sizeof *bt);
 	for (int64_t i = 0; i < nb; i++)
@@ -347,11 +356,12 @@ static void teacher_forcing(const char *name, int64_t T)
 			printf("    %s layer %lld: fused kernels vs separate ones: %lld of %lld rows "
 			       "bit-identical (rc %d)\n", name, (long long)l, (long long)same, (long long)T, ru);
 			CHECK(ru == 0 && same == T);
-			/* and with every bf16 product on the CUDA cores in the CPU's order (the tensor-core
-			 * path above 8 rows differs only in the fp32 order of the sums) */
+			/* and with every bf16 product on the tensor cores (the fast mode's path above 8
+			 * rows; the invariant mode runs them on the CUDA cores in the CPU's order): they
+			 * differ only in the fp32 order of the sums */
 			memcpy(ux, x_in, (size_t)T * D * 4);
 			memcpy(ur, r_in, (size_t)T * D * 4);
-			setenv("DSV32_CUDA_MMA_ROWS", "1000000", 1);
+			setenv("DSV32_CUDA_MMA_ROWS", "1", 1);
 			ru = backend_cuda_layer_step(p.gpu, l, &stu, ux, ur);
 			unsetenv("DSV32_CUDA_MMA_ROWS");
 			double *em = malloc((size_t)T * sizeof *em);
@@ -362,6 +372,27 @@ static void teacher_forcing(const char *name, int64_t T)
 			printf("    %s layer %lld: tensor-core products vs CUDA-core (CPU order): output rel "
 			       "L2 median %.2e max %.2e (rc %d)\n", name, (long long)l, mmed, mmax, ru);
 			CHECK(ru == 0 && mmed <= 1e-2);
+			/* the fast mode on the same input: its departure from the CPU, printed only */
+			memcpy(ux, x_in, (size_t)T * D * 4);
+			memcpy(ur, r_in, (size_t)T * D * 4);
+			struct dumps df = {0};
+			struct backend_dump fd = {dump_cb, &df};
+			struct backend_step stf = {0, 1, &s, &fd};
+			setenv("DSV32_CUDA_BATCH_INVARIANT", "0", 1);
+			ru = backend_cuda_layer_step(p.gpu, l, &stf, ux, ur);
+			unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+			for (int64_t t = 0; t < T; t++)
+				em[t] = nc_rel_l2(ux + t * D, x + t * D, D);
+			struct sets_stat fs = {0};
+			compare_sets(&dc, &df, &fs);
+			printf("    %s layer %lld: fast mode (informational, its departure from the CPU): "
+			       "output rel L2 median %.2e p90 %.2e max %.2e; experts %lld/%lld identical, "
+			       "top-k %lld/%lld identical, worst %lld keys off (rc %d)\n", name, (long long)l,
+			       nc_pct(em, T, 50), nc_pct(em, T, 90), nc_pct(em, T, 100),
+			       (long long)fs.ex_same, (long long)fs.ex_rows, (long long)fs.tk_same,
+			       (long long)fs.tk_rows, (long long)fs.tk_worst, ru);
+			CHECK(ru == 0);
+			dumps_free(&df);
 			free(em);
 			free(ux), free(ur);
 		}
@@ -399,7 +430,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 {
 	struct pair p;
 	int64_t nb = (T + 63) / 64;
-	pair_open(&p, name, T, 3 * nb);
+	pair_open(&p, name, T, 3 * nb, 1);
 	int64_t V = p.V, D = p.D;
 	int32_t *bt = malloc((size_t)3 * nb * sizeof *bt); /* seq A, B, C: 3 disjoint page sets */
 	for (int64_t i = 0; i < 3 * nb; i++)
@@ -531,15 +562,24 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		check_logits(what, gg + d0 * V, ref + d0 * V, T - d0, V);
 		free(ge), free(gg);
 	}
-	{ /* GPU batch invariance is not required (the GEMM paths differ by M): printed only */
+	for (int k = 0; k < 2; k++) { /* batch invariance: B's and C's rows are A's bits */
+		const float *g = k ? gc : gb;
 		double *e = malloc((size_t)T * sizeof *e);
-		int64_t same = 0;
+		REQUIRE(e);
+		int64_t same = 0, first = -1;
 		for (int64_t t = 0; t < T; t++) {
-			e[t] = nc_rel_l2(gb + t * V, ga + t * V, V);
-			same += !memcmp(gb + t * V, ga + t * V, (size_t)V * 4);
+			e[t] = nc_rel_l2(g + t * V, ga + t * V, V);
+			int eq = !memcmp(g + t * V, ga + t * V, (size_t)V * 4);
+			same += eq;
+			if (!eq && first < 0)
+				first = t;
 		}
-		printf("    %s GPU decode vs GPU chunked prefill: rel L2 median %.2e p90 %.2e, %lld of %lld "
-		       "rows bit-identical\n", name, nc_pct(e, T, 50), nc_pct(e, T, 90), (long long)same, (long long)T);
+		printf("    %s batch invariance: GPU %s vs GPU prefill in chunks of %lld: %lld of %lld rows "
+		       "bit-identical (first differing row %lld; rel L2 median %.2e p90 %.2e)\n", name,
+		       k ? "16-row chunks mixed with decode rows" : "token-by-token decode (mixed steps)",
+		       (long long)chunk, (long long)same, (long long)T, (long long)first, nc_pct(e, T, 50),
+		       nc_pct(e, T, 90));
+		CHECK(same == T);
 		free(e);
 	}
 
@@ -594,6 +634,84 @@ TEST_T(gpu_forward, end_to_end_tiny, 600)
 TEST_T(gpu_forward, end_to_end_wide, 600)
 {
 	end_to_end("wide", 160, 70);
+}
+
+/* The fast mode end to end: the whole sequence as one step (T > 64 rows: the large-M GEMM and
+ * MoE paths), then in two chunks, each against the CPU with the limits above; its expert and
+ * top-k agreement printed (informational: the fast path's departure), and its rows against
+ * the batch-invariant mode's. */
+static void fast_mode(const char *name, int64_t T)
+{
+	struct pair p;
+	int64_t nb = (T + 63) / 64;
+	pair_open(&p, name, T, nb, 0);
+	int64_t V = p.V;
+	int32_t *bt = malloc((size_t)nb * sizeof *bt);
+	int64_t *pos = malloc((size_t)T * sizeof *pos);
+	uint8_t *fl = malloc((size_t)T);
+	float *ref = malloc((size_t)T * V * 4), *g1 = malloc((size_t)T * V * 4);
+	float *g2 = malloc((size_t)T * V * 4), *gi = malloc((size_t)T * V * 4);
+	REQUIRE(bt && pos && fl && ref && g1 && g2 && gi);
+	for (int64_t i = 0; i < nb; i++)
+		bt[i] = (int32_t)((i * 3 + 1) % nb);
+	gpu_fill_nan(g1, T * V), gpu_fill_nan(g2, T * V), gpu_fill_nan(gi, T * V);
+	struct dumps dc = {0}, dg = {0};
+	struct backend_dump cd = {dump_cb, &dc}, gd = {dump_cb, &dg};
+	struct backend_seq s;
+	seq_rows(&s, &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, ref, NULL);
+	struct backend_step st = {0, 1, &s, &cd};
+	REQUIRE(backend_step(p.cpu, &st) == 0);
+	char what[160];
+	/* one step of T rows, with dumps (the sets) */
+	seq_rows(&s, &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, g1, NULL);
+	struct backend_step sg = {0, 1, &s, &gd};
+	int rc = backend_step(p.gpu, &sg);
+	CHECK_EQ_INT(rc, 0);
+	struct sets_stat ss = {0};
+	compare_sets(&dc, &dg, &ss);
+	printf("    %s fast mode, one step of %lld rows: experts identical on %lld of %lld (layer, "
+	       "row), index top-k on %lld of %lld rows, worst %lld keys off (informational)\n", name,
+	       (long long)T, (long long)ss.ex_same, (long long)ss.ex_rows, (long long)ss.tk_same,
+	       (long long)ss.tk_rows, (long long)ss.tk_worst);
+	snprintf(what, sizeof what, "%s fast mode, one step of %lld rows", name, (long long)T);
+	check_logits(what, g1, ref, T, V);
+	dumps_free(&dc), dumps_free(&dg);
+	/* two chunks (the second attends to the first's cache) */
+	int64_t h = T / 2;
+	seq_rows(&s, &p, 0, h, pos, fl, BACKEND_ROW_LOGITS, bt, nb, g2, NULL);
+	struct backend_step s2 = {0, 1, &s, NULL};
+	CHECK_EQ_INT(backend_step(p.gpu, &s2), 0);
+	seq_rows(&s, &p, h, T - h, pos, fl, BACKEND_ROW_LOGITS, bt, nb, g2, NULL);
+	CHECK_EQ_INT(backend_step(p.gpu, &s2), 0);
+	snprintf(what, sizeof what, "%s fast mode, chunks of %lld and %lld rows", name, (long long)h,
+		 (long long)(T - h));
+	check_logits(what, g2, ref, T, V);
+	/* the batch-invariant mode on the same backend: how far the fast rows are from it */
+	setenv("DSV32_CUDA_BATCH_INVARIANT", "1", 1);
+	seq_rows(&s, &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, gi, NULL);
+	CHECK_EQ_INT(backend_step(p.gpu, &s2), 0);
+	unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+	snprintf(what, sizeof what, "%s batch-invariant mode (same backend, env switch)", name);
+	check_logits(what, gi, ref, T, V);
+	double *e = malloc((size_t)T * sizeof *e);
+	REQUIRE(e);
+	for (int64_t t = 0; t < T; t++)
+		e[t] = nc_rel_l2(g1 + t * V, gi + t * V, V);
+	printf("    %s fast vs batch-invariant logits: rel L2 median %.2e p90 %.2e (informational)\n",
+	       name, nc_pct(e, T, 50), nc_pct(e, T, 90));
+	free(e);
+	free(bt), free(pos), free(fl), free(ref), free(g1), free(g2), free(gi);
+	pair_close(&p);
+}
+
+TEST_T(gpu_forward, fast_mode_tiny, 300)
+{
+	fast_mode("tiny", 200);
+}
+
+TEST_T(gpu_forward, fast_mode_wide, 300)
+{
+	fast_mode("wide", 160);
 }
 
 static double now_us(void)
@@ -696,14 +814,14 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	       (long long)P, t_pre2 / 1e3, P / (t_pre2 / 1e6));
 	fflush(stdout);
 	cuda_forward_profile_print();
-	setenv("DSV32_CUDA_LARGE_M", "1", 1); /* the library / wgmma paths for M > 64 */
+	setenv("DSV32_CUDA_BATCH_INVARIANT", "1", 1); /* 64-row pieces, CPU-order bf16 products */
 	t0 = now_us();
 	rc = backend_step(b, &st);
 	double t_pre3 = now_us() - t0;
-	unsetenv("DSV32_CUDA_LARGE_M");
+	unsetenv("DSV32_CUDA_BATCH_INVARIANT");
 	CHECK_EQ_INT(rc, 0);
-	printf("    prefill %lld tokens with DSV32_CUDA_LARGE_M=1: %.1f ms (%.0f tok/s)\n", (long long)P,
-	       t_pre3 / 1e3, P / (t_pre3 / 1e6));
+	printf("    prefill %lld tokens in the batch-invariant mode: %.1f ms (%.0f tok/s; the fast "
+	       "mode above)\n", (long long)P, t_pre3 / 1e3, P / (t_pre3 / 1e6));
 	backend_destroy(b);
 	free(tok), free(pos), free(fl), free(lg);
 	test_model_free(&m);
@@ -713,7 +831,7 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 TEST_T(gpu_forward, step_validation, 120)
 {
 	struct pair p;
-	pair_open(&p, "tiny", 8, 2);
+	pair_open(&p, "tiny", 8, 2, 0);
 	int32_t bt[2] = {1, 0}, bad_tok[1] = {(int32_t)p.V};
 	int64_t pos[1] = {0}, far[1] = {200};
 	float *lg = malloc((size_t)p.V * 4);

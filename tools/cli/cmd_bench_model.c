@@ -8,7 +8,10 @@
  *   dsv32 bench model (--synthetic [--layers N] [--dense K] [--seed S] | --model DIR)
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
  *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]
- *                     [--prefill-reps N] [--profile] [--keep] [--daemon]
+ *                     [--prefill-reps N] [--profile] [--keep] [--daemon] [--batch-invariant]
+ *
+ * --batch-invariant: the CUDA backend's batch-invariant mode (backend_cuda_opts; the daemon
+ * gets the flag too); without it its fast paths. The "backend:" line says which runs.
  *
  * Decode: for each context x batch (default 1K/32K/128K x 1/16/128, which fits a GPU session's
  * time; --full: issue 12's 1K/8K/32K/128K x 1/16/64/128; a corner whose pages do not fit the KV
@@ -76,7 +79,7 @@ extern char **environ;
 #define MAX_LIST 16
 
 struct opts {
-	int synthetic, keep, daemon;
+	int synthetic, keep, daemon, batch_invariant;
 	const char *model;
 	int64_t layers, dense;
 	uint64_t seed;
@@ -95,6 +98,7 @@ static int usage(void)
 		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
 		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
 		"                         [--prefill-reps N] [--profile] [--keep] [--daemon]\n"
+		"                         [--batch-invariant]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -110,7 +114,8 @@ static int usage(void)
 		"  --kv-pages N     cap the KV pool (default: what GPU memory holds)\n"
 		"  --graphs MODE    decode steps eager (off), through CUDA graphs (on) or both (default)\n"
 		"  --keep           keep the temporary checkpoint directory\n"
-		"  --daemon         time to first token and streaming rate through dsv32d instead\n");
+		"  --daemon         time to first token and streaming rate through dsv32d instead\n"
+		"  --batch-invariant the CUDA backend's batch-invariant mode (default: its fast paths)\n");
 	return 2;
 }
 
@@ -201,6 +206,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 		if (!strcmp(a, "--profile")) {
 			o->profile = 1;
+			continue;
+		}
+		if (!strcmp(a, "--batch-invariant")) {
+			o->batch_invariant = 1;
 			continue;
 		}
 		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -764,17 +773,19 @@ static int bench_in_process(const struct opts *o, const char *dir)
 	gpu_close(&g);
 	if (read_tbs <= 0)
 		goto out_w;
-	struct backend_cuda_opts bo = {.n_pages = o->kv_pages, .synthetic = o->synthetic, .seed = o->seed};
+	struct backend_cuda_opts bo = {.n_pages = o->kv_pages, .synthetic = o->synthetic, .seed = o->seed,
+				       .batch_invariant = o->batch_invariant};
 	struct backend *be;
 	double t0 = now_s();
 	if (backend_cuda_create_opts(&c, &w, &ck, &bo, &be, &e)) {
 		fprintf(stderr, "dsv32 bench model: creating the CUDA backend failed: %s\n", e.msg);
 		goto out_w;
 	}
-	printf("backend: %s, %lld layers + %lld MTP, %lld KV pages of 64 tokens, created in %.2f s%s\n",
+	printf("backend: %s, %lld layers + %lld MTP, %lld KV pages of 64 tokens, created in %.2f s%s\n"
+	       "mode: %s\n",
 	       be->ops->name, (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
 	       (long long)be->n_pages, now_s() - t0,
-	       o->synthetic ? " (weights generated on the GPU)" : "");
+	       o->synthetic ? " (weights generated on the GPU)" : "", backend_cuda_mode(be));
 	rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs) : 0;
 	if (!rc && o->n_prompts)
 		rc = bench_prefill(o, &c, be);
@@ -836,6 +847,8 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 	argv[n++] = "--kv-pages", argv[n++] = kvp;
 	if (o->synthetic)
 		argv[n++] = "--synthetic-weights", argv[n++] = seed;
+	if (o->batch_invariant)
+		argv[n++] = "--batch-invariant", argv[n++] = "1";
 	argv[n] = NULL;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -847,8 +860,9 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		fprintf(stderr, "dsv32 bench model: cannot start %s: %s\n", exe, strerror(r));
 		return 1;
 	}
-	printf("dsv32d: %s --model %s --backend cuda%s%s (log %s)\n", exe, model,
-	       o->synthetic ? " --synthetic-weights " : "", o->synthetic ? seed : "", d->log);
+	printf("dsv32d: %s --model %s --backend cuda%s%s%s (log %s)\n", exe, model,
+	       o->synthetic ? " --synthetic-weights " : "", o->synthetic ? seed : "",
+	       o->batch_invariant ? " --batch-invariant 1" : "", d->log);
 	double t0 = now_s();
 	for (;;) {
 		dsv32_t *h;

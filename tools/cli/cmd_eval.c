@@ -5,7 +5,10 @@
  *
  *   dsv32 eval --model DIR --backend cpu --tokens FILE [--chunk N] [--generate N]
  *              [--logits-out F] [--mtp-out F] [--dump-topk F] [--dump-experts F]
- *              [--dump NAME... [--dump-out F]] [--threads N]
+ *              [--dump NAME... [--dump-out F]] [--threads N] [--batch-invariant]
+ *
+ * --batch-invariant: the CUDA backend's batch-invariant mode (backend_cuda_opts; the CPU
+ * backend always is). Without it the CUDA backend runs its fast paths.
  *
  * FILE: one sequence per line, comma-separated token ids. Outputs: one sequence and a .npy
  * name -> float32 [T, vocab] (row t = logits after position t); otherwise .npz with keys
@@ -271,6 +274,7 @@ struct eval_opts {
 	int64_t chunk, generate;
 	int threads;
 	int bench; /* logits of the last prompt row only (no perplexity): serving-like timing */
+	int batch_invariant; /* --batch-invariant: the CUDA backend's batch-invariant mode */
 	struct dumps dumps;
 };
 
@@ -280,7 +284,9 @@ static int usage(void)
 		"usage: dsv32 eval --model DIR --backend cpu --tokens FILE [--chunk N] [--generate N]\n"
 		"                  [--logits-out F] [--mtp-out F] [--dump-topk F] [--dump-experts F]\n"
 		"                  [--dump NAME... [--dump-out F]] [--threads N] [--bench]\n"
-		"  --bench: logits for the last prompt row only (no perplexity), for timing\n");
+		"                  [--batch-invariant]\n"
+		"  --bench: logits for the last prompt row only (no perplexity), for timing\n"
+		"  --batch-invariant: the CUDA backend's batch-invariant mode (default: its fast paths)\n");
 	return 2;
 }
 
@@ -307,6 +313,10 @@ static int parse_args(int argc, char **argv, struct eval_opts *o)
 		int64_t n;
 		if (!strcmp(a, "--bench")) {
 			o->bench = 1;
+			continue;
+		}
+		if (!strcmp(a, "--batch-invariant")) {
+			o->batch_invariant = 1;
 			continue;
 		}
 		if (!strcmp(a, "--dump")) {
@@ -488,7 +498,8 @@ int cmd_eval(int argc, char **argv)
 	}
 	/* cuda: pools and the weight upload are real; its step says what is not on the GPU yet
 	 * (never a silent CPU fallback) */
-	if (!strcmp(o.backend, "cuda") ? backend_cuda_create(&c, &w, &ck, n_pages, &be, &e)
+	struct backend_cuda_opts co = {.n_pages = n_pages, .batch_invariant = o.batch_invariant};
+	if (!strcmp(o.backend, "cuda") ? backend_cuda_create_opts(&c, &w, &ck, &co, &be, &e)
 				       : backend_cpu_create(&c, &w, n_pages, o.threads, &be, &e))
 		goto out;
 	o.dumps.max_pos = max_T;
