@@ -11,7 +11,9 @@
 // k_moe_gate_route_a8: k_moe_gate_logits_a8, then its last block to finish routes every token
 //   (moe_route_warp256: k_moe_route_w's numbers, a warp a token) and permutes the rows
 //   (moe_permute_block: k_moe_permute's) — three launches in one for decode (T <= 16, the real
-//   routing shape E = 256 in 8 groups). The last block is found by a device counter that every
+//   routing shape E = 256 in 8 groups). For one token it also writes the K + 1 quantised input
+//   rows xs8 e4m3 [K + 1, D], sxs fp32 [K + 1, D/128] (all act_quant(x[0]): k_moe_quant_gather's
+//   bits), so the block skips the gather. The last block is found by a device counter that every
 //   block increments after a fence on its logits (g_gate_done; the last block resets it, so
 //   each launch, and each replay of a captured graph, starts from 0: one such launch at a time
 //   per GPU, as the engine's one stream runs them).
@@ -52,10 +54,12 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-template <int NQ, int S, int KC>
+// pro(): extra work of the block while its first chunks are in flight (the fused router's).
+template <int NQ, int S, int KC, class Pro>
 __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W,
 						  const uint16_t *__restrict__ x,
-						  float *__restrict__ logits, int T, int E, int D)
+						  float *__restrict__ logits, int T, int E, int D,
+						  Pro pro)
 {
 	constexpr int PP = 8 / NQ, TS = 128 / NQ, ROWB = KC * 2 + 16, STAGE = (TS + 2) * ROWB;
 	extern __shared__ __align__(16) unsigned char ga_ring[]; // [S][TS + 2][ROWB]
@@ -83,6 +87,7 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 #pragma unroll
 	for (int c = 0; c < S - 1; c++)
 		issue(c);
+	pro();
 	float p[PP];
 #pragma unroll
 	for (int m = 0; m < PP; m++)
@@ -134,21 +139,21 @@ extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
+	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D, [] {});
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D);
+	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D, [] {});
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		      float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D);
+	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D, [] {});
 }
 
 __device__ unsigned g_gate_done = 0; // blocks of the running k_moe_gate_route_a8 that are done
@@ -158,9 +163,26 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 		    float *logits, int T, int E, int D, const float *__restrict__ bias,
 		    int topk_group, int K, int norm_topk_prob, float route_scale, int *idx,
 		    float *__restrict__ wts, int *__restrict__ counts, int *__restrict__ offsets,
-		    int *__restrict__ perm, int *__restrict__ src)
+		    int *__restrict__ perm, int *__restrict__ src, uint8_t *__restrict__ xs8,
+		    float *__restrict__ sxs)
 {
-	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
+	// one token: all K + 1 rows of the quantised input (routed rows in sorted order, then the
+	// shared expert's) are act_quant(x[0]) whatever the routing, so the blocks write them
+	// here (a warp a 128-group, over the grid) and the block needs no gather
+	auto quant_rows = [&] {
+		if (T != 1)
+			return;
+		const int KB = D / 128, lane = threadIdx.x & 31;
+		const int n = (K + 1) * KB, nw = gridDim.x * gridDim.y * 8;
+		for (int w = (blockIdx.y * gridDim.x + blockIdx.x) * 8 + (threadIdx.x >> 5); w < n;
+		     w += nw) {
+			const int row = w / KB, c = w % KB;
+			const float sc = warp_act_quant128(x + c * 128, xs8 + (size_t)row * D + c * 128, lane);
+			if (lane == 0)
+				sxs[(size_t)row * KB + c] = sc;
+		}
+	};
+	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D, quant_rows);
 	__shared__ bool last;
 	__threadfence(); // this thread's logits are visible device-wide before the count says so
 	__syncthreads();

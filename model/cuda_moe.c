@@ -5,7 +5,8 @@
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
  *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T);
- *   up to 16 tokens of the real routing shape, these three are one launch (k_moe_gate_route_a8)
+ *   up to 16 tokens of the real routing shape, these three are one launch (k_moe_gate_route_a8,
+ *   which for one token also writes the quantised rows below: they are all x[0]'s)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
  *      quantised from x, one launch), above that k_act_quant of x into rows R.. then
@@ -266,7 +267,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
 				 &K, &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS],
 				 (void *)&b[B_CNT], (void *)&b[B_OFF], (void *)&b[B_PERM],
-				 (void *)&b[B_SRC]};
+				 (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS]};
 		void *fn = gpu_kernel(g, fused ? "k_moe_gate_route_a8" : k.name);
 		if (!fn)
 			return -ENOENT;
@@ -304,8 +305,10 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_PERMUTE + 1);
-	/* the quantised rows: routed rows in sorted order, then x itself */
-	if ((stages & CUDA_MOE_GATHER) && T <= 64) { /* decode: one launch */
+	/* the quantised rows: routed rows in sorted order, then x itself (one token through the
+	 * fused router: written there) */
+	const int gathered = fused && T == 1;
+	if ((stages & CUDA_MOE_GATHER) && !gathered && T <= 64) { /* decode: one launch */
 		long long ng = (long long)RT * (D / 128);
 		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS], &x8, &sx,
 				&D, &R, &T};
@@ -313,7 +316,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				256, 1, 1, 0, args);
 		if (rc)
 			return rc;
-	} else if (stages & CUDA_MOE_GATHER) { /* x quantised once, the routed rows copied */
+	} else if ((stages & CUDA_MOE_GATHER) && !gathered) { /* x quantised once, rows copied */
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, &x8, &sx, &ng};
 		rc = gpu_launch(g, gpu_kernel(g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1,
