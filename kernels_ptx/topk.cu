@@ -524,3 +524,189 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 		}
 	}
 }
+
+// ---- k_topk_cluster: the same function for few rows, one row over a cluster of 8 CTAs ----------
+//
+// For small batches (one block per row leaves most SMs idle and its ~15 barrier-separated phases
+// on one SM cost 20 us at 32K, 36 us at 128K): grid (8, B), __cluster_dims__(8, 1, 1), 1024
+// threads; CTA r of row b's cluster owns positions [r S, r S + S) (S = ceil(n / 8)), reads them
+// once into shared memory as order keys, and the cluster runs the three radix rounds of
+// topk_rounds (bits 31..21, 20..10, 9..0) on them: each CTA counts its keys matching the prefix
+// so far into its own histogram, then (after a cluster barrier) every CTA adds the 8 histograms
+// through distributed shared memory and finds the same bin (topk_find_bin), so all of them get
+// the exact k-th key T and how many keys equal to T to take; a second barrier before any CTA
+// clears its histogram for the next round. Output: each CTA's count of keys > T and == T go to
+// the cluster, each CTA takes the equal keys left after the CTAs before it (ties to the lower
+// position), and places its selected positions by a block prefix sum, so the row's output is in
+// ascending position order as k_topk's. A last barrier keeps every CTA's shared memory alive
+// until the others have read it. Dynamic shared memory topk_cluster_smem_bytes (cuda_attn.c):
+// two 2048-bin histograms, 4 ints, S keys. Rows with n <= k_max select everything without the
+// cluster (every CTA of a row takes the same branch).
+#define TOPK_CL 8
+
+__device__ __forceinline__ void cl_sync()
+{
+	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cl_rank()
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+// the int at this CTA's shared address p in the shared memory of the cluster's CTA `rank`
+__device__ __forceinline__ int cl_load(const int *p, uint32_t rank)
+{
+	int v;
+	asm volatile("{ .reg .u32 ra;\n\tmapa.shared::cluster.u32 ra, %1, %2;\n\tld.shared::cluster.u32 %0, [ra]; }"
+		     : "=r"(v)
+		     : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank)
+		     : "memory");
+	return v;
+}
+
+// hist[bin] += 1 where ok, one atomic for the warp when all its lanes hold the same bin (rows of
+// equal scores); every lane of the warp calls it
+__device__ __forceinline__ void cl_hist_add(int *hist, uint32_t bin, bool ok, int lane)
+{
+	const uint32_t b0 = __shfl_sync(0xffffffffu, bin, 0);
+	if (__all_sync(0xffffffffu, ok && bin == b0)) {
+		if (lane == 0)
+			atomicAdd(&hist[b0], 32);
+	} else if (ok) {
+		atomicAdd(&hist[bin], 1);
+	}
+}
+
+extern "C" __global__ void __cluster_dims__(TOPK_CL, 1, 1) __launch_bounds__(TOPK_THREADS, 1)
+k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	       const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos,
+	       int *__restrict__ out_slot)
+{
+	extern __shared__ __align__(16) uint8_t topk_smem[];
+	int *hist = reinterpret_cast<int *>(topk_smem);                // [2048] this CTA's counts
+	int *tot = hist + TOPK_BINS;                                   // [2048] the cluster's
+	int *cnt = tot + TOPK_BINS;                                    // [4]: keys > T, == T
+	uint32_t *keys = reinterpret_cast<uint32_t *>(cnt + 4);        // [S]
+	__shared__ int s_bin, s_rem;
+	const int tid = threadIdx.x, lane = tid & 31, b = blockIdx.y;
+	const uint32_t r = cl_rank();
+	const int n = n_keys[b];
+	const int k = n < k_max ? n : k_max;
+	const float *row = scores + (size_t)b * ld;
+	const int *bt = block_table ? block_table + (size_t)b * max_blocks : nullptr;
+	int *op = out_pos ? out_pos + (size_t)b * k_max : nullptr;
+	int *os = out_slot ? out_slot + (size_t)b * k_max : nullptr;
+	const int S = (n + TOPK_CL - 1) / TOPK_CL;
+	const int lo = min(n, (int)r * S), hi = min(n, lo + S), len = hi - lo;
+	for (int i = k + (int)r * TOPK_THREADS + tid; i < k_max; i += TOPK_CL * TOPK_THREADS) {
+		if (op)
+			op[i] = -1;
+		if (os)
+			os[i] = -1;
+	}
+	if (k >= n) { // every key is selected, in order (no cluster exchange)
+		for (int i = lo + tid; i < hi; i += TOPK_THREADS) {
+			if (op)
+				op[i] = i;
+			if (os)
+				os[i] = bt[i >> 6] * 64 + (i & 63);
+		}
+		return;
+	}
+	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS)
+		hist[i] = 0;
+	__syncthreads(); // cleared
+	// the slice as order keys, 8 loads in flight a thread; round 0's histogram (bits 31..21)
+	for (int base = lo; base < hi; base += 8 * TOPK_THREADS) {
+		float v[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			const int i = base + u * TOPK_THREADS + tid;
+			v[u] = i < hi ? __ldg(row + i) : 0.f;
+		}
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			const int i0 = base + u * TOPK_THREADS + (tid & ~31); // the warp's first position
+			if (i0 >= hi)
+				break;
+			const int i = i0 + lane;
+			const uint32_t key = order_key(v[u]);
+			if (i < hi)
+				keys[i - lo] = key;
+			cl_hist_add(hist, key >> 21, i < hi, lane);
+		}
+	}
+	uint32_t prefix = 0, mask = 0;
+	int rem = k;
+	for (int round = 0; round < 3; round++) {
+		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
+		if (round) {
+			for (int i = tid; i < nb; i += TOPK_THREADS)
+				hist[i] = 0;
+			__syncthreads(); // cleared
+			for (int i0 = tid & ~31; i0 < len; i0 += TOPK_THREADS) {
+				const int i = i0 + lane;
+				const uint32_t key = i < len ? keys[i] : 0u;
+				const bool ok = i < len && (key & mask) == prefix;
+				cl_hist_add(hist, (key >> shift) & (nb - 1), ok, lane);
+			}
+		}
+		cl_sync(); // every CTA's histogram complete
+		for (int i = tid; i < nb; i += TOPK_THREADS) {
+			int s = 0;
+#pragma unroll
+			for (int c = 0; c < TOPK_CL; c++)
+				s += cl_load(hist + i, (uint32_t)c);
+			tot[i] = s;
+		}
+		__syncthreads(); // the cluster's counts complete
+		topk_find_bin(tot, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
+		prefix |= (uint32_t)s_bin << shift;
+		mask |= (uint32_t)(nb - 1) << shift;
+		rem = s_rem;
+		cl_sync(); // every CTA has read every histogram (they are cleared next round)
+	}
+	const uint32_t T = prefix;
+	const int take_eq = rem; // keys equal to T the row takes, from the lowest position up
+
+	// output: thread tid owns the slice's positions [tid*chunk, (tid+1)*chunk)
+	const int chunk = (len + TOPK_THREADS - 1) / TOPK_THREADS;
+	const int tlo = min(len, tid * chunk), thi = min(len, tlo + chunk);
+	int gt = 0, eq = 0;
+	for (int i = tlo; i < thi; i++) {
+		const uint32_t key = keys[i];
+		gt += key > T;
+		eq += key == T;
+	}
+	int gt_tot, eq_tot;
+	const int eq_before = block_exclusive_scan<TOPK_THREADS>(eq, &eq_tot);
+	block_exclusive_scan<TOPK_THREADS>(gt, &gt_tot);
+	if (tid == 0)
+		cnt[0] = gt_tot, cnt[1] = eq_tot;
+	cl_sync(); // every CTA's counts visible
+	// the CTAs before this one: their outputs and the equal keys they took
+	int cta_out = 0, cta_eq = 0;
+	for (uint32_t c = 0; c < r; c++) {
+		const int g_c = cl_load(cnt, c), e_c = cl_load(cnt + 1, c);
+		cta_out += g_c + max(0, min(e_c, take_eq - cta_eq));
+		cta_eq += e_c;
+	}
+	const int cta_take = max(0, min(eq_tot, take_eq - cta_eq)); // equal keys this CTA takes
+	const int mine_eq = max(0, min(eq, cta_take - eq_before));
+	int total;
+	int o = cta_out + block_exclusive_scan<TOPK_THREADS>(gt + mine_eq, &total), eq_seen = 0;
+	for (int i = tlo; i < thi; i++) {
+		const uint32_t key = keys[i];
+		const bool sel = key > T || (key == T && eq_seen++ < mine_eq);
+		if (sel) {
+			const int pos = lo + i;
+			if (op)
+				op[o] = pos;
+			if (os)
+				os[o] = bt[pos >> 6] * 64 + (pos & 63);
+			o++;
+		}
+	}
+	cl_sync(); // no CTA leaves while another may still read its counts
+}

@@ -120,20 +120,42 @@ static size_t topk_smem_bytes(int ld)
 	return 8 * 2049 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
 }
 
+/* k_topk_cluster: 8 CTAs a row, each with up to TOPK_CL_SLICE keys of it in shared memory (so rows
+ * up to 327680 keys), after two histograms of 2048 bins and 4 ints */
+#define TOPK_CL 8
+#define TOPK_CL_SLICE 40960
+static size_t topk_cluster_smem_bytes(int ld)
+{
+	return (2 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
+}
+
+int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
+			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode)
+{
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 3)
+		return -EINVAL;
+	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot};
+	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
+	if (!mode) /* a cluster a row while the rows leave SMs idle, else a block a row */
+		mode = B * TOPK_CL <= g->sm_count && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
+	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
+		return gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args);
+	if ((mode == 2 && !cl_ok) || (mode == 1 && topk_smem_bytes(ld) > 200 * 1024))
+		return -EINVAL;
+	void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cluster" : "k_topk_select");
+	if (!fn)
+		return -ENOENT;
+	size_t smem = mode == 2 ? topk_cluster_smem_bytes(ld) : topk_smem_bytes(ld);
+	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
+	return gpu_launch(g, fn, mode == 2 ? TOPK_CL : (unsigned)B, mode == 2 ? (unsigned)B : 1, 1, 1024, 1, 1,
+			  (unsigned)smem, args);
+}
+
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B)
 {
-	if (B < 1 || ld < 0 || k_max < 1)
-		return -EINVAL;
-	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot};
-	size_t smem = topk_smem_bytes(ld);
-	if (smem > 200 * 1024) /* rows beyond ~1.2 M keys: the one-block radix select */
-		return gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args);
-	void *fn = gpu_kernel(g, "k_topk_select");
-	if (!fn)
-		return -ENOENT;
-	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	return gpu_launch(g, fn, (unsigned)B, 1, 1, 1024, 1, 1, (unsigned)smem, args);
+	return cuda_indexer_topk_mode(g, scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, B,
+				      0);
 }
 
 #endif

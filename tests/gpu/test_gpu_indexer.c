@@ -164,10 +164,10 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
 /* dist: 0 = 512 levels with NaN, -inf, -0 (many ties); 1 = continuous (a sum of uniforms, no
  * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
- * position plus noise (a sample of the row is not representative of its top). use_select: through
- * cuda_indexer_topk (k_topk_select) instead of k_topk. */
-static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int use_select,
-		       uint64_t seed)
+ * position plus noise (a sample of the row is not representative of its top). mode: the kernel
+ * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cluster, 3 k_topk). */
+static const char *const topk_names[4] = {"auto", "k_topk_select", "k_topk_cluster", "k_topk"};
+static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
 	for (int b = 0; b < B; b++)
@@ -212,12 +212,7 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, 
 	REQUIRE(gpu_upload(g, d_bt, bt, (size_t)B * max_blocks * 4) == 0);
 	gpu_test_poison(g, d_pos, (size_t)B * k_max * 4);
 	gpu_test_poison(g, d_slot, (size_t)B * k_max * 4);
-	int l = ld, km = k_max, mb = max_blocks;
-	void *args[] = {&d_sc, &l, &d_n, &km, &d_bt, &mb, &d_pos, &d_slot};
-	if (use_select)
-		REQUIRE(cuda_indexer_topk(g, d_sc, ld, d_n, k_max, d_bt, max_blocks, d_pos, d_slot, B) == 0);
-	else
-		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args) == 0);
+	REQUIRE(cuda_indexer_topk_mode(g, d_sc, ld, d_n, k_max, d_bt, max_blocks, d_pos, d_slot, B, mode) == 0);
 	REQUIRE(gpu_download(g, pos, d_pos, (size_t)B * k_max * 4) == 0);
 	REQUIRE(gpu_download(g, slot, d_slot, (size_t)B * k_max * 4) == 0);
 	int64_t bad_rows = 0;
@@ -241,7 +236,7 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, 
 		bad_rows += bad != 0;
 	}
 	printf("    %s k_max=%d dist=%d over %d rows: %lld rows differ from the CPU's sorted selection\n",
-	       use_select ? "k_topk_select" : "k_topk", k_max, dist, B, (long long)bad_rows);
+	       topk_names[mode], k_max, dist, B, (long long)bad_rows);
 	CHECK_EQ_INT(bad_rows, 0);
 	cu.cuMemFree(d_sc), cu.cuMemFree(d_n), cu.cuMemFree(d_bt), cu.cuMemFree(d_pos), cu.cuMemFree(d_slot);
 	free(sc), free(bt), free(ref), free(pos), free(slot);
@@ -252,16 +247,21 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 	struct gpu g;
 	gpu_test_open(&g);
 	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
-	for (int sel = 0; sel < 2; sel++) {
-		check_topk(&g, n, 8, 2048, 0, sel, 2001);
-		check_topk(&g, n, 8, 64, 0, sel, 2002);
-		check_topk(&g, n, 8, 2048, 1, sel, 2003);
-		check_topk(&g, n, 8, 2048, 2, sel, 2004);
-		check_topk(&g, n, 8, 2048, 3, sel, 2007);
+	for (int mode = 1; mode <= 3; mode++) {
+		check_topk(&g, n, 8, 2048, 0, mode, 2001);
+		check_topk(&g, n, 8, 64, 0, mode, 2002);
+		check_topk(&g, n, 8, 2048, 1, mode, 2003);
+		check_topk(&g, n, 8, 2048, 2, mode, 2004);
+		check_topk(&g, n, 8, 2048, 3, mode, 2007);
 	}
 	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
-	check_topk(&g, n_odd, 3, 2048, 1, 1, 2005);
-	check_topk(&g, n_odd, 3, 2048, 0, 1, 2006);
+	for (int mode = 1; mode <= 2; mode++) {
+		check_topk(&g, n_odd, 3, 2048, 1, mode, 2005);
+		check_topk(&g, n_odd, 3, 2048, 0, mode, 2006);
+	}
+	int n_small[5] = {9, 3000, 2049, 17, 40000}; /* few keys a CTA of the cluster, k_max 5 */
+	check_topk(&g, n_small, 5, 5, 0, 2, 2008);
+	check_topk(&g, n_small, 5, 5, 1, 2, 2009);
 	gpu_close(&g);
 }
 #endif
