@@ -625,11 +625,22 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 		cmin = counts[e] < cmin ? counts[e] : cmin, cmax = counts[e] > cmax ? counts[e] : cmax;
 	printf("    rows per expert: %d .. %d (mean %d)\n", cmin, cmax, T * topk / G);
 	static const int shapes[][2] = {{4096, 7168}, {7168, 2048}};
+	/* after the variants, timing diagnostics (wrong output): what the tile loads alone take
+	 * (no MMAs) and the MMAs without the stores, for 128/0/0 and 256/1/0 */
+	static const int diag[][3] = {{128, 0, WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE},
+				      {128, 0, WGMMA_DIAG_NOSTORE},
+				      {256, 1, WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE},
+				      {256, 1, WGMMA_DIAG_NOSTORE}};
 	for (int s = 0; s < 2; s++) {
 		struct grp_case c;
 		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, SYNTH);
-		for (int v = 0; v < N_GVAR; v++) {
-			CHECK_EQ_INT(grp_run(&g, &c, v), 0);
+		for (int v = 0; v < N_GVAR + 4; v++) {
+			const int *gv = v < N_GVAR ? gvars[v] : diag[v - N_GVAR];
+#define RUN_V()                                                                                 \
+	(v < N_GVAR ? grp_run(&g, &c, v)                                                          \
+		    : cuda_gemm_fp8_wgmma_grouped_bn(&g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx, c.dsx, \
+						     c.dy, c.rows, c.N, c.K, c.N, gv[0], gv[1], gv[2]))
+			CHECK_EQ_INT(RUN_V(), 0);
 			REQUIRE(gpu_sync(&g) == 0);
 			CUevent e0, e1;
 			REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
@@ -638,7 +649,7 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			for (int k = 0; k < 5; k++) { /* 4 back to back per batch (maps kernel included) */
 				cu.cuEventRecord(e0, g.stream);
 				for (int i = 0; i < 4; i++)
-					grp_run(&g, &c, v);
+					RUN_V();
 				cu.cuEventRecord(e1, g.stream);
 				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
 				cu.cuEventElapsedTime(&t[k], e0, e1);
@@ -647,12 +658,13 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			qsort(t, 5, sizeof *t, cmp_float);
 			double us = t[2] * 1e3 / 4, flop = 2.0 * c.rows * c.N * c.K;
 			double wbytes = (double)G * c.N * c.K;
-			printf("    grouped %d/%d/%d (n/ss/flags) %d x (%dx%d), %d rows: %.1f us, %.0f "
+			printf("    grouped %d/%d/%d (n/ss/flags)%s %d x (%dx%d), %d rows: %.1f us, %.0f "
 			       "TFLOP/s, weights %.2f TB/s\n",
-			       gvars[v][0], gvars[v][1], gvars[v][2], G, c.N, c.K, c.rows, us,
+			       gv[0], gv[1], gv[2], v < N_GVAR ? "" : " DIAG", G, c.N, c.K, c.rows, us,
 			       flop / (us * 1e-6) / 1e12,
 			       wbytes / (us * 1e-6) / 1e12);
 		}
+#undef RUN_V
 		grp_free(&c);
 	}
 	gpu_close(&g);
