@@ -1,7 +1,8 @@
-// fwd_fused.cu — chains of the CUDA forward's per-row ops fused into one launch each (fewer
-// kernels per decode step), every intermediate rounded where the unfused chain rounds it, so
-// the outputs are the same bits as the separate kernels (k_rope, k_hadamard128, k_act_quant,
-// k_layernorm128, k_kv_mla_write, k_kv_index_write, k_fwd_rmsnorm, k_fwd_idx_weights), which are
+// fwd_fused.cu — the CUDA forward's RMSNorm (k_fwd_rmsnorm, also with its act_quant) and chains
+// of its per-row ops fused into one launch each (fewer kernels per decode step), every
+// intermediate rounded where the unfused chain rounds it, so the outputs are the same bits as
+// the separate kernels (k_rope, k_hadamard128, k_act_quant, k_layernorm128, k_kv_mla_write,
+// k_kv_index_write, k_fwd_rmsnorm, k_fwd_idx_weights; tests/gpu/test_gpu_forward.c), which are
 // themselves checked against the CPU: rope_apply_halfsplit / _interleaved (model/rope.c),
 // cpu_hadamard, cpu_act_quant, cpu_layernorm, cpu_rmsnorm (model/cpu_ops.c), kv_mla_write /
 // kv_index_write (model/kv_cache.c), indexer_project (model/cpu_indexer.c). Device code only.
@@ -9,11 +10,63 @@
 // k_fwd_idx_q   per (token, indexer head): half-split RoPE of dims 0..63 -> bf16, Hadamard ->
 //               bf16 (written back: idx_q), act_quant -> e4m3 codes, and the head weight
 //               w' = ((w * H^-0.5) * s_q) * 128^-0.5 (spec §3.6 steps 4-7).
-// k_fwd_idx_k   per token: LayerNorm -> bf16, half-split RoPE -> bf16, Hadamard -> bf16 (written:
-//               idx_k), act_quant into the indexer cache page at the token's slot (§3.6.3-4, §6.2).
-// k_fwd_kv      per token: RMSNorm of c_kv -> bf16 (written: kv_cmpr), interleaved RoPE of k_pe
-//               (written back in place: k_pe), the 656-byte MLA record at the slot (§3.3, §6.1).
+// k_fwd_qkv_norms  everything that reads the fused q_a | indexer wk | kv_a GEMM output, in one
+//               launch (block ranges): per token the q_a RMSNorm with its act_quant; per token
+//               the RMSNorm of c_kv -> bf16 (written: kv_cmpr), interleaved RoPE of k_pe
+//               (written back in place: k_pe), the 656-byte MLA record at the slot (§3.3,
+//               §6.1); per token the indexer key: LayerNorm -> bf16, half-split RoPE -> bf16,
+//               Hadamard -> bf16 (written: idx_k), act_quant into the indexer cache page at the
+//               token's slot (§3.6.3-4, §6.2).
+// k_fwd_rmsnorm cpu_rmsnorm / cpu_add_rmsnorm (model/cpu_ops.c): k_rmsnorm_add's arithmetic with
+//               row strides, so a norm can read a slice of a fused GEMM output and write into a
+//               slice of a wider row (the MTP concat); optionally act_quant of its output;
+//               k_fwd_rmsnorm_1k the same with 1024 threads.
 #include "common.cuh"
+
+// out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
+// res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row (t = row).
+// q non-null (then ldo == dim, dim % 128 == 0): also act_quant of the output row (k_act_quant's
+// numbers): codes q [T, dim], scales qs [T, dim / 128].
+template <int THREADS, int PER>
+__device__ __forceinline__ void fwd_rmsnorm(int row, const uint16_t *__restrict__ x, int ldx,
+					    uint16_t *__restrict__ res, const float *__restrict__ w,
+					    uint16_t *__restrict__ out, int ldo, int dim, float eps,
+					    uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	uint16_t *orow = out + (size_t)row * ldo;
+	block_rmsnorm_row<THREADS, PER>(x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr,
+					w, orow, dim, eps);
+	if (!q)
+		return;
+	__syncthreads(); // the block's output row is written (global, visible within the block)
+	const int lane = threadIdx.x & 31, groups = dim / 128;
+	for (int g = threadIdx.x >> 5; g < groups; g += THREADS / 32) {
+		const float sc = warp_act_quant128(orow + g * 128, q + (size_t)row * dim + g * 128, lane);
+		if (lane == 0)
+			qs[(size_t)row * groups + g] = sc;
+	}
+}
+
+// 256 threads, dim <= 8192 (k_rmsnorm_add's shape)
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
+	      const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
+	      uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	fwd_rmsnorm<256, 32>(blockIdx.x, x, ldx, res, w, out, ldo, dim, eps, q, qs);
+}
+
+// 1024 threads, dim <= 8192: the hidden-size norms of a decode step (7 values a thread instead
+// of 28: run 4 measured 9.3 us a call with 256 threads at batch 1; the sum of squares is added
+// in another order than k_fwd_rmsnorm's, fp32 rounding only)
+extern "C" __global__ void __launch_bounds__(1024)
+k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
+		 const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
+		 uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	fwd_rmsnorm<1024, 8>(blockIdx.x, x, ldx, res, w, out, ldo, dim, eps, q, qs);
+}
+
 
 __device__ __forceinline__ float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
@@ -80,18 +133,16 @@ k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restri
 		w[r] = __fmul_rn(__fmul_rn(__fmul_rn(w[r], hs), sc), ds);
 }
 
-// kr bf16 [T, ld] (wk output), nw, nb fp32 [128] (k_norm), ik bf16 [T, 128] out (idx_k),
-// slots int [T] (page * 64 + offset), pool: the layer's indexer pages (page_bytes each).
-// One warp per token; grid ceil(T / 8), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_idx_k(const uint16_t *__restrict__ kr, int ld, const float *__restrict__ nw,
-	    const float *__restrict__ nb, uint16_t *__restrict__ ik, const int *__restrict__ pos,
-	    const float *__restrict__ cs, const int *__restrict__ slots, uint8_t *__restrict__ pool,
-	    long long page_bytes, int T, float eps, float had)
+// The indexer key of token t by one warp: kr bf16 [T, ld] (wk output), nw, nb fp32 [128]
+// (k_norm), ik bf16 [T, 128] out (idx_k), slots int [T] (page * 64 + offset), pool: the layer's
+// indexer pages (page_bytes each).
+__device__ __forceinline__ void idx_k_token(int t, const uint16_t *__restrict__ kr, int ld,
+					    const float *__restrict__ nw, const float *__restrict__ nb,
+					    uint16_t *__restrict__ ik, const int *__restrict__ pos,
+					    const float *__restrict__ cs, const int *__restrict__ slots,
+					    uint8_t *__restrict__ pool, long long page_bytes, float eps,
+					    float had, int lane)
 {
-	const int t = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (t >= T)
-		return;
 	float v[4];
 #pragma unroll
 	for (int k = 0; k < 4; k++) // k_layernorm128's arithmetic
@@ -115,17 +166,19 @@ k_fwd_idx_k(const uint16_t *__restrict__ kr, int ld, const float *__restrict__ n
 
 #define KV_THREADS 256
 
-// y bf16 [T, ld]: c_kv at column kvo (R values), k_pe right after (rope values, rotated in place);
-// nw fp32 [R] (kv_norm), ckv bf16 [T, R] out (kv_cmpr), slots int [T], pool: the layer's MLA
-// records (slot s at pool + s * rec_bytes). R % 128 == 0, R <= 2048, rope == 64.
-// One block per token, 256 threads: RMSNorm as k_fwd_rmsnorm, k_pe pairs (2i, 2i+1) as k_rope
-// (threads 0..31), then warp w < R/128 quantises c_kv tile w as k_kv_mla_write.
-extern "C" __global__ void __launch_bounds__(KV_THREADS)
-k_fwd_kv(uint16_t *__restrict__ y, int ld, int kvo, const float *__restrict__ nw,
-	 uint16_t *__restrict__ ckv, int R, const int *__restrict__ pos, const float *__restrict__ cs,
-	 const int *__restrict__ slots, uint8_t *__restrict__ pool, int rec_bytes, float eps)
+// The MLA cache side of token t by a block of KV_THREADS: y bf16 [T, ld]: c_kv at column kvo
+// (R values), k_pe right after (rope values, rotated in place); nw fp32 [R] (kv_norm), ckv bf16
+// [T, R] out (kv_cmpr), slots int [T], pool: the layer's MLA records (slot s at pool + s *
+// rec_bytes). R % 128 == 0, R <= 2048, rope == 64. RMSNorm as k_fwd_rmsnorm, k_pe pairs
+// (2i, 2i+1) as k_rope (threads 0..31), then warp w < R/128 quantises c_kv tile w as
+// k_kv_mla_write.
+__device__ __forceinline__ void kv_token(int t, uint16_t *__restrict__ y, int ld, int kvo,
+					 const float *__restrict__ nw, uint16_t *__restrict__ ckv, int R,
+					 const int *__restrict__ pos, const float *__restrict__ cs,
+					 const int *__restrict__ slots, uint8_t *__restrict__ pool,
+					 int rec_bytes, float eps)
 {
-	const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	uint16_t *row = y + (size_t)t * ld + kvo;
 	uint8_t *rec = pool + (size_t)slots[t] * rec_bytes;
 	const int tiles = R / 128;
@@ -145,5 +198,33 @@ k_fwd_kv(uint16_t *__restrict__ y, int ld, int kvo, const float *__restrict__ nw
 		const float sc = warp_act_quant128(ckv + (size_t)t * R + w * 128, rec + w * 128, lane);
 		if (lane == 0)
 			*reinterpret_cast<float *>(rec + R + w * 4) = sc;
+	}
+}
+
+// y bf16 [T, ld] (ld = qlr + 128 + R + rope): the fused GEMM's output q_a | wk | kv_a | k_pe.
+// Blocks [0, T): token b's q_a RMSNorm (qnw) -> cq bf16 [T, qlr] and its act_quant -> cq8, cqs
+// (k_fwd_rmsnorm's arithmetic); blocks [T, 2T): kv_token(b - T) (kv_a at column kvo); blocks
+// [2T, 2T + ceil(T / 8)): idx_k_token for 8 tokens a block (wk at column qlr; ik, ipool, ipb,
+// inw, inb as there). The three read disjoint columns of y and write disjoint buffers. Grid
+// 2T + ceil(T / 8), 256 threads.
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+k_fwd_qkv_norms(uint16_t *__restrict__ y, int ld, int T, float eps, const float *__restrict__ qnw,
+		uint16_t *__restrict__ cq, int qlr, uint8_t *__restrict__ cq8, float *__restrict__ cqs,
+		int kvo, const float *__restrict__ kvnw, uint16_t *__restrict__ ckv, int R,
+		const int *__restrict__ pos, const float *__restrict__ cs, const int *__restrict__ slots,
+		uint8_t *__restrict__ mpool, int rec_bytes, const float *__restrict__ inw,
+		const float *__restrict__ inb, uint16_t *__restrict__ ik, uint8_t *__restrict__ ipool,
+		long long ipb, float had)
+{
+	const int b = blockIdx.x;
+	if (b < T) {
+		fwd_rmsnorm<KV_THREADS, 32>(b, y, ld, nullptr, qnw, cq, qlr, qlr, eps, cq8, cqs);
+	} else if (b < 2 * T) {
+		kv_token(b - T, y, ld, kvo, kvnw, ckv, R, pos, cs, slots, mpool, rec_bytes, eps);
+	} else {
+		const int t = (b - 2 * T) * 8 + (threadIdx.x >> 5);
+		if (t < T)
+			idx_k_token(t, y + qlr, ld, inw, inb, ik, pos, cs, slots, ipool, ipb, eps, had,
+				    threadIdx.x & 31);
 	}
 }

@@ -1,10 +1,6 @@
 // fwd_glue.cu — the small ops of the CUDA forward pass (model/cuda_forward.c) that have no
 // kernel of their own elsewhere, each with its CPU counterpart. Device code only.
 //
-// k_fwd_rmsnorm      cpu_rmsnorm / cpu_add_rmsnorm (model/cpu_ops.c): k_rmsnorm_add's arithmetic
-//                    with row strides, so a norm can read a slice of a fused GEMM output (q_a,
-//                    kv_a) and write into a slice of a wider row (the MTP concat); optionally
-//                    act_quant of its output; k_fwd_rmsnorm_1k the same with 1024 threads.
 // k_fwd_bf16_linear  cpu_bf16_linear (bf16 weights, fp32 accumulation in cpu_dot_bf16's order:
 //                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree): the
 //                    bit-identical path (5-8 token rows; the forward sends 1-4 rows to the
@@ -21,51 +17,6 @@
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
-
-// out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
-// res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row.
-// q non-null (then ldo == dim, dim % 128 == 0): also act_quant of the output row (k_act_quant's
-// numbers): codes q [T, dim], scales qs [T, dim / 128].
-template <int THREADS, int PER>
-__device__ __forceinline__ void fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx,
-					    uint16_t *__restrict__ res, const float *__restrict__ w,
-					    uint16_t *__restrict__ out, int ldo, int dim, float eps,
-					    uint8_t *__restrict__ q, float *__restrict__ qs)
-{
-	const int row = blockIdx.x;
-	uint16_t *orow = out + (size_t)row * ldo;
-	block_rmsnorm_row<THREADS, PER>(x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr,
-					w, orow, dim, eps);
-	if (!q)
-		return;
-	__syncthreads(); // the block's output row is written (global, visible within the block)
-	const int lane = threadIdx.x & 31, groups = dim / 128;
-	for (int g = threadIdx.x >> 5; g < groups; g += THREADS / 32) {
-		const float sc = warp_act_quant128(orow + g * 128, q + (size_t)row * dim + g * 128, lane);
-		if (lane == 0)
-			qs[(size_t)row * groups + g] = sc;
-	}
-}
-
-// 256 threads, dim <= 8192 (k_rmsnorm_add's shape)
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
-	      const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
-	      uint8_t *__restrict__ q, float *__restrict__ qs)
-{
-	fwd_rmsnorm<256, 32>(x, ldx, res, w, out, ldo, dim, eps, q, qs);
-}
-
-// 1024 threads, dim <= 8192: the hidden-size norms of a decode step (7 values a thread instead
-// of 28: run 4 measured 9.3 us a call with 256 threads at batch 1; the sum of squares is added
-// in another order than k_fwd_rmsnorm's, fp32 rounding only)
-extern "C" __global__ void __launch_bounds__(1024)
-k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
-		 const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
-		 uint8_t *__restrict__ q, float *__restrict__ qs)
-{
-	fwd_rmsnorm<1024, 8>(x, ldx, res, w, out, ldo, dim, eps, q, qs);
-}
 
 // Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
 // (l6+l7)); lane 8q gets the result (addition is commutative, so every lane's value is the same).

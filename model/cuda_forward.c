@@ -156,6 +156,7 @@ struct fwd {
 	gpu_ptr lrows, hrows;      /* [n_logits], [n_hidden] row indices */
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
+	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 
@@ -196,7 +197,7 @@ static gpu_ptr take(struct fwd *F, size_t bytes)
 				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
 		if (r_)                                                                          \
 			return fwd_fail(name, r_);                                               \
-		prof_mark(F->g->stream, name);                                                   \
+		prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
 	} while (0)
 
 /* A launch with a z grid dimension, no dynamic shared memory. */
@@ -207,7 +208,7 @@ static gpu_ptr take(struct fwd *F, size_t bytes)
 				    (unsigned)(gz), (unsigned)(bx), 1, 1, 0, a_);                \
 		if (r_)                                                                          \
 			return fwd_fail(name, r_);                                               \
-		prof_mark(F->g->stream, name);                                                   \
+		prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
 	} while (0)
 
 #define TRY(call)                  \
@@ -215,6 +216,16 @@ static gpu_ptr take(struct fwd *F, size_t bytes)
 		int r_ = (call);   \
 		if (r_)            \
 			return r_; \
+	} while (0)
+
+/* TRY with the launches of call named tag in the profile (ops sharing a kernel apart). */
+#define TRY_TAG(name_, call)               \
+	do {                               \
+		F->tag = (name_);          \
+		int r_ = (call);           \
+		F->tag = NULL;             \
+		if (r_)                    \
+			return r_;         \
 	} while (0)
 
 static int round8(int x) { return (x + 7) / 8 * 8; }
@@ -574,14 +585,19 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	gpu_ptr ikr = yq + (size_t)qlr * 2;   /* bf16 [Tp, 128] indexer wk output, in yq's rows */
 	TAKE(cq8, (size_t)Tp * qlr);
 	TAKE(cqs, (size_t)Tp * (qlr / 128) * 4);
-	TRY(op_rmsq(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr, fuse ? cq8 : 0, fuse ? cqs : 0));
-	if (fuse) { /* kv_norm, k_pe RoPE and the MLA cache record in one launch */
-		gpu_ptr pm = pool_mla(F, layer), nw = L->kv_norm;
+	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
+	float eps = (float)c->rms_norm_eps, had = (float)pow(128.0, -0.5);
+	if (fuse) { /* q_norm + act_quant; kv_norm, k_pe RoPE, MLA record; indexer key and its
+		     * cache write: one launch */
+		gpu_ptr pm = pool_mla(F, layer), pi = pool_idx(F, layer), qnw = L->q_norm;
+		gpu_ptr kvnw = L->kv_norm, inw = L->idx_k_norm_w, inb = L->idx_k_norm_b;
 		int rec = (int)c->mla_record_bytes;
-		float eps = (float)c->rms_norm_eps;
-		LAUNCH("k_fwd_kv", T, 1, 256, 0, &yq, &Nq, &kvo, &nw, &ckv, &Rk, &F->pos, &cs,
-		       &F->slot, &pm, &rec, &eps);
+		long long pb = (long long)F->E->base->idx_page_bytes;
+		LAUNCH("k_fwd_qkv_norms", 2 * T + (T + 7) / 8, 1, 256, 0, &yq, &Nq, &T, &eps, &qnw, &cq,
+		       &qlr, &cq8, &cqs, &kvo, &kvnw, &ckv, &Rk, &F->pos, &cs, &F->slot, &pm, &rec, &inw,
+		       &inb, &ik, &pi, &pb, &had);
 	} else {
+		TRY(op_rms(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr));
 		TRY(op_quant(F, cq, cq8, cqs, T, qlr));
 		TRY(op_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
 		TRY(op_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
@@ -600,20 +616,14 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
 	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
-	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
 	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
-	TRY(op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
-	float hs = (float)pow((double)Hi, -0.5), ds = (float)pow(128.0, -0.5), had = ds;
-	float eps = (float)c->rms_norm_eps;
+	TRY_TAG("weights_proj", op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
+	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
-	if (fuse) { /* q: RoPE, Hadamard, act_quant, w'; k: LayerNorm, RoPE, Hadamard, cache write */
+	if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
 		int rows = T * Hi;
-		gpu_ptr pi = pool_idx(F, layer);
-		long long pb = (long long)F->E->base->idx_page_bytes;
 		LAUNCH("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
 		       &Hi, &rows, &had, &hs, &ds);
-		LAUNCH("k_fwd_idx_k", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &F->pos,
-		       &cs, &F->slot, &pi, &pb, &T, &eps, &had);
 	} else {
 		TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
 		TRY(op_hadamard(F, iq, T * Hi));
@@ -651,8 +661,10 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	if (!absorb_cc) {
 		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
 		long long a_hs = dq, c_hs = Rk + rope;
+		F->tag = "q absorb (mma)";
 		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
 			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
+		F->tag = NULL;
 	} else { /* rows a block: the step's, up to 8 */
 		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
 					      "k_fwd_q_absorb8"};
@@ -720,8 +732,10 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	if (T > MMA_ROWS) {
 		int mode = 1, lda = Hpad * Rk, b_row0 = nope, b_hs = nope + dv, ldc = H * dv, out32 = 0;
 		long long a_hs = Rk, c_hs = dv;
+		F->tag = "uv (mma)";
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
+		F->tag = NULL;
 	} else if (T == 1) { /* a decode row: one row a block */
 		LAUNCH3("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
 			&nope, &dv, &Rk);
@@ -927,7 +941,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 		TRY(op_rms(F, e, D, 0, m->enorm, cat, 2 * D, D));
 		TRY(op_rms(F, F->up[0], D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
 		TRY(dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
-		TRY(op_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
+		TRY_TAG("eh_proj", op_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
 		TRY(dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
 		TRY(fwd_layer(F, Lm, &m->layers[Lm], x, r, 1));
 		norm = m->head_norm, head = m->mtp_head;
@@ -939,10 +953,15 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	*out_p = out, *r_p = r, *l32_p = 0;
 	if (F->n_logits) {
 		int nl = F->n_logits;
-		TAKE(hr, (size_t)nl * D * 2);
+		gpu_ptr hr = out; /* every row asks for logits (decode): they are in order already */
+		if (nl < T) {
+			hr = take(F, (size_t)nl * D * 2);
+			if (!hr)
+				return -ENOMEM;
+			LAUNCH("k_moe_gather", nl, 1, 256, 0, &out, &F->lrows, &hr, &D);
+		}
 		TAKE(l32, (size_t)nl * V * 4);
-		LAUNCH("k_moe_gather", nl, 1, 256, 0, &out, &F->lrows, &hr, &D);
-		TRY(op_lin(F, head, hr, D, l32, 0, V, nl, D, V));
+		TRY_TAG("lm head", op_lin(F, head, hr, D, l32, 0, V, nl, D, V));
 		*l32_p = l32;
 	}
 	return 0;
