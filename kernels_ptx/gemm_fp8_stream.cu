@@ -53,6 +53,7 @@
 #define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
 #define ST_MAXG 8192   // groups with a tensor map in st_maps
+#define ST_SCL_BYTES (16 + ST_KBS * 64 * 4) // a stage's promotion scales (see scl0)
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -60,6 +61,12 @@ __device__ tmap st_maps[ST_MAXG];
 
 struct st_slice {
 	int e, r0, rows, pad;
+};
+
+// a unit whose chunk partials a consumer warp stored: its count index, first row n, rows nr,
+// token rows r0 .. r0 + ms - 1 (st < 0: none)
+struct st_pend {
+	int st, n, nr, r0, ms;
 };
 
 // 16 bytes of shared memory; volatile keeps it after the mbarrier wait that made them valid.
@@ -84,6 +91,20 @@ __device__ __forceinline__ void sts128(uint32_t addr, uint4 v)
 	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y),
 		     "r"(v.z), "r"(v.w)
 		     : "memory");
+}
+
+__device__ __forceinline__ float lds32f(uint32_t addr)
+{
+	float r;
+	asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr));
+	return r;
+}
+
+// An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
+// barrier's expected arrivals: .noinc)
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar)
+{
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // barrier `id` among the first `n` threads (the consumer warps; the producer never joins)
@@ -148,6 +169,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
 	const uint32_t fstage = KBS * (MG > 0 ? MG : 1) * 2048;
+	// then each stage's promotion scales, copied by the producer warp: S[row block][kb + j] at
+	// +4j, sx[r0 + m][kb + j] at +16 + 4 (64 j + m)
+	const uint32_t scl0 = fbuf + 2 * fstage;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -203,7 +227,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	}
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
-			mbar_init(smem_u32(&full[s]), 1);
+			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
 			mbar_init(smem_u32(&empty[s]), CW);
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -216,15 +240,26 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 
 	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
-		if (lane != 0)
-			return;
+		// Lane 0 issues the bulk tensor copies; every lane copies a share of the stage's
+		// promotion scales with 4-byte cp.async, whose completion is one more arrival each on
+		// the stage's full barrier: the consumers never wait on a global load (run 5: the
+		// scale loads each stage, at the memory latency of a saturated HBM, held the
+		// consumers to 1.8-2.7 TB/s).
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
+		// the grouped weight scales' address, loaded a unit ahead
+		unsigned long long sp_next = 0;
+		if (MG > 0 && blockIdx.x < units)
+			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
+					: (unsigned long long)S;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
 			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			const float *Sp = reinterpret_cast<const float *>(sp_next);
+			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
+				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
 			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
-			if (w_tab && w.e != e_acq) {
+			if (lane == 0 && w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
 					     : "memory");
@@ -237,14 +272,31 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				const int nb = min(KBS, w.kb1 - kb);
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
-				// whole boxes count, rows past N or past the tokens zero-filled included
-				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
-				const uint32_t dst = stage0 + s * stage_bytes;
-				for (int j = 0; j < nb; j++) {
-					tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0, pol_w);
-					for (int i = 0; i < xb; i++)
-						tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap, bar,
-								 (kb + j) * 128, w.r0 + 8 * i, pol_x);
+				if (MG > 0) {
+					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
+					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
+					for (int i = lane; i < nb * (1 + w.ms); i += 32) {
+						if (i < nb) {
+							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
+						} else {
+							const int r = i - nb, j = r / w.ms, m = r - j * w.ms;
+							cp_async4(sd + 16 + 4 * (64 * j + m),
+								  SX + (size_t)(w.r0 + m) * KB + kb + j);
+						}
+					}
+				}
+				cp_async_arrive(bar); // (at once when this lane copied nothing)
+				if (lane == 0) {
+					// whole boxes count, rows past N or past the tokens zero-filled included
+					mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
+					const uint32_t dst = stage0 + s * stage_bytes;
+					for (int j = 0; j < nb; j++) {
+						tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0,
+								 pol_w);
+						for (int i = 0; i < xb; i++)
+							tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap,
+									 bar, (kb + j) * 128, w.r0 + 8 * i, pol_x);
+					}
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
@@ -258,19 +310,54 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	const int g = lane >> 2, t = lane & 3;
 	int s = 0;
 	uint32_t ph = 0, it = 0; // it: stages consumed, whose parity picks the fp16 token buffer
+	// Fused chunk sum: the warp that stores the last of the chunks' partials of its rows
+	// (counted in st_count, which it resets for the next GEMM) sums them in chunk order, as
+	// k_gemm_stream_reduce would. No warp waits on the memory system for it: at the end of
+	// unit u, before u's partials are stored, a fence makes the warp's stores so far visible
+	// (the pending unit's partials, stored a unit ago, so the fence is cheap), the count
+	// issued a unit ago is read (resolve: the last arrival sums), and the pending unit is
+	// counted (count: an atomic whose result is read a unit later); u becomes pending.
+	// (Run 5: a fence and an atomic round trip at each unit's end, at the latency of a
+	// saturated HBM, held the consumers back.)
+	st_pend pend = {-1, 0, 0, 0, 0}, counted = {-1, 0, 0, 0, 0};
+	unsigned cnt_old = 0; // lane 0: the count before counted's arrival
+	auto resolve = [&]() {
+		if (counted.st < 0)
+			return;
+		const int last = __shfl_sync(0xffffffffu, (int)(cnt_old == (unsigned)chunks - 1), 0);
+		if (last) {
+			if (lane == 0)
+				st_count[(size_t)counted.st * CW + warp] = 0;
+			__threadfence(); // the other chunks' partials are read after their counts
+			for (int i = lane; i < counted.nr * counted.ms; i += 32) {
+				const int m = i / counted.nr, row = counted.n + i % counted.nr;
+				const size_t r = (size_t)counted.r0 + m;
+				const float *p = partial + r * N + row;
+				float sum = __ldcg(p);
+				for (int c = 1; c < chunks; c++)
+					sum += __ldcg(p + (size_t)c * rows * N);
+				Y[r * ldy + row] = f32_to_bf16(sum);
+			}
+		}
+		counted.st = -1;
+	};
+	auto count = [&]() {
+		if (pend.st < 0)
+			return;
+		if (lane == 0)
+			cnt_old = atomicAdd(&st_count[(size_t)pend.st * CW + warp], 1u);
+		counted = pend;
+		pend.st = -1;
+	};
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
 		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-		const float *Sp = w_tab ? reinterpret_cast<const float *>(s_tab[w.e]) : S;
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
 		const int rt_n = min(RT, max(0, (N - n) >> 4));
 		const int mg_n = (w.ms + 7) >> 3;
-		// the warp's rows lie in one 128-row scale block (16 RT divides 128)
-		const float *s_row = Sp + (size_t)(n >> 7) * KB;
-		const float *sx = SX + (size_t)w.r0 * KB;
 		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
-		// (2t, 2t + 1 of each group of 8; 0 past the slice), loaded before the wait for the
-		// stage so their latency hides behind it.
+		// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
+		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
 #pragma unroll
@@ -279,19 +366,20 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			for (int mg = 0; mg < MGA; mg++)
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
+			mbar_wait(smem_u32(&full[s]), ph);
+			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
 			for (int j = 0; j < KBS; j++) {
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-				const float sw = ok ? s_row[kb + j] : 0.f;
+				const float sw = ok ? lds32f(sd + 4 * j) : 0.f;
 #pragma unroll
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
-					sc[j][mg][0] = ok && m0 < w.ms ? sx[(size_t)m0 * KB + kb + j] * sw : 0.f;
-					sc[j][mg][1] =
-						ok && m0 + 1 < w.ms ? sx[(size_t)(m0 + 1) * KB + kb + j] * sw : 0.f;
+					const uint32_t a = sd + 16 + 4 * (64 * j + m0);
+					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
+					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a + 4) * sw : 0.f;
 				}
 			}
-			mbar_wait(smem_u32(&full[s]), ph);
 			const uint32_t st = stage0 + s * stage_bytes;
 			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
 			const int nb = min(KBS, w.kb1 - kb);
@@ -376,6 +464,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		}
 		if constexpr (MG == 0) // the copy-only probe: no arithmetic, no output
 			continue;
+		if (chunks > 1 && fused) {
+			// the fused chunk sum's steps for the units before this one (see below)
+			__threadfence();
+			__syncwarp();
+			resolve();
+			count();
+		}
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++) {
 			if (rt >= rt_n)
@@ -398,33 +493,15 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				}
 			}
 		}
-		if (chunks == 1 || !fused || rt_n == 0)
-			continue;
-		// Fused chunk sum: the warp that stores the last of the chunks' partials of its rows
-		// (counted in st_count, which it resets for the next GEMM) sums them in chunk order,
-		// as k_gemm_stream_reduce would.
-		__threadfence(); // this lane's partials are visible GPU-wide before the count
+		if (chunks > 1 && fused && rt_n > 0)
+			pend = st_pend{w.st, n, 16 * rt_n, w.r0, w.ms};
+	}
+	if (MG > 0 && chunks > 1 && fused) { // the last unit's count, and its sum when last
+		__threadfence();
 		__syncwarp();
-		int last = 0;
-		if (lane == 0) {
-			unsigned *cnt = &st_count[(size_t)w.st * CW + warp];
-			last = atomicAdd(cnt, 1u) == (unsigned)chunks - 1;
-			if (last)
-				*cnt = 0;
-		}
-		if (!__shfl_sync(0xffffffffu, last, 0))
-			continue;
-		__threadfence(); // the other chunks' partials are read after their counts
-		const int nr = 16 * rt_n;
-		for (int i = lane; i < nr * w.ms; i += 32) {
-			const int m = i / nr, row = n + i % nr;
-			const size_t r = (size_t)w.r0 + m;
-			const float *p = partial + r * N + row;
-			float sum = __ldcg(p);
-			for (int c = 1; c < chunks; c++)
-				sum += __ldcg(p + (size_t)c * rows * N);
-			Y[r * ldy + row] = f32_to_bf16(sum);
-		}
+		resolve();
+		count();
+		resolve();
 	}
 }
 

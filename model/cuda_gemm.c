@@ -174,6 +174,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
 	head += copy_only ? 0 : 2 * 2 * (mpad / 8) * 2048;
+	head += 8 * (16 + 2 * 64 * 4); /* each stage's promotion scales (ST_SCL_BYTES), 8 at most */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	if (ns < 2) {
