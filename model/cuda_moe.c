@@ -34,6 +34,7 @@
 #include <stdlib.h>
 
 #include "model/cuda_gemm.h"
+#include "model/cuda_gemm_wgmma.h"
 
 int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
 			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
@@ -155,6 +156,19 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 	if (D % 512 == 0)
 		return (struct gate_kernel){"k_moe_gate_logits_a2l", 64, 2, 3 * (64 + 2) * (512 * 2 + 16)};
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
+}
+
+/* The grouped GEMM over the E + 1 groups: cuda_gemm_fp8_grouped (its dispatch: the streaming
+ * decode kernel, or wgmma from 64 rows a group on average), or the wgmma kernel whenever T >=
+ * DSV32_CUDA_MOE_WGMMA (diagnosis: set, > 64, it compares the kernels at batch-decode sizes). */
+static int grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G, gpu_ptr x8,
+		   gpu_ptr sx, gpu_ptr y, int T, int rows, int N, int K, gpu_ptr ws, size_t ws_bytes)
+{
+	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
+	int from = v ? atoi(v) : 0;
+	if (from > 64 && T >= from)
+		return cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, rows, N, K, N);
+	return cuda_gemm_fp8_grouped(g, w_tab, s_tab, off, G, x8, sx, y, rows, N, K, N, ws, ws_bytes);
 }
 
 /* SwiGLU of gu [rows, 2I] then act_quant -> h8 [rows, I], hs [rows, I/128]. */
@@ -333,8 +347,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down */
 	if (stages & CUDA_MOE_W13) {
-		rc = cuda_gemm_fp8_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8],
-					   b[B_SXS], b[B_GU], RT, 2 * I, D, 2 * I, b[B_WS], ws_bytes);
+		rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_GU], T,
+			     RT, 2 * I, D, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 	}
@@ -343,8 +357,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
 	stats_mark(g, ST_SWIGLU + 1);
 	if (!rc && (stages & CUDA_MOE_W2)) {
-		rc = cuda_gemm_fp8_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS],
-					   b[B_EY], RT, D, I, D, b[B_WS], ws_bytes);
+		rc = grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS], b[B_EY], T, RT,
+			     D, I, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
 		if (!rc && tr)
