@@ -102,28 +102,39 @@ __device__ __forceinline__ void group_barrier(int id)
 
 // Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw (none
 // when copy is 0: benchmarks), and note each key's slot (-1 beyond the list) in sslot[64] for
-// the dequantisation.
+// the dequantisation. Warp w takes keys w, w + 16, w + 32, w + 48 (their 4 slot loads in flight
+// together), its lanes the 16-byte chunks of each record.
 __device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0, int k_end, int copy,
 					   const uint8_t *__restrict__ pool, int rec_bytes, int RB,
 					   uint8_t *raw, int *sslot, int tid)
 {
 	const int cb = (rec_bytes & 15) == 0 ? 16 : (rec_bytes & 7) == 0 ? 8 : 4;
 	const int nch = rec_bytes / cb;
-	for (int i = tid; i < MLA_KT * nch; i += MLA_THREADS) {
-		const int kk = i / nch, c = i - kk * nch, k = k0 + kk;
-		const int slot = k < k_end ? srow[k] : -1;
-		if (c == 0)
-			sslot[kk] = slot;
-		if (slot < 0 || !copy)
+	const int warp = tid >> 5, lane = tid & 31;
+	constexpr int KW = MLA_KT / (MLA_THREADS / 32); // keys a warp
+	int slot[KW];
+#pragma unroll
+	for (int j = 0; j < KW; j++) {
+		const int k = k0 + warp + (MLA_THREADS / 32) * j;
+		slot[j] = k < k_end ? srow[k] : -1;
+	}
+#pragma unroll
+	for (int j = 0; j < KW; j++) {
+		const int kk = warp + (MLA_THREADS / 32) * j;
+		if (lane == 0)
+			sslot[kk] = slot[j];
+		if (slot[j] < 0 || !copy)
 			continue;
-		const uint8_t *src = pool + (size_t)slot * rec_bytes + c * cb;
-		const uint32_t dst = smem_u32(raw + kk * RB + c * cb);
-		if (cb == 16)
-			cp_async16(dst, src);
-		else if (cb == 8)
-			cp_async8(dst, src);
-		else
-			cp_async4(dst, src);
+		const uint8_t *src = pool + (size_t)slot[j] * rec_bytes;
+		uint8_t *dst = raw + kk * RB;
+		for (int c = lane; c < nch; c += 32) {
+			if (cb == 16)
+				cp_async16(smem_u32(dst + c * 16), src + c * 16);
+			else if (cb == 8)
+				cp_async8(smem_u32(dst + c * 8), src + c * 8);
+			else
+				cp_async4(smem_u32(dst + c * 4), src + c * 4);
+		}
 	}
 	cp_async_commit();
 }
@@ -198,29 +209,31 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 				*v = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z),
 						bf16x2_to_f16x2(x.w));
 			}
-		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list
-		for (int i = tid; i < ((diag & 4) && t ? 0 : MLA_KT * J); i += MLA_THREADS) {
-			const int kk = i / J, c = i - kk * J;
-			const int slot = sslot[(t & 1) * MLA_KT + kk]; // (-1 beyond k_end)
-			uint4 out = make_uint4(0, 0, 0, 0);
-			const uint8_t *rp = raw + kk * RB;
-			if (slot < 0) {
-				if (c == 0)
-					atomicMin(&nval[t & 1], kk);
-			} else if (c < R / 8) {
-				const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
-				const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
-				const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
-				out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
-				out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
-				out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
-				out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
-			} else { // k_pe: bf16 -> fp16
-				const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
-				out = make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
-						 bf16x2_to_f16x2(src[3]));
+		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list.
+		//    Warp w: keys w, w + 16, w + 32, w + 48; its lanes: the 16-byte chunks of a K row
+		for (int kk = warp; kk < ((diag & 4) && t ? 0 : MLA_KT); kk += MLA_THREADS / 32) {
+			for (int c = lane; c < J; c += 32) {
+				const int slot = sslot[(t & 1) * MLA_KT + kk]; // (-1 beyond k_end)
+				uint4 out = make_uint4(0, 0, 0, 0);
+				const uint8_t *rp = raw + kk * RB;
+				if (slot < 0) {
+					if (c == 0)
+						atomicMin(&nval[t & 1], kk);
+				} else if (c < R / 8) {
+					const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
+					const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
+					const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
+					out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
+					out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
+					out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
+					out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
+				} else { // k_pe: bf16 -> fp16
+					const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
+					out = make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
+							 bf16x2_to_f16x2(src[3]));
+				}
+				*reinterpret_cast<uint4 *>(ks + kk * LD + 8 * c) = out;
 			}
-			*reinterpret_cast<uint4 *>(ks + kk * LD + 8 * c) = out;
 		}
 		__syncthreads(); // K tile and the valid count visible; raw free
 		const int nv = nval[t & 1];
