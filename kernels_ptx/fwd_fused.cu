@@ -23,6 +23,15 @@
 //               k_fwd_rmsnorm_1k the same with 1024 threads.
 #include "common.cuh"
 
+// Asks L1 for the norm weights w[0 .. dim) a block's threads read after its reduction (one
+// prefetch per 128-byte line), so that read does not wait a DRAM round trip of its own.
+template <int THREADS>
+__device__ __forceinline__ void prefetch_weights(const float *__restrict__ w, int dim)
+{
+	for (int i = threadIdx.x * 32; i < dim; i += THREADS * 32)
+		asm volatile("prefetch.global.L1 [%0];" ::"l"(w + i));
+}
+
 // out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
 // res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row (t = row).
 // q non-null (then ldo == dim, dim % 128 == 0): also act_quant of the output row (k_act_quant's
@@ -34,6 +43,7 @@ __device__ __forceinline__ void fwd_rmsnorm(int row, const uint16_t *__restrict_
 					    uint8_t *__restrict__ q, float *__restrict__ qs)
 {
 	uint16_t *orow = out + (size_t)row * ldo;
+	prefetch_weights<THREADS>(w, dim);
 	block_rmsnorm_row<THREADS, PER>(x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr,
 					w, orow, dim, eps);
 	if (!q)
@@ -182,6 +192,7 @@ __device__ __forceinline__ void kv_token(int t, uint16_t *__restrict__ y, int ld
 	uint16_t *row = y + (size_t)t * ld + kvo;
 	uint8_t *rec = pool + (size_t)slots[t] * rec_bytes;
 	const int tiles = R / 128;
+	prefetch_weights<KV_THREADS>(nw, R);
 	block_rmsnorm_row<KV_THREADS, 8>(row, nullptr, nw, ckv + (size_t)t * R, R, eps);
 	if (tid < 32) { // k_pe: pair (2 tid, 2 tid + 1), interleaved layout
 		uint16_t *pe = row + R;
