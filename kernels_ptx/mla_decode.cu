@@ -390,7 +390,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 // Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, w_i = e^(m_i - M),
 // L = Σ l_i w_i, o = Σ o_i w_i / L. One block per (head, row), R threads (splits <= 64): warp 0
 // computes the weights once (lane i: splits i and i + 32) into shared memory, then every thread
-// sums its output element over the splits with the loads of 8 splits in flight.
+// sums its output element over the splits in order, with the loads of 16 splits in flight.
 #define MLA_MAX_SPLITS 64
 extern "C" __global__ void __launch_bounds__(512)
 k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__restrict__ o_lat)
@@ -420,7 +420,7 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 	__syncthreads(); // weights and L visible
 	if (tid < R) {
 		float acc = 0.f;
-#pragma unroll 8
+#pragma unroll 16
 		for (int i = 0; i < splits; i++)
 			acc += pp[(size_t)i * (R + 2) + tid] * wsh[i];
 		const float L = s_L;

@@ -179,6 +179,18 @@ int bench_attention(int argc, char **argv)
 				cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
 			cu.cuEventRecord(e1, g.stream);
 			double scan_ms = event_ms(&g, e0, e1) / reps;
+			/* the scan by keys a warp (the launcher picks one from the shape) */
+			double kpw_us[5] = {0};
+			if ((B == 1 && ctx >= 32768) || (B == 128 && ctx == 131072))
+				for (int ki = 0; ki < 5; ki++) {
+					int kpw = 16 << ki;
+					cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
+					cu.cuEventRecord(e0, g.stream);
+					for (int r = 0; r < reps; r++)
+						cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
+					cu.cuEventRecord(e1, g.stream);
+					kpw_us[ki] = event_ms(&g, e0, e1) / reps * 1e3;
+				}
 			if (cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B)) {
 				fprintf(stderr, "dsv32 bench attention: cuda_indexer_topk failed\n");
 				return 1;
@@ -279,6 +291,9 @@ int bench_attention(int argc, char **argv)
 				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       mla_ms * 1e3, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
+			if (kpw_us[0] != 0)
+				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
+				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
 			if (split_us[0][0] != 0) {
 				printf("        MLA batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
 				       cuda_mla_decode_splits(&g, B, MH, TOPK));
