@@ -113,6 +113,13 @@ static int stream_rt = 0;
 
 void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
+/* 1: the streaming kernel converts every second K block's weights by integer operations (the
+ * _i variants, RT = 1); 0: all by the conversion instruction; -1: the default (0 until
+ * measured). Same results either way. */
+static int stream_wi = -1;
+
+void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
+
 /* Raises fn's dynamic shared memory limit once (per function handle). */
 static int smem_optin(void *fn, int bytes)
 {
@@ -156,14 +163,17 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key */
-	static const char *names[2][5] = {
+	static const char *names[3][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
-		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_i", "k_gemm_fp8_stream_m2_r1_i", "k_gemm_fp8_stream_m4_r1_i",
+		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"}};
 	if (copy_only)
 		rt = 1;
-	const char *name = names[rt - 1][copy_only ? 4 : v];
+	int wi = stream_wi >= 0 ? stream_wi : 0;
+	const char *name = names[rt == 1 && wi ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;

@@ -45,6 +45,9 @@ int cuda_gemm_decode_streams(int N, int K);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
+/* The streaming kernel's weight conversion: 1 every second K block by integer operations, 0
+ * all by the conversion instruction, -1 the default; same numbers either way. Process-wide. */
+void cuda_gemm_set_stream_wi(int on);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K);

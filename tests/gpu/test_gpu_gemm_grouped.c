@@ -118,12 +118,19 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
 	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	static const char *names[] = {"stream rt=1", "stream rt=2", "v0", "dispatch"};
-	for (int v = exact ? 0 : 3; v < (exact ? 3 : 4); v++) {
+	/* stream int: the streaming kernel with every second K block's weights converted by
+	 * integer operations (cuda_gemm_set_stream_wi), bit-identical to stream rt=1 */
+	static const char *names[] = {"stream rt=1", "stream rt=2", "v0", "dispatch", "stream int"};
+	uint16_t *y1 = malloc((size_t)max_rows * N * 2);
+	REQUIRE(y1);
+	for (int v = exact ? 0 : 3; v < (exact ? 5 : 4); v++) {
+		if (exact && v == 3)
+			continue;
 		cuda_gemm_set_stream(v != 2);
 		cuda_gemm_set_stream_rt(v < 2 ? v + 1 : 0);
+		cuda_gemm_set_stream_wi(v == 4 ? 1 : -1);
 		gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
-		if (v < 2)
+		if (v < 2 || v == 4)
 			REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows,
 							     N, K, N, dws, wsb) == 0);
 		else if (v == 2)
@@ -145,9 +152,21 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 			     0);
 		if (exact) /* each group's rows equal the dense GEMM's with the same weight */
 			check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
+		if (v == 0)
+			memcpy(y1, yg, (size_t)R * N * 2);
+		if (v == 4) {
+			int64_t differ = 0;
+			for (size_t i = 0; i < (size_t)R * N; i++)
+				differ += y1[i] != yg[i];
+			printf("    stream int vs rt=1: %lld of %lld outputs differ\n", (long long)differ,
+			       (long long)R * N);
+			CHECK_EQ_INT(differ, 0);
+		}
 	}
+	free(y1);
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_rt(0);
+	cuda_gemm_set_stream_wi(-1);
 	for (int e = 0; e < G; e++)
 		if (rows[e])
 			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);

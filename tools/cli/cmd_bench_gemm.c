@@ -151,7 +151,8 @@ static void print_path(float ms, double bytes, double flops)
 struct grouped_ctx {
 	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
 	size_t ws_bytes;
-	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0 */
+	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0, 4 streaming
+			       * with integer weight conversion (cuda_gemm_set_stream_wi) */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -164,7 +165,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1)
+	if (c->mode == 1 || c->mode == 4)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -178,9 +179,11 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	static const int tokens[] = {1, 16, 64, 256};
 	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
-	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s\n",
+	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
+	       "%6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
-	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s");
+	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s",
+	       "int_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -247,12 +250,15 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[4];
-			for (c.mode = 0; c.mode < 4; c.mode++)
-				t[c.mode] = c.mode < 2 || (c.mode == 2 && !no_wgmma) ||
+			float t[5];
+			for (c.mode = 0; c.mode < 5; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode == 4 ? 1 : -1);
+				t[c.mode] = c.mode < 2 || c.mode == 4 || (c.mode == 2 && !no_wgmma) ||
 							    (c.mode == 3 && T <= 64)
 						    ? time_ms(g, launch_grouped, &c, reps, trials)
 						    : -1;
+			}
+			cuda_gemm_set_stream_wi(-1);
 			float ms = t[0];
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
 			print_path(ms, bytes, flops);
@@ -265,9 +271,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			print_path(t[2], bytes, flops);
 			printf(" |");
 			if (t[3] >= 0)
-				printf(" %9.2f %6.3f\n", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
+				printf(" %9.2f %6.3f |", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
 			else
-				printf(" %9s\n", "n/a");
+				printf(" %9s %6s |", "n/a", "");
+			printf(" %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12);
 			fflush(stdout);
 			if (ms < 0)
 				return 1;
@@ -279,7 +286,8 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	}
 	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
 	       "dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
-	       "first grouped version, tokens <= 64; experts: groups with rows, mean over the "
+	       "first grouped version, tokens <= 64; int: the streaming kernel with every second K "
+	       "block's weights converted by integer operations; experts: groups with rows, mean over the "
 	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
@@ -316,10 +324,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "rt2");
+		       "ours/lt", "faster", "copy", "rt2", "int");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -369,7 +377,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1;
+			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1, wi = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -377,6 +385,9 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_rt(2); /* 2 MMA tiles per consumer warp */
 				r2 = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_rt(0);
+				cuda_gemm_set_stream_wi(1); /* half the weights converted by integer ops */
+				wi = time_ms(&g, launch_gemm, &c, reps, trials);
+				cuda_gemm_set_stream_wi(-1);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -426,6 +437,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
 			if (r2 >= 0)
 				printf(" %6.3f", bytes / (r2 * 1e-3) / 1e12);
+			if (wi >= 0)
+				printf(" %6.3f", bytes / (wi * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -443,7 +456,8 @@ int bench_gemm(int argc, char **argv)
 		       "forced, split: its K chunks; v2: k_gemm_fp8_decode_m*; wgmma: "
 		       "cuda_gemm_fp8_wgmma forced; "
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
-		       "tiles per warp (4 consumer warps); "
+		       "tiles per warp (4 consumer warps); int: TB/s of the streaming kernel with every second K "
+		       "block's weights converted by integer operations; "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
