@@ -5,8 +5,10 @@
 //                    8 lanes, lane j sums k = j mod 8 in order, then the fixed tree): the
 //                    bit-identical path (5-8 token rows; the forward sends 1-4 rows to the
 //                    memory-bound k_fwd_gemv and more than 8 to the tensor cores, fwd_mma.cu).
-// k_fwd_gemv         the same product for 1-4 rows at HBM speed (fixed fp32 order, not the CPU's);
-//                    k_fwd_gemv_ks the same for matrices of few outputs (K split over 8 warps).
+// k_fwd_lin_stream   the same product, same order, for 1-4 rows at memory speed (the LM head at
+//                    decode); k_fwd_lin_row the same for matrices of few outputs (weights_proj).
+// k_fwd_gemv         the same product for 1-4 rows at HBM speed in a fixed fp32 order (not the
+//                    CPU's); k_fwd_gemv_ks the same for matrices of few outputs (K over 8 warps).
 // k_fwd_idx_weights  the indexer's head weights w' = w * H^-0.5 * s_q[h] * D^-0.5
 //                    (indexer_project, model/cpu_indexer.c), in its multiplication order.
 // k_fwd_q_absorbN    q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
@@ -102,6 +104,101 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 			lane8_accumulate<LIN_ROWS>(acc, j, kt, wf, xf);
 	}
 	lin_store(acc, v0 + o, V, j, m0, min(LIN_ROWS, M - m0), y32, y16, ldy);
+}
+
+// The same product (cpu_dot_bf16's order, bit-identical) for 1-4 token rows at memory speed:
+// one warp per 4 outputs, lanes 8o .. 8o+7 own output v = 4 (8 block + warp) + o. Per step of 128
+// columns lane j loads the output's 16-byte chunk j (8 lanes: 256 contiguous bytes; loads run 4
+// steps ahead), the warp stages the 4 x 128 weights in its shared tile, and lane j adds
+// x[m, k0 + 8c + j] * w for c = 0 .. 7: k = j mod 8 in order, as cpu_dot's lane j; then tree8.
+// x bf16 [M, ldx] (read through L1), y32 fp32 [M, ldy] or (y32 null) y16 bf16. D % 128 == 0.
+// Grid ceil(V / 32), 256 threads.
+#define LS_PAD 8 // bf16 elements of padding per staged row: the 4 rows' reads on distinct banks
+#define LS_AHEAD 4
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+		 float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+{
+	__shared__ __align__(16) uint16_t sw[8][4][128 + LS_PAD];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, o = lane >> 3, j = lane & 7;
+	const int v = (blockIdx.x * 8 + warp) * 4 + o;
+	const bool live = v < V;
+	const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)(live ? v : 0) * D) + j;
+	const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+	const int steps = D / 128;
+	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+	uint4 buf[LS_AHEAD];
+#pragma unroll
+	for (int p = 0; p < LS_AHEAD; p++)
+		buf[p] = live && p < steps ? wr[16 * p] : zero;
+	uint16_t *tile = &sw[warp][o][0];
+	for (int s0 = 0; s0 < steps; s0 += LS_AHEAD) {
+#pragma unroll
+		for (int p = 0; p < LS_AHEAD; p++) {
+			const int s = s0 + p;
+			if (s >= steps)
+				break;
+			*reinterpret_cast<uint4 *>(tile + j * 8) = buf[p];
+			buf[p] = live && s + LS_AHEAD < steps ? wr[16 * (s + LS_AHEAD)] : zero;
+			__syncwarp(); // the 4 rows' 128 weights of this step are staged
+			const int k0 = s * 128 + j;
+#pragma unroll
+			for (int c = 0; c < 8; c++) {
+				const float wv = bf16_to_f32(tile[c * 8 + j]);
+#pragma unroll
+				for (int m = 0; m < LIN_ROWS; m++)
+					if (m < M)
+						acc[m] = __fadd_rn(acc[m], __fmul_rn(bf16_to_f32(__ldg(x + (size_t)m * ldx +
+												   k0 + 8 * c)),
+										   wv));
+			}
+			__syncwarp(); // read before the next step overwrites the tile
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++)
+		acc[m] = tree8(acc[m]);
+	if (!live || j)
+		return;
+	for (int m = 0; m < M; m++) {
+		if (y32)
+			y32[(size_t)m * ldy + v] = acc[m];
+		else
+			y16[(size_t)m * ldy + v] = f32_to_bf16(acc[m]);
+	}
+}
+
+// The same for matrices of few outputs (weights_proj: 64 x 7168), where a warp per 4 outputs
+// leaves the GPU idle and the order forbids splitting K: one block per output v stages its
+// weight row in shared memory with every load in flight (dynamic smem D * 2 bytes), then lanes
+// 8m .. 8m+7 sum row m (m < M <= 4) in cpu_dot_bf16's order and tree8. Grid V, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_lin_row(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
+	      float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
+{
+	extern __shared__ __align__(16) uint16_t wrow[]; // [D]
+	const int v = blockIdx.x, tid = threadIdx.x;
+	const uint4 *src = reinterpret_cast<const uint4 *>(W + (size_t)v * D);
+#pragma unroll 4
+	for (int i = tid; i < D / 8; i += 256)
+		reinterpret_cast<uint4 *>(wrow)[i] = src[i];
+	__syncthreads(); // the row is staged
+	const int m = tid >> 3, j = tid & 7;
+	if (m >= LIN_ROWS) // warp 0 holds the 4 row groups (tree8 needs whole 8-lane groups)
+		return;
+	float acc = 0.f;
+	if (m < M) {
+		const uint16_t *xr = x + (size_t)m * ldx;
+		for (int k = j; k < D; k += 8)
+			acc = __fadd_rn(acc, __fmul_rn(bf16_to_f32(__ldg(xr + k)), bf16_to_f32(wrow[k])));
+	}
+	acc = tree8(acc);
+	if (m < M && j == 0) {
+		if (y32)
+			y32[(size_t)m * ldy + v] = acc;
+		else
+			y16[(size_t)m * ldy + v] = f32_to_bf16(acc);
+	}
 }
 
 // y[m, v] = x[m, :] . W[v, :] for a few token rows (m < M <= 4: decode), memory-bound GEMV: one

@@ -355,7 +355,10 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
 	return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
 }
 
-/* y[M, V] = x[M, D] (stride ldx) . W[V, D]^T, bf16 weights, fp32 (y32) or bf16 (y16) out. */
+/* y[M, V] = x[M, D] (stride ldx) . W[V, D]^T, bf16 weights, fp32 (y32) or bf16 (y16) out: the
+ * tensor cores above MMA_ROWS rows; 1-4 rows at memory speed (batch-invariant mode: in the CPU's
+ * order, k_fwd_lin_*; fast mode: k_fwd_gemv*, another fixed order); else the CUDA cores in the
+ * CPU's order (k_fwd_bf16_linear). */
 static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
 		  int M, int D, int V)
 {
@@ -365,6 +368,14 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 		gpu_ptr Cp = y32 ? y32 : y16, S = 0;
 		LAUNCH3("k_fwd_mma", (V + 63) / 64, (M + 63) / 64, 1, 128, &mode, &x, &a_hs, &ldx, &W, &S,
 			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
+		return 0;
+	}
+	if (M <= 4 && D % 128 == 0 && F->E->batch_invariant) { /* decode, CPU order at memory speed */
+		if (V < 256) /* few outputs (weights_proj): a block per output */
+			LAUNCH("k_fwd_lin_row", V, 1, 256, D * 2, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
+		else
+			LAUNCH("k_fwd_lin_stream", (V + 31) / 32, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M,
+			       &D, &V);
 		return 0;
 	}
 	if (M <= 4 && ldx % 8 == 0 && !F->E->batch_invariant) {
