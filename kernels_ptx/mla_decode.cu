@@ -100,26 +100,32 @@ __device__ __forceinline__ void group_barrier(int id)
 	asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
-// Issue the cp.async gather of the records of keys [k0, k0 + 64) ∩ [., k_end) into raw (none
-// when copy is 0: benchmarks), and note each key's slot (-1 beyond the list) in sslot[64] for
-// the dequantisation. Warp w takes keys w, w + 16, w + 32, w + 48 (their 4 slot loads in flight
-// together), its lanes the 16-byte chunks of each record.
-__device__ __forceinline__ void mla_gather(const int *__restrict__ srow, int k0, int k_end, int copy,
-					   const uint8_t *__restrict__ pool, int rec_bytes, int RB,
-					   uint8_t *raw, int *sslot, int tid)
+#define MLA_KW (MLA_KT / (MLA_THREADS / 32)) // keys of a tile a warp gathers
+
+// The slots of the keys warp w gathers in the tile at k0: keys k0 + w + 16 j (j < MLA_KW), -1 at
+// and beyond k_end; loaded a tile ahead, so the gather does not wait on them.
+__device__ __forceinline__ void mla_slots(const int *__restrict__ srow, int k0, int k_end, int warp,
+					  int slot[MLA_KW])
+{
+#pragma unroll
+	for (int j = 0; j < MLA_KW; j++) {
+		const int k = k0 + warp + (MLA_THREADS / 32) * j;
+		slot[j] = k < k_end ? srow[k] : -1;
+	}
+}
+
+// Issue the cp.async gather of the records of a tile's keys (slots from mla_slots; none when
+// copy is 0: benchmarks) into raw, and note each key's slot (-1 beyond the list) in sslot[64] for
+// the dequantisation. Warp w takes keys w, w + 16, w + 32, w + 48, its lanes the 16-byte chunks
+// of each record.
+__device__ __forceinline__ void mla_gather(const int slot[MLA_KW], int copy, const uint8_t *__restrict__ pool,
+					   int rec_bytes, int RB, uint8_t *raw, int *sslot, int tid)
 {
 	const int cb = (rec_bytes & 15) == 0 ? 16 : (rec_bytes & 7) == 0 ? 8 : 4;
 	const int nch = rec_bytes / cb;
 	const int warp = tid >> 5, lane = tid & 31;
-	constexpr int KW = MLA_KT / (MLA_THREADS / 32); // keys a warp
-	int slot[KW];
 #pragma unroll
-	for (int j = 0; j < KW; j++) {
-		const int k = k0 + warp + (MLA_THREADS / 32) * j;
-		slot[j] = k < k_end ? srow[k] : -1;
-	}
-#pragma unroll
-	for (int j = 0; j < KW; j++) {
+	for (int j = 0; j < MLA_KW; j++) {
 		const int kk = warp + (MLA_THREADS / 32) * j;
 		if (lane == 0)
 			sslot[kk] = slot[j];
@@ -172,8 +178,10 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		else
 			*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
 	}
+	int slot[MLA_KW]; // the next tile's slots of this warp's keys
+	mla_slots(srow, k_begin, k_end, warp, slot);
 	if (k_begin < k_end)
-		mla_gather(srow, k_begin, k_end, 1, pool, rec_bytes, RB, raw, sslot, tid);
+		mla_gather(slot, 1, pool, rec_bytes, RB, raw, sslot, tid);
 	else
 		cp_async_commit();
 
@@ -200,6 +208,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	for (int k0 = k_begin; k0 < k_end; k0 += MLA_KT, t++) {
 		if (tid == 0)
 			nval[t & 1] = min(MLA_KT, k_end - k0);
+		mla_slots(srow, k0 + MLA_KT, k_end, warp, slot); // in flight through the dequantisation
 		cp_async_wait_all();
 		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
 		if (t == 0) // Q (landed with the first tile) to fp16 in place, before the S phase
@@ -238,8 +247,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		__syncthreads(); // K tile and the valid count visible; raw free
 		const int nv = nval[t & 1];
 		if (nv == MLA_KT && k0 + MLA_KT < k_end)
-			mla_gather(srow, k0 + MLA_KT, k_end, !(diag & 1), pool, rec_bytes, RB, raw,
-				   sslot + ((t + 1) & 1) * MLA_KT, tid);
+			mla_gather(slot, !(diag & 1), pool, rec_bytes, RB, raw, sslot + ((t + 1) & 1) * MLA_KT, tid);
 		if (nv == 0)
 			break;
 
