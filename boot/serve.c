@@ -183,13 +183,15 @@ static void handle_stats(struct serve *sv, const struct ipc_item *it)
 	sched_stats(sv->en->s, &st);
 	char buf[4096];
 	int n = snprintf(buf, sizeof buf,
-			 "backend %s\nkv_pages_total %lld\nkv_pages_used %lld\nkv_pages_free %lld\n"
+			 "backend %s\nbackend_mode %s\nkv_pages_total %lld\nkv_pages_used %lld\nkv_pages_free %lld\n"
 			 "kv_pages_cached %lld\nkv_bytes %zu\nrunning %lld\nwaiting %lld\n"
 			 "prefix_hit_rate %.4f\nprefill_tokens %llu\ndecode_tokens %llu\n"
 			 "prefill_tok_s %.1f\ndecode_tok_s %.1f\npreemptions %llu\nsteps %llu\n"
 			 "last_step_us %.1f\navg_step_us %.1f\ncontext_limit %lld\nlive_requests %lld\n"
 			 "requests %llu\nrejected %llu\nfinished %llu\n",
-			 sv->en->backend_name, (long long)st.pages_total, (long long)st.pages_used,
+			 sv->en->backend_name,
+			 strcmp(sv->en->backend_name, "cuda") ? "batch-invariant" : backend_cuda_mode(sv->en->be),
+			 (long long)st.pages_total, (long long)st.pages_used,
 			 (long long)st.pages_free, (long long)st.pages_cached, sv->en->kv_bytes,
 			 (long long)st.running, (long long)st.waiting, st.prefix_hit_rate,
 			 (unsigned long long)st.prefill_tokens, (unsigned long long)st.decode_tokens,

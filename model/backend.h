@@ -148,7 +148,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 			     struct backend **out, struct err *e);
 
 /* The mode a CUDA backend's steps run in now (backend_cuda_opts.batch_invariant and the
- * environment override), one line for logs and tools; "not cuda" for another backend. */
+ * environment override): "fast" or "batch-invariant"; "not cuda" for another backend. */
 const char *backend_cuda_mode(const struct backend *b);
 
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block

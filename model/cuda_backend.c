@@ -593,12 +593,16 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	fprintf(stderr,
 		"<6>dsv32: cuda backend on %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB uploaded "
 		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB; "
-		"mode: %s\n",
+		"mode %s%s\n",
 		b->g.name, b->g.cc_major, b->g.cc_minor, b->g.sm_count, b->g.total_mem / 1073741824.0,
 		b->upload_bytes / 1073741824.0, b->upload_s,
 		b->upload_s > 0 ? b->upload_bytes / b->upload_s / 1e9 : 0.0,
 		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20,
-		backend_cuda_mode(&b->base));
+		backend_cuda_mode(&b->base),
+		invariant_mode(b) ? " (GEMMs and MoE in <= 64-row pieces, bf16 products in the CPU's "
+				    "order: a row's numbers do not depend on its batch)"
+				  : " (large-M GEMM and MoE paths; not batch-invariant: --batch-invariant "
+				    "or DSV32_CUDA_BATCH_INVARIANT=1 for that)");
 	*out = &b->base;
 	return 0;
 err:
@@ -627,11 +631,7 @@ const char *backend_cuda_mode(const struct backend *base)
 {
 	if (!base || base->ops != &cuda_ops)
 		return "not cuda";
-	return invariant_mode((const struct cuda_backend *)base)
-		       ? "batch-invariant (GEMMs and MoE in <= 64-row pieces, bf16 products in the "
-			 "CPU's order)"
-		       : "fast (large-M GEMM and MoE paths; not batch-invariant: --batch-invariant "
-			 "or DSV32_CUDA_BATCH_INVARIANT=1 for that)";
+	return invariant_mode((const struct cuda_backend *)base) ? "batch-invariant" : "fast";
 }
 
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,

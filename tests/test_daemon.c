@@ -401,6 +401,7 @@ TEST_T(daemon, clients_killed_under_load_leak_nothing, 300)
 	daemon_start(&d, model, NULL);
 	char st[8192];
 	REQUIRE(fetch_stats(d.sock, st, sizeof st) == 0);
+	CHECK_CONTAINS(st, "\nbackend_mode batch-invariant\n"); /* the mode the streams rely on */
 	int fds0 = settled_fds(d.pid, -1);
 	/* survivors: two clients whose outputs must stay exact */
 	pid_t surv[2];
