@@ -44,6 +44,13 @@
 // each — the CPU's order except inside a block, and independent of M, of the tile position
 // and of the other rows (batch-invariant for a given variant).
 //
+// SwiGLU form (k_gemm_fp8_wgmma_grouped_n256_ss_sw, the MoE block's gate|up at prefill sizes):
+// the grouped form over fused W13_e [2I, K] whose tile pairs the gate rows [n0, n0 + 128) with
+// the up rows [I + n0, ..) as its two 128-row halves, and whose epilogue computes
+// h = bf16( silu(bf16 g) * bf16 u ) and its act_quant per 128 columns (spec §5.3) in registers:
+// it writes the down projection's input h8 e4m3 [rows, I] and scales hs [rows, I / 128] instead
+// of gu bf16 [rows, 2I] (k_moe_swiglu_quant's numbers exactly, on this GEMM's outputs).
+//
 // Grouped form (MoE experts, k_gemm_fp8_wgmma_grouped): group e multiplies rows
 // [off[e], off[e+1]) of x8 by its own weight W_e = w_tab[e] (scales s_tab[e]). The counts live
 // on the device, so the tiles are found on the device: each CTA walks the same global tile index
@@ -56,6 +63,7 @@
 // g_group_maps[e] in global memory with a release fence of the tensor-map proxy; the GEMM's
 // producer acquires it (fence.proxy.tensormap::generic.acquire) before its first copy. The
 // table is module-global: one grouped GEMM at a time per GPU (the engine's one stream).
+#include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
 #include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
 
 #define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
@@ -265,6 +273,7 @@ template <int BN>
 __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int n_tiles,
 						 wg_tile &tl);
 
+// BN here: the output columns of a tile (the SwiGLU form: 128 of the 256 weight rows it loads)
 template <int BN, bool GROUPED>
 __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int N,
 					   const void *bmap, const float *S, wg_tile &tl)
@@ -332,7 +341,7 @@ template <int MC> __device__ __forceinline__ void release(uint32_t empty_bar, in
 // arrives on the stage's "full" barrier (32 arrivals beside the copy producer's), so the
 // consumers never wait on a global load. The loads are issued before the wait for the stage to
 // be free, so their latency overlaps it.
-template <int BN, int STAGES, bool GROUPED, int MC>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SW>
 __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long dt,
 					  const tmap *mB, const float *sx, const float *S, int M,
 					  int N, int KB, uint32_t bars, uint32_t scl)
@@ -343,9 +352,10 @@ __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long 
 	int s = 0;
 	uint32_t ph = 0;
 	wg_tile tl;
-	for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
 		// (this warp has 40 registers: one pointer per operand, small offsets)
-		const int b0 = tl.n0 / 128, db = (min(b0 + 1, NB - 1) - b0) * KB;
+		// SW: the gate rows' block b0 and the up rows' block b0 + N / 128 (N = the width I)
+		const int b0 = tl.n0 / 128, db = SW ? NB * KB : (min(b0 + 1, NB - 1) - b0) * KB;
 		const float *w0 = tl.S + (size_t)b0 * KB;
 		const int r = min(tl.row0 + 4 * lane, M - 1); // rows past M read row M-1 (never stored)
 		const float *x0 = sx + (size_t)r * KB;
@@ -374,7 +384,7 @@ __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long 
 }
 
 // The producer thread: every copy of every stage, in the consumers' order.
-template <int BN, int STAGES, bool GROUPED, int MC>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SW>
 __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mA, const tmap *mB, const float *S, int M,
 					   int N, int KB, uint32_t a_smem, uint32_t b_smem,
@@ -386,7 +396,8 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 		uint32_t ph = 0;
 		int e_acq = -1;
 		wg_tile tl;
-		for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+		for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl);
+		     t += dt) {
 			if (GROUPED && sc.e != e_acq) {
 				// the map was written by k_wgmma_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
@@ -403,7 +414,12 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 				// 0 rather than a box wholly out of bounds)
 				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
 					    tl.row0 < M ? tl.row0 : 0);
-				if (MC == 1)
+				if (SW) { // gate rows n0.. and up rows N + n0.. (boxes of 128 rows)
+					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
+						    tl.n0);
+					tma_load_2d(b_smem + s * C::B_BYTES + C::B_BYTES / 2, tl.bmap, FULL(s),
+						    kb * WG_BK, N + tl.n0);
+				} else if (MC == 1)
 					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
 						    tl.n0);
 				else
@@ -479,13 +495,59 @@ __device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, c
 	}
 }
 
+// SW epilogue (BN = 256 of the SwiGLU form): acc[0 .. 63] hold the gate columns n0 + 8j + cq
+// + {0, 1} (j < 16) of rows r_lo (registers 4j, 4j+1) and r_lo + 8 (4j+2, 4j+3), acc[64 ..] the
+// up columns alike. Each output is rounded to bf16 as the GEMM's would be, then
+// h = bf16( silu(g) * u ) and act_quant over the 128 columns of the tile (one UE8M0 scale a row:
+// the row's 128 values are held by the 4 lanes of a quad) -> h8 e4m3 [rows, N] at column n0,
+// hs fp32 [rows, N / 128] at n0 / 128: k_moe_swiglu_quant's arithmetic (moe_block.cu), value for
+// value, so the bits are those of this GEMM's bf16 output through that kernel.
+__device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, int r_lo, int cq,
+						int lane, uint8_t *h8, float *hs, int N)
+{
+	float amax[2] = {0.f, 0.f}; // rows r_lo, r_lo + 8
+#pragma unroll
+	for (int i = 0; i < 64; i++) {
+		const float gv = bf16_to_f32(f32_to_bf16(acc[i]));
+		const float uv = bf16_to_f32(f32_to_bf16(acc[64 + i]));
+		const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
+		acc[i] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
+		amax[(i >> 1) & 1] = fmaxf(amax[(i >> 1) & 1], fabsf(acc[i]));
+	}
+	float sc[2];
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+		amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+		sc[h] = ue8m0_scale(fmaxf(amax[h], 1e-4f));
+	}
+	const int KBo = N / 128;
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		const int row = tl.row0 + r_lo + 8 * h;
+		if (row >= tl.row_end)
+			continue;
+		uint8_t *q = h8 + (size_t)row * N + tl.n0 + cq;
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			const float a = fminf(fmaxf(acc[4 * j + 2 * h] / sc[h], -448.f), 448.f);
+			const float b = fminf(fmaxf(acc[4 * j + 2 * h + 1] / sc[h], -448.f), 448.f);
+			*reinterpret_cast<uint16_t *>(q + 8 * j) =
+				(uint16_t)(f32_to_e4m3(a) | (uint32_t)f32_to_e4m3(b) << 8);
+		}
+		if ((lane & 3) == 0)
+			hs[(size_t)row * KBo + tl.n0 / 128] = sc[h];
+	}
+}
+
 // The consumer warpgroups: warpgroup cw computes tokens [64 cw, 64 cw + 64) of each tile.
-template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST, bool SW>
 __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mB, const float *sx, const float *S,
 					   uint16_t *y, int M, int N, int KB, int ldy,
 					   uint32_t a_smem, uint32_t b_smem, uint32_t bars,
-					   uint32_t scl, uint32_t stg, int flags)
+					   uint32_t scl, uint32_t stg, int flags, uint8_t *h8,
+					   float *hs)
 {
 	typedef wg_cfg<BN, STAGES, ST> C;
 	const int cw = (threadIdx.x >> 7) - 1;
@@ -515,7 +577,7 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 	int s = 0;
 	uint32_t ph = 0;
 	wg_tile tl;
-	for (long long t = t0; wg_tile_at<BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
 #pragma unroll
 		for (int i = 0; i < NR; i++)
 			acc[i] = 0.f;
@@ -611,6 +673,11 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 				}
 			}
 		}
+		if constexpr (SW) {
+			if (!no_store)
+				wg_store_swiglu(acc, tl, r_lo, cq, lane, h8, hs, N);
+			continue;
+		}
 		if constexpr (ST) {
 			if (active && !no_store)
 				wg_store_staged<BN, C::ST_COLS>(acc, stg + cw * (64 * C::ST_COLS * 2), tl,
@@ -637,11 +704,12 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 
 // The whole kernel; see the file header. M: rows of x8 (the plain form's token count, the
 // grouped form's max_rows). mB / S: the plain form's weight map and scales (unused grouped).
-template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST>
+template <int BN, int STAGES, bool GROUPED, int MC, bool SS, bool ST, bool SW = false>
 __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const float *sx,
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
-					   int ldy, int flags)
+					   int ldy, int flags, uint8_t *h8 = nullptr,
+					   float *hs = nullptr)
 {
 	typedef wg_cfg<BN, STAGES, ST> C;
 	extern __shared__ uint8_t smem_raw[];
@@ -694,10 +762,11 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		else
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
 		if (threadIdx.x == 0)
-			wg_produce<BN, STAGES, GROUPED, MC>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
-							    b_smem, bars);
+			wg_produce<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
+								b_smem, bars);
 		else if (SS && (threadIdx.x >> 5) == 1)
-			wg_scales<BN, STAGES, GROUPED, MC>(sc, t0, dt, mB, sx, S, M, N, KB, bars, scl);
+			wg_scales<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mB, sx, S, M, N, KB, bars,
+							       scl);
 	} else {
 		if constexpr (BN == 256)
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
@@ -705,8 +774,9 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		else
 			asm volatile("setmaxnreg.inc.sync.aligned.u32 208;");
-		wg_consume<BN, STAGES, GROUPED, MC, SS, ST>(sc, t0, dt, mB, sx, S, y, M, N, KB, ldy,
-							    a_smem, b_smem, bars, scl, stg, flags);
+		wg_consume<BN, STAGES, GROUPED, MC, SS, ST, SW>(sc, t0, dt, mB, sx, S, y, M, N, KB,
+								ldy, a_smem, b_smem, bars, scl, stg,
+								flags, h8, hs);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -766,6 +836,20 @@ WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss, 256, 4, 2, true, CLUSTER2, false)
 WG_PLAIN(k_gemm_fp8_wgmma_n256_ss_st, 256, 4, 1, true, NO_ATTR, true)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss_st, 256, 4, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss, 256, 4, true, false)
+// k_gemm_fp8_wgmma_grouped_n256_ss_sw: the MoE gate|up GEMM with SwiGLU and act_quant fused
+// (the SwiGLU form, see the file header): W_e fused [2N, K] (gate rows, then up rows), a tile =
+// 128 tokens x the gate rows [n0, n0 + 128) and the up rows [N + n0, ..) (two boxes of 128 rows
+// into the 256-row stage), output h8 e4m3 [rows, N], hs fp32 [rows, N / 128]. N % 128 == 0.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+	k_gemm_fp8_wgmma_grouped_n256_ss_sw(const __grid_constant__ tmap mA,
+					    const float *__restrict__ sx,
+					    const unsigned long long *__restrict__ s_tab,
+					    const int *__restrict__ off, int G, uint8_t *__restrict__ h8,
+					    float *__restrict__ hs, int max_rows, int N, int K, int flags)
+{
+	wgmma_gemm<256, 4, true, 1, true, false, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
+						       nullptr, max_rows, N, K, N, flags, h8, hs);
+}
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
 // every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8

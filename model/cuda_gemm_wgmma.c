@@ -133,6 +133,33 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
+int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
+				       int max_rows, int I, int K)
+{
+	if (max_rows == 0 && G >= 1)
+		return 0; /* no rows in any group */
+	if (!shape_ok("gemm_fp8_wgmma_grouped_swiglu", max_rows, 2 * I, K, 2 * I) || I % 128 ||
+	    G < 1 || G > WG_MAX_GROUPS)
+		return -EINVAL;
+	/* the template of the group maps: boxes of 128 weight rows (the gate and the up half of a
+	 * tile are one box each) */
+	CUtensorMap mA, tmpl;
+	int r;
+	if ((r = cuda_gemm_tmap_2d(&mA, x8, max_rows, K, WG_BM)) ||
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)))
+		return r;
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
+		return r;
+	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * (I / 128);
+	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
+	int flags = 0;
+	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags};
+	return launch(g, "k_gemm_fp8_wgmma_grouped_n256_ss_sw", grid, smem_bytes(256, 0), args);
+}
+
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy)

@@ -27,6 +27,14 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
+/* The MoE gate|up GEMM with SwiGLU and act_quant fused (the SwiGLU form of
+ * kernels_ptx/gemm_fp8_wgmma.cu): group e's weight w_tab[e] is the fused W13 e4m3 [2I, K] (gate
+ * rows then up rows, scales s_tab[e] fp32 [2I/128, K/128]); writes h8 e4m3 [max_rows, I] and
+ * hs fp32 [max_rows, I/128], the act_quant of bf16( silu(g) * u ) of the bf16 GEMM outputs —
+ * the bits of this kernel family's GEMM followed by k_moe_swiglu_quant. I % 128 == 0. */
+int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
+				       int max_rows, int I, int K);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
  *   bn: weight rows per tile, 128, 192 or 256 (256 needs ss);
  *   mc: 1, or 2 for clusters of two CTAs that share each weight tile (TMA multicast);

@@ -14,7 +14,9 @@
  *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
  *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
  *      entry E of the address tables), so both run in one launch
- *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows
+ *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows; where the
+ *      GEMMs run on wgmma (prefill sizes) the gate|up GEMM does this in its epilogue
+ *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits) and gu is never written
  *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
  *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
@@ -158,15 +160,25 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 
-/* The grouped GEMM over the E + 1 groups: cuda_gemm_fp8_grouped (its dispatch: the streaming
- * decode kernel, or wgmma from 64 rows a group on average), or the wgmma kernel whenever T >=
- * DSV32_CUDA_MOE_WGMMA (diagnosis: set, > 64, it compares the kernels at batch-decode sizes). */
-static int grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G, gpu_ptr x8,
-		   gpu_ptr sx, gpu_ptr y, int T, int rows, int N, int K, gpu_ptr ws, size_t ws_bytes)
+/* Whether the grouped GEMMs run on the wgmma kernel: where cuda_gemm_fp8_grouped would send
+ * them (model/cuda_gemm.c: more than 64 rows and 64 rows a group on average; then the gate|up
+ * GEMM has SwiGLU and act_quant fused), or whenever T >= DSV32_CUDA_MOE_WGMMA (diagnosis: set,
+ * > 64, it compares the kernels at batch-decode sizes). */
+static int use_wgmma(const struct moe_dims *d)
 {
 	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
 	int from = v ? atoi(v) : 0;
-	if (from > 64 && T >= from)
+	if (from > 64 && d->T >= from)
+		return 1;
+	return d->RT > 64 && d->RT >= 64 * (d->E + 1) && d->D % 64 == 0;
+}
+
+/* One grouped GEMM over the E + 1 groups (y row stride N). */
+static int grouped(struct gpu *g, int wgmma, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+		   gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N, int K, gpu_ptr ws,
+		   size_t ws_bytes)
+{
+	if (wgmma)
 		return cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, rows, N, K, N);
 	return cuda_gemm_fp8_grouped(g, w_tab, s_tab, off, G, x8, sx, y, rows, N, K, N, ws, ws_bytes);
 }
@@ -345,20 +357,26 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_GATHER + 1);
-	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down */
-	if (stages & CUDA_MOE_W13) {
-		rc = grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_GU], T,
-			     RT, 2 * I, D, b[B_WS], ws_bytes);
+	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
+	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
+	const int wgmma = use_wgmma(d);
+	if ((stages & CUDA_MOE_W13) && wgmma) {
+		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
+							D);
+	} else if (stages & CUDA_MOE_W13) {
+		rc = grouped(g, 0, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS],
+			     b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 	}
 	stats_mark(g, ST_W13 + 1);
-	if (!rc && (stages & CUDA_MOE_SWIGLU))
+	if (!rc && (stages & CUDA_MOE_SWIGLU) && !wgmma)
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
 	stats_mark(g, ST_SWIGLU + 1);
 	if (!rc && (stages & CUDA_MOE_W2)) {
-		rc = grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS], b[B_EY], T, RT,
-			     D, I, b[B_WS], ws_bytes);
+		rc = grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS],
+			     b[B_EY], RT, D, I, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
 		if (!rc && tr)

@@ -79,7 +79,8 @@ enum {
 /* For tests: device buffers that receive copies of the block's intermediates (any may be 0).
  * Rows "sorted": the T * num_experts_per_tok routed rows by expert, within one in token order. */
 struct cuda_moe_taps {
-	gpu_ptr gu; /* bf16 [sorted rows, 2 * moe_inter]: the routed gate|up outputs */
+	gpu_ptr gu; /* bf16 [sorted rows, 2 * moe_inter]: the routed gate|up outputs (not written
+		     * where the GEMMs run on wgmma: SwiGLU is fused into the first, see cuda_moe.c) */
 	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs */
 	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
 };

@@ -601,6 +601,70 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	gpu_close(&g);
 }
 
+/* The SwiGLU form (cuda_gemm_fp8_wgmma_grouped_swiglu: the MoE gate|up GEMM with SwiGLU and
+ * act_quant in its epilogue) against the grouped GEMM's bf16 output through k_moe_swiglu_quant
+ * (the MoE block's unfused path): the same e4m3 codes and scales, to the bit, on every row of
+ * every group (empty groups, partial tiles, several tiles). */
+static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, uint64_t seed)
+{
+	struct grp_case c;
+	grp_init(g, &c, G, counts, 2 * I, K, seed, REAL);
+	const size_t rows = (size_t)(c.rows > 0 ? c.rows : 1), KBo = (size_t)I / 128;
+	gpu_ptr ref8 = gpu_test_alloc(rows * I), refs = gpu_test_alloc(rows * KBo * 4),
+		h8 = gpu_test_alloc(rows * I), hs = gpu_test_alloc(rows * KBo * 4);
+	gpu_test_poison(g, c.dy, rows * 2 * I * 2);
+	gpu_test_poison(g, ref8, rows * I), gpu_test_poison(g, refs, rows * KBo * 4);
+	gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
+	CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped(g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx, c.dsx, c.dy,
+						 c.rows, 2 * I, K, 2 * I), 0);
+	long long n = (long long)c.rows * (long long)KBo;
+	int ii = I;
+	void *args[] = {&c.dy, &ref8, &refs, &ii, &n};
+	CHECK_EQ_INT(gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 7) / 8), 1, 1,
+				256, 1, 1, 0, args), 0);
+	CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu(g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx,
+							  c.dsx, h8, hs, c.rows, I, K), 0);
+	REQUIRE(gpu_sync(g) == 0);
+	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
+	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
+	REQUIRE(a && b && sa && sb);
+	REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
+	REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
+	REQUIRE(gpu_download(g, sb, hs, rows * KBo * 4) == 0);
+	int64_t bad8 = 0, bads = 0, first = -1;
+	for (size_t i = 0; i < (size_t)c.rows * I; i++)
+		if (a[i] != b[i]) {
+			bad8++;
+			first = first < 0 ? (int64_t)i : first;
+		}
+	for (size_t i = 0; i < (size_t)c.rows * KBo; i++)
+		bads += memcmp(&sa[i], &sb[i], 4) != 0;
+	printf("    swiglu form %d groups, %d rows, I=%d K=%d: %lld of %lld codes and %lld of %lld "
+	       "scales differ from GEMM + k_moe_swiglu_quant",
+	       G, c.rows, I, K, (long long)bad8, (long long)c.rows * I, (long long)bads,
+	       (long long)(c.rows * (long long)KBo));
+	if (first >= 0)
+		printf(" (first: row %lld col %lld: 0x%02x vs 0x%02x)", (long long)(first / I),
+		       (long long)(first % I), a[first], b[first]);
+	printf("\n");
+	CHECK_EQ_INT(bad8, 0);
+	CHECK_EQ_INT(bads, 0);
+	cu.cuMemFree(ref8), cu.cuMemFree(refs), cu.cuMemFree(h8), cu.cuMemFree(hs);
+	free(a), free(b), free(sa), free(sb);
+	grp_free(&c);
+}
+
+TEST_T(gpu_wgmma, grouped_swiglu_exact, 90)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int counts[] = {0, 5, 130, 0, 1, 257, 64, 0, 128, 0};
+	swiglu_case(&g, 10, counts, 256, 1024, 1500);
+	static const int c2[] = {3, 0, 200, 129, 0, 64}; /* V3.2's expert: I = 2048, K = 7168 */
+	swiglu_case(&g, 6, c2, 2048, 7168, 1501);
+	gpu_close(&g);
+}
+
 /* MoE prefill (issue 11): 4096 tokens x 8 experts of 256, routed at random (seeded), gate+up
  * N x K = 4096 x 7168 then down 7168 x 2048; TFLOP/s of the rows' useful FLOPs. */
 TEST_T(gpu_wgmma, timing_moe_prefill, 90)
