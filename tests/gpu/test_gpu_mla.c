@@ -24,8 +24,10 @@
 #include "model/cuda_attn.h"
 #include "model/kv_cache.h"
 
+/* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
+ * forward's path), 0 = cuda_mla_decode's own choice */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
-		      float q_amp, uint64_t seed)
+		      float q_amp, int force, uint64_t seed)
 {
 	struct dsv32_config c = {.kv_lora_rank = R, .qk_rope_head_dim = 64, .index_head_dim = 128};
 	config_derive(&c);
@@ -83,10 +85,13 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	REQUIRE(gpu_upload(g, d_sel, sel, (size_t)B * ld * 4) == 0);
 	REQUIRE(gpu_upload(g, d_pool, pool, pool_bytes) == 0);
 	gpu_test_poison(g, d_o, (size_t)B * H * R * 2);
-	size_t wsb = cuda_mla_decode_workspace(g, B, H, R, ld);
+	size_t wsb = force ? (size_t)B * H * force * (R + 2) * 4 : cuda_mla_decode_workspace(g, B, H, R, ld);
 	gpu_ptr d_ws = wsb ? gpu_test_alloc(wsb) : 0;
-	int splits = cuda_mla_decode_splits(g, B, H, ld);
-	REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
+	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
+	if (force)
+		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws, force << 8) == 0);
+	else
+		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
 	if (d_ws)
 		cu.cuMemFree(d_ws);
@@ -134,16 +139,20 @@ TEST_T(gpu_mla, decode_matches_cpu, 300)
 	gpu_test_open(&g);
 	/* the real dims: 128 heads, 656-byte records; lists ending inside a tile, a split, a row */
 	int n_real[4] = {1, 17, 300, 2048};
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 3001);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 3003); /* flat softmax: outputs cancel */
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 3001);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 3003); /* flat softmax: outputs cancel */
 	int n_one[1] = {2048};
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 3004); /* batch 1: the most splits */
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 3004); /* batch 1: the most splits */
 	int n_many[70];
 	for (int b = 0; b < 70; b++)
 		n_many[b] = 64 + 3 * b;
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 3005); /* 140 blocks: one split */
+	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 3005); /* 140 blocks: one split */
 	int n_tiny[3] = {5, 64, 100};
-	check_mla(&g, 256, 16, 3, n_tiny, 100, 4, 2.5f, 3002); /* the tiny model's latent (4 heads padded to 16) */
+	check_mla(&g, 256, 16, 3, n_tiny, 100, 4, 2.5f, 0, 3002); /* the tiny model's latent (4 heads padded to 16) */
+	/* forced splits (the batch-invariant forward): 2 tiles a split, 8 splits over short lists */
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 16, 3006);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 3007);
+	check_mla(&g, 256, 16, 3, n_tiny, 100, 4, 2.5f, 2, 3008);
 	gpu_close(&g);
 }
 
