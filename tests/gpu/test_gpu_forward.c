@@ -700,6 +700,43 @@ static void fast_mode(const char *name, int64_t T)
 	printf("    %s fast vs batch-invariant logits: rel L2 median %.2e p90 %.2e (informational)\n",
 	       name, nc_pct(e, T, 50), nc_pct(e, T, 90));
 	free(e);
+	/* decode-sized steps of 1, 2 and 3 rows over the last 48 positions (the few-row kernels:
+	 * q absorption by 1, 2 and 4 rows a block, W_UV by 1 and 4, the 1-4 row products), in both
+	 * modes: the fast one within the limits, the invariant one bit-identical to its one-step
+	 * rows above */
+	int64_t d0 = T - 48;
+	for (int inv = 0; inv < 2; inv++) {
+		float *gd = malloc((size_t)T * V * 4);
+		REQUIRE(gd);
+		gpu_fill_nan(gd, T * V);
+		setenv("DSV32_CUDA_BATCH_INVARIANT", inv ? "1" : "0", 1);
+		for (int64_t p0 = d0, k = 0; p0 < T; k++) {
+			int64_t n = 1 + k % 3;
+			n = n < T - p0 ? n : T - p0;
+			seq_rows(&s, &p, p0, n, pos, fl, BACKEND_ROW_LOGITS, bt, nb, gd, NULL);
+			rc = backend_step(p.gpu, &s2);
+			if (rc) {
+				test_fail(__FILE__, __LINE__, "decode step of %lld rows at %lld = %d",
+					  (long long)n, (long long)p0, rc);
+				break;
+			}
+			p0 += n;
+		}
+		unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+		snprintf(what, sizeof what, "%s %s mode, steps of 1-3 rows (last 48 positions)", name,
+			 inv ? "batch-invariant" : "fast");
+		check_logits(what, gd + d0 * V, ref + d0 * V, T - d0, V);
+		if (inv) {
+			int64_t same = 0;
+			for (int64_t t = d0; t < T; t++)
+				same += !memcmp(gd + t * V, gi + t * V, (size_t)V * 4);
+			printf("    %s batch invariance: steps of 1-3 rows vs one step of %lld rows: %lld of "
+			       "%lld rows bit-identical\n", name, (long long)T, (long long)same,
+			       (long long)(T - d0));
+			CHECK(same == T - d0);
+		}
+		free(gd);
+	}
 	free(bt), free(pos), free(fl), free(ref), free(g1), free(g2), free(gi);
 	pair_close(&p);
 }
