@@ -141,15 +141,19 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
  * tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings
  * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled:
- * GT_SMEM. */
+ * GT_SMEM; t64: G64_SMEM (4 stages of 128 rows of 144 bytes), once its 64 x 64 tiles make
+ * three quarters of a wave (fewer leave SMs idle: the 32 x 32 tiles are better there). */
 struct gate_kernel {
 	const char *name;
 	int rows, experts;
 	unsigned smem;
 };
 
-static struct gate_kernel gate_kernel_for(int T, int E, int D)
+static struct gate_kernel gate_kernel_for(int T, int E, int D, int sm_count)
 {
+	if (T > 256 && E % 64 == 0 && D % 64 == 0 &&
+	    (long long)(E / 64) * ((T + 63) / 64) * 4 >= 3LL * sm_count)
+		return (struct gate_kernel){"k_moe_gate_logits_t64", 64, 64, 4 * 128 * (64 * 2 + 16)};
 	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
 		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
 					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
@@ -288,7 +292,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	const int warp_route = E == 256 && G == 8 && tg <= 8 && K <= 32; /* k_moe_route_w's shape */
 	const int fused = warp_route && T <= 16 && D % 512 == 0;
 	if (stages & CUDA_MOE_GATE) {
-		struct gate_kernel k = gate_kernel_for(T, E, D);
+		struct gate_kernel k = gate_kernel_for(T, E, D, g->sm_count);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
 		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
 				 &K, &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS],
