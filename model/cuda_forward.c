@@ -359,9 +359,21 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
  * tensor cores above MMA_ROWS rows; 1-4 rows at memory speed (batch-invariant mode: in the CPU's
  * order, k_fwd_lin_*; fast mode: k_fwd_gemv*, another fixed order); else the CUDA cores in the
  * CPU's order (k_fwd_bf16_linear). */
+/* k_fwd_head_mma<WM> (kernels_ptx/lm_head.cu): its dynamic shared memory by warps along M. */
+static const char *const head_mma_names[3] = {"k_fwd_head_mma1", "k_fwd_head_mma2", "k_fwd_head_mma4"};
+static unsigned head_mma_smem(int wm) { return 3u * (32u * (unsigned)wm + 128u) * 72u * 2u; }
+
 static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
 		  int M, int D, int V)
 {
+	if (!F->E->batch_invariant && M > 4 && M <= 128 && V >= 1024 && D % 64 == 0 && ldx % 8 == 0) {
+		/* the LM head (and eh_proj) of a decode batch: W streamed once, rows on the tensor
+		 * cores (k_fwd_mma re-read W per 64 rows without a load pipeline) */
+		int v = M <= 32 ? 0 : M <= 64 ? 1 : 2;
+		LAUNCH(head_mma_names[v], (V + 127) / 128, 1, 256, head_mma_smem(1 << v), &W, &x, &ldx,
+		       &y32, &y16, &ldy, &M, &D, &V);
+		return 0;
+	}
 	if (M > MMA_ROWS) { /* tensor cores (fp32 sums in another order) */
 		int mode = 2, out32 = y32 != 0, b_row0 = 0, b_hs = 0;
 		long long a_hs = 0, c_hs = 0;
@@ -881,6 +893,15 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	}
 	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
 	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
+	/* the head kernels' shared-memory limit (a function attribute: set here, outside any
+	 * graph capture) */
+	for (int v = 0; v < 3 && !F->E->batch_invariant; v++) {
+		void *fn = gpu_kernel(F->g, head_mma_names[v]);
+		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+							  (int)head_mma_smem(1 << v)),
+				    "cuFuncSetAttribute", __FILE__, __LINE__))
+			return -EIO;
+	}
 	return 0;
 }
 

@@ -751,6 +751,83 @@ TEST_T(gpu_forward, fast_mode_wide, 300)
 	fast_mode("wide", 160);
 }
 
+/* The bf16 products of the forward (fwd_glue.cu, lm_head.cu) on their own against
+ * cpu_bf16_linear on random data, V = 1031 outputs (not a multiple of any tile), D = 1024:
+ * the CPU-order kernels (k_fwd_lin_stream, k_fwd_lin_row; 1-4 rows) bit-identical; the
+ * fixed-order ones (k_fwd_gemv, k_fwd_gemv_ks; k_fwd_head_mma1/2/4 for 5-128 rows) within
+ * 1e-5 of each row's RMS (fp32 summation order only). Outputs poisoned first. */
+TEST_T(gpu_forward, bf16_products, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	const int V = 1031, D = 1024, MM = 128;
+	uint64_t seed = 4242;
+	uint16_t *W = malloc((size_t)V * D * 2), *xh = malloc((size_t)MM * D * 2);
+	float *x = malloc((size_t)MM * D * 4), *ref = malloc((size_t)MM * V * 4);
+	float *got = malloc((size_t)MM * V * 4);
+	REQUIRE(W && xh && x && ref && got);
+	fill_bf16(W, (size_t)V * D, 0.05f, &seed);
+	fill_bf16(xh, (size_t)MM * D, 2.0f, &seed);
+	for (size_t i = 0; i < (size_t)MM * D; i++)
+		x[i] = bf16_to_f32(xh[i]);
+	struct bf16_mat Wm = {W, V, D};
+	cpu_bf16_linear(NULL, &Wm, x, MM, ref, 0);
+	gpu_ptr dW = gpu_test_alloc((size_t)V * D * 2), dx = gpu_test_alloc((size_t)MM * D * 2);
+	gpu_ptr dy = gpu_test_alloc((size_t)MM * V * 4), none = 0;
+	REQUIRE(gpu_upload(&g, dW, W, (size_t)V * D * 2) == 0);
+	REQUIRE(gpu_upload(&g, dx, xh, (size_t)MM * D * 2) == 0);
+	static const struct {
+		const char *name;
+		int exact, grid_div, smem, m[5];
+	} k[] = {
+		{"k_fwd_lin_stream", 1, 32, 0, {1, 2, 3, 4, 0}},
+		{"k_fwd_lin_row", 1, 0, 2 * 1024, {1, 2, 3, 4, 0}},
+		{"k_fwd_gemv", 0, 8, 0, {1, 2, 3, 4, 0}},
+		{"k_fwd_gemv_ks", 0, 0, 0, {1, 2, 3, 4, 0}},
+		{"k_fwd_head_mma1", 0, 128, 3 * (32 + 128) * 72 * 2, {5, 17, 32, 0, 0}},
+		{"k_fwd_head_mma2", 0, 128, 3 * (64 + 128) * 72 * 2, {33, 64, 0, 0, 0}},
+		{"k_fwd_head_mma4", 0, 128, 3 * (128 + 128) * 72 * 2, {65, 100, 128, 0, 0}},
+	};
+	for (size_t ki = 0; ki < sizeof k / sizeof *k; ki++) {
+		void *fn = gpu_kernel(&g, k[ki].name);
+		REQUIRE(fn);
+		if (k[ki].smem > 48 * 1024)
+			REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						      k[ki].smem) == CUDA_SUCCESS);
+		for (int mi = 0; mi < 5 && k[ki].m[mi]; mi++) {
+			int M = k[ki].m[mi], ldx = D, ldy = V, d = D, v = V;
+			gpu_test_poison(&g, dy, (size_t)MM * V * 4);
+			void *args[] = {&dW, &dx, &ldx, &dy, &none, &ldy, &M, &d, &v};
+			unsigned grid = k[ki].grid_div ? (unsigned)((V + k[ki].grid_div - 1) / k[ki].grid_div)
+						       : (unsigned)V;
+			REQUIRE(gpu_launch(&g, fn, grid, 1, 1, 256, 1, 1, (unsigned)k[ki].smem, args) == 0);
+			REQUIRE(gpu_download(&g, got, dy, (size_t)M * V * 4) == 0);
+			int64_t differ = 0, worst_i = 0;
+			double worst = 0;
+			for (int r = 0; r < M; r++) {
+				double rms = gpu_row_rms(ref + (size_t)r * V, V);
+				for (int i = 0; i < V; i++) {
+					float a = got[(size_t)r * V + i], b = ref[(size_t)r * V + i];
+					differ += memcmp(&a, &b, 4) != 0;
+					double e = fabs((double)a - b) / rms;
+					if (!(e <= worst))
+						worst = isnan(e) ? INFINITY : e, worst_i = (int64_t)r * V + i;
+				}
+			}
+			printf("    %s M=%d: %lld of %lld outputs differ from cpu_bf16_linear's bits, worst "
+			       "|err|/rms(row) %.3g at %lld%s\n", k[ki].name, M, (long long)differ,
+			       (long long)M * V, worst, (long long)worst_i,
+			       k[ki].exact ? " (must be bit-identical)" : " (limit 1e-5)");
+			if (k[ki].exact)
+				CHECK(differ == 0);
+			else
+				CHECK(worst < 1e-5);
+		}
+	}
+	free(W), free(xh), free(x), free(ref), free(got);
+	gpu_close(&g);
+}
+
 static double now_us(void)
 {
 	struct timespec ts;
