@@ -4,7 +4,9 @@
 //
 // k_lm_head: one warp per output row v; lanes stride D in 8-element (16-byte) chunks; x is
 // staged in shared memory as fp32 (M * D * 4 bytes, M <= LM_MAX_M). Launch with
-// dynamic smem = M*D*4 and grid = ceil(V / 8) blocks of 256 threads.
+// dynamic smem = M*D*4 and grid = ceil(V / 8) blocks of 256 threads. (tests/gpu/test_gpu_ops.c)
+// k_fwd_head_mma1/2/4: the forward's head for 5-128 rows in its fast mode (model/cuda_forward.c
+// op_lin): W streamed once, the rows on the tensor cores (below).
 #include "common.cuh"
 
 #define LM_MAX_M 8
