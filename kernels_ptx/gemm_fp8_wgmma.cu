@@ -600,9 +600,10 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		const uint64_t db0 = smem_desc(b_smem);
 		// When none of this warpgroup's rows is stored (a group's or M's last tile) it skips
 		// the MMAs but still takes part in every stage's handshake; its wait on "full" keeps
-		// its arrivals on "empty" in step with the stage's phase. (Not for BN = 192: its
-		// fragment and accumulators leave no registers for it.)
-		const bool active = (BN > 128 || tl.row0 + cw * 64 < tl.row_end) && !no_mma;
+		// its arrivals on "empty" in step with the stage's phase. (Not for BN = 192 / 256
+		// except the SwiGLU form: their fragment and accumulators leave no registers for it;
+		// the SwiGLU form needs it at prefill chunks of 2048 tokens, ~64 rows an expert.)
+		const bool active = ((BN > 128 && !SW) || tl.row0 + cw * 64 < tl.row_end) && !no_mma;
 		for (int kb = 0; kb < KB; kb++) {
 			if (first && cw == 1) {
 				asm volatile("bar.sync 1, 256;" ::: "memory");
