@@ -26,6 +26,8 @@
  * size).
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
+ * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
+ * of the fused router (k_moe_gate_route_a8) and the SwiGLU epilogue (the same bits).
  */
 #include "model/cuda_moe.h"
 
@@ -164,6 +166,12 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D, int sm_count)
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 
+static int unfused(void)
+{
+	const char *v = getenv("DSV32_CUDA_UNFUSED");
+	return v && *v == '1';
+}
+
 /* Whether the grouped GEMMs run on the wgmma kernel: where cuda_gemm_fp8_grouped would send
  * them (model/cuda_gemm.c: more than 64 rows and 64 rows a group on average; then the gate|up
  * GEMM has SwiGLU and act_quant fused), or whenever T >= DSV32_CUDA_MOE_WGMMA (diagnosis: set,
@@ -290,7 +298,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
 	const int warp_route = E == 256 && G == 8 && tg <= 8 && K <= 32; /* k_moe_route_w's shape */
-	const int fused = warp_route && T <= 16 && D % 512 == 0;
+	const int fused = warp_route && T <= 16 && D % 512 == 0 && !unfused();
 	if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(T, E, D, g->sm_count);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -363,19 +371,19 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	const int wgmma = use_wgmma(d);
-	if ((stages & CUDA_MOE_W13) && wgmma) {
+	const int wgmma = use_wgmma(d), sw = wgmma && !unfused();
+	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
 							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
 							D);
 	} else if (stages & CUDA_MOE_W13) {
-		rc = grouped(g, 0, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS],
+		rc = grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS],
 			     b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 	}
 	stats_mark(g, ST_W13 + 1);
-	if (!rc && (stages & CUDA_MOE_SWIGLU) && !wgmma)
+	if (!rc && (stages & CUDA_MOE_SWIGLU) && !sw)
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
 	stats_mark(g, ST_SWIGLU + 1);
 	if (!rc && (stages & CUDA_MOE_W2)) {

@@ -4,10 +4,11 @@
  * router logits and expert ids identical, routing weights within fp32 rounding, the output
  * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
  * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
- * Small configs at T = 1, 5, 64, 300, 512, and the real dims (7168 / 2048, 256 experts, top-8) at
- * T = 1, 4, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the experts, each
- * expert with its own scales (a mix-up of experts still shows). For T <= 64 (decode) the block
- * is also captured into a CUDA graph and replayed: the same bytes.
+ * Small configs at T = 1, 5, 64, 300, 512, and the real dims (7168 / 2048, 256 experts, top-8)
+ * at T = 1, 4, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the
+ * experts, each expert with its own scales (a mix-up of experts still shows). For T <= 64
+ * (decode) the block is also captured into a CUDA graph and replayed: the same bytes; and every
+ * case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the same bytes.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -263,6 +264,23 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	REQUIRE(gpu_download(g, g_wts, tr.wts, (size_t)T * K * 4) == 0);
 	REQUIRE(gpu_download(g, g_y, d_y, (size_t)T * D * 2) == 0);
 
+	/* the separate kernels (DSV32_CUDA_UNFUSED=1: no fused router, no SwiGLU epilogue) give
+	 * the same bytes */
+	int64_t unfused_diff = 0;
+	{
+		uint16_t *g_y3 = malloc((size_t)T * D * 2);
+		REQUIRE(g_y3);
+		gpu_test_poison(g, d_y, (size_t)T * D * 2);
+		setenv("DSV32_CUDA_UNFUSED", "1", 1);
+		int urc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, NULL);
+		unsetenv("DSV32_CUDA_UNFUSED");
+		REQUIRE(urc == 0);
+		REQUIRE(gpu_download(g, g_y3, d_y, (size_t)T * D * 2) == 0);
+		for (size_t i = 0; i < (size_t)T * D; i++)
+			unfused_diff += g_y3[i] != g_y[i];
+		free(g_y3);
+	}
+
 	/* the decode step is captured into a CUDA graph: the block must capture (no host sync)
 	 * and its replay must give the same bytes */
 	int64_t graph_diff = -1;
@@ -358,8 +376,11 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	if (graph_diff >= 0)
 		printf("    graph-captured block, replayed: %lld outputs differ from the direct run\n",
 		       (long long)graph_diff);
+	printf("    separate kernels (DSV32_CUDA_UNFUSED=1): %lld outputs differ from the fused run\n",
+	       (long long)unfused_diff);
 	CHECK_EQ_INT(bad_logits, 0);
 	CHECK(graph_diff <= 0);
+	CHECK_EQ_INT(unfused_diff, 0);
 	CHECK_EQ_INT(bad_ids, 0);
 	CHECK_EQ_INT(bad_w, 0);
 	CHECK_EQ_INT(bad_y, 0);
