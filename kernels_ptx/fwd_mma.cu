@@ -4,7 +4,8 @@
 //   mode 0: q absorption   q_lat[t, h, :] = bf16( q_nope[t, h, :] . W_UK_h )  (absorbed_heads,
 //           model/cpu_attn.c), W_UK_h = kv_b rows h*(nope+dv) + d, e4m3 x block scale;
 //   mode 1: W_UV           o[t, h*dv + n] = bf16( o_lat[t, h, :] . W_UV_h[n, :] )  (same);
-//   mode 2: bf16 linear    y[t, n] = x[t, :] . W[n, :], fp32 or bf16 out (cpu_bf16_linear).
+//   mode 2: bf16 linear    y[t, n] = x[t, :] . W[n, :], fp32 or bf16 out (cpu_bf16_linear); batch
+//           z reads W from W + z * b_hs (K-split partials: z = split, A, W and C offset by z).
 // Numerics: the dequantised weights (e4m3 x a power-of-two scale) are exact in bf16, the
 // activations are bf16 already, products are exact in fp32 and summed in fp32 by mma.sync
 // m16n8k16 (bf16 in, fp32 accumulate): the CPU's result up to the order of the fp32 additions.
@@ -62,7 +63,8 @@ k_fwd_mma(int mode, const uint16_t *__restrict__ A, long long a_hs, int lda,
 				const int r = i / (kc / 8), c = i % (kc / 8);
 				uint4 v = make_uint4(0u, 0u, 0u, 0u);
 				if (n0 + r < N)
-					v = *reinterpret_cast<const uint4 *>(W + (size_t)(n0 + r) * ldb + k0 + c * 8);
+					v = *reinterpret_cast<const uint4 *>(W + (size_t)z * b_hs + (size_t)(n0 + r) * ldb +
+									     k0 + c * 8);
 				*reinterpret_cast<uint4 *>(&Bs[r][c * 8]) = v;
 			}
 		} else if (mode == 1) { // e4m3 W_UV rows n (kv_b row b_row0 + z*b_hs + n), columns k
@@ -145,4 +147,23 @@ k_fwd_mma(int mode, const uint16_t *__restrict__ A, long long a_hs, int lda,
 					((uint16_t *)C)[off] = f32_to_bf16(acc[nt][2 * h2 + e]);
 			}
 		}
+}
+
+// y[m, n] = sum over s < S, in order, of ws[s, m, n] (the K-split partials of mode 2, fp32
+// [S, M, N]); y32 fp32 or (y32 null) y16 bf16, row stride ldy. Grid covers M * N, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_ks_reduce(const float *__restrict__ ws, int S, int M, int N, float *__restrict__ y32,
+		uint16_t *__restrict__ y16, int ldy)
+{
+	const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (long long)M * N)
+		return;
+	float t = ws[i];
+	for (int s = 1; s < S; s++)
+		t += ws[(size_t)s * M * N + i];
+	const int m = (int)(i / N), n = (int)(i % N);
+	if (y32)
+		y32[(size_t)m * ldy + n] = t;
+	else
+		y16[(size_t)m * ldy + n] = f32_to_bf16(t);
 }

@@ -374,6 +374,21 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 		       &y32, &y16, &ldy, &M, &D, &V);
 		return 0;
 	}
+	if (M > MMA_ROWS && V < 1024 && D % 256 == 0 && D / 256 >= 4) {
+		/* few outputs (weights_proj: 64): the tensor cores on S = D / 256 K slices as batches
+		 * (64 x 64 tiles had one or two blocks in all), partials summed in slice order */
+		int mode = 2, out32 = 1, b_row0 = 0, S = D / 256 < 32 ? D / 256 : 32, Kc = D / S;
+		int b_hs = Kc, MV = M * V;
+		gpu_ptr none = 0; /* no block scales (bf16 weights) */
+		long long a_hs = Kc, c_hs = (long long)M * V;
+		size_t mark = gpu_arena_mark(F->A);
+		TAKE(ws, (size_t)S * M * V * 4);
+		LAUNCH3("k_fwd_mma", (V + 63) / 64, (M + 63) / 64, S, 128, &mode, &x, &a_hs, &ldx, &W, &none,
+			&b_row0, &b_hs, &D, &ws, &c_hs, &V, &out32, &M, &V, &Kc);
+		LAUNCH("k_fwd_ks_reduce", (MV + 255) / 256, 1, 256, 0, &ws, &S, &M, &V, &y32, &y16, &ldy);
+		gpu_arena_release(F->A, mark);
+		return 0;
+	}
 	if (M > MMA_ROWS) { /* tensor cores (fp32 sums in another order) */
 		int mode = 2, out32 = y32 != 0, b_row0 = 0, b_hs = 0;
 		long long a_hs = 0, c_hs = 0;

@@ -824,6 +824,36 @@ TEST_T(gpu_forward, bf16_products, 120)
 				CHECK(worst < 1e-5);
 		}
 	}
+	/* k_fwd_mma mode 2 on K slices as batches + k_fwd_ks_reduce (op_lin's path for few outputs,
+	 * weights_proj, above 8 rows): S = 4 slices of 256 */
+	for (int M = 9; M <= MM; M += MM - 9) {
+		int mode = 2, out32 = 1, b_row0 = 0, S = 4, Kc = D / S, b_hs = Kc, ldx = D, ldy = V, v = V;
+		int d = D, MV = M * V;
+		long long a_hs = Kc, c_hs = (long long)M * V;
+		gpu_ptr ws = gpu_test_alloc((size_t)S * M * V * 4);
+		gpu_test_poison(&g, dy, (size_t)MM * V * 4);
+		void *a1[] = {&mode, &dx, &a_hs, &ldx, &dW, &none, &b_row0, &b_hs, &d, &ws, &c_hs, &v,
+			      &out32, &M, &v, &Kc};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_mma"), (V + 63) / 64, (M + 63) / 64, S, 128, 1, 1,
+				   0, a1) == 0);
+		void *a2[] = {&ws, &S, &M, &v, &dy, &none, &ldy};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_ks_reduce"), (MV + 255) / 256, 1, 1, 256, 1, 1, 0,
+				   a2) == 0);
+		REQUIRE(gpu_download(&g, got, dy, (size_t)M * V * 4) == 0);
+		double worst = 0;
+		for (int r = 0; r < M; r++) {
+			double rms = gpu_row_rms(ref + (size_t)r * V, V);
+			for (int i = 0; i < V; i++) {
+				double e = fabs((double)got[(size_t)r * V + i] - ref[(size_t)r * V + i]) / rms;
+				if (!(e <= worst))
+					worst = isnan(e) ? INFINITY : e;
+			}
+		}
+		printf("    k_fwd_mma in %d K slices + k_fwd_ks_reduce M=%d: worst |err|/rms(row) %.3g "
+		       "(limit 1e-5)\n", S, M, worst);
+		CHECK(worst < 1e-5);
+		cu.cuMemFree(ws);
+	}
 	free(W), free(xh), free(x), free(ref), free(got);
 	gpu_close(&g);
 }
