@@ -106,6 +106,27 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	lin_store(acc, v0 + o, V, j, m0, min(LIN_ROWS, M - m0), y32, y16, ldy);
 }
 
+// acc[m] += the 8 products of weight chunk q (16 bytes: columns 8c .. 8c+7) with row m of x, in
+// column order, fused multiply-adds (k_fwd_gemv's fixed order), for m < M <= LIN_ROWS.
+__device__ __forceinline__ void gemv_chunk(float acc[LIN_ROWS], const uint4 q,
+					   const uint16_t *__restrict__ x, int ldx, int c, int M)
+{
+	const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++) {
+		if (m >= M)
+			break;
+		const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
+		const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
+			acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
+				      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
+		}
+	}
+}
+
 // The same product (cpu_dot_bf16's order, bit-identical) for 1-4 token rows at memory speed:
 // one warp per 4 outputs, lanes 8o .. 8o+7 own output v = 4 (8 block + warp) + o. Per step of 128
 // columns lane j loads the output's 16-byte chunk j (8 lanes: 256 contiguous bytes; loads run 4
@@ -217,23 +238,8 @@ k_fwd_gemv(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int l
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
 	const int nc = D / 8;
 #pragma unroll 4
-	for (int c = lane; c < nc; c += 32) {
-		const uint4 q = wr[c];
-		const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-		for (int m = 0; m < LIN_ROWS; m++) {
-			if (m >= M)
-				break;
-			const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
-			const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
-				acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
-					      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
-			}
-		}
-	}
+	for (int c = lane; c < nc; c += 32)
+		gemv_chunk(acc, wr[c], x, ldx, c, M);
 #pragma unroll
 	for (int m = 0; m < LIN_ROWS; m++)
 		acc[m] = warp_sum(acc[m]);
@@ -262,23 +268,8 @@ k_fwd_gemv_ks(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, in
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
 	const int nc = D / 8;
 #pragma unroll 4
-	for (int c = threadIdx.x; c < nc; c += 256) {
-		const uint4 q = wr[c];
-		const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-		for (int m = 0; m < LIN_ROWS; m++) {
-			if (m >= M)
-				break;
-			const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
-			const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
-				acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
-					      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
-			}
-		}
-	}
+	for (int c = threadIdx.x; c < nc; c += 256)
+		gemv_chunk(acc, wr[c], x, ldx, c, M);
 #pragma unroll
 	for (int m = 0; m < LIN_ROWS; m++) {
 		acc[m] = warp_sum(acc[m]);
