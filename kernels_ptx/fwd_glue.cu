@@ -45,6 +45,16 @@ __device__ __forceinline__ void lane8_accumulate(float *acc, int j, int n, WF w,
 
 #define LIN_ROWS 4
 
+// y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.
+__device__ __forceinline__ void lin_out(float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy,
+					int m, int v, float val)
+{
+	if (y32)
+		y32[(size_t)m * ldy + v] = val;
+	else
+		y16[(size_t)m * ldy + v] = f32_to_bf16(val);
+}
+
 // The bf16 linears' epilogue: each output's 8 lane sums through tree8, then lane 0 of the 8
 // stores rows m0 .. m0 + nm - 1 of output v (fp32 to y32, or bf16 to y16 when y32 is null).
 __device__ __forceinline__ void lin_store(float acc[LIN_ROWS], int v, int V, int j, int m0, int nm,
@@ -55,12 +65,8 @@ __device__ __forceinline__ void lin_store(float acc[LIN_ROWS], int v, int V, int
 		acc[m] = tree8(acc[m]);
 	if (v >= V || j)
 		return;
-	for (int m = 0; m < nm; m++) {
-		if (y32)
-			y32[(size_t)(m0 + m) * ldy + v] = acc[m];
-		else
-			y16[(size_t)(m0 + m) * ldy + v] = f32_to_bf16(acc[m]);
-	}
+	for (int m = 0; m < nm; m++)
+		lin_out(y32, y16, ldy, m0 + m, v, acc[m]);
 }
 #define LIN_OUTS 32   // outputs per block
 #define LIN_KT 256    // K tile staged in shared memory
@@ -181,12 +187,8 @@ k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		acc[m] = tree8(acc[m]);
 	if (!live || j)
 		return;
-	for (int m = 0; m < M; m++) {
-		if (y32)
-			y32[(size_t)m * ldy + v] = acc[m];
-		else
-			y16[(size_t)m * ldy + v] = f32_to_bf16(acc[m]);
-	}
+	for (int m = 0; m < M; m++)
+		lin_out(y32, y16, ldy, m, v, acc[m]);
 }
 
 // The same for matrices of few outputs (weights_proj: 64 x 7168), where a warp per 4 outputs
@@ -214,12 +216,8 @@ k_fwd_lin_row(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, in
 			acc = __fadd_rn(acc, __fmul_rn(bf16_to_f32(__ldg(xr + k)), bf16_to_f32(wrow[k])));
 	}
 	acc = tree8(acc);
-	if (m < M && j == 0) {
-		if (y32)
-			y32[(size_t)m * ldy + v] = acc;
-		else
-			y16[(size_t)m * ldy + v] = f32_to_bf16(acc);
-	}
+	if (m < M && j == 0)
+		lin_out(y32, y16, ldy, m, v, acc);
 }
 
 // y[m, v] = x[m, :] . W[v, :] for a few token rows (m < M <= 4: decode), memory-bound GEMV: one
@@ -245,12 +243,8 @@ k_fwd_gemv(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int l
 		acc[m] = warp_sum(acc[m]);
 	if (lane)
 		return;
-	for (int m = 0; m < M; m++) {
-		if (y32)
-			y32[(size_t)m * ldy + v] = acc[m];
-		else
-			y16[(size_t)m * ldy + v] = f32_to_bf16(acc[m]);
-	}
+	for (int m = 0; m < M; m++)
+		lin_out(y32, y16, ldy, m, v, acc[m]);
 }
 
 // The same product for matrices of few outputs (the indexer's weights_proj: 64 x 7168), where
@@ -283,10 +277,7 @@ k_fwd_gemv_ks(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, in
 		float t = part[0][m];
 		for (int k = 1; k < 8; k++)
 			t += part[k][m];
-		if (y32)
-			y32[(size_t)m * ldy + v] = t;
-		else
-			y16[(size_t)m * ldy + v] = f32_to_bf16(t);
+		lin_out(y32, y16, ldy, m, v, t);
 	}
 }
 
