@@ -96,9 +96,32 @@ static struct moe_dims moe_dims(const struct dsv32_config *c, int T)
 	return d;
 }
 
-/* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time). */
+/* Whether the grouped GEMMs run on the wgmma kernel (then the gate|up GEMM has SwiGLU and
+ * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming decode kernel below
+ * 64 rows a group on average): from 16 rows a group on average, never for T <= 64 (decode
+ * steps and the batch-invariant mode's pieces stay on the mma.sync kernels, exact per row). The
+ * decode kernel's FP8 MMAs are fp16 MMAs after conversions on sm_90, so it turns compute-bound
+ * as the rows a group grow (bench moe, run 5: 2.26 TB/s at ~2 rows a group, 1.76 at ~8), while
+ * wgmma streams each weight tile once per 128 rows of a group whatever their count. (Run 7's
+ * prefill profile counted 4 steps for 2 chunks of 2048 tokens: passes of ~1000 rows, ~32 a
+ * group, on the decode kernel, 15 ms a layer; the scratch estimate agrees.)
+ * DSV32_CUDA_MOE_WGMMA=n (diagnosis; n > 64): wgmma from n tokens on instead. */
+static int use_wgmma(const struct moe_dims *d)
+{
+	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
+	int from = v ? atoi(v) : 0;
+	if (from > 64)
+		return d->T >= from && d->D % 64 == 0; /* (from > 64: never for T <= 64) */
+	return d->T > 64 && d->RT >= 16 * (d->E + 1) && d->D % 64 == 0;
+}
+
+/* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming
+ * kernel's K-chunk partials (~590 KB a token at V3.2's shapes; none on wgmma, whose smaller
+ * scratch lets the forward's passes hold more rows). */
 static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 {
+	if (use_wgmma(d))
+		return 256;
 	size_t a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D),
 	       b = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, d->D, d->I);
 	size_t m = a > b ? a : b;
@@ -170,19 +193,6 @@ static int unfused(void)
 {
 	const char *v = getenv("DSV32_CUDA_UNFUSED");
 	return v && *v == '1';
-}
-
-/* Whether the grouped GEMMs run on the wgmma kernel: where cuda_gemm_fp8_grouped would send
- * them (model/cuda_gemm.c: more than 64 rows and 64 rows a group on average; then the gate|up
- * GEMM has SwiGLU and act_quant fused), or whenever T >= DSV32_CUDA_MOE_WGMMA (diagnosis: set,
- * > 64, it compares the kernels at batch-decode sizes). */
-static int use_wgmma(const struct moe_dims *d)
-{
-	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
-	int from = v ? atoi(v) : 0;
-	if (from > 64 && d->T >= from)
-		return 1;
-	return d->RT > 64 && d->RT >= 64 * (d->E + 1) && d->D % 64 == 0;
 }
 
 /* One grouped GEMM over the E + 1 groups (y row stride N). */

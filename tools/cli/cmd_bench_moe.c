@@ -233,7 +233,7 @@ int bench_moe(int argc, char **argv)
 				(double)(D / 128) * (Ish / 128) * 4;
 	const double sh13_bytes = 2.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4;
 	const double gate_bytes = (double)E * D * 2;
-	static const int Ts[] = {1, 8, 16, 64, 128, 256, 2048, 4096};
+	static const int Ts[] = {1, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
 	int rc_all = 0;
 	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
 		const int T = Ts[ti];
