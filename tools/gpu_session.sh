@@ -6,7 +6,8 @@
 #   1. the GPU and driver;  2. every GPU test (kernels against the CPU backend);
 #   3. the same under compute-sanitizer memcheck;  4. benchmarks;
 #   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
-# Environment: SKIP_TESTS, SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE=1 leave steps out; BENCHES
+# Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE=1 leave steps
+# out; BENCHES
 # (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in seconds. Two
 # sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate OUT_DIRs).
 set -u
@@ -63,7 +64,7 @@ if [ -f "$bundle/EXTRA" ]; then
   done < "$bundle/EXTRA"
 fi
 
-if [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
+if [ "${SKIP_TESTS:-0}" != 1 ] && [ -x "$bundle/mkmodel" ] && [ -f tests/gpu/check_safetensors.py ]; then
   step "tiny checkpoint through the independent safetensors reader"
   m=/tmp/dsv32-tiny
   rm -rf "$m"
