@@ -7,9 +7,9 @@
 #   3. the same under compute-sanitizer memcheck;  4. benchmarks;
 #   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
 # Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE=1 leave steps
-# out; BENCHES
-# (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in seconds. Two
-# sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate OUT_DIRs).
+# out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in
+# seconds. Two sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate
+# OUT_DIRs).
 set -u
 bundle=${1:?bundle dir}
 top=${2:?out dir}
