@@ -15,7 +15,8 @@
 //                    d ascending, one multiply and one add each, so bit-identical), written with
 //                    q_pe (RoPE'd there, optionally: k_rope's arithmetic) into the sparse MLA
 //                    decode's query layout [B, Hpad, R + rope]; N = 1, 2, 4, 8 token rows a block.
-// k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4.
+// k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4;
+//                    k_fwd_uv1_q the same for one row with the act_quant of o (o_proj's input).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
@@ -465,6 +466,73 @@ __device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uin
 	}
 UV(1)
 UV(4)
+
+// k_fwd_uv<1> for one token row (a decode step) with the act_quant of its output, the o_proj
+// input, fused: one block per head h computes all dv = 128 outputs of the head (4 chunks of 32
+// W_UV rows, all 64 KB of loads issued at once), each exactly as k_fwd_uv1, then warp 0 quantises
+// the head's 128 bf16 outputs (one act_quant group: k_act_quant's numbers) — o bf16 [1, H * dv],
+// o8 e4m3 [1, H * dv], os fp32 [1, H]. dv == 128, R <= 512. Grid H, 256 threads.
+#define UVQ_CHUNKS (128 / W_CHUNK)
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	    const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	    float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+{
+	__shared__ float ol[1][ABS_MAXR];
+	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
+	__shared__ float sc[UVQ_CHUNKS * W_CHUNK][4];
+	__shared__ float out[128];
+	const int h = blockIdx.x, tid = threadIdx.x;
+	const int per_row = R / 16, nkb = R / 128, wrow0 = h * (nope + dv) + nope;
+	uint4 buf[UVQ_CHUNKS][UV_W_LOADS];
+#pragma unroll
+	for (int ch = 0; ch < UVQ_CHUNKS; ch++)
+#pragma unroll
+		for (int k = 0; k < UV_W_LOADS; k++) {
+			const int i = tid + k * 256;
+			if (i < W_CHUNK * per_row)
+				buf[ch][k] = *reinterpret_cast<const uint4 *>(
+					Wkvb + (size_t)(wrow0 + ch * W_CHUNK + i / per_row) * R + (i % per_row) * 16);
+		}
+	for (int i = tid; i < UVQ_CHUNKS * W_CHUNK * nkb; i += 256)
+		sc[i / nkb][i % nkb] = S[((wrow0 + i / nkb) / 128) * nkb + i % nkb];
+	for (int i = tid; i < R; i += 256)
+		ol[0][i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
+	const int lane = tid & 31, j = lane & 7, warp = tid >> 5, dd = warp * 4 + (lane >> 3);
+#pragma unroll
+	for (int ch = 0; ch < UVQ_CHUNKS; ch++) {
+		if (ch)
+			__syncthreads(); // the previous chunk is consumed
+#pragma unroll
+		for (int k = 0; k < UV_W_LOADS; k++) {
+			const int i = tid + k * 256;
+			if (i < W_CHUNK * per_row)
+				*reinterpret_cast<uint4 *>(&w[i / per_row][(i % per_row) * 16]) = buf[ch][k];
+		}
+		__syncthreads(); // the chunk (and, first time, the scales and o_lat) is staged
+		float acc[1] = {0.f};
+		const int srow = ch * W_CHUNK + dd;
+		lane8_accumulate<1>(acc, j, R, [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[srow][k / 128]; },
+				    [&](int m, int k) { return ol[m][k]; });
+		acc[0] = tree8(acc[0]);
+		if (j == 0)
+			out[ch * W_CHUNK + dd] = acc[0];
+	}
+	__syncthreads(); // the head's 128 outputs are in shared memory
+	if (warp)
+		return;
+	float v[4];
+	uint2 raw;
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		v[k] = bf16_to_f32(f32_to_bf16(out[4 * lane + k]));
+	raw.x = (uint32_t)f32_to_bf16(v[0]) | ((uint32_t)f32_to_bf16(v[1]) << 16);
+	raw.y = (uint32_t)f32_to_bf16(v[2]) | ((uint32_t)f32_to_bf16(v[3]) << 16);
+	*reinterpret_cast<uint2 *>(o + (size_t)h * dv + 4 * lane) = raw;
+	const float s = warp_act_quant128_regs(v, o8 + (size_t)h * dv, lane);
+	if (lane == 0)
+		os[h] = s;
+}
 
 // perm[t*K + n] = idx[t*K + n] * T + t (idx int [T, K] expert ids).
 extern "C" __global__ void __launch_bounds__(256)

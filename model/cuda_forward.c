@@ -767,6 +767,9 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		prof_mark(F->g->stream, "mla decode");
 	}
 	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
+	TAKE(o8, (size_t)Tp * H * dv);        /* its act_quant: e4m3 codes, fp32 scales */
+	TAKE(os, (size_t)Tp * (H * dv / 128) * 4);
+	int o_quantised = 0;
 	if (T > MMA_ROWS) {
 		int mode = 1, lda = Hpad * Rk, b_row0 = nope, b_hs = nope + dv, ldc = H * dv, out32 = 0;
 		long long a_hs = Rk, c_hs = dv;
@@ -774,6 +777,10 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
+	} else if (T == 1 && fuse && dv == 128 && Rk <= 512) { /* a decode row, o's act_quant fused */
+		LAUNCH("k_fwd_uv1_q", H, 1, 256, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
+		       &Rk);
+		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */
 		LAUNCH3("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
 			&nope, &dv, &Rk);
@@ -782,10 +789,9 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 			&Hpad, &nope, &dv, &Rk);
 	}
 	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
-	TAKE(o8, (size_t)Tp * H * dv);
-	TAKE(os, (size_t)Tp * (H * dv / 128) * 4);
 	TAKE(ao, (size_t)Tp * D * 2);         /* bf16 [Tp, D] attn_out */
-	TRY(op_quant(F, o, o8, os, T, H * dv));
+	if (!o_quantised)
+		TRY(op_quant(F, o, o8, os, T, H * dv));
 	TRY(op_gemm(F, &L->o, o8, os, ao, T, D));
 	TRY(dump_all(F, "attn_out", layer, ao, DUMP_BF16, D, D));
 

@@ -858,6 +858,68 @@ TEST_T(gpu_forward, bf16_products, 120)
 	gpu_close(&g);
 }
 
+/* k_fwd_uv1_q (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
+ * model's shape, which the structured models above do not have) against its parts, k_fwd_uv1
+ * then k_act_quant, on random e4m3 kv_b rows, power-of-two block scales and o_lat: o, its codes
+ * and its scales bit-identical. */
+TEST_T(gpu_forward, uv_quant_fused, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	int H = 8, Hpad = 16, nope = 128, dv = 128, R = 512, T = 1;
+	size_t wrows = (size_t)H * (nope + dv), nw = wrows * R, ns = wrows / 128 * (R / 128);
+	uint64_t seed = 77;
+	uint8_t *w = malloc(nw);
+	float *sc = malloc(ns * 4);
+	uint16_t *ol = malloc((size_t)Hpad * R * 2);
+	REQUIRE(w && sc && ol);
+	for (size_t i = 0; i < nw; i++) {
+		w[i] = (uint8_t)(test_rand(&seed) >> 56);
+		if ((w[i] & 0x7f) == 0x7f)
+			w[i] &= 0xfe; /* not a NaN code */
+	}
+	for (size_t i = 0; i < ns; i++)
+		sc[i] = ldexpf(1.0f, (int)(test_rand(&seed) % 9) - 12);
+	fill_bf16(ol, (size_t)Hpad * R, 1.0f, &seed);
+	gpu_ptr dw = gpu_test_alloc(nw), ds = gpu_test_alloc(ns * 4), dol = gpu_test_alloc((size_t)Hpad * R * 2);
+	gpu_ptr o1 = gpu_test_alloc((size_t)H * dv * 2), q1 = gpu_test_alloc((size_t)H * dv), s1 = gpu_test_alloc((size_t)H * 4);
+	gpu_ptr o2 = gpu_test_alloc((size_t)H * dv * 2), q2 = gpu_test_alloc((size_t)H * dv), s2 = gpu_test_alloc((size_t)H * 4);
+	REQUIRE(gpu_upload(&g, dw, w, nw) == 0);
+	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
+	REQUIRE(gpu_upload(&g, dol, ol, (size_t)Hpad * R * 2) == 0);
+	gpu_test_poison(&g, o1, (size_t)H * dv * 2), gpu_test_poison(&g, o2, (size_t)H * dv * 2);
+	gpu_test_poison(&g, q1, (size_t)H * dv), gpu_test_poison(&g, q2, (size_t)H * dv);
+	gpu_test_poison(&g, s1, (size_t)H * 4), gpu_test_poison(&g, s2, (size_t)H * 4);
+	void *a1[] = {&dol, &dw, &ds, &o1, &T, &H, &Hpad, &nope, &dv, &R};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1"), H, 1, dv / 32, 256, 1, 1, 0, a1) == 0);
+	long long ng = H * dv / 128;
+	void *a2[] = {&o1, &q1, &s1, &ng};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1, 1, 0,
+			   a2) == 0);
+	void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1_q"), H, 1, 1, 256, 1, 1, 0, a3) == 0);
+	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
+	REQUIRE(h1 && h2);
+	REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
+	REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
+	int same_o = !memcmp(h1, h2, (size_t)H * dv * 2);
+	REQUIRE(gpu_download(&g, h1, q1, (size_t)H * dv) == 0);
+	REQUIRE(gpu_download(&g, h2, q2, (size_t)H * dv) == 0);
+	int same_q = !memcmp(h1, h2, (size_t)H * dv);
+	REQUIRE(gpu_download(&g, h1, s1, (size_t)H * 4) == 0);
+	REQUIRE(gpu_download(&g, h2, s2, (size_t)H * 4) == 0);
+	int same_s = !memcmp(h1, h2, (size_t)H * 4);
+	float s0;
+	memcpy(&s0, h1, 4);
+	printf("    k_fwd_uv1_q vs k_fwd_uv1 + k_act_quant (H %d, dv %d, R %d): o %s, codes %s, scales %s "
+	       "(head 0 scale %g)\n", H, dv, R, same_o ? "identical" : "DIFFER", same_q ? "identical" : "DIFFER",
+	       same_s ? "identical" : "DIFFER", s0);
+	CHECK(same_o && same_q && same_s);
+	CHECK(isfinite(s0) && s0 > 0);
+	free(w), free(sc), free(ol), free(h1), free(h2);
+	gpu_close(&g);
+}
+
 static double now_us(void)
 {
 	struct timespec ts;
