@@ -9,7 +9,8 @@
 //
 // k_fwd_idx_q   per (token, indexer head): half-split RoPE of dims 0..63 -> bf16, Hadamard ->
 //               bf16 (written back: idx_q), act_quant -> e4m3 codes, and the head weight
-//               w' = ((w * H^-0.5) * s_q) * 128^-0.5 (spec §3.6 steps 4-7).
+//               w' = ((w * H^-0.5) * s_q) * 128^-0.5 (spec §3.6 steps 4-7); k_fwd_idx_qw the
+//               same with the weights_proj product w itself (decode, k_fwd_gemv_ks's order).
 // k_fwd_qkv_norms  everything that reads the fused q_a | indexer wk | kv_a GEMM output, in one
 //               launch (block ranges): per token the q_a RMSNorm with its act_quant; per token
 //               the RMSNorm of c_kv -> bf16 (written: kv_cmpr), interleaved RoPE of k_pe
@@ -22,6 +23,7 @@
 //               slice of a wider row (the MTP concat); optionally act_quant of its output;
 //               k_fwd_rmsnorm_1k the same with 1024 threads.
 #include "common.cuh"
+#include "fwd_lin.cuh"
 
 // Asks L1 for the norm weights w[0 .. dim) a block's threads read after its reduction (one
 // prefetch per 128-byte line), so that read does not wait a DRAM round trip of its own.
@@ -119,17 +121,15 @@ __device__ __forceinline__ void store4(uint16_t *__restrict__ x, const float v[4
 	*reinterpret_cast<uint2 *>(x + lane * 4) = raw;
 }
 
-// iq bf16 [T * H, 128] (the wq_b output, per head [rope | nope]; overwritten with idx_q),
-// q8 e4m3 [T * H, 128], w fp32 [T, H] (weights_proj output, overwritten with w'), pos int [T],
-// cs fp32 [max_pos, 32, 2]. One warp per (token, head); grid ceil(T * H / 8), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restrict__ w,
-	    const int *__restrict__ pos, const float *__restrict__ cs, int H, int rows, float had,
-	    float hs, float ds)
+// The indexer query row r = (token r / H, head r % H) by one warp: iq bf16 [T * H, 128] (the
+// wq_b output, per head [rope | nope]; overwritten with idx_q), q8 e4m3 [T * H, 128], w fp32
+// [T, H]: wr (the weights_proj output of the row) becomes w' at w[r]; pos int [T], cs fp32
+// [max_pos, 32, 2].
+__device__ __forceinline__ void idx_q_row(int r, float wr, uint16_t *__restrict__ iq,
+					  uint8_t *__restrict__ q8, float *__restrict__ w,
+					  const int *__restrict__ pos, const float *__restrict__ cs, int H,
+					  float had, float hs, float ds, int lane)
 {
-	const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (r >= rows)
-		return;
 	float v[4];
 	load4(iq + (size_t)r * 128, v, lane);
 	warp_rope_halfsplit(v, cs, pos[r / H], lane);
@@ -140,7 +140,47 @@ k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restri
 	store4(iq + (size_t)r * 128, v, lane);
 	const float sc = warp_act_quant128_regs(v, q8 + (size_t)r * 128, lane);
 	if (lane == 0)
-		w[r] = __fmul_rn(__fmul_rn(__fmul_rn(w[r], hs), sc), ds);
+		w[r] = __fmul_rn(__fmul_rn(__fmul_rn(wr, hs), sc), ds);
+}
+
+// idx_q_row for every row, w[r] read from w (k_fwd_idx_q: grid ceil(T * H / 8), 256 threads).
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restrict__ w,
+	    const int *__restrict__ pos, const float *__restrict__ cs, int H, int rows, float had,
+	    float hs, float ds)
+{
+	const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	if (r >= rows)
+		return;
+	idx_q_row(r, w[r], iq, q8, w, pos, cs, H, had, hs, ds, lane);
+}
+
+// The same for a decode step (T <= 4) with weights_proj folded in: block r computes w[r] =
+// a[r / H] . Wp[r % H] (a bf16 [T, lda], Wp bf16 [H, D]) as k_fwd_gemv_ks does for its block's
+// output (the 8 warps over K, warp partials added in warp order: the same numbers), then warp 0
+// runs idx_q_row on it. Grid T * H, 256 threads. D % 8 == 0, lda % 8 == 0.
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_idx_qw(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restrict__ w,
+	     const int *__restrict__ pos, const float *__restrict__ cs, int H, float had, float hs,
+	     float ds, const uint16_t *__restrict__ Wp, const uint16_t *__restrict__ a, int lda, int D)
+{
+	__shared__ float part[8];
+	const int r = blockIdx.x, t = r / H, h = r % H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const uint4 *wr = reinterpret_cast<const uint4 *>(Wp + (size_t)h * D);
+	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+	for (int c = threadIdx.x; c < D / 8; c += 256)
+		gemv_chunk(acc, wr[c], a + (size_t)t * lda, lda, c, 1);
+	acc[0] = warp_sum(acc[0]);
+	if (lane == 0)
+		part[warp] = acc[0];
+	__syncthreads(); // every warp's partial is in shared memory
+	if (warp)
+		return;
+	float dot = part[0];
+	for (int k = 1; k < 8; k++)
+		dot += part[k];
+	idx_q_row(r, dot, iq, q8, w, pos, cs, H, had, hs, ds, lane);
 }
 
 // The indexer key of token t by one warp: kr bf16 [T, ld] (wk output), nw, nb fp32 [128]

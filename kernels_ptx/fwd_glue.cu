@@ -20,6 +20,7 @@
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
+#include "fwd_lin.cuh"
 
 // Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
 // (l6+l7)); lane 8q gets the result (addition is commutative, so every lane's value is the same).
@@ -42,18 +43,6 @@ __device__ __forceinline__ void lane8_accumulate(float *acc, int j, int n, WF w,
 		for (int m = 0; m < ROWS; m++)
 			acc[m] = __fadd_rn(acc[m], __fmul_rn(x(m, k), wv));
 	}
-}
-
-#define LIN_ROWS 4
-
-// y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.
-__device__ __forceinline__ void lin_out(float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy,
-					int m, int v, float val)
-{
-	if (y32)
-		y32[(size_t)m * ldy + v] = val;
-	else
-		y16[(size_t)m * ldy + v] = f32_to_bf16(val);
 }
 
 // The bf16 linears' epilogue: each output's 8 lane sums through tree8, then lane 0 of the 8
@@ -111,27 +100,6 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 			lane8_accumulate<LIN_ROWS>(acc, j, kt, wf, xf);
 	}
 	lin_store(acc, v0 + o, V, j, m0, min(LIN_ROWS, M - m0), y32, y16, ldy);
-}
-
-// acc[m] += the 8 products of weight chunk q (16 bytes: columns 8c .. 8c+7) with row m of x, in
-// column order, fused multiply-adds (k_fwd_gemv's fixed order), for m < M <= LIN_ROWS.
-__device__ __forceinline__ void gemv_chunk(float acc[LIN_ROWS], const uint4 q,
-					   const uint16_t *__restrict__ x, int ldx, int c, int M)
-{
-	const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-	for (int m = 0; m < LIN_ROWS; m++) {
-		if (m >= M)
-			break;
-		const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
-		const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
-			acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
-				      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
-		}
-	}
 }
 
 // The same product (cpu_dot_bf16's order, bit-identical) for 1-4 token rows at memory speed:

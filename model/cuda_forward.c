@@ -655,10 +655,18 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
 	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
-	TRY_TAG("weights_proj", op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
-	if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
+	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
+	 * k_fwd_gemv_ks: the same numbers, one launch more) */
+	const int qw = fuse && !F->E->batch_invariant && T <= 4 && D % 8 == 0 && Hi < 8 * F->g->sm_count;
+	if (!qw)
+		TRY_TAG("weights_proj", op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
+	if (qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
+		gpu_ptr wp = L->idx_wproj;
+		LAUNCH("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
+		       &wp, &a, &D, &D);
+	} else if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
 		int rows = T * Hi;
 		LAUNCH("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
 		       &Hi, &rows, &had, &hs, &ds);

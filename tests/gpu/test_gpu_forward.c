@@ -356,6 +356,29 @@ static void teacher_forcing(const char *name, int64_t T)
 			printf("    %s layer %lld: fused kernels vs separate ones: %lld of %lld rows "
 			       "bit-identical (rc %d)\n", name, (long long)l, (long long)same, (long long)T, ru);
 			CHECK(ru == 0 && same == T);
+			/* the decode-sized fusions (q_pe RoPE in the q absorption, weights_proj in the
+			 * indexer query kernel, W_UV's act_quant) on the first 1 and 3 rows, fast mode */
+			for (int64_t nr = 1; nr <= 3; nr += 2) {
+				float *fx = malloc((size_t)nr * D * 4), *fr = malloc((size_t)nr * D * 4);
+				REQUIRE(fx && fr);
+				struct backend_seq s1 = s;
+				s1.n = nr;
+				struct backend_step st1 = {0, 1, &s1, NULL};
+				setenv("DSV32_CUDA_BATCH_INVARIANT", "0", 1);
+				memcpy(ux, x_in, (size_t)nr * D * 4), memcpy(ur, r_in, (size_t)nr * D * 4);
+				int r1 = backend_cuda_layer_step(p.gpu, l, &st1, ux, ur);
+				memcpy(fx, x_in, (size_t)nr * D * 4), memcpy(fr, r_in, (size_t)nr * D * 4);
+				setenv("DSV32_CUDA_UNFUSED", "1", 1);
+				int r2 = backend_cuda_layer_step(p.gpu, l, &st1, fx, fr);
+				unsetenv("DSV32_CUDA_UNFUSED");
+				unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+				int eq = !memcmp(ux, fx, (size_t)nr * D * 4) && !memcmp(ur, fr, (size_t)nr * D * 4);
+				printf("    %s layer %lld, %lld row(s), fast mode: fused kernels vs separate ones "
+				       "%s (rc %d %d)\n", name, (long long)l, (long long)nr,
+				       eq ? "bit-identical" : "DIFFER", r1, r2);
+				CHECK(r1 == 0 && r2 == 0 && eq);
+				free(fx), free(fr);
+			}
 			/* and with every bf16 product on the tensor cores (the fast mode's path above 8
 			 * rows; the invariant mode runs them on the CUDA cores in the CPU's order): they
 			 * differ only in the fp32 order of the sums */

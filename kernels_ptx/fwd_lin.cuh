@@ -1,0 +1,39 @@
+// fwd_lin.cuh — pieces of the forward's bf16 products shared by fwd_glue.cu and fwd_fused.cu:
+// the row count of the few-row kernels, their output store and the fixed-order chunk product of
+// k_fwd_gemv / k_fwd_gemv_ks (also inside k_fwd_idx_qw). Device code only.
+#pragma once
+#include "common.cuh"
+
+#define LIN_ROWS 4
+
+// y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.
+__device__ __forceinline__ void lin_out(float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy,
+					int m, int v, float val)
+{
+	if (y32)
+		y32[(size_t)m * ldy + v] = val;
+	else
+		y16[(size_t)m * ldy + v] = f32_to_bf16(val);
+}
+
+// acc[m] += the 8 products of weight chunk q (16 bytes: columns 8c .. 8c+7) with row m of x, in
+// column order, fused multiply-adds (k_fwd_gemv's fixed order), for m < M <= LIN_ROWS.
+__device__ __forceinline__ void gemv_chunk(float acc[LIN_ROWS], const uint4 q,
+					   const uint16_t *__restrict__ x, int ldx, int c, int M)
+{
+	const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+	for (int m = 0; m < LIN_ROWS; m++) {
+		if (m >= M)
+			break;
+		const uint4 xq = reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
+		const uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			acc[m] = fmaf(__uint_as_float(wq[k] << 16), __uint_as_float(xw[k] << 16), acc[m]);
+			acc[m] = fmaf(__uint_as_float(wq[k] & 0xffff0000u),
+				      __uint_as_float(xw[k] & 0xffff0000u), acc[m]);
+		}
+	}
+}
+
