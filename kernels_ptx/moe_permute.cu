@@ -5,8 +5,9 @@
 //   (exclusive prefix of counts; offsets[E] = T * K and offsets[E + 1] = T * K + T: the T rows
 //   after the routed ones are group E of the block's grouped GEMMs, the shared expert),
 //   perm int [T * K]: perm[t*K + n] = the row of (t, n) in the expert-sorted order, where
-//   within an expert the rows are in ascending t (the CPU's order), and src int [T * K]: the token of each sorted row. One block (a multiple of 32 threads,
-//   >= E and >= K; 1024 in model/cuda_moe.c), E <= 256, each token's K experts distinct: a
+//   within an expert the rows are in ascending t (the CPU's order), and src int [T * K]: the
+//   token of each sorted row. One block (a multiple of 32 threads, >= E and >= K; 1024 in
+//   model/cuda_moe.c), E <= 256, each token's K experts distinct: a
 //   shared-memory histogram, a warp scan for the offsets, then the tokens in passes of
 //   min(PERM_CHUNK, threads / K), one entry per thread: a bitmask per expert of the pass's tokens
 //   that hit it gives each row its rank by popcounts. (The body is moe_permute_block,

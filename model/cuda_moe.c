@@ -35,6 +35,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "model/cuda_gemm.h"
@@ -195,6 +196,18 @@ static int unfused(void)
 	return v && *v == '1';
 }
 
+/* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
+ * whose logits, routing and permutation are one launch (k_moe_gate_route_a8). */
+static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
+{
+	return d->E == 256 && c->n_group == 8 && c->topk_group <= 8 && d->K <= 32;
+}
+
+static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
+{
+	return warp_route(c, d) && d->T <= 16 && d->D % 512 == 0 && !unfused();
+}
+
 /* One grouped GEMM over the E + 1 groups (y row stride N). */
 static int grouped(struct gpu *g, int wgmma, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 		   gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N, int K, gpu_ptr ws,
@@ -307,8 +320,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
-	const int warp_route = E == 256 && G == 8 && tg <= 8 && K <= 32; /* k_moe_route_w's shape */
-	const int fused = warp_route && T <= 16 && D % 512 == 0 && !unfused();
+	const int fused = fused_router(c, d);
 	if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(T, E, D, g->sm_count);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -329,7 +341,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_GATE + 1);
 	if ((stages & CUDA_MOE_ROUTE) && !fused) {
-		if (warp_route) { /* the real shape: a warp a token */
+		if (warp_route(c, d)) { /* the real shape: a warp a token */
 			void *wargs[] = {(void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm, &scale,
 					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
 			rc = gpu_launch(g, gpu_kernel(g, "k_moe_route_w"), (unsigned)((T + 7) / 8), 1, 1,
@@ -418,6 +430,19 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_COMBINE + 1);
 	return rc;
+}
+
+const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T)
+{
+	struct moe_dims d = moe_dims(c, T);
+	int fused = fused_router(c, &d), wg = use_wgmma(&d);
+	struct gate_kernel k = gate_kernel_for(T, d.E, d.D, g->sm_count);
+	static char buf[160];
+	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s", fused ? "k_moe_gate_route_a8" : k.name,
+		 fused ? " (logits, routing, permutation)" : " + route + permute",
+		 !wg ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
+		 : unfused() ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
+	return buf;
 }
 
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,

@@ -64,6 +64,10 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace);
 
+/* Which kernels cuda_moe_forward runs for T rows (router; grouped GEMMs), in words, for
+ * benchmarks (a static buffer). */
+const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T);
+
 /* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
 enum {
 	CUDA_MOE_GATE = 1,     /* router logits (<= 16 tokens, E = 256: with ROUTE and PERMUTE) */

@@ -26,12 +26,12 @@
 /* Outputs more than one bf16 ulp off must stay within this fraction of their row's RMS.
  * Decode sizes (T <= 64) run every GEMM on mma.sync kernels, whose fp32 sums differ from the
  * CPU's in order only (runs 1-4: bit-identical outputs). Larger T may run the grouped GEMMs
- * (routed experts and the shared one, a group of its own) on the wgmma kernel (model/cuda_gemm.c
- * dispatches by rows per group): Hopper's wgmma FP8 accumulates a k32 step with reduced precision (DeepSeek-V3 report
- * §3.3.2), about 2^-8 of the RMS per GEMM on realistic operands (P's test, run 4). The MLP
- * requantises between its two GEMMs: an intermediate off by 2^-8 of its RMS flips its e4m3 code
- * (2^-4 of the value apart) with probability ~2^-8 / 2^-4, and each flip moves an output by
- * ~2^-4 / sqrt(inter) of the row: over a few hundred thousand outputs the worst reaches ~0.05-0.1
+ * (routed experts and the shared one, a group of its own) on the wgmma kernel (model/cuda_moe.c
+ * picks it by rows per group): Hopper's wgmma FP8 accumulates a k32 step with reduced
+ * precision (DeepSeek-V3 report §3.3.2), about 2^-8 of the RMS per GEMM on realistic operands
+ * (P's test, run 4). The MLP requantises between its two GEMMs: an intermediate off by 2^-8 of
+ * its RMS flips its e4m3 code (2^-4 of the value apart) with probability ~2^-8 / 2^-4, and each
+ * flip moves an output by ~2^-4 / sqrt(inter) of the row: over a few hundred thousand outputs the worst reaches ~0.05-0.1
  * (run 4, T = 300: worst 0.087, mean 0.0012). So above 64 rows: worst 2^-3 of the row's RMS
  * and a mean |err| / RMS under 2^-8 (a wrong expert, weight or row is off by O(1) on the mean
  * too). The stage taps print which stage departs. */

@@ -266,6 +266,7 @@ int bench_moe(int argc, char **argv)
 		       "weights touched %.1f MB (experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
 		       T, T * K, distinct, most, touched / 1e6, distinct * exp_bytes / 1e6,
 		       sh_bytes / 1e6, gate_bytes / 1e6);
+		printf("  (%s)\n", cuda_moe_path(&g, &c, T));
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		printf("  stages alone (weights, or for gather/swiglu/combine bytes read + written):\n");
 		static const struct {
