@@ -485,7 +485,8 @@ static int op_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_p
 			struct cuda_moe_trace tr = {logits + (size_t)t0 * E * 4, idx + (size_t)t0 * K * 4,
 						    wts + (size_t)t0 * K * 4};
 			int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f + (size_t)t0 * D * 2,
-						 y + (size_t)t0 * D * 2, n, F->st->dump ? &tr : NULL);
+						 y + (size_t)t0 * D * 2, n, F->st->dump ? &tr : NULL,
+						 LARGE_M(F) ? CUDA_MOE_FAST : 0);
 			if (r)
 				return fwd_fail("cuda_moe_forward", r);
 		}

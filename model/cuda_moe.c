@@ -86,34 +86,38 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 /* The shapes of one call: R routed rows, then the T shared-expert rows (RT = R + T in all). */
 struct moe_dims {
 	int T, R, RT, D, I, E, K;
+	int fast; /* CUDA_MOE_FAST */
 };
 
-static struct moe_dims moe_dims(const struct dsv32_config *c, int T)
+static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned flags)
 {
 	struct moe_dims d = {.T = T, .D = (int)c->hidden_size, .I = (int)c->moe_intermediate_size,
-			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok};
+			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok,
+			     .fast = (flags & CUDA_MOE_FAST) != 0};
 	d.R = T * d.K;
 	d.RT = d.R + T;
 	return d;
 }
 
 /* Whether the grouped GEMMs run on the wgmma kernel (then the gate|up GEMM has SwiGLU and
- * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming decode kernel below
- * 64 rows a group on average): from 16 rows a group on average, never for T <= 64 (decode
- * steps and the batch-invariant mode's pieces stay on the mma.sync kernels, exact per row). The
- * decode kernel's FP8 MMAs are fp16 MMAs after conversions on sm_90, so it turns compute-bound
- * as the rows a group grow (bench moe, run 5: 2.26 TB/s at ~2 rows a group, 1.76 at ~8), while
- * wgmma streams each weight tile once per 128 rows of a group whatever their count. (Run 7's
- * prefill profile counted 4 steps for 2 chunks of 2048 tokens: passes of ~1000 rows, ~32 a
- * group, on the decode kernel, 15 ms a layer; the scratch estimate agrees.)
+ * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming decode kernel):
+ * above 64 tokens always, and from 16 tokens with CUDA_MOE_FAST; never for T <= 64 without it
+ * (the batch-invariant mode's pieces stay on the mma.sync kernels, exact per row). The decode
+ * kernel's FP8 MMAs are fp16 MMAs after conversions on sm_90; wgmma streams each weight tile
+ * once per 128 rows of a group. Run 8 (V3.2 experts, random routing): bench moe T = 128 / 256:
+ * 4.97 / 6.64 ms on the decode kernel, 2.81 / 3.28 on wgmma; bench gemm --grouped, gate|up at 1 /
+ * 16 / 64 tokens: decode kernel 94 / 1150 / 2508 us, wgmma 114 / 1000 / 1894. (Run 7's prefill
+ * ran passes of ~1000 rows on the decode kernel: 15 ms a layer.)
  * DSV32_CUDA_MOE_WGMMA=n (diagnosis; n > 64): wgmma from n tokens on instead. */
 static int use_wgmma(const struct moe_dims *d)
 {
 	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
 	int from = v ? atoi(v) : 0;
+	if (d->D % 64)
+		return 0;
 	if (from > 64)
-		return d->T >= from && d->D % 64 == 0; /* (from > 64: never for T <= 64) */
-	return d->T > 64 && d->RT >= 16 * (d->E + 1) && d->D % 64 == 0;
+		return d->T >= from; /* (from > 64: never for T <= 64) */
+	return d->T > 64 || (d->fast && d->T >= 16);
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming
@@ -156,7 +160,7 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
 {
-	struct moe_dims d = moe_dims(c, T);
+	struct moe_dims d = moe_dims(c, T, 0); /* (the exact mode's scratch holds the fast one's) */
 	size_t sz[B_COUNT], total = 256;
 	scratch_sizes(g, &d, sz);
 	for (int i = 0; i < B_COUNT; i++)
@@ -432,9 +436,10 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	return rc;
 }
 
-const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T)
+const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,
+			  unsigned flags)
 {
-	struct moe_dims d = moe_dims(c, T);
+	struct moe_dims d = moe_dims(c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(T, d.E, d.D, g->sm_count);
 	static char buf[160];
@@ -447,9 +452,10 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
-		     const struct cuda_moe_trace *trace)
+		     const struct cuda_moe_trace *trace, unsigned flags)
 {
-	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, NULL, CUDA_MOE_ALL);
+	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, NULL,
+				       CUDA_MOE_ALL | (flags & CUDA_MOE_FAST));
 }
 
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
@@ -459,7 +465,7 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 {
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
-	struct moe_dims d = moe_dims(c, T);
+	struct moe_dims d = moe_dims(c, T, stages);
 	size_t sz[B_COUNT];
 	scratch_sizes(g, &d, sz);
 	size_t mark = gpu_arena_mark(a);
@@ -478,7 +484,7 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 			return -ENOMEM;
 		}
 	}
-	int measured = stages == CUDA_MOE_ALL && stats_begin();
+	int measured = (stages & CUDA_MOE_ALL) == CUDA_MOE_ALL && stats_begin();
 	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages, taps);
 	if (!rc && measured)
 		stats_print(g, &d, b[B_CNT]);

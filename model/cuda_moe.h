@@ -59,14 +59,21 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 
 /* y[T, hidden] (bf16) = MoE(x) for the ffn-normed input x[T, hidden] (bf16): routed experts
  * and the shared expert, combined like moe_combine. Everything on the engine stream, no host
- * synchronisation (graph-capturable). trace may be NULL. 0 or a negative errno. */
+ * synchronisation (graph-capturable). trace may be NULL. flags: CUDA_MOE_FAST or 0. 0 or a
+ * negative errno.
+ * Numerics: up to 64 tokens without CUDA_MOE_FAST every GEMM runs on the mma.sync kernels: each
+ * row's output is the CPU's (bit-identical so far) whatever T (the batch-invariant mode). With
+ * CUDA_MOE_FAST, and always above 64 tokens, the grouped GEMMs may run on wgmma (measured faster
+ * from 16 tokens: bench gemm --grouped, run 8), within wgmma's accumulation limit. */
+enum { CUDA_MOE_FAST = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
-		     const struct cuda_moe_trace *trace);
+		     const struct cuda_moe_trace *trace, unsigned flags);
 
-/* Which kernels cuda_moe_forward runs for T rows (router; grouped GEMMs), in words, for
- * benchmarks (a static buffer). */
-const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T);
+/* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
+ * words, for benchmarks (a static buffer). */
+const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,
+			  unsigned flags);
 
 /* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
 enum {
@@ -88,8 +95,8 @@ struct cuda_moe_taps {
 	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs */
 	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
 };
-/* cuda_moe_forward running only the stages in `stages`, copying intermediates to taps (may be
- * NULL). The scratch is pushed in a fixed order, so with the same arena mark and T a skipped
+/* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_FAST),
+ * copying intermediates to taps (may be NULL). The scratch is pushed in a fixed order, so with the same arena mark and T a skipped
  * stage's outputs are what the previous call left (for benchmarks: time one stage on the data
  * of a full run). */
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,

@@ -7,8 +7,10 @@
  * Small configs at T = 1, 5, 64, 300, 512, and the real dims (7168 / 2048, 256 experts, top-8)
  * at T = 1, 4, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the
  * experts, each expert with its own scales (a mix-up of experts still shows). For T <= 64
- * (decode) the block is also captured into a CUDA graph and replayed: the same bytes; and every
- * case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the same bytes.
+ * (decode) the block is also captured into a CUDA graph and replayed: the same bytes; every
+ * case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the same bytes; and at
+ * 16-64 tokens in the fast mode (CUDA_MOE_FAST: wgmma grouped GEMMs), against the CPU within
+ * the wgmma limits, directly and through a graph (the same bytes).
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -146,6 +148,44 @@ static void check_stages(struct gpu *g, struct cpu_pool *pool, const struct laye
 	free(got_sh);
 }
 
+/* The block on d_x into d_y (poisoned first) with flags, directly or captured into a CUDA graph
+ * and replayed twice; y downloaded into out. */
+static void run_block(struct gpu *g, struct gpu_arena *arena, const struct dsv32_config *c,
+		      const struct cuda_moe_layer *L, gpu_ptr d_x, gpu_ptr d_y, int T,
+		      const struct cuda_moe_trace *tr, unsigned flags, int graph, uint16_t *out)
+{
+	const size_t bytes = (size_t)T * c->hidden_size * 2;
+	gpu_test_poison(g, d_y, bytes);
+	if (!graph) {
+		REQUIRE(cuda_moe_forward(g, arena, c, L, d_x, d_y, T, tr, flags) == 0);
+	} else {
+		CUgraph gr;
+		CUgraphExec exec;
+		REQUIRE(cu_check(cu.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+				 "cuStreamBeginCapture", __FILE__, __LINE__) == 0);
+		int crc = cuda_moe_forward(g, arena, c, L, d_x, d_y, T, tr, flags);
+		REQUIRE(cu_check(cu.cuStreamEndCapture(g->stream, &gr), "cuStreamEndCapture",
+				 __FILE__, __LINE__) == 0);
+		REQUIRE(crc == 0);
+		REQUIRE(cu_check(cu.cuGraphInstantiateWithFlags(&exec, gr, 0),
+				 "cuGraphInstantiateWithFlags", __FILE__, __LINE__) == 0);
+		for (int k = 0; k < 2; k++)
+			REQUIRE(cu_check(cu.cuGraphLaunch(exec, g->stream), "cuGraphLaunch", __FILE__,
+					 __LINE__) == 0);
+		cu.cuGraphExecDestroy(exec);
+		cu.cuGraphDestroy(gr);
+	}
+	REQUIRE(gpu_download(g, out, d_y, bytes) == 0);
+}
+
+static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
+{
+	int64_t d = 0;
+	for (size_t i = 0; i < n; i++)
+		d += a[i] != b[i];
+	return d;
+}
+
 /* One case: config c, T rows, `sets` distinct expert code sets (expert e uses set e % sets). */
 static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32_config *c, int T,
 			int sets, uint64_t seed)
@@ -266,49 +306,31 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	/* the separate kernels (DSV32_CUDA_UNFUSED=1: no fused router, no SwiGLU epilogue) give
 	 * the same bytes */
-	int64_t unfused_diff = 0;
-	{
-		uint16_t *g_y3 = malloc((size_t)T * D * 2);
-		REQUIRE(g_y3);
-		gpu_test_poison(g, d_y, (size_t)T * D * 2);
-		setenv("DSV32_CUDA_UNFUSED", "1", 1);
-		int urc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, NULL);
-		unsetenv("DSV32_CUDA_UNFUSED");
-		REQUIRE(urc == 0);
-		REQUIRE(gpu_download(g, g_y3, d_y, (size_t)T * D * 2) == 0);
-		for (size_t i = 0; i < (size_t)T * D; i++)
-			unfused_diff += g_y3[i] != g_y[i];
-		free(g_y3);
-	}
-
+	uint16_t *g_y2 = malloc((size_t)T * D * 2);
+	REQUIRE(g_y2);
+	setenv("DSV32_CUDA_UNFUSED", "1", 1);
+	run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
+	unsetenv("DSV32_CUDA_UNFUSED");
+	int64_t unfused_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	/* the decode step is captured into a CUDA graph: the block must capture (no host sync)
 	 * and its replay must give the same bytes */
 	int64_t graph_diff = -1;
 	if (T <= 64) {
-		uint16_t *g_y2 = malloc((size_t)T * D * 2);
-		REQUIRE(g_y2);
-		gpu_test_poison(g, d_y, (size_t)T * D * 2);
-		CUgraph graph;
-		CUgraphExec exec;
-		REQUIRE(cu_check(cu.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-				 "cuStreamBeginCapture", __FILE__, __LINE__) == 0);
-		int crc = cuda_moe_forward(g, &arena, c, &L, d_x, d_y, T, &tr);
-		REQUIRE(cu_check(cu.cuStreamEndCapture(g->stream, &graph), "cuStreamEndCapture",
-				 __FILE__, __LINE__) == 0);
-		REQUIRE(crc == 0);
-		REQUIRE(cu_check(cu.cuGraphInstantiateWithFlags(&exec, graph, 0),
-				 "cuGraphInstantiateWithFlags", __FILE__, __LINE__) == 0);
-		for (int k = 0; k < 2; k++)
-			REQUIRE(cu_check(cu.cuGraphLaunch(exec, g->stream), "cuGraphLaunch", __FILE__,
-					 __LINE__) == 0);
-		REQUIRE(gpu_download(g, g_y2, d_y, (size_t)T * D * 2) == 0);
-		graph_diff = 0;
-		for (size_t i = 0; i < (size_t)T * D; i++)
-			graph_diff += g_y2[i] != g_y[i];
-		cu.cuGraphExecDestroy(exec);
-		cu.cuGraphDestroy(graph);
-		free(g_y2);
+		run_block(g, &arena, c, &L, d_x, d_y, T, &tr, 0, 1, g_y2);
+		graph_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
+	/* the fast mode from 16 tokens (wgmma grouped GEMMs, graph-captured at decode sizes):
+	 * against the CPU within the wgmma limits below, its graph replay the same bytes */
+	uint16_t *g_yf = NULL;
+	int64_t fast_graph_diff = 0;
+	if (T >= 16 && T <= 64) {
+		g_yf = malloc((size_t)T * D * 2);
+		REQUIRE(g_yf);
+		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, CUDA_MOE_FAST, 0, g_yf);
+		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, CUDA_MOE_FAST, 1, g_y2);
+		fast_graph_diff = count_diff(g_y2, g_yf, (size_t)T * D);
+	}
+	free(g_y2);
 
 	int64_t bad_logits = 0, bad_ids = 0, bad_w = 0, first_logit = -1, first_id = -1;
 	double worst_logit = 0, worst_w = 0;
@@ -369,6 +391,21 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		}
 	}
 	int64_t bad_y = gpu_count_bad_bf16(y, g_y, T, D, limit, "    y");
+	int64_t bad_fast = 0;
+	double fast_mean = 0;
+	if (g_yf) {
+		bad_fast = gpu_count_bad_bf16(y, g_yf, T, D, MOE_REL_LIMIT_WGMMA, "    y (fast mode)");
+		for (int t = 0; t < T; t++) {
+			double rms = gpu_row_rms(y + (size_t)t * D, D);
+			for (int d = 0; d < D; d++) {
+				size_t i = (size_t)t * D + d;
+				fast_mean += fabs((double)bf16_to_f32(g_yf[i]) - y[i]) / (rms > 0 ? rms : 1);
+			}
+		}
+		fast_mean /= (double)T * D;
+		printf("    fast mode: mean |err|/rms(row) %.3g (limit %.3g), graph replay: %lld outputs "
+		       "differ\n", fast_mean, MOE_MEAN_LIMIT_WGMMA, (long long)fast_graph_diff);
+	}
 	printf("    y: %.3f%% of outputs over 1 bf16 ulp, mean |err|/rms(row) %.3g (limit %.3g of "
 	       "the row's RMS beyond 1 ulp: %s GEMMs)\n",
 	       100.0 * (double)over1 / ((double)T * D), sum_rel / ((double)T * D), limit,
@@ -381,6 +418,9 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	CHECK_EQ_INT(bad_logits, 0);
 	CHECK(graph_diff <= 0);
 	CHECK_EQ_INT(unfused_diff, 0);
+	CHECK_EQ_INT(bad_fast, 0);
+	CHECK(fast_mean < MOE_MEAN_LIMIT_WGMMA);
+	CHECK_EQ_INT(fast_graph_diff, 0);
 	CHECK_EQ_INT(bad_ids, 0);
 	CHECK_EQ_INT(bad_w, 0);
 	CHECK_EQ_INT(bad_y, 0);
@@ -400,7 +440,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	free(w13), free(w2), free(s13), free(s2), free(sh13), free(sh2), free(shs13), free(shs2);
 	free(gate), free(xh), free(bias), free(ew1), free(ew3), free(ew2), free(f), free(y);
 	free(wts), free(logits), free(idx), free(t13), free(ts13), free(t2), free(ts2);
-	free(g_logits), free(g_wts), free(g_idx), free(g_y);
+	free(g_logits), free(g_wts), free(g_idx), free(g_y), free(g_yf);
 }
 
 /* A MoE config: hidden D, expert width I, E experts in G groups (keep tg), top-K, 1 shared. */

@@ -11,7 +11,8 @@
  * the router weight and the inputs are random bf16 from the host, so routing is random (about
  * every expert is hit from 64 tokens on). --hot N (N >= 8): a routing bias of +1 on experts
  * 0 .. N-1, so every token picks 8 of those N (the skewed routing of a model whose tokens agree:
- * fewer experts, many rows each). The 256 experts take 11.3 GB: even one token's 8
+ * fewer experts, many rows each). The block runs in the engine's fast mode (CUDA_MOE_FAST: wgmma
+ * grouped GEMMs from 16 tokens); --exact: the batch-invariant mode's kernels (mma.sync up to 64). The 256 experts take 11.3 GB: even one token's 8
  * experts (352 MB) exceed the 60 MB L2, so repeats stream the expert weights from HBM; the
  * router (3.7 MB) and the shared expert (44 MB) may partly stay in L2 between repeats.
  * Time = median of trials of CUDA-event-timed launch sequences.
@@ -56,7 +57,7 @@ struct moe_bench {
 	const struct cuda_moe_trace *tr;
 	gpu_ptr x, y;
 	int T;
-	unsigned stages;
+	unsigned stages; /* with CUDA_MOE_FAST unless --exact */
 };
 
 static int run_stages(const struct moe_bench *b)
@@ -142,14 +143,18 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 int bench_moe(int argc, char **argv)
 {
 	int trials = 5, hot = 0;
+	unsigned mode = CUDA_MOE_FAST;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--hot") && i + 1 < argc && atoi(argv[i + 1]) >= 8 &&
 			 atoi(argv[i + 1]) <= 128)
 			hot = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--exact"))
+			mode = 0;
 		else {
-			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)]\n");
+			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
+					"[--exact]\n");
 			return 2;
 		}
 	}
@@ -237,7 +242,7 @@ int bench_moe(int argc, char **argv)
 	int rc_all = 0;
 	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
 		const int T = Ts[ti];
-		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL};
+		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL | mode};
 		const int reps = T >= 1024 ? 3 : T >= 128 ? 8 : 20; /* (the whole bench under a minute) */
 		float block = time_ms(&b, reps, trials);
 		/* the experts the timed runs hit, from the device's routing */
@@ -266,7 +271,7 @@ int bench_moe(int argc, char **argv)
 		       "weights touched %.1f MB (experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
 		       T, T * K, distinct, most, touched / 1e6, distinct * exp_bytes / 1e6,
 		       sh_bytes / 1e6, gate_bytes / 1e6);
-		printf("  (%s)\n", cuda_moe_path(&g, &c, T));
+		printf("  (%s)\n", cuda_moe_path(&g, &c, T, mode));
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		printf("  stages alone (weights, or for gather/swiglu/combine bytes read + written):\n");
 		static const struct {
@@ -279,7 +284,7 @@ int bench_moe(int argc, char **argv)
 			     {"combine", CUDA_MOE_COMBINE}};
 		float sum = 0;
 		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
-			b.stages = parts[p].stages;
+			b.stages = parts[p].stages | mode;
 			float ms = time_ms(&b, reps, trials);
 			double by = 0, fl = 0;
 			switch (parts[p].stages) {
@@ -306,6 +311,8 @@ int bench_moe(int argc, char **argv)
 	char hot_arg[32] = "";
 	if (hot)
 		snprintf(hot_arg, sizeof hot_arg, " --hot %d", hot);
+	if (!mode)
+		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --exact");
 	printf("\ncommand: dsv32 bench moe --trials %d%s (block: cuda_moe_forward; stages timed alone on "
 	       "the data of a full run; TB/s of the weights each touches; FLOPs 2*rows*N*K per GEMM, "
 	       "the block's include the router)\n", trials, hot_arg);
