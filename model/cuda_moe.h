@@ -95,10 +95,10 @@ struct cuda_moe_taps {
 	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs */
 	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
 };
-/* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_FAST),
- * copying intermediates to taps (may be NULL). The scratch is pushed in a fixed order, so with the same arena mark and T a skipped
- * stage's outputs are what the previous call left (for benchmarks: time one stage on the data
- * of a full run). */
+/* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_FAST), copying
+ * intermediates to taps (may be NULL). The scratch is pushed in a fixed order, so with the same
+ * arena mark and T a skipped stage's outputs are what the previous call left (for benchmarks: time
+ * one stage on the data of a full run). */
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,

@@ -33,10 +33,10 @@
  * precision (DeepSeek-V3 report §3.3.2), about 2^-8 of the RMS per GEMM on realistic operands
  * (P's test, run 4). The MLP requantises between its two GEMMs: an intermediate off by 2^-8 of
  * its RMS flips its e4m3 code (2^-4 of the value apart) with probability ~2^-8 / 2^-4, and each
- * flip moves an output by ~2^-4 / sqrt(inter) of the row: over a few hundred thousand outputs the worst reaches ~0.05-0.1
- * (run 4, T = 300: worst 0.087, mean 0.0012). So above 64 rows: worst 2^-3 of the row's RMS
- * and a mean |err| / RMS under 2^-8 (a wrong expert, weight or row is off by O(1) on the mean
- * too). The stage taps print which stage departs. */
+ * flip moves an output by ~2^-4 / sqrt(inter) of the row: over a few hundred thousand outputs
+ * the worst reaches ~0.05-0.1 (run 4, T = 300: worst 0.087, mean 0.0012). So on wgmma: worst
+ * 2^-3 of the row's RMS and a mean |err| / RMS under 2^-8 (a wrong expert, weight or row is off
+ * by O(1) on the mean too). The stage taps print which stage departs. */
 #define MOE_REL_LIMIT_MMA (1.0 / 128)
 #define MOE_REL_LIMIT_WGMMA (1.0 / 8)
 #define MOE_MEAN_LIMIT_WGMMA (1.0 / 256)
@@ -360,8 +360,8 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	       (int)c->n_group, (int)c->topk_group, T);
 	printf("    logits: %lld of %lld differ from the CPU's (worst |d| %.3g, first at %lld)\n",
 	       (long long)bad_logits, (long long)T * E, worst_logit, (long long)first_logit);
-	printf("    expert ids: %lld tokens differ (first: token %lld); weights: worst rel %.3g, %lld over 4 ulp\n",
-	       (long long)bad_ids, (long long)first_id, worst_w, (long long)bad_w);
+	printf("    expert ids: %lld tokens differ (first: token %lld); weights: worst rel %.3g, %lld "
+	       "over 4 ulp\n", (long long)bad_ids, (long long)first_id, worst_w, (long long)bad_w);
 	if (first_id >= 0) {
 		printf("      token %lld cpu:", (long long)first_id);
 		for (int n = 0; n < K; n++)
