@@ -837,6 +837,7 @@ WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss, 256, 4, 2, true, CLUSTER2, false)
 WG_PLAIN(k_gemm_fp8_wgmma_n256_ss_st, 256, 4, 1, true, NO_ATTR, true)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss_st, 256, 4, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss, 256, 4, true, false)
+WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss_st, 256, 4, true, true)
 // k_gemm_fp8_wgmma_grouped_n256_ss_sw: the MoE gate|up GEMM with SwiGLU and act_quant fused
 // (the SwiGLU form, see the file header): W_e fused [2N, K] (gate rows, then up rows), a tile =
 // 128 tokens x the gate rows [n0, n0 + 128) and the up rows [N + n0, ..) (two boxes of 128 rows

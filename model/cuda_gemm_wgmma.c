@@ -108,7 +108,7 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	int st = (flags & WGMMA_STAGED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
 	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192 && bn != 256) || (ss && bn == 192) ||
-	    (!ss && bn == 256) || (st && (bn != 128 || !ss || ldy % 8 || y % 16)))
+	    (!ss && bn == 256) || (st && (bn == 192 || !ss || ldy % 8 || y % 16)))
 		return -EINVAL;
 	/* the template: any valid address (x8), replaced per group on the device */
 	CUtensorMap mA, tmpl;
@@ -125,7 +125,8 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
 	return launch(g,
-		      bn == 256 ? "k_gemm_fp8_wgmma_grouped_n256_ss"
+		      bn == 256 ? (st ? "k_gemm_fp8_wgmma_grouped_n256_ss_st"
+				      : "k_gemm_fp8_wgmma_grouped_n256_ss")
 		      : st	? "k_gemm_fp8_wgmma_grouped_n128_ss_st"
 		      : ss	? "k_gemm_fp8_wgmma_grouped_n128_ss"
 		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
@@ -165,10 +166,13 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 				int ldy)
 {
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
-	 * (K = 2048) with the staged stores */
+	 * (K = 2048) with the staged stores; run 8 (timing_moe_prefill, down at 4096 tokens):
+	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores
+	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
+	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					      ldy, 128, staged, staged ? WGMMA_STAGED : 0);
+					      ldy, bn, staged, staged ? WGMMA_STAGED : 0);
 }
 
 #endif

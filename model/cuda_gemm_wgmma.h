@@ -44,8 +44,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
  *       their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing diagnostics, wrong
  *       output): no stores / no MMAs (flags are ignored for bn = 192 without ss);
  *       WGMMA_STAGED: the outputs staged in shared memory and stored as whole 16-byte chunks
- *       (bn = 128 or 256 with ss only, plain form with bn = 128 only; ldy % 8 == 0 and y
- *       16-byte aligned); WGMMA_RASTER.
+ *       (bn = 128 or 256 with ss only; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER.
  * Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU, so
  * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16 };

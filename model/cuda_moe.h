@@ -77,7 +77,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 
 /* The block's stages, for benchmarks (cuda_moe_forward runs them all, in this order). */
 enum {
-	CUDA_MOE_GATE = 1,     /* router logits (<= 16 tokens, E = 256: with ROUTE and PERMUTE) */
+	CUDA_MOE_GATE = 1,     /* router logits (1 token, E = 256: with ROUTE, PERMUTE, GATHER) */
 	CUDA_MOE_ROUTE = 256,  /* routing: experts and weights from the logits */
 	CUDA_MOE_PERMUTE = 2,  /* rows by expert (counts, offsets, permutation) */
 	CUDA_MOE_GATHER = 128, /* act_quant of x, the rows gathered in expert order */

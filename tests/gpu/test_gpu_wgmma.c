@@ -521,7 +521,8 @@ static void grp_free(struct grp_case *c)
 
 /* grouped variants: bn, scales through smem, kernel flags */
 static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0},
-			       {128, 1, 1}, {128, 1, ST}, {256, 1, 0}, {256, 1, 1}};
+			       {128, 1, 1}, {128, 1, ST}, {256, 1, 0}, {256, 1, 1},
+			       {256, 1, ST}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
 /* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped) */
