@@ -22,8 +22,6 @@
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
 //   memory; see below.
-// k_moe_gate_logits_t64: the same numbers with 64 x 64 tiles and all 8 partials a thread (see
-//   below; E % 64 == 0, D % 64 == 0), for many tokens.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
@@ -320,112 +318,6 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 			if (e == j && t < T) // lane j stores expert j of the 8
 				logits[(size_t)t * E + e_base + 8 * oe + e] = v;
 		}
-}
-
-// k_moe_gate_logits_t64: the same numbers for many tokens with 64 x 64 tiles (E % 64 == 0,
-// D % 64 == 0): thread (tt = tid % 16, ee = tid / 16) keeps all 8 partials of tokens
-// tt + 16i and experts ee + 16m (i, m < 4): 128 accumulators. K chunks of G64_KC arrive raw by
-// cp.async into a ring of G64_S stages (rows of 64 bf16 + 16 bytes: 16 consecutive rows hit
-// distinct banks); each 8-wide step of k is one 16-byte read per token and per expert whose 8
-// values are the 8 partials' next terms (partial j: k = 8s + j, ascending s), converted in
-// registers (bf16 -> fp32 is a shift or a mask): 1 byte of shared memory read per FMA and no
-// conversion pass (the tiled kernel above: 1.5 bytes and a pass). The tree at the end is the
-// CPU's. Grid (E / 64, ceil(T / 64)), G64_SMEM bytes of dynamic shared memory.
-#define G64_KC 64
-#define G64_S 4
-#define G64_ROWB (G64_KC * 2 + 16)
-#define G64_SMEM (G64_S * 128 * G64_ROWB)
-extern "C" __global__ void __launch_bounds__(256, 1)
-k_moe_gate_logits_t64(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		      float *__restrict__ logits, int T, int E, int D)
-{
-	extern __shared__ __align__(16) unsigned char g64_ring[]; // [S][128 rows][G64_ROWB]
-	const int tid = threadIdx.x, tt = tid & 15, ee = tid >> 4;
-	const int t_base = blockIdx.y * 64, e_base = blockIdx.x * 64;
-	const int nc = D / G64_KC;
-	// 128 rows (64 of x, 64 of W) x 8 pieces of 16 bytes a chunk: thread q = tid + 256 r moves
-	// row q / 8, piece q % 8 (token rows past T: a copy of row T-1, never stored)
-	const uint16_t *src[4];
-	uint32_t dst[4];
-#pragma unroll
-	for (int r = 0; r < 4; r++) {
-		const int q = tid + 256 * r, row = q >> 3, pc = q & 7;
-		src[r] = (row < 64 ? x + (size_t)min(t_base + row, T - 1) * D
-				   : W + (size_t)(e_base + row - 64) * D) + 8 * pc;
-		dst[r] = (uint32_t)(row * G64_ROWB + 16 * pc);
-	}
-	auto issue = [&](int c) {
-		if (c < nc) {
-			unsigned char *st = g64_ring + (size_t)(c % G64_S) * 128 * G64_ROWB;
-#pragma unroll
-			for (int r = 0; r < 4; r++)
-				cp_async16(st + dst[r], src[r] + (size_t)c * G64_KC);
-		}
-		asm volatile("cp.async.commit_group;" ::: "memory");
-	};
-	float acc[4][4][8]; // [token i][expert m][partial j]
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int m = 0; m < 4; m++)
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				acc[i][m][j] = 0.f;
-#pragma unroll
-	for (int c = 0; c < G64_S - 1; c++)
-		issue(c);
-	for (int c = 0; c < nc; c++) {
-		asm volatile("cp.async.wait_group %0;" ::"n"(G64_S - 2) : "memory"); // chunk c: mine
-		__syncthreads(); // chunk c: everyone's; chunk c-1 read by all (its stage is refilled)
-		issue(c + G64_S - 1);
-		const unsigned char *st = g64_ring + (size_t)(c % G64_S) * 128 * G64_ROWB;
-#pragma unroll 2
-		for (int s8 = 0; s8 < G64_KC / 8; s8++) {
-			float xv[4][8];
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				const uint4 v = *reinterpret_cast<const uint4 *>(
-					st + (size_t)(tt + 16 * i) * G64_ROWB + 16 * s8);
-				const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-				for (int h = 0; h < 4; h++) {
-					xv[i][2 * h] = __uint_as_float(wd[h] << 16);
-					xv[i][2 * h + 1] = __uint_as_float(wd[h] & 0xffff0000u);
-				}
-			}
-#pragma unroll
-			for (int m = 0; m < 4; m++) {
-				const uint4 v = *reinterpret_cast<const uint4 *>(
-					st + (size_t)(64 + ee + 16 * m) * G64_ROWB + 16 * s8);
-				const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-				float wv[8];
-#pragma unroll
-				for (int h = 0; h < 4; h++) {
-					wv[2 * h] = __uint_as_float(wd[h] << 16);
-					wv[2 * h + 1] = __uint_as_float(wd[h] & 0xffff0000u);
-				}
-				// exact products: fma == multiply, then add (partial j's next term)
-#pragma unroll
-				for (int i = 0; i < 4; i++)
-#pragma unroll
-					for (int j = 0; j < 8; j++)
-						acc[i][m][j] = fmaf(xv[i][j], wv[j], acc[i][m][j]);
-			}
-		}
-	}
-	asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		const int t = t_base + tt + 16 * i;
-		if (t >= T)
-			continue;
-#pragma unroll
-		for (int m = 0; m < 4; m++) {
-			const float *p = acc[i][m];
-			logits[(size_t)t * E + e_base + ee + 16 * m] =
-				((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-		}
-	}
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -171,19 +171,16 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
  * tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings
  * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled:
- * GT_SMEM; t64: G64_SMEM (4 stages of 128 rows of 144 bytes), once its 64 x 64 tiles make
- * three quarters of a wave (fewer leave SMs idle: the 32 x 32 tiles are better there). */
+ * GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
+ * memory a FMA at the tiled kernel's speed, 688 us at 4096 tokens: not kept.) */
 struct gate_kernel {
 	const char *name;
 	int rows, experts;
 	unsigned smem;
 };
 
-static struct gate_kernel gate_kernel_for(int T, int E, int D, int sm_count)
+static struct gate_kernel gate_kernel_for(int T, int E, int D)
 {
-	if (T > 256 && E % 64 == 0 && D % 64 == 0 &&
-	    (long long)(E / 64) * ((T + 63) / 64) * 4 >= 3LL * sm_count)
-		return (struct gate_kernel){"k_moe_gate_logits_t64", 64, 64, 4 * 128 * (64 * 2 + 16)};
 	if (T > 256 && E % 32 == 0) /* enough 32 x 32 tiles to fill the GPU */
 		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
 					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
@@ -329,7 +326,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	gpu_ptr bias = L->gate_bias;
 	const int fused = fused_router(c, d);
 	if (stages & CUDA_MOE_GATE) {
-		struct gate_kernel k = gate_kernel_for(T, E, D, g->sm_count);
+		struct gate_kernel k = gate_kernel_for(T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
 		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
 				 &K, &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS],
@@ -444,7 +441,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 {
 	struct moe_dims d = moe_dims(c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
-	struct gate_kernel k = gate_kernel_for(T, d.E, d.D, g->sm_count);
+	struct gate_kernel k = gate_kernel_for(T, d.E, d.D);
 	static char buf[160];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s", fused ? "k_moe_gate_route_a8" : k.name,
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
