@@ -732,6 +732,39 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 #undef RUN_V
 		grp_free(&c);
 	}
+	/* Does a weight tile shared by two token tiles of a group come from HBM twice? The tile
+	 * loads alone (no MMAs, no stores; gate|up, 256/1) for 32768 rows as 256 groups of 128 (one
+	 * token tile each, 7.5 GB of weights) and as 128 groups of 256 (two each, 3.8 GB): half the
+	 * time if L2 serves the second token tile, about the same if HBM does. */
+	static const int split[2][2] = {{256, 128}, {128, 256}};
+	for (int k = 0; k < 2; k++) {
+		int cnt[256];
+		for (int e = 0; e < split[k][0]; e++)
+			cnt[e] = split[k][1];
+		struct grp_case c;
+		grp_init(&g, &c, split[k][0], cnt, 4096, 7168, 1410 + k, SYNTH);
+		const int fl = WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE;
+		float t[5];
+		for (int r = 0; r < 6; r++) {
+			CUevent e0, e1;
+			REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+			REQUIRE(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+			cu.cuEventRecord(e0, g.stream);
+			CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_bn(&g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx,
+								    c.dsx, c.dy, c.rows, c.N, c.K, c.N,
+								    256, 1, fl), 0);
+			cu.cuEventRecord(e1, g.stream);
+			REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
+			if (r > 0)
+				cu.cuEventElapsedTime(&t[r - 1], e0, e1);
+			cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+		}
+		qsort(t, 5, sizeof *t, cmp_float);
+		printf("    tile loads alone, %d groups x %d rows (4096x7168, 256/1): %.1f us, weights "
+		       "%.2f TB/s\n", split[k][0], split[k][1], t[2] * 1e3,
+		       (double)split[k][0] * 4096 * 7168 / (t[2] * 1e-3) / 1e12);
+		grp_free(&c);
+	}
 	gpu_close(&g);
 }
 
