@@ -10,7 +10,8 @@
 //   routing agrees even at near ties. D % 128 == 0, E % 2 == 0. Decode sizes; see below.
 // k_moe_gate_route_a8: k_moe_gate_logits_a8, then its last block to finish routes every token
 //   (moe_route_warp256: k_moe_route_w's numbers, a warp a token) and permutes the rows
-//   (moe_permute_block: k_moe_permute's) — three launches in one for decode (T <= 16, the real
+//   (moe_permute_block: k_moe_permute's; for one token by warp 0 in closed form, the same
+//   values) — three launches in one for decode (T <= 16, the real
 //   routing shape E = 256 in 8 groups; cuda_moe.c uses it for T = 1, where run 8 measured it
 //   5 us faster than the separate kernels, 6 us slower at T = 8). For one token it also writes
 //   the K + 1 quantised input
@@ -194,6 +195,40 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 	if (!last)
 		return;
 	__threadfence(); // every block's logits (read through L2) after their counts
+	if (T == 1) {
+		// one token: warp 0 routes it, and the permutation is k_moe_permute's for one token
+		// in closed form: the K picks are distinct and ascending, so pick n is sorted row n,
+		// src = 0, counts[e] = (e picked), offsets[e] = the picks below e
+		if (threadIdx.x < 32) {
+			const int lane = threadIdx.x;
+			moe_route_warp256(logits, bias, 0, topk_group, K, norm_topk_prob, route_scale, idx,
+					  wts);
+			__syncwarp(); // idx written by the warp's lanes
+			const int mine = lane < K ? __ldcg(idx + lane) : 0x7fffffff;
+			int below[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+			for (int n = 0; n < K; n++) {
+				const int v = __shfl_sync(0xffffffffu, mine, n);
+#pragma unroll
+				for (int k = 0; k < 8; k++) {
+					below[k] += v < 8 * lane + k;
+					hit[k] |= v == 8 * lane + k;
+				}
+			}
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				if (8 * lane + k < E) {
+					offsets[8 * lane + k] = below[k];
+					counts[8 * lane + k] = hit[k];
+				}
+			if (lane < K)
+				perm[lane] = lane, src[lane] = 0;
+			if (lane == 0)
+				offsets[E] = K, offsets[E + 1] = K + 1; // the shared expert's row
+			if (lane == 0)
+				g_gate_done = 0; // for the next launch (stream order)
+		}
+		return;
+	}
 	for (int t = threadIdx.x >> 5; t < T; t += 8)
 		moe_route_warp256(logits, bias, t, topk_group, K, norm_topk_prob, route_scale, idx, wts);
 	__syncthreads(); // idx complete
