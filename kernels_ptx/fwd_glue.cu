@@ -103,30 +103,31 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 }
 
 // The same product (cpu_dot_bf16's order, bit-identical) for 1-4 token rows at memory speed:
-// one warp per 4 outputs, lanes 8o .. 8o+7 own output v = 4 (8 block + warp) + o. Per step of 128
-// columns lane j loads the output's 16-byte chunk j (8 lanes: 256 contiguous bytes; loads run 4
-// steps ahead), the warp stages the 4 x 128 weights in its shared tile, and lane j adds
-// x[m, k0 + 8c + j] * w for c = 0 .. 7: k = j mod 8 in order, as cpu_dot's lane j; then tree8.
-// x bf16 [M, ldx] (read through L1), y32 fp32 [M, ldy] or (y32 null) y16 bf16. D % 128 == 0.
-// Grid ceil(V / 32), 256 threads.
-#define LS_PAD 8 // bf16 elements of padding per staged row: the 4 rows' reads on distinct banks
+// one warp per 4 outputs, lanes 8o .. 8o+7 own output v = 4 (8 block + warp) + o. Per step of 64
+// columns lane j loads the output's 16-byte chunk j (8 lanes x 8 columns: 128 contiguous bytes;
+// loads run 4 steps ahead), the warp stages the 4 x 64 weights in its shared tile, and lane j
+// adds x[m, k0 + 8c + j] * w for c = 0 .. 7: k = j mod 8 in order, as cpu_dot's lane j; then
+// tree8. x bf16 [M, ldx] (read through L1), y32 fp32 [M, ldy] or (y32 null) y16 bf16.
+// D % 64 == 0. Grid ceil(V / 32), 256 threads.
+#define LS_STEP 64 // columns a step: 8 lanes x one 16-byte chunk
+#define LS_PAD 8  // bf16 elements of padding per staged row: the 4 rows' reads on distinct banks
 #define LS_AHEAD 4
 extern "C" __global__ void __launch_bounds__(256)
 k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int ldx,
 		 float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
 {
-	__shared__ __align__(16) uint16_t sw[8][4][128 + LS_PAD];
+	__shared__ __align__(16) uint16_t sw[8][4][LS_STEP + LS_PAD];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, o = lane >> 3, j = lane & 7;
 	const int v = (blockIdx.x * 8 + warp) * 4 + o;
 	const bool live = v < V;
 	const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)(live ? v : 0) * D) + j;
 	const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-	const int steps = D / 128;
+	const int steps = D / LS_STEP;
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
 	uint4 buf[LS_AHEAD];
 #pragma unroll
 	for (int p = 0; p < LS_AHEAD; p++)
-		buf[p] = live && p < steps ? wr[16 * p] : zero;
+		buf[p] = live && p < steps ? wr[8 * p] : zero; // chunk 8 s + j: step s
 	uint16_t *tile = &sw[warp][o][0];
 	for (int s0 = 0; s0 < steps; s0 += LS_AHEAD) {
 #pragma unroll
@@ -135,9 +136,9 @@ k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 			if (s >= steps)
 				break;
 			*reinterpret_cast<uint4 *>(tile + j * 8) = buf[p];
-			buf[p] = live && s + LS_AHEAD < steps ? wr[16 * (s + LS_AHEAD)] : zero;
-			__syncwarp(); // the 4 rows' 128 weights of this step are staged
-			const int k0 = s * 128 + j;
+			buf[p] = live && s + LS_AHEAD < steps ? wr[8 * (s + LS_AHEAD)] : zero;
+			__syncwarp(); // the 4 rows' 64 weights of this step are staged
+			const int k0 = s * LS_STEP + j;
 #pragma unroll
 			for (int c = 0; c < 8; c++) {
 				const float wv = bf16_to_f32(tile[c * 8 + j]);

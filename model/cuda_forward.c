@@ -397,7 +397,7 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
 		return 0;
 	}
-	if (M <= 4 && D % 128 == 0 && F->E->batch_invariant) { /* decode, CPU order at memory speed */
+	if (M <= 4 && D % 64 == 0 && F->E->batch_invariant) { /* decode, CPU order at memory speed */
 		if (V < 256) /* few outputs (weights_proj): a block per output */
 			LAUNCH("k_fwd_lin_row", V, 1, 256, D * 2, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
 		else

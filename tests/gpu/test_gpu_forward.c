@@ -676,7 +676,7 @@ static void fast_mode(const char *name, int64_t T)
 	float *g2 = malloc((size_t)T * V * 4), *gi = malloc((size_t)T * V * 4);
 	REQUIRE(bt && pos && fl && ref && g1 && g2 && gi);
 	for (int64_t i = 0; i < nb; i++)
-		bt[i] = (int32_t)((i * 3 + 1) % nb);
+		bt[i] = (int32_t)(nb - 1 - i); /* pages out of order (a permutation for any nb) */
 	gpu_fill_nan(g1, T * V), gpu_fill_nan(g2, T * V), gpu_fill_nan(gi, T * V);
 	struct dumps dc = {0}, dg = {0};
 	struct backend_dump cd = {dump_cb, &dc}, gd = {dump_cb, &dg};
