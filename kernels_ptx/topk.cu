@@ -527,21 +527,24 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 
 // ---- k_topk_cluster: the same function for few rows, one row over a cluster of 8 CTAs ----------
 //
-// For small batches (one block per row leaves most SMs idle and its ~15 barrier-separated phases
-// on one SM cost 20 us at 32K, 36 us at 128K): grid (8, B), __cluster_dims__(8, 1, 1), 1024
-// threads; CTA r of row b's cluster owns positions [r S, r S + S) (S = ceil(n / 8)), reads them
-// once into shared memory as order keys, and the cluster runs the three radix rounds of
-// topk_rounds (bits 31..21, 20..10, 9..0) on them: each CTA counts its keys matching the prefix
-// so far into its own histogram, then (after a cluster barrier) every CTA adds the 8 histograms
-// through distributed shared memory and finds the same bin (topk_find_bin), so all of them get
-// the exact k-th key T and how many keys equal to T to take; a second barrier before any CTA
-// clears its histogram for the next round. Output: each CTA's count of keys > T and == T go to
-// the cluster, each CTA takes the equal keys left after the CTAs before it (ties to the lower
+// For small batches (one block per row leaves most SMs idle): grid (8, B), __cluster_dims__(8, 1,
+// 1), 1024 threads; CTA r of row b's cluster owns positions [r S, r S + S) (S = ceil(n / 8)),
+// reads them once into shared memory as order keys, and the cluster runs the three radix rounds
+// of topk_rounds (bits 31..21, 20..10, 9..0) on them: each CTA counts its keys matching the
+// prefix so far into its own histogram (two buffers, alternating by round), then (after a
+// cluster barrier) every CTA adds the 8 histograms through distributed shared memory (the 8
+// remote loads of a bin in flight together) and finds the same bin (topk_find_bin), so all of
+// them get the exact k-th key T and how many keys equal to T to take. The round after next
+// reuses a buffer only after every CTA has passed the next round's barrier, i.e. finished reading
+// it: one cluster barrier a round. Output: each CTA's count of keys > T and == T go to the
+// cluster, each CTA takes the equal keys left after the CTAs before it (ties to the lower
 // position), and places its selected positions by a block prefix sum, so the row's output is in
 // ascending position order as k_topk's. A last barrier keeps every CTA's shared memory alive
 // until the others have read it. Dynamic shared memory topk_cluster_smem_bytes (cuda_attn.c):
-// two 2048-bin histograms, 4 ints, S keys. Rows with n <= k_max select everything without the
-// cluster (every CTA of a row takes the same branch).
+// two 2048-bin histograms, the cluster's 2048 totals, 4 ints, S keys. Rows with n <= k_max
+// select everything without the cluster (every CTA of a row takes the same branch).
+// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), all three
+// rounds (3) — the output is then incomplete.
 #define TOPK_CL 8
 
 __device__ __forceinline__ void cl_sync()
@@ -554,14 +557,14 @@ __device__ __forceinline__ uint32_t cl_rank()
 	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
 	return r;
 }
-// the int at this CTA's shared address p in the shared memory of the cluster's CTA `rank`
+// the int at this CTA's shared address p in the shared memory of the cluster's CTA `rank` (no
+// memory clobber: the caller orders it with cl_sync, and several may be in flight)
 __device__ __forceinline__ int cl_load(const int *p, uint32_t rank)
 {
 	int v;
 	asm volatile("{ .reg .u32 ra;\n\tmapa.shared::cluster.u32 ra, %1, %2;\n\tld.shared::cluster.u32 %0, [ra]; }"
 		     : "=r"(v)
-		     : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank)
-		     : "memory");
+		     : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
 	return v;
 }
 
@@ -581,11 +584,11 @@ __device__ __forceinline__ void cl_hist_add(int *hist, uint32_t bin, bool ok, in
 extern "C" __global__ void __cluster_dims__(TOPK_CL, 1, 1) __launch_bounds__(TOPK_THREADS, 1)
 k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
 	       const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos,
-	       int *__restrict__ out_slot)
+	       int *__restrict__ out_slot, int stop)
 {
 	extern __shared__ __align__(16) uint8_t topk_smem[];
-	int *hist = reinterpret_cast<int *>(topk_smem);                // [2048] this CTA's counts
-	int *tot = hist + TOPK_BINS;                                   // [2048] the cluster's
+	int *hbuf = reinterpret_cast<int *>(topk_smem);                // [2][2048] this CTA's counts
+	int *tot = hbuf + 2 * TOPK_BINS;                               // [2048] the cluster's
 	int *cnt = tot + TOPK_BINS;                                    // [4]: keys > T, == T
 	uint32_t *keys = reinterpret_cast<uint32_t *>(cnt + 4);        // [S]
 	__shared__ int s_bin, s_rem;
@@ -615,7 +618,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		return;
 	}
 	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS)
-		hist[i] = 0;
+		hbuf[i] = 0;
 	__syncthreads(); // cleared
 	// the slice as order keys, 8 loads in flight a thread; round 0's histogram (bits 31..21)
 	for (int base = lo; base < hi; base += 8 * TOPK_THREADS) {
@@ -634,13 +637,18 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 			const uint32_t key = order_key(v[u]);
 			if (i < hi)
 				keys[i - lo] = key;
-			cl_hist_add(hist, key >> 21, i < hi, lane);
+			cl_hist_add(hbuf, key >> 21, i < hi, lane);
 		}
+	}
+	if (stop == 1) {
+		cl_sync();
+		return;
 	}
 	uint32_t prefix = 0, mask = 0;
 	int rem = k;
 	for (int round = 0; round < 3; round++) {
 		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
+		int *hist = hbuf + (round & 1) * TOPK_BINS;
 		if (round) {
 			for (int i = tid; i < nb; i += TOPK_THREADS)
 				hist[i] = 0;
@@ -652,12 +660,17 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 				cl_hist_add(hist, (key >> shift) & (nb - 1), ok, lane);
 			}
 		}
-		cl_sync(); // every CTA's histogram complete
+		cl_sync(); // every CTA's histogram of this round complete (and the buffer this round
+			   // cleared was read by all in the round before last)
 		for (int i = tid; i < nb; i += TOPK_THREADS) {
+			int v[TOPK_CL];
+#pragma unroll
+			for (int c = 0; c < TOPK_CL; c++)
+				v[c] = cl_load(hist + i, (uint32_t)c);
 			int s = 0;
 #pragma unroll
 			for (int c = 0; c < TOPK_CL; c++)
-				s += cl_load(hist + i, (uint32_t)c);
+				s += v[c];
 			tot[i] = s;
 		}
 		__syncthreads(); // the cluster's counts complete
@@ -665,7 +678,12 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		prefix |= (uint32_t)s_bin << shift;
 		mask |= (uint32_t)(nb - 1) << shift;
 		rem = s_rem;
-		cl_sync(); // every CTA has read every histogram (they are cleared next round)
+		if (stop == 2 && round == 0)
+			break;
+	}
+	if (stop == 2 || stop == 3) {
+		cl_sync();
+		return;
 	}
 	const uint32_t T = prefix;
 	const int take_eq = rem; // keys equal to T the row takes, from the lowest position up
@@ -673,6 +691,9 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	// output: thread tid owns the slice's positions [tid*chunk, (tid+1)*chunk)
 	const int chunk = (len + TOPK_THREADS - 1) / TOPK_THREADS;
 	const int tlo = min(len, tid * chunk), thi = min(len, tlo + chunk);
+	// the page of this thread's first position, loaded while the counts are exchanged
+	int cur_pg = tlo < thi ? (lo + tlo) >> 6 : -1;
+	int cur_base = tlo < thi && bt ? bt[cur_pg] * 64 : 0;
 	int gt = 0, eq = 0;
 	for (int i = tlo; i < thi; i++) {
 		const uint32_t key = keys[i];
@@ -686,12 +707,17 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		cnt[0] = gt_tot, cnt[1] = eq_tot;
 	cl_sync(); // every CTA's counts visible
 	// the CTAs before this one: their outputs and the equal keys they took
+	int cg[TOPK_CL], ce[TOPK_CL];
+#pragma unroll
+	for (int c = 0; c < TOPK_CL; c++)
+		cg[c] = cl_load(cnt, (uint32_t)c), ce[c] = cl_load(cnt + 1, (uint32_t)c);
 	int cta_out = 0, cta_eq = 0;
-	for (uint32_t c = 0; c < r; c++) {
-		const int g_c = cl_load(cnt, c), e_c = cl_load(cnt + 1, c);
-		cta_out += g_c + max(0, min(e_c, take_eq - cta_eq));
-		cta_eq += e_c;
-	}
+#pragma unroll
+	for (int c = 0; c < TOPK_CL; c++)
+		if ((uint32_t)c < r) {
+			cta_out += cg[c] + max(0, min(ce[c], take_eq - cta_eq));
+			cta_eq += ce[c];
+		}
 	const int cta_take = max(0, min(eq_tot, take_eq - cta_eq)); // equal keys this CTA takes
 	const int mine_eq = max(0, min(eq, cta_take - eq_before));
 	int total;
@@ -703,8 +729,11 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 			const int pos = lo + i;
 			if (op)
 				op[o] = pos;
-			if (os)
-				os[o] = bt[pos >> 6] * 64 + (pos & 63);
+			if (os) {
+				if (pos >> 6 != cur_pg)
+					cur_pg = pos >> 6, cur_base = bt[cur_pg] * 64;
+				os[o] = cur_base + (pos & 63);
+			}
 			o++;
 		}
 	}

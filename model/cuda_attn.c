@@ -82,13 +82,14 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 			  (unsigned)(R < 32 ? 32 : R), 1, 1, 0, cargs);
 }
 
-/* Keys a warp of k_indexer_scores_fp8 scans: 256 (run 5: 2.27 TB/s at 128K x 128), halved while
- * the grid would give fewer than 4 blocks (16 warps) per SM, down to 16 (one group): a small
- * batch spreads its rows over every SM instead of running 16 dependent copy rounds in 32 blocks. */
+/* Keys a warp of k_indexer_scores_fp8 scans: 256, halved while the grid would have fewer than 1.5
+ * blocks an SM, down to 16 (one group): a small batch spreads its rows over every SM instead of
+ * running 16 dependent copy rounds in 32 blocks. Run 8 (keys a warp 16..256): batch 1 x 32K
+ * best at 32 (5.9 us; 16: 7.2), x 128K at 128 (11.2; 16: 16.0), 128K x 128 at 256 (828 us). */
 static int indexer_keys_per_warp(const struct gpu *g, int ld, int B)
 {
 	int kpw = 256;
-	while (kpw > 16 && (long long)B * ((ld + 4 * kpw - 1) / (4 * kpw)) < 4LL * g->sm_count)
+	while (kpw > 16 && 2LL * B * ((ld + 4 * kpw - 1) / (4 * kpw)) < 3LL * g->sm_count)
 		kpw /= 2;
 	return kpw;
 }
@@ -121,20 +122,22 @@ static size_t topk_smem_bytes(int ld)
 }
 
 /* k_topk_cluster: 8 CTAs a row, each with up to TOPK_CL_SLICE keys of it in shared memory (so rows
- * up to 327680 keys), after two histograms of 2048 bins and 4 ints */
+ * up to 327680 keys), after two histogram buffers and the totals (2048 bins each) and 4 ints */
 #define TOPK_CL 8
 #define TOPK_CL_SLICE 40960
 static size_t topk_cluster_smem_bytes(int ld)
 {
-	return (2 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
+	return (3 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
 }
 
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode)
 {
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 3)
+	int stop = mode >> 4; /* k_topk_cluster's phase stop (benchmarks) */
+	mode &= 15;
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 3 || (stop && mode != 2))
 		return -EINVAL;
-	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot};
+	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
 	if (!mode) /* a cluster a row while the rows leave SMs idle, else a block a row */
 		mode = B * TOPK_CL <= g->sm_count && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;

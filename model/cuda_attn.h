@@ -52,7 +52,9 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
- * k_topk_cluster, 3 k_topk; -EINVAL where the chosen kernel cannot take ld. */
+ * k_topk_cluster, 3 k_topk; -EINVAL where the chosen kernel cannot take ld. Benchmarks only:
+ * mode 2 | s << 4 stops k_topk_cluster after its load (s = 1), its first round (2) or all
+ * three rounds (3), the output then incomplete. */
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode);
 #endif

@@ -211,6 +211,19 @@ int bench_attention(int argc, char **argv)
 				cu.cuEventRecord(e1, g.stream);
 				topkm_ms[mode] = event_ms(&g, e0, e1) / reps;
 			}
+			/* k_topk_cluster by phases at batch 1: stopped after the load, round 0, all rounds */
+			double stop_us[4] = {0};
+			if (B == 1 && ctx >= 8192)
+				for (int st = 1; st <= 3; st++) {
+					int mode = 2 | st << 4;
+					if (cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode))
+						continue;
+					cu.cuEventRecord(e0, g.stream);
+					for (int r = 0; r < reps; r++)
+						cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode);
+					cu.cuEventRecord(e1, g.stream);
+					stop_us[st] = event_ms(&g, e0, e1) / reps * 1e3;
+				}
 			cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B); /* the default's slots */
 			/* sparse MLA decode over the selected slots: 128 heads, 656-byte records in a pool
 			 * of B * blocks pages (the slots the top-k just chose) */
@@ -293,6 +306,9 @@ int bench_attention(int argc, char **argv)
 				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       mla_ms * 1e3, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
+			if (stop_us[1] != 0)
+				printf("        k_topk_cluster by phases, us: load %.2f | + round 0 %.2f | + rounds 1-2 %.2f | "
+				       "+ output %.2f\n", stop_us[1], stop_us[2], stop_us[3], topkm_ms[2] * 1e3);
 			if (kpw_us[0] != 0)
 				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
 				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
