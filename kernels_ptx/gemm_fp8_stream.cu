@@ -113,6 +113,83 @@ __device__ __forceinline__ void named_bar_sync(int id, int n)
 	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
+// ---- wgmma (the fast mode's consumers, WI = 2) -------------------------------------------------
+// Shared-memory descriptor of a K-major e4m3 tile in the 128-byte swizzle that the copies write:
+// rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset
+// unused, base offset 0 (1024-aligned tiles; a k32 step moves the start by 32 bytes, +2).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
+{
+	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4);
+	d |= (uint64_t)(1024 >> 4) << 32;
+	d |= (uint64_t)1 << 62;
+	return d;
+}
+
+// d (+)= A[64 x 32] . B[N x 32]^T (e4m3, fp32; accumulate = 0 overwrites d), N = 8, 16, 32, 64:
+// d holds N / 2 registers a thread
+__device__ __forceinline__ void wg_n8(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wg_n16(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wg_n32(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wg_n64(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// One K block (4 k32 steps) into a fresh fragment d: N = 8 MG, the token rows the stage has
+// room for (a slice with fewer computes columns it never reads: picking N by the slice's rows
+// at run time made ptxas serialise the wgmmas, C7520)
+template <int MG>
+__device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
+{
+#pragma unroll
+	for (int k = 0; k < 4; k++) {
+		if (MG >= 8)
+			wg_n64(d, da + 2 * k, db + 2 * k, k > 0);
+		else if (MG >= 4)
+			wg_n32(d, da + 2 * k, db + 2 * k, k > 0);
+		else if (MG >= 2)
+			wg_n16(d, da + 2 * k, db + 2 * k, k > 0);
+		else
+			wg_n8(d, da + 2 * k, db + 2 * k, k > 0);
+	}
+}
+
+__device__ __forceinline__ void reg_fence(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit()
+{
+	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0()
+{
+	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // Arrival counts of the fused chunk sum, one per (slice, row tile, consumer warp); zero when the
@@ -145,9 +222,14 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // MG: token groups of 8 per slice (slice rows <= 8 * MG; 0: the copy-only probe); RT: 16-row MMA tiles per consumer
 // warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
 // 128-row unit, same stage).
-// WI: the second K block of each stage has its weight fragments converted by integer
+// WI = 1: the second K block of each stage has its weight fragments converted by integer
 // operations (e4m3x4_f16_shift; the conversion unit does the first), splitting the conversion
-// work between two pipes; same results.
+// work between two pipes; same results. WI = 2 (the fast mode): the consumers are two
+// warpgroups of wgmma m64nNk32 e4m3 (weights = A, 64 rows each; the slice's tokens = B, N = 8,
+// 16, 32 or 64), both straight from the copies' swizzled boxes: no conversion, native FP8, but
+// wgmma's accumulation inside a k32 step keeps ~14 bits (tests/gpu/gemm_fp8_limit.h), so the
+// results are within that limit of the CPU's, not of the mma.sync kernels'. Same promotion per
+// K block, same summation order across blocks and chunks.
 template <int MG, int RT, int WI>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__restrict__ w_tab,
@@ -171,7 +253,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
-	const uint32_t fstage = KBS * (MG > 0 ? MG : 1) * 2048;
+	const uint32_t fstage = WI == 2 ? 0 : KBS * (MG > 0 ? MG : 1) * 2048;
 	// then each stage's promotion scales, copied by the producer warp: S[row block][kb + j] at
 	// +4j, sx[r0 + m][kb + j] at +16 + 4 (64 j + m)
 	const uint32_t scl0 = fbuf + 2 * fstage;
@@ -363,6 +445,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
+		float frag[WI == 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2)
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -386,7 +469,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			const uint32_t st = stage0 + s * stage_bytes;
 			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
 			const int nb = min(KBS, w.kb1 - kb);
-			if (MG > 0) {
+			if (MG > 0 && WI != 2) {
 				// The stage's token rows as fp16 fragments, converted once by all consumer
 				// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
 				// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
@@ -407,7 +490,38 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				}
 				named_bar_sync(1, CW * 32); // every warp's conversions are visible
 			}
-			if (MG > 0 && rt_n > 0) {
+			if constexpr (MG > 0 && WI == 2) {
+				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
+				// consumers') times the tokens; the fragment's register 4 mg + q is
+				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
+				const uint32_t a0 = st + (warp >> 2) * 64 * 128;
+#pragma unroll
+				for (int j = 0; j < KBS; j++) {
+					if (j >= nb)
+						break;
+#pragma unroll
+					for (int i = 0; i < 4 * MGA; i++)
+						reg_fence(frag[i]);
+					wgmma_fence();
+					wg_kblock<MG>(frag, wg_desc(a0 + j * ST_WBOX),
+						      wg_desc(st + KBS * ST_WBOX + j * xbox));
+					wgmma_commit();
+					wgmma_wait0();
+#pragma unroll
+					for (int i = 0; i < 4 * MGA; i++)
+						reg_fence(frag[i]);
+#pragma unroll
+					for (int mg = 0; mg < MGA; mg++) {
+						if (mg >= mg_n)
+							break;
+						acc[0][mg][0] += frag[4 * mg + 0] * sc[j][mg][0];
+						acc[0][mg][1] += frag[4 * mg + 1] * sc[j][mg][1];
+						acc[0][mg][2] += frag[4 * mg + 2] * sc[j][mg][0];
+						acc[0][mg][3] += frag[4 * mg + 3] * sc[j][mg][1];
+					}
+				}
+			}
+			if (MG > 0 && WI != 2 && rt_n > 0) {
 				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
 				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
 				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
@@ -543,6 +657,10 @@ ST_ENTRY(1, 1, 1, _i)
 ST_ENTRY(2, 1, 1, _i)
 ST_ENTRY(4, 1, 1, _i)
 ST_ENTRY(8, 1, 1, _i)
+ST_ENTRY(1, 1, 2, _w)
+ST_ENTRY(2, 1, 2, _w)
+ST_ENTRY(4, 1, 2, _w)
+ST_ENTRY(8, 1, 2, _w)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )

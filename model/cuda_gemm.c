@@ -17,6 +17,25 @@
 
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+#define MAX_GPUS 16
+
+/* Per GPU ordinal: 1 the fast mode: the decode and grouped GEMMs may run on wgmma (native
+ * FP8; within tests/gpu/gemm_fp8_limit.h's limit of the CPU) and on cuBLASLt where run 8
+ * measured it faster; 0 (until the backend says otherwise) the batch-invariant mode: the exact
+ * mma.sync decode kernels, a row's result independent of M. */
+static int fast_mode[MAX_GPUS];
+
+void cuda_gemm_set_batch_invariant(const struct gpu *g, int on)
+{
+	if (g->ordinal >= 0 && g->ordinal < MAX_GPUS)
+		fast_mode[g->ordinal] = !on;
+}
+
+int cuda_gemm_batch_invariant(const struct gpu *g)
+{
+	return !(g->ordinal >= 0 && g->ordinal < MAX_GPUS && fast_mode[g->ordinal]);
+}
+
 /* Where the wgmma kernel (model/cuda_gemm_wgmma.h) runs without a measurement saying so:
  * DENSE 1: the default rule for M > 64 picks it over cuBLASLt — cuBLASLt is faster (run 4:
  * 987-1137 against 765-845 TFLOP/s at M = 4096) but misses the CPU check by far more than
@@ -114,8 +133,8 @@ static int stream_rt = 0;
 void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
 /* 1: the streaming kernel converts every second K block's weights by integer operations (the
- * _i variants, RT = 1); 0: all by the conversion instruction; -1: the default (0 until
- * measured). Same results either way. */
+ * _i variants, RT = 1; same results); 2: wgmma consumers (the _w variants, RT = 1; within the
+ * wgmma limit); 0: all by the conversion instruction; -1: the default (0 until measured). */
 static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
@@ -163,17 +182,19 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key */
-	static const char *names[3][5] = {
+	static const char *names[4][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_i", "k_gemm_fp8_stream_m2_r1_i", "k_gemm_fp8_stream_m4_r1_i",
-		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"}};
-	if (copy_only)
-		rt = 1;
+		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
 	int wi = stream_wi >= 0 ? stream_wi : 0;
-	const char *name = names[rt == 1 && wi ? 2 : rt - 1][copy_only ? 4 : v];
+	if (copy_only || wi)
+		rt = 1;
+	const char *name = names[wi == 2 ? 3 : wi == 1 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -183,7 +204,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stage (2 K blocks x mpad / 8 groups x 2 KB each) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only ? 0 : 2 * 2 * (mpad / 8) * 2048;
+	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4); /* each stage's promotion scales (ST_SCL_BYTES), 8 at most */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
@@ -356,7 +377,12 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	 * its 128-row token tile; a guess until the grouped benchmark has measured both). Below,
 	 * the mma.sync kernels: run 3 sent 512 rows over 16 groups to wgmma and the MoE block's
 	 * decode-size check (T = 64) saw its coarser accumulation. */
-	if (CUDA_GEMM_WGMMA_GROUPED && max_rows > 64 && max_rows >= 64 * G && wgmma_fits(N, ldy)) {
+	/* The fast mode: wgmma from 128 rows (16 tokens of 8 experts; run 8: 2.83-3.04 TB/s there
+	 * against the streaming kernel's 2.25-2.66, 3.46-3.62 at 64 tokens; at 1 token 2.02-2.06
+	 * against 2.44-2.51). */
+	int wg_fast = !cuda_gemm_batch_invariant(g) && max_rows >= 128;
+	if (CUDA_GEMM_WGMMA_GROUPED && (wg_fast || (max_rows > 64 && max_rows >= 64 * G)) &&
+	    wgmma_fits(N, ldy)) {
 		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						    K, ldy);
 		if (r != -ENOTSUP)
@@ -388,7 +414,6 @@ int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */
 
-#define MAX_GPUS 16
 static struct cublaslt *lt_of[MAX_GPUS]; /* per GPU ordinal, opened on first use */
 static int lt_state[MAX_GPUS];           /* 0 untried, 1 open, < 0 failed (errno) */
 
@@ -474,6 +499,33 @@ static struct gemm_entry *entry_find(int ordinal, int bucket, int N, int K)
 	return NULL;
 }
 
+/* The fast mode's cuBLASLt shapes: where run 8's bench gemm (H200, cold L2) measured cuBLASLt
+ * faster than the kernel the dispatch ran (M bucket, N, K). M = 32 / 64: cuBLASLt 2.1-2.8 TB/s
+ * on the large matrices against 0.6-1.4 for the mma.sync decode kernels, on every shape but
+ * 2112x7168 at 32; M = 128: 0.64-0.99x on all but 32768x512; M = 4096: 2112x7168 (0.78x),
+ * 24576x1536 (0.95x). Unmeasured shapes keep the default rule. */
+static const struct {
+	int bucket, N, K;
+} lt_faster[] = {
+	{32, 24576, 1536}, {32, 32768, 512}, {32, 7168, 16384}, {32, 18432, 7168},
+	{32, 7168, 18432}, {32, 4096, 7168}, {32, 7168, 2048},	{64, 2112, 7168},
+	{64, 24576, 1536}, {64, 32768, 512}, {64, 7168, 16384}, {64, 18432, 7168},
+	{64, 7168, 18432}, {64, 4096, 7168}, {64, 7168, 2048},	{128, 2112, 7168},
+	{128, 24576, 1536}, {128, 7168, 16384}, {128, 18432, 7168}, {128, 7168, 18432},
+	{128, 4096, 7168}, {128, 7168, 2048}, {4096, 2112, 7168}, {4096, 24576, 1536},
+};
+
+static int fast_lt(const struct gpu *g, int M, int N, int K)
+{
+	if (cuda_gemm_batch_invariant(g) || (K / 128) % 4)
+		return 0;
+	int b = cuda_gemm_m_bucket(M);
+	for (size_t i = 0; i < sizeof lt_faster / sizeof *lt_faster; i++)
+		if (lt_faster[i].bucket == b && lt_faster[i].N == N && lt_faster[i].K == K)
+			return 1;
+	return 0;
+}
+
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 {
 	pthread_mutex_lock(&gemm_lock);
@@ -482,6 +534,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	pthread_mutex_unlock(&gemm_lock);
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
+	if (fast_lt(g, M, N, K))
+		return CUDA_GEMM_PATH_CUBLASLT;
 	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at
 	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds
 	 * (CUDA_GEMM_WGMMA_DENSE), else cuBLASLt, else the decode kernel in 64-row pieces. */
@@ -532,7 +586,7 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 /* ---- start-up measurement ---------------------------------------------------------------- */
 
 /* 1: cuda_gemm_tune may pick cuBLASLt over our decode kernel when it is faster (M = 32, 64 on
- * most shapes, docs/PERF.md). 0 until cuBLASLt's results pass the CPU check. */
+ * most shapes, docs/PERF.md) in the batch-invariant mode too; the fast mode always may. */
 #define CUDA_GEMM_LT_FOR_DECODE 0
 
 static int cmp_float(const void *a, const void *b)
@@ -612,7 +666,7 @@ int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, 
 	/* cuBLASLt 13.1's block-scaled GEMM misses the CPU check (docs/PERF.md: ~1% of outputs
 	 * 2+ bf16 ulps off), so for decode it is chosen only where ours cannot run; for prefill
 	 * (M > 64) the faster one wins (the issue's rule; cuBLASLt was the only path before). */
-	int lt_ok = a.M <= 64 ? CUDA_GEMM_LT_FOR_DECODE : 1;
+	int lt_ok = a.M <= 64 ? CUDA_GEMM_LT_FOR_DECODE || !cuda_gemm_batch_invariant(g) : 1;
 	int lt_wins = tl >= 0 && (td < 0 || (lt_ok && tl < td));
 	cuda_gemm_path_set(g, a.M, N, K, lt_wins ? CUDA_GEMM_PATH_CUBLASLT : ours);
 	return 0;

@@ -39,14 +39,22 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * kernels below; -1 (the default): per shape by measurement (cuda_gemm.c: grouped streaming,
  * dense mostly v2). Process-wide; tests and the benchmark set it. */
 void cuda_gemm_set_stream(int on);
+/* The GEMM mode of GPU g: on (until set otherwise) = batch invariant (the mma.sync decode
+ * kernels for M <= 64 and grouped decode sizes: a row's result independent of M and exact to
+ * the CPU's order per 128-block), off = fast (cuBLASLt and wgmma where they measured faster,
+ * within the wgmma limit of tests/gpu/gemm_fp8_limit.h). The forward sets it at each step from
+ * its own mode. Process-wide per GPU ordinal. */
+void cuda_gemm_set_batch_invariant(const struct gpu *g, int on);
+int cuda_gemm_batch_invariant(const struct gpu *g);
 /* Whether cuda_gemm_fp8_decode runs the streaming kernel (1) or v2 (0) for this shape under the
  * current setting (the benchmark's label of the dispatch). */
 int cuda_gemm_decode_streams(int N, int K);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
-/* The streaming kernel's weight conversion: 1 every second K block by integer operations, 0
- * all by the conversion instruction, -1 the default; same numbers either way. Process-wide. */
+/* The streaming kernel's consumers: 1 every second K block's weights converted by integer
+ * operations, 0 all by the conversion instruction (same numbers), 2 wgmma (native FP8, within
+ * the wgmma limit), -1 the default. Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */

@@ -133,6 +133,39 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 	gpu_close(&g);
 }
 
+/* The streaming decode kernel with wgmma consumers (the fast mode's; cuda_gemm_set_stream_wi
+ * 2) against the CPU, within the wgmma limit: M across the token-group variants (1-8, 9-16,
+ * 17-32, 33-64 rows), N with partial 128-row tiles, K with one and several chunks. */
+TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{1, 2112, 7168}, {5, 576, 7168},   {8, 1536, 7168},
+					{13, 256, 1536}, {31, 7168, 2048}, {64, 1024, 2048},
+					{40, 128, 7168}, {3, 4096, 512},   {2, 7168, 16384}};
+	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream_wi(2);
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
+		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
+		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma"), 0);
+		case_free(&c);
+	}
+	cuda_gemm_set_stream_wi(-1);
+	cuda_gemm_set_stream(-1);
+	/* the fast mode's dispatch at a shape run 8 measured faster on cuBLASLt */
+	cuda_gemm_set_batch_invariant(&g, 0);
+	struct lt_case c;
+	case_init(&g, &c, 64, 2112, 7168, 960);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_CUBLASLT);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch"), 0);
+	case_free(&c);
+	cuda_gemm_set_batch_invariant(&g, 1);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
 /* The dispatch: measured choice, each path forced, the fallback when cuBLASLt refuses. */
 TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 {

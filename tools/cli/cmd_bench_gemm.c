@@ -152,7 +152,8 @@ struct grouped_ctx {
 	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
 	size_t ws_bytes;
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0, 4 streaming
-			       * with integer weight conversion (cuda_gemm_set_stream_wi) */
+			       * with integer weight conversion, 5 streaming with wgmma consumers
+			       * (cuda_gemm_set_stream_wi 1, 2) */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -165,7 +166,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode == 4)
+	if (c->mode == 1 || c->mode >= 4)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -180,10 +181,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s\n",
+	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s",
-	       "int_us", "TB/s");
+	       "int_us", "TB/s", "wg_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -250,10 +251,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[5];
-			for (c.mode = 0; c.mode < 5; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode == 4 ? 1 : -1);
-				t[c.mode] = c.mode < 2 || c.mode == 4 || (c.mode == 2 && !no_wgmma) ||
+			float t[6];
+			for (c.mode = 0; c.mode < 6; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode >= 4 ? c.mode - 3 : -1);
+				t[c.mode] = c.mode < 2 || c.mode >= 4 || (c.mode == 2 && !no_wgmma) ||
 							    (c.mode == 3 && T <= 64)
 						    ? time_ms(g, launch_grouped, &c, reps, trials)
 						    : -1;
@@ -274,7 +275,8 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				printf(" %9.2f %6.3f |", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
 			else
 				printf(" %9s %6s |", "n/a", "");
-			printf(" %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12);
+			printf(" %9.2f %6.3f | %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12,
+			       t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
 			fflush(stdout);
 			if (ms < 0)
 				return 1;
@@ -285,9 +287,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			cu.cuMemFree(c.off[r]);
 	}
 	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
-	       "dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
+	       "fast mode's dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
 	       "first grouped version, tokens <= 64; int: the streaming kernel with every second K "
-	       "block's weights converted by integer operations; experts: groups with rows, mean over the "
+	       "block's weights converted by integer operations; wg: the streaming kernel with wgmma "
+	       "consumers; experts: groups with rows, mean over the "
 	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
@@ -317,6 +320,7 @@ int bench_gemm(int argc, char **argv)
 		return 1;
 	}
 	/* The limit: streaming read of 4 GiB. */
+	cuda_gemm_set_batch_invariant(&g, 0); /* ours: the fast mode's dispatch */
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
@@ -324,15 +328,15 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "rt2", "int");
+		       "ours/lt", "faster", "copy", "rt2", "int", "wg");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
 					{4096, 7168},  {7168, 2048}};
-	static const int Ms[] = {1, 8, 32, 64, 128, 4096};
+	static const int Ms[] = {1, 8, 16, 32, 64, 128, 4096};
 	const int max_m = 4096;
 	int rc_all = 0;
 	for (size_t si = 0; run_dense && si < sizeof shapes / sizeof *shapes; si++) {
@@ -377,7 +381,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1, wi = -1;
+			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1, wi = -1, wgs = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -387,6 +391,8 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_rt(0);
 				cuda_gemm_set_stream_wi(1); /* half the weights converted by integer ops */
 				wi = time_ms(&g, launch_gemm, &c, reps, trials);
+				cuda_gemm_set_stream_wi(2); /* wgmma consumers */
+				wgs = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_wi(-1);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
@@ -439,6 +445,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %6.3f", bytes / (r2 * 1e-3) / 1e12);
 			if (wi >= 0)
 				printf(" %6.3f", bytes / (wi * 1e-3) / 1e12);
+			if (wgs >= 0)
+				printf(" %6.3f", bytes / (wgs * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -457,7 +465,8 @@ int bench_gemm(int argc, char **argv)
 		       "cuda_gemm_fp8_wgmma forced; "
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
 		       "tiles per warp (4 consumer warps); int: TB/s of the streaming kernel with every second K "
-		       "block's weights converted by integer operations; "
+		       "block's weights converted by integer operations; wg: TB/s of the streaming kernel "
+		       "with wgmma consumers (the fast mode's; within the wgmma limit); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
