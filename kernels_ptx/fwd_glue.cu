@@ -107,8 +107,9 @@ k_fwd_bf16_linear(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 // columns lane j loads the output's 16-byte chunk j (8 lanes x 8 columns: 128 contiguous bytes;
 // loads run 4 steps ahead), the warp stages the 4 x 64 weights in its shared tile, and lane j
 // adds x[m, k0 + 8c + j] * w for c = 0 .. 7: k = j mod 8 in order, as cpu_dot's lane j; then
-// tree8. x bf16 [M, ldx] (read through L1), y32 fp32 [M, ldy] or (y32 null) y16 bf16.
-// D % 64 == 0. Grid ceil(V / 32), 256 threads.
+// tree8. x bf16 [M, ldx] (staged in shared memory first: dynamic smem M * D * 2 bytes), y32
+// fp32 [M, ldy] or (y32 null) y16 bf16. D % 64 == 0, ldx % 8 == 0. Grid ceil(V / 32), 256
+// threads.
 #define LS_STEP 64 // columns a step: 8 lanes x one 16-byte chunk
 #define LS_PAD 8  // bf16 elements of padding per staged row: the 4 rows' reads on distinct banks
 #define LS_AHEAD 4
@@ -117,6 +118,7 @@ k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		 float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
 {
 	__shared__ __align__(16) uint16_t sw[8][4][LS_STEP + LS_PAD];
+	extern __shared__ __align__(16) uint16_t xs[]; // [M, D]
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, o = lane >> 3, j = lane & 7;
 	const int v = (blockIdx.x * 8 + warp) * 4 + o;
 	const bool live = v < V;
@@ -128,6 +130,12 @@ k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 #pragma unroll
 	for (int p = 0; p < LS_AHEAD; p++)
 		buf[p] = live && p < steps ? wr[8 * p] : zero; // chunk 8 s + j: step s
+	for (int i = threadIdx.x; i < M * (D / 8); i += 256) {
+		const int m = i / (D / 8), c = i % (D / 8);
+		reinterpret_cast<uint4 *>(xs + (size_t)m * D)[c] =
+			reinterpret_cast<const uint4 *>(x + (size_t)m * ldx)[c];
+	}
+	__syncthreads(); // the token rows are staged
 	uint16_t *tile = &sw[warp][o][0];
 	for (int s0 = 0; s0 < steps; s0 += LS_AHEAD) {
 #pragma unroll
@@ -145,8 +153,7 @@ k_fwd_lin_stream(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 #pragma unroll
 				for (int m = 0; m < LIN_ROWS; m++)
 					if (m < M)
-						acc[m] = __fadd_rn(acc[m], __fmul_rn(bf16_to_f32(__ldg(x + (size_t)m * ldx +
-												   k0 + 8 * c)),
+						acc[m] = __fadd_rn(acc[m], __fmul_rn(bf16_to_f32(xs[m * D + k0 + 8 * c]),
 										   wv));
 			}
 			__syncwarp(); // read before the next step overwrites the tile

@@ -359,6 +359,9 @@ static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr s
  * tensor cores above MMA_ROWS rows; 1-4 rows at memory speed (batch-invariant mode: in the CPU's
  * order, k_fwd_lin_*; fast mode: k_fwd_gemv*, another fixed order); else the CUDA cores in the
  * CPU's order (k_fwd_bf16_linear). */
+/* k_fwd_lin_stream's dynamic shared memory limit: 4 rows of 14336 (eh_proj's input) */
+#define LIN_STREAM_SMEM (4 * 14336 * 2)
+
 /* k_fwd_head_mma<WM> (kernels_ptx/lm_head.cu): its dynamic shared memory by warps along M. */
 static const char *const head_mma_names[3] = {"k_fwd_head_mma1", "k_fwd_head_mma2", "k_fwd_head_mma4"};
 static unsigned head_mma_smem(int wm) { return 3u * (32u * (unsigned)wm + 128u) * 72u * 2u; }
@@ -397,12 +400,13 @@ static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu
 			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
 		return 0;
 	}
-	if (M <= 4 && D % 64 == 0 && F->E->batch_invariant) { /* decode, CPU order at memory speed */
+	if (M <= 4 && D % 64 == 0 && ldx % 8 == 0 && M * D * 2 <= LIN_STREAM_SMEM && F->E->batch_invariant) {
+		/* decode, CPU order at memory speed */
 		if (V < 256) /* few outputs (weights_proj): a block per output */
 			LAUNCH("k_fwd_lin_row", V, 1, 256, D * 2, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
 		else
-			LAUNCH("k_fwd_lin_stream", (V + 31) / 32, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M,
-			       &D, &V);
+			LAUNCH("k_fwd_lin_stream", (V + 31) / 32, 1, 256, M * D * 2, &W, &x, &ldx, &y32, &y16,
+			       &ldy, &M, &D, &V);
 		return 0;
 	}
 	if (M <= 4 && ldx % 8 == 0 && !F->E->batch_invariant) {
@@ -923,12 +927,15 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	}
 	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
 	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
-	/* the head kernels' shared-memory limit (a function attribute: set here, outside any
-	 * graph capture) */
-	for (int v = 0; v < 3 && !F->E->batch_invariant; v++) {
-		void *fn = gpu_kernel(F->g, head_mma_names[v]);
+	/* the shared-memory limit of the mode's few-row product kernels (head_mma in the fast mode,
+	 * lin_stream in the invariant one; a function attribute: set here, outside any capture) */
+	for (int v = 0; v < 4; v++) {
+		if (F->E->batch_invariant != (v == 3))
+			continue;
+		void *fn = gpu_kernel(F->g, v < 3 ? head_mma_names[v] : "k_fwd_lin_stream");
+		int smem = v < 3 ? (int)head_mma_smem(1 << v) : LIN_STREAM_SMEM;
 		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-							  (int)head_mma_smem(1 << v)),
+							  smem),
 				    "cuFuncSetAttribute", __FILE__, __LINE__))
 			return -EIO;
 	}

@@ -803,7 +803,7 @@ TEST_T(gpu_forward, bf16_products, 120)
 		const char *name;
 		int exact, grid_div, smem, m[5];
 	} k[] = {
-		{"k_fwd_lin_stream", 1, 32, 0, {1, 2, 3, 4, 0}},
+		{"k_fwd_lin_stream", 1, 32, 4 * 1024 * 2, {1, 2, 3, 4, 0}},
 		{"k_fwd_lin_row", 1, 0, 2 * 1024, {1, 2, 3, 4, 0}},
 		{"k_fwd_gemv", 0, 8, 0, {1, 2, 3, 4, 0}},
 		{"k_fwd_gemv_ks", 0, 0, 0, {1, 2, 3, 4, 0}},
