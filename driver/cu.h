@@ -33,7 +33,7 @@
 	X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)          \
 	X(cuCtxSetCurrent) X(cuCtxSynchronize)                                                \
 	X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
-	X(cuFuncGetAttribute) X(cuLaunchKernel)                                               \
+	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                           \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
 	X(cuEventDestroy)                                                                     \
