@@ -348,6 +348,9 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 			break;
 	}
 	cp_async_wait_all();
+	// the combine (launched with programmatic stream serialisation) may start its blocks now;
+	// they wait in griddepcontrol.wait until this grid has completed and its writes are visible
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
 	// the normaliser: the quad's partial sums, then the 4 warps of the group in a fixed order
 #pragma unroll
@@ -395,7 +398,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		}
 }
 
-// Merges the splits of k_mla_decode (FlashDecoding): M = max m_i, w_i = e^(m_i - M),
+// Merges the splits of k_mla_decode (FlashDecoding; launched as its programmatic dependent, so its
+// blocks are resident when the decode grid ends): M = max m_i, w_i = e^(m_i - M),
 // L = Σ l_i w_i, o = Σ o_i w_i / L. One block per (head, row), R threads (splits <= 64): warp 0
 // computes the weights once (lane i: splits i and i + 32) into shared memory, then every thread
 // sums its output element over the splits in order, with the loads of 16 splits in flight.
@@ -405,6 +409,9 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 {
 	__shared__ float wsh[MLA_MAX_SPLITS];
 	__shared__ float s_L;
+	// launched early (programmatic dependent launch, cuda_attn.c): the partials of k_mla_decode
+	// are complete and visible past this point (a no-op in an ordinary launch)
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const size_t bh = blockIdx.x; // b * H + h
 	const float *pp = part + bh * splits * (R + 2);
 	const int tid = threadIdx.x;

@@ -6,6 +6,50 @@
 #ifndef DSV32_NO_CUDA
 
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Programmatic dependent launch of the kernels that follow one of ours (k_mla_combine after
+ * k_mla_decode): launched while the first still runs, their blocks wait in griddepcontrol.wait
+ * instead of behind the launch gap (~3 us a launch on the H200, run 8). DSV32_ATTN_PDL=0 turns
+ * it off (diagnosis); cuda_attn_set_pdl for benchmarks. */
+static int attn_pdl = -1;
+
+void cuda_attn_set_pdl(int on)
+{
+	attn_pdl = on;
+}
+
+static int pdl_on(void)
+{
+	if (attn_pdl < 0) {
+		const char *v = getenv("DSV32_ATTN_PDL");
+		attn_pdl = !(v && *v == '0');
+	}
+	return attn_pdl;
+}
+
+static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		      unsigned smem, void **args)
+{
+	if (!fn)
+		return -ENOENT;
+	if (!pdl_on())
+		return gpu_launch(g, fn, gx, gy, gz, bx, 1, 1, smem, args);
+	CUlaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	at.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDimX = gx, cfg.gridDimY = gy, cfg.gridDimZ = gz;
+	cfg.blockDimX = bx, cfg.blockDimY = 1, cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = (CUstream)g->stream;
+	cfg.attrs = &at, cfg.numAttrs = 1;
+	CU_TRY(cu.cuLaunchKernelEx(&cfg, (CUfunction)fn, args, NULL));
+	return 0;
+}
 
 /* k_mla_decode's tiles: 64 heads of a row per block, keys in tiles of 64 */
 #define MLA_HG 64
@@ -78,8 +122,8 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if (r || splits == 1 || skip_combine)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};
-	return gpu_launch(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1,
-			  (unsigned)(R < 32 ? 32 : R), 1, 1, 0, cargs);
+	return launch_pdl(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1, (unsigned)(R < 32 ? 32 : R),
+			  0, cargs);
 }
 
 /* Keys a warp of k_indexer_scores_fp8 scans: 256, halved while the grid would have fewer than 1.5
