@@ -16,7 +16,9 @@
  *
  * Two modes (fwd_env.batch_invariant, backend_cuda_opts):
  *   fast (the default): GEMMs of M > 64 rows through cuda_gemm_fp8's prefill paths (wgmma /
- *     cuBLASLt) and the MoE block on all the step's rows at once (the wgmma MoE); bf16 products
+ *     cuBLASLt), the GEMM dispatch's fast mode below (cuda_gemm_set_batch_invariant: cuBLASLt
+ *     where it measured faster), the MoE block on all the step's rows at once (CUDA_MOE_FAST:
+ *     the wgmma grouped GEMMs); bf16 products
  *     on the tensor cores above 8 rows (fwd_mma.cu), the memory-bound GEMV for 1-4 rows, the
  *     CUDA cores in the CPU's order for 5-8. Where it departs from the CPU: the large-M GEMMs'
  *     fp32 accumulation (~2^-12 relative) flips FP8 re-quantisations downstream (run 7:
@@ -839,6 +841,8 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	const struct dsv32_config *c = E->c;
 	memset(F, 0, sizeof *F);
 	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
+	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
+	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		T += st->seqs[i].n;
