@@ -171,6 +171,9 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 	const int npg = kbeg < kval ? ((kval - 1) >> 6) - (kbeg >> 6) + 1 : 0;
 	const int pid = lane < npg ? btr[(kbeg >> 6) + lane] : 0;
 	__syncthreads(); // weights and q visible (before any warp returns)
+	// the top-k (launched with programmatic stream serialisation, cuda_attn.c) may start its
+	// blocks once every block of this grid is here; it waits for this grid's completion itself
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	float *out = scores + (size_t)b * ld;
 	for (int s = max(kbeg, kval) + lane; s < kend; s += 32)
 		out[s] = -INFINITY;

@@ -15,6 +15,14 @@
 
 #define TOPK_THREADS 1024
 
+// The kernels are launched as programmatic dependents of the scores kernel (cuda_attn.c): wait
+// for the grids before them to complete and their writes to be visible (a no-op in an ordinary
+// launch).
+__device__ __forceinline__ void topk_wait_inputs()
+{
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // Larger score -> larger key; NaN -> 0 (lowest); -0 and +0 the same.
 __device__ __forceinline__ uint32_t order_key(float x)
 {
@@ -34,6 +42,7 @@ k_topk(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 	__shared__ int hist[256];
 	__shared__ uint32_t s_prefix;
 	__shared__ int s_remaining;
+	topk_wait_inputs();
 	const int b = blockIdx.x, tid = threadIdx.x;
 	const int n = n_keys[b];
 	const int k = n < k_max ? n : k_max;
@@ -292,6 +301,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	uint32_t *selb = reinterpret_cast<uint32_t *>(cand_pos + TOPK_CAND);      // [W]
 	uint32_t *eqb = selb + W;                                                 // [W]
 	__shared__ int s_bin, s_rem, s_ncand;
+	topk_wait_inputs();
 
 	const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
 	const int n = n_keys[b];
@@ -592,6 +602,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	int *cnt = tot + TOPK_BINS;                                    // [4]: keys > T, == T
 	uint32_t *keys = reinterpret_cast<uint32_t *>(cnt + 4);        // [S]
 	__shared__ int s_bin, s_rem;
+	topk_wait_inputs();
 	const int tid = threadIdx.x, lane = tid & 31, b = blockIdx.y;
 	const uint32_t r = cl_rank();
 	const int n = n_keys[b];

@@ -10,9 +10,10 @@
 #include <string.h>
 
 /* Programmatic dependent launch of the kernels that follow one of ours (k_mla_combine after
- * k_mla_decode): launched while the first still runs, their blocks wait in griddepcontrol.wait
- * instead of behind the launch gap (~3 us a launch on the H200, run 8). DSV32_ATTN_PDL=0 turns
- * it off (diagnosis); cuda_attn_set_pdl for benchmarks. */
+ * k_mla_decode, the top-k after the scores): launched while the first still runs (it triggers
+ * with griddepcontrol.launch_dependents), their blocks wait in griddepcontrol.wait instead of
+ * behind the launch gap (~3 us a launch on the H200, run 8). DSV32_ATTN_PDL=0 turns it off
+ * (diagnosis); cuda_attn_set_pdl for benchmarks. */
 static int attn_pdl = -1;
 
 void cuda_attn_set_pdl(int on)
@@ -186,7 +187,7 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 	if (!mode) /* a cluster a row while the rows leave SMs idle, else a block a row */
 		mode = B * TOPK_CL <= g->sm_count && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
-		return gpu_launch(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 1, 1, 0, args);
+		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
 	if ((mode == 2 && !cl_ok) || (mode == 1 && topk_smem_bytes(ld) > 200 * 1024))
 		return -EINVAL;
 	void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cluster" : "k_topk_select");
@@ -194,7 +195,7 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 		return -ENOENT;
 	size_t smem = mode == 2 ? topk_cluster_smem_bytes(ld) : topk_smem_bytes(ld);
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	return gpu_launch(g, fn, mode == 2 ? TOPK_CL : (unsigned)B, mode == 2 ? (unsigned)B : 1, 1, 1024, 1, 1,
+	return launch_pdl(g, fn, mode == 2 ? TOPK_CL : (unsigned)B, mode == 2 ? (unsigned)B : 1, 1, 1024,
 			  (unsigned)smem, args);
 }
 

@@ -28,8 +28,8 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * ws must then hold B x H x splits x (R + 2) floats); the output is then meaningless). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
-/* Programmatic dependent launch of k_mla_combine after k_mla_decode: on unless DSV32_ATTN_PDL=0;
- * benchmarks may switch it (1 on, 0 off). */
+/* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
+ * scores: on unless DSV32_ATTN_PDL=0; benchmarks may switch it (1 on, 0 off). */
 void cuda_attn_set_pdl(int on);
 /* Lightning-indexer scores (spec §3.6 step 8) of B query rows over their paged FP8 keys
  * (k_indexer_scores_fp8: e4m3 converted to fp16 once per 16 keys, fp16 tensor cores with fp32
