@@ -8,7 +8,8 @@
 //
 // diag (benchmarks only; 0 otherwise): bit 0 skips the gathers after the first tile (the tiles
 // reuse its records), bit 1 skips the MMAs of S and P V, bit 2 skips the dequantisation after
-// the first tile — so `dsv32 bench attention` can time the phases apart.
+// the first tile, bit 5 the load and conversion of Q, bit 6 the output stores — so `dsv32 bench
+// attention` can time the phases apart.
 // k_mla_decode: q bf16 [B, H, R + 64] per head [q_lat (R) | q_pe (64)], sel int [B, ld_sel]
 // physical slots in key order (-1 ends the list), pool: the layer's MLA records (slot r at
 // pool + r * rec_bytes), o_lat bf16 [B, H, R]. R % 128 == 0, R <= 512, H % 16 == 0.
@@ -171,7 +172,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 
 	// Q of the block's 64 heads (zero rows beyond H), every load in flight at once (cp.async),
 	// committed with the first tile's gather
-	for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
+	for (int i = tid; i < ((diag & 32) ? 0 : MLA_HG * (DK / 8)); i += MLA_THREADS) {
 		const int r = i / (DK / 8), c = i - r * (DK / 8);
 		if (h0 + r < H)
 			cp_async16(smem_u32(qs + r * LD + c * 8), q + ((size_t)b * H + h0 + r) * DK + c * 8);
@@ -211,7 +212,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		mla_slots(srow, k0 + MLA_KT, k_end, warp, slot); // in flight through the dequantisation
 		cp_async_wait_all();
 		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
-		if (t == 0) // Q (landed with the first tile) to fp16 in place, before the S phase
+		if (t == 0 && !(diag & 32)) // Q (landed with the first tile) to fp16 in place, before S
 			for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
 				uint4 *v = reinterpret_cast<uint4 *>(qs + (i / (DK / 8)) * LD + (i % (DK / 8)) * 8);
 				const uint4 x = *v;
@@ -372,7 +373,7 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 #pragma unroll
 		for (int i = 0; i < 2; i++) {
 			const int r = 16 * mt + (lane >> 2) + 8 * i, h = h0 + r;
-			if (h >= H)
+			if (h >= H || (diag & 64))
 				continue;
 			const float lr = ((red[r] + red[MLA_HG + r]) + red[2 * MLA_HG + r]) + red[3 * MLA_HG + r];
 			if (gridDim.z > 1) {

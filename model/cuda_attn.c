@@ -110,7 +110,7 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if (splits > 1 && !ws)
 		return -EINVAL;
 	const int skip_main = diag & 16, skip_combine = diag & 8;
-	diag &= 7;
+	diag &= 0x67; /* the kernel's own switches */
 	void *fn = gpu_kernel(g, "k_mla_decode");
 	if (!fn)
 		return -ENOENT;

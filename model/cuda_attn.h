@@ -24,8 +24,9 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
  * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
- * combine alone; bits 8-15 force the number of key splits (rounded to whole tiles of 64 keys;
- * ws must then hold B x H x splits x (R + 2) floats); the output is then meaningless). */
+ * combine alone, bit 5 no load of Q, bit 6 no output stores; bits 0-6 leave the output
+ * meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
+ * keys; ws must then hold B x H x splits x (R + 2) floats; a correct result). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -263,7 +263,7 @@ int bench_attention(int argc, char **argv)
 				}
 			/* batch 1: the time by key splits (forced), the decode kernel alone and the combine
 			 * alone */
-			double split_us[7][3] = {{0}};
+			double split_us[7][4] = {{0}};
 			if (ctx == 32768 && B == 1) {
 				gpu_ptr ws64;
 				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
@@ -278,6 +278,12 @@ int bench_attention(int argc, char **argv)
 							     : 0;
 				}
 				cu.cuMemFree(ws64);
+				/* the decode kernel alone (auto splits) without Q's load, without the stores,
+				 * without both */
+				const int qd[3] = {8 | 32, 8 | 64, 8 | 32 | 64};
+				for (int j = 0; j < 3; j++)
+					split_us[6][1 + j] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
+								      mws, qd[j]);
 				cuda_attn_set_pdl(0); /* the combine launched after the decode grid instead */
 				split_us[6][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
 				cuda_attn_set_pdl(1);
@@ -321,6 +327,8 @@ int bench_attention(int argc, char **argv)
 				for (int si = 0; si < 6; si++)
 					printf(" | %d: %.1f / %.1f / %.1f", 1 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
 				printf(" | auto without the combine's programmatic launch: %.1f\n", split_us[6][0]);
+				printf("        MLA batch 1 decode kernel alone (auto splits), us: without Q's load %.1f | without "
+				       "the stores %.1f | without both %.1f\n", split_us[6][1], split_us[6][2], split_us[6][3]);
 			}
 			fflush(stdout);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
