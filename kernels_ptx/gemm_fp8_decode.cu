@@ -81,6 +81,9 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 			hi0 = ld_stream16(w_hi + (size_t)kb * 128);
 			hi1 = ld_stream16(w_hi + (size_t)kb * 128 + 16);
 		}
+		// programmatic dependent launch (model/cuda_gemm.c): the tokens and their scales are
+		// the previous kernel's output; the first weights (constant) were loaded before
+		asm volatile("griddepcontrol.wait;" ::: "memory");
 		for (; kb < kb_end; kb += ksplit) {
 			const uint4 a_lo0 = lo0, a_lo1 = lo1, a_hi0 = hi0, a_hi1 = hi1;
 			const int kn = kb + ksplit;
@@ -114,6 +117,8 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 				acc[mg][3] += c[3] * s1;
 			}
 		}
+	} else {
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // (its outputs are written below)
 	}
 #pragma unroll
 	for (int mg = 0; mg < MG; mg++) {

@@ -261,6 +261,14 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
 
+	// Launched with programmatic dependent launch (model/cuda_gemm.c), this grid may start
+	// before the previous kernel has finished: what it reads from that kernel's outputs comes
+	// after griddepcontrol.wait (a no-op without PDL). Grouped: everything (the offsets, the
+	// maps of k_stream_group_maps); dense: the producer waits after it has started the first
+	// stages' weight copies (constant data), before any token or scale copy; the consumers
+	// read only what the stages bring and write only after that.
+	if (w_tab)
+		asm volatile("griddepcontrol.wait;" ::: "memory");
 	// the slices: <= 64 rows of one group each, groups without rows left out
 	if (!w_tab) {
 		if (warp == 0) {
@@ -333,6 +341,28 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
+		// Dense: the weights of the first stages (up to the ring) before the wait (lane 0
+		// arrives on their full barriers expecting the whole stage's bytes; the tokens and the
+		// scales follow after the wait, below)
+		int pre = 0;
+		if (!w_tab) {
+			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
+				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+				const int xb = (w.ms + 7) >> 3;
+				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
+					const int nb = min(KBS, w.kb1 - kb);
+					if (lane == 0) {
+						const uint32_t bar = smem_u32(&full[pre]);
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
+						for (int j = 0; j < nb; j++)
+							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
+									 bar, (kb + j) * 128, w.n0, pol_w);
+					}
+				}
+			}
+			asm volatile("griddepcontrol.wait;" ::: "memory");
+		}
+		int q = 0; // stages issued (the first `pre` had their weights issued above)
 		// the grouped weight scales' address, loaded a unit ahead
 		unsigned long long sp_next = 0;
 		if (MG > 0 && blockIdx.x < units)
@@ -353,9 +383,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			// the slice's token rows, in boxes of 8 (only as many as it has: a grouped slice
 			// of 2 rows takes 1 KB a K block, not mpad rows)
 			const int xb = (w.ms + 7) >> 3;
-			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
+			for (int kb = w.kb0; kb < w.kb1; kb += KBS, q++) {
 				const int nb = min(KBS, w.kb1 - kb);
-				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
+				const bool early = q < pre; // weights already on their way (s == q)
+				if (!early)
+					mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				if (MG > 0) {
 					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
@@ -373,11 +405,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				cp_async_arrive(bar); // (at once when this lane copied nothing)
 				if (lane == 0) {
 					// whole boxes count, rows past N or past the tokens zero-filled included
-					mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
+					if (!early)
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
 					const uint32_t dst = stage0 + s * stage_bytes;
 					for (int j = 0; j < nb; j++) {
-						tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128, w.n0,
-								 pol_w);
+						if (!early)
+							tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128,
+									 w.n0, pol_w);
 						for (int i = 0; i < xb; i++)
 							tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap,
 									 bar, (kb + j) * 128, w.r0 + 8 * i, pol_x);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "driver/cublaslt.h"
 #include "model/cuda_gemm_wgmma.h"
@@ -139,6 +140,45 @@ static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
+/* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
+ * start while the previous kernel drains, its weight loads under way before it waits
+ * (griddepcontrol.wait) for that kernel's outputs. DSV32_GEMM_PDL=0 turns it off; -1 = not
+ * read yet. */
+static int gemm_pdl = -1;
+
+void cuda_gemm_set_pdl(int on) { gemm_pdl = on; }
+
+static int pdl_on(void)
+{
+	if (gemm_pdl < 0) {
+		const char *v = getenv("DSV32_GEMM_PDL");
+		gemm_pdl = !(v && *v == '0');
+	}
+	return gemm_pdl;
+}
+
+static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
+		      unsigned smem, void **args)
+{
+	if (!fn)
+		return -ENOENT;
+	if (!pdl_on())
+		return gpu_launch(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
+	CUlaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	at.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDimX = gx, cfg.gridDimY = gy, cfg.gridDimZ = 1;
+	cfg.blockDimX = bx, cfg.blockDimY = 1, cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = (CUstream)g->stream;
+	cfg.attrs = &at, cfg.numAttrs = 1;
+	CU_TRY(cu.cuLaunchKernelEx(&cfg, (CUfunction)fn, args, NULL));
+	return 0;
+}
+
 /* Raises fn's dynamic shared memory limit once (per function handle). */
 static int smem_optin(void *fn, int bytes)
 {
@@ -245,7 +285,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
 			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
-	r = gpu_launch(g, fn, grid, 1, 1, (unsigned)(8 / rt + 1) * 32, 1, 1, (unsigned)smem, args);
+	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
 	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
@@ -334,8 +374,7 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int tiles_per_block = 8 / sp.ksplit;
 	unsigned blocks = (unsigned)((N / 16 + tiles_per_block - 1) / tiles_per_block);
 	void *args[] = {&W, &S, &x8, &sx, &y, &M, &N, &K, &ldy, &sp.ksplit, &ws, &sp.chunk_blocks};
-	int r = gpu_launch(g, gpu_kernel(g, names[v]), blocks, (unsigned)sp.chunks, 1, 256, 1, 1, 0,
-			   args);
+	int r = launch_pdl(g, gpu_kernel(g, names[v]), blocks, (unsigned)sp.chunks, 256, 0, args);
 	if (r || sp.chunks == 1)
 		return r;
 	void *rargs[] = {&ws, &y, &sp.chunks, &M, &N, &ldy};

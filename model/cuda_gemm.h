@@ -56,6 +56,9 @@ void cuda_gemm_set_stream_rt(int rt);
  * operations, 0 all by the conversion instruction (same numbers), 2 wgmma (native FP8, within
  * the wgmma limit), -1 the default. Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
+/* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
+ * process-wide, for benchmarks. */
+void cuda_gemm_set_pdl(int on);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K);

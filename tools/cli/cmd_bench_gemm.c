@@ -328,10 +328,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "rt2", "int", "wg");
+		       "ours/lt", "faster", "copy", "rt2", "int", "wg", "nopdl");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -382,6 +382,9 @@ int bench_gemm(int argc, char **argv)
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
 			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1, wi = -1, wgs = -1;
+			cuda_gemm_set_pdl(0); /* the dispatch without programmatic dependent launch */
+			float np = time_ms(&g, launch_dispatch, &c, reps, trials);
+			cuda_gemm_set_pdl(1);
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -441,12 +444,22 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
 			if (cp >= 0)
 				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
+			else
+				printf(" %6s", "");
 			if (r2 >= 0)
 				printf(" %6.3f", bytes / (r2 * 1e-3) / 1e12);
+			else
+				printf(" %6s", "");
 			if (wi >= 0)
 				printf(" %6.3f", bytes / (wi * 1e-3) / 1e12);
+			else
+				printf(" %6s", "");
 			if (wgs >= 0)
 				printf(" %6.3f", bytes / (wgs * 1e-3) / 1e12);
+			else
+				printf(" %6s", "");
+			if (np >= 0)
+				printf(" %6.3f", bytes / (np * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -466,7 +479,8 @@ int bench_gemm(int argc, char **argv)
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
 		       "tiles per warp (4 consumer warps); int: TB/s of the streaming kernel with every second K "
 		       "block's weights converted by integer operations; wg: TB/s of the streaming kernel "
-		       "with wgmma consumers (the fast mode's; within the wgmma limit); "
+		       "with wgmma consumers (the fast mode's; within the wgmma limit); nopdl: TB/s of ours "
+		       "launched without programmatic dependent launch (the decode kernels use it); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
