@@ -181,10 +181,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s | %9s %6s\n",
+	       "%6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s",
-	       "int_us", "TB/s", "wg_us", "TB/s");
+	       "wg_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -254,7 +254,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			float t[6];
 			for (c.mode = 0; c.mode < 6; c.mode++) {
 				cuda_gemm_set_stream_wi(c.mode >= 4 ? c.mode - 3 : -1);
-				t[c.mode] = c.mode < 2 || c.mode >= 4 || (c.mode == 2 && !no_wgmma) ||
+				t[c.mode] = c.mode < 2 || c.mode == 5 || (c.mode == 2 && !no_wgmma) ||
 							    (c.mode == 3 && T <= 64)
 						    ? time_ms(g, launch_grouped, &c, reps, trials)
 						    : -1;
@@ -275,8 +275,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				printf(" %9.2f %6.3f |", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
 			else
 				printf(" %9s %6s |", "n/a", "");
-			printf(" %9.2f %6.3f | %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12,
-			       t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
+			printf(" %9.2f %6.3f\n", t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
 			fflush(stdout);
 			if (ms < 0)
 				return 1;
@@ -288,8 +287,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	}
 	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
 	       "fast mode's dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
-	       "first grouped version, tokens <= 64; int: the streaming kernel with every second K "
-	       "block's weights converted by integer operations; wg: the streaming kernel with wgmma "
+	       "first grouped version, tokens <= 64; wg: the streaming kernel with wgmma "
 	       "consumers; experts: groups with rows, mean over the "
 	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
@@ -328,10 +326,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "rt2", "int", "wg", "nopdl");
+		       "ours/lt", "faster", "copy", "wg", "nopdl");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -381,7 +379,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, r2 = -1, wg = -1, wi = -1, wgs = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1;
 			cuda_gemm_set_pdl(0); /* the dispatch without programmatic dependent launch */
 			float np = time_ms(&g, launch_dispatch, &c, reps, trials);
 			cuda_gemm_set_pdl(1);
@@ -389,11 +387,6 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
 				cp = time_ms(&g, launch_copy, &c, reps, trials);
-				cuda_gemm_set_stream_rt(2); /* 2 MMA tiles per consumer warp */
-				r2 = time_ms(&g, launch_gemm, &c, reps, trials);
-				cuda_gemm_set_stream_rt(0);
-				cuda_gemm_set_stream_wi(1); /* half the weights converted by integer ops */
-				wi = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_wi(2); /* wgmma consumers */
 				wgs = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_wi(-1);
@@ -446,14 +439,6 @@ int bench_gemm(int argc, char **argv)
 				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
 			else
 				printf(" %6s", "");
-			if (r2 >= 0)
-				printf(" %6.3f", bytes / (r2 * 1e-3) / 1e12);
-			else
-				printf(" %6s", "");
-			if (wi >= 0)
-				printf(" %6.3f", bytes / (wi * 1e-3) / 1e12);
-			else
-				printf(" %6s", "");
 			if (wgs >= 0)
 				printf(" %6.3f", bytes / (wgs * 1e-3) / 1e12);
 			else
@@ -476,9 +461,7 @@ int bench_gemm(int argc, char **argv)
 		       "cuBLASLt); %%lim: ours against the read limit; stream: k_gemm_fp8_stream_m* "
 		       "forced, split: its K chunks; v2: k_gemm_fp8_decode_m*; wgmma: "
 		       "cuda_gemm_fp8_wgmma forced; "
-		       "copy: TB/s of the streaming kernel's copies alone (no MMA); rt2: TB/s with 2 MMA "
-		       "tiles per warp (4 consumer warps); int: TB/s of the streaming kernel with every second K "
-		       "block's weights converted by integer operations; wg: TB/s of the streaming kernel "
+		       "copy: TB/s of the streaming kernel's copies alone (no MMA); wg: TB/s of the streaming kernel "
 		       "with wgmma consumers (the fast mode's; within the wgmma limit); nopdl: TB/s of ours "
 		       "launched without programmatic dependent launch (the decode kernels use it); "
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
