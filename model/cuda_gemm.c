@@ -206,7 +206,7 @@ static int smem_optin(void *fn, int bytes)
  * rows = M), grouped otherwise (rows = max_rows). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
-			 int K, int ldy, gpu_ptr ws, int copy_only)
+			 int K, int ldy, gpu_ptr ws, int copy_only, int wg)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	if (sp.chunks > 1 && !ws && !copy_only)
@@ -231,7 +231,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
 		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
-	int wi = stream_wi >= 0 ? stream_wi : 0;
+	int wi = wg ? 2 : stream_wi >= 0 ? stream_wi : 0;
 	if (copy_only || wi)
 		rt = 1;
 	const char *name = names[wi == 2 ? 3 : wi == 1 ? 2 : rt - 1][copy_only ? 4 : v];
@@ -313,24 +313,42 @@ static int dense_streams(int N, int K)
 
 int cuda_gemm_decode_streams(int N, int K) { return dense_streams(N, K); }
 
+/* The fast mode's streaming kernel with wgmma consumers: the (M bucket, N, K) where it was
+ * measured the fastest of the paths (none yet: run 9 measures it). */
+static const struct {
+	int bucket, N, K;
+} wg_faster[] = {{0, 0, 0}};
+
+static int fast_wg(const struct gpu *g, int M, int N, int K)
+{
+	if (cuda_gemm_batch_invariant(g))
+		return 0;
+	int b = cuda_gemm_m_bucket(M);
+	for (size_t i = 0; i < sizeof wg_faster / sizeof *wg_faster; i++)
+		if (wg_faster[i].bucket == b && wg_faster[i].N == N && wg_faster[i].K == K)
+			return 1;
+	return 0;
+}
+
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws)
 {
-	if (!dense_streams(N, K))
+	int wg = fast_wg(g, M, N, K);
+	if (!wg && !dense_streams(N, K))
 		return cuda_gemm_fp8_decode_v2(g, W, S, x8, sx, y, M, N, K, ldy, ws);
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_decode: unsupported shape M=%d N=%d K=%d ldy=%d\n",
 			M, N, K, ldy);
 		return -EINVAL;
 	}
-	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0);
+	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg);
 }
 
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128)
 		return -EINVAL;
-	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1);
+	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1, 0);
 }
 
 /* The previous decode kernel (gemm_fp8_decode.cu: 16-byte register loads, ksplit warps per
@@ -392,6 +410,8 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
 }
 
+#define WG_GROUPED_ROWS 0
+
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				 int ldy, gpu_ptr ws, size_t ws_bytes)
@@ -405,7 +425,11 @@ int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 		return 0;
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
-	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0);
+	/* the fast mode's small grouped GEMMs on the wgmma consumers, up to WG_GROUPED_ROWS rows
+	 * (0: none yet; run 9 measures them) */
+	int wg = !cuda_gemm_batch_invariant(g) && max_rows <= WG_GROUPED_ROWS;
+	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0,
+			     wg);
 }
 
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
