@@ -135,7 +135,9 @@ void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; 
 
 /* 1: the streaming kernel converts every second K block's weights by integer operations (the
  * _i variants, RT = 1; same results); 2: wgmma consumers (the _w variants, RT = 1; within the
- * wgmma limit); 0: all by the conversion instruction; -1: the default (0 until measured). */
+ * wgmma limit); 3: fp16 wgmma on the converted operands (the _h variants, up to 32 rows; the
+ * mma.sync arithmetic if wgmma's fp16 accumulation is as exact as mma.sync's: its test says);
+ * 0: all by the conversion instruction; -1: the default (0). */
 static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
@@ -222,7 +224,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key */
-	static const char *names[4][5] = {
+	static const char *names[5][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
@@ -230,11 +232,15 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		{"k_gemm_fp8_stream_m1_r1_i", "k_gemm_fp8_stream_m2_r1_i", "k_gemm_fp8_stream_m4_r1_i",
 		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_h", "k_gemm_fp8_stream_m2_r1_h", "k_gemm_fp8_stream_m4_r1_h",
+		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"}};
 	int wi = wg ? 2 : stream_wi >= 0 ? stream_wi : 0;
+	if (wi == 3 && v == 3)
+		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 2 ? 3 : wi == 1 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[wi == 3 ? 4 : wi == 2 ? 3 : wi == 1 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -244,7 +250,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stage (2 K blocks x mpad / 8 groups x 2 KB each) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
+	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same size) */
 	head += 8 * (16 + 2 * 64 * 4); /* each stage's promotion scales (ST_SCL_BYTES), 8 at most */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
