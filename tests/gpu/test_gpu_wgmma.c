@@ -736,14 +736,15 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 	 * loads alone (no MMAs, no stores; gate|up, 256/1) for 32768 rows as 256 groups of 128 (one
 	 * token tile each, 7.5 GB of weights) and as 128 groups of 256 (two each, 3.8 GB): half the
 	 * time if L2 serves the second token tile, about the same if HBM does. */
-	static const int split[2][2] = {{256, 128}, {128, 256}};
-	for (int k = 0; k < 2; k++) {
+	static const int split[3][3] = {{256, 128, 0}, {128, 256, 0}, {128, 256, 1}};
+	for (int k = 0; k < 3; k++) {
 		int cnt[256];
 		for (int e = 0; e < split[k][0]; e++)
 			cnt[e] = split[k][1];
 		struct grp_case c;
 		grp_init(&g, &c, split[k][0], cnt, 4096, 7168, 1410 + k, SYNTH);
-		const int fl = WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE;
+		/* (split[k][2]: the weight tile fastest inside a group instead of the token tile) */
+		const int fl = WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE | WGMMA_RASTER(split[k][2]);
 		float t[5];
 		for (int r = 0; r < 6; r++) {
 			CUevent e0, e1;
@@ -760,8 +761,9 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
 		}
 		qsort(t, 5, sizeof *t, cmp_float);
-		printf("    tile loads alone, %d groups x %d rows (4096x7168, 256/1): %.1f us, weights "
-		       "%.2f TB/s\n", split[k][0], split[k][1], t[2] * 1e3,
+		printf("    tile loads alone, %d groups x %d rows (4096x7168, 256/1, %s fastest): %.1f us, "
+		       "weights %.2f TB/s\n", split[k][0], split[k][1],
+		       split[k][2] ? "weight tile" : "token tile", t[2] * 1e3,
 		       (double)split[k][0] * 4096 * 7168 / (t[2] * 1e-3) / 1e12);
 		grp_free(&c);
 	}
