@@ -142,6 +142,12 @@ static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
+/* Diagnosis (bench gemm): stream_fused 0 sums the K chunks by the second launch instead of in
+ * the kernel (no fence or atomic at a unit's end); stream_k1 1 runs one K chunk. */
+static int stream_fused = -1, stream_k1 = 0;
+
+void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
+
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
  * (griddepcontrol.wait) for that kernel's outputs. DSV32_GEMM_PDL=0 turns it off; -1 = not
@@ -211,6 +217,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			 int K, int ldy, gpu_ptr ws, int copy_only, int wg)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
+		sp = (struct gemm_split){1, 1, K / 128};
 	if (sp.chunks > 1 && !ws && !copy_only)
 		return -EINVAL;
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
@@ -286,7 +294,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
-	if (copy_only)
+	if (copy_only || stream_fused == 0)
 		fused = 0;
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
@@ -416,11 +424,21 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
 }
 
-#define WG_GROUPED_ROWS 0
+static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
+			  gpu_ptr ws, size_t ws_bytes, int wg);
 
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				 int ldy, gpu_ptr ws, size_t ws_bytes)
+{
+	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
+			      0);
+}
+
+static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
+			  gpu_ptr ws, size_t ws_bytes, int wg)
 {
 	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N || !w_tab || !s_tab || !off) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
@@ -431,9 +449,6 @@ int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 		return 0;
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
-	/* the fast mode's small grouped GEMMs on the wgmma consumers, up to WG_GROUPED_ROWS rows
-	 * (0: none yet; run 9 measures them) */
-	int wg = !cuda_gemm_batch_invariant(g) && max_rows <= WG_GROUPED_ROWS;
 	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0,
 			     wg);
 }
@@ -459,8 +474,11 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	}
 	if (stream_on == 0)
 		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
-	return cuda_gemm_fp8_grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					    ldy, ws, ws_bytes);
+	/* below that, the fast mode runs the streaming kernel's wgmma consumers (run 9, 1 token:
+	 * 2.94 / 2.38 TB/s against 2.43 / 2.00 for mma.sync and 2.02 / 1.51 for the wgmma grouped
+	 * kernel on gate|up / down) */
+	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
+			      !cuda_gemm_batch_invariant(g));
 }
 
 /* The first grouped version (gemm_fp8_decode.cu k_gemm_fp8_grouped_m8: the v2 decode kernel with
@@ -572,10 +590,13 @@ static struct gemm_entry *entry_find(int ordinal, int bucket, int N, int K)
  * faster than the kernel the dispatch ran (M bucket, N, K). M = 32 / 64: cuBLASLt 2.1-2.8 TB/s
  * on the large matrices against 0.6-1.4 for the mma.sync decode kernels, on every shape but
  * 2112x7168 at 32; M = 128: 0.64-0.99x on all but 32768x512; M = 4096: 2112x7168 (0.78x),
- * 24576x1536 (0.95x). Unmeasured shapes keep the default rule. */
+ * 24576x1536 (0.95x) (18432x7168, 7168x18432: 1.02-1.06x in run 8, 0.91-0.96x in run 9: left to
+ * wgmma). M = 16 (run 9): cuBLASLt 0.81-0.97x on 24576x1536, 32768x512, 7168x16384,
+ * 7168x18432; v2 faster on the rest. Unmeasured shapes keep the default rule. */
 static const struct {
 	int bucket, N, K;
 } lt_faster[] = {
+	{16, 24576, 1536}, {16, 32768, 512}, {16, 7168, 16384}, {16, 7168, 18432},
 	{32, 24576, 1536}, {32, 32768, 512}, {32, 7168, 16384}, {32, 18432, 7168},
 	{32, 7168, 18432}, {32, 4096, 7168}, {32, 7168, 2048},	{64, 2112, 7168},
 	{64, 24576, 1536}, {64, 32768, 512}, {64, 7168, 16384}, {64, 18432, 7168},

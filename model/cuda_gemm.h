@@ -56,6 +56,9 @@ void cuda_gemm_set_stream_rt(int rt);
  * operations, 0 all by the conversion instruction (same numbers), 2 wgmma (native FP8, within
  * the wgmma limit), -1 the default. Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
+/* Diagnosis of the streaming kernel (benchmark only): fused 0 = the K chunks summed by a
+ * second launch, -1 = by the kernel when it can (default); k1 1 = one K chunk. */
+void cuda_gemm_set_stream_diag(int fused, int k1);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

@@ -148,11 +148,18 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 					{40, 128, 7168}, {3, 4096, 512},   {2, 7168, 16384}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
+	/* and the benchmark's diagnoses: K chunks summed by the second launch; one K chunk */
+	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks apart",
+				       "stream wgmma, one chunk"};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
 		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma"), 0);
+		for (int d = 0; d < 3; d++) {
+			cuda_gemm_set_stream_diag(d == 1 ? 0 : -1, d == 2);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
+		}
+		cuda_gemm_set_stream_diag(-1, 0);
 		case_free(&c);
 	}
 	cuda_gemm_set_stream_wi(-1);
