@@ -326,10 +326,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "nopdl", "wg_nf", "wg_k1", "wgh");
+		       "ours/lt", "faster", "copy", "wg", "nopdl", "wg_nf", "wg_k1");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -379,7 +379,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wgh = -1, wnf = -1, wk1 = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wnf = -1, wk1 = -1;
 			cuda_gemm_set_pdl(0); /* the dispatch without programmatic dependent launch */
 			float np = time_ms(&g, launch_dispatch, &c, reps, trials);
 			cuda_gemm_set_pdl(1);
@@ -394,9 +394,6 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_diag(-1, 1); /* wgmma consumers, one K chunk */
 				wk1 = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_diag(-1, 0);
-				cuda_gemm_set_stream_wi(3); /* fp16 wgmma consumers, up to 32 rows */
-				if (c.M <= 32)
-					wgh = time_ms(&g, launch_gemm, &c, reps, trials);
 				cuda_gemm_set_stream_wi(-1);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
@@ -456,8 +453,6 @@ int bench_gemm(int argc, char **argv)
 			if (wnf >= 0)
 				printf(" %6.3f %6.3f", bytes / (wnf * 1e-3) / 1e12,
 				       bytes / (wk1 * 1e-3) / 1e12);
-			if (wgh >= 0)
-				printf(" %6.3f", bytes / (wgh * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
@@ -479,7 +474,7 @@ int bench_gemm(int argc, char **argv)
 		       "launched without programmatic dependent launch (the decode kernels use it); "
 		       "wg_nf: wg with the K chunks summed by a second launch (no fence or atomic in "
 		       "the kernel); wg_k1: wg with one K chunk; "
-		       "wgh: the streaming kernel with fp16 wgmma on the converted operands (M <= 32); "
+
 		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
 		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
 		       "path cannot run the shape)\n", trials);
