@@ -3,12 +3,13 @@
 //
 // Why: sm_90 has no mma.sync for e4m3. ptxas lowers every mma.m16n8k32 e4m3 to 12 conversions
 // (F2FP e4m3x2 -> f16x2: 8 for the A fragment, 4 for B) and two HMMA.16816.F32 (a test cubin:
-// 16 more instructions than one f16 m16n8k16). The conversions run at ~16 lanes a clock per SM
-// (run 5's v2 decode kernel: 10, 16 and 18 lanes a clock at M = 8, 32, 64, which is why its time
-// grew with M at a fixed weight stream), and a decode GEMM that reuses one weight fragment for
-// MG token groups paid the weight conversion MG times over. Here each fragment is converted once,
-// by the same cvt instruction, and the MMA is the same pair of f16 MMAs with fp32 accumulation:
-// e4m3 -> f16 is exact, so the arithmetic is what the e4m3 mma.sync did.
+// 16 more instructions than one f16 m16n8k16), so a decode GEMM that reuses one weight fragment
+// for MG token groups paid the weight conversion MG times over. Here each fragment is converted
+// once, by the same cvt instruction, and the MMA is the same pair of f16 MMAs with fp32
+// accumulation: e4m3 -> f16 is exact, so the arithmetic is what the e4m3 mma.sync did. (Run 8:
+// no faster — the conversions were not the bound; the HMMAs are: ~75-87 TFLOP/s of mma.sync on
+// the H200 whatever the conversion count, see model/cuda_gemm.c.) fp16 wgmma on these same
+// converted operands (gemm_fp8_stream.cu, WI = 3) gave bit-identical results in run 9.
 //
 // Layout: a 32-bit word holds 4 consecutive e4m3 (bytes b0..b3 = k 4i..4i+3 of the thread's
 // 32-byte slice of a K block); it becomes two f16x2 words, lo = (b0, b1), hi = (b2, b3). One
