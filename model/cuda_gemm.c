@@ -52,6 +52,16 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
 
 /* ---- the decode kernels ------------------------------------------------------------------ */
 
+/* What bounds them (runs 8-9, H200): the exact kernels (v2, the streaming kernel's mma.sync
+ * consumers) do one HMMA.16816 per 256 weight bytes and 8 tokens, and mma.sync runs at ~75-87
+ * TFLOP/s here (v2 at M = 32 / 64 whatever the conversion count): from M = 16 they are bound by
+ * it, at M <= 8 co-limited with HBM (v2 2.9-3.6 TB/s on the large matrices). The fast mode
+ * (cuda_gemm_set_batch_invariant(g, 0)) therefore takes cuBLASLt from M = 16-32 and wgmma for
+ * the grouped GEMMs. fp16 wgmma on the converted operands (the streaming kernel's WI = 3) is
+ * bit-identical to mma.sync (run 9) at wgmma's rate: the way to an exact kernel at HBM speed,
+ * once the streaming kernel's own overhead is gone (its copies alone: 3.7-4.0 TB/s; with
+ * native-FP8 wgmma consumers 2.4-3.1: a unit's end costs, bench gemm's wg_nf / wg_k1). */
+
 /* The streaming kernel's K chunks (kernels_ptx/gemm_fp8_stream.cu): work units are 128-row tiles
  * x K chunks, one block per SM takes units round-robin, so the busiest SM streams
  * ceil(units / SMs) x chunk_blocks K blocks. Pick the chunk count that minimises that (plus one
