@@ -312,11 +312,8 @@ __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int 
 		const long long cnt = (long long)mt * n_tiles;
 		if (t < sc.base + cnt) {
 			const int local = (int)(t - sc.base);
-			// token tile fastest (default), or with a raster flag the weight tile fastest
-			const int tt = sc.raster ? local / n_tiles : local % mt;
-			const int nt = sc.raster ? local % n_tiles : local / mt;
-			tl.row0 = r0 + tt * WG_BM, tl.row_end = r1;
-			tl.n0 = nt * BN;
+			tl.row0 = r0 + (local % mt) * WG_BM, tl.row_end = r1;
+			tl.n0 = (local / mt) * BN;
 			tl.bmap = &g_group_maps[sc.e];
 			tl.S = reinterpret_cast<const float *>(__ldg(sc.s_tab + sc.e));
 			return true;
@@ -728,7 +725,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 	const int KB = K / WG_BK;
 	wg_sched sc = {};
 	sc.mc = MC, sc.rank = MC > 1 ? (int)cluster_rank() : 0;
-	sc.raster = (flags >> 8) & 0xff; // grouped: any value puts the weight tile fastest
+	sc.raster = GROUPED ? 0 : (flags >> 8) & 0xff;
 	sc.m_groups = ((M + WG_BM - 1) / WG_BM + MC - 1) / MC;
 	sc.total = (long long)sc.m_groups * ((N + BN - 1) / BN);
 	sc.off = off, sc.s_tab = s_tab, sc.G = G;

@@ -49,8 +49,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
  * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
- * fastest inside a band (0: the token tile fastest over all of M); grouped form: non-zero puts
- * the weight tile fastest inside a group (0: the token tile; diagnostics) */
+ * fastest inside a band (0: the token tile fastest over all of M) */
 #define WGMMA_RASTER(n) ((n) << 8)
 int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			     gpu_ptr y, int M, int N, int K, int ldy, int bn, int mc, int ss,
