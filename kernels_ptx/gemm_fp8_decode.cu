@@ -150,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(256)
 k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		    int M, int N, int ldy)
 {
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const long long total = (long long)M * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {

@@ -856,6 +856,7 @@ extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
 {
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
 	const long long total = (long long)R * N, plane = (long long)rows * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;

@@ -315,8 +315,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N + 255) / 256);
-	return gpu_launch(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < 1024 ? rb : 1024, 1, 1, 256,
-			  1, 1, 0, rargs);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
+			  rargs);
 }
 
 /* Which kernels cuda_gemm_fp8_decode / cuda_gemm_fp8_grouped run: 1 the streaming kernel, 0 the
@@ -421,8 +421,8 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		return r;
 	void *rargs[] = {&ws, &y, &sp.chunks, &M, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)M * N + 255) / 256);
-	return gpu_launch(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb < 1024 ? rb : 1024, 1, 1, 256,
-			  1, 1, 0, rargs);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
+			  rargs);
 }
 
 /* ---- grouped (MoE experts) ------------------------------------------------------------------ */
