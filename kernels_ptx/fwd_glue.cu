@@ -444,55 +444,61 @@ UV(1)
 UV(4)
 
 // k_fwd_uv<1> for one token row (a decode step) with the act_quant of its output, the o_proj
-// input, fused: one block per head h computes all dv = 128 outputs of the head (4 chunks of 32
-// W_UV rows, all 64 KB of loads issued at once), each exactly as k_fwd_uv1, then warp 0 quantises
-// the head's 128 bf16 outputs (one act_quant group: k_act_quant's numbers) — o bf16 [1, H * dv],
-// o8 e4m3 [1, H * dv], os fp32 [1, H]. dv == 128, R <= 512. Grid H, 256 threads.
+// input, fused: one block per head h computes all dv = 128 outputs of the head, 4 chunks of 32
+// W_UV rows in 2 rounds of 2 (warps 0-7 the first chunk of a round, 8-15 the second; all 64 KB
+// of loads issued at once), each output exactly as k_fwd_uv1, then warp 0 quantises the head's
+// 128 bf16 outputs (one act_quant group: k_act_quant's numbers) — o bf16 [1, H * dv], o8 e4m3
+// [1, H * dv], os fp32 [1, H]. dv == 128, R <= 512. Grid H, 512 threads.
 #define UVQ_CHUNKS (128 / W_CHUNK)
-extern "C" __global__ void __launch_bounds__(256)
+#define UVQ_LOADS (2 * W_CHUNK * ABS_MAXR / 16 / 512) // 16-byte loads a thread a round, at most
+extern "C" __global__ void __launch_bounds__(512)
 k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 	    const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
 	    float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
 {
 	__shared__ float ol[1][ABS_MAXR];
-	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
+	__shared__ __align__(16) uint8_t w[2][W_CHUNK][ABS_MAXR];
 	__shared__ float sc[UVQ_CHUNKS * W_CHUNK][4];
 	__shared__ float out[128];
 	const int h = blockIdx.x, tid = threadIdx.x;
 	const int per_row = R / 16, nkb = R / 128, wrow0 = h * (nope + dv) + nope;
-	uint4 buf[UVQ_CHUNKS][UV_W_LOADS];
+	const int round_loads = 2 * W_CHUNK * per_row; // 16-byte loads of two chunks
+	uint4 buf[2][UVQ_LOADS];
 #pragma unroll
-	for (int ch = 0; ch < UVQ_CHUNKS; ch++)
+	for (int rd = 0; rd < 2; rd++)
 #pragma unroll
-		for (int k = 0; k < UV_W_LOADS; k++) {
-			const int i = tid + k * 256;
-			if (i < W_CHUNK * per_row)
-				buf[ch][k] = *reinterpret_cast<const uint4 *>(
-					Wkvb + (size_t)(wrow0 + ch * W_CHUNK + i / per_row) * R + (i % per_row) * 16);
+		for (int k = 0; k < UVQ_LOADS; k++) {
+			const int i = tid + k * 512, row = rd * 2 * W_CHUNK + i / per_row;
+			if (i < round_loads)
+				buf[rd][k] = *reinterpret_cast<const uint4 *>(Wkvb + (size_t)(wrow0 + row) * R +
+									       (i % per_row) * 16);
 		}
-	for (int i = tid; i < UVQ_CHUNKS * W_CHUNK * nkb; i += 256)
+	for (int i = tid; i < UVQ_CHUNKS * W_CHUNK * nkb; i += 512)
 		sc[i / nkb][i % nkb] = S[((wrow0 + i / nkb) / 128) * nkb + i % nkb];
-	for (int i = tid; i < R; i += 256)
+	for (int i = tid; i < R; i += 512)
 		ol[0][i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
-	const int lane = tid & 31, j = lane & 7, warp = tid >> 5, dd = warp * 4 + (lane >> 3);
+	const int lane = tid & 31, j = lane & 7, warp = tid >> 5, half = warp >> 3;
+	const int dd = (warp & 7) * 4 + (lane >> 3);
 #pragma unroll
-	for (int ch = 0; ch < UVQ_CHUNKS; ch++) {
-		if (ch)
-			__syncthreads(); // the previous chunk is consumed
+	for (int rd = 0; rd < 2; rd++) {
+		if (rd)
+			__syncthreads(); // the previous round's chunks are consumed
 #pragma unroll
-		for (int k = 0; k < UV_W_LOADS; k++) {
-			const int i = tid + k * 256;
-			if (i < W_CHUNK * per_row)
-				*reinterpret_cast<uint4 *>(&w[i / per_row][(i % per_row) * 16]) = buf[ch][k];
+		for (int k = 0; k < UVQ_LOADS; k++) {
+			const int i = tid + k * 512, r2 = i / per_row; // r2: row of the round's 2 chunks
+			if (i < round_loads)
+				*reinterpret_cast<uint4 *>(&w[r2 / W_CHUNK][r2 % W_CHUNK][(i % per_row) * 16]) =
+					buf[rd][k];
 		}
-		__syncthreads(); // the chunk (and, first time, the scales and o_lat) is staged
+		__syncthreads(); // the round's chunks (and, first time, the scales and o_lat) are staged
+		const int ch = 2 * rd + half, srow = ch * W_CHUNK + dd;
 		float acc[1] = {0.f};
-		const int srow = ch * W_CHUNK + dd;
-		lane8_accumulate<1>(acc, j, R, [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[srow][k / 128]; },
+		lane8_accumulate<1>(acc, j, R,
+				    [&](int k) { return e4m3_to_f32(w[half][dd][k]) * sc[srow][k / 128]; },
 				    [&](int m, int k) { return ol[m][k]; });
 		acc[0] = tree8(acc[0]);
 		if (j == 0)
-			out[ch * W_CHUNK + dd] = acc[0];
+			out[srow] = acc[0];
 	}
 	__syncthreads(); // the head's 128 outputs are in shared memory
 	if (warp)

@@ -793,7 +793,7 @@ static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gp
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
 	} else if (T == 1 && fuse && dv == 128 && Rk <= 512) { /* a decode row, o's act_quant fused */
-		LAUNCH("k_fwd_uv1_q", H, 1, 256, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
+		LAUNCH("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
 		       &Rk);
 		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */

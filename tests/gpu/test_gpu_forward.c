@@ -920,7 +920,7 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1, 1, 0,
 			   a2) == 0);
 	void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1_q"), H, 1, 1, 256, 1, 1, 0, a3) == 0);
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1_q"), H, 1, 1, 512, 1, 1, 0, a3) == 0);
 	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
 	REQUIRE(h1 && h2);
 	REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
