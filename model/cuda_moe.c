@@ -101,13 +101,16 @@ static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned fl
 
 /* Whether the grouped GEMMs run on the wgmma kernel (then the gate|up GEMM has SwiGLU and
  * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming decode kernel):
- * above 64 tokens always, and from 16 tokens with CUDA_MOE_FAST; never for T <= 64 without it
+ * above 64 tokens always, and from 8 tokens with CUDA_MOE_FAST; never for T <= 64 without it
  * (the batch-invariant mode's pieces stay on the mma.sync kernels, exact per row). The decode
  * kernel's FP8 MMAs are fp16 MMAs after conversions on sm_90; wgmma streams each weight tile
  * once per 128 rows of a group. Run 8 (V3.2 experts, random routing): bench moe T = 128 / 256:
  * 4.97 / 6.64 ms on the decode kernel, 2.81 / 3.28 on wgmma; bench gemm --grouped, gate|up at 1 /
- * 16 / 64 tokens: decode kernel 94 / 1150 / 2508 us, wgmma 114 / 1000 / 1894. (Run 7's prefill
- * ran passes of ~1000 rows on the decode kernel: 15 ms a layer.)
+ * 16 / 64 tokens: decode kernel 94 / 1150 / 2508 us, wgmma 114 / 1000 / 1894; run 9 bench moe,
+ * fast mode: T = 16 / 64 1441 / 2799 us on wgmma, 1953 / 4233 on the decode kernel (--exact),
+ * T = 8 1108 on the decode kernel (58 groups of ~1 row: wgmma's weight tiles stream as at 16;
+ * its tail at 1 token, 9 groups, is what loses there). (Run 7's prefill ran passes of ~1000 rows
+ * on the decode kernel: 15 ms a layer.)
  * DSV32_CUDA_MOE_WGMMA=n (diagnosis; n > 64): wgmma from n tokens on instead. */
 static int use_wgmma(const struct moe_dims *d)
 {
@@ -117,7 +120,7 @@ static int use_wgmma(const struct moe_dims *d)
 		return 0;
 	if (from > 64)
 		return d->T >= from; /* (from > 64: never for T <= 64) */
-	return d->T > 64 || (d->fast && d->T >= 16);
+	return d->T > 64 || (d->fast && d->T >= 8);
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming

@@ -63,8 +63,8 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
  * negative errno.
  * Numerics: up to 64 tokens without CUDA_MOE_FAST every GEMM runs on the mma.sync kernels: each
  * row's output is the CPU's (bit-identical so far) whatever T (the batch-invariant mode). With
- * CUDA_MOE_FAST, and always above 64 tokens, the grouped GEMMs may run on wgmma (measured faster
- * from 16 tokens: bench gemm --grouped, run 8), within wgmma's accumulation limit. */
+ * CUDA_MOE_FAST, and always above 64 tokens, the grouped GEMMs may run on wgmma (from 8 tokens;
+ * measured faster from 16: bench gemm --grouped, run 8), within wgmma's accumulation limit. */
 enum { CUDA_MOE_FAST = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,

@@ -12,7 +12,7 @@
  * every expert is hit from 64 tokens on). --hot N (N >= 8): a routing bias of +1 on experts
  * 0 .. N-1, so every token picks 8 of those N (the skewed routing of a model whose tokens agree:
  * fewer experts, many rows each). The block runs in the engine's fast mode (CUDA_MOE_FAST: wgmma
- * grouped GEMMs from 16 tokens); --exact: the batch-invariant mode's kernels (mma.sync up to
+ * grouped GEMMs from 8 tokens); --exact: the batch-invariant mode's kernels (mma.sync up to
  * 64). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB) exceed the 60 MB L2,
  * so repeats stream the expert weights from HBM; the router (3.7 MB) and the shared expert
  * (44 MB) may partly stay in L2 between repeats.
