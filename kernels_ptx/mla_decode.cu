@@ -377,15 +377,21 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 				continue;
 			const float lr = ((red[r] + red[MLA_HG + r]) + red[2 * MLA_HG + r]) + red[3 * MLA_HG + r];
 			if (gridDim.z > 1) {
-				// part: [B, H, splits] x (R + 2) floats: unnormalised o[R], m, l
-				float *pp = part + (((size_t)b * H + h) * gridDim.z + blockIdx.z) * (R + 2);
+				// part: the unnormalised o [B, H, splits][R], then (m, l) [B, H, splits][2]:
+				// o's rows stay 32-byte aligned, so each quad's store is one whole sector (rows
+				// of R + 2 floats left every store straddling two sectors: run 9, 9 of the 23
+				// us of batch 1's decode kernel)
+				const size_t idx = ((size_t)b * H + h) * gridDim.z + blockIdx.z;
+				float *pp = part + idx * R;
 #pragma unroll
 				for (int n = 0; n < 4; n++)
 					if (n < NTW)
 						*reinterpret_cast<float2 *>(pp + dbase + 8 * n + 2 * (lane & 3)) =
 							make_float2(o[mt][n][2 * i], o[mt][n][2 * i + 1]);
-				if (warp == 0 && (lane & 3) == 0)
-					pp[R] = cs[r], pp[R + 1] = lr;
+				if (warp == 0 && (lane & 3) == 0) {
+					float *ml = part + (size_t)gridDim.y * H * gridDim.z * R + 2 * idx;
+					ml[0] = cs[r], ml[1] = lr;
+				}
 			} else {
 				const float inv = lr > 0.f ? 1.f / lr : 0.f;
 				uint16_t *out = o_lat + ((size_t)b * H + h) * R + dbase + 2 * (lane & 3);
@@ -401,7 +407,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 
 // Merges the splits of k_mla_decode (FlashDecoding; launched as its programmatic dependent, so its
 // blocks are resident when the decode grid ends): M = max m_i, w_i = e^(m_i - M),
-// L = Σ l_i w_i, o = Σ o_i w_i / L. One block per (head, row), R threads (splits <= 64): warp 0
+// L = Σ l_i w_i, o = Σ o_i w_i / L (part: o [B, H, splits][R], then (m, l) [B, H, splits][2]).
+// One block per (head, row), R threads (splits <= 64): warp 0
 // computes the weights once (lane i: splits i and i + 32) into shared memory, then every thread
 // sums its output element over the splits in order, with the loads of 16 splits in flight.
 #define MLA_MAX_SPLITS 64
@@ -414,14 +421,15 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 	// are complete and visible past this point (a no-op in an ordinary launch)
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const size_t bh = blockIdx.x; // b * H + h
-	const float *pp = part + bh * splits * (R + 2);
+	const float *pp = part + bh * splits * R;                             // [splits][R]
+	const float *ml = part + (size_t)gridDim.x * splits * R + bh * splits * 2; // [splits][2]
 	const int tid = threadIdx.x;
 	if (tid < 32) {
 		const int i0 = tid, i1 = tid + 32;
-		const float m0 = i0 < splits ? pp[(size_t)i0 * (R + 2) + R] : -INFINITY;
-		const float m1 = i1 < splits ? pp[(size_t)i1 * (R + 2) + R] : -INFINITY;
-		const float l0 = i0 < splits ? pp[(size_t)i0 * (R + 2) + R + 1] : 0.f;
-		const float l1 = i1 < splits ? pp[(size_t)i1 * (R + 2) + R + 1] : 0.f;
+		const float m0 = i0 < splits ? ml[2 * i0] : -INFINITY;
+		const float m1 = i1 < splits ? ml[2 * i1] : -INFINITY;
+		const float l0 = i0 < splits ? ml[2 * i0 + 1] : 0.f;
+		const float l1 = i1 < splits ? ml[2 * i1 + 1] : 0.f;
 		const float M = warp_max(fmaxf(m0, m1));
 		const float w0 = m0 == -INFINITY ? 0.f : expf(m0 - M);
 		const float w1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
@@ -438,7 +446,7 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 		float acc = 0.f;
 #pragma unroll 16
 		for (int i = 0; i < splits; i++)
-			acc += pp[(size_t)i * (R + 2) + tid] * wsh[i];
+			acc += pp[(size_t)i * R + tid] * wsh[i];
 		const float L = s_L;
 		o_lat[bh * R + tid] = f32_to_bf16(L > 0.f ? acc / L : 0.f);
 	}

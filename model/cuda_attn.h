@@ -26,7 +26,8 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
  * combine alone, bit 5 no load of Q, bit 6 no output stores; bits 0-6 leave the output
  * meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
- * keys; ws must then hold B x H x splits x (R + 2) floats; a correct result). */
+ * keys; ws must then hold B x H x splits x (R + 2) floats, as cuda_mla_decode_workspace; a
+ * correct result). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
@@ -50,9 +51,9 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * highest of scores[b, 0 .. n_keys[b]) (fp32, row stride ld), the set of a full sort with ties
  * to the lower position, as positions (out_pos) and/or physical slots through block_table
  * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
- * be 0 when every n_keys[b] <= k_max. k_topk_cluster (a row over a cluster of 8 CTAs) while
- * 8 B <= the SM count and ld <= 327680, else k_topk_select (a block a row, two reads of it) when
- * its bitmaps fit in shared memory, else k_topk. */
+ * be 0 when every n_keys[b] <= k_max. k_topk_cluster (a row over a cluster of 8 CTAs) for B <= 2
+ * and 65536 <= ld <= 327680, else k_topk_select (a block a row, two reads of it) when its
+ * bitmaps fit in shared memory, else k_topk. */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
