@@ -1046,31 +1046,37 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 {
 	const struct backend_step *st = F->st;
 	int D = (int)F->c->hidden_size, V = (int)F->c->vocab_size;
-	float *hid = NULL, *lg = NULL;
+	float *hid = NULL;
 	int rc = 0;
 	if (F->n_hidden) {
 		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
-	if (!rc && F->n_logits) {
-		lg = malloc((size_t)F->n_logits * V * sizeof *lg);
-		rc = lg ? gpu_download(F->g, lg, l32, (size_t)F->n_logits * V * 4) : -ENOMEM;
-	}
-	if (!rc && !F->n_logits && !F->n_hidden)
-		rc = gpu_sync(F->g); /* the step is complete when it returns */
-	for (int64_t i = 0, t = 0, kl = 0, kh = 0; !rc && i < st->n_seqs; i++) {
+	/* the logits straight into each sequence's buffer: its flagged rows are consecutive rows
+	 * of l32 (row order), and its buffer holds them in that order (was: a fresh host buffer
+	 * for all and a copy per row; run 9: ~55 ms of a 69 ms batch-128 step, page faults and
+	 * copies of 66 MB) */
+	for (int64_t i = 0, kl = 0; !rc && F->n_logits && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
-		int64_t nl = 0, nh = 0;
-		for (int64_t j = 0; j < s->n; j++, t++) {
-			int fl = row_flags(s, j);
-			if (fl & BACKEND_ROW_HIDDEN)
+		int64_t nl = 0;
+		for (int64_t j = 0; j < s->n; j++)
+			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
+		if (nl && cu_check(cu.cuMemcpyDtoHAsync(s->logits, l32 + (size_t)kl * V * 4,
+							(size_t)nl * V * 4, F->g->stream),
+				   "cuMemcpyDtoHAsync", __FILE__, __LINE__))
+			rc = -EIO;
+		kl += nl;
+	}
+	if (!rc && (F->n_logits || !F->n_hidden))
+		rc = gpu_sync(F->g); /* the step (and its downloads) complete when it returns */
+	for (int64_t i = 0, kh = 0; !rc && F->n_hidden && i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		int64_t nh = 0;
+		for (int64_t j = 0; j < s->n; j++)
+			if (row_flags(s, j) & BACKEND_ROW_HIDDEN)
 				memcpy(s->hidden + nh++ * D, hid + kh++ * D, (size_t)D * sizeof *hid);
-			if (fl & BACKEND_ROW_LOGITS)
-				memcpy(s->logits + nl++ * V, lg + kl++ * V, (size_t)V * sizeof *lg);
-		}
 	}
 	free(hid);
-	free(lg);
 	return rc;
 }
 
