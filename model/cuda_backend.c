@@ -87,7 +87,10 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
 #else
 
 #define STAGE_BYTES ((size_t)64 << 20) /* one pinned staging buffer */
-#define SCRATCH_BYTES ((size_t)2 << 30) /* a step larger than it holds runs in passes */
+/* The per-step scratch arena; a step larger than it holds runs in passes. 4 GiB holds the
+ * scheduler's 2048-token prefill chunk at real dimensions in one pass (2 GiB held 1665 rows: two
+ * passes, each streaming every expert's weights). */
+#define SCRATCH_BYTES ((size_t)4 << 30)
 
 struct cuda_backend {
 	struct backend base;
