@@ -171,14 +171,15 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 	const int k_end = min(ld_sel, k_begin + keys_per_split);
 
 	// Q of the block's 64 heads (zero rows beyond H), every load in flight at once (cp.async),
-	// committed with the first tile's gather
-	for (int i = tid; i < ((diag & 32) ? 0 : MLA_HG * (DK / 8)); i += MLA_THREADS) {
-		const int r = i / (DK / 8), c = i - r * (DK / 8);
-		if (h0 + r < H)
-			cp_async16(smem_u32(qs + r * LD + c * 8), q + ((size_t)b * H + h0 + r) * DK + c * 8);
-		else
-			*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
-	}
+	// committed with the first tile's gather; warp w: heads w, w + 16, .., its lanes the 16-byte
+	// chunks of a row
+	for (int r = warp; r < ((diag & 32) ? 0 : MLA_HG); r += MLA_THREADS / 32)
+		for (int c = lane; c < DK / 8; c += 32) {
+			if (h0 + r < H)
+				cp_async16(smem_u32(qs + r * LD + c * 8), q + ((size_t)b * H + h0 + r) * DK + c * 8);
+			else
+				*reinterpret_cast<uint4 *>(qs + r * LD + c * 8) = make_uint4(0, 0, 0, 0);
+		}
 	int slot[MLA_KW]; // the next tile's slots of this warp's keys
 	mla_slots(srow, k_begin, k_end, warp, slot);
 	if (k_begin < k_end)
@@ -213,12 +214,13 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 		cp_async_wait_all();
 		__syncthreads(); // raw records of this tile landed; K and P free (last tile consumed)
 		if (t == 0 && !(diag & 32)) // Q (landed with the first tile) to fp16 in place, before S
-			for (int i = tid; i < MLA_HG * (DK / 8); i += MLA_THREADS) {
-				uint4 *v = reinterpret_cast<uint4 *>(qs + (i / (DK / 8)) * LD + (i % (DK / 8)) * 8);
-				const uint4 x = *v;
-				*v = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z),
-						bf16x2_to_f16x2(x.w));
-			}
+			for (int r = warp; r < MLA_HG; r += MLA_THREADS / 32)
+				for (int c = lane; c < DK / 8; c += 32) {
+					uint4 *v = reinterpret_cast<uint4 *>(qs + r * LD + c * 8);
+					const uint4 x = *v;
+					*v = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z),
+							bf16x2_to_f16x2(x.w));
+				}
 		// 1. dequantise: c_kv codes x tile scale, k_pe as is; an invalid key ends the list.
 		//    Warp w: keys w, w + 16, w + 32, w + 48; its lanes: the 16-byte chunks of a K row
 		for (int kk = warp; kk < ((diag & 4) && t ? 0 : MLA_KT); kk += MLA_THREADS / 32) {
