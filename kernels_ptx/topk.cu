@@ -546,14 +546,17 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // remote loads of a bin in flight together) and finds the same bin (topk_find_bin), so all of
 // them get the exact k-th key T and how many keys equal to T to take. The round after next
 // reuses a buffer only after every CTA has passed the next round's barrier, i.e. finished reading
-// it: one cluster barrier a round. Output: each CTA's count of keys > T and == T go to the
-// cluster, each CTA takes the equal keys left after the CTAs before it (ties to the lower
-// position), and places its selected positions by a block prefix sum, so the row's output is in
-// ascending position order as k_topk's. A last barrier keeps every CTA's shared memory alive
-// until the others have read it. Dynamic shared memory topk_cluster_smem_bytes (cuda_attn.c):
+// it: one cluster barrier a round. When a round's bin is taken whole (its count is what is left
+// to take), the selection is every key >= the prefix so far and the remaining rounds are
+// skipped (continuous scores: often after the second). Output: each CTA's count of keys > T
+// and == T go to the cluster, each CTA takes the equal keys left after the CTAs before it (ties
+// to the lower position), and places its selected positions by a block prefix sum, so the row's
+// output is in ascending position order as k_topk's. A last barrier keeps every CTA's shared
+// memory alive until the others have read it. Dynamic shared memory topk_cluster_smem_bytes
+// (cuda_attn.c):
 // two 2048-bin histograms, the cluster's 2048 totals, 4 ints, S keys. Rows with n <= k_max
 // select everything without the cluster (every CTA of a row takes the same branch).
-// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), all three
+// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the
 // rounds (3) — the output is then incomplete.
 #define TOPK_CL 8
 
@@ -657,6 +660,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	}
 	uint32_t prefix = 0, mask = 0;
 	int rem = k;
+	bool all_bin = false;
 	for (int round = 0; round < 3; round++) {
 		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
 		int *hist = hbuf + (round & 1) * TOPK_BINS;
@@ -689,6 +693,13 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		prefix |= (uint32_t)s_bin << shift;
 		mask |= (uint32_t)(nb - 1) << shift;
 		rem = s_rem;
+		// the whole bin is taken (its count is what is left to take): the selection is every key
+		// >= prefix, whatever the lower bits; the rounds left are skipped (the same decision in
+		// every CTA: the same totals)
+		if (round < 2 && tot[s_bin] == rem && prefix) {
+			all_bin = true;
+			break;
+		}
 		if (stop == 2 && round == 0)
 			break;
 	}
@@ -696,8 +707,9 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		cl_sync();
 		return;
 	}
-	const uint32_t T = prefix;
-	const int take_eq = rem; // keys equal to T the row takes, from the lowest position up
+	// keys > T are selected and the first take_eq equal to T (from the lowest position up)
+	const uint32_t T = all_bin ? prefix - 1 : prefix;
+	const int take_eq = all_bin ? 0 : rem;
 
 	// output: thread tid owns the slice's positions [tid*chunk, (tid+1)*chunk)
 	const int chunk = (len + TOPK_THREADS - 1) / TOPK_THREADS;
