@@ -64,6 +64,7 @@
 // producer acquires it (fence.proxy.tensormap::generic.acquire) before its first copy. The
 // table is module-global: one grouped GEMM at a time per GPU (the engine's one stream).
 #include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
+#include "cluster.cuh" // cluster_sync, cluster_rank
 #include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
 
 #define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
@@ -99,20 +100,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
 		     "r"(rank)
 		     : "memory");
-}
-
-// Every thread of every CTA of the cluster: barrier init visible before any remote arrival or
-// multicast (start), and no CTA leaves while a peer may still signal its barriers (end).
-__device__ __forceinline__ void cluster_sync()
-{
-	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank()
-{
-	uint32_t r;
-	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-	return r;
 }
 
 __device__ __forceinline__ void tmap_prefetch(const void *map)

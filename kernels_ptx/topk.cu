@@ -10,6 +10,7 @@
 // histograms) finds the k-th key T and how many keys equal to T to take; then one ordered pass
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
+#include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
 
@@ -560,18 +561,8 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // rounds (3) — the output is then incomplete.
 #define TOPK_CL 8
 
-__device__ __forceinline__ void cl_sync()
-{
-	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cl_rank()
-{
-	uint32_t r;
-	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-	return r;
-}
 // the int at this CTA's shared address p in the shared memory of the cluster's CTA `rank` (no
-// memory clobber: the caller orders it with cl_sync, and several may be in flight)
+// memory clobber: the caller orders it with cluster_sync, and several may be in flight)
 __device__ __forceinline__ int cl_load(const int *p, uint32_t rank)
 {
 	int v;
@@ -607,7 +598,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	__shared__ int s_bin, s_rem;
 	topk_wait_inputs();
 	const int tid = threadIdx.x, lane = tid & 31, b = blockIdx.y;
-	const uint32_t r = cl_rank();
+	const uint32_t r = cluster_rank();
 	const int n = n_keys[b];
 	const int k = n < k_max ? n : k_max;
 	const float *row = scores + (size_t)b * ld;
@@ -655,7 +646,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		}
 	}
 	if (stop == 1) {
-		cl_sync();
+		cluster_sync();
 		return;
 	}
 	uint32_t prefix = 0, mask = 0;
@@ -675,7 +666,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 				cl_hist_add(hist, (key >> shift) & (nb - 1), ok, lane);
 			}
 		}
-		cl_sync(); // every CTA's histogram of this round complete (and the buffer this round
+		cluster_sync(); // every CTA's histogram of this round complete (and the buffer this round
 			   // cleared was read by all in the round before last)
 		for (int i = tid; i < nb; i += TOPK_THREADS) {
 			int v[TOPK_CL];
@@ -704,7 +695,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 			break;
 	}
 	if (stop == 2 || stop == 3) {
-		cl_sync();
+		cluster_sync();
 		return;
 	}
 	// keys > T are selected and the first take_eq equal to T (from the lowest position up)
@@ -728,7 +719,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	block_exclusive_scan<TOPK_THREADS>(gt, &gt_tot);
 	if (tid == 0)
 		cnt[0] = gt_tot, cnt[1] = eq_tot;
-	cl_sync(); // every CTA's counts visible
+	cluster_sync(); // every CTA's counts visible
 	// the CTAs before this one: their outputs and the equal keys they took
 	int cg[TOPK_CL], ce[TOPK_CL];
 #pragma unroll
@@ -760,5 +751,5 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 			o++;
 		}
 	}
-	cl_sync(); // no CTA leaves while another may still read its counts
+	cluster_sync(); // no CTA leaves while another may still read its counts
 }
