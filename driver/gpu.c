@@ -133,6 +133,26 @@ int gpu_launch(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, u
 	return 0;
 }
 
+int gpu_launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		   unsigned by, unsigned bz, unsigned smem, void **args)
+{
+	if (!fn)
+		return -ENOENT;
+	CUlaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	at.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDimX = gx, cfg.gridDimY = gy, cfg.gridDimZ = gz;
+	cfg.blockDimX = bx, cfg.blockDimY = by, cfg.blockDimZ = bz;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = (CUstream)g->stream;
+	cfg.attrs = &at, cfg.numAttrs = 1;
+	CU_TRY(cu.cuLaunchKernelEx(&cfg, (CUfunction)fn, args, NULL));
+	return 0;
+}
+
 int gpu_sync(struct gpu *g)
 {
 	CU_TRY(cu.cuStreamSynchronize(g->stream));

@@ -68,6 +68,11 @@ void *gpu_kernel(struct gpu *g, const char *fn);
  * (an array of pointers to each argument, as cuLaunchKernel takes them). */
 int gpu_launch(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned by, unsigned bz, unsigned smem, void **args);
+/* The same launch as a programmatic dependent of the previous kernel on the stream
+ * (cuLaunchKernelEx, programmatic stream serialisation): the grid may start while that kernel
+ * drains; the kernel orders itself with griddepcontrol.wait. Capturable in CUDA graphs. */
+int gpu_launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		   unsigned by, unsigned bz, unsigned smem, void **args);
 int gpu_sync(struct gpu *g);
 
 /* Regions (driver VMM API). reserve: address space only; grow maps physical memory so that

@@ -178,23 +178,7 @@ static int pdl_on(void)
 static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
 		      unsigned smem, void **args)
 {
-	if (!fn)
-		return -ENOENT;
-	if (!pdl_on())
-		return gpu_launch(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
-	CUlaunchAttribute at;
-	memset(&at, 0, sizeof at);
-	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-	at.value.programmaticStreamSerializationAllowed = 1;
-	CUlaunchConfig cfg;
-	memset(&cfg, 0, sizeof cfg);
-	cfg.gridDimX = gx, cfg.gridDimY = gy, cfg.gridDimZ = 1;
-	cfg.blockDimX = bx, cfg.blockDimY = 1, cfg.blockDimZ = 1;
-	cfg.sharedMemBytes = smem;
-	cfg.hStream = (CUstream)g->stream;
-	cfg.attrs = &at, cfg.numAttrs = 1;
-	CU_TRY(cu.cuLaunchKernelEx(&cfg, (CUfunction)fn, args, NULL));
-	return 0;
+	return (pdl_on() ? gpu_launch_pdl : gpu_launch)(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
 }
 
 /* Raises fn's dynamic shared memory limit once (per function handle). */
