@@ -30,6 +30,19 @@ static float event_ms(struct gpu *g, CUevent a, CUevent b)
 	return ms;
 }
 
+/* us per call of cuda_indexer_topk_mode with this mode, over reps calls; < 0 when it cannot run */
+static double time_topk(struct gpu *g, CUevent e0, CUevent e1, int reps, gpu_ptr sc, int ld,
+			gpu_ptr n, int km, gpu_ptr bt, int mb, gpu_ptr pos, int B, int mode)
+{
+	if (cuda_indexer_topk_mode(g, sc, ld, n, km, bt, mb, 0, pos, B, mode))
+		return -1;
+	cu.cuEventRecord(e0, g->stream);
+	for (int r = 0; r < reps; r++)
+		cuda_indexer_topk_mode(g, sc, ld, n, km, bt, mb, 0, pos, B, mode);
+	cu.cuEventRecord(e1, g->stream);
+	return event_ms(g, e0, e1) / reps * 1e3;
+}
+
 /* us per call of the sparse MLA decode with diag (cuda_mla_decode_diag), over reps calls */
 static double time_mla(struct gpu *g, CUevent e0, CUevent e1, int reps, gpu_ptr mq, gpu_ptr pos, int nsel,
 		       gpu_ptr mpool, int R, int MH, int B, float sc, gpu_ptr mo, gpu_ptr ws, int diag)
@@ -203,26 +216,18 @@ int bench_attention(int argc, char **argv)
 			/* both kernels, whichever the default is: a block a row, a cluster a row */
 			double topkm_ms[3] = {0};
 			for (int mode = 1; mode <= 2; mode++) {
-				if (cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode))
-					continue;
-				cu.cuEventRecord(e0, g.stream);
-				for (int r = 0; r < reps; r++)
-					cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode);
-				cu.cuEventRecord(e1, g.stream);
-				topkm_ms[mode] = event_ms(&g, e0, e1) / reps;
+				double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B, mode);
+				if (us >= 0)
+					topkm_ms[mode] = us * 1e-3;
 			}
 			/* k_topk_cluster by phases at batch 1: stopped after the load, round 0, all rounds */
 			double stop_us[4] = {0};
 			if (B == 1 && ctx >= 8192)
 				for (int st = 1; st <= 3; st++) {
-					int mode = 2 | st << 4;
-					if (cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode))
-						continue;
-					cu.cuEventRecord(e0, g.stream);
-					for (int r = 0; r < reps; r++)
-						cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode);
-					cu.cuEventRecord(e1, g.stream);
-					stop_us[st] = event_ms(&g, e0, e1) / reps * 1e3;
+					double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B,
+							      2 | st << 4);
+					if (us >= 0)
+						stop_us[st] = us;
 				}
 			cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B); /* the default's slots */
 			/* sparse MLA decode over the selected slots: 128 heads, 656-byte records in a pool
