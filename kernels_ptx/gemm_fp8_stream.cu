@@ -190,6 +190,29 @@ __device__ __forceinline__ void wgmma_wait0()
 	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
+// The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
+// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
+// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
+template <int MGA>
+__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+					   const float (&s)[MGA][2], int mg_n)
+{
+	wgmma_commit();
+	wgmma_wait0();
+#pragma unroll
+	for (int i = 0; i < 4 * MGA; i++)
+		reg_fence(frag[i]);
+#pragma unroll
+	for (int mg = 0; mg < MGA; mg++) {
+		if (mg >= mg_n)
+			break;
+		acc[mg][0] += frag[4 * mg + 0] * s[mg][0];
+		acc[mg][1] += frag[4 * mg + 1] * s[mg][1];
+		acc[mg][2] += frag[4 * mg + 2] * s[mg][0];
+		acc[mg][3] += frag[4 * mg + 3] * s[mg][1];
+	}
+}
+
 // WI = 3: fp16 wgmma m64nNk16 with A (the weights, converted by the consumers exactly as for the
 // mma.sync path: gemm_fp8_f16.cuh) from registers and B (the tokens, converted once a stage)
 // from shared memory in the no-swizzle K-major layout: for K block j and k16 step q, token
@@ -635,20 +658,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					wgmma_fence();
 					wg_kblock<MG>(frag, wg_desc(a0 + j * ST_WBOX),
 						      wg_desc(st + KBS * ST_WBOX + j * xbox));
-					wgmma_commit();
-					wgmma_wait0();
-#pragma unroll
-					for (int i = 0; i < 4 * MGA; i++)
-						reg_fence(frag[i]);
-#pragma unroll
-					for (int mg = 0; mg < MGA; mg++) {
-						if (mg >= mg_n)
-							break;
-						acc[0][mg][0] += frag[4 * mg + 0] * sc[j][mg][0];
-						acc[0][mg][1] += frag[4 * mg + 1] * sc[j][mg][1];
-						acc[0][mg][2] += frag[4 * mg + 2] * sc[j][mg][0];
-						acc[0][mg][3] += frag[4 * mg + 3] * sc[j][mg][1];
-					}
+					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
 			if constexpr (MG > 0 && WI == 3) {
@@ -671,20 +681,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 #pragma unroll
 					for (int q = 0; q < 8; q++)
 						wgh_step<MG>(frag, af, q, wgh_desc(fb + (j * 8 + q) * 256 * MGA), q > 0);
-					wgmma_commit();
-					wgmma_wait0();
-#pragma unroll
-					for (int i = 0; i < 4 * MGA; i++)
-						reg_fence(frag[i]);
-#pragma unroll
-					for (int mg = 0; mg < MGA; mg++) {
-						if (mg >= mg_n)
-							break;
-						acc[0][mg][0] += frag[4 * mg + 0] * sc[j][mg][0];
-						acc[0][mg][1] += frag[4 * mg + 1] * sc[j][mg][1];
-						acc[0][mg][2] += frag[4 * mg + 2] * sc[j][mg][0];
-						acc[0][mg][3] += frag[4 * mg + 3] * sc[j][mg][1];
-					}
+					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
 			if (MG > 0 && WI != 2 && WI != 3 && rt_n > 0) {
