@@ -9,12 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "model/clock.h"
 
 void serve_init(struct serve *sv, struct engine *en, struct ipc_server *ipc,
 		const struct dsv32d_conf *conf)
@@ -173,7 +168,7 @@ static void handle_generate(struct serve *sv, const struct ipc_item *it)
 		return;
 	}
 	*lr = (struct serve_req){.sid = sv->next_sid++, .client = it->client, .req_id = it->req_id,
-				 .t_submit_ns = q->t_submit_ns ? q->t_submit_ns : now_ns(),
+				 .t_submit_ns = q->t_submit_ns ? q->t_submit_ns : clock_mono_ns(),
 				 .n_prompt = rq.n_prompt, .logprobs = q->logprobs > 0};
 }
 
@@ -263,7 +258,7 @@ static void forward(struct serve *sv, const struct sched_event *ev)
 	struct serve_req *r = find_sid(sv, ev->id);
 	if (!r) /* a request whose client went away or was cancelled by us */
 		return;
-	uint64_t t = now_ns();
+	uint64_t t = clock_mono_ns();
 	int rc = 0;
 	switch (ev->type) {
 	case SCHED_EVENT_TOKEN: {

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "driver/gpu.h"
+#include "model/clock.h"
 #include "model/cuda_forward.h"
 #include "model/cuda_gemm.h"
 #include "model/cuda_synth.h"
@@ -112,13 +113,6 @@ struct cuda_backend {
 	size_t upload_bytes;
 	double upload_s;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Streams n bytes from host src (the mmap) to device dst through the two pinned buffers. */
 struct stager {
@@ -310,7 +304,7 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 		order[i] = i;
 	sort_ck = ck;
 	qsort(order, ck->n_tensors, sizeof *order, by_file_offset);
-	double t0 = now_s();
+	double t0 = clock_mono_s();
 	for (size_t k = 0; k < ck->n_tensors && !r; k++) {
 		const struct st_tensor *t = &ck->tensors[order[k]];
 		gpu_ptr d = b->tensor_dev[order[k]]; /* placed already (fused), or next in the region */
@@ -332,7 +326,7 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 	free(order);
 	if (!r && cu_check(cu.cuStreamSynchronize(b->g.stream), "cuStreamSynchronize", __FILE__, __LINE__))
 		r = err_set(e, -EIO, "weight upload failed");
-	b->upload_s = now_s() - t0;
+	b->upload_s = clock_mono_s() - t0;
 	cu.cuEventDestroy(s.done[0]);
 	cu.cuEventDestroy(s.done[1]);
 out:

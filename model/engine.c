@@ -11,14 +11,8 @@
 
 #include "driver/cu.h"
 #include "model/chat.h"
+#include "model/clock.h"
 #include "model/kv_cache.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void progress(const struct engine_opts *o, const char *stage)
 {
@@ -41,7 +35,7 @@ static int64_t pages_for(const struct dsv32_config *c, const struct engine_opts 
 int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 {
 	memset(en, 0, sizeof *en);
-	double t0 = now_s();
+	double t0 = clock_mono_s();
 	int r;
 	if (o->synthetic_weights && (!o->backend || strcmp(o->backend, "cuda")))
 		return err_set(e, -EINVAL, "synthetic weights (seed %llu) need the cuda backend, not \"%s\"",
@@ -121,7 +115,7 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 	};
 	if ((r = sched_init(&en->s, en->be, &sc, e)))
 		goto err_backend;
-	en->load_s = now_s() - t0;
+	en->load_s = clock_mono_s() - t0;
 	return 0;
 
 err_backend:

@@ -14,6 +14,8 @@
 
 #include "model/sched.h"
 
+#include "model/clock.h"
+
 enum seq_state { SEQ_WAITING, SEQ_RUNNING };
 
 struct seq {
@@ -93,14 +95,6 @@ static double now_s(const struct sched *s)
 	struct timespec ts;
 	clock_gettime(s->cfg.cpu_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Wall time for the caller's latency accounting (the daemon's submission times use it too). */
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- events ------------------------------------------------------------------------------- */
@@ -559,7 +553,7 @@ static int64_t schedule_prefills(struct sched *s, int64_t budget)
 		if (!q->admitted_once) {
 			q->n_prompt_cached = start;
 			q->admitted_once = 1;
-			q->t_admitted_ns = mono_ns();
+			q->t_admitted_ns = clock_mono_ns();
 		}
 		s->running[s->n_running++] = q;
 		add_rows(s, q, n, 0);
