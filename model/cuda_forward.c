@@ -3,9 +3,11 @@
  * layer_forward (model/cpu_backend.c) op for op, one kernel launch per step, all on the
  * engine stream.
  *
- * Reads like the CPU version: the step's rows and metadata, the ops (norm, act_quant, FP8 GEMM,
- * bf16 linear, RoPE, Hadamard), one decoder layer (§3.2-§3.9), the MoE block, the MTP input
- * (§4), the step (embedding, layers, final norm, head §3.10). Activations are bf16 on the
+ * Reads like the CPU version, in four files (model/cuda_fwd.h says which owns what): this one
+ * the step's rows and metadata, the MTP input (§4), the step (embedding, layers, final norm,
+ * head §3.10), the decode graphs and the profile; cuda_fwd_ops.c the ops (norm, act_quant, FP8
+ * GEMM, bf16 linear, RoPE, Hadamard); cuda_fwd_attn.c one decoder layer (§3.2-§3.7);
+ * cuda_fwd_ffn.c the MLP and the MoE block (§3.8-§3.9). Activations are bf16 on the
  * device, rounded where the CPU rounds; the per-row state of the CPU (the causal key count
  * pos + 1, the row's block table, its physical slot) is uploaded once per step.
  *
@@ -35,35 +37,18 @@
  * for diagnosis: DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_MLA_FP32=1,
  * DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1, DSV32_CUDA_MMA_ROWS=N.
  */
-#include "model/cuda_forward.h"
+#include "model/cuda_fwd.h"
 
 #ifndef DSV32_NO_CUDA
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/cuda_attn.h"
 #include "model/cuda_gemm.h"
 #include "model/kv_cache.h"
 #include "model/numerics.h"
-
-
-#define SCORES_BUDGET ((size_t)256 << 20) /* bytes of indexer scores per row chunk */
-
-/* Rows above which the bf16 products (q absorption, W_UV, bf16 linears) run on the tensor cores
- * (kernels_ptx/fwd_mma.cu, fp32 sums in the MMA's order) instead of the CUDA-core kernels in
- * the CPU's exact order (latency-optimal for a few rows, compute-bound for many): 8 in the fast
- * mode, never in the batch-invariant one. DSV32_CUDA_MMA_ROWS overrides both (tests). */
-#define MMA_ROWS mma_rows(F)
-
-struct fwd;
-static int mma_rows(const struct fwd *F);
-
-/* 1: M > 64 rows may go to the large-M GEMM and MoE paths whole (the fast mode). */
-#define LARGE_M(F) (!(F)->E->batch_invariant)
 
 /* ---- profile (DSV32_CUDA_PROFILE=1, eager steps only): GPU time between consecutive ops ---- */
 
@@ -83,7 +68,7 @@ static struct {
 	long steps;
 } prof;
 
-static void prof_mark(void *stream, const char *name)
+void fwd_prof_mark(void *stream, const char *name)
 {
 	if (!prof.on || prof.n_ev >= PROF_EVENTS)
 		return;
@@ -138,692 +123,6 @@ void cuda_forward_profile_print(void)
 	prof.n_t = 0, prof.steps = 0;
 }
 
-/* ---- the step's rows ------------------------------------------------------------------------ */
-
-struct fwd {
-	const struct fwd_env *E;
-	struct gpu *g;
-	struct gpu_arena *A;
-	const struct dsv32_config *c;
-	const struct fwd_model *m;
-	const struct backend_step *st;
-	int T, Tp;                 /* rows, rows rounded up to 8 */
-	int64_t *pos_h, *seq_h;    /* [T] host copies for dumps */
-	int mb;                    /* block-table columns per row: max(pos) / 64 + 1 */
-	int max_n;                 /* max(pos) + 1: the longest causal key list */
-	int n_logits, n_hidden;
-	/* device metadata, int32 */
-	gpu_ptr tok, pos, slot, nkeys; /* [T] */
-	gpu_ptr bt;                /* [T, mb] the row's sequence's block table */
-	gpu_ptr lrows, hrows;      /* [n_logits], [n_hidden] row indices */
-	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
-	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
-	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
-	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
-};
-
-static int mma_rows(const struct fwd *F)
-{
-	const char *v = getenv("DSV32_CUDA_MMA_ROWS");
-	if (v && atoi(v) > 0)
-		return atoi(v);
-	return F->E->batch_invariant ? 1 << 30 : 8;
-}
-
-static int fwd_fail(const char *what, int r)
-{
-	fprintf(stderr, "<3>dsv32: cuda forward: %s failed (%d)\n", what, r);
-	return r ? r : -EIO;
-}
-
-/* Arena scratch; 0 when the arena is exhausted (sized at start: a bug, reported). */
-static gpu_ptr take(struct fwd *F, size_t bytes)
-{
-	gpu_ptr p = gpu_arena_push(F->A, bytes ? bytes : 1);
-	if (!p)
-		fprintf(stderr, "<3>dsv32: cuda forward: scratch arena exhausted (%zu MiB asked, "
-				"%zu MiB in use of %zu)\n", bytes >> 20, F->A->top >> 20,
-			F->A->region.reserved >> 20);
-	return p;
-}
-
-#define TAKE(var, bytes)                          \
-	gpu_ptr var = take(F, (size_t)(bytes));   \
-	if (!var)                                 \
-		return -ENOMEM
-
-#define LAUNCH(name, gx, gy, bx, smem, ...)                                                      \
-	do {                                                                                     \
-		void *a_[] = {__VA_ARGS__};                                                      \
-		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
-				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
-		if (r_)                                                                          \
-			return fwd_fail(name, r_);                                               \
-		prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
-	} while (0)
-
-/* A launch with a z grid dimension, no dynamic shared memory. */
-#define LAUNCH3(name, gx, gy, gz, bx, ...)                                                       \
-	do {                                                                                     \
-		void *a_[] = {__VA_ARGS__};                                                      \
-		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
-				    (unsigned)(gz), (unsigned)(bx), 1, 1, 0, a_);                \
-		if (r_)                                                                          \
-			return fwd_fail(name, r_);                                               \
-		prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
-	} while (0)
-
-#define TRY(call)                  \
-	do {                       \
-		int r_ = (call);   \
-		if (r_)            \
-			return r_; \
-	} while (0)
-
-/* TRY with the launches of call named tag in the profile (ops sharing a kernel apart). */
-#define TRY_TAG(name_, call)               \
-	do {                               \
-		F->tag = (name_);          \
-		int r_ = (call);           \
-		F->tag = NULL;             \
-		if (r_)                    \
-			return r_;         \
-	} while (0)
-
-static int round8(int x) { return (x + 7) / 8 * 8; }
-
-/* ---- dumps (tests and tools: synchronous) ---------------------------------------------------- */
-
-enum dump_kind { DUMP_BF16, DUMP_F32, DUMP_I32 };
-
-/* Rows t0 .. t0+n-1 of a device matrix (row stride ld elements): width values per row (or, for
- * DUMP_I32, up to width entries before the first -1; width < 0: pos + 1 values). */
-static int dump_rows(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
-		     int64_t ld, int64_t width, int t0, int n)
-{
-	const struct backend_dump *d = F->st->dump;
-	if (!d)
-		return 0;
-	size_t esz = k == DUMP_BF16 ? 2 : 4, bytes = (size_t)n * (size_t)ld * esz;
-	void *raw = malloc(bytes ? bytes : 1);
-	float *row = malloc((size_t)(ld > 0 ? ld : 1) * sizeof *row);
-	if (!raw || !row) {
-		free(raw), free(row);
-		return -ENOMEM;
-	}
-	int r = gpu_download(F->g, raw, p, bytes);
-	for (int i = 0; i < n && !r; i++) {
-		int t = t0 + i;
-		int64_t w = width < 0 ? F->pos_h[t] + 1 : width;
-		if (k == DUMP_I32) {
-			const int32_t *v = (const int32_t *)raw + (size_t)i * ld;
-			int64_t cnt = 0;
-			while (cnt < w && v[cnt] >= 0)
-				cnt++;
-			d->fn(d->ctx, name, layer, F->seq_h[t], F->pos_h[t], 1, v, cnt);
-			continue;
-		}
-		for (int64_t j = 0; j < w; j++)
-			row[j] = k == DUMP_BF16 ? bf16_to_f32(((const uint16_t *)raw)[(size_t)i * ld + j])
-						: ((const float *)raw)[(size_t)i * ld + j];
-		d->fn(d->ctx, name, layer, F->seq_h[t], F->pos_h[t], 0, row, w);
-	}
-	free(raw);
-	free(row);
-	return r;
-}
-
-static int dump_all(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
-		    int64_t ld, int64_t width)
-{
-	return dump_rows(F, name, layer, p, k, ld, width, 0, F->T);
-}
-
-/* ---- ops ------------------------------------------------------------------------------------- */
-
-/* out[t] (stride ldo) = RMSNorm(x[t] (stride ldx) [+ res[t]]), res[t] = bf16(sum) when res;
- * with q: also act_quant of out (codes q, scales qs; ldo == dim). */
-static int op_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr out, int ldo,
-		   int dim, gpu_ptr q, gpu_ptr qs)
-{
-	float eps = (float)F->c->rms_norm_eps;
-	if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
-		LAUNCH("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
-		       &qs);
-	else
-		LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
-	return 0;
-}
-
-static int op_rms(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr out, int ldo,
-		  int dim)
-{
-	return op_rmsq(F, x, ldx, res, w, out, ldo, dim, 0, 0);
-}
-
-/* The fused per-row chains (kernels_ptx/fwd_fused.cu); DSV32_CUDA_UNFUSED=1 runs the separate
- * kernels instead (the same bits; for diagnosis). */
-static int fused(void)
-{
-	const char *v = getenv("DSV32_CUDA_UNFUSED");
-	return !(v && *v == '1');
-}
-
-/* act_quant (spec §5.3) of rows [rows, K] -> codes [rows, K], scales [rows, K/128]. */
-static int op_quant(struct fwd *F, gpu_ptr x, gpu_ptr q, gpu_ptr s, int rows, int K)
-{
-	long long ng = (long long)rows * K / 128;
-	LAUNCH("k_act_quant", (ng + 7) / 8, 1, 256, 0, &x, &q, &s, &ng);
-	return 0;
-}
-
-/* y[M, ldy] (bf16) = x8 x W^T (spec §5.4) through cuda_gemm_fp8. In the fast mode M > 64 goes
- * to the prefill path on Mp = round8(M) rows (buffers have them); otherwise, and where the
- * prefill path cannot take the shape (cuBLASLt needs K/128 % 4 == 0), in 64-row pieces through
- * the decode kernel. */
-static int op_gemm(struct fwd *F, const struct fwd_fp8 *W, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
-		   int ldy)
-{
-	int N = W->out, K = W->in;
-	size_t mark = gpu_arena_mark(F->A);
-	int r = -ENOTSUP;
-	char what[40];
-	snprintf(what, sizeof what, "gemm %dx%d", N, K);
-	if (M > 64 && LARGE_M(F) &&
-	    !(cuda_gemm_path_for(F->g, M, N, K) == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4)) {
-		int Mp = round8(M);
-		size_t wsb = cuda_gemm_fp8_workspace(F->g, Mp, N, K);
-		TAKE(ws, wsb);
-		r = cuda_gemm_fp8(F->g, W->w, W->s, x8, sx, y, Mp, N, K, ldy, ws, wsb);
-		gpu_arena_release(F->A, mark);
-		if (r != -ENOTSUP && r != -EINVAL) { /* else a shape the prefill path refuses: pieces */
-			prof_mark(F->g->stream, what);
-			return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
-		}
-	}
-	int piece = M < 64 ? M : 64;
-	size_t wsb = cuda_gemm_fp8_workspace(F->g, piece, N, K);
-	TAKE(ws, wsb);
-	r = 0;
-	for (int m0 = 0; m0 < M; m0 += 64) {
-		int mm = M - m0 < 64 ? M - m0 : 64;
-		r = cuda_gemm_fp8(F->g, W->w, W->s, x8 + (size_t)m0 * K, sx + (size_t)m0 * (K / 128) * 4,
-				  y + (size_t)m0 * ldy * 2, mm, N, K, ldy, ws, wsb);
-		if (r)
-			break;
-	}
-	gpu_arena_release(F->A, mark);
-	prof_mark(F->g->stream, what);
-	return r ? fwd_fail("cuda_gemm_fp8", r) : 0;
-}
-
-/* y[M, V] = x[M, D] (stride ldx) . W[V, D]^T, bf16 weights, fp32 (y32) or bf16 (y16) out: the
- * tensor cores above MMA_ROWS rows; 1-4 rows at memory speed (batch-invariant mode: in the CPU's
- * order, k_fwd_lin_*; fast mode: k_fwd_gemv*, another fixed order); else the CUDA cores in the
- * CPU's order (k_fwd_bf16_linear). */
-/* k_fwd_lin_stream's dynamic shared memory limit: 4 rows of 14336 (eh_proj's input) */
-#define LIN_STREAM_SMEM (4 * 14336 * 2)
-
-/* k_fwd_head_mma<WM> (kernels_ptx/lm_head.cu): its dynamic shared memory by warps along M. */
-static const char *const head_mma_names[3] = {"k_fwd_head_mma1", "k_fwd_head_mma2", "k_fwd_head_mma4"};
-static unsigned head_mma_smem(int wm) { return 3u * (32u * (unsigned)wm + 128u) * 72u * 2u; }
-
-static int op_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y16, int ldy,
-		  int M, int D, int V)
-{
-	if (!F->E->batch_invariant && M > 4 && M <= 128 && V >= 1024 && D % 64 == 0 && ldx % 8 == 0) {
-		/* the LM head (and eh_proj) of a decode batch: W streamed once, rows on the tensor
-		 * cores (k_fwd_mma re-read W per 64 rows without a load pipeline) */
-		int v = M <= 32 ? 0 : M <= 64 ? 1 : 2;
-		LAUNCH(head_mma_names[v], (V + 127) / 128, 1, 256, head_mma_smem(1 << v), &W, &x, &ldx,
-		       &y32, &y16, &ldy, &M, &D, &V);
-		return 0;
-	}
-	if (M > MMA_ROWS && V < 1024 && D % 256 == 0 && D / 256 >= 4) {
-		/* few outputs (weights_proj: 64): the tensor cores on S = D / 256 K slices as batches
-		 * (64 x 64 tiles had one or two blocks in all), partials summed in slice order */
-		int mode = 2, out32 = 1, b_row0 = 0, S = D / 256 < 32 ? D / 256 : 32, Kc = D / S;
-		int b_hs = Kc, MV = M * V;
-		gpu_ptr none = 0; /* no block scales (bf16 weights) */
-		long long a_hs = Kc, c_hs = (long long)M * V;
-		size_t mark = gpu_arena_mark(F->A);
-		TAKE(ws, (size_t)S * M * V * 4);
-		LAUNCH3("k_fwd_mma", (V + 63) / 64, (M + 63) / 64, S, 128, &mode, &x, &a_hs, &ldx, &W, &none,
-			&b_row0, &b_hs, &D, &ws, &c_hs, &V, &out32, &M, &V, &Kc);
-		LAUNCH("k_fwd_ks_reduce", (MV + 255) / 256, 1, 256, 0, &ws, &S, &M, &V, &y32, &y16, &ldy);
-		gpu_arena_release(F->A, mark);
-		return 0;
-	}
-	if (M > MMA_ROWS) { /* tensor cores (fp32 sums in another order) */
-		int mode = 2, out32 = y32 != 0, b_row0 = 0, b_hs = 0;
-		long long a_hs = 0, c_hs = 0;
-		gpu_ptr Cp = y32 ? y32 : y16, S = 0;
-		LAUNCH3("k_fwd_mma", (V + 63) / 64, (M + 63) / 64, 1, 128, &mode, &x, &a_hs, &ldx, &W, &S,
-			&b_row0, &b_hs, &D, &Cp, &c_hs, &ldy, &out32, &M, &V, &D);
-		return 0;
-	}
-	if (M <= 4 && D % 64 == 0 && ldx % 8 == 0 && M * D * 2 <= LIN_STREAM_SMEM && F->E->batch_invariant) {
-		/* decode, CPU order at memory speed */
-		if (V < 256) /* few outputs (weights_proj): a block per output */
-			LAUNCH("k_fwd_lin_row", V, 1, 256, D * 2, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
-		else
-			LAUNCH("k_fwd_lin_stream", (V + 31) / 32, 1, 256, M * D * 2, &W, &x, &ldx, &y32, &y16,
-			       &ldy, &M, &D, &V);
-		return 0;
-	}
-	if (M <= 4 && ldx % 8 == 0 && !F->E->batch_invariant) {
-		/* decode, fast mode: memory-bound GEMV (run 4: the exact-order kernels streamed the LM
-		 * head at 2.4 TB/s, weights_proj in 160 us) */
-		if (V < 8 * F->g->sm_count) /* few outputs (weights_proj): K over a block's 8 warps */
-			LAUNCH("k_fwd_gemv_ks", V, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
-		else
-			LAUNCH("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D,
-			       &V);
-		return 0;
-	}
-	LAUNCH("k_fwd_bf16_linear", (V + 31) / 32, (M + 3) / 4, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy,
-	       &M, &D, &V);
-	return 0;
-}
-
-/* RoPE in place at the rows' positions: heads per row, interleaved (MLA) or half-split. */
-static int op_rope(struct fwd *F, gpu_ptr x, int heads, long long ld_token, int ld_head, int off,
-		   int interleaved)
-{
-	int T = F->T;
-	long long rows = (long long)T * heads;
-	gpu_ptr cs = F->m->rope_cs;
-	LAUNCH("k_rope", (rows + 7) / 8, 1, 256, 0, &x, &F->pos, &cs, &T, &heads, &ld_token, &ld_head,
-	       &off, &interleaved);
-	return 0;
-}
-
-static int op_hadamard(struct fwd *F, gpu_ptr x, int rows)
-{
-	int ld = 128;
-	float sc = (float)pow(128.0, -0.5);
-	LAUNCH("k_hadamard128", (rows + 7) / 8, 1, 256, 0, &x, &ld, &x, &ld, &rows, &sc);
-	return 0;
-}
-
-/* Dense SwiGLU MLP (cpu_moe.c mlp_forward): y[M, D] = W2(bf16(silu(g) * u)), [g | u] = W13 f. */
-static int op_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, gpu_ptr f,
-		  gpu_ptr y, int M)
-{
-	int D = w13->in, inter = w13->out / 2, Mp = round8(M);
-	size_t mark = gpu_arena_mark(F->A);
-	TAKE(f8, (size_t)Mp * D);
-	TAKE(fs, (size_t)Mp * (D / 128) * 4);
-	TAKE(gu, (size_t)Mp * 2 * inter * 2);         /* bf16 [Mp, 2 * inter] */
-	TAKE(h, (size_t)Mp * inter * 2);              /* bf16 [Mp, inter] */
-	TAKE(h8, (size_t)Mp * inter);
-	TAKE(hs, (size_t)Mp * (inter / 128) * 4);
-	TRY(op_quant(F, f, f8, fs, M, D));
-	TRY(op_gemm(F, w13, f8, fs, gu, M, 2 * inter));
-	long long n = (long long)M * inter;
-	long long blocks = (n + 255) / 256;
-	LAUNCH("k_swiglu", blocks < 4096 ? blocks : 4096, 1, 256, 0, &gu, &h, &inter, &n);
-	TRY(op_quant(F, h, h8, hs, M, inter));
-	TRY(op_gemm(F, w2, h8, hs, y, M, w2->out));
-	gpu_arena_release(F->A, mark);
-	return 0;
-}
-
-/* ---- the MoE block (spec §3.9) ---------------------------------------------------------------- */
-
-/* y[T, D] = MoE(f) through cuda_moe_forward (model/cuda_moe.c), or, when its tables are not
- * built (DSV32_CUDA_MOE_DENSE=1, a diagnosis switch), by running every expert on every row and
- * combining the picks (the same numbers per row, E times the work). logits fp32 [T, E], idx int
- * [T, K], wts fp32 [T, K]: the routing (for the dumps). */
-static int op_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr f, gpu_ptr y)
-{
-	const struct dsv32_config *c = F->c;
-	int T = F->T, D = (int)c->hidden_size, E = (int)c->n_routed_experts;
-	int K = (int)c->num_experts_per_tok;
-	size_t mark = gpu_arena_mark(F->A);
-	TAKE(logits, (size_t)F->Tp * E * 4);
-	TAKE(idx, (size_t)F->Tp * K * 4);
-	TAKE(wts, (size_t)F->Tp * K * 4);
-	if (L->moe_ready) {
-		int piece = LARGE_M(F) ? T : 64; /* the modes: see the file's header */
-		for (int t0 = 0; t0 < T; t0 += piece) {
-			int n = T - t0 < piece ? T - t0 : piece;
-			struct cuda_moe_trace tr = {logits + (size_t)t0 * E * 4, idx + (size_t)t0 * K * 4,
-						    wts + (size_t)t0 * K * 4};
-			int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f + (size_t)t0 * D * 2,
-						 y + (size_t)t0 * D * 2, n, F->st->dump ? &tr : NULL,
-						 LARGE_M(F) ? CUDA_MOE_FAST : 0);
-			if (r)
-				return fwd_fail("cuda_moe_forward", r);
-		}
-		prof_mark(F->g->stream, "moe block");
-	} else {
-		int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
-		float rs = (float)c->routed_scaling_factor;
-		TRY(op_lin(F, L->gate, f, D, logits, 0, E, T, D, E));
-		gpu_ptr bias = L->gate_bias;
-		LAUNCH("k_moe_route", T, 1, 256, 0, &logits, &bias, &E, &G, &tg, &K, &norm, &rs, &idx,
-		       &wts);
-		TAKE(sh, (size_t)F->Tp * D * 2);
-		TRY(op_mlp(F, &L->sh13, &L->sh2, f, sh, T));
-		/* every expert on every row: [E, T, D] (+ 8 rows: the last GEMM may write Tp rows) */
-		TAKE(ex, ((size_t)E * T + 8) * D * 2);
-		for (int e = 0; e < E; e++)
-			TRY(op_mlp(F, &L->ex13[e], &L->ex2[e], f, ex + (size_t)e * T * D * 2, T));
-		TAKE(perm, (size_t)T * K * 4);
-		LAUNCH("k_fwd_dense_perm", (T * K + 255) / 256, 1, 256, 0, &idx, &perm, &T, &K);
-		long long blocks = ((long long)T * D + 255) / 256;
-		LAUNCH("k_moe_combine", blocks < 4096 ? blocks : 4096, 1, 256, 0, &ex, &wts, &perm, &sh, &y,
-		       &T, &K, &D);
-	}
-	if (F->st->dump) {
-		TRY(dump_all(F, "ffn_moe_logits", layer, logits, DUMP_F32, E, E));
-		TRY(dump_all(F, "ffn_moe_topk", layer, idx, DUMP_I32, K, K));
-		TRY(dump_all(F, "ffn_moe_weights", layer, wts, DUMP_F32, K, K));
-		TRY(dump_all(F, "ffn_moe_out", layer, y, DUMP_BF16, D, D));
-	}
-	gpu_arena_release(F->A, mark);
-	return 0;
-}
-
-/* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
-
-/* The layer's pools: MLA records (slot s at + s * record bytes) and indexer pages. */
-static gpu_ptr pool_mla(const struct fwd *F, int64_t layer)
-{
-	const struct backend *b = F->E->base;
-	return F->E->kv_base + (size_t)layer * b->n_pages * b->mla_page_bytes;
-}
-
-static gpu_ptr pool_idx(const struct fwd *F, int64_t layer)
-{
-	const struct backend *b = F->E->base;
-	return F->E->kv_base + (size_t)b->n_layers * b->n_pages * b->mla_page_bytes +
-	       (size_t)layer * b->n_pages * b->idx_page_bytes;
-}
-
-/* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
- * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
- * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. */
-static int op_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
-		     gpu_ptr sel_slot, int ksel)
-{
-	const struct dsv32_config *c = F->c;
-	int Hi = (int)c->index_n_heads, mb = F->mb, ld = F->mb * 64;
-	int need = F->max_n > c->index_topk || F->st->dump;
-	long long pb = (long long)F->E->base->idx_page_bytes;
-	gpu_ptr pool = pool_idx(F, layer);
-	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
-	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	size_t mark = gpu_arena_mark(F->A);
-	gpu_ptr scores = 0;
-	if (need) {
-		scores = take(F, (size_t)chunk * ld * 4);
-		if (!scores)
-			return -ENOMEM;
-	}
-	for (int t0 = 0; t0 < F->T; t0 += chunk) {
-		int n = F->T - t0 < chunk ? F->T - t0 : chunk;
-		gpu_ptr q = iq8 + (size_t)t0 * Hi * 128, w = iw + (size_t)t0 * Hi * 4;
-		gpu_ptr bt = F->bt + (size_t)t0 * mb * 4, nk = F->nkeys + (size_t)t0 * 4;
-		gpu_ptr op = sel_pos + (size_t)t0 * ksel * 4, os = sel_slot + (size_t)t0 * ksel * 4;
-		if (need) {
-			/* FP8 tensor cores (k_indexer_scores_fp8; run 5: 2.27 TB/s at 128K x 128, the
-			 * dots within 2^-23 of sum |q k|, as the fp32-exact k_indexer_scores) */
-			int r = cuda_indexer_scores(F->g, q, w, Hi, pool, pb, bt, mb, nk, scores, ld, n);
-			if (r)
-				return fwd_fail("cuda_indexer_scores", r);
-			prof_mark(F->g->stream, "indexer scores");
-			TRY(dump_rows(F, "idx_scores", layer, scores, DUMP_F32, ld, -1, t0, n));
-		}
-		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
-		if (r)
-			return fwd_fail("cuda_indexer_topk", r);
-		prof_mark(F->g->stream, "indexer topk");
-	}
-	gpu_arena_release(F->A, mark);
-	return dump_all(F, "idx_topk", layer, sel_pos, DUMP_I32, ksel, ksel);
-}
-
-/* x [Tp, D] the layer input (the embedding when first), r [Tp, D] the residual stream. On
- * return x holds the layer's FFN output. */
-static int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x, gpu_ptr r,
-		     int first)
-{
-	const struct dsv32_config *c = F->c;
-	/* (not const: the kernels take their addresses) */
-	int T = F->T, Tp = F->Tp, D = (int)c->hidden_size;
-	int H = (int)c->num_attention_heads, dq = (int)c->qk_head_dim;
-	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
-	int Rk = (int)c->kv_lora_rank, qlr = (int)c->q_lora_rank, dv = (int)c->v_head_dim;
-	int Hi = (int)c->index_n_heads, Hpad = (H + 15) / 16 * 16;
-	int Nq = qlr + 128 + Rk + rope, kvo = qlr + 128; /* [q_a | idx wk | kv_a] */
-	size_t mark = gpu_arena_mark(F->A);
-
-	/* attention norm with the fused residual add: r = bf16(x + r), a = RMSNorm(x + r) */
-	TAKE(a, (size_t)Tp * D * 2);          /* bf16 [Tp, D] attn_norm */
-	TAKE(a8, (size_t)Tp * D);             /* e4m3 [Tp, D] */
-	TAKE(as, (size_t)Tp * (D / 128) * 4); /* fp32 [Tp, D/128] */
-	const int fuse = fused();
-	gpu_ptr cs = F->m->rope_cs;
-	if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
-			      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
-		return -EIO;
-	TRY(op_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
-	if (!fuse)
-		TRY(op_quant(F, a, a8, as, T, D));
-	TRY(dump_all(F, "attn_norm", layer, a, DUMP_BF16, D, D));
-
-	/* the projections of a (§3.3, §3.6.2): [q_a | indexer wk | kv_a] = a W^T, one GEMM when the
-	 * three are placed as one matrix */
-	TAKE(yq, (size_t)Tp * Nq * 2);        /* bf16 [Tp, q_lora_rank | 128 | kv_lora_rank | rope] */
-	if (L->fused_qkv) {
-		TRY(op_gemm(F, &L->qkv, a8, as, yq, T, Nq));
-	} else {
-		TRY(op_gemm(F, &L->q_a, a8, as, yq, T, Nq));
-		TRY(op_gemm(F, &L->idx_k, a8, as, yq + (size_t)qlr * 2, T, Nq));
-		TRY(op_gemm(F, &L->kv_a, a8, as, yq + (size_t)kvo * 2, T, Nq));
-	}
-	TAKE(cq, (size_t)Tp * qlr * 2);       /* bf16 [Tp, q_lora_rank] q_cmpr */
-	TAKE(ckv, (size_t)Tp * Rk * 2);       /* bf16 [Tp, kv_lora_rank] kv_cmpr (pre-FP8) */
-	gpu_ptr kpe = yq + (size_t)(kvo + Rk) * 2; /* bf16 [Tp, rope] in yq's rows */
-	gpu_ptr ikr = yq + (size_t)qlr * 2;   /* bf16 [Tp, 128] indexer wk output, in yq's rows */
-	TAKE(cq8, (size_t)Tp * qlr);
-	TAKE(cqs, (size_t)Tp * (qlr / 128) * 4);
-	TAKE(ik, (size_t)Tp * 128 * 2);       /* bf16 [Tp, 128] idx_k */
-	float eps = (float)c->rms_norm_eps, had = (float)pow(128.0, -0.5);
-	if (fuse) { /* q_norm + act_quant; kv_norm, k_pe RoPE, MLA record; indexer key and its
-		     * cache write: one launch */
-		gpu_ptr pm = pool_mla(F, layer), pi = pool_idx(F, layer), qnw = L->q_norm;
-		gpu_ptr kvnw = L->kv_norm, inw = L->idx_k_norm_w, inb = L->idx_k_norm_b;
-		int rec = (int)c->mla_record_bytes;
-		long long pb = (long long)F->E->base->idx_page_bytes;
-		LAUNCH("k_fwd_qkv_norms", 2 * T + (T + 7) / 8, 1, 256, 0, &yq, &Nq, &T, &eps, &qnw, &cq,
-		       &qlr, &cq8, &cqs, &kvo, &kvnw, &ckv, &Rk, &F->pos, &cs, &F->slot, &pm, &rec, &inw,
-		       &inb, &ik, &pi, &pb, &had);
-	} else {
-		TRY(op_rms(F, yq, Nq, 0, L->q_norm, cq, qlr, qlr));
-		TRY(op_quant(F, cq, cq8, cqs, T, qlr));
-		TRY(op_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
-		TRY(op_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
-	}
-	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
-	TRY(op_gemm(F, &L->q_b, cq8, cqs, q, T, H * dq));
-	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
-	if (!(fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
-		TRY(op_rope(F, q, H, (long long)H * dq, dq, nope, 1));
-	TRY(dump_all(F, "q_cmpr", layer, cq, DUMP_BF16, qlr, qlr));
-	TRY(dump_all(F, "kv_cmpr", layer, ckv, DUMP_BF16, Rk, Rk));
-	TRY(dump_all(F, "k_pe", layer, kpe, DUMP_BF16, Nq, rope));
-
-	/* lightning indexer projections (§3.6.1-7) */
-	TAKE(iq, (size_t)Tp * Hi * 128 * 2);  /* bf16 [Tp, Hi, 128] idx_q */
-	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
-	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
-	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
-	TRY(op_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
-	float hs = (float)pow((double)Hi, -0.5), ds = had;
-	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
-	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
-	 * k_fwd_gemv_ks: the same numbers, one launch more) */
-	const int qw = fuse && !F->E->batch_invariant && T <= 4 && D % 8 == 0 && Hi < 8 * F->g->sm_count;
-	if (!qw)
-		TRY_TAG("weights_proj", op_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
-	if (qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
-		gpu_ptr wp = L->idx_wproj;
-		LAUNCH("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
-		       &wp, &a, &D, &D);
-	} else if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
-		int rows = T * Hi;
-		LAUNCH("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
-		       &Hi, &rows, &had, &hs, &ds);
-	} else {
-		TRY(op_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
-		TRY(op_hadamard(F, iq, T * Hi));
-		TRY(op_quant(F, iq, iq8, iqs, T * Hi, 128));
-		int n = T * Hi;
-		LAUNCH("k_fwd_idx_weights", (n + 255) / 256, 1, 256, 0, &iw, &iqs, &n, &hs, &ds);
-		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &T, &eps);
-		TRY(op_rope(F, ik, 1, 128, 0, 0, 0));
-		TRY(op_hadamard(F, ik, T));
-	}
-	TRY(dump_all(F, "idx_q", layer, iq, DUMP_BF16, Hi * 128, Hi * 128));
-	TRY(dump_all(F, "idx_k", layer, ik, DUMP_BF16, 128, 128));
-	TRY(dump_all(F, "idx_w", layer, iw, DUMP_F32, Hi, Hi));
-
-	/* cache writes for every row before any row attends (done above when fused) */
-	if (!fuse) {
-		gpu_ptr pm = pool_mla(F, layer), pi = pool_idx(F, layer);
-		int rec = (int)c->mla_record_bytes, ld128 = 128;
-		long long pb = (long long)F->E->base->idx_page_bytes;
-		LAUNCH("k_kv_mla_write", T, 1, 32 * (Rk / 128 + 1), 0, &ckv, &Rk, &kpe, &Nq, &F->slot, &pm,
-		       &Rk, &rope, &rec);
-		LAUNCH("k_kv_index_write", (T + 7) / 8, 1, 256, 0, &ik, &ld128, &F->slot, &pi, &pb, &T);
-	}
-
-	/* sparse attention: selection, q absorption, MLA over the selected slots, W_UV */
-	int ksel = F->ksel;
-	TAKE(sel_pos, (size_t)Tp * ksel * 4);
-	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	TRY(op_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
-	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
-	if (Hpad > H && cu_check(cu.cuMemsetD8Async(qf, 0, (size_t)T * Hpad * (Rk + rope) * 2,
-						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
-		return -EIO;
-	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
-	if (!absorb_cc) {
-		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
-		long long a_hs = dq, c_hs = Rk + rope;
-		F->tag = "q absorb (mma)";
-		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
-			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
-		F->tag = NULL;
-	} else { /* rows a block: the step's, up to 8 */
-		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
-					      "k_fwd_q_absorb8"};
-		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
-		gpu_ptr qcs = fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
-		LAUNCH3(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
-			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
-	}
-	TRY(dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
-	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
-		size_t n = (size_t)T * Hpad * (Rk + rope);
-		uint16_t *h = malloc(n * 2);
-		float *row = malloc((size_t)H * Rk * sizeof *row);
-		int rr = !h || !row ? -ENOMEM : gpu_download(F->g, h, qf, n * 2);
-		for (int t = 0; t < T && !rr; t++) {
-			for (int hh = 0; hh < H; hh++)
-				for (int i = 0; i < Rk; i++)
-					row[hh * Rk + i] = bf16_to_f32(h[((size_t)t * Hpad + hh) * (Rk + rope) + i]);
-			F->st->dump->fn(F->st->dump->ctx, "q_lat", layer, F->seq_h[t], F->pos_h[t], 0, row,
-					(int64_t)H * Rk);
-		}
-		free(h);
-		free(row);
-		TRY(rr);
-	}
-	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
-	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
-	if (mla32 && *mla32 == '1') {
-		gpu_ptr pm = pool_mla(F, layer);
-		int rec = (int)c->mla_record_bytes;
-		float scale = c->softmax_scale;
-		LAUNCH("k_fwd_mla_fp32", Hpad / 16, T, 256, 0, &qf, &sel_slot, &ksel, &pm, &rec, &Rk, &Hpad,
-		       &scale, &olat);
-	} else if (!F->E->batch_invariant) {
-		size_t wsb = cuda_mla_decode_workspace(F->g, T, Hpad, Rk, ksel);
-		gpu_ptr ws = 0;
-		if (wsb && !(ws = take(F, wsb)))
-			return -ENOMEM;
-		int rc = cuda_mla_decode(F->g, qf, sel_slot, ksel, pool_mla(F, layer), (int)c->mla_record_bytes,
-					 Rk, Hpad, T, c->softmax_scale, olat, ws);
-		if (rc)
-			return fwd_fail("cuda_mla_decode", rc);
-		prof_mark(F->g->stream, "mla decode");
-	} else {
-		/* batch-invariant: the key splits a decode row gets (cuda_mla_decode_splits at one
-		 * row) for every row count, in pieces of 32 rows (the split partials' workspace: 135
-		 * MB at the real dimensions, within fwd_max_rows' fixed part) */
-		int splits = cuda_mla_decode_splits(F->g, 1, Hpad, ksel);
-		int piece = T < 32 ? T : 32;
-		gpu_ptr ws = 0;
-		if (splits > 1 && !(ws = take(F, (size_t)piece * Hpad * splits * (Rk + 2) * 4)))
-			return -ENOMEM;
-		for (int t0 = 0; t0 < T; t0 += piece) {
-			int n = T - t0 < piece ? T - t0 : piece;
-			int rc = cuda_mla_decode_diag(F->g, qf + (size_t)t0 * Hpad * (Rk + rope) * 2,
-						      sel_slot + (size_t)t0 * ksel * 4, ksel, pool_mla(F, layer),
-						      (int)c->mla_record_bytes, Rk, Hpad, n, c->softmax_scale,
-						      olat + (size_t)t0 * Hpad * Rk * 2, ws, splits << 8);
-			if (rc)
-				return fwd_fail("cuda_mla_decode_diag", rc);
-		}
-		prof_mark(F->g->stream, "mla decode");
-	}
-	TAKE(o, (size_t)Tp * H * dv * 2);     /* bf16 [Tp, H * v_head_dim] attn_o */
-	TAKE(o8, (size_t)Tp * H * dv);        /* its act_quant: e4m3 codes, fp32 scales */
-	TAKE(os, (size_t)Tp * (H * dv / 128) * 4);
-	int o_quantised = 0;
-	if (T > MMA_ROWS) {
-		int mode = 1, lda = Hpad * Rk, b_row0 = nope, b_hs = nope + dv, ldc = H * dv, out32 = 0;
-		long long a_hs = Rk, c_hs = dv;
-		F->tag = "uv (mma)";
-		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
-			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
-		F->tag = NULL;
-	} else if (T == 1 && fuse && dv == 128 && Rk <= 512) { /* a decode row, o's act_quant fused */
-		LAUNCH("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
-		       &Rk);
-		o_quantised = 1;
-	} else if (T == 1) { /* a decode row: one row a block */
-		LAUNCH3("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
-			&nope, &dv, &Rk);
-	} else {
-		LAUNCH3("k_fwd_uv4", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
-			&Hpad, &nope, &dv, &Rk);
-	}
-	TRY(dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));
-	TAKE(ao, (size_t)Tp * D * 2);         /* bf16 [Tp, D] attn_out */
-	if (!o_quantised)
-		TRY(op_quant(F, o, o8, os, T, H * dv));
-	TRY(op_gemm(F, &L->o, o8, os, ao, T, D));
-	TRY(dump_all(F, "attn_out", layer, ao, DUMP_BF16, D, D));
-
-	/* FFN: r = bf16(attn_out + r), f = RMSNorm(attn_out + r); x = FFN(f) */
-	TAKE(f, (size_t)Tp * D * 2);          /* bf16 [Tp, D] ffn_norm */
-	TRY(op_rms(F, ao, D, r, L->ffn_norm, f, D, D));
-	TRY(dump_all(F, "ffn_norm", layer, f, DUMP_BF16, D, D));
-	if (L->is_moe) {
-		TRY(op_moe(F, layer, L, f, x));
-	} else {
-		TRY(op_mlp(F, &L->w13, &L->w2, f, x, T));
-		TRY(dump_all(F, "ffn_out", layer, x, DUMP_BF16, D, D));
-	}
-	gpu_arena_release(F->A, mark);
-	return 0;
-}
-
 /* ---- the step's metadata ------------------------------------------------------------------------ */
 
 static int row_flags(const struct backend_seq *s, int64_t j)
@@ -850,7 +149,7 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 		return 0;
 	if (T > 65535)
 		return -EINVAL; /* grid y of the per-row kernels */
-	F->T = (int)T, F->Tp = round8((int)T);
+	F->T = (int)T, F->Tp = fwd_round8((int)T);
 	F->pos_h = malloc((size_t)T * sizeof *F->pos_h);
 	F->seq_h = malloc((size_t)T * sizeof *F->seq_h);
 	if (!F->pos_h || !F->seq_h)
@@ -936,8 +235,8 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	for (int v = 0; v < 4; v++) {
 		if (F->E->batch_invariant != (v == 3))
 			continue;
-		void *fn = gpu_kernel(F->g, v < 3 ? head_mma_names[v] : "k_fwd_lin_stream");
-		int smem = v < 3 ? (int)head_mma_smem(1 << v) : LIN_STREAM_SMEM;
+		void *fn = gpu_kernel(F->g, v < 3 ? fwd_head_mma_names[v] : "k_fwd_lin_stream");
+		int smem = v < 3 ? (int)fwd_head_mma_smem(1 << v) : LIN_STREAM_SMEM;
 		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 							  smem),
 				    "cuFuncSetAttribute", __FILE__, __LINE__))
@@ -1001,7 +300,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	if (!st->mtp) {
 		gpu_ptr emb = m->embed;
 		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
-		TRY(dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
+		TRY(fwd_dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
 		for (int64_t l = 0; l < Lm; l++)
 			TRY(fwd_layer(F, l, &m->layers[l], x, r, l == 0));
 		norm = m->norm, head = m->lm_head;
@@ -1011,30 +310,30 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 		TAKE(cat, (size_t)F->Tp * 2 * D * 2); /* bf16 [Tp, 2D] */
 		gpu_ptr emb = m->mtp_embed;
 		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &e, &D);
-		TRY(op_rms(F, e, D, 0, m->enorm, cat, 2 * D, D));
-		TRY(op_rms(F, F->up[0], D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
-		TRY(dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
-		TRY_TAG("eh_proj", op_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
-		TRY(dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
+		TRY(fwd_rms(F, e, D, 0, m->enorm, cat, 2 * D, D));
+		TRY(fwd_rms(F, F->up[0], D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
+		TRY(fwd_dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
+		TRY_TAG("eh_proj", fwd_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
+		TRY(fwd_dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
 		TRY(fwd_layer(F, Lm, &m->layers[Lm], x, r, 1));
 		norm = m->head_norm, head = m->mtp_head;
 	}
 	/* final norm of the fp32 sum x + r: out = RMSNorm, r = bf16(x + r) (the MTP block's output) */
 	TAKE(out, (size_t)F->Tp * D * 2);
-	TRY(op_rms(F, x, D, r, norm, out, D, D));
-	TRY(dump_all(F, "result_norm", st->mtp ? Lm : -1, out, DUMP_BF16, D, D));
+	TRY(fwd_rms(F, x, D, r, norm, out, D, D));
+	TRY(fwd_dump_all(F, "result_norm", st->mtp ? Lm : -1, out, DUMP_BF16, D, D));
 	*out_p = out, *r_p = r, *l32_p = 0;
 	if (F->n_logits) {
 		int nl = F->n_logits;
 		gpu_ptr hr = out; /* every row asks for logits (decode): they are in order already */
 		if (nl < T) {
-			hr = take(F, (size_t)nl * D * 2);
+			hr = fwd_take(F, (size_t)nl * D * 2);
 			if (!hr)
 				return -ENOMEM;
 			LAUNCH("k_moe_gather", nl, 1, 256, 0, &out, &F->lrows, &hr, &D);
 		}
 		TAKE(l32, (size_t)nl * V * 4);
-		TRY_TAG("lm head", op_lin(F, head, hr, D, l32, 0, V, nl, D, V));
+		TRY_TAG("lm head", fwd_lin(F, head, hr, D, l32, 0, V, nl, D, V));
 		*l32_p = l32;
 	}
 	return 0;
@@ -1225,7 +524,7 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 		if (r == 1) {
 			const char *pv = getenv("DSV32_CUDA_PROFILE");
 			prof.on = pv && *pv == '1' && !st->dump;
-			prof_mark(E->g->stream, "step start");
+			fwd_prof_mark(E->g->stream, "step start");
 			r = step_device(&F, &out, &res, &l32);
 			prof_step_end();
 			prof.on = 0;
@@ -1316,7 +615,7 @@ int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct back
 	if (!rc && F.T) {
 		int D = (int)c->hidden_size, T = F.T;
 		int first = layer == 0 || layer == c->num_hidden_layers;
-		gpu_ptr dx = take(&F, (size_t)F.Tp * D * 2), dr = take(&F, (size_t)F.Tp * D * 2);
+		gpu_ptr dx = fwd_take(&F, (size_t)F.Tp * D * 2), dr = fwd_take(&F, (size_t)F.Tp * D * 2);
 		rc = !dx || !dr ? -ENOMEM : 0;
 		if (!rc && !cu_check(cu.cuMemcpyDtoDAsync(dx, F.up[0], (size_t)T * D * 2, E->g->stream),
 				     "cuMemcpyDtoDAsync", __FILE__, __LINE__) &&
