@@ -46,6 +46,8 @@ __device__ __forceinline__ void fwd_rmsnorm(int row, const uint16_t *__restrict_
 {
 	uint16_t *orow = out + (size_t)row * ldo;
 	prefetch_weights<THREADS>(w, dim);
+	pdl_trigger();
+	pdl_wait(); // x and res are the previous kernels' outputs
 	block_rmsnorm_row<THREADS, PER>(x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr,
 					w, orow, dim, eps);
 	if (!q)
@@ -150,6 +152,8 @@ k_fwd_idx_q(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restri
 	    float hs, float ds)
 {
 	const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+	pdl_trigger();
+	pdl_wait(); // iq is the previous kernel's output
 	if (r >= rows)
 		return;
 	idx_q_row(r, w[r], iq, q8, w, pos, cs, H, had, hs, ds, lane);
@@ -168,8 +172,22 @@ k_fwd_idx_qw(uint16_t *__restrict__ iq, uint8_t *__restrict__ q8, float *__restr
 	const int r = blockIdx.x, t = r / H, h = r % H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const uint4 *wr = reinterpret_cast<const uint4 *>(Wp + (size_t)h * D);
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+	// the first 4 chunks of the weight row (constant) loaded before the wait; the chunks are
+	// then added in the same order as k_fwd_gemv_ks (c = tid, tid + 256, ...)
+	const int nc = D / 8;
+	uint4 pre[4];
+#pragma unroll
+	for (int u = 0; u < 4; u++)
+		if (threadIdx.x + 256 * u < nc)
+			pre[u] = wr[threadIdx.x + 256 * u];
+	pdl_trigger();
+	pdl_wait(); // a and iq are earlier kernels' outputs
+#pragma unroll
+	for (int u = 0; u < 4; u++)
+		if (threadIdx.x + 256 * u < nc)
+			gemv_chunk(acc, pre[u], a + (size_t)t * lda, lda, threadIdx.x + 256 * u, 1);
 #pragma unroll 4
-	for (int c = threadIdx.x; c < D / 8; c += 256)
+	for (int c = threadIdx.x + 1024; c < nc; c += 256)
 		gemv_chunk(acc, wr[c], a + (size_t)t * lda, lda, c, 1);
 	acc[0] = warp_sum(acc[0]);
 	if (lane == 0)
@@ -268,6 +286,8 @@ k_fwd_qkv_norms(uint16_t *__restrict__ y, int ld, int T, float eps, const float 
 		long long ipb, float had)
 {
 	const int b = blockIdx.x;
+	pdl_trigger();
+	pdl_wait(); // y is the previous kernel's output (fwd_rmsnorm's second wait returns at once)
 	if (b < T) {
 		fwd_rmsnorm<KV_THREADS, 32>(b, y, ld, nullptr, qnw, cq, qlr, qlr, eps, cq8, cqs);
 	} else if (b < 2 * T) {

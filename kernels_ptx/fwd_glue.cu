@@ -220,13 +220,27 @@ k_fwd_gemv(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, int l
 	   float *__restrict__ y32, uint16_t *__restrict__ y16, int ldy, int M, int D, int V)
 {
 	const int v = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-	if (v >= V)
+	pdl_trigger();
+	if (v >= V) {
+		pdl_wait(); // (every block waits: see pdl_wait)
 		return;
+	}
 	const uint4 *wr = reinterpret_cast<const uint4 *>(W + (size_t)v * D);
 	float acc[LIN_ROWS] = {0.f, 0.f, 0.f, 0.f};
 	const int nc = D / 8;
+	// the first 4 chunks of the row (constant) before the wait, added in the same order
+	uint4 pre[4];
+#pragma unroll
+	for (int u = 0; u < 4; u++)
+		if (lane + 32 * u < nc)
+			pre[u] = wr[lane + 32 * u];
+	pdl_wait(); // x is the previous kernel's output
+#pragma unroll
+	for (int u = 0; u < 4; u++)
+		if (lane + 32 * u < nc)
+			gemv_chunk(acc, pre[u], x, ldx, lane + 32 * u, M);
 #pragma unroll 4
-	for (int c = lane; c < nc; c += 32)
+	for (int c = lane + 128; c < nc; c += 32)
 		gemv_chunk(acc, wr[c], x, ldx, c, M);
 #pragma unroll
 	for (int m = 0; m < LIN_ROWS; m++)
@@ -320,6 +334,8 @@ __device__ __forceinline__ void q_absorb(uint16_t *__restrict__ q, const uint8_t
 		if (d < nope)
 			sc[d] = S[((row0 + d) / 128) * nkb + z];
 	}
+	pdl_trigger();
+	pdl_wait(); // q is the previous kernels' output (the weights above are constant)
 #pragma unroll
 	for (int k = 0; k < (ROWS * ABS_MAX_NOPE + 127) / 128; k++) {
 		const int i = tid + k * 128, tt = i / nope, d = i % nope;
@@ -389,13 +405,17 @@ Q_ABSORB(8)
 // stored); lanes 8q .. 8q+7 of warp w own output 32 z + 4w + q, lane j sums k = j mod 8 in
 // order, then tree8. ROWS token rows a block: 1 (a decode row) or 4. R <= 512.
 #define UV_W_LOADS (W_CHUNK * ABS_MAXR / 16 / 256) // 16-byte loads a thread, at most
+// Staged W_UV row stride in bytes: 16 bytes of padding put the 4 rows a warp reads at once (its
+// lane groups 8q .. 8q+7) on distinct banks (unpadded, rows 512 bytes apart: a 4-way conflict on
+// every weight read)
+#define UV_LD (ABS_MAXR + 16)
 template <int ROWS>
 __device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
 				   const float *__restrict__ S, uint16_t *__restrict__ o, int T, int H,
 				   int Hpad, int nope, int dv, int R)
 {
 	__shared__ float ol[ROWS][ABS_MAXR];
-	__shared__ __align__(16) uint8_t w[W_CHUNK][ABS_MAXR];
+	__shared__ __align__(16) uint8_t w[W_CHUNK][UV_LD];
 	__shared__ float sc[W_CHUNK][4];
 	const int h = blockIdx.x, t0 = blockIdx.y * ROWS, tid = threadIdx.x;
 	const int d0 = blockIdx.z * W_CHUNK, n = min(W_CHUNK, dv - d0);
@@ -410,6 +430,8 @@ __device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uin
 	}
 	if (tid < n * nkb)
 		sc[tid / nkb][tid % nkb] = S[((wrow0 + tid / nkb) / 128) * nkb + tid % nkb];
+	pdl_trigger();
+	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
 #pragma unroll
 	for (int k = 0; k < (ROWS * ABS_MAXR + 255) / 256; k++) {
 		const int i = tid + k * 256, tt = i / R, kk = i % R;
@@ -470,7 +492,7 @@ k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb
 	    float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
 {
 	__shared__ float ol[1][ABS_MAXR];
-	__shared__ __align__(16) uint8_t w[2][W_CHUNK][ABS_MAXR];
+	__shared__ __align__(16) uint8_t w[2][W_CHUNK][UV_LD];
 	__shared__ float sc[UVQ_CHUNKS * W_CHUNK][4];
 	__shared__ float out[128];
 	const int h = blockIdx.x, tid = threadIdx.x;
@@ -488,6 +510,8 @@ k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb
 		}
 	for (int i = tid; i < UVQ_CHUNKS * W_CHUNK * nkb; i += 512)
 		sc[i / nkb][i % nkb] = S[((wrow0 + i / nkb) / 128) * nkb + i % nkb];
+	pdl_trigger();
+	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
 	for (int i = tid; i < R; i += 512)
 		ol[0][i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
 	const int lane = tid & 31, j = lane & 7, warp = tid >> 5, half = warp >> 3;

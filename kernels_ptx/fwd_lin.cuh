@@ -1,8 +1,20 @@
 // fwd_lin.cuh — pieces of the forward's bf16 products shared by fwd_glue.cu and fwd_fused.cu:
 // the row count of the few-row kernels, their output store and the fixed-order chunk product of
-// k_fwd_gemv / k_fwd_gemv_ks (also inside k_fwd_idx_qw). Device code only.
+// k_fwd_gemv / k_fwd_gemv_ks (also inside k_fwd_idx_qw); the programmatic-dependent-launch
+// steps of the forward's kernels. Device code only.
 #pragma once
 #include "common.cuh"
+
+// Programmatic dependent launch (model/cuda_fwd.h, LAUNCH_PDL). pdl_trigger: the next kernel in
+// the stream may be scheduled now (it runs what does not depend on this grid, e.g. its weight
+// loads, then waits in its own pdl_wait for this grid to complete). pdl_wait: returns when the
+// previous kernel has completed and its writes are visible; before it a kernel may read only
+// constant data (weights), never an activation (even one written kernels earlier: the previous
+// kernel may itself have triggered before its own wait), and may write nothing. Every kernel
+// launched that way waits in every block (so a grid completes after its predecessor: the order
+// stays transitive). Both are no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 #define LIN_ROWS 4
 

@@ -64,26 +64,23 @@ struct fwd {
 	if (!var)                                 \
 		return -ENOMEM
 
-#define LAUNCH(name, gx, gy, bx, smem, ...)                                                      \
+/* Launches kernel name (the grid, block bx threads, dynamic shared memory smem, arguments ...)
+ * on the step's stream and marks it in the profile; returns from the caller on failure.
+ * LAUNCH_PDL: by programmatic dependent launch (fwd_launch), for the kernels that wait in
+ * pdl_wait (kernels_ptx/fwd_lin.cuh) before they read an activation or write anything. */
+#define LAUNCH_AS(pdl, name, gx, gy, gz, bx, smem, ...)                                          \
 	do {                                                                                     \
 		void *a_[] = {__VA_ARGS__};                                                      \
-		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
-				    1, (unsigned)(bx), 1, 1, (unsigned)(smem), a_);              \
+		int r_ = fwd_launch(F, name, (unsigned)(gx), (unsigned)(gy), (unsigned)(gz),      \
+				    (unsigned)(bx), (unsigned)(smem), a_, pdl);                   \
 		if (r_)                                                                          \
-			return fwd_fail(name, r_);                                               \
-		fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
+			return r_;                                                               \
 	} while (0)
-
+#define LAUNCH(name, gx, gy, bx, smem, ...) LAUNCH_AS(0, name, gx, gy, 1, bx, smem, __VA_ARGS__)
+#define LAUNCH_PDL(name, gx, gy, bx, smem, ...) LAUNCH_AS(1, name, gx, gy, 1, bx, smem, __VA_ARGS__)
 /* A launch with a z grid dimension, no dynamic shared memory. */
-#define LAUNCH3(name, gx, gy, gz, bx, ...)                                                       \
-	do {                                                                                     \
-		void *a_[] = {__VA_ARGS__};                                                      \
-		int r_ = gpu_launch(F->g, gpu_kernel(F->g, name), (unsigned)(gx), (unsigned)(gy), \
-				    (unsigned)(gz), (unsigned)(bx), 1, 1, 0, a_);                \
-		if (r_)                                                                          \
-			return fwd_fail(name, r_);                                               \
-		fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);                                \
-	} while (0)
+#define LAUNCH3(name, gx, gy, gz, bx, ...) LAUNCH_AS(0, name, gx, gy, gz, bx, 0, __VA_ARGS__)
+#define LAUNCH3_PDL(name, gx, gy, gz, bx, ...) LAUNCH_AS(1, name, gx, gy, gz, bx, 0, __VA_ARGS__)
 
 #define TRY(call)                  \
 	do {                       \
@@ -119,6 +116,10 @@ void fwd_prof_mark(void *stream, const char *name);
 
 /* cuda_fwd_ops.c */
 int fwd_fail(const char *what, int r);
+/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless DSV32_CUDA_FWD_PDL=0 (read once;
+ * for diagnosis and A/B timing: then every forward kernel waits for the previous one whole) */
+int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+	       unsigned smem, void **args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);
 int fwd_fused(void);
 int fwd_dump_rows(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,

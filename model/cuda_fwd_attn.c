@@ -129,7 +129,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		gpu_ptr kvnw = L->kv_norm, inw = L->idx_k_norm_w, inb = L->idx_k_norm_b;
 		int rec = (int)c->mla_record_bytes;
 		long long pb = (long long)F->E->base->idx_page_bytes;
-		LAUNCH("k_fwd_qkv_norms", 2 * T + (T + 7) / 8, 1, 256, 0, &yq, &Nq, &T, &eps, &qnw, &cq,
+		LAUNCH_PDL("k_fwd_qkv_norms", 2 * T + (T + 7) / 8, 1, 256, 0, &yq, &Nq, &T, &eps, &qnw, &cq,
 		       &qlr, &cq8, &cqs, &kvo, &kvnw, &ckv, &Rk, &F->pos, &cs, &F->slot, &pm, &rec, &inw,
 		       &inb, &ik, &pi, &pb, &had);
 	} else {
@@ -162,11 +162,11 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY_TAG("weights_proj", fwd_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
 	if (qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
 		gpu_ptr wp = L->idx_wproj;
-		LAUNCH("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
+		LAUNCH_PDL("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
 		       &wp, &a, &D, &D);
 	} else if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
 		int rows = T * Hi;
-		LAUNCH("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
+		LAUNCH_PDL("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
 		       &Hi, &rows, &had, &hs, &ds);
 	} else {
 		TRY(fwd_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
@@ -192,11 +192,9 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH("k_kv_index_write", (T + 7) / 8, 1, 256, 0, &ik, &ld128, &F->slot, &pi, &pb, &T);
 	}
 
-	/* sparse attention: selection, q absorption, MLA over the selected slots, W_UV */
-	int ksel = F->ksel;
-	TAKE(sel_pos, (size_t)Tp * ksel * 4);
-	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
+	/* sparse attention: q absorption, selection, MLA over the selected slots, W_UV (the
+	 * absorption first: it needs only q, and by programmatic dependent launch its weight loads
+	 * overlap the indexer query kernel before it) */
 	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
 	if (Hpad > H && cu_check(cu.cuMemsetD8Async(qf, 0, (size_t)T * Hpad * (Rk + rope) * 2,
 						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
@@ -214,7 +212,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 					      "k_fwd_q_absorb8"};
 		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
 		gpu_ptr qcs = fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
-		LAUNCH3(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
+		LAUNCH3_PDL(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
 			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
 	}
 	TRY(fwd_dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
@@ -234,6 +232,10 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		free(row);
 		TRY(rr);
 	}
+	int ksel = F->ksel;
+	TAKE(sel_pos, (size_t)Tp * ksel * 4);
+	TAKE(sel_slot, (size_t)Tp * ksel * 4);
+	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
 	if (mla32 && *mla32 == '1') {
@@ -284,14 +286,14 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
 	} else if (T == 1 && fuse && dv == 128 && Rk <= 512) { /* a decode row, o's act_quant fused */
-		LAUNCH("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
+		LAUNCH_PDL("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
 		       &Rk);
 		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */
-		LAUNCH3("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
+		LAUNCH3_PDL("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
 			&nope, &dv, &Rk);
 	} else {
-		LAUNCH3("k_fwd_uv4", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
+		LAUNCH3_PDL("k_fwd_uv4", H, (T + 3) / 4, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H,
 			&Hpad, &nope, &dv, &Rk);
 	}
 	TRY(fwd_dump_all(F, "attn_o", layer, o, DUMP_BF16, H * dv, H * dv));

@@ -33,6 +33,27 @@ int fwd_fail(const char *what, int r)
 	return r ? r : -EIO;
 }
 
+static int fwd_pdl_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_CUDA_FWD_PDL");
+		on = !(v && *v == '0');
+	}
+	return on;
+}
+
+int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+	       unsigned smem, void **args, int pdl)
+{
+	int r = (pdl && fwd_pdl_on() ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx, gy,
+								      gz, bx, 1, 1, smem, args);
+	if (r)
+		return fwd_fail(name, r);
+	fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);
+	return 0;
+}
+
 /* Arena scratch; 0 when the arena is exhausted (sized at start: a bug, reported). */
 gpu_ptr fwd_take(struct fwd *F, size_t bytes)
 {
@@ -98,10 +119,10 @@ int fwd_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr 
 {
 	float eps = (float)F->c->rms_norm_eps;
 	if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
-		LAUNCH("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
+		LAUNCH_PDL("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
 		       &qs);
 	else
-		LAUNCH("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
+		LAUNCH_PDL("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
 	return 0;
 }
 
@@ -223,7 +244,7 @@ int fwd_lin(struct fwd *F, gpu_ptr W, gpu_ptr x, int ldx, gpu_ptr y32, gpu_ptr y
 		if (V < 8 * F->g->sm_count) /* few outputs (weights_proj): K over a block's 8 warps */
 			LAUNCH("k_fwd_gemv_ks", V, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D, &V);
 		else
-			LAUNCH("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D,
+			LAUNCH_PDL("k_fwd_gemv", (V + 7) / 8, 1, 256, 0, &W, &x, &ldx, &y32, &y16, &ldy, &M, &D,
 			       &V);
 		return 0;
 	}
