@@ -294,6 +294,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	int T = F->T, D = (int)c->hidden_size, V = (int)c->vocab_size;
 	int64_t Lm = c->num_hidden_layers;
 	TRY(fwd_upload(F));
+	fwd_prof_mark(F->g->stream, "metadata upload");
 	TAKE(x, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] layer input / output */
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;
