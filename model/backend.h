@@ -140,7 +140,8 @@ struct backend_cuda_opts {
 	 * kernels, every bf16 product on the CUDA cores in the CPU's order, the full selection
 	 * width); 0 (default): the fast paths, whose large-M GEMMs and MoE block depart from the
 	 * CPU by their accumulation order (model/cuda_forward.c says where). The environment
-	 * variable DSV32_CUDA_BATCH_INVARIANT=1 / 0 overrides it (read at every step). */
+	 * variable DSV32_CUDA_BATCH_INVARIANT=1 / 0 overrides it (read when the backend is
+	 * created). */
 	int batch_invariant;
 };
 int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
@@ -150,6 +151,10 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 /* The mode a CUDA backend's steps run in now (backend_cuda_opts.batch_invariant and the
  * environment override): "fast" or "batch-invariant"; "not cuda" for another backend. */
 const char *backend_cuda_mode(const struct backend *b);
+
+/* Sets the mode of a CUDA backend's later steps (1: batch-invariant; tests run both modes on
+ * one cache). Returns the mode it replaces, or -ENOTSUP for another backend. */
+int backend_cuda_set_batch_invariant(struct backend *b, int on);
 
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
  * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid

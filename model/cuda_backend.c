@@ -23,7 +23,8 @@
  *
  * The step: model/cuda_forward.c, after backend_validate_step; never a CPU fallback. Its mode
  * (fast, or batch-invariant: backend_cuda_opts.batch_invariant, DSV32_CUDA_BATCH_INVARIANT
- * overriding it at every step) is said in the start-up line and by backend_cuda_mode.
+ * overriding it when the backend is created; backend_cuda_set_batch_invariant later) is said
+ * in the start-up line and by backend_cuda_mode.
  * Must not: decide scheduling or sample.
  */
 #include "model/backend.h"
@@ -77,6 +78,12 @@ const char *backend_cuda_mode(const struct backend *b)
 	return "not cuda";
 }
 
+int backend_cuda_set_batch_invariant(struct backend *b, int on)
+{
+	(void)b, (void)on;
+	return -ENOTSUP;
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
@@ -107,7 +114,8 @@ struct cuda_backend {
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
 	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
-	int batch_invariant;              /* backend_cuda_opts.batch_invariant */
+	int batch_invariant;              /* the mode: backend_cuda_opts.batch_invariant, or
+					   * DSV32_CUDA_BATCH_INVARIANT when set (read at creation) */
 	uint64_t seed;
 	size_t pinned_bytes;
 	size_t upload_bytes;
@@ -468,15 +476,15 @@ static int build_model(struct cuda_backend *b, struct err *e)
 
 /* ---- backend_ops --------------------------------------------------------------------------- */
 
-/* The mode a step runs in: the option, unless DSV32_CUDA_BATCH_INVARIANT is 1 or 0. */
-static int invariant_mode(const struct cuda_backend *b)
+/* The mode of a new backend: the option, unless DSV32_CUDA_BATCH_INVARIANT is 1 or 0. */
+static int invariant_mode(const struct backend_cuda_opts *o)
 {
 	const char *v = getenv("DSV32_CUDA_BATCH_INVARIANT");
-	return v && (*v == '0' || *v == '1') ? *v == '1' : b->batch_invariant;
+	return v && (*v == '0' || *v == '1') ? *v == '1' : !!o->batch_invariant;
 }
 
-/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0; both switches are read at every
- * step, so a test can compare both ways on one backend (run 2: graphs bit-identical to eager). */
+/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0, read at every step, so a test can
+ * compare both ways on one backend (run 2: graphs bit-identical to eager). */
 static struct fwd_env env_of(struct cuda_backend *b)
 {
 	const char *gr = getenv("DSV32_CUDA_GRAPHS");
@@ -485,7 +493,7 @@ static struct fwd_env env_of(struct cuda_backend *b)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
 				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL,
-				invariant_mode(b)};
+				b->batch_invariant};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -559,7 +567,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	}
 	b->synthetic = o->synthetic;
 	b->seed = o->seed;
-	b->batch_invariant = o->batch_invariant;
+	b->batch_invariant = invariant_mode(o);
 	b->base.ops = &cuda_ops;
 	b->base.c = c;
 	b->base.n_layers = c->num_hidden_layers + c->num_nextn_predict_layers;
@@ -596,7 +604,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		b->upload_s > 0 ? b->upload_bytes / b->upload_s / 1e9 : 0.0,
 		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20,
 		backend_cuda_mode(&b->base),
-		invariant_mode(b) ? " (GEMMs and MoE in <= 64-row pieces, bf16 products in the CPU's "
+		b->batch_invariant ? " (GEMMs and MoE in <= 64-row pieces, bf16 products in the CPU's "
 				    "order: a row's numbers do not depend on its batch)"
 				  : " (large-M GEMM and MoE paths; not batch-invariant: --batch-invariant "
 				    "or DSV32_CUDA_BATCH_INVARIANT=1 for that)");
@@ -628,7 +636,17 @@ const char *backend_cuda_mode(const struct backend *base)
 {
 	if (!base || base->ops != &cuda_ops)
 		return "not cuda";
-	return invariant_mode((const struct cuda_backend *)base) ? "batch-invariant" : "fast";
+	return ((const struct cuda_backend *)base)->batch_invariant ? "batch-invariant" : "fast";
+}
+
+int backend_cuda_set_batch_invariant(struct backend *base, int on)
+{
+	if (!base || base->ops != &cuda_ops)
+		return -ENOTSUP;
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	int was = b->batch_invariant;
+	b->batch_invariant = !!on;
+	return was;
 }
 
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,

@@ -364,14 +364,14 @@ static void teacher_forcing(const char *name, int64_t T)
 				struct backend_seq s1 = s;
 				s1.n = nr;
 				struct backend_step st1 = {0, 1, &s1, NULL};
-				setenv("DSV32_CUDA_BATCH_INVARIANT", "0", 1);
+				int was = backend_cuda_set_batch_invariant(p.gpu, 0);
 				memcpy(ux, x_in, (size_t)nr * D * 4), memcpy(ur, r_in, (size_t)nr * D * 4);
 				int r1 = backend_cuda_layer_step(p.gpu, l, &st1, ux, ur);
 				memcpy(fx, x_in, (size_t)nr * D * 4), memcpy(fr, r_in, (size_t)nr * D * 4);
 				setenv("DSV32_CUDA_UNFUSED", "1", 1);
 				int r2 = backend_cuda_layer_step(p.gpu, l, &st1, fx, fr);
 				unsetenv("DSV32_CUDA_UNFUSED");
-				unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+				backend_cuda_set_batch_invariant(p.gpu, was);
 				int eq = !memcmp(ux, fx, (size_t)nr * D * 4) && !memcmp(ur, fr, (size_t)nr * D * 4);
 				printf("    %s layer %lld, %lld row(s), fast mode: fused kernels vs separate ones "
 				       "%s (rc %d %d)\n", name, (long long)l, (long long)nr,
@@ -401,9 +401,9 @@ static void teacher_forcing(const char *name, int64_t T)
 			struct dumps df = {0};
 			struct backend_dump fd = {dump_cb, &df};
 			struct backend_step stf = {0, 1, &s, &fd};
-			setenv("DSV32_CUDA_BATCH_INVARIANT", "0", 1);
+			int was = backend_cuda_set_batch_invariant(p.gpu, 0);
 			ru = backend_cuda_layer_step(p.gpu, l, &stf, ux, ur);
-			unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+			backend_cuda_set_batch_invariant(p.gpu, was);
 			for (int64_t t = 0; t < T; t++)
 				em[t] = nc_rel_l2(ux + t * D, x + t * D, D);
 			struct sets_stat fs = {0};
@@ -710,11 +710,11 @@ static void fast_mode(const char *name, int64_t T)
 		 (long long)(T - h));
 	check_logits(what, g2, ref, T, V);
 	/* the batch-invariant mode on the same backend: how far the fast rows are from it */
-	setenv("DSV32_CUDA_BATCH_INVARIANT", "1", 1);
+	backend_cuda_set_batch_invariant(p.gpu, 1);
 	seq_rows(&s, &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, gi, NULL);
 	CHECK_EQ_INT(backend_step(p.gpu, &s2), 0);
-	unsetenv("DSV32_CUDA_BATCH_INVARIANT");
-	snprintf(what, sizeof what, "%s batch-invariant mode (same backend, env switch)", name);
+	backend_cuda_set_batch_invariant(p.gpu, 0);
+	snprintf(what, sizeof what, "%s batch-invariant mode (same backend, mode switch)", name);
 	check_logits(what, gi, ref, T, V);
 	double *e = malloc((size_t)T * sizeof *e);
 	REQUIRE(e);
@@ -732,7 +732,7 @@ static void fast_mode(const char *name, int64_t T)
 		float *gd = malloc((size_t)T * V * 4);
 		REQUIRE(gd);
 		gpu_fill_nan(gd, T * V);
-		setenv("DSV32_CUDA_BATCH_INVARIANT", inv ? "1" : "0", 1);
+		backend_cuda_set_batch_invariant(p.gpu, inv);
 		for (int64_t p0 = d0, k = 0; p0 < T; k++) {
 			int64_t n = 1 + k % 3;
 			n = n < T - p0 ? n : T - p0;
@@ -745,7 +745,7 @@ static void fast_mode(const char *name, int64_t T)
 			}
 			p0 += n;
 		}
-		unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+		backend_cuda_set_batch_invariant(p.gpu, 0);
 		snprintf(what, sizeof what, "%s %s mode, steps of 1-3 rows (last 48 positions)", name,
 			 inv ? "batch-invariant" : "fast");
 		check_logits(what, gd + d0 * V, ref + d0 * V, T - d0, V);
@@ -1043,11 +1043,11 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	       (long long)P, t_pre2 / 1e3, P / (t_pre2 / 1e6));
 	fflush(stdout);
 	cuda_forward_profile_print();
-	setenv("DSV32_CUDA_BATCH_INVARIANT", "1", 1); /* 64-row pieces, CPU-order bf16 products */
+	backend_cuda_set_batch_invariant(b, 1); /* 64-row pieces, CPU-order bf16 products */
 	t0 = now_us();
 	rc = backend_step(b, &st);
 	double t_pre3 = now_us() - t0;
-	unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+	backend_cuda_set_batch_invariant(b, 0);
 	CHECK_EQ_INT(rc, 0);
 	printf("    prefill %lld tokens in the batch-invariant mode: %.1f ms (%.0f tok/s; the fast "
 	       "mode above)\n", (long long)P, t_pre3 / 1e3, P / (t_pre3 / 1e6));
@@ -1056,11 +1056,18 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	test_model_free(&m);
 }
 
-/* A step's validation and empty steps behave like the CPU backend's. */
+/* A step's validation and empty steps behave like the CPU backend's. The mode: the environment
+ * override is read when the backend is created (not at every step), the setter changes it. */
 TEST_T(gpu_forward, step_validation, 120)
 {
 	struct pair p;
+	setenv("DSV32_CUDA_BATCH_INVARIANT", "1", 1);
 	pair_open(&p, "tiny", 8, 2, 0);
+	unsetenv("DSV32_CUDA_BATCH_INVARIANT");
+	CHECK(!strcmp(backend_cuda_mode(p.gpu), "batch-invariant")); /* the override, at creation */
+	CHECK_EQ_INT(backend_cuda_set_batch_invariant(p.gpu, 0), 1);
+	CHECK(!strcmp(backend_cuda_mode(p.gpu), "fast"));
+	CHECK_EQ_INT(backend_cuda_set_batch_invariant(p.cpu, 1), -ENOTSUP);
 	int32_t bt[2] = {1, 0}, bad_tok[1] = {(int32_t)p.V};
 	int64_t pos[1] = {0}, far[1] = {200};
 	float *lg = malloc((size_t)p.V * 4);
