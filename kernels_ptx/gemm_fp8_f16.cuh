@@ -31,18 +31,6 @@ __device__ __forceinline__ void e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t &h
 	    : "r"(w));
 }
 
-// The same pairs as e4m3x4_f16 by integer operations (no conversion unit): each value times
-// 2^-8. An e4m3 byte s eeee mmm placed as the f16 bits s 0eeee mmm0000000 is that value over
-// 2^8 (the exponent biases are 7 and 15; e4m3 subnormals become f16 subnormals, also exact).
-// A fragment converted this way gives products 2^-8 too small: the caller scales its
-// promotion factor by 2^8, which is exact, so the result is unchanged.
-__device__ __forceinline__ void e4m3x4_f16_shift(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-	const uint32_t a = __byte_perm(w, 0, 0x1404), b = __byte_perm(w, 0, 0x3424);
-	lo = (a & 0x80008000u) | ((a & 0x7F007F00u) >> 1);
-	hi = (b & 0x80008000u) | ((b & 0x7F007F00u) >> 1);
-}
-
 // c += the 16 x 8 products over one word's 4 k: A row g word (ag_lo, ag_hi), row g + 8 word
 // (ah_lo, ah_hi), token word (b_lo, b_hi), all converted by e4m3x4_f16
 __device__ __forceinline__ void mma_w(float c[4], uint32_t ag_lo, uint32_t ag_hi, uint32_t ah_lo,
@@ -57,21 +45,14 @@ struct wfrag {
 	uint32_t g[8][2], h[8][2];
 };
 
-// SHIFT: by e4m3x4_f16_shift (values 2^-8 too small), else by the conversion instruction
-template <bool SHIFT = false>
 __device__ __forceinline__ void wfrag_cvt(wfrag &f, uint4 lo0, uint4 lo1, uint4 hi0, uint4 hi1)
 {
 	const uint32_t a[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
 	const uint32_t b[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
 #pragma unroll
 	for (int q = 0; q < 8; q++) {
-		if (SHIFT) {
-			e4m3x4_f16_shift(a[q], f.g[q][0], f.g[q][1]);
-			e4m3x4_f16_shift(b[q], f.h[q][0], f.h[q][1]);
-		} else {
-			e4m3x4_f16(a[q], f.g[q][0], f.g[q][1]);
-			e4m3x4_f16(b[q], f.h[q][0], f.h[q][1]);
-		}
+		e4m3x4_f16(a[q], f.g[q][0], f.g[q][1]);
+		e4m3x4_f16(b[q], f.h[q][0], f.h[q][1]);
 	}
 }
 

@@ -143,17 +143,18 @@ static int stream_rt = 0;
 
 void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
-/* 1: the streaming kernel converts every second K block's weights by integer operations (the
- * _i variants, RT = 1; same results); 2: wgmma consumers (the _w variants, RT = 1; within the
- * wgmma limit); 3: fp16 wgmma on the converted operands (the _h variants, up to 32 rows; the
- * mma.sync arithmetic if wgmma's fp16 accumulation is as exact as mma.sync's: its test says);
- * 0: all by the conversion instruction; -1: the default (0). */
+/* The streaming kernel's consumers when forced (tests, the benchmark): 0 mma.sync (the exact
+ * kernels), 2 wgmma (native FP8, the _w variants; within the wgmma limit), 3 fp16 wgmma on the
+ * converted operands (the _h variants, up to 32 rows; bit-identical to mma.sync in run 9);
+ * -1: by the caller (mma.sync, or wgmma for the fast mode's paths). */
 static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
-/* Diagnosis (bench gemm): stream_fused 0 sums the K chunks by the second launch instead of in
- * the kernel (no fence or atomic at a unit's end); stream_k1 1 runs one K chunk. */
+/* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
+ * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
+ * by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
+ * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk. */
 static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
@@ -225,24 +226,23 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * reused stack buffer; the names are literals now. */
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
-	/* literals: gpu_kernel keeps the pointer it is given as its cache key */
-	static const char *names[5][5] = {
+	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
+	 * RT = 2, wgmma, fp16 wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
+	static const char *names[4][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
-		{"k_gemm_fp8_stream_m1_r1_i", "k_gemm_fp8_stream_m2_r1_i", "k_gemm_fp8_stream_m4_r1_i",
-		 "k_gemm_fp8_stream_m8_r1_i", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
 		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_h", "k_gemm_fp8_stream_m2_r1_h", "k_gemm_fp8_stream_m4_r1_h",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"}};
-	int wi = wg ? 2 : stream_wi >= 0 ? stream_wi : 0;
+	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (wi == 3 && v == 3)
 		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 3 ? 4 : wi == 2 ? 3 : wi == 1 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -288,7 +288,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
-	if (copy_only || stream_fused == 0)
+	if (copy_only || stream_fused == 0 || (stream_fused < 0 && wi == 2))
 		fused = 0;
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
@@ -321,29 +321,19 @@ static int dense_streams(int N, int K)
 
 int cuda_gemm_decode_streams(int N, int K) { return dense_streams(N, K); }
 
-/* The fast mode's streaming kernel with wgmma consumers: the (M bucket, N, K) where it was
- * measured the fastest of the paths (none yet: run 9 measures it). */
-static const struct {
-	int bucket, N, K;
-} wg_faster[] = {{0, 0, 0}};
-
-static int fast_wg(const struct gpu *g, int M, int N, int K)
-{
-	if (cuda_gemm_batch_invariant(g))
-		return 0;
-	int b = cuda_gemm_m_bucket(M);
-	for (size_t i = 0; i < sizeof wg_faster / sizeof *wg_faster; i++)
-		if (wg_faster[i].bucket == b && wg_faster[i].N == N && wg_faster[i].K == K)
-			return 1;
-	return 0;
-}
-
+/* The exact decode kernels (the batch-invariant mode's, and the fast mode's where they are
+ * the fastest): v2 or the streaming kernel's mma.sync consumers, one of them per shape. */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws)
 {
-	int wg = fast_wg(g, M, N, K);
-	if (!wg && !dense_streams(N, K))
+	if (!dense_streams(N, K))
 		return cuda_gemm_fp8_decode_v2(g, W, S, x8, sx, y, M, N, K, ldy, ws);
+	return cuda_gemm_fp8_stream_wg(g, W, S, x8, sx, y, M, N, K, ldy, ws, 0);
+}
+
+int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg)
+{
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_decode: unsupported shape M=%d N=%d K=%d ldy=%d\n",
 			M, N, K, ldy);
@@ -554,8 +544,10 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
 
 /* ---- the dispatch table ------------------------------------------------------------------ */
 
+/* Measured paths, per GPU ordinal and mode (fast or batch-invariant: a measurement in one mode
+ * says nothing about the other's candidates), M bucket and shape. */
 struct gemm_entry {
-	int ordinal, bucket, N, K;
+	int ordinal, fast, bucket, N, K;
 	enum cuda_gemm_path path;
 };
 
@@ -571,55 +563,73 @@ int cuda_gemm_m_bucket(int M)
 	return b;
 }
 
-static struct gemm_entry *entry_find(int ordinal, int bucket, int N, int K)
+static struct gemm_entry *entry_find(int ordinal, int fast, int bucket, int N, int K)
 {
 	for (int i = 0; i < n_table; i++)
-		if (table[i].ordinal == ordinal && table[i].bucket == bucket && table[i].N == N &&
-		    table[i].K == K)
+		if (table[i].ordinal == ordinal && table[i].fast == fast && table[i].bucket == bucket &&
+		    table[i].N == N && table[i].K == K)
 			return &table[i];
 	return NULL;
 }
 
-/* The fast mode's cuBLASLt shapes: where run 8's bench gemm (H200, cold L2) measured cuBLASLt
- * faster than the kernel the dispatch ran (M bucket, N, K). M = 32 / 64: cuBLASLt 2.1-2.8 TB/s
- * on the large matrices against 0.6-1.4 for the mma.sync decode kernels, on every shape but
- * 2112x7168 at 32; M = 128: 0.64-0.99x on all but 32768x512; M = 4096: 2112x7168 (0.78x),
- * 24576x1536 (0.95x) (18432x7168, 7168x18432: 1.02-1.06x in run 8, 0.91-0.96x in run 9: left to
- * wgmma). M = 16 (run 9): cuBLASLt 0.81-0.97x on 24576x1536, 32768x512, 7168x16384,
- * 7168x18432; v2 faster on the rest. Unmeasured shapes keep the default rule. */
+/* The fast mode's paths where nothing was measured at start-up (cuda_gemm_tune): where run 10's
+ * bench gemm (H200, cold L2) measured a path faster than the exact decode kernel (M bucket, N,
+ * K; TB/s of weights). The streaming kernel's wgmma consumers with the chunks summed apart
+ * (wg_nf): M <= 8 on 7168x16384 / 7168x18432 (3.31-3.42 against v2's 2.90-3.06); M = 16 on the
+ * large matrices, 24576x1536 and 32768x512 (3.09-3.27 and 1.67-2.15 against cuBLASLt's
+ * 2.28-2.77 and 1.15-2.01); M = 32 everywhere but 24576x1536 (cuBLASLt 2.05); M = 64 on
+ * 2112x7168 and 7168x2048. cuBLASLt: M = 32 on 24576x1536, M = 64 on the rest (2.1-2.7 against
+ * wgmma consumers' 1.4-2.0), M = 128 but on 32768x512 and 7168x2048 (the wgmma kernel), M = 4096
+ * on 2112x7168 and 24576x1536 (18432x7168 and 7168x18432 flip between 0.94x and 1.06x from run
+ * to run: left to wgmma, or to the start-up measurement). The exact decode kernel keeps
+ * M <= 8 elsewhere and M = 16 on 4096x7168, 2112x7168 and 7168x2048. */
+#define LT CUDA_GEMM_PATH_CUBLASLT
+#define WG CUDA_GEMM_PATH_STREAM_WG
 static const struct {
 	int bucket, N, K;
-} lt_faster[] = {
-	{16, 24576, 1536}, {16, 32768, 512}, {16, 7168, 16384}, {16, 7168, 18432},
-	{32, 24576, 1536}, {32, 32768, 512}, {32, 7168, 16384}, {32, 18432, 7168},
-	{32, 7168, 18432}, {32, 4096, 7168}, {32, 7168, 2048},	{64, 2112, 7168},
-	{64, 24576, 1536}, {64, 32768, 512}, {64, 7168, 16384}, {64, 18432, 7168},
-	{64, 7168, 18432}, {64, 4096, 7168}, {64, 7168, 2048},	{128, 2112, 7168},
-	{128, 24576, 1536}, {128, 7168, 16384}, {128, 18432, 7168}, {128, 7168, 18432},
-	{128, 4096, 7168}, {128, 7168, 2048}, {4096, 2112, 7168}, {4096, 24576, 1536},
+	enum cuda_gemm_path path;
+} fast_default[] = {
+	{8, 7168, 16384, WG},	{8, 7168, 18432, WG},	 {16, 7168, 16384, WG},
+	{16, 18432, 7168, WG},	{16, 7168, 18432, WG},	 {16, 24576, 1536, WG},
+	{16, 32768, 512, WG},	{32, 7168, 16384, WG},	 {32, 18432, 7168, WG},
+	{32, 7168, 18432, WG},	{32, 4096, 7168, WG},	 {32, 2112, 7168, WG},
+	{32, 7168, 2048, WG},	{32, 32768, 512, WG},	 {32, 24576, 1536, LT},
+	{64, 2112, 7168, WG},	{64, 7168, 2048, WG},	 {64, 24576, 1536, LT},
+	{64, 32768, 512, LT},	{64, 7168, 16384, LT},	 {64, 18432, 7168, LT},
+	{64, 7168, 18432, LT},	{64, 4096, 7168, LT},	 {128, 2112, 7168, LT},
+	{128, 24576, 1536, LT}, {128, 7168, 16384, LT},	 {128, 18432, 7168, LT},
+	{128, 7168, 18432, LT}, {128, 4096, 7168, LT},	 {4096, 2112, 7168, LT},
+	{4096, 24576, 1536, LT},
 };
+#undef LT
+#undef WG
 
-static int fast_lt(const struct gpu *g, int M, int N, int K)
+static enum cuda_gemm_path fast_path(const struct gpu *g, int M, int N, int K)
 {
-	if (cuda_gemm_batch_invariant(g) || (K / 128) % 4)
-		return 0;
+	if (cuda_gemm_batch_invariant(g))
+		return CUDA_GEMM_PATH_NONE;
 	int b = cuda_gemm_m_bucket(M);
-	for (size_t i = 0; i < sizeof lt_faster / sizeof *lt_faster; i++)
-		if (lt_faster[i].bucket == b && lt_faster[i].N == N && lt_faster[i].K == K)
-			return 1;
-	return 0;
+	for (size_t i = 0; i < sizeof fast_default / sizeof *fast_default; i++)
+		if (fast_default[i].bucket == b && fast_default[i].N == N && fast_default[i].K == K)
+			return fast_default[i].path == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4
+				       ? CUDA_GEMM_PATH_NONE
+				       : fast_default[i].path;
+	return CUDA_GEMM_PATH_NONE;
 }
 
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 {
+	int fast = !cuda_gemm_batch_invariant(g);
 	pthread_mutex_lock(&gemm_lock);
-	struct gemm_entry *e = entry_find(g->ordinal, cuda_gemm_m_bucket(M), N, K);
+	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
 	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
 	pthread_mutex_unlock(&gemm_lock);
+	if (p == CUDA_GEMM_PATH_NONE)
+		p = fast_path(g, M, N, K);
+	if (p == CUDA_GEMM_PATH_STREAM_WG && (!fast || M > 64))
+		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
-	if (fast_lt(g, M, N, K))
-		return CUDA_GEMM_PATH_CUBLASLT;
 	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at
 	 * M = 16..128, issue 9), the wgmma kernel above where its shape contract holds
 	 * (CUDA_GEMM_WGMMA_DENSE), else cuBLASLt, else the decode kernel in 64-row pieces. */
@@ -631,13 +641,14 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)
 {
+	int fast = !cuda_gemm_batch_invariant(g);
 	pthread_mutex_lock(&gemm_lock);
 	int b = cuda_gemm_m_bucket(M);
-	struct gemm_entry *e = entry_find(g->ordinal, b, N, K);
+	struct gemm_entry *e = entry_find(g->ordinal, fast, b, N, K);
 	if (!e && n_table < MAX_ENTRIES)
 		e = &table[n_table++];
 	if (e)
-		*e = (struct gemm_entry){g->ordinal, b, N, K, path};
+		*e = (struct gemm_entry){g->ordinal, fast, b, N, K, path};
 	pthread_mutex_unlock(&gemm_lock);
 }
 
@@ -656,11 +667,14 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 		if (r != -ENOTSUP)
 			return r;
 	}
-	/* the decode kernel, 64 rows at a time (its rows do not depend on the others) */
+	/* the decode kernels, 64 rows at a time (their rows do not depend on the others) */
 	for (int m0 = 0; m0 < M; m0 += 64) {
-		int r = cuda_gemm_fp8_decode(g, W, S, x8 + (size_t)m0 * K,
-					     sx + (size_t)m0 * (K / 128) * 4, y + (size_t)m0 * ldy * 2,
-					     M - m0 < 64 ? M - m0 : 64, N, K, ldy, ws);
+		gpu_ptr x = x8 + (size_t)m0 * K, s = sx + (size_t)m0 * (K / 128) * 4,
+			yy = y + (size_t)m0 * ldy * 2;
+		int m = M - m0 < 64 ? M - m0 : 64;
+		int r = p == CUDA_GEMM_PATH_STREAM_WG
+				? cuda_gemm_fp8_stream_wg(g, W, S, x, s, yy, m, N, K, ldy, ws, 1)
+				: cuda_gemm_fp8_decode(g, W, S, x, s, yy, m, N, K, ldy, ws);
 		if (r)
 			return r;
 	}
@@ -683,23 +697,36 @@ struct tune_args {
 	gpu_ptr W, S, x8, sx, y, ws, flush;
 	size_t ws_bytes, flush_bytes;
 	int M, N, K, ldy;
+	const gpu_ptr *Wr, *Sr; /* cuda_gemm_tune_rotate: n_rot copies taken in turn (cold L2) */
+	int n_rot, turn;
 };
 
-static int run_path(struct gpu *g, const struct tune_args *a, enum cuda_gemm_path p)
+static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 {
-	if (p == CUDA_GEMM_PATH_DECODE)
-		return cuda_gemm_fp8_decode(g, a->W, a->S, a->x8, a->sx, a->y, a->M, a->N, a->K,
-					    a->ldy, a->ws);
-	if (p == CUDA_GEMM_PATH_WGMMA)
-		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, a->W, a->S, a->x8, a->sx,
-								      a->y, a->M, a->N, a->K, a->ldy)
+	gpu_ptr W = a->W, S = a->S;
+	if (a->n_rot > 0) {
+		W = a->Wr[a->turn % a->n_rot], S = a->Sr[a->turn % a->n_rot];
+		a->turn++;
+	}
+	switch (p) {
+	case CUDA_GEMM_PATH_DECODE:
+		return cuda_gemm_fp8_decode(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
+					    a->ws);
+	case CUDA_GEMM_PATH_STREAM_WG:
+		return cuda_gemm_fp8_stream_wg(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
+					       a->ws, 1);
+	case CUDA_GEMM_PATH_WGMMA:
+		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, W, S, a->x8, a->sx, a->y,
+								      a->M, a->N, a->K, a->ldy)
 						: -EINVAL;
-	return cuda_gemm_fp8_lt(g, a->W, a->S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy, a->ws,
-				a->ws_bytes);
+	default:
+		return cuda_gemm_fp8_lt(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy, a->ws,
+					a->ws_bytes);
+	}
 }
 
 /* Median microseconds of 5 event-timed launches after a warm-up; < 0 when the path fails. */
-static float time_path(struct gpu *g, const struct tune_args *a, enum cuda_gemm_path p)
+static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 {
 	if (run_path(g, a, p) || gpu_sync(g))
 		return -1;
@@ -732,28 +759,60 @@ static float time_path(struct gpu *g, const struct tune_args *a, enum cuda_gemm_
 	return ms < 0 ? -1 : ms * 1e3f;
 }
 
+/* Times each candidate of the current mode at a->M rows, records the fastest for the bucket,
+ * returns it (NONE when no path ran). us[CUDA_GEMM_PATHS] (may be NULL): the medians, < 0 where a
+ * path was not timed or failed. */
+static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
+{
+	int fast = !cuda_gemm_batch_invariant(g);
+	float t[CUDA_GEMM_PATHS];
+	for (int p = 0; p < CUDA_GEMM_PATHS; p++)
+		t[p] = -1;
+	if (a->M <= 64) {
+		t[CUDA_GEMM_PATH_DECODE] = time_path(g, a, CUDA_GEMM_PATH_DECODE);
+		if (fast)
+			t[CUDA_GEMM_PATH_STREAM_WG] = time_path(g, a, CUDA_GEMM_PATH_STREAM_WG);
+	} else if (wgmma_fits(a->N, a->ldy)) {
+		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);
+	}
+	/* cuBLASLt 13.1's block-scaled GEMM misses the CPU check (docs/PERF.md: ~1% of outputs
+	 * 2+ bf16 ulps off), so for decode in the batch-invariant mode it is chosen only where ours
+	 * cannot run; for prefill (M > 64) and in the fast mode the faster one wins (the issue's
+	 * rule) */
+	int lt_ok = a->M > 64 || fast || CUDA_GEMM_LT_FOR_DECODE;
+	t[CUDA_GEMM_PATH_CUBLASLT] = time_path(g, a, CUDA_GEMM_PATH_CUBLASLT);
+	enum cuda_gemm_path best = CUDA_GEMM_PATH_NONE;
+	for (int p = 1; p < CUDA_GEMM_PATHS; p++)
+		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) &&
+		    (best == CUDA_GEMM_PATH_NONE || t[p] < t[best]))
+			best = (enum cuda_gemm_path)p;
+	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
+		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
+	if (best != CUDA_GEMM_PATH_NONE)
+		cuda_gemm_path_set(g, a->M, a->N, a->K, best);
+	if (us)
+		memcpy(us, t, sizeof t);
+	return best;
+}
+
 int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 		   int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes, gpu_ptr flush,
-		   size_t flush_bytes, float *us_decode, float *us_lt)
+		   size_t flush_bytes, float *us)
 {
 	struct tune_args a = {W, S, x8, sx, y, ws, flush, ws_bytes, flush_bytes,
-			      cuda_gemm_m_bucket(M), N, K, ldy};
-	enum cuda_gemm_path ours = a.M <= 64 ? CUDA_GEMM_PATH_DECODE : CUDA_GEMM_PATH_WGMMA;
-	float td = time_path(g, &a, ours);
-	float tl = time_path(g, &a, CUDA_GEMM_PATH_CUBLASLT);
-	if (us_decode)
-		*us_decode = td;
-	if (us_lt)
-		*us_lt = tl;
-	if (td < 0 && tl < 0)
-		return -EIO;
-	/* cuBLASLt 13.1's block-scaled GEMM misses the CPU check (docs/PERF.md: ~1% of outputs
-	 * 2+ bf16 ulps off), so for decode it is chosen only where ours cannot run; for prefill
-	 * (M > 64) the faster one wins (the issue's rule; cuBLASLt was the only path before). */
-	int lt_ok = a.M <= 64 ? CUDA_GEMM_LT_FOR_DECODE || !cuda_gemm_batch_invariant(g) : 1;
-	int lt_wins = tl >= 0 && (td < 0 || (lt_ok && tl < td));
-	cuda_gemm_path_set(g, a.M, N, K, lt_wins ? CUDA_GEMM_PATH_CUBLASLT : ours);
-	return 0;
+			      cuda_gemm_m_bucket(M), N, K, ldy, NULL, NULL, 0, 0};
+	return tune_shape(g, &a, us) == CUDA_GEMM_PATH_NONE ? -EIO : 0;
+}
+
+int cuda_gemm_tune_rotate(struct gpu *g, const gpu_ptr *W, const gpu_ptr *S, int n, int M,
+			  int N, int K, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, gpu_ptr ws,
+			  size_t ws_bytes, float *us)
+{
+	if (n < 1)
+		return -EINVAL;
+	struct tune_args a = {W[0], S[0], x8, sx, y, ws, 0, ws_bytes, 0, cuda_gemm_m_bucket(M),
+			      N, K, N, W, S, n, 0};
+	return tune_shape(g, &a, us) == CUDA_GEMM_PATH_NONE ? -EIO : 0;
 }
 
 void cuda_gemm_close(struct gpu *g)

@@ -29,12 +29,17 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K);
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K);
 /* y[M, ldy] (bf16) = x8[M, K] (e4m3, scales sx[M, K/128]) x W8[N, K]^T (e4m3, scales
  * S[N/128, K/128]), fp32 accumulation promoted per 128-block. M <= 64. ws: a workspace of
- * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). The streaming kernel (bulk
- * tensor copies into shared memory, persistent grid) or the previous one (v2), one of them per
- * shape (cuda_gemm_set_stream); either is batch invariant: row m's result does not depend on
- * M. */
+ * cuda_gemm_decode_workspace() bytes (may be 0 when that is 0). The exact decode kernels: the
+ * streaming kernel (bulk tensor copies into shared memory, persistent grid; mma.sync
+ * consumers) or the previous one (v2), one of them per shape (cuda_gemm_set_stream); either is
+ * batch invariant: row m's result does not depend on M. */
 int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			 int M, int N, int K, int ldy, gpu_ptr ws);
+/* The same GEMM on the streaming kernel whatever the shape: wg 0 its mma.sync consumers (exact,
+ * as above), 1 its wgmma consumers (native FP8, the fast mode's CUDA_GEMM_PATH_STREAM_WG; within
+ * the wgmma limit of tests/gpu/gemm_fp8_limit.h, K chunks summed by a second launch). */
+int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg);
 /* 1: cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel; 0: the previous
  * kernels below; -1 (the default): per shape by measurement (cuda_gemm.c: grouped streaming,
  * dense mostly v2). Process-wide; tests and the benchmark set it. */
@@ -52,12 +57,14 @@ int cuda_gemm_decode_streams(int N, int K);
 /* The streaming kernel's 16-row MMA tiles per consumer warp: 1 (8 warps) or 2 (4 warps); same
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
-/* The streaming kernel's consumers: 1 every second K block's weights converted by integer
- * operations, 0 all by the conversion instruction (same numbers), 2 wgmma (native FP8, within
- * the wgmma limit), -1 the default. Process-wide (tests, the benchmark). */
+/* The streaming kernel's consumers, forced: 0 mma.sync, 2 wgmma (native FP8, within the wgmma
+ * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), -1 the
+ * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
-/* Diagnosis of the streaming kernel (benchmark only): fused 0 = the K chunks summed by a
- * second launch, -1 = by the kernel when it can (default); k1 1 = one K chunk. */
+/* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
+ * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, -1 = the
+ * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
+ * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
@@ -102,28 +109,39 @@ enum cuda_gemm_path {
 	CUDA_GEMM_PATH_DECODE,   /* the decode kernel (M <= 64) */
 	CUDA_GEMM_PATH_CUBLASLT, /* cuBLASLt VEC128 x BLK128x128 */
 	CUDA_GEMM_PATH_WGMMA,    /* cuda_gemm_fp8_wgmma (M > 64; model/cuda_gemm_wgmma.h) */
+	CUDA_GEMM_PATH_STREAM_WG, /* the streaming kernel's wgmma consumers (M <= 64, fast mode) */
+	CUDA_GEMM_PATHS
 };
 
 /* Dispatch bucket of M: 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
 int cuda_gemm_m_bucket(int M);
-/* The path cuda_gemm_fp8 takes for (M, N, K): the table's entry for M's bucket, else the
- * default rule (M <= 64: our decode kernel; larger M: the wgmma kernel where N % 64 == 0 —
- * cuBLASLt is faster but misses the CPU check, docs/PERF.md — else cuBLASLt). */
+/* The path cuda_gemm_fp8 takes for (M, N, K) in g's current mode: the measured entry for M's
+ * bucket (cuda_gemm_tune, cuda_gemm_path_set), else in the fast mode the per-shape defaults
+ * measured by run 10's benchmark (cuda_gemm.c), else the default rule (M <= 64: the exact decode
+ * kernel; larger M: the wgmma kernel where N % 64 == 0, else cuBLASLt). STREAM_WG never in the
+ * batch-invariant mode. */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
-/* Records the path for (bucket(M), N, K), replacing an earlier entry. */
+/* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
-/* Times ours (the decode kernel for M <= 64, wgmma above) and cuBLASLt on these operands at
- * M = bucket(M) rows (x8/sx/y must hold that many), median of 5 launches each after a warm-up
- * (each from an idle stream, so the host cost of enqueueing counts, as in a decode step without
- * graph capture), and records the faster for the bucket — but cuBLASLt for M <= 64 only if
- * CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the CPU check, docs/PERF.md). flush:
- * when non-zero, flush_bytes (>= 64 MB) are rewritten before every timed launch so the 60 MB
- * L2 does not serve the weights (cold, as in a decode step that streams every layer).
- * us_decode (ours) / us_lt (may be NULL): the medians in microseconds, < 0 where a path
- * cannot run. */
+/* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y
+ * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG;
+ * M > 64: the wgmma kernel; cuBLASLt always — median of 5 launches each after a warm-up (each
+ * from an idle stream, so the host cost of enqueueing counts, as in a decode step without graph
+ * capture), and records the fastest for the bucket; cuBLASLt for M <= 64 in the
+ * batch-invariant mode only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the
+ * CPU check, docs/PERF.md). flush: when non-zero, flush_bytes (>= 64 MB) are rewritten before
+ * every timed launch so the 60 MB L2 does not serve the weights (cold, as in a decode step that
+ * streams every layer). us (may be NULL): [CUDA_GEMM_PATHS] medians in microseconds by path,
+ * < 0 where a path was not timed or cannot run. 0, or -EIO when no path ran. */
 int cuda_gemm_tune(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 		   int M, int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes, gpu_ptr flush,
-		   size_t flush_bytes, float *us_decode, float *us_lt);
+		   size_t flush_bytes, float *us);
+/* cuda_gemm_tune over n weights of one shape (W[i], S[i]: e.g. that matrix in every layer),
+ * each launch on the next in turn so the L2 serves no repeat when they are many; y row stride
+ * N. For the start-up measurement (model/cuda_gemm_tune.c). */
+int cuda_gemm_tune_rotate(struct gpu *g, const gpu_ptr *W, const gpu_ptr *S, int n, int M,
+			  int N, int K, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, gpu_ptr ws,
+			  size_t ws_bytes, float *us);
 /* y = the FP8 GEMM by the path above; wgmma falls back to cuBLASLt where it cannot run (ldy
  * odd, no tensor-map entry point), cuBLASLt to the decode kernel (64 rows at a time) where it
  * refuses the shape. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */

@@ -136,9 +136,11 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 	gpu_close(&g);
 }
 
-/* The streaming decode kernel with wgmma consumers (the fast mode's; cuda_gemm_set_stream_wi
- * 2) against the CPU, within the wgmma limit: M across the token-group variants (1-8, 9-16,
- * 17-32, 33-64 rows), N with partial 128-row tiles, K with one and several chunks. */
+/* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
+ * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
+ * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128-row tiles, K with one
+ * and several chunks; the K chunks summed by the second launch (the default), by the kernel,
+ * and one chunk. */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -148,15 +150,14 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 					{40, 128, 7168}, {3, 4096, 512},   {2, 7168, 16384}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
-	/* and the benchmark's diagnoses: K chunks summed by the second launch; one K chunk */
-	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks apart",
+	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
 				       "stream wgmma, one chunk"};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
 		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
 		for (int d = 0; d < 3; d++) {
-			cuda_gemm_set_stream_diag(d == 1 ? 0 : -1, d == 2);
+			cuda_gemm_set_stream_diag(d == 1 ? 1 : -1, d == 2);
 			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
 		}
 		cuda_gemm_set_stream_diag(-1, 0);
@@ -164,12 +165,20 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	}
 	cuda_gemm_set_stream_wi(-1);
 	cuda_gemm_set_stream(-1);
-	/* the fast mode's dispatch at a shape run 8 measured faster on cuBLASLt */
+	/* the fast mode's dispatch at shapes run 10 measured faster on the wgmma consumers and on
+	 * cuBLASLt; the batch-invariant mode keeps the exact kernel there */
 	cuda_gemm_set_batch_invariant(&g, 0);
 	struct lt_case c;
 	case_init(&g, &c, 64, 2112, 7168, 960);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_STREAM_WG);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (stream wgmma)"), 0);
+	cuda_gemm_set_batch_invariant(&g, 1);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_DECODE);
+	case_free(&c);
+	cuda_gemm_set_batch_invariant(&g, 0);
+	case_init(&g, &c, 32, 24576, 1536, 961);
 	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_CUBLASLT);
-	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch"), 0);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (cuBLASLt)"), 0);
 	case_free(&c);
 	cuda_gemm_set_batch_invariant(&g, 1);
 	cuda_gemm_close(&g);
@@ -226,15 +235,32 @@ TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 	gpu_test_open(&g);
 	struct lt_case c;
 	case_init(&g, &c, 16, 2112, 7168, 900);
-	float td = -1, tl = -1;
+	float us[CUDA_GEMM_PATHS];
 	REQUIRE(cuda_gemm_tune(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N, c.dws,
-			       c.ws_bytes, 0, 0, &td, &tl) == 0);
+			       c.ws_bytes, 0, 0, us) == 0);
 	enum cuda_gemm_path p = cuda_gemm_path_for(&g, c.M, c.N, c.K);
-	printf("    tune M=16 2112x7168 (L2 warm): ours %.2f us, cuBLASLt %.2f us -> %s\n", td, tl,
+	printf("    tune M=16 2112x7168 (L2 warm, batch-invariant): ours %.2f us, cuBLASLt %.2f us "
+	       "-> %s\n", us[CUDA_GEMM_PATH_DECODE], us[CUDA_GEMM_PATH_CUBLASLT],
 	       p == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
-	CHECK(td > 0);
+	CHECK(us[CUDA_GEMM_PATH_DECODE] > 0);
+	CHECK(us[CUDA_GEMM_PATH_STREAM_WG] < 0); /* not a candidate in this mode */
 	CHECK(p == CUDA_GEMM_PATH_DECODE || p == CUDA_GEMM_PATH_CUBLASLT);
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch (tuned)"), 0);
+	const enum cuda_gemm_path p_inv = p;
+	/* the fast mode: its own entry, the three candidates timed, the fastest recorded */
+	cuda_gemm_set_batch_invariant(&g, 0);
+	REQUIRE(cuda_gemm_tune(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N, c.dws,
+			       c.ws_bytes, 0, 0, us) == 0);
+	p = cuda_gemm_path_for(&g, c.M, c.N, c.K);
+	printf("    tune M=16 2112x7168 (L2 warm, fast): decode %.2f us, stream wgmma %.2f us, "
+	       "cuBLASLt %.2f us -> path %d\n", us[CUDA_GEMM_PATH_DECODE],
+	       us[CUDA_GEMM_PATH_STREAM_WG], us[CUDA_GEMM_PATH_CUBLASLT], (int)p);
+	CHECK(us[CUDA_GEMM_PATH_DECODE] > 0 && us[CUDA_GEMM_PATH_STREAM_WG] > 0);
+	for (int q = 1; q < CUDA_GEMM_PATHS; q++)
+		CHECK(us[q] < 0 || us[q] >= us[p]);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (tuned)"), 0);
+	cuda_gemm_set_batch_invariant(&g, 1); /* the invariant mode's entry is its own */
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == p_inv);
 	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch -> ours"), 0);
 	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_CUBLASLT);

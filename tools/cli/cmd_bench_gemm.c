@@ -2,13 +2,14 @@
  * cmd_bench_gemm.c — `dsv32 bench gemm`: the FP8 block-scaled GEMMs at DeepSeek-V3.2's real
  * shapes on the GPU, ours side by side with cuBLASLt's block-scaled path (activations
  * VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the HBM read limit
- * measured in the same run, and which is faster ("faster": what a speed-only dispatch would
- * pick; cuda_gemm_tune keeps ours for M <= 64 while cuBLASLt misses the CPU check, see
- * model/cuda_gemm.c). "Ours" is what the engine runs: cuda_gemm_fp8, the dispatch (its path in
- * the "path" column); beside it each kernel forced: the streaming decode kernel and the previous
- * register-load kernel "v2" for M <= 64, the wgmma kernel above (model/cuda_gemm_wgmma.h, the
- * prefill engineer's), and cuBLASLt. The cuBLASLt time includes the transpose of the activation
- * scales it needs.
+ * measured in the same run, and which is faster. "Ours" is what the engine runs: cuda_gemm_fp8,
+ * the fast mode's dispatch after the start-up measurement the engine makes (cuda_gemm_tune_rotate
+ * per shape and M bucket; --no-tune: the built-in defaults), its path in the "path" column;
+ * beside it each kernel forced: the streaming decode kernel (mma.sync, exact) and the previous
+ * register-load kernel "v2" for M <= 64, the streaming kernel's wgmma consumers ("wg", K chunks
+ * summed by a second launch; "wg_fu" summed in the kernel), the wgmma kernel above 64 rows
+ * (model/cuda_gemm_wgmma.h, the prefill engineer's), and cuBLASLt. The cuBLASLt time includes
+ * the transpose of the activation scales it needs.
  *
  * Then the grouped expert GEMM (cuda_gemm_fp8_grouped; --grouped: only that): 256 experts of the
  * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
@@ -97,6 +98,15 @@ static int launch_dispatch(struct gpu *g, void *vctx, int i)
 			     c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
+static int launch_stream_wg(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8_stream_wg(g, c->w + (size_t)k * c->w_bytes,
+				       c->s + (size_t)k * c->s_bytes, c->x, c->sx, c->y, c->M, c->N,
+				       c->K, c->N, c->ws, 1);
+}
+
 static int launch_v2(struct gpu *g, void *vctx, int i)
 {
 	struct gemm_ctx *c = vctx;
@@ -152,8 +162,8 @@ struct grouped_ctx {
 	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
 	size_t ws_bytes;
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0, 4 streaming
-			       * with integer weight conversion, 5 streaming with wgmma consumers
-			       * (cuda_gemm_set_stream_wi 1, 2) */
+			       * with wgmma consumers and the K chunks summed in the kernel, 5
+			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2) */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -181,10 +191,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s\n",
+	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s",
-	       "wg_us", "TB/s");
+	       "wg_us", "TB/s", "wg_fu_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -253,13 +263,15 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			int reps = 5 * GB_ROUTINGS;
 			float t[6];
 			for (c.mode = 0; c.mode < 6; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode >= 4 ? c.mode - 3 : -1);
+				cuda_gemm_set_stream_wi(c.mode >= 4 ? 2 : -1);
+				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
 				t[c.mode] = c.mode < 2 || c.mode == 5 || (c.mode == 2 && !no_wgmma) ||
-							    (c.mode == 3 && T <= 64)
+							    (c.mode == 3 && T <= 64) || (c.mode == 4 && T <= 16)
 						    ? time_ms(g, launch_grouped, &c, reps, trials)
 						    : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
+			cuda_gemm_set_stream_diag(-1, 0);
 			float ms = t[0];
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
 			print_path(ms, bytes, flops);
@@ -275,7 +287,11 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				printf(" %9.2f %6.3f |", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
 			else
 				printf(" %9s %6s |", "n/a", "");
-			printf(" %9.2f %6.3f\n", t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
+			printf(" %9.2f %6.3f |", t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
+			if (t[4] >= 0)
+				printf(" %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12);
+			else
+				printf(" %9s\n", "n/a");
 			fflush(stdout);
 			if (ms < 0)
 				return 1;
@@ -288,14 +304,15 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
 	       "fast mode's dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
 	       "first grouped version, tokens <= 64; wg: the streaming kernel with wgmma "
-	       "consumers; experts: groups with rows, mean over the "
+	       "consumers, K chunks summed by a second launch (the fast mode's below 128 rows); "
+	       "wg_fu: the same with the chunks summed in the kernel, tokens <= 16; experts: groups with rows, mean over the "
 	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
 int bench_gemm(int argc, char **argv)
 {
-	int trials = 7, run_dense = 1, run_grouped = 1;
+	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1;
 	no_wgmma = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
@@ -306,8 +323,11 @@ int bench_gemm(int argc, char **argv)
 			run_grouped = 0;
 		else if (!strcmp(argv[i], "--no-wgmma"))
 			no_wgmma = 1;
+		else if (!strcmp(argv[i], "--no-tune"))
+			tune = 0;
 		else {
-			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] [--no-wgmma]\n");
+			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] "
+					"[--no-wgmma] [--no-tune]\n");
 			return 2;
 		}
 	}
@@ -326,10 +346,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "nopdl", "wg_nf", "wg_k1");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -363,38 +383,43 @@ int bench_gemm(int argc, char **argv)
 		bench_fill_pow2(&g, c.s, (long long)(c.s_bytes * c.copies / 4), 200 + si, -12, -8);
 		bench_fill_e4m3(&g, c.x, (long long)max_m * c.K, 300 + si);
 		bench_fill_pow2(&g, c.sx, (long long)max_m * (c.K / 128), 400 + si, -4, 0);
+		gpu_ptr *cw = malloc((size_t)c.copies * sizeof *cw),
+			*cs = malloc((size_t)c.copies * sizeof *cs);
+		if (!cw || !cs)
+			return 1;
+		for (int k = 0; k < c.copies; k++)
+			cw[k] = c.w + (size_t)k * c.w_bytes, cs[k] = c.s + (size_t)k * c.s_bytes;
 		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
 			c.M = Ms[mi];
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
 			int want = c.M >= 1024 ? 8 : 40;
 			int reps = c.copies * ((want + c.copies - 1) / c.copies);
-			/* ours: the dispatch as the engine runs it (the default kernel choice) */
+			/* ours: the dispatch as the engine runs it (the default kernel choice), after the
+			 * start-up measurement the engine makes (cuda_gemm_tune_rotate over the copies:
+			 * cold L2) unless --no-tune */
 			cuda_gemm_set_stream(-1);
 			cuda_gemm_set_stream_rt(0);
+			if (tune && cuda_gemm_tune_rotate(&g, cw, cs, c.copies, c.M, c.N, c.K, c.x, c.sx,
+							  c.y, c.ws, c.ws_bytes, NULL))
+				rc_all = 1;
 			enum cuda_gemm_path path = cuda_gemm_path_for(&g, c.M, c.N, c.K);
-			const char *label = path == CUDA_GEMM_PATH_CUBLASLT ? "lt"
-					    : path == CUDA_GEMM_PATH_WGMMA  ? "wgmma"
+			const char *label = path == CUDA_GEMM_PATH_CUBLASLT	 ? "lt"
+					    : path == CUDA_GEMM_PATH_WGMMA	 ? "wgmma"
+					    : path == CUDA_GEMM_PATH_STREAM_WG	 ? "wg"
 					    : cuda_gemm_decode_streams(c.N, c.K) ? "stream"
 										 : "v2";
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wnf = -1, wk1 = -1;
-			cuda_gemm_set_pdl(0); /* the dispatch without programmatic dependent launch */
-			float np = time_ms(&g, launch_dispatch, &c, reps, trials);
-			cuda_gemm_set_pdl(1);
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
 				cp = time_ms(&g, launch_copy, &c, reps, trials);
-				cuda_gemm_set_stream_wi(2); /* wgmma consumers */
-				wgs = time_ms(&g, launch_gemm, &c, reps, trials);
-				cuda_gemm_set_stream_diag(0, 0); /* wgmma consumers, chunks summed apart */
-				wnf = time_ms(&g, launch_gemm, &c, reps, trials);
-				cuda_gemm_set_stream_diag(-1, 1); /* wgmma consumers, one K chunk */
-				wk1 = time_ms(&g, launch_gemm, &c, reps, trials);
+				wgs = time_ms(&g, launch_stream_wg, &c, reps, trials);
+				cuda_gemm_set_stream_diag(1, 0); /* wgmma consumers, chunks summed fused */
+				wfu = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(-1, 0);
-				cuda_gemm_set_stream_wi(-1);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -429,9 +454,6 @@ int bench_gemm(int argc, char **argv)
 			else
 				printf(" %9s %6s |", "n/a", "");
 			print_path(lt, bytes, flops);
-			enum cuda_gemm_path pick = lt >= 0 && (ms < 0 || lt < ms)
-							   ? CUDA_GEMM_PATH_CUBLASLT
-							   : CUDA_GEMM_PATH_DECODE;
 			if (ms >= 0 && lt >= 0)
 				printf(" | %7.2f", lt / ms);
 			else
@@ -439,23 +461,16 @@ int bench_gemm(int argc, char **argv)
 			if (ms < 0 && lt < 0)
 				printf(" %-8s", "none");
 			else
-				printf(" %-8s", pick == CUDA_GEMM_PATH_CUBLASLT ? "cuBLASLt" : "ours");
-			if (cp >= 0)
-				printf(" %6.3f", bytes / (cp * 1e-3) / 1e12);
-			else
-				printf(" %6s", "");
-			if (wgs >= 0)
-				printf(" %6.3f", bytes / (wgs * 1e-3) / 1e12);
-			else
-				printf(" %6s", "");
-			if (np >= 0)
-				printf(" %6.3f", bytes / (np * 1e-3) / 1e12);
-			if (wnf >= 0)
-				printf(" %6.3f %6.3f", bytes / (wnf * 1e-3) / 1e12,
-				       bytes / (wk1 * 1e-3) / 1e12);
+				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
+			const float extra[] = {cp, wgs, wfu};
+			for (int k = 0; k < 3; k++)
+				if (extra[k] >= 0)
+					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
+		free(cw);
+		free(cs);
 		cu.cuMemFree(c.w);
 		cu.cuMemFree(c.s);
 		cu.cuMemFree(c.x);
@@ -464,20 +479,21 @@ int bench_gemm(int argc, char **argv)
 		cu.cuMemFree(c.ws);
 	}
 	if (run_dense)
-		printf("\ncommand: dsv32 bench gemm --trials %d (ours: cuda_gemm_fp8, the dispatch the "
-		       "engine runs, path: what it ran (stream / v2: the decode kernels, wgmma, lt: "
-		       "cuBLASLt); %%lim: ours against the read limit; stream: k_gemm_fp8_stream_m* "
-		       "forced, split: its K chunks; v2: k_gemm_fp8_decode_m*; wgmma: "
-		       "cuda_gemm_fp8_wgmma forced; "
-		       "copy: TB/s of the streaming kernel's copies alone (no MMA); wg: TB/s of the streaming kernel "
-		       "with wgmma consumers (the fast mode's; within the wgmma limit); nopdl: TB/s of ours "
-		       "launched without programmatic dependent launch (the decode kernels use it); "
-		       "wg_nf: wg with the K chunks summed by a second launch (no fence or atomic in "
-		       "the kernel); wg_k1: wg with one K chunk; "
-
-		       "cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx transpose; weights rotated "
-		       "over >= 1 GiB; ours/lt = cuBLASLt time / our time, > 1: ours faster; n/a: the "
-		       "path cannot run the shape)\n", trials);
+		printf("\ncommand: dsv32 bench gemm --trials %d%s (ours: cuda_gemm_fp8, the dispatch the "
+		       "engine runs, %s; path: what it ran (stream / v2: the exact decode kernels, wg: "
+		       "the streaming kernel's wgmma consumers, wgmma, lt: cuBLASLt); %%lim: ours "
+		       "against the read limit; stream: k_gemm_fp8_stream_m* forced (mma.sync), split: "
+		       "its K chunks; v2: k_gemm_fp8_decode_m*; wgmma: cuda_gemm_fp8_wgmma forced; "
+		       "copy: TB/s of the streaming kernel's copies alone (no MMA); wg: TB/s of the "
+		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
+		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
+		       "summed in the kernel; cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
+		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
+		       trials, tune ? "" : " --no-tune",
+		       tune ? "after the start-up measurement (cuda_gemm_tune_rotate, cold L2) of each "
+			      "shape and M bucket"
+			    : "its defaults without the start-up measurement");
 	if (run_grouped && bench_grouped(&g, trials, read_tbs))
 		rc_all = 1;
 	cuda_gemm_close(&g);
