@@ -373,7 +373,7 @@ __device__ __forceinline__ void q_absorb(uint16_t *__restrict__ q, const uint8_t
 	for (int tt = 0; tt < ROWS; tt++)
 		acc[tt] = 0.f;
 	for (int d = 0; d < nope; d++) {
-		const float wv = e4m3_to_f32(w[d][c]) * sc[d];
+		const float wv = e4m3_to_f32_alu(w[d][c]) * sc[d];
 #pragma unroll
 		for (int tt = 0; tt < ROWS; tt++)
 			acc[tt] = __fadd_rn(acc[tt], __fmul_rn(qn[tt][d], wv));
@@ -455,7 +455,7 @@ __device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uin
 		acc[tt] = 0.f;
 	if (live)
 		lane8_accumulate<ROWS>(acc, j, R,
-				       [&](int k) { return e4m3_to_f32(w[dd][k]) * sc[dd][k / 128]; },
+				       [&](int k) { return e4m3_to_f32_alu(w[dd][k]) * sc[dd][k / 128]; },
 				       [&](int m, int k) { return ol[m][k]; });
 #pragma unroll
 	for (int tt = 0; tt < ROWS; tt++)
@@ -531,7 +531,7 @@ k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb
 		const int ch = 2 * rd + half, srow = ch * W_CHUNK + dd;
 		float acc[1] = {0.f};
 		lane8_accumulate<1>(acc, j, R,
-				    [&](int k) { return e4m3_to_f32(w[half][dd][k]) * sc[srow][k / 128]; },
+				    [&](int k) { return e4m3_to_f32_alu(w[half][dd][k]) * sc[srow][k / 128]; },
 				    [&](int m, int k) { return ol[m][k]; });
 		acc[0] = tree8(acc[0]);
 		if (j == 0)

@@ -16,6 +16,18 @@
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// e4m3 code b (low 8 bits) -> fp32 on the integer and FMA pipes: its sign, exponent and mantissa
+// fields placed in an fp32 (exponent field at bit 23, mantissa at bit 20) are the value times
+// 2^-120 (bias 7 vs 127; subnormal codes land on fp32 subnormals with the same scaling), so one
+// exact multiply by 2^120 gives it. The same value as e4m3_to_f32 for every code but the NaNs
+// (0x7f, 0xff give +-480; quantised weights never hold them); checked on the CPU for all 256
+// codes. For the one-row products, where e4m3_to_f32's conversion instructions (cvt e4m3x2 ->
+// f16x2, then f16 -> f32: one element per weight byte, no reuse at one row) are the bound.
+__device__ __forceinline__ float e4m3_to_f32_alu(uint32_t b)
+{
+	return __fmul_rn(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)), 0x1p120f);
+}
+
 #define LIN_ROWS 4
 
 // y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.
