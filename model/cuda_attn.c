@@ -49,6 +49,16 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
 	return 2 * 64 * ld * 2 + 2 * 64 * 72 * 2 + 64 * rb + 5 * 64 * 4 + 2 * 4 + 2 * 64 * 4;
 }
 
+/* k_mla_decode_wg (kernels_ptx/mla_wgmma.cu): the real latent only (R = 512, 656-byte records),
+ * 64 heads a block; its dynamic shared memory (the kernel's layout comment): 1024 of alignment, Q
+ * [9][64][128 B], two key tiles [9][32][128 B], the S exchange 4 x 2048 floats, two tiles of raw
+ * records 2 x 32 x 656 bytes, the validity of two tiles (2 x 32 ints). */
+#define MLA_WG_REC 656
+static size_t mla_wg_smem_bytes(void)
+{
+	return 1024 + 9 * 64 * 128 + 2 * 9 * 32 * 128 + 4 * 2048 * 4 + 2 * 32 * MLA_WG_REC + 2 * 32 * 4;
+}
+
 /* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
 static int mla_keys_per_split(int ld_sel, int splits)
 {
@@ -93,17 +103,19 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	splits = (ld_sel + kps - 1) / kps;
 	if (splits > 1 && !ws)
 		return -EINVAL;
-	const int skip_main = diag & 16, skip_combine = diag & 8;
-	diag &= 0x67; /* the kernel's own switches */
-	void *fn = gpu_kernel(g, "k_mla_decode");
+	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128;
+	if (wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG))
+		return -EINVAL;
+	diag &= 0x67 | 0x10000; /* the kernel's own switches */
+	void *fn = gpu_kernel(g, wg ? "k_mla_decode_wg" : "k_mla_decode");
 	if (!fn)
 		return -ENOENT;
-	unsigned smem = (unsigned)mla_smem_bytes(R, rec_bytes);
+	unsigned smem = (unsigned)(wg ? mla_wg_smem_bytes() : mla_smem_bytes(R, rec_bytes));
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
 	int r = skip_main ? 0
 			  : gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
-				       512, 1, 1, smem, args);
+				       wg ? 384 : 512, 1, 1, smem, args);
 	if (r || splits == 1 || skip_combine)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};

@@ -27,7 +27,9 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * combine alone, bit 5 no load of Q, bit 6 no output stores; bits 0-6 leave the output
  * meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
  * keys; ws must then hold B x H x splits x (R + 2) floats, as cuda_mla_decode_workspace; a
- * correct result). */
+ * correct result). Bit 7 takes k_mla_decode_wg (kernels_ptx/mla_wgmma.cu: wgmma, R = 512 and
+ * 656-byte records and H % 64 == 0 only, else -EINVAL; the same limits of attn_latent), where
+ * bit 16 swaps its V descriptor's strides (a layout probe; a wrong result). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -253,6 +253,13 @@ int bench_attention(int argc, char **argv)
 				cuda_mla_decode(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws);
 			cu.cuEventRecord(e1, g.stream);
 			double mla_ms = event_ms(&g, e0, e1) / reps;
+			/* k_mla_decode_wg (wgmma) at the same shape, auto splits; at 32K x 128 its phases */
+			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
+			double wg_diag_us[8] = {0};
+			if (ctx == 32768 && B == 128)
+				for (int di = 1; di < 8; di++)
+					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+								  128 | di);
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
 			double diag_us[8] = {0};
 			const int diags[] = {1, 2, 4, 3, 6, 7};
@@ -316,6 +323,14 @@ int bench_attention(int argc, char **argv)
 			       topkm_ms[2] * 1e3, mla_ms * 1e3,
 			       mla_bytes / (mla_ms * 1e-3) / 1e12, mla_flops / (mla_ms * 1e-3) / 1e12,
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
+			if (wg_us > 0)
+				printf("        k_mla_decode_wg (wgmma): %.2f us, %.1f TFLOP/s, %.2fx k_mla_decode's time\n", wg_us,
+				       mla_flops / (wg_us * 1e-6) / 1e12, wg_us / (mla_ms * 1e3));
+			if (wg_diag_us[1] > 0)
+				printf("        k_mla_decode_wg phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
+				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
+				       wg_diag_us[7]);
 			if (diag_us[1] > 0)
 				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",

@@ -1,0 +1,364 @@
+// mla_wgmma.cu — the sparse MLA decode of mla_decode.cu (absorbed form, spec §3.7b; records of
+// spec §6.1) on Hopper's warpgroup MMAs, for many rows (the batch-128 decode): the same inputs,
+// outputs, split partials and numerics as k_mla_decode, another work split.
+//
+// k_mla_decode_wg: the arguments of k_mla_decode; R = 512, 656-byte records, H % 64 == 0 (the
+// launcher, model/cuda_attn.c, checks). Grid (H / 64, B, splits), 384 threads = 3 warpgroups, one
+// block = 64 heads of one row over keys_per_split of its keys, in tiles of 32 keys:
+//   warpgroup 2 (the producer): gathers the 656-byte records of the next tile by slot id with
+//     cp.async into raw[2] (warp pw owns keys 8 pw .. +8 of every tile, its lanes the 16-byte
+//     chunks of a record), dequantises the current one into the fp16 key tile K[t % 2] (zero
+//     rows for keys past the list's end) and hands it over (named barrier FULL[t % 2]); it
+//     waits for the consumers to release a buffer (EMPTY) before overwriting it.
+//   warpgroups 0 and 1 (the consumers), for each tile:
+//     1. S_w = Q K^T over dims 288 w .. 288 w + 287 (18 wgmma m64n32k16, Q and K from shared
+//        memory): the two halves of the 576-dim dot products;
+//     2. the halves exchanged through shared memory and added, S = S_0 + S_1 (fp32, the same
+//        sum in both warpgroups), so both hold the whole 64 heads x 32 keys scores: the same
+//        online softmax (fp32) runs in both, and its weights become the A operand of P V in
+//        registers, as P_hi = fp16(p) and P_lo = fp16(p - P_hi);
+//     3. O_w = O_w e^(m_old - m) + P_hi V_w + P_lo V_w with V_w = latent dims 256 w .. +256 of
+//        the same key tile (4 wgmma m64n256k16, V MN-major through the transpose bit): each
+//        warpgroup owns half of the output dims, 128 fp32 accumulators a thread.
+// Shared memory (mw_smem_bytes in model/cuda_attn.c, 1024-aligned): Q [9 column blocks of 64
+// dims][64 heads][128 B] fp16, K[2] [9][32 keys][128 B] fp16, both in the 128-byte swizzle
+// (wgmma.cuh), the S exchange [2 tiles][2 warpgroups][16][128] fp32, raw[2] [32][656] bytes,
+// the tiles' key validity [2][32] ints.
+// Numerics: those of k_mla_decode (mla_decode.cu: fp16 operands, exact in the same ranges; P as
+// P_hi + P_lo; l the fp32 sum of p; the output bf16 of o / l), with the dot products summed in
+// another order (two fp32 halves of 288 dims, each a tensor-core sum) and the keys of a split in
+// tiles of 32. Not bit-identical to k_mla_decode, within the same limits of attn_latent
+// (tests/gpu/test_gpu_mla.c).
+// diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
+// MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
+// stores; bit 16 swaps the V descriptor's two strides (a layout probe: a wrong result).
+#include "common.cuh"
+#include "mla.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+#define MW_HG 64      // heads per block
+#define MW_KT 32      // keys per tile
+#define MW_R 512      // latent dims
+#define MW_DK 576     // latent + rope dims of a key
+#define MW_REC 656    // record bytes: 512 e4m3, 4 fp32 scales, 64 bf16
+#define MW_THREADS 384
+#define MW_CB (MW_HG * 128)                  // bytes of a Q column block (64 dims of 64 heads)
+#define MW_KCB (MW_KT * 128)                 // bytes of a K column block (64 dims of 32 keys)
+#define MW_Q_BYTES (MW_DK / 64 * MW_CB)      // 73728
+#define MW_K_BYTES (MW_DK / 64 * MW_KCB)     // 36864
+#define MW_XS (16 * 128)                     // floats of one warpgroup's S half
+#define MW_BAR_FULL 1  // + buffer: the producer's tile is in K[buffer]
+#define MW_BAR_EMPTY 3 // + buffer: the consumers are done with K[buffer]
+#define MW_BAR_CONS 5  // the 256 consumer threads
+
+__device__ __forceinline__ void mw_bar_sync(int id, int n)
+{
+	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mw_bar_arrive(int id, int n)
+{
+	asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+// d (+)= A[64 x 16] . B[32 x 16]^T, fp16 -> fp32, both K-major in shared memory (descriptors);
+// accumulate = 0 overwrites d. d: 16 registers a thread (the m64n32 f32 fragment).
+__device__ __forceinline__ void wgmma_f16_ss_n32(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d (+)= A[64 x 16] . B[16 x 256], fp16 -> fp32: A from registers (a0..a3: the mma.sync
+// m16n8k16 A fragment of the warp's 16 rows), B MN-major in shared memory (descriptor; the
+// transpose bit set); accumulate = 0 overwrites d. d: 128 registers a thread.
+__device__ __forceinline__ void wgmma_f16_rs_n256_tb(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+						    uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
+}
+
+// Byte offset of 16-byte chunk c (0 .. 71: 8 fp16 each, dims 8c .. 8c + 7) of row r in a tile of
+// 64-dim column blocks cb_bytes apart, 128-byte swizzle
+__device__ __forceinline__ uint32_t mw_chunk(int r, int c, int cb_bytes)
+{
+	return (c >> 3) * cb_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// lanes 0..7: the slot of key 8 pw + lane of the tile at k0 (-1 at and beyond k_end)
+__device__ __forceinline__ int mw_slot(const int *__restrict__ srow, int k0, int k_end, int pw, int lane)
+{
+	const int k = k0 + 8 * pw + lane;
+	return lane < 8 && k < k_end ? __ldg(srow + k) : -1;
+}
+
+// Warp pw's cp.async gather of its 8 keys' records (slots in lanes 0..7 of sl) into raw_tile
+__device__ __forceinline__ void mw_gather(int sl, const uint8_t *__restrict__ pool, uint8_t *raw_tile, int pw,
+					  int lane)
+{
+#pragma unroll
+	for (int j = 0; j < 8; j++) {
+		const int slot = __shfl_sync(0xffffffffu, sl, j);
+		if (slot < 0)
+			continue;
+		const uint8_t *src = pool + (size_t)slot * MW_REC;
+		const uint32_t dst = smem_u32(raw_tile + (8 * pw + j) * MW_REC);
+		cp_async16(dst + lane * 16, src + lane * 16);
+		if (lane < MW_REC / 16 - 32)
+			cp_async16(dst + (lane + 32) * 16, src + (lane + 32) * 16);
+	}
+	cp_async_commit();
+}
+
+// Warp pw's 8 keys of a tile, dequantised from raw_tile into the key tile kt: 8 x 72 chunks, lane
+// i takes items i + 32 q; c_kv = e4m3 code x its 128-wide tile's scale, k_pe bf16 -> fp16, zeros
+// for a key without a slot
+__device__ __forceinline__ void mw_dequant(int sl, const uint8_t *raw_tile, uint8_t *kt, int pw, int lane)
+{
+#pragma unroll 6
+	for (int q = 0; q < 18; q++) {
+		const int i = lane + 32 * q, j = i / 72, c = i - 72 * j, kk = 8 * pw + j;
+		const int slot = __shfl_sync(0xffffffffu, sl, j);
+		const uint8_t *rp = raw_tile + kk * MW_REC;
+		uint4 out = make_uint4(0, 0, 0, 0);
+		if (slot >= 0) {
+			if (c < MW_R / 8) {
+				const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
+				const float sc = *reinterpret_cast<const float *>(rp + MW_R + (c >> 4) * 4);
+				const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
+				out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
+				out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
+				out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
+				out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
+			} else {
+				const uint4 v = *reinterpret_cast<const uint4 *>(rp + MW_R + 16 + 16 * (c - MW_R / 8));
+				out = make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z),
+						 bf16x2_to_f16x2(v.w));
+			}
+		}
+		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) = out;
+	}
+}
+
+// The producer warpgroup: gathers tile t + 1 while dequantising tile t (see the header)
+__device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
+					   const uint8_t *__restrict__ pool, uint8_t *ktiles, uint8_t *raw, int *cval,
+					   int diag)
+{
+	const int pw = (threadIdx.x >> 5) - 8, lane = threadIdx.x & 31;
+	int sl_next = mw_slot(srow, k_begin, k_end, pw, lane);
+	if (nt > 0)
+		mw_gather(sl_next, pool, raw, pw, lane);
+	for (int t = 0; t < nt; t++) {
+		const int s = t & 1, sl = sl_next;
+		if (t + 1 < nt)
+			sl_next = mw_slot(srow, k_begin + (t + 1) * MW_KT, k_end, pw, lane);
+		cp_async_wait_all();
+		__syncwarp(); // the warp's records of tile t landed; its reads of raw[s ^ 1] (tile t - 1) done
+		if (t + 1 < nt && !((diag & 1) && t >= 1))
+			mw_gather(sl_next, pool, raw + (s ^ 1) * MW_KT * MW_REC, pw, lane);
+		if (t >= 2)
+			mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
+		if (!((diag & 4) && t >= 2))
+			mw_dequant(sl, raw + s * MW_KT * MW_REC, ktiles + s * MW_K_BYTES, pw, lane);
+		if (lane < 8)
+			cval[s * MW_KT + 8 * pw + lane] = sl >= 0;
+		fence_proxy_async();
+		mw_bar_arrive(MW_BAR_FULL + s, MW_THREADS);
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	extern __shared__ __align__(16) uint8_t smem_raw[];
+	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
+	uint8_t *smem = smem_raw + (base - raw_addr);
+	uint8_t *ktiles = smem + MW_Q_BYTES;                                          // K[2]
+	float *xs = reinterpret_cast<float *>(ktiles + 2 * MW_K_BYTES);               // [2][2][MW_XS]
+	uint8_t *raw = reinterpret_cast<uint8_t *>(xs + 4 * MW_XS);                   // [2][32][656]
+	int *cval = reinterpret_cast<int *>(raw + 2 * MW_KT * MW_REC);                // [2][32]
+
+	const int tid = threadIdx.x, lane = tid & 31;
+	const int b = blockIdx.y, h0 = blockIdx.x * MW_HG;
+	const int *srow = sel + (size_t)b * ld_sel;
+	const int k_begin = blockIdx.z * keys_per_split;
+	const int k_end = min(ld_sel, k_begin + keys_per_split);
+	const int nt = k_end > k_begin ? (k_end - k_begin + MW_KT - 1) / MW_KT : 0;
+
+	// registers: the producer needs few, the consumers hold 128 accumulators (ptxas allocates
+	// each role's code within its count)
+	if (tid >= 256) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		mw_produce(srow, k_begin, k_end, nt, pool, ktiles, raw, cval, diag);
+		return;
+	}
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+	const int wg = tid >> 7, wt = tid & 127, wi = wt >> 5, g = lane >> 2, t4 = lane & 3;
+
+	// Q of the block's 64 heads, bf16 -> fp16 into its swizzled column blocks: 64 x 72 chunks,
+	// thread tid items tid + 256 i, 6 loads in flight
+	if (!(diag & 32))
+		for (int i0 = 0; i0 < 18; i0 += 6) {
+			uint4 v[6];
+#pragma unroll
+			for (int u = 0; u < 6; u++) {
+				const int i = tid + 256 * (i0 + u), r = i / 72, c = i - 72 * r;
+				v[u] = __ldg(reinterpret_cast<const uint4 *>(q + ((size_t)b * H + h0 + r) * MW_DK) + c);
+			}
+#pragma unroll
+			for (int u = 0; u < 6; u++) {
+				const int i = tid + 256 * (i0 + u), r = i / 72, c = i - 72 * r;
+				*reinterpret_cast<uint4 *>(smem + mw_chunk(r, c, MW_CB)) =
+					make_uint4(bf16x2_to_f16x2(v[u].x), bf16x2_to_f16x2(v[u].y), bf16x2_to_f16x2(v[u].z),
+						   bf16x2_to_f16x2(v[u].w));
+			}
+		}
+	fence_proxy_async();
+	mw_bar_sync(MW_BAR_CONS, 256);
+
+	// V descriptor strides: 64-dim column blocks MW_KCB apart (N), 8-key groups 1024 apart (K)
+	const uint32_t lbo = (diag & 0x10000) ? 1024 : MW_KCB, sbo = (diag & 0x10000) ? MW_KCB : 1024;
+	float o[128]; // O_w: register 4j + {0, 1}: head 16 wi + g, dims 256 wg + 8j + 2 t4 + {0, 1}; + {2, 3}: head + 8
+#pragma unroll
+	for (int i = 0; i < 128; i++)
+		o[i] = 0.f;
+	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; // heads 16 wi + g and + 8
+	for (int t = 0; t < nt; t++) {
+		const int s = t & 1;
+		const uint32_t kt = base + MW_Q_BYTES + s * MW_K_BYTES;
+		mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
+		if (cval[s * MW_KT]) { // else the list ended before this tile: nothing to add
+			// 1. this warpgroup's half of S: dims 288 wg .. + 288 (k16 steps 18 wg ..)
+			float sp[16];
+			if (!(diag & 2)) {
+				wg_fence();
+#pragma unroll
+				for (int i = 0; i < 18; i++) {
+					const int ks = 18 * wg + i;
+					wgmma_f16_ss_n32(sp, wgd_kmajor(base + (ks >> 2) * MW_CB + (ks & 3) * 32),
+							 wgd_kmajor(kt + (ks >> 2) * MW_KCB + (ks & 3) * 32), i > 0);
+				}
+				wg_commit();
+				wg_wait0();
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					wg_reg_fence(sp[j]);
+			} else {
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					sp[j] = 0.f;
+			}
+			// 2. S = S_0 + S_1 (the same fragment position in the other warpgroup)
+			float *xw = xs + (2 * s + wg) * MW_XS;
+#pragma unroll
+			for (int j = 0; j < 16; j++)
+				xw[j * 128 + wt] = sp[j];
+			mw_bar_sync(MW_BAR_CONS, 256);
+			const float *x0 = xs + 2 * s * MW_XS, *x1 = x0 + MW_XS;
+			const int *cv = cval + s * MW_KT;
+			// fragment register 4 jb + e: head 16 wi + g (e < 2) or + 8, key 8 jb + 2 t4 + e % 2
+			float sc[16], mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+			for (int jb = 0; jb < 4; jb++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					const bool ok = cv[8 * jb + 2 * t4 + e] != 0;
+					const int j0 = 4 * jb + e, j1 = j0 + 2;
+					sc[j0] = ok ? (x0[j0 * 128 + wt] + x1[j0 * 128 + wt]) * scale : -INFINITY;
+					sc[j1] = ok ? (x0[j1 * 128 + wt] + x1[j1 * 128 + wt]) * scale : -INFINITY;
+					mx0 = fmaxf(mx0, sc[j0]);
+					mx1 = fmaxf(mx1, sc[j1]);
+				}
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+			const float c0 = m0 == -INFINITY ? 0.f : expf(m0 - mn0), c1 = m1 == -INFINITY ? 0.f : expf(m1 - mn1);
+			const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+			m0 = mn0, m1 = mn1, l0 *= c0, l1 *= c1;
+			// the weights as the A fragments of P V: k16 step kk = keys 16 kk .. + 16, registers
+			// a0 (head g, keys 2 t4 + {0, 1}), a1 (head g + 8), a2, a3 (the same, keys + 8)
+			uint32_t ph[2][4], pl[2][4];
+#pragma unroll
+			for (int jb = 0; jb < 4; jb++) {
+				const float pg0 = expf(sc[4 * jb] - ms0), pg1 = expf(sc[4 * jb + 1] - ms0);
+				const float pk0 = expf(sc[4 * jb + 2] - ms1), pk1 = expf(sc[4 * jb + 3] - ms1);
+				l0 += pg0 + pg1;
+				l1 += pk0 + pk1;
+				const uint32_t hg = f32x2_to_f16x2(pg0, pg1), hk = f32x2_to_f16x2(pk0, pk1);
+				ph[jb >> 1][2 * (jb & 1)] = hg;
+				ph[jb >> 1][2 * (jb & 1) + 1] = hk;
+				pl[jb >> 1][2 * (jb & 1)] = f32x2_to_f16x2(pg0 - f16_lo(hg), pg1 - f16_hi(hg));
+				pl[jb >> 1][2 * (jb & 1) + 1] = f32x2_to_f16x2(pk0 - f16_lo(hk), pk1 - f16_hi(hk));
+			}
+			// 3. O_w = O_w e^(m_old - m) + P_hi V_w + P_lo V_w
+#pragma unroll
+			for (int j = 0; j < 32; j++) {
+				o[4 * j] *= c0, o[4 * j + 1] *= c0;
+				o[4 * j + 2] *= c1, o[4 * j + 3] *= c1;
+			}
+			if (!(diag & 2)) {
+				const uint32_t vt = kt + wg * 4 * MW_KCB; // latent dims 256 wg ..: column blocks 4 wg ..
+				wg_fence();
+#pragma unroll
+				for (int kk = 0; kk < 2; kk++)
+					wgmma_f16_rs_n256_tb(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3],
+							     wgd_mnmajor(vt + kk * 2048, lbo, sbo), 1);
+#pragma unroll
+				for (int kk = 0; kk < 2; kk++)
+					wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3],
+							     wgd_mnmajor(vt + kk * 2048, lbo, sbo), 1);
+				wg_commit();
+				wg_wait0();
+#pragma unroll
+				for (int j = 0; j < 128; j++)
+					wg_reg_fence(o[j]);
+			}
+		}
+		if (t + 2 < nt)
+			mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
+	}
+	// the combine (programmatic dependent launch) may start its blocks; they wait for this grid
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+	if (diag & 64)
+		return;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int h = h0 + 16 * wi + g + 8 * i;
+		const float lr = i ? l1 : l0;
+		if (gridDim.z > 1) {
+			// part: o [B, H, splits][R], then (m, l) [B, H, splits][2] (k_mla_combine)
+			const size_t idx = ((size_t)b * H + h) * gridDim.z + blockIdx.z;
+			float *pp = part + idx * MW_R + 256 * wg + 2 * t4;
+#pragma unroll
+			for (int j = 0; j < 32; j++)
+				*reinterpret_cast<float2 *>(pp + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+			if (wg == 0 && t4 == 0) {
+				float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * idx;
+				ml[0] = i ? m1 : m0, ml[1] = lr;
+			}
+		} else {
+			const float inv = lr > 0.f ? 1.f / lr : 0.f;
+			uint16_t *out = o_lat + ((size_t)b * H + h) * MW_R + 256 * wg + 2 * t4;
+#pragma unroll
+			for (int j = 0; j < 32; j++)
+				*reinterpret_cast<uint32_t *>(out + 8 * j) =
+					(uint32_t)f32_to_bf16(o[4 * j + 2 * i] * inv) |
+					((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
+		}
+	}
+}
