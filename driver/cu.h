@@ -36,7 +36,7 @@
 	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                           \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
-	X(cuEventDestroy)                                                                     \
+	X(cuEventDestroy) X(cuStreamWaitEvent)                                                \
 	X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemsetD8) X(cuMemsetD8Async)           \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync)                  \
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
