@@ -180,10 +180,11 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
-	/* a cluster a row for one or two long rows (run 9, batch 1: 31.8 against 35.6 us at 128K,
-	 * even at 8K-32K; batch 16: 37.7 against 19.5 us at 32K), else a block a row */
+	/* a cluster a row for one or two rows from 8K keys (run 10, batch 1: 14.8 against 17.2 us at
+	 * 8K, 16.2 against 19.3 at 32K, 27.6 against 35.7 at 128K; 3.9 against 3.3 at 1K; batch 16:
+	 * 31.7 against 19.4 us at 32K), else a block a row */
 	if (!mode)
-		mode = B <= 2 && ld >= 65536 && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
+		mode = B <= 2 && ld >= 8192 && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
 	if ((mode == 2 && !cl_ok) || (mode == 1 && topk_smem_bytes(ld) > 200 * 1024))

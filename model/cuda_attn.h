@@ -54,7 +54,7 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * to the lower position, as positions (out_pos) and/or physical slots through block_table
  * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
  * be 0 when every n_keys[b] <= k_max. k_topk_cluster (a row over a cluster of 8 CTAs) for B <= 2
- * and 65536 <= ld <= 327680, else k_topk_select (a block a row, two reads of it) when its
+ * and 8192 <= ld <= 327680, else k_topk_select (a block a row, two reads of it) when its
  * bitmaps fit in shared memory, else k_topk. */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
