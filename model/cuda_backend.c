@@ -39,6 +39,7 @@
 #include "model/clock.h"
 #include "model/cuda_forward.h"
 #include "model/cuda_gemm.h"
+#include "model/cuda_gemm_tune.h"
 #include "model/cuda_synth.h"
 #include "model/kv_cache.h"
 #include "model/rope.h"
@@ -113,6 +114,8 @@ struct cuda_backend {
 	struct fwd_model m;               /* device addresses the forward reads */
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
 	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
+	CUstream side;                    /* the forward's side stream (fwd_env.side) */
+	CUevent ev_fork, ev_join;         /* its fork and join events */
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
 	int batch_invariant;              /* the mode: backend_cuda_opts.batch_invariant, or
 					   * DSV32_CUDA_BATCH_INVARIANT when set (read at creation) */
@@ -493,7 +496,7 @@ static struct fwd_env env_of(struct cuda_backend *b)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
 				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL,
-				b->batch_invariant};
+				b->side, b->ev_fork, b->ev_join, b->batch_invariant};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -527,6 +530,12 @@ static void cuda_destroy(struct backend *base)
 	struct cuda_backend *b = (struct cuda_backend *)base;
 	cuda_forward_profile_print();
 	cuda_forward_graphs_free(b->graphs);
+	if (b->ev_fork)
+		cu.cuEventDestroy(b->ev_fork);
+	if (b->ev_join)
+		cu.cuEventDestroy(b->ev_join);
+	if (b->side)
+		cu.cuStreamDestroy(b->side);
 	gpu_arena_free(&b->g, &b->scratch);
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);
@@ -579,6 +588,15 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		goto err;
 	if ((r = gpu_arena_init(&b->g, &b->scratch, SCRATCH_BYTES, e)))
 		goto err;
+	if (cu_check(cu.cuStreamCreate(&b->side, CU_STREAM_NON_BLOCKING), "cuStreamCreate", __FILE__,
+		     __LINE__) ||
+	    cu_check(cu.cuEventCreate(&b->ev_fork, CU_EVENT_DISABLE_TIMING), "cuEventCreate", __FILE__,
+		     __LINE__) ||
+	    cu_check(cu.cuEventCreate(&b->ev_join, CU_EVENT_DISABLE_TIMING), "cuEventCreate", __FILE__,
+		     __LINE__)) {
+		r = err_set(e, -EIO, "cuda backend: cannot create the side stream or its events");
+		goto err;
+	}
 	/* the KV pool: what is left, keeping 1 GiB for the driver and library workspaces */
 	size_t free_b = 0, total_b = 0;
 	cu.cuMemGetInfo(&free_b, &total_b);
@@ -595,6 +613,9 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	if ((r = gpu_region_reserve(&b->g, &b->kv_region, "kv pages", kv_bytes, e)) ||
 	    (r = gpu_region_grow(&b->g, &b->kv_region, kv_bytes, e)))
 		goto err;
+	/* the GEMM dispatch measured on these weights (model/cuda_gemm_tune.h; logs, never fatal:
+	 * what it could not measure keeps the defaults) */
+	(void)cuda_gemm_tune_model(&b->g, &b->m, (int)n_fwd_layers(b), &b->scratch);
 	fprintf(stderr,
 		"<6>dsv32: cuda backend on %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB uploaded "
 		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB; "
