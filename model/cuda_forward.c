@@ -78,6 +78,11 @@ void fwd_prof_mark(void *stream, const char *name)
 	cu.cuEventRecord(prof.ev[prof.n_ev++], stream);
 }
 
+int fwd_prof_on(void)
+{
+	return prof.on;
+}
+
 /* Waits for the step, adds each op's time to its name's total. */
 static void prof_step_end(void)
 {
@@ -514,6 +519,14 @@ static int64_t fwd_max_rows(const struct fwd_env *E)
 	return n < 1 ? 1 : n > 65535 ? 65535 : n;
 }
 
+/* After a failed step: both streams idle (a branch may have been issued on the side stream). */
+static void fwd_sync_all(const struct fwd_env *E)
+{
+	gpu_sync(E->g);
+	if (E->side)
+		cu.cuStreamSynchronize(E->side);
+}
+
 static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 {
 	struct fwd F;
@@ -533,8 +546,8 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 		if (!r)
 			r = step_finish(&F, out, res, l32);
 	}
-	if (r)
-		gpu_sync(E->g); /* nothing of this step may still run when the arena is reused */
+	if (r) /* nothing of this step may still run when the arena is reused */
+		fwd_sync_all(E);
 	gpu_arena_release(E->arena, mark);
 	fwd_end(&F);
 	return r;
@@ -639,7 +652,7 @@ int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct back
 		free(h);
 	}
 	if (rc)
-		gpu_sync(E->g);
+		fwd_sync_all(E);
 	gpu_arena_release(E->arena, mark);
 	fwd_end(&F);
 	return rc;

@@ -73,6 +73,9 @@ struct fwd_env {
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
 	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */
+	void *side;                   /* CUstream: a second stream for branches of a layer that
+				       * run beside the engine stream (cuda_fwd_attn.c); NULL: none */
+	void *ev_fork, *ev_join;      /* CUevents of those branches' fork and join */
 	int batch_invariant;          /* the mode (backend_cuda_opts.batch_invariant; see
 				       * cuda_forward.c for what each mode runs) */
 };

@@ -113,6 +113,7 @@ enum dump_kind { DUMP_BF16, DUMP_F32, DUMP_I32 };
 
 /* cuda_forward.c */
 void fwd_prof_mark(void *stream, const char *name);
+int fwd_prof_on(void); /* 1: this step is profiled (eager, one stream) */
 
 /* cuda_fwd_ops.c */
 int fwd_fail(const char *what, int r);

@@ -33,11 +33,113 @@ static gpu_ptr fwd_pool_idx(const struct fwd *F, int64_t layer)
 	       (size_t)layer * b->n_pages * b->idx_page_bytes;
 }
 
+/* The query side of the attention after q_a's norm (§3.5): q = q_b(cq8) [T, H, nope | rope], its
+ * q_pe RoPE, and the absorption into the MLA query qf [T, Hpad, R | rope] (q_lat = q_nope W_UK). */
+struct q_branch {
+	int64_t layer;
+	const struct fwd_layer *L;
+	gpu_ptr cq8, cqs;  /* e4m3 [Tp, q_lora_rank], fp32 [Tp, q_lora_rank / 128]: q_cmpr quantised */
+	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
+	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
+	int fuse;          /* fwd_fused() */
+};
+
+static int attn_q(struct fwd *F, const struct q_branch *b)
+{
+	const struct dsv32_config *c = F->c;
+	const struct fwd_layer *L = b->L;
+	int64_t layer = b->layer;
+	int T = F->T, H = (int)c->num_attention_heads, dq = (int)c->qk_head_dim;
+	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
+	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
+	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
+	TRY(fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq));
+	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
+	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
+		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
+	if (Hpad > H && cu_check(cu.cuMemsetD8Async(qf, 0, (size_t)T * Hpad * (Rk + rope) * 2,
+						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
+		return -EIO;
+	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
+	if (!absorb_cc) {
+		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
+		long long a_hs = dq, c_hs = Rk + rope;
+		F->tag = "q absorb (mma)";
+		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
+			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
+		F->tag = NULL;
+	} else { /* rows a block: the step's, up to 8 */
+		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
+					      "k_fwd_q_absorb8"};
+		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
+		gpu_ptr qcs = b->fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
+		LAUNCH3_PDL(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
+			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
+	}
+	TRY(fwd_dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
+	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
+		size_t n = (size_t)T * Hpad * (Rk + rope);
+		uint16_t *h = malloc(n * 2);
+		float *row = malloc((size_t)H * Rk * sizeof *row);
+		int rr = !h || !row ? -ENOMEM : gpu_download(F->g, h, qf, n * 2);
+		for (int t = 0; t < T && !rr; t++) {
+			for (int hh = 0; hh < H; hh++)
+				for (int i = 0; i < Rk; i++)
+					row[hh * Rk + i] = bf16_to_f32(h[((size_t)t * Hpad + hh) * (Rk + rope) + i]);
+			F->st->dump->fn(F->st->dump->ctx, "q_lat", layer, F->seq_h[t], F->pos_h[t], 0, row,
+					(int64_t)H * Rk);
+		}
+		free(h);
+		free(row);
+		TRY(rr);
+	}
+	return 0;
+}
+
+static int fwd_fork_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_CUDA_FWD_FORK");
+		on = !(v && *v == '0');
+	}
+	return on;
+}
+
+/* attn_q on the side stream (fwd_env.side), after everything issued so far on the engine stream;
+ * the engine stream waits for it at fwd_join. Its scratch (the GEMM's workspace) is released
+ * when it is issued, so nothing may be taken from the arena until the join. */
+static int fork_q(struct fwd *F, const struct q_branch *b)
+{
+	void *main = F->g->stream;
+	if (cu_check(cu.cuEventRecord(F->E->ev_fork, main), "cuEventRecord", __FILE__, __LINE__) ||
+	    cu_check(cu.cuStreamWaitEvent(F->E->side, F->E->ev_fork, 0), "cuStreamWaitEvent", __FILE__,
+		     __LINE__))
+		return -EIO;
+	F->g->stream = F->E->side; /* the launchers (ours, cuda_gemm's) issue on g->stream */
+	int r = attn_q(F, b);
+	F->g->stream = main;
+	if (!r && cu_check(cu.cuEventRecord(F->E->ev_join, F->E->side), "cuEventRecord", __FILE__,
+			   __LINE__))
+		r = -EIO;
+	return r;
+}
+
+static int fwd_join(struct fwd *F)
+{
+	return cu_check(cu.cuStreamWaitEvent(F->g->stream, F->E->ev_join, 0), "cuStreamWaitEvent",
+			__FILE__, __LINE__) ? -EIO : 0;
+}
+
 /* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
  * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
- * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. */
+ * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. With them attn_q
+ * (qb): on the side stream between the scores and the top-k when the rows are one chunk (the
+ * top-k of a few rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and
+ * 32K, while the q_b GEMM and the absorption need the others; DSV32_CUDA_FWD_FORK=0, dumps and
+ * the profile keep one stream), else before the selection. */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
-		     gpu_ptr sel_slot, int ksel)
+		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb)
 {
 	const struct dsv32_config *c = F->c;
 	int Hi = (int)c->index_n_heads, mb = F->mb, ld = F->mb * 64;
@@ -46,6 +148,9 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
+	const int fork = F->E->side && chunk == F->T && !F->st->dump && !fwd_prof_on() && fwd_fork_on();
+	if (!fork)
+		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
 	gpu_ptr scores = 0;
 	if (need) {
@@ -67,11 +172,15 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 			fwd_prof_mark(F->g->stream, "indexer scores");
 			TRY(fwd_dump_rows(F, "idx_scores", layer, scores, DUMP_F32, ld, -1, t0, n));
 		}
+		if (fork)
+			TRY(fork_q(F, qb));
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
 			return fwd_fail("cuda_indexer_topk", r);
 		fwd_prof_mark(F->g->stream, "indexer topk");
 	}
+	if (fork)
+		TRY(fwd_join(F));
 	gpu_arena_release(F->A, mark);
 	return fwd_dump_all(F, "idx_topk", layer, sel_pos, DUMP_I32, ksel, ksel);
 }
@@ -138,11 +247,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY(fwd_rms(F, yq + (size_t)kvo * 2, Nq, 0, L->kv_norm, ckv, Rk, Rk));
 		TRY(fwd_rope(F, yq, 1, Nq, 0, kvo + Rk, 1));
 	}
-	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
-	TRY(fwd_gemm(F, &L->q_b, cq8, cqs, q, T, H * dq));
-	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
-	if (!(fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
-		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
 	TRY(fwd_dump_all(F, "q_cmpr", layer, cq, DUMP_BF16, qlr, qlr));
 	TRY(fwd_dump_all(F, "kv_cmpr", layer, ckv, DUMP_BF16, Rk, Rk));
 	TRY(fwd_dump_all(F, "k_pe", layer, kpe, DUMP_BF16, Nq, rope));
@@ -192,50 +296,16 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH("k_kv_index_write", (T + 7) / 8, 1, 256, 0, &ik, &ld128, &F->slot, &pi, &pb, &T);
 	}
 
-	/* sparse attention: q absorption, selection, MLA over the selected slots, W_UV (the
-	 * absorption first: it needs only q, and by programmatic dependent launch its weight loads
-	 * overlap the indexer query kernel before it) */
+	/* sparse attention: the queries (attn_q) beside the selection, MLA over the selected slots,
+	 * W_UV */
+	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
 	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
-	if (Hpad > H && cu_check(cu.cuMemsetD8Async(qf, 0, (size_t)T * Hpad * (Rk + rope) * 2,
-						    F->g->stream), "cuMemsetD8Async", __FILE__, __LINE__))
-		return -EIO;
-	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
-	if (!absorb_cc) {
-		int mode = 0, lda = H * dq, b_hs = nope + dv, b_row0 = 0, ldc = Hpad * (Rk + rope), out32 = 0;
-		long long a_hs = dq, c_hs = Rk + rope;
-		F->tag = "q absorb (mma)";
-		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
-			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
-		F->tag = NULL;
-	} else { /* rows a block: the step's, up to 8 */
-		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
-					      "k_fwd_q_absorb8"};
-		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
-		gpu_ptr qcs = fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
-		LAUNCH3_PDL(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
-			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
-	}
-	TRY(fwd_dump_all(F, "q", layer, q, DUMP_BF16, H * dq, H * dq));
-	if (F->st->dump) { /* q_lat [H, R] per row, out of qf's [Hpad, R + rope] */
-		size_t n = (size_t)T * Hpad * (Rk + rope);
-		uint16_t *h = malloc(n * 2);
-		float *row = malloc((size_t)H * Rk * sizeof *row);
-		int rr = !h || !row ? -ENOMEM : gpu_download(F->g, h, qf, n * 2);
-		for (int t = 0; t < T && !rr; t++) {
-			for (int hh = 0; hh < H; hh++)
-				for (int i = 0; i < Rk; i++)
-					row[hh * Rk + i] = bf16_to_f32(h[((size_t)t * Hpad + hh) * (Rk + rope) + i]);
-			F->st->dump->fn(F->st->dump->ctx, "q_lat", layer, F->seq_h[t], F->pos_h[t], 0, row,
-					(int64_t)H * Rk);
-		}
-		free(h);
-		free(row);
-		TRY(rr);
-	}
 	int ksel = F->ksel;
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel));
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse};
+	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
+	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
 	if (mla32 && *mla32 == '1') {
