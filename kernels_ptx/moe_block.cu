@@ -20,6 +20,10 @@
 //   block increments after a fence on its logits (g_gate_done; the last block resets it, so
 //   each launch, and each replay of a captured graph, starts from 0: one such launch at a time
 //   per GPU, as the engine's one stream runs them).
+// k_moe_gate_route1: the same for one token (cuda_moe.c's router at T = 1): the logits over
+//   E / 8 blocks, one chain of the CPU's sum a lane, the weight rows brought in by bulk copies;
+//   the last block routes (the scores by all its threads) and permutes; the K + 1 quantised rows
+//   as above. See below.
 // k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
 //   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
 //   memory; see below.
@@ -38,7 +42,8 @@
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 #include "common.cuh"
-#include "moe_route.cuh" // the fused router: moe_route_warp256, moe_permute_block
+#include "moe_route.cuh" // the fused routers: moe_route_*, moe_permute_*
+#include "tma.cuh"       // mbarriers (k_moe_gate_route1)
 
 // k_moe_gate_logits_a8 / _a2 / _a2l: the chunks of K are brought in by cp.async into a ring of S
 // stages (S - 1 chunks in flight; run 3 measured a one-chunk register prefetch at 35 us for one
@@ -196,34 +201,13 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 		return;
 	__threadfence(); // every block's logits (read through L2) after their counts
 	if (T == 1) {
-		// one token: warp 0 routes it, and the permutation is k_moe_permute's for one token
-		// in closed form: the K picks are distinct and ascending, so pick n is sorted row n,
-		// src = 0, counts[e] = (e picked), offsets[e] = the picks below e
+		// one token: warp 0 routes it, and the permutation is k_moe_permute's in closed form
 		if (threadIdx.x < 32) {
 			const int lane = threadIdx.x;
 			moe_route_warp256(logits, bias, 0, topk_group, K, norm_topk_prob, route_scale, idx,
 					  wts);
 			__syncwarp(); // idx written by the warp's lanes
-			const int mine = lane < K ? __ldcg(idx + lane) : 0x7fffffff;
-			int below[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-			for (int n = 0; n < K; n++) {
-				const int v = __shfl_sync(0xffffffffu, mine, n);
-#pragma unroll
-				for (int k = 0; k < 8; k++) {
-					below[k] += v < 8 * lane + k;
-					hit[k] |= v == 8 * lane + k;
-				}
-			}
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				if (8 * lane + k < E) {
-					offsets[8 * lane + k] = below[k];
-					counts[8 * lane + k] = hit[k];
-				}
-			if (lane < K)
-				perm[lane] = lane, src[lane] = 0;
-			if (lane == 0)
-				offsets[E] = K, offsets[E + 1] = K + 1; // the shared expert's row
+			moe_permute_one(idx, K, E, counts, offsets, perm, src);
 			if (lane == 0)
 				g_gate_done = 0; // for the next launch (stream order)
 		}
@@ -235,6 +219,138 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);
 	if (threadIdx.x == 0)
 		g_gate_done = 0; // for the next launch (stream order)
+}
+
+// ---- k_moe_gate_route1: the router of one token (see the file header) --------------------------
+// The logits of k_moe_gate_logits_a8 (the CPU's 8 partials, each a chain of D / 8 FMAs in
+// ascending k, then the fixed tree) spread over E / 8 blocks of 64 threads: lane (expert
+// e0 + 4 warp + lane / 8, partial j = lane % 8) runs one chain, the chains of a warp independent.
+// The chains are the floor (D / 8 dependent FMAs); everything else overlaps them or is short:
+// thread 0 brings the block's 8 weight rows into shared memory by 1-D bulk copies, all issued at
+// once, in chunks of GR1_KC elements with one mbarrier each (a lane starts on chunk 0 while the
+// rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows XR = D/8 + 4
+// floats: 4 banks apart), so 4 steps of a chain read x in one 16-byte load; the weight rows are
+// WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct banks. Each warp
+// also quantises 128-groups of x into all K + 1 input rows (act_quant(x[0]) whatever the routing:
+// k_moe_quant_gather's bits), so the block needs no gather. The last block to finish
+// (g_gate1_done, as k_moe_gate_route_a8) computes the 256 scores with all its threads (the
+// double-precision sigmoid, 4 a thread), then warp 0 selects (moe_route_select256) and permutes
+// (moe_permute_one). E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <=
+// GR1_KC * GR1_MAXC. Grid E / 8, 64 threads, dynamic shared memory
+// 8 * GR1_MAXC + 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
+#define GR1_KC 512  // elements of a weight row a chunk (one mbarrier)
+#define GR1_MAXC 16 // chunks at most (D <= 8192)
+__device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
+
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+		     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+		     : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(64)
+k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
+		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
+		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
+		  int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
+		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs)
+{
+	extern __shared__ __align__(16) unsigned char gr1_smem[];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int nc = D / GR1_KC, XR = D / 8 + 4, WR = 2 * D + 16;
+	const uint32_t bars = smem_u32(gr1_smem);
+	float *xs = reinterpret_cast<float *>(gr1_smem + 8 * GR1_MAXC);
+	unsigned char *ws = gr1_smem + 8 * GR1_MAXC + 32 * XR;
+	const int e0 = blockIdx.x * 8;
+	if (tid == 0) {
+		for (int c = 0; c < nc; c++)
+			mbar_init(bars + 8 * c, 1);
+		asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::
+				     : "memory");
+		for (int c = 0; c < nc; c++) {
+			mbar_arrive_expect_tx(bars + 8 * c, 8 * GR1_KC * 2);
+			for (int r = 0; r < 8; r++)
+				bulk_copy(smem_u32(ws + r * WR + c * GR1_KC * 2),
+					  W + (size_t)(e0 + r) * D + c * GR1_KC, GR1_KC * 2, bars + 8 * c);
+		}
+	}
+	// the next kernel (the grouped GEMM, launched with PDL) may start its prologue; it reads
+	// this grid's outputs only after its griddepcontrol.wait (this grid complete)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	// the K + 1 quantised input rows: a warp a 128-group
+	const int KB = D / 128;
+	for (int gi = blockIdx.x * 2 + warp; gi < KB; gi += gridDim.x * 2) {
+		const uint2 raw = *reinterpret_cast<const uint2 *>(x + gi * 128 + lane * 4);
+		const float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
+				    bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
+		for (int row = 0; row <= K; row++) {
+			const float sc = warp_act_quant128_regs(v, xs8 + (size_t)row * D + gi * 128, lane);
+			if (lane == 0)
+				sxs[(size_t)row * KB + gi] = sc;
+		}
+	}
+	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]
+	for (int c = tid; c < D / 8; c += 64) {
+		const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x) + c);
+		const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+		for (int h = 0; h < 4; h++) {
+			xs[(2 * h) * XR + c] = __uint_as_float(w4[h] << 16);
+			xs[(2 * h + 1) * XR + c] = __uint_as_float(w4[h] & 0xffff0000u);
+		}
+	}
+	__syncthreads(); // xs staged; the barriers initialised
+	const int el = warp * 4 + (lane >> 3), j = lane & 7;
+	const unsigned char *wr = ws + el * WR + 2 * j;
+	const float *xr = xs + j * XR;
+	float p = 0.f;
+	for (int c = 0; c < nc; c++) {
+		mbar_wait(bars + 8 * c, 0); // chunk c of the 8 rows landed
+#pragma unroll
+		for (int m = 0; m < GR1_KC / 32; m++) { // 4 steps (k = 8s + j) a float4 of x
+			const int s0 = c * (GR1_KC / 8) + 4 * m;
+			const float4 xv = *reinterpret_cast<const float4 *>(xr + s0);
+			const float xq[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+			for (int q = 0; q < 4; q++) // exact products: fma == multiply, then add
+				p = fmaf(bf16_to_f32(*reinterpret_cast<const uint16_t *>(wr + 16 * (s0 + q))),
+					 xq[q], p);
+		}
+	}
+	// the CPU's tree over the 8 partials: ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))
+	p += __shfl_xor_sync(0xffffffffu, p, 1);
+	p += __shfl_xor_sync(0xffffffffu, p, 2);
+	p += __shfl_xor_sync(0xffffffffu, p, 4);
+	if (j == 0)
+		logits[e0 + el] = p;
+	__shared__ bool last;
+	__threadfence(); // this thread's logit is visible device-wide before the count says so
+	__syncthreads();
+	if (tid == 0)
+		last = atomicAdd(&g_gate1_done, 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence(); // every block's logits (read through L2) after their counts
+	float *sc_s = xs, *sel_s = xs + 256; // (xs is free: every chain has finished)
+	for (int e = tid; e < 256; e += 64) {
+		const float s = route_sigmoid(__ldcg(logits + e));
+		sc_s[e] = s;
+		sel_s[e] = bias ? s + bias[e] : s;
+	}
+	__syncthreads(); // the scores
+	if (warp == 0) {
+		float sc[8], sel[8];
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			sc[i] = sc_s[8 * lane + i], sel[i] = sel_s[8 * lane + i];
+		moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+		__syncwarp(); // idx written by the warp's lanes
+		moe_permute_one(idx, K, E, counts, offsets, perm, src);
+		if (lane == 0)
+			g_gate1_done = 0; // for the next launch (stream order)
+	}
 }
 
 // The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.

@@ -11,7 +11,7 @@
 // the picks are sequential block-wide argmaxes (warp 0 reduces), K of them.
 // k_moe_route_w: the same for E = 256, G = 8 (the real model), one warp per token, everything in
 // registers (run 3: k_moe_route took 14 us for one token, 109 us for 4096).
-#include "moe_route.cuh" // moe_route_warp256: the body of k_moe_route_w
+#include "moe_route.cuh" // route_sigmoid; moe_route_warp256: the body of k_moe_route_w
 
 #define GATE_MAX_E 1024
 #define GATE_MAX_G 64
@@ -48,7 +48,7 @@ k_moe_route(const float *__restrict__ logits, const float *__restrict__ bias, in
 	const int t = blockIdx.x, tid = threadIdx.x;
 	const float *lg = logits + (size_t)t * E;
 	for (int e = tid; e < E; e += blockDim.x) {
-		const float s = (float)(1.0 / (1.0 + exp(-(double)lg[e])));
+		const float s = route_sigmoid(lg[e]);
 		sc[e] = s;
 		sel[e] = bias ? s + bias[e] : s;
 	}

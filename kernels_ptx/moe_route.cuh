@@ -1,7 +1,8 @@
-// moe_route.cuh — the MoE routing of one token by a warp and the token permutation by one
-// block, as device functions: the bodies of k_moe_route_w (moe_gate.cu) and k_moe_permute
-// (moe_permute.cu), shared with the fused router of moe_block.cu (k_moe_gate_route_a8), which
-// runs both in its last block. Spec §3.9; the numbers are the CPU's (moe_gate.cu's header).
+// moe_route.cuh — the MoE routing of one token by a warp and the token permutation, as device
+// functions: the bodies of k_moe_route_w (moe_gate.cu) and k_moe_permute (moe_permute.cu), shared
+// with the fused routers of moe_block.cu (k_moe_gate_route1, k_moe_gate_route_a8), which run them
+// in their last block (for one token the permutation in closed form, moe_permute_one). Spec §3.9;
+// the numbers are the CPU's (moe_gate.cu's header).
 #pragma once
 #include "common.cuh"
 
@@ -13,23 +14,25 @@ __device__ __forceinline__ bool route_better(float v, int i, float w, int j)
 	return i >= 0 && (j < 0 || v > w || (v == w && i < j));
 }
 
-// The routing of token t by one warp (k_moe_route_w, moe_gate.cu, documents it): E = 256 in
-// G = 8 groups, K <= 32, topk_group <= 8. logits are read through L2 (__ldcg): they may have
-// been written by other blocks of this kernel (the fused gate, moe_block.cu) before a fence.
-__device__ __forceinline__ void moe_route_warp256(const float *logits,
-						  const float *__restrict__ bias, int t,
-						  int topk_group, int K, int norm_topk_prob,
-						  float route_scale, int *__restrict__ idx,
-						  float *__restrict__ wts)
+// Order-preserving key of a selection score: key(a) > key(b) iff a > b, equal iff a == b, for
+// every non-NaN float (-0 is keyed as +0; the scores are finite or the -inf of a masked group).
+__device__ __forceinline__ unsigned route_key(float v)
+{
+	const unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The selection of one token by one warp, from its scores (k_moe_route_w, moe_gate.cu,
+// documents it): lane l holds sc[i], sel[i] of experts 8l + i (E = 256 in G = 8 groups of 32, so
+// group g is lanes 4g .. 4g+3), K <= 32, topk_group <= 8. Every choice is the CPU's: (value,
+// lower index) order for the group top-2, the kept groups and the picks; the weights summed in
+// pick order. Writes idx[t*K ..], wts[t*K ..] in ascending expert id.
+__device__ __forceinline__ void moe_route_select256(const float sc[8], float sel[8], int t,
+						    int topk_group, int K, int norm_topk_prob,
+						    float route_scale, int *__restrict__ idx,
+						    float *__restrict__ wts)
 {
 	const int lane = threadIdx.x & 31;
-	const float *lg = logits + (size_t)t * 256 + 8 * lane;
-	float sc[8], sel[8];
-#pragma unroll
-	for (int i = 0; i < 8; i++) {
-		sc[i] = (float)(1.0 / (1.0 + exp(-(double)__ldcg(lg + i))));
-		sel[i] = bias ? sc[i] + bias[8 * lane + i] : sc[i];
-	}
 	// the group's top-2 (CPU: first max, then the best other): the lane's, then across the
 	// group's 4 lanes
 	float av = -INFINITY, bv = -INFINITY;
@@ -59,7 +62,8 @@ __device__ __forceinline__ void moe_route_warp256(const float *logits,
 		}
 	}
 	const float gsc = bi < 0 ? av : av + bv; // this lane's group (lane / 4)
-	// keep topk_group groups (ties to the lower group id); every lane decides the same
+	// keep topk_group groups (ties to the lower group id); every lane decides the same (the
+	// scan keeps its best value in a register: no dynamically indexed array)
 	float gs[8];
 #pragma unroll
 	for (int g = 0; g < 8; g++)
@@ -67,10 +71,11 @@ __device__ __forceinline__ void moe_route_warp256(const float *logits,
 	unsigned kept = 0;
 	for (int n = 0; n < topk_group; n++) {
 		int best = -1;
+		float bvg = 0.f;
 #pragma unroll
 		for (int g = 0; g < 8; g++)
-			if (!(kept >> g & 1) && (best < 0 || gs[g] > gs[best]))
-				best = g;
+			if (!(kept >> g & 1) && (best < 0 || gs[g] > bvg))
+				best = g, bvg = gs[g];
 		kept |= 1u << best;
 	}
 	if (!(kept >> (lane >> 2) & 1))
@@ -78,28 +83,28 @@ __device__ __forceinline__ void moe_route_warp256(const float *logits,
 		for (int i = 0; i < 8; i++)
 			sel[i] = -INFINITY;
 	// K picks by sel (ties to the lower expert id), weights = sc in pick order; lane n keeps
-	// pick n (every lane reaches the same winner: the order is total)
+	// pick n. A pick: each lane's best (its first maximum), the warp's largest key (redux), the
+	// lowest lane holding it (ballot): lanes hold ascending expert ids, so that is the lowest id
+	// of the maximum, as the CPU's scan
 	int my_e = 0;
 	float my_w = 0.f, sum = 0.f;
 	for (int n = 0; n < K; n++) {
 		float v = -INFINITY, w = 0.f;
-		int e = -1;
+		int li = -1;
 #pragma unroll
 		for (int i = 0; i < 8; i++)
-			if (route_better(sel[i], 8 * lane + i, v, e))
-				v = sel[i], e = 8 * lane + i, w = sc[i];
+			if (route_better(sel[i], i, v, li))
+				v = sel[i], li = i, w = sc[i];
+		const unsigned k = route_key(v);
+		const unsigned top = __reduce_max_sync(0xffffffffu, k);
+		const int src = __ffs(__ballot_sync(0xffffffffu, k == top)) - 1;
+		const int e = 8 * src + __shfl_sync(0xffffffffu, li, src);
+		w = __shfl_sync(0xffffffffu, w, src);
+		if (lane == src) // taken (a pick is never a masked -inf: K <= kept experts)
 #pragma unroll
-		for (int o = 16; o > 0; o >>= 1) {
-			const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-			const int oe = __shfl_xor_sync(0xffffffffu, e, o);
-			const float ow = __shfl_xor_sync(0xffffffffu, w, o);
-			if (route_better(ov, oe, v, e))
-				v = ov, e = oe, w = ow;
-		}
-#pragma unroll
-		for (int i = 0; i < 8; i++) // taken (a pick is never a masked -inf: K <= kept experts)
-			if (8 * lane + i == e)
-				sel[i] = -INFINITY;
+			for (int i = 0; i < 8; i++)
+				if (i == li)
+					sel[i] = -INFINITY;
 		if (lane == n)
 			my_e = e, my_w = w;
 		sum += w; // pick order, as the CPU
@@ -115,6 +120,64 @@ __device__ __forceinline__ void moe_route_warp256(const float *logits,
 		idx[(size_t)t * K + rank] = my_e;
 		wts[(size_t)t * K + rank] = my_w;
 	}
+}
+
+// The router score of one logit, as the CPU: sigmoid in double, rounded to fp32.
+__device__ __forceinline__ float route_sigmoid(float logit)
+{
+	return (float)(1.0 / (1.0 + exp(-(double)logit)));
+}
+
+// The routing of token t by one warp: the scores (sc, and sel = sc + bias for the selection) of
+// lane l's experts 8l .. 8l+7, then moe_route_select256. logits are read through L2 (__ldcg):
+// they may have been written by other blocks of this kernel (the fused gate, moe_block.cu)
+// before a fence.
+__device__ __forceinline__ void moe_route_warp256(const float *logits,
+						  const float *__restrict__ bias, int t,
+						  int topk_group, int K, int norm_topk_prob,
+						  float route_scale, int *__restrict__ idx,
+						  float *__restrict__ wts)
+{
+	const int lane = threadIdx.x & 31;
+	const float *lg = logits + (size_t)t * 256 + 8 * lane;
+	float sc[8], sel[8];
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		sc[i] = route_sigmoid(__ldcg(lg + i));
+		sel[i] = bias ? sc[i] + bias[8 * lane + i] : sc[i];
+	}
+	moe_route_select256(sc, sel, t, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+}
+
+// k_moe_permute's outputs for one token, by one warp in closed form (the fused routers of
+// moe_block.cu): its K picks idx[0 .. K) are distinct and ascending, so pick n is sorted row n,
+// src = 0, counts[e] = (e picked), offsets[e] = the picks below e, offsets[E] = K, offsets[E + 1]
+// = K + 1 (the shared expert's row). E <= 256. idx is read through L2 (written by this warp).
+__device__ __forceinline__ void moe_permute_one(const int *idx, int K, int E,
+						int *__restrict__ counts, int *__restrict__ offsets,
+						int *__restrict__ perm, int *__restrict__ src)
+{
+	const int lane = threadIdx.x & 31;
+	const int mine = lane < K ? __ldcg(idx + lane) : 0x7fffffff;
+	int below[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	for (int n = 0; n < K; n++) {
+		const int v = __shfl_sync(0xffffffffu, mine, n);
+#pragma unroll
+		for (int k = 0; k < 8; k++) {
+			below[k] += v < 8 * lane + k;
+			hit[k] |= v == 8 * lane + k;
+		}
+	}
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		if (8 * lane + k < E) {
+			offsets[8 * lane + k] = below[k];
+			counts[8 * lane + k] = hit[k];
+		}
+	if (lane < K)
+		perm[lane] = lane, src[lane] = 0;
+	if (lane == 0)
+		offsets[E] = K, offsets[E + 1] = K + 1;
 }
 
 // The body of k_moe_permute (moe_permute.cu, which documents it) for the calling block: any

@@ -5,7 +5,7 @@
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
  *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T);
- *   for one token of the real routing shape these three are one launch (k_moe_gate_route_a8,
+ *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
  *   which also writes the quantised rows below: they are all x[0]'s)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
@@ -27,7 +27,8 @@
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
- * of the fused router (k_moe_gate_route_a8) and the SwiGLU epilogue (the same bits).
+ * of the fused router (k_moe_gate_route1) and the SwiGLU epilogue (the same bits).
+ * DSV32_CUDA_MOE_GATE1=0: the fused router's previous form, k_moe_gate_route_a8 (the same bits).
  */
 #include "model/cuda_moe.h"
 
@@ -203,7 +204,7 @@ static int unfused(void)
 }
 
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
- * whose logits, routing and permutation are one launch (k_moe_gate_route_a8). */
+ * whose logits, routing and permutation are one launch (k_moe_gate_route1). */
 static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
 {
 	return d->E == 256 && c->n_group == 8 && c->topk_group <= 8 && d->K <= 32;
@@ -215,6 +216,22 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 	 * fused, 200 / 1096 / 1931 separate — the last block's serial routing and permutation cost
 	 * what the saved launches did from two tokens on */
 	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && !unfused();
+}
+
+/* The fused router's kernel at one token: k_moe_gate_route1 (its chains over E / 8 blocks) where
+ * the hidden size fits its chunk table (D <= 8192), else k_moe_gate_route_a8 (run 10: 21.3 us
+ * for the a8 form, its logits on 16 threads of each of 128 blocks and the routing's scores 8
+ * a lane). DSV32_CUDA_MOE_GATE1=0 (diagnosis, read at every call): the a8 form. Dynamic shared
+ * memory of route1: barriers, x split by partial, 8 weight rows (moe_block.cu). */
+static int gate_route1(const struct moe_dims *d)
+{
+	const char *v = getenv("DSV32_CUDA_MOE_GATE1");
+	return d->D <= 8192 && d->E % 8 == 0 && !(v && *v == '0');
+}
+
+static unsigned gate_route1_smem(int D)
+{
+	return (unsigned)(8 * 16 + 32 * (D / 8 + 4) + 8 * (2 * D + 16));
 }
 
 /* One grouped GEMM over the E + 1 groups (y row stride N). */
@@ -325,12 +342,26 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int rc = 0;
 	stats_mark(g, 0);
 	/* router logits and the routing; decode sizes of the real routing shape: the logits, the
-	 * routing and the permutation in one launch (k_moe_gate_route_a8) */
+	 * routing and the permutation in one launch (k_moe_gate_route1) */
 	int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
 	const int fused = fused_router(c, d);
-	if (stages & CUDA_MOE_GATE) {
+	if ((stages & CUDA_MOE_GATE) && fused && gate_route1(d)) {
+		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
+				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
+				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
+				(void *)&b[B_XS8], (void *)&b[B_SXS]};
+		void *fn = gpu_kernel(g, "k_moe_gate_route1");
+		if (!fn)
+			return -ENOENT;
+		unsigned smem = gate_route1_smem(D);
+		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+					     (int)smem));
+		rc = gpu_launch(g, fn, (unsigned)(E / 8), 1, 1, 64, 1, 1, smem, args);
+		if (rc)
+			return rc;
+	} else if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
 		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
@@ -448,7 +479,8 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(T, d.E, d.D);
 	static char buf[160];
-	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s", fused ? "k_moe_gate_route_a8" : k.name,
+	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
+		 !fused ? k.name : gate_route1(&d) ? "k_moe_gate_route1" : "k_moe_gate_route_a8",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 		 : unfused() ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");

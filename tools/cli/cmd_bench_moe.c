@@ -16,7 +16,10 @@
  * 64). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB) exceed the 60 MB L2,
  * so repeats stream the expert weights from HBM; the router (3.7 MB) and the shared expert
  * (44 MB) may partly stay in L2 between repeats.
- * Time = median of trials of CUDA-event-timed launch sequences.
+ * Time = median of trials of CUDA-event-timed launch sequences: the block launched eagerly and
+ * replayed from a CUDA graph (the engine's decode steps run graphs), each stage alone replayed
+ * from a graph (eagerly a one-kernel stage measured the host's launch rate). --tokens: the token
+ * counts to run (default 1 .. 4096).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -67,21 +70,47 @@ static int run_stages(const struct moe_bench *b)
 				       b->stages);
 }
 
-/* Milliseconds per run of `reps` back-to-back runs, median of `trials`; < 0 on failure. */
-static float time_ms(const struct moe_bench *b, int reps, int trials)
+/* Milliseconds per run of `reps` back-to-back runs, median of `trials`; < 0 on failure.
+ * graph: the reps captured once into a CUDA graph, each trial one replay (the GPU's time, as the
+ * engine's decode steps run, without the host's launch cost: eagerly, a stage of one small
+ * kernel measures the host's ~5 us a launch, run 10); else launched eagerly each trial. */
+static float time_ms(const struct moe_bench *b, int reps, int trials, int graph)
 {
 	CUevent e0, e1;
+	CUgraph gr = NULL;
+	CUgraphExec exec = NULL;
 	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
 	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
 	float t[32], ms = -1;
 	trials = trials > 32 ? 32 : trials < 1 ? 1 : trials;
 	if (run_stages(b) || gpu_sync(b->g)) /* warm-up */
 		goto out;
+	if (graph) {
+		if (cu_check(cu.cuStreamBeginCapture(b->g->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+			     "cuStreamBeginCapture", __FILE__, __LINE__))
+			goto out;
+		int crc = 0;
+		for (int i = 0; i < reps && !crc; i++)
+			crc = run_stages(b);
+		if (cu_check(cu.cuStreamEndCapture(b->g->stream, &gr), "cuStreamEndCapture", __FILE__,
+			     __LINE__) || crc ||
+		    cu_check(cu.cuGraphInstantiateWithFlags(&exec, gr, 0), "cuGraphInstantiateWithFlags",
+			     __FILE__, __LINE__) ||
+		    cu_check(cu.cuGraphLaunch(exec, b->g->stream), "cuGraphLaunch", __FILE__, __LINE__) ||
+		    gpu_sync(b->g)) /* (its first replay uploads the graph) */
+			goto out;
+	}
 	for (int k = 0; k < trials; k++) {
 		cu.cuEventRecord(e0, b->g->stream);
-		for (int i = 0; i < reps; i++)
-			if (run_stages(b))
+		if (graph) {
+			if (cu_check(cu.cuGraphLaunch(exec, b->g->stream), "cuGraphLaunch", __FILE__,
+				     __LINE__))
 				goto out;
+		} else {
+			for (int i = 0; i < reps; i++)
+				if (run_stages(b))
+					goto out;
+		}
 		cu.cuEventRecord(e1, b->g->stream);
 		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
 			goto out;
@@ -91,6 +120,10 @@ static float time_ms(const struct moe_bench *b, int reps, int trials)
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
 	ms = t[trials / 2];
 out:
+	if (exec)
+		cu.cuGraphExecDestroy(exec);
+	if (gr)
+		cu.cuGraphDestroy(gr);
 	cu.cuEventDestroy(e0);
 	cu.cuEventDestroy(e1);
 	return ms;
@@ -145,9 +178,12 @@ int bench_moe(int argc, char **argv)
 {
 	int trials = 5, hot = 0;
 	unsigned mode = CUDA_MOE_FAST;
+	const char *tokens = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+			tokens = argv[++i];
 		else if (!strcmp(argv[i], "--hot") && i + 1 < argc && atoi(argv[i + 1]) >= 8 &&
 			 atoi(argv[i + 1]) <= 128)
 			hot = atoi(argv[++i]);
@@ -155,7 +191,7 @@ int bench_moe(int argc, char **argv)
 			mode = 0;
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
-					"[--exact]\n");
+					"[--exact] [--tokens T1,T2,.. (1 .. 4096)]\n");
 			return 2;
 		}
 	}
@@ -239,13 +275,26 @@ int bench_moe(int argc, char **argv)
 				(double)(D / 128) * (Ish / 128) * 4;
 	const double sh13_bytes = 2.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4;
 	const double gate_bytes = (double)E * D * 2;
-	static const int Ts[] = {1, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096};
+	int Ts[16] = {1, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096}, nT = 10;
+	if (tokens) {
+		nT = 0;
+		for (const char *p = tokens; *p && nT < 16; p++) {
+			int v = atoi(p);
+			if (v < 1 || v > max_T) {
+				fprintf(stderr, "dsv32 bench moe: --tokens: %d is outside 1 .. %d\n", v, max_T);
+				return 2;
+			}
+			Ts[nT++] = v;
+			while (p[1] && *p != ',')
+				p++;
+		}
+	}
 	int rc_all = 0;
-	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+	for (int ti = 0; ti < nT; ti++) {
 		const int T = Ts[ti];
 		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL | mode};
 		const int reps = T >= 1024 ? 3 : T >= 128 ? 8 : 20; /* (the whole bench under a minute) */
-		float block = time_ms(&b, reps, trials);
+		float block = time_ms(&b, reps, trials, 0), block_graph = time_ms(&b, reps, trials, 1);
 		/* the experts the timed runs hit, from the device's routing */
 		if (block < 0 || gpu_download(&g, idx, tr.idx, (size_t)T * K * 4)) {
 			printf("T=%d: the block failed\n", T);
@@ -274,7 +323,9 @@ int bench_moe(int argc, char **argv)
 		       sh_bytes / 1e6, gate_bytes / 1e6);
 		printf("  (%s)\n", cuda_moe_path(&g, &c, T, mode));
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
-		printf("  stages alone (weights, or for gather/swiglu/combine bytes read + written):\n");
+		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs);
+		printf("  stages alone, graph-replayed (weights, or for gather/swiglu/combine bytes read + "
+		       "written):\n");
 		static const struct {
 			const char *name;
 			unsigned stages;
@@ -286,7 +337,7 @@ int bench_moe(int argc, char **argv)
 		float sum = 0;
 		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
 			b.stages = parts[p].stages | mode;
-			float ms = time_ms(&b, reps, trials);
+			float ms = time_ms(&b, reps, trials, 1);
 			double by = 0, fl = 0;
 			switch (parts[p].stages) {
 			case CUDA_MOE_GATE: by = gate_bytes, fl = fgate; break;
@@ -307,16 +358,21 @@ int bench_moe(int argc, char **argv)
 			sum += ms > 0 ? ms : 0;
 			rc_all |= ms < 0;
 		}
-		printf("  (stages sum %.1f us; block %.1f us)\n", sum * 1e3, block * 1e3);
+		printf("  (stages sum %.1f us; block %.1f us eager, %.1f us graph-replayed)\n", sum * 1e3,
+		       block * 1e3, block_graph * 1e3);
 	}
-	char hot_arg[32] = "";
+	char hot_arg[160] = "";
 	if (hot)
 		snprintf(hot_arg, sizeof hot_arg, " --hot %d", hot);
 	if (!mode)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --exact");
-	printf("\ncommand: dsv32 bench moe --trials %d%s (block: cuda_moe_forward; stages timed alone on "
-	       "the data of a full run; TB/s of the weights each touches; FLOPs 2*rows*N*K per GEMM, "
-	       "the block's include the router)\n", trials, hot_arg);
+	if (tokens)
+		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --tokens %.100s",
+			 tokens);
+	printf("\ncommand: dsv32 bench moe --trials %d%s (block: cuda_moe_forward launched eagerly, "
+	       "graph: the same captured into a CUDA graph and replayed; stages timed alone, "
+	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
+	       "2*rows*N*K per GEMM, the block's include the router)\n", trials, hot_arg);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 	return rc_all;
