@@ -871,3 +871,40 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 		Y[(i / N) * ldy + i % N] = f32_to_bf16(sum);
 	}
 }
+
+// The decode-sized MoE gate|up GEMM's chunk sum with SwiGLU and act_quant (spec §5.3): for each
+// row r < R and each 128 columns c of h (I = N / 2; gate columns first in the fused output),
+//   g, u = bf16( Σ_chunks partial[.][r][c ..] ), bf16( Σ_chunks partial[.][r][I + c ..] )
+//   h = bf16( silu(g) * u ), h8[r, c ..] e4m3 and hs[r, c / 128] = act_quant(h)
+// — k_gemm_stream_reduce's sums (same chunk order) then k_moe_swiglu_quant's arithmetic
+// (moe_block.cu), value for value: the bits of the GEMM's bf16 output through that kernel. One
+// warp per (row, 128 columns), lane l columns 4l .. 4l + 3; R as in k_gemm_stream_reduce.
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restrict__ h8,
+			    float *__restrict__ hs, int chunks, int rows,
+			    const int *__restrict__ rows_dev, int I)
+{
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
+	const int R = rows_dev ? min(rows, *rows_dev) : rows;
+	const int per_row = I / 128, lane = threadIdx.x & 31;
+	const long long plane = (long long)rows * 2 * I, groups = (long long)R * per_row;
+	for (long long grp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5); grp < groups;
+	     grp += (long long)gridDim.x * 8) {
+		const long long row = grp / per_row;
+		const int c = (int)(grp % per_row);
+		const float *pg = partial + row * 2 * I + c * 128 + lane * 4, *pu = pg + I;
+		float v[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			float gs = pg[k], us = pu[k];
+			for (int ch = 1; ch < chunks; ch++)
+				gs += pg[ch * plane + k], us += pu[ch * plane + k];
+			const float gv = bf16_to_f32(f32_to_bf16(gs)), uv = bf16_to_f32(f32_to_bf16(us));
+			const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
+			v[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
+		}
+		const float sc = warp_act_quant128_regs(v, h8 + row * I + c * 128, lane);
+		if (lane == 0)
+			hs[grp] = sc;
+	}
+}

@@ -204,16 +204,19 @@ static int smem_optin(void *fn, int bytes)
 	return 0;
 }
 
-/* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and the fused sum has no
- * room): dense when w_tab == 0 (W, S,
- * rows = M), grouped otherwise (rows = max_rows). */
+/* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and not summed in the
+ * kernel): dense when w_tab == 0 (W, S, rows = M), grouped otherwise (rows = max_rows).
+ * h8 != 0: the K chunks summed by k_gemm_stream_reduce_swiglu into h8/hs instead (y unused;
+ * -ENOTSUP when K is not chunked). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
-			 int K, int ldy, gpu_ptr ws, int copy_only, int wg)
+			 int K, int ldy, gpu_ptr ws, int copy_only, int wg, gpu_ptr h8, gpu_ptr hs)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
+	if (h8 && (sp.chunks < 2 || N % 256))
+		return -ENOTSUP;
 	if (sp.chunks > 1 && !ws && !copy_only)
 		return -EINVAL;
 	int slice_rows = rows < 64 ? rows : 64; /* the most rows a slice can have */
@@ -288,7 +291,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
-	if (copy_only || stream_fused == 0 || (stream_fused < 0 && wi == 2))
+	if (copy_only || h8 || stream_fused == 0 || (stream_fused < 0 && wi == 2))
 		fused = 0;
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
@@ -297,6 +300,13 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
+	if (h8) {
+		int I = N / 2;
+		void *sargs[] = {&ws, &h8, &hs, &sp.chunks, &rows, &rows_dev, &I};
+		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
+		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
+				  sb < 1024 ? sb : 1024, 1, 256, 0, sargs);
+	}
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N + 255) / 256);
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
@@ -339,14 +349,14 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 			M, N, K, ldy);
 		return -EINVAL;
 	}
-	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg);
+	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg, 0, 0);
 }
 
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128)
 		return -EINVAL;
-	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1, 0);
+	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1, 0, 0, 0);
 }
 
 /* The previous decode kernel (gemm_fp8_decode.cu: 16-byte register loads, ksplit warps per
@@ -408,21 +418,10 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
 }
 
+/* The streaming kernel over the groups; h8 != 0: with SwiGLU in the chunk sum (stream_launch). */
 static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
-			  gpu_ptr ws, size_t ws_bytes, int wg);
-
-int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
-				 int ldy, gpu_ptr ws, size_t ws_bytes)
-{
-	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
-			      0);
-}
-
-static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
-			  gpu_ptr ws, size_t ws_bytes, int wg)
+			  gpu_ptr ws, size_t ws_bytes, int wg, gpu_ptr h8, gpu_ptr hs)
 {
 	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N || !w_tab || !s_tab || !off) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
@@ -434,23 +433,36 @@ static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
 	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0,
-			     wg);
+			     wg, h8, hs);
+}
+
+int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
+				 int ldy, gpu_ptr ws, size_t ws_bytes)
+{
+	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
+			      0, 0, 0);
+}
+
+/* Whether cuda_gemm_fp8_grouped runs the wgmma kernel: many rows per group (prefill), from 64
+ * rows per group on average (half its 128-row token tile; a guess until the grouped benchmark
+ * has measured both); below, the mma.sync kernels (run 3 sent 512 rows over 16 groups to wgmma
+ * and the MoE block's decode-size check (T = 64) saw its coarser accumulation). The fast mode:
+ * wgmma from 128 rows (16 tokens of 8 experts; run 8: 2.83-3.04 TB/s there against the
+ * streaming kernel's 2.25-2.66, 3.46-3.62 at 64 tokens; at 1 token 2.02-2.06 against
+ * 2.44-2.51). */
+static int grouped_wgmma(const struct gpu *g, int max_rows, int G, int N, int ldy)
+{
+	int wg_fast = !cuda_gemm_batch_invariant(g) && max_rows >= 128;
+	return CUDA_GEMM_WGMMA_GROUPED && (wg_fast || (max_rows > 64 && max_rows >= 64 * G)) &&
+	       wgmma_fits(N, ldy);
 }
 
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes)
 {
-	/* Many rows per group (prefill): the wgmma kernel, from 64 rows per group on average (half
-	 * its 128-row token tile; a guess until the grouped benchmark has measured both). Below,
-	 * the mma.sync kernels: run 3 sent 512 rows over 16 groups to wgmma and the MoE block's
-	 * decode-size check (T = 64) saw its coarser accumulation. */
-	/* The fast mode: wgmma from 128 rows (16 tokens of 8 experts; run 8: 2.83-3.04 TB/s there
-	 * against the streaming kernel's 2.25-2.66, 3.46-3.62 at 64 tokens; at 1 token 2.02-2.06
-	 * against 2.44-2.51). */
-	int wg_fast = !cuda_gemm_batch_invariant(g) && max_rows >= 128;
-	if (CUDA_GEMM_WGMMA_GROUPED && (wg_fast || (max_rows > 64 && max_rows >= 64 * G)) &&
-	    wgmma_fits(N, ldy)) {
+	if (grouped_wgmma(g, max_rows, G, N, ldy)) {
 		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						    K, ldy);
 		if (r != -ENOTSUP)
@@ -462,7 +474,17 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	 * 2.94 / 2.38 TB/s against 2.43 / 2.00 for mma.sync and 2.02 / 1.51 for the wgmma grouped
 	 * kernel on gate|up / down) */
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
-			      !cuda_gemm_batch_invariant(g));
+			      !cuda_gemm_batch_invariant(g), 0, 0);
+}
+
+int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
+				 int N, int K, gpu_ptr ws, size_t ws_bytes)
+{
+	if (grouped_wgmma(g, max_rows, G, N, N) || stream_on == 0 || !h8 || !hs)
+		return -ENOTSUP;
+	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, 0, max_rows, N, K, N, ws, ws_bytes,
+			      !cuda_gemm_batch_invariant(g), h8, hs);
 }
 
 /* The first grouped version (gemm_fp8_decode.cu k_gemm_fp8_grouped_m8: the v2 decode kernel with

@@ -169,6 +169,16 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes);
+/* cuda_gemm_fp8_grouped of fused gate|up weights (N = 2I, gate columns first; I % 128 == 0)
+ * with SwiGLU and act_quant in the K-chunk sum (k_gemm_stream_reduce_swiglu): h8 e4m3 [rows, I]
+ * and hs fp32 [rows, I/128] = k_moe_swiglu_quant (kernels_ptx/moe_block.cu) of
+ * cuda_gemm_fp8_grouped's bf16 output, bit for bit in either mode (the same GEMM kernel and
+ * summation order; the bf16 output is never written). -ENOTSUP where cuda_gemm_fp8_grouped would
+ * not run the streaming kernel or K is not chunked (the caller runs the GEMM, then the SwiGLU).
+ * ws: cuda_gemm_fp8_grouped_workspace() bytes. */
+int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
+				 int N, int K, gpu_ptr ws, size_t ws_bytes);
 /* The streaming kernel whatever max_rows (tests and the benchmark). */
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,

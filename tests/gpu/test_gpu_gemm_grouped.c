@@ -235,4 +235,100 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 	run_grouped(cs, 2);
 }
 
+/* cuda_gemm_fp8_grouped_swiglu (SwiGLU + act_quant in the K-chunk sum) against
+ * cuda_gemm_fp8_grouped then k_moe_swiglu_quant (kernels_ptx/moe_block.cu) on the same operands:
+ * h8 and hs byte for byte, in the batch-invariant and the fast mode; groups of 0-3 rows, K
+ * chunked. */
+TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	const int G = 6, N = 1024, K = 2048, I = N / 2, KB = K / 128;
+	static const int rows[] = {1, 0, 3, 1, 2, 1};
+	int off[7] = {0};
+	for (int e = 0; e < G; e++)
+		off[e + 1] = off[e] + rows[e];
+	const int R = off[G], max_rows = R + 2;
+	uint64_t seed = 4242;
+	uint8_t *W = malloc((size_t)N * K), *xq = malloc((size_t)max_rows * K);
+	float *S = malloc((size_t)(N / 128) * KB * 4), *sx = malloc((size_t)max_rows * KB * 4),
+	      *x = malloc((size_t)K * 4);
+	uint64_t wt[6], st[6];
+	gpu_ptr dW[6], dS[6];
+	for (int m = 0; m < max_rows; m++) {
+		fill_rows(x, 1, K, &seed);
+		cpu_act_quant(x, K, xq + (size_t)m * K, sx + (size_t)m * KB);
+	}
+	for (int e = 0; e < G; e++) {
+		for (size_t i = 0; i < (size_t)N * K; i++) {
+			uint8_t b = (uint8_t)test_rand(&seed);
+			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
+		}
+		for (int i = 0; i < (N / 128) * KB; i++)
+			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
+		dW[e] = gpu_test_alloc((size_t)N * K), dS[e] = gpu_test_alloc((size_t)(N / 128) * KB * 4);
+		REQUIRE(gpu_upload(&g, dW[e], W, (size_t)N * K) == 0);
+		REQUIRE(gpu_upload(&g, dS[e], S, (size_t)(N / 128) * KB * 4) == 0);
+		wt[e] = dW[e], st[e] = dS[e];
+	}
+	gpu_ptr dwt = gpu_test_alloc(G * 8), dst = gpu_test_alloc(G * 8),
+		doff = gpu_test_alloc((G + 1) * 4), dx = gpu_test_alloc((size_t)max_rows * K),
+		dsx = gpu_test_alloc((size_t)max_rows * KB * 4),
+		dgu = gpu_test_alloc((size_t)max_rows * N * 2), dh = gpu_test_alloc((size_t)max_rows * I),
+		dhs = gpu_test_alloc((size_t)max_rows * (I / 128) * 4),
+		rh = gpu_test_alloc((size_t)max_rows * I),
+		rhs = gpu_test_alloc((size_t)max_rows * (I / 128) * 4);
+	REQUIRE(gpu_upload(&g, dwt, wt, G * 8) == 0 && gpu_upload(&g, dst, st, G * 8) == 0);
+	REQUIRE(gpu_upload(&g, doff, off, (G + 1) * 4) == 0);
+	REQUIRE(gpu_upload(&g, dx, xq, (size_t)max_rows * K) == 0);
+	REQUIRE(gpu_upload(&g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
+	size_t wsb = cuda_gemm_fp8_grouped_workspace(&g, max_rows, G, N, K);
+	REQUIRE(wsb > 0); /* K chunked: the fused form applies */
+	gpu_ptr dws = gpu_test_alloc(wsb);
+	uint8_t *h_ref = malloc((size_t)R * I), *h_got = malloc((size_t)R * I);
+	float *s_ref = malloc((size_t)R * (I / 128) * 4), *s_got = malloc((size_t)R * (I / 128) * 4);
+	for (int fast = 0; fast < 2; fast++) {
+		cuda_gemm_set_batch_invariant(&g, !fast);
+		gpu_test_poison(&g, rh, (size_t)max_rows * I);
+		gpu_test_poison(&g, rhs, (size_t)max_rows * (I / 128) * 4);
+		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dgu, max_rows, N, K, N,
+					      dws, wsb) == 0);
+		long long n_groups = (long long)R * (I / 128);
+		int Ii = I;
+		void *args[] = {&dgu, &rh, &rhs, &Ii, &n_groups};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_swiglu_quant"),
+				   (unsigned)((n_groups + 7) / 8), 1, 1, 256, 1, 1, 0, args) == 0);
+		gpu_test_poison(&g, dh, (size_t)max_rows * I);
+		gpu_test_poison(&g, dhs, (size_t)max_rows * (I / 128) * 4);
+		REQUIRE(cuda_gemm_fp8_grouped_swiglu(&g, dwt, dst, doff, G, dx, dsx, dh, dhs, max_rows,
+						     N, K, dws, wsb) == 0);
+		REQUIRE(gpu_sync(&g) == 0);
+		REQUIRE(gpu_download(&g, h_ref, rh, (size_t)R * I) == 0);
+		REQUIRE(gpu_download(&g, h_got, dh, (size_t)R * I) == 0);
+		REQUIRE(gpu_download(&g, s_ref, rhs, (size_t)R * (I / 128) * 4) == 0);
+		REQUIRE(gpu_download(&g, s_got, dhs, (size_t)R * (I / 128) * 4) == 0);
+		long long dh_n = 0, ds_n = 0, first = -1;
+		for (long long i = 0; i < (long long)R * I; i++)
+			if (h_ref[i] != h_got[i]) {
+				first = first < 0 ? i : first;
+				dh_n++;
+			}
+		ds_n = memcmp(s_ref, s_got, (size_t)R * (I / 128) * 4) != 0;
+		printf("    swiglu in the chunk sum (%s mode) G=%d rows=%d N=%d K=%d: %lld of %lld h8 "
+		       "bytes differ (first %lld), scales %s\n", fast ? "fast" : "batch-invariant", G,
+		       R, N, K, dh_n, (long long)R * I, first, ds_n ? "differ" : "equal");
+		CHECK_EQ_INT(dh_n, 0);
+		CHECK_EQ_INT(ds_n, 0);
+	}
+	cuda_gemm_set_batch_invariant(&g, 1);
+	for (int e = 0; e < G; e++)
+		cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
+	cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff), cu.cuMemFree(dx);
+	cu.cuMemFree(dsx), cu.cuMemFree(dgu), cu.cuMemFree(dh), cu.cuMemFree(dhs);
+	cu.cuMemFree(rh), cu.cuMemFree(rhs), cu.cuMemFree(dws);
+	free(W), free(xq), free(S), free(sx), free(x), free(h_ref), free(h_got), free(s_ref),
+		free(s_got);
+	gpu_close(&g);
+}
+
 #endif
