@@ -146,7 +146,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 
 /* cuda_fwd_ffn.c */
 int fwd_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, gpu_ptr f,
-	    gpu_ptr y, int M);
+	    gpu_ptr f8, gpu_ptr fs, gpu_ptr y, int M);
 int fwd_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr f, gpu_ptr y);
 
 #endif

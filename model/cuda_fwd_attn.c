@@ -373,14 +373,19 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TRY(fwd_gemm(F, &L->o, o8, os, ao, T, D));
 	TRY(fwd_dump_all(F, "attn_out", layer, ao, DUMP_BF16, D, D));
 
-	/* FFN: r = bf16(attn_out + r), f = RMSNorm(attn_out + r); x = FFN(f) */
+	/* FFN: r = bf16(attn_out + r), f = RMSNorm(attn_out + r); x = FFN(f) (the dense MLP's
+	 * act_quant of f in the norm's launch) */
 	TAKE(f, (size_t)Tp * D * 2);          /* bf16 [Tp, D] ffn_norm */
-	TRY(fwd_rms(F, ao, D, r, L->ffn_norm, f, D, D));
+	gpu_ptr f8 = 0, fs = 0;               /* e4m3 [Tp, D], fp32 [Tp, D / 128] */
+	if (!L->is_moe && fuse &&
+	    (!(f8 = fwd_take(F, (size_t)Tp * D)) || !(fs = fwd_take(F, (size_t)Tp * (D / 128) * 4))))
+		return -ENOMEM;
+	TRY(fwd_rmsq(F, ao, D, r, L->ffn_norm, f, D, D, f8, fs));
 	TRY(fwd_dump_all(F, "ffn_norm", layer, f, DUMP_BF16, D, D));
 	if (L->is_moe) {
 		TRY(fwd_moe(F, layer, L, f, x));
 	} else {
-		TRY(fwd_mlp(F, &L->w13, &L->w2, f, x, T));
+		TRY(fwd_mlp(F, &L->w13, &L->w2, f, f8, fs, x, T));
 		TRY(fwd_dump_all(F, "ffn_out", layer, x, DUMP_BF16, D, D));
 	}
 	gpu_arena_release(F->A, mark);

@@ -11,24 +11,34 @@
 
 #include <stdio.h>
 
-/* Dense SwiGLU MLP (cpu_moe.c mlp_forward): y[M, D] = W2(bf16(silu(g) * u)), [g | u] = W13 f. */
+/* Dense SwiGLU MLP (cpu_moe.c mlp_forward): y[M, D] = W2(bf16(silu(g) * u)), [g | u] = W13 f.
+ * f8, fs: f's act_quant when the caller has it (the norm before, fused), else 0 (done here).
+ * The SwiGLU and its act_quant in one launch (k_moe_swiglu_quant: k_swiglu then k_act_quant's
+ * numbers; DSV32_CUDA_UNFUSED=1 runs those two). */
 int fwd_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, gpu_ptr f,
-		  gpu_ptr y, int M)
+	    gpu_ptr f8, gpu_ptr fs, gpu_ptr y, int M)
 {
 	int D = w13->in, inter = w13->out / 2, Mp = fwd_round8(M);
 	size_t mark = gpu_arena_mark(F->A);
-	TAKE(f8, (size_t)Mp * D);
-	TAKE(fs, (size_t)Mp * (D / 128) * 4);
+	if (!f8) {
+		if (!(f8 = fwd_take(F, (size_t)Mp * D)) || !(fs = fwd_take(F, (size_t)Mp * (D / 128) * 4)))
+			return -ENOMEM;
+		TRY(fwd_quant(F, f, f8, fs, M, D));
+	}
 	TAKE(gu, (size_t)Mp * 2 * inter * 2);         /* bf16 [Mp, 2 * inter] */
-	TAKE(h, (size_t)Mp * inter * 2);              /* bf16 [Mp, inter] */
 	TAKE(h8, (size_t)Mp * inter);
 	TAKE(hs, (size_t)Mp * (inter / 128) * 4);
-	TRY(fwd_quant(F, f, f8, fs, M, D));
 	TRY(fwd_gemm(F, w13, f8, fs, gu, M, 2 * inter));
-	long long n = (long long)M * inter;
-	long long blocks = (n + 255) / 256;
-	LAUNCH("k_swiglu", blocks < 4096 ? blocks : 4096, 1, 256, 0, &gu, &h, &inter, &n);
-	TRY(fwd_quant(F, h, h8, hs, M, inter));
+	if (fwd_fused()) {
+		long long ng = (long long)M * (inter / 128);
+		LAUNCH("k_moe_swiglu_quant", (ng + 7) / 8, 1, 256, 0, &gu, &h8, &hs, &inter, &ng);
+	} else {
+		TAKE(h, (size_t)Mp * inter * 2);      /* bf16 [Mp, inter] */
+		long long n = (long long)M * inter;
+		long long blocks = (n + 255) / 256;
+		LAUNCH("k_swiglu", blocks < 4096 ? blocks : 4096, 1, 256, 0, &gu, &h, &inter, &n);
+		TRY(fwd_quant(F, h, h8, hs, M, inter));
+	}
 	TRY(fwd_gemm(F, w2, h8, hs, y, M, w2->out));
 	gpu_arena_release(F->A, mark);
 	return 0;
@@ -70,11 +80,11 @@ int fwd_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr f, 
 		LAUNCH("k_moe_route", T, 1, 256, 0, &logits, &bias, &E, &G, &tg, &K, &norm, &rs, &idx,
 		       &wts);
 		TAKE(sh, (size_t)F->Tp * D * 2);
-		TRY(fwd_mlp(F, &L->sh13, &L->sh2, f, sh, T));
+		TRY(fwd_mlp(F, &L->sh13, &L->sh2, f, 0, 0, sh, T));
 		/* every expert on every row: [E, T, D] (+ 8 rows: the last GEMM may write Tp rows) */
 		TAKE(ex, ((size_t)E * T + 8) * D * 2);
 		for (int e = 0; e < E; e++)
-			TRY(fwd_mlp(F, &L->ex13[e], &L->ex2[e], f, ex + (size_t)e * T * D * 2, T));
+			TRY(fwd_mlp(F, &L->ex13[e], &L->ex2[e], f, 0, 0, ex + (size_t)e * T * D * 2, T));
 		TAKE(perm, (size_t)T * K * 4);
 		LAUNCH("k_fwd_dense_perm", (T * K + 255) / 256, 1, 256, 0, &idx, &perm, &T, &K);
 		long long blocks = ((long long)T * D + 255) / 256;
