@@ -839,18 +839,21 @@ ST_ENTRY(4, 1, 3, _h)
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )
 
-// st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with rows
-// (one warp per group; block e). The copy to global memory is a release of the tensor-map proxy,
-// which the GEMM's producer acquires before its first copy through the map.
+// st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
+// (w_tab[e] != 0; one warp per group, block e): w_tab is constant, so this grid reads nothing the
+// previous kernel writes and runs beside it (programmatic dependent launch); its blocks then wait
+// for that kernel (griddepcontrol.wait), so the GEMM after it, which waits for this grid, sees
+// the previous kernel's outputs (the row offsets) too. The copy to global memory is a release of
+// the tensor-map proxy, which the GEMM's producer acquires before its first copy through the map.
 extern "C" __global__ void __launch_bounds__(32)
 k_stream_group_maps(const __grid_constant__ tmap tmpl,
-		    const unsigned long long *__restrict__ w_tab, const int *__restrict__ off, int G)
+		    const unsigned long long *__restrict__ w_tab, int G)
 {
 	__shared__ tmap sm;
 	const int e = blockIdx.x;
-	if (e >= G || e >= ST_MAXG || off[e + 1] == off[e])
-		return; // the whole warp leaves together
-	tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
+	if (e < G && e < ST_MAXG && w_tab[e]) // the whole warp alike
+		tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the

@@ -278,9 +278,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, 8)))
 		return r;
 	if (w_tab) {
-		void *margs[] = {&wmap, &w_tab, &off, &G};
-		if ((r = gpu_launch(g, gpu_kernel(g, "k_stream_group_maps"), (unsigned)G, 1, 1, 32, 1,
-				    1, 0, margs)))
+		void *margs[] = {&wmap, &w_tab, &G};
+		if ((r = launch_pdl(g, gpu_kernel(g, "k_stream_group_maps"), (unsigned)G, 1, 32, 0,
+				    margs)))
 			return r;
 	}
 	unsigned grid = (unsigned)g->sm_count;
