@@ -22,6 +22,8 @@
 //               row strides, so a norm can read a slice of a fused GEMM output and write into a
 //               slice of a wider row (the MTP concat); optionally act_quant of its output;
 //               k_fwd_rmsnorm_1k the same with 1024 threads.
+// k_fwd_embed_rmsnorm(_1k)  the first layer's attn_norm (with act_quant) reading its rows from
+//               the embedding table, and the residual stream's first value (k_embed's copy).
 #include "common.cuh"
 #include "fwd_lin.cuh"
 
@@ -81,6 +83,40 @@ k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__
 	fwd_rmsnorm<1024, 8>(blockIdx.x, x, ldx, res, w, out, ldo, dim, eps, q, qs);
 }
 
+// The first layer's attention norm straight from the embedding table (spec §3.1, §3.2): row t of
+// the step is table[ids[t]] (bf16 [vocab, dim]); res[t] = that row (the residual stream's start:
+// k_embed's copy), out[t] = RMSNorm(row) with act_quant into q, qs — k_fwd_rmsnorm(_1k)'s numbers
+// on an input without residual. Grid T; THREADS as the norm of that width. dim % 8 == 0.
+template <int THREADS, int PER>
+__device__ __forceinline__ void embed_rmsnorm(const uint16_t *__restrict__ table, const int *__restrict__ ids,
+					      uint16_t *__restrict__ res, const float *__restrict__ w,
+					      uint16_t *__restrict__ out, int dim, float eps,
+					      uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	const int t = blockIdx.x;
+	pdl_trigger();
+	pdl_wait(); // ids: the step's metadata (uploaded before)
+	const uint16_t *xr = table + (size_t)ids[t] * dim;
+	for (int i = threadIdx.x; i < dim / 8; i += THREADS)
+		reinterpret_cast<uint4 *>(res + (size_t)t * dim)[i] = reinterpret_cast<const uint4 *>(xr)[i];
+	fwd_rmsnorm<THREADS, PER>(t, xr, 0, nullptr, w, out, dim, dim, eps, q, qs);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_embed_rmsnorm(const uint16_t *__restrict__ table, const int *__restrict__ ids,
+		    uint16_t *__restrict__ res, const float *__restrict__ w, uint16_t *__restrict__ out,
+		    int dim, float eps, uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	embed_rmsnorm<256, 32>(table, ids, res, w, out, dim, eps, q, qs);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+k_fwd_embed_rmsnorm_1k(const uint16_t *__restrict__ table, const int *__restrict__ ids,
+		       uint16_t *__restrict__ res, const float *__restrict__ w, uint16_t *__restrict__ out,
+		       int dim, float eps, uint8_t *__restrict__ q, float *__restrict__ qs)
+{
+	embed_rmsnorm<1024, 8>(table, ids, res, w, out, dim, eps, q, qs);
+}
 
 __device__ __forceinline__ float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 

@@ -304,11 +304,16 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;
 	if (!st->mtp) {
-		gpu_ptr emb = m->embed;
-		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
-		TRY(fwd_dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
+		/* the embedding inside the first norm's launch (fwd_layer), unless dumped or unfused */
+		const int embed = st->dump || !fwd_fused();
+		if (embed) {
+			gpu_ptr emb = m->embed;
+			LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
+			TRY(fwd_dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
+		}
 		for (int64_t l = 0; l < Lm; l++)
-			TRY(fwd_layer(F, l, &m->layers[l], x, r, l == 0));
+			TRY(fwd_layer(F, l, &m->layers[l], x, r,
+				      l ? 0 : embed ? FWD_FIRST : FWD_FIRST_EMBED));
 		norm = m->norm, head = m->lm_head;
 	} else {
 		/* MTP input (§4): x = eh_proj([enorm(embed(x_{i+1})) ; hnorm(h_i)]) */
@@ -321,7 +326,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 		TRY(fwd_dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
 		TRY_TAG("eh_proj", fwd_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
 		TRY(fwd_dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
-		TRY(fwd_layer(F, Lm, &m->layers[Lm], x, r, 1));
+		TRY(fwd_layer(F, Lm, &m->layers[Lm], x, r, FWD_FIRST));
 		norm = m->head_norm, head = m->mtp_head;
 	}
 	/* final norm of the fp32 sum x + r: out = RMSNorm, r = bf16(x + r) (the MTP block's output) */

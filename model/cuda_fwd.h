@@ -140,7 +140,9 @@ int fwd_rope(struct fwd *F, gpu_ptr x, int heads, long long ld_token, int ld_hea
 	     int interleaved);
 int fwd_hadamard(struct fwd *F, gpu_ptr x, int rows);
 
-/* cuda_fwd_attn.c */
+/* cuda_fwd_attn.c; first: 0, or one of these */
+#define FWD_FIRST 1       /* the first layer of its stack: the residual stream starts as x */
+#define FWD_FIRST_EMBED 2 /* the same with x not yet embedded (from the step's tokens) */
 int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x, gpu_ptr r,
 	      int first);
 

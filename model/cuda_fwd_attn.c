@@ -186,7 +186,8 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 }
 
 /* x [Tp, D] the layer input (the embedding when first), r [Tp, D] the residual stream. On
- * return x holds the layer's FFN output. */
+ * return x holds the layer's FFN output. first: FWD_FIRST (r starts as x) or FWD_FIRST_EMBED
+ * (x unset: the norm reads the step's token embeddings, r starts as them; fused kernels only). */
 int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x, gpu_ptr r,
 		     int first)
 {
@@ -206,10 +207,18 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(as, (size_t)Tp * (D / 128) * 4); /* fp32 [Tp, D/128] */
 	const int fuse = fwd_fused();
 	gpu_ptr cs = F->m->rope_cs;
-	if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
-			      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
-		return -EIO;
-	TRY(fwd_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
+	if (first == FWD_FIRST_EMBED) { /* the rows from the embedding table, r = them, one launch */
+		gpu_ptr emb = F->m->embed, nw = L->attn_norm;
+		float e = (float)c->rms_norm_eps;
+		int wide = D > 2048; /* fwd_rmsq's choice of block */
+		LAUNCH_PDL(wide ? "k_fwd_embed_rmsnorm_1k" : "k_fwd_embed_rmsnorm", T, 1, wide ? 1024 : 256, 0,
+			   &emb, &F->tok, &r, &nw, &a, &D, &e, &a8, &as);
+	} else {
+		if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
+				      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
+			return -EIO;
+		TRY(fwd_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
+	}
 	if (!fuse)
 		TRY(fwd_quant(F, a, a8, as, T, D));
 	TRY(fwd_dump_all(F, "attn_norm", layer, a, DUMP_BF16, D, D));
