@@ -313,9 +313,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			  rargs);
 }
 
-/* Which kernels cuda_gemm_fp8_decode / cuda_gemm_fp8_grouped run: 1 the streaming kernel, 0 the
- * previous ones (v2, v0), -1 (the default) per shape by run 4's measurements: the grouped GEMM
- * on the streaming kernel (2.1-2.7 TB/s against v0's 0.6-0.9), the dense decode GEMM on v2
+/* Which kernel cuda_gemm_fp8_decode runs: 1 the streaming kernel, 0 the previous one (v2), -1
+ * (the default) per shape by run 4's measurements: the dense decode GEMM on v2
  * except where the streaming kernel was faster at every M <= 64 (32768x512). One kernel per
  * shape for every M, so a row's result never depends on M. */
 static int stream_on = -1;
@@ -468,8 +467,6 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 		if (r != -ENOTSUP)
 			return r;
 	}
-	if (stream_on == 0)
-		return cuda_gemm_fp8_grouped_v0(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy);
 	/* below that, the fast mode runs the streaming kernel's wgmma consumers (run 9, 1 token:
 	 * 2.94 / 2.38 TB/s against 2.43 / 2.00 for mma.sync and 2.02 / 1.51 for the wgmma grouped
 	 * kernel on gate|up / down) */
@@ -481,28 +478,10 @@ int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
 				 int N, int K, gpu_ptr ws, size_t ws_bytes)
 {
-	if (grouped_wgmma(g, max_rows, G, N, N) || stream_on == 0 || !h8 || !hs)
+	if (grouped_wgmma(g, max_rows, G, N, N) || !h8 || !hs)
 		return -ENOTSUP;
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, 0, max_rows, N, K, N, ws, ws_bytes,
 			      !cuda_gemm_batch_invariant(g), h8, hs);
-}
-
-/* The first grouped version (gemm_fp8_decode.cu k_gemm_fp8_grouped_m8: the v2 decode kernel with
- * a group index per grid z-slot), kept for the benchmark's comparison. Needs no workspace. */
-int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
-{
-	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N)
-		return -EINVAL;
-	if (max_rows == 0)
-		return 0;
-	int slots = G < max_rows ? G : max_rows; /* groups that can have rows */
-	struct gemm_split sp = v2_split(g, N, K);
-	int tiles_per_block = 8 / sp.ksplit;
-	unsigned blocks = (unsigned)((N / 16 + tiles_per_block - 1) / tiles_per_block);
-	void *args[] = {&w_tab, &s_tab, &off, &G, &x8, &sx, &y, &N, &K, &ldy, &sp.ksplit};
-	return gpu_launch(g, gpu_kernel(g, "k_gemm_fp8_grouped_m8"), blocks, 1, (unsigned)slots, 256,
-			  1, 1, 0, args);
 }
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */

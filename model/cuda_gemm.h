@@ -40,9 +40,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * the wgmma limit of tests/gpu/gemm_fp8_limit.h, K chunks summed by a second launch). */
 int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg);
-/* 1: cuda_gemm_fp8_decode and cuda_gemm_fp8_grouped run the streaming kernel; 0: the previous
- * kernels below; -1 (the default): per shape by measurement (cuda_gemm.c: grouped streaming,
- * dense mostly v2). Process-wide; tests and the benchmark set it. */
+/* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
+ * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
+ * benchmark set it. */
 void cuda_gemm_set_stream(int on);
 /* The GEMM mode of GPU g: on (until set otherwise) = batch invariant (the mma.sync decode
  * kernels for M <= 64 and grouped decode sizes: a row's result independent of M and exact to
@@ -72,13 +72,11 @@ void cuda_gemm_set_pdl(int on);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K);
-/* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads) and the first
- * grouped version built on it, kept for the benchmark's comparison. */
+/* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads): the exact
+ * decode kernel of most shapes (cuda_gemm_set_stream -1). */
 size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K);
 int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws);
-int cuda_gemm_fp8_grouped_v0(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
 
 /* A 2-D tensor map over an e4m3 matrix [rows, K] at base (row stride K bytes): boxes of one K
  * block (128 bytes) x box_rows rows, 128-byte swizzle, L2 promotion 256 B, zero fill past the
@@ -163,8 +161,7 @@ void cuda_gemm_close(struct gpu *g);
  * cuda_gemm_set_stream(1)) for the same weight, bit for bit;
  * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
  * summation order and Hopper wgmma's coarser FP8 accumulation; CUDA_GEMM_WGMMA_GROUPED in
- * cuda_gemm.c). Decode-sized while cuda_gemm_set_stream is off: the first version (v0). ws:
- * cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
+ * cuda_gemm.c). ws: cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,

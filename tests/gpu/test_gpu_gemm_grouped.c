@@ -68,9 +68,10 @@ static void check_dense_equal(struct gpu *g, int G, const int *rows, const int *
 
 /* G groups with rows[e] rows each (0: empty, weight pointer NULL); N x K weights; one CPU
  * reference (cpu_fp8_linear per group, on the pool) against each kernel: exact = 1: the
- * streaming kernel with 1 and 2 MMA tiles per warp and the first version (v0), called directly, each group's rows also bit-equal to the dense GEMM's (cuda_gemm_fp8 of the same
- * kernel generation); exact = 0: cuda_gemm_fp8_grouped's dispatch (wgmma for many rows where
- * enabled), CPU check only. */
+ * streaming kernel called directly: its mma.sync consumers with 1 and 2 MMA tiles per warp, each
+ * group's rows also bit-equal to the dense GEMM's (cuda_gemm_fp8 on the same kernel), and its
+ * wgmma consumers (CPU check within the wgmma limit); exact = 0: cuda_gemm_fp8_grouped's
+ * dispatch (wgmma for many rows where enabled), CPU check only. */
 static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int *rows, int N,
 			  int K, uint64_t seed, int exact)
 {
@@ -118,44 +119,44 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	REQUIRE(gpu_upload(g, dsx, sx, (size_t)max_rows * KB * 4) == 0);
 	size_t wsb = cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K);
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
-	/* stream wg: the streaming kernel with wgmma consumers (the fast mode's), within the
-	 * wgmma limit, its K chunks summed by the second launch (the default) and by the kernel */
-	static const char *names[] = {"stream rt=1", "stream rt=2",	      "v0",
-				      "dispatch",    "stream wg, fused sum", "stream wg"};
-	for (int v = exact ? 0 : 3; v < (exact ? 6 : 4); v++) {
-		if (exact && v == 3)
-			continue;
-		cuda_gemm_set_stream(v != 2);
-		cuda_gemm_set_stream_rt(v < 2 ? v + 1 : 0);
-		cuda_gemm_set_stream_wi(v >= 4 ? 2 : -1);
-		cuda_gemm_set_stream_diag(v == 4 ? 1 : -1, 0);
+	/* exact: the streaming kernel's mma.sync consumers with 1 and 2 MMA tiles per warp (RT),
+	 * then its wgmma consumers (the fast mode's; within the wgmma limit) with the K chunks
+	 * summed in the kernel and by the second launch (their default); not exact: the dispatch */
+	static const struct {
+		const char *name;
+		int rt, wi, fused, mma_sync;
+	} vs[] = {{"stream rt=1", 1, -1, -1, 1},	    {"stream rt=2", 2, -1, -1, 1},
+		  {"stream wg, fused sum", 1, 2, 1, 0}, {"stream wg", 1, 2, -1, 0},
+		  {"dispatch", 0, -1, -1, 0}};
+	cuda_gemm_set_stream(1); /* the dense GEMM of check_dense_equal: the streaming kernel */
+	for (int v = exact ? 0 : 4; v < (exact ? 4 : 5); v++) {
+		cuda_gemm_set_stream_rt(vs[v].rt);
+		cuda_gemm_set_stream_wi(vs[v].wi);
+		cuda_gemm_set_stream_diag(vs[v].fused, 0);
 		gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
-		if (v < 2 || v >= 4)
+		if (exact)
 			REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows,
 							     N, K, N, dws, wsb) == 0);
-		else if (v == 2)
-			REQUIRE(cuda_gemm_fp8_grouped_v0(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N,
-							 K, N) == 0);
 		else
 			REQUIRE(cuda_gemm_fp8_grouped(g, dwt, dst, doff, G, dx, dsx, dy, max_rows, N, K,
 						      N, dws, wsb) == 0);
 		REQUIRE(gpu_sync(g) == 0);
 		REQUIRE(gpu_download(g, yg, dy, (size_t)max_rows * N * 2) == 0);
 		char what[96];
-		snprintf(what, sizeof what, "%s G=%d rows=%d N=%d K=%d", names[v], G, R, N, K);
+		snprintf(what, sizeof what, "%s G=%d rows=%d N=%d K=%d", vs[v].name, G, R, N, K);
 		/* the mma.sync kernels: within fp32 summation order (1 ulp, 2^-12 of the row RMS);
 		 * the dispatch's wgmma path: Hopper's wgmma keeps ~14 bits when it adds a k32 step's
 		 * FP8 products (run 1, every wgmma path incl. cuBLASLt's), so 2^-5 of the row RMS on
 		 * these wide-range operands, as the MoE block's test allows above 64 rows */
-		CHECK_EQ_INT(exact && v < 4 ? gpu_gemm_count_bad(y, yg, R, N, what)
+		CHECK_EQ_INT(vs[v].mma_sync ? gpu_gemm_count_bad(y, yg, R, N, what)
 					    : gpu_count_bad_bf16(y, yg, R, N, 1.0 / 32, what),
 			     0);
 		/* each group's rows equal the dense GEMM's with the same weight (the mma.sync
 		 * kernels; the fast mode's wgmma variant makes no such promise) */
-		if (exact && v < 4)
+		if (vs[v].mma_sync)
 			check_dense_equal(g, G, rows, off, N, K, dW, dS, dx, dsx, ddy, yg, yd);
 	}
-	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream(-1);
 	cuda_gemm_set_stream_rt(0);
 	cuda_gemm_set_stream_wi(-1);
 	cuda_gemm_set_stream_diag(-1, 0);

@@ -15,7 +15,9 @@
  * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
  * experts at random, tokens per step 1/16/64/256; TB/s of the touched experts' weights
  * (experts with no rows are not read), over 8 routings in turn so the L2 does not serve
- * repeats: the dispatch, and each kernel forced (streaming, wgmma, the first version "v0").
+ * repeats: the dispatch, and each kernel forced (streaming with mma.sync consumers, wgmma, the
+ * streaming kernel's wgmma consumers with the chunks summed apart or in the kernel), and for
+ * gate|up the dispatch with SwiGLU in the chunk sum (cuda_gemm_fp8_grouped_swiglu).
  *
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
@@ -159,24 +161,26 @@ static void print_path(float ms, double bytes, double flops)
 #define GB_ROUTINGS 8
 
 struct grouped_ctx {
-	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws;
+	gpu_ptr w_tab, s_tab, off[GB_ROUTINGS], x, sx, y, ws, h8, hs;
 	size_t ws_bytes;
-	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming, 2 wgmma, 3 v0, 4 streaming
-			       * with wgmma consumers and the K chunks summed in the kernel, 5
-			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2) */
+	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming (mma.sync), 2 wgmma, 3
+			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2), 4 the
+			       * same with the K chunks summed in the kernel, 5
+			       * cuda_gemm_fp8_grouped_swiglu */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
 {
 	struct grouped_ctx *c = vctx;
 	gpu_ptr off = c->off[i % GB_ROUTINGS];
-	if (c->mode == 3)
-		return cuda_gemm_fp8_grouped_v0(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx,
-						c->y, c->rows, c->N, c->K, c->N);
+	if (c->mode == 5)
+		return cuda_gemm_fp8_grouped_swiglu(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+						    c->sx, c->h8, c->hs, c->rows, c->N, c->K, c->ws,
+						    c->ws_bytes);
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode >= 4)
+	if (c->mode == 1 || c->mode == 3 || c->mode == 4)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -193,8 +197,8 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
 	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
-	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "v0_us", "TB/s",
-	       "wg_us", "TB/s", "wg_fu_us", "TB/s");
+	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "wg_us", "TB/s",
+	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -209,7 +213,9 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 		    cu_check(cu.cuMemAlloc(&c.s_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.x, (size_t)max_rows * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)max_rows * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.y, (size_t)max_rows * c.N * 2), "cuMemAlloc", __FILE__, __LINE__))
+		    cu_check(cu.cuMemAlloc(&c.y, (size_t)max_rows * c.N * 2), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.h8, (size_t)max_rows * c.N / 2), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.hs, (size_t)max_rows * (c.N / 256) * 4 + 4), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
 		for (int r = 0; r < GB_ROUTINGS; r++)
 			if (cu_check(cu.cuMemAlloc(&c.off[r], (GB_EXPERTS + 1) * 4), "cuMemAlloc", __FILE__, __LINE__))
@@ -263,12 +269,11 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			int reps = 5 * GB_ROUTINGS;
 			float t[6];
 			for (c.mode = 0; c.mode < 6; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode >= 4 ? 2 : -1);
+				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : -1);
 				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
-				t[c.mode] = c.mode < 2 || c.mode == 5 || (c.mode == 2 && !no_wgmma) ||
-							    (c.mode == 3 && T <= 64) || (c.mode == 4 && T <= 16)
-						    ? time_ms(g, launch_grouped, &c, reps, trials)
-						    : -1;
+				int run = c.mode < 2 || c.mode == 3 || (c.mode == 2 && !no_wgmma) ||
+					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 16);
+				t[c.mode] = run ? time_ms(g, launch_grouped, &c, reps, trials) : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
 			cuda_gemm_set_stream_diag(-1, 0);
@@ -283,30 +288,30 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			printf(" |");
 			print_path(t[2], bytes, flops);
 			printf(" |");
-			if (t[3] >= 0)
-				printf(" %9.2f %6.3f |", t[3] * 1e3, bytes / (t[3] * 1e-3) / 1e12);
-			else
-				printf(" %9s %6s |", "n/a", "");
-			printf(" %9.2f %6.3f |", t[5] * 1e3, bytes / (t[5] * 1e-3) / 1e12);
-			if (t[4] >= 0)
-				printf(" %9.2f %6.3f\n", t[4] * 1e3, bytes / (t[4] * 1e-3) / 1e12);
-			else
-				printf(" %9s\n", "n/a");
+			for (int k = 3; k < 6; k++)
+				if (t[k] >= 0)
+					printf(" %9.2f %6.3f%s", t[k] * 1e3, bytes / (t[k] * 1e-3) / 1e12,
+					       k < 5 ? " |" : "");
+				else
+					printf(" %9s %6s%s", "n/a", "", k < 5 ? " |" : "");
+			printf("\n");
 			fflush(stdout);
 			if (ms < 0)
 				return 1;
 		}
 		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(c.w_tab), cu.cuMemFree(c.s_tab);
 		cu.cuMemFree(c.x), cu.cuMemFree(c.sx), cu.cuMemFree(c.y), cu.cuMemFree(c.ws);
+		cu.cuMemFree(c.h8), cu.cuMemFree(c.hs);
 		for (int r = 0; r < GB_ROUTINGS; r++)
 			cu.cuMemFree(c.off[r]);
 	}
 	printf("\ncommand: dsv32 bench gemm --grouped --trials %d (ours: cuda_gemm_fp8_grouped, the "
-	       "fast mode's dispatch; stream: the streaming kernel; wgmma: cuda_gemm_fp8_wgmma_grouped; v0: the "
-	       "first grouped version, tokens <= 64; wg: the streaming kernel with wgmma "
-	       "consumers, K chunks summed by a second launch (the fast mode's below 128 rows); "
-	       "wg_fu: the same with the chunks summed in the kernel, tokens <= 16; experts: groups with rows, mean over the "
-	       "routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
+	       "fast mode's dispatch; stream: the streaming kernel (mma.sync consumers, the "
+	       "batch-invariant mode's); wgmma: cuda_gemm_fp8_wgmma_grouped; wg: the streaming "
+	       "kernel with wgmma consumers, K chunks summed by a second launch (the fast mode's "
+	       "below 128 rows); wg_fu: the same with the chunks summed in the kernel, tokens <= 16; "
+	       "swiglu: cuda_gemm_fp8_grouped_swiglu, gate|up, tokens <= 16 (the same bytes; its "
+	       "outputs h8/hs instead of y); experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
