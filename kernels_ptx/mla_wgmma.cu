@@ -11,8 +11,8 @@
 //     rows for keys past the list's end) and hands it over (named barrier FULL[t % 2]); it
 //     waits for the consumers to release a buffer (EMPTY) before overwriting it.
 //   warpgroups 0 and 1 (the consumers), for each tile:
-//     1. S_w = Q K^T over dims 288 w .. 288 w + 287 (18 wgmma m64n32k16, Q and K from shared
-//        memory): the two halves of the 576-dim dot products;
+//     1. S_w = Q K^T over the k16 steps 2i + w (dims 32 (2i + w) .. + 16, i < 18; 18 wgmma
+//        m64n32k16, Q and K from shared memory): the two halves of the 576-dim dot products;
 //     2. the halves exchanged through shared memory and added, S = S_0 + S_1 (fp32, the same
 //        sum in both warpgroups), so both hold the whole 64 heads x 32 keys scores: the same
 //        online softmax (fp32) runs in both, and its weights become the A operand of P V in
@@ -24,13 +24,17 @@
 // dims][64 heads][128 B] fp16, K[2] [9][32 keys][128 B] fp16, both in the 128-byte swizzle
 // (wgmma.cuh), the S exchange [2 tiles][2 warpgroups][16][128] fp32, raw[2] [32][656] bytes,
 // the tiles' key validity [2][32] ints.
+// k_mla_decode_wgp: the same with the consumers' steps pipelined across tiles: S of tile t + 1
+// is issued before P V of tile t, and the softmax of t + 1 runs while P V of t is on the tensor
+// cores (see mla_wg). The same arithmetic, so the same bits as k_mla_decode_wg.
 // Numerics: those of k_mla_decode (mla_decode.cu: fp16 operands, exact in the same ranges; P as
 // P_hi + P_lo; l the fp32 sum of p; the output bf16 of o / l), with the dot products summed in
-// another order (two fp32 halves of 288 dims, each a tensor-core sum) and the keys of a split in
+// another order (two fp32 halves of 288 dims, each a tensor-core sum; S_0 + S_1 is the same
+// float in both warpgroups, fp32 addition being commutative) and the keys of a split in
 // tiles of 32. Not bit-identical to k_mla_decode, within the same limits of attn_latent
 // (tests/gpu/test_gpu_mla.c).
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
-// MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
+// MMAs (k_mla_decode_wg only), bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
 // stores; bit 16 swaps the V descriptor's two strides (a layout probe: a wrong result).
 #include "common.cuh"
 #include "mla.cuh"
@@ -173,10 +177,113 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 	}
 }
 
-extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+// Issues warpgroup wg's half of S = Q K^T for a key tile: the k16 steps 2i + wg (i < 18), i.e.
+// dims 32 (2i + wg) .. + 16 — step ks sits at column block ks / 4, bytes 32 (ks % 4) of a row.
+// dq, dk: the descriptors of Q and of the key tile at that warpgroup's first step (+ 32 wg
+// bytes); a step's is the base + its offset / 16 (the address field, start / 16, never carries:
+// shared addresses < 256 KB). No fence, no commit.
+__device__ __forceinline__ void mw_issue_s(float *sp, uint64_t dq, uint64_t dk)
+{
+#pragma unroll
+	for (int i = 0; i < 18; i++)
+		wgmma_f16_ss_n32(sp, dq + ((i >> 1) * MW_CB + (i & 1) * 64) / 16, dk + ((i >> 1) * MW_KCB + (i & 1) * 64) / 16,
+				 i > 0);
+}
+
+// Issues O_w += P_hi V_w + P_lo V_w for a key tile (V_w: latent dims 256 wg .., column blocks
+// 4 wg ..; k16 step kk = keys 16 kk .., 2048 bytes on); dv: the descriptor at the tile's column
+// block 4 wg. No fence, no commit.
+__device__ __forceinline__ void mw_issue_pv(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
+					    uint64_t dv)
+{
+#pragma unroll
+	for (int kk = 0; kk < 2; kk++)
+		wgmma_f16_rs_n256_tb(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], dv + kk * 2048 / 16, 1);
+#pragma unroll
+	for (int kk = 0; kk < 2; kk++)
+		wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], dv + kk * 2048 / 16, 1);
+}
+
+// The online softmax state of a consumer thread's two heads (16 wi + g and + 8)
+struct mw_soft {
+	float m0, m1, l0, l1;
+};
+
+// Steps 2 of the header for tile buffer s: this warpgroup's half sp of S through the exchange
+// (the same fragment position in the other warpgroup), S = S_0 + S_1, scaled and masked, the
+// running maxima and sums updated; out: the A fragments of P V (k16 step kk = keys 16 kk ..:
+// a0 head g keys 2 t4 + {0, 1}, a1 head g + 8, a2 and a3 the same keys + 8) and the factors
+// e^(m_old - m) of the thread's two heads for O
+__device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int *cv, int s, int wg, int wt, int t4,
+					   float scale, mw_soft &st, uint32_t (&ph)[2][4], uint32_t (&pl)[2][4],
+					   float &c0, float &c1)
+{
+	float *xw = xs + (2 * s + wg) * MW_XS;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+		xw[j * 128 + wt] = sp[j];
+	mw_bar_sync(MW_BAR_CONS, 256);
+	const float *x0 = xs + 2 * s * MW_XS, *x1 = x0 + MW_XS;
+	// fragment register 4 jb + e: head 16 wi + g (e < 2) or + 8, key 8 jb + 2 t4 + e % 2
+	float sc[16], mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+	for (int jb = 0; jb < 4; jb++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			const bool ok = cv[8 * jb + 2 * t4 + e] != 0;
+			const int j0 = 4 * jb + e, j1 = j0 + 2;
+			sc[j0] = ok ? (x0[j0 * 128 + wt] + x1[j0 * 128 + wt]) * scale : -INFINITY;
+			sc[j1] = ok ? (x0[j1 * 128 + wt] + x1[j1 * 128 + wt]) * scale : -INFINITY;
+			mx0 = fmaxf(mx0, sc[j0]);
+			mx1 = fmaxf(mx1, sc[j1]);
+		}
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+	const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
+	c0 = st.m0 == -INFINITY ? 0.f : expf(st.m0 - mn0);
+	c1 = st.m1 == -INFINITY ? 0.f : expf(st.m1 - mn1);
+	const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+	st.m0 = mn0, st.m1 = mn1, st.l0 *= c0, st.l1 *= c1;
+#pragma unroll
+	for (int jb = 0; jb < 4; jb++) {
+		const float pg0 = expf(sc[4 * jb] - ms0), pg1 = expf(sc[4 * jb + 1] - ms0);
+		const float pk0 = expf(sc[4 * jb + 2] - ms1), pk1 = expf(sc[4 * jb + 3] - ms1);
+		st.l0 += pg0 + pg1;
+		st.l1 += pk0 + pk1;
+		const uint32_t hg = f32x2_to_f16x2(pg0, pg1), hk = f32x2_to_f16x2(pk0, pk1);
+		ph[jb >> 1][2 * (jb & 1)] = hg;
+		ph[jb >> 1][2 * (jb & 1) + 1] = hk;
+		pl[jb >> 1][2 * (jb & 1)] = f32x2_to_f16x2(pg0 - f16_lo(hg), pg1 - f16_hi(hg));
+		pl[jb >> 1][2 * (jb & 1) + 1] = f32x2_to_f16x2(pk0 - f16_lo(hk), pk1 - f16_hi(hk));
+	}
+}
+
+__device__ __forceinline__ void mw_rescale(float *o, float c0, float c1)
+{
+#pragma unroll
+	for (int j = 0; j < 32; j++) {
+		o[4 * j] *= c0, o[4 * j + 1] *= c0;
+		o[4 * j + 2] *= c1, o[4 * j + 3] *= c1;
+	}
+}
+
+__device__ __forceinline__ void mw_fence_regs(float *v, int n)
+{
+#pragma unroll
+	for (int j = 0; j < n; j++)
+		wg_reg_fence(v[j]);
+}
+
+// PIPE = false (k_mla_decode_wg): per tile, S, then the softmax, then P V, each waited for.
+// PIPE = true (k_mla_decode_wgp): S of tile t + 1 is issued before P V of tile t, and the
+// softmax of t + 1 runs while P V of t is on the tensor cores (wgmma groups complete in order:
+// waiting for all but the last group waits for S only); O is rescaled after P V of t is done.
+template <bool PIPE>
+__device__ __forceinline__ void
+mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, const uint8_t *__restrict__ pool,
+       int H, float scale, uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
 	extern __shared__ __align__(16) uint8_t smem_raw[];
 	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
@@ -226,110 +333,128 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 
 	// V descriptor strides: 64-dim column blocks MW_KCB apart (N), 8-key groups 1024 apart (K)
 	const uint32_t lbo = (diag & 0x10000) ? 1024 : MW_KCB, sbo = (diag & 0x10000) ? MW_KCB : 1024;
+	const bool mma = !(diag & 2);
 	float o[128]; // O_w: register 4j + {0, 1}: head 16 wi + g, dims 256 wg + 8j + 2 t4 + {0, 1}; + {2, 3}: head + 8
 #pragma unroll
 	for (int i = 0; i < 128; i++)
 		o[i] = 0.f;
-	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; // heads 16 wi + g and + 8
-	for (int t = 0; t < nt; t++) {
-		const int s = t & 1;
-		const uint32_t kt = base + MW_Q_BYTES + s * MW_K_BYTES;
-		mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
-		if (cval[s * MW_KT]) { // else the list ended before this tile: nothing to add
-			// 1. this warpgroup's half of S: dims 288 wg .. + 288 (k16 steps 18 wg ..)
-			float sp[16];
-			if (!(diag & 2)) {
-				wg_fence();
+	mw_soft st = {-INFINITY, -INFINITY, 0.f, 0.f};
+	float sp[16], c0, c1;
+	uint32_t ph[2][4], pl[2][4];
+	// descriptors: Q and key buffer 0 at this warpgroup's first k16 step of S, V at its first
+	// column block; key buffer 1 is MW_K_BYTES / 16 on
+	const uint64_t dq = wgd_kmajor(base + 32 * wg), dk0 = wgd_kmajor(base + MW_Q_BYTES + 32 * wg);
+	const uint64_t dv0 = wgd_mnmajor(base + MW_Q_BYTES + wg * 4 * MW_KCB, lbo, sbo);
+#define MW_DK_AT(t) (dk0 + ((t) & 1) * (MW_K_BYTES / 16))
+#define MW_DV_AT(t) (dv0 + ((t) & 1) * (MW_K_BYTES / 16))
+#define MW_RELEASE(t)                                                                               \
+	do {                                                                                        \
+		if ((t) + 2 < nt)                                                                   \
+			mw_bar_arrive(MW_BAR_EMPTY + ((t) & 1), MW_THREADS);                         \
+	} while (0)
+	int t = 0;
+	if (!PIPE) {
+		for (; t < nt; t++) {
+			const int s = t & 1;
+			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
+			if (cval[s * MW_KT]) { // else the list ended before this tile: nothing to add
+				if (mma) {
+					wg_fence();
+					mw_issue_s(sp, dq, MW_DK_AT(t));
+					wg_commit();
+					wg_wait0();
+					mw_fence_regs(sp, 16);
+				} else {
 #pragma unroll
-				for (int i = 0; i < 18; i++) {
-					const int ks = 18 * wg + i;
-					wgmma_f16_ss_n32(sp, wgd_kmajor(base + (ks >> 2) * MW_CB + (ks & 3) * 32),
-							 wgd_kmajor(kt + (ks >> 2) * MW_KCB + (ks & 3) * 32), i > 0);
+					for (int j = 0; j < 16; j++)
+						sp[j] = 0.f;
 				}
-				wg_commit();
-				wg_wait0();
-#pragma unroll
-				for (int j = 0; j < 16; j++)
-					wg_reg_fence(sp[j]);
+				mw_softmax(sp, xs, cval + s * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
+				mw_rescale(o, c0, c1);
+				if (mma) {
+					wg_fence();
+					mw_issue_pv(o, ph, pl, MW_DV_AT(t));
+					wg_commit();
+					wg_wait0();
+					mw_fence_regs(o, 128);
+				}
+			}
+			MW_RELEASE(t);
+		}
+	} else {
+		// tile t's weights are in ph / pl and O is rescaled for it; the steady state issues S of
+		// tile u = t + 1 and P V of t, one branch-free wgmma pipeline (ptxas serialises the
+		// wgmmas when their issue or waits depend on a branch: so no diag bit 1 here)
+		if (nt > 0) {
+			mw_bar_sync(MW_BAR_FULL, MW_THREADS);
+			if (!cval[0]) { // an empty list
+				MW_RELEASE(0);
+				t = 1;
 			} else {
-#pragma unroll
-				for (int j = 0; j < 16; j++)
-					sp[j] = 0.f;
-			}
-			// 2. S = S_0 + S_1 (the same fragment position in the other warpgroup)
-			float *xw = xs + (2 * s + wg) * MW_XS;
-#pragma unroll
-			for (int j = 0; j < 16; j++)
-				xw[j * 128 + wt] = sp[j];
-			mw_bar_sync(MW_BAR_CONS, 256);
-			const float *x0 = xs + 2 * s * MW_XS, *x1 = x0 + MW_XS;
-			const int *cv = cval + s * MW_KT;
-			// fragment register 4 jb + e: head 16 wi + g (e < 2) or + 8, key 8 jb + 2 t4 + e % 2
-			float sc[16], mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-			for (int jb = 0; jb < 4; jb++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					const bool ok = cv[8 * jb + 2 * t4 + e] != 0;
-					const int j0 = 4 * jb + e, j1 = j0 + 2;
-					sc[j0] = ok ? (x0[j0 * 128 + wt] + x1[j0 * 128 + wt]) * scale : -INFINITY;
-					sc[j1] = ok ? (x0[j1 * 128 + wt] + x1[j1 * 128 + wt]) * scale : -INFINITY;
-					mx0 = fmaxf(mx0, sc[j0]);
-					mx1 = fmaxf(mx1, sc[j1]);
-				}
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-			const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-			const float c0 = m0 == -INFINITY ? 0.f : expf(m0 - mn0), c1 = m1 == -INFINITY ? 0.f : expf(m1 - mn1);
-			const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-			m0 = mn0, m1 = mn1, l0 *= c0, l1 *= c1;
-			// the weights as the A fragments of P V: k16 step kk = keys 16 kk .. + 16, registers
-			// a0 (head g, keys 2 t4 + {0, 1}), a1 (head g + 8), a2, a3 (the same, keys + 8)
-			uint32_t ph[2][4], pl[2][4];
-#pragma unroll
-			for (int jb = 0; jb < 4; jb++) {
-				const float pg0 = expf(sc[4 * jb] - ms0), pg1 = expf(sc[4 * jb + 1] - ms0);
-				const float pk0 = expf(sc[4 * jb + 2] - ms1), pk1 = expf(sc[4 * jb + 3] - ms1);
-				l0 += pg0 + pg1;
-				l1 += pk0 + pk1;
-				const uint32_t hg = f32x2_to_f16x2(pg0, pg1), hk = f32x2_to_f16x2(pk0, pk1);
-				ph[jb >> 1][2 * (jb & 1)] = hg;
-				ph[jb >> 1][2 * (jb & 1) + 1] = hk;
-				pl[jb >> 1][2 * (jb & 1)] = f32x2_to_f16x2(pg0 - f16_lo(hg), pg1 - f16_hi(hg));
-				pl[jb >> 1][2 * (jb & 1) + 1] = f32x2_to_f16x2(pk0 - f16_lo(hk), pk1 - f16_hi(hk));
-			}
-			// 3. O_w = O_w e^(m_old - m) + P_hi V_w + P_lo V_w
-#pragma unroll
-			for (int j = 0; j < 32; j++) {
-				o[4 * j] *= c0, o[4 * j + 1] *= c0;
-				o[4 * j + 2] *= c1, o[4 * j + 3] *= c1;
-			}
-			if (!(diag & 2)) {
-				const uint32_t vt = kt + wg * 4 * MW_KCB; // latent dims 256 wg ..: column blocks 4 wg ..
 				wg_fence();
-#pragma unroll
-				for (int kk = 0; kk < 2; kk++)
-					wgmma_f16_rs_n256_tb(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3],
-							     wgd_mnmajor(vt + kk * 2048, lbo, sbo), 1);
-#pragma unroll
-				for (int kk = 0; kk < 2; kk++)
-					wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3],
-							     wgd_mnmajor(vt + kk * 2048, lbo, sbo), 1);
+				mw_issue_s(sp, dq, MW_DK_AT(0));
 				wg_commit();
 				wg_wait0();
+				mw_fence_regs(sp, 16);
+				mw_softmax(sp, xs, cval, 0, wg, wt, t4, scale, st, ph, pl, c0, c1);
+				for (;;) {
+					const int u = t + 1;
+					if (u >= nt)
+						break;
+					mw_bar_sync(MW_BAR_FULL + (u & 1), MW_THREADS);
+					if (!cval[(u & 1) * MW_KT]) { // the list ended before tile u
+						MW_RELEASE(u);
+						break;
+					}
+					uint32_t qh[2][4], ql[2][4];
+					wg_fence();
+					mw_issue_s(sp, dq, MW_DK_AT(u));
+					wg_commit();
+					mw_issue_pv(o, ph, pl, MW_DV_AT(t));
+					wg_commit();
+					asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+					mw_fence_regs(sp, 16);
+					mw_softmax(sp, xs, cval + (u & 1) * MW_KT, u & 1, wg, wt, t4, scale, st, qh, ql, c0, c1);
+					wg_wait0();
+					mw_fence_regs(o, 128);
+					// P V of t read ph / pl until here: the new weights must not take their
+					// registers before (ptxas would serialise every wgmma)
 #pragma unroll
-				for (int j = 0; j < 128; j++)
-					wg_reg_fence(o[j]);
+					for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+						for (int r = 0; r < 4; r++)
+							asm volatile("" : "+r"(ph[kk][r]), "+r"(pl[kk][r])::"memory");
+					MW_RELEASE(t);
+					mw_rescale(o, c0, c1);
+#pragma unroll
+					for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+						for (int r = 0; r < 4; r++)
+							ph[kk][r] = qh[kk][r], pl[kk][r] = ql[kk][r];
+					t = u;
+				}
+				// the last tile's P V
+				wg_fence();
+				mw_issue_pv(o, ph, pl, MW_DV_AT(t));
+				wg_commit();
+				wg_wait0();
+				mw_fence_regs(o, 128);
+				MW_RELEASE(t);
+				t += 2; // tile t + 1 (if any) was synchronised and released above
 			}
 		}
-		if (t + 2 < nt)
-			mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
 	}
+	for (; t < nt; t++) { // the tiles after the list's end: only the handshake
+		mw_bar_sync(MW_BAR_FULL + (t & 1), MW_THREADS);
+		MW_RELEASE(t);
+	}
+#undef MW_DK_AT
+#undef MW_DV_AT
+#undef MW_RELEASE
 	// the combine (programmatic dependent launch) may start its blocks; they wait for this grid
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
+	float l0 = st.l0, l1 = st.l1;
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -349,7 +474,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 				*reinterpret_cast<float2 *>(pp + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
 			if (wg == 0 && t4 == 0) {
 				float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * idx;
-				ml[0] = i ? m1 : m0, ml[1] = lr;
+				ml[0] = i ? st.m1 : st.m0, ml[1] = lr;
 			}
 		} else {
 			const float inv = lr > 0.f ? 1.f / lr : 0.f;
@@ -361,4 +486,20 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 					((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
 		}
 	}
+}
+
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mla_wg<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+}
+
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wgp(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mla_wg<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

@@ -255,6 +255,8 @@ int bench_attention(int argc, char **argv)
 			double mla_ms = event_ms(&g, e0, e1) / reps;
 			/* k_mla_decode_wg (wgmma) at the same shape, auto splits; at 32K x 128 its phases */
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
+			double wgp_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+						 128 | 0x20000);
 			double wg_diag_us[8] = {0};
 			if (ctx == 32768 && B == 128)
 				for (int di = 1; di < 8; di++)
@@ -324,8 +326,10 @@ int bench_attention(int argc, char **argv)
 			       mla_bytes / (mla_ms * 1e-3) / 1e12, mla_flops / (mla_ms * 1e-3) / 1e12,
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
 			if (wg_us > 0)
-				printf("        k_mla_decode_wg (wgmma): %.2f us, %.1f TFLOP/s, %.2fx k_mla_decode's time\n", wg_us,
-				       mla_flops / (wg_us * 1e-6) / 1e12, wg_us / (mla_ms * 1e3));
+				printf("        k_mla_decode_wg (wgmma): %.2f us, %.1f TFLOP/s, %.2fx k_mla_decode's time | "
+				       "k_mla_decode_wgp (pipelined): %.2f us, %.1f TFLOP/s\n", wg_us,
+				       mla_flops / (wg_us * 1e-6) / 1e12, wg_us / (mla_ms * 1e3), wgp_us,
+				       mla_flops / (wgp_us * 1e-6) / 1e12);
 			if (wg_diag_us[1] > 0)
 				printf("        k_mla_decode_wg phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
