@@ -758,6 +758,33 @@ static void fast_mode(const char *name, int64_t T)
 			       (long long)(T - d0));
 			CHECK(same == T - d0);
 		}
+		{ /* the last position again as a one-row step, eagerly (a replayed graph would not
+		   * see the switch), with the fused kernels and with the separate ones
+		   * (DSV32_CUDA_UNFUSED=1: k_embed and the residual copy, the unfused norms, the
+		   * separate SwiGLU and act_quant): the same bits */
+			float *lf = malloc((size_t)2 * V * 4);
+			REQUIRE(lf);
+			gpu_fill_nan(lf, 2 * V);
+			backend_cuda_set_batch_invariant(p.gpu, inv);
+			setenv("DSV32_CUDA_GRAPHS", "0", 1);
+			int r2[2] = {0, 0};
+			for (int u = 0; u < 2; u++) {
+				if (u)
+					setenv("DSV32_CUDA_UNFUSED", "1", 1);
+				seq_rows(&s, &p, T - 1, 1, pos, fl, BACKEND_ROW_LOGITS, bt, nb, NULL, NULL);
+				s.logits = lf + u * V;
+				r2[u] = backend_step(p.gpu, &s2);
+			}
+			unsetenv("DSV32_CUDA_UNFUSED");
+			unsetenv("DSV32_CUDA_GRAPHS");
+			backend_cuda_set_batch_invariant(p.gpu, 0);
+			int eq = !memcmp(lf, lf + V, (size_t)V * 4);
+			printf("    %s %s mode, one-row step: fused kernels vs separate ones %s (rc %d %d)\n",
+			       name, inv ? "batch-invariant" : "fast", eq ? "bit-identical" : "DIFFER", r2[0],
+			       r2[1]);
+			CHECK(r2[0] == 0 && r2[1] == 0 && eq);
+			free(lf);
+		}
 		free(gd);
 	}
 	free(bt), free(pos), free(fl), free(ref), free(g1), free(g2), free(gi);
