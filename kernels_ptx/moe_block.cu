@@ -24,9 +24,9 @@
 //   E / 8 blocks, one chain of the CPU's sum a lane, the weight rows brought in by bulk copies;
 //   the last block routes (the scores by all its threads) and permutes; the K + 1 quantised rows
 //   as above. See below.
-// k_moe_gate_logits_tiled: the same numbers for many tokens (E % 32 == 0, D % 64 == 0), a
-//   32 x 32 tile per block, grid (E / 32, ceil(T / 32)), GT_SMEM bytes of dynamic shared
-//   memory; see below.
+// k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
+//   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
+//   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
@@ -353,61 +353,74 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	}
 }
 
-// The tiled form for many tokens: 32 tokens x 32 experts per block, K in chunks of GT_KC = 64.
-// A chunk arrives raw (bf16 rows) by cp.async into a ring of GT_S stages (GT_S - 1 chunks in
-// flight), then is converted into the fp32 compute buffer split by partial: xs[t][j][s] =
-// x[t, kc + 8s + j], so partial j's 8 steps are contiguous (two 4-wide reads; 12 floats per
-// (row, partial) and 8 more per row: conflict-free reads and stores). Thread (owner o = tid / 8,
-// partial j = tid % 8) keeps partial j of 4 tokens x 8 experts, adding the steps in ascending
-// k: the same sums as k_moe_gate_logits_a8. Dynamic shared memory GT_SMEM bytes. Measured at
-// 4096 tokens: 866 us with a one-chunk register prefetch (run 3), 840 us with the ring (run 4):
-// bound by shared memory (1.5 bytes read per FMA, the conversion's stores 4-way conflicted then).
-#define GT_T 32
+// The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
+// _t64), K in chunks of GT_KC = 64. A chunk arrives raw (bf16 rows) by cp.async into a ring of
+// GT_S stages (GT_S - 1 chunks in flight), then is converted into the fp32 compute buffer split
+// by partial: xs[t][j][s] = x[t, kc + 8s + j], so partial j's 8 steps are contiguous (two 4-wide
+// reads; 12 floats per (row, partial) and 8 more per row: conflict-free reads and stores).
+// Thread (owner o = tid / 8, partial j = tid % 8) keeps partial j of TT / 8 tokens x 8 experts,
+// adding the steps in ascending k: the same sums as k_moe_gate_logits_a8. TT = 64: the 4 owners
+// of a warp are 2 token groups x 2 expert groups, so each 16-byte read of x or W serves 4 lanes
+// and takes 2 shared-memory wavefronts. Measured at 4096 tokens (TT = 32, the owners of a warp 4 token
+// groups then): 866 us with a one-chunk register prefetch (run 3), 840 us with the ring (run 4),
+// 730 (run 10): bound by shared memory (a warp's chunk: 48 wavefronts of reads and ~24 of the
+// conversion against 256 FMA instructions, which 4 schedulers issue in 64 cycles, one wavefront
+// a cycle); TT = 64: 64 + ~36 wavefronts against 512 FMA instructions (128 cycles).
+// Dynamic shared memory GT_SMEM(TT) bytes; grid (E / 32, ceil(T / TT)).
 #define GT_E 32
 #define GT_KC 64
 #define GT_PAD 12
 #define GT_S 4
 #define GT_RAWB (GT_KC * 2 + 16) // bytes of a raw staged row
 #define GT_ROWF (8 * GT_PAD + 8) // floats of a converted row: rows 8 banks apart
-#define GT_FP32 ((GT_T + GT_E) * GT_ROWF * 4)
-#define GT_SMEM (GT_FP32 + GT_S * (GT_T + GT_E) * GT_RAWB)
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-			float *__restrict__ logits, int T, int E, int D)
+#define GT_SMEM(TT) (((TT) + GT_E) * GT_ROWF * 4 + GT_S * ((TT) + GT_E) * GT_RAWB)
+template <int TT>
+__device__ __forceinline__ void gate_logits_tiled(const uint16_t *__restrict__ W,
+						  const uint16_t *__restrict__ x,
+						  float *__restrict__ logits, int T, int E, int D)
 {
+	constexpr int TPT = TT / 8;              // tokens a thread
+	constexpr int NR = (TT + GT_E) * 8 / 256; // 16-byte pieces a thread moves per chunk
 	extern __shared__ __align__(16) unsigned char gt_smem[];
-	float *xs = reinterpret_cast<float *>(gt_smem); // [GT_T][GT_ROWF]: row, partial j at j * GT_PAD
-	float *ws = xs + GT_T * GT_ROWF;                // [GT_E][GT_ROWF]
-	unsigned char *raw = gt_smem + GT_FP32; // [GT_S][GT_T + GT_E][GT_RAWB]
+	float *xs = reinterpret_cast<float *>(gt_smem); // [TT][GT_ROWF]: row, partial j at j * GT_PAD
+	float *ws = xs + TT * GT_ROWF;                  // [GT_E][GT_ROWF]
+	unsigned char *raw = gt_smem + (TT + GT_E) * GT_ROWF * 4; // [GT_S][TT + GT_E][GT_RAWB]
 	const int tid = threadIdx.x, j = tid & 7, o = tid >> 3;
-	const int ot = o & 7, oe = o >> 3; // tokens 4*ot .. +3, experts 8*oe .. +7 of the tile
-	const int t_base = blockIdx.y * GT_T, e_base = blockIdx.x * GT_E;
+	// tokens TPT*ot .. +TPT-1, experts 8*oe .. +7 of the tile (ot < 8, oe < 4); TT = 32: a
+	// warp's owners are 4 token groups of one expert group (24 wavefronts per 4 steps either
+	// way; this form fits 80 registers, 3 blocks an SM)
+	int ot, oe;
+	if constexpr (TT == 32)
+		ot = o & 7, oe = o >> 3;
+	else
+		ot = ((o >> 2) & 3) << 1 | (o & 1), oe = (o >> 4) << 1 | ((o >> 1) & 1);
+	const int t_base = blockIdx.y * TT, e_base = blockIdx.x * GT_E;
 	const int nc = D / GT_KC;
-	// 64 rows (32 of x, 32 of W) x 8 pieces of 16 bytes a chunk: thread q = tid, tid + 256
+	// TT + 32 rows (TT of x, 32 of W) x 8 pieces of 16 bytes a chunk: thread q = tid + 256 r
 	// moves row q / 8, piece q % 8 (rows past T: a copy of row T-1, never stored)
-	const uint16_t *src[2];
-	int srow[2], sst[2];
+	const uint16_t *src[NR];
+	int srow[NR], sst[NR];
 #pragma unroll
-	for (int r = 0; r < 2; r++) {
+	for (int r = 0; r < NR; r++) {
 		const int q = tid + 256 * r, row = q >> 3, st = q & 7;
 		srow[r] = row, sst[r] = st;
-		src[r] = row < GT_T ? x + (size_t)min(t_base + row, T - 1) * D + 8 * st
-				    : W + (size_t)(e_base + row - GT_T) * D + 8 * st;
+		src[r] = row < TT ? x + (size_t)min(t_base + row, T - 1) * D + 8 * st
+				  : W + (size_t)(e_base + row - TT) * D + 8 * st;
 	}
 	auto issue = [&](int c) { // chunk c into ring stage c % GT_S; one commit group a slot
 		if (c < nc) {
-			unsigned char *stg = raw + (size_t)(c % GT_S) * (GT_T + GT_E) * GT_RAWB;
+			unsigned char *stg = raw + (size_t)(c % GT_S) * (TT + GT_E) * GT_RAWB;
 #pragma unroll
-			for (int r = 0; r < 2; r++)
+			for (int r = 0; r < NR; r++)
 				cp_async16(stg + (size_t)srow[r] * GT_RAWB + 16 * sst[r],
 					   src[r] + (size_t)c * GT_KC);
 		}
 		asm volatile("cp.async.commit_group;" ::: "memory");
 	};
 	auto convert = [&](int c) { // ring stage c % GT_S -> the fp32 buffer, split by partial
-		const unsigned char *stg = raw + (size_t)(c % GT_S) * (GT_T + GT_E) * GT_RAWB;
+		const unsigned char *stg = raw + (size_t)(c % GT_S) * (TT + GT_E) * GT_RAWB;
 #pragma unroll
-		for (int r = 0; r < 2; r++) {
+		for (int r = 0; r < NR; r++) {
 			const uint4 v = *reinterpret_cast<const uint4 *>(stg + (size_t)srow[r] * GT_RAWB +
 									 16 * sst[r]);
 			float *dst = xs + (size_t)srow[r] * GT_ROWF + sst[r]; // ws follows xs
@@ -419,9 +432,9 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 			}
 		}
 	};
-	float acc[4][8];
+	float acc[TPT][8];
 #pragma unroll
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < TPT; i++)
 #pragma unroll
 		for (int e = 0; e < 8; e++)
 			acc[i][e] = 0.f;
@@ -436,21 +449,21 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 		__syncthreads(); // chunk c converted
 #pragma unroll
 		for (int s4 = 0; s4 < 2; s4++) {
-			float xv[4][4], wv[8][4];
+			float xv[TPT][4], wv[8][4];
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				*reinterpret_cast<float4 *>(xv[i]) =
-					*reinterpret_cast<const float4 *>(xs + (4 * ot + i) * GT_ROWF + j * GT_PAD + 4 * s4);
+			for (int i = 0; i < TPT; i++)
+				*reinterpret_cast<float4 *>(xv[i]) = *reinterpret_cast<const float4 *>(
+					xs + (TPT * ot + i) * GT_ROWF + j * GT_PAD + 4 * s4);
 #pragma unroll
 			for (int e = 0; e < 8; e++)
-				*reinterpret_cast<float4 *>(wv[e]) =
-					*reinterpret_cast<const float4 *>(ws + (8 * oe + e) * GT_ROWF + j * GT_PAD + 4 * s4);
-			// step by step, the 32 accumulators' FMAs independent of each other (exact
+				*reinterpret_cast<float4 *>(wv[e]) = *reinterpret_cast<const float4 *>(
+					ws + (8 * oe + e) * GT_ROWF + j * GT_PAD + 4 * s4);
+			// step by step, the accumulators' FMAs independent of each other (exact
 			// products: fma == multiply, then add)
 #pragma unroll
 			for (int st = 0; st < 4; st++)
 #pragma unroll
-				for (int i = 0; i < 4; i++)
+				for (int i = 0; i < TPT; i++)
 #pragma unroll
 					for (int e = 0; e < 8; e++)
 						acc[i][e] = fmaf(xv[i][st], wv[e][st], acc[i][e]);
@@ -458,17 +471,31 @@ k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restri
 	}
 	asm volatile("cp.async.wait_all;" ::: "memory");
 #pragma unroll
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < TPT; i++)
 #pragma unroll
 		for (int e = 0; e < 8; e++) {
 			float v = acc[i][e];
 			v += __shfl_xor_sync(0xffffffffu, v, 1);
 			v += __shfl_xor_sync(0xffffffffu, v, 2);
 			v += __shfl_xor_sync(0xffffffffu, v, 4);
-			const int t = t_base + 4 * ot + i;
+			const int t = t_base + TPT * ot + i;
 			if (e == j && t < T) // lane j stores expert j of the 8
 				logits[(size_t)t * E + e_base + 8 * oe + e] = v;
 		}
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+			float *__restrict__ logits, int T, int E, int D)
+{
+	gate_logits_tiled<32>(W, x, logits, T, E, D);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+k_moe_gate_logits_t64(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
+		      float *__restrict__ logits, int T, int E, int D)
+{
+	gate_logits_tiled<64>(W, x, logits, T, E, D);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

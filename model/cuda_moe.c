@@ -174,7 +174,7 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
  * tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings
- * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled:
+ * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled, t64:
  * GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
  * memory a FMA at the tiled kernel's speed, 688 us at 4096 tokens: not kept.) */
 struct gate_kernel {
@@ -187,9 +187,14 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 {
 	/* run 8: a2l 71 / 152 us at 128 / 256 tokens (each block re-reads its 64 token rows), the
 	 * 32 x 32 tiles ~100 us for up to 512 (one wave): tiled from 176 tokens */
+	/* GT_SMEM(tt): (tt + 32) rows of 104 floats, 4 ring stages of (tt + 32) rows of 144 bytes;
+	 * _t64 (64-token tiles, ~60% of the shared-memory traffic a FMA) from 1024 tokens,
+	 * where its grid still fills the GPU (run 10, 32-token tiles: 198 / 388 / 730 us at 1024 /
+	 * 2048 / 4096 tokens) */
+	if (T >= 1024 && E % 32 == 0)
+		return (struct gate_kernel){"k_moe_gate_logits_t64", 64, 32, 96 * 104 * 4 + 4 * 96 * 144};
 	if (T > 176 && E % 32 == 0)
-		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32,
-					    64 * (8 * 12 + 8) * 4 + 4 * 64 * (64 * 2 + 16)}; /* GT_SMEM */
+		return (struct gate_kernel){"k_moe_gate_logits_tiled", 32, 32, 64 * 104 * 4 + 4 * 64 * 144};
 	if (T <= 16 && D % 512 == 0)
 		return (struct gate_kernel){"k_moe_gate_logits_a8", 16, 2, 6 * (16 + 2) * (512 * 2 + 16)};
 	if (D % 512 == 0)

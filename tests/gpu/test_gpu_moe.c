@@ -257,8 +257,8 @@ TEST(gpu_moe, permute_large_exact)
 
 #ifndef DSV32_NO_CUDA
 /* Every router-logit kernel (kernels_ptx/moe_block.cu) against the CPU's cpu_bf16_linear, to
- * the bit: the cp.async rings a8, a2 and a2l, the tiled form; token counts across their tile
- * edges, the real hidden size and small ones. */
+ * the bit: the cp.async rings a8, a2 and a2l, the tiled forms (32- and 64-token tiles); token
+ * counts across their tile edges, the real hidden size and small ones. */
 TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 {
 	struct gpu g;
@@ -274,7 +274,8 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 	} ks[] = {{"k_moe_gate_logits_a8", 16, 2, 512, 6 * 18 * 1040},
 		  {"k_moe_gate_logits_a2", 64, 2, 128, 6 * 66 * 272},
 		  {"k_moe_gate_logits_a2l", 64, 2, 512, 3 * 66 * 1040},
-		  {"k_moe_gate_logits_tiled", 32, 32, 64, 64 * 104 * 4 + 4 * 64 * 144}};
+		  {"k_moe_gate_logits_tiled", 32, 32, 64, 64 * 104 * 4 + 4 * 64 * 144},
+		  {"k_moe_gate_logits_t64", 64, 32, 64, 96 * 104 * 4 + 4 * 96 * 144}};
 	uint64_t seed = 4301;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2];
