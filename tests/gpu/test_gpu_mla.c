@@ -101,6 +101,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	uint16_t *got = malloc((size_t)B * H * R * 2);
 	REQUIRE(gpu_download(g, got, d_o, (size_t)B * H * R * 2) == 0);
 	int64_t bad = 0, first = -1, worst_i = 0;
+	int64_t bad_dim[8] = {0}, bad_head[4] = {0}; /* where they are: by 64 dims, by 16 heads of 64 */
 	double worst = 0, worst_rms = 0;
 	for (int r = 0; r < B * H; r++) {
 		double rms = gpu_row_rms(ref + (size_t)r * R, R);
@@ -113,6 +114,8 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 			double ratio = lim > 0 ? err / lim : (err > 0 ? INFINITY : 0);
 			if (!(ratio <= 1.0)) {
 				bad++;
+				bad_dim[d * 8 / R]++;
+				bad_head[r % H % 64 / 16]++;
 				if (first < 0)
 					first = (int64_t)i;
 			}
@@ -132,6 +135,12 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 		printf("    first bad: [b %lld h %lld d %lld] got %g ref %g A %g\n", (long long)(first / R / H),
 		       (long long)(first / R % H), (long long)(first % R), bf16_to_f32(got[first]), ref[first],
 		       A[first]);
+	if (bad)
+		printf("    bad by dims (eighths of R): %lld %lld %lld %lld %lld %lld %lld %lld; by heads (16 of each "
+		       "64): %lld %lld %lld %lld\n", (long long)bad_dim[0], (long long)bad_dim[1], (long long)bad_dim[2],
+		       (long long)bad_dim[3], (long long)bad_dim[4], (long long)bad_dim[5], (long long)bad_dim[6],
+		       (long long)bad_dim[7], (long long)bad_head[0], (long long)bad_head[1], (long long)bad_head[2],
+		       (long long)bad_head[3]);
 	if (wg != 2)
 		CHECK_EQ_INT(bad, 0);
 	cu.cuMemFree(d_q), cu.cuMemFree(d_sel), cu.cuMemFree(d_pool), cu.cuMemFree(d_o);
