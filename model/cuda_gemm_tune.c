@@ -19,7 +19,7 @@
 
 #define TUNE_MAX_SHAPES 16
 #define TUNE_MIN_BYTES ((size_t)8 << 20) /* smaller matrices keep the defaults */
-#define TUNE_MAX_S 2.0                   /* the start-up time bound */
+#define TUNE_MAX_S 5.0                   /* the start-up time bound (incl. loading cuBLASLt) */
 
 struct tune_shape {
 	int N, K, n;

@@ -15,7 +15,7 @@
  * prefill chunk): cuda_gemm_tune_rotate on that matrix of each layer in turn (the L2 serves no
  * repeat) in the fast mode, on operand rows taken from the scratch arena and released after
  * (g's mode is restored). Smaller matrices keep the defaults (the test models: their numbers do
- * not depend on a measurement). Stops after ~2 s (the remaining shapes keep the defaults);
+ * not depend on a measurement). Stops after ~5 s (the remaining shapes keep the defaults);
  * logs the time and each shape's picks. DSV32_GEMM_TUNE=0: nothing. 0 or a negative errno (the
  * table keeps what was measured before the failure). */
 int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
