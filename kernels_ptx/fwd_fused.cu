@@ -36,28 +36,45 @@ __device__ __forceinline__ void prefetch_weights(const float *__restrict__ w, in
 		asm volatile("prefetch.global.L1 [%0];" ::"l"(w + i));
 }
 
+// A normed row goes through shared memory: written to global by 16-byte copies (when aligned) and
+// read from there by the act_quant warps (was: each thread's scalar stores, then the quantising
+// warps' loads of them back from global, an L2 round trip inside every norm).
+template <int THREADS>
+__device__ __forceinline__ void row_out(const uint16_t *ob, uint16_t *__restrict__ orow, int dim)
+{
+	if ((dim & 7) == 0 && (reinterpret_cast<uintptr_t>(orow) & 15) == 0)
+		for (int i = threadIdx.x; i < dim / 8; i += THREADS)
+			reinterpret_cast<uint4 *>(orow)[i] = reinterpret_cast<const uint4 *>(ob)[i];
+	else
+		for (int i = threadIdx.x; i < dim; i += THREADS)
+			orow[i] = ob[i];
+}
+
+#define NORM_MAX_DIM 8192 // THREADS * PER of both norm widths
+
 // out[t, :dim] (row stride ldo) = RMSNorm(s) with s = x[t] (+ res[t] when res is not null;
 // res[t] = bf16(s) then); x row stride ldx, res row stride dim. One block per row (t = row).
 // q non-null (then ldo == dim, dim % 128 == 0): also act_quant of the output row (k_act_quant's
-// numbers): codes q [T, dim], scales qs [T, dim / 128].
+// numbers): codes q [T, dim], scales qs [T, dim / 128]. dim <= NORM_MAX_DIM.
 template <int THREADS, int PER>
 __device__ __forceinline__ void fwd_rmsnorm(int row, const uint16_t *__restrict__ x, int ldx,
 					    uint16_t *__restrict__ res, const float *__restrict__ w,
 					    uint16_t *__restrict__ out, int ldo, int dim, float eps,
 					    uint8_t *__restrict__ q, float *__restrict__ qs)
 {
-	uint16_t *orow = out + (size_t)row * ldo;
+	__shared__ __align__(16) uint16_t ob[NORM_MAX_DIM]; // the normed row (bf16)
 	prefetch_weights<THREADS>(w, dim);
 	pdl_trigger();
 	pdl_wait(); // x and res are the previous kernels' outputs
 	block_rmsnorm_row<THREADS, PER>(x + (size_t)row * ldx, res ? res + (size_t)row * dim : nullptr,
-					w, orow, dim, eps);
+					w, ob, dim, eps);
+	__syncthreads(); // the normed row is in ob
+	row_out<THREADS>(ob, out + (size_t)row * ldo, dim);
 	if (!q)
 		return;
-	__syncthreads(); // the block's output row is written (global, visible within the block)
 	const int lane = threadIdx.x & 31, groups = dim / 128;
 	for (int g = threadIdx.x >> 5; g < groups; g += THREADS / 32) {
-		const float sc = warp_act_quant128(orow + g * 128, q + (size_t)row * dim + g * 128, lane);
+		const float sc = warp_act_quant128(ob + g * 128, q + (size_t)row * dim + g * 128, lane);
 		if (lane == 0)
 			qs[(size_t)row * groups + g] = sc;
 	}
@@ -75,7 +92,7 @@ k_fwd_rmsnorm(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ re
 // 1024 threads, dim <= 8192: the hidden-size norms of a decode step (7 values a thread instead
 // of 28: run 4 measured 9.3 us a call with 256 threads at batch 1; the sum of squares is added
 // in another order than k_fwd_rmsnorm's, fp32 rounding only)
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(1024, 1)
 k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
 		 const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
 		 uint8_t *__restrict__ q, float *__restrict__ qs)
@@ -110,7 +127,7 @@ k_fwd_embed_rmsnorm(const uint16_t *__restrict__ table, const int *__restrict__ 
 	embed_rmsnorm<256, 32>(table, ids, res, w, out, dim, eps, q, qs);
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(1024, 1)
 k_fwd_embed_rmsnorm_1k(const uint16_t *__restrict__ table, const int *__restrict__ ids,
 		       uint16_t *__restrict__ res, const float *__restrict__ w, uint16_t *__restrict__ out,
 		       int dim, float eps, uint8_t *__restrict__ q, float *__restrict__ qs)
@@ -269,6 +286,7 @@ __device__ __forceinline__ void idx_k_token(int t, const uint16_t *__restrict__ 
 }
 
 #define KV_THREADS 256
+#define KV_MAX_R 2048
 
 // The MLA cache side of token t by a block of KV_THREADS: y bf16 [T, ld]: c_kv at column kvo
 // (R values), k_pe right after (rope values, rotated in place); nw fp32 [R] (kv_norm), ckv bf16
@@ -282,12 +300,13 @@ __device__ __forceinline__ void kv_token(int t, uint16_t *__restrict__ y, int ld
 					 const int *__restrict__ slots, uint8_t *__restrict__ pool,
 					 int rec_bytes, float eps)
 {
+	__shared__ __align__(16) uint16_t ob[KV_MAX_R]; // the normed c_kv (bf16), as in fwd_rmsnorm
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	uint16_t *row = y + (size_t)t * ld + kvo;
 	uint8_t *rec = pool + (size_t)slots[t] * rec_bytes;
 	const int tiles = R / 128;
 	prefetch_weights<KV_THREADS>(nw, R);
-	block_rmsnorm_row<KV_THREADS, 8>(row, nullptr, nw, ckv + (size_t)t * R, R, eps);
+	block_rmsnorm_row<KV_THREADS, 8>(row, nullptr, nw, ob, R, eps);
 	if (tid < 32) { // k_pe: pair (2 tid, 2 tid + 1), interleaved layout
 		uint16_t *pe = row + R;
 		const float c = cs[((size_t)pos[t] * 32 + tid) * 2 + 0];
@@ -298,9 +317,10 @@ __device__ __forceinline__ void kv_token(int t, uint16_t *__restrict__ y, int ld
 		pe[2 * tid] = o0, pe[2 * tid + 1] = o1;
 		*reinterpret_cast<uint32_t *>(rec + R + tiles * 4 + 4 * tid) = (uint32_t)o0 | ((uint32_t)o1 << 16);
 	}
-	__syncthreads(); // this block's ckv row is written (global, visible within the block)
+	__syncthreads(); // the normed c_kv is in ob
+	row_out<KV_THREADS>(ob, ckv + (size_t)t * R, R);
 	for (int w = warp; w < tiles; w += KV_THREADS / 32) {
-		const float sc = warp_act_quant128(ckv + (size_t)t * R + w * 128, rec + w * 128, lane);
+		const float sc = warp_act_quant128(ob + w * 128, rec + w * 128, lane);
 		if (lane == 0)
 			*reinterpret_cast<float *>(rec + R + w * 4) = sc;
 	}
