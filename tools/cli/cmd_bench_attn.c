@@ -275,6 +275,18 @@ int bench_attention(int argc, char **argv)
 					cu.cuEventRecord(e1, g.stream);
 					diag_us[diags[di]] = event_ms(&g, e0, e1) / reps * 1e3;
 				}
+			/* 32K: k_mla_decode_wgp by key splits (forced: 1, 2, 4, 8, 16, 32) */
+			double wg_split_us[6] = {0};
+			if (ctx == 32768) {
+				gpu_ptr ws32;
+				if (cu_check(cu.cuMemAlloc(&ws32, (size_t)B * MH * 32 * (R + 2) * 4), "cuMemAlloc", __FILE__,
+					     __LINE__))
+					return 1;
+				for (int si = 0; si < 6; si++)
+					wg_split_us[si] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws32,
+								   128 | 0x20000 | (1 << si) << 8);
+				cu.cuMemFree(ws32);
+			}
 			/* batch 1: the time by key splits (forced), the decode kernel alone and the combine
 			 * alone */
 			double split_us[7][4] = {{0}};
@@ -330,6 +342,10 @@ int bench_attention(int argc, char **argv)
 				       "k_mla_decode_wgp (pipelined): %.2f us, %.1f TFLOP/s\n", wg_us,
 				       mla_flops / (wg_us * 1e-6) / 1e12, wg_us / (mla_ms * 1e3), wgp_us,
 				       mla_flops / (wgp_us * 1e-6) / 1e12);
+			if (wg_split_us[0] != 0)
+				printf("        k_mla_decode_wgp by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
+				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
+				       wg_split_us[1], wg_split_us[2], wg_split_us[3], wg_split_us[4], wg_split_us[5]);
 			if (wg_diag_us[1] > 0)
 				printf("        k_mla_decode_wg phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
