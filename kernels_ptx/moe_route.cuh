@@ -180,60 +180,61 @@ __device__ __forceinline__ void moe_permute_one(const int *idx, int K, int E,
 		offsets[E] = K, offsets[E + 1] = K + 1;
 }
 
-// The body of k_moe_permute (moe_permute.cu, which documents it) for the calling block: any
-// multiple of 32 threads >= E and >= K. idx is read through L2 (__ldcg), so it may have been
-// written by this kernel (the fused gate, moe_block.cu) before a barrier or a fence.
-__device__ __forceinline__ void moe_permute_block(const int *idx, int T, int K, int E,
-						  int *__restrict__ counts, int *__restrict__ offsets,
-						  int *__restrict__ perm, int *__restrict__ src)
+// The exclusive prefix of c[0 .. E) (shared) by warp 0: lane l sums experts [8l, 8l + 8), then
+// a warp scan, into base[e] (shared); where counts/offsets are given also counts[e] = c[e],
+// offsets[e] = base[e], offsets[E] = the total, offsets[E + 1] = the total + T (the shared
+// expert's rows). The caller synchronises before base is read. E <= 256.
+__device__ __forceinline__ void perm_prefix(const int *c, int *base, int E, int T,
+					    int *__restrict__ counts, int *__restrict__ offsets)
 {
-	__shared__ int cnt[256], base[256];
-	__shared__ unsigned hit[256][PERM_CHUNK / 32]; // hit[e]: bit t of the chunk's token t
-	const int tid = threadIdx.x, nt = blockDim.x;
-	const int n = T * K;
-	for (int e = tid; e < E; e += nt)
-		cnt[e] = 0;
-	__syncthreads(); // counters cleared
-	for (int i = tid; i < n; i += nt)
-		atomicAdd(&cnt[__ldcg(idx + i)], 1);
-	__syncthreads(); // every expert's count is known
-	if (tid < 32) { // exclusive prefix: lane l sums experts [8l, 8l + 8), then a warp scan
-		int local = 0;
-		for (int k = 0; k < 8; k++)
-			local += 8 * tid + k < E ? cnt[8 * tid + k] : 0;
-		int incl = local;
+	const int tid = threadIdx.x;
+	if (tid >= 32)
+		return;
+	int local = 0;
+	for (int k = 0; k < 8; k++)
+		local += 8 * tid + k < E ? c[8 * tid + k] : 0;
+	int incl = local;
 #pragma unroll
-		for (int o = 1; o < 32; o <<= 1) {
-			const int v = __shfl_up_sync(0xffffffffu, incl, o);
-			if (tid >= o)
-				incl += v;
-		}
-		int run = incl - local;
-		for (int k = 0; k < 8; k++)
-			if (8 * tid + k < E) {
-				const int e = 8 * tid + k;
-				base[e] = run;
-				offsets[e] = run;
-				counts[e] = cnt[e];
-				run += cnt[e];
-			}
-		if (tid == 31) {
-			offsets[E] = incl;
-			offsets[E + 1] = incl + T; // the shared expert's rows
-		}
+	for (int o = 1; o < 32; o <<= 1) {
+		const int v = __shfl_up_sync(0xffffffffu, incl, o);
+		if (tid >= o)
+			incl += v;
 	}
-	// placement in token order, ct tokens a pass (one entry per thread): the rank of (t, n)
-	// within its expert e = base[e] (rows of e in earlier passes) + the pass's earlier tokens
-	// that hit e; the next pass's entry is loaded while this one is placed
+	int run = incl - local;
+	for (int k = 0; k < 8; k++)
+		if (8 * tid + k < E) {
+			const int e = 8 * tid + k;
+			base[e] = run;
+			if (offsets)
+				offsets[e] = run, counts[e] = c[e];
+			run += c[e];
+		}
+	if (tid == 31 && offsets) {
+		offsets[E] = incl;
+		offsets[E + 1] = incl + T;
+	}
+}
+
+// The placement of tokens [t_begin, t_end) in token order by the calling block (any multiple
+// of 32 threads >= E and >= K), ct tokens a pass (one entry per thread): the rank of (t, n)
+// within its expert e = base[e] (rows of e before the pass) + the pass's earlier tokens that hit
+// e (a bitmask per expert, hit, and popcounts); the next pass's entry is loaded while this one is
+// placed. base and hit are shared; base is advanced past the placed rows. Starts with a barrier
+// (base may have just been written).
+__device__ __forceinline__ void perm_place(const int *idx, int t_begin, int t_end, int K, int E,
+					   int *base, unsigned (*hit)[PERM_CHUNK / 32],
+					   int *__restrict__ perm, int *__restrict__ src)
+{
+	const int tid = threadIdx.x, nt = blockDim.x;
 	const int ct = min(PERM_CHUNK, nt / K);
 	for (int j = tid; j < E * (PERM_CHUNK / 32); j += nt)
 		hit[j / (PERM_CHUNK / 32)][j % (PERM_CHUNK / 32)] = 0;
-	int e_next = tid < min(ct, T) * K ? __ldcg(idx + tid) : 0;
-	for (int t0 = 0; t0 < T; t0 += ct) {
-		const bool has = tid < min(ct, T - t0) * K;
+	int e_next = tid < min(ct, t_end - t_begin) * K ? __ldcg(idx + t_begin * K + tid) : 0;
+	for (int t0 = t_begin; t0 < t_end; t0 += ct) {
+		const bool has = tid < min(ct, t_end - t0) * K;
 		const int e = e_next, tl = tid / K;
-		if (t0 + ct < T)
-			e_next = tid < min(ct, T - t0 - ct) * K ? __ldcg(idx + (t0 + ct) * K + tid) : 0;
+		if (t0 + ct < t_end)
+			e_next = tid < min(ct, t_end - t0 - ct) * K ? __ldcg(idx + (t0 + ct) * K + tid) : 0;
 		__syncthreads(); // hit cleared, base[] current
 		if (has)
 			atomicOr(&hit[e][tl >> 5], 1u << (tl & 31));
@@ -258,3 +259,23 @@ __device__ __forceinline__ void moe_permute_block(const int *idx, int T, int K, 
 	}
 }
 
+// The body of k_moe_permute (moe_permute.cu, which documents it) for the calling block: any
+// multiple of 32 threads >= E and >= K. idx is read through L2 (__ldcg), so it may have been
+// written by this kernel (the fused gate, moe_block.cu) before a barrier or a fence.
+__device__ __forceinline__ void moe_permute_block(const int *idx, int T, int K, int E,
+						  int *__restrict__ counts, int *__restrict__ offsets,
+						  int *__restrict__ perm, int *__restrict__ src)
+{
+	__shared__ int cnt[256], base[256];
+	__shared__ unsigned hit[256][PERM_CHUNK / 32]; // hit[e]: bit t of the chunk's token t
+	const int tid = threadIdx.x, nt = blockDim.x;
+	const int n = T * K;
+	for (int e = tid; e < E; e += nt)
+		cnt[e] = 0;
+	__syncthreads(); // counters cleared
+	for (int i = tid; i < n; i += nt)
+		atomicAdd(&cnt[__ldcg(idx + i)], 1);
+	__syncthreads(); // every expert's count is known
+	perm_prefix(cnt, base, E, T, counts, offsets);
+	perm_place(idx, 0, T, K, E, base, hit, perm, src);
+}

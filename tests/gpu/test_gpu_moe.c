@@ -179,8 +179,9 @@ TEST(gpu_moe, permute_gather_combine_exact)
 #endif
 
 #ifndef DSV32_NO_CUDA
-/* k_moe_permute at prefill sizes and with the block's 1024 threads: counts, offsets, the
- * permutation (rows of an expert in token order) and the source tokens, exact. */
+/* k_moe_permute at prefill sizes and with the block's 1024 threads, and its many-block form
+ * (k_moe_permute_count + k_moe_permute_place): counts, offsets, the permutation (rows of an
+ * expert in token order) and the source tokens, exact. */
 TEST(gpu_moe, permute_large_exact)
 {
 	struct gpu g;
@@ -216,35 +217,55 @@ TEST(gpu_moe, permute_large_exact)
 			d_off = gpu_test_alloc((size_t)(E + 2) * 4), d_perm = gpu_test_alloc((size_t)T * K * 4),
 			d_src = gpu_test_alloc((size_t)T * K * 4);
 		REQUIRE(gpu_upload(&g, d_idx, idx, (size_t)T * K * 4) == 0);
-		gpu_test_poison(&g, d_cnt, (size_t)E * 4);
-		gpu_test_poison(&g, d_off, (size_t)(E + 2) * 4);
-		gpu_test_poison(&g, d_perm, (size_t)T * K * 4);
-		gpu_test_poison(&g, d_src, (size_t)T * K * 4);
-		int tt = T, kk = K, ee = E;
-		void *a1[] = {&d_idx, &tt, &kk, &ee, &d_cnt, &d_off, &d_perm, &d_src};
-		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute"), 1, 1, 1, (unsigned)nt, 1, 1, 0, a1) == 0);
+		/* v = 0: k_moe_permute on one block of nt threads; v = 1: k_moe_permute_count +
+		 * k_moe_permute_place over blocks of 128 tokens (bcnt: their rows per expert) */
+		gpu_ptr d_bcnt = gpu_test_alloc((size_t)((T + 127) / 128) * E * 4);
 		int *perm = malloc((size_t)T * K * 4), *src = malloc((size_t)T * K * 4),
 		    *cnt = malloc((size_t)E * 4), *off = malloc((size_t)(E + 2) * 4);
-		REQUIRE(gpu_download(&g, perm, d_perm, (size_t)T * K * 4) == 0);
-		REQUIRE(gpu_download(&g, src, d_src, (size_t)T * K * 4) == 0);
-		REQUIRE(gpu_download(&g, cnt, d_cnt, (size_t)E * 4) == 0);
-		REQUIRE(gpu_download(&g, off, d_off, (size_t)(E + 2) * 4) == 0);
-		int64_t bad_perm = 0, bad_src = 0, first = -1;
-		for (int i = 0; i < T * K; i++) {
-			bad_perm += perm[i] != want_perm[i];
-			bad_src += src[i] != want_src[i];
-			if (first < 0 && (perm[i] != want_perm[i] || src[i] != want_src[i]))
-				first = i;
+		for (int v = 0; v < 2; v++) {
+			gpu_test_poison(&g, d_cnt, (size_t)E * 4);
+			gpu_test_poison(&g, d_off, (size_t)(E + 2) * 4);
+			gpu_test_poison(&g, d_perm, (size_t)T * K * 4);
+			gpu_test_poison(&g, d_src, (size_t)T * K * 4);
+			int tt = T, kk = K, ee = E;
+			if (v == 0) {
+				void *a1[] = {&d_idx, &tt, &kk, &ee, &d_cnt, &d_off, &d_perm, &d_src};
+				REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute"), 1, 1, 1, (unsigned)nt,
+						   1, 1, 0, a1) == 0);
+			} else {
+				unsigned nb = (unsigned)((T + 127) / 128);
+				gpu_test_poison(&g, d_bcnt, (size_t)nb * E * 4);
+				void *a1[] = {&d_idx, &tt, &kk, &ee, &d_bcnt};
+				void *a2[] = {&d_idx, &tt, &kk, &ee, &d_bcnt, &d_cnt, &d_off, &d_perm, &d_src};
+				REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute_count"), nb, 1, 1, 256, 1,
+						   1, 0, a1) == 0);
+				REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_permute_place"), nb, 1, 1, 1024, 1,
+						   1, 0, a2) == 0);
+			}
+			REQUIRE(gpu_download(&g, perm, d_perm, (size_t)T * K * 4) == 0);
+			REQUIRE(gpu_download(&g, src, d_src, (size_t)T * K * 4) == 0);
+			REQUIRE(gpu_download(&g, cnt, d_cnt, (size_t)E * 4) == 0);
+			REQUIRE(gpu_download(&g, off, d_off, (size_t)(E + 2) * 4) == 0);
+			int64_t bad_perm = 0, bad_src = 0, first = -1;
+			for (int i = 0; i < T * K; i++) {
+				bad_perm += perm[i] != want_perm[i];
+				bad_src += src[i] != want_src[i];
+				if (first < 0 && (perm[i] != want_perm[i] || src[i] != want_src[i]))
+					first = i;
+			}
+			int bad_cnt = memcmp(cnt, want_cnt, (size_t)E * 4) != 0,
+			    bad_off = memcmp(off, want_off, (size_t)(E + 2) * 4) != 0;
+			printf("    %s T=%d K=%d E=%d: %lld perm, %lld src differ (first %lld); counts %s, "
+			       "offsets %s\n",
+			       v ? "k_moe_permute_count + _place" : "k_moe_permute (one block)", T, K, E,
+			       (long long)bad_perm, (long long)bad_src, (long long)first,
+			       bad_cnt ? "DIFFER" : "ok", bad_off ? "DIFFER" : "ok");
+			CHECK_EQ_INT(bad_perm, 0);
+			CHECK_EQ_INT(bad_src, 0);
+			CHECK_EQ_INT(bad_cnt, 0);
+			CHECK_EQ_INT(bad_off, 0);
 		}
-		int bad_cnt = memcmp(cnt, want_cnt, (size_t)E * 4) != 0,
-		    bad_off = memcmp(off, want_off, (size_t)(E + 2) * 4) != 0;
-		printf("    moe permute T=%d K=%d E=%d, %d threads: %lld perm, %lld src differ (first %lld); counts %s, offsets %s\n",
-		       T, K, E, nt, (long long)bad_perm, (long long)bad_src, (long long)first,
-		       bad_cnt ? "DIFFER" : "ok", bad_off ? "DIFFER" : "ok");
-		CHECK_EQ_INT(bad_perm, 0);
-		CHECK_EQ_INT(bad_src, 0);
-		CHECK_EQ_INT(bad_cnt, 0);
-		CHECK_EQ_INT(bad_off, 0);
+		cu.cuMemFree(d_bcnt);
 		gpu_ptr all[] = {d_idx, d_cnt, d_off, d_perm, d_src};
 		for (size_t i = 0; i < sizeof all / sizeof *all; i++)
 			cu.cuMemFree(all[i]);

@@ -4,7 +4,7 @@
  * router logits and expert ids identical, routing weights within fp32 rounding, the output
  * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
  * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
- * Small configs at T = 1, 5, 64, 300, 512, and the real dims (7168 / 2048, 256 experts, top-8)
+ * Small configs at T = 1, 5, 64, 300, 512, 700, 1100, and the real dims (7168 / 2048, 256 experts, top-8)
  * at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the
  * experts, each expert with its own scales (a mix-up of experts still shows). For T <= 64
  * (decode) the block is also captured into a CUDA graph and replayed: the same bytes; every
@@ -487,10 +487,12 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 	 * routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6),
 				  b = moe_config(256, 128, 16, 4, 2, 4);
-	/* (a at T = 512: 3584 rows on 33 groups, the wgmma GEMMs with the SwiGLU fused) */
-	const struct dsv32_config configs[] = {a, a, a, a, a, b, b};
-	static const int Ts[] = {1, 5, 64, 300, 512, 1, 37}, sets[] = {32, 32, 32, 32, 32, 16, 16};
-	check_blocks(configs, Ts, sets, 7, 5000);
+	/* (a at T = 512: 3584 rows on 33 groups, the wgmma GEMMs with the SwiGLU fused; at 700 and
+	 * 1100 the many-block permutation, at 1100 the 64-token router tiles) */
+	const struct dsv32_config configs[] = {a, a, a, a, a, b, b, a, a};
+	static const int Ts[] = {1, 5, 64, 300, 512, 1, 37, 700, 1100},
+			 sets[] = {32, 32, 32, 32, 32, 16, 16, 32, 32};
+	check_blocks(configs, Ts, sets, 9, 5000);
 }
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
