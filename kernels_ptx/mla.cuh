@@ -44,3 +44,20 @@ __device__ __forceinline__ float f16_hi(uint32_t v)
 	asm("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(f) : "r"(v));
 	return f;
 }
+
+// fp16 chunk c (8 elements: dims 8c .. 8c + 7) of a key row from its record rp (spec §6.1:
+// R e4m3 codes, R / 128 fp32 tile scales, 64 bf16): for c < R / 8 the latent, codes times their
+// 128-wide tile's scale; else the rope part, bf16 -> fp16
+__device__ __forceinline__ uint4 mla_record_chunk(const uint8_t *rp, int c, int R)
+{
+	if (c < R / 8) {
+		const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
+		const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
+		const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
+		return make_uint4(e4m3x2_to_f16x2(codes.x & 0xffff, sc2), e4m3x2_to_f16x2(codes.x >> 16, sc2),
+				  e4m3x2_to_f16x2(codes.y & 0xffff, sc2), e4m3x2_to_f16x2(codes.y >> 16, sc2));
+	}
+	const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
+	return make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
+			  bf16x2_to_f16x2(src[3]));
+}

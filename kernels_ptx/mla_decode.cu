@@ -191,18 +191,8 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 				if (slot < 0) {
 					if (c == 0)
 						atomicMin(&nval[t & 1], kk);
-				} else if (c < R / 8) {
-					const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
-					const float sc = *reinterpret_cast<const float *>(rp + R + (c >> 4) * 4);
-					const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
-					out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
-					out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
-					out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
-					out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
-				} else { // k_pe: bf16 -> fp16
-					const uint32_t *src = reinterpret_cast<const uint32_t *>(rp + R + R / 32 + 16 * (c - R / 8));
-					out = make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
-							 bf16x2_to_f16x2(src[3]));
+				} else {
+					out = mla_record_chunk(rp, c, R);
 				}
 				*reinterpret_cast<uint4 *>(ks + kk * LD + 8 * c) = out;
 			}

@@ -129,22 +129,7 @@ __device__ __forceinline__ void mw_dequant(int sl, const uint8_t *raw_tile, uint
 		const int i = lane + 32 * q, j = i / 72, c = i - 72 * j, kk = 8 * pw + j;
 		const int slot = __shfl_sync(0xffffffffu, sl, j);
 		const uint8_t *rp = raw_tile + kk * MW_REC;
-		uint4 out = make_uint4(0, 0, 0, 0);
-		if (slot >= 0) {
-			if (c < MW_R / 8) {
-				const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
-				const float sc = *reinterpret_cast<const float *>(rp + MW_R + (c >> 4) * 4);
-				const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
-				out.x = e4m3x2_to_f16x2(codes.x & 0xffff, sc2);
-				out.y = e4m3x2_to_f16x2(codes.x >> 16, sc2);
-				out.z = e4m3x2_to_f16x2(codes.y & 0xffff, sc2);
-				out.w = e4m3x2_to_f16x2(codes.y >> 16, sc2);
-			} else {
-				const uint4 v = *reinterpret_cast<const uint4 *>(rp + MW_R + 16 + 16 * (c - MW_R / 8));
-				out = make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z),
-						 bf16x2_to_f16x2(v.w));
-			}
-		}
+		const uint4 out = slot >= 0 ? mla_record_chunk(rp, c, MW_R) : make_uint4(0, 0, 0, 0);
 		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) = out;
 	}
 }
@@ -276,6 +261,27 @@ __device__ __forceinline__ void mw_fence_regs(float *v, int n)
 		wg_reg_fence(v[j]);
 }
 
+// S's half of a tile issued and waited for
+__device__ __forceinline__ void mw_s_now(float *sp, uint64_t dq, uint64_t dk)
+{
+	wg_fence();
+	mw_issue_s(sp, dq, dk);
+	wg_commit();
+	wg_wait0();
+	mw_fence_regs(sp, 16);
+}
+
+// P V of a tile issued and waited for
+__device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
+					  uint64_t dv)
+{
+	wg_fence();
+	mw_issue_pv(o, ph, pl, dv);
+	wg_commit();
+	wg_wait0();
+	mw_fence_regs(o, 128);
+}
+
 // PIPE = false (k_mla_decode_wg): per tile, S, then the softmax, then P V, each waited for.
 // PIPE = true (k_mla_decode_wgp): S of tile t + 1 is issued before P V of tile t, and the
 // softmax of t + 1 runs while P V of t is on the tensor cores (wgmma groups complete in order:
@@ -359,11 +365,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
 			if (cval[s * MW_KT]) { // else the list ended before this tile: nothing to add
 				if (mma) {
-					wg_fence();
-					mw_issue_s(sp, dq, MW_DK_AT(t));
-					wg_commit();
-					wg_wait0();
-					mw_fence_regs(sp, 16);
+					mw_s_now(sp, dq, MW_DK_AT(t));
 				} else {
 #pragma unroll
 					for (int j = 0; j < 16; j++)
@@ -371,13 +373,8 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 				}
 				mw_softmax(sp, xs, cval + s * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
 				mw_rescale(o, c0, c1);
-				if (mma) {
-					wg_fence();
-					mw_issue_pv(o, ph, pl, MW_DV_AT(t));
-					wg_commit();
-					wg_wait0();
-					mw_fence_regs(o, 128);
-				}
+				if (mma)
+					mw_pv_now(o, ph, pl, MW_DV_AT(t));
 			}
 			MW_RELEASE(t);
 		}
@@ -391,11 +388,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 				MW_RELEASE(0);
 				t = 1;
 			} else {
-				wg_fence();
-				mw_issue_s(sp, dq, MW_DK_AT(0));
-				wg_commit();
-				wg_wait0();
-				mw_fence_regs(sp, 16);
+				mw_s_now(sp, dq, MW_DK_AT(0));
 				mw_softmax(sp, xs, cval, 0, wg, wt, t4, scale, st, ph, pl, c0, c1);
 				for (;;) {
 					const int u = t + 1;
@@ -433,12 +426,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 							ph[kk][r] = qh[kk][r], pl[kk][r] = ql[kk][r];
 					t = u;
 				}
-				// the last tile's P V
-				wg_fence();
-				mw_issue_pv(o, ph, pl, MW_DV_AT(t));
-				wg_commit();
-				wg_wait0();
-				mw_fence_regs(o, 128);
+				mw_pv_now(o, ph, pl, MW_DV_AT(t)); // the last tile's P V
 				MW_RELEASE(t);
 				t += 2; // tile t + 1 (if any) was synchronised and released above
 			}
