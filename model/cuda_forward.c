@@ -34,7 +34,8 @@
  *     splits for every row count; the like-with-like tests run in this mode.
  * A step larger than the scratch arena holds runs in passes (cuda_forward_step); decode-sized
  * steps (<= 64 rows, no dumps, no hidden rows, not MTP) replay captured CUDA graphs. Switches
- * for diagnosis: DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_MLA_FP32=1,
+ * for diagnosis: DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0,
+ * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_MLA_FP32=1,
  * DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1, DSV32_CUDA_MMA_ROWS=N.
  */
 #include "model/cuda_fwd.h"
@@ -145,6 +146,9 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	const struct dsv32_config *c = E->c;
 	memset(F, 0, sizeof *F);
 	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
+	const char *pv = getenv("DSV32_CUDA_FWD_PDL"), *fv = getenv("DSV32_CUDA_FWD_FORK");
+	F->pdl = !(pv && *pv == '0');
+	F->fork = !(fv && *fv == '0');
 	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
 	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
@@ -396,7 +400,7 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
  * selection width, whether scores run, logits rows) and mode, the same pinned staging buffer
  * and the same arena top (its scratch addresses are baked in). */
 struct fwd_graph {
-	int T, mb, ksel, need, nl, inv;
+	int T, mb, ksel, need, nl, inv, sw; /* sw: the step's pdl | fork << 1 */
 	void *pinned;
 	size_t top;
 	CUgraphExec exec;
@@ -447,6 +451,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
 		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
+		    x->sw == (F->pdl | F->fork << 1) &&
 		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
 	}
@@ -462,7 +467,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
 		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
-				      *F->E->pinned, top, NULL, 0, 0, 0, 0};
+				      F->pdl | F->fork << 1, *F->E->pinned, top, NULL, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__))
 			return G->off = 1;

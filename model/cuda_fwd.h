@@ -57,6 +57,9 @@ struct fwd {
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
+	int pdl, fork;             /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
+				    * DSV32_CUDA_FWD_PDL=0: no programmatic dependent launch of the
+				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \
@@ -117,8 +120,8 @@ int fwd_prof_on(void); /* 1: this step is profiled (eager, one stream) */
 
 /* cuda_fwd_ops.c */
 int fwd_fail(const char *what, int r);
-/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless DSV32_CUDA_FWD_PDL=0 (read once;
- * for diagnosis and A/B timing: then every forward kernel waits for the previous one whole) */
+/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless F->pdl is off (then every
+ * forward kernel waits for the previous one whole) */
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);

@@ -96,16 +96,6 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	return 0;
 }
 
-static int fwd_fork_on(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_CUDA_FWD_FORK");
-		on = !(v && *v == '0');
-	}
-	return on;
-}
-
 /* attn_q on the side stream (fwd_env.side), after everything issued so far on the engine stream;
  * the engine stream waits for it at fwd_join. Its scratch (the GEMM's workspace) is released
  * when it is issued, so nothing may be taken from the arena until the join. */
@@ -148,7 +138,7 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	const int fork = F->E->side && chunk == F->T && !F->st->dump && !fwd_prof_on() && fwd_fork_on();
+	const int fork = F->E->side && chunk == F->T && !F->st->dump && !fwd_prof_on() && F->fork;
 	if (!fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);

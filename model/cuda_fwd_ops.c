@@ -33,20 +33,10 @@ int fwd_fail(const char *what, int r)
 	return r ? r : -EIO;
 }
 
-static int fwd_pdl_on(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_CUDA_FWD_PDL");
-		on = !(v && *v == '0');
-	}
-	return on;
-}
-
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl)
 {
-	int r = (pdl && fwd_pdl_on() ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx, gy,
+	int r = (pdl && F->pdl ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx, gy,
 								      gz, bx, 1, 1, smem, args);
 	if (r)
 		return fwd_fail(name, r);

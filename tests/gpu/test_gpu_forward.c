@@ -759,30 +759,38 @@ static void fast_mode(const char *name, int64_t T)
 			CHECK(same == T - d0);
 		}
 		{ /* the last position again as a one-row step, eagerly (a replayed graph would not
-		   * see the switch), with the fused kernels and with the separate ones
-		   * (DSV32_CUDA_UNFUSED=1: k_embed and the residual copy, the unfused norms, the
-		   * separate SwiGLU and act_quant): the same bits */
-			float *lf = malloc((size_t)2 * V * 4);
+		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
+		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
+		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
+		   * stream (DSV32_CUDA_FWD_FORK=0): the same bits */
+			static const char *sw[4] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
+						    "DSV32_CUDA_FWD_FORK=0"};
+			float *lf = malloc((size_t)4 * V * 4);
 			REQUIRE(lf);
-			gpu_fill_nan(lf, 2 * V);
+			gpu_fill_nan(lf, 4 * V);
 			backend_cuda_set_batch_invariant(p.gpu, inv);
 			setenv("DSV32_CUDA_GRAPHS", "0", 1);
-			int r2[2] = {0, 0};
-			for (int u = 0; u < 2; u++) {
-				if (u)
-					setenv("DSV32_CUDA_UNFUSED", "1", 1);
+			for (int u = 0; u < 4; u++) {
+				char var[32];
+				if (sw[u]) {
+					snprintf(var, sizeof var, "%s", sw[u]);
+					var[strcspn(var, "=")] = 0;
+					setenv(var, strchr(sw[u], '=') + 1, 1);
+				}
 				seq_rows(&s, &p, T - 1, 1, pos, fl, BACKEND_ROW_LOGITS, bt, nb, NULL, NULL);
 				s.logits = lf + u * V;
-				r2[u] = backend_step(p.gpu, &s2);
+				int ru = backend_step(p.gpu, &s2);
+				if (sw[u])
+					unsetenv(var);
+				int eq = !memcmp(lf, lf + u * V, (size_t)V * 4);
+				if (u)
+					printf("    %s %s mode, one-row step: %s vs the default %s (rc %d)\n", name,
+					       inv ? "batch-invariant" : "fast", sw[u],
+					       eq ? "bit-identical" : "DIFFER", ru);
+				CHECK(ru == 0 && eq);
 			}
-			unsetenv("DSV32_CUDA_UNFUSED");
 			unsetenv("DSV32_CUDA_GRAPHS");
 			backend_cuda_set_batch_invariant(p.gpu, 0);
-			int eq = !memcmp(lf, lf + V, (size_t)V * 4);
-			printf("    %s %s mode, one-row step: fused kernels vs separate ones %s (rc %d %d)\n",
-			       name, inv ? "batch-invariant" : "fast", eq ? "bit-identical" : "DIFFER", r2[0],
-			       r2[1]);
-			CHECK(r2[0] == 0 && r2[1] == 0 && eq);
 			free(lf);
 		}
 		free(gd);
