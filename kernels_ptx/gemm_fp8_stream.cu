@@ -54,6 +54,11 @@
 #define ST_SLICE_ROWS 64
 #define ST_MAXG 8192   // groups with a tensor map in st_maps
 #define ST_SCL_BYTES (16 + ST_KBS * 64 * 4) // a stage's promotion scales (see scl0)
+// the kernel's flags: ST_FUSED the K chunks summed by the last-arriving warps (else by
+// k_gemm_stream_reduce); ST_PIPE (wgmma consumers) a stage's two K blocks' MMAs in flight
+// together (else each waited for before the next is issued)
+#define ST_FUSED 1
+#define ST_PIPE 2
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -199,15 +204,18 @@ __device__ __forceinline__ void wgmma_wait0()
 	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
-// The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
-// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
-// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
-template <int MGA>
-__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
-					   const float (&s)[MGA][2], int mg_n)
+__device__ __forceinline__ void wgmma_wait1()
 {
-	wgmma_commit();
-	wgmma_wait0();
+	asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
+// Add the fragment of a K block whose MMA group is complete, for each of the mg_n live token
+// groups, times its promotion factors s[mg] (tokens 2t, 2t + 1), to the running fp32 sums;
+// register 4 mg + q is acc[mg][q]'s element.
+template <int MGA>
+__device__ __forceinline__ void wg_add(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+				       const float (&s)[MGA][2], int mg_n)
+{
 #pragma unroll
 	for (int i = 0; i < 4 * MGA; i++)
 		reg_fence(frag[i]);
@@ -220,6 +228,16 @@ __device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4
 		acc[mg][2] += frag[4 * mg + 2] * s[mg][0];
 		acc[mg][3] += frag[4 * mg + 3] * s[mg][1];
 	}
+}
+
+// The wgmma consumers' end of a K block: wait for the block's MMA group, then wg_add.
+template <int MGA>
+__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+					   const float (&s)[MGA][2], int mg_n)
+{
+	wgmma_commit();
+	wgmma_wait0();
+	wg_add<MGA>(acc, frag, s, mg_n);
 }
 
 // WI = 3: fp16 wgmma m64nNk16 with A (the weights, converted by the consumers exactly as for the
@@ -338,8 +356,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
 		const float *__restrict__ S, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
-		int chunk_blocks, int ns, int mpad, int slice_cap, int fused)
+		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
+	const bool fused = flags & ST_FUSED;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -593,6 +612,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
 		float frag[WI >= 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
+		float frag2[WI == 2 ? 4 * MGA : 1]; // the second K block's (WI = 2 with ST_PIPE)
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -666,9 +686,26 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				// consumers') times the tokens; the fragment's register 4 mg + q is
 				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
 				const uint32_t a0 = st + (warp >> 2) * 64 * 128;
+				if ((flags & ST_PIPE) && nb == KBS) {
+					// both K blocks' MMAs in flight together, the first block promoted while
+					// the second runs (the same sums in the same order)
+#pragma unroll
+					for (int i = 0; i < 4 * MGA; i++)
+						reg_fence(frag[i]), reg_fence(frag2[i]);
+					wgmma_fence();
+					wg_kblock<MG>(frag, wg_desc(a0), wg_desc(st + KBS * ST_WBOX));
+					wgmma_commit();
+					wg_kblock<MG>(frag2, wg_desc(a0 + ST_WBOX),
+						      wg_desc(st + KBS * ST_WBOX + xbox));
+					wgmma_commit();
+					wgmma_wait1();
+					wg_add<MGA>(acc[0], frag, sc[0], mg_n);
+					wgmma_wait0();
+					wg_add<MGA>(acc[0], frag2, sc[1], mg_n);
+				}
 #pragma unroll
 				for (int j = 0; j < KBS; j++) {
-					if (j >= nb)
+					if (j >= nb || ((flags & ST_PIPE) && nb == KBS))
 						break;
 #pragma unroll
 					for (int i = 0; i < 4 * MGA; i++)
@@ -812,11 +849,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					const float *S, const float *SX, uint16_t *Y,              \
 					float *partial, int rows, int N, int K, int ldy, int chunks, \
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
-					int fused)                                                 \
+					int flags)                                                 \
 	{                                                                                         \
 		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y, partial,    \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
-					fused);                                                   \
+					flags);                                                   \
 	}
 
 ST_ENTRY(1, 1, 0, )

@@ -154,10 +154,15 @@ void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
  * by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
- * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk. */
-static int stream_fused = -1, stream_k1 = 0;
+ * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk; stream_pipe 1:
+ * the wgmma consumers keep a stage's two K blocks' MMAs in flight together (ST_PIPE; 0 the
+ * default until measured). */
+static int stream_fused = -1, stream_k1 = 0, stream_pipe = 0;
 
-void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
+void cuda_gemm_set_stream_diag(int fused, int k1, int pipe)
+{
+	stream_fused = fused, stream_k1 = k1, stream_pipe = pipe;
+}
 
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
@@ -293,9 +298,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || h8 || stream_fused == 0 || (stream_fused < 0 && wi == 2))
 		fused = 0;
+	int flags = (fused ? 1 : 0) | (stream_pipe && wi == 2 ? 2 : 0); /* ST_FUSED, ST_PIPE */
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
-			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &fused};
+			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
 	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
