@@ -9,7 +9,8 @@
 //     cp.async into raw[2] (warp pw owns keys 8 pw .. +8 of every tile, its lanes the 16-byte
 //     chunks of a record), dequantises the current one into the fp16 key tile K[t % 2] (zero
 //     rows for keys past the list's end) and hands it over (named barrier FULL[t % 2]); it
-//     waits for the consumers to release a buffer (EMPTY) before overwriting it.
+//     waits for the consumers to release a buffer (EMPTY) before overwriting it. The records of
+//     tile t + 3 are prefetched into L2 (cp.async.bulk.prefetch) while tile t + 1's are gathered.
 //   warpgroups 0 and 1 (the consumers), for each tile:
 //     1. S_w = Q K^T over the k16 steps 2i + w (dims 32 (2i + w) .. + 16, i < 18; 18 wgmma
 //        m64n32k16, Q and K from shared memory): the two halves of the 576-dim dot products;
@@ -35,7 +36,8 @@
 // (tests/gpu/test_gpu_mla.c).
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs (k_mla_decode_wg only), bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
-// stores; bit 16 swaps the V descriptor's two strides (a layout probe: a wrong result).
+// stores; bit 16 swaps the V descriptor's two strides (a layout probe: a wrong result); bit 18
+// leaves out the producer's L2 prefetch of the records (the same result).
 #include "common.cuh"
 #include "mla.cuh"
 #include "mma.cuh"
@@ -134,19 +136,34 @@ __device__ __forceinline__ void mw_dequant(int sl, const uint8_t *raw_tile, uint
 	}
 }
 
-// The producer warpgroup: gathers tile t + 1 while dequantising tile t (see the header)
+// Lanes 0..7 of warp pw: an L2 prefetch of their key's record (slot sl; none for -1), a tile
+// ahead of its gather
+__device__ __forceinline__ void mw_prefetch(int sl, const uint8_t *__restrict__ pool)
+{
+	if (sl >= 0)
+		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pool + (size_t)sl * MW_REC), "n"(MW_REC)
+			     : "memory");
+}
+
+// The producer warpgroup: gathers tile t + 1 while dequantising tile t, and prefetches tile
+// t + 3's records into L2 (see the header)
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
 					   const uint8_t *__restrict__ pool, uint8_t *ktiles, uint8_t *raw, int *cval,
 					   int diag)
 {
 	const int pw = (threadIdx.x >> 5) - 8, lane = threadIdx.x & 31;
+	const bool pf = !(diag & 0x40000);
 	int sl_next = mw_slot(srow, k_begin, k_end, pw, lane);
 	if (nt > 0)
 		mw_gather(sl_next, pool, raw, pw, lane);
+	for (int t = 1; pf && t < 3 && t < nt; t++)
+		mw_prefetch(mw_slot(srow, k_begin + t * MW_KT, k_end, pw, lane), pool);
 	for (int t = 0; t < nt; t++) {
 		const int s = t & 1, sl = sl_next;
 		if (t + 1 < nt)
 			sl_next = mw_slot(srow, k_begin + (t + 1) * MW_KT, k_end, pw, lane);
+		if (pf && t + 3 < nt)
+			mw_prefetch(mw_slot(srow, k_begin + (t + 3) * MW_KT, k_end, pw, lane), pool);
 		cp_async_wait_all();
 		__syncwarp(); // the warp's records of tile t landed; its reads of raw[s ^ 1] (tile t - 1) done
 		if (t + 1 < nt && !((diag & 1) && t >= 1))
