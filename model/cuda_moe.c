@@ -17,7 +17,9 @@
  *      entry E of the address tables), so both run in one launch
  *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows; where the
  *      GEMMs run on wgmma (prefill sizes) the gate|up GEMM does this in its epilogue
- *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits) and gu is never written
+ *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits), and on the streaming kernel its
+ *      K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same bits); gu is
+ *      then never written (a bench stage SWIGLU timed alone runs the separate kernel)
  *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
  *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
@@ -28,7 +30,7 @@
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
- * of the fused router (k_moe_gate_route1) and the SwiGLU epilogue (the same bits).
+ * of the fused router (k_moe_gate_route1) and the SwiGLU epilogues (the same bits).
  * DSV32_CUDA_MOE_GATE1=0: the fused router's previous form, k_moe_gate_route_a8 (the same bits).
  */
 #include "model/cuda_moe.h"
@@ -458,18 +460,27 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
 	const int wgmma = use_wgmma(d), sw = wgmma && !unfused();
+	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
 							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
 							D);
 	} else if (stages & CUDA_MOE_W13) {
-		rc = grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8], b[B_SXS],
-			     b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
-		if (!rc && tr)
-			rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
+		/* the streaming kernel's chunk sum does the SwiGLU where it can (-ENOTSUP: not) */
+		rc = unfused() ? -ENOTSUP
+			       : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
+							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
+							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
+		sw_done = rc == 0;
+		if (rc == -ENOTSUP) {
+			rc = grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8],
+				     b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
+			if (!rc && tr)
+				rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
+		}
 	}
 	stats_mark(g, ST_W13 + 1);
-	if (!rc && (stages & CUDA_MOE_SWIGLU) && !sw)
+	if (!rc && (stages & CUDA_MOE_SWIGLU) && !sw_done)
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
 	stats_mark(g, ST_SWIGLU + 1);
 	if (!rc && (stages & CUDA_MOE_W2)) {
@@ -502,11 +513,13 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct moe_dims d = moe_dims(c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(T, d.E, d.D);
-	static char buf[160];
+	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 !fused ? k.name : gate_route1(&d) ? "k_moe_gate_route1" : "k_moe_gate_route_a8",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
-		 !wg ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
+		 !wg ? unfused() ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
+			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU in the gate|up "
+				 "chunk sum where it runs)"
 		 : unfused() ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
 	return buf;
 }
