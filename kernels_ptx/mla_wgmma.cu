@@ -195,6 +195,7 @@ __device__ __forceinline__ void mw_issue_s(float *sp, uint64_t dq, uint64_t dk)
 // Issues O_w += P_hi V_w + P_lo V_w for a key tile (V_w: latent dims 256 wg .., column blocks
 // 4 wg ..; k16 step kk = keys 16 kk .., 2048 bytes on); dv: the descriptor at the tile's column
 // block 4 wg. No fence, no commit.
+template <bool LO>
 __device__ __forceinline__ void mw_issue_pv(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
 					    uint64_t dv)
 {
@@ -203,7 +204,8 @@ __device__ __forceinline__ void mw_issue_pv(float *o, const uint32_t (&ph)[2][4]
 		wgmma_f16_rs_n256_tb(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], dv + kk * 2048 / 16, 1);
 #pragma unroll
 	for (int kk = 0; kk < 2; kk++)
-		wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], dv + kk * 2048 / 16, 1);
+		if (LO)
+			wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], dv + kk * 2048 / 16, 1);
 }
 
 // The online softmax state of a consumer thread's two heads (16 wi + g and + 8)
@@ -289,11 +291,12 @@ __device__ __forceinline__ void mw_s_now(float *sp, uint64_t dq, uint64_t dk)
 }
 
 // P V of a tile issued and waited for
+template <bool LO>
 __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
 					  uint64_t dv)
 {
 	wg_fence();
-	mw_issue_pv(o, ph, pl, dv);
+	mw_issue_pv<LO>(o, ph, pl, dv);
 	wg_commit();
 	wg_wait0();
 	mw_fence_regs(o, 128);
@@ -303,7 +306,9 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 // PIPE = true (k_mla_decode_wgp): S of tile t + 1 is issued before P V of tile t, and the
 // softmax of t + 1 runs while P V of t is on the tensor cores (wgmma groups complete in order:
 // waiting for all but the last group waits for S only); O is rescaled after P V of t is done.
-template <bool PIPE>
+// LO = false (k_mla_decode_wgp_hi, a benchmark probe): P V without the P_lo half, the weights
+// rounded to fp16 once (what a fast mode would gain and depart by).
+template <bool PIPE, bool LO>
 __device__ __forceinline__ void
 mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, const uint8_t *__restrict__ pool,
        int H, float scale, uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
@@ -391,7 +396,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 				mw_softmax(sp, xs, cval + s * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
 				mw_rescale(o, c0, c1);
 				if (mma)
-					mw_pv_now(o, ph, pl, MW_DV_AT(t));
+					mw_pv_now<LO>(o, ph, pl, MW_DV_AT(t));
 			}
 			MW_RELEASE(t);
 		}
@@ -420,7 +425,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 					wg_fence();
 					mw_issue_s(sp, dq, MW_DK_AT(u));
 					wg_commit();
-					mw_issue_pv(o, ph, pl, MW_DV_AT(t));
+					mw_issue_pv<LO>(o, ph, pl, MW_DV_AT(t));
 					wg_commit();
 					asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 					mw_fence_regs(sp, 16);
@@ -443,7 +448,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 							ph[kk][r] = qh[kk][r], pl[kk][r] = ql[kk][r];
 					t = u;
 				}
-				mw_pv_now(o, ph, pl, MW_DV_AT(t)); // the last tile's P V
+				mw_pv_now<LO>(o, ph, pl, MW_DV_AT(t)); // the last tile's P V
 				MW_RELEASE(t);
 				t += 2; // tile t + 1 (if any) was synchronised and released above
 			}
@@ -498,7 +503,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mla_wg<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mla_wg<false, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
@@ -506,5 +511,13 @@ k_mla_decode_wgp(const uint16_t *__restrict__ q, const int *__restrict__ sel, in
 		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mla_wg<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mla_wg<true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+}
+
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wgp_hi(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		    const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		    uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mla_wg<true, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

@@ -106,7 +106,10 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128;
 	if (wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG))
 		return -EINVAL;
-	const char *name = !wg ? "k_mla_decode" : diag & 0x20000 ? "k_mla_decode_wgp" : "k_mla_decode_wg";
+	const char *name = !wg ? "k_mla_decode"
+			   : diag & 0x80000 ? "k_mla_decode_wgp_hi"
+			   : diag & 0x20000 ? "k_mla_decode_wgp"
+					    : "k_mla_decode_wg";
 	diag &= 0x67 | 0x10000 | 0x40000; /* the kernel's own switches */
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
