@@ -238,6 +238,10 @@ struct wg_tile {
 	int row0, row_end, n0;
 	const void *bmap;
 	const float *S; // [ceil(N/128), K/128]
+	// grouped SwiGLU form in clusters of 2 (paired): 1 = the two CTAs take two token tiles of
+	// one weight tile (each copies half of the weight tile for both), 2 = one token tile and
+	// two weight tiles (each copies 64 of the 128 token rows for both)
+	int pair;
 };
 
 // The tile walker: plain form (M x N tiles, token tile fastest) or grouped (groups in order,
@@ -256,12 +260,12 @@ struct wg_sched {
 	long long base; // first global tile index of group e
 };
 
-template <int BN>
+template <int BN, int MC>
 __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int n_tiles,
 						 wg_tile &tl);
 
 // BN here: the output columns of a tile (the SwiGLU form: 128 of the 256 weight rows it loads)
-template <int BN, bool GROUPED>
+template <int BN, bool GROUPED, int MC = 1>
 __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int N,
 					   const void *bmap, const float *S, wg_tile &tl)
 {
@@ -284,23 +288,43 @@ __device__ __forceinline__ bool wg_tile_at(wg_sched &sc, long long t, int M, int
 		tl.bmap = bmap, tl.S = S;
 		return true;
 	} else {
-		return wg_group_tile_at<BN>(sc, t, n_tiles, tl);
+		return wg_group_tile_at<BN, MC>(sc, t, n_tiles, tl);
 	}
 }
 
-// The grouped walker; t only grows, so the group pointer only moves forward.
-template <int BN>
+// The grouped walker; t only grows, so the group pointer only moves forward. MC = 2 (the paired
+// SwiGLU form, clusters of 2 CTAs, t the cluster's item): a group of mt token tiles gives
+// mt / 2 pairs of token tiles for each weight tile (pair 1; the CTA of rank r takes token tile
+// 2 p + r), then, for an odd mt, its last token tile with the weight tiles in pairs (pair 2;
+// rank r takes weight tile 2 q + r; n_tiles even).
+template <int BN, int MC>
 __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int n_tiles,
 						 wg_tile &tl)
 {
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), r1 = __ldg(sc.off + sc.e + 1);
 		const int mt = (r1 - r0 + WG_BM - 1) / WG_BM;
-		const long long cnt = (long long)mt * n_tiles;
+		const long long cnt = MC == 1 ? (long long)mt * n_tiles
+					      : (long long)(mt / 2) * n_tiles + (mt & 1) * (n_tiles / 2);
 		if (t < sc.base + cnt) {
 			const int local = (int)(t - sc.base);
-			tl.row0 = r0 + (local % mt) * WG_BM, tl.row_end = r1;
-			tl.n0 = (local / mt) * BN;
+			if constexpr (MC == 1) {
+				tl.row0 = r0 + (local % mt) * WG_BM;
+				tl.n0 = (local / mt) * BN;
+				tl.pair = 0;
+			} else {
+				const int mp = mt / 2;
+				if (local < mp * n_tiles) {
+					tl.row0 = r0 + (2 * (local % mp) + sc.rank) * WG_BM;
+					tl.n0 = (local / mp) * BN;
+					tl.pair = 1;
+				} else {
+					tl.row0 = r0 + (mt - 1) * WG_BM;
+					tl.n0 = (2 * (local - mp * n_tiles) + sc.rank) * BN;
+					tl.pair = 2;
+				}
+			}
+			tl.row_end = r1;
 			tl.bmap = &g_group_maps[sc.e];
 			tl.S = reinterpret_cast<const float *>(__ldg(sc.s_tab + sc.e));
 			return true;
@@ -339,7 +363,7 @@ __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long 
 	int s = 0;
 	uint32_t ph = 0;
 	wg_tile tl;
-	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED, MC>(sc, t, M, N, mB, S, tl); t += dt) {
 		// (this warp has 40 registers: one pointer per operand, small offsets)
 		// SW: the gate rows' block b0 and the up rows' block b0 + N / 128 (N = the width I)
 		const int b0 = tl.n0 / 128, db = SW ? NB * KB : (min(b0 + 1, NB - 1) - b0) * KB;
@@ -375,7 +399,7 @@ template <int BN, int STAGES, bool GROUPED, int MC, bool SW>
 __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mA, const tmap *mB, const float *S, int M,
 					   int N, int KB, uint32_t a_smem, uint32_t b_smem,
-					   uint32_t bars)
+					   uint32_t bars, const tmap *mA64)
 {
 	typedef wg_cfg<BN, STAGES> C;
 	{
@@ -383,7 +407,7 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 		uint32_t ph = 0;
 		int e_acq = -1;
 		wg_tile tl;
-		for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl);
+		for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED, MC>(sc, t, M, N, mB, S, tl);
 		     t += dt) {
 			if (GROUPED && sc.e != e_acq) {
 				// the map was written by k_wgmma_group_maps through the generic proxy
@@ -399,9 +423,20 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
 				// (a cluster's tile past M, none of whose rows is stored, reads rows from
 				// 0 rather than a box wholly out of bounds)
-				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
-					    tl.row0 < M ? tl.row0 : 0);
-				if (SW) { // gate rows n0.. and up rows N + n0.. (boxes of 128 rows)
+				constexpr bool PAIRED = SW && MC == 2;
+				if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (mA64), to both CTAs
+					const int ar = tl.row0 + 64 * sc.rank;
+					tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2), mA64,
+						       FULL(s), kb * WG_BK, ar < M ? ar : 0, 3);
+				} else {
+					tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
+						    tl.row0 < M ? tl.row0 : 0);
+				}
+				if (PAIRED && tl.pair == 1) { // rank 0 the gate rows, rank 1 the up rows
+					tma_load_2d_mc(b_smem + s * C::B_BYTES + sc.rank * (C::B_BYTES / 2),
+						       tl.bmap, FULL(s), kb * WG_BK,
+						       sc.rank ? N + tl.n0 : tl.n0, 3);
+				} else if (SW) { // gate rows n0.. and up rows N + n0.. (boxes of 128 rows)
 					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
 						    tl.n0);
 					tma_load_2d(b_smem + s * C::B_BYTES + C::B_BYTES / 2, tl.bmap, FULL(s),
@@ -564,7 +599,7 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 	int s = 0;
 	uint32_t ph = 0;
 	wg_tile tl;
-	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED>(sc, t, M, N, mB, S, tl); t += dt) {
+	for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED, MC>(sc, t, M, N, mB, S, tl); t += dt) {
 #pragma unroll
 		for (int i = 0; i < NR; i++)
 			acc[i] = 0.f;
@@ -697,7 +732,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 					   const float *S, const unsigned long long *s_tab,
 					   const int *off, int G, uint16_t *y, int M, int N, int K,
 					   int ldy, int flags, uint8_t *h8 = nullptr,
-					   float *hs = nullptr)
+					   float *hs = nullptr, const tmap *mA64 = nullptr)
 {
 	typedef wg_cfg<BN, STAGES, ST> C;
 	extern __shared__ uint8_t smem_raw[];
@@ -732,6 +767,8 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 		tmap_prefetch(mA);
 		if (!GROUPED)
 			tmap_prefetch(mB);
+		if (mA64)
+			tmap_prefetch(mA64);
 	}
 	if (MC > 1)
 		cluster_sync();
@@ -751,7 +788,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
 		if (threadIdx.x == 0)
 			wg_produce<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
-								b_smem, bars);
+								b_smem, bars, mA64);
 		else if (SS && (threadIdx.x >> 5) == 1)
 			wg_scales<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mB, sx, S, M, N, KB, bars,
 							       scl);
@@ -829,15 +866,29 @@ WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss_st, 256, 4, true, true)
 // (the SwiGLU form, see the file header): W_e fused [2N, K] (gate rows, then up rows), a tile =
 // 128 tokens x the gate rows [n0, n0 + 128) and the up rows [N + n0, ..) (two boxes of 128 rows
 // into the 256-row stage), output h8 e4m3 [rows, N], hs fp32 [rows, N / 128]. N % 128 == 0.
+// _mc2 (paired): clusters of 2 CTAs (wg_group_tile_at, MC = 2): two token tiles of one weight
+// tile share its copy (each CTA copies the gate or the up box for both), a group's odd last token
+// tile is shared by two weight tiles (each CTA copies 64 of its rows for both, through mA64, a
+// map of 64-row boxes): run 10 measured the gate|up GEMM bound by the bytes into the SMs, and
+// at 4096 tokens about half the experts have a second, mostly empty token tile that re-read the
+// whole weight tile. N % 256 == 0; grid even; the same outputs, bit for bit.
+#define WG_SW_ARGS                                                                              \
+	const __grid_constant__ tmap mA, const float *__restrict__ sx,                           \
+		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,  \
+		uint8_t *__restrict__ h8, float *__restrict__ hs, int max_rows, int N, int K, int flags
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-	k_gemm_fp8_wgmma_grouped_n256_ss_sw(const __grid_constant__ tmap mA,
-					    const float *__restrict__ sx,
-					    const unsigned long long *__restrict__ s_tab,
-					    const int *__restrict__ off, int G, uint8_t *__restrict__ h8,
-					    float *__restrict__ hs, int max_rows, int N, int K, int flags)
+	k_gemm_fp8_wgmma_grouped_n256_ss_sw(WG_SW_ARGS)
 {
 	wgmma_gemm<256, 4, true, 1, true, false, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
 						       nullptr, max_rows, N, K, N, flags, h8, hs);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+	k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2(WG_SW_ARGS, const __grid_constant__ tmap mA64)
+{
+	wgmma_gemm<256, 4, true, 2, true, false, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
+						       nullptr, max_rows, N, K, N, flags, h8, hs,
+						       &mA64);
 }
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "model/cuda_gemm.h" /* cuda_gemm_tmap_2d: the operand tensor maps */
 
@@ -134,21 +135,23 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
-int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
-				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
-				       int max_rows, int I, int K)
+int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
+					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
+					  gpu_ptr hs, int max_rows, int I, int K, int mc)
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_wgmma_grouped_swiglu", max_rows, 2 * I, K, 2 * I) || I % 128 ||
-	    G < 1 || G > WG_MAX_GROUPS)
+	    G < 1 || G > WG_MAX_GROUPS || (mc != 1 && mc != 2) || (mc == 2 && I % 256) ||
+	    g->sm_count < 2)
 		return -EINVAL;
 	/* the template of the group maps: boxes of 128 weight rows (the gate and the up half of a
-	 * tile are one box each) */
-	CUtensorMap mA, tmpl;
+	 * tile are one box each); paired: the token rows also as boxes of 64 */
+	CUtensorMap mA, tmpl, mA64;
 	int r;
 	if ((r = cuda_gemm_tmap_2d(&mA, x8, max_rows, K, WG_BM)) ||
-	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)))
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)) ||
+	    (mc == 2 && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
 	void *margs[] = {&tmpl, &w_tab, &off, &G};
 	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
@@ -156,9 +159,25 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 		return r;
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * (I / 128);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
+	if (mc == 2) /* clusters of 2: an even grid, each cluster one item of two tiles */
+		grid = grid < 2 ? 2 : grid & ~1u;
 	int flags = 0;
-	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags};
-	return launch(g, "k_gemm_fp8_wgmma_grouped_n256_ss_sw", grid, smem_bytes(256, 0), args);
+	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
+	return launch(g, mc == 2 ? "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"
+				 : "k_gemm_fp8_wgmma_grouped_n256_ss_sw",
+		      grid, smem_bytes(256, 0), args);
+}
+
+/* The paired form (mc 2) where DSV32_CUDA_WGMMA_SW_MC=2 (read at every call; untested on the
+ * GPU until a run has measured it), else the single-CTA form. */
+int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
+				       int max_rows, int I, int K)
+{
+	const char *v = getenv("DSV32_CUDA_WGMMA_SW_MC");
+	int mc = v && atoi(v) == 2 && I % 256 == 0 ? 2 : 1;
+	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
+						     max_rows, I, K, mc);
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

@@ -35,6 +35,12 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K);
+/* The same with the form forced: mc 1, or 2 for clusters of 2 CTAs that share copies (two token
+ * tiles of a group share each weight tile; a group's odd last token tile is shared by two weight
+ * tiles; I % 256 == 0): the same outputs. */
+int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
+					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
+					  gpu_ptr hs, int max_rows, int I, int K, int mc);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
  *   bn: weight rows per tile, 128, 192 or 256 (256 needs ss);
  *   mc: 1, or 2 for clusters of two CTAs that share each weight tile (TMA multicast);

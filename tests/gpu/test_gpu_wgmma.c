@@ -605,7 +605,9 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 /* The SwiGLU form (cuda_gemm_fp8_wgmma_grouped_swiglu: the MoE gate|up GEMM with SwiGLU and
  * act_quant in its epilogue) against the grouped GEMM's bf16 output through k_moe_swiglu_quant
  * (the MoE block's unfused path): the same e4m3 codes and scales, to the bit, on every row of
- * every group (empty groups, partial tiles, several tiles). */
+ * every group (empty groups, partial tiles, several tiles), in both forms (one CTA a tile, and
+ * the paired clusters of 2: pairs of token tiles, and odd last token tiles over pairs of weight
+ * tiles). */
 static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, uint64_t seed)
 {
 	struct grp_case c;
@@ -623,33 +625,39 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	void *args[] = {&c.dy, &ref8, &refs, &ii, &n};
 	CHECK_EQ_INT(gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 7) / 8), 1, 1,
 				256, 1, 1, 0, args), 0);
-	CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu(g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx,
-							  c.dsx, h8, hs, c.rows, I, K), 0);
-	REQUIRE(gpu_sync(g) == 0);
 	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
-	REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
-	REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
-	REQUIRE(gpu_download(g, sb, hs, rows * KBo * 4) == 0);
-	int64_t bad8 = 0, bads = 0, first = -1;
-	for (size_t i = 0; i < (size_t)c.rows * I; i++)
-		if (a[i] != b[i]) {
-			bad8++;
-			first = first < 0 ? (int64_t)i : first;
-		}
-	for (size_t i = 0; i < (size_t)c.rows * KBo; i++)
-		bads += memcmp(&sa[i], &sb[i], 4) != 0;
-	printf("    swiglu form %d groups, %d rows, I=%d K=%d: %lld of %lld codes and %lld of %lld "
-	       "scales differ from GEMM + k_moe_swiglu_quant",
-	       G, c.rows, I, K, (long long)bad8, (long long)c.rows * I, (long long)bads,
-	       (long long)(c.rows * (long long)KBo));
-	if (first >= 0)
-		printf(" (first: row %lld col %lld: 0x%02x vs 0x%02x)", (long long)(first / I),
-		       (long long)(first % I), a[first], b[first]);
-	printf("\n");
-	CHECK_EQ_INT(bad8, 0);
-	CHECK_EQ_INT(bads, 0);
+	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0) */
+	for (int mc = 1; mc <= (I % 256 ? 1 : 2); mc++) {
+		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
+		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
+								   c.dx, c.dsx, h8, hs, c.rows, I,
+								   K, mc),
+			     0);
+		REQUIRE(gpu_sync(g) == 0);
+		REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
+		REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
+		REQUIRE(gpu_download(g, sb, hs, rows * KBo * 4) == 0);
+		int64_t bad8 = 0, bads = 0, first = -1;
+		for (size_t i = 0; i < (size_t)c.rows * I; i++)
+			if (a[i] != b[i]) {
+				bad8++;
+				first = first < 0 ? (int64_t)i : first;
+			}
+		for (size_t i = 0; i < (size_t)c.rows * KBo; i++)
+			bads += memcmp(&sa[i], &sb[i], 4) != 0;
+		printf("    swiglu form mc %d, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
+		       "%lld of %lld scales differ from GEMM + k_moe_swiglu_quant",
+		       mc, G, c.rows, I, K, (long long)bad8, (long long)c.rows * I, (long long)bads,
+		       (long long)(c.rows * (long long)KBo));
+		if (first >= 0)
+			printf(" (first: row %lld col %lld: 0x%02x vs 0x%02x)", (long long)(first / I),
+			       (long long)(first % I), a[first], b[first]);
+		printf("\n");
+		CHECK_EQ_INT(bad8, 0);
+		CHECK_EQ_INT(bads, 0);
+	}
 	cu.cuMemFree(ref8), cu.cuMemFree(refs), cu.cuMemFree(h8), cu.cuMemFree(hs);
 	free(a), free(b), free(sa), free(sb);
 	grp_free(&c);
