@@ -63,6 +63,11 @@
 // g_group_maps[e] in global memory with a release fence of the tensor-map proxy; the GEMM's
 // producer acquires it (fence.proxy.tensormap::generic.acquire) before its first copy. The
 // table is module-global: one grouped GEMM at a time per GPU (the engine's one stream).
+// Paired grouped forms (_mc2, clusters of 2 CTAs, a cluster's item two tiles of one group): two
+// token tiles of one weight tile (each CTA copies half the weight tile, BN / 2 rows, and
+// multicasts it), or, for a group's odd last token tile, that tile with two weight tiles (each
+// CTA copies 64 of the 128 token rows for both): fewer bytes into the SMs, which bound these
+// GEMMs at prefill sizes (run 10), for the same outputs.
 #include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
 #include "cluster.cuh" // cluster_sync, cluster_rank
 #include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
@@ -423,7 +428,10 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
 				// (a cluster's tile past M, none of whose rows is stored, reads rows from
 				// 0 rather than a box wholly out of bounds)
-				constexpr bool PAIRED = SW && MC == 2;
+				constexpr bool PAIRED = GROUPED && MC == 2;
+				// paired: the weight tile as two boxes of BN / 2 rows, n0.. and n1.. (SW:
+				// the gate rows, then the up rows N + n0..)
+				const int n1 = SW ? N + tl.n0 : tl.n0 + BN / 2;
 				if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (mA64), to both CTAs
 					const int ar = tl.row0 + 64 * sc.rank;
 					tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2), mA64,
@@ -432,15 +440,14 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 					tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
 						    tl.row0 < M ? tl.row0 : 0);
 				}
-				if (PAIRED && tl.pair == 1) { // rank 0 the gate rows, rank 1 the up rows
+				if (PAIRED && tl.pair == 1) { // rank 0 the box n0, rank 1 the box n1
 					tma_load_2d_mc(b_smem + s * C::B_BYTES + sc.rank * (C::B_BYTES / 2),
-						       tl.bmap, FULL(s), kb * WG_BK,
-						       sc.rank ? N + tl.n0 : tl.n0, 3);
-				} else if (SW) { // gate rows n0.. and up rows N + n0.. (boxes of 128 rows)
+						       tl.bmap, FULL(s), kb * WG_BK, sc.rank ? n1 : tl.n0, 3);
+				} else if (SW || PAIRED) { // boxes n0.. and n1.. (SW: of 128 rows)
 					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
 						    tl.n0);
 					tma_load_2d(b_smem + s * C::B_BYTES + C::B_BYTES / 2, tl.bmap, FULL(s),
-						    kb * WG_BK, N + tl.n0);
+						    kb * WG_BK, n1);
 				} else if (MC == 1)
 					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
 						    tl.n0);
@@ -862,6 +869,22 @@ WG_PLAIN(k_gemm_fp8_wgmma_n256_ss_st, 256, 4, 1, true, NO_ATTR, true)
 WG_PLAIN(k_gemm_fp8_wgmma_mc2_n256_ss_st, 256, 4, 2, true, CLUSTER2, true)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss, 256, 4, true, false)
 WG_GROUPED(k_gemm_fp8_wgmma_grouped_n256_ss_st, 256, 4, true, true)
+// _mc2 (paired): the grouped forms in clusters of 2 CTAs (see the SwiGLU form's below; the
+// weight maps have boxes of BN / 2 rows); N % (2 BN) == 0, grid even. mA64: the token rows as
+// boxes of 64.
+#define WG_GROUPED_MC2(name, bn, stages)                                                      \
+	extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2                     \
+		name(const __grid_constant__ tmap mA, const float *__restrict__ sx,              \
+		     const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,  \
+		     int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy,       \
+		     int flags, const __grid_constant__ tmap mA64)                               \
+	{                                                                                      \
+		wgmma_gemm<bn, stages, true, 2, true, true>(&mA, nullptr, sx, nullptr, s_tab, off, G, \
+							  y, max_rows, N, K, ldy, flags, nullptr, \
+							  nullptr, &mA64);                      \
+	}
+WG_GROUPED_MC2(k_gemm_fp8_wgmma_grouped_n128_ss_st_mc2, 128, 5)
+WG_GROUPED_MC2(k_gemm_fp8_wgmma_grouped_n256_ss_st_mc2, 256, 4)
 // k_gemm_fp8_wgmma_grouped_n256_ss_sw: the MoE gate|up GEMM with SwiGLU and act_quant fused
 // (the SwiGLU form, see the file header): W_e fused [2N, K] (gate rows, then up rows), a tile =
 // 128 tokens x the gate rows [n0, n0 + 128) and the up rows [N + n0, ..) (two boxes of 128 rows

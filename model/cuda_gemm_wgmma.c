@@ -106,16 +106,19 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
-	int st = (flags & WGMMA_STAGED) != 0;
+	int st = (flags & WGMMA_STAGED) != 0, paired = (flags & WGMMA_PAIRED) != 0;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
 	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192 && bn != 256) || (ss && bn == 192) ||
-	    (!ss && bn == 256) || (st && (bn == 192 || !ss || ldy % 8 || y % 16)))
+	    (!ss && bn == 256) || (st && (bn == 192 || !ss || ldy % 8 || y % 16)) ||
+	    (paired && (!st || N % (2 * bn) || g->sm_count < 2)))
 		return -EINVAL;
-	/* the template: any valid address (x8), replaced per group on the device */
-	CUtensorMap mA, tmpl;
+	/* the template: any valid address (x8), replaced per group on the device (paired: boxes of
+	 * bn / 2 weight rows; the token rows also as boxes of 64) */
+	CUtensorMap mA, tmpl, mA64;
 	int r;
 	if ((r = cuda_gemm_tmap_2d(&mA, x8, max_rows, K, WG_BM)) ||
-	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, bn)))
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, paired ? bn / 2 : bn)) ||
+	    (paired && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
 	void *margs[] = {&tmpl, &w_tab, &off, &G};
 	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
@@ -124,7 +127,11 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	/* a bound on the tiles: every group adds at most one partial token tile */
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
-	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
+	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags, &mA64};
+	if (paired) /* clusters of 2: an even grid */
+		return launch(g, bn == 256 ? "k_gemm_fp8_wgmma_grouped_n256_ss_st_mc2"
+					   : "k_gemm_fp8_wgmma_grouped_n128_ss_st_mc2",
+			      grid < 2 ? 2 : grid & ~1u, smem_bytes(bn, st), args);
 	return launch(g,
 		      bn == 256 ? (st ? "k_gemm_fp8_wgmma_grouped_n256_ss_st"
 				      : "k_gemm_fp8_wgmma_grouped_n256_ss")
@@ -168,14 +175,19 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		      grid, smem_bytes(256, 0), args);
 }
 
-/* The paired form (mc 2) where DSV32_CUDA_WGMMA_SW_MC=2 (read at every call; untested on the
- * GPU until a run has measured it), else the single-CTA form. */
+/* The paired grouped forms (clusters of 2 sharing copies) where DSV32_CUDA_WGMMA_PAIRED=1 (read
+ * at every call; not the default until a GPU run has measured them). */
+static int paired_on(void)
+{
+	const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
+	return v && *v == '1';
+}
+
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	const char *v = getenv("DSV32_CUDA_WGMMA_SW_MC");
-	int mc = v && atoi(v) == 2 && I % 256 == 0 ? 2 : 1;
+	int mc = paired_on() && I % 256 == 0 ? 2 : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
@@ -190,8 +202,10 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
+	int paired = staged && paired_on() && N % (2 * bn) == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					      ldy, bn, staged, staged ? WGMMA_STAGED : 0);
+					      ldy, bn, staged,
+					      (staged ? WGMMA_STAGED : 0) | (paired ? WGMMA_PAIRED : 0));
 }
 
 #endif

@@ -50,10 +50,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
  *       their promotions overlap each other's MMAs; WGMMA_DIAG_* (timing diagnostics, wrong
  *       output): no stores / no MMAs (flags are ignored for bn = 192 without ss);
  *       WGMMA_STAGED: the outputs staged in shared memory and stored as whole 16-byte chunks
- *       (bn = 128 or 256 with ss only; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER.
+ *       (bn = 128 or 256 with ss only; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER;
+ *       WGMMA_PAIRED (grouped, staged, N % (2 bn) == 0): clusters of 2 CTAs, two token tiles of
+ *       a group sharing each weight tile's copy, a group's odd last token tile shared by two
+ *       weight tiles (the same outputs).
  * Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU, so
  * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
-enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16 };
+enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16,
+       WGMMA_PAIRED = 32 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
  * fastest inside a band (0: the token tile fastest over all of M) */
 #define WGMMA_RASTER(n) ((n) << 8)

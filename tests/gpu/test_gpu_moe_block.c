@@ -313,13 +313,13 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
 	unsetenv("DSV32_CUDA_UNFUSED");
 	int64_t unfused_diff = count_diff(g_y2, g_y, (size_t)T * D);
-	/* above 64 tokens (wgmma GEMMs): the paired SwiGLU form (DSV32_CUDA_WGMMA_SW_MC=2, clusters
+	/* above 64 tokens (wgmma GEMMs): the paired SwiGLU form (DSV32_CUDA_WGMMA_PAIRED=1, clusters
 	 * of 2 sharing copies) gives the same bytes */
 	int64_t mc2_diff = 0;
 	if (T > 64) {
-		setenv("DSV32_CUDA_WGMMA_SW_MC", "2", 1);
+		setenv("DSV32_CUDA_WGMMA_PAIRED", "1", 1);
 		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
-		unsetenv("DSV32_CUDA_WGMMA_SW_MC");
+		unsetenv("DSV32_CUDA_WGMMA_PAIRED");
 		mc2_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
 	/* one token: the fused router's previous form (DSV32_CUDA_MOE_GATE1=0, k_moe_gate_route_a8)
@@ -438,7 +438,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		printf("    router k_moe_gate_route_a8 (DSV32_CUDA_MOE_GATE1=0): %lld outputs differ\n",
 		       (long long)a8_diff);
 	if (T > 64)
-		printf("    paired SwiGLU GEMM (DSV32_CUDA_WGMMA_SW_MC=2): %lld outputs differ\n",
+		printf("    paired grouped GEMMs (DSV32_CUDA_WGMMA_PAIRED=1): %lld outputs differ\n",
 		       (long long)mc2_diff);
 	CHECK_EQ_INT(bad_logits, 0);
 	CHECK(graph_diff <= 0);

@@ -519,11 +519,19 @@ static void grp_free(struct grp_case *c)
 	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
 }
 
-/* grouped variants: bn, scales through smem, kernel flags */
-static const int gvars[][3] = {{128, 0, 0}, {192, 0, 0}, {128, 0, 1}, {128, 1, 0},
-			       {128, 1, 1}, {128, 1, ST}, {256, 1, 0}, {256, 1, 1},
-			       {256, 1, ST}};
+/* grouped variants: bn, scales through smem, kernel flags (the paired ones need N % (2 bn) == 0:
+ * grp_usable) */
+static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
+			       {128, 1, 0},  {128, 1, 1}, {128, 1, ST},
+			       {256, 1, 0},  {256, 1, 1}, {256, 1, ST},
+			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
+
+/* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
+static int grp_usable(const struct grp_case *c, int v)
+{
+	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
+}
 
 /* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped) */
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
@@ -540,6 +548,8 @@ static int grp_run(struct gpu *g, struct grp_case *c, int v)
 static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, int v,
 		      int max_per)
 {
+	if (!grp_usable(c, v))
+		return;
 	gpu_test_poison(g, c->dy, (size_t)(c->rows > 0 ? c->rows : 1) * c->N * 2);
 	int r = grp_run(g, c, v);
 	CHECK_EQ_INT(r, 0);
@@ -710,6 +720,8 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, SYNTH);
 		for (int v = 0; v < N_GVAR + 1; v++) {
 			const int *gv = v < N_GVAR ? gvars[v] : diag[v - N_GVAR];
+			if (v < N_GVAR && !grp_usable(&c, v))
+				continue;
 #define RUN_V()                                                                                 \
 	(v < N_GVAR ? grp_run(&g, &c, v)                                                          \
 		    : cuda_gemm_fp8_wgmma_grouped_bn(&g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx, c.dsx, \
