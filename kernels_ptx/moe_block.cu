@@ -41,6 +41,7 @@
 // k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
+//   Launched with PDL: it triggers its dependents at once and waits before any read.
 #include "common.cuh"
 #include "moe_route.cuh" // the fused routers: moe_route_*, moe_permute_*
 #include "tma.cuh"       // mbarriers (k_moe_gate_route1)
@@ -276,8 +277,11 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		}
 	}
 	// the next kernel (the grouped GEMM, launched with PDL) may start its prologue; it reads
-	// this grid's outputs only after its griddepcontrol.wait (this grid complete)
+	// this grid's outputs only after its griddepcontrol.wait (this grid complete). This grid,
+	// launched with PDL (model/cuda_moe.c), has read and written nothing but its weight rows
+	// and shared memory before the wait: x is the previous kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	// the K + 1 quantised input rows: a warp a 128-group
 	const int KB = D / 128;
 	for (int gi = blockIdx.x * 2 + warp; gi < KB; gi += gridDim.x * 2) {
@@ -585,6 +589,10 @@ k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 		 const int *__restrict__ perm, const uint16_t *__restrict__ sh,
 		 uint16_t *__restrict__ y, int T, int K, int D)
 {
+	// launched with PDL (model/cuda_moe.c): everything it reads after the wait; the next
+	// kernel (the next layer's norm) may start and load its weights meanwhile
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const long long n8 = (long long)T * D / 8;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
 	     i += (long long)gridDim.x * blockDim.x) {

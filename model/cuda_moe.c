@@ -212,6 +212,21 @@ static struct gate_kernel gate_kernel_for(int T, int E, int D)
 	return (struct gate_kernel){"k_moe_gate_logits_a2", 64, 2, 6 * (64 + 2) * (128 * 2 + 16)};
 }
 
+/* The router at one token (k_moe_gate_route1: its weight copies before its griddepcontrol.wait)
+ * and the combine (waits first) by programmatic dependent launch, so they start while the
+ * kernel before them finishes (the forward's norm triggers its dependents early; engineer S);
+ * DSV32_CUDA_MOE_PDL=0 (diagnosis, read once): plain launches. */
+static int moe_launch(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigned smem,
+		      void **args)
+{
+	static int pdl = -1;
+	if (pdl < 0) {
+		const char *v = getenv("DSV32_CUDA_MOE_PDL");
+		pdl = !(v && *v == '0');
+	}
+	return (pdl ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
+}
+
 static int unfused(void)
 {
 	const char *v = getenv("DSV32_CUDA_UNFUSED");
@@ -373,7 +388,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		unsigned smem = gate_route1_smem(D);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 					     (int)smem));
-		rc = gpu_launch(g, fn, (unsigned)(E / 8), 1, 1, 64, 1, 1, smem, args);
+		rc = moe_launch(g, fn, (unsigned)(E / 8), 64, smem, args);
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
@@ -500,8 +515,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], &sh, &y, &T,
 				 &K, &D};
 		long long blocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_combine_v8"),
-				(unsigned)(blocks < cap ? blocks : cap), 1, 1, 256, 1, 1, 0, cargs);
+		rc = moe_launch(g, gpu_kernel(g, "k_moe_combine_v8"),
+				(unsigned)(blocks < cap ? blocks : cap), 256, 0, cargs);
 	}
 	stats_mark(g, ST_COMBINE + 1);
 	return rc;
