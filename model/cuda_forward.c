@@ -147,8 +147,10 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	memset(F, 0, sizeof *F);
 	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
 	const char *pv = getenv("DSV32_CUDA_FWD_PDL"), *fv = getenv("DSV32_CUDA_FWD_FORK");
+	const char *lv = getenv("DSV32_CUDA_FWD_L2PF");
 	F->pdl = !(pv && *pv == '0');
 	F->fork = !(fv && *fv == '0');
+	F->l2pf = lv && *lv == '1';
 	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
 	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
@@ -351,7 +353,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 		TRY_TAG("lm head", fwd_lin(F, head, hr, D, l32, 0, V, nl, D, V));
 		*l32_p = l32;
 	}
-	return 0;
+	return fwd_side_close(F);
 }
 
 /* The step's outputs to the callers' buffers, in row order: the logits (downloaded from l32)
@@ -400,7 +402,7 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
  * selection width, whether scores run, logits rows) and mode, the same pinned staging buffer
  * and the same arena top (its scratch addresses are baked in). */
 struct fwd_graph {
-	int T, mb, ksel, need, nl, inv, sw; /* sw: the step's pdl | fork << 1 */
+	int T, mb, ksel, need, nl, inv, sw; /* sw: the step's pdl | fork << 1 | l2pf << 2 */
 	void *pinned;
 	size_t top;
 	CUgraphExec exec;
@@ -451,7 +453,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
 		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
-		    x->sw == (F->pdl | F->fork << 1) &&
+		    x->sw == (F->pdl | F->fork << 1 | F->l2pf << 2) &&
 		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
 	}
@@ -467,7 +469,8 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
 		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
-				      F->pdl | F->fork << 1, *F->E->pinned, top, NULL, 0, 0, 0, 0};
+				      F->pdl | F->fork << 1 | F->l2pf << 2, *F->E->pinned, top, NULL, 0, 0, 0,
+				      0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__))
 			return G->off = 1;
@@ -648,6 +651,8 @@ int cuda_forward_layer(const struct fwd_env *E, int64_t layer, const struct back
 			rc = fwd_layer(&F, layer, &E->m->layers[layer], dx, dr, first);
 		else if (!rc)
 			rc = -EIO;
+		if (!rc)
+			rc = fwd_side_close(&F);
 		uint16_t *h = rc ? NULL : malloc((size_t)T * D * 2 * 2);
 		if (!rc && !h)
 			rc = -ENOMEM;

@@ -57,9 +57,12 @@ struct fwd {
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
-	int pdl, fork;             /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
+	int pdl, fork, l2pf;       /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
 				    * DSV32_CUDA_FWD_PDL=0: no programmatic dependent launch of the
-				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream */
+				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream;
+				    * DSV32_CUDA_FWD_L2PF=1: MoE weights prefetched into L2 there */
+	int forked;                /* this layer's q branch ran on the side stream */
+	int side_open;             /* work on the side stream that the engine stream has not joined */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \
@@ -144,6 +147,7 @@ int fwd_rope(struct fwd *F, gpu_ptr x, int heads, long long ld_token, int ld_hea
 int fwd_hadamard(struct fwd *F, gpu_ptr x, int rows);
 
 /* cuda_fwd_attn.c; first: 0, or one of these */
+int fwd_side_close(struct fwd *F); /* the engine stream waits for the side stream's open work */
 #define FWD_FIRST 1       /* the first layer of its stack: the residual stream starts as x */
 #define FWD_FIRST_EMBED 2 /* the same with x not yet embedded (from the step's tokens) */
 int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x, gpu_ptr r,
