@@ -948,3 +948,35 @@ k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restri
 			hs[grp] = sc;
 	}
 }
+
+// The decode-sized MoE down GEMM's chunk sum with the combine (spec §5.3): rows are the R = T K
+// routed rows in expert-sorted order, then the T rows of the shared expert; for each token t and
+// column d < N,
+//   e_r = bf16( Σ_chunks partial[.][r][d] )   (the GEMM's bf16 output of row r)
+//   y[t, d] = bf16( Σ_{k < K} e_{perm[t K + k]} · w[t, k]  +  e_{R + t} )
+// with one fp32 multiply and one fp32 add each in pick order (no FMA) — k_gemm_stream_reduce's
+// sums then k_moe_combine's arithmetic (moe_permute.cu), value for value. A thread an output.
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce_combine(const float *__restrict__ partial, uint16_t *__restrict__ Y,
+			     const float *__restrict__ w, const int *__restrict__ perm, int chunks,
+			     int rows, int N, int T, int K)
+{
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
+	const long long plane = (long long)rows * N, total = (long long)T * N;
+	const int R = T * K;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+	     i += (long long)gridDim.x * blockDim.x) {
+		const int t = (int)(i / N), d = (int)(i % N);
+		float acc = 0.f;
+		for (int k = 0; k <= K; k++) {
+			const int r = k < K ? perm[t * K + k] : R + t;
+			const float *p = partial + (size_t)r * N + d;
+			float s = p[0];
+			for (int c = 1; c < chunks; c++)
+				s += p[c * plane];
+			const float v = bf16_to_f32(f32_to_bf16(s));
+			acc = k < K ? __fadd_rn(acc, __fmul_rn(v, w[(size_t)t * K + k])) : __fadd_rn(acc, v);
+		}
+		Y[i] = f32_to_bf16(acc);
+	}
+}

@@ -209,18 +209,32 @@ static int smem_optin(void *fn, int bytes)
 	return 0;
 }
 
+/* The MoE block's step fused into the K-chunk sum of a grouped GEMM (kind 0: none): SwiGLU and
+ * act_quant of the gate|up output into h8/hs (k_gemm_stream_reduce_swiglu), or the combine of
+ * the down output's T tokens (routing weights w, pick order perm, top-k K) into y
+ * (k_gemm_stream_reduce_combine). */
+enum { EPI_NONE, EPI_SWIGLU, EPI_COMBINE };
+struct stream_epi {
+	int kind;
+	gpu_ptr h8, hs;	  /* EPI_SWIGLU */
+	gpu_ptr w, perm; /* EPI_COMBINE */
+	int T, K;
+};
+
 /* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and not summed in the
  * kernel): dense when w_tab == 0 (W, S, rows = M), grouped otherwise (rows = max_rows).
- * h8 != 0: the K chunks summed by k_gemm_stream_reduce_swiglu into h8/hs instead (y unused;
- * -ENOTSUP when K is not chunked). */
+ * epi (may be NULL): the K chunks summed with that step instead (y: EPI_COMBINE's output, else
+ * unused; -ENOTSUP when K is not chunked). */
 static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			 gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
-			 int K, int ldy, gpu_ptr ws, int copy_only, int wg, gpu_ptr h8, gpu_ptr hs)
+			 int K, int ldy, gpu_ptr ws, int copy_only, int wg,
+			 const struct stream_epi *epi)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
-	if (h8 && (sp.chunks < 2 || N % 256))
+	const int ek = epi ? epi->kind : EPI_NONE;
+	if (ek != EPI_NONE && (sp.chunks < 2 || (ek == EPI_SWIGLU && N % 256)))
 		return -ENOTSUP;
 	if (sp.chunks > 1 && !ws && !copy_only)
 		return -EINVAL;
@@ -296,7 +310,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
-	if (copy_only || h8 || stream_fused == 0 || (stream_fused < 0 && wi == 2))
+	if (copy_only || ek != EPI_NONE || stream_fused == 0 || (stream_fused < 0 && wi == 2))
 		fused = 0;
 	int flags = (fused ? 1 : 0) | (stream_pipe && wi == 2 ? 2 : 0); /* ST_FUSED, ST_PIPE */
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
@@ -306,12 +320,21 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (r || sp.chunks == 1 || fused || copy_only)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
-	if (h8) {
+	if (ek == EPI_SWIGLU) {
 		int I = N / 2;
+		gpu_ptr h8 = epi->h8, hs = epi->hs;
 		void *sargs[] = {&ws, &h8, &hs, &sp.chunks, &rows, &rows_dev, &I};
 		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
 		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
 				  sb < 1024 ? sb : 1024, 1, 256, 0, sargs);
+	}
+	if (ek == EPI_COMBINE) {
+		gpu_ptr w = epi->w, perm = epi->perm;
+		int T = epi->T, tk = epi->K;
+		void *cargs[] = {&ws, &y, &w, &perm, &sp.chunks, &rows, &N, &T, &tk};
+		unsigned cb = (unsigned)(((long long)T * N + 255) / 256);
+		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
+				  cb < 1024 ? cb : 1024, 1, 256, 0, cargs);
 	}
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N + 255) / 256);
@@ -354,14 +377,14 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 			M, N, K, ldy);
 		return -EINVAL;
 	}
-	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg, 0, 0);
+	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg, NULL);
 }
 
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128)
 		return -EINVAL;
-	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1, 0, 0, 0);
+	return stream_launch(g, 0, 0, 0, 0, W, 0, x8, 0, 0, M, N, K, N, 0, 1, 0, NULL);
 }
 
 /* The previous decode kernel (gemm_fp8_decode.cu: 16-byte register loads, ksplit warps per
@@ -426,7 +449,7 @@ size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G,
 /* The streaming kernel over the groups; h8 != 0: with SwiGLU in the chunk sum (stream_launch). */
 static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
-			  gpu_ptr ws, size_t ws_bytes, int wg, gpu_ptr h8, gpu_ptr hs)
+			  gpu_ptr ws, size_t ws_bytes, int wg, const struct stream_epi *epi)
 {
 	if (G < 1 || max_rows < 0 || N % 16 || K % 128 || ldy < N || !w_tab || !s_tab || !off) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_grouped: unsupported shape G=%d rows=%d N=%d "
@@ -438,7 +461,7 @@ static int grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	if (ws_bytes < cuda_gemm_fp8_grouped_workspace(g, max_rows, G, N, K))
 		return -EINVAL;
 	return stream_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws, 0,
-			     wg, h8, hs);
+			     wg, epi);
 }
 
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
@@ -446,7 +469,7 @@ int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 				 int ldy, gpu_ptr ws, size_t ws_bytes)
 {
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
-			      0, 0, 0);
+			      0, NULL);
 }
 
 /* Whether cuda_gemm_fp8_grouped runs the wgmma kernel: many rows per group (prefill), from 64
@@ -477,7 +500,7 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 	 * 2.94 / 2.38 TB/s against 2.43 / 2.00 for mma.sync and 2.02 / 1.51 for the wgmma grouped
 	 * kernel on gate|up / down) */
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy, ws, ws_bytes,
-			      !cuda_gemm_batch_invariant(g), 0, 0);
+			      !cuda_gemm_batch_invariant(g), NULL);
 }
 
 int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
@@ -486,8 +509,22 @@ int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 {
 	if (grouped_wgmma(g, max_rows, G, N, N) || !h8 || !hs)
 		return -ENOTSUP;
+	const struct stream_epi epi = {EPI_SWIGLU, h8, hs, 0, 0, 0, 0};
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, 0, max_rows, N, K, N, ws, ws_bytes,
-			      !cuda_gemm_batch_invariant(g), h8, hs);
+			      !cuda_gemm_batch_invariant(g), &epi);
+}
+
+int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int T, int topk,
+				  gpu_ptr wts, gpu_ptr perm, int N, int K, gpu_ptr ws,
+				  size_t ws_bytes)
+{
+	const int max_rows = T * (topk + 1);
+	if (T < 1 || topk < 1 || grouped_wgmma(g, max_rows, G, N, N) || !wts || !perm)
+		return -ENOTSUP;
+	const struct stream_epi epi = {EPI_COMBINE, 0, 0, wts, perm, T, topk};
+	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, N, ws, ws_bytes,
+			      !cuda_gemm_batch_invariant(g), &epi);
 }
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */

@@ -177,6 +177,19 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
 				 int N, int K, gpu_ptr ws, size_t ws_bytes);
+/* cuda_gemm_fp8_grouped of the MoE down projection with the combine in the K-chunk sum
+ * (k_gemm_stream_reduce_combine): the rows of x8/sx are the R = T * topk routed rows in
+ * expert-sorted order then the T shared-expert rows (max_rows = R + T), and
+ *   y[t, :N] = bf16( Σ_k e[perm[t * topk + k]] · wts[t, k] + e[R + t] )
+ * (e: the GEMM's bf16 rows; one fp32 multiply and one add each in pick order, no FMA) =
+ * k_moe_combine (kernels_ptx/moe_permute.cu) of cuda_gemm_fp8_grouped's output, bit for bit in
+ * either mode; y bf16 [T, N]. wts fp32 [T, topk], perm int32 [T * topk]. -ENOTSUP where
+ * cuda_gemm_fp8_grouped would not run the streaming kernel or K is not chunked. ws:
+ * cuda_gemm_fp8_grouped_workspace(g, R + T, G, N, K) bytes. */
+int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
+				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int T, int topk,
+				  gpu_ptr wts, gpu_ptr perm, int N, int K, gpu_ptr ws,
+				  size_t ws_bytes);
 /* The streaming kernel whatever max_rows (tests and the benchmark). */
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,

@@ -333,4 +333,90 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 	gpu_close(&g);
 }
 
+/* cuda_gemm_fp8_grouped_combine (the MoE combine in the K-chunk sum) against
+ * cuda_gemm_fp8_grouped then k_moe_combine (kernels_ptx/moe_permute.cu) on the same operands:
+ * y byte for byte, in both modes. Two tokens, three picks each over six experts (one expert
+ * picked by both), then the shared expert as group 6 on rows R .. R + T - 1; K chunked. */
+TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	enum { G = 7, T = 2, TK = 3, R = T * TK, RT = R + T };
+	const int N = 1024, K = 2048, KB = K / 128;
+	static const int off[G + 1] = {0, 1, 1, 3, 4, 5, 6, 8};
+	static const int perm[R] = {0, 1, 4, 2, 3, 5}; /* token t's picks in ascending expert id */
+	const float wts[R] = {0.5f, 0.3125f, 0.1875f, 0.71875f, 0.25f, 0.03125f};
+	uint64_t seed = 4343;
+	uint8_t *W = malloc((size_t)N * K), *xq = malloc((size_t)RT * K);
+	float *S = malloc((size_t)(N / 128) * KB * 4), *sx = malloc((size_t)RT * KB * 4),
+	      *x = malloc((size_t)K * 4);
+	uint64_t wt[G], st[G];
+	gpu_ptr dW[G], dS[G];
+	for (int m = 0; m < RT; m++) {
+		fill_rows(x, 1, K, &seed);
+		cpu_act_quant(x, K, xq + (size_t)m * K, sx + (size_t)m * KB);
+	}
+	for (int e = 0; e < G; e++) {
+		for (size_t i = 0; i < (size_t)N * K; i++) {
+			uint8_t b = (uint8_t)test_rand(&seed);
+			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
+		}
+		for (int i = 0; i < (N / 128) * KB; i++)
+			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
+		dW[e] = gpu_test_alloc((size_t)N * K), dS[e] = gpu_test_alloc((size_t)(N / 128) * KB * 4);
+		REQUIRE(gpu_upload(&g, dW[e], W, (size_t)N * K) == 0);
+		REQUIRE(gpu_upload(&g, dS[e], S, (size_t)(N / 128) * KB * 4) == 0);
+		wt[e] = dW[e], st[e] = dS[e];
+	}
+	gpu_ptr dwt = gpu_test_alloc(G * 8), dst = gpu_test_alloc(G * 8),
+		doff = gpu_test_alloc((G + 1) * 4), dx = gpu_test_alloc((size_t)RT * K),
+		dsx = gpu_test_alloc((size_t)RT * KB * 4), dey = gpu_test_alloc((size_t)RT * N * 2),
+		dw = gpu_test_alloc(R * 4), dperm = gpu_test_alloc(R * 4),
+		dref = gpu_test_alloc((size_t)T * N * 2), dy = gpu_test_alloc((size_t)T * N * 2);
+	REQUIRE(gpu_upload(&g, dwt, wt, G * 8) == 0 && gpu_upload(&g, dst, st, G * 8) == 0);
+	REQUIRE(gpu_upload(&g, doff, off, (G + 1) * 4) == 0);
+	REQUIRE(gpu_upload(&g, dx, xq, (size_t)RT * K) == 0);
+	REQUIRE(gpu_upload(&g, dsx, sx, (size_t)RT * KB * 4) == 0);
+	REQUIRE(gpu_upload(&g, dw, wts, R * 4) == 0 && gpu_upload(&g, dperm, perm, R * 4) == 0);
+	size_t wsb = cuda_gemm_fp8_grouped_workspace(&g, RT, G, N, K);
+	REQUIRE(wsb > 0); /* K chunked: the fused form applies */
+	gpu_ptr dws = gpu_test_alloc(wsb);
+	uint16_t *y_ref = malloc((size_t)T * N * 2), *y_got = malloc((size_t)T * N * 2);
+	for (int fast = 0; fast < 2; fast++) {
+		cuda_gemm_set_batch_invariant(&g, !fast);
+		gpu_test_poison(&g, dref, (size_t)T * N * 2);
+		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dey, RT, N, K, N, dws,
+					      wsb) == 0);
+		gpu_ptr sh = dey + (size_t)R * N * 2;
+		int t_ = T, k_ = TK, n_ = N;
+		void *args[] = {&dey, &dw, &dperm, &sh, &dref, &t_, &k_, &n_};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_combine"), (T * N + 255) / 256, 1, 1, 256,
+				   1, 1, 0, args) == 0);
+		gpu_test_poison(&g, dy, (size_t)T * N * 2);
+		REQUIRE(cuda_gemm_fp8_grouped_combine(&g, dwt, dst, doff, G, dx, dsx, dy, T, TK, dw,
+						      dperm, N, K, dws, wsb) == 0);
+		REQUIRE(gpu_sync(&g) == 0);
+		REQUIRE(gpu_download(&g, y_ref, dref, (size_t)T * N * 2) == 0);
+		REQUIRE(gpu_download(&g, y_got, dy, (size_t)T * N * 2) == 0);
+		long long differ = 0, first = -1;
+		for (long long i = 0; i < (long long)T * N; i++)
+			if (y_ref[i] != y_got[i]) {
+				first = first < 0 ? i : first;
+				differ++;
+			}
+		printf("    combine in the chunk sum (%s mode) T=%d top-k=%d N=%d K=%d: %lld of %lld "
+		       "outputs differ (first %lld)\n", fast ? "fast" : "batch-invariant", T, TK, N, K,
+		       differ, (long long)T * N, first);
+		CHECK_EQ_INT(differ, 0);
+	}
+	cuda_gemm_set_batch_invariant(&g, 1);
+	for (int e = 0; e < G; e++)
+		cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
+	cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff), cu.cuMemFree(dx);
+	cu.cuMemFree(dsx), cu.cuMemFree(dey), cu.cuMemFree(dw), cu.cuMemFree(dperm);
+	cu.cuMemFree(dref), cu.cuMemFree(dy), cu.cuMemFree(dws);
+	free(W), free(xq), free(S), free(sx), free(x), free(y_ref), free(y_got);
+	gpu_close(&g);
+}
+
 #endif
