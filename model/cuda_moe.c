@@ -21,7 +21,10 @@
  *      K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same bits); gu is
  *      then never written (a bench stage SWIGLU timed alone runs the separate kernel)
  *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
- *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..).
+ *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..);
+ *      on the streaming kernel the down GEMM's K-chunk sum does it where it can
+ *      (cuda_gemm_fp8_grouped_combine: the same bits; a bench stage COMBINE timed alone runs
+ *      the separate kernel).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
  * act_quant as in cpu_fp8_linear. The shared expert's rows are the same function as a routed
  * expert's (same shapes: n_shared_experts == 1), so it is one more group.
@@ -498,7 +501,18 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	if (!rc && (stages & CUDA_MOE_SWIGLU) && !sw_done)
 		rc = swiglu_quant(g, b[B_GU], b[B_H8], b[B_HS], RT, I);
 	stats_mark(g, ST_SWIGLU + 1);
-	if (!rc && (stages & CUDA_MOE_W2)) {
+	/* on the streaming kernel the down GEMM's chunk sum does the combine where it can
+	 * (cuda_gemm_fp8_grouped_combine, engineer G's: the same bits; -ENOTSUP: not), unless the
+	 * expert outputs are tapped */
+	int comb_done = 0;
+	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !unfused() && !(tr && (tr->ey || tr->sh))) {
+		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
+						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
+						   b[B_WS], ws_bytes);
+		comb_done = rc == 0;
+		rc = rc == -ENOTSUP ? 0 : rc;
+	}
+	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
 		rc = grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS],
 			     b[B_EY], RT, D, I, b[B_WS], ws_bytes);
 		if (!rc && tr)
@@ -510,7 +524,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	if (rc)
 		return rc;
 	/* y = bf16( sum of weighted expert rows + shared ) */
-	if (stages & CUDA_MOE_COMBINE) {
+	if ((stages & CUDA_MOE_COMBINE) && !comb_done) {
 		gpu_ptr sh = b[B_EY] + (size_t)R * D * 2;
 		void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], &sh, &y, &T,
 				 &K, &D};
@@ -533,8 +547,8 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 		 !fused ? k.name : gate_route1(&d) ? "k_moe_gate_route1" : "k_moe_gate_route_a8",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? unfused() ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
-			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU in the gate|up "
-				 "chunk sum where it runs)"
+			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
+				 "in the chunk sums where they run)"
 		 : unfused() ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
 	return buf;
 }
