@@ -125,28 +125,6 @@ int fwd_side_close(struct fwd *F)
 	return 0;
 }
 
-/* DSV32_CUDA_FWD_L2PF=1, a decode step's MoE layer whose q branch ran on the side stream: the
- * router's gate and the shared expert's weights (known before the routing) brought into L2 on
- * that stream, while the engine stream runs the top-k, the MLA and o_proj (latency-bound or
- * short of HBM bandwidth at a few rows), for the MoE block's kernels after them. Only reads
- * constant data: no order with the engine stream's work is needed (joined at the step's end). */
-static int side_prefetch(struct fwd *F, const struct fwd_layer *L)
-{
-	if (!F->forked || !F->l2pf || !L->is_moe || !L->moe_ready || F->T > FWD_GRAPH_MAX_ROWS)
-		return 0;
-	const struct dsv32_config *c = F->c;
-	gpu_ptr p0 = L->gate, p1 = L->sh13.w, p2 = L->sh2.w;
-	long long n0 = (long long)c->n_routed_experts * c->hidden_size * 2;
-	long long n1 = (long long)L->sh13.out * L->sh13.in, n2 = (long long)L->sh2.out * L->sh2.in;
-	void *a[] = {&p0, &n0, &p1, &n1, &p2, &n2};
-	void *main = F->g->stream;
-	F->g->stream = F->E->side;
-	int r = fwd_launch(F, "k_fwd_l2_prefetch", 24, 1, 1, 128, 0, a, 0);
-	F->g->stream = main;
-	F->side_open = 1;
-	return r;
-}
-
 /* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
  * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
  * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. With them attn_q
@@ -195,7 +173,6 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 			return fwd_fail("cuda_indexer_topk", r);
 		fwd_prof_mark(F->g->stream, "indexer topk");
 	}
-	F->forked = fork;
 	if (fork)
 		TRY(fwd_side_close(F));
 	gpu_arena_release(F->A, mark);
@@ -331,7 +308,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
 	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse};
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
-	TRY(side_prefetch(F, L));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
