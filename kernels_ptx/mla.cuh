@@ -61,3 +61,21 @@ __device__ __forceinline__ uint4 mla_record_chunk(const uint8_t *rp, int c, int 
 	return make_uint4(bf16x2_to_f16x2(src[0]), bf16x2_to_f16x2(src[1]), bf16x2_to_f16x2(src[2]),
 			  bf16x2_to_f16x2(src[3]));
 }
+
+// Four e4m3 codes (the bytes of w, b0 first) as two fp16x2, lo = (b0, b1) and hi = (b2, b3), each
+// value times 2^-8, by integer operations (no conversion unit): an e4m3 byte s eeee mmm placed as
+// the fp16 bits s 0eeee mmm 0000000 is its value over 2^8 (exponent biases 7 and 15; e4m3
+// subnormals become fp16 subnormals, also exact). A caller multiplies by its scale times 2^8.
+__device__ __forceinline__ void e4m3x4_to_f16x2_m8(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+	const uint32_t a = __byte_perm(w, 0, 0x1404), b = __byte_perm(w, 0, 0x3424);
+	lo = (a & 0x80008000u) | ((a & 0x7F007F00u) >> 1);
+	hi = (b & 0x80008000u) | ((b & 0x7F007F00u) >> 1);
+}
+
+__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t b)
+{
+	uint32_t r;
+	asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+	return r;
+}

@@ -5,12 +5,11 @@
 // k_mla_decode_wg: the arguments of k_mla_decode; R = 512, 656-byte records, H % 64 == 0 (the
 // launcher, model/cuda_attn.c, checks). Grid (H / 64, B, splits), 384 threads = 3 warpgroups, one
 // block = 64 heads of one row over keys_per_split of its keys, in tiles of 32 keys:
-//   warpgroup 2 (the producer): gathers the 656-byte records of the next tile by slot id with
-//     cp.async into raw[2] (warp pw owns keys 8 pw .. +8 of every tile, its lanes the 16-byte
-//     chunks of a record), dequantises the current one into the fp16 key tile K[t % 2] (zero
-//     rows for keys past the list's end) and hands it over (named barrier FULL[t % 2]); it
-//     waits for the consumers to release a buffer (EMPTY) before overwriting it. The records of
-//     tile t + 3 are prefetched into L2 (cp.async.bulk.prefetch) while tile t + 1's are gathered.
+//   warpgroup 2 (the producer): loads the split's slots into shared memory once, then gathers
+//     the 656-byte records of the next tile by slot id with cp.async into raw[2] (warp pw owns
+//     keys 8 pw .. +8 of every tile, its lanes the 16-byte chunks of a record), dequantises the
+//     current one into the fp16 key tile K[t % 2] and hands it over (named barrier FULL[t % 2]);
+//     it waits for the consumers to release a buffer (EMPTY) before overwriting it.
 //   warpgroups 0 and 1 (the consumers), for each tile:
 //     1. S_w = Q K^T over the k16 steps 2i + w (dims 32 (2i + w) .. + 16, i < 18; 18 wgmma
 //        m64n32k16, Q and K from shared memory): the two halves of the 576-dim dot products;
@@ -24,7 +23,7 @@
 // Shared memory (mw_smem_bytes in model/cuda_attn.c, 1024-aligned): Q [9 column blocks of 64
 // dims][64 heads][128 B] fp16, K[2] [9][32 keys][128 B] fp16, both in the 128-byte swizzle
 // (wgmma.cuh), the S exchange [2 tiles][2 warpgroups][16][128] fp32, raw[2] [32][656] bytes,
-// the tiles' key validity [2][32] ints.
+// the split's slots [MW_MAXK] ints (keys_per_split <= MW_MAXK).
 // k_mla_decode_wgp: the same with the consumers' steps pipelined across tiles: S of tile t + 1
 // is issued before P V of tile t, and the softmax of t + 1 runs while P V of t is on the tensor
 // cores (see mla_wg). The same arithmetic, so the same bits as k_mla_decode_wg.
@@ -36,8 +35,7 @@
 // (tests/gpu/test_gpu_mla.c).
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs (k_mla_decode_wg only), bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
-// stores; bit 16 swaps the V descriptor's two strides (a layout probe: a wrong result); bit 18
-// leaves out the producer's L2 prefetch of the records (the same result).
+// stores.
 #include "common.cuh"
 #include "mla.cuh"
 #include "mma.cuh"
@@ -57,6 +55,8 @@
 #define MW_BAR_FULL 1  // + buffer: the producer's tile is in K[buffer]
 #define MW_BAR_EMPTY 3 // + buffer: the consumers are done with K[buffer]
 #define MW_BAR_CONS 5  // the 256 consumer threads
+#define MW_BAR_PROD 6  // the 128 producer threads
+#define MW_MAXK 2048   // keys a split at most (its slots are held in shared memory)
 
 __device__ __forceinline__ void mw_bar_sync(int id, int n)
 {
@@ -96,20 +96,14 @@ __device__ __forceinline__ uint32_t mw_chunk(int r, int c, int cb_bytes)
 	return (c >> 3) * cb_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-// lanes 0..7: the slot of key 8 pw + lane of the tile at k0 (-1 at and beyond k_end)
-__device__ __forceinline__ int mw_slot(const int *__restrict__ srow, int k0, int k_end, int pw, int lane)
-{
-	const int k = k0 + 8 * pw + lane;
-	return lane < 8 && k < k_end ? __ldg(srow + k) : -1;
-}
-
-// Warp pw's cp.async gather of its 8 keys' records (slots in lanes 0..7 of sl) into raw_tile
-__device__ __forceinline__ void mw_gather(int sl, const uint8_t *__restrict__ pool, uint8_t *raw_tile, int pw,
-					  int lane)
+// Warp pw's cp.async gather of its 8 keys' records (slots ssl_tile[8 pw ..], -1: none) into
+// raw_tile
+__device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__restrict__ pool, uint8_t *raw_tile,
+					  int pw, int lane)
 {
 #pragma unroll
 	for (int j = 0; j < 8; j++) {
-		const int slot = __shfl_sync(0xffffffffu, sl, j);
+		const int slot = ssl_tile[8 * pw + j];
 		if (slot < 0)
 			continue;
 		const uint8_t *src = pool + (size_t)slot * MW_REC;
@@ -121,59 +115,73 @@ __device__ __forceinline__ void mw_gather(int sl, const uint8_t *__restrict__ po
 	cp_async_commit();
 }
 
-// Warp pw's 8 keys of a tile, dequantised from raw_tile into the key tile kt: 8 x 72 chunks, lane
-// i takes items i + 32 q; c_kv = e4m3 code x its 128-wide tile's scale, k_pe bf16 -> fp16, zeros
-// for a key without a slot
-__device__ __forceinline__ void mw_dequant(int sl, const uint8_t *raw_tile, uint8_t *kt, int pw, int lane)
+// Warp pw's 8 keys of a tile, dequantised from raw_tile into the key tile kt, branch-free: the
+// latent as 16 items a lane (key q / 2, chunk lane + 32 (q % 2): 8 codes by mla.cuh's integer
+// placement, times their 128-wide tile's scale x 2^8 — the same fp16 product, rounded once, as
+// converting the code and multiplying by the scale), the rope as 2 (key lane / 8 + 4 r, chunk
+// 64 + lane % 8: bf16 -> fp16). Every key is converted: one past the list's end holds zeros or an
+// older valid record (finite), and the consumers mask it. (Run 12: the first version, a branch on
+// the slot and on latent / rope in each of 18 items a lane, one key's slot by shuffle each, was
+// the kernel's bound: ~4000 cycles a tile.)
+__device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *kt, int pw, int lane)
 {
-#pragma unroll 6
-	for (int q = 0; q < 18; q++) {
-		const int i = lane + 32 * q, j = i / 72, c = i - 72 * j, kk = 8 * pw + j;
-		const int slot = __shfl_sync(0xffffffffu, sl, j);
+#pragma unroll
+	for (int q = 0; q < 16; q++) {
+		const int kk = 8 * pw + (q >> 1), c = lane + 32 * (q & 1);
 		const uint8_t *rp = raw_tile + kk * MW_REC;
-		const uint4 out = slot >= 0 ? mla_record_chunk(rp, c, MW_R) : make_uint4(0, 0, 0, 0);
-		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) = out;
+		const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
+		const float sc = *reinterpret_cast<const float *>(rp + MW_R + (c >> 4) * 4) * 256.f;
+		const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
+		uint32_t w0, w1, w2, w3;
+		e4m3x4_to_f16x2_m8(codes.x, w0, w1);
+		e4m3x4_to_f16x2_m8(codes.y, w2, w3);
+		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) =
+			make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
+	}
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		const int kk = 8 * pw + (lane >> 3) + 4 * r, c = MW_R / 8 + (lane & 7);
+		const uint4 v = *reinterpret_cast<const uint4 *>(raw_tile + kk * MW_REC + MW_R + 16 + 16 * (lane & 7));
+		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) =
+			make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
 	}
 }
 
-// Lanes 0..7 of warp pw: an L2 prefetch of their key's record (slot sl; none for -1), a tile
-// ahead of its gather
-__device__ __forceinline__ void mw_prefetch(int sl, const uint8_t *__restrict__ pool)
-{
-	if (sl >= 0)
-		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pool + (size_t)sl * MW_REC), "n"(MW_REC)
-			     : "memory");
-}
-
-// The producer warpgroup: gathers tile t + 1 while dequantising tile t, and prefetches tile
-// t + 3's records into L2 (see the header)
+// The producer warpgroup (see the header): the split's slots into ssl (all loads in flight
+// together: run 12 lost ~1 us a tile to a slot load exposed every tile) and raw zeroed, then
+// gathers tile t + 1 while dequantising tile t
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
-					   const uint8_t *__restrict__ pool, uint8_t *ktiles, uint8_t *raw, int *cval,
+					   const uint8_t *__restrict__ pool, uint8_t *ktiles, uint8_t *raw, int *ssl,
 					   int diag)
 {
-	const int pw = (threadIdx.x >> 5) - 8, lane = threadIdx.x & 31;
-	const bool pf = !(diag & 0x40000);
-	int sl_next = mw_slot(srow, k_begin, k_end, pw, lane);
+	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
+	for (int i0 = 0; i0 < nt * MW_KT; i0 += 8 * 128) {
+		int v[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			const int k = k_begin + i0 + 128 * u + ptid;
+			v[u] = k < k_end ? __ldg(srow + k) : -1;
+		}
+#pragma unroll
+		for (int u = 0; u < 8; u++)
+			if (i0 + 128 * u + ptid < nt * MW_KT)
+				ssl[i0 + 128 * u + ptid] = v[u];
+	}
+	for (int i = ptid; i < 2 * MW_KT * MW_REC / 16; i += 128)
+		reinterpret_cast<uint4 *>(raw)[i] = make_uint4(0, 0, 0, 0);
+	mw_bar_sync(MW_BAR_PROD, 128);
 	if (nt > 0)
-		mw_gather(sl_next, pool, raw, pw, lane);
-	for (int t = 1; pf && t < 3 && t < nt; t++)
-		mw_prefetch(mw_slot(srow, k_begin + t * MW_KT, k_end, pw, lane), pool);
+		mw_gather(ssl, pool, raw, pw, lane);
 	for (int t = 0; t < nt; t++) {
-		const int s = t & 1, sl = sl_next;
-		if (t + 1 < nt)
-			sl_next = mw_slot(srow, k_begin + (t + 1) * MW_KT, k_end, pw, lane);
-		if (pf && t + 3 < nt)
-			mw_prefetch(mw_slot(srow, k_begin + (t + 3) * MW_KT, k_end, pw, lane), pool);
+		const int s = t & 1;
 		cp_async_wait_all();
 		__syncwarp(); // the warp's records of tile t landed; its reads of raw[s ^ 1] (tile t - 1) done
 		if (t + 1 < nt && !((diag & 1) && t >= 1))
-			mw_gather(sl_next, pool, raw + (s ^ 1) * MW_KT * MW_REC, pw, lane);
+			mw_gather(ssl + (t + 1) * MW_KT, pool, raw + (s ^ 1) * MW_KT * MW_REC, pw, lane);
 		if (t >= 2)
 			mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		if (!((diag & 4) && t >= 2))
-			mw_dequant(sl, raw + s * MW_KT * MW_REC, ktiles + s * MW_K_BYTES, pw, lane);
-		if (lane < 8)
-			cval[s * MW_KT + 8 * pw + lane] = sl >= 0;
+			mw_dequant(raw + s * MW_KT * MW_REC, ktiles + s * MW_K_BYTES, pw, lane);
 		fence_proxy_async();
 		mw_bar_arrive(MW_BAR_FULL + s, MW_THREADS);
 	}
@@ -213,7 +221,8 @@ struct mw_soft {
 	float m0, m1, l0, l1;
 };
 
-// Steps 2 of the header for tile buffer s: this warpgroup's half sp of S through the exchange
+// Steps 2 of the header for tile buffer s (cv: the tile's slots, -1 masks a key): this
+// warpgroup's half sp of S through the exchange
 // (the same fragment position in the other warpgroup), S = S_0 + S_1, scaled and masked, the
 // running maxima and sums updated; out: the A fragments of P V (k16 step kk = keys 16 kk ..:
 // a0 head g keys 2 t4 + {0, 1}, a1 head g + 8, a2 and a3 the same keys + 8) and the factors
@@ -234,7 +243,7 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 	for (int jb = 0; jb < 4; jb++)
 #pragma unroll
 		for (int e = 0; e < 2; e++) {
-			const bool ok = cv[8 * jb + 2 * t4 + e] != 0;
+			const bool ok = cv[8 * jb + 2 * t4 + e] >= 0;
 			const int j0 = 4 * jb + e, j1 = j0 + 2;
 			sc[j0] = ok ? (x0[j0 * 128 + wt] + x1[j0 * 128 + wt]) * scale : -INFINITY;
 			sc[j1] = ok ? (x0[j1 * 128 + wt] + x1[j1 * 128 + wt]) * scale : -INFINITY;
@@ -319,7 +328,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 	uint8_t *ktiles = smem + MW_Q_BYTES;                                          // K[2]
 	float *xs = reinterpret_cast<float *>(ktiles + 2 * MW_K_BYTES);               // [2][2][MW_XS]
 	uint8_t *raw = reinterpret_cast<uint8_t *>(xs + 4 * MW_XS);                   // [2][32][656]
-	int *cval = reinterpret_cast<int *>(raw + 2 * MW_KT * MW_REC);                // [2][32]
+	int *ssl = reinterpret_cast<int *>(raw + 2 * MW_KT * MW_REC);                 // [MW_MAXK]
 
 	const int tid = threadIdx.x, lane = tid & 31;
 	const int b = blockIdx.y, h0 = blockIdx.x * MW_HG;
@@ -332,7 +341,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce(srow, k_begin, k_end, nt, pool, ktiles, raw, cval, diag);
+		mw_produce(srow, k_begin, k_end, nt, pool, ktiles, raw, ssl, diag);
 		return;
 	}
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -360,7 +369,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 	mw_bar_sync(MW_BAR_CONS, 256);
 
 	// V descriptor strides: 64-dim column blocks MW_KCB apart (N), 8-key groups 1024 apart (K)
-	const uint32_t lbo = (diag & 0x10000) ? 1024 : MW_KCB, sbo = (diag & 0x10000) ? MW_KCB : 1024;
+	const uint32_t lbo = MW_KCB, sbo = 1024; // (run 12: the strides swapped fail)
 	const bool mma = !(diag & 2);
 	float o[128]; // O_w: register 4j + {0, 1}: head 16 wi + g, dims 256 wg + 8j + 2 t4 + {0, 1}; + {2, 3}: head + 8
 #pragma unroll
@@ -385,7 +394,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 		for (; t < nt; t++) {
 			const int s = t & 1;
 			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
-			if (cval[s * MW_KT]) { // else the list ended before this tile: nothing to add
+			if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
 				if (mma) {
 					mw_s_now(sp, dq, MW_DK_AT(t));
 				} else {
@@ -393,7 +402,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 					for (int j = 0; j < 16; j++)
 						sp[j] = 0.f;
 				}
-				mw_softmax(sp, xs, cval + s * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
+				mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
 				mw_rescale(o, c0, c1);
 				if (mma)
 					mw_pv_now<LO>(o, ph, pl, MW_DV_AT(t));
@@ -406,18 +415,18 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 		// wgmmas when their issue or waits depend on a branch: so no diag bit 1 here)
 		if (nt > 0) {
 			mw_bar_sync(MW_BAR_FULL, MW_THREADS);
-			if (!cval[0]) { // an empty list
+			if (ssl[0] < 0) { // an empty list
 				MW_RELEASE(0);
 				t = 1;
 			} else {
 				mw_s_now(sp, dq, MW_DK_AT(0));
-				mw_softmax(sp, xs, cval, 0, wg, wt, t4, scale, st, ph, pl, c0, c1);
+				mw_softmax(sp, xs, ssl, 0, wg, wt, t4, scale, st, ph, pl, c0, c1);
 				for (;;) {
 					const int u = t + 1;
 					if (u >= nt)
 						break;
 					mw_bar_sync(MW_BAR_FULL + (u & 1), MW_THREADS);
-					if (!cval[(u & 1) * MW_KT]) { // the list ended before tile u
+					if (ssl[u * MW_KT] < 0) { // the list ended before tile u
 						MW_RELEASE(u);
 						break;
 					}
@@ -429,7 +438,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 					wg_commit();
 					asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 					mw_fence_regs(sp, 16);
-					mw_softmax(sp, xs, cval + (u & 1) * MW_KT, u & 1, wg, wt, t4, scale, st, qh, ql, c0, c1);
+					mw_softmax(sp, xs, ssl + u * MW_KT, u & 1, wg, wt, t4, scale, st, qh, ql, c0, c1);
 					wg_wait0();
 					mw_fence_regs(o, 128);
 					// P V of t read ph / pl until here: the new weights must not take their

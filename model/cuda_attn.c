@@ -50,13 +50,14 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
 }
 
 /* k_mla_decode_wg (kernels_ptx/mla_wgmma.cu): the real latent only (R = 512, 656-byte records),
- * 64 heads a block; its dynamic shared memory (the kernel's layout comment): 1024 of alignment, Q
- * [9][64][128 B], two key tiles [9][32][128 B], the S exchange 4 x 2048 floats, two tiles of raw
- * records 2 x 32 x 656 bytes, the validity of two tiles (2 x 32 ints). */
+ * 64 heads a block, at most MLA_WG_MAXK keys a split; its dynamic shared memory (the kernel's
+ * layout comment): 1024 of alignment, Q [9][64][128 B], two key tiles [9][32][128 B], the S
+ * exchange 4 x 2048 floats, two tiles of raw records 2 x 32 x 656 bytes, the split's slots. */
 #define MLA_WG_REC 656
+#define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
-	return 1024 + 9 * 64 * 128 + 2 * 9 * 32 * 128 + 4 * 2048 * 4 + 2 * 32 * MLA_WG_REC + 2 * 32 * 4;
+	return 1024 + 9 * 64 * 128 + 2 * 9 * 32 * 128 + 4 * 2048 * 4 + 2 * 32 * MLA_WG_REC + MLA_WG_MAXK * 4;
 }
 
 /* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
@@ -101,7 +102,7 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 		return -EINVAL;
 	int kps = mla_keys_per_split(ld_sel, splits);
 	splits = (ld_sel + kps - 1) / kps;
-	if (splits > 1 && !ws)
+	if ((splits > 1 && !ws) || ((diag & 128) && kps > MLA_WG_MAXK))
 		return -EINVAL;
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128;
 	if (wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG))
@@ -110,7 +111,7 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 			   : diag & 0x80000 ? "k_mla_decode_wgp_hi"
 			   : diag & 0x20000 ? "k_mla_decode_wgp"
 					    : "k_mla_decode_wg";
-	diag &= 0x67 | 0x10000 | 0x40000; /* the kernel's own switches */
+	diag &= 0x67; /* the kernel's own switches */
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;

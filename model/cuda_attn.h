@@ -28,11 +28,10 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
  * keys; ws must then hold B x H x splits x (R + 2) floats, as cuda_mla_decode_workspace; a
  * correct result). Bit 7 takes k_mla_decode_wg (kernels_ptx/mla_wgmma.cu: wgmma, R = 512 and
- * 656-byte records and H % 64 == 0 only, else -EINVAL; the same limits of attn_latent), where
- * bit 16 swaps its V descriptor's strides (a layout probe; a wrong result), bit 17 takes its
- * pipelined form k_mla_decode_wgp (the same bits), bit 18 leaves out their L2 prefetch of the
- * records (the same bits) and bit 19 takes k_mla_decode_wgp_hi (a probe: the weights rounded to
- * fp16 once, outside the limits of attn_latent). */
+ * 656-byte records and H % 64 == 0 and at most 2048 keys a split only, else -EINVAL; the same
+ * limits of attn_latent), where bit 17 takes its pipelined form k_mla_decode_wgp (the same bits)
+ * and bit 19 k_mla_decode_wgp_hi (a probe: the weights rounded to fp16 once, outside the limits
+ * of attn_latent). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

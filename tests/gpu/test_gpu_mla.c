@@ -26,8 +26,7 @@
 
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
  * forward's path), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag bit 7) instead,
- * 2 the same with its V descriptor's strides swapped (diag bit 16), printed only (run 12's
- * layout probe), 3 k_mla_decode_wgp (bit 17), 4 k_mla_decode_wgp_hi (bit 19), printed only */
+ * 3 k_mla_decode_wgp (bit 17), 4 k_mla_decode_wgp_hi (bit 19), printed only */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -92,8 +91,8 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
-					     force << 8 | (wg ? 128 : 0) | (wg == 2 ? 0x10000 : 0) | (wg == 3 ? 0x20000 : 0) |
-						     (wg == 4 ? 0x80000 : 0)) == 0);
+					     force << 8 | (wg ? 128 : 0) | (wg == 3 ? 0x20000 : 0) | (wg == 4 ? 0x80000 : 0)) ==
+			0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -128,8 +127,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 2   ? "k_mla_decode_wg, V strides swapped (a probe, not checked)"
-	       : wg == 4 ? "k_mla_decode_wgp_hi, P_hi only (a probe of a fast mode's departure, not checked)"
+	       wg == 4 ? "k_mla_decode_wgp_hi, P_hi only (a probe of a fast mode's departure, not checked)"
 	       : wg == 3 ? "k_mla_decode_wgp"
 	       : wg      ? "k_mla_decode_wg"
 			 : "mla decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
@@ -145,7 +143,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 		       (long long)bad_dim[3], (long long)bad_dim[4], (long long)bad_dim[5], (long long)bad_dim[6],
 		       (long long)bad_dim[7], (long long)bad_head[0], (long long)bad_head[1], (long long)bad_head[2],
 		       (long long)bad_head[3]);
-	if (wg != 2 && wg != 4)
+	if (wg != 4)
 		CHECK_EQ_INT(bad, 0);
 	cu.cuMemFree(d_q), cu.cuMemFree(d_sel), cu.cuMemFree(d_pool), cu.cuMemFree(d_o);
 	free(pool), free(ckv), free(qf), free(qh), free(sel), free(kv), free(score), free(ref), free(A), free(vmax), free(got);
@@ -194,7 +192,6 @@ TEST_T(gpu_mla, decode_wg_matches_cpu, 300)
 		check_mla(&g, 512, 64, 3, n_real, 2048, 64, 2.5f, 16, wg, 3106);
 		check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, wg, 3107);
 	}
-	check_mla(&g, 512, 64, 2, n_real, 300, 8, 2.5f, 0, 2, 3108);
 	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 4, 3101);
 	gpu_close(&g);
 }

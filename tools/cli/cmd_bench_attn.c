@@ -257,13 +257,11 @@ int bench_attention(int argc, char **argv)
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
 			double wgp_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 						 128 | 0x20000);
-			double wg_diag_us[8] = {0}, wgp_nopf_us = 0, wgp_hi_us = 0;
+			double wg_diag_us[8] = {0}, wgp_hi_us = 0;
 			if (ctx == 32768 && B == 128) {
 				for (int di = 1; di < 8; di++)
 					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 								  128 | di);
-				wgp_nopf_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
-						       128 | 0x20000 | 0x40000);
 				wgp_hi_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128 | 0x80000);
 			}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
@@ -355,9 +353,8 @@ int bench_attention(int argc, char **argv)
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
 				       wg_diag_us[7]);
-			if (wgp_nopf_us > 0)
-				printf("        k_mla_decode_wgp without the L2 prefetch of the records: %.1f us; P_hi only "
-				       "(k_mla_decode_wgp_hi, a fast mode's probe): %.1f us\n", wgp_nopf_us, wgp_hi_us);
+			if (wgp_hi_us > 0)
+				printf("        k_mla_decode_wgp_hi (P_hi only, a fast mode's probe): %.1f us\n", wgp_hi_us);
 			if (diag_us[1] > 0)
 				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
