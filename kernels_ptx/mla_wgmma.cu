@@ -273,8 +273,12 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 	}
 }
 
+// O *= e^(m_old - m) of each row; skipped by a warp whose rows' maxima all stayed (factor 1:
+// the same values), as they mostly do after the first tiles (128 multiplies a thread a tile)
 __device__ __forceinline__ void mw_rescale(float *o, float c0, float c1)
 {
+	if (!__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f))
+		return;
 #pragma unroll
 	for (int j = 0; j < 32; j++) {
 		o[4 * j] *= c0, o[4 * j + 1] *= c0;
