@@ -55,10 +55,9 @@
 #define ST_MAXG 8192   // groups with a tensor map in st_maps
 #define ST_SCL_BYTES (16 + ST_KBS * 64 * 4) // a stage's promotion scales (see scl0)
 // the kernel's flags: ST_FUSED the K chunks summed by the last-arriving warps (else by
-// k_gemm_stream_reduce); ST_PIPE (wgmma consumers) a stage's two K blocks' MMAs in flight
-// together (else each waited for before the next is issued)
+// k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
+// the first promoted while the second ran: within +-2% of this, so not kept.)
 #define ST_FUSED 1
-#define ST_PIPE 2
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -204,18 +203,15 @@ __device__ __forceinline__ void wgmma_wait0()
 	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
-__device__ __forceinline__ void wgmma_wait1()
-{
-	asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-}
-
-// Add the fragment of a K block whose MMA group is complete, for each of the mg_n live token
-// groups, times its promotion factors s[mg] (tokens 2t, 2t + 1), to the running fp32 sums;
-// register 4 mg + q is acc[mg][q]'s element.
+// The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
+// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
+// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
 template <int MGA>
-__device__ __forceinline__ void wg_add(float (&acc)[MGA][4], float (&frag)[4 * MGA],
-				       const float (&s)[MGA][2], int mg_n)
+__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+					   const float (&s)[MGA][2], int mg_n)
 {
+	wgmma_commit();
+	wgmma_wait0();
 #pragma unroll
 	for (int i = 0; i < 4 * MGA; i++)
 		reg_fence(frag[i]);
@@ -228,16 +224,6 @@ __device__ __forceinline__ void wg_add(float (&acc)[MGA][4], float (&frag)[4 * M
 		acc[mg][2] += frag[4 * mg + 2] * s[mg][0];
 		acc[mg][3] += frag[4 * mg + 3] * s[mg][1];
 	}
-}
-
-// The wgmma consumers' end of a K block: wait for the block's MMA group, then wg_add.
-template <int MGA>
-__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
-					   const float (&s)[MGA][2], int mg_n)
-{
-	wgmma_commit();
-	wgmma_wait0();
-	wg_add<MGA>(acc, frag, s, mg_n);
 }
 
 // WI = 3: fp16 wgmma m64nNk16 with A (the weights, converted by the consumers exactly as for the
@@ -612,7 +598,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
 		float frag[WI >= 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
-		float frag2[WI == 2 ? 4 * MGA : 1]; // the second K block's (WI = 2 with ST_PIPE)
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -686,26 +671,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				// consumers') times the tokens; the fragment's register 4 mg + q is
 				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
 				const uint32_t a0 = st + (warp >> 2) * 64 * 128;
-				if ((flags & ST_PIPE) && nb == KBS) {
-					// both K blocks' MMAs in flight together, the first block promoted while
-					// the second runs (the same sums in the same order)
-#pragma unroll
-					for (int i = 0; i < 4 * MGA; i++)
-						reg_fence(frag[i]), reg_fence(frag2[i]);
-					wgmma_fence();
-					wg_kblock<MG>(frag, wg_desc(a0), wg_desc(st + KBS * ST_WBOX));
-					wgmma_commit();
-					wg_kblock<MG>(frag2, wg_desc(a0 + ST_WBOX),
-						      wg_desc(st + KBS * ST_WBOX + xbox));
-					wgmma_commit();
-					wgmma_wait1();
-					wg_add<MGA>(acc[0], frag, sc[0], mg_n);
-					wgmma_wait0();
-					wg_add<MGA>(acc[0], frag2, sc[1], mg_n);
-				}
 #pragma unroll
 				for (int j = 0; j < KBS; j++) {
-					if (j >= nb || ((flags & ST_PIPE) && nb == KBS))
+					if (j >= nb)
 						break;
 #pragma unroll
 					for (int i = 0; i < 4 * MGA; i++)
@@ -933,11 +901,24 @@ k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restri
 		const long long row = grp / per_row;
 		const int c = (int)(grp % per_row);
 		const float *pg = partial + row * 2 * I + c * 128 + lane * 4, *pu = pg + I;
+		// the first 4 chunks' loads in flight together, then the sums in chunk order
+		float gl[4][4], ul[4][4];
+#pragma unroll
+		for (int ch = 0; ch < 4; ch++)
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				gl[ch][k] = ch < chunks ? pg[ch * plane + k] : 0.f;
+				ul[ch][k] = ch < chunks ? pu[ch * plane + k] : 0.f;
+			}
 		float v[4];
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			float gs = pg[k], us = pu[k];
-			for (int ch = 1; ch < chunks; ch++)
+			float gs = gl[0][k], us = ul[0][k];
+#pragma unroll
+			for (int ch = 1; ch < 4; ch++)
+				if (ch < chunks)
+					gs += gl[ch][k], us += ul[ch][k];
+			for (int ch = 4; ch < chunks; ch++)
 				gs += pg[ch * plane + k], us += pu[ch * plane + k];
 			const float gv = bf16_to_f32(f32_to_bf16(gs)), uv = bf16_to_f32(f32_to_bf16(us));
 			const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
@@ -968,14 +949,38 @@ k_gemm_stream_reduce_combine(const float *__restrict__ partial, uint16_t *__rest
 	     i += (long long)gridDim.x * blockDim.x) {
 		const int t = (int)(i / N), d = (int)(i % N);
 		float acc = 0.f;
-		for (int k = 0; k <= K; k++) {
-			const int r = k < K ? perm[t * K + k] : R + t;
-			const float *p = partial + (size_t)r * N + d;
-			float s = p[0];
-			for (int c = 1; c < chunks; c++)
-				s += p[c * plane];
-			const float v = bf16_to_f32(f32_to_bf16(s));
-			acc = k < K ? __fadd_rn(acc, __fmul_rn(v, w[(size_t)t * K + k])) : __fadd_rn(acc, v);
+		// picks in groups of 8 (the shared row as pick K): the group's rows, then all their
+		// chunks' loads in flight together (chunks <= 4 at once), then the adds in order
+		for (int k0 = 0; k0 <= K; k0 += 8) {
+			int r[8];
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				r[j] = k0 + j < K ? perm[t * K + k0 + j] : R + t;
+			float e[8];
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const float *p = partial + (size_t)r[j] * N + d;
+				float v[4];
+#pragma unroll
+				for (int c = 0; c < 4; c++)
+					v[c] = k0 + j <= K && c < chunks ? p[c * plane] : 0.f;
+				float s = v[0];
+#pragma unroll
+				for (int c = 1; c < 4; c++)
+					if (c < chunks)
+						s += v[c];
+				for (int c = 4; c < chunks; c++)
+					s += p[c * plane];
+				e[j] = bf16_to_f32(f32_to_bf16(s));
+			}
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const int k = k0 + j;
+				if (k < K)
+					acc = __fadd_rn(acc, __fmul_rn(e[j], w[(size_t)t * K + k]));
+				else if (k == K)
+					acc = __fadd_rn(acc, e[j]);
+			}
 		}
 		Y[i] = f32_to_bf16(acc);
 	}

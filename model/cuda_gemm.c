@@ -154,15 +154,10 @@ void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
  * by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
- * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk; stream_pipe 1:
- * the wgmma consumers keep a stage's two K blocks' MMAs in flight together (ST_PIPE; 0 the
- * default until measured). */
-static int stream_fused = -1, stream_k1 = 0, stream_pipe = 0;
+ * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk. */
+static int stream_fused = -1, stream_k1 = 0;
 
-void cuda_gemm_set_stream_diag(int fused, int k1, int pipe)
-{
-	stream_fused = fused, stream_k1 = k1, stream_pipe = pipe;
-}
+void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
@@ -312,7 +307,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || (stream_fused < 0 && wi == 2))
 		fused = 0;
-	int flags = (fused ? 1 : 0) | (stream_pipe && wi == 2 ? 2 : 0); /* ST_FUSED, ST_PIPE */
+	int flags = fused ? 1 : 0; /* ST_FUSED */
 	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
 			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
 			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
@@ -476,12 +471,13 @@ int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
  * rows per group on average (half its 128-row token tile; a guess until the grouped benchmark
  * has measured both); below, the mma.sync kernels (run 3 sent 512 rows over 16 groups to wgmma
  * and the MoE block's decode-size check (T = 64) saw its coarser accumulation). The fast mode:
- * wgmma from 128 rows (16 tokens of 8 experts; run 8: 2.83-3.04 TB/s there against the
- * streaming kernel's 2.25-2.66, 3.46-3.62 at 64 tokens; at 1 token 2.02-2.06 against
- * 2.44-2.51). */
+ * wgmma from 1024 rows (run 12, bench gemm --grouped, 8 experts a token: the streaming kernel's
+ * wgmma consumers with the chunks summed apart 3.72 / 3.59 TB/s at 16 / 64 tokens on gate|up
+ * against wgmma's 2.92 / 3.38, 3.65 / 3.56 against 2.82 / 3.37 on down; at 256 tokens 3.39 /
+ * 3.30 against 3.43 / 3.50). */
 static int grouped_wgmma(const struct gpu *g, int max_rows, int G, int N, int ldy)
 {
-	int wg_fast = !cuda_gemm_batch_invariant(g) && max_rows >= 128;
+	int wg_fast = !cuda_gemm_batch_invariant(g) && max_rows >= 1024;
 	return CUDA_GEMM_WGMMA_GROUPED && (wg_fast || (max_rows > 64 && max_rows >= 64 * G)) &&
 	       wgmma_fits(N, ldy);
 }

@@ -64,9 +64,8 @@ void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, -1 = the
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
- * chunk; pipe 1 = the wgmma consumers keep a stage's two K blocks' MMAs in flight together
- * (the same numbers). */
-void cuda_gemm_set_stream_diag(int fused, int k1, int pipe);
+ * chunk. */
+void cuda_gemm_set_stream_diag(int fused, int k1);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

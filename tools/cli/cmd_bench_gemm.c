@@ -13,7 +13,8 @@
  *
  * Then the grouped expert GEMM (cuda_gemm_fp8_grouped; --grouped: only that): 256 experts of the
  * real shapes (fused gate|up 4096x7168, down 7168x2048), each token routed to 8 distinct
- * experts at random, tokens per step 1/16/64/256; TB/s of the touched experts' weights
+ * experts at random, and the shared expert as group 256 on every token (the MoE block's
+ * layout), tokens per step 1/16/64/256; TB/s of the touched experts' weights
  * (experts with no rows are not read), over 8 routings in turn so the L2 does not serve
  * repeats: the dispatch, and each kernel forced (streaming with mma.sync consumers, wgmma, the
  * streaming kernel's wgmma consumers with the chunks summed apart or in the kernel), and for
@@ -157,6 +158,7 @@ static void print_path(float ms, double bytes, double flops)
 /* ---- grouped expert GEMM -------------------------------------------------------------------- */
 
 #define GB_EXPERTS 256
+#define GB_GROUPS (GB_EXPERTS + 1) /* + the shared expert, as the MoE block runs them */
 #define GB_TOPK 8
 #define GB_ROUTINGS 8
 
@@ -166,8 +168,7 @@ struct grouped_ctx {
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming (mma.sync), 2 wgmma, 3
 			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2), 4 the
 			       * same with the K chunks summed in the kernel, 5
-			       * cuda_gemm_fp8_grouped_swiglu, 6 wgmma consumers with a stage's
-			       * two K blocks in flight together */
+			       * cuda_gemm_fp8_grouped_swiglu */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -175,17 +176,17 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	struct grouped_ctx *c = vctx;
 	gpu_ptr off = c->off[i % GB_ROUTINGS];
 	if (c->mode == 5)
-		return cuda_gemm_fp8_grouped_swiglu(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+		return cuda_gemm_fp8_grouped_swiglu(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->h8, c->hs, c->rows, c->N, c->K, c->ws,
 						    c->ws_bytes);
 	if (c->mode == 2)
-		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode == 3 || c->mode == 4 || c->mode == 6)
-		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x,
+	if (c->mode == 1 || c->mode == 3 || c->mode == 4)
+		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
-	return cuda_gemm_fp8_grouped(g, c->w_tab, c->s_tab, off, GB_EXPERTS, c->x, c->sx, c->y,
+	return cuda_gemm_fp8_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x, c->sx, c->y,
 				     c->rows, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
@@ -193,13 +194,14 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 {
 	static const int shapes[][2] = {{4096, 7168}, {7168, 2048}};
 	static const int tokens[] = {1, 16, 64, 256};
-	printf("\ngrouped expert GEMM: %d experts, %d per token, routings rotated over %d draws\n",
-	       GB_EXPERTS, GB_TOPK, GB_ROUTINGS);
+	printf("\ngrouped expert GEMM: %d experts, %d per token, + the shared expert (group %d, every "
+	       "token), routings rotated over %d draws\n",
+	       GB_EXPERTS, GB_TOPK, GB_EXPERTS, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s | %9s %6s | %9s %6s\n",
+	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "wg_us", "TB/s",
-	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s", "wg_p_us", "TB/s");
+	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -207,11 +209,11 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 		size_t w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
 		size_t s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
 		gpu_ptr w, s;
-		const int max_rows = 256 * GB_TOPK;
-		if (cu_check(cu.cuMemAlloc(&w, w_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&s, s_bytes * GB_EXPERTS), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.w_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
-		    cu_check(cu.cuMemAlloc(&c.s_tab, GB_EXPERTS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
+		const int max_rows = 256 * (GB_TOPK + 1);
+		if (cu_check(cu.cuMemAlloc(&w, w_bytes * GB_GROUPS), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&s, s_bytes * GB_GROUPS), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.w_tab, GB_GROUPS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
+		    cu_check(cu.cuMemAlloc(&c.s_tab, GB_GROUPS * 8), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.x, (size_t)max_rows * c.K), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.sx, (size_t)max_rows * (c.K / 128) * 4), "cuMemAlloc", __FILE__, __LINE__) ||
 		    cu_check(cu.cuMemAlloc(&c.y, (size_t)max_rows * c.N * 2), "cuMemAlloc", __FILE__, __LINE__) ||
@@ -219,27 +221,28 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 		    cu_check(cu.cuMemAlloc(&c.hs, (size_t)max_rows * (c.N / 256) * 4 + 4), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
 		for (int r = 0; r < GB_ROUTINGS; r++)
-			if (cu_check(cu.cuMemAlloc(&c.off[r], (GB_EXPERTS + 1) * 4), "cuMemAlloc", __FILE__, __LINE__))
+			if (cu_check(cu.cuMemAlloc(&c.off[r], (GB_GROUPS + 1) * 4), "cuMemAlloc", __FILE__, __LINE__))
 				return 1;
-		c.ws_bytes = cuda_gemm_fp8_grouped_workspace(g, max_rows, GB_EXPERTS, c.N, c.K);
+		c.ws_bytes = cuda_gemm_fp8_grouped_workspace(g, max_rows, GB_GROUPS, c.N, c.K);
 		c.ws_bytes = c.ws_bytes < 256 ? 256 : c.ws_bytes;
 		if (cu_check(cu.cuMemAlloc(&c.ws, c.ws_bytes), "cuMemAlloc", __FILE__, __LINE__))
 			return 1;
-		uint64_t wt[GB_EXPERTS], st[GB_EXPERTS];
-		for (int e = 0; e < GB_EXPERTS; e++)
+		uint64_t wt[GB_GROUPS], st[GB_GROUPS];
+		for (int e = 0; e < GB_GROUPS; e++)
 			wt[e] = w + (size_t)e * w_bytes, st[e] = s + (size_t)e * s_bytes;
 		if (gpu_upload(g, c.w_tab, wt, sizeof wt) || gpu_upload(g, c.s_tab, st, sizeof st))
 			return 1;
-		bench_fill_e4m3(g, w, (long long)(w_bytes * GB_EXPERTS), 700 + si);
-		bench_fill_pow2(g, s, (long long)(s_bytes * GB_EXPERTS / 4), 800 + si, -12, -8);
+		bench_fill_e4m3(g, w, (long long)(w_bytes * GB_GROUPS), 700 + si);
+		bench_fill_pow2(g, s, (long long)(s_bytes * GB_GROUPS / 4), 800 + si, -12, -8);
 		bench_fill_e4m3(g, c.x, (long long)max_rows * c.K, 900 + si);
 		bench_fill_pow2(g, c.sx, (long long)max_rows * (c.K / 128), 1000 + si, -4, 0);
 		for (size_t ti = 0; ti < sizeof tokens / sizeof *tokens; ti++) {
 			const int T = tokens[ti];
-			c.rows = T * GB_TOPK;
-			double touched = 0; /* experts with rows, averaged over the routings */
+			c.rows = T * (GB_TOPK + 1);
+			double touched = 0; /* groups with rows, averaged over the routings */
 			for (int r = 0; r < GB_ROUTINGS; r++) {
-				int cnt[GB_EXPERTS] = {0}, off[GB_EXPERTS + 1];
+				int cnt[GB_GROUPS] = {0}, off[GB_GROUPS + 1];
+				cnt[GB_EXPERTS] = T; /* the shared expert: every token */
 				for (int t = 0; t < T; t++) {
 					int chosen[GB_TOPK];
 					for (int k = 0; k < GB_TOPK; k++) {
@@ -256,7 +259,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 					}
 				}
 				off[0] = 0;
-				for (int e = 0; e < GB_EXPERTS; e++) {
+				for (int e = 0; e < GB_GROUPS; e++) {
 					off[e + 1] = off[e] + cnt[e];
 					touched += cnt[e] > 0;
 				}
@@ -268,17 +271,16 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[7];
-			for (c.mode = 0; c.mode < 7; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 || c.mode == 6 ? 2 : -1);
-				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0, c.mode == 6);
+			float t[6];
+			for (c.mode = 0; c.mode < 6; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : -1);
+				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
 				int run = c.mode < 2 || c.mode == 3 || (c.mode == 2 && !no_wgmma) ||
-					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 16) ||
-					  (c.mode == 6 && T <= 64);
+					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64);
 				t[c.mode] = run ? time_ms(g, launch_grouped, &c, reps, trials) : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
-			cuda_gemm_set_stream_diag(-1, 0, 0);
+			cuda_gemm_set_stream_diag(-1, 0);
 			float ms = t[0];
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
 			print_path(ms, bytes, flops);
@@ -290,12 +292,12 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			printf(" |");
 			print_path(t[2], bytes, flops);
 			printf(" |");
-			for (int k = 3; k < 7; k++)
+			for (int k = 3; k < 6; k++)
 				if (t[k] >= 0)
 					printf(" %9.2f %6.3f%s", t[k] * 1e3, bytes / (t[k] * 1e-3) / 1e12,
-					       k < 6 ? " |" : "");
+					       k < 5 ? " |" : "");
 				else
-					printf(" %9s %6s%s", "n/a", "", k < 6 ? " |" : "");
+					printf(" %9s %6s%s", "n/a", "", k < 5 ? " |" : "");
 			printf("\n");
 			fflush(stdout);
 			if (ms < 0)
@@ -313,8 +315,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "kernel with wgmma consumers, K chunks summed by a second launch (the fast mode's "
 	       "below 128 rows); wg_fu: the same with the chunks summed in the kernel, tokens <= 16; "
 	       "swiglu: cuda_gemm_fp8_grouped_swiglu, gate|up, tokens <= 16 (the same bytes; its "
-	       "outputs h8/hs instead of y); wg_p: wg with a stage's two K blocks' MMAs in flight "
-	       "together, tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
+	       "outputs h8/hs instead of y), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
@@ -354,10 +355,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_p");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -419,17 +420,15 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wpp = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
 				cp = time_ms(&g, launch_copy, &c, reps, trials);
 				wgs = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_diag(1, 0, 0); /* wgmma consumers, chunks summed fused */
+				cuda_gemm_set_stream_diag(1, 0); /* wgmma consumers, chunks summed fused */
 				wfu = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_diag(-1, 0, 1); /* wgmma consumers, two K blocks */
-				wpp = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_diag(-1, 0, 0);
+				cuda_gemm_set_stream_diag(-1, 0);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -472,8 +471,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wpp};
-			for (int k = 0; k < 4; k++)
+			const float extra[] = {cp, wgs, wfu};
+			for (int k = 0; k < 3; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 			printf("\n");
@@ -497,8 +496,7 @@ int bench_gemm(int argc, char **argv)
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); wg: TB/s of the "
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
-		       "summed in the kernel; wg_p: wg with a stage's two K blocks' MMAs in flight "
-		       "together; cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "summed in the kernel; cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",
