@@ -116,6 +116,8 @@ struct cuda_backend {
 	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
 	CUstream side;                    /* the forward's side stream (fwd_env.side) */
 	CUevent ev_fork, ev_join;         /* its fork and join events */
+	void *plog;                       /* pinned logits staging (fwd_env.plog) */
+	size_t plog_bytes;
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
 	int batch_invariant;              /* the mode: backend_cuda_opts.batch_invariant, or
 					   * DSV32_CUDA_BATCH_INVARIANT when set (read at creation) */
@@ -494,9 +496,12 @@ static struct fwd_env env_of(struct cuda_backend *b)
 	int on = !(gr && *gr == '0');
 	if (on && !b->graphs)
 		b->graphs = cuda_forward_graphs_new();
-	return (struct fwd_env){&b->g, &b->scratch, b->base.c, &b->m, &b->base, b->kv_region.base,
-				&b->pinned, &b->pinned_bytes, on ? b->graphs : NULL,
-				b->side, b->ev_fork, b->ev_join, b->batch_invariant};
+	return (struct fwd_env){.g = &b->g, .arena = &b->scratch, .c = b->base.c, .m = &b->m,
+				.base = &b->base, .kv_base = b->kv_region.base, .pinned = &b->pinned,
+				.pinned_bytes = &b->pinned_bytes, .plog = &b->plog,
+				.plog_bytes = &b->plog_bytes, .graphs = on ? b->graphs : NULL,
+				.side = b->side, .ev_fork = b->ev_fork, .ev_join = b->ev_join,
+				.batch_invariant = b->batch_invariant};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -540,6 +545,7 @@ static void cuda_destroy(struct backend *base)
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);
 	gpu_host_free(b->pinned);
+	gpu_host_free(b->plog);
 	if (b->m.layers)
 		for (int64_t l = 0; l <= b->base.c->num_hidden_layers; l++)
 			free(b->m.layers[l].ex13), free(b->m.layers[l].ex2);

@@ -152,8 +152,10 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	memset(F, 0, sizeof *F);
 	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
 	const char *pv = getenv("DSV32_CUDA_FWD_PDL"), *fv = getenv("DSV32_CUDA_FWD_FORK");
+	const char *lv = getenv("DSV32_CUDA_LOGITS_STAGED");
 	F->pdl = !(pv && *pv == '0');
 	F->fork = !(fv && *fv == '0');
+	F->staged = lv && *lv == '1';
 	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
 	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
@@ -371,11 +373,28 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
+	/* DSV32_CUDA_LOGITS_STAGED=1 (an A/B): every row into the pinned staging buffer in one
+	 * copy, then host copies into the sequences' buffers, instead of the driver staging each
+	 * pageable copy itself */
+	float *stage = NULL;
+	if (F->staged && F->n_logits && !rc) {
+		size_t need = (size_t)F->n_logits * V * 4;
+		if (*F->E->plog_bytes < need) {
+			gpu_host_free(*F->E->plog);
+			*F->E->plog_bytes = (*F->E->plog = gpu_host_alloc(need)) ? need : 0;
+		}
+		if (*F->E->plog_bytes >= need) {
+			stage = *F->E->plog;
+			if (cu_check(cu.cuMemcpyDtoHAsync(stage, l32, need, F->g->stream),
+				     "cuMemcpyDtoHAsync", __FILE__, __LINE__))
+				rc = -EIO;
+		}
+	}
 	/* the logits straight into each sequence's buffer: its flagged rows are consecutive rows
 	 * of l32 (row order), and its buffer holds them in that order (was: a fresh host buffer
 	 * for all and a copy per row; run 9: ~55 ms of a 69 ms batch-128 step, page faults and
 	 * copies of 66 MB) */
-	for (int64_t i = 0, kl = 0; !rc && F->n_logits && i < st->n_seqs; i++) {
+	for (int64_t i = 0, kl = 0; !rc && !stage && F->n_logits && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		int64_t nl = 0;
 		for (int64_t j = 0; j < s->n; j++)
@@ -386,8 +405,18 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 			rc = -EIO;
 		kl += nl;
 	}
+	fwd_prof_mark(F->g->stream, "logits download");
 	if (!rc && (F->n_logits || !F->n_hidden))
 		rc = gpu_sync(F->g); /* the step (and its downloads) complete when it returns */
+	for (int64_t i = 0, kl = 0; !rc && stage && i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		int64_t nl = 0;
+		for (int64_t j = 0; j < s->n; j++)
+			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
+		if (nl)
+			memcpy(s->logits, stage + (size_t)kl * V, (size_t)nl * V * 4);
+		kl += nl;
+	}
 	for (int64_t i = 0, kh = 0; !rc && F->n_hidden && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		int64_t nh = 0;
@@ -561,11 +590,11 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 			fwd_prof_mark(E->g->stream, "step start");
 			if (!r)
 				r = step_device(&F, &out, &res, &l32);
-			prof_step_end();
-			prof.on = 0;
 		}
 		if (!r)
 			r = step_finish(&F, out, res, l32);
+		prof_step_end(); /* (the eager profiled steps: the download is its last op) */
+		prof.on = 0;
 	}
 	if (r) /* nothing of this step may still run when the arena is reused */
 		fwd_sync_all(E);

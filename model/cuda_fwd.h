@@ -57,9 +57,10 @@ struct fwd {
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
-	int pdl, fork;             /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
+	int pdl, fork, staged;     /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
 				    * DSV32_CUDA_FWD_PDL=0: no programmatic dependent launch of the
-				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream */
+				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream;
+				    * DSV32_CUDA_LOGITS_STAGED=1: logits through E->plog */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };

@@ -762,15 +762,16 @@ static void fast_mode(const char *name, int64_t T)
 		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
-		   * stream (DSV32_CUDA_FWD_FORK=0): the same bits */
-			static const char *sw[4] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
-						    "DSV32_CUDA_FWD_FORK=0"};
-			float *lf = malloc((size_t)4 * V * 4);
+		   * stream (DSV32_CUDA_FWD_FORK=0), the logits through the pinned staging buffer
+		   * (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
+			static const char *sw[5] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
+						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=1"};
+			float *lf = malloc((size_t)5 * V * 4);
 			REQUIRE(lf);
-			gpu_fill_nan(lf, 4 * V);
+			gpu_fill_nan(lf, 5 * V);
 			backend_cuda_set_batch_invariant(p.gpu, inv);
 			setenv("DSV32_CUDA_GRAPHS", "0", 1);
-			for (int u = 0; u < 4; u++) {
+			for (int u = 0; u < 5; u++) {
 				char var[32];
 				if (sw[u]) {
 					snprintf(var, sizeof var, "%s", sw[u]);

@@ -671,6 +671,39 @@ out:
 	return rc;
 }
 
+/* What one row's logits (V fp32) cost to bring to the host, part of every decode step's wall
+ * time beside the GPU work: a synchronous copy into pageable memory (the backend's callers pass
+ * malloc'd buffers), into pinned memory, and into pinned memory then a host copy; medians of 21. */
+static void logits_download_times(struct gpu *g, int64_t V)
+{
+	size_t bytes = (size_t)V * 4;
+	gpu_ptr d = 0;
+	float *pg = malloc(bytes), *pn = gpu_host_alloc(bytes);
+	double t[3][21];
+	if (!pg || !pn || cu_check(cu.cuMemAlloc(&d, bytes), "cuMemAlloc", __FILE__, __LINE__))
+		goto out;
+	memset(pg, 0, bytes);
+	for (int k = 0; k < 21; k++)
+		for (int m = 0; m < 3; m++) {
+			double t0 = now_s();
+			if (cu.cuMemcpyDtoH(m ? (void *)pn : (void *)pg, d, bytes) != CUDA_SUCCESS)
+				goto out;
+			if (m == 2)
+				memcpy(pg, pn, bytes);
+			t[m][k] = now_s() - t0;
+		}
+	for (int m = 0; m < 3; m++)
+		t[m][0] = median(t[m], 21);
+	printf("logits download (%lld fp32, %.0f KB, one row): pageable %.1f us, pinned %.1f us, "
+	       "pinned + host copy %.1f us\n", (long long)V, bytes / 1024.0, t[0][0] * 1e6, t[1][0] * 1e6,
+	       t[2][0] * 1e6);
+out:
+	if (d)
+		cu.cuMemFree(d);
+	free(pg);
+	gpu_host_free(pn);
+}
+
 static int bench_prefill(const struct opts *o, const struct dsv32_config *c, struct backend *be)
 {
 	const int64_t V = c->vocab_size;
@@ -770,6 +803,7 @@ static int bench_in_process(const struct opts *o, const char *dir)
 	}
 	double read_tbs = bench_read_limit(&g, 5);
 	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, read_tbs);
+	logits_download_times(&g, c.vocab_size);
 	gpu_close(&g);
 	if (read_tbs <= 0)
 		goto out_w;
