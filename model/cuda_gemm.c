@@ -151,6 +151,12 @@ static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
+/* The wgmma consumers' K blocks a stage when forced: 1 (the _w1 variants) or 2; 0: the
+ * default (2). Tests and the benchmark. */
+static int stream_kbs = 0;
+
+void cuda_gemm_set_stream_kbs(int kbs) { stream_kbs = kbs == 1 || kbs == 2 ? kbs : 0; }
+
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
  * by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
@@ -245,7 +251,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
 	 * RT = 2, wgmma, fp16 wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
-	static const char *names[4][5] = {
+	static const char *names[5][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
@@ -253,26 +259,32 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
 		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_h", "k_gemm_fp8_stream_m2_r1_h", "k_gemm_fp8_stream_m4_r1_h",
-		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_w1", "k_gemm_fp8_stream_m2_r1_w1",
+		 "k_gemm_fp8_stream_m4_r1_w1", "k_gemm_fp8_stream_m8_r1_w1", "k_gemm_fp8_stream_m0_r1"}};
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (wi == 3 && v == 3)
 		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	/* K blocks a stage: 2, or 1 for the wgmma consumers' _w1 variants (cuda_gemm_set_stream_kbs) */
+	const int kbs = wi == 2 && stream_kbs == 1 ? 1 : 2;
+	const char *name = names[wi == 3 ? 3 : wi == 2 ? (kbs == 1 ? 4 : 2) : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
 	}
-	/* shared memory: barriers and slices, 1 KB of alignment slack, ns stages of two K blocks
-	 * of 128 weight rows and mpad token rows, two buffers of the fp16 token fragments of a
-	 * stage (2 K blocks x mpad / 8 groups x 2 KB each) */
+	/* shared memory: barriers (256 bytes), the slices and 3 more entries' room (their count and
+	 * the slice scan's warp totals), 1 KB of alignment slack, ns stages of kbs K blocks of 128
+	 * weight rows and mpad token rows, two buffers of the fp16 token fragments of a stage (2 K
+	 * blocks x mpad / 8 groups x 2 KB each), each stage's promotion scales (ST_SCL_BYTES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
-	int head = 256 + slice_cap * 16 + 1024, stage = 2 * (tile + mpad) * 128;
+	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = kbs * (tile + mpad) * 128;
 	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same size) */
-	head += 8 * (16 + 2 * 64 * 4); /* each stage's promotion scales (ST_SCL_BYTES), 8 at most */
+	const int max_ns = kbs == 1 ? 16 : 8; /* (ST_MAXSTAGES: 16) */
+	head += max_ns * (16 + kbs * 64 * 4);
 	int ns = (ST_SMEM_MAX - head) / stage;
-	ns = ns > 8 ? 8 : ns;
+	ns = ns > max_ns ? max_ns : ns;
 	if (ns < 2) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups x %d rows do not fit\n", G,
 			rows);
