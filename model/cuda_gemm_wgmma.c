@@ -175,19 +175,23 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		      grid, smem_bytes(256, 0), args);
 }
 
-/* The paired grouped forms (clusters of 2 sharing copies) where DSV32_CUDA_WGMMA_PAIRED=1 (read
- * at every call; not the default until a GPU run has measured them). */
-static int paired_on(void)
+/* The paired grouped forms (clusters of 2 sharing copies) from 4096 rows, where they were
+ * measured (run 12, bench moe, eager block, single vs paired: 4096 tokens 6706 / 6316 us (gate|up
+ * 3630 / 3452, down 2043 / 1859 alone), 2048 tokens 4158 / 4136, 512 tokens 3655 / 3216;
+ * timing_moe_prefill at 4096 tokens: n256 staged 3223 / 3162 us (4096x7168), 1668 / 1656
+ * (7168x2048); the same bytes: gpu_moe_block, grouped_vs_cpu). DSV32_CUDA_WGMMA_PAIRED=0 / 1
+ * (diagnosis, read at every call): never / at every size. */
+static int paired_on(int max_rows)
 {
 	const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
-	return v && *v == '1';
+	return v && (*v == '0' || *v == '1') ? *v == '1' : max_rows >= 4096;
 }
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int mc = paired_on() && I % 256 == 0 ? 2 : 1;
+	int mc = paired_on(max_rows) && I % 256 == 0 ? 2 : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
@@ -202,7 +206,7 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
-	int paired = staged && paired_on() && N % (2 * bn) == 0;
+	int paired = staged && paired_on(max_rows) && N % (2 * bn) == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
 					      ldy, bn, staged,
 					      (staged ? WGMMA_STAGED : 0) | (paired ? WGMMA_PAIRED : 0));
