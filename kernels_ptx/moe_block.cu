@@ -227,18 +227,20 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 // ascending k, then the fixed tree) spread over E / 8 blocks of 64 threads: lane (expert
 // e0 + 4 warp + lane / 8, partial j = lane % 8) runs one chain, the chains of a warp independent.
 // The chains are the floor (D / 8 dependent FMAs); everything else overlaps them or is short:
-// thread 0 brings the block's 8 weight rows into shared memory by 1-D bulk copies, all issued at
-// once, in chunks of GR1_KC elements with one mbarrier each (a lane starts on chunk 0 while the
-// rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows XR = D/8 + 4
+// lanes 0-7 of warp 0 bring the block's 8 weight rows into shared memory by 1-D bulk copies, all
+// issued at once, in chunks of GR1_KC elements with one mbarrier each (armed first by lane 0; a
+// lane starts on chunk 0 while the rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows XR = D/8 + 4
 // floats: 4 banks apart), so 4 steps of a chain read x in one 16-byte load; the weight rows are
 // WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct banks. Each warp
 // also quantises 128-groups of x into all K + 1 input rows (act_quant(x[0]) whatever the routing:
-// k_moe_quant_gather's bits), so the block needs no gather. The last block to finish
-// (g_gate1_done, as k_moe_gate_route_a8) computes the 256 scores with all its threads (the
-// double-precision sigmoid, 4 a thread), then warp 0 selects (moe_route_select256) and permutes
-// (moe_permute_one). E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <=
-// GR1_KC * GR1_MAXC. Grid E / 8, 64 threads, dynamic shared memory
-// 8 * GR1_MAXC + 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
+// k_moe_quant_gather's bits), so the block needs no gather. The lane that finishes a logit also
+// computes its scores (the double-precision sigmoid, and sel = sc + bias) into scores fp32
+// [2][E]; the last block to finish (g_gate1_done, as k_moe_gate_route_a8) only selects, by warp
+// 0 (moe_route_select256), and permutes (moe_permute_one). (Run 12: 14.4 us graph-replayed,
+// when the last block computed the scores and every warp quantised its group K + 1 times.)
+// E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC * GR1_MAXC.
+// Grid E / 8, 64 threads, dynamic shared memory 8 * GR1_MAXC + 32 * (D / 8 + 4) +
+// 8 * (2 D + 16) bytes (model/cuda_moe.c).
 #define GR1_KC 512  // elements of a weight row a chunk (one mbarrier)
 #define GR1_MAXC 16 // chunks at most (D <= 8192)
 __device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
@@ -255,7 +257,8 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
 		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
 		  int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
-		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs)
+		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
+		  float *scores)
 {
 	extern __shared__ __align__(16) unsigned char gr1_smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -264,17 +267,20 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	float *xs = reinterpret_cast<float *>(gr1_smem + 8 * GR1_MAXC);
 	unsigned char *ws = gr1_smem + 8 * GR1_MAXC + 32 * XR;
 	const int e0 = blockIdx.x * 8;
-	if (tid == 0) {
-		for (int c = 0; c < nc; c++)
-			mbar_init(bars + 8 * c, 1);
-		asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::
-				     : "memory");
-		for (int c = 0; c < nc; c++) {
-			mbar_arrive_expect_tx(bars + 8 * c, 8 * GR1_KC * 2);
-			for (int r = 0; r < 8; r++)
-				bulk_copy(smem_u32(ws + r * WR + c * GR1_KC * 2),
-					  W + (size_t)(e0 + r) * D + c * GR1_KC, GR1_KC * 2, bars + 8 * c);
+	if (warp == 0) { // lane 0 arms the barriers, then lane r < 8 copies weight row r
+		if (lane == 0) {
+			for (int c = 0; c < nc; c++)
+				mbar_init(bars + 8 * c, 1);
+			asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::
+					     : "memory");
+			for (int c = 0; c < nc; c++)
+				mbar_arrive_expect_tx(bars + 8 * c, 8 * GR1_KC * 2);
 		}
+		__syncwarp();
+		if (lane < 8)
+			for (int c = 0; c < nc; c++)
+				bulk_copy(smem_u32(ws + lane * WR + c * GR1_KC * 2),
+					  W + (size_t)(e0 + lane) * D + c * GR1_KC, GR1_KC * 2, bars + 8 * c);
 	}
 	// the next kernel (the grouped GEMM, launched with PDL) may start its prologue; it reads
 	// this grid's outputs only after its griddepcontrol.wait (this grid complete). This grid,
@@ -282,17 +288,16 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	// and shared memory before the wait: x is the previous kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
-	// the K + 1 quantised input rows: a warp a 128-group
+	// the K + 1 quantised input rows: a warp a 128-group, quantised once into row 0, its codes
+	// (this lane's 4, read back) and scale copied to rows 1 .. K
 	const int KB = D / 128;
 	for (int gi = blockIdx.x * 2 + warp; gi < KB; gi += gridDim.x * 2) {
-		const uint2 raw = *reinterpret_cast<const uint2 *>(x + gi * 128 + lane * 4);
-		const float v[4] = {bf16_to_f32(raw.x & 0xffff), bf16_to_f32(raw.x >> 16),
-				    bf16_to_f32(raw.y & 0xffff), bf16_to_f32(raw.y >> 16)};
-		for (int row = 0; row <= K; row++) {
-			const float sc = warp_act_quant128_regs(v, xs8 + (size_t)row * D + gi * 128, lane);
-			if (lane == 0)
-				sxs[(size_t)row * KB + gi] = sc;
-		}
+		const float sc = warp_act_quant128(x + gi * 128, xs8 + gi * 128, lane);
+		const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
+		for (int row = 1; row <= K; row++)
+			*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
+		for (int row = lane; row <= K; row += 32)
+			sxs[(size_t)row * KB + gi] = sc;
 	}
 	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]
 	for (int c = tid; c < D / 8; c += 64) {
@@ -326,35 +331,39 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	p += __shfl_xor_sync(0xffffffffu, p, 1);
 	p += __shfl_xor_sync(0xffffffffu, p, 2);
 	p += __shfl_xor_sync(0xffffffffu, p, 4);
-	if (j == 0)
-		logits[e0 + el] = p;
+	// the logit, and its scores for the routing (the sigmoid in double, sel = sc + bias) into
+	// scores [2][E], so the last block only selects
+	if (j == 0) {
+		const int e = e0 + el;
+		const float sg = route_sigmoid(p);
+		logits[e] = p;
+		scores[e] = sg;
+		scores[E + e] = bias ? sg + bias[e] : sg;
+	}
 	__shared__ bool last;
-	__threadfence(); // this thread's logit is visible device-wide before the count says so
+	__threadfence(); // this thread's scores are visible device-wide before the count says so
 	__syncthreads();
 	if (tid == 0)
 		last = atomicAdd(&g_gate1_done, 1u) == gridDim.x - 1;
 	__syncthreads();
-	if (!last)
+	if (!last || warp != 0)
 		return;
-	__threadfence(); // every block's logits (read through L2) after their counts
-	float *sc_s = xs, *sel_s = xs + 256; // (xs is free: every chain has finished)
-	for (int e = tid; e < 256; e += 64) {
-		const float s = route_sigmoid(__ldcg(logits + e));
-		sc_s[e] = s;
-		sel_s[e] = bias ? s + bias[e] : s;
+	__threadfence(); // every block's scores (read through L2) after their counts
+	float sc[8], sel[8];
+	{
+		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
 	}
-	__syncthreads(); // the scores
-	if (warp == 0) {
-		float sc[8], sel[8];
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			sc[i] = sc_s[8 * lane + i], sel[i] = sel_s[8 * lane + i];
-		moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale, idx, wts);
-		__syncwarp(); // idx written by the warp's lanes
-		moe_permute_one(idx, K, E, counts, offsets, perm, src);
-		if (lane == 0)
-			g_gate1_done = 0; // for the next launch (stream order)
-	}
+	moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+	__syncwarp(); // idx written by the warp's lanes
+	moe_permute_one(idx, K, E, counts, offsets, perm, src);
+	if (lane == 0)
+		g_gate1_done = 0; // for the next launch (stream order)
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:

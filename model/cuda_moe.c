@@ -146,7 +146,7 @@ static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 /* The scratch buffers, in push order; sizes in bytes. The row buffers hold R + T rows: the
  * routed rows in sorted order, then the shared expert's (x itself). */
 enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, B_H8, B_HS, B_EY,
-       B_WS, B_BCNT, B_COUNT };
+       B_WS, B_BCNT, B_SCORE, B_COUNT };
 
 /* The permutation over many blocks (k_moe_permute_count + _place, PERM_TOKENS = 128 tokens a
  * block) above this many tokens; below, k_moe_permute on one block (run 10: 67 us at 4096
@@ -173,6 +173,7 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	sz[B_EY] = RT * D * 2;
 	sz[B_WS] = gemm_ws(g, d);
 	sz[B_BCNT] = ((T + PERM_TOKENS - 1) / PERM_TOKENS) * (size_t)d->E * 4;
+	sz[B_SCORE] = (size_t)2 * d->E * 4; /* k_moe_gate_route1's scores */
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
@@ -384,7 +385,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
-				(void *)&b[B_XS8], (void *)&b[B_SXS]};
+				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
 		void *fn = gpu_kernel(g, "k_moe_gate_route1");
 		if (!fn)
 			return -ENOENT;
