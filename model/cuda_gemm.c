@@ -152,10 +152,20 @@ static int stream_wi = -1;
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
 /* The wgmma consumers' K blocks a stage when forced: 1 (the _w1 variants) or 2; 0: the
- * default (2). Tests and the benchmark. */
-static int stream_kbs = 0;
+ * default (2; DSV32_GEMM_STREAM_KBS=1 makes it 1, for A/B runs of whole benchmarks). Tests
+ * and the benchmark set it. */
+static int stream_kbs = -1; /* -1: the environment not read yet */
 
 void cuda_gemm_set_stream_kbs(int kbs) { stream_kbs = kbs == 1 || kbs == 2 ? kbs : 0; }
+
+static int kbs_of_wgmma(void)
+{
+	if (stream_kbs < 0) {
+		const char *v = getenv("DSV32_GEMM_STREAM_KBS");
+		stream_kbs = v && *v == '1' ? 1 : 0;
+	}
+	return stream_kbs == 1 ? 1 : 2;
+}
 
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
@@ -268,7 +278,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (copy_only || wi)
 		rt = 1;
 	/* K blocks a stage: 2, or 1 for the wgmma consumers' _w1 variants (cuda_gemm_set_stream_kbs) */
-	const int kbs = wi == 2 && stream_kbs == 1 ? 1 : 2;
+	const int kbs = wi == 2 ? kbs_of_wgmma() : 2;
 	const char *name = names[wi == 3 ? 3 : wi == 2 ? (kbs == 1 ? 4 : 2) : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);

@@ -62,8 +62,8 @@ void cuda_gemm_set_stream_rt(int rt);
  * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* The streaming kernel's wgmma consumers' K blocks a stage: 1 (stages of half the bytes, up to
- * 16: more of the ring in flight) or 2; 0 the default (2). Same numbers. Process-wide (tests, the
- * benchmark). */
+ * 16: more of the ring in flight) or 2; 0 the default (2, or 1 with DSV32_GEMM_STREAM_KBS=1).
+ * Same numbers. Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_kbs(int kbs);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, -1 = the
