@@ -18,8 +18,10 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 /* o_lat[B, H, R] (bf16) = sparse MLA decode of q[B, H, R + 64] over the slots sel[B, ld_sel]
  * (-1 ends a row's list, and every entry after it must be -1 too, as k_topk writes them) of the
  * layer's MLA records at pool (rec_bytes each). ws: a workspace of cuda_mla_decode_workspace()
- * bytes (0 allowed when that is 0). Tensor cores (fp16 mma.sync); the softmax weights go into
- * P V as two fp16 parts (kernels_ptx/mla_decode.cu says where this departs from attn_latent). */
+ * bytes (0 allowed when that is 0). Tensor cores (fp16 operands); the softmax weights go into
+ * P V as two fp16 parts (kernels_ptx/mla_decode.cu says where this departs from attn_latent).
+ * k_mla_decode_wgp (wgmma, kernels_ptx/mla_wgmma.cu) where it applies (R = 512, 656-byte records,
+ * H % 64 == 0, <= 2048 keys a split), else k_mla_decode; DSV32_MLA_WG=0: always k_mla_decode. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first

@@ -253,7 +253,9 @@ int bench_attention(int argc, char **argv)
 				cuda_mla_decode(&g, mq, pos, TOPK, mpool, 656, R, MH, B, sc_att, mo, mws);
 			cu.cuEventRecord(e1, g.stream);
 			double mla_ms = event_ms(&g, e0, e1) / reps;
-			/* k_mla_decode_wg (wgmma) at the same shape, auto splits; at 32K x 128 its phases */
+			/* the kernels apart at the same shape, auto splits: k_mla_decode (mma.sync, diag 0),
+			 * k_mla_decode_wg; at 32K x 128 the latter's phases */
+			double old_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
 			double wgp_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 						 128 | 0x20000);
@@ -340,9 +342,9 @@ int bench_attention(int argc, char **argv)
 			       mla_bytes / (mla_ms * 1e-3) / 1e12, mla_flops / (mla_ms * 1e-3) / 1e12,
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
 			if (wg_us > 0)
-				printf("        k_mla_decode_wg (wgmma): %.2f us, %.1f TFLOP/s, %.2fx k_mla_decode's time | "
-				       "k_mla_decode_wgp (pipelined): %.2f us, %.1f TFLOP/s\n", wg_us,
-				       mla_flops / (wg_us * 1e-6) / 1e12, wg_us / (mla_ms * 1e3), wgp_us,
+				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
+				       "%.1f TFLOP/s | k_mla_decode_wgp (pipelined) %.2f us, %.1f TFLOP/s\n", old_us,
+				       mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wgp_us,
 				       mla_flops / (wgp_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wgp by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
@@ -356,9 +358,9 @@ int bench_attention(int argc, char **argv)
 			if (wgp_hi_us > 0)
 				printf("        k_mla_decode_wgp_hi (P_hi only, a fast mode's probe): %.1f us\n", wgp_hi_us);
 			if (diag_us[1] > 0)
-				printf("        MLA phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+				printf("        k_mla_decode phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
-				       mla_ms * 1e3, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
+				       old_us, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
 			if (stop_us[1] != 0)
 				printf("        k_topk_cluster by phases, us: load %.2f | + round 0 %.2f | + rounds 1-2 %.2f | "
 				       "+ output %.2f\n", stop_us[1], stop_us[2], stop_us[3], topkm_ms[2] * 1e3);
@@ -366,12 +368,12 @@ int bench_attention(int argc, char **argv)
 				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
 				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
 			if (split_us[0][0] != 0) {
-				printf("        MLA batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
+				printf("        k_mla_decode batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
 				       cuda_mla_decode_splits(&g, B, MH, TOPK));
 				for (int si = 0; si < 6; si++)
 					printf(" | %d: %.1f / %.1f / %.1f", 1 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
 				printf(" | auto without the combine's programmatic launch: %.1f\n", split_us[6][0]);
-				printf("        MLA batch 1 decode kernel alone (auto splits), us: without Q's load %.1f | without "
+				printf("        k_mla_decode batch 1, the decode kernel alone (auto splits), us: without Q's load %.1f | without "
 				       "the stores %.1f | without both %.1f\n", split_us[6][1], split_us[6][2], split_us[6][3]);
 			}
 			fflush(stdout);
@@ -381,7 +383,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; k_mla_decode: 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wgp, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
