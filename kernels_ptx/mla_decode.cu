@@ -369,8 +369,11 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 {
 	__shared__ float wsh[MLA_MAX_SPLITS];
 	__shared__ float s_L;
-	// launched early (programmatic dependent launch, cuda_attn.c): the partials of k_mla_decode
-	// are complete and visible past this point (a no-op in an ordinary launch)
+	// its own dependents (the forward's next kernel, PDL-launched) may start now: they wait in
+	// their griddepcontrol.wait for this grid's completion
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	// launched early (programmatic dependent launch, cuda_attn.c): the partials of the decode
+	// kernel are complete and visible past this point (a no-op in an ordinary launch)
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const size_t bh = blockIdx.x; // b * H + h
 	const float *pp = part + bh * splits * R;                             // [splits][R]
