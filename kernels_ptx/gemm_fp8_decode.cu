@@ -52,6 +52,9 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 						int chunk_blocks)
 {
 	__shared__ float red[DEC_WARPS][16][8 * MG]; // partial sums per warp, row, token
+	// the next kernel (launched with PDL) may start and load its constants now; it reads this
+	// grid's outputs only after its griddepcontrol.wait (this grid complete)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int g = lane >> 2, t = lane & 3;
 	const int tiles = DEC_WARPS / ksplit;
@@ -150,6 +153,7 @@ extern "C" __global__ void __launch_bounds__(256)
 k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		    int M, int N, int ldy)
 {
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (see gemm_fp8_decode)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const long long total = (long long)M * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;

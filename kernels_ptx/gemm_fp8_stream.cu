@@ -371,6 +371,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
 
+	// The next kernel (launched with PDL) may start and load its constants now: it reads this
+	// grid's outputs only after its griddepcontrol.wait (this grid complete). (The next grouped
+	// GEMM's k_stream_group_maps waits before it rewrites the maps this grid reads.)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	// Launched with programmatic dependent launch (model/cuda_gemm.c), this grid may start
 	// before the previous kernel has finished: what it reads from that kernel's outputs comes
 	// after griddepcontrol.wait (a no-op without PDL). Grouped: everything (the offsets, the
@@ -853,20 +857,23 @@ ST_ENTRY(4, 1, 3, 2, _h)
 ST_ENTRY(0, 1, 0, 2, )
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
-// (w_tab[e] != 0; one warp per group, block e): w_tab is constant, so this grid reads nothing the
-// previous kernel writes and runs beside it (programmatic dependent launch); its blocks then wait
-// for that kernel (griddepcontrol.wait), so the GEMM after it, which waits for this grid, sees
-// the previous kernel's outputs (the row offsets) too. The copy to global memory is a release of
-// the tensor-map proxy, which the GEMM's producer acquires before its first copy through the map.
+// (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).
+// Launched with PDL: its blocks are resident while the previous kernel runs, and write the maps
+// once it is complete (griddepcontrol.wait: the previous grouped GEMM, which may have let this
+// grid start early, still reads the maps until then), so the GEMM after it, which waits for this
+// grid, also sees the previous kernel's outputs (the row offsets). The copy to global memory is
+// a release of the tensor-map proxy, which the GEMM's producer acquires before its first copy
+// through the map.
 extern "C" __global__ void __launch_bounds__(32)
 k_stream_group_maps(const __grid_constant__ tmap tmpl,
 		    const unsigned long long *__restrict__ w_tab, int G)
 {
 	__shared__ tmap sm;
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const int e = blockIdx.x;
 	if (e < G && e < ST_MAXG && w_tab[e]) // the whole warp alike
 		tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
-	asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
@@ -876,6 +883,7 @@ extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
 {
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
 	const long long total = (long long)R * N, plane = (long long)rows * N;
@@ -900,6 +908,7 @@ k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restri
 			    float *__restrict__ hs, int chunks, int rows,
 			    const int *__restrict__ rows_dev, int I)
 {
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
 	const int per_row = I / 128, lane = threadIdx.x & 31;
@@ -950,6 +959,7 @@ k_gemm_stream_reduce_combine(const float *__restrict__ partial, uint16_t *__rest
 			     const float *__restrict__ w, const int *__restrict__ perm, int chunks,
 			     int rows, int N, int T, int K)
 {
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const long long plane = (long long)rows * N, total = (long long)T * N;
 	const int R = T * K;
