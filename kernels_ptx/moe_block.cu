@@ -8,22 +8,15 @@
 //   ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)). A bf16 x bf16 product is exact in fp32, so the FMA
 //   equals the CPU's multiply-then-add, and the logits are bit-identical to the CPU's: the
 //   routing agrees even at near ties. D % 128 == 0, E % 2 == 0. Decode sizes; see below.
-// k_moe_gate_route_a8: k_moe_gate_logits_a8, then its last block to finish routes every token
-//   (moe_route_warp256: k_moe_route_w's numbers, a warp a token) and permutes the rows
-//   (moe_permute_block: k_moe_permute's; for one token by warp 0 in closed form, the same
-//   values) — three launches in one for decode (T <= 16, the real
-//   routing shape E = 256 in 8 groups; cuda_moe.c uses it for T = 1, where run 8 measured it
-//   5 us faster than the separate kernels, 6 us slower at T = 8). For one token it also writes
-//   the K + 1 quantised input
-//   rows xs8 e4m3 [K + 1, D], sxs fp32 [K + 1, D/128] (all act_quant(x[0]): k_moe_quant_gather's
-//   bits), so the block skips the gather. The last block is found by a device counter that every
-//   block increments after a fence on its logits (g_gate_done; the last block resets it, so
-//   each launch, and each replay of a captured graph, starts from 0: one such launch at a time
-//   per GPU, as the engine's one stream runs them).
-// k_moe_gate_route1: the same for one token (cuda_moe.c's router at T = 1): the logits over
-//   E / 8 blocks, one chain of the CPU's sum a lane, the weight rows brought in by bulk copies;
-//   the last block routes (the scores by all its threads) and permutes; the K + 1 quantised rows
-//   as above. See below.
+// k_moe_gate_route1: the logits of one token (cuda_moe.c's router at T = 1, the real routing
+//   shape E = 256 in 8 groups), then its last block to finish routes it (moe_route_select256:
+//   k_moe_route_w's numbers) and permutes the rows (moe_permute_one: k_moe_permute's in closed
+//   form) — three launches in one. It also writes the K + 1 quantised input rows xs8 e4m3
+//   [K + 1, D], sxs fp32 [K + 1, D/128] (all act_quant(x[0]): k_moe_quant_gather's bits), so the
+//   block skips the gather. The last block is found by a device counter that every block
+//   increments after a fence on its outputs (g_gate1_done; the last block resets it, so each
+//   launch, and each replay of a captured graph, starts from 0: one such launch at a time per
+//   GPU, as the engine's one stream runs them). See below.
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
 //   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
@@ -63,12 +56,10 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// pro(): extra work of the block while its first chunks are in flight (the fused router's).
-template <int NQ, int S, int KC, class Pro>
+template <int NQ, int S, int KC>
 __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W,
 						  const uint16_t *__restrict__ x,
-						  float *__restrict__ logits, int T, int E, int D,
-						  Pro pro)
+						  float *__restrict__ logits, int T, int E, int D)
 {
 	constexpr int PP = 8 / NQ, TS = 128 / NQ, ROWB = KC * 2 + 16, STAGE = (TS + 2) * ROWB;
 	extern __shared__ __align__(16) unsigned char ga_ring[]; // [S][TS + 2][ROWB]
@@ -96,7 +87,6 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 #pragma unroll
 	for (int c = 0; c < S - 1; c++)
 		issue(c);
-	pro();
 	float p[PP];
 #pragma unroll
 	for (int m = 0; m < PP; m++)
@@ -148,78 +138,21 @@ extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D, [] {});
+	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		     float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D, [] {});
+	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
 		      float *__restrict__ logits, int T, int E, int D)
 {
-	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D, [] {});
-}
-
-__device__ unsigned g_gate_done = 0; // blocks of the running k_moe_gate_route_a8 that are done
-
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		    float *logits, int T, int E, int D, const float *__restrict__ bias,
-		    int topk_group, int K, int norm_topk_prob, float route_scale, int *idx,
-		    float *__restrict__ wts, int *__restrict__ counts, int *__restrict__ offsets,
-		    int *__restrict__ perm, int *__restrict__ src, uint8_t *__restrict__ xs8,
-		    float *__restrict__ sxs)
-{
-	// one token: all K + 1 rows of the quantised input (routed rows in sorted order, then the
-	// shared expert's) are act_quant(x[0]) whatever the routing, so the blocks write them
-	// here (a warp a 128-group, over the grid) and the block needs no gather
-	auto quant_rows = [&] {
-		if (T != 1)
-			return;
-		const int KB = D / 128, lane = threadIdx.x & 31;
-		const int n = (K + 1) * KB, nw = gridDim.x * gridDim.y * 8;
-		for (int w = (blockIdx.y * gridDim.x + blockIdx.x) * 8 + (threadIdx.x >> 5); w < n;
-		     w += nw) {
-			const int row = w / KB, c = w % KB;
-			const float sc = warp_act_quant128(x + c * 128, xs8 + (size_t)row * D + c * 128, lane);
-			if (lane == 0)
-				sxs[(size_t)row * KB + c] = sc;
-		}
-	};
-	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D, quant_rows);
-	__shared__ bool last;
-	__threadfence(); // this thread's logits are visible device-wide before the count says so
-	__syncthreads();
-	if (threadIdx.x == 0)
-		last = atomicAdd(&g_gate_done, 1u) == gridDim.x * gridDim.y - 1;
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence(); // every block's logits (read through L2) after their counts
-	if (T == 1) {
-		// one token: warp 0 routes it, and the permutation is k_moe_permute's in closed form
-		if (threadIdx.x < 32) {
-			const int lane = threadIdx.x;
-			moe_route_warp256(logits, bias, 0, topk_group, K, norm_topk_prob, route_scale, idx,
-					  wts);
-			__syncwarp(); // idx written by the warp's lanes
-			moe_permute_one(idx, K, E, counts, offsets, perm, src);
-			if (lane == 0)
-				g_gate_done = 0; // for the next launch (stream order)
-		}
-		return;
-	}
-	for (int t = threadIdx.x >> 5; t < T; t += 8)
-		moe_route_warp256(logits, bias, t, topk_group, K, norm_topk_prob, route_scale, idx, wts);
-	__syncthreads(); // idx complete
-	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);
-	if (threadIdx.x == 0)
-		g_gate_done = 0; // for the next launch (stream order)
+	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D);
 }
 
 // ---- k_moe_gate_route1: the router of one token (see the file header) --------------------------
@@ -235,7 +168,7 @@ k_moe_gate_route_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__
 // also quantises 128-groups of x into all K + 1 input rows (act_quant(x[0]) whatever the routing:
 // k_moe_quant_gather's bits), so the block needs no gather. The lane that finishes a logit also
 // computes its scores (the double-precision sigmoid, and sel = sc + bias) into scores fp32
-// [2][E]; the last block to finish (g_gate1_done, as k_moe_gate_route_a8) only selects, by warp
+// [2][E]; the last block to finish (g_gate1_done) only selects, by warp
 // 0 (moe_route_select256), and permutes (moe_permute_one). (Run 12: 14.4 us graph-replayed,
 // when the last block computed the scores and every warp quantised its group K + 1 times.)
 // E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC * GR1_MAXC.

@@ -1,8 +1,8 @@
 // moe_route.cuh — the MoE routing of one token by a warp and the token permutation, as device
-// functions: the bodies of k_moe_route_w (moe_gate.cu) and k_moe_permute (moe_permute.cu), shared
-// with the fused routers of moe_block.cu (k_moe_gate_route1, k_moe_gate_route_a8), which run them
-// in their last block (for one token the permutation in closed form, moe_permute_one). Spec §3.9;
-// the numbers are the CPU's (moe_gate.cu's header).
+// functions: the bodies of k_moe_route_w (moe_gate.cu) and of k_moe_permute and its many-block
+// form (moe_permute.cu); the selection is shared with the fused router of moe_block.cu
+// (k_moe_gate_route1), which runs it in its last block, then the permutation in closed form
+// (moe_permute_one). Spec §3.9; the numbers are the CPU's (moe_gate.cu's header).
 #pragma once
 #include "common.cuh"
 
@@ -129,9 +129,7 @@ __device__ __forceinline__ float route_sigmoid(float logit)
 }
 
 // The routing of token t by one warp: the scores (sc, and sel = sc + bias for the selection) of
-// lane l's experts 8l .. 8l+7, then moe_route_select256. logits are read through L2 (__ldcg):
-// they may have been written by other blocks of this kernel (the fused gate, moe_block.cu)
-// before a fence.
+// lane l's experts 8l .. 8l+7, then moe_route_select256 (logits read through L2, __ldcg).
 __device__ __forceinline__ void moe_route_warp256(const float *logits,
 						  const float *__restrict__ bias, int t,
 						  int topk_group, int K, int norm_topk_prob,
@@ -260,8 +258,7 @@ __device__ __forceinline__ void perm_place(const int *idx, int t_begin, int t_en
 }
 
 // The body of k_moe_permute (moe_permute.cu, which documents it) for the calling block: any
-// multiple of 32 threads >= E and >= K. idx is read through L2 (__ldcg), so it may have been
-// written by this kernel (the fused gate, moe_block.cu) before a barrier or a fence.
+// multiple of 32 threads >= E and >= K (idx read through L2, __ldcg).
 __device__ __forceinline__ void moe_permute_block(const int *idx, int T, int K, int E,
 						  int *__restrict__ counts, int *__restrict__ offsets,
 						  int *__restrict__ perm, int *__restrict__ src)

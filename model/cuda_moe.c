@@ -34,7 +34,6 @@
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
  * of the fused router (k_moe_gate_route1) and the SwiGLU epilogues (the same bits).
- * DSV32_CUDA_MOE_GATE1=0: the fused router's previous form, k_moe_gate_route_a8 (the same bits).
  */
 #include "model/cuda_moe.h"
 
@@ -244,25 +243,19 @@ static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
 	return d->E == 256 && c->n_group == 8 && c->topk_group <= 8 && d->K <= 32;
 }
 
+/* The fused router, k_moe_gate_route1 (logits over E / 8 blocks, routing and permutation in
+ * its last block), at one token where the hidden size fits its chunk table (D % 512 == 0,
+ * D <= 8192). Run 8 (bench moe, eager) measured its first form (k_moe_gate_route_a8, a fused
+ * version of k_moe_gate_logits_a8) at T = 1 / 8 / 16: block 195 / 1102 / 1947 us fused, 200 /
+ * 1096 / 1931 separate — the last block's serial routing and permutation cost what the saved
+ * launches did from two tokens on; run 12: route1 14.4 us graph-replayed, the a8 form 17.4. */
 static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 {
-	/* one token only: run 8 (bench moe, eager) block at T = 1 / 8 / 16: 195 / 1102 / 1947 us
-	 * fused, 200 / 1096 / 1931 separate — the last block's serial routing and permutation cost
-	 * what the saved launches did from two tokens on */
-	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && !unfused();
+	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !unfused();
 }
 
-/* The fused router's kernel at one token: k_moe_gate_route1 (its chains over E / 8 blocks) where
- * the hidden size fits its chunk table (D <= 8192), else k_moe_gate_route_a8 (run 10: 21.3 us
- * for the a8 form, its logits on 16 threads of each of 128 blocks and the routing's scores 8
- * a lane). DSV32_CUDA_MOE_GATE1=0 (diagnosis, read at every call): the a8 form. Dynamic shared
- * memory of route1: barriers, x split by partial, 8 weight rows (moe_block.cu). */
-static int gate_route1(const struct moe_dims *d)
-{
-	const char *v = getenv("DSV32_CUDA_MOE_GATE1");
-	return d->D <= 8192 && d->E % 8 == 0 && !(v && *v == '0');
-}
-
+/* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
+ * (moe_block.cu). */
 static unsigned gate_route1_smem(int D)
 {
 	return (unsigned)(8 * 16 + 32 * (D / 8 + 4) + 8 * (2 * D + 16));
@@ -381,7 +374,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
 	const int fused = fused_router(c, d);
-	if ((stages & CUDA_MOE_GATE) && fused && gate_route1(d)) {
+	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
@@ -398,18 +391,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	} else if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
-		void *fargs[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D, &bias, &tg,
-				 &K, &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS],
-				 (void *)&b[B_CNT], (void *)&b[B_OFF], (void *)&b[B_PERM],
-				 (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS]};
-		void *fn = gpu_kernel(g, fused ? "k_moe_gate_route_a8" : k.name);
+		void *fn = gpu_kernel(g, k.name);
 		if (!fn)
 			return -ENOENT;
 		if (k.smem > 48 * 1024)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						     (int)k.smem));
 		rc = gpu_launch(g, fn, (unsigned)(E / k.experts), (unsigned)((T + k.rows - 1) / k.rows), 1,
-				256, 1, 1, k.smem, fused ? fargs : args);
+				256, 1, 1, k.smem, args);
 		if (rc)
 			return rc;
 	}
@@ -545,7 +534,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct gate_kernel k = gate_kernel_for(T, d.E, d.D);
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
-		 !fused ? k.name : gate_route1(&d) ? "k_moe_gate_route1" : "k_moe_gate_route_a8",
+		 fused ? "k_moe_gate_route1" : k.name,
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? unfused() ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
