@@ -21,9 +21,10 @@ static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 #define MAX_GPUS 16
 
 /* Per GPU ordinal: 1 the fast mode: the decode and grouped GEMMs may run on wgmma (native
- * FP8; within tests/gpu/gemm_fp8_limit.h's limit of the CPU) and on cuBLASLt where run 8
- * measured it faster; 0 (until the backend says otherwise) the batch-invariant mode: the exact
- * mma.sync decode kernels, a row's result independent of M. */
+ * FP8; within tests/gpu/gemm_fp8_limit.h's limit of the CPU) and on cuBLASLt where measured
+ * faster (the start-up measurement, else run 10's table); 0 (until the backend says otherwise)
+ * the batch-invariant mode: the exact mma.sync decode kernels, a row's result independent of
+ * M. */
 static int fast_mode[MAX_GPUS];
 
 void cuda_gemm_set_batch_invariant(const struct gpu *g, int on)
@@ -52,15 +53,18 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
 
 /* ---- the decode kernels ------------------------------------------------------------------ */
 
-/* What bounds them (runs 8-9, H200): the exact kernels (v2, the streaming kernel's mma.sync
+/* What bounds them (runs 8-12, H200): the exact kernels (v2, the streaming kernel's mma.sync
  * consumers) do one HMMA.16816 per 256 weight bytes and 8 tokens, and mma.sync runs at ~75-87
  * TFLOP/s here (v2 at M = 32 / 64 whatever the conversion count): from M = 16 they are bound by
  * it, at M <= 8 co-limited with HBM (v2 2.9-3.6 TB/s on the large matrices). The fast mode
- * (cuda_gemm_set_batch_invariant(g, 0)) therefore takes cuBLASLt from M = 16-32 and wgmma for
- * the grouped GEMMs. fp16 wgmma on the converted operands (the streaming kernel's WI = 3) is
- * bit-identical to mma.sync (run 9) at wgmma's rate: the way to an exact kernel at HBM speed,
- * once the streaming kernel's own overhead is gone (its copies alone: 3.7-4.0 TB/s; with
- * native-FP8 wgmma consumers 2.4-3.1: a unit's end costs, bench gemm's wg_nf / wg_k1). */
+ * (cuda_gemm_set_batch_invariant(g, 0)) therefore runs the streaming kernel's native-FP8 wgmma
+ * consumers (STREAM_WG, K chunks summed by a second launch: run 12 3.0-3.4 TB/s at M <= 16 on
+ * the large matrices, its copies alone 3.7-4.0) and cuBLASLt where each measured faster. From
+ * M = 32 the wgmma consumers fall to 2.5-2.7 / 1.8-2.0 TB/s at 32 / 64 rows: the token rows
+ * take a growing share of the stage ring (5 / 4 stages instead of 6), so fewer weight bytes are
+ * in flight. fp16 wgmma on the converted operands (WI = 3) is bit-identical to mma.sync (run 9)
+ * at wgmma's rate: the way to an exact kernel at HBM speed (not dispatched: no faster than v2 in
+ * run 9). */
 
 /* The streaming kernel's K chunks (kernels_ptx/gemm_fp8_stream.cu): work units are 128-row tiles
  * x K chunks, one block per SM takes units round-robin, so the busiest SM streams
