@@ -157,24 +157,26 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 
 // ---- k_moe_gate_route1: the router of one token (see the file header) --------------------------
 // The logits of k_moe_gate_logits_a8 (the CPU's 8 partials, each a chain of D / 8 FMAs in
-// ascending k, then the fixed tree) spread over E / 8 blocks of 64 threads: lane (expert
-// e0 + 4 warp + lane / 8, partial j = lane % 8) runs one chain, the chains of a warp independent.
-// The chains are the floor (D / 8 dependent FMAs); everything else overlaps them or is short:
-// lanes 0-7 of warp 0 bring the block's 8 weight rows into shared memory by 1-D bulk copies, all
-// issued at once, in chunks of GR1_KC elements with one mbarrier each (armed first by lane 0; a
-// lane starts on chunk 0 while the rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows XR = D/8 + 4
-// floats: 4 banks apart), so 4 steps of a chain read x in one 16-byte load; the weight rows are
-// WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct banks. Each warp
-// also quantises 128-groups of x into all K + 1 input rows (act_quant(x[0]) whatever the routing:
-// k_moe_quant_gather's bits), so the block needs no gather. The lane that finishes a logit also
-// computes its scores (the double-precision sigmoid, and sel = sc + bias) into scores fp32
-// [2][E]; the last block to finish (g_gate1_done) only selects, by warp
-// 0 (moe_route_select256), and permutes (moe_permute_one). (Run 12: 14.4 us graph-replayed,
-// when the last block computed the scores and every warp quantised its group K + 1 times.)
-// E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC * GR1_MAXC.
-// Grid E / 8, 64 threads, dynamic shared memory 8 * GR1_MAXC + 32 * (D / 8 + 4) +
-// 8 * (2 D + 16) bytes (model/cuda_moe.c).
+// ascending k, then the fixed tree) spread over E / 8 blocks: lane (expert e0 + 4 (warp) +
+// lane / 8, partial j = lane % 8) of warps 0 and 1 runs one chain, the chains of a warp
+// independent. The chains are the floor (D / 8 dependent FMAs); everything else overlaps them or
+// is short: lanes 0-7 of warp 0 bring the block's 8 weight rows into shared memory by 1-D bulk
+// copies, all issued at once (before griddepcontrol.wait: the weights are constants), in chunks
+// of GR1_KC elements with one mbarrier each (armed first by lane 0; a chain starts on chunk 0
+// while the rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows
+// XR = D/8 + 4 floats: 4 banks apart), so 4 steps of a chain read x in one 16-byte load; the
+// weight rows are WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct
+// banks. Warp 2 quantises 128-groups of x into all K + 1 input rows meanwhile (act_quant(x[0])
+// whatever the routing: k_moe_quant_gather's bits), so the block needs no gather. The lane that
+// finishes a logit also computes its scores (the double-precision sigmoid, and sel = sc + bias)
+// into scores fp32 [2][E]; the last block to finish (g_gate1_done) only selects, by warp 0
+// (moe_route_select256), and permutes (moe_permute_one). (Run 12: 14.4 us graph-replayed, when
+// the last block computed the scores and every warp quantised its group K + 1 times before its
+// chain.) E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC *
+// GR1_MAXC. Grid E / 8, GR1_THREADS = 96 threads, dynamic shared memory 8 * GR1_MAXC +
+// 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
 #define GR1_KC 512  // elements of a weight row a chunk (one mbarrier)
+#define GR1_THREADS 96 // warps 0-1: the chains; warp 2: the quantised rows
 #define GR1_MAXC 16 // chunks at most (D <= 8192)
 __device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
 
@@ -185,7 +187,7 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 		     : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(64)
+extern "C" __global__ void __launch_bounds__(GR1_THREADS)
 k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
 		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
 		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
@@ -221,19 +223,8 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	// and shared memory before the wait: x is the previous kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
-	// the K + 1 quantised input rows: a warp a 128-group, quantised once into row 0, its codes
-	// (this lane's 4, read back) and scale copied to rows 1 .. K
-	const int KB = D / 128;
-	for (int gi = blockIdx.x * 2 + warp; gi < KB; gi += gridDim.x * 2) {
-		const float sc = warp_act_quant128(x + gi * 128, xs8 + gi * 128, lane);
-		const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
-		for (int row = 1; row <= K; row++)
-			*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
-		for (int row = lane; row <= K; row += 32)
-			sxs[(size_t)row * KB + gi] = sc;
-	}
 	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]
-	for (int c = tid; c < D / 8; c += 64) {
+	for (int c = tid; c < D / 8; c += GR1_THREADS) {
 		const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x) + c);
 		const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -243,11 +234,24 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		}
 	}
 	__syncthreads(); // xs staged; the barriers initialised
-	const int el = warp * 4 + (lane >> 3), j = lane & 7;
+	if (warp == 2) {
+		// the K + 1 quantised input rows, beside the chains: a 128-group at a time, quantised
+		// once into row 0, its codes (this lane's 4, read back) and scale copied to rows 1 .. K
+		const int KB = D / 128;
+		for (int gi = blockIdx.x; gi < KB; gi += gridDim.x) {
+			const float sc = warp_act_quant128(x + gi * 128, xs8 + gi * 128, lane);
+			const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
+			for (int row = 1; row <= K; row++)
+				*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
+			for (int row = lane; row <= K; row += 32)
+				sxs[(size_t)row * KB + gi] = sc;
+		}
+	}
+	const int el = (warp & 1) * 4 + (lane >> 3), j = lane & 7;
 	const unsigned char *wr = ws + el * WR + 2 * j;
 	const float *xr = xs + j * XR;
 	float p = 0.f;
-	for (int c = 0; c < nc; c++) {
+	for (int c = 0; c < nc && warp < 2; c++) {
 		mbar_wait(bars + 8 * c, 0); // chunk c of the 8 rows landed
 #pragma unroll
 		for (int m = 0; m < GR1_KC / 32; m++) { // 4 steps (k = 8s + j) a float4 of x
@@ -266,7 +270,7 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	p += __shfl_xor_sync(0xffffffffu, p, 4);
 	// the logit, and its scores for the routing (the sigmoid in double, sel = sc + bias) into
 	// scores [2][E], so the last block only selects
-	if (j == 0) {
+	if (j == 0 && warp < 2) {
 		const int e = e0 + el;
 		const float sg = route_sigmoid(p);
 		logits[e] = p;

@@ -385,7 +385,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		unsigned smem = gate_route1_smem(D);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 					     (int)smem));
-		rc = moe_launch(g, fn, (unsigned)(E / 8), 64, smem, args);
+		rc = moe_launch(g, fn, (unsigned)(E / 8), 96, smem, args); /* GR1_THREADS */
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
