@@ -91,8 +91,9 @@ enum {
  * Rows "sorted": the T * num_experts_per_tok routed rows by expert, within one in token order. */
 struct cuda_moe_taps {
 	gpu_ptr gu; /* bf16 [sorted rows, 2 * moe_inter]: the routed gate|up outputs (not written
-		     * where the GEMMs run on wgmma: SwiGLU is fused into the first, see cuda_moe.c) */
-	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs */
+		     * where SwiGLU is fused into the first GEMM, see cuda_moe.c) */
+	gpu_ptr ey; /* bf16 [sorted rows, hidden]: the routed experts' outputs (when ey or sh is
+		     * given, the down GEMM keeps the combine apart so they exist) */
 	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
 };
 /* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_FAST), copying
