@@ -551,9 +551,9 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // to take), the selection is every key >= the prefix so far and the remaining rounds are
 // skipped (continuous scores: often after the second). Output: each CTA's count of keys > T
 // and == T go to the cluster, each CTA takes the equal keys left after the CTAs before it (ties
-// to the lower position), and places its selected positions by a prefix sum over its warps (each
-// warp a contiguous range, placed by ballots), so the row's output is in ascending position order
-// as k_topk's. A last barrier keeps every CTA's shared
+// to the lower position), and places its selected positions by a prefix sum over its 32 warps
+// (each warp a contiguous range, placed by ballots; every warp scans the 32 warps' counts
+// itself), so the row's output is in ascending position order as k_topk's. A last barrier keeps every CTA's shared
 // memory alive until the others have read it. Dynamic shared memory topk_cluster_smem_bytes
 // (cuda_attn.c):
 // two 2048-bin histograms, the cluster's 2048 totals, 4 ints, S keys. Rows with n <= k_max
@@ -596,7 +596,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	int *tot = hbuf + 2 * TOPK_BINS;                               // [2048] the cluster's
 	int *cnt = tot + TOPK_BINS;                                    // [4]: keys > T, == T
 	uint32_t *keys = reinterpret_cast<uint32_t *>(cnt + 4);        // [S]
-	__shared__ int s_bin, s_rem;
+	__shared__ int s_bin, s_rem, s_wcnt[2][TOPK_THREADS / 32];
 	topk_wait_inputs();
 	const int tid = threadIdx.x, lane = tid & 31, b = blockIdx.y;
 	const uint32_t r = cluster_rank();
@@ -718,10 +718,21 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		gt += __popc(__ballot_sync(0xffffffffu, i < whi && key > T));
 		eq += __popc(__ballot_sync(0xffffffffu, i < whi && key == T));
 	}
-	// the block scans count each warp once (its lane 0)
-	int gt_tot, eq_tot;
-	const int eq_before = __shfl_sync(0xffffffffu, block_exclusive_scan<TOPK_THREADS>(lane ? 0 : eq, &eq_tot), 0);
-	block_exclusive_scan<TOPK_THREADS>(lane ? 0 : gt, &gt_tot);
+	// the 32 warps' counts through shared memory once; lane i of every warp then holds warp i's
+	// (g_i, e_i) and scans them itself (no block scans: one barrier instead of nine)
+	static_assert(TOPK_THREADS == 32 * 32, "a lane per warp");
+	if (lane == 0)
+		s_wcnt[0][warp] = gt, s_wcnt[1][warp] = eq;
+	__syncthreads(); // every warp's counts
+	const int g_i = s_wcnt[0][lane], e_i = s_wcnt[1][lane];
+	int gs = g_i, es = e_i; // inclusive over warps 0 .. lane
+#pragma unroll
+	for (int d = 1; d < 32; d <<= 1) {
+		const int gy = __shfl_up_sync(0xffffffffu, gs, d), ey = __shfl_up_sync(0xffffffffu, es, d);
+		if (lane >= d)
+			gs += gy, es += ey;
+	}
+	const int gt_tot = __shfl_sync(0xffffffffu, gs, 31), eq_tot = __shfl_sync(0xffffffffu, es, 31);
 	if (tid == 0)
 		cnt[0] = gt_tot, cnt[1] = eq_tot;
 	cluster_sync(); // every CTA's counts visible
@@ -738,10 +749,17 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 			cta_eq += ce[c];
 		}
 	const int cta_take = max(0, min(eq_tot, take_eq - cta_eq)); // equal keys this CTA takes
-	const int mine_eq = max(0, min(eq, cta_take - eq_before));  // and this warp
-	int total;
-	int o = cta_out +
-		__shfl_sync(0xffffffffu, block_exclusive_scan<TOPK_THREADS>(lane ? 0 : gt + mine_eq, &total), 0);
+	// lane i: the equal keys warp i takes (after the warps before it), then the outputs before it
+	const int me_i = max(0, min(e_i, cta_take - (es - e_i)));
+	int outs = g_i + me_i;
+#pragma unroll
+	for (int d = 1; d < 32; d <<= 1) {
+		const int y = __shfl_up_sync(0xffffffffu, outs, d);
+		if (lane >= d)
+			outs += y;
+	}
+	const int mine_eq = __shfl_sync(0xffffffffu, me_i, warp);
+	int o = cta_out + __shfl_sync(0xffffffffu, outs - g_i - me_i, warp);
 	int eq_seen = 0;
 	for (int i0 = wlo; i0 < whi; i0 += 32) {
 		const int i = i0 + lane;
