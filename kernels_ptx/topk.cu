@@ -204,15 +204,36 @@ __device__ __forceinline__ void topk_for_each16(const float *__restrict__ row, i
 
 // Thread j owns bins [per*(1023-j), +per) (thread 0 the highest); finds the bin where the count
 // from the top reaches `rem`: *bin_out and *rem_out (rem minus the keys above that bin).
+// The scan over the 1024 threads: within each warp by shuffles, then every warp scans the 32
+// warp totals itself (one barrier; a block scan takes three).
 __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem, int *bin_out, int *rem_out)
 {
-	const int tid = threadIdx.x;
+	static_assert(TOPK_THREADS == 32 * 32, "a lane per warp");
+	__shared__ int wsum[TOPK_THREADS / 32];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int lo = per * (TOPK_THREADS - 1 - tid);
 	int local = 0;
 	for (int i = 0; i < per; i++)
 		local += hist[lo + i];
-	int total;
-	int above = block_exclusive_scan<TOPK_THREADS>(local, &total);
+	int x = local; // inclusive over the warp's lanes 0 .. lane
+#pragma unroll
+	for (int d = 1; d < 32; d <<= 1) {
+		const int y = __shfl_up_sync(0xffffffffu, x, d);
+		if (lane >= d)
+			x += y;
+	}
+	if (lane == 31)
+		wsum[warp] = x;
+	__syncthreads(); // every warp's total
+	const int w_i = wsum[lane];
+	int ws = w_i; // inclusive over warps 0 .. lane
+#pragma unroll
+	for (int d = 1; d < 32; d <<= 1) {
+		const int y = __shfl_up_sync(0xffffffffu, ws, d);
+		if (lane >= d)
+			ws += y;
+	}
+	int above = __shfl_sync(0xffffffffu, ws - w_i, warp) + x - local;
 	if (above < rem && above + local >= rem) {
 		for (int bb = lo + per - 1; bb >= lo; bb--) {
 			if (above + hist[bb] >= rem) {
@@ -223,7 +244,7 @@ __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem,
 			above += hist[bb];
 		}
 	}
-	__syncthreads(); // the bin is visible
+	__syncthreads(); // the bin is visible (and wsum read by all before a next call writes it)
 }
 
 // Adds the TOPK_COPIES copies of the histogram into copy 0 (each bin read and written by one
