@@ -215,24 +215,11 @@ __device__ __forceinline__ void topk_find_bin(const int *hist, int per, int rem,
 	int local = 0;
 	for (int i = 0; i < per; i++)
 		local += hist[lo + i];
-	int x = local; // inclusive over the warp's lanes 0 .. lane
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		const int y = __shfl_up_sync(0xffffffffu, x, d);
-		if (lane >= d)
-			x += y;
-	}
+	const int x = warp_inclusive_scan(local);
 	if (lane == 31)
 		wsum[warp] = x;
 	__syncthreads(); // every warp's total
-	const int w_i = wsum[lane];
-	int ws = w_i; // inclusive over warps 0 .. lane
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		const int y = __shfl_up_sync(0xffffffffu, ws, d);
-		if (lane >= d)
-			ws += y;
-	}
+	const int w_i = wsum[lane], ws = warp_inclusive_scan(w_i); // over warps 0 .. lane
 	int above = __shfl_sync(0xffffffffu, ws - w_i, warp) + x - local;
 	if (above < rem && above + local >= rem) {
 		for (int bb = lo + per - 1; bb >= lo; bb--) {
@@ -746,13 +733,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		s_wcnt[0][warp] = gt, s_wcnt[1][warp] = eq;
 	__syncthreads(); // every warp's counts
 	const int g_i = s_wcnt[0][lane], e_i = s_wcnt[1][lane];
-	int gs = g_i, es = e_i; // inclusive over warps 0 .. lane
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		const int gy = __shfl_up_sync(0xffffffffu, gs, d), ey = __shfl_up_sync(0xffffffffu, es, d);
-		if (lane >= d)
-			gs += gy, es += ey;
-	}
+	const int gs = warp_inclusive_scan(g_i), es = warp_inclusive_scan(e_i); // over warps 0 .. lane
 	const int gt_tot = __shfl_sync(0xffffffffu, gs, 31), eq_tot = __shfl_sync(0xffffffffu, es, 31);
 	if (tid == 0)
 		cnt[0] = gt_tot, cnt[1] = eq_tot;
@@ -772,13 +753,7 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 	const int cta_take = max(0, min(eq_tot, take_eq - cta_eq)); // equal keys this CTA takes
 	// lane i: the equal keys warp i takes (after the warps before it), then the outputs before it
 	const int me_i = max(0, min(e_i, cta_take - (es - e_i)));
-	int outs = g_i + me_i;
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		const int y = __shfl_up_sync(0xffffffffu, outs, d);
-		if (lane >= d)
-			outs += y;
-	}
+	const int outs = warp_inclusive_scan(g_i + me_i);
 	const int mine_eq = __shfl_sync(0xffffffffu, me_i, warp);
 	int o = cta_out + __shfl_sync(0xffffffffu, outs - g_i - me_i, warp);
 	int eq_seen = 0;
