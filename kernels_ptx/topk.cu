@@ -414,13 +414,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 				}
 				// warp-aggregated append of this thread's __popc(cm) candidates
 				const int cnt = __popc(cm);
-				int incl = cnt;
-#pragma unroll
-				for (int o = 1; o < 32; o <<= 1) {
-					const int y = __shfl_up_sync(0xffffffffu, incl, o);
-					if (lane >= o)
-						incl += y;
-				}
+				const int incl = warp_inclusive_scan(cnt);
 				const int wtot = __shfl_sync(0xffffffffu, incl, 31);
 				if (wtot) {
 					int base = 0;
