@@ -579,7 +579,8 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 	if (!r && F.T) {
 		gpu_ptr out = 0, res = 0, l32 = 0;
 		r = step_graph(&F, &out, &res, &l32);
-		if (r == 1) {
+		if (r == 1) { /* not from a graph: eagerly */
+			r = 0;
 			const char *pv = getenv("DSV32_CUDA_PROFILE");
 			prof.on = pv && *pv == '1' && !st->dump;
 			if (prof.on) { /* the GPU waits while the host enqueues the step (k_fwd_spin) */
