@@ -24,17 +24,16 @@
 // dims][64 heads][128 B] fp16, K[2] [9][32 keys][128 B] fp16, both in the 128-byte swizzle
 // (wgmma.cuh), the S exchange [2 tiles][2 warpgroups][16][128] fp32, raw[2] [32][656] bytes,
 // the split's slots [MW_MAXK] ints (keys_per_split <= MW_MAXK).
-// k_mla_decode_wgp: the same with the consumers' steps pipelined across tiles: S of tile t + 1
-// is issued before P V of tile t, and the softmax of t + 1 runs while P V of t is on the tensor
-// cores (see mla_wg). The same arithmetic, so the same bits as k_mla_decode_wg.
 // Numerics: those of k_mla_decode (mla_decode.cu: fp16 operands, exact in the same ranges; P as
 // P_hi + P_lo; l the fp32 sum of p; the output bf16 of o / l), with the dot products summed in
 // another order (two fp32 halves of 288 dims, each a tensor-core sum; S_0 + S_1 is the same
-// float in both warpgroups, fp32 addition being commutative) and the keys of a split in
-// tiles of 32. Not bit-identical to k_mla_decode, within the same limits of attn_latent
+// float in both warpgroups, fp32 addition being commutative), the keys of a split in tiles of
+// 32, and the weights as 2^(s log2(e) - m) by exp2f (the exponent's fp32 rounding, |s| log2(e)
+// 2^-24, and ex2's 2 ulp: ~2^-19 of a weight at |s| ~ 30, as expf of fp32 arguments on the CPU).
+// Not bit-identical to k_mla_decode, within the same limits of attn_latent
 // (tests/gpu/test_gpu_mla.c).
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
-// MMAs (k_mla_decode_wg only), bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
+// MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
 // stores.
 #include "common.cuh"
 #include "mla.cuh"
@@ -203,7 +202,6 @@ __device__ __forceinline__ void mw_issue_s(float *sp, uint64_t dq, uint64_t dk)
 // Issues O_w += P_hi V_w + P_lo V_w for a key tile (V_w: latent dims 256 wg .., column blocks
 // 4 wg ..; k16 step kk = keys 16 kk .., 2048 bytes on); dv: the descriptor at the tile's column
 // block 4 wg. No fence, no commit.
-template <bool LO>
 __device__ __forceinline__ void mw_issue_pv(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
 					    uint64_t dv)
 {
@@ -212,11 +210,12 @@ __device__ __forceinline__ void mw_issue_pv(float *o, const uint32_t (&ph)[2][4]
 		wgmma_f16_rs_n256_tb(o, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], dv + kk * 2048 / 16, 1);
 #pragma unroll
 	for (int kk = 0; kk < 2; kk++)
-		if (LO)
-			wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], dv + kk * 2048 / 16, 1);
+		wgmma_f16_rs_n256_tb(o, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], dv + kk * 2048 / 16, 1);
 }
 
-// The online softmax state of a consumer thread's two heads (16 wi + g and + 8)
+// The online softmax state of a consumer thread's two heads (16 wi + g and + 8), in log2 units:
+// scores times scale2 = scale log2(e), weights 2^(s - m) (exp2f, one instruction; expf's range
+// reduction took ~8 a weight), m converted back (x ln 2) for the split partials
 struct mw_soft {
 	float m0, m1, l0, l1;
 };
@@ -228,7 +227,7 @@ struct mw_soft {
 // a0 head g keys 2 t4 + {0, 1}, a1 head g + 8, a2 and a3 the same keys + 8) and the factors
 // e^(m_old - m) of the thread's two heads for O
 __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int *cv, int s, int wg, int wt, int t4,
-					   float scale, mw_soft &st, uint32_t (&ph)[2][4], uint32_t (&pl)[2][4],
+					   float scale2, mw_soft &st, uint32_t (&ph)[2][4], uint32_t (&pl)[2][4],
 					   float &c0, float &c1)
 {
 	float *xw = xs + (2 * s + wg) * MW_XS;
@@ -236,8 +235,9 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 	for (int j = 0; j < 16; j++)
 		xw[j * 128 + wt] = sp[j];
 	mw_bar_sync(MW_BAR_CONS, 256);
-	const float *x0 = xs + 2 * s * MW_XS, *x1 = x0 + MW_XS;
-	// fragment register 4 jb + e: head 16 wi + g (e < 2) or + 8, key 8 jb + 2 t4 + e % 2
+	const float *xo = xs + (2 * s + (wg ^ 1)) * MW_XS; // the other warpgroup's half
+	// fragment register 4 jb + e: head 16 wi + g (e < 2) or + 8, key 8 jb + 2 t4 + e % 2;
+	// sp + the other half is the same float in both (fp32 addition commutes)
 	float sc[16], mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
 	for (int jb = 0; jb < 4; jb++)
@@ -245,8 +245,8 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 		for (int e = 0; e < 2; e++) {
 			const bool ok = cv[8 * jb + 2 * t4 + e] >= 0;
 			const int j0 = 4 * jb + e, j1 = j0 + 2;
-			sc[j0] = ok ? (x0[j0 * 128 + wt] + x1[j0 * 128 + wt]) * scale : -INFINITY;
-			sc[j1] = ok ? (x0[j1 * 128 + wt] + x1[j1 * 128 + wt]) * scale : -INFINITY;
+			sc[j0] = ok ? (sp[j0] + xo[j0 * 128 + wt]) * scale2 : -INFINITY;
+			sc[j1] = ok ? (sp[j1] + xo[j1 * 128 + wt]) * scale2 : -INFINITY;
 			mx0 = fmaxf(mx0, sc[j0]);
 			mx1 = fmaxf(mx1, sc[j1]);
 		}
@@ -255,14 +255,14 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
 	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
 	const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
-	c0 = st.m0 == -INFINITY ? 0.f : expf(st.m0 - mn0);
-	c1 = st.m1 == -INFINITY ? 0.f : expf(st.m1 - mn1);
+	c0 = st.m0 == -INFINITY ? 0.f : exp2f(st.m0 - mn0);
+	c1 = st.m1 == -INFINITY ? 0.f : exp2f(st.m1 - mn1);
 	const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
 	st.m0 = mn0, st.m1 = mn1, st.l0 *= c0, st.l1 *= c1;
 #pragma unroll
 	for (int jb = 0; jb < 4; jb++) {
-		const float pg0 = expf(sc[4 * jb] - ms0), pg1 = expf(sc[4 * jb + 1] - ms0);
-		const float pk0 = expf(sc[4 * jb + 2] - ms1), pk1 = expf(sc[4 * jb + 3] - ms1);
+		const float pg0 = exp2f(sc[4 * jb] - ms0), pg1 = exp2f(sc[4 * jb + 1] - ms0);
+		const float pk0 = exp2f(sc[4 * jb + 2] - ms1), pk1 = exp2f(sc[4 * jb + 3] - ms1);
 		st.l0 += pg0 + pg1;
 		st.l1 += pk0 + pk1;
 		const uint32_t hg = f32x2_to_f16x2(pg0, pg1), hk = f32x2_to_f16x2(pk0, pk1);
@@ -304,27 +304,23 @@ __device__ __forceinline__ void mw_s_now(float *sp, uint64_t dq, uint64_t dk)
 }
 
 // P V of a tile issued and waited for
-template <bool LO>
 __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], const uint32_t (&pl)[2][4],
 					  uint64_t dv)
 {
 	wg_fence();
-	mw_issue_pv<LO>(o, ph, pl, dv);
+	mw_issue_pv(o, ph, pl, dv);
 	wg_commit();
 	wg_wait0();
 	mw_fence_regs(o, 128);
 }
 
-// PIPE = false (k_mla_decode_wg): per tile, S, then the softmax, then P V, each waited for.
-// PIPE = true (k_mla_decode_wgp): S of tile t + 1 is issued before P V of tile t, and the
-// softmax of t + 1 runs while P V of t is on the tensor cores (wgmma groups complete in order:
-// waiting for all but the last group waits for S only); O is rescaled after P V of t is done.
-// LO = false (k_mla_decode_wgp_hi, a benchmark probe): P V without the P_lo half, the weights
-// rounded to fp16 once (what a fast mode would gain and depart by).
-template <bool PIPE, bool LO>
-__device__ __forceinline__ void
-mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, const uint8_t *__restrict__ pool,
-       int H, float scale, uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+// The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
+// a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
+// while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
 	extern __shared__ __align__(16) uint8_t smem_raw[];
 	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
@@ -375,6 +371,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 	// V descriptor strides: 64-dim column blocks MW_KCB apart (N), 8-key groups 1024 apart (K)
 	const uint32_t lbo = MW_KCB, sbo = 1024; // (run 12: the strides swapped fail)
 	const bool mma = !(diag & 2);
+	const float scale2 = scale * 1.44269504088896341f; // log2(e)
 	float o[128]; // O_w: register 4j + {0, 1}: head 16 wi + g, dims 256 wg + 8j + 2 t4 + {0, 1}; + {2, 3}: head + 8
 #pragma unroll
 	for (int i = 0; i < 128; i++)
@@ -386,94 +383,25 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 	// column block; key buffer 1 is MW_K_BYTES / 16 on
 	const uint64_t dq = wgd_kmajor(base + 32 * wg), dk0 = wgd_kmajor(base + MW_Q_BYTES + 32 * wg);
 	const uint64_t dv0 = wgd_mnmajor(base + MW_Q_BYTES + wg * 4 * MW_KCB, lbo, sbo);
-#define MW_DK_AT(t) (dk0 + ((t) & 1) * (MW_K_BYTES / 16))
-#define MW_DV_AT(t) (dv0 + ((t) & 1) * (MW_K_BYTES / 16))
-#define MW_RELEASE(t)                                                                               \
-	do {                                                                                        \
-		if ((t) + 2 < nt)                                                                   \
-			mw_bar_arrive(MW_BAR_EMPTY + ((t) & 1), MW_THREADS);                         \
-	} while (0)
-	int t = 0;
-	if (!PIPE) {
-		for (; t < nt; t++) {
-			const int s = t & 1;
-			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
-			if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
-				if (mma) {
-					mw_s_now(sp, dq, MW_DK_AT(t));
-				} else {
-#pragma unroll
-					for (int j = 0; j < 16; j++)
-						sp[j] = 0.f;
-				}
-				mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale, st, ph, pl, c0, c1);
-				mw_rescale(o, c0, c1);
-				if (mma)
-					mw_pv_now<LO>(o, ph, pl, MW_DV_AT(t));
-			}
-			MW_RELEASE(t);
-		}
-	} else {
-		// tile t's weights are in ph / pl and O is rescaled for it; the steady state issues S of
-		// tile u = t + 1 and P V of t, one branch-free wgmma pipeline (ptxas serialises the
-		// wgmmas when their issue or waits depend on a branch: so no diag bit 1 here)
-		if (nt > 0) {
-			mw_bar_sync(MW_BAR_FULL, MW_THREADS);
-			if (ssl[0] < 0) { // an empty list
-				MW_RELEASE(0);
-				t = 1;
+	for (int t = 0; t < nt; t++) {
+		const int s = t & 1;
+		mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
+		if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
+			if (mma) {
+				mw_s_now(sp, dq, dk0 + s * (MW_K_BYTES / 16));
 			} else {
-				mw_s_now(sp, dq, MW_DK_AT(0));
-				mw_softmax(sp, xs, ssl, 0, wg, wt, t4, scale, st, ph, pl, c0, c1);
-				for (;;) {
-					const int u = t + 1;
-					if (u >= nt)
-						break;
-					mw_bar_sync(MW_BAR_FULL + (u & 1), MW_THREADS);
-					if (ssl[u * MW_KT] < 0) { // the list ended before tile u
-						MW_RELEASE(u);
-						break;
-					}
-					uint32_t qh[2][4], ql[2][4];
-					wg_fence();
-					mw_issue_s(sp, dq, MW_DK_AT(u));
-					wg_commit();
-					mw_issue_pv<LO>(o, ph, pl, MW_DV_AT(t));
-					wg_commit();
-					asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-					mw_fence_regs(sp, 16);
-					mw_softmax(sp, xs, ssl + u * MW_KT, u & 1, wg, wt, t4, scale, st, qh, ql, c0, c1);
-					wg_wait0();
-					mw_fence_regs(o, 128);
-					// P V of t read ph / pl until here: the new weights must not take their
-					// registers before (ptxas would serialise every wgmma)
 #pragma unroll
-					for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-						for (int r = 0; r < 4; r++)
-							asm volatile("" : "+r"(ph[kk][r]), "+r"(pl[kk][r])::"memory");
-					MW_RELEASE(t);
-					mw_rescale(o, c0, c1);
-#pragma unroll
-					for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-						for (int r = 0; r < 4; r++)
-							ph[kk][r] = qh[kk][r], pl[kk][r] = ql[kk][r];
-					t = u;
-				}
-				mw_pv_now<LO>(o, ph, pl, MW_DV_AT(t)); // the last tile's P V
-				MW_RELEASE(t);
-				t += 2; // tile t + 1 (if any) was synchronised and released above
+				for (int j = 0; j < 16; j++)
+					sp[j] = 0.f;
 			}
+			mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
+			mw_rescale(o, c0, c1);
+			if (mma)
+				mw_pv_now(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
 		}
+		if (t + 2 < nt) // the producer waits for this buffer before tile t + 2
+			mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
 	}
-	for (; t < nt; t++) { // the tiles after the list's end: only the handshake
-		mw_bar_sync(MW_BAR_FULL + (t & 1), MW_THREADS);
-		MW_RELEASE(t);
-	}
-#undef MW_DK_AT
-#undef MW_DV_AT
-#undef MW_RELEASE
 	// the combine (programmatic dependent launch) may start its blocks; they wait for this grid
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
@@ -497,7 +425,7 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 				*reinterpret_cast<float2 *>(pp + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
 			if (wg == 0 && t4 == 0) {
 				float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * idx;
-				ml[0] = i ? st.m1 : st.m0, ml[1] = lr;
+				ml[0] = (i ? st.m1 : st.m0) * 0.693147180559945309f, ml[1] = lr; // ln 2: natural units
 			}
 		} else {
 			const float inv = lr > 0.f ? 1.f / lr : 0.f;
@@ -509,28 +437,4 @@ mla_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel, 
 					((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
 		}
 	}
-}
-
-extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mla_wg<false, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wgp(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mla_wg<true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wgp_hi(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		    const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		    uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mla_wg<true, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

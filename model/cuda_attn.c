@@ -84,9 +84,9 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 	return splits > 1 ? (size_t)B * H * splits * (R + 2) * sizeof(float) : 0;
 }
 
-/* cuda_mla_decode takes k_mla_decode_wgp where it can (run 12: at every batch as fast as
- * k_mla_decode or faster, batch 1 18.9 against 21.2 us; the same limits of attn_latent, the same
- * splits best); DSV32_MLA_WG=0 keeps k_mla_decode (diagnosis) */
+/* cuda_mla_decode takes k_mla_decode_wg where it can (run 13, 32K: batch 1 16.6 against 21.1 us,
+ * 16: 66.9 / 94.6, 64: 204.6 / 309.7, 128: 402.7 / 615.3; the same limits of attn_latent, the
+ * same splits best); DSV32_MLA_WG=0 keeps k_mla_decode (diagnosis) */
 static int mla_wg_default = -1;
 
 static int mla_wg_on(void)
@@ -104,7 +104,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 	int diag = 0;
 	if (mla_wg_on() && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
 	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
-		diag = 128 | 0x20000;
+		diag = 128;
 	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, diag);
 }
 
@@ -125,10 +125,7 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128;
 	if (wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG))
 		return -EINVAL;
-	const char *name = !wg ? "k_mla_decode"
-			   : diag & 0x80000 ? "k_mla_decode_wgp_hi"
-			   : diag & 0x20000 ? "k_mla_decode_wgp"
-					    : "k_mla_decode_wg";
+	const char *name = wg ? "k_mla_decode_wg" : "k_mla_decode";
 	diag &= 0x67; /* the kernel's own switches */
 	void *fn = gpu_kernel(g, name);
 	if (!fn)

@@ -20,7 +20,7 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * layer's MLA records at pool (rec_bytes each). ws: a workspace of cuda_mla_decode_workspace()
  * bytes (0 allowed when that is 0). Tensor cores (fp16 operands); the softmax weights go into
  * P V as two fp16 parts (kernels_ptx/mla_decode.cu says where this departs from attn_latent).
- * k_mla_decode_wgp (wgmma, kernels_ptx/mla_wgmma.cu) where it applies (R = 512, 656-byte records,
+ * k_mla_decode_wg (wgmma, kernels_ptx/mla_wgmma.cu) where it applies (R = 512, 656-byte records,
  * H % 64 == 0, <= 2048 keys a split), else k_mla_decode; DSV32_MLA_WG=0: always k_mla_decode. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
@@ -31,9 +31,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * keys; ws must then hold B x H x splits x (R + 2) floats, as cuda_mla_decode_workspace; a
  * correct result). Bit 7 takes k_mla_decode_wg (kernels_ptx/mla_wgmma.cu: wgmma, R = 512 and
  * 656-byte records and H % 64 == 0 and at most 2048 keys a split only, else -EINVAL; the same
- * limits of attn_latent), where bit 17 takes its pipelined form k_mla_decode_wgp (the same bits)
- * and bit 19 k_mla_decode_wgp_hi (a probe: the weights rounded to fp16 once, outside the limits
- * of attn_latent). */
+ * limits of attn_latent). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

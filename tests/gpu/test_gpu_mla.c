@@ -25,8 +25,8 @@
 #include "model/kv_cache.h"
 
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
- * forward's path), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag bit 7) instead,
- * 3 k_mla_decode_wgp (bit 17), 4 k_mla_decode_wgp_hi (bit 19), printed only */
+ * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: k_mla_decode_wg (diag bit
+ * 7) instead */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -91,8 +91,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
-					     force << 8 | (wg ? 128 : 0) | (wg == 3 ? 0x20000 : 0) | (wg == 4 ? 0x80000 : 0)) ==
-			0);
+					     force << 8 | (wg ? 128 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -127,10 +126,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 4 ? "k_mla_decode_wgp_hi, P_hi only (a probe of a fast mode's departure, not checked)"
-	       : wg == 3 ? "k_mla_decode_wgp"
-	       : wg      ? "k_mla_decode_wg"
-			 : "mla decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -143,8 +139,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 		       (long long)bad_dim[3], (long long)bad_dim[4], (long long)bad_dim[5], (long long)bad_dim[6],
 		       (long long)bad_dim[7], (long long)bad_head[0], (long long)bad_head[1], (long long)bad_head[2],
 		       (long long)bad_head[3]);
-	if (wg != 4)
-		CHECK_EQ_INT(bad, 0);
+	CHECK_EQ_INT(bad, 0);
 	cu.cuMemFree(d_q), cu.cuMemFree(d_sel), cu.cuMemFree(d_pool), cu.cuMemFree(d_o);
 	free(pool), free(ckv), free(qf), free(qh), free(sel), free(kv), free(score), free(ref), free(A), free(vmax), free(got);
 }
@@ -176,23 +171,19 @@ TEST_T(gpu_mla, decode_wg_matches_cpu, 300)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	/* k_mla_decode_wg and k_mla_decode_wgp (wgmma, tiles of 32 keys) on the real dims: lists
-	 * ending inside a tile, a split, a row; a flat softmax; batch 1's many splits; 140 blocks of
-	 * one split; forced splits */
+	/* k_mla_decode_wg (wgmma, tiles of 32 keys) on the real dims: lists ending inside a tile, a
+	 * split, a row; a flat softmax; batch 1's many splits; 140 blocks of one split; forced splits */
 	int n_real[4] = {1, 17, 300, 2048};
 	int n_one[1] = {2048};
 	int n_many[70];
 	for (int b = 0; b < 70; b++)
 		n_many[b] = 64 + 3 * b;
-	for (int wg = 1; wg <= 3; wg += 2) {
-		check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, wg, 3101);
-		check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, wg, 3103);
-		check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, wg, 3104);
-		check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, wg, 3105);
-		check_mla(&g, 512, 64, 3, n_real, 2048, 64, 2.5f, 16, wg, 3106);
-		check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, wg, 3107);
-	}
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 4, 3101);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 1, 3101);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 1, 3103);
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 1, 3104);
+	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 1, 3105);
+	check_mla(&g, 512, 64, 3, n_real, 2048, 64, 2.5f, 16, 1, 3106);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 1, 3107);
 	gpu_close(&g);
 }
 

@@ -257,14 +257,11 @@ int bench_attention(int argc, char **argv)
 			 * k_mla_decode_wg; at 32K x 128 the latter's phases */
 			double old_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
-			double wgp_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
-						 128 | 0x20000);
-			double wg_diag_us[8] = {0}, wgp_hi_us = 0;
+			double wg_diag_us[8] = {0};
 			if (ctx == 32768 && B == 128) {
 				for (int di = 1; di < 8; di++)
 					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 								  128 | di);
-				wgp_hi_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128 | 0x80000);
 			}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
 			double diag_us[8] = {0};
@@ -279,7 +276,7 @@ int bench_attention(int argc, char **argv)
 					cu.cuEventRecord(e1, g.stream);
 					diag_us[diags[di]] = event_ms(&g, e0, e1) / reps * 1e3;
 				}
-			/* 32K: k_mla_decode_wgp by key splits (forced: 1, 2, 4, 8, 16, 32) */
+			/* 32K: k_mla_decode_wg by key splits (forced: 1, 2, 4, 8, 16, 32) */
 			double wg_split_us[6] = {0};
 			if (ctx == 32768) {
 				gpu_ptr ws32;
@@ -288,7 +285,7 @@ int bench_attention(int argc, char **argv)
 					return 1;
 				for (int si = 0; si < 6; si++)
 					wg_split_us[si] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws32,
-								   128 | 0x20000 | (1 << si) << 8);
+								   128 | (1 << si) << 8);
 				cu.cuMemFree(ws32);
 			}
 			/* batch 1: the time by key splits (forced), the decode kernel alone and the combine
@@ -343,11 +340,10 @@ int bench_attention(int argc, char **argv)
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
 			if (wg_us > 0)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
-				       "%.1f TFLOP/s | k_mla_decode_wgp (pipelined) %.2f us, %.1f TFLOP/s\n", old_us,
-				       mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wgp_us,
-				       mla_flops / (wgp_us * 1e-6) / 1e12);
+				       "%.1f TFLOP/s\n", old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us,
+				       mla_flops / (wg_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
-				printf("        k_mla_decode_wgp by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
+				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
 				       wg_split_us[1], wg_split_us[2], wg_split_us[3], wg_split_us[4], wg_split_us[5]);
 			if (wg_diag_us[1] > 0)
@@ -355,8 +351,6 @@ int bench_attention(int argc, char **argv)
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
 				       wg_diag_us[7]);
-			if (wgp_hi_us > 0)
-				printf("        k_mla_decode_wgp_hi (P_hi only, a fast mode's probe): %.1f us\n", wgp_hi_us);
 			if (diag_us[1] > 0)
 				printf("        k_mla_decode phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
@@ -383,7 +377,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wgp, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
