@@ -348,23 +348,22 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 	const int wg = tid >> 7, wt = tid & 127, wi = wt >> 5, g = lane >> 2, t4 = lane & 3;
 
 	// Q of the block's 64 heads, bf16 -> fp16 into its swizzled column blocks: 64 x 72 chunks,
-	// thread tid items tid + 256 i, 6 loads in flight
-	if (!(diag & 32))
-		for (int i0 = 0; i0 < 18; i0 += 6) {
-			uint4 v[6];
+	// thread tid items tid + 256 i, all 18 loads in flight (one memory round trip)
+	if (!(diag & 32)) {
+		uint4 v[18];
 #pragma unroll
-			for (int u = 0; u < 6; u++) {
-				const int i = tid + 256 * (i0 + u), r = i / 72, c = i - 72 * r;
-				v[u] = __ldg(reinterpret_cast<const uint4 *>(q + ((size_t)b * H + h0 + r) * MW_DK) + c);
-			}
-#pragma unroll
-			for (int u = 0; u < 6; u++) {
-				const int i = tid + 256 * (i0 + u), r = i / 72, c = i - 72 * r;
-				*reinterpret_cast<uint4 *>(smem + mw_chunk(r, c, MW_CB)) =
-					make_uint4(bf16x2_to_f16x2(v[u].x), bf16x2_to_f16x2(v[u].y), bf16x2_to_f16x2(v[u].z),
-						   bf16x2_to_f16x2(v[u].w));
-			}
+		for (int u = 0; u < 18; u++) {
+			const int i = tid + 256 * u, r = i / 72, c = i - 72 * r;
+			v[u] = __ldg(reinterpret_cast<const uint4 *>(q + ((size_t)b * H + h0 + r) * MW_DK) + c);
 		}
+#pragma unroll
+		for (int u = 0; u < 18; u++) {
+			const int i = tid + 256 * u, r = i / 72, c = i - 72 * r;
+			*reinterpret_cast<uint4 *>(smem + mw_chunk(r, c, MW_CB)) =
+				make_uint4(bf16x2_to_f16x2(v[u].x), bf16x2_to_f16x2(v[u].y), bf16x2_to_f16x2(v[u].z),
+					   bf16x2_to_f16x2(v[u].w));
+		}
+	}
 	fence_proxy_async();
 	mw_bar_sync(MW_BAR_CONS, 256);
 
