@@ -180,10 +180,13 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 #define GR1_MAXC 16 // chunks at most (D <= 8192)
 __device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
 
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+// bytes (a multiple of 16) from global src to shared dst, completing on the mbarrier bar
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
+					  uint32_t bar)
 {
-	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-		     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     " [%0], [%1], %2, [%3];" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar)
 		     : "memory");
 }
 
@@ -311,12 +314,14 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 // Thread (owner o = tid / 8, partial j = tid % 8) keeps partial j of TT / 8 tokens x 8 experts,
 // adding the steps in ascending k: the same sums as k_moe_gate_logits_a8. TT = 64: the 4 owners
 // of a warp are 2 token groups x 2 expert groups, so each 16-byte read of x or W serves 4 lanes
-// and takes 2 shared-memory wavefronts. Measured at 4096 tokens (TT = 32, the owners of a warp 4 token
-// groups then): 866 us with a one-chunk register prefetch (run 3), 840 us with the ring (run 4),
-// 730 (run 10): bound by shared memory (a warp's chunk: 48 wavefronts of reads and ~24 of the
-// conversion against 256 FMA instructions, which 4 schedulers issue in 64 cycles, one wavefront
-// a cycle); TT = 64: 64 + ~36 wavefronts against 512 FMA instructions (128 cycles).
-// Dynamic shared memory GT_SMEM(TT) bytes; grid (E / 32, ceil(T / TT)).
+// and takes 2 shared-memory wavefronts. Measured at 4096 tokens, TT = 32: 866 us with a
+// one-chunk register prefetch (run 3), 840 us with the ring (run 4), 730 (run 10), which the
+// shared-memory wavefronts would explain (a warp's chunk: 48 of reads and ~24 of the conversion
+// against 256 FMA instructions, which 4 schedulers issue in 64 cycles, one wavefront a cycle);
+// TT = 64 (64 + ~36 wavefronts against 512 FMA instructions, 1 block an SM at 160 registers):
+// runs 12-13 684-719 us at 4096 tokens, 350-357 at 2048, 171 at 1024 (TT = 32: 388 / 198) — so
+// not only the wavefronts: the barriers around each chunk's conversion, with 8 warps an SM, are
+// the next suspect. Dynamic shared memory GT_SMEM(TT) bytes; grid (E / 32, ceil(T / TT)).
 #define GT_E 32
 #define GT_KC 64
 #define GT_PAD 12

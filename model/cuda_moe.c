@@ -92,31 +92,28 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 /* The shapes of one call: R routed rows, then the T shared-expert rows (RT = R + T in all). */
 struct moe_dims {
 	int T, R, RT, D, I, E, K;
-	int fast; /* CUDA_MOE_FAST */
 };
 
 static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned flags)
 {
 	struct moe_dims d = {.T = T, .D = (int)c->hidden_size, .I = (int)c->moe_intermediate_size,
 			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok,
-			     .fast = (flags & CUDA_MOE_FAST) != 0};
+			     };
 	d.R = T * d.K;
 	d.RT = d.R + T;
 	return d;
 }
 
 /* Whether the grouped GEMMs run on the wgmma kernel (then the gate|up GEMM has SwiGLU and
- * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming decode kernel):
- * above 64 tokens always, and from 8 tokens with CUDA_MOE_FAST; never for T <= 64 without it
- * (the batch-invariant mode's pieces stay on the mma.sync kernels, exact per row). The decode
- * kernel's FP8 MMAs are fp16 MMAs after conversions on sm_90; wgmma streams each weight tile
- * once per 128 rows of a group. Run 8 (V3.2 experts, random routing): bench moe T = 128 / 256:
- * 4.97 / 6.64 ms on the decode kernel, 2.81 / 3.28 on wgmma; bench gemm --grouped, gate|up at 1 /
- * 16 / 64 tokens: decode kernel 94 / 1150 / 2508 us, wgmma 114 / 1000 / 1894; run 9 bench moe,
- * fast mode: T = 16 / 64 1441 / 2799 us on wgmma, 1953 / 4233 on the decode kernel (--exact),
- * T = 8 1108 on the decode kernel (58 groups of ~1 row: wgmma's weight tiles stream as at 16;
- * its tail at 1 token, 9 groups, is what loses there). (Run 7's prefill ran passes of ~1000 rows
- * on the decode kernel: 15 ms a layer.)
+ * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming kernel, whose chunk
+ * sums do SwiGLU and the combine; its exact consumers in the batch-invariant mode, its wgmma
+ * consumers in the fast mode): above 64 tokens. Run 12 (engineer G, bench gemm --grouped, fast
+ * mode, TB/s of touched weights, streaming kernel with wgmma consumers vs the wgmma grouped
+ * kernel): gate|up at 1 / 16 / 64 / 256 tokens 3.49 / 3.72 / 3.59 / 3.39 vs 2.01 / 2.92 / 3.38 /
+ * 3.43, down 3.02 / 3.65 / 3.56 / 3.30 vs 1.59 / 2.82 / 3.37 / 3.50 — so CUDA_MOE_FAST no longer
+ * sends 8-64 tokens to wgmma (run 9-12 did). Earlier: run 8 bench moe T = 128 / 256: 4.97 / 6.64
+ * ms on the exact decode kernel, 2.81 / 3.28 on wgmma. (Run 7's prefill ran passes of ~1000
+ * rows on the decode kernel: 15 ms a layer.)
  * DSV32_CUDA_MOE_WGMMA=n (diagnosis; n > 64): wgmma from n tokens on instead. */
 static int use_wgmma(const struct moe_dims *d)
 {
@@ -126,7 +123,7 @@ static int use_wgmma(const struct moe_dims *d)
 		return 0;
 	if (from > 64)
 		return d->T >= from; /* (from > 64: never for T <= 64) */
-	return d->T > 64 || (d->fast && d->T >= 8);
+	return d->T > 64;
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming

@@ -61,10 +61,11 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
  * and the shared expert, combined like moe_combine. Everything on the engine stream, no host
  * synchronisation (graph-capturable). trace may be NULL. flags: CUDA_MOE_FAST or 0. 0 or a
  * negative errno.
- * Numerics: up to 64 tokens without CUDA_MOE_FAST every GEMM runs on the mma.sync kernels: each
- * row's output is the CPU's (bit-identical so far) whatever T (the batch-invariant mode). With
- * CUDA_MOE_FAST, and always above 64 tokens, the grouped GEMMs may run on wgmma (from 8 tokens;
- * measured faster from 16: bench gemm --grouped, run 8), within wgmma's accumulation limit. */
+ * Numerics: up to 64 tokens the grouped GEMMs are cuda_gemm_fp8_grouped's (model/cuda_gemm.h):
+ * in the batch-invariant mode its exact kernels (each row's output the CPU's whatever T), in the
+ * fast mode its wgmma consumers; above 64 tokens the wgmma kernels, within wgmma's accumulation
+ * limit. CUDA_MOE_FAST (the fast mode's large steps) currently selects nothing more: run 12
+ * measured the streaming kernel faster than wgmma up to 64 tokens (model/cuda_moe.c). */
 enum { CUDA_MOE_FAST = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,

@@ -5,12 +5,12 @@
  * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
  * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
  * Small configs at T = 1, 5, 64, 300, 512, 700, 1100, and the real dims (7168 / 2048, 256
- * experts, top-8) at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared round-robin by the
- * experts, each expert with its own scales (a mix-up of experts still shows). For T <= 64
- * (decode) the block is also captured into a CUDA graph and replayed: the same bytes; every
- * case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the same bytes; and at
- * 8-64 tokens in the fast mode (CUDA_MOE_FAST: wgmma grouped GEMMs), against the CPU within
- * the wgmma limits, directly and through a graph (the same bytes).
+ * experts, top-8) at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared
+ * round-robin by the experts, each expert with its own scales (a mix-up of experts still
+ * shows). For T <= 64 (decode) the block is also captured into a CUDA graph and replayed: the
+ * same bytes; every case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the
+ * same bytes; and at 8-64 tokens with CUDA_MOE_FAST (the fast mode's flag), against the CPU
+ * within the wgmma limits, directly and through a graph (the same bytes).
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -332,7 +332,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		run_block(g, &arena, c, &L, d_x, d_y, T, &tr, 0, 1, g_y2);
 		graph_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
-	/* the fast mode from 8 tokens (wgmma grouped GEMMs, graph-captured at decode sizes):
+	/* CUDA_MOE_FAST from 8 tokens (graph-captured at decode sizes):
 	 * against the CPU within the wgmma limits below, its graph replay the same bytes */
 	uint16_t *g_yf = NULL;
 	int64_t fast_graph_diff = 0;
@@ -505,7 +505,7 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
 	/* T = 1: the fused router (k_moe_gate_route1); others the separate kernels; every T <= 64
-	 * also through a CUDA graph, and from 8 in the fast mode (wgmma grouped GEMMs) */
+	 * also through a CUDA graph, and from 8 with CUDA_MOE_FAST */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
 	const struct dsv32_config configs[] = {c, c, c, c, c};
 	static const int Ts[] = {1, 4, 8, 16, 24}, sets[] = {8, 8, 8, 8, 8};

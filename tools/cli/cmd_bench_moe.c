@@ -11,9 +11,9 @@
  * the router weight and the inputs are random bf16 from the host, so routing is random (about
  * every expert is hit from 64 tokens on). --hot N (N >= 8): a routing bias of +1 on experts
  * 0 .. N-1, so every token picks 8 of those N (the skewed routing of a model whose tokens agree:
- * fewer experts, many rows each). The block runs in the engine's fast mode (CUDA_MOE_FAST: wgmma
- * grouped GEMMs from 8 tokens); --exact: the batch-invariant mode's kernels (mma.sync up to
- * 64). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB) exceed the 60 MB L2,
+ * fewer experts, many rows each). The block runs in the engine's fast mode (CUDA_MOE_FAST, the
+ * GEMMs' fast dispatch); --exact: the batch-invariant mode (cuda_gemm_set_batch_invariant: the
+ * exact decode kernels up to 64 tokens). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB) exceed the 60 MB L2,
  * so repeats stream the expert weights from HBM; the router (3.7 MB) and the shared expert
  * (44 MB) may partly stay in L2 between repeats.
  * Time = median of trials of CUDA-event-timed launch sequences: the block launched eagerly and
@@ -206,6 +206,7 @@ int bench_moe(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
 		return 1;
 	}
+	cuda_gemm_set_batch_invariant(&g, !mode);
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
