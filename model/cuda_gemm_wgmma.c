@@ -175,23 +175,25 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		      grid, smem_bytes(256, 0), args);
 }
 
-/* The paired grouped forms (clusters of 2 sharing copies) from 4096 rows, where they were
- * measured (run 12, bench moe, eager block, single vs paired: 4096 tokens 6706 / 6316 us (gate|up
- * 3630 / 3452, down 2043 / 1859 alone), 2048 tokens 4158 / 4136, 512 tokens 3655 / 3216;
- * timing_moe_prefill at 4096 tokens: n256 staged 3223 / 3162 us (4096x7168), 1668 / 1656
- * (7168x2048); the same bytes: gpu_moe_block, grouped_vs_cpu). DSV32_CUDA_WGMMA_PAIRED=0 / 1
- * (diagnosis, read at every call): never / at every size. */
-static int paired_on(int max_rows)
+/* The paired grouped forms (clusters of 2 sharing copies) where the groups average 128 rows or
+ * more, so most have two token tiles to pair (the pairs of one token tile with two weight tiles
+ * measured slower). bench moe, gate|up / down alone, single vs paired: run 12 at 4096 tokens
+ * (~143 rows a group) 3630 / 3452 and 2043 / 1859 us; run 13 at 4096 3638 / 3266 and 1941 /
+ * 1843, at 2048 (~72) 2223 / 2279 and 1243 / 1450, at 512 2143 / 2196 and 1054 / 1124;
+ * timing_moe_prefill (run 12, 4096 tokens) n256 staged 3223 / 3162 (4096x7168), 1668 / 1656
+ * (7168x2048). The same bytes (gpu_moe_block, grouped_vs_cpu). DSV32_CUDA_WGMMA_PAIRED=0 / 1
+ * (diagnosis, read at every call): never / always. */
+static int paired_on(int max_rows, int G)
 {
 	const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
-	return v && (*v == '0' || *v == '1') ? *v == '1' : max_rows >= 4096;
+	return v && (*v == '0' || *v == '1') ? *v == '1' : max_rows >= 128LL * G;
 }
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int mc = paired_on(max_rows) && I % 256 == 0 ? 2 : 1;
+	int mc = paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
@@ -206,7 +208,7 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
-	int paired = staged && paired_on(max_rows) && N % (2 * bn) == 0;
+	int paired = staged && paired_on(max_rows, G) && N % (2 * bn) == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
 					      ldy, bn, staged,
 					      (staged ? WGMMA_STAGED : 0) | (paired ? WGMMA_PAIRED : 0));
