@@ -49,10 +49,11 @@
 
 #define ST_TR 128      // weight rows per work unit
 #define ST_WBOX (ST_TR * 128) // bytes of one weight box: 128 rows x one K block
-#define ST_MAXSTAGES 16 // (8 with two K blocks a stage, 16 with one)
+#define ST_KBS 2       // 128-wide K blocks per stage
+#define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
 #define ST_MAXG 8192   // groups with a tensor map in st_maps
-#define ST_SCL_BYTES(KBS) (16 + (KBS) * 64 * 4) // a stage's promotion scales (see scl0)
+#define ST_SCL_BYTES (16 + ST_KBS * 64 * 4) // a stage's promotion scales (see scl0)
 // the kernel's flags: ST_FUSED the K chunks summed by the last-arriving warps (else by
 // k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
 // the first promoted while the second ran: within +-2% of this, so not kept.)
@@ -334,10 +335,10 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // 16, 32 or 64), both straight from the copies' swizzled boxes: no conversion, native FP8, but
 // wgmma's accumulation inside a k32 step keeps ~14 bits (tests/gpu/gemm_fp8_limit.h), so the
 // results are within that limit of the CPU's, not of the mma.sync kernels'. Same promotion per
-// K block, same summation order across blocks and chunks. KBS: K blocks a stage (2; the _w1
-// variants 1: stages of half the bytes, up to 16 of them, so more of the ring is in flight while
-// the consumers hold one; the same arithmetic in the same order).
-template <int MG, int RT, int WI, int KBS>
+// K block, same summation order across blocks and chunks. (Run 13 measured stages of one K
+// block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense and
+// grouped; not kept.)
+template <int MG, int RT, int WI>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
@@ -346,10 +347,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
 	const bool fused = flags & ST_FUSED;
-	constexpr int TR = ST_TR, CW = 8 / RT;
+	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers fill bytes 0 .. 255)
+	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	// after the slice_cap slices: their count and the slice scan's warp totals (the host
 	// leaves 3 more slices' room: 12 ints)
@@ -505,7 +506,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				const uint32_t bar = smem_u32(&full[s]);
 				if (MG > 0) {
 					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
-					const uint32_t sd = scl0 + s * ST_SCL_BYTES(KBS);
+					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 					for (int i = lane; i < nb * (1 + w.ms); i += 32) {
 						if (i < nb) {
 							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
@@ -612,7 +613,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
 			mbar_wait(smem_u32(&full[s]), ph);
-			const uint32_t sd = scl0 + s * ST_SCL_BYTES(KBS);
+			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
 			for (int j = 0; j < KBS; j++) {
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
@@ -815,7 +816,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	}
 }
 
-#define ST_ENTRY(MG, RT, WI, KBS, SUF)                                                            \
+#define ST_ENTRY(MG, RT, WI, SUF)                                                                 \
 	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
@@ -826,35 +827,30 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI, KBS>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y,        \
-						 partial,                                             \
+		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y, partial,    \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}
 
-ST_ENTRY(1, 1, 0, 2, )
-ST_ENTRY(2, 1, 0, 2, )
-ST_ENTRY(4, 1, 0, 2, )
-ST_ENTRY(8, 1, 0, 2, )
-ST_ENTRY(1, 2, 0, 2, )
-ST_ENTRY(2, 2, 0, 2, )
-ST_ENTRY(4, 2, 0, 2, )
-ST_ENTRY(8, 2, 0, 2, )
-ST_ENTRY(1, 1, 2, 2, _w)
-ST_ENTRY(2, 1, 2, 2, _w)
-ST_ENTRY(4, 1, 2, 2, _w)
-ST_ENTRY(8, 1, 2, 2, _w)
-ST_ENTRY(1, 1, 2, 1, _w1)
-ST_ENTRY(2, 1, 2, 1, _w1)
-ST_ENTRY(4, 1, 2, 1, _w1)
-ST_ENTRY(8, 1, 2, 1, _w1)
-ST_ENTRY(1, 1, 3, 2, _h)
-ST_ENTRY(2, 1, 3, 2, _h)
-ST_ENTRY(4, 1, 3, 2, _h)
+ST_ENTRY(1, 1, 0, )
+ST_ENTRY(2, 1, 0, )
+ST_ENTRY(4, 1, 0, )
+ST_ENTRY(8, 1, 0, )
+ST_ENTRY(1, 2, 0, )
+ST_ENTRY(2, 2, 0, )
+ST_ENTRY(4, 2, 0, )
+ST_ENTRY(8, 2, 0, )
+ST_ENTRY(1, 1, 2, _w)
+ST_ENTRY(2, 1, 2, _w)
+ST_ENTRY(4, 1, 2, _w)
+ST_ENTRY(8, 1, 2, _w)
+ST_ENTRY(1, 1, 3, _h)
+ST_ENTRY(2, 1, 3, _h)
+ST_ENTRY(4, 1, 3, _h)
 // (no m8_h: ptxas spills it; 33-64 rows run the mma.sync kernel)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
-ST_ENTRY(0, 1, 0, 2, )
+ST_ENTRY(0, 1, 0, )
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

@@ -61,10 +61,6 @@ void cuda_gemm_set_stream_rt(int rt);
  * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), -1 the
  * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
-/* The streaming kernel's wgmma consumers' K blocks a stage: 1 (stages of half the bytes, up to
- * 16: more of the ring in flight) or 2; 0 the default (2, or 1 with DSV32_GEMM_STREAM_KBS=1).
- * Same numbers. Process-wide (tests, the benchmark). */
-void cuda_gemm_set_stream_kbs(int kbs);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, -1 = the
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
@@ -127,9 +123,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y
  * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG;
- * M > 64: the wgmma kernel; cuBLASLt always — median of 5 launches each after a warm-up (each
- * from an idle stream, so the host cost of enqueueing counts, as in a decode step without graph
- * capture), and records the fastest for the bucket; cuBLASLt for M <= 64 in the
+ * M > 64: the wgmma kernel; cuBLASLt always — median of 5 bursts of 4 launches back to back
+ * each after a warm-up (as a step runs them), and records the fastest for the bucket; cuBLASLt for M <= 64 in the
  * batch-invariant mode only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the
  * CPU check, docs/PERF.md). flush: when non-zero, flush_bytes (>= 64 MB) are rewritten before
  * every timed launch so the 60 MB L2 does not serve the weights (cold, as in a decode step that

@@ -140,7 +140,7 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
  * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128-row tiles, K with one
  * and several chunks; the K chunks summed by the second launch (the default), by the kernel,
- * one chunk, and stages of one K block (the _w1 variants). */
+ * and one chunk. */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -151,18 +151,16 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
 	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
-				       "stream wgmma, one chunk", "stream wgmma, 1 K block a stage"};
+				       "stream wgmma, one chunk"};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
 		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		for (int d = 0; d < 4; d++) {
+		for (int d = 0; d < 3; d++) {
 			cuda_gemm_set_stream_diag(d == 1 ? 1 : -1, d == 2);
-			cuda_gemm_set_stream_kbs(d == 3 ? 1 : 0);
 			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
 		}
 		cuda_gemm_set_stream_diag(-1, 0);
-		cuda_gemm_set_stream_kbs(0);
 		case_free(&c);
 	}
 	cuda_gemm_set_stream_wi(-1);

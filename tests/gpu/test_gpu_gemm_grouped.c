@@ -121,20 +121,18 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
 	/* exact: the streaming kernel's mma.sync consumers with 1 and 2 MMA tiles per warp (RT),
 	 * then its wgmma consumers (the fast mode's; within the wgmma limit) with the K chunks
-	 * summed in the kernel, with stages of one K block, and as dispatched; not exact: the
-	 * dispatch */
+	 * summed in the kernel and as dispatched; not exact: the dispatch */
 	static const struct {
 		const char *name;
-		int rt, wi, fused, kbs, mma_sync;
-	} vs[] = {{"stream rt=1", 1, -1, -1, 0, 1},	       {"stream rt=2", 2, -1, -1, 0, 1},
-		  {"stream wg, fused sum", 1, 2, 1, 0, 0}, {"stream wg, 1 K block a stage", 1, 2, -1, 1, 0},
-		  {"stream wg", 1, 2, -1, 0, 0},	       {"dispatch", 0, -1, -1, 0, 0}};
+		int rt, wi, fused, mma_sync;
+	} vs[] = {{"stream rt=1", 1, -1, -1, 1},	    {"stream rt=2", 2, -1, -1, 1},
+		  {"stream wg, fused sum", 1, 2, 1, 0}, {"stream wg", 1, 2, -1, 0},
+		  {"dispatch", 0, -1, -1, 0}};
 	cuda_gemm_set_stream(1); /* the dense GEMM of check_dense_equal: the streaming kernel */
-	for (int v = exact ? 0 : 5; v < (exact ? 5 : 6); v++) {
+	for (int v = exact ? 0 : 4; v < (exact ? 4 : 5); v++) {
 		cuda_gemm_set_stream_rt(vs[v].rt);
 		cuda_gemm_set_stream_wi(vs[v].wi);
 		cuda_gemm_set_stream_diag(vs[v].fused, 0);
-		cuda_gemm_set_stream_kbs(vs[v].kbs);
 		gpu_test_poison(g, dy, (size_t)max_rows * N * 2);
 		if (exact)
 			REQUIRE(cuda_gemm_fp8_grouped_stream(g, dwt, dst, doff, G, dx, dsx, dy, max_rows,
@@ -162,7 +160,6 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	cuda_gemm_set_stream_rt(0);
 	cuda_gemm_set_stream_wi(-1);
 	cuda_gemm_set_stream_diag(-1, 0);
-	cuda_gemm_set_stream_kbs(0);
 	for (int e = 0; e < G; e++)
 		if (rows[e])
 			cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);

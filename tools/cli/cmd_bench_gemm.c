@@ -168,8 +168,7 @@ struct grouped_ctx {
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming (mma.sync), 2 wgmma, 3
 			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2), 4 the
 			       * same with the K chunks summed in the kernel, 5
-			       * cuda_gemm_fp8_grouped_swiglu, 6 wgmma consumers with stages of one K
-			       * block */
+			       * cuda_gemm_fp8_grouped_swiglu */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -183,7 +182,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode == 3 || c->mode == 4 || c->mode == 6)
+	if (c->mode == 1 || c->mode == 3 || c->mode == 4)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -199,10 +198,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "token), routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_EXPERTS, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s | %9s %6s | %9s %6s\n",
+	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "wg_us", "TB/s",
-	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s", "wg_s1_us", "TB/s");
+	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -272,19 +271,16 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[7];
-			for (c.mode = 0; c.mode < 7; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 || c.mode == 6 ? 2 : -1);
+			float t[6];
+			for (c.mode = 0; c.mode < 6; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : -1);
 				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
-				cuda_gemm_set_stream_kbs(c.mode == 6 ? 1 : 0);
 				int run = c.mode < 2 || c.mode == 3 || (c.mode == 2 && !no_wgmma) ||
-					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64) ||
-					  (c.mode == 6 && T <= 64);
+					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64);
 				t[c.mode] = run ? time_ms(g, launch_grouped, &c, reps, trials) : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
 			cuda_gemm_set_stream_diag(-1, 0);
-			cuda_gemm_set_stream_kbs(0);
 			float ms = t[0];
 			printf("%5dx%-6d %6d %7.1f %9.1f |", c.N, c.K, T, touched, bytes / 1e6);
 			print_path(ms, bytes, flops);
@@ -296,12 +292,12 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			printf(" |");
 			print_path(t[2], bytes, flops);
 			printf(" |");
-			for (int k = 3; k < 7; k++)
+			for (int k = 3; k < 6; k++)
 				if (t[k] >= 0)
 					printf(" %9.2f %6.3f%s", t[k] * 1e3, bytes / (t[k] * 1e-3) / 1e12,
-					       k < 6 ? " |" : "");
+					       k < 5 ? " |" : "");
 				else
-					printf(" %9s %6s%s", "n/a", "", k < 6 ? " |" : "");
+					printf(" %9s %6s%s", "n/a", "", k < 5 ? " |" : "");
 			printf("\n");
 			fflush(stdout);
 			if (ms < 0)
@@ -319,8 +315,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "kernel with wgmma consumers, K chunks summed by a second launch (the fast mode's "
 	       "below 128 rows); wg_fu: the same with the chunks summed in the kernel, tokens <= 16; "
 	       "swiglu: cuda_gemm_fp8_grouped_swiglu, gate|up, tokens <= 16 (the same bytes; its "
-	       "outputs h8/hs instead of y), tokens <= 64; wg_s1: wg with stages of one K block, "
-	       "tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
+	       "outputs h8/hs instead of y), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
@@ -360,10 +355,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_s1");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -425,7 +420,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, ws1 = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -434,9 +429,6 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_diag(1, 0); /* wgmma consumers, chunks summed fused */
 				wfu = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(-1, 0);
-				cuda_gemm_set_stream_kbs(1); /* wgmma consumers, one K block a stage */
-				ws1 = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_kbs(0);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -479,8 +471,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, ws1};
-			for (int k = 0; k < 4; k++)
+			const float extra[] = {cp, wgs, wfu};
+			for (int k = 0; k < 3; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 			printf("\n");
@@ -504,7 +496,7 @@ int bench_gemm(int argc, char **argv)
 		       "copy: TB/s of the streaming kernel's copies alone (no MMA); wg: TB/s of the "
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
-		       "summed in the kernel; wg_s1: wg with stages of one K block (up to 16); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "summed in the kernel; cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",
