@@ -155,7 +155,7 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	const char *lv = getenv("DSV32_CUDA_LOGITS_STAGED");
 	F->pdl = !(pv && *pv == '0');
 	F->fork = !(fv && *fv == '0');
-	F->staged = lv && *lv == '1';
+	F->staged = !(lv && *lv == '0');
 	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
 	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
@@ -373,9 +373,11 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
-	/* DSV32_CUDA_LOGITS_STAGED=1 (an A/B): every row into the pinned staging buffer in one
-	 * copy, then host copies into the sequences' buffers, instead of the driver staging each
-	 * pageable copy itself */
+	/* every row into the pinned staging buffer in one copy, then host copies into the
+	 * sequences' buffers, instead of the driver staging each pageable copy itself (run 14,
+	 * batch 1 / 16 at 1K: 1.539 / 5.830 ms against 1.584 / 6.082; DSV32_CUDA_LOGITS_STAGED=0
+	 * copies straight into the callers' buffers, the faster way only when those are pinned:
+	 * bench model --pinned-logits 1.498 / 5.064) */
 	float *stage = NULL;
 	if (F->staged && F->n_logits && !rc) {
 		size_t need = (size_t)F->n_logits * V * 4;

@@ -72,7 +72,7 @@ struct fwd_env {
 	gpu_ptr kv_base;              /* [n_layers][n_pages] MLA pages, then the indexer pages */
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
-	void **plog;                  /* pinned staging of the logits (DSV32_CUDA_LOGITS_STAGED=1; grown
+	void **plog;                  /* pinned staging of the logits (unless DSV32_CUDA_LOGITS_STAGED=0; grown
 				       * on demand) */
 	size_t *plog_bytes;
 	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */

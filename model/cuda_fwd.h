@@ -60,7 +60,8 @@ struct fwd {
 	int pdl, fork, staged;     /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
 				    * DSV32_CUDA_FWD_PDL=0: no programmatic dependent launch of the
 				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream;
-				    * DSV32_CUDA_LOGITS_STAGED=1: logits through E->plog */
+				    * DSV32_CUDA_LOGITS_STAGED=0: logits straight to the callers'
+				    * buffers, not through E->plog */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };

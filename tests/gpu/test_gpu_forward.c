@@ -763,9 +763,9 @@ static void fast_mode(const char *name, int64_t T)
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
 		   * stream (DSV32_CUDA_FWD_FORK=0), the logits through the pinned staging buffer
-		   * (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
+		   * or not (DSV32_CUDA_LOGITS_STAGED=0): the same bits */
 			static const char *sw[5] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
-						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=1"};
+						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=0"};
 			float *lf = malloc((size_t)5 * V * 4);
 			REQUIRE(lf);
 			gpu_fill_nan(lf, 5 * V);
