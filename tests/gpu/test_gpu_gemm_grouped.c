@@ -236,6 +236,36 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 	run_grouped(cs, 2);
 }
 
+/* The operands of the fused chunk-sum tests: `rows` activation rows quantised 1x128 (xq, sx),
+ * then G random N x K e4m3 weights (finite codes) with power-of-two block scales uploaded to
+ * dW / dS, their addresses in wt / st. */
+static void fused_operands(struct gpu *g, int G, int N, int K, int rows, uint64_t *seed,
+			   uint8_t *xq, float *sx, gpu_ptr *dW, gpu_ptr *dS, uint64_t *wt,
+			   uint64_t *st)
+{
+	const int KB = K / 128;
+	uint8_t *W = malloc((size_t)N * K);
+	float *S = malloc((size_t)(N / 128) * KB * 4), *x = malloc((size_t)K * 4);
+	REQUIRE(W && S && x);
+	for (int m = 0; m < rows; m++) {
+		fill_rows(x, 1, K, seed);
+		cpu_act_quant(x, K, xq + (size_t)m * K, sx + (size_t)m * KB);
+	}
+	for (int e = 0; e < G; e++) {
+		for (size_t i = 0; i < (size_t)N * K; i++) {
+			uint8_t b = (uint8_t)test_rand(seed);
+			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
+		}
+		for (int i = 0; i < (N / 128) * KB; i++)
+			S[i] = ldexpf(1.0f, -(int)(test_rand(seed) % 6) - 8);
+		dW[e] = gpu_test_alloc((size_t)N * K), dS[e] = gpu_test_alloc((size_t)(N / 128) * KB * 4);
+		REQUIRE(gpu_upload(g, dW[e], W, (size_t)N * K) == 0);
+		REQUIRE(gpu_upload(g, dS[e], S, (size_t)(N / 128) * KB * 4) == 0);
+		wt[e] = dW[e], st[e] = dS[e];
+	}
+	free(W), free(S), free(x);
+}
+
 /* cuda_gemm_fp8_grouped_swiglu (SwiGLU + act_quant in the K-chunk sum) against
  * cuda_gemm_fp8_grouped then k_moe_swiglu_quant (kernels_ptx/moe_block.cu) on the same operands:
  * h8 and hs byte for byte, in the batch-invariant and the fast mode; groups of 0-3 rows, K
@@ -251,27 +281,11 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 		off[e + 1] = off[e] + rows[e];
 	const int R = off[G], max_rows = R + 2;
 	uint64_t seed = 4242;
-	uint8_t *W = malloc((size_t)N * K), *xq = malloc((size_t)max_rows * K);
-	float *S = malloc((size_t)(N / 128) * KB * 4), *sx = malloc((size_t)max_rows * KB * 4),
-	      *x = malloc((size_t)K * 4);
+	uint8_t *xq = malloc((size_t)max_rows * K);
+	float *sx = malloc((size_t)max_rows * KB * 4);
 	uint64_t wt[6], st[6];
 	gpu_ptr dW[6], dS[6];
-	for (int m = 0; m < max_rows; m++) {
-		fill_rows(x, 1, K, &seed);
-		cpu_act_quant(x, K, xq + (size_t)m * K, sx + (size_t)m * KB);
-	}
-	for (int e = 0; e < G; e++) {
-		for (size_t i = 0; i < (size_t)N * K; i++) {
-			uint8_t b = (uint8_t)test_rand(&seed);
-			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
-		}
-		for (int i = 0; i < (N / 128) * KB; i++)
-			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
-		dW[e] = gpu_test_alloc((size_t)N * K), dS[e] = gpu_test_alloc((size_t)(N / 128) * KB * 4);
-		REQUIRE(gpu_upload(&g, dW[e], W, (size_t)N * K) == 0);
-		REQUIRE(gpu_upload(&g, dS[e], S, (size_t)(N / 128) * KB * 4) == 0);
-		wt[e] = dW[e], st[e] = dS[e];
-	}
+	fused_operands(&g, G, N, K, max_rows, &seed, xq, sx, dW, dS, wt, st);
 	gpu_ptr dwt = gpu_test_alloc(G * 8), dst = gpu_test_alloc(G * 8),
 		doff = gpu_test_alloc((G + 1) * 4), dx = gpu_test_alloc((size_t)max_rows * K),
 		dsx = gpu_test_alloc((size_t)max_rows * KB * 4),
@@ -327,8 +341,7 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 	cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff), cu.cuMemFree(dx);
 	cu.cuMemFree(dsx), cu.cuMemFree(dgu), cu.cuMemFree(dh), cu.cuMemFree(dhs);
 	cu.cuMemFree(rh), cu.cuMemFree(rhs), cu.cuMemFree(dws);
-	free(W), free(xq), free(S), free(sx), free(x), free(h_ref), free(h_got), free(s_ref),
-		free(s_got);
+	free(xq), free(sx), free(h_ref), free(h_got), free(s_ref), free(s_got);
 	gpu_close(&g);
 }
 
@@ -346,27 +359,11 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 	static const int perm[R] = {0, 1, 4, 2, 3, 5}; /* token t's picks in ascending expert id */
 	const float wts[R] = {0.5f, 0.3125f, 0.1875f, 0.71875f, 0.25f, 0.03125f};
 	uint64_t seed = 4343;
-	uint8_t *W = malloc((size_t)N * K), *xq = malloc((size_t)RT * K);
-	float *S = malloc((size_t)(N / 128) * KB * 4), *sx = malloc((size_t)RT * KB * 4),
-	      *x = malloc((size_t)K * 4);
+	uint8_t *xq = malloc((size_t)RT * K);
+	float *sx = malloc((size_t)RT * KB * 4);
 	uint64_t wt[G], st[G];
 	gpu_ptr dW[G], dS[G];
-	for (int m = 0; m < RT; m++) {
-		fill_rows(x, 1, K, &seed);
-		cpu_act_quant(x, K, xq + (size_t)m * K, sx + (size_t)m * KB);
-	}
-	for (int e = 0; e < G; e++) {
-		for (size_t i = 0; i < (size_t)N * K; i++) {
-			uint8_t b = (uint8_t)test_rand(&seed);
-			W[i] = (b & 0x80) | ((b & 0x7f) % 0x70);
-		}
-		for (int i = 0; i < (N / 128) * KB; i++)
-			S[i] = ldexpf(1.0f, -(int)(test_rand(&seed) % 6) - 8);
-		dW[e] = gpu_test_alloc((size_t)N * K), dS[e] = gpu_test_alloc((size_t)(N / 128) * KB * 4);
-		REQUIRE(gpu_upload(&g, dW[e], W, (size_t)N * K) == 0);
-		REQUIRE(gpu_upload(&g, dS[e], S, (size_t)(N / 128) * KB * 4) == 0);
-		wt[e] = dW[e], st[e] = dS[e];
-	}
+	fused_operands(&g, G, N, K, RT, &seed, xq, sx, dW, dS, wt, st);
 	gpu_ptr dwt = gpu_test_alloc(G * 8), dst = gpu_test_alloc(G * 8),
 		doff = gpu_test_alloc((G + 1) * 4), dx = gpu_test_alloc((size_t)RT * K),
 		dsx = gpu_test_alloc((size_t)RT * KB * 4), dey = gpu_test_alloc((size_t)RT * N * 2),
@@ -414,7 +411,7 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 	cu.cuMemFree(dwt), cu.cuMemFree(dst), cu.cuMemFree(doff), cu.cuMemFree(dx);
 	cu.cuMemFree(dsx), cu.cuMemFree(dey), cu.cuMemFree(dw), cu.cuMemFree(dperm);
 	cu.cuMemFree(dref), cu.cuMemFree(dy), cu.cuMemFree(dws);
-	free(W), free(xq), free(S), free(sx), free(x), free(y_ref), free(y_got);
+	free(xq), free(sx), free(y_ref), free(y_got);
 	gpu_close(&g);
 }
 
