@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "boot/conf.h"
@@ -24,6 +23,7 @@
 #include "driver/kernels.h"
 #include "ipc/dsv32.h"
 #include "ipc/server.h"
+#include "model/clock.h"
 #include "model/engine.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -32,13 +32,6 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	stop_requested = 1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static void on_progress(void *ctx, const char *stage)
@@ -157,7 +150,7 @@ int main(int argc, char **argv)
 	struct serve sv;
 	serve_init(&sv, &en, ipc, &conf);
 	uint64_t wd_usec = notify_watchdog_usec();
-	double last_wd = now_s(), drain_deadline = 0;
+	double last_wd = clock_mono_s(), drain_deadline = 0;
 	int exit_code = 0;
 	struct ipc_item items[64];
 	for (;;) {
@@ -166,9 +159,9 @@ int main(int argc, char **argv)
 				(long long)serve_live(&sv), (long long)conf.drain_timeout_s);
 			notify_stopping();
 			ipc_server_set_draining(ipc, 1);
-			drain_deadline = now_s() + (double)conf.drain_timeout_s;
+			drain_deadline = clock_mono_s() + (double)conf.drain_timeout_s;
 		}
-		if (drain_deadline && (!serve_live(&sv) || now_s() >= drain_deadline)) {
+		if (drain_deadline && (!serve_live(&sv) || clock_mono_s() >= drain_deadline)) {
 			if (serve_live(&sv))
 				serve_fail_all(&sv, DSV32_E_DRAINING, "the server stopped before this request finished");
 			break;
@@ -185,9 +178,9 @@ int main(int argc, char **argv)
 			exit_code = 1;
 			break;
 		}
-		if (wd_usec && (now_s() - last_wd) * 1e6 >= (double)wd_usec / 2) {
+		if (wd_usec && (clock_mono_s() - last_wd) * 1e6 >= (double)wd_usec / 2) {
 			notify_watchdog();
-			last_wd = now_s();
+			last_wd = clock_mono_s();
 		}
 	}
 	/* terminal events are already in the clients' rings (emits publish and wake at once);

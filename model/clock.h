@@ -15,4 +15,6 @@ static inline uint64_t clock_mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static inline uint64_t clock_mono_ms(void) { return clock_mono_ns() / 1000000; }
+
 static inline double clock_mono_s(void) { return (double)clock_mono_ns() * 1e-9; }

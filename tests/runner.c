@@ -6,6 +6,7 @@
  * A case fails if it records a CHECK failure, exits non-zero, crashes or outlives its timeout.
  */
 #include "test.h"
+#include "model/clock.h"
 
 #include <errno.h>
 #include <ftw.h>
@@ -14,7 +15,6 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 static struct test_case *cases;
@@ -54,13 +54,6 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 	return remove(path);
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int matches(const struct test_case *tc, int nfilt, char **filt)
 {
 	if (nfilt == 0)
@@ -79,7 +72,7 @@ static int run_case(struct test_case *tc)
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/dsv32-test-%d-%s.%s", (int)getpid(), tc->suite,
 		 tc->name);
 	mkdir(tmpdir, 0700);
-	double t0 = now_ms();
+	double t0 = (double)clock_mono_ns() * 1e-6;
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid < 0) {
@@ -105,7 +98,7 @@ static int run_case(struct test_case *tc)
 			perror("waitpid");
 			break;
 		}
-		if (now_ms() - t0 > (tc->timeout_s + 5) * 1e3) {
+		if ((double)clock_mono_ns() * 1e-6 - t0 > (tc->timeout_s + 5) * 1e3) {
 			kill(-pid, SIGKILL);
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
@@ -115,7 +108,7 @@ static int run_case(struct test_case *tc)
 		usleep(1000);
 	}
 	kill(-pid, SIGKILL); /* reap anything the case left behind */
-	double ms = now_ms() - t0;
+	double ms = (double)clock_mono_ns() * 1e-6 - t0;
 	nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 	int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
 	if (ok) {

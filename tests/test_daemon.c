@@ -19,10 +19,10 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ipc/dsv32.h"
+#include "model/clock.h"
 #include "model/fileio.h"
 #include "tests/ckpt_helpers.h"
 #include "tests/test.h"
@@ -41,13 +41,6 @@ static const char *backend(void)
 static const char *invariant_flag(void)
 {
 	return strcmp(backend(), "cpu") ? "--batch-invariant" : "";
-}
-
-static uint64_t ms_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* TMP/tiny, generated once per case. */
@@ -83,7 +76,7 @@ static void daemon_start(struct daemon *d, const char *model, const char *extra)
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 		_exit(127);
 	}
-	uint64_t t0 = ms_now();
+	uint64_t t0 = clock_mono_ms();
 	for (;;) {
 		dsv32_t *h;
 		if (dsv32_connect(d->sock, &h) == 0) {
@@ -91,7 +84,7 @@ static void daemon_start(struct daemon *d, const char *model, const char *extra)
 			return;
 		}
 		int st;
-		if (waitpid(d->pid, &st, WNOHANG) == d->pid || ms_now() - t0 > 60000) {
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid || clock_mono_ms() - t0 > 60000) {
 			char show[700];
 			snprintf(show, sizeof show, "tail -n 20 %s >&2", d->log);
 			if (system(show)) {}
@@ -107,9 +100,9 @@ static int daemon_stop(struct daemon *d)
 {
 	kill(d->pid, SIGTERM);
 	int st = 0;
-	uint64_t t0 = ms_now();
+	uint64_t t0 = clock_mono_ms();
 	while (waitpid(d->pid, &st, WNOHANG) != d->pid) {
-		if (ms_now() - t0 > 30000) {
+		if (clock_mono_ms() - t0 > 30000) {
 			kill(d->pid, SIGKILL);
 			waitpid(d->pid, &st, 0);
 			return -1;
@@ -171,7 +164,7 @@ static int client_streams(const char *sock, int n_req, int window, uint32_t ref[
 	if (!got || !n_got || !done || !next_seq)
 		return 17;
 	int submitted = 0, finished = 0, bad = 0, n_differ = 0;
-	uint64_t t0 = ms_now();
+	uint64_t t0 = clock_mono_ms();
 	while (finished < n_req && !bad) {
 		while (submitted < n_req && submitted - finished < window) {
 			struct dsv32_generate_params p;
@@ -190,7 +183,7 @@ static int client_streams(const char *sock, int n_req, int window, uint32_t ref[
 		}
 		struct dsv32_event ev;
 		int r = dsv32_wait(h, 1000, &ev);
-		if (r < 0 || ms_now() - t0 > 240000)
+		if (r < 0 || clock_mono_ms() - t0 > 240000)
 			return 12;
 		if (r == 0)
 			continue;
@@ -230,8 +223,8 @@ static int client_streams(const char *sock, int n_req, int window, uint32_t ref[
  * come: the socket queue holds only about 10). */
 static void collect(int fd, char msgs[][256], int *n, int max, int ms)
 {
-	uint64_t t0 = ms_now();
-	while (ms_now() - t0 < (uint64_t)ms && *n < max) {
+	uint64_t t0 = clock_mono_ms();
+	while (clock_mono_ms() - t0 < (uint64_t)ms && *n < max) {
 		ssize_t k = recv(fd, msgs[*n], 255, MSG_DONTWAIT);
 		if (k > 0) {
 			msgs[*n][k] = 0;
@@ -267,9 +260,9 @@ TEST_T(daemon, notify_sequence_and_drain, 120)
 	}
 	char msgs[128][256];
 	int n = 0;
-	uint64_t t0 = ms_now();
+	uint64_t t0 = clock_mono_ms();
 	int ready = 0;
-	while (ms_now() - t0 < 60000 && !ready) {
+	while (clock_mono_ms() - t0 < 60000 && !ready) {
 		int before = n;
 		collect(fd, msgs, &n, 100, 5);
 		for (int i = before; i < n; i++)
@@ -409,9 +402,9 @@ TEST_T(daemon, clients_killed_under_load_leak_nothing, 300)
 		if ((surv[c] = fork()) == 0)
 			_exit(client_streams(d.sock, sanitizer() ? 6 : 20, 2, ref, (uint64_t)c));
 	/* victims: started and SIGKILLed every 100 ms while they have requests in flight */
-	uint64_t t0 = ms_now(), budget = sanitizer() ? 4000 : 10000;
+	uint64_t t0 = clock_mono_ms(), budget = sanitizer() ? 4000 : 10000;
 	uint64_t seed = 3;
-	while (ms_now() - t0 < budget) {
+	while (clock_mono_ms() - t0 < budget) {
 		pid_t v = fork();
 		if (v == 0)
 			_exit(client_streams(d.sock, 1000, 8, ref, 17));
@@ -456,11 +449,11 @@ TEST_T(daemon, server_killed_clients_get_server_lost, 120)
 	usleep(300000);
 	kill(d.pid, SIGKILL);
 	waitpid(d.pid, NULL, 0);
-	uint64_t t0 = ms_now();
+	uint64_t t0 = clock_mono_ms();
 	for (int c = 0; c < 4; c++) {
 		int lost = 0;
 		struct dsv32_event ev;
-		while (!lost && ms_now() - t0 < 5000) {
+		while (!lost && clock_mono_ms() - t0 < 5000) {
 			int r = dsv32_wait(h[c], 100, &ev);
 			if (r == 1 && ev.type == DSV32_EVENT_ERROR && ev.error.code == DSV32_E_SERVER_LOST)
 				lost = 1;
@@ -470,8 +463,8 @@ TEST_T(daemon, server_killed_clients_get_server_lost, 120)
 		CHECK(lost);
 		dsv32_close(h[c]);
 	}
-	printf("    server_lost seen by 4 clients within %llu ms\n", (unsigned long long)(ms_now() - t0));
-	CHECK(ms_now() - t0 < 5000);
+	printf("    server_lost seen by 4 clients within %llu ms\n", (unsigned long long)(clock_mono_ms() - t0));
+	CHECK(clock_mono_ms() - t0 < 5000);
 }
 
 /* A request that gets a typed error; the client stays connected and is served afterwards. */
@@ -600,8 +593,8 @@ TEST_T(daemon, engine_fault_ends_every_request_and_exits_1, 120)
 	for (int c = 0; c < 3; c++) {
 		int terminal[2] = {0, 0}, faults = 0;
 		struct dsv32_event ev;
-		uint64_t t0 = ms_now();
-		while ((terminal[0] + terminal[1] < 2) && ms_now() - t0 < 20000) {
+		uint64_t t0 = clock_mono_ms();
+		while ((terminal[0] + terminal[1] < 2) && clock_mono_ms() - t0 < 20000) {
 			int r = dsv32_wait(h[c], 200, &ev);
 			if (r < 0)
 				break;
@@ -618,8 +611,8 @@ TEST_T(daemon, engine_fault_ends_every_request_and_exits_1, 120)
 		dsv32_close(h[c]);
 	}
 	int st = 0;
-	uint64_t t0 = ms_now();
-	while (waitpid(d.pid, &st, WNOHANG) != d.pid && ms_now() - t0 < 10000)
+	uint64_t t0 = clock_mono_ms();
+	while (waitpid(d.pid, &st, WNOHANG) != d.pid && clock_mono_ms() - t0 < 10000)
 		usleep(10000);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
 }

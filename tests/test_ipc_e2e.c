@@ -19,6 +19,7 @@
 #include "ipc/client_int.h"
 #include "ipc/proto.h"
 #include "ipc/server.h"
+#include "model/clock.h"
 #include "tests/test.h"
 #include "tests/test_ipc_engine.h"
 
@@ -76,8 +77,8 @@ TEST(ipc_e2e, connect_generate_stats_errors)
 		_exit(bad ? 1 : 0);
 	}
 	int status = -1;
-	uint64_t t0 = tipc_ms();
-	while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 20000)
+	uint64_t t0 = clock_mono_ms();
+	while (waitpid(p, &status, WNOHANG) == 0 && clock_mono_ms() - t0 < 20000)
 		tipc_engine_step(&e, 10);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	for (int i = 0; i < 20; i++)
@@ -102,8 +103,8 @@ TEST(ipc_e2e, sixteen_clients_fifty_requests)
 		pids[i] = tipc_spawn_client(&a);
 	}
 	int left = 16, ok = 0;
-	uint64_t t0 = tipc_ms();
-	while (left && tipc_ms() - t0 < 50000) {
+	uint64_t t0 = clock_mono_ms();
+	while (left && clock_mono_ms() - t0 < 50000) {
 		tipc_engine_step(&e, 5);
 		for (int i = 0; i < 16; i++) {
 			int st;
@@ -159,8 +160,8 @@ TEST(ipc_e2e, small_areas_wrap_many_times)
 		pids[i] = tipc_spawn_client(&a);
 	}
 	int ok = 0, left = 2;
-	uint64_t t0 = tipc_ms();
-	while (left && tipc_ms() - t0 < 25000) {
+	uint64_t t0 = clock_mono_ms();
+	while (left && clock_mono_ms() - t0 < 25000) {
 		tipc_engine_step(&e, 5);
 		for (int i = 0; i < 2; i++) {
 			int st;
@@ -237,7 +238,7 @@ TEST(ipc_e2e, server_killed_clients_get_server_lost)
 	}
 	usleep(50000); /* let the clients go to sleep on their futexes */
 	kill(srv, SIGKILL);
-	uint64_t t0 = tipc_ms();
+	uint64_t t0 = clock_mono_ms();
 	waitpid(srv, NULL, 0);
 	int ok = 0;
 	for (int i = 0; i < N; i++) {
@@ -245,7 +246,7 @@ TEST(ipc_e2e, server_killed_clients_get_server_lost)
 		waitpid(cl[i], &st, 0);
 		ok += WIFEXITED(st) && WEXITSTATUS(st) == 0;
 	}
-	uint64_t dt = tipc_ms() - t0;
+	uint64_t dt = clock_mono_ms() - t0;
 	fprintf(stderr, "    every client saw server_lost %llu ms after the kill\n", (unsigned long long)dt);
 	CHECK_EQ_INT(ok, N);
 	CHECK(dt < 5000);
@@ -300,8 +301,8 @@ TEST(ipc_e2e, limits_draining_and_refusals)
 		_exit(bad ? 1 : 0);
 	}
 	int status = -1;
-	uint64_t t0 = tipc_ms();
-	while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 20000) {
+	uint64_t t0 = clock_mono_ms();
+	while (waitpid(p, &status, WNOHANG) == 0 && clock_mono_ms() - t0 < 20000) {
 		tipc_engine_step(&e, 10);
 		if (e.requests >= 1)
 			ipc_server_set_draining(e.srv, 1);
@@ -334,8 +335,8 @@ TEST(ipc_e2e, limits_draining_and_refusals)
 			dsv32_close(h);
 			_exit(r == (k == 0 ? -EACCES : 0) ? 0 : 1);
 		}
-		t0 = tipc_ms();
-		while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 10000) {
+		t0 = clock_mono_ms();
+		while (waitpid(p, &status, WNOHANG) == 0 && clock_mono_ms() - t0 < 10000) {
 			struct ipc_item it[4];
 			ipc_server_poll(s1, 10, it, 4);
 		}
@@ -415,8 +416,8 @@ TEST(ipc_e2e, allow_gids_supplementary_groups)
 			_exit(r == (k == 0 ? -EACCES : 0) ? 0 : 1);
 		}
 		int status = -1;
-		uint64_t t0 = tipc_ms();
-		while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 10000) {
+		uint64_t t0 = clock_mono_ms();
+		while (waitpid(p, &status, WNOHANG) == 0 && clock_mono_ms() - t0 < 10000) {
 			struct ipc_item it[4];
 			ipc_server_poll(s, 10, it, 4);
 		}
@@ -437,8 +438,8 @@ TEST(ipc_e2e, allow_gids_supplementary_groups)
 			_exit(r == -EACCES ? 0 : 1);
 		}
 		int status = -1;
-		uint64_t t0 = tipc_ms();
-		while (waitpid(p, &status, WNOHANG) == 0 && tipc_ms() - t0 < 10000) {
+		uint64_t t0 = clock_mono_ms();
+		while (waitpid(p, &status, WNOHANG) == 0 && clock_mono_ms() - t0 < 10000) {
 			struct ipc_item it[4];
 			ipc_server_poll(s, 10, it, 4);
 		}

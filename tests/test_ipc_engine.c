@@ -3,18 +3,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "model/clock.h"
 #include "tests/test.h"
 #include "tests/test_ipc_engine.h"
-
-uint64_t tipc_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 int tipc_sanitizer(void) { return getenv("DSV32_SANITIZER") && atoi(getenv("DSV32_SANITIZER")); }
 
@@ -34,13 +27,6 @@ int tipc_count_fds(void)
 /* ---- the test engine -------------------------------------------------------------------------- */
 
 
-
-static uint64_t tipc_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 static void tipc_engine_drop(struct tipc_engine *e, int i) { e->jobs[i] = e->jobs[--e->n_jobs]; }
 
@@ -91,7 +77,7 @@ static void tipc_engine_item(struct tipc_engine *e, struct ipc_item *it)
 		e->gone++;
 		for (int k = 0; k < e->n_killed; k++)
 			if (e->killed[k] == it->pid) {
-				uint64_t dt = tipc_ms() - e->killed_at[k];
+				uint64_t dt = clock_mono_ms() - e->killed_at[k];
 				if (dt > e->max_reap_ms)
 					e->max_reap_ms = dt;
 				e->killed[k] = e->killed[--e->n_killed];
@@ -121,9 +107,9 @@ void tipc_engine_step(struct tipc_engine *e, int timeout_ms)
 	if (e->hold)
 		return;
 	if (e->pace_us) {
-		if (tipc_us() - e->last_emit_us < e->pace_us)
+		if ((clock_mono_ns() / 1000) - e->last_emit_us < e->pace_us)
 			return;
-		e->last_emit_us = tipc_us();
+		e->last_emit_us = (clock_mono_ns() / 1000);
 	}
 	for (int i = 0; i < e->n_jobs; i++) {
 		struct tipc_job *j = &e->jobs[i];

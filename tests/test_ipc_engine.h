@@ -39,7 +39,6 @@ struct tipc_client_arg {
 	int n_req, window;
 };
 
-uint64_t tipc_ms(void);
 int tipc_sanitizer(void); /* DSV32_SANITIZER=1: shorter loops, looser deadlines */
 void tipc_sock_path(char *buf, size_t n);
 int tipc_count_fds(void);

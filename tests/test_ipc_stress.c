@@ -17,6 +17,7 @@
 #include "ipc/client_int.h"
 #include "ipc/proto.h"
 #include "ipc/server.h"
+#include "model/clock.h"
 #include "tests/test.h"
 #include "tests/test_ipc_engine.h"
 
@@ -40,19 +41,19 @@ static void kill_loop(int duration_ms)
 		pids[i] = tipc_spawn_client(&a);
 		victim[i] = 0;
 	}
-	uint64_t t0 = tipc_ms(), next_kill = t0 + 100;
+	uint64_t t0 = clock_mono_ms(), next_kill = t0 + 100;
 	int kills = 0, survivors_ok = 0, survivors_bad = 0;
 	uint64_t gone_before = 0;
-	while (tipc_ms() - t0 < (uint64_t)duration_ms) {
+	while (clock_mono_ms() - t0 < (uint64_t)duration_ms) {
 		tipc_engine_step(&e, 5);
-		if (tipc_ms() >= next_kill) {
+		if (clock_mono_ms() >= next_kill) {
 			next_kill += 100;
 			int i = (int)(test_rand(&seed) % N);
 			if (pids[i] > 0 && !victim[i]) {
 				kill(pids[i], SIGKILL);
 				if (e.n_killed < 64) {
 					e.killed[e.n_killed] = pids[i];
-					e.killed_at[e.n_killed++] = tipc_ms();
+					e.killed_at[e.n_killed++] = clock_mono_ms();
 				}
 				victim[i] = 1;
 				kills++;
@@ -79,13 +80,13 @@ static void kill_loop(int duration_ms)
 			waitpid(pids[i], NULL, 0);
 		}
 	/* every death is reaped within a step + 100 ms */
-	uint64_t t1 = tipc_ms();
+	uint64_t t1 = clock_mono_ms();
 	struct ipc_server_counters c;
 	do {
 		tipc_engine_step(&e, 5);
 		ipc_server_counters(e.srv, &c);
-	} while ((c.clients || e.n_jobs) && tipc_ms() - t1 < 1000);
-	uint64_t reap_ms = tipc_ms() - t1;
+	} while ((c.clients || e.n_jobs) && clock_mono_ms() - t1 < 1000);
+	uint64_t reap_ms = clock_mono_ms() - t1;
 	fprintf(stderr, "    kill loop: %d kills, %d survivors ok, %llu requests, %llu clients gone, "
 		"kill -> gone at most %llu ms, final reap %llu ms\n", kills, survivors_ok,
 		(unsigned long long)e.requests, (unsigned long long)e.gone,
@@ -137,8 +138,8 @@ static void *rewriter(void *v)
 /* Waits for the server to close our socket. */
 static int wait_eof(int fd, int timeout_ms)
 {
-	uint64_t t0 = tipc_ms();
-	while (tipc_ms() - t0 < (uint64_t)timeout_ms) {
+	uint64_t t0 = clock_mono_ms();
+	while (clock_mono_ms() - t0 < (uint64_t)timeout_ms) {
 		char c;
 		ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
 		if (n == 0)
@@ -212,8 +213,8 @@ static int hostile(const char *path, int kind, uint64_t seed)
 			return 3;
 		struct dsv32_event ev;
 		int r;
-		uint64_t t0 = tipc_ms();
-		while ((r = dsv32_wait(h, 200, &ev)) >= 0 && tipc_ms() - t0 < 10000)
+		uint64_t t0 = clock_mono_ms();
+		while ((r = dsv32_wait(h, 200, &ev)) >= 0 && clock_mono_ms() - t0 < 10000)
 			;
 		dsv32_close(h);
 		return r == -ENOTCONN ? 0 : 1;
@@ -223,12 +224,12 @@ static int hostile(const char *path, int kind, uint64_t seed)
 	atomic_store(&x->sq_flags.v, IPC_NEED_WAKEUP);
 	struct dsv32_event ev;
 	int r, saw_bad_frame = 0;
-	uint64_t t0 = tipc_ms();
-	while ((r = dsv32_wait(h, 200, &ev)) >= 0 && tipc_ms() - t0 < 10000) {
+	uint64_t t0 = clock_mono_ms();
+	while ((r = dsv32_wait(h, 200, &ev)) >= 0 && clock_mono_ms() - t0 < 10000) {
 		if (r == 1 && ev.type == DSV32_EVENT_ERROR && ev.error.code == DSV32_E_BAD_FRAME)
 			saw_bad_frame = 1;
 		if (r == 0 && kind != H_RANDOM) /* the server may sleep: nudge it */
-			dsv32_stats(h, 1000000 + (uint64_t)(tipc_ms() - t0));
+			dsv32_stats(h, 1000000 + (uint64_t)(clock_mono_ms() - t0));
 	}
 	dsv32_close(h);
 	/* after scribbling over its own completion ring the random client cannot expect to read
@@ -257,8 +258,8 @@ TEST_T(ipc_e2e, hostile_clients_alone_are_disconnected, 60)
 		}
 	}
 	int good_ok = 0, bad_ok = 0, left = 3 + H_N;
-	uint64_t t0 = tipc_ms();
-	while (left && tipc_ms() - t0 < 45000) {
+	uint64_t t0 = clock_mono_ms();
+	while (left && clock_mono_ms() - t0 < 45000) {
 		tipc_engine_step(&e, 5);
 		for (int i = 0; i < 3 + H_N; i++) {
 			pid_t *pp = i < 3 ? &good[i] : &bad[i - 3];
@@ -309,8 +310,8 @@ TEST_T(ipc_e2e, hostile_loop, 60)
 	for (int i = 0; i < B; i++)
 		bad[i] = 0;
 	int n_bad = 0, bad_ok = 0, good_ok = 0, good_fail = 0;
-	uint64_t t0 = tipc_ms(), dur = tipc_sanitizer() ? 3000 : 5000;
-	while (tipc_ms() - t0 < dur) {
+	uint64_t t0 = clock_mono_ms(), dur = tipc_sanitizer() ? 3000 : 5000;
+	while (clock_mono_ms() - t0 < dur) {
 		tipc_engine_step(&e, 5);
 		for (int i = 0; i < G + B; i++) {
 			pid_t *pp = i < G ? &good[i] : &bad[i - G];
@@ -341,8 +342,8 @@ TEST_T(ipc_e2e, hostile_loop, 60)
 		pid_t p = i < G ? good[i] : bad[i - G];
 		int st;
 		if (p > 0) {
-			uint64_t t1 = tipc_ms();
-			while (waitpid(p, &st, WNOHANG) == 0 && tipc_ms() - t1 < 20000)
+			uint64_t t1 = clock_mono_ms();
+			while (waitpid(p, &st, WNOHANG) == 0 && clock_mono_ms() - t1 < 20000)
 				tipc_engine_step(&e, 5);
 			int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
 			if (i < G)
@@ -352,11 +353,11 @@ TEST_T(ipc_e2e, hostile_loop, 60)
 		}
 	}
 	struct ipc_server_counters c;
-	uint64_t t1 = tipc_ms();
+	uint64_t t1 = clock_mono_ms();
 	do {
 		tipc_engine_step(&e, 5);
 		ipc_server_counters(e.srv, &c);
-	} while (c.clients && tipc_ms() - t1 < 2000);
+	} while (c.clients && clock_mono_ms() - t1 < 2000);
 	fprintf(stderr, "    %d hostile clients (%d disconnected as they should be), %d good ok\n",
 		n_bad, bad_ok, good_ok);
 	CHECK(n_bad >= 3);

@@ -19,20 +19,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ipc/dsv32.h"
 #include "ipc/futex.h"
 #include "ipc/server.h"
+#include "model/clock.h"
 #include "tools/cli/cli.h"
-
-static uint64_t ns_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static long n_cpus;  /* counted before anything is pinned (musl counts the affinity mask) */
 static int same_cpu; /* --same-cpu: both processes on CPU 0 */
@@ -139,7 +132,7 @@ static int ring_rtt(const char *path, int mode, uint64_t *t, int iters, int warm
 	for (int i = 0; i < warmup + iters && !r; i++) {
 		struct dsv32_event ev;
 		p.request_id = (uint64_t)i + 1;
-		uint64_t t0 = ns_now();
+		uint64_t t0 = clock_mono_ns();
 		r = dsv32_submit_generate(h, &p);
 		int got = 0;
 		while (!r && !got) {
@@ -148,7 +141,7 @@ static int ring_rtt(const char *path, int mode, uint64_t *t, int iters, int warm
 				r = got < 0 ? got : -ETIMEDOUT;
 		}
 		if (i >= warmup)
-			t[i - warmup] = ns_now() - t0;
+			t[i - warmup] = clock_mono_ns() - t0;
 	}
 	dsv32_close(h);
 	waitpid(pid, NULL, 0);
@@ -180,7 +173,7 @@ static int socket_rtt(int busy, uint64_t *t, int iters, int warmup, struct resul
 	char m[64] = {0};
 	int r = 0;
 	for (int i = 0; i < warmup + iters && !r; i++) {
-		uint64_t t0 = ns_now();
+		uint64_t t0 = clock_mono_ns();
 		if (send(sv[0], m, sizeof m, 0) != (ssize_t)sizeof m)
 			r = -errno;
 		ssize_t n;
@@ -188,7 +181,7 @@ static int socket_rtt(int busy, uint64_t *t, int iters, int warmup, struct resul
 			if (n >= 0 || errno != EAGAIN)
 				r = -EIO;
 		if (i >= warmup)
-			t[i - warmup] = ns_now() - t0;
+			t[i - warmup] = clock_mono_ns() - t0;
 	}
 	close(sv[0]);
 	waitpid(pid, NULL, 0);
@@ -221,13 +214,13 @@ static int futex_floor(uint64_t *t, int iters, int warmup, struct result *res)
 	}
 	for (int i = 0; i < warmup + iters; i++) {
 		uint32_t v = 2 * (uint32_t)i + 1;
-		uint64_t t0 = ns_now();
+		uint64_t t0 = clock_mono_ns();
 		atomic_store(w, v);
 		ipc_futex_wake(w);
 		while (atomic_load(w) != v + 1)
 			ipc_futex_wait(w, v, 100);
 		if (i >= warmup)
-			t[i - warmup] = ns_now() - t0;
+			t[i - warmup] = clock_mono_ns() - t0;
 	}
 	atomic_store(w, UINT32_MAX);
 	ipc_futex_wake(w);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "model/backend.h"
+#include "model/clock.h"
 #include "model/config.h"
 #include "model/fileio.h"
 #include "model/kv_cache.h"
@@ -204,13 +205,6 @@ static int write_mats(const char *path, float **mats, const int64_t *rows, int64
 	return r ? err_set(e, r, "%s: write failed", path) : rc;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static double cpu_s(void) /* CPU time of every thread of the process */
 {
 	struct timespec ts;
@@ -231,12 +225,12 @@ static double read_bandwidth(void)
 	double best = 0;
 	volatile float sink = 0;
 	for (int rep = 0; rep < 3; rep++) {
-		double t0 = now_s();
+		double t0 = clock_mono_s();
 		float l[8] = {0};
 		for (size_t i = 0; i < n; i += 8)
 			for (int j = 0; j < 8; j++)
 				l[j] += buf[i + j];
-		double dt = now_s() - t0;
+		double dt = clock_mono_s() - t0;
 		sink += l[0] + l[7];
 		double gbs = (double)(n * sizeof *buf) / dt / 1e9;
 		best = gbs > best ? gbs : best;
@@ -396,7 +390,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 			flags[t] = (o->bench && t < T - 1 ? 0 : BACKEND_ROW_LOGITS) |
 				   (hidden ? BACKEND_ROW_HIDDEN : 0);
 	}
-	double nll_sum = 0, t0 = now_s(), c0 = cpu_s();
+	double nll_sum = 0, t0 = clock_mono_s(), c0 = cpu_s();
 	for (int64_t b = 0; b < T && !r; b += chunk) {
 		int64_t n = T - b < chunk ? T - b : chunk;
 		struct backend_seq s = {n, tok + b, pos + b, bt, n_blocks, flags + b, logits,
@@ -410,7 +404,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 				memcpy(*logits_all + (b + i) * V, logits + i * V, (size_t)V * sizeof *logits);
 		}
 	}
-	*t_prefill += now_s() - t0;
+	*t_prefill += clock_mono_s() - t0;
 	*c_prefill += cpu_s() - c0;
 	if (!r && T > 1 && !o->bench)
 		printf("seq%lld: perplexity %.4f over %lld tokens\n", (long long)si,
@@ -433,7 +427,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 	if (!r && o->generate > 0) {
 		int64_t last = o->bench ? 0 : (T - 1) % chunk; /* bench: only the last row has logits */
 		int64_t cur = argmax(logits + last * V, V);
-		double t1 = now_s(), c1 = cpu_s();
+		double t1 = clock_mono_s(), c1 = cpu_s();
 		printf("seq%lld: generated", (long long)si);
 		for (int64_t g = 0; g < o->generate && !r; g++) {
 			printf(" %lld", (long long)cur);
@@ -447,7 +441,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 			cur = argmax(logits, V);
 		}
 		printf("\n");
-		*t_decode += now_s() - t1;
+		*t_decode += clock_mono_s() - t1;
 		*c_decode += cpu_s() - c1;
 	}
 	free(pos);

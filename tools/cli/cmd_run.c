@@ -8,18 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "model/engine.h"
+#include "model/clock.h"
 #include "model/json.h"
 #include "tools/cli/cli.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int usage(void)
 {
@@ -103,7 +96,7 @@ int cmd_run(int argc, char **argv)
 	fflush(stdout);
 	int32_t *out = malloc((size_t)max_tokens * sizeof *out);
 	int64_t n_out = 0;
-	double t0 = now_s(), t_first = 0;
+	double t0 = clock_mono_s(), t_first = 0;
 	const char *reason = "?";
 	int done = 0;
 	while (!done && sched_has_work(en.s)) {
@@ -118,7 +111,7 @@ int cmd_run(int argc, char **argv)
 				fwrite(ev[i].text, 1, ev[i].text_len, stdout);
 			if (ev[i].type == SCHED_EVENT_TOKEN) {
 				if (!n_out)
-					t_first = now_s() - t0;
+					t_first = clock_mono_s() - t0;
 				if (n_out < max_tokens)
 					out[n_out++] = ev[i].token;
 			} else if (ev[i].type == SCHED_EVENT_FINISH) {
@@ -132,7 +125,7 @@ int cmd_run(int argc, char **argv)
 		}
 		fflush(stdout);
 	}
-	double dt = now_s() - t0;
+	double dt = clock_mono_s() - t0;
 	printf("\n--- %lld tokens (%s):", (long long)n_out, reason);
 	for (int64_t i = 0; i < n_out; i++)
 		printf(" %d", out[i]);
