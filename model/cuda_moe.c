@@ -3,7 +3,9 @@
  *
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
- *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order) -> k_moe_route* (experts, weights)
+ *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order; in the fast mode above 64 tokens
+ *   k_moe_gate_logits_mma, the same products summed on the tensor cores) -> k_moe_route* (experts,
+ *   weights)
  *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T; from
  *   PERM_PAR_FROM tokens over many blocks: k_moe_permute_count, k_moe_permute_place);
  *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
@@ -182,10 +184,10 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 	return total;
 }
 
-/* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all give the CPU's bits): its
- * tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings
- * of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled, t64:
- * GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
+/* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all but _mma give the CPU's
+ * bits): its tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2:
+ * cp.async rings of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 /
+ * 128); tiled, t64: GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
  * memory a FMA at the tiled kernel's speed, 688 us at 4096 tokens: not kept.) */
 struct gate_kernel {
 	const char *name;
@@ -193,8 +195,14 @@ struct gate_kernel {
 	unsigned smem;
 };
 
-static struct gate_kernel gate_kernel_for(int T, int E, int D)
+static struct gate_kernel gate_kernel_for(const struct gpu *g, int T, int E, int D)
 {
+	/* the fast mode above 64 tokens: the tensor cores (the CPU's products, summed in another
+	 * fp32 order; issue #11); GM_SMEM: 4 stages of 192 rows of 144 bytes. Run 15 measured the
+	 * exact forms at 128 / 1024 / 4096 tokens: 88 / 166 / 567 us. Up to 64 tokens both modes
+	 * keep the exact logits (decode steps) */
+	if (!cuda_gemm_batch_invariant(g) && T > 64 && D % 64 == 0 && E % 2 == 0)
+		return (struct gate_kernel){"k_moe_gate_logits_mma", 128, 64, 4 * 192 * 72 * 2};
 	/* run 8: a2l 71 / 152 us at 128 / 256 tokens (each block re-reads its 64 token rows), the
 	 * 32 x 32 tiles ~100 us for up to 512 (one wave): tiled from 176 tokens */
 	/* GT_SMEM(tt): (tt + 32) rows of 104 floats, 4 ring stages of (tt + 32) rows of 144 bytes;
@@ -386,7 +394,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
-		struct gate_kernel k = gate_kernel_for(T, E, D);
+		struct gate_kernel k = gate_kernel_for(g, T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
 		void *fn = gpu_kernel(g, k.name);
 		if (!fn)
@@ -394,8 +402,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (k.smem > 48 * 1024)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 						     (int)k.smem));
-		rc = gpu_launch(g, fn, (unsigned)(E / k.experts), (unsigned)((T + k.rows - 1) / k.rows), 1,
-				256, 1, 1, k.smem, args);
+		rc = gpu_launch(g, fn, (unsigned)((E + k.experts - 1) / k.experts),
+				(unsigned)((T + k.rows - 1) / k.rows), 1, 256, 1, 1, k.smem, args);
 		if (rc)
 			return rc;
 	}
@@ -528,7 +536,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 {
 	struct moe_dims d = moe_dims(c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
-	struct gate_kernel k = gate_kernel_for(T, d.E, d.D);
+	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 fused ? "k_moe_gate_route1" : k.name,

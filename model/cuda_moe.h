@@ -64,7 +64,10 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
  * Numerics: up to 64 tokens the grouped GEMMs are cuda_gemm_fp8_grouped's (model/cuda_gemm.h):
  * in the batch-invariant mode its exact kernels (each row's output the CPU's whatever T), in the
  * fast mode its wgmma consumers; above 64 tokens the wgmma kernels, within wgmma's accumulation
- * limit. CUDA_MOE_FAST (the fast mode's large steps) currently selects nothing more: run 12
+ * limit. The router logits are the CPU's bits but in the fast mode above 64 tokens (the GEMM
+ * dispatch's, cuda_gemm_set_batch_invariant(g, 0)), where the tensor cores sum the same products
+ * in another fp32 order; the experts are the CPU's routing of the logits either way.
+ * CUDA_MOE_FAST (the fast mode's large steps) currently selects nothing more: run 12
  * measured the streaming kernel faster than wgmma up to 64 tokens (model/cuda_moe.c). */
 enum { CUDA_MOE_FAST = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,

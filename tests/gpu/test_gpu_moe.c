@@ -2,7 +2,8 @@
  * test_gpu_moe.c — the MoE gate on the GPU against the CPU backend's moe_route: the same
  * experts and bit-identical weights for every token, on logits with many exact and near ties,
  * for the real routing (256 experts, 8 groups, 4 kept, 8 picks) and smaller ones; the router
- * logits bit-identical to the CPU's; the token permutation, gather and combine exact.
+ * logits bit-identical to the CPU's (the fast mode's tensor-core form within fp32 reordering); the
+ * token permutation, gather and combine exact.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -347,6 +348,90 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 		}
 		cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
 		free(w), free(xh), free(xf), free(ref), free(got);
+	}
+	gpu_close(&g);
+}
+#endif
+
+#ifndef DSV32_NO_CUDA
+/* The fast mode's router logits on the tensor cores (k_moe_gate_logits_mma, kernels_ptx/
+ * moe_block.cu) against the CPU's cpu_bf16_linear: the same exact products summed in another fp32
+ * order, so each logit within 2^-16 of its sum of |products| (fp32 reordering over D <= 7168
+ * terms stays ~100x below that; a lost or doubled 16-wide K step, a wrong row or expert is off by
+ * ~sqrt(16 / D) of the logit's scale and more); and each row's logits the same bits whatever the
+ * token count (the first rows of a run of T tokens against a run of fewer). Token counts across
+ * the 128-token tiles, expert counts across the 64-expert tiles (E = 16, 66), the real shape. */
+TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][4] = {/* T, E, D, fewer tokens for the batch check */
+					{65, 16, 256, 1},    {300, 32, 512, 129}, {257, 64, 1024, 128},
+					{200, 66, 192, 77},  {130, 256, 7168, 5}, {1100, 256, 7168, 777}};
+	const unsigned smem = 4 * 192 * 72 * 2; /* GM_SMEM */
+	void *fn = gpu_kernel(&g, "k_moe_gate_logits_mma");
+	REQUIRE(fn);
+	REQUIRE(cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+					      (int)smem),
+			 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
+	uint64_t seed = 4402;
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3];
+		uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)T * D * 2);
+		float *xf = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * E * 4),
+		      *got = malloc((size_t)T * E * 4), *got2 = malloc((size_t)T2 * E * 4);
+		REQUIRE(w && xh && xf && ref && got && got2);
+		fill_bf16(w, (size_t)E * D, 0.05f, &seed);
+		fill_bf16(xh, (size_t)T * D, 2.0f, &seed);
+		for (size_t i = 0; i < (size_t)T * D; i++)
+			xf[i] = bf16_to_f32(xh[i]);
+		struct bf16_mat Wm = {w, E, D};
+		cpu_bf16_linear(NULL, &Wm, xf, T, ref, 0);
+		gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)T * D * 2),
+			d_l = gpu_test_alloc((size_t)T * E * 4);
+		REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
+		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+		for (int pass = 0; pass < 2; pass++) { /* T tokens, then the first T2 */
+			int tt = pass ? T2 : T, ee = E, dd = D;
+			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
+			void *args[] = {&d_w, &d_x, &d_l, &tt, &ee, &dd};
+			REQUIRE(gpu_launch(&g, fn, (unsigned)((E + 63) / 64), (unsigned)((tt + 127) / 128),
+					   1, 256, 1, 1, smem, args) == 0);
+			REQUIRE(gpu_download(&g, pass ? got2 : got, d_l, (size_t)tt * E * 4) == 0);
+		}
+		double worst = 0, worst_abs = 0;
+		int64_t bad = 0, first = -1, exact = 0, batch_diff = 0;
+		for (int t = 0; t < T; t++)
+			for (int e = 0; e < E; e++) {
+				double mag = 0;
+				for (int k = 0; k < D; k++)
+					mag += fabs((double)xf[(size_t)t * D + k] *
+						    bf16_to_f32(w[(size_t)e * D + k]));
+				const size_t i = (size_t)t * E + e;
+				const double d = fabs((double)got[i] - ref[i]), r = d / (mag > 0 ? mag : 1);
+				exact += got[i] == ref[i];
+				if (!(r <= 0x1p-16)) {
+					if (first < 0)
+						first = (int64_t)i;
+					bad++;
+				}
+				worst = r > worst || isnan(r) ? r : worst;
+				worst_abs = d > worst_abs || isnan(d) ? d : worst_abs;
+			}
+		for (size_t i = 0; i < (size_t)T2 * E; i++)
+			batch_diff += memcmp(&got2[i], &got[i], 4) != 0;
+		printf("    k_moe_gate_logits_mma T=%-4d E=%-3d D=%-4d: worst |d| %.3g = %.3g of the sum "
+		       "of |products| (limit 2^-16 = %.3g), %lld over, %.1f%% bit-equal to the CPU; "
+		       "first %d rows run alone: %lld logits differ\n",
+		       T, E, D, worst_abs, worst, 0x1p-16, (long long)bad,
+		       100.0 * (double)exact / ((double)T * E), T2, (long long)batch_diff);
+		if (first >= 0)
+			printf("      first over [%lld, %lld]: gpu %.9g cpu %.9g\n", (long long)(first / E),
+			       (long long)(first % E), got[first], ref[first]);
+		CHECK_EQ_INT(bad, 0);
+		CHECK_EQ_INT(batch_diff, 0);
+		cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
+		free(w), free(xh), free(xf), free(ref), free(got), free(got2);
 	}
 	gpu_close(&g);
 }

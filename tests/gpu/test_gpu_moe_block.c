@@ -10,7 +10,8 @@
  * shows). For T <= 64 (decode) the block is also captured into a CUDA graph and replayed: the
  * same bytes; every case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the
  * same bytes; and at 8-64 tokens with CUDA_MOE_FAST (the fast mode's flag), against the CPU
- * within the wgmma limits, directly and through a graph (the same bytes).
+ * within the wgmma limits, directly and through a graph (the same bytes); above 64 tokens also in
+ * the fast mode, whose router logits run on the tensor cores (check_fast_block).
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -184,6 +185,82 @@ static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
 	for (size_t i = 0; i < n; i++)
 		d += a[i] != b[i];
 	return d;
+}
+
+/* The fast mode above 64 tokens (cuda_gemm_set_batch_invariant(g, 0)), whose router logits run on
+ * the tensor cores (k_moe_gate_logits_mma: the CPU's products in another fp32 order): each logit
+ * within 2^-16 of its sum of |products| of the CPU's (logits, on x = f and W = gate); the routing
+ * the CPU's moe_route of those logits to the bit (experts and weights); the experts the CPU's own
+ * but for near ties (a logit's rounding may flip one: at most 1 + T / 256 tokens, printed; a
+ * wrong logit moves most tokens); y against the CPU's within the wgmma limits on the tokens
+ * whose experts agree. tr receives the fast run's routing. */
+static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struct dsv32_config *c,
+			     const struct cuda_moe_layer *L, gpu_ptr d_x, gpu_ptr d_y, int T,
+			     const struct cuda_moe_trace *tr, const float *f, const uint16_t *gate,
+			     const float *bias, const float *logits, const int32_t *idx,
+			     const float *y)
+{
+	const int D = (int)c->hidden_size, E = (int)c->n_routed_experts,
+		  K = (int)c->num_experts_per_tok;
+	float *gl = malloc((size_t)T * E * 4), *gw = malloc((size_t)T * K * 4),
+	      *rw = malloc((size_t)K * 4);
+	int32_t *gi = malloc((size_t)T * K * 4), *ri = malloc((size_t)K * 4);
+	uint16_t *gy = malloc((size_t)T * D * 2);
+	REQUIRE(gl && gw && rw && gi && ri && gy);
+	gpu_test_poison(g, tr->logits, (size_t)T * E * 4);
+	gpu_test_poison(g, tr->idx, (size_t)T * K * 4);
+	gpu_test_poison(g, tr->wts, (size_t)T * K * 4);
+	cuda_gemm_set_batch_invariant(g, 0);
+	run_block(g, arena, c, L, d_x, d_y, T, tr, 0, 0, gy);
+	cuda_gemm_set_batch_invariant(g, 1);
+	REQUIRE(gpu_download(g, gl, tr->logits, (size_t)T * E * 4) == 0);
+	REQUIRE(gpu_download(g, gi, tr->idx, (size_t)T * K * 4) == 0);
+	REQUIRE(gpu_download(g, gw, tr->wts, (size_t)T * K * 4) == 0);
+	int64_t bad_logits = 0, exact = 0, route_diff = 0, flips = 0, bad_y = 0, first_flip = -1;
+	double worst = 0, worst_abs = 0, sum_rel = 0;
+	for (int t = 0; t < T; t++) {
+		for (int e = 0; e < E; e++) {
+			double mag = 0;
+			for (int k = 0; k < D; k++)
+				mag += fabs((double)f[(size_t)t * D + k] * bf16_to_f32(gate[(size_t)e * D + k]));
+			const size_t i = (size_t)t * E + e;
+			const double d = fabs((double)gl[i] - logits[i]), r = d / (mag > 0 ? mag : 1);
+			exact += gl[i] == logits[i];
+			bad_logits += !(r <= 0x1p-16);
+			worst = r > worst || isnan(r) ? r : worst;
+			worst_abs = d > worst_abs || isnan(d) ? d : worst_abs;
+		}
+		moe_route(c, gl + (size_t)t * E, bias, ri, rw);
+		route_diff += memcmp(ri, gi + (size_t)t * K, (size_t)K * 4) ||
+			      memcmp(rw, gw + (size_t)t * K, (size_t)K * 4);
+		if (memcmp(gi + (size_t)t * K, idx + (size_t)t * K, (size_t)K * 4)) {
+			flips++;
+			first_flip = first_flip < 0 ? t : first_flip;
+			continue;
+		}
+		const double rms = gpu_row_rms(y + (size_t)t * D, D);
+		for (int d = 0; d < D; d++) {
+			const size_t i = (size_t)t * D + d;
+			const double rel = fabs((double)bf16_to_f32(gy[i]) - y[i]) / (rms > 0 ? rms : 1);
+			sum_rel += rel;
+			bad_y += bf16_ulps(f32_to_bf16(y[i]), gy[i]) > 1 && !(rel <= MOE_REL_LIMIT_WGMMA);
+		}
+	}
+	const double mean = T > flips ? sum_rel / ((double)(T - flips) * D) : 0;
+	printf("    fast mode (router logits on the tensor cores): worst logit |d| %.3g = %.3g of the "
+	       "sum of |products| (limit 2^-16 = %.3g), %lld over, %.1f%% bit-equal to the CPU's; "
+	       "routing of those logits against moe_route: %lld tokens differ; experts unlike the "
+	       "CPU's (near ties): %lld tokens (limit %d, first %lld); y on the others: %lld over the "
+	       "wgmma limit, mean |err|/rms(row) %.3g (limit %.3g)\n",
+	       worst_abs, worst, 0x1p-16, (long long)bad_logits, 100.0 * (double)exact / ((double)T * E),
+	       (long long)route_diff, (long long)flips, 1 + T / 256, (long long)first_flip,
+	       (long long)bad_y, mean, MOE_MEAN_LIMIT_WGMMA);
+	CHECK_EQ_INT(bad_logits, 0);
+	CHECK_EQ_INT(route_diff, 0);
+	CHECK(flips <= 1 + T / 256);
+	CHECK_EQ_INT(bad_y, 0);
+	CHECK(mean < MOE_MEAN_LIMIT_WGMMA);
+	free(gl), free(gw), free(rw), free(gi), free(ri), free(gy);
 }
 
 /* One case: config c, T rows, `sets` distinct expert code sets (expert e uses set e % sets). */
@@ -454,6 +531,8 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
+	if (T > 64)
+		check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
 			 d_x, tr.logits, tr.idx, tr.wts, d_y, taps.gu, taps.ey, taps.sh};
