@@ -32,12 +32,23 @@
 // 2^-24, and ex2's 2 ulp: ~2^-19 of a weight at |s| ~ 30, as expf of fp32 arguments on the CPU).
 // Not bit-identical to k_mla_decode, within the same limits of attn_latent
 // (tests/gpu/test_gpu_mla.c).
+// k_mla_decode_wg2: the same kernel with the two 64-head blocks of a row (and split) a cluster
+// of 2 CTAs, whose key lists are the same: each CTA's producer gathers and dequantises only its
+// half of every tile's keys (CTA rank r: keys 16 r .. + 16, warp pw 4 of them) and stores each
+// fp16 chunk into its own key tile and into the peer's (st.shared::cluster); the handover is by
+// mbarriers instead of named barriers: full[buffer] (256 arrivals: the producer threads of both
+// CTAs, after fence.proxy.async) and empty[buffer] (16: the consumer warps of both CTAs), at the
+// end of shared memory. Run 15 at 32K x 128: the producer's gather and dequantisation, 2 x 2048
+// keys a row (each block its own), added ~280 of the 392 us. The same numerics: the same fp16
+// key tiles, the same consumers.
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
 // stores.
+#include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
 #include "mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #define MW_HG 64      // heads per block
@@ -64,6 +75,54 @@ __device__ __forceinline__ void mw_bar_sync(int id, int n)
 __device__ __forceinline__ void mw_bar_arrive(int id, int n)
 {
 	asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+// k_mla_decode_wg2's cross-CTA handover (see the header): the shared::cluster address of the
+// CTA-relative address a in the cluster's CTA `rank` (maybe ours)
+__device__ __forceinline__ uint32_t mw_mapa(uint32_t a, uint32_t rank)
+{
+	uint32_t r;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+	return r;
+}
+
+// One arrival, releasing this thread's prior writes to the cluster, on the barrier at cluster
+// address bar
+__device__ __forceinline__ void mw_arrive_cl(uint32_t bar)
+{
+	asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Waits (acquiring at cluster scope) for the phase of parity `parity` of this CTA's barrier bar;
+// traps after 2 s (a lost arrival is a bug: the test fails with a launch error, no hang)
+__device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity)
+{
+	uint32_t done, t0 = 0;
+	for (uint32_t tries = 1;; tries++) {
+		asm volatile("{\n.reg .pred p;\n"
+			     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+			     "selp.u32 %0, 1, 0, p;\n}\n"
+			     : "=r"(done)
+			     : "r"(bar), "r"(parity)
+			     : "memory");
+		if (done)
+			return;
+		if ((tries & 4095) == 0) {
+			uint32_t now;
+			asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
+			if (!t0)
+				t0 = now | 1;
+			else if (now - t0 > 2000000000u)
+				__trap();
+		}
+	}
+}
+
+__device__ __forceinline__ void mw_st_cluster(uint32_t addr, uint4 v)
+{
+	asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+		     "r"(v.w)
+		     : "memory");
 }
 
 // d (+)= A[64 x 16] . B[32 x 16]^T, fp16 -> fp32, both K-major in shared memory (descriptors);
@@ -95,18 +154,19 @@ __device__ __forceinline__ uint32_t mw_chunk(int r, int c, int cb_bytes)
 	return (c >> 3) * cb_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-// Warp pw's cp.async gather of its 8 keys' records (slots ssl_tile[8 pw ..], -1: none) into
-// raw_tile
+// A warp's cp.async gather of the records of its KW keys k0 .. k0 + KW - 1 of a tile (slots
+// ssl_tile[k0 ..], -1: none) into raw_tile
+template <int KW>
 __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__restrict__ pool, uint8_t *raw_tile,
-					  int pw, int lane)
+					  int k0, int lane)
 {
 #pragma unroll
-	for (int j = 0; j < 8; j++) {
-		const int slot = ssl_tile[8 * pw + j];
+	for (int j = 0; j < KW; j++) {
+		const int slot = ssl_tile[k0 + j];
 		if (slot < 0)
 			continue;
 		const uint8_t *src = pool + (size_t)slot * MW_REC;
-		const uint32_t dst = smem_u32(raw_tile + (8 * pw + j) * MW_REC);
+		const uint32_t dst = smem_u32(raw_tile + (k0 + j) * MW_REC);
 		cp_async16(dst + lane * 16, src + lane * 16);
 		if (lane < MW_REC / 16 - 32)
 			cp_async16(dst + (lane + 32) * 16, src + (lane + 32) * 16);
@@ -114,19 +174,23 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 	cp_async_commit();
 }
 
-// Warp pw's 8 keys of a tile, dequantised from raw_tile into the key tile kt, branch-free: the
-// latent as 16 items a lane (key q / 2, chunk lane + 32 (q % 2): 8 codes by mla.cuh's integer
-// placement, times their 128-wide tile's scale x 2^8 — the same fp16 product, rounded once, as
-// converting the code and multiplying by the scale), the rope as 2 (key lane / 8 + 4 r, chunk
-// 64 + lane % 8: bf16 -> fp16). Every key is converted: one past the list's end holds zeros or an
-// older valid record (finite), and the consumers mask it. (Run 12: the first version, a branch on
-// the slot and on latent / rope in each of 18 items a lane, one key's slot by shuffle each, was
-// the kernel's bound: ~4000 cycles a tile.)
-__device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *kt, int pw, int lane)
+// A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from raw_tile into the key tile at
+// byte kt of shared memory (and, when peer != 0, the same bytes at cluster address peer + kt: the
+// other CTA's tile), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
+// 32 (q % 2): 8 codes by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 —
+// the same fp16 product, rounded once, as converting the code and multiplying by the scale), the
+// rope as KW / 4 (key k0 + lane / 8 + 4 r, chunk 64 + lane % 8: bf16 -> fp16). Every key is
+// converted: one past the list's end holds zeros or an older valid record (finite), and the
+// consumers mask it. (Run 12: the first version, a branch on the slot and on latent / rope in
+// each of 18 items a lane, one key's slot by shuffle each, was the kernel's bound: ~4000 cycles a
+// tile.)
+template <int KW>
+__device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer, int k0,
+					   int lane)
 {
 #pragma unroll
-	for (int q = 0; q < 16; q++) {
-		const int kk = 8 * pw + (q >> 1), c = lane + 32 * (q & 1);
+	for (int q = 0; q < 2 * KW; q++) {
+		const int kk = k0 + (q >> 1), c = lane + 32 * (q & 1);
 		const uint8_t *rp = raw_tile + kk * MW_REC;
 		const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
 		const float sc = *reinterpret_cast<const float *>(rp + MW_R + (c >> 4) * 4) * 256.f;
@@ -134,26 +198,40 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *kt,
 		uint32_t w0, w1, w2, w3;
 		e4m3x4_to_f16x2_m8(codes.x, w0, w1);
 		e4m3x4_to_f16x2_m8(codes.y, w2, w3);
-		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) =
-			make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
+		const uint4 v = make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
+		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
+		*reinterpret_cast<uint4 *>(smem + off) = v;
+		if (peer)
+			mw_st_cluster(peer + off, v);
 	}
 #pragma unroll
-	for (int r = 0; r < 2; r++) {
-		const int kk = 8 * pw + (lane >> 3) + 4 * r, c = MW_R / 8 + (lane & 7);
-		const uint4 v = *reinterpret_cast<const uint4 *>(raw_tile + kk * MW_REC + MW_R + 16 + 16 * (lane & 7));
-		*reinterpret_cast<uint4 *>(kt + mw_chunk(kk, c, MW_KCB)) =
-			make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
+	for (int r = 0; r < KW / 4; r++) {
+		const int kk = k0 + (lane >> 3) + 4 * r, c = MW_R / 8 + (lane & 7);
+		const uint4 u = *reinterpret_cast<const uint4 *>(raw_tile + kk * MW_REC + MW_R + 16 + 16 * (lane & 7));
+		const uint4 v = make_uint4(bf16x2_to_f16x2(u.x), bf16x2_to_f16x2(u.y), bf16x2_to_f16x2(u.z),
+					   bf16x2_to_f16x2(u.w));
+		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
+		*reinterpret_cast<uint4 *>(smem + off) = v;
+		if (peer)
+			mw_st_cluster(peer + off, v);
 	}
 }
 
 // The producer warpgroup (see the header): the split's slots into ssl (all loads in flight
 // together: run 12 lost ~1 us a tile to a slot load exposed every tile) and raw zeroed, then
-// gathers tile t + 1 while dequantising tile t
+// gathers tile t + 1 while dequantising tile t. PAIR (k_mla_decode_wg2): this CTA's half of
+// each tile's keys (16 rank ..), written into both CTAs' key tiles, handed over by the
+// cluster barriers at bars (full[2], empty[2]) instead of the named barriers.
+template <bool PAIR>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
-					   const uint8_t *__restrict__ pool, uint8_t *ktiles, uint8_t *raw, int *ssl,
-					   int diag)
+					   const uint8_t *__restrict__ pool, uint8_t *smem, uint8_t *raw, int *ssl,
+					   uint32_t bars, int diag)
 {
+	constexpr int KW = PAIR ? 4 : 8; // keys a warp dequantises in a tile
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
+	const uint32_t rank = PAIR ? cluster_rank() : 0;
+	const int k0 = PAIR ? 16 * (int)rank + KW * pw : KW * pw;
+	const uint32_t peer = PAIR ? mw_mapa(smem_u32(smem), rank ^ 1) : 0;
 	for (int i0 = 0; i0 < nt * MW_KT; i0 += 8 * 128) {
 		int v[8];
 #pragma unroll
@@ -170,19 +248,29 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 		reinterpret_cast<uint4 *>(raw)[i] = make_uint4(0, 0, 0, 0);
 	mw_bar_sync(MW_BAR_PROD, 128);
 	if (nt > 0)
-		mw_gather(ssl, pool, raw, pw, lane);
+		mw_gather<KW>(ssl, pool, raw, k0, lane);
 	for (int t = 0; t < nt; t++) {
 		const int s = t & 1;
 		cp_async_wait_all();
 		__syncwarp(); // the warp's records of tile t landed; its reads of raw[s ^ 1] (tile t - 1) done
 		if (t + 1 < nt && !((diag & 1) && t >= 1))
-			mw_gather(ssl + (t + 1) * MW_KT, pool, raw + (s ^ 1) * MW_KT * MW_REC, pw, lane);
-		if (t >= 2)
-			mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
+			mw_gather<KW>(ssl + (t + 1) * MW_KT, pool, raw + (s ^ 1) * MW_KT * MW_REC, k0, lane);
+		if (t >= 2) {
+			if (PAIR) // both CTAs' consumers done with tile t - 2
+				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1);
+			else
+				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
+		}
 		if (!((diag & 4) && t >= 2))
-			mw_dequant(raw + s * MW_KT * MW_REC, ktiles + s * MW_K_BYTES, pw, lane);
-		fence_proxy_async();
-		mw_bar_arrive(MW_BAR_FULL + s, MW_THREADS);
+			mw_dequant<KW>(raw + s * MW_KT * MW_REC, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, lane);
+		if (PAIR) {
+			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
+			mw_arrive_cl(mw_mapa(bars + 8 * s, rank ^ 1));
+		} else {
+			fence_proxy_async();
+			mw_bar_arrive(MW_BAR_FULL + s, MW_THREADS);
+		}
 	}
 }
 
@@ -317,10 +405,10 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
 // a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
 // while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
-extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+template <bool PAIR>
+__device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+					  const uint8_t *__restrict__ pool, int H, float scale,
+					  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
 	extern __shared__ __align__(16) uint8_t smem_raw[];
 	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
@@ -329,6 +417,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 	float *xs = reinterpret_cast<float *>(ktiles + 2 * MW_K_BYTES);               // [2][2][MW_XS]
 	uint8_t *raw = reinterpret_cast<uint8_t *>(xs + 4 * MW_XS);                   // [2][32][656]
 	int *ssl = reinterpret_cast<int *>(raw + 2 * MW_KT * MW_REC);                 // [MW_MAXK]
+	const uint32_t bars = smem_u32(ssl + MW_MAXK); // PAIR: mbarriers full[2], empty[2]
 
 	const int tid = threadIdx.x, lane = tid & 31;
 	const int b = blockIdx.y, h0 = blockIdx.x * MW_HG;
@@ -337,11 +426,24 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 	const int k_end = min(ld_sel, k_begin + keys_per_split);
 	const int nt = k_end > k_begin ? (k_end - k_begin + MW_KT - 1) / MW_KT : 0;
 
+	if (PAIR) {
+		if (tid == 0) {
+			for (int i = 0; i < 2; i++) {
+				mbar_init(bars + 8 * i, 2 * 128);     // full[i]: every producer thread of both CTAs
+				mbar_init(bars + 8 * (2 + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
+			}
+			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		}
+		cluster_sync(); // the barriers initialised before any remote arrival
+	}
+
 	// registers: the producer needs few, the consumers hold 128 accumulators (ptxas allocates
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce(srow, k_begin, k_end, nt, pool, ktiles, raw, ssl, diag);
+		mw_produce<PAIR>(srow, k_begin, k_end, nt, pool, smem, raw, ssl, bars, diag);
+		if (PAIR)
+			cluster_sync(); // no CTA leaves while its peer may still write or signal it
 		return;
 	}
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -384,7 +486,11 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 	const uint64_t dv0 = wgd_mnmajor(base + MW_Q_BYTES + wg * 4 * MW_KCB, lbo, sbo);
 	for (int t = 0; t < nt; t++) {
 		const int s = t & 1;
-		mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
+		if (PAIR) {
+			mw_wait_cl(bars + 8 * s, (t >> 1) & 1);
+			fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
+		} else
+			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
 		if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
 			if (mma) {
 				mw_s_now(sp, dq, dk0 + s * (MW_K_BYTES / 16));
@@ -398,8 +504,18 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 			if (mma)
 				mw_pv_now(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
 		}
-		if (t + 2 < nt) // the producer waits for this buffer before tile t + 2
-			mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
+		if (t + 2 < nt) { // the producer(s) wait for this buffer before tile t + 2
+			if (PAIR) {
+				__syncwarp();
+				if (lane == 0) {
+					const uint32_t rank = cluster_rank();
+					mw_arrive_cl(mw_mapa(bars + 8 * (2 + s), rank));
+					mw_arrive_cl(mw_mapa(bars + 8 * (2 + s), rank ^ 1));
+				}
+			} else {
+				mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
+			}
+		}
 	}
 	// the combine (programmatic dependent launch) may start its blocks; they wait for this grid
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -409,10 +525,8 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-	if (diag & 64)
-		return;
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 && !(diag & 64); i++) {
 		const int h = h0 + 16 * wi + g + 8 * i;
 		const float lr = i ? l1 : l0;
 		if (gridDim.z > 1) {
@@ -436,4 +550,24 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 					((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
 		}
 	}
+	if (PAIR)
+		cluster_sync();
+}
+
+extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mw_decode<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+}
+
+// The pair: grid x (the 64-head groups) even, CTAs 2 j and 2 j + 1 (the same row and split) a
+// cluster sharing the dequantisation of their common keys
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg2(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mw_decode<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

@@ -25,8 +25,8 @@
 #include "model/kv_cache.h"
 
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
- * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: k_mla_decode_wg (diag bit
- * 7) instead */
+ * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
+ * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16) instead */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -91,7 +91,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
-					     force << 8 | (wg ? 128 : 0)) == 0);
+					     force << 8 | (wg ? 128 : 0) | (wg == 2 ? 0x10000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -126,7 +126,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -184,6 +184,27 @@ TEST_T(gpu_mla, decode_wg_matches_cpu, 300)
 	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 1, 3105);
 	check_mla(&g, 512, 64, 3, n_real, 2048, 64, 2.5f, 16, 1, 3106);
 	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 1, 3107);
+	gpu_close(&g);
+}
+
+TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* k_mla_decode_wg2 (the 64-head pair a cluster, each dequantising half of every tile's keys
+	 * into both): the cases of decode_wg_matches_cpu, H = 128 throughout (the pair needs two
+	 * head groups) */
+	int n_real[4] = {1, 17, 300, 2048};
+	int n_one[1] = {2048};
+	int n_many[70];
+	for (int b = 0; b < 70; b++)
+		n_many[b] = 64 + 3 * b;
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 2, 3204);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 2, 3201);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 2, 3203);
+	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 2, 3205);
+	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 2, 3206);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 2, 3207);
 	gpu_close(&g);
 }
 

@@ -257,11 +257,17 @@ int bench_attention(int argc, char **argv)
 			 * k_mla_decode_wg; at 32K x 128 the latter's phases */
 			double old_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
-			double wg_diag_us[8] = {0};
+			/* the pair k_mla_decode_wg2 (diag bit 16) */
+			double wg2_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+						 128 | 0x10000);
+			double wg_diag_us[8] = {0}, wg2_diag_us[8] = {0};
 			if (ctx == 32768 && B == 128) {
-				for (int di = 1; di < 8; di++)
+				for (int di = 1; di < 8; di++) {
 					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 								  128 | di);
+					wg2_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
+								   mws, 128 | 0x10000 | di);
+				}
 			}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
 			double diag_us[8] = {0};
@@ -342,6 +348,9 @@ int bench_attention(int argc, char **argv)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
 				       "%.1f TFLOP/s\n", old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us,
 				       mla_flops / (wg_us * 1e-6) / 1e12);
+			if (wg2_us > 0)
+				printf("        k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s\n", wg2_us,
+				       mla_flops / (wg2_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
@@ -351,6 +360,11 @@ int bench_attention(int argc, char **argv)
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
 				       wg_diag_us[7]);
+			if (wg2_diag_us[1] > 0)
+				printf("        k_mla_decode_wg2 phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
+				       wg2_us, wg2_diag_us[1], wg2_diag_us[2], wg2_diag_us[4], wg2_diag_us[3], wg2_diag_us[6],
+				       wg2_diag_us[7]);
 			if (diag_us[1] > 0)
 				printf("        k_mla_decode phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
