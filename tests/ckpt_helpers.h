@@ -1,6 +1,6 @@
 /*
- * ckpt_helpers.h — what the checkpoint tests share: running mkmodel (found through DSV32_BIN,
- * default "build"), the "mini" config (the tiny preset with a 1024-token vocab, so a complete
+ * ckpt_helpers.h — what the checkpoint tests share: running mkmodel (found through
+ * test_bin_dir()), the "mini" config (the tiny preset with a 1024-token vocab, so a complete
  * checkpoint is ~2 MB), and rewriting a checkpoint with one tensor altered.
  */
 #ifndef DSV32_TESTS_CKPT_HELPERS_H
@@ -17,22 +17,16 @@
 #include "model/weights.h"
 #include "tests/test.h"
 
-static inline const char *bin_dir(void)
-{
-	const char *b = getenv("DSV32_BIN");
-	return b && *b ? b : "build";
-}
-
 /* Runs `$DSV32_BIN/mkmodel ARGS` with stdout+stderr into TMP/mkmodel.log; returns the exit
  * status and, if log is non-NULL, the log text (malloc'd). */
 static inline int run_mkmodel(const char *args, char **log)
 {
 	char logp[512];
 	snprintf(logp, sizeof logp, "%s/mkmodel.log", test_tmpdir());
-	size_t n = strlen(bin_dir()) + strlen(args) + strlen(logp) + 32;
+	size_t n = strlen(test_bin_dir()) + strlen(args) + strlen(logp) + 32;
 	char *cmd = malloc(n);
 	REQUIRE(cmd);
-	snprintf(cmd, n, "%s/mkmodel %s >%s 2>&1", bin_dir(), args, logp);
+	snprintf(cmd, n, "%s/mkmodel %s >%s 2>&1", test_bin_dir(), args, logp);
 	int st = system(cmd);
 	free(cmd);
 	if (log)

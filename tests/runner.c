@@ -21,6 +21,7 @@ static struct test_case *cases;
 static int n_failures; /* in the child: CHECK failures of the running case */
 static char tmpdir[256];
 static char rootdir[4096];
+static char bindir[4096];
 
 void test_register(struct test_case *tc)
 {
@@ -47,6 +48,24 @@ void test_abort_case(void)
 
 const char *test_tmpdir(void) { return tmpdir; }
 const char *test_root(void) { return rootdir; }
+const char *test_bin_dir(void) { return bindir; }
+
+/* $DSV32_BIN, else the directory this runner was started from (a private build directory's
+ * runner must not run the programs of another build). */
+static void find_bin_dir(void)
+{
+	const char *b = getenv("DSV32_BIN");
+	if (b && *b) {
+		snprintf(bindir, sizeof bindir, "%s", b);
+		return;
+	}
+	ssize_t n = readlink("/proc/self/exe", bindir, sizeof bindir - 1);
+	char *slash = n > 0 ? (bindir[n] = 0, strrchr(bindir, '/')) : NULL;
+	if (slash)
+		*slash = 0;
+	else
+		strcpy(bindir, "build");
+}
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -134,6 +153,7 @@ int main(int argc, char **argv)
 	}
 	if (!getcwd(rootdir, sizeof rootdir))
 		strcpy(rootdir, ".");
+	find_bin_dir();
 	/* Registration runs in constructor order (reverse of link order per file); sort for a
 	 * stable, readable order: by suite then name. */
 	int n = 0;

@@ -30,6 +30,9 @@ void test_abort_case(void) __attribute__((noreturn));
 const char *test_tmpdir(void);
 /* Repository root (where the runner was started; tests read fixtures relative to it). */
 const char *test_root(void);
+/* Where the programs under test are (mkmodel, dsv32, dsv32d): $DSV32_BIN, else the runner's own
+ * directory. */
+const char *test_bin_dir(void);
 
 #define TEST_T(suite, name, timeout)                                                    \
 	static void test_##suite##_##name(void);                                        \

@@ -19,7 +19,7 @@ static int run_bench_model(const char *args, char **err)
 {
 	char cmd[4096], path[512];
 	snprintf(path, sizeof path, "%s/bench_model.err", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/dsv32 bench model %s >/dev/null 2>%s", bin_dir(), args, path);
+	snprintf(cmd, sizeof cmd, "%s/dsv32 bench model %s >/dev/null 2>%s", test_bin_dir(), args, path);
 	int st = system(cmd);
 	*err = file_read(path, NULL, 1 << 20, NULL);
 	REQUIRE(*err);
@@ -61,7 +61,7 @@ TEST(bench_model, argument_errors_exit_2_naming_the_value)
 	/* the benchmark is listed */
 	char cmd[1024], path[512];
 	snprintf(path, sizeof path, "%s/bench_list.err", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/dsv32 bench 2>%s", bin_dir(), path);
+	snprintf(cmd, sizeof cmd, "%s/dsv32 bench 2>%s", test_bin_dir(), path);
 	int st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 	char *list = file_read(path, NULL, 1 << 20, NULL);

@@ -4,7 +4,8 @@
  * is batch-invariant), many clients at once, clients killed under load without leaks, the
  * server killed (every client gets server_lost), typed errors, drain on SIGTERM.
  *
- * Programs come from $DSV32_BIN (default build): mkmodel, dsv32d, dsv32. The tiny model uses
+ * Programs come from test_bin_dir() ($DSV32_BIN, else the runner's directory): mkmodel,
+ * dsv32d, dsv32. The tiny model uses
  * the real tokenizer (build/tokenizer/tokenizer.json, fetched by `make tokenizer`).
  *
  * DSV32_TEST_BACKEND=cuda (on a GPU machine) runs the same cases on the CUDA backend, the daemon
@@ -50,7 +51,7 @@ static void make_model(char *dir, size_t n)
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd,
 		 "%s/mkmodel tiny --seed 1 --tokenizer %s/build/tokenizer/tokenizer.json --out %s > %s.log 2>&1",
-		 bin_dir(), test_root(), dir, dir);
+		 test_bin_dir(), test_root(), dir, dir);
 	if (system(cmd)) {
 		test_fail(__FILE__, __LINE__, "mkmodel failed (is build/tokenizer/tokenizer.json there? `make tokenizer`): %s", cmd);
 		test_abort_case();
@@ -70,7 +71,7 @@ static void daemon_start(struct daemon *d, const char *model, const char *extra)
 	snprintf(d->log, sizeof d->log, "%s/dsv32d.log", test_tmpdir());
 	char cmd[4096];
 	snprintf(cmd, sizeof cmd, "exec %s/dsv32d --model %s --socket %s --backend %s %s --threads 2 %s > %s 2>&1",
-		 bin_dir(), model, d->sock, backend(), invariant_flag(), extra ? extra : "", d->log);
+		 test_bin_dir(), model, d->sock, backend(), invariant_flag(), extra ? extra : "", d->log);
 	d->pid = fork();
 	if (d->pid == 0) {
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -132,7 +133,7 @@ static void eval_reference(const char *model, uint32_t ref[N_PROMPTS][GEN])
 			prompts[p][3], prompts[p][4]);
 	fclose(f);
 	snprintf(cmd, sizeof cmd, "%s/dsv32 eval --model %s --backend %s %s --tokens %s --generate %d > %s 2>&1",
-		 bin_dir(), model, backend(), invariant_flag(), toks, GEN, out);
+		 test_bin_dir(), model, backend(), invariant_flag(), toks, GEN, out);
 	REQUIRE(system(cmd) == 0);
 	struct err e;
 	size_t n;
@@ -253,7 +254,7 @@ TEST_T(daemon, notify_sequence_and_drain, 120)
 	snprintf(d.log, sizeof d.log, "%s/dsv32d.log", test_tmpdir());
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd, "exec %s/dsv32d --model %s --socket %s --backend %s %s > %s 2>&1",
-		 bin_dir(), model, d.sock, backend(), invariant_flag(), d.log);
+		 test_bin_dir(), model, d.sock, backend(), invariant_flag(), d.log);
 	if ((d.pid = fork()) == 0) {
 		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 		_exit(127);
@@ -551,7 +552,7 @@ TEST(daemon, bad_config_and_checkpoint_exit_nonzero)
 {
 	char cmd[2048], out[512];
 	snprintf(out, sizeof out, "%s/out.log", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/dsv32d --model %s/nonexistent > %s 2>&1", bin_dir(), test_tmpdir(), out);
+	snprintf(cmd, sizeof cmd, "%s/dsv32d --model %s/nonexistent > %s 2>&1", test_bin_dir(), test_tmpdir(), out);
 	int st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
 	struct err e;
@@ -560,7 +561,7 @@ TEST(daemon, bad_config_and_checkpoint_exit_nonzero)
 	REQUIRE(log);
 	CHECK_CONTAINS(log, "nonexistent/config.json");
 	free(log);
-	snprintf(cmd, sizeof cmd, "%s/dsv32d --model x --max-seqs 0 > %s 2>&1", bin_dir(), out);
+	snprintf(cmd, sizeof cmd, "%s/dsv32d --model x --max-seqs 0 > %s 2>&1", test_bin_dir(), out);
 	st = system(cmd);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 	log = file_read(out, &n, 1 << 20, &e);

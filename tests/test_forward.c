@@ -4,8 +4,8 @@
  * other pages), thread-count invariance, the cache bytes the forward writes, step validation,
  * no NaN/Inf through 100 greedy decode steps of the tiny model, and `dsv32 eval`.
  *
- * Models come from `$DSV32_BIN/mkmodel` (default build/): "mini" is the tiny preset's shape
- * with a 1024-token vocabulary and index_topk 8, so a 20-token context is already sparse.
+ * Models come from mkmodel in test_bin_dir() ($DSV32_BIN, else the runner's directory): "mini"
+ * is the tiny preset's shape with a 1024-token vocabulary and index_topk 8, so a 20-token context is already sparse.
  */
 #include <errno.h>
 #include <math.h>
@@ -53,7 +53,7 @@ static void model_load(struct test_model *m, const char *name)
 	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), name);
 	if (!strcmp(name, "tiny")) {
 		snprintf(cmd, sizeof cmd, "%s/mkmodel tiny --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
-			 bin_dir(), m->dir, m->dir);
+			 test_bin_dir(), m->dir, m->dir);
 	} else {
 		char text[4096];
 		int shallow = !strcmp(name, "shallow"); /* one MoE layer */
@@ -61,7 +61,7 @@ static void model_load(struct test_model *m, const char *name)
 		snprintf(cfg, sizeof cfg, "%s/%s.json", test_tmpdir(), name);
 		REQUIRE(file_write(cfg, text, (size_t)n, NULL) == 0);
 		snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
-			 bin_dir(), cfg, m->dir, m->dir);
+			 test_bin_dir(), cfg, m->dir, m->dir);
 	}
 	test_model_make(m, cmd);
 }
@@ -538,7 +538,7 @@ static int run_dsv32(const char *args, char **log)
 {
 	char cmd[8192], logp[512];
 	snprintf(logp, sizeof logp, "%s/eval.log", test_tmpdir());
-	snprintf(cmd, sizeof cmd, "%s/dsv32 %s >%s 2>&1", bin_dir(), args, logp);
+	snprintf(cmd, sizeof cmd, "%s/dsv32 %s >%s 2>&1", test_bin_dir(), args, logp);
 	int st = system(cmd);
 	*log = file_read(logp, NULL, 1 << 20, NULL);
 	return st == -1 ? -1 : WEXITSTATUS(st);

@@ -26,7 +26,7 @@
  * lm_head and sampler dominate the tiny model's time at 129280 ids). */
 static void model_load(struct test_model *m, const char *preset)
 {
-	const char *bin = bin_dir();
+	const char *bin = test_bin_dir();
 	char cmd[4096];
 	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), preset);
 	if (!strcmp(preset, "tiny"))

@@ -684,7 +684,7 @@ TEST_T(tokenizer, concurrent_encoders_agree, 120)
 TEST(tokenizer, cli_tokenize_detokenize)
 {
 	char tokp[1024], cmd[4096], out[512];
-	const char *bin = getenv("DSV32_BIN") ? getenv("DSV32_BIN") : "build";
+	const char *bin = test_bin_dir();
 	snprintf(out, sizeof out, "%s/out.txt", test_tmpdir());
 	snprintf(cmd, sizeof cmd,
 		 "cd '%s' && printf 'Hello, world! <\xef\xbd\x9cUser\xef\xbd\x9c>' | %s/dsv32 tokenize "

@@ -12,8 +12,11 @@ TEST(unit_file, systemd_analyze_verify)
 	char src[4096], dst[4096], bin[4096], cmd[9000];
 	snprintf(src, sizeof src, "%s/dist/dsv32d.service", test_root());
 	snprintf(dst, sizeof dst, "%s/dsv32d.service", test_tmpdir());
-	const char *b = getenv("DSV32_BIN");
-	snprintf(bin, sizeof bin, "%s/%s/dsv32d", test_root(), b ? b : "build");
+	const char *b = test_bin_dir();
+	if (b[0] == '/')
+		snprintf(bin, sizeof bin, "%s/dsv32d", b);
+	else
+		snprintf(bin, sizeof bin, "%s/%s/dsv32d", test_root(), b);
 	REQUIRE(access(bin, X_OK) == 0);
 	struct err e;
 	size_t n;
