@@ -155,10 +155,10 @@ __device__ __forceinline__ uint32_t mw_chunk(int r, int c, int cb_bytes)
 }
 
 // A warp's cp.async gather of the records of its KW keys k0 .. k0 + KW - 1 of a tile (slots
-// ssl_tile[k0 ..], -1: none) into raw_tile
+// ssl_tile[k0 ..], -1: none) into rows k0 - kb .. of the raw stage raw_tile; one commit group
 template <int KW>
 __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__restrict__ pool, uint8_t *raw_tile,
-					  int k0, int lane)
+					  int k0, int kb, int lane)
 {
 #pragma unroll
 	for (int j = 0; j < KW; j++) {
@@ -166,7 +166,7 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 		if (slot < 0)
 			continue;
 		const uint8_t *src = pool + (size_t)slot * MW_REC;
-		const uint32_t dst = smem_u32(raw_tile + (k0 + j) * MW_REC);
+		const uint32_t dst = smem_u32(raw_tile + (k0 - kb + j) * MW_REC);
 		cp_async16(dst + lane * 16, src + lane * 16);
 		if (lane < MW_REC / 16 - 32)
 			cp_async16(dst + (lane + 32) * 16, src + (lane + 32) * 16);
@@ -174,7 +174,7 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 	cp_async_commit();
 }
 
-// A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from raw_tile into the key tile at
+// A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from rows k0 - kb .. of raw_tile into the key tile at
 // byte kt of shared memory (and, when peer != 0, the same bytes at cluster address peer + kt: the
 // other CTA's tile), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
 // 32 (q % 2): 8 codes by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 —
@@ -186,12 +186,12 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 // tile.)
 template <int KW>
 __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer, int k0,
-					   int lane)
+					   int kb, int lane)
 {
 #pragma unroll
 	for (int q = 0; q < 2 * KW; q++) {
 		const int kk = k0 + (q >> 1), c = lane + 32 * (q & 1);
-		const uint8_t *rp = raw_tile + kk * MW_REC;
+		const uint8_t *rp = raw_tile + (kk - kb) * MW_REC;
 		const uint2 codes = *reinterpret_cast<const uint2 *>(rp + 8 * c);
 		const float sc = *reinterpret_cast<const float *>(rp + MW_R + (c >> 4) * 4) * 256.f;
 		const uint32_t sc2 = f32x2_to_f16x2(sc, sc);
@@ -207,7 +207,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 #pragma unroll
 	for (int r = 0; r < KW / 4; r++) {
 		const int kk = k0 + (lane >> 3) + 4 * r, c = MW_R / 8 + (lane & 7);
-		const uint4 u = *reinterpret_cast<const uint4 *>(raw_tile + kk * MW_REC + MW_R + 16 + 16 * (lane & 7));
+		const uint4 u = *reinterpret_cast<const uint4 *>(raw_tile + (kk - kb) * MW_REC + MW_R + 16 + 16 * (lane & 7));
 		const uint4 v = make_uint4(bf16x2_to_f16x2(u.x), bf16x2_to_f16x2(u.y), bf16x2_to_f16x2(u.z),
 					   bf16x2_to_f16x2(u.w));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
@@ -219,18 +219,23 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 
 // The producer warpgroup (see the header): the split's slots into ssl (all loads in flight
 // together: run 12 lost ~1 us a tile to a slot load exposed every tile) and raw zeroed, then
-// gathers tile t + 1 while dequantising tile t. PAIR (k_mla_decode_wg2): this CTA's half of
-// each tile's keys (16 rank ..), written into both CTAs' key tiles, handed over by the
-// cluster barriers at bars (full[2], empty[2]) instead of the named barriers.
+// gathers tile t + NST - 1 while dequantising tile t, the raw records in NST stages. PAIR
+// (k_mla_decode_wg2): this CTA's half of each tile's keys (16 rank ..), in 4 stages of 16
+// records (3 tiles in flight: the gather was latency-bound, run 15), written into both CTAs' key
+// tiles, handed over by the cluster barriers at bars (full[2], empty[2]) instead of the named
+// barriers. Else 2 stages of 32 records (1 tile in flight).
 template <bool PAIR>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
 					   const uint8_t *__restrict__ pool, uint8_t *smem, uint8_t *raw, int *ssl,
 					   uint32_t bars, int diag)
 {
-	constexpr int KW = PAIR ? 4 : 8; // keys a warp dequantises in a tile
+	constexpr int KW = PAIR ? 4 : 8;                // keys a warp dequantises in a tile
+	constexpr int NST = PAIR ? 4 : 2;               // raw stages
+	constexpr int STB = 4 * KW * MW_REC;            // bytes of a stage (the CTA's keys of a tile)
+	static_assert(NST * STB == 2 * MW_KT * MW_REC, "raw holds the stages");
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
 	const uint32_t rank = PAIR ? cluster_rank() : 0;
-	const int k0 = PAIR ? 16 * (int)rank + KW * pw : KW * pw;
+	const int kb = PAIR ? 16 * (int)rank : 0, k0 = kb + KW * pw; // the CTA's first key, the warp's
 	const uint32_t peer = PAIR ? mw_mapa(smem_u32(smem), rank ^ 1) : 0;
 	for (int i0 = 0; i0 < nt * MW_KT; i0 += 8 * 128) {
 		int v[8];
@@ -247,14 +252,23 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 	for (int i = ptid; i < 2 * MW_KT * MW_REC / 16; i += 128)
 		reinterpret_cast<uint4 *>(raw)[i] = make_uint4(0, 0, 0, 0);
 	mw_bar_sync(MW_BAR_PROD, 128);
-	if (nt > 0)
-		mw_gather<KW>(ssl, pool, raw, k0, lane);
+	// tile j's gather: one commit group, none past the end or under diag bit 0 after tile 1 —
+	// PAIR: an empty group then, as its wait counts groups (without, the wait takes all)
+#pragma unroll
+	for (int j = 0; j < NST - 1; j++)
+		if (j < nt && !((diag & 1) && j >= 2))
+			mw_gather<KW>(ssl + j * MW_KT, pool, raw + j * STB, k0, kb, lane);
+		else if (PAIR)
+			cp_async_commit();
 	for (int t = 0; t < nt; t++) {
 		const int s = t & 1;
-		cp_async_wait_all();
-		__syncwarp(); // the warp's records of tile t landed; its reads of raw[s ^ 1] (tile t - 1) done
-		if (t + 1 < nt && !((diag & 1) && t >= 1))
-			mw_gather<KW>(ssl + (t + 1) * MW_KT, pool, raw + (s ^ 1) * MW_KT * MW_REC, k0, lane);
+		cp_async_wait_group<NST - 2>(); // tile t's group (the NST - 2 after it may still fly)
+		__syncwarp(); // the warp's records of tile t landed; its reads of tile t - 1's stage done
+		const int j = t + NST - 1;
+		if (j < nt && !((diag & 1) && j >= 2))
+			mw_gather<KW>(ssl + j * MW_KT, pool, raw + (j & (NST - 1)) * STB, k0, kb, lane);
+		else if (PAIR)
+			cp_async_commit();
 		if (t >= 2) {
 			if (PAIR) // both CTAs' consumers done with tile t - 2
 				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1);
@@ -262,7 +276,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
 		if (!((diag & 4) && t >= 2))
-			mw_dequant<KW>(raw + s * MW_KT * MW_REC, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, lane);
+			mw_dequant<KW>(raw + (t & (NST - 1)) * STB, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, kb, lane);
 		if (PAIR) {
 			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
 			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
