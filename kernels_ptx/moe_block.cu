@@ -30,6 +30,11 @@
 //   xs8[r], sxs[r]) and x itself into x8, sx (for the shared expert): one launch for decode
 //   sizes, where quantising a row K times costs less than a second launch. One warp per
 //   128-group of the R + T rows, 8 a block.
+// k_moe_quant_scatter: the same rows for many tokens, each x row quantised once: act_quant of
+//   x[t] (T rows, D % 128 == 0) into row R + t (the shared expert's) and copied to its K sorted
+//   rows perm[t * K + n] (k_moe_permute's), codes and scales: k_act_quant + k_moe_gather_q's
+//   bytes with one read of x and no read of the quantised rows. One warp per (token, 128-group),
+//   8 a block; K <= 32.
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
@@ -594,6 +599,30 @@ k_moe_quant_gather(const uint16_t *__restrict__ x, const int *__restrict__ src,
 	const float sc = warp_act_quant128(x + (size_t)t * D + c * 128, q + c * 128, lane);
 	if (lane == 0)
 		s[c] = sc;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_quant_scatter(const uint16_t *__restrict__ x, const int *__restrict__ perm,
+		    uint8_t *__restrict__ xs8, float *__restrict__ sxs, int D, int T, int K, int R)
+{
+	const int KB = D / 128;
+	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+	if (group >= (long long)T * KB)
+		return;
+	const int t = (int)(group / KB), c = (int)(group % KB), lane = threadIdx.x & 31;
+	const int my_row = lane < K ? perm[(size_t)t * K + lane] : 0; // pick `lane`'s sorted row
+	// x[t] itself: the shared expert's row R + t, quantised once
+	uint8_t *q = xs8 + (size_t)(R + t) * D + c * 128;
+	const float sc = warp_act_quant128(x + (size_t)t * D + c * 128, q, lane);
+	const uint32_t codes = *reinterpret_cast<const uint32_t *>(q + lane * 4); // this lane's 4
+	if (lane == 0)
+		sxs[(size_t)(R + t) * KB + c] = sc;
+	for (int n = 0; n < K; n++) {
+		const int row = __shfl_sync(0xffffffffu, my_row, n);
+		*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + c * 128 + lane * 4) = codes;
+	}
+	if (lane < K)
+		sxs[(size_t)my_row * KB + c] = sc;
 }
 
 extern "C" __global__ void __launch_bounds__(256)

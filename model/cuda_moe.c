@@ -12,8 +12,9 @@
  *   which also writes the quantised rows below: they are all x[0]'s)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
- *      quantised from x, one launch), above that k_act_quant of x into rows R.. then
- *      k_moe_gather_q of the routed rows from there
+ *      quantised from x, one launch), above that k_moe_quant_scatter (each x row quantised once
+ *      into row R + t and copied to its K sorted rows; with DSV32_CUDA_UNFUSED=1 k_act_quant of
+ *      x into rows R.. then k_moe_gather_q of the routed rows from there: the same bytes)
  *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
  *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
  *      entry E of the address tables), so both run in one launch
@@ -35,7 +36,8 @@
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
- * of the fused router (k_moe_gate_route1) and the SwiGLU epilogues (the same bits).
+ * of the fused router (k_moe_gate_route1), the quantise-and-scatter and the SwiGLU epilogues
+ * (the same bits).
  */
 #include "model/cuda_moe.h"
 
@@ -452,6 +454,15 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS], &x8, &sx,
 				&D, &R, &T};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_gather"), (unsigned)((ng + 7) / 8), 1, 1,
+				256, 1, 1, 0, args);
+		if (rc)
+			return rc;
+	} else if ((stages & CUDA_MOE_GATHER) && !gathered && !unfused()) {
+		/* each x row quantised once, written to its K sorted rows and the shared row */
+		long long ng = (long long)T * (D / 128);
+		void *args[] = {&x, (void *)&b[B_PERM], (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &T, &K,
+				&R};
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_scatter"), (unsigned)((ng + 7) / 8), 1, 1,
 				256, 1, 1, 0, args);
 		if (rc)
 			return rc;

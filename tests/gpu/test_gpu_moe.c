@@ -436,3 +436,78 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 	gpu_close(&g);
 }
 #endif
+
+#ifndef DSV32_NO_CUDA
+/* k_moe_quant_scatter (kernels_ptx/moe_block.cu: the block's quantised rows above 64 tokens):
+ * act_quant of each x row (model/numerics.h act_quant_group) in its K sorted rows perm[t, n] and
+ * in row R + t, codes and scales, byte for byte; every row written (poisoned first). perm: a
+ * random permutation of the R = T * K rows. */
+TEST(gpu_moe, quant_scatter_exact)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int cases[][3] = {{65, 8, 7168}, {300, 6, 512}, {129, 1, 256}, {1000, 8, 1024}};
+	uint64_t seed = 4501;
+	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+		const int T = cases[ci][0], K = cases[ci][1], D = cases[ci][2], R = T * K,
+			  KB = D / 128;
+		uint16_t *xh = malloc((size_t)T * D * 2);
+		int *perm = malloc((size_t)R * 4);
+		uint8_t *want = malloc((size_t)(R + T) * D), *got = malloc((size_t)(R + T) * D);
+		float *want_s = malloc((size_t)(R + T) * KB * 4), *got_s = malloc((size_t)(R + T) * KB * 4),
+		      *row = malloc((size_t)D * 4);
+		REQUIRE(xh && perm && want && got && want_s && got_s && row);
+		fill_bf16(xh, (size_t)T * D, 3.0f, &seed);
+		for (int i = 0; i < R; i++)
+			perm[i] = i;
+		for (int i = R - 1; i > 0; i--) { /* Fisher-Yates */
+			int j = (int)(test_rand(&seed) % (uint64_t)(i + 1)), tmp = perm[i];
+			perm[i] = perm[j], perm[j] = tmp;
+		}
+		for (int t = 0; t < T; t++) {
+			for (int d = 0; d < D; d++)
+				row[d] = bf16_to_f32(xh[(size_t)t * D + d]);
+			for (int c = 0; c < KB; c++) {
+				uint8_t *q = want + (size_t)(R + t) * D + c * 128;
+				want_s[(size_t)(R + t) * KB + c] = act_quant_group(row + c * 128, 128, q);
+				for (int n = 0; n < K; n++) {
+					const int r = perm[t * K + n];
+					memcpy(want + (size_t)r * D + c * 128, q, 128);
+					want_s[(size_t)r * KB + c] = want_s[(size_t)(R + t) * KB + c];
+				}
+			}
+		}
+		gpu_ptr d_x = gpu_test_alloc((size_t)T * D * 2), d_perm = gpu_test_alloc((size_t)R * 4),
+			d_q = gpu_test_alloc((size_t)(R + T) * D),
+			d_s = gpu_test_alloc((size_t)(R + T) * KB * 4);
+		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+		REQUIRE(gpu_upload(&g, d_perm, perm, (size_t)R * 4) == 0);
+		gpu_test_poison(&g, d_q, (size_t)(R + T) * D);
+		gpu_test_poison(&g, d_s, (size_t)(R + T) * KB * 4);
+		int dd = D, tt = T, kk = K, rr = R;
+		void *args[] = {&d_x, &d_perm, &d_q, &d_s, &dd, &tt, &kk, &rr};
+		const long long ng = (long long)T * KB;
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_quant_scatter"), (unsigned)((ng + 7) / 8), 1,
+				   1, 256, 1, 1, 0, args) == 0);
+		REQUIRE(gpu_download(&g, got, d_q, (size_t)(R + T) * D) == 0);
+		REQUIRE(gpu_download(&g, got_s, d_s, (size_t)(R + T) * KB * 4) == 0);
+		int64_t bad_q = 0, bad_s = 0, first = -1;
+		for (size_t i = 0; i < (size_t)(R + T) * D; i++)
+			if (got[i] != want[i]) {
+				first = first < 0 ? (int64_t)i : first;
+				bad_q++;
+			}
+		for (size_t i = 0; i < (size_t)(R + T) * KB; i++)
+			bad_s += memcmp(&got_s[i], &want_s[i], 4) != 0;
+		printf("    k_moe_quant_scatter T=%d K=%d D=%d: %lld of %lld codes, %lld of %lld scales "
+		       "differ (first code at row %lld)\n",
+		       T, K, D, (long long)bad_q, (long long)(R + T) * D, (long long)bad_s,
+		       (long long)(R + T) * KB, first < 0 ? -1LL : (long long)(first / D));
+		CHECK_EQ_INT(bad_q, 0);
+		CHECK_EQ_INT(bad_s, 0);
+		cu.cuMemFree(d_x), cu.cuMemFree(d_perm), cu.cuMemFree(d_q), cu.cuMemFree(d_s);
+		free(xh), free(perm), free(want), free(got), free(want_s), free(got_s), free(row);
+	}
+	gpu_close(&g);
+}
+#endif
