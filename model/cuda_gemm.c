@@ -156,8 +156,9 @@ static int stream_wi = -1;
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
- * warps), 0 by the second launch, -1 the default (in the kernel for the mma.sync consumers,
- * by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
+ * warps), 0 by the second launch, 2 not at all (the GEMM launch alone: the benchmark's measure
+ * of the chunk sum's cost; the output is not written), -1 the default (in the kernel for the
+ * mma.sync consumers, by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
  * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk. */
 static int stream_fused = -1, stream_k1 = 0;
 
@@ -261,9 +262,14 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (wi == 3 && v == 3)
 		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
+	if (wi == 4 && (w_tab || copy_only))
+		wi = 2; /* the tokens-in-registers consumers: dense only */
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = wi == 4 ? "k_gemm_fp8_stream_m8_r1_t"
+				   : names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	if (wi == 4)
+		mpad = 0; /* no token rows in the ring */
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -275,8 +281,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same size) */
-	head += 8 * (16 + 2 * 64 * 4);
+	head += copy_only || wi == 2 || wi == 4 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same) */
+	head += 8 * (wi == 4 ? 16 : 16 + 2 * 64 * 4); /* wi 4: the weights' scales only */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	if (ns < 2) {
@@ -311,14 +317,14 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
-	if (copy_only || ek != EPI_NONE || stream_fused == 0 || (stream_fused < 0 && wi == 2))
+	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
+	    (stream_fused < 0 && (wi == 2 || wi == 4)))
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
-	void *args[] = {&wmap,	    &xmap, &w_tab,	     &s_tab, &off,  &G,		&S,
-			&sx,	    &y,	   &ws,		     &rows,  &N,    &K,		&ldy,
-			&sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
+	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &x8, &y, &ws, &rows, &N,
+			&K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
-	if (r || sp.chunks == 1 || fused || copy_only)
+	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	if (ek == EPI_SWIGLU) {
@@ -771,11 +777,14 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 	}
 }
 
-/* Median microseconds a launch of 5 event-timed bursts of TUNE_BURST launches back to back,
- * after a warm-up; < 0 when the path fails. Back to back as a step runs its GEMMs (and a CUDA
- * graph replays them): run 13's single launches from an idle stream counted cuBLASLt's host
- * cost and picked the wgmma consumers at M = 64 where cuBLASLt is 8-18% faster back to back. */
+/* Microseconds a launch: the fastest of TUNE_TRIES event-timed bursts of TUNE_BURST launches
+ * back to back, after a warm-up; < 0 when the path fails. Back to back as a step runs its GEMMs
+ * (and a CUDA graph replays them): run 13's single launches from an idle stream counted
+ * cuBLASLt's host cost and picked the wgmma consumers at M = 64 where cuBLASLt is 8-18% faster
+ * back to back. The minimum, not the median of 5 (run 15 picked the wgmma consumers at 0.93x
+ * of cuBLASLt on 32768x512, M = 64): a burst is only ever slowed by noise. */
 #define TUNE_BURST 4
+#define TUNE_TRIES 9
 static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 {
 	if (run_path(g, a, p) || gpu_sync(g))
@@ -787,9 +796,9 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
 		cu.cuEventDestroy(e0);
 		return -1;
 	}
-	float t[5], ms = -1;
+	float t[TUNE_TRIES], ms = -1;
 	int k;
-	for (k = 0; k < 5; k++) {
+	for (k = 0; k < TUNE_TRIES; k++) {
 		if (a->flush)
 			cu.cuMemsetD8Async(a->flush, (unsigned char)k, a->flush_bytes, g->stream);
 		cu.cuEventRecord(e0, g->stream);
@@ -804,21 +813,32 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
 		cu.cuEventElapsedTime(&t[k], e0, e1);
 		t[k] /= TUNE_BURST;
 	}
-	if (k == 5) {
-		qsort(t, 5, sizeof *t, cmp_float);
-		ms = t[2];
+	if (k == TUNE_TRIES) {
+		qsort(t, TUNE_TRIES, sizeof *t, cmp_float);
+		ms = t[0];
 	}
 	cu.cuEventDestroy(e0);
 	cu.cuEventDestroy(e1);
 	return ms < 0 ? -1 : ms * 1e3f;
 }
 
-/* Times each candidate of the current mode at a->M rows, records the fastest for the bucket,
- * returns it (NONE when no path ran). us[CUDA_GEMM_PATHS] (may be NULL): the medians, < 0 where a
- * path was not timed or failed. */
+/* A challenger replaces the path the dispatch runs without a measurement (the incumbent) only
+ * when faster by more than this fraction (the noise between runs of the same kernel, run 15:
+ * ~2-3%). */
+#define TUNE_MARGIN 0.03f
+
+/* Times each candidate of the current mode at a->M rows, records the fastest for the bucket
+ * (the incumbent unless beaten by TUNE_MARGIN), returns it (NONE when no path ran).
+ * us[CUDA_GEMM_PATHS] (may be NULL): the times, < 0 where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
+	/* the incumbent: the built-in choice for this shape (no table entry) */
+	enum cuda_gemm_path inc = fast_path(g, a->M, a->N, a->K);
+	if (inc == CUDA_GEMM_PATH_NONE || (inc == CUDA_GEMM_PATH_STREAM_WG && a->M > 64))
+		inc = a->M <= 64 ? CUDA_GEMM_PATH_DECODE
+				 : wgmma_fits(a->N, a->N) ? CUDA_GEMM_PATH_WGMMA
+							   : CUDA_GEMM_PATH_CUBLASLT;
 	float t[CUDA_GEMM_PATHS];
 	for (int p = 0; p < CUDA_GEMM_PATHS; p++)
 		t[p] = -1;
@@ -842,6 +862,9 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			best = (enum cuda_gemm_path)p;
 	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
 		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
+	if (best != CUDA_GEMM_PATH_NONE && best != inc && t[inc] >= 0 &&
+	    (inc != CUDA_GEMM_PATH_CUBLASLT || lt_ok) && t[best] > t[inc] * (1 - TUNE_MARGIN))
+		best = inc; /* within the noise of the incumbent */
 	if (best != CUDA_GEMM_PATH_NONE)
 		cuda_gemm_path_set(g, a->M, a->N, a->K, best);
 	if (us)

@@ -58,11 +58,13 @@ int cuda_gemm_decode_streams(int N, int K);
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's consumers, forced: 0 mma.sync, 2 wgmma (native FP8, within the wgmma
- * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), -1 the
+ * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), 4 wgmma with
+ * the tokens as A from registers and only weights in the ring (dense; grouped: 2), -1 the
  * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
- * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, -1 = the
+ * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, 2 = not
+ * summed (the GEMM launch alone; the output is not written: benchmark only), -1 = the
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
  * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
