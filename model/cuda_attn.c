@@ -62,11 +62,16 @@ static size_t mla_wg_smem_bytes(void)
 	return 1024 + 9 * 64 * 128 + 2 * 9 * 32 * 128 + 4 * 2048 * 4 + 2 * 32 * MLA_WG_REC + MLA_WG_MAXK * 4 + 4 * 8;
 }
 
-/* keys a split covers: ld_sel over `splits`, rounded up to whole tiles */
-static int mla_keys_per_split(int ld_sel, int splits)
+/* keys a split covers: ld_sel over `splits`, rounded up to whole tiles of `tile` keys */
+static int mla_keys_per_split_t(int ld_sel, int splits, int tile)
 {
 	int kps = (ld_sel + splits - 1) / splits;
-	return (kps + MLA_KT - 1) / MLA_KT * MLA_KT;
+	return (kps + tile - 1) / tile * tile;
+}
+
+static int mla_keys_per_split(int ld_sel, int splits)
+{
+	return mla_keys_per_split_t(ld_sel, splits, MLA_KT);
 }
 
 int cuda_mla_decode_splits(const struct gpu *g, int B, int H, int ld_sel)
@@ -121,7 +126,9 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 		splits = cuda_mla_decode_splits(g, B, H, ld_sel);
 	else if (splits > 64)
 		return -EINVAL;
-	int kps = mla_keys_per_split(ld_sel, splits);
+	/* forced splits of the wgmma kernels: whole tiles of 32 keys (theirs; 64 splits of 2048 keys
+	 * are one tile each), the caller's workspace holding the forced count */
+	int kps = mla_keys_per_split_t(ld_sel, splits, (diag & 0xff00) && (diag & 128) ? 32 : MLA_KT);
 	splits = (ld_sel + kps - 1) / kps;
 	if ((splits > 1 && !ws) || ((diag & 128) && kps > MLA_WG_MAXK))
 		return -EINVAL;

@@ -205,6 +205,7 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 2, 3205);
 	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 2, 3206);
 	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 2, 3207);
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 2, 3208); /* 64 splits: one 32-key tile each */
 	gpu_close(&g);
 }
 

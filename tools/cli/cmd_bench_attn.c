@@ -294,31 +294,30 @@ int bench_attention(int argc, char **argv)
 								   128 | (1 << si) << 8);
 				cu.cuMemFree(ws32);
 			}
-			/* batch 1: the time by key splits (forced), the decode kernel alone and the combine
-			 * alone */
+			/* batch 1, k_mla_decode_wg2: the time by key splits (forced; 64 = one 32-key tile a
+			 * split), the decode kernel alone and the combine alone */
 			double split_us[7][4] = {{0}};
 			if (ctx == 32768 && B == 1) {
 				gpu_ptr ws64;
 				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
 					     __LINE__))
 					return 1;
-				for (int si = 0; si < 6; si++) {
-					int d = (1 << si) << 8;
+				for (int si = 0; si < 6; si++) { /* k_mla_decode_wg2, 2 .. 64 splits */
+					int d = 128 | 0x10000 | (2 << si) << 8;
 					split_us[si][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64, d);
 					split_us[si][1] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64, d | 8);
-					split_us[si][2] = si ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
-									 ws64, d | 16)
-							     : 0;
+					split_us[si][2] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64,
+								   d | 16);
 				}
 				cu.cuMemFree(ws64);
 				/* the decode kernel alone (auto splits) without Q's load, without the stores,
 				 * without both */
-				const int qd[3] = {8 | 32, 8 | 64, 8 | 32 | 64};
+				const int qd[3] = {0x10080 | 8 | 32, 0x10080 | 8 | 64, 0x10080 | 8 | 32 | 64};
 				for (int j = 0; j < 3; j++)
 					split_us[6][1 + j] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
 								      mws, qd[j]);
 				cuda_attn_set_pdl(0); /* the combine launched after the decode grid instead */
-				split_us[6][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
+				split_us[6][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
 				cuda_attn_set_pdl(1);
 			}
 			double mla_flops = 2.0 * B * MH * (double)nsel * (R + 64 + R);
@@ -376,12 +375,12 @@ int bench_attention(int argc, char **argv)
 				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
 				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
 			if (split_us[0][0] != 0) {
-				printf("        k_mla_decode batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
+				printf("        k_mla_decode_wg2 batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
 				       cuda_mla_decode_splits(&g, B, MH, TOPK));
 				for (int si = 0; si < 6; si++)
-					printf(" | %d: %.1f / %.1f / %.1f", 1 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
+					printf(" | %d: %.1f / %.1f / %.1f", 2 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
 				printf(" | auto without the combine's programmatic launch: %.1f\n", split_us[6][0]);
-				printf("        k_mla_decode batch 1, the decode kernel alone (auto splits), us: without Q's load %.1f | without "
+				printf("        k_mla_decode_wg2 batch 1, the decode kernel alone (auto splits), us: without Q's load %.1f | without "
 				       "the stores %.1f | without both %.1f\n", split_us[6][1], split_us[6][2], split_us[6][3]);
 			}
 			fflush(stdout);
