@@ -175,8 +175,8 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 }
 
 // A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from rows k0 - kb .. of raw_tile into the key tile at
-// byte kt of shared memory (and, when peer != 0, the same bytes at cluster address peer + kt: the
-// other CTA's tile), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
+// byte kt of shared memory (and, PEER, the same bytes at cluster address peer + kt: the other
+// CTA's tile), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
 // 32 (q % 2): 8 codes by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 —
 // the same fp16 product, rounded once, as converting the code and multiplying by the scale), the
 // rope as KW / 4 (key k0 + lane / 8 + 4 r, chunk 64 + lane % 8: bf16 -> fp16). Every key is
@@ -184,7 +184,7 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 // consumers mask it. (Run 12: the first version, a branch on the slot and on latent / rope in
 // each of 18 items a lane, one key's slot by shuffle each, was the kernel's bound: ~4000 cycles a
 // tile.)
-template <int KW>
+template <int KW, bool PEER>
 __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer, int k0,
 					   int kb, int lane)
 {
@@ -201,7 +201,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 		const uint4 v = make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (peer)
+		if (PEER)
 			mw_st_cluster(peer + off, v);
 	}
 #pragma unroll
@@ -212,7 +212,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 					   bf16x2_to_f16x2(u.w));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (peer)
+		if (PEER)
 			mw_st_cluster(peer + off, v);
 	}
 }
@@ -276,7 +276,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
 		if (!((diag & 4) && t >= 2))
-			mw_dequant<KW>(raw + (t & (NST - 1)) * STB, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, kb, lane);
+			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, kb, lane);
 		if (PAIR) {
 			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
 			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
