@@ -26,7 +26,8 @@
 
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
- * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16) instead */
+ * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16) instead, also compared to the bit with
+ * k_mla_decode_wg at the same splits */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -95,10 +96,31 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
-	if (d_ws)
-		cu.cuMemFree(d_ws);
 	uint16_t *got = malloc((size_t)B * H * R * 2);
 	REQUIRE(gpu_download(g, got, d_o, (size_t)B * H * R * 2) == 0);
+	if (wg == 2) { /* the pair computes k_mla_decode_wg's tiles with its consumers: the same bits */
+		gpu_test_poison(g, d_o, (size_t)B * H * R * 2);
+		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
+					     force << 8 | 128) == 0);
+		REQUIRE(gpu_sync(g) == 0);
+		uint16_t *one = malloc((size_t)B * H * R * 2);
+		REQUIRE(gpu_download(g, one, d_o, (size_t)B * H * R * 2) == 0);
+		int64_t differ = 0, first_d = -1;
+		for (size_t i = 0; i < (size_t)B * H * R; i++)
+			if (one[i] != got[i] && differ++ == 0)
+				first_d = (int64_t)i;
+		printf("    k_mla_decode_wg2 against k_mla_decode_wg: %lld of %lld outputs differ", (long long)differ,
+		       (long long)B * H * R);
+		if (differ)
+			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
+			       (long long)(first_d / R % H), (long long)(first_d % R), bf16_to_f32(got[first_d]),
+			       bf16_to_f32(one[first_d]));
+		printf("\n");
+		CHECK_EQ_INT(differ, 0);
+		free(one);
+	}
+	if (d_ws)
+		cu.cuMemFree(d_ws);
 	int64_t bad = 0, first = -1, worst_i = 0;
 	int64_t bad_dim[8] = {0}, bad_head[4] = {0}; /* where they are: by 64 dims, by 16 heads of 64 */
 	double worst = 0, worst_rms = 0;
