@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "model/config.h"
 #include "model/err.h"
@@ -97,6 +98,11 @@ struct backend {
 	int64_t n_pages;
 	size_t mla_page_bytes;   /* 64 * mla_record_bytes */
 	size_t idx_page_bytes;   /* 64 * (index_head_dim + 4) */
+	/* Optional (NULL: malloc / free): host memory the backend fills fastest from a step — the
+	 * CUDA backend's is pinned, so the logits download lands in it directly instead of going
+	 * through a staging buffer. Callers go through backend_host_alloc / backend_host_free. */
+	void *(*host_alloc)(struct backend *b, size_t bytes);
+	void (*host_free)(struct backend *b, void *p);
 };
 
 static inline int backend_step(struct backend *b, const struct backend_step *s)
@@ -108,6 +114,22 @@ static inline int backend_page_io(struct backend *b, int64_t layer, enum backend
 				  int64_t page, void *buf, int write)
 {
 	return b->ops->page_io(b, layer, pool, page, buf, write);
+}
+
+/* Host memory for a step's output buffers (backend_seq.logits / hidden): the backend's own kind
+ * where it has one (see struct backend), else malloc. NULL when out of memory. Free it with
+ * backend_host_free, before the backend is destroyed. */
+static inline void *backend_host_alloc(struct backend *b, size_t bytes)
+{
+	return b->host_alloc ? b->host_alloc(b, bytes) : malloc(bytes);
+}
+
+static inline void backend_host_free(struct backend *b, void *p)
+{
+	if (b->host_free)
+		b->host_free(b, p);
+	else
+		free(p);
 }
 
 static inline void backend_destroy(struct backend *b)
@@ -155,6 +177,13 @@ const char *backend_cuda_mode(const struct backend *b);
 /* Sets the mode of a CUDA backend's later steps (1: batch-invariant; tests run both modes on
  * one cache). Returns the mode it replaces, or -ENOTSUP for another backend. */
 int backend_cuda_set_batch_invariant(struct backend *b, int on);
+
+/* Sets one of the CUDA forward's diagnosis switches (the environment variables of
+ * docs/CONFIG.md, read when the backend is created: DSV32_CUDA_GRAPHS, _UNFUSED, _FWD_PDL,
+ * _FWD_FORK, _LOGITS_STAGED, _MMA_ROWS, _MLA_FP32, _PROFILE, _MAX_ROWS, _FWD_SKIP) for the later
+ * steps, value as the variable's (NULL: the default); for tests and tools that flip them at run
+ * time. 0, -EINVAL (not a switch), -ENOTSUP (not a CUDA backend). */
+int backend_cuda_set_switch(struct backend *b, const char *name, const char *value);
 
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
  * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid

@@ -85,6 +85,12 @@ int backend_cuda_set_batch_invariant(struct backend *b, int on)
 	return -ENOTSUP;
 }
 
+int backend_cuda_set_switch(struct backend *b, const char *name, const char *value)
+{
+	(void)b, (void)name, (void)value;
+	return -ENOTSUP;
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
@@ -118,6 +124,9 @@ struct cuda_backend {
 	CUevent ev_fork, ev_join;         /* its fork and join events */
 	void *plog;                       /* pinned logits staging (fwd_env.plog) */
 	size_t plog_bytes;
+	struct fwd_host_block *hb;        /* [n_hb] backend_host_alloc's pinned blocks */
+	int n_hb, cap_hb;
+	struct fwd_switches sw;           /* the forward's switches (read at creation) */
 	int synthetic;                    /* generate cuda_synth_generated() tensors from seed */
 	int batch_invariant;              /* the mode: backend_cuda_opts.batch_invariant, or
 					   * DSV32_CUDA_BATCH_INVARIANT when set (read at creation) */
@@ -488,18 +497,18 @@ static int invariant_mode(const struct backend_cuda_opts *o)
 	return v && (*v == '0' || *v == '1') ? *v == '1' : !!o->batch_invariant;
 }
 
-/* Decode steps replay CUDA graphs unless DSV32_CUDA_GRAPHS=0, read at every step, so a test can
- * compare both ways on one backend (run 2: graphs bit-identical to eager). */
+/* Decode steps replay CUDA graphs unless the switch DSV32_CUDA_GRAPHS is 0 (a test compares both
+ * ways on one backend through backend_cuda_set_switch; run 2: graphs bit-identical to eager). */
 static struct fwd_env env_of(struct cuda_backend *b)
 {
-	const char *gr = getenv("DSV32_CUDA_GRAPHS");
-	int on = !(gr && *gr == '0');
+	int on = b->sw.graphs;
 	if (on && !b->graphs)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){.g = &b->g, .arena = &b->scratch, .c = b->base.c, .m = &b->m,
 				.base = &b->base, .kv_base = b->kv_region.base, .pinned = &b->pinned,
 				.pinned_bytes = &b->pinned_bytes, .plog = &b->plog,
-				.plog_bytes = &b->plog_bytes, .graphs = on ? b->graphs : NULL,
+				.plog_bytes = &b->plog_bytes, .host_blocks = b->hb,
+				.n_host_blocks = b->n_hb, .sw = &b->sw, .graphs = on ? b->graphs : NULL,
 				.side = b->side, .ev_fork = b->ev_fork, .ev_join = b->ev_join,
 				.batch_invariant = b->batch_invariant};
 }
@@ -530,10 +539,43 @@ static int cuda_page_io(struct backend *base, int64_t layer, enum backend_pool p
 		     : gpu_download(&b->g, buf, b->kv_region.base + off, n);
 }
 
+/* backend_host_alloc: pinned memory, recorded so the forward downloads logits straight into it. */
+static void *cuda_host_alloc(struct backend *base, size_t bytes)
+{
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	if (b->n_hb == b->cap_hb) {
+		int cap = b->cap_hb ? 2 * b->cap_hb : 8;
+		struct fwd_host_block *hb = realloc(b->hb, (size_t)cap * sizeof *hb);
+		if (!hb)
+			return NULL;
+		b->hb = hb, b->cap_hb = cap;
+	}
+	cu.cuCtxSetCurrent(b->g.ctx); /* (the caller's thread may not have made it current) */
+	void *p = gpu_host_alloc(bytes ? bytes : 1);
+	if (p)
+		b->hb[b->n_hb++] = (struct fwd_host_block){p, bytes};
+	return p;
+}
+
+static void cuda_host_free(struct backend *base, void *p)
+{
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	for (int k = 0; k < b->n_hb; k++)
+		if (b->hb[k].p == p) {
+			b->hb[k] = b->hb[--b->n_hb];
+			cu.cuCtxSetCurrent(b->g.ctx);
+			gpu_host_free(p);
+			return;
+		}
+}
+
 static void cuda_destroy(struct backend *base)
 {
 	struct cuda_backend *b = (struct cuda_backend *)base;
 	cuda_forward_profile_print();
+	while (b->n_hb) /* (blocks the callers did not free: theirs is a bug, leaked no further) */
+		cuda_host_free(base, (void *)b->hb[b->n_hb - 1].p);
+	free(b->hb);
 	cuda_forward_graphs_free(b->graphs);
 	if (b->ev_fork)
 		cu.cuEventDestroy(b->ev_fork);
@@ -583,7 +625,10 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	b->synthetic = o->synthetic;
 	b->seed = o->seed;
 	b->batch_invariant = invariant_mode(o);
+	cuda_forward_switches_init(&b->sw);
 	b->base.ops = &cuda_ops;
+	b->base.host_alloc = cuda_host_alloc;
+	b->base.host_free = cuda_host_free;
 	b->base.c = c;
 	b->base.n_layers = c->num_hidden_layers + c->num_nextn_predict_layers;
 	b->base.mla_page_bytes = kv_mla_page_bytes(c);
@@ -674,6 +719,13 @@ int backend_cuda_set_batch_invariant(struct backend *base, int on)
 	int was = b->batch_invariant;
 	b->batch_invariant = !!on;
 	return was;
+}
+
+int backend_cuda_set_switch(struct backend *base, const char *name, const char *value)
+{
+	if (!base || base->ops != &cuda_ops)
+		return -ENOTSUP;
+	return cuda_forward_switch_set(&((struct cuda_backend *)base)->sw, name, value);
 }
 
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,

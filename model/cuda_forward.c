@@ -34,9 +34,11 @@
  *     splits for every row count; the like-with-like tests run in this mode.
  * A step larger than the scratch arena holds runs in passes (cuda_forward_step); decode-sized
  * steps (<= 64 rows, no dumps, no hidden rows, not MTP) replay captured CUDA graphs. Switches
- * for diagnosis: DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0,
- * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_MLA_FP32=1,
- * DSV32_CUDA_PROFILE=1, DSV32_CUDA_MOE_DENSE=1, DSV32_CUDA_MMA_ROWS=N.
+ * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
+ * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0, DSV32_CUDA_FWD_FORK=0,
+ * DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
+ * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names; and
+ * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
 
@@ -134,6 +136,47 @@ void cuda_forward_profile_print(void)
 	prof.n_t = 0, prof.steps = 0;
 }
 
+/* ---- switches ------------------------------------------------------------------------------------ */
+
+static const char *const switch_names[] = {
+	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
+	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
+	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP",
+};
+#define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
+
+int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char *v)
+{
+	int k = 0;
+	while (k < N_SWITCHES && strcmp(switch_names[k], name))
+		k++;
+	if (k == N_SWITCHES)
+		return -EINVAL;
+	const int zero = v && *v == '0', one = v && *v == '1';
+	const long long n = v ? atoll(v) : 0;
+	switch (k) {
+	case 0: s->graphs = !zero; break;
+	case 1: s->unfused = one; break;
+	case 2: s->pdl = !zero; break;
+	case 3: s->fork = !zero; break;
+	case 4: s->staged = zero ? 0 : one ? 1 : -1; break;
+	case 5: s->mma_rows = n > 0 && n < (1 << 30) ? (int)n : 0; break;
+	case 6: s->mla_fp32 = one; break;
+	case 7: s->profile = one; break;
+	case 8: s->max_rows = n > 0 ? n : 0; break;
+	default: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
+	}
+	s->gen++;
+	return 0;
+}
+
+void cuda_forward_switches_init(struct fwd_switches *s)
+{
+	memset(s, 0, sizeof *s);
+	for (int k = 0; k < N_SWITCHES; k++)
+		cuda_forward_switch_set(s, switch_names[k], getenv(switch_names[k]));
+}
+
 /* ---- the step's metadata ------------------------------------------------------------------------ */
 
 static int row_flags(const struct backend_seq *s, int64_t j)
@@ -151,11 +194,6 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	const struct dsv32_config *c = E->c;
 	memset(F, 0, sizeof *F);
 	F->E = E, F->g = E->g, F->A = E->arena, F->c = c, F->m = E->m, F->st = st;
-	const char *pv = getenv("DSV32_CUDA_FWD_PDL"), *fv = getenv("DSV32_CUDA_FWD_FORK");
-	const char *lv = getenv("DSV32_CUDA_LOGITS_STAGED");
-	F->pdl = !(pv && *pv == '0');
-	F->fork = !(fv && *fv == '0');
-	F->staged = !(lv && *lv == '0');
 	/* the GEMM dispatch follows the step's mode (sticky per GPU: set at every step) */
 	cuda_gemm_set_batch_invariant(E->g, E->batch_invariant);
 	int64_t T = 0;
@@ -316,7 +354,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	gpu_ptr norm, head;
 	if (!st->mtp) {
 		/* the embedding inside the first norm's launch (fwd_layer), unless dumped or unfused */
-		const int embed = st->dump || !fwd_fused();
+		const int embed = st->dump || !fwd_fused(F);
 		if (embed) {
 			gpu_ptr emb = m->embed;
 			LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
@@ -361,6 +399,31 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	return fwd_side_close(F);
 }
 
+/* 1: the logits buffer of every sequence with logits rows lies in the backend's pinned host
+ * memory (fwd_env.host_blocks: the scheduler's, bench model's by default). */
+static int logits_pinned(const struct fwd *F)
+{
+	const struct backend_step *st = F->st;
+	size_t V = (size_t)F->c->vocab_size;
+	for (int64_t i = 0; i < st->n_seqs; i++) {
+		const struct backend_seq *s = &st->seqs[i];
+		int64_t nl = 0;
+		for (int64_t j = 0; j < s->n; j++)
+			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
+		if (!nl)
+			continue;
+		const char *a = (const char *)s->logits, *b = a + (size_t)nl * V * 4;
+		int in = 0;
+		for (int k = 0; k < F->E->n_host_blocks && !in; k++) {
+			const char *p = F->E->host_blocks[k].p;
+			in = a >= p && b <= p + F->E->host_blocks[k].bytes;
+		}
+		if (!in)
+			return 0;
+	}
+	return 1;
+}
+
 /* The step's outputs to the callers' buffers, in row order: the logits (downloaded from l32)
  * and the hidden rows (gathered from out, or r for MTP). Waits for the step. */
 static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
@@ -373,13 +436,14 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
-	/* every row into the pinned staging buffer in one copy, then host copies into the
-	 * sequences' buffers, instead of the driver staging each pageable copy itself (run 14,
-	 * batch 1 / 16 at 1K: 1.539 / 5.830 ms against 1.584 / 6.082; DSV32_CUDA_LOGITS_STAGED=0
-	 * copies straight into the callers' buffers, the faster way only when those are pinned:
-	 * bench model --pinned-logits 1.498 / 5.064) */
+	/* Pinned callers' buffers (the backend's host memory): straight in (run 14 / 15, bench
+	 * model --pinned-logits with DSV32_CUDA_LOGITS_STAGED=0, batch 1 / 16 at 1K: 1.498 / 5.064
+	 * ms). Pageable ones: every row into the pinned staging buffer in one copy, then host copies
+	 * into the sequences' buffers, instead of the driver staging each pageable copy itself (run
+	 * 14: 1.539 / 5.830 against 1.584 / 6.082). DSV32_CUDA_LOGITS_STAGED=1 / 0 forces either. */
+	const int staged = F->E->sw->staged < 0 ? !logits_pinned(F) : F->E->sw->staged;
 	float *stage = NULL;
-	if (F->staged && F->n_logits && !rc) {
+	if (staged && F->n_logits && !rc) {
 		size_t need = (size_t)F->n_logits * V * 4;
 		if (*F->E->plog_bytes < need) {
 			gpu_host_free(*F->E->plog);
@@ -436,7 +500,8 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
  * selection width, whether scores run, logits rows) and mode, the same pinned staging buffer
  * and the same arena top (its scratch addresses are baked in). */
 struct fwd_graph {
-	int T, mb, ksel, need, nl, inv, sw; /* sw: the step's pdl | fork << 1 */
+	int T, mb, ksel, need, nl, inv;
+	unsigned sw; /* the switches' generation (fwd_switches.gen) */
 	void *pinned;
 	size_t top;
 	CUgraphExec exec;
@@ -472,14 +537,16 @@ void cuda_forward_graphs_stats(const struct fwd_graphs *G, int64_t *captures, in
 	*replays = G ? G->replays : 0;
 }
 
-/* Replays the step's graph, capturing it first if none fits. 1: not eligible (the caller runs
- * the step eagerly), 0: done (outputs at *out, *r, *l32), < 0: error. */
-static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
+/* Replays the step's graph, capturing it first if none fits: *ran = 1 and the outputs at *out,
+ * *r, *l32; *ran = 0 when the step is not eligible or its capture failed (the caller runs it
+ * eagerly). 0 or a negative errno. */
+static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 {
 	struct fwd_graphs *G = F->E->graphs;
 	const struct backend_step *st = F->st;
+	*ran = 0;
 	if (!G || G->off || st->dump || st->mtp || F->n_hidden || F->T > FWD_GRAPH_MAX_ROWS)
-		return 1;
+		return 0;
 	int need = F->max_n > F->c->index_topk;
 	size_t top = F->A->top;
 	struct fwd_graph *hit = NULL;
@@ -487,7 +554,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
 		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
-		    x->sw == (F->pdl | F->fork << 1) &&
+		    x->sw == F->E->sw->gen &&
 		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
 	}
@@ -503,10 +570,12 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
 		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
-				      F->pdl | F->fork << 1, *F->E->pinned, top, NULL, 0, 0, 0, 0};
+				      F->E->sw->gen, *F->E->pinned, top, NULL, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
-			     "cuStreamBeginCapture", __FILE__, __LINE__))
-			return G->off = 1;
+			     "cuStreamBeginCapture", __FILE__, __LINE__)) {
+			G->off = 1;
+			return 0;
+		}
 		int rc = step_device(F, &x.out, &x.r, &x.l32);
 		CUresult er = cu.cuStreamEndCapture(F->g->stream, &graph);
 		if (!rc && er == CUDA_SUCCESS)
@@ -520,7 +589,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 			if (exec)
 				cu.cuGraphExecDestroy(exec);
 			G->off = 1;
-			return 1;
+			return 0;
 		}
 		x.exec = exec;
 		G->g[G->n] = x;
@@ -533,6 +602,7 @@ static int step_graph(struct fwd *F, gpu_ptr *out, gpu_ptr *r, gpu_ptr *l32)
 	if (cu_check(cu.cuGraphLaunch(hit->exec, F->g->stream), "cuGraphLaunch", __FILE__, __LINE__))
 		return -EIO;
 	*out = hit->out, *r = hit->r, *l32 = hit->l32;
+	*ran = 1;
 	return 0;
 }
 
@@ -554,9 +624,8 @@ static int64_t fwd_max_rows(const struct fwd_env *E)
 		ffn = moe > ffn ? moe : ffn;
 	}
 	row += ffn + (size_t)6 * D + 64 + 4 * 2048; /* x, r, out; metadata incl. a 128K block table */
-	const char *cap = getenv("DSV32_CUDA_MAX_ROWS"); /* tests: force passes on small models */
-	if (cap && atoll(cap) > 0)
-		return atoll(cap);
+	if (E->sw->max_rows > 0) /* tests: force passes on small models */
+		return E->sw->max_rows;
 	size_t fixed = SCORES_BUDGET + ((size_t)128 << 20);
 	size_t have = E->arena->region.reserved - E->arena->top;
 	if (have <= fixed)
@@ -580,11 +649,10 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 	int r = fwd_begin(&F, E, st, NULL, NULL);
 	if (!r && F.T) {
 		gpu_ptr out = 0, res = 0, l32 = 0;
-		r = step_graph(&F, &out, &res, &l32);
-		if (r == 1) { /* not from a graph: eagerly */
-			r = 0;
-			const char *pv = getenv("DSV32_CUDA_PROFILE");
-			prof.on = pv && *pv == '1' && !st->dump;
+		int graphed = 0;
+		r = step_graph(&F, &graphed, &out, &res, &l32);
+		if (!r && !graphed) { /* eagerly */
+			prof.on = E->sw->profile && !st->dump;
 			if (prof.on) { /* the GPU waits while the host enqueues the step (k_fwd_spin) */
 				long long ns = PROF_SPIN_NS;
 				void *a[] = {&ns};

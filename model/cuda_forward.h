@@ -62,6 +62,37 @@ struct fwd_graphs *cuda_forward_graphs_new(void);
 void cuda_forward_graphs_free(struct fwd_graphs *G);
 void cuda_forward_graphs_stats(const struct fwd_graphs *G, int64_t *captures, int64_t *replays);
 
+/* The forward's switches for diagnosis and A/B timing (model/cuda_forward.c's header and
+ * docs/CONFIG.md say what each does), read from the environment once when the backend is created
+ * (cuda_forward_switches_init); a test or tool changes one later through cuda_forward_switch_set
+ * (backend_cuda_set_switch). Decode graphs captured under other values are not replayed. */
+struct fwd_switches {
+	int graphs;       /* DSV32_CUDA_GRAPHS (1; 0: every step eagerly) */
+	int unfused;      /* DSV32_CUDA_UNFUSED=1: the separate kernels, not the fused chains */
+	int pdl;          /* DSV32_CUDA_FWD_PDL (1; 0: no programmatic dependent launch) */
+	int fork;         /* DSV32_CUDA_FWD_FORK (1; 0: no side stream) */
+	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
+			   * staging buffer unless the callers' buffers are the backend's own host
+			   * memory; 1 always through it; 0 never */
+	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
+	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
+	int profile;      /* DSV32_CUDA_PROFILE=1 */
+	int64_t max_rows; /* DSV32_CUDA_MAX_ROWS (0: from the arena) */
+	char skip[256];   /* DSV32_CUDA_FWD_SKIP: comma-separated kernel names the forward does not
+			   * launch (its own kernels only: timing by subtraction; wrong numbers) */
+	unsigned gen;     /* bumped by every change (the decode graphs' key) */
+};
+void cuda_forward_switches_init(struct fwd_switches *s);
+/* Sets switch name (the environment variable's name) to value as if read from the environment
+ * (NULL: its default). 0, or -EINVAL for a name that is not one of the switches above. */
+int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char *value);
+
+/* A block of the backend's pinned host memory (backend_host_alloc). */
+struct fwd_host_block {
+	const void *p;
+	size_t bytes;
+};
+
 /* What a step runs against. */
 struct fwd_env {
 	struct gpu *g;
@@ -72,9 +103,13 @@ struct fwd_env {
 	gpu_ptr kv_base;              /* [n_layers][n_pages] MLA pages, then the indexer pages */
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
-	void **plog;                  /* pinned staging of the logits (unless DSV32_CUDA_LOGITS_STAGED=0; grown
-				       * on demand) */
+	void **plog;                  /* pinned staging of the logits (grown on demand), for callers'
+				       * buffers outside host_blocks */
 	size_t *plog_bytes;
+	const struct fwd_host_block *host_blocks; /* [n_host_blocks] the backend's pinned host memory:
+				       * logits buffers inside one are downloaded straight into */
+	int n_host_blocks;
+	const struct fwd_switches *sw;
 	struct fwd_graphs *graphs;    /* NULL: every step runs eagerly */
 	void *side;                   /* CUstream: a second stream for branches of a layer that
 				       * run beside the engine stream (cuda_fwd_attn.c); NULL: none */

@@ -57,11 +57,6 @@ struct fwd {
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
-	int pdl, fork, staged;     /* the step's switches (read by fwd_begin, diagnosis and A/B timing):
-				    * DSV32_CUDA_FWD_PDL=0: no programmatic dependent launch of the
-				    * forward's kernels; DSV32_CUDA_FWD_FORK=0: no side stream;
-				    * DSV32_CUDA_LOGITS_STAGED=0: logits straight to the callers'
-				    * buffers, not through E->plog */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
@@ -123,12 +118,13 @@ int fwd_prof_on(void); /* 1: this step is profiled (eager, one stream) */
 
 /* cuda_fwd_ops.c */
 int fwd_fail(const char *what, int r);
-/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless F->pdl is off (then every
- * forward kernel waits for the previous one whole) */
+/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless the switch DSV32_CUDA_FWD_PDL
+ * is off (then every forward kernel waits for the previous one whole); a kernel named in
+ * DSV32_CUDA_FWD_SKIP is not launched (timing by subtraction) */
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);
-int fwd_fused(void);
+int fwd_fused(const struct fwd *F); /* 0: DSV32_CUDA_UNFUSED=1 */
 int fwd_dump_rows(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
 		  int64_t ld, int64_t width, int t0, int n);
 int fwd_dump_all(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,

@@ -41,7 +41,7 @@ struct q_branch {
 	gpu_ptr cq8, cqs;  /* e4m3 [Tp, q_lora_rank], fp32 [Tp, q_lora_rank / 128]: q_cmpr quantised */
 	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
-	int fuse;          /* fwd_fused() */
+	int fuse;          /* fwd_fused(F) */
 };
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
@@ -142,7 +142,7 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	const int fork = F->E->side && chunk == F->T && !F->st->dump && !fwd_prof_on() && F->fork;
+	const int fork = F->E->side && chunk == F->T && !F->st->dump && !fwd_prof_on() && F->E->sw->fork;
 	if (!fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
@@ -199,7 +199,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(a, (size_t)Tp * D * 2);          /* bf16 [Tp, D] attn_norm */
 	TAKE(a8, (size_t)Tp * D);             /* e4m3 [Tp, D] */
 	TAKE(as, (size_t)Tp * (D / 128) * 4); /* fp32 [Tp, D/128] */
-	const int fuse = fwd_fused();
+	const int fuse = fwd_fused(F);
 	gpu_ptr cs = F->m->rope_cs;
 	if (first == FWD_FIRST_EMBED) { /* the rows from the embedding table, r = them, one launch */
 		gpu_ptr emb = F->m->embed, nw = L->attn_norm;
@@ -310,8 +310,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
-	const char *mla32 = getenv("DSV32_CUDA_MLA_FP32"); /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
-	if (mla32 && *mla32 == '1') {
+	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
 		gpu_ptr pm = fwd_pool_mla(F, layer);
 		int rec = (int)c->mla_record_bytes;
 		float scale = c->softmax_scale;

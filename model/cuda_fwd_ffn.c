@@ -29,7 +29,7 @@ int fwd_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, 
 	TAKE(h8, (size_t)Mp * inter);
 	TAKE(hs, (size_t)Mp * (inter / 128) * 4);
 	TRY(fwd_gemm(F, w13, f8, fs, gu, M, 2 * inter));
-	if (fwd_fused()) {
+	if (fwd_fused(F)) {
 		long long ng = (long long)M * (inter / 128);
 		LAUNCH("k_moe_swiglu_quant", (ng + 7) / 8, 1, 256, 0, &gu, &h8, &hs, &inter, &ng);
 	} else {

@@ -21,9 +21,8 @@
 
 int fwd_mma_rows(const struct fwd *F)
 {
-	const char *v = getenv("DSV32_CUDA_MMA_ROWS");
-	if (v && atoi(v) > 0)
-		return atoi(v);
+	if (F->E->sw->mma_rows > 0)
+		return F->E->sw->mma_rows;
 	return F->E->batch_invariant ? 1 << 30 : 8;
 }
 
@@ -33,11 +32,26 @@ int fwd_fail(const char *what, int r)
 	return r ? r : -EIO;
 }
 
+/* 1: name is one of DSV32_CUDA_FWD_SKIP's comma-separated names */
+static int skipped(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; *p;) {
+		size_t k = strcspn(p, ",");
+		if (k == n && !strncmp(p, name, n))
+			return 1;
+		p += k + (p[k] == ',');
+	}
+	return 0;
+}
+
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl)
 {
-	int r = (pdl && F->pdl ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx, gy,
-								      gz, bx, 1, 1, smem, args);
+	if (F->E->sw->skip[0] && skipped(F->E->sw->skip, name))
+		return 0;
+	int r = (pdl && F->E->sw->pdl ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx,
+									     gy, gz, bx, 1, 1, smem, args);
 	if (r)
 		return fwd_fail(name, r);
 	fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);
@@ -124,10 +138,9 @@ int fwd_rms(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr o
 
 /* The fused per-row chains (kernels_ptx/fwd_fused.cu); DSV32_CUDA_UNFUSED=1 runs the separate
  * kernels instead (the same bits; for diagnosis). */
-int fwd_fused(void)
+int fwd_fused(const struct fwd *F)
 {
-	const char *v = getenv("DSV32_CUDA_UNFUSED");
-	return !(v && *v == '1');
+	return !F->E->sw->unfused;
 }
 
 /* act_quant (spec §5.3) of rows [rows, K] -> codes [rows, K], scales [rows, K/128]. */

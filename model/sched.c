@@ -278,7 +278,8 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	s->bseq = calloc((size_t)S, sizeof *s->bseq);
 	s->pos = calloc((size_t)B, sizeof *s->pos);
 	s->flags = calloc((size_t)B, sizeof *s->flags);
-	s->logits = malloc((size_t)L * (size_t)s->vocab * sizeof *s->logits);
+	/* the backend's host memory (CUDA: pinned, the logits download lands in it directly) */
+	s->logits = backend_host_alloc(b, (size_t)L * (size_t)s->vocab * sizeof *s->logits);
 	s->outs = calloc((size_t)S, sizeof *s->outs);
 	s->out_rc = calloc((size_t)S, sizeof *s->out_rc);
 	rc = -ENOMEM;
@@ -308,7 +309,8 @@ void sched_free(struct sched *s)
 	free(s->bseq);
 	free(s->pos);
 	free(s->flags);
-	free(s->logits);
+	if (s->logits)
+		backend_host_free(s->b, s->logits);
 	free(s->outs);
 	free(s->out_rc);
 	sbuf_free(&s->piece);

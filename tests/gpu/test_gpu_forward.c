@@ -73,6 +73,20 @@ static void load_structured(struct test_model *m, const char *name)
 }
 
 /* Output buffers start as NaN, so a row the backend never wrote cannot pass. */
+/* One of the CUDA forward's switches (backend_cuda_set_switch; value NULL: its default). The
+ * MoE block reads DSV32_CUDA_UNFUSED from the environment at every call (model/cuda_moe.c), so
+ * that one is set there too. */
+static void set_switch(struct backend *b, const char *name, const char *value)
+{
+	REQUIRE(backend_cuda_set_switch(b, name, value) == 0);
+	if (!strcmp(name, "DSV32_CUDA_UNFUSED")) {
+		if (value)
+			setenv(name, value, 1);
+		else
+			unsetenv(name);
+	}
+}
+
 static void gpu_fill_nan(float *x, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++)
@@ -345,10 +359,10 @@ static void teacher_forcing(const char *name, int64_t T)
 			REQUIRE(ux && ur);
 			memcpy(ux, x_in, (size_t)T * D * 4);
 			memcpy(ur, r_in, (size_t)T * D * 4);
-			setenv("DSV32_CUDA_UNFUSED", "1", 1);
+			set_switch(p.gpu, "DSV32_CUDA_UNFUSED", "1");
 			struct backend_step stu = {0, 1, &s, NULL};
 			int ru = backend_cuda_layer_step(p.gpu, l, &stu, ux, ur);
-			unsetenv("DSV32_CUDA_UNFUSED");
+			set_switch(p.gpu, "DSV32_CUDA_UNFUSED", NULL);
 			int64_t same = 0;
 			for (int64_t t = 0; t < T; t++)
 				same += !memcmp(ux + t * D, gx + t * D, (size_t)D * 4) &&
@@ -368,9 +382,9 @@ static void teacher_forcing(const char *name, int64_t T)
 				memcpy(ux, x_in, (size_t)nr * D * 4), memcpy(ur, r_in, (size_t)nr * D * 4);
 				int r1 = backend_cuda_layer_step(p.gpu, l, &st1, ux, ur);
 				memcpy(fx, x_in, (size_t)nr * D * 4), memcpy(fr, r_in, (size_t)nr * D * 4);
-				setenv("DSV32_CUDA_UNFUSED", "1", 1);
+				set_switch(p.gpu, "DSV32_CUDA_UNFUSED", "1");
 				int r2 = backend_cuda_layer_step(p.gpu, l, &st1, fx, fr);
-				unsetenv("DSV32_CUDA_UNFUSED");
+				set_switch(p.gpu, "DSV32_CUDA_UNFUSED", NULL);
 				backend_cuda_set_batch_invariant(p.gpu, was);
 				int eq = !memcmp(ux, fx, (size_t)nr * D * 4) && !memcmp(ur, fr, (size_t)nr * D * 4);
 				printf("    %s layer %lld, %lld row(s), fast mode: fused kernels vs separate ones "
@@ -384,9 +398,9 @@ static void teacher_forcing(const char *name, int64_t T)
 			 * differ only in the fp32 order of the sums */
 			memcpy(ux, x_in, (size_t)T * D * 4);
 			memcpy(ur, r_in, (size_t)T * D * 4);
-			setenv("DSV32_CUDA_MMA_ROWS", "1", 1);
+			set_switch(p.gpu, "DSV32_CUDA_MMA_ROWS", "1");
 			ru = backend_cuda_layer_step(p.gpu, l, &stu, ux, ur);
-			unsetenv("DSV32_CUDA_MMA_ROWS");
+			set_switch(p.gpu, "DSV32_CUDA_MMA_ROWS", NULL);
 			double *em = malloc((size_t)T * sizeof *em);
 			REQUIRE(em);
 			for (int64_t t = 0; t < T; t++)
@@ -503,11 +517,11 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		float *gs = malloc((size_t)T * V * 4);
 		REQUIRE(gs);
 		gpu_fill_nan(gs, T * V);
-		setenv("DSV32_CUDA_MAX_ROWS", "37", 1);
+		set_switch(p.gpu, "DSV32_CUDA_MAX_ROWS", "37");
 		seq_rows(&s[0], &p, 0, T, pos, fl, BACKEND_ROW_LOGITS, bt, nb, gs, NULL);
 		struct backend_step sg = {0, 1, s, NULL};
 		int rc = backend_step(p.gpu, &sg);
-		unsetenv("DSV32_CUDA_MAX_ROWS");
+		set_switch(p.gpu, "DSV32_CUDA_MAX_ROWS", NULL);
 		if (rc)
 			test_fail(__FILE__, __LINE__, "cuda step in passes = %d", rc);
 		snprintf(what, sizeof what, "%s e2e one step of %lld rows in passes of 37", name, (long long)T);
@@ -552,7 +566,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		gpu_fill_nan(ge, T * V), gpu_fill_nan(gg, T * V);
 		double us[2] = {0, 0};
 		for (int mode = 0; mode < 2; mode++) {
-			setenv("DSV32_CUDA_GRAPHS", mode ? "1" : "0", 1);
+			set_switch(p.gpu, "DSV32_CUDA_GRAPHS", mode ? "1" : "0");
 			struct timespec a, b;
 			clock_gettime(CLOCK_MONOTONIC, &a);
 			for (int64_t pb = d0; pb < T; pb++) {
@@ -569,7 +583,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 			clock_gettime(CLOCK_MONOTONIC, &b);
 			us[mode] = ((double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3) / (double)(T - d0);
 		}
-		unsetenv("DSV32_CUDA_GRAPHS");
+		set_switch(p.gpu, "DSV32_CUDA_GRAPHS", NULL);
 		int64_t same = 0, first = -1;
 		for (int64_t t = d0; t < T; t++) {
 			int eq = !memcmp(gg + t * V, ge + t * V, (size_t)V * 4);
@@ -640,8 +654,9 @@ TEST_T(gpu_forward, teacher_forced_layers_tiny, 300)
  * layer's difference is the production kernel's bf16 P (DSV32_CUDA_MLA_FP32=1). */
 TEST_T(gpu_forward, teacher_forced_layers_tiny_fp32_attention, 300)
 {
-	setenv("DSV32_CUDA_MLA_FP32", "1", 1);
+	setenv("DSV32_CUDA_MLA_FP32", "1", 1); /* read when the backend is created */
 	teacher_forcing("tiny", 200);
+	unsetenv("DSV32_CUDA_MLA_FP32");
 }
 
 TEST_T(gpu_forward, teacher_forced_layers_wide, 300)
@@ -762,35 +777,44 @@ static void fast_mode(const char *name, int64_t T)
 		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
-		   * stream (DSV32_CUDA_FWD_FORK=0), the logits through the pinned staging buffer
-		   * or not (DSV32_CUDA_LOGITS_STAGED=0): the same bits */
-			static const char *sw[5] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
-						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=0"};
-			float *lf = malloc((size_t)5 * V * 4);
-			REQUIRE(lf);
-			gpu_fill_nan(lf, 5 * V);
+		   * stream (DSV32_CUDA_FWD_FORK=0), the logits (into a malloc'd buffer) through the
+		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
+		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
+		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
+			static const char *sw[7] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
+						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=0",
+						    NULL, "DSV32_CUDA_LOGITS_STAGED=1"};
+			float *lf = malloc((size_t)7 * V * 4);
+			float *pin = backend_host_alloc(p.gpu, (size_t)2 * V * 4);
+			REQUIRE(lf && pin);
+			gpu_fill_nan(lf, 7 * V);
+			gpu_fill_nan(pin, 2 * V);
 			backend_cuda_set_batch_invariant(p.gpu, inv);
-			setenv("DSV32_CUDA_GRAPHS", "0", 1);
-			for (int u = 0; u < 5; u++) {
+			set_switch(p.gpu, "DSV32_CUDA_GRAPHS", "0");
+			for (int u = 0; u < 7; u++) {
 				char var[32];
 				if (sw[u]) {
 					snprintf(var, sizeof var, "%s", sw[u]);
 					var[strcspn(var, "=")] = 0;
-					setenv(var, strchr(sw[u], '=') + 1, 1);
+					set_switch(p.gpu, var, strchr(sw[u], '=') + 1);
 				}
 				seq_rows(&s, &p, T - 1, 1, pos, fl, BACKEND_ROW_LOGITS, bt, nb, NULL, NULL);
-				s.logits = lf + u * V;
+				s.logits = u < 5 ? lf + u * V : pin + (u - 5) * V;
 				int ru = backend_step(p.gpu, &s2);
 				if (sw[u])
-					unsetenv(var);
+					set_switch(p.gpu, var, NULL);
+				if (u >= 5)
+					memcpy(lf + u * V, s.logits, (size_t)V * 4);
 				int eq = !memcmp(lf, lf + u * V, (size_t)V * 4);
 				if (u)
-					printf("    %s %s mode, one-row step: %s vs the default %s (rc %d)\n", name,
-					       inv ? "batch-invariant" : "fast", sw[u],
-					       eq ? "bit-identical" : "DIFFER", ru);
+					printf("    %s %s mode, one-row step: %s%s vs the default %s (rc %d)\n", name,
+					       inv ? "batch-invariant" : "fast",
+					       u >= 5 ? "logits into backend_host_alloc memory, " : "",
+					       sw[u] ? sw[u] : "", eq ? "bit-identical" : "DIFFER", ru);
 				CHECK(ru == 0 && eq);
 			}
-			unsetenv("DSV32_CUDA_GRAPHS");
+			backend_host_free(p.gpu, pin);
+			set_switch(p.gpu, "DSV32_CUDA_GRAPHS", NULL);
 			backend_cuda_set_batch_invariant(p.gpu, 0);
 			free(lf);
 		}
@@ -1039,9 +1063,9 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	CHECK(fin == V);
 	double us[2] = {0, 0};
 	for (int mode = 0; mode < 2 && !rc; mode++) {
-		setenv("DSV32_CUDA_GRAPHS", mode ? "1" : "0", 1);
+		set_switch(b, "DSV32_CUDA_GRAPHS", mode ? "1" : "0");
 		if (!mode)
-			setenv("DSV32_CUDA_PROFILE", "1", 1); /* per-op GPU times of the eager steps */
+			set_switch(b, "DSV32_CUDA_PROFILE", "1"); /* per-op GPU times of the eager steps */
 		for (int64_t i = 0; i < ND && !rc; i++) {
 			struct backend_seq d = {1, tok + P + i, pos + P + i, bt, 8, NULL, lg + (mode * ND + i) * V,
 						NULL, NULL};
@@ -1051,9 +1075,9 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 			if (i >= 2) /* the first steps pay first-use costs (and the capture) */
 				us[mode] += now_us() - t0;
 		}
-		unsetenv("DSV32_CUDA_GRAPHS");
+		set_switch(b, "DSV32_CUDA_GRAPHS", NULL);
 		if (!mode) {
-			unsetenv("DSV32_CUDA_PROFILE");
+			set_switch(b, "DSV32_CUDA_PROFILE", NULL);
 			printf("    profile of the %lld eager decode steps (stderr):\n", (long long)ND);
 			fflush(stdout);
 			cuda_forward_profile_print();
@@ -1069,11 +1093,11 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	CHECK(fin == 2 * ND * V);
 	CHECK(same);
 	/* the prefill again (same positions), profiled: per-op GPU times at 300 rows */
-	setenv("DSV32_CUDA_PROFILE", "1", 1);
+	set_switch(b, "DSV32_CUDA_PROFILE", "1");
 	t0 = now_us();
 	rc = backend_step(b, &st);
 	double t_pre2 = now_us() - t0;
-	unsetenv("DSV32_CUDA_PROFILE");
+	set_switch(b, "DSV32_CUDA_PROFILE", NULL);
 	CHECK_EQ_INT(rc, 0);
 	printf("    prefill %lld tokens again: %.1f ms (%.0f tok/s); its profile (stderr):\n",
 	       (long long)P, t_pre2 / 1e3, P / (t_pre2 / 1e6));
@@ -1104,6 +1128,10 @@ TEST_T(gpu_forward, step_validation, 120)
 	CHECK_EQ_INT(backend_cuda_set_batch_invariant(p.gpu, 0), 1);
 	CHECK(!strcmp(backend_cuda_mode(p.gpu), "fast"));
 	CHECK_EQ_INT(backend_cuda_set_batch_invariant(p.cpu, 1), -ENOTSUP);
+	/* the forward's switches: by the environment variable's name, CUDA backends only */
+	CHECK_EQ_INT(backend_cuda_set_switch(p.gpu, "DSV32_CUDA_NO_SUCH_SWITCH", "1"), -EINVAL);
+	CHECK_EQ_INT(backend_cuda_set_switch(p.gpu, "DSV32_CUDA_FWD_PDL", NULL), 0);
+	CHECK_EQ_INT(backend_cuda_set_switch(p.cpu, "DSV32_CUDA_FWD_PDL", "0"), -ENOTSUP);
 	int32_t bt[2] = {1, 0}, bad_tok[1] = {(int32_t)p.V};
 	int64_t pos[1] = {0}, far[1] = {200};
 	float *lg = malloc((size_t)p.V * 4);

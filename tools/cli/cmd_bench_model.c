@@ -9,10 +9,18 @@
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
  *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]
  *                     [--prefill-reps N] [--profile] [--keep] [--daemon] [--batch-invariant]
- *                     [--pinned-logits]
+ *                     [--pageable-logits] [--ab NAME=VALUE]...
  *
  * --batch-invariant: the CUDA backend's batch-invariant mode (backend_cuda_opts; the daemon
  * gets the flag too); without it its fast paths. The "backend:" line says which runs.
+ * The decode steps' logits go into the backend's own host memory (backend_host_alloc: pinned,
+ * the download lands there directly), as the scheduler's do; --pageable-logits: a malloc'd
+ * buffer instead (the backend then stages the download through its pinned buffer).
+ * --ab NAME=VALUE (up to 8): after each decode point's row, the same steps again (graph mode,
+ * or eager with --graphs off) with one of the CUDA forward's switches set (backend_cuda_set_switch:
+ * docs/CONFIG.md; e.g. DSV32_CUDA_FWD_SKIP=k_fwd_rmsnorm_1k, timing by subtraction), one line
+ * each with the difference to the default row, then the switch back to the environment's value.
+ * In the same process, on the same KV and weights: the A/B is not blurred by another start-up.
  *
  * Decode: for each context x batch (default 1K/32K/128K x 1/16/128, which fits a GPU session's
  * time; --full: issue 12's 1K/8K/32K/128K x 1/16/64/128; a corner whose pages do not fit the KV
@@ -21,7 +29,7 @@
  * KV-write kernels), then decode steps of one new token per sequence at position = context,
  * logits for every row as the engine asks them: warm-up, then the median of --steps steps
  * (wall time of backend_step, which returns with the logits on the host), eagerly and through
- * CUDA graphs (DSV32_CUDA_GRAPHS=0/1, which the backend reads at every step). Printed: step time,
+ * CUDA graphs (the switch DSV32_CUDA_GRAPHS=0/1, backend_cuda_set_switch). Printed: step time,
  * per token, per layer (step / main layers), bytes per step, FLOPs per step and the ratio to
  * the HBM roofline (bytes / the streaming read limit measured in the same run, before the
  * backend takes the memory; tools/cli/bench_gpu.h).
@@ -38,7 +46,8 @@
  * (the scheduler's per-step token budget, max_batch_tokens, whose default is 2048 in
  * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, the
  * median of --prefill-reps runs after a warm-up (one 2048-token chunk).
- * --profile: after each decode point / prompt length, extra eager steps with DSV32_CUDA_PROFILE=1
+ * --profile: after each decode point / prompt length, extra eager steps with the switch
+ * DSV32_CUDA_PROFILE=1
  * (the forward's GPU time between consecutive ops, model/cuda_forward.h) and the per-op table,
  * on stderr; the timed steps are never profiled.
  * --daemon: starts dsv32d --backend cuda (next to this binary; --synthetic-weights on the
@@ -81,7 +90,9 @@ extern char **environ;
 
 struct opts {
 	int synthetic, keep, daemon, batch_invariant;
-	int pinned_logits; /* --pinned-logits: the decode steps' logits buffer in pinned memory */
+	int pageable_logits; /* --pageable-logits: the decode logits malloc'd, not backend_host_alloc */
+	const char *ab[8];   /* --ab NAME=VALUE: switch settings timed after each decode point */
+	int n_ab;
 	const char *model;
 	int64_t layers, dense;
 	uint64_t seed;
@@ -100,7 +111,7 @@ static int usage(void)
 		"                         [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]\n"
 		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
 		"                         [--prefill-reps N] [--profile] [--keep] [--daemon]\n"
-		"                         [--batch-invariant] [--pinned-logits]\n"
+		"                         [--batch-invariant] [--pageable-logits] [--ab NAME=VALUE]...\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -118,8 +129,10 @@ static int usage(void)
 		"  --keep           keep the temporary checkpoint directory\n"
 		"  --daemon         time to first token and streaming rate through dsv32d instead\n"
 		"  --batch-invariant the CUDA backend's batch-invariant mode (default: its fast paths)\n"
-		"  --pinned-logits  the decode logits into pinned host memory (default: malloc'd, as the\n"
-		"                   scheduler's; run 13: one row 25.5 against 95.5 us)\n");
+		"  --pageable-logits the decode logits into malloc'd memory (default: the backend's\n"
+		"                   host memory, pinned on CUDA, as the scheduler's)\n"
+		"  --ab NAME=VALUE  after each decode point, its steps again with this CUDA forward switch\n"
+		"                   (docs/CONFIG.md; up to 8, each on its own line with the difference)\n");
 	return 2;
 }
 
@@ -216,8 +229,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->batch_invariant = 1;
 			continue;
 		}
-		if (!strcmp(a, "--pinned-logits")) {
-			o->pinned_logits = 1;
+		if (!strcmp(a, "--pageable-logits")) {
+			o->pageable_logits = 1;
 			continue;
 		}
 		if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -227,7 +240,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			    !strcmp(a, "--seed") || !strcmp(a, "--batches") || !strcmp(a, "--contexts") ||
 			    !strcmp(a, "--prompts") || !strcmp(a, "--steps") || !strcmp(a, "--warmup") ||
 			    !strcmp(a, "--kv-pages") || !strcmp(a, "--graphs") ||
-			    !strcmp(a, "--prefill-reps");
+			    !strcmp(a, "--prefill-reps") || !strcmp(a, "--ab");
 		if (!known) {
 			fprintf(stderr, "dsv32 bench model: unknown argument \"%s\"\n", a);
 			return usage();
@@ -260,7 +273,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			r = parse_int(a, v, 0, 1000, &o->warmup);
 		else if (!strcmp(a, "--kv-pages"))
 			r = parse_int(a, v, 1, INT64_C(1) << 32, &o->kv_pages);
-		else if (!strcmp(a, "--graphs")) {
+		else if (!strcmp(a, "--ab")) {
+			if (strncmp(v, "DSV32_", 6) || !strchr(v, '=') || o->n_ab == 8) {
+				fprintf(stderr, "dsv32 bench model: --ab \"%s\": expected DSV32_...=VALUE (at "
+						"most 8)\n", v);
+				r = -EINVAL;
+			} else {
+				o->ab[o->n_ab++] = v;
+			}
+		} else if (!strcmp(a, "--graphs")) {
 			o->graphs = !strcmp(v, "off") ? 1 : !strcmp(v, "on") ? 2 : !strcmp(v, "both") ? 3 : 0;
 			if (!o->graphs) {
 				fprintf(stderr, "dsv32 bench model: --graphs \"%s\": expected off, on or both\n", v);
@@ -507,14 +528,15 @@ static double prefill_flops(const struct dsv32_config *c, int64_t P)
 
 /* ---- the in-process benchmark -------------------------------------------------------------- */
 
-/* --profile: the forward's per-op profile on (for eager steps only) or off. */
-static void profile_env(int on)
+/* --profile: the forward's per-op profile on (for eager steps only) or back to the
+ * environment's setting. */
+static void profile_switch(struct backend *be, int on)
 {
 	if (on) {
-		setenv("DSV32_CUDA_PROFILE", "1", 1);
-		setenv("DSV32_CUDA_GRAPHS", "0", 1); /* the profile records eager steps only */
+		backend_cuda_set_switch(be, "DSV32_CUDA_PROFILE", "1");
+		backend_cuda_set_switch(be, "DSV32_CUDA_GRAPHS", "0"); /* it records eager steps only */
 	} else {
-		unsetenv("DSV32_CUDA_PROFILE");
+		backend_cuda_set_switch(be, "DSV32_CUDA_PROFILE", getenv("DSV32_CUDA_PROFILE"));
 	}
 }
 
@@ -529,6 +551,29 @@ static int step_failed(int r)
 	return 1;
 }
 
+/* Warm-up, then the median wall time of o->steps steps st (*med, seconds; t: [o->steps]
+ * scratch), eagerly (mode 0) or through CUDA graphs (1; the warm-up includes the capture).
+ * 0, or 1 after a failed step (said). */
+static int time_steps(const struct opts *o, struct backend *be, const struct backend_step *st,
+		      int mode, double *t, double *med)
+{
+	backend_cuda_set_switch(be, "DSV32_CUDA_GRAPHS", mode ? "1" : "0");
+	for (int64_t w = 0; w < o->warmup || w < 1; w++) {
+		int r = backend_step(be, st);
+		if (r)
+			return step_failed(r);
+	}
+	for (int64_t s = 0; s < o->steps; s++) {
+		double t0 = now_s();
+		int r = backend_step(be, st);
+		t[s] = now_s() - t0;
+		if (r)
+			return step_failed(r);
+	}
+	*med = median(t, (int)o->steps);
+	return 0;
+}
+
 static int bench_decode(const struct opts *o, const struct dsv32_config *c, struct backend *be,
 			double read_tbs)
 {
@@ -537,13 +582,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	for (int i = 0; i < o->n_batches; i++)
 		maxB = o->batches[i] > maxB ? o->batches[i] : maxB;
 	size_t lbytes = (size_t)maxB * (size_t)V * sizeof(float);
-	float *logits = o->pinned_logits ? gpu_host_alloc(lbytes) : malloc(lbytes);
+	float *logits = o->pageable_logits ? malloc(lbytes) : backend_host_alloc(be, lbytes);
 	int32_t *tokens = malloc((size_t)maxB * sizeof *tokens);
 	int64_t *pos = malloc((size_t)maxB * sizeof *pos);
 	struct backend_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
 	int32_t *bt = NULL;
-	const char *env = getenv("DSV32_CUDA_GRAPHS");
-	char *graphs_env = env ? strdup(env) : NULL; /* restored at the end */
 	double *t = malloc((size_t)o->steps * sizeof *t);
 	int rc = 0;
 	if (!logits || !tokens || !pos || !seqs || !t) {
@@ -555,7 +598,8 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 		tokens[b] = (int32_t)(mix(o->seed + (uint64_t)b) % (uint64_t)(V - 2)) + 2;
 	printf("\ndecode: %lld layers (%lld dense), one new token per sequence at position = context, "
 	       "logits for every row (into %s host memory); median of %lld steps after %lld warm-up\n",
-	       (long long)L, (long long)c->first_k_dense_replace, o->pinned_logits ? "pinned" : "pageable",
+	       (long long)L, (long long)c->first_k_dense_replace,
+	       o->pageable_logits ? "malloc'd, pageable" : "the backend's, pinned",
 	       (long long)o->steps, (long long)o->warmup);
 	printf("(eager_ms, graph_ms: step time without and with CUDA graphs; the columns after them "
 	       "use the faster)\n");
@@ -607,39 +651,23 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 				};
 			}
 			struct backend_step st = {.mtp = 0, .n_seqs = B, .seqs = seqs};
-			/* eager, then through CUDA graphs (the backend reads DSV32_CUDA_GRAPHS at every
-			 * step; the warm-up of the graph run includes the capture) */
+			/* eager, then through CUDA graphs (the warm-up of the graph run includes the
+			 * capture) */
 			double med[2] = {0, 0};
 			for (int mode = 0; mode < 2; mode++) {
 				if (!(o->graphs & (1 << mode)))
 					continue;
-				setenv("DSV32_CUDA_GRAPHS", mode ? "1" : "0", 1);
-				for (int64_t w = 0; w < o->warmup || w < 1; w++) {
-					int r = backend_step(be, &st);
-					if (r) {
-						rc = step_failed(r);
-						goto out;
-					}
-				}
-				for (int64_t s = 0; s < o->steps; s++) {
-					double t0 = now_s();
-					int r = backend_step(be, &st);
-					t[s] = now_s() - t0;
-					if (r) {
-						rc = step_failed(r);
-						goto out;
-					}
-				}
-				med[mode] = median(t, (int)o->steps);
+				if ((rc = time_steps(o, be, &st, mode, t, &med[mode])))
+					goto out;
 			}
 			if (o->profile) {
-				profile_env(1);
+				profile_switch(be, 1);
 				for (int k = 0; k < 3 && !rc; k++) {
 					int r = backend_step(be, &st);
 					if (r)
 						rc = step_failed(r);
 				}
-				profile_env(0);
+				profile_switch(be, 0);
 				if (rc)
 					goto out;
 			}
@@ -661,6 +689,26 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 			       bad ? "" : "\n");
 			if (bad)
 				printf("  <- %lld non-finite logits\n", (long long)bad);
+			/* --ab: the same steps with one switch changed, then back */
+			const int ab_mode = o->graphs & 2 ? 1 : 0;
+			for (int k = 0; k < o->n_ab; k++) {
+				char name[64];
+				snprintf(name, sizeof name, "%.*s", (int)(strchr(o->ab[k], '=') - o->ab[k]), o->ab[k]);
+				if (backend_cuda_set_switch(be, name, strchr(o->ab[k], '=') + 1)) {
+					fprintf(stderr, "dsv32 bench model: --ab %s: not a switch of the CUDA "
+							"forward (docs/CONFIG.md)\n", o->ab[k]);
+					rc = 1;
+					goto out;
+				}
+				double m = 0;
+				rc = time_steps(o, be, &st, ab_mode, t, &m);
+				backend_cuda_set_switch(be, name, getenv(name));
+				if (rc)
+					goto out;
+				printf("        %s_ms %.3f with %s (%+.1f us against %.3f)\n",
+				       ab_mode ? "graph" : "eager", m * 1e3, o->ab[k], (m - med[ab_mode]) * 1e6,
+				       med[ab_mode] * 1e3);
+			}
 			if (filled == B && tf > 0.01)
 				fprintf(stderr, "  (KV fill of %lld sequences x %lld tokens: %.2f s wall)\n",
 					(long long)B, (long long)ctx, tf);
@@ -672,15 +720,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 		}
 	}
 out:
-	if (graphs_env)
-		setenv("DSV32_CUDA_GRAPHS", graphs_env, 1);
-	else
-		unsetenv("DSV32_CUDA_GRAPHS");
-	free(graphs_env);
-	if (o->pinned_logits)
-		gpu_host_free(logits);
-	else
+	backend_cuda_set_switch(be, "DSV32_CUDA_GRAPHS", getenv("DSV32_CUDA_GRAPHS"));
+	if (o->pageable_logits)
 		free(logits);
+	else if (logits)
+		backend_host_free(be, logits);
 	free(tokens), free(pos), free(seqs), free(bt), free(t);
 	return rc;
 }
@@ -754,7 +798,7 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 		const int reps = pi < 0 ? 1 : (int)o->prefill_reps + (o->profile ? 1 : 0);
 		for (int rep = 0; rep < reps; rep++) {
 			if (o->profile)
-				profile_env(pi >= 0 && rep == reps - 1); /* the extra run */
+				profile_switch(be, pi >= 0 && rep == reps - 1); /* the extra run */
 			double t0 = now_s();
 			for (int64_t p0 = 0; p0 < P; p0 += SCHED_CHUNK) {
 				int64_t n = P - p0 < SCHED_CHUNK ? P - p0 : SCHED_CHUNK;
@@ -775,7 +819,7 @@ static int bench_prefill(const struct opts *o, const struct dsv32_config *c, str
 			t[rep] = now_s() - t0;
 		}
 		if (o->profile)
-			profile_env(0);
+			profile_switch(be, 0);
 		if (pi < 0)
 			continue; /* warm-up */
 		double s = median(t, (int)o->prefill_reps);
