@@ -67,7 +67,7 @@ int fwd_moe(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr f, 
 						    wts + (size_t)t0 * K * 4};
 			int r = cuda_moe_forward(F->g, F->A, c, &L->moe, f + (size_t)t0 * D * 2,
 						 y + (size_t)t0 * D * 2, n, F->st->dump ? &tr : NULL,
-						 LARGE_M(F) ? CUDA_MOE_FAST : 0);
+						 fwd_fused(F) ? 0 : CUDA_MOE_UNFUSED);
 			if (r)
 				return fwd_fail("cuda_moe_forward", r);
 		}

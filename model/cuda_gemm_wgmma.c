@@ -182,11 +182,21 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
  * 1843, at 2048 (~72) 2223 / 2279 and 1243 / 1450, at 512 2143 / 2196 and 1054 / 1124;
  * timing_moe_prefill (run 12, 4096 tokens) n256 staged 3223 / 3162 (4096x7168), 1668 / 1656
  * (7168x2048). The same bytes (gpu_moe_block, grouped_vs_cpu). DSV32_CUDA_WGMMA_PAIRED=0 / 1
- * (diagnosis, read at every call): never / always. */
+ * (diagnosis, read at the first grouped GEMM): never / always; cuda_gemm_wgmma_set_paired. */
+static int paired_mode = -2; /* -2: not read yet; -1: by size; 0 / 1: never / always */
+
+void cuda_gemm_wgmma_set_paired(int mode)
+{
+	paired_mode = mode == 0 || mode == 1 ? mode : -1;
+}
+
 static int paired_on(int max_rows, int G)
 {
-	const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
-	return v && (*v == '0' || *v == '1') ? *v == '1' : max_rows >= 128LL * G;
+	if (paired_mode == -2) {
+		const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
+		cuda_gemm_wgmma_set_paired(v && (*v == '0' || *v == '1') ? *v - '0' : -1);
+	}
+	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,

@@ -35,6 +35,10 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K);
+/* The paired grouped forms in the two calls above (the same outputs): mode 1 always, 0 never,
+ * -1 by size (the default; DSV32_CUDA_WGMMA_PAIRED=0 / 1, read at the first call, sets 0 / 1).
+ * Process-wide; for tests and diagnosis. */
+void cuda_gemm_wgmma_set_paired(int mode);
 /* The same with the form forced: mc 1, or 2 for clusters of 2 CTAs that share copies (two token
  * tiles of a group share each weight tile; a group's odd last token tile is shared by two weight
  * tiles; I % 256 == 0): the same outputs. */

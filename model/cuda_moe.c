@@ -13,7 +13,7 @@
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
  *      quantised from x, one launch), above that k_moe_quant_scatter (each x row quantised once
- *      into row R + t and copied to its K sorted rows; with DSV32_CUDA_UNFUSED=1 k_act_quant of
+ *      into row R + t and copied to its K sorted rows; with CUDA_MOE_UNFUSED k_act_quant of
  *      x into rows R.. then k_moe_gather_q of the routed rows from there: the same bytes)
  *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
  *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
@@ -35,9 +35,9 @@
  * size).
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
- * DSV32_CUDA_UNFUSED=1 (the forward's switch, read at every call): the separate kernels instead
- * of the fused router (k_moe_gate_route1), the quantise-and-scatter and the SwiGLU epilogues
- * (the same bits).
+ * CUDA_MOE_UNFUSED (the caller's flag: the forward's DSV32_CUDA_UNFUSED=1): the separate kernels
+ * instead of the fused router (k_moe_gate_route1), the quantise-and-scatter, the SwiGLU epilogues
+ * and the combine in the chunk sum (the same bits).
  */
 #include "model/cuda_moe.h"
 
@@ -96,13 +96,14 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 /* The shapes of one call: R routed rows, then the T shared-expert rows (RT = R + T in all). */
 struct moe_dims {
 	int T, R, RT, D, I, E, K;
+	int unfused; /* CUDA_MOE_UNFUSED */
 };
 
 static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned flags)
 {
 	struct moe_dims d = {.T = T, .D = (int)c->hidden_size, .I = (int)c->moe_intermediate_size,
 			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok,
-			     };
+			     .unfused = !!(flags & CUDA_MOE_UNFUSED)};
 	d.R = T * d.K;
 	d.RT = d.R + T;
 	return d;
@@ -114,15 +115,18 @@ static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned fl
  * consumers in the fast mode): above 64 tokens. Run 12 (engineer G, bench gemm --grouped, fast
  * mode, TB/s of touched weights, streaming kernel with wgmma consumers vs the wgmma grouped
  * kernel): gate|up at 1 / 16 / 64 / 256 tokens 3.49 / 3.72 / 3.59 / 3.39 vs 2.01 / 2.92 / 3.38 /
- * 3.43, down 3.02 / 3.65 / 3.56 / 3.30 vs 1.59 / 2.82 / 3.37 / 3.50 — so CUDA_MOE_FAST no longer
+ * 3.43, down 3.02 / 3.65 / 3.56 / 3.30 vs 1.59 / 2.82 / 3.37 / 3.50 — so the fast mode no longer
  * sends 8-64 tokens to wgmma (run 9-12 did). Earlier: run 8 bench moe T = 128 / 256: 4.97 / 6.64
  * ms on the exact decode kernel, 2.81 / 3.28 on wgmma. (Run 7's prefill ran passes of ~1000
  * rows on the decode kernel: 15 ms a layer.)
- * DSV32_CUDA_MOE_WGMMA=n (diagnosis; n > 64): wgmma from n tokens on instead. */
+ * DSV32_CUDA_MOE_WGMMA=n (diagnosis, read once; n > 64): wgmma from n tokens on instead. */
 static int use_wgmma(const struct moe_dims *d)
 {
-	const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
-	int from = v ? atoi(v) : 0;
+	static int from = -1;
+	if (from < 0) {
+		const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
+		from = v && atoi(v) > 0 ? atoi(v) : 0;
+	}
 	if (d->D % 64)
 		return 0;
 	if (from > 64)
@@ -237,12 +241,6 @@ static int moe_launch(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigne
 	return (pdl ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
 }
 
-static int unfused(void)
-{
-	const char *v = getenv("DSV32_CUDA_UNFUSED");
-	return v && *v == '1';
-}
-
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
  * whose logits, routing and permutation are one launch (k_moe_gate_route1). */
 static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
@@ -258,7 +256,7 @@ static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
  * launches did from two tokens on; run 12: route1 14.4 us graph-replayed, the a8 form 17.4. */
 static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 {
-	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !unfused();
+	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -457,7 +455,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				256, 1, 1, 0, args);
 		if (rc)
 			return rc;
-	} else if ((stages & CUDA_MOE_GATHER) && !gathered && !unfused()) {
+	} else if ((stages & CUDA_MOE_GATHER) && !gathered && !d->unfused) {
 		/* each x row quantised once, written to its K sorted rows and the shared row */
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_PERM], (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &T, &K,
@@ -483,7 +481,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	const int wgmma = use_wgmma(d), sw = wgmma && !unfused();
+	const int wgmma = use_wgmma(d), sw = wgmma && !d->unfused;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -491,7 +489,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							D);
 	} else if (stages & CUDA_MOE_W13) {
 		/* the streaming kernel's chunk sum does the SwiGLU where it can (-ENOTSUP: not) */
-		rc = unfused() ? -ENOTSUP
+		rc = d->unfused ? -ENOTSUP
 			       : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
 							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
@@ -511,7 +509,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * (cuda_gemm_fp8_grouped_combine, engineer G's: the same bits; -ENOTSUP: not), unless the
 	 * expert outputs are tapped */
 	int comb_done = 0;
-	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !unfused() && !(tr && (tr->ey || tr->sh))) {
+	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
 		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
 						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
 						   b[B_WS], ws_bytes);
@@ -552,10 +550,10 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 fused ? "k_moe_gate_route1" : k.name,
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
-		 !wg ? unfused() ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
+		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
 				 "in the chunk sums where they run)"
-		 : unfused() ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
+		 : d.unfused ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
 	return buf;
 }
 
@@ -564,7 +562,7 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_trace *trace, unsigned flags)
 {
 	return cuda_moe_forward_stages(g, a, c, L, x, y, T, trace, NULL,
-				       CUDA_MOE_ALL | (flags & CUDA_MOE_FAST));
+				       CUDA_MOE_ALL | (flags & CUDA_MOE_UNFUSED));
 }
 
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,

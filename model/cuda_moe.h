@@ -59,17 +59,19 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 
 /* y[T, hidden] (bf16) = MoE(x) for the ffn-normed input x[T, hidden] (bf16): routed experts
  * and the shared expert, combined like moe_combine. Everything on the engine stream, no host
- * synchronisation (graph-capturable). trace may be NULL. flags: CUDA_MOE_FAST or 0. 0 or a
- * negative errno.
+ * synchronisation (graph-capturable). trace may be NULL. flags: CUDA_MOE_UNFUSED or 0. 0 or a
+ * negative errno. The mode (fast or batch-invariant) is the GEMM dispatch's
+ * (cuda_gemm_set_batch_invariant).
  * Numerics: up to 64 tokens the grouped GEMMs are cuda_gemm_fp8_grouped's (model/cuda_gemm.h):
  * in the batch-invariant mode its exact kernels (each row's output the CPU's whatever T), in the
  * fast mode its wgmma consumers; above 64 tokens the wgmma kernels, within wgmma's accumulation
  * limit. The router logits are the CPU's bits but in the fast mode above 64 tokens (the GEMM
  * dispatch's, cuda_gemm_set_batch_invariant(g, 0)), where the tensor cores sum the same products
  * in another fp32 order; the experts are the CPU's routing of the logits either way.
- * CUDA_MOE_FAST (the fast mode's large steps) currently selects nothing more: run 12
- * measured the streaming kernel faster than wgmma up to 64 tokens (model/cuda_moe.c). */
-enum { CUDA_MOE_FAST = 1 << 16 };
+ * CUDA_MOE_UNFUSED (the forward's DSV32_CUDA_UNFUSED=1, a diagnosis switch): the separate
+ * kernels instead of the fused router, quantise-and-scatter, SwiGLU epilogues and combine in the
+ * chunk sums (model/cuda_moe.c): the same bits. */
+enum { CUDA_MOE_UNFUSED = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace, unsigned flags);
@@ -100,10 +102,10 @@ struct cuda_moe_taps {
 		     * given, the down GEMM keeps the combine apart so they exist) */
 	gpu_ptr sh; /* bf16 [T, hidden]: the shared expert's output */
 };
-/* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_FAST), copying
- * intermediates to taps (may be NULL). The scratch is pushed in a fixed order, so with the same
- * arena mark and T a skipped stage's outputs are what the previous call left (for benchmarks: time
- * one stage on the data of a full run). */
+/* cuda_moe_forward running only the stages in `stages` (which may include CUDA_MOE_UNFUSED),
+ * copying intermediates to taps (may be NULL). The scratch is pushed in a fixed order, so with
+ * the same arena mark and T a skipped stage's outputs are what the previous call left (for
+ * benchmarks: time one stage on the data of a full run). */
 int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,

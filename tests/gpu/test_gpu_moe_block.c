@@ -8,9 +8,9 @@
  * experts, top-8) at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared
  * round-robin by the experts, each expert with its own scales (a mix-up of experts still
  * shows). For T <= 64 (decode) the block is also captured into a CUDA graph and replayed: the
- * same bytes; every case runs again through the separate kernels (DSV32_CUDA_UNFUSED=1): the
- * same bytes; and at 8-64 tokens with CUDA_MOE_FAST (the fast mode's flag), against the CPU
- * within the wgmma limits, directly and through a graph (the same bytes); above 64 tokens also in
+ * same bytes; every case runs again through the separate kernels (CUDA_MOE_UNFUSED): the same
+ * bytes; and at 8-64 tokens in the fast mode (cuda_gemm_set_batch_invariant(g, 0)), against the
+ * CPU within the wgmma limits, directly and through a graph (the same bytes); above 64 tokens also in
  * the fast mode, whose router logits run on the tensor cores (check_fast_block).
  */
 #include "tests/gpu/gpu_harness.h"
@@ -24,6 +24,7 @@
 #include "model/cpu_ops.h"
 #include "model/cpu_pool.h"
 #include "model/cuda_gemm.h"
+#include "model/cuda_gemm_wgmma.h"
 #include "model/cuda_moe.h"
 
 /* Outputs more than one bf16 ulp off must stay within this fraction of their row's RMS.
@@ -381,25 +382,23 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	REQUIRE(gpu_download(g, g_wts, tr.wts, (size_t)T * K * 4) == 0);
 	REQUIRE(gpu_download(g, g_y, d_y, (size_t)T * D * 2) == 0);
 
-	/* the separate kernels (DSV32_CUDA_UNFUSED=1: no fused router, no SwiGLU epilogue) give
-	 * the same bytes */
+	/* the separate kernels (CUDA_MOE_UNFUSED: no fused router, scatter, SwiGLU epilogue or
+	 * combine in the chunk sum) give the same bytes */
 	uint16_t *g_y2 = malloc((size_t)T * D * 2);
 	REQUIRE(g_y2);
-	setenv("DSV32_CUDA_UNFUSED", "1", 1);
-	run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
-	unsetenv("DSV32_CUDA_UNFUSED");
+	run_block(g, &arena, c, &L, d_x, d_y, T, NULL, CUDA_MOE_UNFUSED, 0, g_y2);
 	int64_t unfused_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	/* above 64 tokens (wgmma GEMMs): the paired grouped forms (clusters of 2 sharing copies) and
-	 * the single-CTA ones give the same bytes (DSV32_CUDA_WGMMA_PAIRED=1 / 0 forces them; the
-	 * default picks by size) */
+	 * the single-CTA ones give the same bytes (cuda_gemm_wgmma_set_paired(1 / 0) forces them;
+	 * the default picks by size) */
 	int64_t mc2_diff = 0;
 	if (T > 64) {
-		setenv("DSV32_CUDA_WGMMA_PAIRED", "1", 1);
+		cuda_gemm_wgmma_set_paired(1);
 		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
 		mc2_diff = count_diff(g_y2, g_y, (size_t)T * D);
-		setenv("DSV32_CUDA_WGMMA_PAIRED", "0", 1);
+		cuda_gemm_wgmma_set_paired(0);
 		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
-		unsetenv("DSV32_CUDA_WGMMA_PAIRED");
+		cuda_gemm_wgmma_set_paired(-1);
 		mc2_diff += count_diff(g_y2, g_y, (size_t)T * D);
 	}
 	/* the decode step is captured into a CUDA graph: the block must capture (no host sync)
@@ -409,18 +408,17 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		run_block(g, &arena, c, &L, d_x, d_y, T, &tr, 0, 1, g_y2);
 		graph_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
-	/* CUDA_MOE_FAST from 8 tokens (graph-captured at decode sizes):
-	 * against the CPU within the wgmma limits below, its graph replay the same bytes */
+	/* the fast mode from 8 tokens (graph-captured at decode sizes): against the CPU within the
+	 * wgmma limits below, its graph replay the same bytes */
 	uint16_t *g_yf = NULL;
 	int64_t fast_graph_diff = 0;
 	if (T >= 8 && T <= 64) {
 		g_yf = malloc((size_t)T * D * 2);
 		REQUIRE(g_yf);
-		/* the fast mode is the GEMM dispatch's (CUDA_MOE_FAST selects nothing more since
-		 * run 12): its wgmma consumers at these sizes */
+		/* the fast mode is the GEMM dispatch's: its wgmma consumers at these sizes */
 		cuda_gemm_set_batch_invariant(g, 0);
-		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, CUDA_MOE_FAST, 0, g_yf);
-		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, CUDA_MOE_FAST, 1, g_y2);
+		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_yf);
+		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 1, g_y2);
 		cuda_gemm_set_batch_invariant(g, 1);
 		fast_graph_diff = count_diff(g_y2, g_yf, (size_t)T * D);
 	}
@@ -507,10 +505,10 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	if (graph_diff >= 0)
 		printf("    graph-captured block, replayed: %lld outputs differ from the direct run\n",
 		       (long long)graph_diff);
-	printf("    separate kernels (DSV32_CUDA_UNFUSED=1): %lld outputs differ from the fused run\n",
+	printf("    separate kernels (CUDA_MOE_UNFUSED): %lld outputs differ from the fused run\n",
 	       (long long)unfused_diff);
 	if (T > 64)
-		printf("    paired / single-CTA grouped GEMMs (DSV32_CUDA_WGMMA_PAIRED=1 / 0): %lld "
+		printf("    paired / single-CTA grouped GEMMs (cuda_gemm_wgmma_set_paired 1 / 0): %lld "
 		       "outputs differ\n",
 		       (long long)mc2_diff);
 	CHECK_EQ_INT(bad_logits, 0);
@@ -588,7 +586,7 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
 	/* T = 1: the fused router (k_moe_gate_route1); others the separate kernels; every T <= 64
-	 * also through a CUDA graph, and from 8 with CUDA_MOE_FAST */
+	 * also through a CUDA graph, and from 8 in the fast mode */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
 	const struct dsv32_config configs[] = {c, c, c, c, c};
 	static const int Ts[] = {1, 4, 8, 16, 24}, sets[] = {8, 8, 8, 8, 8};

@@ -11,11 +11,13 @@
  * the router weight and the inputs are random bf16 from the host, so routing is random (about
  * every expert is hit from 64 tokens on). --hot N (N >= 8): a routing bias of +1 on experts
  * 0 .. N-1, so every token picks 8 of those N (the skewed routing of a model whose tokens agree:
- * fewer experts, many rows each). The block runs in the engine's fast mode (CUDA_MOE_FAST, the
- * GEMMs' fast dispatch); --exact: the batch-invariant mode (cuda_gemm_set_batch_invariant: the
- * exact decode kernels up to 64 tokens). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB) exceed the 60 MB L2,
- * so repeats stream the expert weights from HBM; the router (3.7 MB) and the shared expert
- * (44 MB) may partly stay in L2 between repeats.
+ * fewer experts, many rows each). The block runs in the engine's fast mode (the GEMMs' fast
+ * dispatch; the router logits on the tensor cores above 64 tokens); --exact: the
+ * batch-invariant mode (cuda_gemm_set_batch_invariant: the exact decode kernels up to 64 tokens,
+ * the exact router logits). DSV32_CUDA_UNFUSED=1: the block's separate kernels
+ * (CUDA_MOE_UNFUSED). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB)
+ * exceed the 60 MB L2, so repeats stream the expert weights from HBM; the router (3.7 MB) and
+ * the shared expert (44 MB) may partly stay in L2 between repeats.
  * Time = median of trials of CUDA-event-timed launch sequences: the block launched eagerly and
  * replayed from a CUDA graph (the engine's decode steps run graphs), each stage alone replayed
  * from a graph (eagerly a one-kernel stage measured the host's launch rate). --tokens: the token
@@ -61,7 +63,7 @@ struct moe_bench {
 	const struct cuda_moe_trace *tr;
 	gpu_ptr x, y;
 	int T;
-	unsigned stages; /* with CUDA_MOE_FAST unless --exact */
+	unsigned stages; /* with CUDA_MOE_UNFUSED under DSV32_CUDA_UNFUSED=1 */
 };
 
 static int run_stages(const struct moe_bench *b)
@@ -176,8 +178,9 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 
 int bench_moe(int argc, char **argv)
 {
-	int trials = 5, hot = 0;
-	unsigned mode = CUDA_MOE_FAST;
+	int trials = 5, hot = 0, exact = 0;
+	const char *uf = getenv("DSV32_CUDA_UNFUSED");
+	const unsigned mode = uf && *uf == '1' ? CUDA_MOE_UNFUSED : 0;
 	const char *tokens = NULL;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
@@ -188,7 +191,7 @@ int bench_moe(int argc, char **argv)
 			 atoi(argv[i + 1]) <= 128)
 			hot = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--exact"))
-			mode = 0;
+			exact = 1;
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
 					"[--exact] [--tokens T1,T2,.. (1 .. 4096)]\n");
@@ -206,7 +209,7 @@ int bench_moe(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
 		return 1;
 	}
-	cuda_gemm_set_batch_invariant(&g, !mode);
+	cuda_gemm_set_batch_invariant(&g, exact);
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
@@ -369,15 +372,16 @@ int bench_moe(int argc, char **argv)
 	char hot_arg[160] = "";
 	if (hot)
 		snprintf(hot_arg, sizeof hot_arg, " --hot %d", hot);
-	if (!mode)
+	if (exact)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --exact");
 	if (tokens)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --tokens %.100s",
 			 tokens);
-	printf("\ncommand: dsv32 bench moe --trials %d%s (block: cuda_moe_forward launched eagerly, "
+	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; stages timed alone, "
 	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
-	       "2*rows*N*K per GEMM, the block's include the router)\n", trials, hot_arg);
+	       "2*rows*N*K per GEMM, the block's include the router)\n",
+	       mode ? "DSV32_CUDA_UNFUSED=1 " : "", trials, hot_arg);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 	return rc_all;
