@@ -158,7 +158,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 0: s->graphs = !zero; break;
 	case 1: s->unfused = one; break;
 	case 2: s->pdl = !zero; break;
-	case 3: s->fork = !zero; break;
+	case 3: s->fork = zero ? 0 : n == 2 ? 2 : 1; break;
 	case 4: s->staged = zero ? 0 : one ? 1 : -1; break;
 	case 5: s->mma_rows = n > 0 && n < (1 << 30) ? (int)n : 0; break;
 	case 6: s->mla_fp32 = one; break;
@@ -166,7 +166,8 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	default: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
 	}
-	s->gen++;
+	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
+		s->gen++;
 	return 0;
 }
 

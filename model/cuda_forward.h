@@ -70,7 +70,9 @@ struct fwd_switches {
 	int graphs;       /* DSV32_CUDA_GRAPHS (1; 0: every step eagerly) */
 	int unfused;      /* DSV32_CUDA_UNFUSED=1: the separate kernels, not the fused chains */
 	int pdl;          /* DSV32_CUDA_FWD_PDL (1; 0: no programmatic dependent launch) */
-	int fork;         /* DSV32_CUDA_FWD_FORK (1; 0: no side stream) */
+	int fork;         /* DSV32_CUDA_FWD_FORK (1: the attention's query branch on the side
+			   * stream from the index scores on; 2: from the q_a norm on; 0: no side
+			   * stream) */
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */

@@ -777,21 +777,23 @@ static void fast_mode(const char *name, int64_t T)
 		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
-		   * stream (DSV32_CUDA_FWD_FORK=0), the logits (into a malloc'd buffer) through the
+		   * stream (DSV32_CUDA_FWD_FORK=0) or the query branch forked earlier (=2), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
 		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
-			static const char *sw[7] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
-						    "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_LOGITS_STAGED=0",
-						    NULL, "DSV32_CUDA_LOGITS_STAGED=1"};
-			float *lf = malloc((size_t)7 * V * 4);
+			enum { NS = 8, NP = 6 }; /* switch settings; the first NP into malloc'd buffers */
+			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
+						     "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_FWD_FORK=2",
+						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
+						     "DSV32_CUDA_LOGITS_STAGED=1"};
+			float *lf = malloc((size_t)NS * V * 4);
 			float *pin = backend_host_alloc(p.gpu, (size_t)2 * V * 4);
 			REQUIRE(lf && pin);
-			gpu_fill_nan(lf, 7 * V);
+			gpu_fill_nan(lf, NS * V);
 			gpu_fill_nan(pin, 2 * V);
 			backend_cuda_set_batch_invariant(p.gpu, inv);
 			set_switch(p.gpu, "DSV32_CUDA_GRAPHS", "0");
-			for (int u = 0; u < 7; u++) {
+			for (int u = 0; u < NS; u++) {
 				char var[32];
 				if (sw[u]) {
 					snprintf(var, sizeof var, "%s", sw[u]);
@@ -799,17 +801,17 @@ static void fast_mode(const char *name, int64_t T)
 					set_switch(p.gpu, var, strchr(sw[u], '=') + 1);
 				}
 				seq_rows(&s, &p, T - 1, 1, pos, fl, BACKEND_ROW_LOGITS, bt, nb, NULL, NULL);
-				s.logits = u < 5 ? lf + u * V : pin + (u - 5) * V;
+				s.logits = u < NP ? lf + u * V : pin + (u - NP) * V;
 				int ru = backend_step(p.gpu, &s2);
 				if (sw[u])
 					set_switch(p.gpu, var, NULL);
-				if (u >= 5)
+				if (u >= NP)
 					memcpy(lf + u * V, s.logits, (size_t)V * 4);
 				int eq = !memcmp(lf, lf + u * V, (size_t)V * 4);
 				if (u)
 					printf("    %s %s mode, one-row step: %s%s vs the default %s (rc %d)\n", name,
 					       inv ? "batch-invariant" : "fast",
-					       u >= 5 ? "logits into backend_host_alloc memory, " : "",
+					       u >= NP ? "logits into backend_host_alloc memory, " : "",
 					       sw[u] ? sw[u] : "", eq ? "bit-identical" : "DIFFER", ru);
 				CHECK(ru == 0 && eq);
 			}
