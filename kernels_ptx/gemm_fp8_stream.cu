@@ -1024,7 +1024,9 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
-// partial: [chunks][rows][N].
+// partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
+// chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
+// one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
@@ -1032,13 +1034,30 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
-	const long long total = (long long)R * N, plane = (long long)rows * N;
+	const long long total = (long long)R * N / 4, plane = (long long)rows * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {
-		float sum = partial[i];
-		for (int c = 1; c < chunks; c++)
-			sum += partial[(size_t)c * plane + i];
-		Y[(i / N) * ldy + i % N] = f32_to_bf16(sum);
+		const float *p = partial + 4 * i;
+		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+		for (int c0 = 0; c0 < chunks; c0 += 8) {
+			float4 v[8];
+#pragma unroll
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks)
+					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
+#pragma unroll
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks) {
+					if (c0 + c == 0)
+						sum = v[c];
+					else
+						sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
+				}
+		}
+		const long long r = 4 * i / N, n = 4 * i % N;
+		uint16_t *y = Y + r * ldy + n;
+		y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
+		y[2] = f32_to_bf16(sum.z), y[3] = f32_to_bf16(sum.w);
 	}
 }
 

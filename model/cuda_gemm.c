@@ -164,6 +164,19 @@ static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
+/* Diagnosis: DSV32_GEMM_STREAM_NS=n caps the streaming kernel's ring at n stages (a smaller
+ * block leaves shared memory for the chunk sum's blocks and the next kernel to be resident
+ * beside it); unset: as many as fit (8 at most). */
+static int stream_ns_cap(void)
+{
+	static int cap = -1;
+	if (cap < 0) {
+		const char *v = getenv("DSV32_GEMM_STREAM_NS");
+		cap = v && atoi(v) >= 2 ? atoi(v) : 8;
+	}
+	return cap;
+}
+
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
  * (griddepcontrol.wait) for that kernel's outputs. DSV32_GEMM_PDL=0 turns it off; -1 = not
@@ -285,6 +298,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	head += 8 * (wi == 4 ? 16 : 16 + 2 * 64 * 4); /* wi 4: the weights' scales only */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
+	ns = ns > stream_ns_cap() ? stream_ns_cap() : ns;
 	if (ns < 2) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups x %d rows do not fit\n", G,
 			rows);
@@ -343,10 +357,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
 				  cb < 1024 ? cb : 1024, 1, 256, 0, cargs);
 	}
+	/* at most two blocks an SM (grid-stride): its blocks wait resident beside the GEMM's for
+	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
-	unsigned rb = (unsigned)(((long long)rows * N + 255) / 256);
-	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
-			  rargs);
+	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < rmax ? rb : rmax, 1, 256,
+			  0, rargs);
 }
 
 /* Which kernel cuda_gemm_fp8_decode runs: 1 the streaming kernel, 0 the previous one (v2), -1

@@ -4,7 +4,8 @@
  * VEC128_32F x weights BLK128x128_32F, through model/cuda_gemm.h), against the HBM read limit
  * measured in the same run, and which is faster. "Ours" is what the engine runs: cuda_gemm_fp8,
  * the fast mode's dispatch after the start-up measurement the engine makes (cuda_gemm_tune_rotate
- * per shape and M bucket; --no-tune: the built-in defaults), its path in the "path" column;
+ * per shape and M bucket; --no-tune: the built-in defaults; --shape NxK: that dense shape
+ * only), its path in the "path" column;
  * beside it each kernel forced: the streaming decode kernel (mma.sync, exact) and the previous
  * register-load kernel "v2" for M <= 64, the streaming kernel's wgmma consumers ("wg", K chunks
  * summed by a second launch; "wg_fu" summed in the kernel), the wgmma kernel above 64 rows
@@ -321,7 +322,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 
 int bench_gemm(int argc, char **argv)
 {
-	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1;
+	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1, only_n = 0, only_k = 0;
 	no_wgmma = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
@@ -334,9 +335,12 @@ int bench_gemm(int argc, char **argv)
 			no_wgmma = 1;
 		else if (!strcmp(argv[i], "--no-tune"))
 			tune = 0;
+		else if (!strcmp(argv[i], "--shape") && i + 1 < argc &&
+			 sscanf(argv[i + 1], "%dx%d", &only_n, &only_k) == 2)
+			i++;
 		else {
 			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] "
-					"[--no-wgmma] [--no-tune]\n");
+					"[--no-wgmma] [--no-tune] [--shape NxK]\n");
 			return 2;
 		}
 	}
@@ -368,6 +372,8 @@ int bench_gemm(int argc, char **argv)
 	int rc_all = 0;
 	for (size_t si = 0; run_dense && si < sizeof shapes / sizeof *shapes; si++) {
 		struct gemm_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
+		if (only_n && (c.N != only_n || c.K != only_k)) /* --shape: that one only */
+			continue;
 		c.w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
 		c.s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
 		c.copies = (int)((1ull << 30) / c.w_bytes) + 1;
