@@ -71,6 +71,7 @@
 #include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
 #include "cluster.cuh" // cluster_sync, cluster_rank
 #include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
+#include "wgmma.cuh" // descriptors (wgd_kmajor: tiles 1024-aligned, + 2 a k32 step), fences
 
 #define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
 #define WG_BK 128              // K bytes per stage = one scale block
@@ -112,33 +113,6 @@ __device__ __forceinline__ void tmap_prefetch(const void *map)
 	asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
 
-// wgmma shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
-// bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset unused by this
-// layout, base offset 0 (tiles are 1024-byte aligned; the start address moves by 32 bytes per
-// k32 step inside the swizzle atom, which the hardware's address swizzle accounts for).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr)
-{
-	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4); // leading byte offset 0 (unused)
-	d |= (uint64_t)(1024 >> 4) << 32;  // stride byte offset
-	d |= (uint64_t)1 << 62;            // layout: 128-byte swizzle
-	return d;
-}
-
-__device__ __forceinline__ void wgmma_fence()
-{
-	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_commit()
-{
-	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_wait0()
-{
-	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
 // A shared-memory load that stays after the barrier wait before it (volatile, memory clobber).
 __device__ __forceinline__ float lds_f32(uint32_t addr)
 {
@@ -165,10 +139,6 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
 	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 	return r;
 }
-
-// Keeps the compiler from moving reads or writes of v across this point (the wgmma fragment is
-// written asynchronously: its registers are only valid after wgmma.wait_group).
-__device__ __forceinline__ void reg_fence(float &v) { asm volatile("" : "+f"(v)::"memory"); }
 
 // ---- wgmma m64nNk32 e4m3 ------------------------------------------------------------------------
 // The fragment operands: %0 .. %63 bound to d[0 .. 63] (n128), %0 .. %95 to d[0 .. 95] (n192).
@@ -625,8 +595,8 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		float nx_lo = 0.f, nx_hi = 0.f, nw0 = 0.f, nw1 = 0.f;
 		if constexpr (!SS)
 			nx_lo = __ldg(sx_lo), nx_hi = __ldg(sx_hi), nw0 = __ldg(w0), nw1 = __ldg(w1);
-		const uint64_t da0 = smem_desc(a_smem + cw * 64 * WG_BK);
-		const uint64_t db0 = smem_desc(b_smem);
+		const uint64_t da0 = wgd_kmajor(a_smem + cw * 64 * WG_BK);
+		const uint64_t db0 = wgd_kmajor(b_smem);
 		// When none of this warpgroup's rows is stored (a group's or M's last tile) it skips
 		// the MMAs but still takes part in every stage's handshake; its wait on "full" keeps
 		// its arrivals on "empty" in step with the stage's phase. (Not for BN = 192 / 256
@@ -668,18 +638,18 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 			for (int h = 0; h < NH; h++) {
 #pragma unroll
 				for (int i = 0; i < FR; i++)
-					reg_fence(frag[i]);
-				wgmma_fence(); // the promotion's reads of frag before the MMAs write it
+					wg_reg_fence(frag[i]);
+				wg_fence(); // the promotion's reads of frag before the MMAs write it
 				// k32 steps: +32 bytes = +2 in the descriptor; half h: rows 128h of B
 #pragma unroll
 				for (int k = 0; k < WG_BK / 32; k++)
 					wgmma_k32<FN>(frag, da + 2 * k,
 						      db + ((uint64_t)(h * FN * WG_BK) >> 4) + 2 * k, k > 0);
-				wgmma_commit();
-				wgmma_wait0();
+				wg_commit();
+				wg_wait0();
 #pragma unroll
 				for (int i = 0; i < FR; i++)
-					reg_fence(frag[i]);
+					wg_reg_fence(frag[i]);
 				if (h == NH - 1) {
 					// the stage's smem has been read by this warp's MMAs: release it
 					release<MC>(EMPTY(s), lane);

@@ -5,6 +5,7 @@
 // (moe_permute_one). Spec §3.9; the numbers are the CPU's (moe_gate.cu's header).
 #pragma once
 #include "common.cuh"
+#include "scan.cuh" // warp_inclusive_scan
 
 #define PERM_CHUNK 128 // most tokens placed per pass of k_moe_permute
 
@@ -191,13 +192,7 @@ __device__ __forceinline__ void perm_prefix(const int *c, int *base, int E, int 
 	int local = 0;
 	for (int k = 0; k < 8; k++)
 		local += 8 * tid + k < E ? c[8 * tid + k] : 0;
-	int incl = local;
-#pragma unroll
-	for (int o = 1; o < 32; o <<= 1) {
-		const int v = __shfl_up_sync(0xffffffffu, incl, o);
-		if (tid >= o)
-			incl += v;
-	}
+	const int incl = warp_inclusive_scan(local);
 	int run = incl - local;
 	for (int k = 0; k < 8; k++)
 		if (8 * tid + k < E) {
