@@ -639,6 +639,10 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		goto err;
 	if ((r = gpu_arena_init(&b->g, &b->scratch, SCRATCH_BYTES, e)))
 		goto err;
+	if (cuda_forward_prepare(&b->g)) {
+		r = err_set(e, -EIO, "cuda backend: cannot set the forward kernels' attributes");
+		goto err;
+	}
 	if (cu_check(cu.cuStreamCreate(&b->side, CU_STREAM_NON_BLOCKING), "cuStreamCreate", __FILE__,
 		     __LINE__) ||
 	    cu_check(cu.cuEventCreate(&b->ev_fork, CU_EVENT_DISABLE_TIMING), "cuEventCreate", __FILE__,

@@ -285,12 +285,16 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	}
 	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
 	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
-	/* the shared-memory limit of the mode's few-row product kernels (head_mma in the fast mode,
-	 * lin_stream in the invariant one; a function attribute: set here, outside any capture) */
+	return 0;
+}
+
+int cuda_forward_prepare(struct gpu *g)
+{
+	/* the shared-memory limit of the few-row product kernels (head_mma in the fast mode,
+	 * lin_stream in the invariant one; a function attribute, set outside any capture: once
+	 * here, no longer at every step) */
 	for (int v = 0; v < 4; v++) {
-		if (F->E->batch_invariant != (v == 3))
-			continue;
-		void *fn = gpu_kernel(F->g, v < 3 ? fwd_head_mma_names[v] : "k_fwd_lin_stream");
+		void *fn = gpu_kernel(g, v < 3 ? fwd_head_mma_names[v] : "k_fwd_lin_stream");
 		int smem = v < 3 ? (int)fwd_head_mma_smem(1 << v) : LIN_STREAM_SMEM;
 		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 							  smem),
@@ -304,7 +308,8 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 static int fwd_upload(struct fwd *F)
 {
 	TAKE(dev, F->meta_bytes);
-	if (cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
+	if (!fwd_skipped(F, "metadata_upload") &&
+	    cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
 		     "cuMemcpyHtoDAsync", __FILE__, __LINE__))
 		return -EIO;
 	F->tok = dev, F->pos = dev + F->o_pos, F->slot = dev + F->o_slot, F->nkeys = dev + F->o_nk;
@@ -443,8 +448,9 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 	 * into the sequences' buffers, instead of the driver staging each pageable copy itself (run
 	 * 14: 1.539 / 5.830 against 1.584 / 6.082). DSV32_CUDA_LOGITS_STAGED=1 / 0 forces either. */
 	const int staged = F->E->sw->staged < 0 ? !logits_pinned(F) : F->E->sw->staged;
+	const int down = F->n_logits && !fwd_skipped(F, "logits_download"); /* (timing only) */
 	float *stage = NULL;
-	if (staged && F->n_logits && !rc) {
+	if (staged && down && !rc) {
 		size_t need = (size_t)F->n_logits * V * 4;
 		if (*F->E->plog_bytes < need) {
 			gpu_host_free(*F->E->plog);
@@ -461,7 +467,7 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 	 * of l32 (row order), and its buffer holds them in that order (was: a fresh host buffer
 	 * for all and a copy per row; run 9: ~55 ms of a 69 ms batch-128 step, page faults and
 	 * copies of 66 MB) */
-	for (int64_t i = 0, kl = 0; !rc && !stage && F->n_logits && i < st->n_seqs; i++) {
+	for (int64_t i = 0, kl = 0; !rc && !stage && down && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		int64_t nl = 0;
 		for (int64_t j = 0; j < s->n; j++)

@@ -80,8 +80,9 @@ struct fwd_switches {
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */
 	int64_t max_rows; /* DSV32_CUDA_MAX_ROWS (0: from the arena) */
-	char skip[256];   /* DSV32_CUDA_FWD_SKIP: comma-separated kernel names the forward does not
-			   * launch (its own kernels only: timing by subtraction; wrong numbers) */
+	char skip[256];   /* DSV32_CUDA_FWD_SKIP: comma-separated names of what the forward does not
+			   * run (its own kernels, metadata_upload, logits_download: timing by
+			   * subtraction; wrong numbers) */
 	unsigned gen;     /* bumped by every change (the decode graphs' key) */
 };
 void cuda_forward_switches_init(struct fwd_switches *s);
@@ -123,6 +124,10 @@ struct fwd_env {
 /* With DSV32_CUDA_PROFILE=1, eager steps record the GPU time between consecutive ops; this
  * prints the totals by op (stderr) and clears them. Called by the backend's destroy. */
 void cuda_forward_profile_print(void);
+
+/* Once per GPU before the first step (the backend's creation): the kernels' function attributes.
+ * 0 or -EIO. */
+int cuda_forward_prepare(struct gpu *g);
 
 /* The whole step (st validated by the caller). 0 or a negative errno. */
 int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st);

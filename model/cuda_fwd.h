@@ -124,6 +124,8 @@ int fwd_fail(const char *what, int r);
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);
+/* 1: name is one of DSV32_CUDA_FWD_SKIP's comma-separated names (not to be run: timing only) */
+int fwd_skipped(const struct fwd *F, const char *name);
 int fwd_fused(const struct fwd *F); /* 0: DSV32_CUDA_UNFUSED=1 */
 int fwd_dump_rows(struct fwd *F, const char *name, int64_t layer, gpu_ptr p, enum dump_kind k,
 		  int64_t ld, int64_t width, int t0, int n);

@@ -32,11 +32,10 @@ int fwd_fail(const char *what, int r)
 	return r ? r : -EIO;
 }
 
-/* 1: name is one of DSV32_CUDA_FWD_SKIP's comma-separated names */
-static int skipped(const char *list, const char *name)
+int fwd_skipped(const struct fwd *F, const char *name)
 {
 	size_t n = strlen(name);
-	for (const char *p = list; *p;) {
+	for (const char *p = F->E->sw->skip; *p;) {
 		size_t k = strcspn(p, ",");
 		if (k == n && !strncmp(p, name, n))
 			return 1;
@@ -48,7 +47,7 @@ static int skipped(const char *list, const char *name)
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl)
 {
-	if (F->E->sw->skip[0] && skipped(F->E->sw->skip, name))
+	if (F->E->sw->skip[0] && fwd_skipped(F, name))
 		return 0;
 	int r = (pdl && F->E->sw->pdl ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name), gx,
 									     gy, gz, bx, 1, 1, smem, args);
