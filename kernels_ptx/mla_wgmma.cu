@@ -41,6 +41,12 @@
 // end of shared memory. Run 15 at 32K x 128: the producer's gather and dequantisation, 2 x 2048
 // keys a row (each block its own), added ~280 of the 392 us. The same numerics: the same fp16
 // key tiles, the same consumers.
+// k_mla_decode_wg2p: the pair with the consumers pipelined across tiles: S of tile t + 1 issued
+// before P V of tile t (both asynchronous, one commit group each), the softmax of t + 1 while P V
+// of t runs, then O rescaled by t + 1's factors once P V of t is done (the same operations in the
+// same order: the same bits). It needs three key buffers (S of t + 1 and P V of t hold two while
+// the producers fill the third; run 13's pipelined form with two was slower), so one S exchange
+// (a second barrier once both warpgroups read it) and two raw stages (one tile in flight).
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
 // stores.
@@ -67,6 +73,20 @@
 #define MW_BAR_CONS 5  // the 256 consumer threads
 #define MW_BAR_PROD 6  // the 128 producer threads
 #define MW_MAXK 2048   // keys a split at most (its slots are held in shared memory)
+#define MW_BAR_X2 7    // PIPE: the 256 consumer threads done reading the S exchange
+
+// The shared-memory plan of a variant (byte offsets from the 1024-aligned base): Q, NKB key tiles,
+// NXS S exchanges (2 halves of MW_XS floats), NST raw stages of STB bytes, the split's slots, the
+// mbarriers full[NKB], empty[NKB] (PAIR). KW: keys a producer warp dequantises in a tile.
+template <bool PAIR, bool PIPE> struct mw_cfg {
+	static_assert(PAIR || !PIPE, "the pipelined consumers need the cluster barriers");
+	static constexpr int NKB = PIPE ? 3 : 2, NXS = PIPE ? 1 : 2, KW = PAIR ? 4 : 8;
+	static constexpr int NST = PAIR ? (PIPE ? 2 : 4) : 2, STB = 4 * KW * MW_REC;
+	static constexpr int K_OFF = MW_Q_BYTES, XS_OFF = K_OFF + NKB * MW_K_BYTES;
+	static constexpr int RAW_OFF = XS_OFF + NXS * 2 * MW_XS * 4, SSL_OFF = RAW_OFF + NST * STB;
+	static constexpr int BAR_OFF = SSL_OFF + MW_MAXK * 4, END = BAR_OFF + 2 * NKB * 8;
+	static_assert(1024 + END <= 1024 + 230400 + 32, "mla_wg_smem_bytes (cuda_attn.c) holds the plan");
+};
 
 __device__ __forceinline__ void mw_bar_sync(int id, int n)
 {
@@ -224,15 +244,14 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 // records (3 tiles in flight: the gather was latency-bound, run 15), written into both CTAs' key
 // tiles, handed over by the cluster barriers at bars (full[2], empty[2]) instead of the named
 // barriers. Else 2 stages of 32 records (1 tile in flight).
-template <bool PAIR>
+template <bool PAIR, bool PIPE>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
-					   const uint8_t *__restrict__ pool, uint8_t *smem, uint8_t *raw, int *ssl,
-					   uint32_t bars, int diag)
+					   const uint8_t *__restrict__ pool, uint8_t *smem, uint32_t bars, int diag)
 {
-	constexpr int KW = PAIR ? 4 : 8;                // keys a warp dequantises in a tile
-	constexpr int NST = PAIR ? 4 : 2;               // raw stages
-	constexpr int STB = 4 * KW * MW_REC;            // bytes of a stage (the CTA's keys of a tile)
-	static_assert(NST * STB == 2 * MW_KT * MW_REC, "raw holds the stages");
+	using C = mw_cfg<PAIR, PIPE>;
+	constexpr int KW = C::KW, NST = C::NST, STB = C::STB, NKB = C::NKB;
+	uint8_t *raw = smem + C::RAW_OFF;
+	int *ssl = reinterpret_cast<int *>(smem + C::SSL_OFF);
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
 	const uint32_t rank = PAIR ? cluster_rank() : 0;
 	const int kb = PAIR ? 16 * (int)rank : 0, k0 = kb + KW * pw; // the CTA's first key, the warp's
@@ -249,7 +268,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 			if (i0 + 128 * u + ptid < nt * MW_KT)
 				ssl[i0 + 128 * u + ptid] = v[u];
 	}
-	for (int i = ptid; i < 2 * MW_KT * MW_REC / 16; i += 128)
+	for (int i = ptid; i < NST * STB / 16; i += 128)
 		reinterpret_cast<uint4 *>(raw)[i] = make_uint4(0, 0, 0, 0);
 	mw_bar_sync(MW_BAR_PROD, 128);
 	// tile j's gather: one commit group, none past the end or under diag bit 0 after tile 1 —
@@ -261,7 +280,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 		else if (PAIR)
 			cp_async_commit();
 	for (int t = 0; t < nt; t++) {
-		const int s = t & 1;
+		const int s = (unsigned)t % NKB, u = (unsigned)t / NKB; // key buffer, its use
 		cp_async_wait_group<NST - 2>(); // tile t's group (the NST - 2 after it may still fly)
 		__syncwarp(); // the warp's records of tile t landed; its reads of tile t - 1's stage done
 		const int j = t + NST - 1;
@@ -269,14 +288,14 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 			mw_gather<KW>(ssl + j * MW_KT, pool, raw + (j & (NST - 1)) * STB, k0, kb, lane);
 		else if (PAIR)
 			cp_async_commit();
-		if (t >= 2) {
-			if (PAIR) // both CTAs' consumers done with tile t - 2
-				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1);
+		if (t >= NKB) {
+			if (PAIR) // both CTAs' consumers done with tile t - NKB
+				mw_wait_cl(bars + 8 * (NKB + s), (u + 1) & 1);
 			else
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
 		if (!((diag & 4) && t >= 2))
-			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, MW_Q_BYTES + s * MW_K_BYTES, peer, k0, kb, lane);
+			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer, k0, kb, lane);
 		if (PAIR) {
 			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
 			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
@@ -322,12 +341,14 @@ struct mw_soft {
 	float m0, m1, l0, l1;
 };
 
-// Steps 2 of the header for tile buffer s (cv: the tile's slots, -1 masks a key): this
+// Steps 2 of the header for exchange buffer s (cv: the tile's slots, -1 masks a key): this
 // warpgroup's half sp of S through the exchange
 // (the same fragment position in the other warpgroup), S = S_0 + S_1, scaled and masked, the
 // running maxima and sums updated; out: the A fragments of P V (k16 step kk = keys 16 kk ..:
 // a0 head g keys 2 t4 + {0, 1}, a1 head g + 8, a2 and a3 the same keys + 8) and the factors
-// e^(m_old - m) of the thread's two heads for O
+// e^(m_old - m) of the thread's two heads for O. POST (a single exchange buffer): a second
+// barrier once both warpgroups have read it.
+template <bool POST>
 __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int *cv, int s, int wg, int wt, int t4,
 					   float scale2, mw_soft &st, uint32_t (&ph)[2][4], uint32_t (&pl)[2][4],
 					   float &c0, float &c1)
@@ -352,6 +373,8 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 			mx0 = fmaxf(mx0, sc[j0]);
 			mx1 = fmaxf(mx1, sc[j1]);
 		}
+	if (POST) // one exchange buffer: both warpgroups have read it before either writes it again
+		mw_bar_sync(MW_BAR_X2, 256);
 	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
 	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
 	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -419,7 +442,7 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
 // a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
 // while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
-template <bool PAIR>
+template <bool PAIR, bool PIPE>
 __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 					  const uint8_t *__restrict__ pool, int H, float scale,
 					  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
@@ -427,11 +450,11 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	extern __shared__ __align__(16) uint8_t smem_raw[];
 	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
 	uint8_t *smem = smem_raw + (base - raw_addr);
-	uint8_t *ktiles = smem + MW_Q_BYTES;                                          // K[2]
-	float *xs = reinterpret_cast<float *>(ktiles + 2 * MW_K_BYTES);               // [2][2][MW_XS]
-	uint8_t *raw = reinterpret_cast<uint8_t *>(xs + 4 * MW_XS);                   // [2][32][656]
-	int *ssl = reinterpret_cast<int *>(raw + 2 * MW_KT * MW_REC);                 // [MW_MAXK]
-	const uint32_t bars = smem_u32(ssl + MW_MAXK); // PAIR: mbarriers full[2], empty[2]
+	using C = mw_cfg<PAIR, PIPE>;
+	constexpr int NKB = C::NKB;
+	float *xs = reinterpret_cast<float *>(smem + C::XS_OFF);
+	const int *ssl = reinterpret_cast<const int *>(smem + C::SSL_OFF);
+	const uint32_t bars = base + C::BAR_OFF; // PAIR: mbarriers full[NKB], empty[NKB]
 
 	const int tid = threadIdx.x, lane = tid & 31;
 	const int b = blockIdx.y, h0 = blockIdx.x * MW_HG;
@@ -442,9 +465,9 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 
 	if (PAIR) {
 		if (tid == 0) {
-			for (int i = 0; i < 2; i++) {
-				mbar_init(bars + 8 * i, 2 * 128);     // full[i]: every producer thread of both CTAs
-				mbar_init(bars + 8 * (2 + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
+			for (int i = 0; i < NKB; i++) {
+				mbar_init(bars + 8 * i, 2 * 128);       // full[i]: every producer thread of both CTAs
+				mbar_init(bars + 8 * (NKB + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
 			}
 			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		}
@@ -455,7 +478,7 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce<PAIR>(srow, k_begin, k_end, nt, pool, smem, raw, ssl, bars, diag);
+		mw_produce<PAIR, PIPE>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
 		if (PAIR)
 			cluster_sync(); // no CTA leaves while its peer may still write or signal it
 		return;
@@ -498,12 +521,71 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	// column block; key buffer 1 is MW_K_BYTES / 16 on
 	const uint64_t dq = wgd_kmajor(base + 32 * wg), dk0 = wgd_kmajor(base + MW_Q_BYTES + 32 * wg);
 	const uint64_t dv0 = wgd_mnmajor(base + MW_Q_BYTES + wg * 4 * MW_KCB, lbo, sbo);
-	for (int t = 0; t < nt; t++) {
+	// PAIR: after tile t, each consumer warp's arrival on empty[t % NKB] of both CTAs
+	auto release = [&](int t) {
+		__syncwarp();
+		if (lane == 0) {
+			const uint32_t rank = cluster_rank(), e = bars + 8 * (NKB + (unsigned)t % NKB);
+			mw_arrive_cl(mw_mapa(e, rank));
+			mw_arrive_cl(mw_mapa(e, rank ^ 1));
+		}
+	};
+	// PAIR: tile t's keys in key buffer t % NKB (both CTAs' halves)
+	auto acquire = [&](int t) {
+		mw_wait_cl(bars + 8 * ((unsigned)t % NKB), ((unsigned)t / NKB) & 1);
+		fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
+	};
+	if (PIPE) {
+		// S of tile t + 1 issued before P V of tile t, its softmax while P V of t runs (P V of t
+		// into o before the factors of t + 1 rescale it: the same operations in the same order
+		// as below); three key buffers, so the producers fill tile t + 2 meanwhile. No diag bit
+		// 1 here (the MMAs always run: an accumulator zeroed on another path while one may be
+		// in flight makes ptxas serialise every wgmma, C7515).
+		bool nxt = nt > 0 && ssl[0] >= 0; // tile t + 1 (here 0) holds keys
+		if (nt > 0)
+			acquire(0);
+		if (nxt) {
+			mw_s_now(sp, dq, dk0);
+			mw_softmax<true>(sp, xs, ssl, 0, wg, wt, t4, scale2, st, ph, pl, c0, c1);
+			mw_rescale(o, c0, c1);
+		}
+		for (int t = 0; t < nt; t++) {
+			const bool act = nxt;
+			nxt = t + 1 < nt && ssl[(t + 1) * MW_KT] >= 0;
+			if (t + 1 < nt)
+				acquire(t + 1);
+			wg_fence();
+			if (nxt)
+				mw_issue_s(sp, dq, dk0 + ((unsigned)(t + 1) % NKB) * (MW_K_BYTES / 16));
+			wg_commit();
+			if (act)
+				mw_issue_pv(o, ph, pl, dv0 + ((unsigned)t % NKB) * (MW_K_BYTES / 16));
+			wg_commit();
+			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); // S of t + 1
+			mw_fence_regs(sp, 16);
+			uint32_t nph[2][4], npl[2][4];
+			float n0 = 1.f, n1 = 1.f;
+			if (nxt)
+				mw_softmax<true>(sp, xs, ssl + (t + 1) * MW_KT, 0, wg, wt, t4, scale2, st, nph, npl, n0, n1);
+			wg_wait0(); // P V of t
+			mw_fence_regs(o, 128);
+			if (t + NKB < nt)
+				release(t);
+			if (nxt) {
+				mw_rescale(o, n0, n1);
+#pragma unroll
+				for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+					for (int i = 0; i < 4; i++)
+						ph[kk][i] = nph[kk][i], pl[kk][i] = npl[kk][i];
+			}
+		}
+	}
+	for (int t = 0; t < nt && !PIPE; t++) {
 		const int s = t & 1;
-		if (PAIR) {
-			mw_wait_cl(bars + 8 * s, (t >> 1) & 1);
-			fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
-		} else
+		if (PAIR)
+			acquire(t);
+		else
 			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
 		if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
 			if (mma) {
@@ -513,19 +595,14 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 				for (int j = 0; j < 16; j++)
 					sp[j] = 0.f;
 			}
-			mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
+			mw_softmax<false>(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
 			mw_rescale(o, c0, c1);
 			if (mma)
 				mw_pv_now(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
 		}
 		if (t + 2 < nt) { // the producer(s) wait for this buffer before tile t + 2
 			if (PAIR) {
-				__syncwarp();
-				if (lane == 0) {
-					const uint32_t rank = cluster_rank();
-					mw_arrive_cl(mw_mapa(bars + 8 * (2 + s), rank));
-					mw_arrive_cl(mw_mapa(bars + 8 * (2 + s), rank ^ 1));
-				}
+				release(t);
 			} else {
 				mw_bar_arrive(MW_BAR_EMPTY + s, MW_THREADS);
 			}
@@ -573,7 +650,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 // The pair: grid x (the 64-head groups) even, CTAs 2 j and 2 j + 1 (the same row and split) a
@@ -583,5 +660,14 @@ k_mla_decode_wg2(const uint16_t *__restrict__ q, const int *__restrict__ sel, in
 		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<true, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+}
+
+// The pair with pipelined consumers (PIPE: three key buffers, one S exchange, two raw stages)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg2p(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		  const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mw_decode<true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

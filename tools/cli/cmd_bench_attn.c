@@ -105,10 +105,10 @@ static void probe_fixed_costs(struct gpu *g, CUevent e0, CUevent e1)
 	       (double)cyc / (spin_ms * 1e3), empty_us, empty132_us, bigonly_us, alt_us);
 }
 
-/* One call of k_mla_decode_wg2 (not yet validated on the GPU) on a small shape (2 rows, 2048 keys,
- * uninitialised records): 0 when it ran; else its error has spoilt the context, which the caller
- * reopens, and the bench leaves the kernel out */
-static int probe_mla_wg2(struct gpu *g)
+/* One call of k_mla_decode_wg2 or k_mla_decode_wg2p (diag; not yet validated on the GPU) on a small
+ * shape (2 rows, 2048 keys, zero records): 0 when it ran; else its error has spoilt the context,
+ * which the caller reopens, and the bench leaves the kernel out */
+static int probe_mla_wg2(struct gpu *g, int diag)
 {
 	const int B = 2, MH = 128, R = 512, nsel = 2048;
 	gpu_ptr mq = 0, pos = 0, mpool = 0, mo = 0, ws = 0;
@@ -126,7 +126,7 @@ static int probe_mla_wg2(struct gpu *g)
 	free(hp);
 	cu.cuMemsetD8(mq, 0, (size_t)B * MH * (R + 64) * 2);
 	cu.cuMemsetD8(mpool, 0, (size_t)nsel * 656);
-	int r = cuda_mla_decode_diag(g, mq, pos, nsel, mpool, 656, R, MH, B, 0.1f, mo, ws, 128 | 0x10000);
+	int r = cuda_mla_decode_diag(g, mq, pos, nsel, mpool, 656, R, MH, B, 0.1f, mo, ws, diag);
 	if (!r)
 		r = gpu_sync(g);
 	if (!r) {
@@ -154,15 +154,18 @@ int bench_attention(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
 		return 1;
 	}
-	int wg2_ok = 1; /* k_mla_decode_wg2 ran in the probe (else it is left out) */
-	if (probe_mla_wg2(&g)) {
-		printf("k_mla_decode_wg2 failed its probe (2 x 2048 keys): left out of this run\n");
+	/* k_mla_decode_wg2 / _wg2p ran in the probe (else they are left out) */
+	int wg2_ok = 1, wg2p_ok = 1;
+	for (int pi = 0; pi < 2; pi++) {
+		if (!probe_mla_wg2(&g, pi ? 0x30080 : 0x10080))
+			continue;
+		printf("%s failed its probe (2 x 2048 keys): left out of this run\n", pi ? "k_mla_decode_wg2p" : "k_mla_decode_wg2");
 		gpu_close(&g);
 		if (gpu_open(&g, 0, &e)) {
 			fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
 			return 1;
 		}
-		wg2_ok = 0;
+		*(pi ? &wg2p_ok : &wg2_ok) = 0;
 	}
 	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
 	const long long page_bytes = 64 * 132;
@@ -303,6 +306,10 @@ int bench_attention(int argc, char **argv)
 			double wg2_us = wg2_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 							  128 | 0x10000)
 					       : 0;
+			/* its pipelined form k_mla_decode_wg2p (diag bit 17) */
+			double wg2p_us = wg2p_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
+							    mws, 0x30080)
+						 : 0;
 			double wg_diag_us[8] = {0}, wg2_diag_us[8] = {0};
 			if (ctx == 32768 && B == 128) {
 				for (int di = 1; di < 8; di++) {
@@ -390,9 +397,10 @@ int bench_attention(int argc, char **argv)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
 				       "%.1f TFLOP/s\n", old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us,
 				       mla_flops / (wg_us * 1e-6) / 1e12);
-			if (wg2_us > 0)
-				printf("        k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s\n", wg2_us,
-				       mla_flops / (wg2_us * 1e-6) / 1e12);
+			if (wg2_us > 0 || wg2p_us > 0)
+				printf("        k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s | "
+				       "k_mla_decode_wg2p (pipelined) %.2f us, %.1f TFLOP/s\n", wg2_us,
+				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2p_us, mla_flops / (wg2p_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
