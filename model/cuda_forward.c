@@ -19,8 +19,8 @@
  * Two modes (fwd_env.batch_invariant, backend_cuda_opts):
  *   fast (the default): GEMMs of M > 64 rows through cuda_gemm_fp8's prefill paths (wgmma /
  *     cuBLASLt), the GEMM dispatch's fast mode below (cuda_gemm_set_batch_invariant: cuBLASLt
- *     where it measured faster), the MoE block on all the step's rows at once (CUDA_MOE_FAST:
- *     the wgmma grouped GEMMs); bf16 products
+ *     where it measured faster), the MoE block on all the step's rows at once (its
+ *     wgmma grouped GEMMs above 64 rows, by the GEMM dispatch's mode); bf16 products
  *     on the tensor cores above 8 rows (fwd_mma.cu), the memory-bound GEMV for 1-4 rows, the
  *     CUDA cores in the CPU's order for 5-8. Where it departs from the CPU: the large-M GEMMs'
  *     fp32 accumulation (~2^-12 relative) flips FP8 re-quantisations downstream (run 7:

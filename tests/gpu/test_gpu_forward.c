@@ -30,7 +30,6 @@
 #ifndef DSV32_NO_CUDA
 
 #include <time.h>
-#include <unistd.h>
 
 #include "model/backend.h"
 #include "model/cpu_ops.h"
@@ -41,50 +40,21 @@
 
 /* ---- models ------------------------------------------------------------------------------------ */
 
-static const char *fwd_bin(void)
-{
-	static char dir[1024];
-	const char *b = getenv("DSV32_BIN");
-	if (b && *b)
-		return b;
-	ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
-	if (n > 0) {
-		dir[n] = 0;
-		char *slash = strrchr(dir, '/');
-		if (slash) {
-			*slash = 0;
-			char p[1100];
-			snprintf(p, sizeof p, "%s/mkmodel", dir);
-			if (access(p, X_OK) == 0)
-				return dir;
-		}
-	}
-	return "build";
-}
-
 static void load_structured(struct test_model *m, const char *name)
 {
 	char cmd[4096];
 	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), name);
 	snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s/tests/data/numerics_%s.json --seed 1 "
-		 "--tokenizer fallback --structured --out %s >%s.log 2>&1", fwd_bin(), test_root(), name,
+		 "--tokenizer fallback --structured --out %s >%s.log 2>&1", test_bin_dir(), test_root(), name,
 		 m->dir, m->dir);
 	test_model_make(m, cmd);
 }
 
 /* Output buffers start as NaN, so a row the backend never wrote cannot pass. */
-/* One of the CUDA forward's switches (backend_cuda_set_switch; value NULL: its default). The
- * MoE block reads DSV32_CUDA_UNFUSED from the environment at every call (model/cuda_moe.c), so
- * that one is set there too. */
+/* One of the CUDA forward's switches (backend_cuda_set_switch; value NULL: its default). */
 static void set_switch(struct backend *b, const char *name, const char *value)
 {
 	REQUIRE(backend_cuda_set_switch(b, name, value) == 0);
-	if (!strcmp(name, "DSV32_CUDA_UNFUSED")) {
-		if (value)
-			setenv(name, value, 1);
-		else
-			unsetenv(name);
-	}
 }
 
 static void gpu_fill_nan(float *x, int64_t n)
@@ -1030,7 +1000,7 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	char cmd[4096];
 	snprintf(m.dir, sizeof m.dir, "%s/real2", test_tmpdir());
 	snprintf(cmd, sizeof cmd, "%s/mkmodel real --layers 2 --dense 1 --header-only --tokenizer "
-		 "fallback --out %s >%s.log 2>&1", fwd_bin(), m.dir, m.dir);
+		 "fallback --out %s >%s.log 2>&1", test_bin_dir(), m.dir, m.dir);
 	test_model_make(&m, cmd);
 	struct backend *b;
 	struct err e = {""};
