@@ -541,9 +541,12 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 		// as below); three key buffers, so the producers fill tile t + 2 meanwhile. No diag bit
 		// 1 here (the MMAs always run: an accumulator zeroed on another path while one may be
 		// in flight makes ptxas serialise every wgmma, C7515).
-		bool nxt = nt > 0 && ssl[0] >= 0; // tile t + 1 (here 0) holds keys
-		if (nt > 0)
+		bool nxt = false; // tile t + 1 (here 0) holds keys (ssl, all of it, is the producer's
+				  // before its first handover)
+		if (nt > 0) {
 			acquire(0);
+			nxt = ssl[0] >= 0;
+		}
 		if (nxt) {
 			mw_s_now(sp, dq, dk0);
 			mw_softmax<true>(sp, xs, ssl, 0, wg, wt, t4, scale2, st, ph, pl, c0, c1);
