@@ -278,6 +278,38 @@ TEST(gpu_moe, permute_large_exact)
 #endif
 
 #ifndef DSV32_NO_CUDA
+/* Random router operands for the logit tests: W bf16 [E, D] (amplitude 0.05), x bf16 [T, D]
+ * (amplitude 2) and as fp32 (xf), the CPU's logits ref fp32 [T, E] (cpu_bf16_linear); W and x
+ * uploaded (d_w, d_x). */
+struct gate_case {
+	uint16_t *w, *xh;
+	float *xf, *ref;
+	gpu_ptr d_w, d_x;
+};
+
+static void gate_case_make(struct gpu *g, struct gate_case *gc, int T, int E, int D,
+			   uint64_t *seed)
+{
+	gc->w = malloc((size_t)E * D * 2), gc->xh = malloc((size_t)T * D * 2);
+	gc->xf = malloc((size_t)T * D * 4), gc->ref = malloc((size_t)T * E * 4);
+	REQUIRE(gc->w && gc->xh && gc->xf && gc->ref);
+	fill_bf16(gc->w, (size_t)E * D, 0.05f, seed);
+	fill_bf16(gc->xh, (size_t)T * D, 2.0f, seed);
+	for (size_t i = 0; i < (size_t)T * D; i++)
+		gc->xf[i] = bf16_to_f32(gc->xh[i]);
+	struct bf16_mat Wm = {gc->w, E, D};
+	cpu_bf16_linear(NULL, &Wm, gc->xf, T, gc->ref, 0);
+	gc->d_w = gpu_test_alloc((size_t)E * D * 2), gc->d_x = gpu_test_alloc((size_t)T * D * 2);
+	REQUIRE(gpu_upload(g, gc->d_w, gc->w, (size_t)E * D * 2) == 0);
+	REQUIRE(gpu_upload(g, gc->d_x, gc->xh, (size_t)T * D * 2) == 0);
+}
+
+static void gate_case_free(struct gate_case *gc)
+{
+	cu.cuMemFree(gc->d_w), cu.cuMemFree(gc->d_x);
+	free(gc->w), free(gc->xh), free(gc->xf), free(gc->ref);
+}
+
 /* Every router-logit kernel (kernels_ptx/moe_block.cu) against the CPU's cpu_bf16_linear, to
  * the bit: the cp.async rings a8, a2 and a2l, the tiled forms (32- and 64-token tiles); token
  * counts across their tile edges, the real hidden size and small ones. */
@@ -301,20 +333,12 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 	uint64_t seed = 4301;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2];
-		uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)T * D * 2);
-		float *xf = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * E * 4),
-		      *got = malloc((size_t)T * E * 4);
-		REQUIRE(w && xh && xf && ref && got);
-		fill_bf16(w, (size_t)E * D, 0.05f, &seed);
-		fill_bf16(xh, (size_t)T * D, 2.0f, &seed);
-		for (size_t i = 0; i < (size_t)T * D; i++)
-			xf[i] = bf16_to_f32(xh[i]);
-		struct bf16_mat Wm = {w, E, D};
-		cpu_bf16_linear(NULL, &Wm, xf, T, ref, 0);
-		gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)T * D * 2),
-			d_l = gpu_test_alloc((size_t)T * E * 4);
-		REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
-		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+		struct gate_case gc;
+		gate_case_make(&g, &gc, T, E, D, &seed);
+		const float *ref = gc.ref;
+		gpu_ptr d_w = gc.d_w, d_x = gc.d_x, d_l = gpu_test_alloc((size_t)T * E * 4);
+		float *got = malloc((size_t)T * E * 4);
+		REQUIRE(got);
 		for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
 			if (E % ks[ki].experts || D % ks[ki].kc)
 				continue;
@@ -346,8 +370,9 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 			printf("\n");
 			CHECK_EQ_INT(bad, 0);
 		}
-		cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
-		free(w), free(xh), free(xf), free(ref), free(got);
+		cu.cuMemFree(d_l);
+		free(got);
+		gate_case_free(&gc);
 	}
 	gpu_close(&g);
 }
@@ -377,20 +402,13 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 	uint64_t seed = 4402;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3];
-		uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)T * D * 2);
-		float *xf = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * E * 4),
-		      *got = malloc((size_t)T * E * 4), *got2 = malloc((size_t)T2 * E * 4);
-		REQUIRE(w && xh && xf && ref && got && got2);
-		fill_bf16(w, (size_t)E * D, 0.05f, &seed);
-		fill_bf16(xh, (size_t)T * D, 2.0f, &seed);
-		for (size_t i = 0; i < (size_t)T * D; i++)
-			xf[i] = bf16_to_f32(xh[i]);
-		struct bf16_mat Wm = {w, E, D};
-		cpu_bf16_linear(NULL, &Wm, xf, T, ref, 0);
-		gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)T * D * 2),
-			d_l = gpu_test_alloc((size_t)T * E * 4);
-		REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
-		REQUIRE(gpu_upload(&g, d_x, xh, (size_t)T * D * 2) == 0);
+		struct gate_case gc;
+		gate_case_make(&g, &gc, T, E, D, &seed);
+		const uint16_t *w = gc.w;
+		const float *xf = gc.xf, *ref = gc.ref;
+		gpu_ptr d_w = gc.d_w, d_x = gc.d_x, d_l = gpu_test_alloc((size_t)T * E * 4);
+		float *got = malloc((size_t)T * E * 4), *got2 = malloc((size_t)T2 * E * 4);
+		REQUIRE(got && got2);
 		for (int pass = 0; pass < 2; pass++) { /* T tokens, then the first T2 */
 			int tt = pass ? T2 : T, ee = E, dd = D;
 			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
@@ -430,8 +448,9 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 			       (long long)(first % E), got[first], ref[first]);
 		CHECK_EQ_INT(bad, 0);
 		CHECK_EQ_INT(batch_diff, 0);
-		cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
-		free(w), free(xh), free(xf), free(ref), free(got), free(got2);
+		cu.cuMemFree(d_l);
+		free(got), free(got2);
+		gate_case_free(&gc);
 	}
 	gpu_close(&g);
 }
