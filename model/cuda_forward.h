@@ -76,6 +76,9 @@ struct fwd_switches {
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
+	int stream;       /* DSV32_CUDA_LOGITS_STREAM=1: when the callers' logits are one block of
+			   * the backend's pinned host memory, the LM head in slices, each copied
+			   * there on the side stream while the next is computed (inside the step) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

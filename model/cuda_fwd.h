@@ -58,6 +58,8 @@ struct fwd {
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
+	float *ldst;               /* the callers' logits as one pinned [n_logits, V] block, copied
+				    * in by the step itself (DSV32_CUDA_LOGITS_STREAM), or NULL */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \

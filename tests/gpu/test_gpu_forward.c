@@ -750,17 +750,18 @@ static void fast_mode(const char *name, int64_t T)
 		   * stream (DSV32_CUDA_FWD_FORK=0) or the query branch forked earlier (=2), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
-		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
-			enum { NS = 8, NP = 6 }; /* switch settings; the first NP into malloc'd buffers */
+		   * default there), staged (DSV32_CUDA_LOGITS_STAGED=1) or copied in by the step in
+		   * slices (DSV32_CUDA_LOGITS_STREAM=1): the same bits */
+			enum { NS = 9, NP = 6 }; /* switch settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_FORK=0", "DSV32_CUDA_FWD_FORK=2",
 						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
-						     "DSV32_CUDA_LOGITS_STAGED=1"};
+						     "DSV32_CUDA_LOGITS_STAGED=1", "DSV32_CUDA_LOGITS_STREAM=1"};
 			float *lf = malloc((size_t)NS * V * 4);
-			float *pin = backend_host_alloc(p.gpu, (size_t)2 * V * 4);
+			float *pin = backend_host_alloc(p.gpu, (size_t)(NS - NP) * V * 4);
 			REQUIRE(lf && pin);
 			gpu_fill_nan(lf, NS * V);
-			gpu_fill_nan(pin, 2 * V);
+			gpu_fill_nan(pin, (NS - NP) * V);
 			backend_cuda_set_batch_invariant(p.gpu, inv);
 			set_switch(p.gpu, "DSV32_CUDA_GRAPHS", "0");
 			for (int u = 0; u < NS; u++) {
