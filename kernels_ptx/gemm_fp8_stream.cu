@@ -58,10 +58,16 @@
 // k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
 // the first promoted while the second ran: within +-2% of this, so not kept.)
 #define ST_FUSED 1
+// ST_EARLY (grouped): the weights of the first stages before griddepcontrol.wait, and this grid's
+// trigger after it (see gemm_fp8_stream); ST_SLOT1: the groups' maps are st_maps[1] (else [0]).
+#define ST_EARLY 2
+#define ST_SLOT1 4
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
-__device__ tmap st_maps[ST_MAXG];
+// Two sets: the early mode (ST_EARLY) alternates them, so that a GEMM's maps are written while
+// the previous grouped GEMM may still read the other set.
+__device__ tmap st_maps[2][ST_MAXG];
 
 struct st_slice {
 	int e, r0, rows, pad;
@@ -388,18 +394,28 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
+	// Grouped, early mode: the offsets are read and the first weights copied before the wait.
+	// The offsets come from the routing, several kernels back: complete, because every grouped
+	// GEMM in this mode triggers its dependents only after its own wait (so when any later
+	// kernel runs, everything before this GEMM's maps kernel, which waits too, has completed);
+	// the maps are this GEMM's set, written by k_stream_group_maps before it triggered us.
+	const bool early_g = w_tab && (flags & ST_EARLY);
+	const tmap *maps = st_maps[(flags & ST_SLOT1) ? 1 : 0];
 
 	// The next kernel (launched with PDL) may start and load its constants now: it reads this
 	// grid's outputs only after its griddepcontrol.wait (this grid complete). (The next grouped
-	// GEMM's k_stream_group_maps waits before it rewrites the maps this grid reads.)
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	// GEMM's k_stream_group_maps waits before it rewrites the maps this grid reads; early mode:
+	// below, after the wait.)
+	if (!early_g)
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	// Launched with programmatic dependent launch (model/cuda_gemm.c), this grid may start
 	// before the previous kernel has finished: what it reads from that kernel's outputs comes
 	// after griddepcontrol.wait (a no-op without PDL). Grouped: everything (the offsets, the
-	// maps of k_stream_group_maps); dense: the producer waits after it has started the first
-	// stages' weight copies (constant data), before any token or scale copy; the consumers
-	// read only what the stages bring and write only after that.
-	if (w_tab)
+	// maps of k_stream_group_maps; early mode: the tokens and scales only); dense: the
+	// producer waits after it has started the first stages' weight copies (constant data),
+	// before any token or scale copy; the consumers read only what the stages bring and write
+	// only after that.
+	if (w_tab && !early_g)
 		asm volatile("griddepcontrol.wait;" ::: "memory");
 	// the slices: <= 64 rows of one group each, groups without rows left out
 	if (!w_tab) {
@@ -477,22 +493,30 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		// arrives on their full barriers expecting the whole stage's bytes; the tokens and the
 		// scales follow after the wait, below)
 		int pre = 0;
-		if (!w_tab) {
+		if (!w_tab || early_g) {
 			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
 				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 				const int xb = WI == 4 ? 0 : (w.ms + 7) >> 3;
+				const tmap *wm = w_tab ? &maps[w.e] : wmap;
+				if (lane == 0 && w_tab && w.e != e_acq) {
+					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
+						     : "memory");
+					e_acq = w.e;
+				}
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
 						for (int j = 0; j < nb; j++)
-							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
+							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wm,
 									 bar, (kb + j) * 128, w.n0, pol_w);
 					}
 				}
 			}
 			asm volatile("griddepcontrol.wait;" ::: "memory");
+			if (early_g)
+				asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 		}
 		int q = 0; // stages issued (the first `pre` had their weights issued above)
 		// the grouped weight scales' address, loaded a unit ahead
@@ -505,7 +529,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
-			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
+			const tmap *wm = w_tab ? &maps[w.e] : wmap;
 			if (lane == 0 && w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
@@ -559,6 +583,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// ---- consumers: warp w owns rows n0 + 16 RT w .. + 16 RT - 1 of each unit ----
 	constexpr int MGA = MG > 0 ? MG : 1; // array extent
 	const int g = lane >> 2, t = lane & 3;
+	if (early_g) { // the trigger after the wait: the producer has passed it once a stage is full
+		if ((int)blockIdx.x < units)
+			mbar_wait(smem_u32(&full[0]), 0);
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	}
 	int s = 0;
 	uint32_t ph = 0, it = 0; // it: stages consumed, whose parity picks the fp16 token buffer
 	// Fused chunk sum: the warp that stores the last of the chunks' partials of its rows
@@ -1002,24 +1031,36 @@ ST_ENTRY(8, 1, 4, _t) // WI = 4: up to 64 tokens in registers (dense only)
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )
 
-// st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
-// (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).
-// Launched with PDL: its blocks are resident while the previous kernel runs, and write the maps
-// once it is complete (griddepcontrol.wait: the previous grouped GEMM, which may have let this
-// grid start early, still reads the maps until then), so the GEMM after it, which waits for this
-// grid, also sees the previous kernel's outputs (the row offsets). The copy to global memory is
-// a release of the tensor-map proxy, which the GEMM's producer acquires before its first copy
-// through the map.
+// st_maps[slot][e] = tmpl with its global address replaced by w_tab[e], for each group e with a
+// weight (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row
+// offsets). Launched with PDL: its blocks are resident while the previous kernel runs, and
+// write the maps once it is complete (griddepcontrol.wait: the previous grouped GEMM, which may
+// have let this grid start early, still reads the maps until then), so the GEMM after it,
+// which waits for this grid, also sees the previous kernel's outputs (the row offsets). Early
+// mode (flags ST_EARLY, the set ST_SLOT1): the maps are written first, then the trigger (the
+// GEMM's first copies go through them before its wait), then the wait (this grid completes
+// after the previous kernel, as every kernel of the chain). The set's previous reader, the
+// grouped GEMM before the previous one, is complete by then: the previous grouped GEMM
+// triggered its dependents only after its own wait. The copy to global memory is a release
+// of the tensor-map proxy, which the GEMM's producer acquires before its first copy through
+// the map.
 extern "C" __global__ void __launch_bounds__(32)
 k_stream_group_maps(const __grid_constant__ tmap tmpl,
-		    const unsigned long long *__restrict__ w_tab, int G)
+		    const unsigned long long *__restrict__ w_tab, int G, int flags)
 {
 	__shared__ tmap sm;
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	asm volatile("griddepcontrol.wait;" ::: "memory");
+	const bool early = flags & ST_EARLY;
+	if (!early) {
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		asm volatile("griddepcontrol.wait;" ::: "memory");
+	}
 	const int e = blockIdx.x;
 	if (e < G && e < ST_MAXG && w_tab[e]) // the whole warp alike
-		tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
+		tmap_store_at(&st_maps[(flags & ST_SLOT1) ? 1 : 0][e], tmpl, w_tab[e], &sm);
+	if (early) {
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		asm volatile("griddepcontrol.wait;" ::: "memory");
+	}
 }
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the

@@ -177,6 +177,27 @@ static int stream_ns_cap(void)
 	return cap;
 }
 
+/* The grouped streaming GEMM's early mode (DSV32_GEMM_GROUPED_EARLY=1; default off until a GPU
+ * run has measured it): its first weight tiles are copied before it waits for the previous
+ * kernel (the routing is complete by then: the grouped GEMMs trigger their dependents only after
+ * their own wait in this mode), the groups' maps in two sets used in turn, so that the MoE
+ * down GEMM's start hides under the gate|up GEMM's chunk sum (gemm_fp8_stream.cu). */
+static int grouped_early = -1;
+
+void cuda_gemm_set_grouped_early(int on) { grouped_early = on; }
+
+static int grouped_early_on(void)
+{
+	static int env = -1;
+	if (grouped_early >= 0)
+		return grouped_early;
+	if (env < 0) {
+		const char *v = getenv("DSV32_GEMM_GROUPED_EARLY");
+		env = v && *v == '1';
+	}
+	return env;
+}
+
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
  * (griddepcontrol.wait) for that kernel's outputs. DSV32_GEMM_PDL=0 turns it off; -1 = not
@@ -317,8 +338,14 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, 8)))
 		return r;
+	int flags = 0; /* ST_FUSED 1, ST_EARLY 2, ST_SLOT1 4 (kernels_ptx/gemm_fp8_stream.cu) */
+	if (w_tab && grouped_early_on()) {
+		static unsigned slot[MAX_GPUS];
+		unsigned o = g->ordinal >= 0 && g->ordinal < MAX_GPUS ? (unsigned)g->ordinal : 0;
+		flags = 2 | (slot[o]++ & 1 ? 4 : 0);
+	}
 	if (w_tab) {
-		void *margs[] = {&wmap, &w_tab, &G};
+		void *margs[] = {&wmap, &w_tab, &G, &flags};
 		if ((r = launch_pdl(g, gpu_kernel(g, "k_stream_group_maps"), (unsigned)G, 1, 32, 0,
 				    margs)))
 			return r;
@@ -334,7 +361,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
 	    (stream_fused < 0 && (wi == 2 || wi == 4)))
 		fused = 0;
-	int flags = fused ? 1 : 0; /* ST_FUSED */
+	flags |= fused ? 1 : 0;
 	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &x8, &y, &ws, &rows, &N,
 			&K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);

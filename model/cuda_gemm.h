@@ -68,6 +68,11 @@ void cuda_gemm_set_stream_wi(int on);
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
  * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
+/* The grouped streaming GEMM's early mode: 1 its first weight copies before it waits for the
+ * previous kernel, its dependents triggered after that wait, the groups' maps in two sets used
+ * in turn (the same results); 0 off; -1 (default) DSV32_GEMM_GROUPED_EARLY=1, else off.
+ * Process-wide (tests, benchmarks). */
+void cuda_gemm_set_grouped_early(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);
