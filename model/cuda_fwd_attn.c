@@ -278,33 +278,39 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	if (early)
 		TRY(fork_q(F, &qb));
 
-	/* lightning indexer projections (§3.6.1-7) */
+	/* lightning indexer projections (§3.6.1-7); the queries and their weights only when a row
+	 * has more keys than the selection takes (else fwd_select selects every key whatever the
+	 * scores: no scores run) or for the dumps */
+	const int need = F->max_n > c->index_topk || F->st->dump;
 	TAKE(iq, (size_t)Tp * Hi * 128 * 2);  /* bf16 [Tp, Hi, 128] idx_q */
 	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
 	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
-	TRY(fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
+	if (need)
+		TRY(fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
 	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
 	 * k_fwd_gemv_ks: the same numbers, one launch more) */
 	const int qw = fuse && !F->E->batch_invariant && T <= 4 && D % 8 == 0 && Hi < 8 * F->g->sm_count;
-	if (!qw)
+	if (need && !qw)
 		TRY_TAG("weights_proj", fwd_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
-	if (qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
+	if (need && qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
 		gpu_ptr wp = L->idx_wproj;
 		LAUNCH_PDL("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
 		       &wp, &a, &D, &D);
-	} else if (fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
+	} else if (need && fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
 		int rows = T * Hi;
 		LAUNCH_PDL("k_fwd_idx_q", (rows + 7) / 8, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs,
 		       &Hi, &rows, &had, &hs, &ds);
-	} else {
+	} else if (need) {
 		TRY(fwd_rope(F, iq, Hi, (long long)Hi * 128, 128, 0, 0));
 		TRY(fwd_hadamard(F, iq, T * Hi));
 		TRY(fwd_quant(F, iq, iq8, iqs, T * Hi, 128));
 		int n = T * Hi;
 		LAUNCH("k_fwd_idx_weights", (n + 255) / 256, 1, 256, 0, &iw, &iqs, &n, &hs, &ds);
+	}
+	if (!fuse) { /* the key: LayerNorm, RoPE, Hadamard (fused: in k_fwd_qkv_norms, above) */
 		LAUNCH("k_layernorm128", (T + 7) / 8, 1, 256, 0, &ikr, &Nq, &nw, &nb, &ik, &T, &eps);
 		TRY(fwd_rope(F, ik, 1, 128, 0, 0, 0));
 		TRY(fwd_hadamard(F, ik, T));
