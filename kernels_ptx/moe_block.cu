@@ -178,8 +178,11 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 // chain.) E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC *
 // GR1_MAXC. Grid E / 8, GR1_THREADS = 96 threads, dynamic shared memory 8 * GR1_MAXC +
 // 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
+// k_moe_gate_route1_e4: the same with 4 experts a block (grid E / 4, 64 threads: warp 0 the
+// chains, warp 1 the quantised rows; 4 weight rows a block), for the comparison of run 17
+// (model/cuda_moe.c: DSV32_CUDA_MOE_ROUTE1=4).
 #define GR1_KC 512  // elements of a weight row a chunk (one mbarrier)
-#define GR1_THREADS 96 // warps 0-1: the chains; warp 2: the quantised rows
+#define GR1_THREADS(EPB) (32 * ((EPB) / 4 + 1)) // EPB / 4 warps of chains, then the quantiser
 #define GR1_MAXC 16 // chunks at most (D <= 8192)
 __device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
 
@@ -193,32 +196,33 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 		     : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(GR1_THREADS)
-k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
-		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
-		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
-		  int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
-		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
-		  float *scores)
+#define GR1_ARGS                                                                                \
+	const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits, int E, int D, \
+		const float *__restrict__ bias, int topk_group, int K, int norm_topk_prob,          \
+		float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,     \
+		int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src,           \
+		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores
+template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 {
+	constexpr int CW = EPB / 4; // warps of chains; warp CW quantises
 	extern __shared__ __align__(16) unsigned char gr1_smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int nc = D / GR1_KC, XR = D / 8 + 4, WR = 2 * D + 16;
 	const uint32_t bars = smem_u32(gr1_smem);
 	float *xs = reinterpret_cast<float *>(gr1_smem + 8 * GR1_MAXC);
 	unsigned char *ws = gr1_smem + 8 * GR1_MAXC + 32 * XR;
-	const int e0 = blockIdx.x * 8;
-	if (warp == 0) { // lane 0 arms the barriers, then lane r < 8 copies weight row r
+	const int e0 = blockIdx.x * EPB;
+	if (warp == 0) { // lane 0 arms the barriers, then lane r < EPB copies weight row r
 		if (lane == 0) {
 			for (int c = 0; c < nc; c++)
 				mbar_init(bars + 8 * c, 1);
 			asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::
 					     : "memory");
 			for (int c = 0; c < nc; c++)
-				mbar_arrive_expect_tx(bars + 8 * c, 8 * GR1_KC * 2);
+				mbar_arrive_expect_tx(bars + 8 * c, EPB * GR1_KC * 2);
 		}
 		__syncwarp();
-		if (lane < 8)
+		if (lane < EPB)
 			for (int c = 0; c < nc; c++)
 				bulk_copy(smem_u32(ws + lane * WR + c * GR1_KC * 2),
 					  W + (size_t)(e0 + lane) * D + c * GR1_KC, GR1_KC * 2, bars + 8 * c);
@@ -230,7 +234,7 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]
-	for (int c = tid; c < D / 8; c += GR1_THREADS) {
+	for (int c = tid; c < D / 8; c += GR1_THREADS(EPB)) {
 		const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x) + c);
 		const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -240,7 +244,7 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		}
 	}
 	__syncthreads(); // xs staged; the barriers initialised
-	if (warp == 2) {
+	if (warp == CW) {
 		// the K + 1 quantised input rows, beside the chains: a 128-group at a time, quantised
 		// once into row 0, its codes (this lane's 4, read back) and scale copied to rows 1 .. K
 		const int KB = D / 128;
@@ -253,11 +257,11 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 				sxs[(size_t)row * KB + gi] = sc;
 		}
 	}
-	const int el = (warp & 1) * 4 + (lane >> 3), j = lane & 7;
+	const int el = (warp & (CW - 1)) * 4 + (lane >> 3), j = lane & 7;
 	const unsigned char *wr = ws + el * WR + 2 * j;
 	const float *xr = xs + j * XR;
 	float p = 0.f;
-	for (int c = 0; c < nc && warp < 2; c++) {
+	for (int c = 0; c < nc && warp < CW; c++) {
 		mbar_wait(bars + 8 * c, 0); // chunk c of the 8 rows landed
 #pragma unroll
 		for (int m = 0; m < GR1_KC / 32; m++) { // 4 steps (k = 8s + j) a float4 of x
@@ -276,7 +280,7 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	p += __shfl_xor_sync(0xffffffffu, p, 4);
 	// the logit, and its scores for the routing (the sigmoid in double, sel = sc + bias) into
 	// scores [2][E], so the last block only selects
-	if (j == 0 && warp < 2) {
+	if (j == 0 && warp < CW) {
 		const int e = e0 + el;
 		const float sg = route_sigmoid(p);
 		logits[e] = p;
@@ -307,6 +311,18 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	moe_permute_one(idx, K, E, counts, offsets, perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
+}
+
+extern "C" __global__ void __launch_bounds__(GR1_THREADS(8)) k_moe_gate_route1(GR1_ARGS)
+{
+	gate_route1<8>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+		       counts, offsets, perm, src, xs8, sxs, scores);
+}
+
+extern "C" __global__ void __launch_bounds__(GR1_THREADS(4)) k_moe_gate_route1_e4(GR1_ARGS)
+{
+	gate_route1<4>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+		       counts, offsets, perm, src, xs8, sxs, scores);
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
