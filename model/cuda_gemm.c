@@ -320,6 +320,17 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap() ? stream_ns_cap() : ns;
+	if (!w_tab) {
+		/* dense: no more stages than a block streams in all (its units x their stages of
+		 * two K blocks): a small matrix's block then leaves shared memory for the kernels
+		 * around it, so it can be resident, its copies under way, while the previous one
+		 * runs (all of its weights, when they fit the ring) */
+		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
+		int sms = g->sm_count > 0 ? g->sm_count : 132;
+		long long per = (units + sms - 1) / sms;
+		long long need = per * ((sp.chunk_blocks + 1) / 2);
+		ns = need < ns ? (int)(need > 2 ? need : 2) : ns;
+	}
 	if (ns < 2) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups x %d rows do not fit\n", G,
 			rows);
@@ -712,9 +723,25 @@ static enum cuda_gemm_path fast_path(const struct gpu *g, int M, int N, int K)
 	return CUDA_GEMM_PATH_NONE;
 }
 
+/* Diagnosis (run 17): DSV32_GEMM_SMALL_STREAM=1 sends the fast mode's small decode GEMMs (M <=
+ * 16, weights <= 24 MB: all of a block's weights fit its ring, copied before it waits for the
+ * previous kernel) to the streaming kernel's wgmma consumers whatever was measured back to
+ * back (where the next launch cannot overlap the previous one as it does in a step). */
+static int small_stream_on(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_GEMM_SMALL_STREAM");
+		on = v && *v == '1';
+	}
+	return on;
+}
+
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
+	if (fast && M <= 16 && (long long)N * K <= (24ll << 20) && small_stream_on())
+		return CUDA_GEMM_PATH_STREAM_WG;
 	pthread_mutex_lock(&gemm_lock);
 	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
 	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
