@@ -45,7 +45,9 @@
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
+#include "scan.cuh"
 #include "tma.cuh"
+#include "wgmma.cuh"
 
 #define ST_TR 128      // weight rows per work unit
 #define ST_WBOX (ST_TR * 128) // bytes of one weight box: 128 rows x one K block
@@ -133,17 +135,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int n)
 }
 
 // ---- wgmma (the fast mode's consumers, WI = 2) -------------------------------------------------
-// Shared-memory descriptor of a K-major e4m3 tile in the 128-byte swizzle that the copies write:
-// rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset
-// unused, base offset 0 (1024-aligned tiles; a k32 step moves the start by 32 bytes, +2).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
-{
-	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4);
-	d |= (uint64_t)(1024 >> 4) << 32;
-	d |= (uint64_t)1 << 62;
-	return d;
-}
-
 // d (+)= A[64 x 32] . B[N x 32]^T (e4m3, fp32; accumulate = 0 overwrites d), N = 8, 16, 32, 64:
 // d holds N / 2 registers a thread
 __device__ __forceinline__ void wg_n8(float *d, uint64_t da, uint64_t db, int accumulate)
@@ -208,18 +199,6 @@ __device__ __forceinline__ void wt_n64(float *d, const uint32_t (&a)[4], uint64_
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
-__device__ __forceinline__ void reg_fence(float &v) { asm volatile("" : "+f"(v)::"memory"); }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit()
-{
-	asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0()
-{
-	asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-
 // The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
 // of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
 // to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
@@ -227,11 +206,11 @@ template <int MGA>
 __device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
 					   const float (&s)[MGA][2], int mg_n)
 {
-	wgmma_commit();
-	wgmma_wait0();
+	wg_commit();
+	wg_wait0();
 #pragma unroll
 	for (int i = 0; i < 4 * MGA; i++)
-		reg_fence(frag[i]);
+		wg_reg_fence(frag[i]);
 #pragma unroll
 	for (int mg = 0; mg < MGA; mg++) {
 		if (mg >= mg_n)
@@ -438,13 +417,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			if (e < G)
 				o = off[e], cnt = off[e + 1] - o;
 			const int ns_e = (cnt + ST_SLICE_ROWS - 1) / ST_SLICE_ROWS;
-			int incl = ns_e; // inclusive warp scan
-#pragma unroll
-			for (int d = 1; d < 32; d <<= 1) {
-				const int v = __shfl_up_sync(0xffffffffu, incl, d);
-				if (lane >= d)
-					incl += v;
-			}
+			const int incl = warp_inclusive_scan(ns_e);
 			if (lane == 31)
 				warp_tot[warp] = incl;
 			__syncthreads();
@@ -715,17 +688,17 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					const float s0 = cs[j][0] * sw, s1 = cs[j][1] * sw;
 #pragma unroll
 					for (int i = 0; i < 32; i++)
-						reg_fence(frag[i]);
-					wgmma_fence();
-					const uint64_t db = wg_desc(st + j * ST_WBOX + wq * 64 * 128);
+						wg_reg_fence(frag[i]);
+					wg_fence();
+					const uint64_t db = wgd_kmajor(st + j * ST_WBOX + wq * 64 * 128);
 #pragma unroll
 					for (int k = 0; k < 4; k++)
 						wt_n64(frag, ca[j][k], db + 2 * k, k > 0);
-					wgmma_commit();
-					wgmma_wait0();
+					wg_commit();
+					wg_wait0();
 #pragma unroll
 					for (int i = 0; i < 32; i++)
-						reg_fence(frag[i]);
+						wg_reg_fence(frag[i]);
 #pragma unroll
 					for (int i = 0; i < 8; i++) {
 						acc[4 * i + 0] += frag[4 * i + 0] * s0;
@@ -862,10 +835,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 							break;
 #pragma unroll
 						for (int i = 0; i < 4 * MGA; i++)
-							reg_fence(frag[i]);
-						wgmma_fence();
-						wg_kblock<MG>(frag, wg_desc(a0 + j * ST_WBOX),
-							      wg_desc(st + KBS * ST_WBOX + j * xbox));
+							wg_reg_fence(frag[i]);
+						wg_fence();
+						wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
+							      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
 						wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 					}
 				}
@@ -884,8 +857,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 								 lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
 #pragma unroll
 						for (int i = 0; i < 4 * MGA; i++)
-							reg_fence(frag[i]);
-						wgmma_fence();
+							wg_reg_fence(frag[i]);
+						wg_fence();
 #pragma unroll
 						for (int q = 0; q < 8; q++)
 							wgh_step<MG>(frag, af, q, wgh_desc(fb + (j * 8 + q) * 256 * MGA), q > 0);
