@@ -713,12 +713,18 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 	 * 3.1-3.3 ms GEMM; 32768 rows as 256 groups of 128 rows vs 128 groups of 256 (half the
 	 * weights): loads alone 2031 vs 1803 us — bound by the bytes into the SMs per tile (A + B
 	 * through L2, ~5.5 TB/s), not by HBM; down: loads 909 us, no stores 1359, pair stores 1865
-	 * (hence n256 staged). */
-	static const int diag[][3] = {{256, 1, WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE}};
+	 * (hence n256 staged). Also the paired staged form (the MoE block's at 4096 tokens): its
+	 * loads alone, and without the stores: whether the multicast took the loads off the bound
+	 * (run 15: 256/1/48 3026 us against 2974 of loads alone unpaired). */
+	enum { ND = 3 };
+	static const int diag[ND][3] = {
+		{256, 1, WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE},
+		{256, 1, WGMMA_DIAG_NOMMA | WGMMA_DIAG_NOSTORE | WGMMA_STAGED | WGMMA_PAIRED},
+		{256, 1, WGMMA_DIAG_NOSTORE | WGMMA_STAGED | WGMMA_PAIRED}};
 	for (int s = 0; s < 2; s++) {
 		struct grp_case c;
 		grp_init(&g, &c, G, counts, shapes[s][0], shapes[s][1], 1401 + s, SYNTH);
-		for (int v = 0; v < N_GVAR + 1; v++) {
+		for (int v = 0; v < N_GVAR + ND; v++) {
 			const int *gv = v < N_GVAR ? gvars[v] : diag[v - N_GVAR];
 			if (v < N_GVAR && !grp_usable(&c, v))
 				continue;
