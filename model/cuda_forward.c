@@ -37,7 +37,8 @@
  * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
  * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0, DSV32_CUDA_FWD_FORK=0/2,
  * DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_LOGITS_STREAM=1, DSV32_CUDA_MLA_FP32=1,
- * DSV32_CUDA_PROFILE=1, DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names; and
+ * DSV32_CUDA_META_KERNEL=1, DSV32_CUDA_PROFILE=1, DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N,
+ * DSV32_CUDA_FWD_SKIP=names; and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -142,6 +143,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
 	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_LOGITS_STREAM",
+	"DSV32_CUDA_META_KERNEL",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -165,7 +167,8 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	default: s->stream = one; break;
+	case 10: s->stream = one; break;
+	default: s->meta_kernel = one; break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
 		s->gen++;
@@ -362,10 +365,18 @@ int cuda_forward_prepare(struct gpu *g)
 static int fwd_upload(struct fwd *F)
 {
 	TAKE(dev, F->meta_bytes);
-	if (!fwd_skipped(F, "metadata_upload") &&
-	    cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
-		     "cuMemcpyHtoDAsync", __FILE__, __LINE__))
+	if (fwd_skipped(F, "metadata_upload")) {
+	} else if (F->E->sw->meta_kernel && F->meta_bytes <= ((size_t)64 << 10)) {
+		/* (DSV32_CUDA_META_KERNEL=1: read by a kernel, k_fwd_meta; meta_bytes % 256 == 0) */
+		gpu_ptr src = (gpu_ptr)(uintptr_t)*F->E->pinned;
+		int n16 = (int)(F->meta_bytes / 16);
+		F->tag = "metadata upload";
+		LAUNCH_PDL("k_fwd_meta", (n16 + 255) / 256, 1, 256, 0, &src, &dev, &n16);
+		F->tag = NULL;
+	} else if (cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
+			    "cuMemcpyHtoDAsync", __FILE__, __LINE__)) {
 		return -EIO;
+	}
 	F->tok = dev, F->pos = dev + F->o_pos, F->slot = dev + F->o_slot, F->nkeys = dev + F->o_nk;
 	F->bt = dev + F->o_bt, F->lrows = dev + F->o_lr, F->hrows = dev + F->o_hr;
 	F->up[0] = dev + F->o_up, F->up[1] = dev + F->o_up + F->up_bytes;
@@ -426,7 +437,8 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	int T = F->T, D = (int)c->hidden_size, V = (int)c->vocab_size;
 	int64_t Lm = c->num_hidden_layers;
 	TRY(fwd_upload(F));
-	fwd_prof_mark(F->g->stream, "metadata upload");
+	if (!F->E->sw->meta_kernel)
+		fwd_prof_mark(F->g->stream, "metadata upload");
 	TAKE(x, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] layer input / output */
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;

@@ -79,6 +79,8 @@ struct fwd_switches {
 	int stream;       /* DSV32_CUDA_LOGITS_STREAM=1: when the callers' logits are one block of
 			   * the backend's pinned host memory, the LM head in slices, each copied
 			   * there on the side stream while the next is computed (inside the step) */
+	int meta_kernel;  /* DSV32_CUDA_META_KERNEL=1: the step's metadata read from the pinned
+			   * buffer by a kernel (k_fwd_meta) instead of a copy */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */
