@@ -233,10 +233,22 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 	// and shared memory before the wait: x is the previous kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
-	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]
-	for (int c = tid; c < D / 8; c += GR1_THREADS(EPB)) {
-		const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x) + c);
-		const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]; a thread's 16-byte pieces all
+	// loaded first (one memory round trip on the critical path, not one per piece)
+	constexpr int XP = (GR1_MAXC * GR1_KC / 8 + GR1_THREADS(EPB) - 1) / GR1_THREADS(EPB);
+	uint4 xv[XP];
+#pragma unroll
+	for (int i = 0; i < XP; i++) {
+		const int c = tid + i * GR1_THREADS(EPB);
+		if (c < D / 8)
+			xv[i] = __ldg(reinterpret_cast<const uint4 *>(x) + c);
+	}
+#pragma unroll
+	for (int i = 0; i < XP; i++) {
+		const int c = tid + i * GR1_THREADS(EPB);
+		if (c >= D / 8)
+			break;
+		const uint32_t w4[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
 #pragma unroll
 		for (int h = 0; h < 4; h++) {
 			xs[(2 * h) * XR + c] = __uint_as_float(w4[h] << 16);
