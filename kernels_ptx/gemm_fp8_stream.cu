@@ -331,7 +331,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // 16, 32 or 64), both straight from the copies' swizzled boxes: no conversion, native FP8, but
 // wgmma's accumulation inside a k32 step keeps ~14 bits (tests/gpu/gemm_fp8_limit.h), so the
 // results are within that limit of the CPU's, not of the mma.sync kernels'. Same promotion per
-// K block, same summation order across blocks and chunks. WI = 4 (MG = 8, dense only): wgmma
+// K block, same summation order across blocks and chunks. WI = 4 (MG = 8): wgmma
 // with the tokens as A from registers (up to 64, loaded by the consumers from global memory a
 // stage ahead) and the weights as B: the stages hold weights only (7 of them, against 4-6 with
 // the token rows), for 32-64 tokens, where the token rows ate the ring. (Run 13 measured stages of one K
@@ -998,7 +998,7 @@ ST_ENTRY(8, 1, 2, _w)
 ST_ENTRY(1, 1, 3, _h)
 ST_ENTRY(2, 1, 3, _h)
 ST_ENTRY(4, 1, 3, _h)
-ST_ENTRY(8, 1, 4, _t) // WI = 4: up to 64 tokens in registers (dense only)
+ST_ENTRY(8, 1, 4, _t) // WI = 4: up to 64 tokens in registers
 // (no m8_h: ptxas spills it; 33-64 rows run the mma.sync kernel)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.

@@ -296,8 +296,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (wi == 3 && v == 3)
 		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
-	if (wi == 4 && (w_tab || copy_only))
-		wi = 2; /* the tokens-in-registers consumers: dense only */
+	if (wi == 4 && copy_only)
+		wi = 2;
 	if (copy_only || wi)
 		rt = 1;
 	const char *name = wi == 4 ? "k_gemm_fp8_stream_m8_r1_t"

@@ -59,7 +59,7 @@ int cuda_gemm_decode_streams(int N, int K);
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's consumers, forced: 0 mma.sync, 2 wgmma (native FP8, within the wgmma
  * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), 4 wgmma with
- * the tokens as A from registers and only weights in the ring (dense; grouped: 2), -1 the
+ * the tokens as A from registers and only weights in the ring, -1 the
  * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the

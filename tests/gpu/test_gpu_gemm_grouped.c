@@ -121,15 +121,17 @@ static void check_grouped(struct gpu *g, struct cpu_pool *pool, int G, const int
 	gpu_ptr dws = wsb ? gpu_test_alloc(wsb) : 0;
 	/* exact: the streaming kernel's mma.sync consumers with 1 and 2 MMA tiles per warp (RT),
 	 * then its wgmma consumers (the fast mode's; within the wgmma limit) with the K chunks
-	 * summed in the kernel and as dispatched; not exact: the dispatch */
+	 * summed in the kernel and as dispatched, and those with the tokens in registers (WI 4)
+	 * both ways; not exact: the dispatch */
 	static const struct {
 		const char *name;
 		int rt, wi, fused, mma_sync;
 	} vs[] = {{"stream rt=1", 1, -1, -1, 1},	    {"stream rt=2", 2, -1, -1, 1},
 		  {"stream wg, fused sum", 1, 2, 1, 0}, {"stream wg", 1, 2, -1, 0},
+		  {"stream wt, fused sum", 1, 4, 1, 0}, {"stream wt", 1, 4, -1, 0},
 		  {"dispatch", 0, -1, -1, 0}};
 	cuda_gemm_set_stream(1); /* the dense GEMM of check_dense_equal: the streaming kernel */
-	for (int v = exact ? 0 : 4; v < (exact ? 4 : 5); v++) {
+	for (int v = exact ? 0 : 6; v < (exact ? 6 : 7); v++) {
 		cuda_gemm_set_stream_rt(vs[v].rt);
 		cuda_gemm_set_stream_wi(vs[v].wi);
 		cuda_gemm_set_stream_diag(vs[v].fused, 0);

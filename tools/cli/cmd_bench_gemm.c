@@ -169,7 +169,8 @@ struct grouped_ctx {
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming (mma.sync), 2 wgmma, 3
 			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2), 4 the
 			       * same with the K chunks summed in the kernel, 5
-			       * cuda_gemm_fp8_grouped_swiglu */
+			       * cuda_gemm_fp8_grouped_swiglu, 6 streaming with the tokens in
+			       * registers (cuda_gemm_set_stream_wi 4) */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -183,7 +184,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode == 3 || c->mode == 4)
+	if (c->mode == 1 || c->mode == 3 || c->mode == 4 || c->mode == 6)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -199,10 +200,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "token), routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_EXPERTS, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s | %9s %6s\n",
+	       "%6s | %9s %6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "wg_us", "TB/s",
-	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s");
+	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s", "wt_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -272,12 +273,13 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[6];
-			for (c.mode = 0; c.mode < 6; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : -1);
+			float t[7];
+			for (c.mode = 0; c.mode < 7; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : c.mode == 6 ? 4 : -1);
 				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
 				int run = c.mode < 2 || c.mode == 3 || (c.mode == 2 && !no_wgmma) ||
-					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64);
+					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64) ||
+					  (c.mode == 6 && T <= 64);
 				t[c.mode] = run ? time_ms(g, launch_grouped, &c, reps, trials) : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
@@ -293,12 +295,12 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			printf(" |");
 			print_path(t[2], bytes, flops);
 			printf(" |");
-			for (int k = 3; k < 6; k++)
+			for (int k = 3; k < 7; k++)
 				if (t[k] >= 0)
 					printf(" %9.2f %6.3f%s", t[k] * 1e3, bytes / (t[k] * 1e-3) / 1e12,
-					       k < 5 ? " |" : "");
+					       k < 6 ? " |" : "");
 				else
-					printf(" %9s %6s%s", "n/a", "", k < 5 ? " |" : "");
+					printf(" %9s %6s%s", "n/a", "", k < 6 ? " |" : "");
 			printf("\n");
 			fflush(stdout);
 			if (ms < 0)
@@ -316,7 +318,8 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "kernel with wgmma consumers, K chunks summed by a second launch (the fast mode's "
 	       "below 128 rows); wg_fu: the same with the chunks summed in the kernel, tokens <= 16; "
 	       "swiglu: cuda_gemm_fp8_grouped_swiglu, gate|up, tokens <= 16 (the same bytes; its "
-	       "outputs h8/hs instead of y), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
+	       "outputs h8/hs instead of y), tokens <= 64; wt: the streaming kernel with the tokens as A "
+	       "from registers (wgmma, the ring weights only), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
