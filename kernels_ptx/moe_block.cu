@@ -318,9 +318,9 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
 		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
 	}
-	moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale, idx, wts);
-	__syncwarp(); // idx written by the warp's lanes
-	moe_permute_one(idx, K, E, counts, offsets, perm, src);
+	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
+					     idx, wts);
+	moe_permute_one(pick, K, E, counts, offsets, perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
 }

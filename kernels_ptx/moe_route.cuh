@@ -27,8 +27,9 @@ __device__ __forceinline__ unsigned route_key(float v)
 // documents it): lane l holds sc[i], sel[i] of experts 8l + i (E = 256 in G = 8 groups of 32, so
 // group g is lanes 4g .. 4g+3), K <= 32, topk_group <= 8. Every choice is the CPU's: (value,
 // lower index) order for the group top-2, the kept groups and the picks; the weights summed in
-// pick order. Writes idx[t*K ..], wts[t*K ..] in ascending expert id.
-__device__ __forceinline__ void moe_route_select256(const float sc[8], float sel[8], int t,
+// pick order. Writes idx[t*K ..], wts[t*K ..] in ascending expert id. Returns lane n's pick
+// (n < K, in pick order; other lanes 0x7fffffff).
+__device__ __forceinline__ int moe_route_select256(const float sc[8], float sel[8], int t,
 						    int topk_group, int K, int norm_topk_prob,
 						    float route_scale, int *__restrict__ idx,
 						    float *__restrict__ wts)
@@ -121,6 +122,7 @@ __device__ __forceinline__ void moe_route_select256(const float sc[8], float sel
 		idx[(size_t)t * K + rank] = my_e;
 		wts[(size_t)t * K + rank] = my_w;
 	}
+	return lane < K ? my_e : 0x7fffffff;
 }
 
 // The router score of one logit, as the CPU: sigmoid in double, rounded to fp32.
@@ -149,15 +151,16 @@ __device__ __forceinline__ void moe_route_warp256(const float *logits,
 }
 
 // k_moe_permute's outputs for one token, by one warp in closed form (the fused routers of
-// moe_block.cu): its K picks idx[0 .. K) are distinct and ascending, so pick n is sorted row n,
-// src = 0, counts[e] = (e picked), offsets[e] = the picks below e, offsets[E] = K, offsets[E + 1]
-// = K + 1 (the shared expert's row). E <= 256. idx is read through L2 (written by this warp).
-__device__ __forceinline__ void moe_permute_one(const int *idx, int K, int E,
-						int *__restrict__ counts, int *__restrict__ offsets,
-						int *__restrict__ perm, int *__restrict__ src)
+// moe_block.cu): its K picks are distinct and idx holds them ascending, so sorted row n is
+// idx[n]'s: perm[n] = n, src = 0, counts[e] = (e picked), offsets[e] = the picks below e,
+// offsets[E] = K, offsets[E + 1] = K + 1 (the shared expert's row). E <= 256. mine: lane n's
+// pick for n < K, in any order (moe_route_select256's return; other lanes 0x7fffffff): the
+// counts and offsets depend on the set only, so no read of idx back through memory.
+__device__ __forceinline__ void moe_permute_one(int mine, int K, int E, int *__restrict__ counts,
+						int *__restrict__ offsets, int *__restrict__ perm,
+						int *__restrict__ src)
 {
 	const int lane = threadIdx.x & 31;
-	const int mine = lane < K ? __ldcg(idx + lane) : 0x7fffffff;
 	int below[8] = {0, 0, 0, 0, 0, 0, 0, 0}, hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 	for (int n = 0; n < K; n++) {
 		const int v = __shfl_sync(0xffffffffu, mine, n);
