@@ -169,14 +169,17 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 // while the rest land); x is staged as fp32 split by partial, xs[j][c] = x[8c + j] (rows
 // XR = D/8 + 4 floats: 4 banks apart), so 4 steps of a chain read x in one 16-byte load; the
 // weight rows are WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct
-// banks. Warp 2 quantises 128-groups of x into all K + 1 input rows meanwhile (act_quant(x[0])
-// whatever the routing: k_moe_quant_gather's bits), so the block needs no gather. The lane that
+// banks; x's pieces are all loaded before any is stored (one memory round trip after the wait).
+// Warp 2 quantises 128-groups of x (read from xs) into all K + 1 input rows meanwhile
+// (act_quant(x[0]) whatever the routing: k_moe_quant_gather's bits), so the block needs no
+// gather. The lane that
 // finishes a logit also computes its scores (the double-precision sigmoid, and sel = sc + bias)
 // into scores fp32 [2][E]; the last block to finish (g_gate1_done) only selects, by warp 0
-// (moe_route_select256), and permutes (moe_permute_one). (Run 12: 14.4 us graph-replayed, when
+// (moe_route_select256), and permutes (moe_permute_one, from the picks in registers). (Run 12:
+// 14.4 us graph-replayed, when
 // the last block computed the scores and every warp quantised its group K + 1 times before its
 // chain.) E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC *
-// GR1_MAXC. Grid E / 8, GR1_THREADS = 96 threads, dynamic shared memory 8 * GR1_MAXC +
+// GR1_MAXC. Grid E / 8, GR1_THREADS(8) = 96 threads, dynamic shared memory 8 * GR1_MAXC +
 // 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
 // k_moe_gate_route1_e4: the same with 4 experts a block (grid E / 4, 64 threads: warp 0 the
 // chains, warp 1 the quantised rows; 4 weight rows a block), for the comparison of run 17
@@ -246,22 +249,24 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 #pragma unroll
 	for (int i = 0; i < XP; i++) {
 		const int c = tid + i * GR1_THREADS(EPB);
-		if (c >= D / 8)
-			break;
 		const uint32_t w4[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
 #pragma unroll
-		for (int h = 0; h < 4; h++) {
+		for (int h = 0; h < 4 && c < D / 8; h++) {
 			xs[(2 * h) * XR + c] = __uint_as_float(w4[h] << 16);
 			xs[(2 * h + 1) * XR + c] = __uint_as_float(w4[h] & 0xffff0000u);
 		}
 	}
 	__syncthreads(); // xs staged; the barriers initialised
 	if (warp == CW) {
-		// the K + 1 quantised input rows, beside the chains: a 128-group at a time, quantised
-		// once into row 0, its codes (this lane's 4, read back) and scale copied to rows 1 .. K
+		// the K + 1 quantised input rows, beside the chains: a 128-group at a time (its values
+		// from the staged xs, x[k] = xs[(k % 8) * XR + k / 8]: no global read), quantised once
+		// into row 0, its codes (this lane's 4, read back) and scale copied to rows 1 .. K
 		const int KB = D / 128;
 		for (int gi = blockIdx.x; gi < KB; gi += gridDim.x) {
-			const float sc = warp_act_quant128(x + gi * 128, xs8 + gi * 128, lane);
+			const int k = gi * 128 + 4 * lane, c = k >> 3, j0 = k & 7; // j0: 0 or 4
+			const float v[4] = {xs[j0 * XR + c], xs[(j0 + 1) * XR + c], xs[(j0 + 2) * XR + c],
+					    xs[(j0 + 3) * XR + c]};
+			const float sc = warp_act_quant128_regs(v, xs8 + gi * 128, lane);
 			const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
 			for (int row = 1; row <= K; row++)
 				*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
@@ -325,13 +330,13 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 		g_gate1_done = 0; // for the next launch (stream order)
 }
 
-extern "C" __global__ void __launch_bounds__(GR1_THREADS(8)) k_moe_gate_route1(GR1_ARGS)
+extern "C" __global__ void __launch_bounds__(GR1_THREADS(8), 1) k_moe_gate_route1(GR1_ARGS)
 {
 	gate_route1<8>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
 		       counts, offsets, perm, src, xs8, sxs, scores);
 }
 
-extern "C" __global__ void __launch_bounds__(GR1_THREADS(4)) k_moe_gate_route1_e4(GR1_ARGS)
+extern "C" __global__ void __launch_bounds__(GR1_THREADS(4), 1) k_moe_gate_route1_e4(GR1_ARGS)
 {
 	gate_route1<4>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
 		       counts, offsets, perm, src, xs8, sxs, scores);
