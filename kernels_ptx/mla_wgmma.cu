@@ -41,7 +41,11 @@
 // end of shared memory. Run 15 at 32K x 128: the producer's gather and dequantisation, 2 x 2048
 // keys a row (each block its own), added ~280 of the 392 us. The same numerics: the same fp16
 // key tiles, the same consumers.
-// k_mla_decode_wg2p: the pair with the consumers pipelined across tiles: S of tile t + 1 issued
+// k_mla_decode_wg2a: the pair with the peer's half of each key tile sent by st.async (TX), each
+// 16-byte store completing 16 bytes of the receiving CTA's full barrier (one producer thread there
+// expects them): full counts the CTA's own 128 producer threads and the bytes, and no producer
+// waits for a release at cluster scope of its remote stores.
+// k_mla_decode_wg2p: the pair (with TX) with the consumers pipelined across tiles: S of tile t + 1 issued
 // before P V of tile t (both asynchronous, one commit group each), the softmax of t + 1 while P V
 // of t runs, then O rescaled by t + 1's factors once P V of t is done (the same operations in the
 // same order: the same bits). It needs three key buffers (S of t + 1 and P V of t hold two while
@@ -80,6 +84,7 @@
 // mbarriers full[NKB], empty[NKB] (PAIR). KW: keys a producer warp dequantises in a tile.
 template <bool PAIR, bool PIPE> struct mw_cfg {
 	static_assert(PAIR || !PIPE, "the pipelined consumers need the cluster barriers");
+	static constexpr int PEER_BYTES = 16 * MW_DK * 2; // TX: the peer's half of a key tile
 	static constexpr int NKB = PIPE ? 3 : 2, NXS = PIPE ? 1 : 2, KW = PAIR ? 4 : 8;
 	static constexpr int NST = PAIR ? (PIPE ? 2 : 4) : 2, STB = 4 * KW * MW_REC;
 	static constexpr int K_OFF = MW_Q_BYTES, XS_OFF = K_OFF + NKB * MW_K_BYTES;
@@ -145,6 +150,15 @@ __device__ __forceinline__ void mw_st_cluster(uint32_t addr, uint4 v)
 		     : "memory");
 }
 
+// TX: 16 bytes into the peer's shared memory at cluster address addr, completing 16 bytes of the
+// transaction count of the peer's barrier at cluster address bar (no wait here for them to land)
+__device__ __forceinline__ void mw_st_async(uint32_t addr, uint4 v, uint32_t bar)
+{
+	asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+		     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+		     : "memory");
+}
+
 // d (+)= A[64 x 16] . B[32 x 16]^T, fp16 -> fp32, both K-major in shared memory (descriptors);
 // accumulate = 0 overwrites d. d: 16 registers a thread (the m64n32 f32 fragment).
 __device__ __forceinline__ void wgmma_f16_ss_n32(float *d, uint64_t da, uint64_t db, int accumulate)
@@ -196,7 +210,7 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 
 // A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from rows k0 - kb .. of raw_tile into the key tile at
 // byte kt of shared memory (and, PEER, the same bytes at cluster address peer + kt: the other
-// CTA's tile), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
+// CTA's tile; TX: by st.async, completing bytes of the peer's barrier at cluster address pbar), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
 // 32 (q % 2): 8 codes by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 —
 // the same fp16 product, rounded once, as converting the code and multiplying by the scale), the
 // rope as KW / 4 (key k0 + lane / 8 + 4 r, chunk 64 + lane % 8: bf16 -> fp16). Every key is
@@ -204,9 +218,9 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 // consumers mask it. (Run 12: the first version, a branch on the slot and on latent / rope in
 // each of 18 items a lane, one key's slot by shuffle each, was the kernel's bound: ~4000 cycles a
 // tile.)
-template <int KW, bool PEER>
-__device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer, int k0,
-					   int kb, int lane)
+template <int KW, bool PEER, bool TX>
+__device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer,
+					   uint32_t pbar, int k0, int kb, int lane)
 {
 #pragma unroll
 	for (int q = 0; q < 2 * KW; q++) {
@@ -221,7 +235,9 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 		const uint4 v = make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (PEER)
+		if (PEER && TX)
+			mw_st_async(peer + off, v, pbar);
+		else if (PEER)
 			mw_st_cluster(peer + off, v);
 	}
 #pragma unroll
@@ -232,7 +248,9 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 					   bf16x2_to_f16x2(u.w));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (PEER)
+		if (PEER && TX)
+			mw_st_async(peer + off, v, pbar);
+		else if (PEER)
 			mw_st_cluster(peer + off, v);
 	}
 }
@@ -244,7 +262,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 // records (3 tiles in flight: the gather was latency-bound, run 15), written into both CTAs' key
 // tiles, handed over by the cluster barriers at bars (full[2], empty[2]) instead of the named
 // barriers. Else 2 stages of 32 records (1 tile in flight).
-template <bool PAIR, bool PIPE>
+template <bool PAIR, bool PIPE, bool TX>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
 					   const uint8_t *__restrict__ pool, uint8_t *smem, uint32_t bars, int diag)
 {
@@ -294,9 +312,21 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 			else
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
-		if (!((diag & 4) && t >= 2))
-			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer, k0, kb, lane);
-		if (PAIR) {
+		const bool deq = !((diag & 4) && t >= 2); // (the same in both CTAs)
+		if (deq)
+			mw_dequant<KW, PAIR, TX>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer,
+						 TX ? mw_mapa(bars + 8 * s, rank ^ 1) : 0, k0, kb, lane);
+		if (PAIR && TX) {
+			// this CTA's half by its own stores, made visible to the async proxy; the peer's
+			// half by st.async, counted in bytes (thread 0 expects them)
+			fence_proxy_async();
+			if (ptid == 0 && deq)
+				asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bars + 8 * s),
+					     "r"(C::PEER_BYTES)
+					     : "memory");
+			else
+				mbar_arrive(bars + 8 * s);
+		} else if (PAIR) {
 			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
 			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
 			mw_arrive_cl(mw_mapa(bars + 8 * s, rank ^ 1));
@@ -442,7 +472,7 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
 // a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
 // while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
-template <bool PAIR, bool PIPE>
+template <bool PAIR, bool PIPE, bool TX>
 __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 					  const uint8_t *__restrict__ pool, int H, float scale,
 					  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
@@ -466,7 +496,8 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	if (PAIR) {
 		if (tid == 0) {
 			for (int i = 0; i < NKB; i++) {
-				mbar_init(bars + 8 * i, 2 * 128);       // full[i]: every producer thread of both CTAs
+				// full[i]: every producer thread of both CTAs (TX: of this one, + the peer's bytes)
+				mbar_init(bars + 8 * i, TX ? 128 : 2 * 128);
 				mbar_init(bars + 8 * (NKB + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
 			}
 			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -478,7 +509,7 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce<PAIR, PIPE>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
+		mw_produce<PAIR, PIPE, TX>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
 		if (PAIR)
 			cluster_sync(); // no CTA leaves while its peer may still write or signal it
 		return;
@@ -653,7 +684,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<false, false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 // The pair: grid x (the 64-head groups) even, CTAs 2 j and 2 j + 1 (the same row and split) a
@@ -663,14 +694,25 @@ k_mla_decode_wg2(const uint16_t *__restrict__ q, const int *__restrict__ sel, in
 		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<true, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<true, false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 // The pair with pipelined consumers (PIPE: three key buffers, one S exchange, two raw stages)
+// and the peer's half by st.async (TX)
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
 k_mla_decode_wg2p(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 		  const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<true, true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+}
+
+// The pair with the peer's half of each key tile sent by st.async (TX), completing the receiving
+// CTA's barrier by bytes: no release at cluster scope for the producer threads to wait on
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
+k_mla_decode_wg2a(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
+		  const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
+		  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
+{
+	mw_decode<true, false, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

@@ -22,7 +22,8 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * P V as two fp16 parts (kernels_ptx/mla_decode.cu says where this departs from attn_latent).
  * k_mla_decode_wg (wgmma, kernels_ptx/mla_wgmma.cu) where it applies (R = 512, 656-byte records,
  * H % 64 == 0, <= 2048 keys a split), else k_mla_decode; DSV32_MLA_WG=0: always k_mla_decode,
- * DSV32_MLA_WG=2: k_mla_decode_wg2 where H % 128 == 0, 3: k_mla_decode_wg2p there. */
+ * DSV32_MLA_WG=2: k_mla_decode_wg2 where H % 128 == 0, 3: k_mla_decode_wg2p there, 4:
+ * k_mla_decode_wg2a there. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
@@ -35,7 +36,8 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * limits of attn_latent). Bit 16 (with bit 7) takes k_mla_decode_wg2: the pair of 64-head blocks of a
  * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL); bit 17
  * too its pipelined form k_mla_decode_wg2p (S of a tile issued before P V of the one before;
- * bit 1 has no effect there). */
+ * bit 1 has no effect there); bit 18 (with 16) k_mla_decode_wg2a (the peer's half of each key
+ * tile by st.async). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -27,8 +27,8 @@
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
  * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16), 3 its pipelined form k_mla_decode_wg2p
- * (bits 7, 16, 17) instead, the last two also compared to the bit with k_mla_decode_wg at the same
- * splits */
+ * (bits 7, 16, 17), 4 k_mla_decode_wg2a (bits 7, 16, 18) instead, the last three also compared to
+ * the bit with k_mla_decode_wg at the same splits */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -93,7 +93,8 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
-					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x20000 : 0)) == 0);
+					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x20000 : 0) |
+						     (wg == 4 ? 0x40000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -111,7 +112,8 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 			if (one[i] != got[i] && differ++ == 0)
 				first_d = (int64_t)i;
 		printf("    %s against k_mla_decode_wg: %lld of %lld outputs differ",
-		       wg == 3 ? "k_mla_decode_wg2p" : "k_mla_decode_wg2", (long long)differ, (long long)B * H * R);
+		       wg == 4 ? "k_mla_decode_wg2a" : wg == 3 ? "k_mla_decode_wg2p" : "k_mla_decode_wg2", (long long)differ,
+		       (long long)B * H * R);
 		if (differ)
 			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
 			       (long long)(first_d / R % H), (long long)(first_d % R), bf16_to_f32(got[first_d]),
@@ -149,7 +151,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 3 ? "k_mla_decode_wg2p" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 4 ? "k_mla_decode_wg2a" : wg == 3 ? "k_mla_decode_wg2p" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -250,6 +252,27 @@ TEST_T(gpu_mla, decode_wg2p_matches_cpu, 300)
 	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 3, 3306);
 	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 3, 3307);
 	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 3, 3308);
+	gpu_close(&g);
+}
+
+TEST_T(gpu_mla, decode_wg2a_matches_cpu, 300)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* k_mla_decode_wg2a (the pair, the peer's half of each key tile by st.async): the cases of
+	 * decode_wg2_matches_cpu */
+	int n_real[4] = {1, 17, 300, 2048};
+	int n_one[1] = {2048};
+	int n_many[70];
+	for (int b = 0; b < 70; b++)
+		n_many[b] = 64 + 3 * b;
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 4, 3404);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 4, 3401);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 4, 3403);
+	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 4, 3405);
+	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 4, 3406);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 4, 3407);
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 4, 3408);
 	gpu_close(&g);
 }
 

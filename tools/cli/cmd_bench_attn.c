@@ -155,17 +155,20 @@ int bench_attention(int argc, char **argv)
 		return 1;
 	}
 	/* k_mla_decode_wg2 / _wg2p ran in the probe (else they are left out) */
-	int wg2_ok = 1, wg2p_ok = 1;
-	for (int pi = 0; pi < 2; pi++) {
-		if (!probe_mla_wg2(&g, pi ? 0x30080 : 0x10080))
+	int wg2_ok = 1, wg2p_ok = 1, wg2a_ok = 1;
+	const int probe_diag[3] = {0x10080, 0x30080, 0x50080};
+	const char *probe_name[3] = {"k_mla_decode_wg2", "k_mla_decode_wg2p", "k_mla_decode_wg2a"};
+	int *probe_ok[3] = {&wg2_ok, &wg2p_ok, &wg2a_ok};
+	for (int pi = 0; pi < 3; pi++) {
+		if (!probe_mla_wg2(&g, probe_diag[pi]))
 			continue;
-		printf("%s failed its probe (2 x 2048 keys): left out of this run\n", pi ? "k_mla_decode_wg2p" : "k_mla_decode_wg2");
+		printf("%s failed its probe (2 x 2048 keys): left out of this run\n", probe_name[pi]);
 		gpu_close(&g);
 		if (gpu_open(&g, 0, &e)) {
 			fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
 			return 1;
 		}
-		*(pi ? &wg2p_ok : &wg2_ok) = 0;
+		*probe_ok[pi] = 0;
 	}
 	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
 	const long long page_bytes = 64 * 132;
@@ -310,13 +313,19 @@ int bench_attention(int argc, char **argv)
 			double wg2p_us = wg2p_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
 							    mws, 0x30080)
 						 : 0;
-			double wg_diag_us[8] = {0}, wg2_diag_us[8] = {0};
+			/* the pair with the peer's half by st.async, k_mla_decode_wg2a (diag bit 18) */
+			double wg2a_us = wg2a_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
+							    mws, 0x50080)
+						 : 0;
+			double wg_diag_us[8] = {0}, wg2_diag_us[8] = {0}, wg2a_diag_us[8] = {0};
 			if (ctx == 32768 && B == 128) {
 				for (int di = 1; di < 8; di++) {
 					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 								  128 | di);
 					wg2_diag_us[di] = !wg2_ok ? 0 : time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
 								   mws, 128 | 0x10000 | di);
+					wg2a_diag_us[di] = !wg2a_ok ? 0 : time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att,
+										    mo, mws, 0x50080 | di);
 				}
 			}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
@@ -399,8 +408,9 @@ int bench_attention(int argc, char **argv)
 				       mla_flops / (wg_us * 1e-6) / 1e12);
 			if (wg2_us > 0 || wg2p_us > 0)
 				printf("        k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s | "
-				       "k_mla_decode_wg2p (pipelined) %.2f us, %.1f TFLOP/s\n", wg2_us,
-				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2p_us, mla_flops / (wg2p_us * 1e-6) / 1e12);
+				       "k_mla_decode_wg2a (st.async) %.2f us, %.1f TFLOP/s | k_mla_decode_wg2p (st.async, pipelined) "
+				       "%.2f us, %.1f TFLOP/s\n", wg2_us, mla_flops / (wg2_us * 1e-6) / 1e12, wg2a_us,
+				       mla_flops / (wg2a_us * 1e-6) / 1e12, wg2p_us, mla_flops / (wg2p_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
@@ -410,6 +420,11 @@ int bench_attention(int argc, char **argv)
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
 				       wg_diag_us[7]);
+			if (wg2a_diag_us[1] > 0)
+				printf("        k_mla_decode_wg2a phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
+				       wg2a_us, wg2a_diag_us[1], wg2a_diag_us[2], wg2a_diag_us[4], wg2a_diag_us[3], wg2a_diag_us[6],
+				       wg2a_diag_us[7]);
 			if (wg2_diag_us[1] > 0)
 				printf("        k_mla_decode_wg2 phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
