@@ -12,7 +12,7 @@
 //   shape E = 256 in 8 groups), then its last block to finish routes it (moe_route_select256:
 //   k_moe_route_w's numbers) and permutes the rows (moe_permute_one: k_moe_permute's in closed
 //   form) — three launches in one. It also writes the K + 1 quantised input rows xs8 e4m3
-//   [K + 1, D], sxs fp32 [K + 1, D/128] (all act_quant(x[0]): k_moe_quant_gather's bits), so the
+//   [K + 1, D], sxs fp32 [K + 1, D/128] (all act_quant(x[0]): k_moe_quant_scatter's bits), so the
 //   block skips the gather. The last block is found by a device counter that every block
 //   increments after a fence on its outputs (g_gate1_done; the last block resets it, so each
 //   launch, and each replay of a captured graph, starts from 0: one such launch at a time per
@@ -26,11 +26,7 @@
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
-// k_moe_quant_gather: the same rows quantised straight from x (act_quant of x[src[r]] into
-//   xs8[r], sxs[r]) and x itself into x8, sx (for the shared expert): one launch for decode
-//   sizes, where quantising a row K times costs less than a second launch. One warp per
-//   128-group of the R + T rows, 8 a block.
-// k_moe_quant_scatter: the same rows for many tokens, each x row quantised once: act_quant of
+// k_moe_quant_scatter: the same rows quantised straight from x, each x row once: act_quant of
 //   x[t] (T rows, D % 128 == 0) into row R + t (the shared expert's) and copied to its K sorted
 //   rows perm[t * K + n] (k_moe_permute's), codes and scales: k_act_quant + k_moe_gather_q's
 //   bytes with one read of x and no read of the quantised rows. One warp per (token, 128-group),
@@ -171,7 +167,7 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 // weight rows are WR = 2D + 16 bytes apart (4 banks), so the 4 experts of a warp read distinct
 // banks; x's pieces are all loaded before any is stored (one memory round trip after the wait).
 // Warp 2 quantises 128-groups of x (read from xs) into all K + 1 input rows meanwhile
-// (act_quant(x[0]) whatever the routing: k_moe_quant_gather's bits), so the block needs no
+// (act_quant(x[0]) whatever the routing: k_moe_quant_scatter's bits), so the block needs no
 // gather. The lane that
 // finishes a logit also computes its scores (the double-precision sigmoid, and sel = sc + bias)
 // into scores fp32 [2][E]; the last block to finish (g_gate1_done) only selects, by warp 0
@@ -613,25 +609,6 @@ k_moe_gather_q(const uint8_t *__restrict__ x8, const float *__restrict__ sx,
 	const int KB = D / 128;
 	for (int i = lane; i < KB; i += 32)
 		sxs[(size_t)r * KB + i] = sx[(size_t)s * KB + i];
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_quant_gather(const uint16_t *__restrict__ x, const int *__restrict__ src,
-		   uint8_t *__restrict__ xs8, float *__restrict__ sxs, uint8_t *__restrict__ x8,
-		   float *__restrict__ sx, int D, int R, int T)
-{
-	const int KB = D / 128;
-	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
-	if (group >= (long long)(R + T) * KB)
-		return;
-	const int row = (int)(group / KB), c = (int)(group % KB), lane = threadIdx.x & 31;
-	const bool routed = row < R; // sorted rows first, then the T rows of x itself
-	const int t = routed ? src[row] : row - R;
-	uint8_t *q = routed ? xs8 + (size_t)row * D : x8 + (size_t)t * D;
-	float *s = routed ? sxs + (size_t)row * KB : sx + (size_t)t * KB;
-	const float sc = warp_act_quant128(x + (size_t)t * D + c * 128, q + c * 128, lane);
-	if (lane == 0)
-		s[c] = sc;
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -11,10 +11,9 @@
  *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
  *   which also writes the quantised rows below: they are all x[0]'s)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
- *      the shared expert (rows R .. R+T-1): up to 64 tokens k_moe_quant_gather (each row
- *      quantised from x, one launch), above that k_moe_quant_scatter (each x row quantised once
- *      into row R + t and copied to its K sorted rows; with CUDA_MOE_UNFUSED k_act_quant of
- *      x into rows R.. then k_moe_gather_q of the routed rows from there: the same bytes)
+ *      the shared expert (rows R .. R+T-1): k_moe_quant_scatter (each x row quantised once into
+ *      row R + t and copied to its K sorted rows; with CUDA_MOE_UNFUSED k_act_quant of x into
+ *      rows R.. then k_moe_gather_q of the routed rows from there: the same bytes)
  *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
  *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
  *      entry E of the address tables), so both run in one launch
@@ -468,15 +467,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* the quantised rows: routed rows in sorted order, then x itself (one token through the
 	 * fused router: written there) */
 	const int gathered = fused && T == 1;
-	if ((stages & CUDA_MOE_GATHER) && !gathered && T <= 64) { /* decode: one launch */
-		long long ng = (long long)RT * (D / 128);
-		void *args[] = {&x, (void *)&b[B_SRC], (void *)&b[B_XS8], (void *)&b[B_SXS], &x8, &sx,
-				&D, &R, &T};
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_gather"), (unsigned)((ng + 7) / 8), 1, 1,
-				256, 1, 1, 0, args);
-		if (rc)
-			return rc;
-	} else if ((stages & CUDA_MOE_GATHER) && !gathered && !d->unfused) {
+	if ((stages & CUDA_MOE_GATHER) && !gathered && !d->unfused) {
 		/* each x row quantised once, written to its K sorted rows and the shared row */
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_PERM], (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &T, &K,

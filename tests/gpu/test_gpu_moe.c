@@ -465,7 +465,8 @@ TEST(gpu_moe, quant_scatter_exact)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	static const int cases[][3] = {{65, 8, 7168}, {300, 6, 512}, {129, 1, 256}, {1000, 8, 1024}};
+	static const int cases[][3] = {{65, 8, 7168}, {300, 6, 512}, {129, 1, 256}, {1000, 8, 1024},
+				       {1, 8, 7168},  {4, 8, 7168},  {37, 4, 256}};
 	uint64_t seed = 4501;
 	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
 		const int T = cases[ci][0], K = cases[ci][1], D = cases[ci][2], R = T * K,

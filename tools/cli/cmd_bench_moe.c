@@ -353,11 +353,8 @@ int bench_moe(int argc, char **argv)
 				by = distinct * ((double)n2 + ns2) + (sh_bytes - sh13_bytes), fl = f2 + fsh / 3;
 				break;
 			/* the memory-bound stages: bytes read + written */
-			/* above 64 tokens x read once, R + T rows written (k_moe_quant_scatter);
-			 * below, x quantised, then the rows gathered */
-			case CUDA_MOE_GATHER:
-				by = T > 64 ? 2.0 * T * D + (double)(R + T) * D : 3.0 * T * D + 2.0 * R * D;
-				break;
+			/* x read once, R + T rows written (k_moe_quant_scatter) */
+			case CUDA_MOE_GATHER: by = 2.0 * T * D + (double)(R + T) * D; break;
 			case CUDA_MOE_SWIGLU: by = (R + T) * (2.0 * I * 2 + I); break;
 			case CUDA_MOE_COMBINE: by = R * (double)D * 2 + 4.0 * T * D; break;
 			default: break;
