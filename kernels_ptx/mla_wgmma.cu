@@ -34,26 +34,21 @@
 // (tests/gpu/test_gpu_mla.c).
 // k_mla_decode_wg2: the same kernel with the two 64-head blocks of a row (and split) a cluster
 // of 2 CTAs, whose key lists are the same: each CTA's producer gathers and dequantises only its
-// half of every tile's keys (CTA rank r: keys 16 r .. + 16, warp pw 4 of them) and stores each
-// fp16 chunk into its own key tile and into the peer's (st.shared::cluster); the handover is by
-// mbarriers instead of named barriers: full[buffer] (256 arrivals: the producer threads of both
-// CTAs, after fence.proxy.async) and empty[buffer] (16: the consumer warps of both CTAs), at the
-// end of shared memory. Run 15 at 32K x 128: the producer's gather and dequantisation, 2 x 2048
-// keys a row (each block its own), added ~280 of the 392 us. The same numerics: the same fp16
-// key tiles, the same consumers.
-// k_mla_decode_wg2a: the pair with the peer's half of each key tile sent by st.async (TX), each
-// 16-byte store completing 16 bytes of the receiving CTA's full barrier (one producer thread there
-// expects them): full counts the CTA's own 128 producer threads and the bytes, and no producer
-// waits for a release at cluster scope of its remote stores.
-// k_mla_decode_wg2p: the pair (with TX) with the consumers pipelined across tiles: S of tile t + 1 issued
-// before P V of tile t (both asynchronous, one commit group each), the softmax of t + 1 while P V
-// of t runs, then O rescaled by t + 1's factors once P V of t is done (the same operations in the
-// same order: the same bits). It needs three key buffers (S of t + 1 and P V of t hold two while
-// the producers fill the third; run 13's pipelined form with two was slower), so one S exchange
-// (a second barrier once both warpgroups read it) and two raw stages (one tile in flight).
+// half of every tile's keys (CTA rank r: keys 16 r .. + 16, warp pw 4 of them; its raw records in
+// 4 stages of 16, 3 tiles in flight) and stores each fp16 chunk into its own key tile and, by
+// st.async, into the peer's, each 16-byte store completing 16 bytes of the peer's full barrier.
+// The handover is by mbarriers instead of named barriers: full[buffer] (this CTA's 128 producer
+// threads, one of them expecting the peer's 18432 bytes) and empty[buffer] (16: the consumer
+// warps of both CTAs), at the end of shared memory. The same key tiles through the same
+// consumers: the same bits as k_mla_decode_wg (run 17: 0 of every test's outputs differ). Run 17
+// at 128 rows: 32K 393.9 us against k_mla_decode_wg's 392.2 (the consumers bound there), 128K
+// 409.8 against 455.5, 1K 268.3 against 303.8; batch 1 16.3 against 16.5. (Run 17's other forms:
+// remote stores with a release-arrive at cluster scope, 398.6 / 457.8; and the consumers
+// pipelined, S of tile t + 1 before P V of t, three key buffers, one raw stage in flight: 407.4 /
+// 465.1 — removed.)
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
-// MMAs, bit 2 dequantises only the first two tiles, bit 5 skips the load of Q, bit 6 the output
-// stores.
+// MMAs, bit 2 dequantises only the first two tiles, bit 4 skips the softmax (and its exchange: P V
+// with zero weights), bit 5 skips the load of Q, bit 6 the output stores.
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
@@ -77,19 +72,17 @@
 #define MW_BAR_CONS 5  // the 256 consumer threads
 #define MW_BAR_PROD 6  // the 128 producer threads
 #define MW_MAXK 2048   // keys a split at most (its slots are held in shared memory)
-#define MW_BAR_X2 7    // PIPE: the 256 consumer threads done reading the S exchange
 
-// The shared-memory plan of a variant (byte offsets from the 1024-aligned base): Q, NKB key tiles,
-// NXS S exchanges (2 halves of MW_XS floats), NST raw stages of STB bytes, the split's slots, the
-// mbarriers full[NKB], empty[NKB] (PAIR). KW: keys a producer warp dequantises in a tile.
-template <bool PAIR, bool PIPE> struct mw_cfg {
-	static_assert(PAIR || !PIPE, "the pipelined consumers need the cluster barriers");
-	static constexpr int PEER_BYTES = 16 * MW_DK * 2; // TX: the peer's half of a key tile
-	static constexpr int NKB = PIPE ? 3 : 2, NXS = PIPE ? 1 : 2, KW = PAIR ? 4 : 8;
-	static constexpr int NST = PAIR ? (PIPE ? 2 : 4) : 2, STB = 4 * KW * MW_REC;
-	static constexpr int K_OFF = MW_Q_BYTES, XS_OFF = K_OFF + NKB * MW_K_BYTES;
-	static constexpr int RAW_OFF = XS_OFF + NXS * 2 * MW_XS * 4, SSL_OFF = RAW_OFF + NST * STB;
-	static constexpr int BAR_OFF = SSL_OFF + MW_MAXK * 4, END = BAR_OFF + 2 * NKB * 8;
+// The shared-memory plan (byte offsets from the 1024-aligned base): Q, two key tiles, two S
+// exchanges (2 halves of MW_XS floats each), NST raw stages of STB bytes, the split's slots, the
+// mbarriers full[2], empty[2] (PAIR). KW: keys a producer warp dequantises in a tile.
+template <bool PAIR> struct mw_cfg {
+	static constexpr int KW = PAIR ? 4 : 8, NST = PAIR ? 4 : 2, STB = 4 * KW * MW_REC;
+	static constexpr int PEER_BYTES = 16 * MW_DK * 2; // PAIR: the peer's half of a key tile
+	static constexpr int K_OFF = MW_Q_BYTES, XS_OFF = K_OFF + 2 * MW_K_BYTES;
+	static constexpr int RAW_OFF = XS_OFF + 4 * MW_XS * 4, SSL_OFF = RAW_OFF + NST * STB;
+	static constexpr int BAR_OFF = SSL_OFF + MW_MAXK * 4, END = BAR_OFF + 4 * 8;
+	static_assert(NST * STB == 2 * MW_KT * MW_REC, "raw holds the stages");
 	static_assert(1024 + END <= 1024 + 230400 + 32, "mla_wg_smem_bytes (cuda_attn.c) holds the plan");
 };
 
@@ -111,7 +104,7 @@ __device__ __forceinline__ uint32_t mw_mapa(uint32_t a, uint32_t rank)
 	return r;
 }
 
-// One arrival, releasing this thread's prior writes to the cluster, on the barrier at cluster
+// One arrival, releasing this thread's prior operations to the cluster, on the barrier at cluster
 // address bar
 __device__ __forceinline__ void mw_arrive_cl(uint32_t bar)
 {
@@ -143,14 +136,7 @@ __device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity)
 	}
 }
 
-__device__ __forceinline__ void mw_st_cluster(uint32_t addr, uint4 v)
-{
-	asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-		     "r"(v.w)
-		     : "memory");
-}
-
-// TX: 16 bytes into the peer's shared memory at cluster address addr, completing 16 bytes of the
+// 16 bytes into the peer's shared memory at cluster address addr, completing 16 bytes of the
 // transaction count of the peer's barrier at cluster address bar (no wait here for them to land)
 __device__ __forceinline__ void mw_st_async(uint32_t addr, uint4 v, uint32_t bar)
 {
@@ -208,17 +194,17 @@ __device__ __forceinline__ void mw_gather(const int *ssl_tile, const uint8_t *__
 	cp_async_commit();
 }
 
-// A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from rows k0 - kb .. of raw_tile into the key tile at
-// byte kt of shared memory (and, PEER, the same bytes at cluster address peer + kt: the other
-// CTA's tile; TX: by st.async, completing bytes of the peer's barrier at cluster address pbar), branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane +
-// 32 (q % 2): 8 codes by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 —
-// the same fp16 product, rounded once, as converting the code and multiplying by the scale), the
-// rope as KW / 4 (key k0 + lane / 8 + 4 r, chunk 64 + lane % 8: bf16 -> fp16). Every key is
-// converted: one past the list's end holds zeros or an older valid record (finite), and the
-// consumers mask it. (Run 12: the first version, a branch on the slot and on latent / rope in
-// each of 18 items a lane, one key's slot by shuffle each, was the kernel's bound: ~4000 cycles a
-// tile.)
-template <int KW, bool PEER, bool TX>
+// A warp's KW keys k0 .. k0 + KW - 1 of a tile, dequantised from rows k0 - kb .. of raw_tile into
+// the key tile at byte kt of shared memory (and, PEER, the same bytes at cluster address peer + kt,
+// the other CTA's tile, by st.async, completing bytes of its barrier at cluster address pbar),
+// branch-free: the latent as 2 KW items a lane (key k0 + q / 2, chunk lane + 32 (q % 2): 8 codes
+// by mla.cuh's integer placement, times their 128-wide tile's scale x 2^8 — the same fp16
+// product, rounded once, as converting the code and multiplying by the scale), the rope as KW / 4
+// (key k0 + lane / 8 + 4 r, chunk 64 + lane % 8: bf16 -> fp16). Every key is converted: one past
+// the list's end holds zeros or an older valid record (finite), and the consumers mask it. (Run
+// 12: the first version, a branch on the slot and on latent / rope in each of 18 items a lane,
+// one key's slot by shuffle each, was the kernel's bound: ~4000 cycles a tile.)
+template <int KW, bool PEER>
 __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *smem, uint32_t kt, uint32_t peer,
 					   uint32_t pbar, int k0, int kb, int lane)
 {
@@ -235,10 +221,8 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 		const uint4 v = make_uint4(f16x2_mul(w0, sc2), f16x2_mul(w1, sc2), f16x2_mul(w2, sc2), f16x2_mul(w3, sc2));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (PEER && TX)
+		if (PEER)
 			mw_st_async(peer + off, v, pbar);
-		else if (PEER)
-			mw_st_cluster(peer + off, v);
 	}
 #pragma unroll
 	for (int r = 0; r < KW / 4; r++) {
@@ -248,10 +232,8 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 					   bf16x2_to_f16x2(u.w));
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
-		if (PEER && TX)
+		if (PEER)
 			mw_st_async(peer + off, v, pbar);
-		else if (PEER)
-			mw_st_cluster(peer + off, v);
 	}
 }
 
@@ -262,12 +244,12 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 // records (3 tiles in flight: the gather was latency-bound, run 15), written into both CTAs' key
 // tiles, handed over by the cluster barriers at bars (full[2], empty[2]) instead of the named
 // barriers. Else 2 stages of 32 records (1 tile in flight).
-template <bool PAIR, bool PIPE, bool TX>
+template <bool PAIR>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
 					   const uint8_t *__restrict__ pool, uint8_t *smem, uint32_t bars, int diag)
 {
-	using C = mw_cfg<PAIR, PIPE>;
-	constexpr int KW = C::KW, NST = C::NST, STB = C::STB, NKB = C::NKB;
+	using C = mw_cfg<PAIR>;
+	constexpr int KW = C::KW, NST = C::NST, STB = C::STB;
 	uint8_t *raw = smem + C::RAW_OFF;
 	int *ssl = reinterpret_cast<int *>(smem + C::SSL_OFF);
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
@@ -298,7 +280,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 		else if (PAIR)
 			cp_async_commit();
 	for (int t = 0; t < nt; t++) {
-		const int s = (unsigned)t % NKB, u = (unsigned)t / NKB; // key buffer, its use
+		const int s = t & 1;
 		cp_async_wait_group<NST - 2>(); // tile t's group (the NST - 2 after it may still fly)
 		__syncwarp(); // the warp's records of tile t landed; its reads of tile t - 1's stage done
 		const int j = t + NST - 1;
@@ -306,17 +288,17 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 			mw_gather<KW>(ssl + j * MW_KT, pool, raw + (j & (NST - 1)) * STB, k0, kb, lane);
 		else if (PAIR)
 			cp_async_commit();
-		if (t >= NKB) {
-			if (PAIR) // both CTAs' consumers done with tile t - NKB
-				mw_wait_cl(bars + 8 * (NKB + s), (u + 1) & 1);
+		if (t >= 2) {
+			if (PAIR) // both CTAs' consumers done with tile t - 2
+				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1);
 			else
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
 		const bool deq = !((diag & 4) && t >= 2); // (the same in both CTAs)
 		if (deq)
-			mw_dequant<KW, PAIR, TX>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer,
-						 TX ? mw_mapa(bars + 8 * s, rank ^ 1) : 0, k0, kb, lane);
-		if (PAIR && TX) {
+			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer,
+					     PAIR ? mw_mapa(bars + 8 * s, rank ^ 1) : 0, k0, kb, lane);
+		if (PAIR) {
 			// this CTA's half by its own stores, made visible to the async proxy; the peer's
 			// half by st.async, counted in bytes (thread 0 expects them)
 			fence_proxy_async();
@@ -326,10 +308,6 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 					     : "memory");
 			else
 				mbar_arrive(bars + 8 * s);
-		} else if (PAIR) {
-			asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
-			mw_arrive_cl(mw_mapa(bars + 8 * s, rank));
-			mw_arrive_cl(mw_mapa(bars + 8 * s, rank ^ 1));
 		} else {
 			fence_proxy_async();
 			mw_bar_arrive(MW_BAR_FULL + s, MW_THREADS);
@@ -371,14 +349,12 @@ struct mw_soft {
 	float m0, m1, l0, l1;
 };
 
-// Steps 2 of the header for exchange buffer s (cv: the tile's slots, -1 masks a key): this
+// Steps 2 of the header for tile buffer s (cv: the tile's slots, -1 masks a key): this
 // warpgroup's half sp of S through the exchange
 // (the same fragment position in the other warpgroup), S = S_0 + S_1, scaled and masked, the
 // running maxima and sums updated; out: the A fragments of P V (k16 step kk = keys 16 kk ..:
 // a0 head g keys 2 t4 + {0, 1}, a1 head g + 8, a2 and a3 the same keys + 8) and the factors
-// e^(m_old - m) of the thread's two heads for O. POST (a single exchange buffer): a second
-// barrier once both warpgroups have read it.
-template <bool POST>
+// e^(m_old - m) of the thread's two heads for O
 __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int *cv, int s, int wg, int wt, int t4,
 					   float scale2, mw_soft &st, uint32_t (&ph)[2][4], uint32_t (&pl)[2][4],
 					   float &c0, float &c1)
@@ -403,8 +379,6 @@ __device__ __forceinline__ void mw_softmax(const float *sp, float *xs, const int
 			mx0 = fmaxf(mx0, sc[j0]);
 			mx1 = fmaxf(mx1, sc[j1]);
 		}
-	if (POST) // one exchange buffer: both warpgroups have read it before either writes it again
-		mw_bar_sync(MW_BAR_X2, 256);
 	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
 	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
 	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -472,7 +446,7 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
 // a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
 // while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
-template <bool PAIR, bool PIPE, bool TX>
+template <bool PAIR>
 __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 					  const uint8_t *__restrict__ pool, int H, float scale,
 					  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
@@ -480,11 +454,10 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	extern __shared__ __align__(16) uint8_t smem_raw[];
 	const uint32_t raw_addr = smem_u32(smem_raw), base = (raw_addr + 1023) & ~1023u;
 	uint8_t *smem = smem_raw + (base - raw_addr);
-	using C = mw_cfg<PAIR, PIPE>;
-	constexpr int NKB = C::NKB;
+	using C = mw_cfg<PAIR>;
 	float *xs = reinterpret_cast<float *>(smem + C::XS_OFF);
 	const int *ssl = reinterpret_cast<const int *>(smem + C::SSL_OFF);
-	const uint32_t bars = base + C::BAR_OFF; // PAIR: mbarriers full[NKB], empty[NKB]
+	const uint32_t bars = base + C::BAR_OFF; // PAIR: mbarriers full[2], empty[2]
 
 	const int tid = threadIdx.x, lane = tid & 31;
 	const int b = blockIdx.y, h0 = blockIdx.x * MW_HG;
@@ -495,10 +468,9 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 
 	if (PAIR) {
 		if (tid == 0) {
-			for (int i = 0; i < NKB; i++) {
-				// full[i]: every producer thread of both CTAs (TX: of this one, + the peer's bytes)
-				mbar_init(bars + 8 * i, TX ? 128 : 2 * 128);
-				mbar_init(bars + 8 * (NKB + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
+			for (int i = 0; i < 2; i++) {
+				mbar_init(bars + 8 * i, 128);         // full[i]: this CTA's producer threads (+ bytes)
+				mbar_init(bars + 8 * (2 + i), 2 * 8); // empty[i]: every consumer warp of both CTAs
 			}
 			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		}
@@ -509,7 +481,7 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce<PAIR, PIPE, TX>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
+		mw_produce<PAIR>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
 		if (PAIR)
 			cluster_sync(); // no CTA leaves while its peer may still write or signal it
 		return;
@@ -546,76 +518,27 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	for (int i = 0; i < 128; i++)
 		o[i] = 0.f;
 	mw_soft st = {-INFINITY, -INFINITY, 0.f, 0.f};
-	float sp[16], c0, c1;
-	uint32_t ph[2][4], pl[2][4];
+	float sp[16], c0 = 1.f, c1 = 1.f;
+	uint32_t ph[2][4] = {}, pl[2][4] = {};
 	// descriptors: Q and key buffer 0 at this warpgroup's first k16 step of S, V at its first
 	// column block; key buffer 1 is MW_K_BYTES / 16 on
 	const uint64_t dq = wgd_kmajor(base + 32 * wg), dk0 = wgd_kmajor(base + MW_Q_BYTES + 32 * wg);
 	const uint64_t dv0 = wgd_mnmajor(base + MW_Q_BYTES + wg * 4 * MW_KCB, lbo, sbo);
-	// PAIR: after tile t, each consumer warp's arrival on empty[t % NKB] of both CTAs
+	// PAIR: after tile t, each consumer warp's arrival on empty[t % 2] of both CTAs
 	auto release = [&](int t) {
 		__syncwarp();
 		if (lane == 0) {
-			const uint32_t rank = cluster_rank(), e = bars + 8 * (NKB + (unsigned)t % NKB);
+			const uint32_t rank = cluster_rank(), e = bars + 8 * (2 + (t & 1));
 			mw_arrive_cl(mw_mapa(e, rank));
 			mw_arrive_cl(mw_mapa(e, rank ^ 1));
 		}
 	};
-	// PAIR: tile t's keys in key buffer t % NKB (both CTAs' halves)
+	// PAIR: tile t's keys in key buffer t % 2 (both CTAs' halves)
 	auto acquire = [&](int t) {
-		mw_wait_cl(bars + 8 * ((unsigned)t % NKB), ((unsigned)t / NKB) & 1);
+		mw_wait_cl(bars + 8 * (t & 1), (t >> 1) & 1);
 		fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
 	};
-	if (PIPE) {
-		// S of tile t + 1 issued before P V of tile t, its softmax while P V of t runs (P V of t
-		// into o before the factors of t + 1 rescale it: the same operations in the same order
-		// as below); three key buffers, so the producers fill tile t + 2 meanwhile. No diag bit
-		// 1 here (the MMAs always run: an accumulator zeroed on another path while one may be
-		// in flight makes ptxas serialise every wgmma, C7515).
-		bool nxt = false; // tile t + 1 (here 0) holds keys (ssl, all of it, is the producer's
-				  // before its first handover)
-		if (nt > 0) {
-			acquire(0);
-			nxt = ssl[0] >= 0;
-		}
-		if (nxt) {
-			mw_s_now(sp, dq, dk0);
-			mw_softmax<true>(sp, xs, ssl, 0, wg, wt, t4, scale2, st, ph, pl, c0, c1);
-			mw_rescale(o, c0, c1);
-		}
-		for (int t = 0; t < nt; t++) {
-			const bool act = nxt;
-			nxt = t + 1 < nt && ssl[(t + 1) * MW_KT] >= 0;
-			if (t + 1 < nt)
-				acquire(t + 1);
-			wg_fence();
-			if (nxt)
-				mw_issue_s(sp, dq, dk0 + ((unsigned)(t + 1) % NKB) * (MW_K_BYTES / 16));
-			wg_commit();
-			if (act)
-				mw_issue_pv(o, ph, pl, dv0 + ((unsigned)t % NKB) * (MW_K_BYTES / 16));
-			wg_commit();
-			asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); // S of t + 1
-			mw_fence_regs(sp, 16);
-			uint32_t nph[2][4], npl[2][4];
-			float n0 = 1.f, n1 = 1.f;
-			if (nxt)
-				mw_softmax<true>(sp, xs, ssl + (t + 1) * MW_KT, 0, wg, wt, t4, scale2, st, nph, npl, n0, n1);
-			wg_wait0(); // P V of t
-			mw_fence_regs(o, 128);
-			if (t + NKB < nt)
-				release(t);
-			if (nxt) {
-				mw_rescale(o, n0, n1);
-#pragma unroll
-				for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-					for (int i = 0; i < 4; i++)
-						ph[kk][i] = nph[kk][i], pl[kk][i] = npl[kk][i];
-			}
-		}
-	}
-	for (int t = 0; t < nt && !PIPE; t++) {
+	for (int t = 0; t < nt; t++) {
 		const int s = t & 1;
 		if (PAIR)
 			acquire(t);
@@ -629,7 +552,8 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 				for (int j = 0; j < 16; j++)
 					sp[j] = 0.f;
 			}
-			mw_softmax<false>(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
+			if (!(diag & 16))
+				mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
 			mw_rescale(o, c0, c1);
 			if (mma)
 				mw_pv_now(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
@@ -684,7 +608,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<false, false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 // The pair: grid x (the 64-head groups) even, CTAs 2 j and 2 j + 1 (the same row and split) a
@@ -694,25 +618,5 @@ k_mla_decode_wg2(const uint16_t *__restrict__ q, const int *__restrict__ sel, in
 		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<true, false, false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-// The pair with pipelined consumers (PIPE: three key buffers, one S exchange, two raw stages)
-// and the peer's half by st.async (TX)
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg2p(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		  const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mw_decode<true, true, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-// The pair with the peer's half of each key tile sent by st.async (TX), completing the receiving
-// CTA's barrier by bytes: no release at cluster scope for the producer threads to wait on
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg2a(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		  const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mw_decode<true, false, true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

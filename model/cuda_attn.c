@@ -56,8 +56,6 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
  * the split's slots, 4 mbarriers (k_mla_decode_wg2's). */
 #define MLA_WG_REC 656
 #define MLA_WG_PAIR 0x10000 /* diag bit 16: k_mla_decode_wg2 */
-#define MLA_WG_PIPE 0x20000 /* diag bit 17 (with 16): k_mla_decode_wg2p */
-#define MLA_WG_TX 0x40000   /* diag bit 18 (with 16): k_mla_decode_wg2a */
 #define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
@@ -93,18 +91,17 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 	return splits > 1 ? (size_t)B * H * splits * (R + 2) * sizeof(float) : 0;
 }
 
-/* cuda_mla_decode takes k_mla_decode_wg where it can (run 13, 32K: batch 1 16.6 against 21.1 us,
- * 16: 66.9 / 94.6, 64: 204.6 / 309.7, 128: 402.7 / 615.3; the same limits of attn_latent, the
- * same splits best); DSV32_MLA_WG=0 keeps k_mla_decode (diagnosis), DSV32_MLA_WG=2 takes the
- * pair k_mla_decode_wg2 where H % 128 == 0, DSV32_MLA_WG=3 its pipelined form k_mla_decode_wg2p,
- * DSV32_MLA_WG=4 k_mla_decode_wg2a (none yet validated on the GPU) */
+/* cuda_mla_decode takes k_mla_decode_wg2 where it can (H % 128 == 0: run 17, 128 rows: 32K 393.9
+ * against k_mla_decode_wg's 392.2 us, 128K 409.8 / 455.5, 1K 268.3 / 303.8; batch 1 16.3 / 16.5;
+ * the same bits), else k_mla_decode_wg (run 13, 32K: batch 1 16.6 against k_mla_decode's 21.1 us,
+ * 128: 402.7 / 615.3); DSV32_MLA_WG=1 keeps k_mla_decode_wg, 0 k_mla_decode (diagnosis) */
 static int mla_wg_default = -1;
 
 static int mla_wg_mode(void)
 {
 	if (mla_wg_default < 0) {
 		const char *v = getenv("DSV32_MLA_WG");
-		mla_wg_default = v && *v >= '0' && *v <= '4' ? *v - '0' : 1;
+		mla_wg_default = v && (*v == '0' || *v == '1') ? *v - '0' : 2;
 	}
 	return mla_wg_default;
 }
@@ -115,9 +112,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 	int diag = 0, mode = mla_wg_mode();
 	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
 	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
-		diag = mode >= 2 && H % (2 * MLA_HG) == 0
-			       ? 128 | MLA_WG_PAIR | (mode == 3 ? MLA_WG_PIPE : 0) | (mode == 4 ? MLA_WG_TX : 0)
-			       : 128;
+		diag = mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR : 128;
 	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, diag);
 }
 
@@ -138,16 +133,10 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if ((splits > 1 && !ws) || ((diag & 128) && kps > MLA_WG_MAXK))
 		return -EINVAL;
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128, pair = diag & MLA_WG_PAIR;
-	const int pipe = diag & MLA_WG_PIPE, tx = diag & MLA_WG_TX;
-	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))) ||
-	    ((pipe || tx) && !pair))
+	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))))
 		return -EINVAL;
-	const char *name = pipe ? "k_mla_decode_wg2p"
-			   : tx ? "k_mla_decode_wg2a"
-			   : pair ? "k_mla_decode_wg2"
-			   : wg	  ? "k_mla_decode_wg"
-				  : "k_mla_decode";
-	diag &= 0x67; /* the kernel's own switches */
+	const char *name = pair ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : "k_mla_decode";
+	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0); /* the kernel's own switches (bit 19 -> 4) */
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;

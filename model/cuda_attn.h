@@ -20,24 +20,21 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * layer's MLA records at pool (rec_bytes each). ws: a workspace of cuda_mla_decode_workspace()
  * bytes (0 allowed when that is 0). Tensor cores (fp16 operands); the softmax weights go into
  * P V as two fp16 parts (kernels_ptx/mla_decode.cu says where this departs from attn_latent).
- * k_mla_decode_wg (wgmma, kernels_ptx/mla_wgmma.cu) where it applies (R = 512, 656-byte records,
- * H % 64 == 0, <= 2048 keys a split), else k_mla_decode; DSV32_MLA_WG=0: always k_mla_decode,
- * DSV32_MLA_WG=2: k_mla_decode_wg2 where H % 128 == 0, 3: k_mla_decode_wg2p there, 4:
- * k_mla_decode_wg2a there. */
+ * k_mla_decode_wg2 (wgmma, a cluster of the row's two 64-head blocks, kernels_ptx/mla_wgmma.cu)
+ * where it applies (R = 512, 656-byte records, H % 128 == 0, <= 2048 keys a split), else
+ * k_mla_decode_wg (H % 64 == 0), else k_mla_decode; DSV32_MLA_WG=1: never the pair, 0: always
+ * k_mla_decode. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
  * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
- * combine alone, bit 5 no load of Q, bit 6 no output stores; bits 0-6 leave the output
- * meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
+ * combine alone, bit 5 no load of Q, bit 6 no output stores, bit 19 no softmax (the wgmma kernels;
+ * P V with zero weights); bits 0-6 and 19 leave the output meaningless) and bits 8-15 forcing the number of key splits (rounded to whole tiles of 64
  * keys; ws must then hold B x H x splits x (R + 2) floats, as cuda_mla_decode_workspace; a
  * correct result). Bit 7 takes k_mla_decode_wg (kernels_ptx/mla_wgmma.cu: wgmma, R = 512 and
  * 656-byte records and H % 64 == 0 and at most 2048 keys a split only, else -EINVAL; the same
  * limits of attn_latent). Bit 16 (with bit 7) takes k_mla_decode_wg2: the pair of 64-head blocks of a
- * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL); bit 17
- * too its pipelined form k_mla_decode_wg2p (S of a tile issued before P V of the one before;
- * bit 1 has no effect there); bit 18 (with 16) k_mla_decode_wg2a (the peer's half of each key
- * tile by st.async). */
+ * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -26,9 +26,8 @@
 
 /* force: the key splits cuda_mla_decode_diag is told to use (bits 8-15; the batch-invariant
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
- * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16), 3 its pipelined form k_mla_decode_wg2p
- * (bits 7, 16, 17), 4 k_mla_decode_wg2a (bits 7, 16, 18) instead, the last three also compared to
- * the bit with k_mla_decode_wg at the same splits */
+ * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16) instead, also compared to the bit with
+ * k_mla_decode_wg at the same splits */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -93,14 +92,13 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
-					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x20000 : 0) |
-						     (wg == 4 ? 0x40000 : 0)) == 0);
+					     force << 8 | (wg ? 128 : 0) | (wg == 2 ? 0x10000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
 	uint16_t *got = malloc((size_t)B * H * R * 2);
 	REQUIRE(gpu_download(g, got, d_o, (size_t)B * H * R * 2) == 0);
-	if (wg >= 2) { /* the pair computes k_mla_decode_wg's tiles with its consumers: the same bits */
+	if (wg == 2) { /* the pair computes k_mla_decode_wg's tiles with its consumers: the same bits */
 		gpu_test_poison(g, d_o, (size_t)B * H * R * 2);
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
 					     force << 8 | 128) == 0);
@@ -111,8 +109,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 		for (size_t i = 0; i < (size_t)B * H * R; i++)
 			if (one[i] != got[i] && differ++ == 0)
 				first_d = (int64_t)i;
-		printf("    %s against k_mla_decode_wg: %lld of %lld outputs differ",
-		       wg == 4 ? "k_mla_decode_wg2a" : wg == 3 ? "k_mla_decode_wg2p" : "k_mla_decode_wg2", (long long)differ,
+		printf("    k_mla_decode_wg2 against k_mla_decode_wg: %lld of %lld outputs differ", (long long)differ,
 		       (long long)B * H * R);
 		if (differ)
 			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
@@ -151,7 +148,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 4 ? "k_mla_decode_wg2a" : wg == 3 ? "k_mla_decode_wg2p" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -217,8 +214,8 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	struct gpu g;
 	gpu_test_open(&g);
 	/* k_mla_decode_wg2 (the 64-head pair a cluster, each dequantising half of every tile's keys
-	 * into both): the cases of decode_wg_matches_cpu, H = 128 throughout (the pair needs two
-	 * head groups) */
+	 * into both, the peer's half by st.async): the cases of decode_wg_matches_cpu, H = 128
+	 * throughout (the pair needs two head groups), and 64 splits of one tile each */
 	int n_real[4] = {1, 17, 300, 2048};
 	int n_one[1] = {2048};
 	int n_many[70];
@@ -231,48 +228,6 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 2, 3206);
 	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 2, 3207);
 	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 2, 3208); /* 64 splits: one 32-key tile each */
-	gpu_close(&g);
-}
-
-TEST_T(gpu_mla, decode_wg2p_matches_cpu, 300)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	/* k_mla_decode_wg2p (the pair with S of a tile issued before P V of the one before, three
-	 * key buffers): the cases of decode_wg2_matches_cpu */
-	int n_real[4] = {1, 17, 300, 2048};
-	int n_one[1] = {2048};
-	int n_many[70];
-	for (int b = 0; b < 70; b++)
-		n_many[b] = 64 + 3 * b;
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 3, 3304);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 3, 3301);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 3, 3303);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 3, 3305);
-	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 3, 3306);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 3, 3307);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 3, 3308);
-	gpu_close(&g);
-}
-
-TEST_T(gpu_mla, decode_wg2a_matches_cpu, 300)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	/* k_mla_decode_wg2a (the pair, the peer's half of each key tile by st.async): the cases of
-	 * decode_wg2_matches_cpu */
-	int n_real[4] = {1, 17, 300, 2048};
-	int n_one[1] = {2048};
-	int n_many[70];
-	for (int b = 0; b < 70; b++)
-		n_many[b] = 64 + 3 * b;
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 4, 3404);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 4, 3401);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 4, 3403);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 4, 3405);
-	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 4, 3406);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 4, 3407);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 4, 3408);
 	gpu_close(&g);
 }
 

@@ -105,38 +105,6 @@ static void probe_fixed_costs(struct gpu *g, CUevent e0, CUevent e1)
 	       (double)cyc / (spin_ms * 1e3), empty_us, empty132_us, bigonly_us, alt_us);
 }
 
-/* One call of k_mla_decode_wg2 or k_mla_decode_wg2p (diag; not yet validated on the GPU) on a small
- * shape (2 rows, 2048 keys, zero records): 0 when it ran; else its error has spoilt the context,
- * which the caller reopens, and the bench leaves the kernel out */
-static int probe_mla_wg2(struct gpu *g, int diag)
-{
-	const int B = 2, MH = 128, R = 512, nsel = 2048;
-	gpu_ptr mq = 0, pos = 0, mpool = 0, mo = 0, ws = 0;
-	size_t wsb = cuda_mla_decode_workspace(g, B, MH, R, nsel);
-	int *hp = malloc((size_t)B * nsel * 4);
-	if (!hp || cu.cuMemAlloc(&mq, (size_t)B * MH * (R + 64) * 2) || cu.cuMemAlloc(&pos, (size_t)B * nsel * 4) ||
-	    cu.cuMemAlloc(&mpool, (size_t)nsel * 656) || cu.cuMemAlloc(&mo, (size_t)B * MH * R * 2) ||
-	    (wsb && cu.cuMemAlloc(&ws, wsb))) {
-		free(hp);
-		return -1;
-	}
-	for (int i = 0; i < B * nsel; i++)
-		hp[i] = i % nsel;
-	gpu_upload(g, pos, hp, (size_t)B * nsel * 4);
-	free(hp);
-	cu.cuMemsetD8(mq, 0, (size_t)B * MH * (R + 64) * 2);
-	cu.cuMemsetD8(mpool, 0, (size_t)nsel * 656);
-	int r = cuda_mla_decode_diag(g, mq, pos, nsel, mpool, 656, R, MH, B, 0.1f, mo, ws, diag);
-	if (!r)
-		r = gpu_sync(g);
-	if (!r) {
-		cu.cuMemFree(mq), cu.cuMemFree(pos), cu.cuMemFree(mpool), cu.cuMemFree(mo);
-		if (ws)
-			cu.cuMemFree(ws);
-	}
-	return r;
-}
-
 int bench_attention(int argc, char **argv)
 {
 	int reps = 10;
@@ -153,22 +121,6 @@ int bench_attention(int argc, char **argv)
 	if (gpu_open(&g, 0, &e)) {
 		fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
 		return 1;
-	}
-	/* k_mla_decode_wg2 / _wg2p ran in the probe (else they are left out) */
-	int wg2_ok = 1, wg2p_ok = 1, wg2a_ok = 1;
-	const int probe_diag[3] = {0x10080, 0x30080, 0x50080};
-	const char *probe_name[3] = {"k_mla_decode_wg2", "k_mla_decode_wg2p", "k_mla_decode_wg2a"};
-	int *probe_ok[3] = {&wg2_ok, &wg2p_ok, &wg2a_ok};
-	for (int pi = 0; pi < 3; pi++) {
-		if (!probe_mla_wg2(&g, probe_diag[pi]))
-			continue;
-		printf("%s failed its probe (2 x 2048 keys): left out of this run\n", probe_name[pi]);
-		gpu_close(&g);
-		if (gpu_open(&g, 0, &e)) {
-			fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
-			return 1;
-		}
-		*probe_ok[pi] = 0;
 	}
 	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
 	const long long page_bytes = 64 * 132;
@@ -306,28 +258,18 @@ int bench_attention(int argc, char **argv)
 			double old_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0);
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
 			/* the pair k_mla_decode_wg2 (diag bit 16) */
-			double wg2_us = wg2_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
-							  128 | 0x10000)
-					       : 0;
-			/* its pipelined form k_mla_decode_wg2p (diag bit 17) */
-			double wg2p_us = wg2p_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
-							    mws, 0x30080)
-						 : 0;
-			/* the pair with the peer's half by st.async, k_mla_decode_wg2a (diag bit 18) */
-			double wg2a_us = wg2a_ok ? time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
-							    mws, 0x50080)
-						 : 0;
-			double wg_diag_us[8] = {0}, wg2_diag_us[8] = {0}, wg2a_diag_us[8] = {0};
-			if (ctx == 32768 && B == 128) {
-				for (int di = 1; di < 8; di++) {
+			double wg2_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
+			/* 32K x 128: both wgmma kernels by phases (1-7: the kernel's switches of gathers, MMAs,
+			 * dequantisation; 8: no softmax) */
+			double wg_diag_us[9] = {0}, wg2_diag_us[9] = {0};
+			if (ctx == 32768 && B == 128)
+				for (int di = 1; di < 9; di++) {
+					const int d = di == 8 ? 0x80000 : di;
 					wg_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
-								  128 | di);
-					wg2_diag_us[di] = !wg2_ok ? 0 : time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
-								   mws, 128 | 0x10000 | di);
-					wg2a_diag_us[di] = !wg2a_ok ? 0 : time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att,
-										    mo, mws, 0x50080 | di);
+								  128 | d);
+					wg2_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+								   0x10080 | d);
 				}
-			}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
 			double diag_us[8] = {0};
 			const int diags[] = {1, 2, 4, 3, 6, 7};
@@ -356,7 +298,7 @@ int bench_attention(int argc, char **argv)
 			/* batch 1, k_mla_decode_wg2: the time by key splits (forced; 64 = one 32-key tile a
 			 * split), the decode kernel alone and the combine alone */
 			double split_us[7][4] = {{0}};
-			if (ctx == 32768 && B == 1 && wg2_ok) {
+			if (ctx == 32768 && B == 1) {
 				gpu_ptr ws64;
 				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
 					     __LINE__))
@@ -404,32 +346,22 @@ int bench_attention(int argc, char **argv)
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
 			if (wg_us > 0)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
-				       "%.1f TFLOP/s\n", old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us,
-				       mla_flops / (wg_us * 1e-6) / 1e12);
-			if (wg2_us > 0 || wg2p_us > 0)
-				printf("        k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s | "
-				       "k_mla_decode_wg2a (st.async) %.2f us, %.1f TFLOP/s | k_mla_decode_wg2p (st.async, pipelined) "
-				       "%.2f us, %.1f TFLOP/s\n", wg2_us, mla_flops / (wg2_us * 1e-6) / 1e12, wg2a_us,
-				       mla_flops / (wg2a_us * 1e-6) / 1e12, wg2p_us, mla_flops / (wg2p_us * 1e-6) / 1e12);
+				       "%.1f TFLOP/s | k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s\n",
+				       old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wg2_us,
+				       mla_flops / (wg2_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
 				       wg_split_us[1], wg_split_us[2], wg_split_us[3], wg_split_us[4], wg_split_us[5]);
-			if (wg_diag_us[1] > 0)
-				printf("        k_mla_decode_wg phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
-				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
-				       wg_us, wg_diag_us[1], wg_diag_us[2], wg_diag_us[4], wg_diag_us[3], wg_diag_us[6],
-				       wg_diag_us[7]);
-			if (wg2a_diag_us[1] > 0)
-				printf("        k_mla_decode_wg2a phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
-				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
-				       wg2a_us, wg2a_diag_us[1], wg2a_diag_us[2], wg2a_diag_us[4], wg2a_diag_us[3], wg2a_diag_us[6],
-				       wg2a_diag_us[7]);
-			if (wg2_diag_us[1] > 0)
-				printf("        k_mla_decode_wg2 phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
-				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
-				       wg2_us, wg2_diag_us[1], wg2_diag_us[2], wg2_diag_us[4], wg2_diag_us[3], wg2_diag_us[6],
-				       wg2_diag_us[7]);
+			for (int k = 0; k < 2; k++) {
+				const double *du = k ? wg2_diag_us : wg_diag_us;
+				if (du[1] > 0)
+					printf("        %s phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
+					       "no gather+MMA %.1f | no gather+dequant (MMA only) %.1f | no MMA+dequant %.1f | none of "
+					       "the three %.1f | no softmax %.1f\n",
+					       k ? "k_mla_decode_wg2" : "k_mla_decode_wg", k ? wg2_us : wg_us, du[1], du[2], du[4], du[3],
+					       du[5], du[6], du[7], du[8]);
+			}
 			if (diag_us[1] > 0)
 				printf("        k_mla_decode phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
@@ -456,7 +388,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (k_topk_cluster at batch <= 2 and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
