@@ -47,8 +47,9 @@
 // pipelined, S of tile t + 1 before P V of t, three key buffers, one raw stage in flight: 407.4 /
 // 465.1 — removed.)
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
-// MMAs, bit 2 dequantises only the first two tiles, bit 4 skips the softmax (and its exchange: P V
-// with zero weights), bit 5 skips the load of Q, bit 6 the output stores.
+// MMAs, bit 2 dequantises only the first two tiles, bit 3 issues P V of a tile and S of the next
+// together (one wait a tile: see fuse below; a real result, the same bits), bit 4 skips the softmax
+// (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores.
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
@@ -518,7 +519,7 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	for (int i = 0; i < 128; i++)
 		o[i] = 0.f;
 	mw_soft st = {-INFINITY, -INFINITY, 0.f, 0.f};
-	float sp[16], c0 = 1.f, c1 = 1.f;
+	float sp[16] = {}, c0 = 1.f, c1 = 1.f;
 	uint32_t ph[2][4] = {}, pl[2][4] = {};
 	// descriptors: Q and key buffer 0 at this warpgroup's first k16 step of S, V at its first
 	// column block; key buffer 1 is MW_K_BYTES / 16 on
@@ -538,25 +539,44 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 		mw_wait_cl(bars + 8 * (t & 1), (t >> 1) & 1);
 		fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
 	};
-	for (int t = 0; t < nt; t++) {
-		const int s = t & 1;
+	// fuse (diag bit 3, with the MMAs): P V of tile t and S of tile t + 1 issued back to back and
+	// waited for together (one wait a tile instead of two; tile t + 1's handover taken while P V
+	// of t runs); the same operations in the same order
+	const bool fuse = (diag & 8) && mma;
+	auto take = [&](int t) { // tile t's key buffer
 		if (PAIR)
 			acquire(t);
 		else
-			mw_bar_sync(MW_BAR_FULL + s, MW_THREADS);
+			mw_bar_sync(MW_BAR_FULL + (t & 1), MW_THREADS);
+	};
+	for (int t = 0; t < nt; t++) {
+		const int s = t & 1;
+		if (!fuse || t == 0)
+			take(t);
 		if (ssl[t * MW_KT] >= 0) { // else the list ended before this tile: nothing to add
-			if (mma) {
+			if (mma && (!fuse || t == 0)) // (without the MMAs sp keeps its zeros: a write here,
+				// beside the fused path's S in flight, would make ptxas serialise every wgmma)
 				mw_s_now(sp, dq, dk0 + s * (MW_K_BYTES / 16));
-			} else {
-#pragma unroll
-				for (int j = 0; j < 16; j++)
-					sp[j] = 0.f;
-			}
 			if (!(diag & 16))
 				mw_softmax(sp, xs, ssl + t * MW_KT, s, wg, wt, t4, scale2, st, ph, pl, c0, c1);
 			mw_rescale(o, c0, c1);
-			if (mma)
+			if (fuse) {
+				wg_fence();
+				mw_issue_pv(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
+				if (t + 1 < nt) {
+					take(t + 1);
+					if (ssl[(t + 1) * MW_KT] >= 0)
+						mw_issue_s(sp, dq, dk0 + (s ^ 1) * (MW_K_BYTES / 16));
+				}
+				wg_commit();
+				wg_wait0();
+				mw_fence_regs(o, 128);
+				mw_fence_regs(sp, 16);
+			} else if (mma) {
 				mw_pv_now(o, ph, pl, dv0 + s * (MW_K_BYTES / 16));
+			}
+		} else if (fuse && t + 1 < nt) {
+			take(t + 1);
 		}
 		if (t + 2 < nt) { // the producer(s) wait for this buffer before tile t + 2
 			if (PAIR) {

@@ -34,7 +34,9 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * correct result). Bit 7 takes k_mla_decode_wg (kernels_ptx/mla_wgmma.cu: wgmma, R = 512 and
  * 656-byte records and H % 64 == 0 and at most 2048 keys a split only, else -EINVAL; the same
  * limits of attn_latent). Bit 16 (with bit 7) takes k_mla_decode_wg2: the pair of 64-head blocks of a
- * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). */
+ * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). Bit 20
+ * (the wgmma kernels): P V of a key tile and S of the next issued together, one wait a tile (a
+ * correct result, the same bits; not yet the default). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -259,6 +259,8 @@ int bench_attention(int argc, char **argv)
 			double wg_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 128);
 			/* the pair k_mla_decode_wg2 (diag bit 16) */
 			double wg2_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
+			/* and with P V of a tile and S of the next issued together (diag bit 20) */
+			double wg2f_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x110080);
 			/* 32K x 128: both wgmma kernels by phases (1-7: the kernel's switches of gathers, MMAs,
 			 * dequantisation; 8: no softmax) */
 			double wg_diag_us[9] = {0}, wg2_diag_us[9] = {0};
@@ -346,9 +348,10 @@ int bench_attention(int argc, char **argv)
 			       100.0 * mla_floor / (mla_ms * 1e-3), peer, vs);
 			if (wg_us > 0)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
-				       "%.1f TFLOP/s | k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s\n",
+				       "%.1f TFLOP/s | k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s | "
+				       "wg2 fused (P V and the next S together) %.2f us, %.1f TFLOP/s\n",
 				       old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wg2_us,
-				       mla_flops / (wg2_us * 1e-6) / 1e12);
+				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2f_us, mla_flops / (wg2f_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
