@@ -40,7 +40,6 @@
 	X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemsetD8) X(cuMemsetD8Async)           \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync)                  \
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
-	X(cuMemcpy2DAsync)                                                                    \
 	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)             \
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)          \
 	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)        \

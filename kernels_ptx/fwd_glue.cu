@@ -18,8 +18,6 @@
 // k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4;
 //                    k_fwd_uv1_q the same for one row with the act_quant of o (o_proj's input).
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
-// k_fwd_meta         the step's metadata from the pinned host buffer to the device (a kernel
-//                    instead of a copy node, so the next kernel's programmatic launch overlaps it).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
@@ -568,22 +566,6 @@ extern "C" __global__ void __launch_bounds__(32) k_fwd_spin(long long ns)
 	do
 		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
 	while ((long long)(t - t0) < ns);
-}
-
-// dst[i] = src[i] for i < n16 (16-byte words): src is the step's pinned host metadata buffer,
-// read through unified addressing (cuMemHostAlloc memory has the same address on the device;
-// the reads cross PCIe), dst its device copy (model/cuda_forward.c fwd_upload). Grid
-// ceil(n16 / 256), 256 threads. Writes nothing before pdl_wait (the previous step's kernels
-// read dst; a step's first kernel has no predecessor, then the wait returns at once).
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_meta(const uint4 *__restrict__ src, uint4 *__restrict__ dst, int n16)
-{
-	const int i = blockIdx.x * 256 + threadIdx.x;
-	const uint4 v = i < n16 ? src[i] : make_uint4(0, 0, 0, 0);
-	pdl_trigger();
-	pdl_wait();
-	if (i < n16)
-		dst[i] = v;
 }
 
 // perm[t*K + n] = idx[t*K + n] * T + t (idx int [T, K] expert ids).

@@ -35,10 +35,9 @@
  * A step larger than the scratch arena holds runs in passes (cuda_forward_step); decode-sized
  * steps (<= 64 rows, no dumps, no hidden rows, not MTP) replay captured CUDA graphs. Switches
  * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
- * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0, DSV32_CUDA_FWD_FORK=0/2,
- * DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_LOGITS_STREAM=1, DSV32_CUDA_MLA_FP32=1,
- * DSV32_CUDA_META_KERNEL=1, DSV32_CUDA_PROFILE=1, DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N,
- * DSV32_CUDA_FWD_SKIP=names; and
+ * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0/1/names,
+ * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
+ * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names; and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -142,8 +141,7 @@ void cuda_forward_profile_print(void)
 static const char *const switch_names[] = {
 	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
-	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_LOGITS_STREAM",
-	"DSV32_CUDA_META_KERNEL",
+	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -159,16 +157,17 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	switch (k) {
 	case 0: s->graphs = !zero; break;
 	case 1: s->unfused = one; break;
-	case 2: s->pdl = !zero; break;
-	case 3: s->fork = zero ? 0 : n == 2 ? 2 : 1; break;
+	case 2: /* 0, 1, a list of kernel names, or unset (-1: by rows, fwd_pdl) */
+		s->pdl = !v ? -1 : zero ? 0 : one ? 1 : 2;
+		snprintf(s->pdl_list, sizeof s->pdl_list, "%s", s->pdl == 2 ? v : "");
+		break;
+	case 3: s->fork = !zero; break;
 	case 4: s->staged = zero ? 0 : one ? 1 : -1; break;
 	case 5: s->mma_rows = n > 0 && n < (1 << 30) ? (int)n : 0; break;
 	case 6: s->mla_fp32 = one; break;
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
-	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 10: s->stream = one; break;
-	default: s->meta_kernel = one; break;
+	default: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
 		s->gen++;
@@ -214,33 +213,6 @@ static int logits_pinned(const struct fwd *F)
 			return 0;
 	}
 	return 1;
-}
-
-/* The callers' logits as one [n_logits, V] block of the backend's pinned host memory (each
- * sequence's rows right after the previous one's: the scheduler's buffer), when the switch
- * DSV32_CUDA_LOGITS_STREAM asks the step to copy its logits there itself; else NULL. */
-static float *logits_block(const struct fwd *F)
-{
-	const struct backend_step *st = F->st;
-	const struct fwd_switches *sw = F->E->sw;
-	if (!sw->stream || sw->staged == 1 || !F->n_logits || !F->E->side || st->dump || !logits_pinned(F))
-		return NULL;
-	float *base = NULL;
-	size_t V = (size_t)F->c->vocab_size;
-	for (int64_t i = 0, kl = 0; i < st->n_seqs; i++) {
-		const struct backend_seq *s = &st->seqs[i];
-		int64_t nl = 0;
-		for (int64_t j = 0; j < s->n; j++)
-			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
-		if (!nl)
-			continue;
-		if (!base)
-			base = s->logits;
-		else if (s->logits != base + (size_t)kl * V)
-			return NULL;
-		kl += nl;
-	}
-	return base;
 }
 
 /* Counts the rows, fills the host copies and uploads the metadata (and up to two [T, D] float
@@ -341,7 +313,6 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	}
 	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
 	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
-	F->ldst = logits_block(F);
 	return 0;
 }
 
@@ -365,18 +336,10 @@ int cuda_forward_prepare(struct gpu *g)
 static int fwd_upload(struct fwd *F)
 {
 	TAKE(dev, F->meta_bytes);
-	if (fwd_skipped(F, "metadata_upload")) {
-	} else if (F->E->sw->meta_kernel && F->meta_bytes <= ((size_t)64 << 10)) {
-		/* (DSV32_CUDA_META_KERNEL=1: read by a kernel, k_fwd_meta; meta_bytes % 256 == 0) */
-		gpu_ptr src = (gpu_ptr)(uintptr_t)*F->E->pinned;
-		int n16 = (int)(F->meta_bytes / 16);
-		F->tag = "metadata upload";
-		LAUNCH_PDL("k_fwd_meta", (n16 + 255) / 256, 1, 256, 0, &src, &dev, &n16);
-		F->tag = NULL;
-	} else if (cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
-			    "cuMemcpyHtoDAsync", __FILE__, __LINE__)) {
+	if (!fwd_skipped(F, "metadata_upload") &&
+	    cu_check(cu.cuMemcpyHtoDAsync(dev, *F->E->pinned, F->meta_bytes, F->g->stream),
+		     "cuMemcpyHtoDAsync", __FILE__, __LINE__))
 		return -EIO;
-	}
 	F->tok = dev, F->pos = dev + F->o_pos, F->slot = dev + F->o_slot, F->nkeys = dev + F->o_nk;
 	F->bt = dev + F->o_bt, F->lrows = dev + F->o_lr, F->hrows = dev + F->o_hr;
 	F->up[0] = dev + F->o_up, F->up[1] = dev + F->o_up + F->up_bytes;
@@ -408,24 +371,6 @@ static int gather_download(struct fwd *F, gpu_ptr src, gpu_ptr idx, int n, int D
 	return r;
 }
 
-/* Columns [v0, v0 + n) of the logits l32 [nl, V] into the callers' block F->ldst, on the side
- * stream once the engine stream has computed them (joined at the step's end). */
-static int logits_copy(struct fwd *F, gpu_ptr l32, int v0, int n, int nl, int V)
-{
-	CUDA_MEMCPY2D p;
-	memset(&p, 0, sizeof p);
-	p.srcMemoryType = CU_MEMORYTYPE_DEVICE, p.srcDevice = l32 + (size_t)v0 * 4, p.srcPitch = (size_t)V * 4;
-	p.dstMemoryType = CU_MEMORYTYPE_HOST, p.dstHost = F->ldst + v0, p.dstPitch = (size_t)V * 4;
-	p.WidthInBytes = (size_t)n * 4, p.Height = (size_t)nl;
-	if (cu_check(cu.cuEventRecord(F->E->ev_fork, F->g->stream), "cuEventRecord", __FILE__, __LINE__) ||
-	    cu_check(cu.cuStreamWaitEvent(F->E->side, F->E->ev_fork, 0), "cuStreamWaitEvent", __FILE__,
-		     __LINE__) ||
-	    cu_check(cu.cuMemcpy2DAsync(&p, F->E->side), "cuMemcpy2DAsync", __FILE__, __LINE__))
-		return -EIO;
-	F->side_open = 1;
-	return 0;
-}
-
 /* Everything of a step on the device, up to the final normed rows (*out, and r = the MTP
  * block's output) and the logits of the flagged rows (*l32: fp32 [n_logits, V], 0 if none).
  * No synchronisation unless dumping: this is what a decode graph captures. */
@@ -437,8 +382,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	int T = F->T, D = (int)c->hidden_size, V = (int)c->vocab_size;
 	int64_t Lm = c->num_hidden_layers;
 	TRY(fwd_upload(F));
-	if (!F->E->sw->meta_kernel)
-		fwd_prof_mark(F->g->stream, "metadata upload");
+	fwd_prof_mark(F->g->stream, "metadata upload");
 	TAKE(x, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] layer input / output */
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;
@@ -483,18 +427,7 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 			LAUNCH("k_moe_gather", nl, 1, 256, 0, &out, &F->lrows, &hr, &D);
 		}
 		TAKE(l32, (size_t)nl * V * 4);
-		if (F->ldst) { /* in 4 slices of whole 128-column tiles (the same numbers), each
-				* copied to the host while the next is computed */
-			int vs = ((V + 3) / 4 + 127) / 128 * 128;
-			for (int v0 = 0; v0 < V; v0 += vs) {
-				int n = V - v0 < vs ? V - v0 : vs;
-				TRY_TAG("lm head", fwd_lin(F, head + (size_t)v0 * D * 2, hr, D, l32 + (size_t)v0 * 4, 0,
-							   V, nl, D, n));
-				TRY(logits_copy(F, l32, v0, n, nl, V));
-			}
-		} else {
-			TRY_TAG("lm head", fwd_lin(F, head, hr, D, l32, 0, V, nl, D, V));
-		}
+		TRY_TAG("lm head", fwd_lin(F, head, hr, D, l32, 0, V, nl, D, V));
 		*l32_p = l32;
 	}
 	return fwd_side_close(F);
@@ -518,8 +451,7 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 	 * into the sequences' buffers, instead of the driver staging each pageable copy itself (run
 	 * 14: 1.539 / 5.830 against 1.584 / 6.082). DSV32_CUDA_LOGITS_STAGED=1 / 0 forces either. */
 	const int staged = F->E->sw->staged < 0 ? !logits_pinned(F) : F->E->sw->staged;
-	const int down = F->n_logits && !F->ldst && !fwd_skipped(F, "logits_download"); /* (the
-			 * skip: timing only) */
+	const int down = F->n_logits && !fwd_skipped(F, "logits_download"); /* (timing only) */
 	float *stage = NULL;
 	if (staged && down && !rc) {
 		size_t need = (size_t)F->n_logits * V * 4;
@@ -580,7 +512,6 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 struct fwd_graph {
 	int T, mb, ksel, need, nl, inv;
 	unsigned sw; /* the switches' generation (fwd_switches.gen) */
-	float *ldst; /* the host block the graph copies the logits into (fwd.ldst), or NULL */
 	void *pinned;
 	size_t top;
 	CUgraphExec exec;
@@ -633,7 +564,7 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
 		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
-		    x->sw == F->E->sw->gen && x->ldst == F->ldst &&
+		    x->sw == F->E->sw->gen &&
 		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
 	}
@@ -649,7 +580,7 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
 		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
-				      F->E->sw->gen, F->ldst, *F->E->pinned, top, NULL, 0, 0, 0, 0};
+				      F->E->sw->gen, *F->E->pinned, top, NULL, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__)) {
 			G->off = 1;
@@ -732,8 +663,6 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 		r = step_graph(&F, &graphed, &out, &res, &l32);
 		if (!r && !graphed) { /* eagerly */
 			prof.on = E->sw->profile && !st->dump;
-			if (prof.on)
-				F.ldst = NULL; /* (the profile's download stays one op of its own) */
 			if (prof.on) { /* the GPU waits while the host enqueues the step (k_fwd_spin) */
 				long long ns = PROF_SPIN_NS;
 				void *a[] = {&ns};

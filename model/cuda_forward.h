@@ -69,18 +69,14 @@ void cuda_forward_graphs_stats(const struct fwd_graphs *G, int64_t *captures, in
 struct fwd_switches {
 	int graphs;       /* DSV32_CUDA_GRAPHS (1; 0: every step eagerly) */
 	int unfused;      /* DSV32_CUDA_UNFUSED=1: the separate kernels, not the fused chains */
-	int pdl;          /* DSV32_CUDA_FWD_PDL (1; 0: no programmatic dependent launch) */
-	int fork;         /* DSV32_CUDA_FWD_FORK (1: the attention's query branch on the side
-			   * stream from the index scores on; 2: from the q_a norm on; 0: no side
-			   * stream) */
+	int pdl;          /* DSV32_CUDA_FWD_PDL: the forward's kernels by programmatic dependent
+			   * launch: 1 all, 0 none, 2 those in pdl_list; -1 (unset) in steps of more
+			   * than one row (fwd_launch) */
+	char pdl_list[256]; /* DSV32_CUDA_FWD_PDL=k1,k2 (diagnosis): only these kernel names */
+	int fork;         /* DSV32_CUDA_FWD_FORK (1; 0: no side stream) */
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
-	int stream;       /* DSV32_CUDA_LOGITS_STREAM=1: when the callers' logits are one block of
-			   * the backend's pinned host memory, the LM head in slices, each copied
-			   * there on the side stream while the next is computed (inside the step) */
-	int meta_kernel;  /* DSV32_CUDA_META_KERNEL=1: the step's metadata read from the pinned
-			   * buffer by a kernel (k_fwd_meta) instead of a copy */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

@@ -58,8 +58,6 @@ struct fwd {
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
-	float *ldst;               /* the callers' logits as one pinned [n_logits, V] block, copied
-				    * in by the step itself (DSV32_CUDA_LOGITS_STREAM), or NULL */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \
@@ -120,9 +118,9 @@ int fwd_prof_on(void); /* 1: this step is profiled (eager, one stream) */
 
 /* cuda_fwd_ops.c */
 int fwd_fail(const char *what, int r);
-/* pdl: by programmatic dependent launch (gpu_launch_pdl), unless the switch DSV32_CUDA_FWD_PDL
- * is off (then every forward kernel waits for the previous one whole); a kernel named in
- * DSV32_CUDA_FWD_SKIP is not launched (timing by subtraction) */
+/* pdl: by programmatic dependent launch (gpu_launch_pdl) where the switch DSV32_CUDA_FWD_PDL lets
+ * it (by default in steps of more than one row; else the kernel waits for the previous one
+ * whole); a kernel named in DSV32_CUDA_FWD_SKIP is not launched (timing by subtraction) */
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 	       unsigned smem, void **args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);

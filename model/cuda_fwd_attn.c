@@ -143,7 +143,7 @@ int fwd_side_close(struct fwd *F)
 /* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
  * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
  * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. With them attn_q
- * (qb; NULL: already issued): on the side stream between the scores and the top-k when fork_ok
+ * (qb): on the side stream between the scores and the top-k when fork_ok
  * (the top-k of a few rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and
  * 32K, while the q_b GEMM and the absorption need the others; DSV32_CUDA_FWD_FORK=0, dumps and
  * the profile keep one stream), else before the selection. */
@@ -157,8 +157,8 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	const int fork = qb && fork_ok(F);
-	if (qb && !fork)
+	const int fork = fork_ok(F);
+	if (!fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
 	gpu_ptr scores = 0;
@@ -269,15 +269,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TRY(fwd_dump_all(F, "kv_cmpr", layer, ckv, DUMP_BF16, Rk, Rk));
 	TRY(fwd_dump_all(F, "k_pe", layer, kpe, DUMP_BF16, Nq, rope));
 
-	/* the attention's query branch (attn_q) on the side stream from here, beside the indexer's
-	 * queries, scores and top-k (DSV32_CUDA_FWD_FORK=2), or from the scores on (1, fwd_select) */
-	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
-	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse};
-	const int early = F->E->sw->fork == 2 && fork_ok(F);
-	if (early)
-		TRY(fork_q(F, &qb));
-
 	/* lightning indexer projections (§3.6.1-7); the queries and their weights only when a row
 	 * has more keys than the selection takes (else fwd_select selects every key whatever the
 	 * scores: no scores run) or for the dumps */
@@ -331,11 +322,13 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 
 	/* sparse attention: the queries (attn_q) beside the selection, MLA over the selected slots,
 	 * W_UV */
+	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
+	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
 	int ksel = F->ksel;
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, early ? NULL : &qb));
-	TRY(fwd_side_close(F));
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse};
+	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */

@@ -18,8 +18,9 @@
  * buffer instead (the backend then stages the download through its pinned buffer).
  * --ab NAME=VALUE (up to 8): after each decode point's row, the same steps again (graph mode,
  * or eager with --graphs off) with one of the CUDA forward's switches set (backend_cuda_set_switch:
- * docs/CONFIG.md; e.g. DSV32_CUDA_FWD_SKIP=k_fwd_rmsnorm_1k, timing by subtraction), one line
- * each with the difference to the default row, then the switch back to the environment's value.
+ * docs/CONFIG.md; e.g. DSV32_CUDA_FWD_SKIP=k_fwd_rmsnorm_1k, timing by subtraction), then with
+ * the switch back to the environment's value, one line each with the difference (the default
+ * measured right after each variant: run 17 saw the first row ~20 us slower than later ones).
  * In the same process, on the same KV and weights: the A/B is not blurred by another start-up.
  *
  * Decode: for each context x batch (default 1K/32K/128K x 1/16/128, which fits a GPU session's
@@ -700,14 +701,16 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 					rc = 1;
 					goto out;
 				}
-				double m = 0;
+				double m = 0, m0 = 0;
 				rc = time_steps(o, be, &st, ab_mode, t, &m);
 				backend_cuda_set_switch(be, name, getenv(name));
+				if (!rc) /* the default again right after: drift apart (run 17: ~20 us) */
+					rc = time_steps(o, be, &st, ab_mode, t, &m0);
 				if (rc)
 					goto out;
-				printf("        %s_ms %.3f with %s (%+.1f us against %.3f)\n",
-				       ab_mode ? "graph" : "eager", m * 1e3, o->ab[k], (m - med[ab_mode]) * 1e6,
-				       med[ab_mode] * 1e3);
+				printf("        %s_ms %.3f with %s (%+.1f us against the default's %.3f "
+				       "measured right after)\n", ab_mode ? "graph" : "eager", m * 1e3, o->ab[k],
+				       (m - m0) * 1e6, m0 * 1e3);
 			}
 			if (filled == B && tf > 0.01)
 				fprintf(stderr, "  (KV fill of %lld sequences x %lld tokens: %.2f s wall)\n",
