@@ -73,7 +73,8 @@ struct fwd_switches {
 			   * launch: 1 all, 0 none, 2 those in pdl_list; -1 (unset) in steps of more
 			   * than one row (fwd_launch) */
 	char pdl_list[256]; /* DSV32_CUDA_FWD_PDL=k1,k2 (diagnosis): only these kernel names */
-	int fork;         /* DSV32_CUDA_FWD_FORK (1; 0: no side stream) */
+	int fork;         /* DSV32_CUDA_FWD_FORK (1: the attention's query branch on the side stream
+			   * from the index scores on; 3: from before them; 0: no side stream) */
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */

@@ -158,6 +158,7 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
 	const int fork = fork_ok(F);
+	const int before = F->E->sw->fork == 3; /* DSV32_CUDA_FWD_FORK=3: forked before the scores */
 	if (!fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
@@ -172,6 +173,8 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 		gpu_ptr q = iq8 + (size_t)t0 * Hi * 128, w = iw + (size_t)t0 * Hi * 4;
 		gpu_ptr bt = F->bt + (size_t)t0 * mb * 4, nk = F->nkeys + (size_t)t0 * 4;
 		gpu_ptr op = sel_pos + (size_t)t0 * ksel * 4, os = sel_slot + (size_t)t0 * ksel * 4;
+		if (fork && before)
+			TRY(fork_q(F, qb));
 		if (need) {
 			/* FP8 tensor cores (k_indexer_scores_fp8; run 5: 2.27 TB/s at 128K x 128, the
 			 * dots within 2^-23 of sum |q k|, as the fp32-exact k_indexer_scores) */
@@ -181,7 +184,7 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 			fwd_prof_mark(F->g->stream, "indexer scores");
 			TRY(fwd_dump_rows(F, "idx_scores", layer, scores, DUMP_F32, ld, -1, t0, n));
 		}
-		if (fork)
+		if (fork && !before)
 			TRY(fork_q(F, qb));
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
