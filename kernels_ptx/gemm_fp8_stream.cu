@@ -60,16 +60,10 @@
 // k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
 // the first promoted while the second ran: within +-2% of this, so not kept.)
 #define ST_FUSED 1
-// ST_EARLY (grouped): the weights of the first stages before griddepcontrol.wait, and this grid's
-// trigger after it (see gemm_fp8_stream); ST_SLOT1: the groups' maps are st_maps[1] (else [0]).
-#define ST_EARLY 2
-#define ST_SLOT1 4
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
-// Two sets: the early mode (ST_EARLY) alternates them, so that a GEMM's maps are written while
-// the previous grouped GEMM may still read the other set.
-__device__ tmap st_maps[2][ST_MAXG];
+__device__ tmap st_maps[ST_MAXG];
 
 struct st_slice {
 	int e, r0, rows, pad;
@@ -186,17 +180,6 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 		else
 			wg_n8(d, da + 2 * k, db + 2 * k, k > 0);
 	}
-}
-
-// d (+)= A[64 x 32] (e4m3 registers: this warp's 16 rows, a0 = row g bytes 4t..4t+3, a1 = row
-// g + 8 the same, a2 / a3 = those rows' bytes 16 + 4t..; mma.m16n8k32's A layout) . B[64 x 32]^T
-// (e4m3, shared memory, K-major 128-byte swizzle); the WI = 4 consumers
-__device__ __forceinline__ void wt_n64(float *d, const uint32_t (&a)[4], uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 // The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
@@ -331,18 +314,16 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // 16, 32 or 64), both straight from the copies' swizzled boxes: no conversion, native FP8, but
 // wgmma's accumulation inside a k32 step keeps ~14 bits (tests/gpu/gemm_fp8_limit.h), so the
 // results are within that limit of the CPU's, not of the mma.sync kernels'. Same promotion per
-// K block, same summation order across blocks and chunks. WI = 4 (MG = 8): wgmma
-// with the tokens as A from registers (up to 64, loaded by the consumers from global memory a
-// stage ahead) and the weights as B: the stages hold weights only (7 of them, against 4-6 with
-// the token rows), for 32-64 tokens, where the token rows ate the ring. (Run 13 measured stages of one K
-// block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense and
-// grouped; not kept.)
+// K block, same summation order across blocks and chunks. (Run 17 measured wgmma with the
+// tokens as A from registers, loaded from global memory a stage ahead, and only weights in the
+// ring (7 stages at any M): 0.85-0.97x of these at every M; not kept. Run 13 measured stages of
+// one K block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense
+// and grouped; not kept.)
 template <int MG, int RT, int WI>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
-		const float *__restrict__ S, const float *__restrict__ SX,
-		const uint8_t *__restrict__ X, uint16_t *__restrict__ Y,
+		const float *__restrict__ S, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
@@ -364,37 +345,27 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
-	const uint32_t fstage = WI == 2 || WI == 4 ? 0 : KBS * (MG > 0 ? MG : 1) * 2048;
+	const uint32_t fstage = WI == 2 ? 0 : KBS * (MG > 0 ? MG : 1) * 2048;
 	// then each stage's promotion scales, copied by the producer warp: S[row block][kb + j] at
-	// +4j, sx[r0 + m][kb + j] at +16 + 4 (64 j + m) (WI = 4: the weights' only, 16 bytes a stage;
-	// its consumers load the tokens' scales themselves)
+	// +4j, sx[r0 + m][kb + j] at +16 + 4 (64 j + m)
 	const uint32_t scl0 = fbuf + 2 * fstage;
-	constexpr uint32_t SCL = WI == 4 ? 16 : ST_SCL_BYTES;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
-	// Grouped, early mode: the offsets are read and the first weights copied before the wait.
-	// The offsets come from the routing, several kernels back: complete, because every grouped
-	// GEMM in this mode triggers its dependents only after its own wait (so when any later
-	// kernel runs, everything before this GEMM's maps kernel, which waits too, has completed);
-	// the maps are this GEMM's set, written by k_stream_group_maps before it triggered us.
-	const bool early_g = w_tab && (flags & ST_EARLY);
-	const tmap *maps = st_maps[(flags & ST_SLOT1) ? 1 : 0];
 
 	// The next kernel (launched with PDL) may start and load its constants now: it reads this
 	// grid's outputs only after its griddepcontrol.wait (this grid complete). (The next grouped
-	// GEMM's k_stream_group_maps waits before it rewrites the maps this grid reads; early mode:
-	// below, after the wait.)
-	if (!early_g)
-		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	// GEMM's k_stream_group_maps waits before it rewrites the maps this grid reads.)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	// Launched with programmatic dependent launch (model/cuda_gemm.c), this grid may start
 	// before the previous kernel has finished: what it reads from that kernel's outputs comes
 	// after griddepcontrol.wait (a no-op without PDL). Grouped: everything (the offsets, the
-	// maps of k_stream_group_maps; early mode: the tokens and scales only); dense: the
-	// producer waits after it has started the first stages' weight copies (constant data),
-	// before any token or scale copy; the consumers read only what the stages bring and write
-	// only after that.
-	if (w_tab && !early_g)
+	// maps of k_stream_group_maps); dense: the producer waits after it has started the first
+	// stages' weight copies (constant data), before any token or scale copy; the consumers
+	// read only what the stages bring and write only after that. (Run 17 measured a grouped
+	// form that copied its first weights before the wait, its maps in two sets used in turn:
+	// ~1 us less a one-token MoE block, and the gate|up GEMM's offsets are not complete then.)
+	if (w_tab)
 		asm volatile("griddepcontrol.wait;" ::: "memory");
 	// the slices: <= 64 rows of one group each, groups without rows left out
 	if (!w_tab) {
@@ -466,30 +437,22 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		// arrives on their full barriers expecting the whole stage's bytes; the tokens and the
 		// scales follow after the wait, below)
 		int pre = 0;
-		if (!w_tab || early_g) {
+		if (!w_tab) {
 			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
 				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-				const int xb = WI == 4 ? 0 : (w.ms + 7) >> 3;
-				const tmap *wm = w_tab ? &maps[w.e] : wmap;
-				if (lane == 0 && w_tab && w.e != e_acq) {
-					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
-						     : "memory");
-					e_acq = w.e;
-				}
+				const int xb = (w.ms + 7) >> 3;
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
 						for (int j = 0; j < nb; j++)
-							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wm,
+							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
 									 bar, (kb + j) * 128, w.n0, pol_w);
 					}
 				}
 			}
 			asm volatile("griddepcontrol.wait;" ::: "memory");
-			if (early_g)
-				asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 		}
 		int q = 0; // stages issued (the first `pre` had their weights issued above)
 		// the grouped weight scales' address, loaded a unit ahead
@@ -502,7 +465,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
-			const tmap *wm = w_tab ? &maps[w.e] : wmap;
+			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
 			if (lane == 0 && w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(wm)
@@ -511,7 +474,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			}
 			// the slice's token rows, in boxes of 8 (only as many as it has: a grouped slice
 			// of 2 rows takes 1 KB a K block, not mpad rows)
-			const int xb = WI == 4 ? 0 : (w.ms + 7) >> 3; // (WI = 4: none, in registers)
+			const int xb = (w.ms + 7) >> 3;
 			for (int kb = w.kb0; kb < w.kb1; kb += KBS, q++) {
 				const int nb = min(KBS, w.kb1 - kb);
 				const bool early = q < pre; // weights already on their way (s == q)
@@ -520,8 +483,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				const uint32_t bar = smem_u32(&full[s]);
 				if (MG > 0) {
 					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
-					const uint32_t sd = scl0 + s * SCL;
-					for (int i = lane; i < nb * (WI == 4 ? 1 : 1 + w.ms); i += 32) {
+					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
+					for (int i = lane; i < nb * (1 + w.ms); i += 32) {
 						if (i < nb) {
 							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
 						} else {
@@ -556,11 +519,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// ---- consumers: warp w owns rows n0 + 16 RT w .. + 16 RT - 1 of each unit ----
 	constexpr int MGA = MG > 0 ? MG : 1; // array extent
 	const int g = lane >> 2, t = lane & 3;
-	if (early_g) { // the trigger after the wait: the producer has passed it once a stage is full
-		if ((int)blockIdx.x < units)
-			mbar_wait(smem_u32(&full[0]), 0);
-		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	}
 	int s = 0;
 	uint32_t ph = 0, it = 0; // it: stages consumed, whose parity picks the fp16 token buffer
 	// Fused chunk sum: the warp that stores the last of the chunks' partials of its rows
@@ -613,357 +571,225 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		counted = pend;
 		pend.st = -1;
 	};
-	if constexpr (WI == 4) {
-		// wgmma with the tokens as A from registers (64 token rows: the slice's, zeros past
-		// it; warp tw of a warpgroup holds tokens 16 tw + g, + 8) and the weights as B from
-		// the stage (warpgroup wq: rows n0 + 64 wq .. + 63 of the unit), m64n64k32: the ring
-		// holds weights only. The tokens' bytes and scales come from global memory (small,
-		// L2-resident; written by the previous kernel, so after the wait), a stage ahead in
-		// registers. The fragment's register 4i + q: token tk0 (q < 2) or tk1, weight row
-		// 8i + 2t + (q & 1). Same promotion per K block (sx * S, then frag * that), same
-		// summation order across blocks and chunks as the other consumers.
-		asm volatile("griddepcontrol.wait;" ::: "memory");
-		const int wq = warp >> 2, tw = warp & 3;
-		const int tk0 = 16 * tw + g, tk1 = tk0 + 8;
-		uint32_t xa[KBS][4][4];
-		float xs[KBS][2];
-		auto load = [&](const st_unit &lw, int kb) {
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		const int n = w.n0 + warp * 16 * RT; // this warp's first row
+		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
+		const int rt_n = min(RT, max(0, (N - n) >> 4));
+		const int mg_n = (w.ms + 7) >> 3;
+		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
+		// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
+		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
+		float sc[KBS][MGA][2];
+		float acc[RT][MGA][4];
+		float frag[WI >= 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
 #pragma unroll
-			for (int j = 0; j < KBS; j++)
+		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-				for (int h = 0; h < 2; h++) {
-					const int tk = h ? tk1 : tk0;
-					const bool ok = kb + j < lw.kb1 && tk < lw.ms;
-					const size_t r = (size_t)lw.r0 + (ok ? tk : 0);
-					const uint32_t *p =
-						reinterpret_cast<const uint32_t *>(X + r * K + (size_t)(kb + j) * 128) + t;
+			for (int mg = 0; mg < MGA; mg++)
+				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
+		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
+			mbar_wait(smem_u32(&full[s]), ph);
+			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
-					for (int k = 0; k < 4; k++) {
-						xa[j][k][h] = ok ? __ldg(p + 8 * k) : 0u;
-						xa[j][k][2 + h] = ok ? __ldg(p + 8 * k + 4) : 0u;
+			for (int j = 0; j < KBS; j++) {
+				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
+				const float sw = ok ? lds32f(sd + 4 * j) : 0.f;
+#pragma unroll
+				for (int mg = 0; mg < MGA; mg++) {
+					const int m0 = mg * 8 + 2 * t;
+					const uint32_t a = sd + 16 + 4 * (64 * j + m0);
+					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
+					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a + 4) * sw : 0.f;
+				}
+			}
+			const uint32_t st = stage0 + s * stage_bytes;
+			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
+			const int nb = min(KBS, w.kb1 - kb);
+			if (MG > 0 && WI == 3) {
+				// the stage's tokens as fp16 in the layout of wgh_desc: item (j, q, n) gathers
+				// token n's 4-byte words 32 t + 4q (t = 0..3) of K block j from the swizzled
+				// box and writes its two core-matrix rows
+				const int nt = mg_n * 8, per_j = 8 * nt;
+				for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
+					const int j = i / per_j, rest = i - j * per_j, q = rest / nt,
+						  n = rest - q * nt;
+					const uint32_t rb = st + KBS * ST_WBOX + j * xbox + n * 128;
+					uint32_t lo[4], hi[4];
+#pragma unroll
+					for (int tt = 0; tt < 4; tt++) {
+						const int byte = 32 * tt + 4 * q;
+						const uint32_t w = lds32(rb + ((((byte >> 4) ^ (n & 7)) << 4) |
+									       (byte & 15)));
+						e4m3x4_f16(w, lo[tt], hi[tt]);
 					}
-					xs[j][h] = ok ? __ldg(SX + r * KB + kb + j) : 0.f;
+					const uint32_t d = fb + (j * 8 + q) * 256 * MGA + (n >> 3) * 256 +
+							   (n & 7) * 16;
+					sts128(d, make_uint4(lo[0], lo[1], lo[2], lo[3]));
+					sts128(d + 128, make_uint4(hi[0], hi[1], hi[2], hi[3]));
 				}
-		};
-		if (blockIdx.x < units) {
-			const st_unit w0 = unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB);
-			load(w0, w0.kb0);
-		}
-		float frag[32];
-		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-			const int n = w.n0 + 64 * wq; // this warpgroup's first weight row
-			float acc[32];
-#pragma unroll
-			for (int i = 0; i < 32; i++)
-				acc[i] = 0.f;
-			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
-				uint32_t ca[KBS][4][4];
-				float cs[KBS][2];
-#pragma unroll
-				for (int j = 0; j < KBS; j++) {
-					cs[j][0] = xs[j][0], cs[j][1] = xs[j][1];
-#pragma unroll
-					for (int k = 0; k < 4; k++)
-#pragma unroll
-						for (int q = 0; q < 4; q++)
-							ca[j][k][q] = xa[j][k][q];
+				named_bar_sync(1, CW * 32); // every warp's conversions are visible
+			}
+			if (MG > 0 && WI != 2 && WI != 3) {
+				// The stage's token rows as fp16 fragments, converted once by all consumer
+				// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
+				// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
+				// fb + ((j MG + mg) 4 + h) 512 + 16 ln (a lane's 4 loads below are then
+				// conflict-free). The box is 128-byte swizzled: 16-byte chunk c of row r sits at
+				// c ^ (r % 8).
+				const int per_j = mg_n * 128;
+				for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
+					const int j = i / per_j, rest = i - j * per_j;
+					const int mg = rest >> 7, h = (rest >> 5) & 3, ln = rest & 31;
+					const int r = mg * 8 + (ln >> 2), chunk = 2 * (ln & 3) + (h >> 1);
+					const uint2 v = lds64(st + KBS * ST_WBOX + j * xbox + r * 128 +
+							      ((chunk ^ (r & 7)) << 4) + (h & 1) * 8);
+					uint4 o;
+					e4m3x4_f16(v.x, o.x, o.y);
+					e4m3x4_f16(v.y, o.z, o.w);
+					sts128(fb + ((j * MGA + mg) * 4 + h) * 512 + ln * 16, o);
 				}
-				// the next stage's tokens (this unit's next K blocks, or the next unit's first)
-				if (kb + KBS < w.kb1) {
-					load(w, kb + KBS);
-				} else if (u + (int)gridDim.x < units) {
-					const st_unit nw =
-						unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB);
-					load(nw, nw.kb0);
-				}
-				mbar_wait(smem_u32(&full[s]), ph);
-				const uint32_t sd = scl0 + s * SCL, st = stage0 + s * stage_bytes;
-				const int nb = min(KBS, w.kb1 - kb);
+				named_bar_sync(1, CW * 32); // every warp's conversions are visible
+			}
+			if constexpr (MG > 0 && WI == 2) {
+				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
+				// consumers') times the tokens; the fragment's register 4 mg + q is
+				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
+				const uint32_t a0 = st + (warp >> 2) * 64 * 128;
 #pragma unroll
 				for (int j = 0; j < KBS; j++) {
 					if (j >= nb)
 						break;
-					const float sw = lds32f(sd + 4 * j);
-					const float s0 = cs[j][0] * sw, s1 = cs[j][1] * sw;
 #pragma unroll
-					for (int i = 0; i < 32; i++)
+					for (int i = 0; i < 4 * MGA; i++)
 						wg_reg_fence(frag[i]);
 					wg_fence();
-					const uint64_t db = wgd_kmajor(st + j * ST_WBOX + wq * 64 * 128);
-#pragma unroll
-					for (int k = 0; k < 4; k++)
-						wt_n64(frag, ca[j][k], db + 2 * k, k > 0);
-					wg_commit();
-					wg_wait0();
-#pragma unroll
-					for (int i = 0; i < 32; i++)
-						wg_reg_fence(frag[i]);
-#pragma unroll
-					for (int i = 0; i < 8; i++) {
-						acc[4 * i + 0] += frag[4 * i + 0] * s0;
-						acc[4 * i + 1] += frag[4 * i + 1] * s0;
-						acc[4 * i + 2] += frag[4 * i + 2] * s1;
-						acc[4 * i + 3] += frag[4 * i + 3] * s1;
-					}
+					wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
+						      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
+					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
-				__syncwarp();
-				if (lane == 0)
-					mbar_arrive(smem_u32(&empty[s]));
-				if (++s == ns)
-					s = 0, ph ^= 1;
 			}
-			if (chunks > 1 && fused) {
-				fence_acq_rel_gpu();
-				__syncwarp();
-				resolve();
-				count();
-			}
-#pragma unroll
-			for (int i = 0; i < 8; i++)
-#pragma unroll
-				for (int q = 0; q < 4; q++) {
-					const int tk = q < 2 ? tk0 : tk1, row = n + 8 * i + 2 * t + (q & 1);
-					if (tk >= w.ms || row >= N)
-						continue;
-					const size_t r = (size_t)w.r0 + tk;
-					if (chunks == 1)
-						Y[r * ldy + row] = f32_to_bf16(acc[4 * i + q]);
-					else
-						partial[((size_t)w.chunk * rows + r) * N + row] = acc[4 * i + q];
-				}
-			if (chunks > 1 && fused)
-				pend = st_pend{w.st, n, max(0, min(64, N - n)), w.r0 + 16 * tw,
-					       max(0, min(16, w.ms - 16 * tw))};
-		}
-		if (chunks > 1 && fused) {
-			fence_acq_rel_gpu();
-			__syncwarp();
-			resolve();
-			count();
-			resolve();
-		}
-	} else {
-		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-			const int n = w.n0 + warp * 16 * RT; // this warp's first row
-			// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
-			const int rt_n = min(RT, max(0, (N - n) >> 4));
-			const int mg_n = (w.ms + 7) >> 3;
-			// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
-			// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
-			// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
-			float sc[KBS][MGA][2];
-			float acc[RT][MGA][4];
-			float frag[WI >= 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
-#pragma unroll
-			for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-				for (int mg = 0; mg < MGA; mg++)
-					acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
-			for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
-				mbar_wait(smem_u32(&full[s]), ph);
-				const uint32_t sd = scl0 + s * SCL;
+			if constexpr (MG > 0 && WI == 3) {
+				// fp16 wgmma: the warp's weight fragment converted as for mma.sync, the K
+				// block's 8 k16 steps into a fresh fragment, promoted as above
+				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
+				const uint32_t a_addr = st + (warp * 16 + g) * 128;
 #pragma unroll
 				for (int j = 0; j < KBS; j++) {
-					const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-					const float sw = ok ? lds32f(sd + 4 * j) : 0.f;
+					if (j >= nb)
+						break;
+					const uint32_t a = a_addr + j * ST_WBOX;
+					wfrag af;
+					wfrag_cvt(af, lds128(a + c0), lds128(a + c1),
+							 lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
+#pragma unroll
+					for (int i = 0; i < 4 * MGA; i++)
+						wg_reg_fence(frag[i]);
+					wg_fence();
+#pragma unroll
+					for (int q = 0; q < 8; q++)
+						wgh_step<MG>(frag, af, q, wgh_desc(fb + (j * 8 + q) * 256 * MGA), q > 0);
+					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
+				}
+			}
+			if (MG > 0 && WI != 2 && WI != 3 && rt_n > 0) {
+				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
+				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
+				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
+				const uint32_t a_addr = st + (warp * 16 * RT + g) * 128;
+#pragma unroll
+				for (int j = 0; j < KBS; j++) {
+					if (j >= nb)
+						break;
+					// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes,
+					// converted to fp16 once for every token group (gemm_fp8_f16.cuh)
+					wfrag af[RT];
+#pragma unroll
+					for (int rt = 0; rt < RT; rt++) {
+						const uint32_t a = a_addr + j * ST_WBOX + rt * 16 * 128;
+						wfrag_cvt(af[rt], lds128(a + c0), lds128(a + c1),
+							  lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
+					}
+					// per group of 8 tokens: the K block's 8 fp16 MMAs (= its 4 e4m3
+					// m16n8k32) into a fresh fragment, then its promotion (groups are
+					// independent chains the scheduler interleaves)
 #pragma unroll
 					for (int mg = 0; mg < MGA; mg++) {
-						const int m0 = mg * 8 + 2 * t;
-						const uint32_t a = sd + 16 + 4 * (64 * j + m0);
-						sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
-						sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a + 4) * sw : 0.f;
-					}
-				}
-				const uint32_t st = stage0 + s * stage_bytes;
-				const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
-				const int nb = min(KBS, w.kb1 - kb);
-				if (MG > 0 && WI == 3) {
-					// the stage's tokens as fp16 in the layout of wgh_desc: item (j, q, n) gathers
-					// token n's 4-byte words 32 t + 4q (t = 0..3) of K block j from the swizzled
-					// box and writes its two core-matrix rows
-					const int nt = mg_n * 8, per_j = 8 * nt;
-					for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
-						const int j = i / per_j, rest = i - j * per_j, q = rest / nt,
-							  n = rest - q * nt;
-						const uint32_t rb = st + KBS * ST_WBOX + j * xbox + n * 128;
-						uint32_t lo[4], hi[4];
-#pragma unroll
-						for (int tt = 0; tt < 4; tt++) {
-							const int byte = 32 * tt + 4 * q;
-							const uint32_t w = lds32(rb + ((((byte >> 4) ^ (n & 7)) << 4) |
-										       (byte & 15)));
-							e4m3x4_f16(w, lo[tt], hi[tt]);
-						}
-						const uint32_t d = fb + (j * 8 + q) * 256 * MGA + (n >> 3) * 256 +
-								   (n & 7) * 16;
-						sts128(d, make_uint4(lo[0], lo[1], lo[2], lo[3]));
-						sts128(d + 128, make_uint4(hi[0], hi[1], hi[2], hi[3]));
-					}
-					named_bar_sync(1, CW * 32); // every warp's conversions are visible
-				}
-				if (MG > 0 && WI != 2 && WI != 3) {
-					// The stage's token rows as fp16 fragments, converted once by all consumer
-					// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
-					// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
-					// fb + ((j MG + mg) 4 + h) 512 + 16 ln (a lane's 4 loads below are then
-					// conflict-free). The box is 128-byte swizzled: 16-byte chunk c of row r sits at
-					// c ^ (r % 8).
-					const int per_j = mg_n * 128;
-					for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
-						const int j = i / per_j, rest = i - j * per_j;
-						const int mg = rest >> 7, h = (rest >> 5) & 3, ln = rest & 31;
-						const int r = mg * 8 + (ln >> 2), chunk = 2 * (ln & 3) + (h >> 1);
-						const uint2 v = lds64(st + KBS * ST_WBOX + j * xbox + r * 128 +
-								      ((chunk ^ (r & 7)) << 4) + (h & 1) * 8);
-						uint4 o;
-						e4m3x4_f16(v.x, o.x, o.y);
-						e4m3x4_f16(v.y, o.z, o.w);
-						sts128(fb + ((j * MGA + mg) * 4 + h) * 512 + ln * 16, o);
-					}
-					named_bar_sync(1, CW * 32); // every warp's conversions are visible
-				}
-				if constexpr (MG > 0 && WI == 2) {
-					// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
-					// consumers') times the tokens; the fragment's register 4 mg + q is
-					// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
-					const uint32_t a0 = st + (warp >> 2) * 64 * 128;
-#pragma unroll
-					for (int j = 0; j < KBS; j++) {
-						if (j >= nb)
+						if (mg >= mg_n)
 							break;
-#pragma unroll
-						for (int i = 0; i < 4 * MGA; i++)
-							wg_reg_fence(frag[i]);
-						wg_fence();
-						wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
-							      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
-						wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
-					}
-				}
-				if constexpr (MG > 0 && WI == 3) {
-					// fp16 wgmma: the warp's weight fragment converted as for mma.sync, the K
-					// block's 8 k16 steps into a fresh fragment, promoted as above
-					const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
-					const uint32_t a_addr = st + (warp * 16 + g) * 128;
-#pragma unroll
-					for (int j = 0; j < KBS; j++) {
-						if (j >= nb)
-							break;
-						const uint32_t a = a_addr + j * ST_WBOX;
-						wfrag af;
-						wfrag_cvt(af, lds128(a + c0), lds128(a + c1),
-								 lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
-#pragma unroll
-						for (int i = 0; i < 4 * MGA; i++)
-							wg_reg_fence(frag[i]);
-						wg_fence();
-#pragma unroll
-						for (int q = 0; q < 8; q++)
-							wgh_step<MG>(frag, af, q, wgh_desc(fb + (j * 8 + q) * 256 * MGA), q > 0);
-						wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
-					}
-				}
-				if (MG > 0 && WI != 2 && WI != 3 && rt_n > 0) {
-					// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
-					// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
-					const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
-					const uint32_t a_addr = st + (warp * 16 * RT + g) * 128;
-#pragma unroll
-					for (int j = 0; j < KBS; j++) {
-						if (j >= nb)
-							break;
-						// A fragments of the warp's RT tiles: rows g, g + 8 of each, 32 bytes,
-						// converted to fp16 once for every token group (gemm_fp8_f16.cuh)
-						wfrag af[RT];
+						const uint32_t bp = fb + (j * MGA + mg) * 2048 + lane * 16;
+						const uint4 q0 = lds128(bp), q1 = lds128(bp + 512),
+							    q2 = lds128(bp + 1024), q3 = lds128(bp + 1536);
+						// word q of the token slice: (lo, hi) f16x2
+						const uint32_t bf[8][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y},
+									   {q1.z, q1.w}, {q2.x, q2.y}, {q2.z, q2.w},
+									   {q3.x, q3.y}, {q3.z, q3.w}};
+						const float s0 = sc[j][mg][0], s1 = sc[j][mg][1];
 #pragma unroll
 						for (int rt = 0; rt < RT; rt++) {
-							const uint32_t a = a_addr + j * ST_WBOX + rt * 16 * 128;
-							wfrag_cvt(af[rt], lds128(a + c0), lds128(a + c1),
-								  lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
-						}
-						// per group of 8 tokens: the K block's 8 fp16 MMAs (= its 4 e4m3
-						// m16n8k32) into a fresh fragment, then its promotion (groups are
-						// independent chains the scheduler interleaves)
-#pragma unroll
-						for (int mg = 0; mg < MGA; mg++) {
-							if (mg >= mg_n)
+							if (rt >= rt_n)
 								break;
-							const uint32_t bp = fb + (j * MGA + mg) * 2048 + lane * 16;
-							const uint4 q0 = lds128(bp), q1 = lds128(bp + 512),
-								    q2 = lds128(bp + 1024), q3 = lds128(bp + 1536);
-							// word q of the token slice: (lo, hi) f16x2
-							const uint32_t bf[8][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y},
-										   {q1.z, q1.w}, {q2.x, q2.y}, {q2.z, q2.w},
-										   {q3.x, q3.y}, {q3.z, q3.w}};
-							const float s0 = sc[j][mg][0], s1 = sc[j][mg][1];
+							float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-							for (int rt = 0; rt < RT; rt++) {
-								if (rt >= rt_n)
-									break;
-								float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-								for (int q = 0; q < 8; q++)
-									mma_w(c, af[rt].g[q][0], af[rt].g[q][1], af[rt].h[q][0],
-									      af[rt].h[q][1], bf[q][0], bf[q][1]);
-								// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
-								acc[rt][mg][0] += c[0] * s0;
-								acc[rt][mg][1] += c[1] * s1;
-								acc[rt][mg][2] += c[2] * s0;
-								acc[rt][mg][3] += c[3] * s1;
-							}
+							for (int q = 0; q < 8; q++)
+								mma_w(c, af[rt].g[q][0], af[rt].g[q][1], af[rt].h[q][0],
+								      af[rt].h[q][1], bf[q][0], bf[q][1]);
+							// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
+							acc[rt][mg][0] += c[0] * s0;
+							acc[rt][mg][1] += c[1] * s1;
+							acc[rt][mg][2] += c[2] * s0;
+							acc[rt][mg][3] += c[3] * s1;
 						}
 					}
 				}
-				it++;
-				__syncwarp();
-				if (lane == 0)
-					mbar_arrive(smem_u32(&empty[s]));
-				if (++s == ns)
-					s = 0, ph ^= 1;
 			}
-			if constexpr (MG == 0) // the copy-only probe: no arithmetic, no output
-				continue;
-			if (chunks > 1 && fused) {
-				// the fused chunk sum's steps for the units before this one (see below)
-				fence_acq_rel_gpu();
-				__syncwarp();
-				resolve();
-				count();
-			}
-#pragma unroll
-			for (int rt = 0; rt < RT; rt++) {
-				if (rt >= rt_n)
-					break;
-#pragma unroll
-				for (int mg = 0; mg < MG; mg++) {
-					if (mg >= mg_n)
-						break;
-					const int m0 = mg * 8 + 2 * t;
-#pragma unroll
-					for (int q = 0; q < 4; q++) {
-						const int m = m0 + (q & 1), row = n + rt * 16 + g + 8 * (q >> 1);
-						if (m >= w.ms)
-							continue;
-						const size_t r = (size_t)w.r0 + m;
-						if (chunks == 1)
-							Y[r * ldy + row] = f32_to_bf16(acc[rt][mg][q]);
-						else // fp32 partial of this chunk, summed in chunk order below
-							partial[((size_t)w.chunk * rows + r) * N + row] = acc[rt][mg][q];
-					}
-				}
-			}
-			if (chunks > 1 && fused && rt_n > 0)
-				pend = st_pend{w.st, n, 16 * rt_n, w.r0, w.ms};
+			it++;
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&empty[s]));
+			if (++s == ns)
+				s = 0, ph ^= 1;
 		}
-		if (MG > 0 && chunks > 1 && fused) { // the last unit's count, and its sum when last
+		if constexpr (MG == 0) // the copy-only probe: no arithmetic, no output
+			continue;
+		if (chunks > 1 && fused) {
+			// the fused chunk sum's steps for the units before this one (see below)
 			fence_acq_rel_gpu();
 			__syncwarp();
 			resolve();
 			count();
-			resolve();
 		}
+#pragma unroll
+		for (int rt = 0; rt < RT; rt++) {
+			if (rt >= rt_n)
+				break;
+#pragma unroll
+			for (int mg = 0; mg < MG; mg++) {
+				if (mg >= mg_n)
+					break;
+				const int m0 = mg * 8 + 2 * t;
+#pragma unroll
+				for (int q = 0; q < 4; q++) {
+					const int m = m0 + (q & 1), row = n + rt * 16 + g + 8 * (q >> 1);
+					if (m >= w.ms)
+						continue;
+					const size_t r = (size_t)w.r0 + m;
+					if (chunks == 1)
+						Y[r * ldy + row] = f32_to_bf16(acc[rt][mg][q]);
+					else // fp32 partial of this chunk, summed in chunk order below
+						partial[((size_t)w.chunk * rows + r) * N + row] = acc[rt][mg][q];
+				}
+			}
+		}
+		if (chunks > 1 && fused && rt_n > 0)
+			pend = st_pend{w.st, n, 16 * rt_n, w.r0, w.ms};
+	}
+	if (MG > 0 && chunks > 1 && fused) { // the last unit's count, and its sum when last
+		fence_acq_rel_gpu();
+		__syncwarp();
+		resolve();
+		count();
+		resolve();
 	}
 }
 
@@ -973,12 +799,12 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					const __grid_constant__ tmap xmap,                     \
 					const unsigned long long *w_tab,                           \
 					const unsigned long long *s_tab, const int *off, int G,    \
-					const float *S, const float *SX, const uint8_t *X, uint16_t *Y, \
+					const float *S, const float *SX, uint16_t *Y,              \
 					float *partial, int rows, int N, int K, int ldy, int chunks, \
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, X, Y, partial, \
+		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y, partial,    \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}
@@ -998,42 +824,29 @@ ST_ENTRY(8, 1, 2, _w)
 ST_ENTRY(1, 1, 3, _h)
 ST_ENTRY(2, 1, 3, _h)
 ST_ENTRY(4, 1, 3, _h)
-ST_ENTRY(8, 1, 4, _t) // WI = 4: up to 64 tokens in registers
 // (no m8_h: ptxas spills it; 33-64 rows run the mma.sync kernel)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )
 
-// st_maps[slot][e] = tmpl with its global address replaced by w_tab[e], for each group e with a
-// weight (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row
-// offsets). Launched with PDL: its blocks are resident while the previous kernel runs, and
-// write the maps once it is complete (griddepcontrol.wait: the previous grouped GEMM, which may
-// have let this grid start early, still reads the maps until then), so the GEMM after it,
-// which waits for this grid, also sees the previous kernel's outputs (the row offsets). Early
-// mode (flags ST_EARLY, the set ST_SLOT1): the maps are written first, then the trigger (the
-// GEMM's first copies go through them before its wait), then the wait (this grid completes
-// after the previous kernel, as every kernel of the chain). The set's previous reader, the
-// grouped GEMM before the previous one, is complete by then: the previous grouped GEMM
-// triggered its dependents only after its own wait. The copy to global memory is a release
-// of the tensor-map proxy, which the GEMM's producer acquires before its first copy through
-// the map.
+// st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
+// (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).
+// Launched with PDL: its blocks are resident while the previous kernel runs, and write the maps
+// once it is complete (griddepcontrol.wait: the previous grouped GEMM, which may have let this
+// grid start early, still reads the maps until then), so the GEMM after it, which waits for this
+// grid, also sees the previous kernel's outputs (the row offsets). The copy to global memory is
+// a release of the tensor-map proxy, which the GEMM's producer acquires before its first copy
+// through the map.
 extern "C" __global__ void __launch_bounds__(32)
 k_stream_group_maps(const __grid_constant__ tmap tmpl,
-		    const unsigned long long *__restrict__ w_tab, int G, int flags)
+		    const unsigned long long *__restrict__ w_tab, int G)
 {
 	__shared__ tmap sm;
-	const bool early = flags & ST_EARLY;
-	if (!early) {
-		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-		asm volatile("griddepcontrol.wait;" ::: "memory");
-	}
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const int e = blockIdx.x;
 	if (e < G && e < ST_MAXG && w_tab[e]) // the whole warp alike
-		tmap_store_at(&st_maps[(flags & ST_SLOT1) ? 1 : 0][e], tmpl, w_tab[e], &sm);
-	if (early) {
-		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-		asm volatile("griddepcontrol.wait;" ::: "memory");
-	}
+		tmap_store_at(&st_maps[e], tmpl, w_tab[e], &sm);
 }
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the

@@ -164,38 +164,21 @@ static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
-/* Diagnosis: DSV32_GEMM_STREAM_NS=n caps the streaming kernel's ring at n stages (a smaller
- * block leaves shared memory for the chunk sum's blocks and the next kernel to be resident
- * beside it); unset: as many as fit (8 at most). */
-static int stream_ns_cap(void)
+/* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
+ * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
+ * M = 1 / 8 / 16 against 3.28 / 3.32 / 3.08 with the 6 that fit; the GEMM launch alone 3.65 either
+ * way: a smaller block leaves room for the chunk sum's and the next launch's blocks beside
+ * it), as many as fit (8 at most) for grouped ones. DSV32_GEMM_STREAM_NS=n (diagnosis) caps
+ * both at n. */
+#define STREAM_NS_DENSE 4
+static int stream_ns_cap(int dense)
 {
 	static int cap = -1;
 	if (cap < 0) {
 		const char *v = getenv("DSV32_GEMM_STREAM_NS");
-		cap = v && atoi(v) >= 2 ? atoi(v) : 8;
+		cap = v && atoi(v) >= 2 ? atoi(v) : 0;
 	}
-	return cap;
-}
-
-/* The grouped streaming GEMM's early mode (DSV32_GEMM_GROUPED_EARLY=1; default off until a GPU
- * run has measured it): its first weight tiles are copied before it waits for the previous
- * kernel (the routing is complete by then: the grouped GEMMs trigger their dependents only after
- * their own wait in this mode), the groups' maps in two sets used in turn, so that the MoE
- * down GEMM's start hides under the gate|up GEMM's chunk sum (gemm_fp8_stream.cu). */
-static int grouped_early = -1;
-
-void cuda_gemm_set_grouped_early(int on) { grouped_early = on; }
-
-static int grouped_early_on(void)
-{
-	static int env = -1;
-	if (grouped_early >= 0)
-		return grouped_early;
-	if (env < 0) {
-		const char *v = getenv("DSV32_GEMM_GROUPED_EARLY");
-		env = v && *v == '1';
-	}
-	return env;
+	return cap ? cap : dense ? STREAM_NS_DENSE : 8;
 }
 
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
@@ -296,14 +279,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (wi == 3 && v == 3)
 		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
-	if (wi == 4 && copy_only)
-		wi = 2;
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = wi == 4 ? "k_gemm_fp8_stream_m8_r1_t"
-				   : names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
-	if (wi == 4)
-		mpad = 0; /* no token rows in the ring */
+	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -315,11 +293,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi == 2 || wi == 4 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same) */
-	head += 8 * (wi == 4 ? 16 : 16 + 2 * 64 * 4); /* wi 4: the weights' scales only */
+	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same size) */
+	head += 8 * (16 + 2 * 64 * 4);
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
-	ns = ns > stream_ns_cap() ? stream_ns_cap() : ns;
+	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
 	if (!w_tab) {
 		/* dense: no more stages than a block streams in all (its units x their stages of
 		 * two K blocks): a small matrix's block then leaves shared memory for the kernels
@@ -349,14 +327,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, 8)))
 		return r;
-	int flags = 0; /* ST_FUSED 1, ST_EARLY 2, ST_SLOT1 4 (kernels_ptx/gemm_fp8_stream.cu) */
-	if (w_tab && grouped_early_on()) {
-		static unsigned slot[MAX_GPUS];
-		unsigned o = g->ordinal >= 0 && g->ordinal < MAX_GPUS ? (unsigned)g->ordinal : 0;
-		flags = 2 | (slot[o]++ & 1 ? 4 : 0);
-	}
 	if (w_tab) {
-		void *margs[] = {&wmap, &w_tab, &G, &flags};
+		void *margs[] = {&wmap, &w_tab, &G};
 		if ((r = launch_pdl(g, gpu_kernel(g, "k_stream_group_maps"), (unsigned)G, 1, 32, 0,
 				    margs)))
 			return r;
@@ -370,11 +342,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    (stream_fused < 0 && (wi == 2 || wi == 4)))
+	    (stream_fused < 0 && wi == 2))
 		fused = 0;
-	flags |= fused ? 1 : 0;
-	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &x8, &y, &ws, &rows, &N,
-			&K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
+	int flags = fused ? 1 : 0; /* ST_FUSED */
+	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
+			&ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
 	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
 		return r;
@@ -892,23 +864,19 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
 	return ms < 0 ? -1 : ms * 1e3f;
 }
 
-/* A challenger replaces the path the dispatch runs without a measurement (the incumbent) only
- * when faster by more than this fraction (the noise between runs of the same kernel, run 15:
- * ~2-3%). */
+/* Where cuBLASLt is a candidate, another path replaces it only when faster by more than this
+ * fraction (the noise between runs of the same kernel, run 15: ~2-3%): issue 9's rule is never
+ * slower than cuBLASLt (run 15's median-of-5 picked the wgmma consumers at 0.93x of it on
+ * 32768x512, M = 64; run 17's "built-in kept within 3%" kept wgmma at 0.87-0.93x of it at
+ * M = 4096). */
 #define TUNE_MARGIN 0.03f
 
 /* Times each candidate of the current mode at a->M rows, records the fastest for the bucket
- * (the incumbent unless beaten by TUNE_MARGIN), returns it (NONE when no path ran).
+ * (cuBLASLt unless beaten by TUNE_MARGIN), returns it (NONE when no path ran).
  * us[CUDA_GEMM_PATHS] (may be NULL): the times, < 0 where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
-	/* the incumbent: the built-in choice for this shape (no table entry) */
-	enum cuda_gemm_path inc = fast_path(g, a->M, a->N, a->K);
-	if (inc == CUDA_GEMM_PATH_NONE || (inc == CUDA_GEMM_PATH_STREAM_WG && a->M > 64))
-		inc = a->M <= 64 ? CUDA_GEMM_PATH_DECODE
-				 : wgmma_fits(a->N, a->N) ? CUDA_GEMM_PATH_WGMMA
-							   : CUDA_GEMM_PATH_CUBLASLT;
 	float t[CUDA_GEMM_PATHS];
 	for (int p = 0; p < CUDA_GEMM_PATHS; p++)
 		t[p] = -1;
@@ -932,9 +900,10 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			best = (enum cuda_gemm_path)p;
 	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
 		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
-	if (best != CUDA_GEMM_PATH_NONE && best != inc && t[inc] >= 0 &&
-	    (inc != CUDA_GEMM_PATH_CUBLASLT || lt_ok) && t[best] > t[inc] * (1 - TUNE_MARGIN))
-		best = inc; /* within the noise of the incumbent */
+	const float lt_t = t[CUDA_GEMM_PATH_CUBLASLT];
+	if (best != CUDA_GEMM_PATH_NONE && best != CUDA_GEMM_PATH_CUBLASLT && lt_ok && lt_t >= 0 &&
+	    t[best] > lt_t * (1 - TUNE_MARGIN))
+		best = CUDA_GEMM_PATH_CUBLASLT; /* within the noise of cuBLASLt */
 	if (best != CUDA_GEMM_PATH_NONE)
 		cuda_gemm_path_set(g, a->M, a->N, a->K, best);
 	if (us)

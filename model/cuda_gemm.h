@@ -58,8 +58,7 @@ int cuda_gemm_decode_streams(int N, int K);
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's consumers, forced: 0 mma.sync, 2 wgmma (native FP8, within the wgmma
- * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), 4 wgmma with
- * the tokens as A from registers and only weights in the ring, -1 the
+ * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), -1 the
  * caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
@@ -68,11 +67,6 @@ void cuda_gemm_set_stream_wi(int on);
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
  * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
-/* The grouped streaming GEMM's early mode: 1 its first weight copies before it waits for the
- * previous kernel, its dependents triggered after that wait, the groups' maps in two sets used
- * in turn (the same results); 0 off; -1 (default) DSV32_GEMM_GROUPED_EARLY=1, else off.
- * Process-wide (tests, benchmarks). */
-void cuda_gemm_set_grouped_early(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

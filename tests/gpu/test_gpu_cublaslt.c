@@ -137,8 +137,7 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 }
 
 /* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
- * cuda_gemm_set_stream_wi 2 here: the tokens as B from the stage; 4: the tokens as A from
- * registers, the ring weights only) against the CPU, within the wgmma limit: M across the
+ * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
  * with one and several chunks; the K chunks summed by the second launch (the default), by the
  * kernel, and one chunk. */
@@ -151,20 +150,16 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 					{40, 128, 7168}, {3, 4096, 512},   {2, 7168, 16384},
 					{7, 1040, 1536}, {57, 2240, 7168}};
 	cuda_gemm_set_stream(1);
-	static const char *labels[2][3] = {
-		{"stream wgmma", "stream wgmma, chunks fused", "stream wgmma, one chunk"},
-		{"stream wgmma tokens in registers", "stream wgmma tokens in registers, chunks fused",
-		 "stream wgmma tokens in registers, one chunk"}};
+	cuda_gemm_set_stream_wi(2);
+	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
+				       "stream wgmma, one chunk"};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
 		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		for (int v = 0; v < 2; v++) {
-			cuda_gemm_set_stream_wi(v ? 4 : 2);
-			for (int d = 0; d < 3; d++) {
-				cuda_gemm_set_stream_diag(d == 1 ? 1 : -1, d == 2);
-				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[v][d]), 0);
-			}
+		for (int d = 0; d < 3; d++) {
+			cuda_gemm_set_stream_diag(d == 1 ? 1 : -1, d == 2);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
 		}
 		cuda_gemm_set_stream_diag(-1, 0);
 		case_free(&c);
@@ -253,8 +248,8 @@ TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 	CHECK(p == CUDA_GEMM_PATH_DECODE || p == CUDA_GEMM_PATH_CUBLASLT);
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "dispatch (tuned)"), 0);
 	const enum cuda_gemm_path p_inv = p;
-	/* the fast mode: its own entry, the three candidates timed, the fastest recorded (or the
-	 * built-in choice when within cuda_gemm.c's TUNE_MARGIN, 3%, of the fastest) */
+	/* the fast mode: its own entry, the three candidates timed, the fastest recorded (or
+	 * cuBLASLt when within cuda_gemm.c's TUNE_MARGIN, 3%, of the fastest) */
 	cuda_gemm_set_batch_invariant(&g, 0);
 	REQUIRE(cuda_gemm_tune(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N, c.dws,
 			       c.ws_bytes, 0, 0, us) == 0);

@@ -169,8 +169,7 @@ struct grouped_ctx {
 	int rows, N, K, mode; /* 0 cuda_gemm_fp8_grouped, 1 streaming (mma.sync), 2 wgmma, 3
 			       * streaming with wgmma consumers (cuda_gemm_set_stream_wi 2), 4 the
 			       * same with the K chunks summed in the kernel, 5
-			       * cuda_gemm_fp8_grouped_swiglu, 6 streaming with the tokens in
-			       * registers (cuda_gemm_set_stream_wi 4) */
+			       * cuda_gemm_fp8_grouped_swiglu */
 };
 
 static int launch_grouped(struct gpu *g, void *vctx, int i)
@@ -184,7 +183,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
-	if (c->mode == 1 || c->mode == 3 || c->mode == 4 || c->mode == 6)
+	if (c->mode == 1 || c->mode == 3 || c->mode == 4)
 		return cuda_gemm_fp8_grouped_stream(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->y, c->rows, c->N, c->K, c->N, c->ws,
 						    c->ws_bytes);
@@ -200,10 +199,10 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "token), routings rotated over %d draws\n",
 	       GB_EXPERTS, GB_TOPK, GB_EXPERTS, GB_ROUTINGS);
 	printf("%-12s %6s %7s %9s | %9s %6s %7s %5s | %9s %6s %7s | %9s %6s %7s | %9s %6s | %9s "
-	       "%6s | %9s %6s | %9s %6s\n",
+	       "%6s | %9s %6s\n",
 	       "N x K", "tokens", "experts", "touch_MB", "ours_us", "TB/s", "TFLOP/s", "%lim",
 	       "stream_us", "TB/s", "TFLOP/s", "wgmma_us", "TB/s", "TFLOP/s", "wg_us", "TB/s",
-	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s", "wt_us", "TB/s");
+	       "wg_fu_us", "TB/s", "swiglu_us", "TB/s");
 	fflush(stdout);
 	uint64_t seed = 12345;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -273,13 +272,12 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 				       (double)c.rows * c.K + (double)c.rows * c.N * 2;
 			double flops = 2.0 * c.rows * c.N * c.K;
 			int reps = 5 * GB_ROUTINGS;
-			float t[7];
-			for (c.mode = 0; c.mode < 7; c.mode++) {
-				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : c.mode == 6 ? 4 : -1);
+			float t[6];
+			for (c.mode = 0; c.mode < 6; c.mode++) {
+				cuda_gemm_set_stream_wi(c.mode == 3 || c.mode == 4 ? 2 : -1);
 				cuda_gemm_set_stream_diag(c.mode == 4 ? 1 : -1, 0);
 				int run = c.mode < 2 || c.mode == 3 || (c.mode == 2 && !no_wgmma) ||
-					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64) ||
-					  (c.mode == 6 && T <= 64);
+					  (c.mode == 4 && T <= 16) || (c.mode == 5 && si == 0 && T <= 64);
 				t[c.mode] = run ? time_ms(g, launch_grouped, &c, reps, trials) : -1;
 			}
 			cuda_gemm_set_stream_wi(-1);
@@ -295,12 +293,12 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 			printf(" |");
 			print_path(t[2], bytes, flops);
 			printf(" |");
-			for (int k = 3; k < 7; k++)
+			for (int k = 3; k < 6; k++)
 				if (t[k] >= 0)
 					printf(" %9.2f %6.3f%s", t[k] * 1e3, bytes / (t[k] * 1e-3) / 1e12,
-					       k < 6 ? " |" : "");
+					       k < 5 ? " |" : "");
 				else
-					printf(" %9s %6s%s", "n/a", "", k < 6 ? " |" : "");
+					printf(" %9s %6s%s", "n/a", "", k < 5 ? " |" : "");
 			printf("\n");
 			fflush(stdout);
 			if (ms < 0)
@@ -318,8 +316,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	       "kernel with wgmma consumers, K chunks summed by a second launch (the fast mode's "
 	       "below 128 rows); wg_fu: the same with the chunks summed in the kernel, tokens <= 16; "
 	       "swiglu: cuda_gemm_fp8_grouped_swiglu, gate|up, tokens <= 16 (the same bytes; its "
-	       "outputs h8/hs instead of y), tokens <= 64; wt: the streaming kernel with the tokens as A "
-	       "from registers (wgmma, the ring weights only), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
+	       "outputs h8/hs instead of y), tokens <= 64; experts: groups with rows, mean over the routings; touch_MB: their weights + x + y; %%lim: ours against the read limit)\n", trials);
 	return 0;
 }
 
@@ -362,10 +359,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "wt", "wt_fu", "h");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "h");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -429,8 +426,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wt = -1,
-			      wtfu = -1, wh = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wh = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -446,12 +442,6 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_diag(2, 0); /* the GEMM launch alone, no chunk sum */
 				wnr = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(-1, 0);
-				cuda_gemm_set_stream_wi(4); /* the tokens in registers */
-				wt = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_diag(1, 0);
-				wtfu = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				cuda_gemm_set_stream_diag(-1, 0);
-				cuda_gemm_set_stream_wi(-1);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -494,8 +484,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wt, wtfu, wh};
-			for (int k = 0; k < 7; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wh};
+			for (int k = 0; k < 5; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 				else if (c.M <= 64)
@@ -522,9 +512,7 @@ int bench_gemm(int argc, char **argv)
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
-		       "(output invalid: the chunk sum's cost is wg_nr against wg); wt: the wgmma "
-		       "consumers with the tokens as A from registers, the ring weights only (chunks "
-		       "summed by a second launch), wt_fu: summed in the kernel; h: the streaming kernel's "
+		       "(output invalid: the chunk sum's cost is wg_nr against wg); h: the streaming kernel's "
 		       "fp16-wgmma consumers on the converted operands (exact, as mma.sync; M <= 32); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
