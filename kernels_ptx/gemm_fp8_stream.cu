@@ -9,8 +9,9 @@
 // Streaming: weights never pass through registers on their way in. One producer thread per
 // block issues bulk tensor copies (TMA, cp.async.bulk.tensor.2d, 128-byte swizzle, completion
 // counted in bytes on an mbarrier, L2 evict-first for weights) of a stage = two K blocks of a
-// unit's 128 weight rows (two 16 KB boxes) plus the same K range of its slice's token rows (in
-// boxes of 8 rows, as many as the slice has; room for mpad), into a ring of NS stages (4-6, as many as fit in shared memory); the
+// unit's 128 weight rows (two 16 KB boxes) plus the same K range of its slice's token rows
+// (grouped: in boxes of 8 rows, as many as the slice has; dense: one box of mpad rows; room for
+// mpad), into a ring of NS stages (dense: up to 4, grouped: as many as fit, up to 8); the
 // consumer warps wait on a stage's "full" barrier, compute, and release it on its "empty"
 // barrier. The grid is persistent (one block per SM): block b takes work units b,
 // b + gridDim.x, ... and its producer runs ahead across unit boundaries. (Run 1 measured the
@@ -440,12 +441,12 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		if (!w_tab) {
 			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
 				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-				const int xb = (w.ms + 7) >> 3;
+				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)));
 						for (int j = 0; j < nb; j++)
 							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
 									 bar, (kb + j) * 128, w.n0, pol_w);
@@ -472,9 +473,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					     : "memory");
 				e_acq = w.e;
 			}
-			// the slice's token rows, in boxes of 8 (only as many as it has: a grouped slice
-			// of 2 rows takes 1 KB a K block, not mpad rows)
-			const int xb = (w.ms + 7) >> 3;
+			// the slice's token rows: grouped in boxes of 8 (only as many as it has: a slice
+			// of 2 rows takes 1 KB a K block, not mpad rows); dense one box of mpad rows a K
+			// block (the tensor map's box, rows past M zero-filled: one copy, not mpad / 8)
+			const int xb = w_tab ? (w.ms + 7) >> 3 : 1, xbytes = w_tab ? xb * 1024 : xbox;
 			for (int kb = w.kb0; kb < w.kb1; kb += KBS, q++) {
 				const int nb = min(KBS, w.kb1 - kb);
 				const bool early = q < pre; // weights already on their way (s == q)
@@ -498,7 +500,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				if (lane == 0) {
 					// whole boxes count, rows past N or past the tokens zero-filled included
 					if (!early)
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xb * 1024)));
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)));
 					const uint32_t dst = stage0 + s * stage_bytes;
 					for (int j = 0; j < nb; j++) {
 						if (!early)

@@ -322,10 +322,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (r)
 		return r;
 	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
-	 * 128 rows; the tokens, boxes of 8 rows; one K block wide, 128-byte swizzle */
+	 * 128 rows; the tokens, boxes of 8 rows (grouped) or mpad rows (dense: one copy a K block);
+	 * one K block wide, 128-byte swizzle */
 	CUtensorMap wmap, xmap;
 	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
-	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, 8)))
+	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, w_tab ? 8 : mpad)))
 		return r;
 	if (w_tab) {
 		void *margs[] = {&wmap, &w_tab, &G};
