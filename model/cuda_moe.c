@@ -203,11 +203,17 @@ struct gate_kernel {
 static struct gate_kernel gate_kernel_for(const struct gpu *g, int T, int E, int D)
 {
 	/* the fast mode above 64 tokens: the tensor cores (the CPU's products, summed in another
-	 * fp32 order; issue #11); GM_SMEM: 4 stages of 192 rows of 144 bytes. Run 15 measured the
-	 * exact forms at 128 / 1024 / 4096 tokens: 88 / 166 / 567 us. Up to 64 tokens both modes
-	 * keep the exact logits (decode steps) */
-	if (!cuda_gemm_batch_invariant(g) && T > 64 && D % 64 == 0 && E % 2 == 0)
-		return (struct gate_kernel){"k_moe_gate_logits_mma", 128, 64, 4 * 192 * 72 * 2};
+	 * fp32 order; issue #11), 64-token tiles while their grid fits the GPU in one wave, else
+	 * 128; GM_SMEM: 8 stages of 192 rows or 12 of 128, of 144 bytes. Run 15 measured the exact
+	 * forms at 128 / 1024 / 4096 tokens: 88 / 166 / 567 us; run 17 the 128-token tiles with 4
+	 * stages at 88-95 us for every T from 128 to 4096 (each SM's block bound by its bytes in
+	 * flight). Up to 64 tokens both modes keep the exact logits (decode steps) */
+	if (!cuda_gemm_batch_invariant(g) && T > 64 && D % 64 == 0 && E % 2 == 0) {
+		const long long b64 = (long long)((E + 63) / 64) * ((T + 63) / 64);
+		return b64 <= g->sm_count
+			       ? (struct gate_kernel){"k_moe_gate_logits_mma64", 64, 64, 12 * 128 * 144}
+			       : (struct gate_kernel){"k_moe_gate_logits_mma", 128, 64, 8 * 192 * 144};
+	}
 	/* run 8: a2l 71 / 152 us at 128 / 256 tokens (each block re-reads its 64 token rows), the
 	 * 32 x 32 tiles ~100 us for up to 512 (one wave): tiled from 176 tokens */
 	/* GT_SMEM(tt): (tt + 32) rows of 104 floats, 4 ring stages of (tt + 32) rows of 144 bytes;

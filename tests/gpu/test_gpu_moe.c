@@ -393,12 +393,19 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 	static const int shapes[][4] = {/* T, E, D, fewer tokens for the batch check */
 					{65, 16, 256, 1},    {300, 32, 512, 129}, {257, 64, 1024, 128},
 					{200, 66, 192, 77},  {130, 256, 7168, 5}, {1100, 256, 7168, 777}};
-	const unsigned smem = 4 * 192 * 72 * 2; /* GM_SMEM */
-	void *fn = gpu_kernel(&g, "k_moe_gate_logits_mma");
-	REQUIRE(fn);
-	REQUIRE(cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-					      (int)smem),
-			 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
+	/* the two tile forms (128 and 64 tokens), GM_SMEM of each */
+	static const char *const names[2] = {"k_moe_gate_logits_mma", "k_moe_gate_logits_mma64"};
+	static const int rows[2] = {128, 64};
+	static const unsigned smem[2] = {8 * 192 * 144, 12 * 128 * 144};
+	void *fns[2];
+	for (int v = 0; v < 2; v++) {
+		fns[v] = gpu_kernel(&g, names[v]);
+		REQUIRE(fns[v]);
+		REQUIRE(cu_check(cu.cuFuncSetAttribute(fns[v],
+						      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						      (int)smem[v]),
+				 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
+	}
 	uint64_t seed = 4402;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3];
@@ -407,15 +414,20 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 		const uint16_t *w = gc.w;
 		const float *xf = gc.xf, *ref = gc.ref;
 		gpu_ptr d_w = gc.d_w, d_x = gc.d_x, d_l = gpu_test_alloc((size_t)T * E * 4);
-		float *got = malloc((size_t)T * E * 4), *got2 = malloc((size_t)T2 * E * 4);
-		REQUIRE(got && got2);
-		for (int pass = 0; pass < 2; pass++) { /* T tokens, then the first T2 */
-			int tt = pass ? T2 : T, ee = E, dd = D;
+		float *got = malloc((size_t)T * E * 4), *got2 = malloc((size_t)T2 * E * 4),
+		      *got3 = malloc((size_t)T * E * 4);
+		REQUIRE(got && got2 && got3);
+		/* the 128-token form on T tokens, on the first T2, then the 64-token form on T */
+		for (int pass = 0; pass < 3; pass++) {
+			const int v = pass == 2;
+			int tt = pass == 1 ? T2 : T, ee = E, dd = D;
 			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
 			void *args[] = {&d_w, &d_x, &d_l, &tt, &ee, &dd};
-			REQUIRE(gpu_launch(&g, fn, (unsigned)((E + 63) / 64), (unsigned)((tt + 127) / 128),
-					   1, 256, 1, 1, smem, args) == 0);
-			REQUIRE(gpu_download(&g, pass ? got2 : got, d_l, (size_t)tt * E * 4) == 0);
+			REQUIRE(gpu_launch(&g, fns[v], (unsigned)((E + 63) / 64),
+					   (unsigned)((tt + rows[v] - 1) / rows[v]), 1, 256, 1, 1, smem[v],
+					   args) == 0);
+			float *out = pass == 0 ? got : pass == 1 ? got2 : got3;
+			REQUIRE(gpu_download(&g, out, d_l, (size_t)tt * E * 4) == 0);
 		}
 		double worst = 0, worst_abs = 0;
 		int64_t bad = 0, first = -1, exact = 0, batch_diff = 0;
@@ -436,20 +448,25 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 				worst = r > worst || isnan(r) ? r : worst;
 				worst_abs = d > worst_abs || isnan(d) ? d : worst_abs;
 			}
+		int64_t form_diff = 0;
 		for (size_t i = 0; i < (size_t)T2 * E; i++)
 			batch_diff += memcmp(&got2[i], &got[i], 4) != 0;
+		for (size_t i = 0; i < (size_t)T * E; i++)
+			form_diff += memcmp(&got3[i], &got[i], 4) != 0;
 		printf("    k_moe_gate_logits_mma T=%-4d E=%-3d D=%-4d: worst |d| %.3g = %.3g of the sum "
 		       "of |products| (limit 2^-16 = %.3g), %lld over, %.1f%% bit-equal to the CPU; "
-		       "first %d rows run alone: %lld logits differ\n",
+		       "first %d rows run alone: %lld logits differ; 64-token tiles: %lld differ\n",
 		       T, E, D, worst_abs, worst, 0x1p-16, (long long)bad,
-		       100.0 * (double)exact / ((double)T * E), T2, (long long)batch_diff);
+		       100.0 * (double)exact / ((double)T * E), T2, (long long)batch_diff,
+		       (long long)form_diff);
 		if (first >= 0)
 			printf("      first over [%lld, %lld]: gpu %.9g cpu %.9g\n", (long long)(first / E),
 			       (long long)(first % E), got[first], ref[first]);
 		CHECK_EQ_INT(bad, 0);
 		CHECK_EQ_INT(batch_diff, 0);
+		CHECK_EQ_INT(form_diff, 0);
 		cu.cuMemFree(d_l);
-		free(got), free(got2);
+		free(got), free(got2), free(got3);
 		gate_case_free(&gc);
 	}
 	gpu_close(&g);
