@@ -175,14 +175,15 @@ k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict
 // 14.4 us graph-replayed, when
 // the last block computed the scores and every warp quantised its group K + 1 times before its
 // chain.) E = 256 in 8 groups (moe_route_select256's shape), D % GR1_KC == 0, D <= GR1_KC *
-// GR1_MAXC. Grid E / 8, GR1_THREADS(8) = 96 threads, dynamic shared memory 8 * GR1_MAXC +
+// GR1_MAXC. Grid E / 8, GR1_THREADS = 96 threads, dynamic shared memory 8 * GR1_MAXC +
 // 32 * (D / 8 + 4) + 8 * (2 D + 16) bytes (model/cuda_moe.c).
-// k_moe_gate_route1_e4: the same with 4 experts a block (grid E / 4, 64 threads: warp 0 the
-// chains, warp 1 the quantised rows; 4 weight rows a block), for the comparison of run 17
-// (model/cuda_moe.c: DSV32_CUDA_MOE_ROUTE1=4).
-#define GR1_KC 512  // elements of a weight row a chunk (one mbarrier)
-#define GR1_THREADS(EPB) (32 * ((EPB) / 4 + 1)) // EPB / 4 warps of chains, then the quantiser
-#define GR1_MAXC 16 // chunks at most (D <= 8192)
+// (Run 17: a form with 4 experts a block, 64 blocks, took 10.7 us against this one's 10.5; the
+// x loads in one round trip, the quantiser reading xs and the permutation from registers did
+// not move it either, 10.6 -> 10.5.)
+#define GR1_KC 512     // elements of a weight row a chunk (one mbarrier)
+#define GR1_EPB 8      // experts a block
+#define GR1_THREADS 96 // warps 0-1: the chains; warp 2: the quantised rows
+#define GR1_MAXC 16    // chunks at most (D <= 8192)
 __device__ unsigned g_gate1_done = 0; // blocks of the running k_moe_gate_route1 that are done
 
 // bytes (a multiple of 16) from global src to shared dst, completing on the mbarrier bar
@@ -195,15 +196,15 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 		     : "memory");
 }
 
-#define GR1_ARGS                                                                                \
-	const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits, int E, int D, \
-		const float *__restrict__ bias, int topk_group, int K, int norm_topk_prob,          \
-		float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,     \
-		int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src,           \
-		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores
-template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
+extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
+k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
+		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
+		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
+		  int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
+		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
+		  float *scores)
 {
-	constexpr int CW = EPB / 4; // warps of chains; warp CW quantises
+	constexpr int EPB = GR1_EPB, CW = EPB / 4; // CW warps of chains; warp CW quantises
 	extern __shared__ __align__(16) unsigned char gr1_smem[];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int nc = D / GR1_KC, XR = D / 8 + 4, WR = 2 * D + 16;
@@ -234,17 +235,17 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	// x as fp32 split by partial: xs[j * XR + c] = x[8c + j]; a thread's 16-byte pieces all
 	// loaded first (one memory round trip on the critical path, not one per piece)
-	constexpr int XP = (GR1_MAXC * GR1_KC / 8 + GR1_THREADS(EPB) - 1) / GR1_THREADS(EPB);
+	constexpr int XP = (GR1_MAXC * GR1_KC / 8 + GR1_THREADS - 1) / GR1_THREADS;
 	uint4 xv[XP];
 #pragma unroll
 	for (int i = 0; i < XP; i++) {
-		const int c = tid + i * GR1_THREADS(EPB);
+		const int c = tid + i * GR1_THREADS;
 		if (c < D / 8)
 			xv[i] = __ldg(reinterpret_cast<const uint4 *>(x) + c);
 	}
 #pragma unroll
 	for (int i = 0; i < XP; i++) {
-		const int c = tid + i * GR1_THREADS(EPB);
+		const int c = tid + i * GR1_THREADS;
 		const uint32_t w4[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
 #pragma unroll
 		for (int h = 0; h < 4 && c < D / 8; h++) {
@@ -324,18 +325,6 @@ template <int EPB> __device__ __forceinline__ void gate_route1(GR1_ARGS)
 	moe_permute_one(pick, K, E, counts, offsets, perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
-}
-
-extern "C" __global__ void __launch_bounds__(GR1_THREADS(8), 1) k_moe_gate_route1(GR1_ARGS)
-{
-	gate_route1<8>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
-		       counts, offsets, perm, src, xs8, sxs, scores);
-}
-
-extern "C" __global__ void __launch_bounds__(GR1_THREADS(4), 1) k_moe_gate_route1_e4(GR1_ARGS)
-{
-	gate_route1<4>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts,
-		       counts, offsets, perm, src, xs8, sxs, scores);
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:

@@ -264,30 +264,11 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
 }
 
-/* Experts a block of the fused router: 8 (k_moe_gate_route1) or 4 (k_moe_gate_route1_e4, twice
- * the blocks, half the weight rows each: the same bits), for run 17's comparison;
- * DSV32_CUDA_MOE_ROUTE1=4 (read once) or cuda_moe_set_route1_experts. */
-static int route1_epb;
-
-void cuda_moe_set_route1_experts(int epb)
+/* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
+ * (moe_block.cu). */
+static unsigned gate_route1_smem(int D)
 {
-	route1_epb = epb == 4 ? 4 : 8;
-}
-
-static int route1_experts(void)
-{
-	if (!route1_epb) {
-		const char *v = getenv("DSV32_CUDA_MOE_ROUTE1");
-		cuda_moe_set_route1_experts(v ? atoi(v) : 8);
-	}
-	return route1_epb;
-}
-
-/* Dynamic shared memory of k_moe_gate_route1(_e4): barriers, x split by partial, the block's
- * epb weight rows (moe_block.cu). */
-static unsigned gate_route1_smem(int D, int epb)
-{
-	return (unsigned)(8 * 16 + 32 * (D / 8 + 4) + epb * (2 * D + 16));
+	return (unsigned)(8 * 16 + 32 * (D / 8 + 4) + 8 * (2 * D + 16));
 }
 
 /* One grouped GEMM over the E + 1 groups (y row stride N). */
@@ -408,15 +389,13 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		const int epb = route1_experts();
-		void *fn = gpu_kernel(g, epb == 4 ? "k_moe_gate_route1_e4" : "k_moe_gate_route1");
+		void *fn = gpu_kernel(g, "k_moe_gate_route1");
 		if (!fn)
 			return -ENOENT;
-		unsigned smem = gate_route1_smem(D, epb);
+		unsigned smem = gate_route1_smem(D);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 					     (int)smem));
-		rc = moe_launch(g, fn, (unsigned)(E / epb), (unsigned)(32 * (epb / 4 + 1)), smem,
-				args); /* GR1_THREADS(epb) */
+		rc = moe_launch(g, fn, (unsigned)(E / 8), 96, smem, args); /* GR1_THREADS */
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
@@ -566,7 +545,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
-		 fused ? route1_experts() == 4 ? "k_moe_gate_route1_e4" : "k_moe_gate_route1" : k.name,
+		 fused ? "k_moe_gate_route1" : k.name,
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "

@@ -76,10 +76,6 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace, unsigned flags);
 
-/* The fused one-token router's experts a block: 8 (the default) or 4 (twice the blocks; the
- * same bits). Process-wide; for tests and run 17's comparison (DSV32_CUDA_MOE_ROUTE1=4). */
-void cuda_moe_set_route1_experts(int epb);
-
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */
 const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,
