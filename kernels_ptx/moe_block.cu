@@ -526,12 +526,7 @@ __device__ __forceinline__ void gate_logits_mma(const uint16_t *__restrict__ W,
 		}
 		cp_async_commit();
 	};
-	float acc[2][NT][4];
-#pragma unroll
-	for (int i = 0; i < 2; i++)
-#pragma unroll
-		for (int j = 0; j < NT; j++)
-			acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+	float acc[2][NT][4] = {};
 #pragma unroll
 	for (int c = 0; c < S - 1; c++)
 		issue(c);
