@@ -206,78 +206,6 @@ __device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4
 	}
 }
 
-// WI = 3: fp16 wgmma m64nNk16 with A (the weights, converted by the consumers exactly as for the
-// mma.sync path: gemm_fp8_f16.cuh) from registers and B (the tokens, converted once a stage)
-// from shared memory in the no-swizzle K-major layout: for K block j and k16 step q, token
-// group nc's two 8 x 16-byte core matrices (kc = 0: the f16 pairs that land on k 2t, 2t + 1 of
-// the step, kc = 1: on 2t + 8, 2t + 9) at fb + (8 j + q) 256 MG + 256 nc + 128 kc, row r (token
-// 8 nc + r) at + 16 r. Descriptor: leading byte offset (between the two K core matrices) 128,
-// stride byte offset (between 8-token groups) 256, no swizzle.
-__device__ __forceinline__ uint64_t wgh_desc(uint32_t addr)
-{
-	uint64_t d = (uint64_t)((addr & 0x3ffff) >> 4);
-	d |= (uint64_t)(128 >> 4) << 16;
-	d |= (uint64_t)(256 >> 4) << 32;
-	return d;
-}
-
-// d (+)= A[64 x 16] (f16 registers, the mma.sync A layout per warp) . B[N x 16]^T (f16, smem)
-__device__ __forceinline__ void wgh_n8(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
-					    uint32_t a3, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgh_n16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
-					    uint32_t a3, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgh_n32(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
-					    uint32_t a3, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgh_n64(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
-					    uint32_t a3, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-		     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate));
-}
-
-template <int MG>
-__device__ __forceinline__ void wgh_step(float *d, const wfrag &f, int q, uint64_t db, int acc)
-{
-	if (MG >= 8)
-		wgh_n64(d, f.g[q][0], f.h[q][0], f.g[q][1], f.h[q][1], db, acc);
-	else if (MG >= 4)
-		wgh_n32(d, f.g[q][0], f.h[q][0], f.g[q][1], f.h[q][1], db, acc);
-	else if (MG >= 2)
-		wgh_n16(d, f.g[q][0], f.h[q][0], f.g[q][1], f.h[q][1], db, acc);
-	else
-		wgh_n8(d, f.g[q][0], f.h[q][0], f.g[q][1], f.h[q][1], db, acc);
-}
-
-__device__ __forceinline__ uint32_t lds32(uint32_t addr)
-{
-	uint32_t r;
-	asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(addr));
-	return r;
-}
-
 // ---- the kernel ------------------------------------------------------------------------------
 
 // Arrival counts of the fused chunk sum, one per (slice, row tile, consumer warp); zero when the
@@ -584,7 +512,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
-		float frag[WI >= 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
+		float frag[WI == 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2)
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -608,31 +536,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 			const uint32_t st = stage0 + s * stage_bytes;
 			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
 			const int nb = min(KBS, w.kb1 - kb);
-			if (MG > 0 && WI == 3) {
-				// the stage's tokens as fp16 in the layout of wgh_desc: item (j, q, n) gathers
-				// token n's 4-byte words 32 t + 4q (t = 0..3) of K block j from the swizzled
-				// box and writes its two core-matrix rows
-				const int nt = mg_n * 8, per_j = 8 * nt;
-				for (int i = threadIdx.x; i < nb * per_j; i += CW * 32) {
-					const int j = i / per_j, rest = i - j * per_j, q = rest / nt,
-						  n = rest - q * nt;
-					const uint32_t rb = st + KBS * ST_WBOX + j * xbox + n * 128;
-					uint32_t lo[4], hi[4];
-#pragma unroll
-					for (int tt = 0; tt < 4; tt++) {
-						const int byte = 32 * tt + 4 * q;
-						const uint32_t w = lds32(rb + ((((byte >> 4) ^ (n & 7)) << 4) |
-									       (byte & 15)));
-						e4m3x4_f16(w, lo[tt], hi[tt]);
-					}
-					const uint32_t d = fb + (j * 8 + q) * 256 * MGA + (n >> 3) * 256 +
-							   (n & 7) * 16;
-					sts128(d, make_uint4(lo[0], lo[1], lo[2], lo[3]));
-					sts128(d + 128, make_uint4(hi[0], hi[1], hi[2], hi[3]));
-				}
-				named_bar_sync(1, CW * 32); // every warp's conversions are visible
-			}
-			if (MG > 0 && WI != 2 && WI != 3) {
+			if (MG > 0 && WI != 2) {
 				// The stage's token rows as fp16 fragments, converted once by all consumer
 				// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
 				// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
@@ -671,30 +575,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
-			if constexpr (MG > 0 && WI == 3) {
-				// fp16 wgmma: the warp's weight fragment converted as for mma.sync, the K
-				// block's 8 k16 steps into a fresh fragment, promoted as above
-				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
-				const uint32_t a_addr = st + (warp * 16 + g) * 128;
-#pragma unroll
-				for (int j = 0; j < KBS; j++) {
-					if (j >= nb)
-						break;
-					const uint32_t a = a_addr + j * ST_WBOX;
-					wfrag af;
-					wfrag_cvt(af, lds128(a + c0), lds128(a + c1),
-							 lds128(a + 8 * 128 + c0), lds128(a + 8 * 128 + c1));
-#pragma unroll
-					for (int i = 0; i < 4 * MGA; i++)
-						wg_reg_fence(frag[i]);
-					wg_fence();
-#pragma unroll
-					for (int q = 0; q < 8; q++)
-						wgh_step<MG>(frag, af, q, wgh_desc(fb + (j * 8 + q) * 256 * MGA), q > 0);
-					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
-				}
-			}
-			if (MG > 0 && WI != 2 && WI != 3 && rt_n > 0) {
+			if (MG > 0 && WI != 2 && rt_n > 0) {
 				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
 				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
 				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
@@ -823,10 +704,6 @@ ST_ENTRY(1, 1, 2, _w)
 ST_ENTRY(2, 1, 2, _w)
 ST_ENTRY(4, 1, 2, _w)
 ST_ENTRY(8, 1, 2, _w)
-ST_ENTRY(1, 1, 3, _h)
-ST_ENTRY(2, 1, 3, _h)
-ST_ENTRY(4, 1, 3, _h)
-// (no m8_h: ptxas spills it; 33-64 rows run the mma.sync kernel)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )

@@ -62,9 +62,8 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
  * the large matrices, its copies alone 3.7-4.0) and cuBLASLt where each measured faster. From
  * M = 32 the wgmma consumers fall to 2.5-2.7 / 1.8-2.0 TB/s at 32 / 64 rows: the token rows
  * take a growing share of the stage ring (5 / 4 stages instead of 6), so fewer weight bytes are
- * in flight. fp16 wgmma on the converted operands (WI = 3) is bit-identical to mma.sync (run 9)
- * at wgmma's rate: the way to an exact kernel at HBM speed (not dispatched: no faster than v2 in
- * run 9). */
+ * in flight. (fp16 wgmma on the converted operands, bit-identical to mma.sync, was no faster
+ * than mma.sync and 0.6-0.8x of v2 in runs 9 and 17: removed.) */
 
 /* The streaming kernel's K chunks (kernels_ptx/gemm_fp8_stream.cu): work units are 128-row tiles
  * x K chunks, one block per SM takes units round-robin, so the busiest SM streams
@@ -148,9 +147,8 @@ static int stream_rt = 0;
 void cuda_gemm_set_stream_rt(int rt) { stream_rt = rt == 1 || rt == 2 ? rt : 0; }
 
 /* The streaming kernel's consumers when forced (tests, the benchmark): 0 mma.sync (the exact
- * kernels), 2 wgmma (native FP8, the _w variants; within the wgmma limit), 3 fp16 wgmma on the
- * converted operands (the _h variants, up to 32 rows; bit-identical to mma.sync in run 9);
- * -1: by the caller (mma.sync, or wgmma for the fast mode's paths). */
+ * kernels), 2 wgmma (native FP8, the _w variants; within the wgmma limit); -1: by the caller
+ * (mma.sync, or wgmma for the fast mode's paths). */
 static int stream_wi = -1;
 
 void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
@@ -266,22 +264,18 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma, fp16 wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
-	static const char *names[4][5] = {
+	 * RT = 2, wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
+	static const char *names[3][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
-		{"k_gemm_fp8_stream_m1_r1_h", "k_gemm_fp8_stream_m2_r1_h", "k_gemm_fp8_stream_m4_r1_h",
-		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
-	if (wi == 3 && v == 3)
-		wi = 0; /* no 64-row fp16-wgmma variant (gemm_fp8_stream.cu) */
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -293,7 +287,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048; /* (wi 3: the same size) */
+	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;

@@ -58,8 +58,7 @@ int cuda_gemm_decode_streams(int N, int K);
  * numbers either way, the benchmark compares them; 0: the default (1). Process-wide. */
 void cuda_gemm_set_stream_rt(int rt);
 /* The streaming kernel's consumers, forced: 0 mma.sync, 2 wgmma (native FP8, within the wgmma
- * limit), 3 fp16 wgmma on the converted operands (up to 32 rows, else mma.sync), -1 the
- * caller's choice (default). Process-wide (tests, the benchmark). */
+ * limit), -1 the caller's choice (default). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, 2 = not

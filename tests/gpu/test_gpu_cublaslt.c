@@ -186,49 +186,6 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	gpu_close(&g);
 }
 
-/* The streaming kernel's fp16-wgmma consumers (cuda_gemm_set_stream_wi 3, up to 32 rows):
- * within the wgmma limit of the CPU (the check), and how many outputs differ from the mma.sync
- * kernel's on the same operands, with the largest difference in bf16 ulps (printed: 0 means
- * wgmma's fp16 accumulation matched mma.sync's here). */
-TEST_T(gpu_cublaslt, stream_wgmma_f16_vs_cpu, 120)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	static const int shapes[][3] = {{1, 2112, 7168}, {5, 576, 7168}, {8, 1536, 7168},
-					{13, 256, 1536}, {31, 7168, 2048}, {3, 4096, 512},
-					{2, 7168, 16384}};
-	cuda_gemm_set_stream(1);
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-		struct lt_case c;
-		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 970 + i);
-		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		cuda_gemm_set_stream_wi(0);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream mma.sync"), 0);
-		uint16_t *ref = malloc((size_t)c.M * c.N * 2);
-		REQUIRE(ref);
-		memcpy(ref, c.got, (size_t)c.M * c.N * 2);
-		cuda_gemm_set_stream_wi(3);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma f16"), 0);
-		int64_t differ = 0;
-		int worst = 0;
-		for (size_t k = 0; k < (size_t)c.M * c.N; k++) {
-			int a = (int16_t)ref[k], b = (int16_t)c.got[k];
-			a = a < 0 ? -32768 - a : a, b = b < 0 ? -32768 - b : b; /* ordered */
-			int d = abs(a - b);
-			differ += d != 0;
-			worst = d > worst ? d : worst;
-		}
-		printf("    wgmma f16 vs mma.sync M=%d N=%d K=%d: %lld of %lld outputs differ, worst %d "
-		       "bf16 ulp\n", c.M, c.N, c.K, (long long)differ, (long long)c.M * c.N, worst);
-		free(ref);
-		case_free(&c);
-	}
-	cuda_gemm_set_stream_wi(-1);
-	cuda_gemm_set_stream(-1);
-	cuda_gemm_close(&g);
-	gpu_close(&g);
-}
-
 /* The dispatch: measured choice, each path forced, the fallback when cuBLASLt refuses. */
 TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 {

@@ -359,10 +359,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "h");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr");
 	fflush(stdout);
 	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
 					{7168, 16384}, {18432, 7168}, {7168, 18432},
@@ -426,15 +426,10 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wh = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
-				if (c.M <= 32) { /* the exact fp16-wgmma consumers (no 64-row variant) */
-					cuda_gemm_set_stream_wi(3);
-					wh = time_ms(&g, launch_gemm, &c, reps, trials);
-					cuda_gemm_set_stream_wi(-1);
-				}
 				cp = time_ms(&g, launch_copy, &c, reps, trials);
 				wgs = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(1, 0); /* wgmma consumers, chunks summed fused */
@@ -484,8 +479,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wh};
-			for (int k = 0; k < 5; k++)
+			const float extra[] = {cp, wgs, wfu, wnr};
+			for (int k = 0; k < 4; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 				else if (c.M <= 64)
@@ -512,8 +507,7 @@ int bench_gemm(int argc, char **argv)
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
-		       "(output invalid: the chunk sum's cost is wg_nr against wg); h: the streaming kernel's "
-		       "fp16-wgmma consumers on the converted operands (exact, as mma.sync; M <= 32); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "(output invalid: the chunk sum's cost is wg_nr against wg); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",
