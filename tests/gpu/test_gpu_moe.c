@@ -386,6 +386,24 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
  * ~sqrt(16 / D) of the logit's scale and more); and each row's logits the same bits whatever the
  * token count (the first rows of a run of T tokens against a run of fewer). Token counts across
  * the 128-token tiles, expert counts across the 64-expert tiles (E = 16, 66), the real shape. */
+/* k_moe_gate_logits_mma (form 0: 128-token tiles) or _mma64 (form 1: 64-token tiles) on x
+ * [T, D] and W [E, D] into logits [T, E]; their dynamic shared memory (GM_SMEM) set first. */
+static int mma_gate_launch(struct gpu *g, int form, gpu_ptr w, gpu_ptr x, gpu_ptr l, int T, int E,
+			   int D)
+{
+	static const char *const names[2] = {"k_moe_gate_logits_mma", "k_moe_gate_logits_mma64"};
+	const int rows = form ? 64 : 128;
+	const unsigned smem = form ? 12 * 128 * 144 : 8 * 192 * 144;
+	void *fn = gpu_kernel(g, names[form]);
+	if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						 (int)smem),
+			    "cuFuncSetAttribute", __FILE__, __LINE__))
+		return -1;
+	void *args[] = {&w, &x, &l, &T, &E, &D};
+	return gpu_launch(g, fn, (unsigned)((E + 63) / 64), (unsigned)((T + rows - 1) / rows), 1, 256,
+			  1, 1, smem, args);
+}
+
 TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 {
 	struct gpu g;
@@ -393,19 +411,6 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 	static const int shapes[][4] = {/* T, E, D, fewer tokens for the batch check */
 					{65, 16, 256, 1},    {300, 32, 512, 129}, {257, 64, 1024, 128},
 					{200, 66, 192, 77},  {130, 256, 7168, 5}, {1100, 256, 7168, 777}};
-	/* the two tile forms (128 and 64 tokens), GM_SMEM of each */
-	static const char *const names[2] = {"k_moe_gate_logits_mma", "k_moe_gate_logits_mma64"};
-	static const int rows[2] = {128, 64};
-	static const unsigned smem[2] = {8 * 192 * 144, 12 * 128 * 144};
-	void *fns[2];
-	for (int v = 0; v < 2; v++) {
-		fns[v] = gpu_kernel(&g, names[v]);
-		REQUIRE(fns[v]);
-		REQUIRE(cu_check(cu.cuFuncSetAttribute(fns[v],
-						      CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						      (int)smem[v]),
-				 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
-	}
 	uint64_t seed = 4402;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
 		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3];
@@ -419,13 +424,9 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 		REQUIRE(got && got2 && got3);
 		/* the 128-token form on T tokens, on the first T2, then the 64-token form on T */
 		for (int pass = 0; pass < 3; pass++) {
-			const int v = pass == 2;
-			int tt = pass == 1 ? T2 : T, ee = E, dd = D;
+			const int tt = pass == 1 ? T2 : T;
 			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
-			void *args[] = {&d_w, &d_x, &d_l, &tt, &ee, &dd};
-			REQUIRE(gpu_launch(&g, fns[v], (unsigned)((E + 63) / 64),
-					   (unsigned)((tt + rows[v] - 1) / rows[v]), 1, 256, 1, 1, smem[v],
-					   args) == 0);
+			REQUIRE(mma_gate_launch(&g, pass == 2, d_w, d_x, d_l, tt, E, D) == 0);
 			float *out = pass == 0 ? got : pass == 1 ? got2 : got3;
 			REQUIRE(gpu_download(&g, out, d_l, (size_t)tt * E * 4) == 0);
 		}
@@ -545,6 +546,64 @@ TEST(gpu_moe, quant_scatter_exact)
 		cu.cuMemFree(d_x), cu.cuMemFree(d_perm), cu.cuMemFree(d_q), cu.cuMemFree(d_s);
 		free(xh), free(perm), free(want), free(got), free(want_s), free(got_s), free(row);
 	}
+	gpu_close(&g);
+}
+#endif
+
+#ifndef DSV32_NO_CUDA
+/* The two tile forms of the tensor-core router logits at the real dims (E = 256, D = 7168) and
+ * prefill token counts: the same bits (each output the same mma chain; gate_logits_mma_within_fp32
+ * checks them against the CPU), and their times (the fastest of 5 batches of 4 launches), to
+ * place cuda_moe.c's choice between them (run 17: the 4-stage 128-token form ~90 us at every T). */
+TEST_T(gpu_moe, timing_gate_logits_mma, 30)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	const int E = 256, D = 7168, Tmax = 4096;
+	uint64_t seed = 4601;
+	uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)Tmax * D * 2);
+	float *a = malloc((size_t)Tmax * E * 4), *b = malloc((size_t)Tmax * E * 4);
+	REQUIRE(w && xh && a && b);
+	fill_bf16(w, (size_t)E * D, 0.05f, &seed);
+	fill_bf16(xh, (size_t)Tmax * D, 2.0f, &seed);
+	gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)Tmax * D * 2),
+		d_l = gpu_test_alloc((size_t)Tmax * E * 4);
+	REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
+	REQUIRE(gpu_upload(&g, d_x, xh, (size_t)Tmax * D * 2) == 0);
+	CUevent e0, e1;
+	REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+	REQUIRE(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
+	static const int Ts[] = {128, 512, 1024, 2048, 4096};
+	for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+		const int T = Ts[ti];
+		float best[2] = {1e30f, 1e30f};
+		for (int form = 0; form < 2; form++) {
+			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
+			REQUIRE(mma_gate_launch(&g, form, d_w, d_x, d_l, T, E, D) == 0);
+			REQUIRE(gpu_download(&g, form ? b : a, d_l, (size_t)T * E * 4) == 0);
+			for (int k = 0; k < 5; k++) {
+				float ms;
+				cu.cuEventRecord(e0, g.stream);
+				for (int i = 0; i < 4; i++)
+					mma_gate_launch(&g, form, d_w, d_x, d_l, T, E, D);
+				cu.cuEventRecord(e1, g.stream);
+				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
+				cu.cuEventElapsedTime(&ms, e0, e1);
+				best[form] = ms < best[form] ? ms : best[form];
+			}
+		}
+		int64_t diff = 0;
+		for (size_t i = 0; i < (size_t)T * E; i++)
+			diff += memcmp(&a[i], &b[i], 4) != 0;
+		printf("    router logits T=%-4d E=%d D=%d: 128-token tiles %.1f us, 64-token tiles %.1f "
+		       "us (%u / %u blocks); %lld logits differ between them\n",
+		       T, E, D, best[0] * 1e3 / 4, best[1] * 1e3 / 4, (unsigned)(4 * ((T + 127) / 128)),
+		       (unsigned)(4 * ((T + 63) / 64)), (long long)diff);
+		CHECK_EQ_INT(diff, 0);
+	}
+	cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+	cu.cuMemFree(d_w), cu.cuMemFree(d_x), cu.cuMemFree(d_l);
+	free(w), free(xh), free(a), free(b);
 	gpu_close(&g);
 }
 #endif
