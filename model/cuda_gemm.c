@@ -165,9 +165,9 @@ void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
  * M = 1 / 8 / 16 against 3.28 / 3.32 / 3.08 with the 6 that fit; the GEMM launch alone 3.65 either
- * way: a smaller block leaves room for the chunk sum's and the next launch's blocks beside
- * it), as many as fit (8 at most) for grouped ones. DSV32_GEMM_STREAM_NS=n (diagnosis) caps
- * both at n. */
+ * way; run 18: 3 stages the same as 4, 2 stages 2.62 / 2.76 / 2.71), as many as fit (8 at most)
+ * for grouped ones (run 18, bench moe with 4: T = 1 graph 130.8 against 130.2 us, T = 16 w13
+ * 811 against 776). DSV32_GEMM_STREAM_NS=n (diagnosis) caps both at n. */
 #define STREAM_NS_DENSE 4
 static int stream_ns_cap(int dense)
 {
@@ -690,25 +690,9 @@ static enum cuda_gemm_path fast_path(const struct gpu *g, int M, int N, int K)
 	return CUDA_GEMM_PATH_NONE;
 }
 
-/* Diagnosis (run 17): DSV32_GEMM_SMALL_STREAM=1 sends the fast mode's small decode GEMMs (M <=
- * 16, weights <= 24 MB: all of a block's weights fit its ring, copied before it waits for the
- * previous kernel) to the streaming kernel's wgmma consumers whatever was measured back to
- * back (where the next launch cannot overlap the previous one as it does in a step). */
-static int small_stream_on(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_GEMM_SMALL_STREAM");
-		on = v && *v == '1';
-	}
-	return on;
-}
-
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
-	if (fast && M <= 16 && (long long)N * K <= (24ll << 20) && small_stream_on())
-		return CUDA_GEMM_PATH_STREAM_WG;
 	pthread_mutex_lock(&gemm_lock);
 	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
 	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
