@@ -161,7 +161,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 		s->pdl = !v ? -1 : zero ? 0 : one ? 1 : 2;
 		snprintf(s->pdl_list, sizeof s->pdl_list, "%s", s->pdl == 2 ? v : "");
 		break;
-	case 3: s->fork = zero ? 0 : n == 3 ? 3 : 1; break;
+	case 3: s->fork = !v ? -1 : zero ? 0 : n == 3 ? 3 : 1; break; /* -1: by rows */
 	case 4: s->staged = zero ? 0 : one ? 1 : -1; break;
 	case 5: s->mma_rows = n > 0 && n < (1 << 30) ? (int)n : 0; break;
 	case 6: s->mla_fp32 = one; break;

@@ -71,10 +71,11 @@ struct fwd_switches {
 	int unfused;      /* DSV32_CUDA_UNFUSED=1: the separate kernels, not the fused chains */
 	int pdl;          /* DSV32_CUDA_FWD_PDL: the forward's kernels by programmatic dependent
 			   * launch: 1 all, 0 none, 2 those in pdl_list; -1 (unset) in steps of more
-			   * than one row (fwd_launch) */
+			   * than FWD_PDL_ROWS rows (fwd_launch) */
 	char pdl_list[256]; /* DSV32_CUDA_FWD_PDL=k1,k2 (diagnosis): only these kernel names */
-	int fork;         /* DSV32_CUDA_FWD_FORK (1: the attention's query branch on the side stream
-			   * from the index scores on; 3: from before them; 0: no side stream) */
+	int fork;         /* DSV32_CUDA_FWD_FORK: the attention's query branch on the side stream
+			   * from the top-k on (1) or from the index scores on (3); 0: no side
+			   * stream; -1 (unset): 3 in steps of FWD_FORK_EARLY_ROWS rows or more, else 1 */
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */

@@ -33,6 +33,16 @@
 struct fwd;
 int fwd_mma_rows(const struct fwd *F);
 
+/* Steps of more rows than this launch the glue kernels by programmatic dependent launch (unless
+ * DSV32_CUDA_FWD_PDL says otherwise). Run 18, bench model graphs, every glue kernel plainly
+ * against by PDL: batch 1 -32 / -25 / -24 us at 1K / 32K / 128K (no single kernel gained from
+ * it), 2: -189 / -152 (1K / 32K), 4: -99 / -224, 8: -36 / -46, 16: -58 / -13. */
+#define FWD_PDL_ROWS 16
+/* Steps of this many rows or more fork the attention's query branch before the index scores,
+ * fewer after them (DSV32_CUDA_FWD_FORK unset). Run 18, before against after: batch 1 +24 / +65
+ * us at 32K / 128K, batch 16 -45 / -140. */
+#define FWD_FORK_EARLY_ROWS 16
+
 /* 1: M > 64 rows may go to the large-M GEMM and MoE paths whole (the fast mode). */
 #define LARGE_M(F) (!(F)->E->batch_invariant)
 /* ---- the step's rows ------------------------------------------------------------------------ */

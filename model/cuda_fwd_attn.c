@@ -143,10 +143,10 @@ int fwd_side_close(struct fwd *F)
 /* Index scores over positions 0..pos of each row's sequence and the top-k (§3.6.8-10): sel_pos /
  * sel_slot int [T, ksel] ascending, -1 padded. Dense (no scores) when no row has more than
  * index_topk keys. Rows go in chunks so the scores stay within SCORES_BUDGET. With them attn_q
- * (qb): on the side stream between the scores and the top-k when fork_ok
- * (the top-k of a few rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and
- * 32K, while the q_b GEMM and the absorption need the others; DSV32_CUDA_FWD_FORK=0, dumps and
- * the profile keep one stream), else before the selection. */
+ * (qb): on the side stream when fork_ok, between the scores and the top-k (the top-k of a few
+ * rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and 32K, while the q_b
+ * GEMM and the absorption need the others) or, from FWD_FORK_EARLY_ROWS rows, before the scores;
+ * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection. */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
 		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb)
 {
@@ -158,7 +158,8 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
 	const int fork = fork_ok(F);
-	const int before = F->E->sw->fork == 3; /* DSV32_CUDA_FWD_FORK=3: forked before the scores */
+	/* forked before the scores or after them (FWD_FORK_EARLY_ROWS) */
+	const int before = F->E->sw->fork == 3 || (F->E->sw->fork < 0 && F->T >= FWD_FORK_EARLY_ROWS);
 	if (!fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);

@@ -51,13 +51,11 @@ int fwd_skipped(const struct fwd *F, const char *name)
 }
 
 /* Whether kernel name goes by programmatic dependent launch (where its launcher allows): by
- * DSV32_CUDA_FWD_PDL, else only in steps of more than one row (run 17, bench model graphs,
- * every glue kernel launched plainly: batch 1 -85 us at 1K and -59 at 32K, batch 16 +298 and
- * +620 us). */
+ * DSV32_CUDA_FWD_PDL, else only in steps of more than FWD_PDL_ROWS rows (model/cuda_fwd.h). */
 static int fwd_pdl(const struct fwd *F, const char *name)
 {
 	const struct fwd_switches *sw = F->E->sw;
-	return sw->pdl < 0 ? F->T > 1 : sw->pdl == 2 ? listed(sw->pdl_list, name) : sw->pdl;
+	return sw->pdl < 0 ? F->T > FWD_PDL_ROWS : sw->pdl == 2 ? listed(sw->pdl_list, name) : sw->pdl;
 }
 
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
