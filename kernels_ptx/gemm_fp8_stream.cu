@@ -61,6 +61,9 @@
 // k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
 // the first promoted while the second ran: within +-2% of this, so not kept.)
 #define ST_FUSED 1
+// ST_NO_SX (diagnosis, the benchmark only: wrong results): the tokens' scales not copied, only
+// the weights' (what the per-token 4-byte copies of 33-64 rows cost the pipeline)
+#define ST_NO_SX 2
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -256,7 +259,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
-	const bool fused = flags & ST_FUSED;
+	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -414,7 +417,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				if (MG > 0) {
 					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
 					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
-					for (int i = lane; i < nb * (1 + w.ms); i += 32) {
+					for (int i = lane; i < nb * (no_sx ? 1 : 1 + w.ms); i += 32) {
 						if (i < nb) {
 							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
 						} else {

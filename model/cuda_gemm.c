@@ -179,6 +179,18 @@ static int stream_ns_cap(int dense)
 	return cap ? cap : dense ? STREAM_NS_DENSE : 8;
 }
 
+/* Diagnosis (the benchmark only: the results are wrong): DSV32_GEMM_STREAM_DIAG=1 leaves out
+ * the copies of the tokens' scales (ST_NO_SX), to see what they cost at 33-64 rows. */
+static int stream_diag_no_sx(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_GEMM_STREAM_DIAG");
+		on = v && *v == '1';
+	}
+	return on;
+}
+
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may
  * start while the previous kernel drains, its weight loads under way before it waits
  * (griddepcontrol.wait) for that kernel's outputs. DSV32_GEMM_PDL=0 turns it off; -1 = not
@@ -340,6 +352,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	    (stream_fused < 0 && wi == 2))
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
+	if (stream_diag_no_sx())
+		flags |= 2; /* ST_NO_SX */
 	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
 			&ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
