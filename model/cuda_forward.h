@@ -79,6 +79,8 @@ struct fwd_switches {
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
+	int uv1_split;    /* DSV32_CUDA_UV1_SPLIT=1: a decode row's W_UV as k_fwd_uv1 then k_act_quant
+			   * (512 blocks of 32 outputs) instead of k_fwd_uv1_q (128 of 128) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

@@ -382,7 +382,8 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
-	} else if (T == 1 && fuse && dv == 128 && Rk <= 512) { /* a decode row, o's act_quant fused */
+	} else if (T == 1 && fuse && dv == 128 && Rk <= 512 && !F->E->sw->uv1_split) {
+		/* a decode row, o's act_quant fused */
 		LAUNCH_PDL("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
 		       &Rk);
 		o_quantised = 1;
