@@ -49,7 +49,9 @@
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs, bit 2 dequantises only the first two tiles, bit 3 issues P V of a tile and S of the next
 // together (one wait a tile: see fuse below; a real result, the same bits), bit 4 skips the softmax
-// (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores.
+// (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores,
+// bit 7 (k_mla_decode_wg2) the light handover (mw_arrive_cl, mw_wait_cl: CTA-scope semantics, no
+// consumer-side proxy fence; a real result, the same bits).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
@@ -105,25 +107,39 @@ __device__ __forceinline__ uint32_t mw_mapa(uint32_t a, uint32_t rank)
 	return r;
 }
 
-// One arrival, releasing this thread's prior operations to the cluster, on the barrier at cluster
-// address bar
-__device__ __forceinline__ void mw_arrive_cl(uint32_t bar)
+// One arrival on the barrier at cluster address bar, releasing this thread's prior operations to
+// the cluster; light (diag bit 7): at CTA scope, the default of the instruction (CUTLASS's cluster
+// pipelines' consumer release: the operations to order are the wgmma reads already waited for)
+__device__ __forceinline__ void mw_arrive_cl(uint32_t bar, bool light)
 {
-	asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+	if (light)
+		asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+	else
+		asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// Waits (acquiring at cluster scope) for the phase of parity `parity` of this CTA's barrier bar;
-// traps after 2 s (a lost arrival is a bug: the test fails with a launch error, no hang)
-__device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity)
+// Waits (acquiring at cluster scope; light: at CTA scope, the instruction's default, as CUTLASS's
+// and FlashMLA's waits for bytes that st.async or TMA completed) for the phase of parity `parity`
+// of this CTA's barrier bar; traps after 2 s (a lost arrival is a bug: the test fails with a
+// launch error, no hang)
+__device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity, bool light)
 {
 	uint32_t done, t0 = 0;
 	for (uint32_t tries = 1;; tries++) {
-		asm volatile("{\n.reg .pred p;\n"
-			     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-			     "selp.u32 %0, 1, 0, p;\n}\n"
-			     : "=r"(done)
-			     : "r"(bar), "r"(parity)
-			     : "memory");
+		if (light)
+			asm volatile("{\n.reg .pred p;\n"
+				     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+				     "selp.u32 %0, 1, 0, p;\n}\n"
+				     : "=r"(done)
+				     : "r"(bar), "r"(parity)
+				     : "memory");
+		else
+			asm volatile("{\n.reg .pred p;\n"
+				     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+				     "selp.u32 %0, 1, 0, p;\n}\n"
+				     : "=r"(done)
+				     : "r"(bar), "r"(parity)
+				     : "memory");
 		if (done)
 			return;
 		if ((tries & 4095) == 0) {
@@ -291,7 +307,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 			cp_async_commit();
 		if (t >= 2) {
 			if (PAIR) // both CTAs' consumers done with tile t - 2
-				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1);
+				mw_wait_cl(bars + 8 * (2 + s), ((t >> 1) + 1) & 1, diag & 128);
 			else
 				mw_bar_sync(MW_BAR_EMPTY + s, MW_THREADS);
 		}
@@ -530,14 +546,15 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 		__syncwarp();
 		if (lane == 0) {
 			const uint32_t rank = cluster_rank(), e = bars + 8 * (2 + (t & 1));
-			mw_arrive_cl(mw_mapa(e, rank));
-			mw_arrive_cl(mw_mapa(e, rank ^ 1));
+			mw_arrive_cl(mw_mapa(e, rank), diag & 128);
+			mw_arrive_cl(mw_mapa(e, rank ^ 1), diag & 128);
 		}
 	};
 	// PAIR: tile t's keys in key buffer t % 2 (both CTAs' halves)
 	auto acquire = [&](int t) {
-		mw_wait_cl(bars + 8 * (t & 1), (t >> 1) & 1);
-		fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
+		mw_wait_cl(bars + 8 * (t & 1), (t >> 1) & 1, diag & 128);
+		if (!(diag & 128)) // (light: the producers' own fences suffice)
+			fence_proxy_async(); // (the tile's writes came through the generic proxy, half from the peer)
 	};
 	// fuse (diag bit 3, with the MMAs): P V of tile t and S of tile t + 1 issued back to back and
 	// waited for together (one wait a tile instead of two; tile t + 1's handover taken while P V

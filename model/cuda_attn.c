@@ -136,8 +136,8 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))))
 		return -EINVAL;
 	const char *name = pair ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : "k_mla_decode";
-	/* the kernel's own switches (bit 19 -> 4, 20 -> 3) */
-	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0);
+	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7) */
+	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0);
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;

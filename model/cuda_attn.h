@@ -36,7 +36,8 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * limits of attn_latent). Bit 16 (with bit 7) takes k_mla_decode_wg2: the pair of 64-head blocks of a
  * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). Bit 20
  * (the wgmma kernels): P V of a key tile and S of the next issued together, one wait a tile (a
- * correct result, the same bits; not yet the default). */
+ * correct result, the same bits; not yet the default). Bit 21 (k_mla_decode_wg2): the light
+ * handover between the CTAs (mbarrier arrivals and waits at CTA scope; not yet the default). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the

@@ -261,9 +261,11 @@ int bench_attention(int argc, char **argv)
 			double wg2_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
 			/* and with P V of a tile and S of the next issued together (diag bit 20) */
 			double wg2f_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x110080);
+			/* and with the light handover (diag bit 21) */
+			double wg2l_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x210080);
 			/* 32K x 128: both wgmma kernels by phases (1-7: the kernel's switches of gathers, MMAs,
 			 * dequantisation; 8: no softmax) */
-			double wg_diag_us[9] = {0}, wg2_diag_us[9] = {0};
+			double wg_diag_us[9] = {0}, wg2_diag_us[9] = {0}, wg2l_diag_us[9] = {0};
 			if (ctx == 32768 && B == 128)
 				for (int di = 1; di < 9; di++) {
 					const int d = di == 8 ? 0x80000 : di;
@@ -271,6 +273,8 @@ int bench_attention(int argc, char **argv)
 								  128 | d);
 					wg2_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
 								   0x10080 | d);
+					wg2l_diag_us[di] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+								    0x210080 | d);
 				}
 			/* where the MLA time goes (32K, batch 1 and 128): the kernel with phases switched off */
 			double diag_us[8] = {0};
@@ -349,20 +353,23 @@ int bench_attention(int argc, char **argv)
 			if (wg_us > 0)
 				printf("        by kernel: k_mla_decode (mma.sync) %.2f us, %.1f TFLOP/s | k_mla_decode_wg %.2f us, "
 				       "%.1f TFLOP/s | k_mla_decode_wg2 (the pair of head groups a cluster) %.2f us, %.1f TFLOP/s | "
-				       "wg2 fused (P V and the next S together) %.2f us, %.1f TFLOP/s\n",
+				       "wg2 fused (P V and the next S together) %.2f us, %.1f TFLOP/s | wg2 light (CTA-scope handover) "
+				       "%.2f us, %.1f TFLOP/s\n",
 				       old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wg2_us,
-				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2f_us, mla_flops / (wg2f_us * 1e-6) / 1e12);
+				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2f_us, mla_flops / (wg2f_us * 1e-6) / 1e12, wg2l_us,
+				       mla_flops / (wg2l_us * 1e-6) / 1e12);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
 				       wg_split_us[1], wg_split_us[2], wg_split_us[3], wg_split_us[4], wg_split_us[5]);
-			for (int k = 0; k < 2; k++) {
-				const double *du = k ? wg2_diag_us : wg_diag_us;
+			for (int k = 0; k < 3; k++) {
+				const double *du = k == 2 ? wg2l_diag_us : k ? wg2_diag_us : wg_diag_us;
 				if (du[1] > 0)
 					printf("        %s phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 					       "no gather+MMA %.1f | no gather+dequant (MMA only) %.1f | no MMA+dequant %.1f | none of "
 					       "the three %.1f | no softmax %.1f\n",
-					       k ? "k_mla_decode_wg2" : "k_mla_decode_wg", k ? wg2_us : wg_us, du[1], du[2], du[4], du[3],
+					       k == 2 ? "k_mla_decode_wg2 light" : k ? "k_mla_decode_wg2" : "k_mla_decode_wg",
+					       k == 2 ? wg2l_us : k ? wg2_us : wg_us, du[1], du[2], du[4], du[3],
 					       du[5], du[6], du[7], du[8]);
 			}
 			if (diag_us[1] > 0)
