@@ -513,12 +513,15 @@ __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, i
 		acc[i] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
 		amax[(i >> 1) & 1] = fmaxf(amax[(i >> 1) & 1], fabsf(acc[i]));
 	}
-	float sc[2];
+	// sc: a power of two, 2^-22 .. 2^120 here (or inf), so 1 / sc is exact and x * (1 / sc) is
+	// the correctly rounded x / sc: the same codes as the division, a multiply each
+	float sc[2], inv[2];
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
 		amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
 		amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
 		sc[h] = ue8m0_scale(fmaxf(amax[h], 1e-4f));
+		inv[h] = 1.0f / sc[h];
 	}
 	const int KBo = N / 128;
 #pragma unroll
@@ -529,8 +532,8 @@ __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, i
 		uint8_t *q = h8 + (size_t)row * N + tl.n0 + cq;
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
-			const float a = fminf(fmaxf(acc[4 * j + 2 * h] / sc[h], -448.f), 448.f);
-			const float b = fminf(fmaxf(acc[4 * j + 2 * h + 1] / sc[h], -448.f), 448.f);
+			const float a = fminf(fmaxf(acc[4 * j + 2 * h] * inv[h], -448.f), 448.f);
+			const float b = fminf(fmaxf(acc[4 * j + 2 * h + 1] * inv[h], -448.f), 448.f);
 			*reinterpret_cast<uint16_t *>(q + 8 * j) =
 				(uint16_t)(f32_to_e4m3(a) | (uint32_t)f32_to_e4m3(b) << 8);
 		}
