@@ -56,6 +56,7 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
  * the split's slots, 4 mbarriers (k_mla_decode_wg2's). */
 #define MLA_WG_REC 656
 #define MLA_WG_PAIR 0x10000 /* diag bit 16: k_mla_decode_wg2 */
+#define MLA_WG_LIGHT 0x200000 /* diag bit 21: its CTA-scope handover between the pair */
 #define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
@@ -91,9 +92,10 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 	return splits > 1 ? (size_t)B * H * splits * (R + 2) * sizeof(float) : 0;
 }
 
-/* cuda_mla_decode takes k_mla_decode_wg2 where it can (H % 128 == 0: run 17, 128 rows: 32K 393.9
- * against k_mla_decode_wg's 392.2 us, 128K 409.8 / 455.5, 1K 268.3 / 303.8; batch 1 16.3 / 16.5;
- * the same bits), else k_mla_decode_wg (run 13, 32K: batch 1 16.6 against k_mla_decode's 21.1 us,
+/* cuda_mla_decode takes k_mla_decode_wg2 with the light handover where it can (H % 128 == 0:
+ * run 19, 128 rows: 32K 345.1-347.4 us against k_mla_decode_wg's ~392, 128K 362.2 against
+ * ~399-455, 8K 175.6, 1K 246.3 against 302.5; batch 1 16.5 against 16.5-16.7; the same bits as
+ * k_mla_decode_wg in every test), else k_mla_decode_wg (run 13, 32K: batch 1 16.6 against k_mla_decode's 21.1 us,
  * 128: 402.7 / 615.3); DSV32_MLA_WG=1 keeps k_mla_decode_wg, 0 k_mla_decode (diagnosis) */
 static int mla_wg_default = -1;
 
@@ -112,7 +114,7 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 	int diag = 0, mode = mla_wg_mode();
 	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
 	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
-		diag = mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR : 128;
+		diag = mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128;
 	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, diag);
 }
 
