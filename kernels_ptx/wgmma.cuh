@@ -1,8 +1,7 @@
 // wgmma.cuh — Hopper warpgroup MMA primitives (sm_90a) for kernels whose operands sit in shared
 // memory in the 128-byte-swizzled canonical layouts: shared-memory matrix descriptors, the
 // fence / commit / wait of an MMA group, and a register fence for the asynchronously written
-// accumulators. Device code only. (gemm_fp8_wgmma.cu still carries its own copies of the
-// descriptor and the fences; they belong here once that file is free to move.)
+// accumulators. Device code only. Used by gemm_fp8_wgmma.cu, gemm_fp8_stream.cu and mla_wgmma.cu.
 //
 // 128-byte swizzle: a tile is stored as rows of 128 bytes, 8-row groups ("atoms", 1024 bytes,
 // 1024-aligned); 16-byte chunk c of row r sits at chunk c ^ (r % 8) of its row.
