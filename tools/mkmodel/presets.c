@@ -7,18 +7,50 @@
  */
 #include "tools/mkmodel/mkmodel.h"
 
+/* The keys both presets share, the same text in each: the start of the object, and the
+ * keys every DeepSeek-V3.2 config sets alike (FP8 quantisation, RMSNorm eps, RoPE scaling,
+ * the routing scale and function, untied embeddings). */
+#define CONFIG_HEAD \
+	"{\n" \
+	"  \"architectures\": [\n" \
+	"    \"DeepseekV32ForCausalLM\"\n" \
+	"  ],\n" \
+	"  \"attention_bias\": false,\n" \
+	"  \"attention_dropout\": 0.0,\n" \
+	"  \"bos_token_id\": 0,\n" \
+	"  \"eos_token_id\": 1,\n" \
+	"  \"ep_size\": 1,\n"
+
+#define CONFIG_FIXED \
+	"  \"quantization_config\": {\n" \
+	"    \"activation_scheme\": \"dynamic\",\n" \
+	"    \"fmt\": \"e4m3\",\n" \
+	"    \"quant_method\": \"fp8\",\n" \
+	"    \"scale_fmt\": \"ue8m0\",\n" \
+	"    \"weight_block_size\": [\n" \
+	"      128,\n" \
+	"      128\n" \
+	"    ]\n" \
+	"  },\n" \
+	"  \"rms_norm_eps\": 1e-06,\n" \
+	"  \"rope_scaling\": {\n" \
+	"    \"beta_fast\": 32,\n" \
+	"    \"beta_slow\": 1,\n" \
+	"    \"factor\": 40,\n" \
+	"    \"mscale\": 1.0,\n" \
+	"    \"mscale_all_dim\": 1.0,\n" \
+	"    \"original_max_position_embeddings\": 4096,\n" \
+	"    \"type\": \"yarn\"\n" \
+	"  },\n" \
+	"  \"rope_theta\": 10000,\n" \
+	"  \"routed_scaling_factor\": 2.5,\n" \
+	"  \"scoring_func\": \"sigmoid\",\n" \
+	"  \"tie_word_embeddings\": false,\n"
+
 /* tiny: every feature on (2 dense + 2 MoE layers + MTP, 4 groups of 4 experts, index_topk 64
  * so a 512-token context is really sparse), vocab 129280 so the real tokenizer's ids fit. */
 const char mkmodel_tiny_config[] =
-	"{\n"
-	"  \"architectures\": [\n"
-	"    \"DeepseekV32ForCausalLM\"\n"
-	"  ],\n"
-	"  \"attention_bias\": false,\n"
-	"  \"attention_dropout\": 0.0,\n"
-	"  \"bos_token_id\": 0,\n"
-	"  \"eos_token_id\": 1,\n"
-	"  \"ep_size\": 1,\n"
+	CONFIG_HEAD
 	"  \"first_k_dense_replace\": 2,\n"
 	"  \"hidden_act\": \"silu\",\n"
 	"  \"hidden_size\": 256,\n"
@@ -44,30 +76,7 @@ const char mkmodel_tiny_config[] =
 	"  \"q_lora_rank\": 256,\n"
 	"  \"qk_nope_head_dim\": 64,\n"
 	"  \"qk_rope_head_dim\": 64,\n"
-	"  \"quantization_config\": {\n"
-	"    \"activation_scheme\": \"dynamic\",\n"
-	"    \"fmt\": \"e4m3\",\n"
-	"    \"quant_method\": \"fp8\",\n"
-	"    \"scale_fmt\": \"ue8m0\",\n"
-	"    \"weight_block_size\": [\n"
-	"      128,\n"
-	"      128\n"
-	"    ]\n"
-	"  },\n"
-	"  \"rms_norm_eps\": 1e-06,\n"
-	"  \"rope_scaling\": {\n"
-	"    \"beta_fast\": 32,\n"
-	"    \"beta_slow\": 1,\n"
-	"    \"factor\": 40,\n"
-	"    \"mscale\": 1.0,\n"
-	"    \"mscale_all_dim\": 1.0,\n"
-	"    \"original_max_position_embeddings\": 4096,\n"
-	"    \"type\": \"yarn\"\n"
-	"  },\n"
-	"  \"rope_theta\": 10000,\n"
-	"  \"routed_scaling_factor\": 2.5,\n"
-	"  \"scoring_func\": \"sigmoid\",\n"
-	"  \"tie_word_embeddings\": false,\n"
+	CONFIG_FIXED
 	"  \"topk_group\": 2,\n"
 	"  \"topk_method\": \"noaux_tc\",\n"
 	"  \"torch_dtype\": \"bfloat16\",\n"
@@ -80,15 +89,7 @@ const char mkmodel_tiny_config[] =
 
 /* The published DeepSeek-V3.2 config.json (spec §1). */
 const char mkmodel_real_config[] =
-	"{\n"
-	"  \"architectures\": [\n"
-	"    \"DeepseekV32ForCausalLM\"\n"
-	"  ],\n"
-	"  \"attention_bias\": false,\n"
-	"  \"attention_dropout\": 0.0,\n"
-	"  \"bos_token_id\": 0,\n"
-	"  \"eos_token_id\": 1,\n"
-	"  \"ep_size\": 1,\n"
+	CONFIG_HEAD
 	"  \"first_k_dense_replace\": 3,\n"
 	"  \"hidden_act\": \"silu\",\n"
 	"  \"hidden_size\": 7168,\n"
@@ -114,30 +115,7 @@ const char mkmodel_real_config[] =
 	"  \"q_lora_rank\": 1536,\n"
 	"  \"qk_nope_head_dim\": 128,\n"
 	"  \"qk_rope_head_dim\": 64,\n"
-	"  \"quantization_config\": {\n"
-	"    \"activation_scheme\": \"dynamic\",\n"
-	"    \"fmt\": \"e4m3\",\n"
-	"    \"quant_method\": \"fp8\",\n"
-	"    \"scale_fmt\": \"ue8m0\",\n"
-	"    \"weight_block_size\": [\n"
-	"      128,\n"
-	"      128\n"
-	"    ]\n"
-	"  },\n"
-	"  \"rms_norm_eps\": 1e-06,\n"
-	"  \"rope_scaling\": {\n"
-	"    \"beta_fast\": 32,\n"
-	"    \"beta_slow\": 1,\n"
-	"    \"factor\": 40,\n"
-	"    \"mscale\": 1.0,\n"
-	"    \"mscale_all_dim\": 1.0,\n"
-	"    \"original_max_position_embeddings\": 4096,\n"
-	"    \"type\": \"yarn\"\n"
-	"  },\n"
-	"  \"rope_theta\": 10000,\n"
-	"  \"routed_scaling_factor\": 2.5,\n"
-	"  \"scoring_func\": \"sigmoid\",\n"
-	"  \"tie_word_embeddings\": false,\n"
+	CONFIG_FIXED
 	"  \"topk_group\": 4,\n"
 	"  \"topk_method\": \"noaux_tc\",\n"
 	"  \"torch_dtype\": \"bfloat16\",\n"
