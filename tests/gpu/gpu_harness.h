@@ -50,6 +50,20 @@ static inline void fill_bf16(uint16_t *x, size_t n, float amp, uint64_t *seed)
 	}
 }
 
+/* n random bf16 values ~ U(-amp, amp) (fill_bf16) in a new host buffer *host (the caller frees
+ * it) and a device copy, returned (tests' random weights and inputs). */
+static inline gpu_ptr gpu_test_rand_bf16(struct gpu *g, size_t n, float amp, uint64_t *seed,
+					 uint16_t **host)
+{
+	uint16_t *h = malloc(n * 2);
+	REQUIRE(h);
+	fill_bf16(h, n, amp, seed);
+	gpu_ptr d = gpu_test_alloc(n * 2);
+	REQUIRE(gpu_upload(g, d, h, n * 2) == 0);
+	*host = h;
+	return d;
+}
+
 /* Distance in bf16 units in the last place between two bf16 values (NaN: huge). */
 static inline int bf16_ulps(uint16_t a, uint16_t b)
 {

@@ -821,20 +821,17 @@ TEST_T(gpu_forward, bf16_products, 120)
 	gpu_test_open(&g);
 	const int V = 1031, D = 1024, MM = 128;
 	uint64_t seed = 4242;
-	uint16_t *W = malloc((size_t)V * D * 2), *xh = malloc((size_t)MM * D * 2);
+	uint16_t *W, *xh;
+	gpu_ptr dW = gpu_test_rand_bf16(&g, (size_t)V * D, 0.05f, &seed, &W);
+	gpu_ptr dx = gpu_test_rand_bf16(&g, (size_t)MM * D, 2.0f, &seed, &xh);
 	float *x = malloc((size_t)MM * D * 4), *ref = malloc((size_t)MM * V * 4);
 	float *got = malloc((size_t)MM * V * 4);
-	REQUIRE(W && xh && x && ref && got);
-	fill_bf16(W, (size_t)V * D, 0.05f, &seed);
-	fill_bf16(xh, (size_t)MM * D, 2.0f, &seed);
+	REQUIRE(x && ref && got);
 	for (size_t i = 0; i < (size_t)MM * D; i++)
 		x[i] = bf16_to_f32(xh[i]);
 	struct bf16_mat Wm = {W, V, D};
 	cpu_bf16_linear(NULL, &Wm, x, MM, ref, 0);
-	gpu_ptr dW = gpu_test_alloc((size_t)V * D * 2), dx = gpu_test_alloc((size_t)MM * D * 2);
 	gpu_ptr dy = gpu_test_alloc((size_t)MM * V * 4), none = 0;
-	REQUIRE(gpu_upload(&g, dW, W, (size_t)V * D * 2) == 0);
-	REQUIRE(gpu_upload(&g, dx, xh, (size_t)MM * D * 2) == 0);
 	static const struct {
 		const char *name;
 		int exact, grid_div, smem, m[5];

@@ -561,15 +561,12 @@ TEST_T(gpu_moe, timing_gate_logits_mma, 30)
 	gpu_test_open(&g);
 	const int E = 256, D = 7168, Tmax = 4096;
 	uint64_t seed = 4601;
-	uint16_t *w = malloc((size_t)E * D * 2), *xh = malloc((size_t)Tmax * D * 2);
+	uint16_t *w, *xh;
+	gpu_ptr d_w = gpu_test_rand_bf16(&g, (size_t)E * D, 0.05f, &seed, &w);
+	gpu_ptr d_x = gpu_test_rand_bf16(&g, (size_t)Tmax * D, 2.0f, &seed, &xh);
+	gpu_ptr d_l = gpu_test_alloc((size_t)Tmax * E * 4);
 	float *a = malloc((size_t)Tmax * E * 4), *b = malloc((size_t)Tmax * E * 4);
-	REQUIRE(w && xh && a && b);
-	fill_bf16(w, (size_t)E * D, 0.05f, &seed);
-	fill_bf16(xh, (size_t)Tmax * D, 2.0f, &seed);
-	gpu_ptr d_w = gpu_test_alloc((size_t)E * D * 2), d_x = gpu_test_alloc((size_t)Tmax * D * 2),
-		d_l = gpu_test_alloc((size_t)Tmax * E * 4);
-	REQUIRE(gpu_upload(&g, d_w, w, (size_t)E * D * 2) == 0);
-	REQUIRE(gpu_upload(&g, d_x, xh, (size_t)Tmax * D * 2) == 0);
+	REQUIRE(a && b);
 	CUevent e0, e1;
 	REQUIRE(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
 	REQUIRE(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
