@@ -127,32 +127,26 @@ __device__ __forceinline__ void gate_logits_async(const uint16_t *__restrict__ W
 		logits[(size_t)(t0 + slot) * E + e0 + el] = v;
 }
 
+// The router-logit entry points: each one of the templates above or below over the same
+// arguments, W bf16 [E, D], x bf16 [T, D], logits fp32 [T, E]. bounds: __launch_bounds__'s
+// arguments, parenthesised; the rest: the template (its own commas allowed).
+#define GATE_LOGITS_KERNEL(name, bounds, ...)                                                  \
+	extern "C" __global__ void __launch_bounds__ bounds name(                               \
+		const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,                   \
+		float *__restrict__ logits, int T, int E, int D)                                  \
+	{                                                                                       \
+		__VA_ARGS__(W, x, logits, T, E, D);                                               \
+	}
+
 #define GA8_S 6 // a8: 6 stages of K chunks of 512 (D % 512 == 0): few barriers for one token
 #define GA8_KC 512
 #define GA2_S 6 // a2: 6 stages of 128 (D % 128 == 0)
 #define GA2_KC 128
 #define GA2L_S 3 // a2l: 3 stages of 512 (D % 512 == 0): a quarter of a2's barriers
 #define GA2L_KC 512
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_a8(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		     float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_async<8, GA8_S, GA8_KC>(W, x, logits, T, E, D);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_a2(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		     float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_async<2, GA2_S, GA2_KC>(W, x, logits, T, E, D);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_a2l(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		      float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_async<2, GA2L_S, GA2L_KC>(W, x, logits, T, E, D);
-}
+GATE_LOGITS_KERNEL(k_moe_gate_logits_a8, (256), gate_logits_async<8, GA8_S, GA8_KC>)
+GATE_LOGITS_KERNEL(k_moe_gate_logits_a2, (256), gate_logits_async<2, GA2_S, GA2_KC>)
+GATE_LOGITS_KERNEL(k_moe_gate_logits_a2l, (256), gate_logits_async<2, GA2L_S, GA2L_KC>)
 
 // ---- k_moe_gate_route1: the router of one token (see the file header) --------------------------
 // The logits of k_moe_gate_logits_a8 (the CPU's 8 partials, each a chain of D / 8 FMAs in
@@ -460,19 +454,8 @@ __device__ __forceinline__ void gate_logits_tiled(const uint16_t *__restrict__ W
 		}
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_gate_logits_tiled(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-			float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_tiled<32>(W, x, logits, T, E, D);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1)
-k_moe_gate_logits_t64(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		      float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_tiled<64>(W, x, logits, T, E, D);
-}
+GATE_LOGITS_KERNEL(k_moe_gate_logits_tiled, (256), gate_logits_tiled<32>)
+GATE_LOGITS_KERNEL(k_moe_gate_logits_t64, (256, 1), gate_logits_tiled<64>)
 
 // k_moe_gate_logits_mma, _mma64: the fast mode's router logits for many tokens
 // (model/cuda_moe.c: above 64 tokens when the GEMMs are not batch-invariant; issue #11) on the
@@ -581,19 +564,8 @@ __device__ __forceinline__ void gate_logits_mma(const uint16_t *__restrict__ W,
 		}
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-k_moe_gate_logits_mma(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-		      float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_mma<128>(W, x, logits, T, E, D);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1)
-k_moe_gate_logits_mma64(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,
-			float *__restrict__ logits, int T, int E, int D)
-{
-	gate_logits_mma<64>(W, x, logits, T, E, D);
-}
+GATE_LOGITS_KERNEL(k_moe_gate_logits_mma, (256, 1), gate_logits_mma<128>)
+GATE_LOGITS_KERNEL(k_moe_gate_logits_mma64, (256, 1), gate_logits_mma<64>)
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gather_q(const uint8_t *__restrict__ x8, const float *__restrict__ sx,
