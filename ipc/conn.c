@@ -147,6 +147,21 @@ static int cq_refresh(struct ipc_conn *c)
 	return 0;
 }
 
+/* Before a request's terminal event: refreshes the cq head, then removes the request (of op
+ * `kind`, or any when kind < 0) from the flight table, which frees the terminal reservation the
+ * event then uses. -ENOENT when no such request is in flight. */
+static int cq_take_flight(struct ipc_conn *c, uint64_t req_id, int kind)
+{
+	int r = cq_refresh(c);
+	if (r)
+		return r;
+	struct ipc_flight *f = ipc_conn_find(c, req_id);
+	if (!f || (kind >= 0 && f->kind != (uint32_t)kind))
+		return -ENOENT;
+	flight_remove(c, f);
+	return 0;
+}
+
 /* Room check: after posting `slots` cqes and `bytes` of payload, `reserve` terminal
  * reservations must still fit. Allocates the payload if so; returns its offset or -1. */
 static int64_t cq_alloc(struct ipc_conn *c, uint32_t bytes, uint32_t reserve)
@@ -237,13 +252,9 @@ int ipc_conn_emit_token(struct ipc_conn *c, uint64_t req_id, const uint32_t *tok
 
 int ipc_conn_emit_done(struct ipc_conn *c, uint64_t req_id, const struct ipc_done_wire *d)
 {
-	int r = cq_refresh(c);
+	int r = cq_take_flight(c, req_id, IPC_OP_GENERATE);
 	if (r)
 		return r;
-	struct ipc_flight *f = ipc_conn_find(c, req_id);
-	if (!f || f->kind != IPC_OP_GENERATE)
-		return -ENOENT;
-	flight_remove(c, f);
 	/* the reservation released by flight_remove is what this allocation uses */
 	int64_t off = cq_alloc(c, sizeof *d, reserve(c));
 	if (off < 0)
@@ -255,30 +266,25 @@ int ipc_conn_emit_done(struct ipc_conn *c, uint64_t req_id, const struct ipc_don
 
 int ipc_conn_emit_error(struct ipc_conn *c, uint64_t req_id, int code, const char *msg)
 {
-	int r = cq_refresh(c);
-	if (r)
-		return r;
 	if (req_id == 0) {
+		int r = cq_refresh(c);
+		if (r)
+			return r;
 		r = post_error(c, 0, code, msg, c->n_flight);
 		c->conn_err_sent |= r == 0;
 		return r;
 	}
-	struct ipc_flight *f = ipc_conn_find(c, req_id);
-	if (!f)
-		return -ENOENT;
-	flight_remove(c, f);
+	int r = cq_take_flight(c, req_id, -1);
+	if (r)
+		return r;
 	return post_error(c, req_id, code, msg, reserve(c));
 }
 
 int ipc_conn_emit_stats(struct ipc_conn *c, uint64_t req_id, const char *text, uint32_t len)
 {
-	int r = cq_refresh(c);
+	int r = cq_take_flight(c, req_id, IPC_OP_STATS);
 	if (r)
 		return r;
-	struct ipc_flight *f = ipc_conn_find(c, req_id);
-	if (!f || f->kind != IPC_OP_STATS)
-		return -ENOENT;
-	flight_remove(c, f);
 	int64_t off = len <= c->lay.cq_data_bytes / 4 ? cq_alloc(c, len, reserve(c)) : -1;
 	if (off < 0) {
 		c->n_busy++;
