@@ -17,11 +17,14 @@
 //                    decode's query layout [B, Hpad, R + rope]; N = 1, 2, 4, 8 token rows a block.
 // k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4;
 //                    k_fwd_uv1_q the same for one row with the act_quant of o (o_proj's input).
+// k_fwd_uv1_qh       k_fwd_uv1_q laid out for HBM speed, k_fwd_q_absorb1h k_fwd_q_absorb1 (both
+//                    DSV32_CUDA_GLUE_H=1): one block a head, a thread owning whole outputs.
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
 #include "fwd_lin.cuh"
+#include "mma.cuh" // cp_async16, smem_u32
 
 // Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
 // (l6+l7)); lane 8q gets the result (addition is commutative, so every lane's value is the same).
@@ -552,6 +555,202 @@ k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb
 	const float s = warp_act_quant128_regs(v, o8 + (size_t)h * dv, lane);
 	if (lane == 0)
 		os[h] = s;
+}
+
+// ---- one decode row, one block a head (DSV32_CUDA_GLUE_H=1) --------------------------------------
+// Run 19 (graph mode, by subtraction): k_fwd_uv1_q ~12 us a call and k_fwd_q_absorb1 ~7 against a
+// floor of ~2 us each (8.4 MB of W_UV / W_UK at 4.8 TB/s): eight lanes an output summing one byte
+// a step from shared memory, each weight through its own conversion and scale load. Here a thread
+// owns whole outputs: 16 (or 4) weights a shared load, x as 16-byte broadcast loads, two codes a
+// conversion, the scale in a register; the head's 64 KB arrive by cp.async in pieces (a commit
+// group each, all issued at once) and each piece is summed as soon as it lands. Same products and
+// the same order as the kernels they replace (bit-identical: tests/gpu/test_gpu_forward.c).
+
+// Waits until at most n (0 .. 7) of this thread's cp.async groups are pending.
+__device__ __forceinline__ void cp_async_wait_upto(int n)
+{
+	switch (n) {
+	case 0: cp_async_wait_group<0>(); break;
+	case 1: cp_async_wait_group<1>(); break;
+	case 2: cp_async_wait_group<2>(); break;
+	case 3: cp_async_wait_group<3>(); break;
+	case 4: cp_async_wait_group<4>(); break;
+	case 5: cp_async_wait_group<5>(); break;
+	case 6: cp_async_wait_group<6>(); break;
+	default: cp_async_wait_group<7>(); break;
+	}
+}
+
+// The two e4m3 codes in the low 16 bits of c (low byte first) -> fp32, exact (NaN codes -> NaN).
+__device__ __forceinline__ void e4m3x2_to_f32x2(uint32_t c, float &lo, float &hi)
+{
+	asm("{ .reg .b32 h2; .reg .f16 l, h;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 h2, %2;\n\t"
+	    "mov.b32 {l, h}, h2;\n\t"
+	    "cvt.f32.f16 %0, l;\n\t"
+	    "cvt.f32.f16 %1, h; }"
+	    : "=f"(lo), "=f"(hi)
+	    : "h"((uint16_t)c));
+}
+
+// k_fwd_uv1_q's numbers (o = bf16(cpu_dot(o_lat_h, W_UV_h[d])) for d < 128, then the head's
+// act_quant): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
+// registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous in kv_b) comes
+// in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on distinct banks
+// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, 128 threads. dv == 128,
+// R % 128 == 0, R <= 512.
+#define UVH_LD (ABS_MAXR + 16)
+#define UVH_SMEM (128 * UVH_LD + (ABS_MAXR + 128) * 4) // model/cuda_fwd.h's FWD_UVH_SMEM
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+{
+	extern __shared__ __align__(16) uint8_t uvh_smem[];
+	uint8_t *w = uvh_smem;                                           // [128][UVH_LD]
+	float *ol = reinterpret_cast<float *>(uvh_smem + 128 * UVH_LD); // [R] o_lat_h
+	float *out = ol + ABS_MAXR;                                      // [128]
+	const int h = blockIdx.x, d = threadIdx.x, np = R / 128;
+	const size_t wrow0 = (size_t)h * (nope + dv) + nope;
+	const uint8_t *src = Wkvb + wrow0 * R;
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		if (p >= np)
+			break;
+#pragma unroll
+		for (int u = 0; u < 8; u++) { // 8 lanes a 128-byte row segment
+			const int i = d + 128 * u, row = i >> 3, c = i & 7;
+			cp_async16(smem_u32(w + row * UVH_LD + p * 128 + c * 16),
+				   src + (size_t)row * R + p * 128 + c * 16);
+		}
+		cp_async_commit();
+	}
+	float sc[4];
+#pragma unroll
+	for (int p = 0; p < 4; p++)
+		sc[p] = p < np ? S[((wrow0 + d) / 128) * np + p] : 0.f;
+	pdl_trigger();
+	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
+	for (int i = d; i < R; i += 128)
+		ol[i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
+	float acc[8];
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+		acc[j] = 0.f;
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		if (p >= np)
+			break;
+		cp_async_wait_upto(np - 1 - p);
+		__syncthreads(); // piece p of every row is in (the first time: o_lat too)
+		const uint8_t *wr = w + d * UVH_LD + p * 128;
+		const float *xr = ol + p * 128;
+		const float s = sc[p];
+#pragma unroll 2
+		for (int c = 0; c < 8; c++) {
+			const uint4 wq = *reinterpret_cast<const uint4 *>(wr + 16 * c);
+			const uint32_t ww[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+			for (int qd = 0; qd < 4; qd++) { // k = 128 p + 16 c + 4 qd + b: lane (4 qd + b) & 7
+				const float4 xv = *reinterpret_cast<const float4 *>(xr + 16 * c + 4 * qd);
+				float f[4];
+				e4m3x2_to_f32x2(ww[qd], f[0], f[1]);
+				e4m3x2_to_f32x2(ww[qd] >> 16, f[2], f[3]);
+				const float x4[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+				for (int b = 0; b < 4; b++) {
+					const int j = (4 * qd + b) & 7;
+					acc[j] = __fadd_rn(acc[j], __fmul_rn(x4[b], __fmul_rn(f[b], s)));
+				}
+			}
+		}
+	}
+	out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
+			   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
+	__syncthreads(); // the head's 128 outputs are in shared memory
+	if (d >= 32)
+		return;
+	const int lane = d;
+	float v[4];
+	uint2 raw;
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		v[k] = bf16_to_f32(f32_to_bf16(out[4 * lane + k]));
+	raw.x = (uint32_t)f32_to_bf16(v[0]) | ((uint32_t)f32_to_bf16(v[1]) << 16);
+	raw.y = (uint32_t)f32_to_bf16(v[2]) | ((uint32_t)f32_to_bf16(v[3]) << 16);
+	*reinterpret_cast<uint2 *>(o + (size_t)h * dv + 4 * lane) = raw;
+	const float s = warp_act_quant128_regs(v, o8 + (size_t)h * dv, lane);
+	if (lane == 0)
+		os[h] = s;
+}
+
+// k_fwd_q_absorb1's numbers (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),
+// q_pe copied, RoPE'd first when cs is not null): thread t owns columns 4t .. 4t+3, four chains
+// over d, one 4-byte shared load a row for its four weights (a warp's loads: one 128-byte line).
+// W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The arguments of
+// k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 ==
+// 0, nope <= 192, R % 128 == 0, R <= 512.
+#define QAH_SMEM (ABS_MAX_NOPE * (ABS_MAXR + 4 + 16)) // model/cuda_fwd.h's FWD_QAH_SMEM
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
+		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
+		 const int *__restrict__ pos, const float *__restrict__ cs)
+{
+	extern __shared__ __align__(16) uint8_t qah_smem[];
+	uint8_t *w = qah_smem;                                                    // [nope][R]
+	float *qn = reinterpret_cast<float *>(qah_smem + ABS_MAX_NOPE * ABS_MAXR); // [nope]
+	float *scs = qn + ABS_MAX_NOPE;                                           // [nope][R / 128]
+	const int h = blockIdx.x, t = threadIdx.x, nt = blockDim.x, dq = nope + rope;
+	const int nkb = R / 128, np = nope / 32, cpr = R / 16, row0 = h * (nope + dv);
+	const uint8_t *src = Wkvb + (size_t)row0 * R;
+	for (int p = 0; p < np; p++) {
+		for (int i = t; i < 32 * cpr; i += nt) { // a warp: 512 contiguous bytes
+			const int row = 32 * p + i / cpr, c = i % cpr;
+			cp_async16(smem_u32(w + row * R + c * 16), src + (size_t)row * R + c * 16);
+		}
+		cp_async_commit();
+	}
+	for (int i = t; i < nope * nkb; i += nt)
+		scs[i] = S[((row0 + i / nkb) / 128) * nkb + i % nkb];
+	pdl_trigger();
+	pdl_wait(); // q is the previous kernels' output (the weights above are constant)
+	for (int d = t; d < nope; d += nt)
+		qn[d] = bf16_to_f32(q[(size_t)h * dq + d]);
+	for (int p = t; p < rope / 2; p += nt) {
+		uint16_t *qs = q + (size_t)h * dq + nope + 2 * p;
+		uint16_t *dst = qf + (size_t)h * (R + rope) + R + 2 * p;
+		uint16_t o0 = qs[0], o1 = qs[1];
+		if (cs) {
+			const float c = cs[((size_t)pos[0] * 32 + p) * 2 + 0];
+			const float sn = cs[((size_t)pos[0] * 32 + p) * 2 + 1];
+			const float a = bf16_to_f32(o0), b = bf16_to_f32(o1);
+			o0 = f32_to_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+			o1 = f32_to_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+			qs[0] = o0, qs[1] = o1;
+		}
+		dst[0] = o0, dst[1] = o1;
+	}
+	const int zb = 4 * t / 128;
+	float acc[4] = {0.f, 0.f, 0.f, 0.f};
+	for (int p = 0; p < np; p++) {
+		cp_async_wait_upto(np - 1 - p);
+		__syncthreads(); // rows 32p .. 32p+31 are in (the first time: q_nope and the scales too)
+#pragma unroll 8
+		for (int d = 32 * p; d < 32 * p + 32; d++) {
+			const uint32_t wq = *reinterpret_cast<const uint32_t *>(w + d * R + 4 * t);
+			const float s = scs[d * nkb + zb], x = qn[d];
+			float f[4];
+			e4m3x2_to_f32x2(wq, f[0], f[1]);
+			e4m3x2_to_f32x2(wq >> 16, f[2], f[3]);
+#pragma unroll
+			for (int b = 0; b < 4; b++)
+				acc[b] = __fadd_rn(acc[b], __fmul_rn(x, __fmul_rn(f[b], s)));
+		}
+	}
+	uint2 raw;
+	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
+	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
+	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
 }
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host

@@ -81,6 +81,8 @@ struct fwd_switches {
 			   * memory; 1 always through it; 0 never */
 	int uv1_split;    /* DSV32_CUDA_UV1_SPLIT=1: a decode row's W_UV as k_fwd_uv1 then k_act_quant
 			   * (512 blocks of 32 outputs) instead of k_fwd_uv1_q (128 of 128) */
+	int glue_h;       /* DSV32_CUDA_GLUE_H=1: a decode row's W_UK / W_UV products one block a head,
+			   * a thread owning whole outputs (k_fwd_q_absorb1h, k_fwd_uv1_qh) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */
@@ -91,6 +93,10 @@ struct fwd_switches {
 	unsigned gen;     /* bumped by every change (the decode graphs' key) */
 };
 void cuda_forward_switches_init(struct fwd_switches *s);
+/* the dynamic shared memory of k_fwd_uv1_qh and k_fwd_q_absorb1h (kernels_ptx/fwd_glue.cu's
+ * UVH_SMEM, QAH_SMEM; cuda_forward_prepare sets the kernels' limits, the tests too) */
+#define FWD_UVH_SMEM (128 * (512 + 16) + (512 + 128) * 4)
+#define FWD_QAH_SMEM (192 * (512 + 4 + 16))
 /* Sets switch name (the environment variable's name) to value as if read from the environment
  * (NULL: its default). 0, or -EINVAL for a name that is not one of the switches above. */
 int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char *value);

@@ -68,6 +68,11 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
 			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
 		F->tag = NULL;
+	} else if (T == 1 && F->E->sw->glue_h && nope % 32 == 0 && nope <= 192 && Rk % 128 == 0 &&
+		   Rk <= 512) { /* a decode row: one block a head (k_fwd_q_absorb1's numbers) */
+		gpu_ptr qcs = b->fuse ? cs : 0;
+		LAUNCH_PDL("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
+			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
 	} else { /* rows a block: the step's, up to 8 */
 		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
 					      "k_fwd_q_absorb8"};
@@ -382,6 +387,11 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
+	} else if (T == 1 && fuse && dv == 128 && Rk <= 512 && Rk % 128 == 0 && F->E->sw->glue_h) {
+		/* a decode row, o's act_quant fused, a thread an output (k_fwd_uv1_q's numbers) */
+		LAUNCH_PDL("k_fwd_uv1_qh", H, 1, 128, FWD_UVH_SMEM, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H,
+			   &Hpad, &nope, &dv, &Rk);
+		o_quantised = 1;
 	} else if (T == 1 && fuse && dv == 128 && Rk <= 512 && !F->E->sw->uv1_split) {
 		/* a decode row, o's act_quant fused */
 		LAUNCH_PDL("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,

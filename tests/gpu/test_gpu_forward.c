@@ -915,9 +915,10 @@ TEST_T(gpu_forward, bf16_products, 120)
 }
 
 /* k_fwd_uv1_q (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
- * model's shape, which the structured models above do not have) against its parts, k_fwd_uv1
- * then k_act_quant, on random e4m3 kv_b rows, power-of-two block scales and o_lat: o, its codes
- * and its scales bit-identical. */
+ * model's shape, which the structured models above do not have) and k_fwd_uv1_qh (the same one
+ * block a head, a thread an output) against its parts, k_fwd_uv1 then k_act_quant, on random
+ * e4m3 kv_b rows, non-power-of-two block scales and o_lat: o, its codes and its scales
+ * bit-identical. */
 TEST_T(gpu_forward, uv_quant_fused, 60)
 {
 	struct gpu g;
@@ -934,8 +935,8 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 		if ((w[i] & 0x7f) == 0x7f)
 			w[i] &= 0xfe; /* not a NaN code */
 	}
-	for (size_t i = 0; i < ns; i++)
-		sc[i] = ldexpf(1.0f, (int)(test_rand(&seed) % 9) - 12);
+	for (size_t i = 0; i < ns; i++) /* not powers of two: the scale's product rounds */
+		sc[i] = ldexpf(1.0f + (float)(test_rand(&seed) >> 40) * 0x1p-24f, (int)(test_rand(&seed) % 9) - 12);
 	fill_bf16(ol, (size_t)Hpad * R, 1.0f, &seed);
 	gpu_ptr dw = gpu_test_alloc(nw), ds = gpu_test_alloc(ns * 4), dol = gpu_test_alloc((size_t)Hpad * R * 2);
 	gpu_ptr o1 = gpu_test_alloc((size_t)H * dv * 2), q1 = gpu_test_alloc((size_t)H * dv), s1 = gpu_test_alloc((size_t)H * 4);
@@ -943,36 +944,119 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 	REQUIRE(gpu_upload(&g, dw, w, nw) == 0);
 	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
 	REQUIRE(gpu_upload(&g, dol, ol, (size_t)Hpad * R * 2) == 0);
-	gpu_test_poison(&g, o1, (size_t)H * dv * 2), gpu_test_poison(&g, o2, (size_t)H * dv * 2);
-	gpu_test_poison(&g, q1, (size_t)H * dv), gpu_test_poison(&g, q2, (size_t)H * dv);
-	gpu_test_poison(&g, s1, (size_t)H * 4), gpu_test_poison(&g, s2, (size_t)H * 4);
+	gpu_test_poison(&g, o1, (size_t)H * dv * 2), gpu_test_poison(&g, q1, (size_t)H * dv);
+	gpu_test_poison(&g, s1, (size_t)H * 4);
 	void *a1[] = {&dol, &dw, &ds, &o1, &T, &H, &Hpad, &nope, &dv, &R};
 	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1"), H, 1, dv / 32, 256, 1, 1, 0, a1) == 0);
 	long long ng = H * dv / 128;
 	void *a2[] = {&o1, &q1, &s1, &ng};
 	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_act_quant"), (unsigned)((ng + 7) / 8), 1, 1, 256, 1, 1, 0,
 			   a2) == 0);
-	void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_uv1_q"), H, 1, 1, 512, 1, 1, 0, a3) == 0);
 	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
 	REQUIRE(h1 && h2);
-	REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
-	REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
-	int same_o = !memcmp(h1, h2, (size_t)H * dv * 2);
-	REQUIRE(gpu_download(&g, h1, q1, (size_t)H * dv) == 0);
-	REQUIRE(gpu_download(&g, h2, q2, (size_t)H * dv) == 0);
-	int same_q = !memcmp(h1, h2, (size_t)H * dv);
-	REQUIRE(gpu_download(&g, h1, s1, (size_t)H * 4) == 0);
-	REQUIRE(gpu_download(&g, h2, s2, (size_t)H * 4) == 0);
-	int same_s = !memcmp(h1, h2, (size_t)H * 4);
-	float s0;
-	memcpy(&s0, h1, 4);
-	printf("    k_fwd_uv1_q vs k_fwd_uv1 + k_act_quant (H %d, dv %d, R %d): o %s, codes %s, scales %s "
-	       "(head 0 scale %g)\n", H, dv, R, same_o ? "identical" : "DIFFER", same_q ? "identical" : "DIFFER",
-	       same_s ? "identical" : "DIFFER", s0);
-	CHECK(same_o && same_q && same_s);
-	CHECK(isfinite(s0) && s0 > 0);
+	for (int v = 0; v < 2; v++) { /* k_fwd_uv1_q, k_fwd_uv1_qh */
+		const char *name = v ? "k_fwd_uv1_qh" : "k_fwd_uv1_q";
+		void *fn = gpu_kernel(&g, name);
+		REQUIRE(fn);
+		if (v)
+			REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						      FWD_UVH_SMEM) == CUDA_SUCCESS);
+		gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
+		gpu_test_poison(&g, s2, (size_t)H * 4);
+		void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
+		REQUIRE(gpu_launch(&g, fn, H, 1, 1, v ? 128 : 512, 1, 1, v ? FWD_UVH_SMEM : 0, a3) == 0);
+		REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
+		REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
+		int same_o = !memcmp(h1, h2, (size_t)H * dv * 2), first = -1;
+		for (int i = 0; i < H * dv && first < 0; i++)
+			if (((uint16_t *)h1)[i] != ((uint16_t *)h2)[i])
+				first = i;
+		REQUIRE(gpu_download(&g, h1, q1, (size_t)H * dv) == 0);
+		REQUIRE(gpu_download(&g, h2, q2, (size_t)H * dv) == 0);
+		int same_q = !memcmp(h1, h2, (size_t)H * dv);
+		REQUIRE(gpu_download(&g, h1, s1, (size_t)H * 4) == 0);
+		REQUIRE(gpu_download(&g, h2, s2, (size_t)H * 4) == 0);
+		int same_s = !memcmp(h1, h2, (size_t)H * 4);
+		float s0;
+		memcpy(&s0, h1, 4);
+		printf("    %s vs k_fwd_uv1 + k_act_quant (H %d, dv %d, R %d): o %s (first differing "
+		       "output %d), codes %s, scales %s (head 0 scale %g)\n", name, H, dv, R,
+		       same_o ? "identical" : "DIFFER", first, same_q ? "identical" : "DIFFER",
+		       same_s ? "identical" : "DIFFER", s0);
+		CHECK(same_o && same_q && same_s);
+		CHECK(isfinite(s0) && s0 > 0);
+	}
 	free(w), free(sc), free(ol), free(h1), free(h2);
+	gpu_close(&g);
+}
+
+/* k_fwd_q_absorb1h (a decode row's q absorption one block a head, a thread four columns) against
+ * k_fwd_q_absorb1 at the real model's head shape (nope 128, rope 64, R 512; 16 heads) on random
+ * e4m3 kv_b rows (no NaN codes), non-power-of-two block scales and q, with the RoPE of q_pe (cs)
+ * and without: qf and the rotated q bit-identical. */
+TEST_T(gpu_forward, q_absorb_head, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	int H = 16, Hpad = 16, nope = 128, rope = 64, dv = 128, R = 512, T = 1, dq = nope + rope;
+	size_t wrows = (size_t)H * (nope + dv), nw = wrows * R, ns = wrows / 128 * (R / 128);
+	size_t nq = (size_t)H * dq, nf = (size_t)Hpad * (R + rope), ncs = (size_t)64 * 32 * 2;
+	uint64_t seed = 91;
+	uint8_t *w = malloc(nw);
+	float *sc = malloc(ns * 4), *cs = malloc(ncs * 4);
+	uint16_t *q = malloc(nq * 2);
+	uint8_t *h1 = malloc(nf * 2), *h2 = malloc(nf * 2);
+	REQUIRE(w && sc && cs && q && h1 && h2);
+	for (size_t i = 0; i < nw; i++) {
+		w[i] = (uint8_t)(test_rand(&seed) >> 56);
+		if ((w[i] & 0x7f) == 0x7f)
+			w[i] &= 0xfe; /* not a NaN code */
+	}
+	for (size_t i = 0; i < ns; i++)
+		sc[i] = ldexpf(1.0f + (float)(test_rand(&seed) >> 40) * 0x1p-24f, (int)(test_rand(&seed) % 9) - 12);
+	for (size_t i = 0; i < ncs; i++)
+		cs[i] = (float)((double)(test_rand(&seed) >> 11) * 0x1p-53 * 2.0 - 1.0);
+	fill_bf16(q, nq, 1.0f, &seed);
+	int p37 = 37;
+	gpu_ptr dw = gpu_test_alloc(nw), ds = gpu_test_alloc(ns * 4), dcs = gpu_test_alloc(ncs * 4);
+	gpu_ptr dpos = gpu_test_alloc(4), dq1 = gpu_test_alloc(nq * 2), dq2 = gpu_test_alloc(nq * 2);
+	gpu_ptr f1 = gpu_test_alloc(nf * 2), f2 = gpu_test_alloc(nf * 2);
+	REQUIRE(gpu_upload(&g, dw, w, nw) == 0);
+	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
+	REQUIRE(gpu_upload(&g, dcs, cs, ncs * 4) == 0);
+	REQUIRE(gpu_upload(&g, dpos, &p37, 4) == 0);
+	void *fh = gpu_kernel(&g, "k_fwd_q_absorb1h");
+	REQUIRE(fh);
+	REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
+		CUDA_SUCCESS);
+	for (int rot = 0; rot < 2; rot++) {
+		gpu_ptr c = rot ? dcs : 0;
+		REQUIRE(gpu_upload(&g, dq1, q, nq * 2) == 0);
+		REQUIRE(gpu_upload(&g, dq2, q, nq * 2) == 0);
+		gpu_test_poison(&g, f1, nf * 2), gpu_test_poison(&g, f2, nf * 2);
+		void *a1[] = {&dq1, &dw, &ds, &f1, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb1"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
+		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
+		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / 4, 1, 1, FWD_QAH_SMEM, a2) == 0);
+		REQUIRE(gpu_download(&g, h1, f1, nf * 2) == 0);
+		REQUIRE(gpu_download(&g, h2, f2, nf * 2) == 0);
+		int first = -1;
+		for (size_t i = 0; i < nf && first < 0; i++)
+			if (((uint16_t *)h1)[i] != ((uint16_t *)h2)[i])
+				first = (int)i;
+		int finite = 1;
+		for (int h = 0; h < H; h++)
+			for (int i = 0; i < R + rope; i++)
+				finite &= isfinite(bf16_to_f32(((uint16_t *)h2)[(size_t)h * (R + rope) + i]));
+		REQUIRE(gpu_download(&g, h1, dq1, nq * 2) == 0);
+		REQUIRE(gpu_download(&g, h2, dq2, nq * 2) == 0);
+		int same_q = !memcmp(h1, h2, nq * 2);
+		printf("    k_fwd_q_absorb1h vs k_fwd_q_absorb1 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
+		       "(first differing element %d), q %s\n", H, nope, rope, R, rot ? "on" : "off",
+		       first < 0 ? "identical" : "DIFFER", first, same_q ? "identical" : "DIFFER");
+		CHECK(first < 0 && same_q && finite);
+	}
+	free(w), free(sc), free(cs), free(q), free(h1), free(h2);
 	gpu_close(&g);
 }
 
