@@ -120,37 +120,14 @@ __device__ __forceinline__ void mw_arrive_cl(uint32_t bar, bool light)
 
 // Waits (acquiring at cluster scope; light: at CTA scope, the instruction's default, as CUTLASS's
 // and FlashMLA's waits for bytes that st.async or TMA completed) for the phase of parity `parity`
-// of this CTA's barrier bar; traps after 2 s (a lost arrival is a bug: the test fails with a
-// launch error, no hang)
+// of this CTA's barrier bar; traps after 2 s (tma.cuh's mbar_wait: a lost arrival is a bug, the
+// test fails with a launch error, no hang)
 __device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity, bool light)
 {
-	uint32_t done, t0 = 0;
-	for (uint32_t tries = 1;; tries++) {
-		if (light)
-			asm volatile("{\n.reg .pred p;\n"
-				     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-				     "selp.u32 %0, 1, 0, p;\n}\n"
-				     : "=r"(done)
-				     : "r"(bar), "r"(parity)
-				     : "memory");
-		else
-			asm volatile("{\n.reg .pred p;\n"
-				     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-				     "selp.u32 %0, 1, 0, p;\n}\n"
-				     : "=r"(done)
-				     : "r"(bar), "r"(parity)
-				     : "memory");
-		if (done)
-			return;
-		if ((tries & 4095) == 0) {
-			uint32_t now;
-			asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
-			if (!t0)
-				t0 = now | 1;
-			else if (now - t0 > 2000000000u)
-				__trap();
-		}
-	}
+	if (light)
+		mbar_wait(bar, parity);
+	else
+		mbar_wait<true, true>(bar, parity);
 }
 
 // 16 bytes into the peer's shared memory at cluster address addr, completing 16 bytes of the

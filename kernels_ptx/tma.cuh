@@ -24,17 +24,27 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 // A wait that has not finished after 2 s (%globaltimer, checked every 4096 tries) is a bug (a
 // lost arrival or copy): it traps, so a test fails with a launch error instead of hanging the
 // runner. (No printf: a function call in a kernel makes ptxas serialise every wgmma, C7510.)
-template <bool TIMEOUT = true>
+// ACQ_CLUSTER: the wait acquires at cluster scope (arrivals released by another CTA of the
+// cluster, k_mla_decode_wg2); by default the instruction's CTA scope.
+template <bool TIMEOUT = true, bool ACQ_CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
 	uint32_t done, t0 = 0;
 	for (uint32_t tries = 1;; tries++) {
-		asm volatile("{\n.reg .pred p;\n"
-			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-			     "selp.u32 %0, 1, 0, p;\n}\n"
-			     : "=r"(done)
-			     : "r"(bar), "r"(parity)
-			     : "memory");
+		if (ACQ_CLUSTER)
+			asm volatile("{\n.reg .pred p;\n"
+				     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+				     "selp.u32 %0, 1, 0, p;\n}\n"
+				     : "=r"(done)
+				     : "r"(bar), "r"(parity)
+				     : "memory");
+		else
+			asm volatile("{\n.reg .pred p;\n"
+				     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+				     "selp.u32 %0, 1, 0, p;\n}\n"
+				     : "=r"(done)
+				     : "r"(bar), "r"(parity)
+				     : "memory");
 		if (done)
 			return;
 		if (TIMEOUT && (tries & 4095) == 0) { // low 32 bits of the ns timer: 4.3 s wrap

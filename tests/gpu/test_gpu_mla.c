@@ -191,23 +191,43 @@ TEST_T(gpu_mla, decode_matches_cpu, 300)
 	gpu_close(&g);
 }
 
+/* The cases of the wgmma kernels (k_mla_decode_wg and the pair's forms): lists ending inside a
+ * tile, a split, a row (L_REAL), a flat softmax (amp 0.05), batch 1's many splits (L_ONE), 140
+ * blocks of one split (L_MANY), forced splits, 64 splits of one 32-key tile each; `all` = 0: the
+ * cases the pair's variants repeat. Seed = the caller's base + id. */
+enum { L_REAL, L_ONE, L_MANY };
+static const struct wg_case {
+	int id, B, list;
+	float amp;
+	int force, all;
+} wg_cases[] = {
+	{4, 1, L_ONE, 2.5f, 0, 0},  {1, 4, L_REAL, 2.5f, 0, 0}, {3, 4, L_REAL, 0.05f, 0, 1},
+	{5, 70, L_MANY, 1.0f, 0, 0}, {6, 3, L_REAL, 2.5f, 16, 1}, {7, 4, L_REAL, 1.0f, 8, 0},
+	{8, 1, L_ONE, 2.5f, 64, 0},
+};
+
+/* wg_cases with kernel form wg (check_mla's); h6: the heads of case 6 (64 shows a single head
+ * group to k_mla_decode_wg; the pair needs 128); all: every case, else those with all = 0 */
+static void run_wg_cases(struct gpu *g, int wg, int h6, int all, uint64_t seed)
+{
+	int n_real[4] = {1, 17, 300, 2048}, n_one[1] = {2048}, n_many[70];
+	for (int b = 0; b < 70; b++)
+		n_many[b] = 64 + 3 * b;
+	for (size_t i = 0; i < sizeof wg_cases / sizeof *wg_cases; i++) {
+		const struct wg_case *c = &wg_cases[i];
+		if (c->all && !all)
+			continue;
+		const int *n = c->list == L_REAL ? n_real : c->list == L_ONE ? n_one : n_many;
+		const int ld = c->list == L_MANY ? 300 : 2048, pages = c->list == L_MANY ? 16 : 64;
+		check_mla(g, 512, c->id == 6 ? h6 : 128, c->B, n, ld, pages, c->amp, c->force, wg, seed + (uint64_t)c->id);
+	}
+}
+
 TEST_T(gpu_mla, decode_wg_matches_cpu, 300)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	/* k_mla_decode_wg (wgmma, tiles of 32 keys) on the real dims: lists ending inside a tile, a
-	 * split, a row; a flat softmax; batch 1's many splits; 140 blocks of one split; forced splits */
-	int n_real[4] = {1, 17, 300, 2048};
-	int n_one[1] = {2048};
-	int n_many[70];
-	for (int b = 0; b < 70; b++)
-		n_many[b] = 64 + 3 * b;
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 1, 3101);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 1, 3103);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 1, 3104);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 1, 3105);
-	check_mla(&g, 512, 64, 3, n_real, 2048, 64, 2.5f, 16, 1, 3106);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 1, 3107);
+	run_wg_cases(&g, 1, 64, 1, 3100); /* k_mla_decode_wg (wgmma, tiles of 32 keys) */
 	gpu_close(&g);
 }
 
@@ -216,32 +236,12 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	struct gpu g;
 	gpu_test_open(&g);
 	/* k_mla_decode_wg2 (the 64-head pair a cluster, each dequantising half of every tile's keys
-	 * into both, the peer's half by st.async): the cases of decode_wg_matches_cpu, H = 128
-	 * throughout (the pair needs two head groups), and 64 splits of one tile each */
-	int n_real[4] = {1, 17, 300, 2048};
-	int n_one[1] = {2048};
-	int n_many[70];
-	for (int b = 0; b < 70; b++)
-		n_many[b] = 64 + 3 * b;
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 2, 3204);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 2, 3201);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 0.05f, 0, 2, 3203);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 2, 3205);
-	check_mla(&g, 512, 128, 3, n_real, 2048, 64, 2.5f, 16, 2, 3206);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 2, 3207);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 2, 3208); /* 64 splits: one 32-key tile each */
-	/* P V of a tile and S of the next issued together (diag bit 20): the same cases' shapes */
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 3, 3214);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 3, 3211);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 3, 3215);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 3, 3217);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 3, 3218);
-	/* the light handover (diag bit 21) */
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 4, 3224);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 4, 3221);
-	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 4, 3225);
-	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 1.0f, 8, 4, 3227);
-	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 64, 4, 3228);
+	 * into both, the peer's half by st.async), H = 128 throughout (the pair needs two head
+	 * groups); then P V of a tile and S of the next issued together (diag bit 20), and the light
+	 * handover (diag bit 21), on the shorter list */
+	run_wg_cases(&g, 2, 128, 1, 3200);
+	run_wg_cases(&g, 3, 128, 0, 3210);
+	run_wg_cases(&g, 4, 128, 0, 3220);
 	gpu_close(&g);
 }
 
