@@ -10,6 +10,9 @@
 // histograms) finds the k-th key T and how many keys equal to T to take; then one ordered pass
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
+// The other kernels below compute the same function: k_topk_select (a block a row, two reads),
+// k_topk_cluster (a row over a cluster of 8 CTAs), k_topk_cl8 / k_topk_cl16 (a row over a cluster
+// of 8 / 16 CTAs with one cluster barrier a radix round).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
@@ -768,4 +771,301 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 		eq_seen += __popc(em);
 	}
 	cluster_sync(); // no CTA leaves while another may still read its counts
+}
+
+// ---- k_topk_cl8 / k_topk_cl16: the cluster select with few serial steps ------------------------
+//
+// The function of k_topk_cluster for few rows: grid (CL, B), a cluster of CL CTAs a row, TOPK_THREADS
+// threads. CTA r owns positions [r S, r S + S) of the row, S = ceil(ld / CL) rounded up to 64 (so
+// the slices follow ld, not n: the reads of the scores, of n and of the slice's block-table
+// entries are all in flight at once); positions >= n are read but never counted. What differs
+// from k_topk_cluster (run 19 at 32K: 15.5 us, each radix round ~3.5-4.4 us, the output ~4 us):
+//   - a round's cluster exchange reads 64 bucket sums (32 bins each) of every CTA's histogram,
+//     then the 32 bins of the chosen bucket, by one warp: 2 x 64 x CL + 32 x CL remote loads a CTA
+//     instead of 2048 x CL (k_topk_cluster's every thread summing all 8 histograms);
+//   - the same loads give every CTA's count of keys above the chosen bin and in it, so after the
+//     last round each CTA knows every CTA's count of selected and equal keys: the output needs
+//     no count exchange (one cluster barrier a round, none for the output);
+//   - the slice's block-table entries are read into shared memory at the start, before the wait
+//     for the scores (the block table and n are inputs of the scores kernel too, written before it
+//     ran), so the output's slots need no dependent global load.
+// Rounds: 11 bits (31..21), 11 (20..10), 10 (9..0) of the order key, over the keys that match the
+// prefix so far; each ends when the chosen bin is taken whole or the key is complete. The
+// selection: keys whose masked key is above the prefix, and the first take_eq of those equal to
+// it in position order (ties to the lower position), placed by per-warp ballots as in
+// k_topk_cluster (warp w a contiguous range of the slice), so the output is in ascending position
+// order. Shared memory (dynamic, topk_cl_smem_bytes in cuda_attn.c): two histograms of 2048 bins,
+// two sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries.
+// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the rounds
+// (3) — the output is then incomplete.
+
+// 64 bucket sums of a histogram of nb bins (warp w: buckets w, w + 32); the caller synchronises
+template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, int *bsum, int nb)
+{
+	const int lane = threadIdx.x & 31;
+	for (int j = threadIdx.x >> 5; j < nb / 32; j += NT / 32) {
+		int v = hist[32 * j + lane];
+#pragma unroll
+		for (int o = 16; o; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (!lane)
+			bsum[j] = v;
+	}
+}
+
+template <int CL, int NT>
+__device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
+					     int k_max, const int *__restrict__ block_table, int max_blocks,
+					     int *__restrict__ out_pos, int *__restrict__ out_slot, int stop)
+{
+	static_assert(NT % 32 == 0 && NT <= 1024, "whole warps");
+	extern __shared__ __align__(16) uint8_t tcl_smem[];
+	const int S = ((ld + CL - 1) / CL + 63) / 64 * 64;
+	int *hbuf = reinterpret_cast<int *>(tcl_smem);   // [2][2048] this CTA's counts
+	int *bsum = hbuf + 2 * TOPK_BINS;                 // [2][64] their bucket sums
+	uint32_t *keys = reinterpret_cast<uint32_t *>(bsum + 128); // [S]
+	int *pages = reinterpret_cast<int *>(keys + S);   // [S / 64 + 1]
+	// warp 0's round results: bin, what is left to take, done; every CTA's keys above the prefix
+	// so far (accumulated) and equal to it
+	__shared__ int s_bin, s_rem, s_done, s_gt[CL], s_eq[CL], s_wcnt[2][32];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.y;
+	const uint32_t r = cluster_rank();
+	const int lo = min(ld, (int)r * S), hi = min(ld, lo + S);
+	const int *bt = block_table ? block_table + (size_t)b * max_blocks : nullptr;
+	// before the wait: n, the slice's pages, the histograms cleared (none is written by the
+	// scores kernel)
+	const int n = n_keys[b];
+	if (bt)
+		for (int i = tid; i < (hi - lo + 63) / 64 && lo / 64 + i < max_blocks; i += NT)
+			pages[i] = __ldg(bt + lo / 64 + i);
+	for (int i = tid; i < 2 * TOPK_BINS; i += NT)
+		hbuf[i] = 0;
+	if (tid < CL)
+		s_gt[tid] = 0;
+	topk_wait_inputs();
+	const int k = n < k_max ? n : k_max;
+	const int len = max(0, min(hi, n) - lo); // the slice's counted positions [lo, lo + len)
+	const float *row = scores + (size_t)b * ld;
+	int *op = out_pos ? out_pos + (size_t)b * k_max : nullptr;
+	int *os = out_slot ? out_slot + (size_t)b * k_max : nullptr;
+	for (int i = k + (int)r * NT + tid; i < k_max; i += CL * NT) {
+		if (op)
+			op[i] = -1;
+		if (os)
+			os[i] = -1;
+	}
+	__syncthreads(); // pages and cleared histograms visible
+	if (k >= n) { // every key is selected, in order (no cluster exchange)
+		for (int i = tid; i < len; i += NT) {
+			if (op)
+				op[lo + i] = lo + i;
+			if (os)
+				os[lo + i] = pages[i >> 6] * 64 + (i & 63);
+		}
+		return;
+	}
+	// the slice as order keys (float4 loads when ld % 4 == 0, 4 a thread in flight); round 0's
+	// histogram (bits 31..21) of the counted ones
+	int *h0 = hbuf;
+	if ((ld & 3) == 0) {
+		const float4 *row4 = reinterpret_cast<const float4 *>(row + lo);
+		const int n4 = (hi - lo + 3) / 4;
+		for (int base = 0; base < n4; base += 4 * NT) {
+			float4 v[4];
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int j = base + u * NT + tid;
+				v[u] = j < n4 ? __ldg(row4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int j = base + u * NT + tid;
+				if (base + u * NT + (tid & ~31) >= n4)
+					break; // (the whole warp)
+				const uint32_t kk[4] = {order_key(v[u].x), order_key(v[u].y), order_key(v[u].z),
+							order_key(v[u].w)};
+				if (j < n4)
+					*reinterpret_cast<uint4 *>(keys + 4 * j) = make_uint4(kk[0], kk[1], kk[2], kk[3]);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					cl_hist_add(h0, kk[e] >> 21, 4 * j + e < len, lane);
+			}
+		}
+	} else {
+		for (int base = 0; base < hi - lo; base += 8 * NT) {
+			float v[8];
+#pragma unroll
+			for (int u = 0; u < 8; u++) {
+				const int i = base + u * NT + tid;
+				v[u] = lo + i < hi ? __ldg(row + lo + i) : 0.f;
+			}
+#pragma unroll
+			for (int u = 0; u < 8; u++) {
+				const int i = base + u * NT + tid;
+				if (base + u * NT + (tid & ~31) >= hi - lo)
+					break; // (the whole warp)
+				const uint32_t key = order_key(v[u]);
+				if (lo + i < hi)
+					keys[i] = key;
+				cl_hist_add(h0, key >> 21, i < len, lane);
+			}
+		}
+	}
+	__syncthreads(); // keys and round 0's histogram complete
+	if (stop == 1)
+		return;
+	uint32_t prefix = 0, mask = 0;
+	int rem = k;
+	for (int round = 0;; round++) {
+		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
+		int *hist = hbuf + (round & 1) * TOPK_BINS, *bs = bsum + (round & 1) * 64;
+		if (round) { // this round's histogram: the keys matching the prefix so far
+			for (int i0 = tid & ~31; i0 < len; i0 += NT) {
+				const int i = i0 + lane;
+				const uint32_t key = i < len ? keys[i] : 0u;
+				cl_hist_add(hist, (key >> shift) & (nb - 1), i < len && (key & mask) == prefix, lane);
+			}
+			__syncthreads(); // counts complete
+		}
+		tcl_buckets<NT>(hist, bs, nb);
+		cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and the
+			   // buffers this round reuses were read by all in the round before last)
+		if (warp == 0) {
+			// buckets from the top: lane l holds buckets nbk-1-2l (A) and nbk-2-2l (B)
+			const int nbk = nb / 32, jA = nbk - 1 - 2 * lane, jB = jA - 1;
+			int vA[CL], vB[CL], tA = 0, tB = 0;
+#pragma unroll
+			for (int c = 0; c < CL; c++) {
+				vA[c] = jA >= 0 ? cl_load(bs + jA, (uint32_t)c) : 0;
+				vB[c] = jB >= 0 ? cl_load(bs + jB, (uint32_t)c) : 0;
+			}
+#pragma unroll
+			for (int c = 0; c < CL; c++)
+				tA += vA[c], tB += vB[c];
+			const int cum = warp_inclusive_scan(tA + tB);
+			const int L = __ffs(__ballot_sync(0xffffffffu, cum >= rem)) - 1; // the lane with the bucket
+			const int above_l = cum - tA - tB;
+			const bool inA = above_l + tA >= rem;
+			const int src = __shfl_sync(0xffffffffu, inA ? 0 : 1, L);
+			const int J = __shfl_sync(0xffffffffu, src ? jB : jA, L);
+			const int above = __shfl_sync(0xffffffffu, src ? above_l + tA : above_l, L);
+			// every CTA's keys in the buckets above J (lanes before L, and A of lane L if J = B)
+			int gt_c[CL];
+#pragma unroll
+			for (int c = 0; c < CL; c++)
+				gt_c[c] = (int)__reduce_add_sync(0xffffffffu, (unsigned)(lane < L ? vA[c] + vB[c]
+										 : lane == L && src ? vA[c] : 0));
+			// the bins of bucket J from the top: lane l holds bin 32 J + 31 - l
+			const int bin = 32 * J + 31 - lane;
+			int f[CL], tf = 0;
+#pragma unroll
+			for (int c = 0; c < CL; c++)
+				f[c] = cl_load(hist + bin, (uint32_t)c);
+#pragma unroll
+			for (int c = 0; c < CL; c++)
+				tf += f[c];
+			const int cumf = warp_inclusive_scan(tf);
+			const int rem1 = rem - above;
+			const int L2 = __ffs(__ballot_sync(0xffffffffu, cumf >= rem1)) - 1;
+			const int in_bin = __shfl_sync(0xffffffffu, tf, L2);
+			const int rem2 = rem1 - __shfl_sync(0xffffffffu, cumf - tf, L2);
+#pragma unroll
+			for (int c = 0; c < CL; c++) {
+				gt_c[c] += (int)__reduce_add_sync(0xffffffffu, (unsigned)(lane < L2 ? f[c] : 0));
+				const int eq = __shfl_sync(0xffffffffu, f[c], L2);
+				if (lane == c)
+					s_gt[c] += gt_c[c], s_eq[c] = eq;
+			}
+			if (!lane) {
+				s_bin = 32 * J + 31 - L2;
+				s_rem = rem2;
+				s_done = round == 2 || in_bin == rem2; // the key is complete, or the bin taken whole
+			}
+		} else if (round == 1) {
+			// round 2's buffers (round 0's): every CTA has passed this round's barrier, so none
+			// reads them any more
+			for (int i = tid - 32; i < 1024; i += NT - 32)
+				hbuf[i] = 0;
+		}
+		__syncthreads(); // the round's results visible
+		prefix |= (uint32_t)s_bin << shift;
+		mask |= (uint32_t)(nb - 1) << shift;
+		rem = s_rem;
+		if (s_done || (stop == 2 && round == 0))
+			break;
+	}
+	// this CTA's reads of the others' shared memory are done: arrive now, and wait for the others
+	// (their reads of this one's) before leaving
+	asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+	if (stop == 2 || stop == 3) {
+		asm volatile("barrier.cluster.wait;" ::: "memory");
+		return;
+	}
+	// keys with (key & mask) > prefix are selected, and the first take_eq with (key & mask) ==
+	// prefix; the CTAs before this one: their selections and the equal keys they took
+	const int take_eq = rem;
+	int cta_out = 0, cta_eq = 0;
+#pragma unroll
+	for (int c = 0; c < CL; c++)
+		if ((uint32_t)c < r) {
+			cta_out += s_gt[c] + max(0, min(s_eq[c], take_eq - cta_eq));
+			cta_eq += s_eq[c];
+		}
+	const int cta_take = max(0, min(s_eq[r], take_eq - cta_eq)); // equal keys this CTA takes
+	// output: warp w owns the slice's positions [w cw, (w + 1) cw) (cw a multiple of 32), its
+	// lanes consecutive positions; the warp places its selections by ballots, in position order
+	const unsigned lt = (1u << lane) - 1u;
+	const int cw = (len + NT - 1) / NT * 32;
+	const int wlo = min(len, warp * cw), whi = min(len, wlo + cw);
+	int gt = 0, eq = 0; // the warp's counts, in every lane
+	for (int i0 = wlo; i0 < whi; i0 += 32) {
+		const int i = i0 + lane;
+		const uint32_t km = i < whi ? keys[i] & mask : 0u;
+		gt += __popc(__ballot_sync(0xffffffffu, i < whi && km > prefix));
+		eq += __popc(__ballot_sync(0xffffffffu, i < whi && km == prefix));
+	}
+	if (lane == 0)
+		s_wcnt[0][warp] = gt, s_wcnt[1][warp] = eq;
+	__syncthreads(); // every warp's counts
+	const int g_i = lane < NT / 32 ? s_wcnt[0][lane] : 0, e_i = lane < NT / 32 ? s_wcnt[1][lane] : 0;
+	const int es = warp_inclusive_scan(e_i); // over warps 0 .. lane
+	// lane i: the equal keys warp i takes (after the warps before it), then the outputs before it
+	const int me_i = max(0, min(e_i, cta_take - (es - e_i)));
+	const int outs = warp_inclusive_scan(g_i + me_i);
+	const int mine_eq = __shfl_sync(0xffffffffu, me_i, warp);
+	int o = cta_out + __shfl_sync(0xffffffffu, outs - g_i - me_i, warp);
+	int eq_seen = 0;
+	for (int i0 = wlo; i0 < whi; i0 += 32) {
+		const int i = i0 + lane;
+		const uint32_t km = i < whi ? keys[i] & mask : 0u;
+		const unsigned em = __ballot_sync(0xffffffffu, i < whi && km == prefix);
+		const bool sel = i < whi && (km > prefix || (km == prefix && eq_seen + __popc(em & lt) < mine_eq));
+		const unsigned sm = __ballot_sync(0xffffffffu, sel);
+		if (sel) {
+			const int at = o + __popc(sm & lt);
+			if (op)
+				op[at] = lo + i;
+			if (os)
+				os[at] = pages[i >> 6] * 64 + (i & 63);
+		}
+		o += __popc(sm);
+		eq_seen += __popc(em);
+	}
+	asm volatile("barrier.cluster.wait;" ::: "memory");
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
+k_topk_cl8(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	   const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	   int stop)
+{
+	topk_cl_body<8, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+}
+
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
+k_topk_cl16(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	    int stop)
+{
+	topk_cl_body<16, 512>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }

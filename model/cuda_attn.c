@@ -204,12 +204,39 @@ static size_t topk_cluster_smem_bytes(int ld)
 	return (3 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
 }
 
+/* k_topk_cl8 / k_topk_cl16: a row over a cluster of 8 (1024 threads) or 16 (512 threads) CTAs;
+ * each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their block-table entries,
+ * after two histograms of 2048 bins and two sets of 64 bucket sums; S at most TOPK_CLX_SLICE */
+#define TOPK_CLX_SLICE 49152
+static int topk_clx_slice(int ld, int cl)
+{
+	return ((ld + cl - 1) / cl + 63) / 64 * 64;
+}
+
+static size_t topk_clx_smem_bytes(int ld, int cl)
+{
+	int S = topk_clx_slice(ld, cl);
+	return (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
+}
+
+/* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B) */
+static int topk_forced = -1;
+
+static int topk_env_mode(void)
+{
+	if (topk_forced < 0) {
+		const char *v = getenv("DSV32_TOPK_MODE");
+		topk_forced = v && *v >= '1' && *v <= '5' && !v[1] ? *v - '0' : 0;
+	}
+	return topk_forced;
+}
+
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode)
 {
-	int stop = mode >> 4; /* k_topk_cluster's phase stop (benchmarks) */
+	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 3 || (stop && mode != 2))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 5 || (stop && mode != 2 && mode < 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
@@ -220,6 +247,19 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 		mode = B <= 2 && ld >= 8192 && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
+	if (mode >= 4) {
+		const int cl = mode == 4 ? 8 : 16;
+		if (ld < 1 || topk_clx_slice(ld, cl) > TOPK_CLX_SLICE)
+			return -EINVAL;
+		void *fn = gpu_kernel(g, cl == 8 ? "k_topk_cl8" : "k_topk_cl16");
+		if (!fn)
+			return -ENOENT;
+		size_t smem = topk_clx_smem_bytes(ld, cl);
+		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
+		if (cl > 8)
+			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, cl == 8 ? 1024 : 512, (unsigned)smem, args);
+	}
 	if ((mode == 2 && !cl_ok) || (mode == 1 && topk_smem_bytes(ld) > 200 * 1024))
 		return -EINVAL;
 	void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cluster" : "k_topk_select");
@@ -235,7 +275,7 @@ int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B)
 {
 	return cuda_indexer_topk_mode(g, scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, B,
-				      0);
+				      topk_env_mode());
 }
 
 #endif

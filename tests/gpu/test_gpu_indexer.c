@@ -165,8 +165,10 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
  * position plus noise (a sample of the row is not representative of its top). mode: the kernel
- * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cluster, 3 k_topk). */
-static const char *const topk_names[4] = {"auto", "k_topk_select", "k_topk_cluster", "k_topk"};
+ * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5
+ * k_topk_cl16). */
+static const char *const topk_names[6] = {"auto", "k_topk_select", "k_topk_cluster", "k_topk", "k_topk_cl8",
+					  "k_topk_cl16"};
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
@@ -247,7 +249,7 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 	struct gpu g;
 	gpu_test_open(&g);
 	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
-	for (int mode = 1; mode <= 3; mode++) {
+	for (int mode = 1; mode <= 5; mode++) {
 		check_topk(&g, n, 8, 2048, 0, mode, 2001);
 		check_topk(&g, n, 8, 64, 0, mode, 2002);
 		check_topk(&g, n, 8, 2048, 1, mode, 2003);
@@ -255,13 +257,27 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 		check_topk(&g, n, 8, 2048, 3, mode, 2007);
 	}
 	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
-	for (int mode = 1; mode <= 2; mode++) {
+	for (int mode = 1; mode <= 5; mode++) {
+		if (mode == 3)
+			continue;
 		check_topk(&g, n_odd, 3, 2048, 1, mode, 2005);
 		check_topk(&g, n_odd, 3, 2048, 0, mode, 2006);
 	}
 	int n_small[5] = {9, 3000, 2049, 17, 40000}; /* few keys a CTA of the cluster, k_max 5 */
-	check_topk(&g, n_small, 5, 5, 0, 2, 2008);
-	check_topk(&g, n_small, 5, 5, 1, 2, 2009);
+	for (int mode = 2; mode <= 5; mode++) {
+		if (mode == 3)
+			continue;
+		check_topk(&g, n_small, 5, 5, 0, mode, 2008);
+		check_topk(&g, n_small, 5, 5, 1, mode, 2009);
+	}
+	/* the cluster kernels at the forward's shapes: 16 rows of 32K, 2 of 128K (continuous, ties) */
+	int n_32k[16], n_128k[2] = {131072, 131000};
+	for (int b = 0; b < 16; b++)
+		n_32k[b] = 32768 - 61 * b;
+	for (int mode = 4; mode <= 5; mode++) {
+		check_topk(&g, n_32k, 16, 2048, 1, mode, 2010);
+		check_topk(&g, n_128k, 2, 2048, 0, mode, 2011);
+	}
 	gpu_close(&g);
 }
 #endif
