@@ -422,6 +422,54 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg, NULL);
 }
 
+/* The swapped kernel's tile widths (kernels_ptx/gemm_fp8_stream.cu SW_ENTRY; literals: gpu_kernel
+ * keeps the name pointer as its cache key): the narrowest whose ceil(N / NT) blocks fit the SMs
+ * in one wave (7168 rows: 56, 128 blocks; 18432: 144, 128 blocks). */
+static const struct {
+	int nt;
+	const char *name;
+} sw_tiles[] = {{8, "k_gemm_fp8_swap_n8"},     {16, "k_gemm_fp8_swap_n16"},
+		{24, "k_gemm_fp8_swap_n24"},   {32, "k_gemm_fp8_swap_n32"},
+		{48, "k_gemm_fp8_swap_n48"},   {56, "k_gemm_fp8_swap_n56"},
+		{64, "k_gemm_fp8_swap_n64"},   {96, "k_gemm_fp8_swap_n96"},
+		{128, "k_gemm_fp8_swap_n128"}, {144, "k_gemm_fp8_swap_n144"}};
+
+int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy)
+{
+	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
+		return -EINVAL;
+	int sms = g->sm_count > 0 ? g->sm_count : 132, ti = -1;
+	for (int i = 0; i < (int)(sizeof sw_tiles / sizeof *sw_tiles) && ti < 0; i++)
+		if ((N + sw_tiles[i].nt - 1) / sw_tiles[i].nt <= sms)
+			ti = i;
+	if (ti < 0)
+		return -ENOTSUP;
+	const int nt = sw_tiles[ti].nt, KB = K / 128, nst = (KB + 1) / 2;
+	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
+	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
+	 * (nt weight rows + a 64-row token slot each), the token scales and 3 weight-scale rows */
+	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128), scl = 4 * (M * KB + 3 * KB);
+	int ns = (ST_SMEM_MAX - head - scl) / stage;
+	ns = ns > 8 ? 8 : ns;
+	ns = ns > nst ? nst : ns;
+	if (ns < 1 || (ns < 2 && nst > 1))
+		return -ENOTSUP;
+	int smem = head + ns * stage + scl;
+	void *fn = gpu_kernel(g, sw_tiles[ti].name);
+	if (!fn)
+		return -ENOENT;
+	int r = smem_optin(fn, smem);
+	if (r)
+		return r;
+	CUtensorMap wmap, xmap;
+	if ((r = cuda_gemm_tmap_2d(&wmap, W, N, K, nt)) ||
+	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
+		return r;
+	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad};
+	return launch_pdl(g, fn, (unsigned)((N + nt - 1) / nt), 1, 288, (unsigned)smem, args);
+}
+
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128)
@@ -713,7 +761,7 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);
-	if (p == CUDA_GEMM_PATH_STREAM_WG && (!fast || M > 64))
+	if ((p == CUDA_GEMM_PATH_STREAM_WG || p == CUDA_GEMM_PATH_STREAM_SW) && (!fast || M > 64))
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
@@ -759,9 +807,13 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 		gpu_ptr x = x8 + (size_t)m0 * K, s = sx + (size_t)m0 * (K / 128) * 4,
 			yy = y + (size_t)m0 * ldy * 2;
 		int m = M - m0 < 64 ? M - m0 : 64;
-		int r = p == CUDA_GEMM_PATH_STREAM_WG
-				? cuda_gemm_fp8_stream_wg(g, W, S, x, s, yy, m, N, K, ldy, ws, 1)
-				: cuda_gemm_fp8_decode(g, W, S, x, s, yy, m, N, K, ldy, ws);
+		int r = p == CUDA_GEMM_PATH_STREAM_SW
+				? cuda_gemm_fp8_stream_sw(g, W, S, x, s, yy, m, N, K, ldy)
+				: -ENOTSUP;
+		if (r == -ENOTSUP)
+			r = p == CUDA_GEMM_PATH_STREAM_WG || p == CUDA_GEMM_PATH_STREAM_SW
+				    ? cuda_gemm_fp8_stream_wg(g, W, S, x, s, yy, m, N, K, ldy, ws, 1)
+				    : cuda_gemm_fp8_decode(g, W, S, x, s, yy, m, N, K, ldy, ws);
 		if (r)
 			return r;
 	}
@@ -802,6 +854,8 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 	case CUDA_GEMM_PATH_STREAM_WG:
 		return cuda_gemm_fp8_stream_wg(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
 					       a->ws, 1);
+	case CUDA_GEMM_PATH_STREAM_SW:
+		return cuda_gemm_fp8_stream_sw(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy);
 	case CUDA_GEMM_PATH_WGMMA:
 		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, W, S, a->x8, a->sx, a->y,
 								      a->M, a->N, a->K, a->ldy)
@@ -810,6 +864,18 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 		return cuda_gemm_fp8_lt(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy, a->ws,
 					a->ws_bytes);
 	}
+}
+
+/* Whether the start-up measurement times the swapped kernel (CUDA_GEMM_PATH_STREAM_SW): not
+ * until a GPU run has validated it; DSV32_GEMM_SWAP=1 (diagnosis) makes it a candidate. */
+static int swap_tune(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_GEMM_SWAP");
+		on = v && *v == '1';
+	}
+	return on;
 }
 
 /* Microseconds a launch: the fastest of TUNE_TRIES event-timed bursts of TUNE_BURST launches
@@ -877,6 +943,8 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 		t[CUDA_GEMM_PATH_DECODE] = time_path(g, a, CUDA_GEMM_PATH_DECODE);
 		if (fast)
 			t[CUDA_GEMM_PATH_STREAM_WG] = time_path(g, a, CUDA_GEMM_PATH_STREAM_WG);
+		if (fast && swap_tune())
+			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);
 	}

@@ -40,6 +40,12 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
  * the wgmma limit of tests/gpu/gemm_fp8_limit.h, K chunks summed by a second launch). */
 int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg);
+/* The same GEMM on the swapped kernel (k_gemm_fp8_swap_n*, fast mode: the tokens as wgmma's A,
+ * NT weight rows as B, one block per NT rows over the whole of K, so no K chunks, no workspace
+ * and one launch; within the wgmma limit; a row's result independent of M). -ENOTSUP where no
+ * tile width <= 144 gives one wave (N > 144 x SMs) or the ring does not fit. M <= 64. */
+int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
+			    gpu_ptr y, int M, int N, int K, int ldy);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
  * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
  * benchmark set it. */
@@ -108,6 +114,7 @@ enum cuda_gemm_path {
 	CUDA_GEMM_PATH_CUBLASLT, /* cuBLASLt VEC128 x BLK128x128 */
 	CUDA_GEMM_PATH_WGMMA,    /* cuda_gemm_fp8_wgmma (M > 64; model/cuda_gemm_wgmma.h) */
 	CUDA_GEMM_PATH_STREAM_WG, /* the streaming kernel's wgmma consumers (M <= 64, fast mode) */
+	CUDA_GEMM_PATH_STREAM_SW, /* the swapped kernel, no K split (M <= 64, fast mode) */
 	CUDA_GEMM_PATHS
 };
 

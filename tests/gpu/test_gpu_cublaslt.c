@@ -73,7 +73,7 @@ static void case_free(struct lt_case *c)
 	free(c->W), free(c->xq), free(c->S), free(c->sx), free(c->y), free(c->got);
 }
 
-enum { VIA_LT, VIA_DISPATCH };
+enum { VIA_LT, VIA_DISPATCH, VIA_SW };
 
 /* Runs the GEMM (poisoned output first) and returns its status; on 0, checks the result. */
 static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label)
@@ -81,8 +81,10 @@ static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
 	int r = via == VIA_LT ? cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N,
 						 c->K, c->N, c->dws, c->ws_bytes)
-			      : cuda_gemm_fp8(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
-					      c->N, c->dws, c->ws_bytes);
+		: via == VIA_SW ? cuda_gemm_fp8_stream_sw(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M,
+							  c->N, c->K, c->N)
+				: cuda_gemm_fp8(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+						c->N, c->dws, c->ws_bytes);
 	if (r)
 		return r;
 	REQUIRE(gpu_download(g, c->got, c->dy, (size_t)c->M * c->N * 2) == 0);
@@ -182,6 +184,55 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (cuBLASLt)"), 0);
 	case_free(&c);
 	cuda_gemm_set_batch_invariant(&g, 1);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+/* The swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, NT weight rows a block, no K
+ * split) against the CPU within the wgmma limit: M across the token boxes (1-8, 9-16, 17-32,
+ * 33-64 rows), tile widths 8-144 (N from 576 to 18432; tiles straddling 128-row scale blocks, a
+ * partial last tile), K with one K block, an odd count and many (both warpgroups' sums); then
+ * batch invariance: the first and last rows run alone (M = 1) give the same bits as in the
+ * M-row GEMM. */
+TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{1, 7168, 2048},  {5, 2240, 1536},  {16, 18432, 512},
+					{33, 4096, 512},  {64, 1024, 1152}, {8, 576, 128},
+					{3, 2112, 7168},  {64, 8192, 512},  {40, 12288, 256},
+					{13, 16384, 256}, {2, 7168, 16384}, {24, 6144, 384}};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1100 + i);
+		CHECK_EQ_INT(case_run(&g, &c, VIA_SW, "stream swap"), 0);
+		if (c.M > 1) {
+			uint16_t *row = malloc((size_t)c.N * 2);
+			REQUIRE(row);
+			const int KB = c.K / 128;
+			for (int m = 0; m < c.M; m += c.M - 1) {
+				gpu_test_poison(&g, c.dy, (size_t)c.N * 2);
+				REQUIRE(cuda_gemm_fp8_stream_sw(&g, c.dW, c.dS, c.dx + (size_t)m * c.K,
+								c.dsx + (size_t)m * KB * 4, c.dy, 1,
+								c.N, c.K, c.N) == 0);
+				REQUIRE(gpu_download(&g, row, c.dy, (size_t)c.N * 2) == 0);
+				int differ = 0, first = -1;
+				for (int n = 0; n < c.N; n++)
+					if (row[n] != c.got[(size_t)m * c.N + n]) {
+						differ++;
+						first = first < 0 ? n : first;
+					}
+				if (differ)
+					printf("    swap M=%d N=%d K=%d: row %d alone differs in %d columns "
+					       "(first %d: %04x against %04x)\n",
+					       c.M, c.N, c.K, m, differ, first, row[first],
+					       c.got[(size_t)m * c.N + first]);
+				CHECK_EQ_INT(differ, 0);
+			}
+			free(row);
+		}
+		case_free(&c);
+	}
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }
