@@ -167,9 +167,11 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 	const int kend = min(ld, kbeg + keys_per_warp);
 	const int kval = min(kend, n); // keys [kbeg, kval) are scored, [kval, kend) are -inf
 	const int *btr = block_table + (size_t)b * max_blocks;
-	// the warp's page ids: lane i holds page (kbeg >> 6) + i (keys_per_warp <= 1024: <= 17 pages)
-	const int npg = kbeg < kval ? ((kval - 1) >> 6) - (kbeg >> 6) + 1 : 0;
-	const int pid = lane < npg ? btr[(kbeg >> 6) + lane] : 0;
+	// the warp's page ids: lane i holds page (kbeg >> 6) + i (keys_per_warp <= 1024: <= 17 pages),
+	// every page of [kbeg, kend) the row's table has, read beside n instead of after it (only
+	// those of keys below n are used)
+	const int pg = (kbeg >> 6) + lane;
+	const int pid = kbeg < kend && pg <= ((kend - 1) >> 6) && pg < max_blocks ? __ldg(btr + pg) : 0;
 	__syncthreads(); // weights and q visible (before any warp returns)
 	// the top-k (launched with programmatic stream serialisation, cuda_attn.c) may start its
 	// blocks once every block of this grid is here; it waits for this grid's completion itself
