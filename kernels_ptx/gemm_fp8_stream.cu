@@ -167,9 +167,8 @@ __device__ __forceinline__ void wg_n64(float *d, uint64_t da, uint64_t db, int a
 		     : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// The swapped kernel's widths (k_gemm_fp8_swap_n*: the weights as B, NT of their rows): the
-// same instruction, N = 24 .. 144 (N / 2 registers a thread; 192 spills: 9 warps leave 168
-// registers a thread)
+// The swapped kernel's widths (k_gemm_fp8_swap_n*: the weights as B, a warpgroup's share of
+// the block's NT rows): the same instruction, N = 24 .. 144 (N / 2 registers a thread)
 __device__ __forceinline__ void wg_n24(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
@@ -772,16 +771,19 @@ ST_ENTRY(0, 1, 0, )
 // it was slower). Stage = two K blocks: their weight boxes (NT rows x 128 bytes) and token boxes
 // (mpad rows, copied into 64-row slots whose rows mpad .. 63 are zeroed once). One producer warp
 // (lane 0 issues the copies; the first stages' weights before griddepcontrol.wait, as the
-// streaming kernel), two consumer warpgroups taking alternate stages (warpgroup c the stages
-// q = c, c + 2, ...), each stage released by its 4 warps.
+// streaming kernel), two consumer warpgroups: up to NT = 144 they take alternate stages
+// (warpgroup c the stages q = c, c + 2, ...; each stage released by its 4 warps), above (192,
+// 256: a fragment of NT / 2 registers and the sums' as many would not fit the 168 registers a
+// thread that 9 warps leave) both take every stage, warpgroup c the rows n0 + c NT / 2 ..
 //
 // Numerics (fast mode): per K block the 4 k32 wgmmas into a fresh fragment, then
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
-// products); the two warpgroups' sums added at the end (even stages + odd stages): a fixed
-// order that depends on K only, and a row's result does not depend on M (the MMA's rows are
-// independent). The token scales (M x K/128) and the tile's weight-scale rows (<= 3 of them)
+// products); with alternate stages the two warpgroups' sums added at the end (even stages +
+// odd stages), else K blocks in order: a fixed order that depends on N and K only, and a row's
+// result does not depend on M (the MMA's rows are independent). The token scales (M x K/128) and the tile's weight-scale rows (<= 3 of them)
 // are loaded into shared memory once per block. Fragment register 4i + q: token
-// 16 (warp % 4) + g + 8 (q >> 1), weight row n0 + 8i + 2t + (q & 1).
+// 16 (warp % 4) + g + 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the
+// warpgroup's first row of the tile, 0 with alternate stages).
 template <int NT>
 __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int accumulate)
 {
@@ -803,8 +805,10 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 		wg_n96(d, da, db, accumulate);
 	else if constexpr (NT == 128)
 		wg_n128(d, da, db, accumulate);
-	else
+	else {
+		static_assert(NT == 144, "no wgmma of this width");
 		wg_n144(d, da, db, accumulate);
+	}
 }
 
 __device__ __forceinline__ void sts32f(uint32_t addr, float v)
@@ -818,7 +822,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
 					      int M, int N, int K, int ldy, int ns, int mpad)
 {
-	constexpr int WB = NT * 128, AB = 64 * 128, STAGE = ST_KBS * (WB + AB), R = NT / 2;
+	// SPLIT: the warpgroups split the tile's rows (NW each) instead of alternating stages
+	constexpr bool SPLIT = NT > 144;
+	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, AB = 64 * 128,
+		      STAGE = ST_KBS * (WB + AB), R = NW / 2;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
@@ -833,7 +840,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
 			mbar_init(smem_u32(&full[s]), 1);
-			mbar_init(smem_u32(&empty[s]), 4); // the consuming warpgroup's warps
+			mbar_init(smem_u32(&empty[s]), SPLIT ? 8 : 4); // the consuming warps
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -901,12 +908,13 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	cp_async_wait_all();
 	named_bar_sync(1, 256);
 
-	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, r0 = n0 & 127;
+	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0,
+		  r0 = (n0 & 127) + cw0;
 	float acc[R], frag[R];
 #pragma unroll
 	for (int i = 0; i < R; i++)
 		acc[i] = 0.f;
-	for (int q = c; q < nst; q += 2) {
+	for (int q = SPLIT ? 0 : c; q < nst; q += SPLIT ? 1 : 2) {
 		const int s = q % ns;
 		mbar_wait(smem_u32(&full[s]), (q / ns) & 1);
 		const uint32_t st = stage0 + s * STAGE;
@@ -919,10 +927,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			for (int i = 0; i < R; i++)
 				wg_reg_fence(frag[i]);
 			wg_fence();
-			const uint64_t da = wgd_kmajor(st + ST_KBS * WB + j * AB), db = wgd_kmajor(st + j * WB);
+			const uint64_t da = wgd_kmajor(st + ST_KBS * WB + j * AB),
+				       db = wgd_kmajor(st + j * WB + cw0 * 128);
 #pragma unroll
 			for (int k = 0; k < 4; k++)
-				sw_kstep<NT>(frag, da + 2 * k, db + 2 * k, k > 0);
+				sw_kstep<NW>(frag, da + 2 * k, db + 2 * k, k > 0);
 			wg_commit();
 			wg_wait0();
 #pragma unroll
@@ -934,7 +943,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				    w2 = lds32f(sws + 4 * (2 * KB + kb));
 #pragma unroll
 			for (int i = 0; i < R / 4; i++) {
-				// columns 8i .. 8i + 7 lie in one 128-row scale block (n0 % 8 == 0)
+				// columns 8i .. 8i + 7 lie in one 128-row scale block (n0 % 8 == 0; b <= 2:
+				// a tile spans at most 3 blocks)
 				const int b = (r0 + 8 * i) >> 7;
 				const float sw = b == 0 ? w0 : b == 1 ? w1 : w2;
 				const float f0 = x0 * sw, f1 = x1 * sw;
@@ -948,23 +958,32 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		if (lane == 0)
 			mbar_arrive(smem_u32(&empty[s]));
 	}
-	// every stage consumed (so every copy landed and no wgmma reads the ring): warpgroup 1
-	// hands its sums to warpgroup 0 through the ring, thread-major (conflict-free)
-	named_bar_sync(1, 256);
+	// alternate stages: every stage consumed (so every copy landed and no wgmma reads the
+	// ring), warpgroup 1 hands its sums to warpgroup 0 through the ring, thread-major
+	// (conflict-free), and warpgroup 0 adds them to its own
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
-	if (c == 1 && live)
+	if constexpr (!SPLIT) {
+		named_bar_sync(1, 256);
+		if (c == 1 && live)
 #pragma unroll
-		for (int i = 0; i < R; i++)
-			sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
-	named_bar_sync(1, 256);
-	if (c == 1 || !live)
+			for (int i = 0; i < R; i++)
+				sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
+		named_bar_sync(1, 256);
+		if (c == 1)
+			return;
+		if (live)
+#pragma unroll
+			for (int i = 0; i < R; i++)
+				acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
+	}
+	if (!live)
 		return;
 #pragma unroll
 	for (int i = 0; i < R / 4; i++) {
-		const int n = n0 + 8 * i + 2 * t;
+		const int n = n0 + cw0 + 8 * i + 2 * t;
 #pragma unroll
 		for (int q = 0; q < 4; q++) {
-			const float v = acc[4 * i + q] + lds32f(stage0 + 4 * ((4 * i + q) * 128 + tid));
+			const float v = acc[4 * i + q];
 			const int m = q < 2 ? m0 : m1, col = n + (q & 1);
 			if (m < M && col < N)
 				Y[(size_t)m * ldy + col] = f32_to_bf16(v);
@@ -991,6 +1010,8 @@ SW_ENTRY(64)
 SW_ENTRY(96)
 SW_ENTRY(128)
 SW_ENTRY(144)
+SW_ENTRY(192)
+SW_ENTRY(256)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

@@ -424,7 +424,7 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 
 /* The swapped kernel's tile widths (kernels_ptx/gemm_fp8_stream.cu SW_ENTRY; literals: gpu_kernel
  * keeps the name pointer as its cache key): the narrowest whose ceil(N / NT) blocks fit the SMs
- * in one wave (7168 rows: 56, 128 blocks; 18432: 144, 128 blocks). */
+ * in one wave (7168 rows: 56, 128 blocks; 18432: 144; 24576: 192; 32768: 256, 128 blocks). */
 static const struct {
 	int nt;
 	const char *name;
@@ -432,7 +432,8 @@ static const struct {
 		{24, "k_gemm_fp8_swap_n24"},   {32, "k_gemm_fp8_swap_n32"},
 		{48, "k_gemm_fp8_swap_n48"},   {56, "k_gemm_fp8_swap_n56"},
 		{64, "k_gemm_fp8_swap_n64"},   {96, "k_gemm_fp8_swap_n96"},
-		{128, "k_gemm_fp8_swap_n128"}, {144, "k_gemm_fp8_swap_n144"}};
+		{128, "k_gemm_fp8_swap_n128"}, {144, "k_gemm_fp8_swap_n144"},
+		{192, "k_gemm_fp8_swap_n192"}, {256, "k_gemm_fp8_swap_n256"}};
 
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy)
