@@ -83,6 +83,8 @@ struct fwd_switches {
 			   * (512 blocks of 32 outputs) instead of k_fwd_uv1_q (128 of 128) */
 	int glue_h;       /* DSV32_CUDA_GLUE_H=1: a decode row's W_UK / W_UV products one block a head,
 			   * a thread owning whole outputs (k_fwd_q_absorb1h, k_fwd_uv1_qh) */
+	int prefetch_mb;  /* DSV32_CUDA_PREFETCH=MB (1: 24, 0: off): with GLUE_H, k_fwd_q_absorb1h
+			   * prefetches that many MB of o_proj's weights into L2 */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

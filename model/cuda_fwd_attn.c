@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "model/cuda_attn.h"
+#include "model/cuda_gemm.h"
 #include "model/numerics.h"
 
 /* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
@@ -44,6 +45,37 @@ struct q_branch {
 	int fuse;          /* fwd_fused(F) */
 };
 
+/* DSV32_CUDA_PREFETCH (k_fwd_q_absorb1h's tail): which bytes of o_proj's weights to prefetch
+ * into L2 while the selection and the MLA run. The decode GEMM streams work units of 128 rows x
+ * one K chunk (cuda_gemm_decode_split), each from its chunk's first K block on, so the prefetch
+ * takes the first P K blocks of every unit (every row, every chunk): each unit, whichever SM
+ * runs it and when, starts with P blocks from L2, with P from the budget (MB). base 0: none. */
+struct o_prefetch {
+	gpu_ptr base;
+	long long ld, stride;
+	int rows, segs, bytes;
+};
+
+static struct o_prefetch o_prefetch_plan(const struct fwd *F, const struct fwd_layer *L)
+{
+	struct o_prefetch p = {0, 0, 0, 0, 0, 0};
+	int N = L->o.out, K = L->o.in, mb = F->E->sw->prefetch_mb;
+	if (mb <= 0 || K % 128 || N <= 0)
+		return p;
+	struct gemm_split sp = cuda_gemm_decode_split(F->g, N, K);
+	long long blocks = ((long long)mb << 20) / ((long long)N * sp.chunks * 128);
+	if (blocks > sp.chunk_blocks)
+		blocks = sp.chunk_blocks;
+	if (blocks < 1)
+		return p;
+	p.base = L->o.w, p.ld = K, p.stride = (long long)sp.chunk_blocks * 128;
+	p.rows = N, p.segs = sp.chunks, p.bytes = (int)blocks * 128;
+	/* the last chunk may be shorter than P blocks: its segment stops at the row's end */
+	if ((long long)(sp.chunks - 1) * p.stride + p.bytes > K)
+		p.segs = sp.chunks - 1 > 0 ? sp.chunks - 1 : 1;
+	return p;
+}
+
 static int attn_q(struct fwd *F, const struct q_branch *b)
 {
 	const struct dsv32_config *c = F->c;
@@ -71,8 +103,10 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	} else if (T == 1 && F->E->sw->glue_h && nope % 32 == 0 && nope <= 192 && Rk % 128 == 0 &&
 		   Rk <= 512) { /* a decode row: one block a head (k_fwd_q_absorb1's numbers) */
 		gpu_ptr qcs = b->fuse ? cs : 0;
+		struct o_prefetch p = o_prefetch_plan(F, L);
 		LAUNCH_PDL("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
-			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
+			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs, &p.base, &p.ld, &p.rows, &p.segs,
+			   &p.stride, &p.bytes);
 	} else { /* rows a block: the step's, up to 8 */
 		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
 					      "k_fwd_q_absorb8"};
