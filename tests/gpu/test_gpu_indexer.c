@@ -244,37 +244,47 @@ static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, 
 	free(sc), free(bt), free(ref), free(pos), free(slot);
 }
 
+/* The cases of the top-k tests with kernel `mode`: rows from 1 key to 163840 (ld % 4 == 0) with
+ * every distribution, k_max 2048 and 64; rows with ld % 4 != 0 (scalar loads); k_max 5 with few
+ * keys a CTA of a cluster (not k_topk: a block a row takes those like any other) */
+static void topk_cases(struct gpu *g, int mode)
+{
+	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
+	check_topk(g, n, 8, 2048, 0, mode, 2001);
+	check_topk(g, n, 8, 64, 0, mode, 2002);
+	check_topk(g, n, 8, 2048, 1, mode, 2003);
+	check_topk(g, n, 8, 2048, 2, mode, 2004);
+	check_topk(g, n, 8, 2048, 3, mode, 2007);
+	if (mode == 3)
+		return;
+	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
+	check_topk(g, n_odd, 3, 2048, 1, mode, 2005);
+	check_topk(g, n_odd, 3, 2048, 0, mode, 2006);
+	int n_small[5] = {9, 3000, 2049, 17, 40000}; /* few keys a CTA of the cluster, k_max 5 */
+	check_topk(g, n_small, 5, 5, 0, mode, 2008);
+	check_topk(g, n_small, 5, 5, 1, mode, 2009);
+}
+
 TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	int n[8] = {1, 100, 2048, 2049, 5000, 70000, 163840, 777};
-	for (int mode = 1; mode <= 5; mode++) {
-		check_topk(&g, n, 8, 2048, 0, mode, 2001);
-		check_topk(&g, n, 8, 64, 0, mode, 2002);
-		check_topk(&g, n, 8, 2048, 1, mode, 2003);
-		check_topk(&g, n, 8, 2048, 2, mode, 2004);
-		check_topk(&g, n, 8, 2048, 3, mode, 2007);
-	}
-	int n_odd[3] = {131071, 4099, 2050}; /* ld % 4 != 0: scalar loads */
-	for (int mode = 1; mode <= 5; mode++) {
-		if (mode == 3)
-			continue;
-		check_topk(&g, n_odd, 3, 2048, 1, mode, 2005);
-		check_topk(&g, n_odd, 3, 2048, 0, mode, 2006);
-	}
-	int n_small[5] = {9, 3000, 2049, 17, 40000}; /* few keys a CTA of the cluster, k_max 5 */
-	for (int mode = 2; mode <= 5; mode++) {
-		if (mode == 3)
-			continue;
-		check_topk(&g, n_small, 5, 5, 0, mode, 2008);
-		check_topk(&g, n_small, 5, 5, 1, mode, 2009);
-	}
-	/* the cluster kernels at the forward's shapes: 16 rows of 32K, 2 of 128K (continuous, ties) */
+	for (int mode = 1; mode <= 3; mode++)
+		topk_cases(&g, mode);
+	gpu_close(&g);
+}
+
+/* k_topk_cl8 and k_topk_cl16 (modes 4, 5): the cases above, then the forward's shapes at batch
+ * 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN, -inf) */
+TEST_T(gpu_indexer, topk_cluster_kernels, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
 	int n_32k[16], n_128k[2] = {131072, 131000};
 	for (int b = 0; b < 16; b++)
 		n_32k[b] = 32768 - 61 * b;
 	for (int mode = 4; mode <= 5; mode++) {
+		topk_cases(&g, mode);
 		check_topk(&g, n_32k, 16, 2048, 1, mode, 2010);
 		check_topk(&g, n_128k, 2, 2048, 0, mode, 2011);
 	}
