@@ -1,6 +1,6 @@
 // cluster.cuh — thread-block-cluster primitives shared by the cluster kernels (the wgmma GEMM's
-// multicast clusters, gemm_fp8_wgmma.cu; the few-row top-k over 8 CTAs, topk.cu). PTX ISA 7.8+,
-// sm_90. Device code only.
+// multicast clusters, gemm_fp8_wgmma.cu; the few-row top-k over 8 / 16 CTAs, topk.cu; the MLA
+// decode's CTA pair, mla_wgmma.cu). PTX ISA 7.8+, sm_90. Device code only.
 #pragma once
 #include <stdint.h>
 
@@ -19,4 +19,23 @@ __device__ __forceinline__ uint32_t cluster_rank()
 	uint32_t r;
 	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
 	return r;
+}
+
+// The shared::cluster address of this CTA's shared address a (32-bit, cvta form) in the
+// cluster's CTA `rank` (maybe this one).
+__device__ __forceinline__ uint32_t cl_mapa(uint32_t a, uint32_t rank)
+{
+	uint32_t r;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+	return r;
+}
+
+// 16 bytes into the shared memory of a CTA of the cluster at cluster address addr, completing 16
+// bytes of the transaction count of its mbarrier at cluster address bar (no wait here for them
+// to land: the receiver waits on bar).
+__device__ __forceinline__ void cl_st_async(uint32_t addr, uint4 v, uint32_t bar)
+{
+	asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+		     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+		     : "memory");
 }

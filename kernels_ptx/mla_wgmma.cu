@@ -98,15 +98,8 @@ __device__ __forceinline__ void mw_bar_arrive(int id, int n)
 	asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
-// k_mla_decode_wg2's cross-CTA handover (see the header): the shared::cluster address of the
-// CTA-relative address a in the cluster's CTA `rank` (maybe ours)
-__device__ __forceinline__ uint32_t mw_mapa(uint32_t a, uint32_t rank)
-{
-	uint32_t r;
-	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-	return r;
-}
-
+// k_mla_decode_wg2's cross-CTA handover (see the header; addresses by cluster.cuh's cl_mapa,
+// the peer's half of a tile by cl_st_async)
 // One arrival on the barrier at cluster address bar, releasing this thread's prior operations to
 // the cluster; light (diag bit 7): at CTA scope, the default of the instruction (CUTLASS's cluster
 // pipelines' consumer release: the operations to order are the wgmma reads already waited for)
@@ -128,15 +121,6 @@ __device__ __forceinline__ void mw_wait_cl(uint32_t bar, uint32_t parity, bool l
 		mbar_wait(bar, parity);
 	else
 		mbar_wait<true, true>(bar, parity);
-}
-
-// 16 bytes into the peer's shared memory at cluster address addr, completing 16 bytes of the
-// transaction count of the peer's barrier at cluster address bar (no wait here for them to land)
-__device__ __forceinline__ void mw_st_async(uint32_t addr, uint4 v, uint32_t bar)
-{
-	asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
-		     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-		     : "memory");
 }
 
 // d (+)= A[64 x 16] . B[32 x 16]^T, fp16 -> fp32, both K-major in shared memory (descriptors);
@@ -216,7 +200,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
 		if (PEER)
-			mw_st_async(peer + off, v, pbar);
+			cl_st_async(peer + off, v, pbar);
 	}
 #pragma unroll
 	for (int r = 0; r < KW / 4; r++) {
@@ -227,7 +211,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 		const uint32_t off = kt + mw_chunk(kk, c, MW_KCB);
 		*reinterpret_cast<uint4 *>(smem + off) = v;
 		if (PEER)
-			mw_st_async(peer + off, v, pbar);
+			cl_st_async(peer + off, v, pbar);
 	}
 }
 
@@ -249,7 +233,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
 	const uint32_t rank = PAIR ? cluster_rank() : 0;
 	const int kb = PAIR ? 16 * (int)rank : 0, k0 = kb + KW * pw; // the CTA's first key, the warp's
-	const uint32_t peer = PAIR ? mw_mapa(smem_u32(smem), rank ^ 1) : 0;
+	const uint32_t peer = PAIR ? cl_mapa(smem_u32(smem), rank ^ 1) : 0;
 	for (int i0 = 0; i0 < nt * MW_KT; i0 += 8 * 128) {
 		int v[8];
 #pragma unroll
@@ -291,7 +275,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 		const bool deq = !((diag & 4) && t >= 2); // (the same in both CTAs)
 		if (deq)
 			mw_dequant<KW, PAIR>(raw + (t & (NST - 1)) * STB, smem, C::K_OFF + s * MW_K_BYTES, peer,
-					     PAIR ? mw_mapa(bars + 8 * s, rank ^ 1) : 0, k0, kb, lane);
+					     PAIR ? cl_mapa(bars + 8 * s, rank ^ 1) : 0, k0, kb, lane);
 		if (PAIR) {
 			// this CTA's half by its own stores, made visible to the async proxy; the peer's
 			// half by st.async, counted in bytes (thread 0 expects them)
@@ -523,8 +507,8 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 		__syncwarp();
 		if (lane == 0) {
 			const uint32_t rank = cluster_rank(), e = bars + 8 * (2 + (t & 1));
-			mw_arrive_cl(mw_mapa(e, rank), diag & 128);
-			mw_arrive_cl(mw_mapa(e, rank ^ 1), diag & 128);
+			mw_arrive_cl(cl_mapa(e, rank), diag & 128);
+			mw_arrive_cl(cl_mapa(e, rank ^ 1), diag & 128);
 		}
 	};
 	// PAIR: tile t's keys in key buffer t % 2 (both CTAs' halves)
