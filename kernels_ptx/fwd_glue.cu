@@ -757,15 +757,9 @@ k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, con
 	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
 	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
 	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
-	if (!pf)
-		return;
-	const long long n = (long long)pf_rows * pf_segs;
-	for (long long i = (long long)h * nt + t; i < n; i += (long long)gridDim.x * nt) {
-		const long long r = i / pf_segs, sg = i % pf_segs;
-		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + r * pf_ld + sg * pf_stride),
-			     "r"(pf_bytes)
-			     : "memory");
-	}
+	if (pf)
+		l2_prefetch_grid(pf, pf_ld, pf_rows, pf_segs, pf_stride, pf_bytes, (long long)h * nt + t,
+				 (long long)gridDim.x * nt);
 }
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host

@@ -28,6 +28,21 @@ __device__ __forceinline__ float e4m3_to_f32_alu(uint32_t b)
 	return __fmul_rn(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)), 0x1p120f);
 }
 
+// Prefetch into L2 (DSV32_CUDA_PREFETCH*, model/cuda_fwd_attn.c, cuda_fwd_ops.c): item i = r *
+// segs + s of the grid of rows x segs pieces, `bytes` at base + r * ld + s * stride, for i = i0,
+// i0 + step, ... below rows * segs, by cp.async.bulk.prefetch.L2 (fire and forget: nothing to
+// wait for; the lines land in L2 for a later kernel). Addresses and sizes multiples of 16.
+__device__ __forceinline__ void l2_prefetch_grid(const uint8_t *base, long long ld, long long rows, int segs,
+						 long long stride, int bytes, long long i0, long long step)
+{
+	for (long long i = i0; i < rows * segs; i += step) {
+		const long long r = i / segs, sg = i % segs;
+		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * ld + sg * stride),
+			     "r"(bytes)
+			     : "memory");
+	}
+}
+
 #define LIN_ROWS 4
 
 // y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.

@@ -85,6 +85,8 @@ struct fwd_switches {
 			   * a thread owning whole outputs (k_fwd_q_absorb1h, k_fwd_uv1_qh) */
 	int prefetch_mb;  /* DSV32_CUDA_PREFETCH=MB (1: 24, 0: off): with GLUE_H, k_fwd_q_absorb1h
 			   * prefetches that many MB of o_proj's weights into L2 */
+	int prefetch_sh;  /* DSV32_CUDA_PREFETCH_SHARED=1/2: at one row the norm before a MoE block
+			   * prefetches the shared expert's gate|up (2: and down) weights into L2 */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

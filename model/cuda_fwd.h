@@ -68,6 +68,8 @@ struct fwd {
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
+	gpu_ptr pf[2];             /* ranges the next hidden-size norm prefetches into L2 after its */
+	long long pf_n[2];         /* work (k_fwd_rmsnorm_1k_pf; bytes), then cleared */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \

@@ -452,6 +452,12 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	if (!L->is_moe && fuse &&
 	    (!(f8 = fwd_take(F, (size_t)Tp * D)) || !(fs = fwd_take(F, (size_t)Tp * (D / 128) * 4))))
 		return -ENOMEM;
+	if (T == 1 && L->is_moe && L->moe_ready && F->E->sw->prefetch_sh) {
+		/* the shared expert's weights into L2 under the router (DSV32_CUDA_PREFETCH_SHARED) */
+		const struct cuda_fp8_mat *m13 = &L->moe.sh13, *m2 = &L->moe.sh2;
+		F->pf[0] = m13->w, F->pf_n[0] = (long long)m13->out * m13->in;
+		F->pf[1] = F->E->sw->prefetch_sh > 1 ? m2->w : 0, F->pf_n[1] = (long long)m2->out * m2->in;
+	}
 	TRY(fwd_rmsq(F, ao, D, r, L->ffn_norm, f, D, D, f8, fs));
 	TRY(fwd_dump_all(F, "ffn_norm", layer, f, DUMP_BF16, D, D));
 	if (L->is_moe) {
