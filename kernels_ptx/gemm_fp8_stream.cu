@@ -193,6 +193,14 @@ __device__ __forceinline__ void wg_n56(float *d, uint64_t da, uint64_t db, int a
 		     : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wg_n72(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, %36, %37, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wg_n96(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
@@ -761,29 +769,32 @@ ST_ENTRY(8, 1, 2, _w)
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )
 
-// ---- the swapped kernel: one weight tile a block, no K split (fast mode, dense, M <= 64) -------
-// y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNTk32 e4m3
-// with the tokens as A (64 rows: the M <= 64 token rows, zeros past them) and NT weight rows as
-// B, both from the ring's swizzled boxes. Block b owns weight rows n0 = b NT .. n0 + NT - 1 (the
-// host picks NT, a multiple of 8, so that ceil(N / NT) blocks fit the SMs in one wave) over the
-// whole of K: no K chunks, so no fp32 partials and no chunk-sum launch or arrival counts (run 19:
-// the chunk sum's second launch cost 2.2 of 34.4 us at M = 1 on 7168x16384; summed in the kernel
-// it was slower). Stage = two K blocks: their weight boxes (NT rows x 128 bytes) and token boxes
-// (mpad rows, copied into 64-row slots whose rows mpad .. 63 are zeroed once). One producer warp
-// (lane 0 issues the copies; the first stages' weights before griddepcontrol.wait, as the
-// streaming kernel), two consumer warpgroups: up to NT = 144 they take alternate stages
-// (warpgroup c the stages q = c, c + 2, ...; each stage released by its 4 warps), above (192,
-// 256: a fragment of NT / 2 registers and the sums' as many would not fit the 168 registers a
-// thread that 9 warps leave) both take every stage, warpgroup c the rows n0 + c NT / 2 ..
+// ---- the swapped kernel: whole-K weight tiles, no K split (fast mode, dense, M <= 64) ---------
+// y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNk32 e4m3
+// with the tokens as A (64 rows: the M <= 64 token rows, zeros past them) and weight rows as B,
+// both from the ring's swizzled boxes. A tile is NT weight rows (a multiple of 8) over the whole
+// of K: no K chunks, so no fp32 partials and no chunk-sum launch or arrival counts (run 19: the
+// chunk sum's second launch cost 2.2 of 34.4 us at M = 1 on 7168x16384; summed in the kernel it
+// was slower). Block b takes tiles b, b + gridDim.x, ... (the host picks NT so that the busiest
+// SM streams the fewest rows: one wave where ceil(N / NT) <= SMs). Stage = two K blocks: their
+// weight boxes (NT rows x 128 bytes) and token boxes (mpad rows, copied into 64-row slots whose
+// rows mpad .. 63 are zeroed once). One producer warp: lane 0 issues the copies (the first
+// stages' weights before griddepcontrol.wait, as the streaming kernel), every lane a share of
+// the stage's weight scales by cp.async, counted on the stage's full barrier. Two consumer
+// warpgroups: SPLIT = 0 (one tile a block, NT <= 144) they take alternate stages (warpgroup c
+// the stages q = c, c + 2, ...; each stage released by its 4 warps) and add their sums at the
+// end through the idle ring; SPLIT = 1 (NT = 144 .. 256: a fragment of NT / 2 registers and the
+// sums' as many would not fit the 168 registers a thread that 9 warps leave) both take every
+// stage, warpgroup c the rows c NT / 2 .. of the tile, and store their own rows.
 //
 // Numerics (fast mode): per K block the 4 k32 wgmmas into a fresh fragment, then
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
-// products); with alternate stages the two warpgroups' sums added at the end (even stages +
-// odd stages), else K blocks in order: a fixed order that depends on N and K only, and a row's
-// result does not depend on M (the MMA's rows are independent). The token scales (M x K/128) and the tile's weight-scale rows (<= 3 of them)
-// are loaded into shared memory once per block. Fragment register 4i + q: token
-// 16 (warp % 4) + g + 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the
-// warpgroup's first row of the tile, 0 with alternate stages).
+// products); SPLIT = 0: the two warpgroups' sums added at the end (even stages + odd stages),
+// SPLIT = 1: K blocks in order — a fixed order that depends on N and K only, and a row's result
+// does not depend on M (the MMA's rows are independent). The token scales (M x K/128) are loaded
+// into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
+// 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the warpgroup's first row of the
+// tile, 0 with alternate stages).
 template <int NT>
 __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int accumulate)
 {
@@ -801,6 +812,8 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 		wg_n56(d, da, db, accumulate);
 	else if constexpr (NT == 64)
 		wg_n64(d, da, db, accumulate);
+	else if constexpr (NT == 72)
+		wg_n72(d, da, db, accumulate);
 	else if constexpr (NT == 96)
 		wg_n96(d, da, db, accumulate);
 	else if constexpr (NT == 128)
@@ -816,30 +829,29 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
-template <int NT>
+#define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
+
+template <int NT, bool SPLIT>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
 					      int M, int N, int K, int ldy, int ns, int mpad)
 {
-	// SPLIT: the warpgroups split the tile's rows (NW each) instead of alternating stages
-	constexpr bool SPLIT = NT > 144;
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, AB = 64 * 128,
 		      STAGE = ST_KBS * (WB + AB), R = NW / 2;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
 	const uint32_t stage0 = (smem_u32(smem) + 256 + 1023) & ~1023u;
-	const int KB = K >> 7, nst = (KB + ST_KBS - 1) / ST_KBS, n0 = blockIdx.x * NT;
-	// after the ring: sx[m][kb] (M x KB), then the tile's weight-scale rows S[n0 / 128 + b][kb]
-	// (b < 3; rows past the tile's zero)
-	const uint32_t sxs = stage0 + (uint32_t)(ns * STAGE), sws = sxs + 4u * M * KB;
+	const int KB = K >> 7, nst = (KB + ST_KBS - 1) / ST_KBS, tiles = (N + NT - 1) / NT;
+	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
+	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
-			mbar_init(smem_u32(&full[s]), 1);
+			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
 			mbar_init(smem_u32(&empty[s]), SPLIT ? 8 : 4); // the consuming warps
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -848,31 +860,47 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	__syncthreads();
 
 	if (warp == 8) {
-		// ---- producer (lane 0): stage q's K blocks 2q, 2q + 1 into slot q % ns ----
-		if (lane != 0)
-			return;
+		// ---- producer: stage Q (the block's Q-th) into slot Q % ns ----
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
-		const int pre = min(ns, nst);
-		for (int q = 0; q < pre; q++) { // weights (constant data) before the wait
-			const int kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
-			const uint32_t bar = smem_u32(&full[q]);
-			mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
-			for (int j = 0; j < nb; j++)
-				tma_load_2d_hint(stage0 + q * STAGE + j * WB, wmap, bar, (kb + j) * 128, n0,
-						 pol_w);
-		}
-		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
-		for (int q = 0; q < nst; q++) {
-			const int s = q % ns, kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
-			const uint32_t bar = smem_u32(&full[s]), st = stage0 + s * STAGE;
-			if (q >= pre) {
-				mbar_wait(smem_u32(&empty[s]), ((q / ns) & 1) ^ 1);
+		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
+		if (lane == 0)
+			for (int q = 0; q < pre; q++) {
+				const int kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
+				const uint32_t bar = smem_u32(&full[q]);
 				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
 				for (int j = 0; j < nb; j++)
-					tma_load_2d_hint(st + j * WB, wmap, bar, (kb + j) * 128, n0, pol_w);
+					tma_load_2d_hint(stage0 + q * STAGE + j * WB, wmap, bar, (kb + j) * 128,
+							 blockIdx.x * NT, pol_w);
 			}
-			for (int j = 0; j < nb; j++)
-				tma_load_2d_hint(st + ST_KBS * WB + j * AB, xmap, bar, (kb + j) * 128, 0, pol_x);
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
+		int Q = 0;
+		for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+			const int n0 = tile * NT, b0 = n0 >> 7, b1 = min(n0 + NT - 1, N - 1) >> 7;
+			for (int q = 0; q < nst; q++, Q++) {
+				const int s = Q % ns, kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
+				const bool early = Q < pre; // weights already on their way
+				const uint32_t bar = smem_u32(&full[s]), st = stage0 + s * STAGE;
+				if (!early)
+					mbar_wait(smem_u32(&empty[s]), ((Q / ns) & 1) ^ 1);
+				// the scales of the tile's <= 3 row blocks (past its last: the last's again,
+				// for columns past N, whose weights are zeros)
+				if (lane < 3 * nb) {
+					const int j = lane / 3, b = min(b0 + lane % 3, b1);
+					cp_async4(scl + s * SW_SCL + 4 * lane, S + (size_t)b * KB + kb + j);
+				}
+				cp_async_arrive(bar); // (at once when this lane copied nothing)
+				if (lane == 0) {
+					if (!early) {
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
+						for (int j = 0; j < nb; j++)
+							tma_load_2d_hint(st + j * WB, wmap, bar, (kb + j) * 128, n0,
+									 pol_w);
+					}
+					for (int j = 0; j < nb; j++)
+						tma_load_2d_hint(st + ST_KBS * WB + j * AB, xmap, bar,
+								 (kb + j) * 128, 0, pol_x);
+				}
+			}
 		}
 		return;
 	}
@@ -891,127 +919,122 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		fence_proxy_async();
 	}
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // sx is the previous kernel's
-	// the scales by 4-byte cp.async: all of a thread's loads in flight at once (one memory
+	// the token scales by 4-byte cp.async: a thread's loads all in flight at once (one memory
 	// latency, not one per value), under the first stages' copies
 	for (int i = tid; i < M * KB; i += 256)
 		cp_async4(sxs + 4 * i, SX + i);
-	{
-		const int b0 = n0 >> 7, b1 = min(n0 + NT - 1, N - 1) >> 7;
-		for (int i = tid; i < 3 * KB; i += 256) {
-			const int b = i / KB;
-			if (b0 + b <= b1)
-				cp_async4(sws + 4 * i, S + (size_t)(b0 + b) * KB + (i - b * KB));
-			else
-				sts32f(sws + 4 * i, 0.f);
-		}
-	}
 	cp_async_wait_all();
 	named_bar_sync(1, 256);
 
-	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0,
-		  r0 = (n0 & 127) + cw0;
-	float acc[R], frag[R];
-#pragma unroll
-	for (int i = 0; i < R; i++)
-		acc[i] = 0.f;
-	for (int q = SPLIT ? 0 : c; q < nst; q += SPLIT ? 1 : 2) {
-		const int s = q % ns;
-		mbar_wait(smem_u32(&full[s]), (q / ns) & 1);
-		const uint32_t st = stage0 + s * STAGE;
-#pragma unroll
-		for (int j = 0; j < ST_KBS; j++) {
-			const int kb = q * ST_KBS + j;
-			if (kb >= KB)
-				break;
-#pragma unroll
-			for (int i = 0; i < R; i++)
-				wg_reg_fence(frag[i]);
-			wg_fence();
-			const uint64_t da = wgd_kmajor(st + ST_KBS * WB + j * AB),
-				       db = wgd_kmajor(st + j * WB + cw0 * 128);
-#pragma unroll
-			for (int k = 0; k < 4; k++)
-				sw_kstep<NW>(frag, da + 2 * k, db + 2 * k, k > 0);
-			wg_commit();
-			wg_wait0();
-#pragma unroll
-			for (int i = 0; i < R; i++)
-				wg_reg_fence(frag[i]);
-			const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * KB + kb)) : 0.f;
-			const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * KB + kb)) : 0.f;
-			const float w0 = lds32f(sws + 4 * kb), w1 = lds32f(sws + 4 * (KB + kb)),
-				    w2 = lds32f(sws + 4 * (2 * KB + kb));
-#pragma unroll
-			for (int i = 0; i < R / 4; i++) {
-				// columns 8i .. 8i + 7 lie in one 128-row scale block (n0 % 8 == 0; b <= 2:
-				// a tile spans at most 3 blocks)
-				const int b = (r0 + 8 * i) >> 7;
-				const float sw = b == 0 ? w0 : b == 1 ? w1 : w2;
-				const float f0 = x0 * sw, f1 = x1 * sw;
-				acc[4 * i + 0] += frag[4 * i + 0] * f0;
-				acc[4 * i + 1] += frag[4 * i + 1] * f0;
-				acc[4 * i + 2] += frag[4 * i + 2] * f1;
-				acc[4 * i + 3] += frag[4 * i + 3] * f1;
-			}
-		}
-		__syncwarp();
-		if (lane == 0)
-			mbar_arrive(smem_u32(&empty[s]));
-	}
-	// alternate stages: every stage consumed (so every copy landed and no wgmma reads the
-	// ring), warpgroup 1 hands its sums to warpgroup 0 through the ring, thread-major
-	// (conflict-free), and warpgroup 0 adds them to its own
+	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0;
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
-	if constexpr (!SPLIT) {
-		named_bar_sync(1, 256);
-		if (c == 1 && live)
+	int Q = 0;
+	for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, Q += nst) {
+		const int n0 = tile * NT, r0 = (n0 & 127) + cw0;
+		float acc[R], frag[R];
 #pragma unroll
-			for (int i = 0; i < R; i++)
-				sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
-		named_bar_sync(1, 256);
-		if (c == 1)
-			return;
-		if (live)
+		for (int i = 0; i < R; i++)
+			acc[i] = 0.f;
+		for (int q = SPLIT ? 0 : c; q < nst; q += SPLIT ? 1 : 2) {
+			const int s = (Q + q) % ns;
+			mbar_wait(smem_u32(&full[s]), ((Q + q) / ns) & 1);
+			const uint32_t st = stage0 + s * STAGE, sd = scl + s * SW_SCL;
 #pragma unroll
-			for (int i = 0; i < R; i++)
-				acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
-	}
-	if (!live)
-		return;
+			for (int j = 0; j < ST_KBS; j++) {
+				const int kb = q * ST_KBS + j;
+				if (kb >= KB)
+					break;
 #pragma unroll
-	for (int i = 0; i < R / 4; i++) {
-		const int n = n0 + cw0 + 8 * i + 2 * t;
+				for (int i = 0; i < R; i++)
+					wg_reg_fence(frag[i]);
+				wg_fence();
+				const uint64_t da = wgd_kmajor(st + ST_KBS * WB + j * AB),
+					       db = wgd_kmajor(st + j * WB + cw0 * 128);
 #pragma unroll
-		for (int q = 0; q < 4; q++) {
-			const float v = acc[4 * i + q];
-			const int m = q < 2 ? m0 : m1, col = n + (q & 1);
-			if (m < M && col < N)
-				Y[(size_t)m * ldy + col] = f32_to_bf16(v);
+				for (int k = 0; k < 4; k++)
+					sw_kstep<NW>(frag, da + 2 * k, db + 2 * k, k > 0);
+				wg_commit();
+				wg_wait0();
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					wg_reg_fence(frag[i]);
+				const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * KB + kb)) : 0.f;
+				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * KB + kb)) : 0.f;
+				const float w0 = lds32f(sd + 12 * j), w1 = lds32f(sd + 12 * j + 4),
+					    w2 = lds32f(sd + 12 * j + 8);
+#pragma unroll
+				for (int i = 0; i < R / 4; i++) {
+					// columns 8i .. 8i + 7 lie in one 128-row scale block (n0 % 8 == 0),
+					// the tile's b-th (b <= 2: a tile spans at most 3)
+					const int b = (r0 + 8 * i) >> 7;
+					const float sw = b == 0 ? w0 : b == 1 ? w1 : w2;
+					const float f0 = x0 * sw, f1 = x1 * sw;
+					acc[4 * i + 0] += frag[4 * i + 0] * f0;
+					acc[4 * i + 1] += frag[4 * i + 1] * f0;
+					acc[4 * i + 2] += frag[4 * i + 2] * f1;
+					acc[4 * i + 3] += frag[4 * i + 3] * f1;
+				}
+			}
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&empty[s]));
+		}
+		if constexpr (!SPLIT) {
+			// one tile a block (the host's rule), so every stage is consumed now (every copy
+			// landed, no wgmma reads the ring): warpgroup 1 hands its sums to warpgroup 0
+			// through the ring, thread-major (conflict-free), which adds them to its own
+			named_bar_sync(1, 256);
+			if (c == 1 && live)
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
+			named_bar_sync(1, 256);
+			if (c == 1)
+				return;
+			if (live)
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
+		}
+		if (!live)
+			continue;
+#pragma unroll
+		for (int i = 0; i < R / 4; i++) {
+			const int n = n0 + cw0 + 8 * i + 2 * t;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const int m = q < 2 ? m0 : m1, col = n + (q & 1);
+				if (m < M && col < N)
+					Y[(size_t)m * ldy + col] = f32_to_bf16(acc[4 * i + q]);
+			}
 		}
 	}
 }
 
-#define SW_ENTRY(NT)                                                                              \
+#define SW_ENTRY(NT, SPLIT, SUF)                                                                  \
 	extern "C" __global__ void __launch_bounds__(288, 1)                                      \
-	k_gemm_fp8_swap_n##NT(const __grid_constant__ tmap wmap, const __grid_constant__ tmap xmap, \
-			      const float *S, const float *SX, uint16_t *Y, int M, int N, int K,   \
-			      int ldy, int ns, int mpad)                                           \
+	k_gemm_fp8_swap_n##NT##SUF(const __grid_constant__ tmap wmap,                             \
+				   const __grid_constant__ tmap xmap, const float *S,             \
+				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
+				   int ns, int mpad)                                               \
 	{                                                                                         \
-		gemm_fp8_swap<NT>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);                \
+		gemm_fp8_swap<NT, SPLIT>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);         \
 	}
 
-SW_ENTRY(8)
-SW_ENTRY(16)
-SW_ENTRY(24)
-SW_ENTRY(32)
-SW_ENTRY(48)
-SW_ENTRY(56)
-SW_ENTRY(64)
-SW_ENTRY(96)
-SW_ENTRY(128)
-SW_ENTRY(144)
-SW_ENTRY(192)
-SW_ENTRY(256)
+SW_ENTRY(8, false, )
+SW_ENTRY(16, false, )
+SW_ENTRY(24, false, )
+SW_ENTRY(32, false, )
+SW_ENTRY(48, false, )
+SW_ENTRY(56, false, )
+SW_ENTRY(64, false, )
+SW_ENTRY(96, false, )
+SW_ENTRY(128, false, )
+SW_ENTRY(144, false, )
+// rows split between the warpgroups, any number of tiles a block
+SW_ENTRY(144, true, s)
+SW_ENTRY(192, true, s)
+SW_ENTRY(256, true, s)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

@@ -422,38 +422,56 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	return stream_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws, 0, wg, NULL);
 }
 
-/* The swapped kernel's tile widths (kernels_ptx/gemm_fp8_stream.cu SW_ENTRY; literals: gpu_kernel
- * keeps the name pointer as its cache key): the narrowest whose ceil(N / NT) blocks fit the SMs
- * in one wave (7168 rows: 56, 128 blocks; 18432: 144; 24576: 192; 32768: 256, 128 blocks). */
+/* The swapped kernel's tiles (kernels_ptx/gemm_fp8_stream.cu SW_ENTRY; names are literals:
+ * gpu_kernel keeps the pointer as its cache key): NT weight rows, split 0 = one tile a block
+ * (the two warpgroups on alternate stages), 1 = the rows split between them, any number of
+ * tiles a block. */
 static const struct {
-	int nt;
+	int nt, split;
 	const char *name;
-} sw_tiles[] = {{8, "k_gemm_fp8_swap_n8"},     {16, "k_gemm_fp8_swap_n16"},
-		{24, "k_gemm_fp8_swap_n24"},   {32, "k_gemm_fp8_swap_n32"},
-		{48, "k_gemm_fp8_swap_n48"},   {56, "k_gemm_fp8_swap_n56"},
-		{64, "k_gemm_fp8_swap_n64"},   {96, "k_gemm_fp8_swap_n96"},
-		{128, "k_gemm_fp8_swap_n128"}, {144, "k_gemm_fp8_swap_n144"},
-		{192, "k_gemm_fp8_swap_n192"}, {256, "k_gemm_fp8_swap_n256"}};
+} sw_tiles[] = {{8, 0, "k_gemm_fp8_swap_n8"},	   {16, 0, "k_gemm_fp8_swap_n16"},
+		{24, 0, "k_gemm_fp8_swap_n24"},	   {32, 0, "k_gemm_fp8_swap_n32"},
+		{48, 0, "k_gemm_fp8_swap_n48"},	   {56, 0, "k_gemm_fp8_swap_n56"},
+		{64, 0, "k_gemm_fp8_swap_n64"},	   {96, 0, "k_gemm_fp8_swap_n96"},
+		{128, 0, "k_gemm_fp8_swap_n128"},  {144, 0, "k_gemm_fp8_swap_n144"},
+		{144, 1, "k_gemm_fp8_swap_n144s"}, {192, 1, "k_gemm_fp8_swap_n192s"},
+		{256, 1, "k_gemm_fp8_swap_n256s"}};
+
+/* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
+ * (ceil(tiles / sms) x NT), the first (narrowest, unsplit) on a tie — 7168 rows: 56 (128
+ * blocks), 18432: 144, 24576: 192s, 32768: 256s (one wave each); 36864: 144s (256 tiles, two
+ * a block). */
+static int sw_tile(int N, int sms)
+{
+	int best = -1;
+	long long best_rows = 0;
+	for (int i = 0; i < (int)(sizeof sw_tiles / sizeof *sw_tiles); i++) {
+		long long tiles = (N + sw_tiles[i].nt - 1) / sw_tiles[i].nt;
+		if (!sw_tiles[i].split && tiles > sms)
+			continue;
+		long long rows = (tiles + sms - 1) / sms * sw_tiles[i].nt;
+		if (best < 0 || rows < best_rows)
+			best = i, best_rows = rows;
+	}
+	return best;
+}
 
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
-	int sms = g->sm_count > 0 ? g->sm_count : 132, ti = -1;
-	for (int i = 0; i < (int)(sizeof sw_tiles / sizeof *sw_tiles) && ti < 0; i++)
-		if ((N + sw_tiles[i].nt - 1) / sw_tiles[i].nt <= sms)
-			ti = i;
-	if (ti < 0)
-		return -ENOTSUP;
-	const int nt = sw_tiles[ti].nt, KB = K / 128, nst = (KB + 1) / 2;
+	const int sms = g->sm_count > 0 ? g->sm_count : 132, ti = sw_tile(N, sms);
+	const int nt = sw_tiles[ti].nt, KB = K / 128, nst = (KB + 1) / 2, tiles = (N + nt - 1) / nt;
 	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
-	 * (nt weight rows + a 64-row token slot each), the token scales and 3 weight-scale rows */
-	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128), scl = 4 * (M * KB + 3 * KB);
+	 * (nt weight rows + a 64-row token slot each) with their weight scales (32 bytes), the
+	 * token scales */
+	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128) + 32, scl = 4 * M * KB;
 	int ns = (ST_SMEM_MAX - head - scl) / stage;
 	ns = ns > 8 ? 8 : ns;
-	ns = ns > nst ? nst : ns;
+	if (!sw_tiles[ti].split) /* one tile a block: no more stages than it has */
+		ns = ns > nst ? nst : ns;
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
@@ -468,7 +486,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
 		return r;
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad};
-	return launch_pdl(g, fn, (unsigned)((N + nt - 1) / nt), 1, 288, (unsigned)smem, args);
+	unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }
 
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K)

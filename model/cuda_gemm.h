@@ -41,9 +41,9 @@ int cuda_gemm_fp8_decode(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_pt
 int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg);
 /* The same GEMM on the swapped kernel (k_gemm_fp8_swap_n*, fast mode: the tokens as wgmma's A,
- * NT weight rows as B, one block per NT rows over the whole of K, so no K chunks, no workspace
- * and one launch; within the wgmma limit; a row's result independent of M). -ENOTSUP where no
- * tile width <= 256 gives one wave (N > 256 x SMs) or the ring does not fit. M <= 64. */
+ * tiles of NT weight rows as B, each over the whole of K, so no K chunks, no workspace and one
+ * launch; within the wgmma limit; a row's result independent of M). -ENOTSUP where the ring
+ * does not fit. M <= 64. */
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1

@@ -190,8 +190,9 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 
 /* The swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, NT weight rows a block, no K
  * split) against the CPU within the wgmma limit: M across the token boxes (1-8, 9-16, 17-32,
- * 33-64 rows), tile widths 8-256 (N from 576 to 32768: alternate stages up to 144, the rows
- * split between the warpgroups above; tiles straddling 128-row scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups' sums); then
+ * 33-64 rows), tile widths 8-256 (N from 576 to 36864: alternate stages up to 144, the rows
+ * split between the warpgroups above, two tiles a block from 36864; tiles straddling 128-row
+ * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups' sums); then
  * batch invariance: the first and last rows run alone (M = 1) give the same bits as in the
  * M-row GEMM. */
 TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
@@ -202,7 +203,8 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 					{33, 4096, 512},  {64, 1024, 1152}, {8, 576, 128},
 					{3, 2112, 7168},  {64, 8192, 512},  {40, 12288, 256},
 					{13, 16384, 256}, {2, 7168, 16384}, {24, 6144, 384},
-					{4, 24576, 512},  {37, 32768, 256}};
+					{4, 24576, 512},  {37, 32768, 256}, {2, 36864, 256},
+					{64, 34816, 128}};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1100 + i);
