@@ -501,16 +501,22 @@ __device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, c
 // the row's 128 values are held by the 4 lanes of a quad) -> h8 e4m3 [rows, N] at column n0,
 // hs fp32 [rows, N / 128] at n0 / 128: k_moe_swiglu_quant's arithmetic (moe_block.cu), value for
 // value, so the bits are those of this GEMM's bf16 output through that kernel.
+// h = bf16( silu(bf16 g) * bf16 u ) of one output (g, u: the GEMM's fp32 gate and up values,
+// rounded to bf16 as its bf16 output would be): k_moe_swiglu_quant's arithmetic.
+__device__ __forceinline__ float swiglu_bf16(float g, float u)
+{
+	const float gv = bf16_to_f32(f32_to_bf16(g)), uv = bf16_to_f32(f32_to_bf16(u));
+	const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
+	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
+}
+
 __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, int r_lo, int cq,
 						int lane, uint8_t *h8, float *hs, int N)
 {
 	float amax[2] = {0.f, 0.f}; // rows r_lo, r_lo + 8
 #pragma unroll
 	for (int i = 0; i < 64; i++) {
-		const float gv = bf16_to_f32(f32_to_bf16(acc[i]));
-		const float uv = bf16_to_f32(f32_to_bf16(acc[64 + i]));
-		const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
-		acc[i] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
+		acc[i] = swiglu_bf16(acc[i], acc[64 + i]);
 		amax[(i >> 1) & 1] = fmaxf(amax[(i >> 1) & 1], fabsf(acc[i]));
 	}
 	// sc: a power of two, 2^-22 .. 2^120 here (or inf), so 1 / sc is exact and x * (1 / sc) is
@@ -885,6 +891,462 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 	wgmma_gemm<256, 4, true, 2, true, false, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
 						       nullptr, max_rows, N, K, N, flags, h8, hs,
 						       &mA64);
+}
+
+// ---- the token-wide SwiGLU form (k_gemm_fp8_wgmma_grouped_sw_tok) --------------------------------
+// The MoE gate|up GEMM with SwiGLU and act_quant fused, as the SwiGLU form above computes it, but
+// with the operands of the MMA swapped: the weight rows are wgmma's A (m64 per consumer
+// warpgroup) and a group's token rows its N (a multiple of 16, up to 256), so one tile covers all
+// of an expert's rows at prefill sizes. With 128-row token tiles, bench moe's routing at 4096
+// tokens (rows per expert 99 .. 172, mean 128) needs 406 tiles for its 36,864 rows: 1.41x the
+// rows, and a half-empty tile costs a whole one; token tiles of the rows rounded up to 16: 1.05x.
+//   Item: (group e, token chunk, output block b of 128 columns), in clusters of 2 CTAs; a group's
+//   rows split into ceil(rows / 256) chunks of equal size rounded up to 16 (nt = the chunk's
+//   rows rounded up to 16 is the MMA's N). CTA rank r computes outputs n0 = 128 b + 64 r ..
+//   n0 + 63 for the chunk's tokens; it loads its weight rows as boxes of 8 rows (one 1024-byte
+//   swizzle atom each) so the stage holds, per 8 outputs, their 8 gate rows then their 8 up
+//   rows: in wgmma's accumulator layout a thread then holds g (row lane / 4) and u (row
+//   lane / 4 + 8) of the same output for the same tokens. The token rows go as boxes of 32 rows,
+//   the two CTAs taking turns and multicasting each box into both (the same tokens).
+//   Scales: two producer warps stage per K block the chunk's token scales and the two
+//   weight-scale blocks (gate block b, up block I / 128 + b); promotion: acc += frag * (sx[t] *
+//   S[row]) in fp32, with the same products, fmas and K-block order as the other forms.
+//   Epilogue: h = swiglu_bf16(g, u) per (token, output); the act_quant's amax over the 128
+//   outputs of a token is reduced over the warp's 8 outputs (shuffles), the CTA's 64 (shared
+//   memory) and the pair's (each CTA writes its 64-output maxima into the other's shared memory,
+//   mbarriers xfull / xfree at cluster scope); the codes go through shared memory (rows of 80
+//   bytes: no bank conflicts) and out as 16-byte stores; rank 0 writes the scales.
+// Numerics: the outputs of k_gemm_fp8_wgmma_grouped_n256_ss_sw (the tensor core sums the same
+// 32 products per k32 step with A and B exchanged), checked bit for bit by
+// gpu_wgmma.grouped_swiglu_exact.
+#define SWT_STAGES 4
+#define SWT_W_BYTES (128 * WG_BK)  // 64 outputs' gate and up rows
+#define SWT_T_BYTES (256 * WG_BK)  // up to 256 token rows
+#define SWT_SC_BYTES 1040          // 256 token scales, then the gate and up weight scales
+#define SWT_OUT_LD 80              // bytes of a staged code row (64 codes)
+
+// The four k32 steps of a 128-byte K block: wgmma m64nNk32 e4m3, N = 16 .. 128 tokens in steps
+// of 16 (d[0 .. N/2 - 1]; the first step overwrites d).
+#define WG_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define WG_R16 WG_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_R24 WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define WG_R32 WG_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_R40 WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define WG_R48 WG_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_R56 WG_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+template <int N>
+__device__ __forceinline__ void wgmma_tok_k128(float *d, uint64_t da0, uint64_t db0)
+{
+#pragma unroll
+	for (int kk = 0; kk < WG_BK / 32; kk++) {
+		const uint64_t da = da0 + 2 * kk, db = db0 + 2 * kk;
+		const int accumulate = kk > 0;
+		if constexpr (N == 16)
+			WGMMA_E4M3(16, WG_R8, 8, 9, 10, WG_D8(0));
+		else if constexpr (N == 32)
+			WGMMA_E4M3(32, WG_R16, 16, 17, 18, WG_D8(0), WG_D8(8));
+		else if constexpr (N == 48)
+			WGMMA_E4M3(48, WG_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16));
+		else if constexpr (N == 64)
+			WGMMA_E4M3(64, WG_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24));
+		else if constexpr (N == 80)
+			WGMMA_E4M3(80, WG_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24),
+				   WG_D8(32));
+		else if constexpr (N == 96)
+			WGMMA_E4M3(96, WG_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24),
+				   WG_D8(32), WG_D8(40));
+		else if constexpr (N == 112)
+			WGMMA_E4M3(112, WG_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24),
+				   WG_D8(32), WG_D8(40), WG_D8(48));
+		else
+			WGMMA_E4M3(128, WG_R64, 64, 65, 66, WG_D64);
+	}
+}
+
+// One item of the token-wide form: token rows [row0, row_end) of group e (nt: their count
+// rounded up to 16), output block blk.
+struct swt_item {
+	int row0, row_end, nt, blk;
+	const void *bmap;
+	const float *S;
+};
+
+// The walk over items (each thread keeps its own copy; t only grows): groups in order, inside a
+// group the token chunk fastest, then the output block (nblk = I / 128).
+__device__ __forceinline__ bool swt_item_at(wg_sched &sc, long long t, int nblk, swt_item &it)
+{
+	while (sc.e < sc.G) {
+		const int r0 = __ldg(sc.off + sc.e), r1 = __ldg(sc.off + sc.e + 1), c = r1 - r0;
+		const int nch = (c + 255) / 256;
+		const long long cnt = (long long)nch * nblk;
+		if (t < sc.base + cnt) {
+			const int local = (int)(t - sc.base), ch = local % nch;
+			const int cs = ((c + nch - 1) / nch + 15) & ~15; // rows a chunk, <= 256
+			it.row0 = r0 + ch * cs;
+			it.row_end = min(it.row0 + cs, r1);
+			it.nt = (it.row_end - it.row0 + 15) & ~15;
+			it.blk = local / nch;
+			it.bmap = &g_group_maps[sc.e];
+			it.S = reinterpret_cast<const float *>(__ldg(sc.s_tab + sc.e));
+			return true;
+		}
+		sc.base += cnt;
+		sc.e++;
+	}
+	return false;
+}
+
+// An arrival on the barrier at CTA-relative address bar in the cluster's CTA `rank`, releasing
+// this thread's prior writes (to that CTA's shared memory too) at cluster scope.
+__device__ __forceinline__ void mbar_arrive_remote_rel(uint32_t bar, uint32_t rank)
+{
+	asm volatile("{\n.reg .b32 ra;\n"
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+		     "r"(rank)
+		     : "memory");
+}
+
+// v into the float at CTA-relative address addr of the cluster's CTA `rank`.
+__device__ __forceinline__ void st_remote_f32(uint32_t addr, uint32_t rank, float v)
+{
+	asm volatile("{\n.reg .b32 ra;\n"
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "st.shared::cluster.f32 [ra], %2;\n}\n" ::"r"(addr),
+		     "r"(rank), "f"(v)
+		     : "memory");
+}
+
+__device__ __forceinline__ void swt_produce(wg_sched &sc, long long t0, long long dt,
+					    const tmap *mA32, int I, int KB, uint32_t w_smem,
+					    uint32_t t_smem, uint32_t bars)
+{
+	constexpr int STAGES = SWT_STAGES;
+	const int rank = sc.rank;
+	int s = 0, e_acq = -1;
+	uint32_t ph = 0;
+	swt_item it;
+	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt) {
+		if (sc.e != e_acq) { // the map was written by k_wgmma_group_maps (generic proxy)
+			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+					     it.bmap)
+				     : "memory");
+			e_acq = sc.e;
+		}
+		const int nbox = (it.nt + 31) / 32, n0 = 128 * it.blk + 64 * rank;
+		for (int kb = 0; kb < KB; kb++) {
+			mbar_wait<false>(EMPTY(s), ph ^ 1); // both CTAs' consumers released it
+			mbar_arrive_expect_tx(FULL(s), SWT_W_BYTES + nbox * 32 * WG_BK);
+			// our 64 outputs' gate and up rows, 8 of each in turn (boxes of 8 rows)
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const uint32_t dst = w_smem + s * SWT_W_BYTES + j * 16 * WG_BK;
+				tma_load_2d(dst, it.bmap, FULL(s), kb * WG_BK, n0 + 8 * j);
+				tma_load_2d(dst + 8 * WG_BK, it.bmap, FULL(s), kb * WG_BK, I + n0 + 8 * j);
+			}
+			// the token boxes, the CTAs in turn, each into both CTAs
+			for (int i = rank; i < nbox; i += 2)
+				tma_load_2d_mc(t_smem + s * SWT_T_BYTES + i * 32 * WG_BK, mA32, FULL(s),
+					       kb * WG_BK, it.row0 + 32 * i, 3);
+			if (++s == STAGES)
+				s = 0, ph ^= 1;
+		}
+	}
+}
+
+// The scale warps (1 and 2 of the producer warpgroup, hw = 0 / 1): per K block the chunk's nt
+// token scales (lane l of warp hw: tokens 128 hw + l + 32 i, i < 4; rows past M read row M - 1,
+// never stored) and (warp 1's lane 0) the gate / up weight scales, then one arrival each on
+// "full" (64 beside the copy producer's). Two warps: the loads of one, issued before its wait
+// for the stage, fit its 56 registers.
+__device__ __forceinline__ void swt_scales(wg_sched &sc, long long t0, long long dt,
+					   const float *sx, int M, int I, int KB, uint32_t bars,
+					   uint32_t scl)
+{
+	constexpr int STAGES = SWT_STAGES;
+	const int lane = threadIdx.x & 31, hw = (threadIdx.x >> 5) - 1;
+	int s = 0;
+	uint32_t ph = 0;
+	swt_item it;
+	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt) {
+		const float *wg = it.S + (size_t)it.blk * KB, *wu = wg + (size_t)(I / 128) * KB;
+		const int tok0 = 128 * hw + lane;
+		const int nl = it.nt > tok0 ? (it.nt - tok0 + 31) / 32 : 0; // this lane's tokens
+		int xo[4];
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			xo[i] = min(it.row0 + tok0 + 32 * i, M - 1) * KB;
+		for (int kb = 0; kb < KB; kb++) {
+			float v[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				v[i] = i < nl ? __ldg(sx + kb + xo[i]) : 0.f;
+			float a = 0.f, b = 0.f;
+			if (hw == 0 && lane == 0)
+				a = __ldg(wg + kb), b = __ldg(wu + kb);
+			mbar_wait<false>(EMPTY(s), ph ^ 1); // the consumers have read its scales
+			const uint32_t dst = scl + s * SWT_SC_BYTES;
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				if (i < nl)
+					asm volatile("st.shared.f32 [%0], %1;" ::"r"(dst + 4 * (tok0 + 32 * i)),
+						     "f"(v[i])
+						     : "memory");
+			if (hw == 0 && lane == 0)
+				asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(dst + 1024), "f"(a),
+					     "f"(b)
+					     : "memory");
+			mbar_arrive(FULL(s));
+			if (++s == STAGES)
+				s = 0, ph ^= 1;
+		}
+	}
+}
+
+// One token half of a K block (H: tokens 128 H ..; N of them) for the warpgroup: m64nNk32 MMAs
+// into frag, promoted into acc[64 H ..] with the stage's token scales (at sc_s) and weight scales.
+template <int N, int H>
+__device__ __forceinline__ void swt_half(float *acc, float *frag, uint64_t da, uint64_t db,
+					 uint32_t sc_s, float wgs, float wus, int cq)
+{
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		wg_reg_fence(frag[i]);
+	wg_fence();
+	wgmma_tok_k128<N>(frag, da, db + ((uint64_t)(H * 128 * WG_BK) >> 4));
+	wg_commit();
+	wg_wait0();
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		wg_reg_fence(frag[i]);
+	// promotion (the scale product first, x scale . weight scale, as the CPU)
+#pragma unroll
+	for (int j = 0; j < N / 8; j++) {
+		float2 xs;
+		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+			     : "=f"(xs.x), "=f"(xs.y)
+			     : "r"(sc_s + 4 * (128 * H + 8 * j + cq))
+			     : "memory");
+		float *a = acc + 64 * H + 4 * j;
+		a[0] = fmaf(frag[4 * j + 0], xs.x * wgs, a[0]);
+		a[1] = fmaf(frag[4 * j + 1], xs.y * wgs, a[1]);
+		a[2] = fmaf(frag[4 * j + 2], xs.x * wus, a[2]);
+		a[3] = fmaf(frag[4 * j + 3], xs.y * wus, a[3]);
+	}
+}
+
+// The K loop of one item for warpgroup cw: per 128-byte K block the token halves of N1 and N2
+// tokens (N2 = 0: one half), then the stage released in both CTAs.
+template <int N1, int N2>
+__device__ __forceinline__ void swt_kloop(float *acc, float *frag, int KB, uint32_t w_smem,
+					  uint32_t t_smem, uint32_t bars, uint32_t scl, int cw,
+					  int cq, int lane, int &s, uint32_t &ph)
+{
+	constexpr int STAGES = SWT_STAGES;
+	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * WG_BK);
+	const uint64_t db0 = wgd_kmajor(t_smem);
+	for (int kb = 0; kb < KB; kb++) {
+		mbar_wait(FULL(s), ph);
+		const uint64_t da = da0 + ((uint64_t)(s * SWT_W_BYTES) >> 4);
+		const uint64_t db = db0 + ((uint64_t)(s * SWT_T_BYTES) >> 4);
+		const uint32_t sc_s = scl + s * SWT_SC_BYTES;
+		const float wgs = lds_f32(sc_s + 1024), wus = lds_f32(sc_s + 1028);
+		swt_half<N1, 0>(acc, frag, da, db, sc_s, wgs, wus, cq);
+		if constexpr (N2 > 0)
+			swt_half<N2, 1>(acc, frag, da, db, sc_s, wgs, wus, cq);
+		// the stage's tiles and scales have been read: release it in both CTAs
+		release<2>(EMPTY(s), lane);
+		if (++s == STAGES)
+			s = 0, ph ^= 1;
+	}
+}
+
+// The consumer warpgroups: warpgroup cw computes outputs n0 + 32 cw .. + 31 of each item for its
+// nt tokens (halves of up to 128 tokens: one m64nNk32 fragment of up to 64 registers, promoted
+// after each half as the n256 forms do).
+__device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long long dt, int I,
+					    int KB, uint32_t w_smem, uint32_t t_smem,
+					    uint32_t bars, uint32_t scl, uint32_t outb, uint32_t invb,
+					    uint32_t xb, uint8_t *h8, float *hs)
+{
+	constexpr int STAGES = SWT_STAGES;
+	const int cw = (threadIdx.x >> 7) - 1, ci = threadIdx.x - 128; // ci: 0 .. 255
+	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+	const int cq = (lane & 3) * 2;
+	const uint32_t rank = (uint32_t)sc.rank, peer = rank ^ 1u;
+	const uint32_t xfull = bars + 2 * STAGES * 8, xfree = xfull + 8;
+	const int o_loc = cw * 32 + wi * 8 + (lane >> 2); // this thread's output in the CTA's 64
+	float frag[64], acc[128];
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		frag[i] = 0.f;
+	int s = 0;
+	uint32_t ph = 0, k = 0; // k: items done (the exchange barriers' phases)
+	swt_item it;
+	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt, k++) {
+#pragma unroll
+		for (int i = 0; i < 128; i++)
+			acc[i] = 0.f;
+		const int nh = it.nt > 128 ? 2 : 1;
+		// the K loop, with the halves' token counts as constants (a runtime N next to the
+		// MMAs makes ptxas serialise them, C7511)
+		switch (it.nt / 16) {
+#define SWT_K(c, n1, n2)                                                                          \
+	case c:                                                                                   \
+		swt_kloop<n1, n2>(acc, frag, KB, w_smem, t_smem, bars, scl, cw, cq, lane, s, ph);  \
+		break;
+			SWT_K(1, 16, 0) SWT_K(2, 32, 0) SWT_K(3, 48, 0) SWT_K(4, 64, 0) SWT_K(5, 80, 0)
+			SWT_K(6, 96, 0) SWT_K(7, 112, 0) SWT_K(8, 128, 0) SWT_K(9, 128, 16)
+			SWT_K(10, 128, 32) SWT_K(11, 128, 48) SWT_K(12, 128, 64) SWT_K(13, 128, 80)
+			SWT_K(14, 128, 96) SWT_K(15, 128, 112) SWT_K(16, 128, 128)
+#undef SWT_K
+		}
+		// ---- epilogue: SwiGLU, the act_quant's amax over the pair's 128 outputs, codes ----
+		// (the previous item's reads of the staging buffer are done before it is reused)
+		asm volatile("bar.sync 4, 256;" ::: "memory");
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			if (h >= nh)
+				break;
+#pragma unroll
+			for (int j = 0; j < 16; j++) {
+				if (128 * h + 8 * j >= it.nt)
+					break;
+				float *a = acc + 64 * h + 4 * j;
+				a[0] = swiglu_bf16(a[0], a[2]); // token 128 h + 8 j + cq
+				a[1] = swiglu_bf16(a[1], a[3]); // and the next
+				float m0 = fabsf(a[0]), m1 = fabsf(a[1]);
+#pragma unroll
+				for (int o = 4; o < 32; o <<= 1) { // the warp's 8 outputs
+					m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+					m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+				}
+				if (lane < 4) // red[warp][token] (over the staging buffer)
+					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(
+							     outb + 4 * ((cw * 4 + wi) * 256 + 128 * h + 8 * j + cq)),
+						     "f"(m0), "f"(m1)
+						     : "memory");
+			}
+		}
+		asm volatile("bar.sync 4, 256;" ::: "memory");
+		// token ci: the CTA's amax into the peer's xb (once the peer has read the last one)
+		float mine = 0.f;
+		if (ci < it.nt)
+#pragma unroll
+			for (int w = 0; w < 8; w++)
+				mine = fmaxf(mine, lds_f32(outb + 4 * (w * 256 + ci)));
+		if (k > 0)
+			mbar_wait<true, true>(xfree, (k - 1) & 1);
+		if (ci < it.nt)
+			st_remote_f32(xb + 4 * ci, peer, mine);
+		mbar_arrive_remote_rel(xfull, peer);
+		mbar_wait<true, true>(xfull, k & 1); // the peer's amax of our tokens is in xb
+		if (ci < it.nt) {
+			const float sc = ue8m0_scale(fmaxf(fmaxf(mine, lds_f32(xb + 4 * ci)), 1e-4f));
+			// sc: a power of two (or inf), so x * (1 / sc) is x / sc correctly rounded
+			asm volatile("st.shared.f32 [%0], %1;" ::"r"(invb + 4 * ci), "f"(1.0f / sc)
+				     : "memory");
+			if (rank == 0 && it.row0 + ci < it.row_end)
+				hs[(size_t)(it.row0 + ci) * (I / 128) + it.blk] = sc;
+		}
+		mbar_arrive_remote_rel(xfree, peer); // xb read: the peer may write it again
+		asm volatile("bar.sync 4, 256;" ::: "memory");
+		// the codes: staged as [token][64 outputs] (rows of SWT_OUT_LD bytes)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			if (h >= nh)
+				break;
+#pragma unroll
+			for (int j = 0; j < 16; j++) {
+				const int tk = 128 * h + 8 * j + cq;
+				if (128 * h + 8 * j >= it.nt)
+					break;
+				float2 inv;
+				asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+					     : "=f"(inv.x), "=f"(inv.y)
+					     : "r"(invb + 4 * tk)
+					     : "memory");
+				const float *a = acc + 64 * h + 4 * j;
+				const uint32_t q0 = f32_to_e4m3(fminf(fmaxf(a[0] * inv.x, -448.f), 448.f));
+				const uint32_t q1 = f32_to_e4m3(fminf(fmaxf(a[1] * inv.y, -448.f), 448.f));
+				asm volatile("st.shared.u8 [%0], %1;" ::"r"(outb + tk * SWT_OUT_LD + o_loc),
+					     "r"(q0)
+					     : "memory");
+				asm volatile("st.shared.u8 [%0], %1;" ::"r"(outb + (tk + 1) * SWT_OUT_LD +
+									   o_loc),
+					     "r"(q1)
+					     : "memory");
+			}
+		}
+		asm volatile("bar.sync 4, 256;" ::: "memory");
+		const int n0 = 128 * it.blk + 64 * (int)rank;
+		for (int i = ci; i < it.nt * 4; i += 256) { // 16-byte chunks: 4 a token row
+			const int r = i >> 2, c = i & 3;
+			if (it.row0 + r >= it.row_end)
+				continue;
+			uint32_t v0, v1, v2, v3;
+			asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+				     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+				     : "r"(outb + r * SWT_OUT_LD + 16 * c)
+				     : "memory");
+			asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
+					     h8 + (size_t)(it.row0 + r) * I + n0 + 16 * c),
+				     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+				     : "memory");
+		}
+	}
+}
+
+// k_gemm_fp8_wgmma_grouped_sw_tok: the token-wide SwiGLU form (see above). mA32: x8 [max_rows,
+// K] in boxes of 32 rows; the group maps (k_wgmma_group_maps) from a template of W13 [2I, K] in
+// boxes of 8 rows. Clusters of 2, grid even; I % 128 == 0; h8 16-byte aligned. Dynamic shared
+// memory: 4 stages of 16 KB of weights and 32 KB of tokens, 2 x 4 + 2 barriers, 4 x 1040 bytes
+// of scales, 256 x 80 bytes of staged codes, 2 x 1 KB (the scales' reciprocals, the peer's
+// maxima), 1 KB of alignment slack.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+	k_gemm_fp8_wgmma_grouped_sw_tok(const __grid_constant__ tmap mA32,
+					const float *__restrict__ sx,
+					const unsigned long long *__restrict__ s_tab,
+					const int *__restrict__ off, int G, uint8_t *__restrict__ h8,
+					float *__restrict__ hs, int max_rows, int I, int K)
+{
+	constexpr int STAGES = SWT_STAGES;
+	extern __shared__ uint8_t swt_smem[];
+	const uint32_t base = (smem_u32(swt_smem) + 1023) & ~1023u;
+	const uint32_t w_smem = base, t_smem = base + STAGES * SWT_W_BYTES;
+	const uint32_t bars = t_smem + STAGES * SWT_T_BYTES; // full, empty, xfull, xfree
+	const uint32_t scl = bars + 2 * STAGES * 8 + 16;
+	const uint32_t outb = scl + STAGES * SWT_SC_BYTES; // codes [256][80] (first: amax [8][256])
+	const uint32_t invb = outb + 256 * SWT_OUT_LD, xb = invb + 1024;
+	const int KB = K / WG_BK;
+	wg_sched sc = {};
+	sc.rank = (int)cluster_rank();
+	sc.off = off, sc.s_tab = s_tab, sc.G = G;
+	const long long t0 = blockIdx.x / 2, dt = gridDim.x / 2;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < STAGES; s++) {
+			mbar_init(FULL(s), 65);  // the producer's arrive.expect_tx, 64 scale lanes
+			mbar_init(EMPTY(s), 16); // each consumer warp of both CTAs
+		}
+		mbar_init(bars + 2 * STAGES * 8, 256);     // xfull: the peer's consumer threads
+		mbar_init(bars + 2 * STAGES * 8 + 8, 256); // xfree: the same
+		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
+				     : "memory");
+		tmap_prefetch(&mA32);
+	}
+	cluster_sync();
+	if (threadIdx.x < 128) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+		if (threadIdx.x == 0)
+			swt_produce(sc, t0, dt, &mA32, I, KB, w_smem, t_smem, bars);
+		else if ((threadIdx.x >> 5) == 1 || (threadIdx.x >> 5) == 2)
+			swt_scales(sc, t0, dt, sx, max_rows, I, KB, bars, scl);
+	} else {
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+		swt_consume(sc, t0, dt, I, KB, w_smem, t_smem, bars, scl, outb, invb, xb, h8,
+			    hs);
+	}
+	cluster_sync();
 }
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for

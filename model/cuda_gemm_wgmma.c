@@ -142,6 +142,34 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
+/* The token-wide SwiGLU form (k_gemm_fp8_wgmma_grouped_sw_tok): the token rows in boxes of 32
+ * (multicast by the cluster's CTAs in turn), the weight rows in boxes of 8 (a tile's gate and up
+ * rows interleaved 8 by 8); one cluster of 2 an item (token chunk of <= 256 rows x 128 outputs). */
+static int swiglu_tok(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+		      gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows, int I, int K)
+{
+	if (h8 % 16)
+		return -EINVAL;
+	CUtensorMap mA32, tmpl;
+	int r;
+	if ((r = cuda_gemm_tmap_2d(&mA32, x8, max_rows, K, 32)) ||
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 8)))
+		return r;
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
+		return r;
+	/* items: each group adds at most one chunk beyond rows / 256 */
+	long long items = ((long long)(max_rows + 255) / 256 + G) * (I / 128);
+	long long clusters = g->sm_count / 2;
+	unsigned grid = (unsigned)(2 * (items < clusters ? items : clusters));
+	/* 4 stages of 16 KB of weights + 32 KB of tokens, barriers, 4 x 1040 bytes of scales,
+	 * 256 x 80 bytes of staged codes, 2 KB, 1 KB of alignment slack (the kernel's comment) */
+	unsigned smem = 4 * (16384 + 32768) + 80 + 4 * 1040 + 256 * 80 + 2048 + 1024;
+	void *args[] = {&mA32, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K};
+	return launch(g, "k_gemm_fp8_wgmma_grouped_sw_tok", grid, smem, args);
+}
+
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
 					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 					  gpu_ptr hs, int max_rows, int I, int K, int mc)
@@ -149,9 +177,11 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_wgmma_grouped_swiglu", max_rows, 2 * I, K, 2 * I) || I % 128 ||
-	    G < 1 || G > WG_MAX_GROUPS || (mc != 1 && mc != 2) || (mc == 2 && I % 256) ||
+	    G < 1 || G > WG_MAX_GROUPS || mc < 1 || mc > 3 || (mc == 2 && I % 256) ||
 	    g->sm_count < 2)
 		return -EINVAL;
+	if (mc == 3)
+		return swiglu_tok(g, w_tab, s_tab, off, G, x8, sx, h8, hs, max_rows, I, K);
 	/* the template of the group maps: boxes of 128 weight rows (the gate and the up half of a
 	 * tile are one box each); paired: the token rows also as boxes of 64 */
 	CUtensorMap mA, tmpl, mA64;
@@ -199,11 +229,23 @@ static int paired_on(int max_rows, int G)
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
+/* DSV32_CUDA_WGMMA_SWT=1 (read at the first call; for run 22's A/B, default off): the
+ * token-wide SwiGLU form wherever the MoE block's gate|up runs on wgmma. */
+static int swt_env(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_CUDA_WGMMA_SWT");
+		on = v && *v == '1';
+	}
+	return on;
+}
+
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int mc = paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
+	int mc = swt_env() ? 3 : paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }

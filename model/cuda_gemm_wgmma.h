@@ -41,7 +41,9 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 void cuda_gemm_wgmma_set_paired(int mode);
 /* The same with the form forced: mc 1, or 2 for clusters of 2 CTAs that share copies (two token
  * tiles of a group share each weight tile; a group's odd last token tile is shared by two weight
- * tiles; I % 256 == 0): the same outputs. */
+ * tiles; I % 256 == 0), or 3 for the token-wide form (clusters of 2; the weight rows as the
+ * MMA's A and up to 256 of a group's token rows, rounded up to 16, as its N: one tile an expert
+ * at prefill sizes instead of 128-row token tiles; h8 16-byte aligned): the same outputs. */
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
 					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 					  gpu_ptr hs, int max_rows, int I, int K, int mc);

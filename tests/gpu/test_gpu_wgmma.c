@@ -615,9 +615,9 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 /* The SwiGLU form (cuda_gemm_fp8_wgmma_grouped_swiglu: the MoE gate|up GEMM with SwiGLU and
  * act_quant in its epilogue) against the grouped GEMM's bf16 output through k_moe_swiglu_quant
  * (the MoE block's unfused path): the same e4m3 codes and scales, to the bit, on every row of
- * every group (empty groups, partial tiles, several tiles), in both forms (one CTA a tile, and
+ * every group (empty groups, partial tiles, several tiles), in the three forms (one CTA a tile;
  * the paired clusters of 2: pairs of token tiles, and odd last token tiles over pairs of weight
- * tiles). */
+ * tiles; the token-wide form: a group's rows as the MMA's N, chunks of up to 256 rows). */
 static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, uint64_t seed)
 {
 	struct grp_case c;
@@ -638,8 +638,10 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
-	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0) */
-	for (int mc = 1; mc <= (I % 256 ? 1 : 2); mc++) {
+	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); 3: token-wide */
+	for (int mc = 1; mc <= 3; mc++) {
+		if (mc == 2 && I % 256)
+			continue;
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
 		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
 								   c.dx, c.dsx, h8, hs, c.rows, I,
@@ -681,6 +683,10 @@ TEST_T(gpu_wgmma, grouped_swiglu_exact, 90)
 	swiglu_case(&g, 10, counts, 256, 1024, 1500);
 	static const int c2[] = {3, 0, 200, 129, 0, 64}; /* V3.2's expert: I = 2048, K = 7168 */
 	swiglu_case(&g, 6, c2, 2048, 7168, 1501);
+	/* groups over 256 rows (the token-wide form's chunks: 600 = 208 + 208 + 184), the last
+	 * group's rows ending at max_rows */
+	static const int c3[] = {600, 16, 0, 31};
+	swiglu_case(&g, 4, c3, 384, 512, 1502);
 	gpu_close(&g);
 }
 
@@ -785,9 +791,9 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			       flop / (us * 1e-6) / 1e12, wbytes / (us * 1e-6) / 1e12);
 		}
 		/* gate|up: the SwiGLU form the MoE block runs (cuda_gemm_fp8_wgmma_grouped_swiglu_mc,
-		 * one CTA a tile and the paired clusters); run 17's bench moe took 3701 us for it on
-		 * another H200 with the shared expert's 4096 rows too (run 15: 3325) */
-		for (int mc = 1; s == 0 && mc <= 2; mc++) {
+		 * one CTA a tile, the paired clusters, the token-wide form); run 17's bench moe took
+		 * 3701 us for it on another H200 with the shared expert's 4096 rows too (run 15: 3325) */
+		for (int mc = 1; s == 0 && mc <= 3; mc++) {
 			const int I = c.N / 2;
 			struct timed_gemm tg = {&g, &c, 0, NULL, mc, gpu_test_alloc((size_t)c.rows * I),
 						gpu_test_alloc((size_t)c.rows * (I / 128) * 4)};
