@@ -16,6 +16,7 @@
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
+#include "tma.cuh" // mbarriers
 
 #define TOPK_THREADS 1024
 
@@ -798,6 +799,13 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 // two sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries.
 // stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the rounds
 // (3) — the output is then incomplete.
+// k_topk_cl8p (PUSH): the same rounds with the exchange pushed instead of pulled: each CTA's warp
+// 0 sends its 64 bucket sums, then its 32 bins of the chosen bucket, into every CTA's inbox for
+// the round (st.async, 16 bytes a store, completing on the receiver's mbarrier for that round and
+// step, which expects CL x 256 / CL x 128 bytes) and waits on its own: no cluster barrier in the
+// rounds (one at the start, after the barriers' initialisation, and the last one), each step one
+// one-way trip instead of a barrier and two round trips. The inboxes ([3][CL][96] ints) follow
+// the block-table entries.
 
 // 64 bucket sums of a histogram of nb bins (warp w: buckets w, w + 32); the caller synchronises
 template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, int *bsum, int nb)
@@ -813,7 +821,7 @@ template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, i
 	}
 }
 
-template <int CL, int NT>
+template <int CL, int NT, bool PUSH>
 __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 					     int k_max, const int *__restrict__ block_table, int max_blocks,
 					     int *__restrict__ out_pos, int *__restrict__ out_slot, int stop)
@@ -825,6 +833,9 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	int *bsum = hbuf + 2 * TOPK_BINS;                 // [2][64] their bucket sums
 	uint32_t *keys = reinterpret_cast<uint32_t *>(bsum + 128); // [S]
 	int *pages = reinterpret_cast<int *>(keys + S);   // [S / 64 + 1]
+	// PUSH: each round's inbox, 16-byte aligned: [round][source CTA][64 bucket sums, 32 bins]
+	int *inbox = reinterpret_cast<int *>(tcl_smem + ((2 * TOPK_BINS + 128 + S + S / 64 + 1) * 4 + 15) / 16 * 16);
+	__shared__ __align__(8) uint64_t s_bar[6]; // PUSH: round r's bucket sums (2r), bins (2r + 1)
 	// warp 0's round results: bin, what is left to take, done; every CTA's keys above the prefix
 	// so far (accumulated) and equal to it
 	__shared__ int s_bin, s_rem, s_done, s_gt[CL], s_eq[CL], s_wcnt[2][32];
@@ -863,6 +874,21 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 				os[lo + i] = pages[i >> 6] * 64 + (i & 63);
 		}
 		return;
+	}
+	if (PUSH) {
+		// the inboxes' barriers, each expecting its bytes from the CL CTAs (one phase each); the
+		// others may send once they are past the cluster barrier this arrival starts (its wait
+		// comes before the first send)
+		if (tid == 0) {
+			for (int i = 0; i < 6; i++)
+				mbar_init(smem_u32(&s_bar[i]), 1);
+			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+			for (int i = 0; i < 3; i++) {
+				mbar_arrive_expect_tx(smem_u32(&s_bar[2 * i]), CL * 64 * 4);
+				mbar_arrive_expect_tx(smem_u32(&s_bar[2 * i + 1]), CL * 32 * 4);
+			}
+		}
+		asm volatile("barrier.cluster.arrive;" ::: "memory"); // (release: the inits, the expectations)
 	}
 	// the slice as order keys (float4 loads when ld % 4 == 0, 4 a thread in flight); round 0's
 	// histogram (bits 31..21) of the counted ones
@@ -912,8 +938,11 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 		}
 	}
 	__syncthreads(); // keys and round 0's histogram complete
-	if (stop == 1)
+	if (stop == 1) {
+		if (PUSH)
+			asm volatile("barrier.cluster.wait;" ::: "memory");
 		return;
+	}
 	uint32_t prefix = 0, mask = 0;
 	int rem = k;
 	for (int round = 0;; round++) {
@@ -928,16 +957,32 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			__syncthreads(); // counts complete
 		}
 		tcl_buckets<NT>(hist, bs, nb);
-		cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and the
-			   // buffers this round reuses were read by all in the round before last)
+		if (PUSH) {
+			if (round == 0) // every CTA's barriers initialised
+				asm volatile("barrier.cluster.wait;" ::: "memory");
+			__syncthreads(); // the bucket sums complete
+		} else {
+			cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and
+				   // the buffers this round reuses were read by all in the round before last)
+		}
+		int *ib = inbox + round * CL * 96; // PUSH: this round's inbox, source c at ib + 96 c
 		if (warp == 0) {
+			if (PUSH) { // this CTA's bucket sums into every CTA's inbox (its own included)
+				for (int i = lane; i < CL * 16; i += 32) {
+					const uint32_t c = (uint32_t)i >> 4, q = (uint32_t)i & 15;
+					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 4 * q), c),
+						    *reinterpret_cast<const uint4 *>(bs + 4 * q),
+						    cl_mapa(smem_u32(&s_bar[2 * round]), c));
+				}
+				mbar_wait(smem_u32(&s_bar[2 * round]), 0);
+			}
 			// buckets from the top: lane l holds buckets nbk-1-2l (A) and nbk-2-2l (B)
 			const int nbk = nb / 32, jA = nbk - 1 - 2 * lane, jB = jA - 1;
 			int vA[CL], vB[CL], tA = 0, tB = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++) {
-				vA[c] = jA >= 0 ? cl_load(bs + jA, (uint32_t)c) : 0;
-				vB[c] = jB >= 0 ? cl_load(bs + jB, (uint32_t)c) : 0;
+				vA[c] = jA < 0 ? 0 : PUSH ? ib[96 * c + jA] : cl_load(bs + jA, (uint32_t)c);
+				vB[c] = jB < 0 ? 0 : PUSH ? ib[96 * c + jB] : cl_load(bs + jB, (uint32_t)c);
 			}
 #pragma unroll
 			for (int c = 0; c < CL; c++)
@@ -955,12 +1000,21 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			for (int c = 0; c < CL; c++)
 				gt_c[c] = (int)__reduce_add_sync(0xffffffffu, (unsigned)(lane < L ? vA[c] + vB[c]
 										 : lane == L && src ? vA[c] : 0));
+			if (PUSH) { // this CTA's bins of bucket J into every CTA's inbox
+				for (int i = lane; i < CL * 8; i += 32) {
+					const uint32_t c = (uint32_t)i >> 3, q = (uint32_t)i & 7;
+					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 64 + 4 * q), c),
+						    *reinterpret_cast<const uint4 *>(hist + 32 * J + 4 * q),
+						    cl_mapa(smem_u32(&s_bar[2 * round + 1]), c));
+				}
+				mbar_wait(smem_u32(&s_bar[2 * round + 1]), 0);
+			}
 			// the bins of bucket J from the top: lane l holds bin 32 J + 31 - l
 			const int bin = 32 * J + 31 - lane;
 			int f[CL], tf = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++)
-				f[c] = cl_load(hist + bin, (uint32_t)c);
+				f[c] = PUSH ? ib[96 * c + 64 + 31 - lane] : cl_load(hist + bin, (uint32_t)c);
 #pragma unroll
 			for (int c = 0; c < CL; c++)
 				tf += f[c];
@@ -983,7 +1037,7 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			}
 		} else if (round == 1) {
 			// round 2's buffers (round 0's): every CTA has passed this round's barrier, so none
-			// reads them any more
+			// reads them any more (PUSH: none reads them at all)
 			for (int i = tid - 32; i < 1024; i += NT - 32)
 				hbuf[i] = 0;
 		}
@@ -1059,7 +1113,15 @@ k_topk_cl8(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	   const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	   int stop)
 {
-	topk_cl_body<8, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<8, 1024, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
+k_topk_cl8p(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	    int stop)
+{
+	topk_cl_body<8, 1024, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
@@ -1067,5 +1129,5 @@ k_topk_cl16(const float *__restrict__ scores, int ld, const int *__restrict__ n_
 	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	    int stop)
 {
-	topk_cl_body<16, 512>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<16, 512, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }

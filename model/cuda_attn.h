@@ -63,14 +63,15 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
  * be 0 when every n_keys[b] <= k_max. k_topk_cluster (a row over a cluster of 8 CTAs) for B <= 2
  * and 8192 <= ld <= 327680, else k_topk_select (a block a row, two reads of it) when its
- * bitmaps fit in shared memory, else k_topk; DSV32_TOPK_MODE=m (1-5) forces
+ * bitmaps fit in shared memory, else k_topk; DSV32_TOPK_MODE=m (1-6) forces
  * cuda_indexer_topk_mode's mode m (A/B). */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
  * k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5 k_topk_cl16 (a row over a cluster of 8 / 16 CTAs,
- * one cluster barrier a radix round); -EINVAL where the chosen kernel cannot take ld.
- * Benchmarks only: mode m | s << 4 (m = 2, 4, 5) stops the cluster kernel after its load
+ * one cluster barrier a radix round), 6 k_topk_cl8p (cl8 with the rounds' exchange pushed:
+ * no cluster barrier a round); -EINVAL where the chosen kernel cannot take ld.
+ * Benchmarks only: mode m | s << 4 (m = 2, 4, 5, 6) stops the cluster kernel after its load
  * (s = 1), its first round (2) or all its rounds (3), the output then incomplete. */
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode);
