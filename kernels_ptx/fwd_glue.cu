@@ -688,19 +688,17 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 // q_pe copied, RoPE'd first when cs is not null): thread t owns columns 4t .. 4t+3, four chains
 // over d, one 4-byte shared load a row for its four weights (a warp's loads: one 128-byte line).
 // W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The arguments of
-// k_fwd_q_absorbN (T == 1), then a prefetch into L2 of the next GEMM's first weight bytes (pf not
-// null: DSV32_CUDA_PREFETCH, model/cuda_fwd_attn.c): once its own work is done the grid issues
-// cp.async.bulk.prefetch.L2 of pf_bytes at pf + r * pf_ld + s * pf_stride for r < pf_rows, s <
-// pf_segs (fire and forget: the bytes land in L2 while the selection and the MLA run, HBM being
-// nearly idle then; the GEMM reads them from there). Dynamic shared memory QAH_SMEM; grid H, R / 4
-// threads. nope % 32 == 0, nope <= 192, R % 128 == 0, R <= 512; pf, pf_ld, pf_stride, pf_bytes
-// multiples of 16.
+// k_fwd_q_absorbN (T == 1), then a prefetch into L2 of weights that later GEMMs read (the plans pf:
+// DSV32_CUDA_PREFETCH / _NEXT, model/cuda_fwd_attn.c): once its own work is done the grid issues
+// their cp.async.bulk.prefetch.L2 pieces (fire and forget: the bytes land in L2 while the
+// selection and the MLA run, HBM being nearly idle then; the GEMMs read them from there). Dynamic
+// shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 == 0, nope <= 192, R % 128 == 0, R <=
+// 512.
 #define QAH_SMEM (ABS_MAX_NOPE * (ABS_MAXR + 4 + 16)) // model/cuda_fwd.h's FWD_QAH_SMEM
 extern "C" __global__ void __launch_bounds__(128)
 k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
 		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
-		 const int *__restrict__ pos, const float *__restrict__ cs, const uint8_t *__restrict__ pf,
-		 long long pf_ld, int pf_rows, int pf_segs, long long pf_stride, int pf_bytes)
+		 const int *__restrict__ pos, const float *__restrict__ cs, const l2_plans pf)
 {
 	extern __shared__ __align__(16) uint8_t qah_smem[];
 	uint8_t *w = qah_smem;                                                    // [nope][R]
@@ -757,9 +755,7 @@ k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, con
 	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
 	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
 	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
-	if (pf)
-		l2_prefetch_grid(pf, pf_ld, pf_rows, pf_segs, pf_stride, pf_bytes, (long long)h * nt + t,
-				 (long long)gridDim.x * nt);
+	l2_prefetch_plans(pf, (long long)h * nt + t, (long long)gridDim.x * nt);
 }
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host

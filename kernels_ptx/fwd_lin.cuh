@@ -43,6 +43,28 @@ __device__ __forceinline__ void l2_prefetch_grid(const uint8_t *base, long long 
 	}
 }
 
+// Up to L2_PLANS grids of l2_prefetch_grid's pieces, passed by value to a kernel (the same layout
+// as model/cuda_fwd.h's struct fwd_l2_plans; base null: unused).
+#define L2_PLANS 3
+struct l2_plan {
+	const uint8_t *base;
+	long long ld, stride;
+	int rows, segs, bytes, pad;
+};
+struct l2_plans {
+	l2_plan p[L2_PLANS];
+};
+
+// Every plan's pieces, spread over the grid's threads (thread i0 of step).
+__device__ __forceinline__ void l2_prefetch_plans(const l2_plans &pl, long long i0, long long step)
+{
+#pragma unroll
+	for (int k = 0; k < L2_PLANS; k++)
+		if (pl.p[k].base)
+			l2_prefetch_grid(pl.p[k].base, pl.p[k].ld, pl.p[k].rows, pl.p[k].segs, pl.p[k].stride,
+					 pl.p[k].bytes, i0, step);
+}
+
 #define LIN_ROWS 4
 
 // y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.

@@ -85,6 +85,8 @@ struct fwd_switches {
 			   * a thread owning whole outputs (k_fwd_q_absorb1h, k_fwd_uv1_qh) */
 	int prefetch_mb;  /* DSV32_CUDA_PREFETCH=MB (1: 24, 0: off): with GLUE_H, k_fwd_q_absorb1h
 			   * prefetches that many MB of o_proj's weights into L2 */
+	int prefetch_next; /* DSV32_CUDA_PREFETCH_NEXT=1: with GLUE_H, k_fwd_q_absorb1h also
+			   * prefetches the next layer's q_a | wk | kv_a and indexer wq_b weights */
 	int prefetch_sh;  /* DSV32_CUDA_PREFETCH_SHARED=1/2: at one row the norm before a MoE block
 			   * prefetches the shared expert's gate|up (2: and down) weights into L2 */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */

@@ -77,6 +77,18 @@ struct fwd {
 	if (!var)                                 \
 		return -ENOMEM
 
+/* Weights to prefetch into L2 (kernels_ptx/fwd_lin.cuh's struct l2_plans, the same layout: a
+ * kernel parameter): plan k's pieces are `bytes` at base + r * ld + s * stride for r < rows, s <
+ * segs (base 0: unused). */
+#define FWD_L2_PLANS 3
+struct fwd_l2_plans {
+	struct {
+		gpu_ptr base;
+		long long ld, stride;
+		int rows, segs, bytes, pad;
+	} p[FWD_L2_PLANS];
+};
+
 /* Launches kernel name (the grid, block bx threads, dynamic shared memory smem, arguments ...)
  * on the step's stream and marks it in the profile; returns from the caller on failure.
  * LAUNCH_PDL: by programmatic dependent launch (fwd_launch), for the kernels that wait in

@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/cuda_attn.h"
 #include "model/cuda_gemm.h"
@@ -46,34 +47,45 @@ struct q_branch {
 };
 
 /* DSV32_CUDA_PREFETCH (k_fwd_q_absorb1h's tail): which bytes of o_proj's weights to prefetch
- * into L2 while the selection and the MLA run. The decode GEMM streams work units of 128 rows x
- * one K chunk (cuda_gemm_decode_split), each from its chunk's first K block on, so the prefetch
- * takes the first P K blocks of every unit (every row, every chunk): each unit, whichever SM
- * runs it and when, starts with P blocks from L2, with P from the budget (MB). base 0: none. */
-struct o_prefetch {
-	gpu_ptr base;
-	long long ld, stride;
-	int rows, segs, bytes;
-};
-
-static struct o_prefetch o_prefetch_plan(const struct fwd *F, const struct fwd_layer *L)
+ * into L2 while the selection and the MLA run (plan 0). The decode GEMM streams work units of 128
+ * rows x one K chunk (cuda_gemm_decode_split), each from its chunk's first K block on, so the
+ * prefetch takes the first P K blocks of every unit (every row, every chunk): each unit, whichever
+ * SM runs it and when, starts with P blocks from L2, with P from the budget (MB). With
+ * DSV32_CUDA_PREFETCH_NEXT=1 also the whole of the next layer's first projections (plans 1, 2:
+ * q_a | wk | kv_a, the indexer's wq_b), which must then stay in L2 under this layer's o_proj and
+ * FFN (their streaming loads are L2 evict-first). */
+static void plan_whole(struct fwd_l2_plans *pl, int k, const struct fwd_fp8 *W)
 {
-	struct o_prefetch p = {0, 0, 0, 0, 0, 0};
+	if (!W->w || W->in % 16)
+		return;
+	pl->p[k].base = W->w, pl->p[k].ld = W->in, pl->p[k].stride = 0;
+	pl->p[k].rows = W->out, pl->p[k].segs = 1, pl->p[k].bytes = W->in;
+}
+
+static struct fwd_l2_plans l2_plans(const struct fwd *F, int64_t layer, const struct fwd_layer *L)
+{
+	struct fwd_l2_plans pl;
+	memset(&pl, 0, sizeof pl);
 	int N = L->o.out, K = L->o.in, mb = F->E->sw->prefetch_mb;
-	if (mb <= 0 || K % 128 || N <= 0)
-		return p;
-	struct gemm_split sp = cuda_gemm_decode_split(F->g, N, K);
-	long long blocks = ((long long)mb << 20) / ((long long)N * sp.chunks * 128);
-	if (blocks > sp.chunk_blocks)
-		blocks = sp.chunk_blocks;
-	if (blocks < 1)
-		return p;
-	p.base = L->o.w, p.ld = K, p.stride = (long long)sp.chunk_blocks * 128;
-	p.rows = N, p.segs = sp.chunks, p.bytes = (int)blocks * 128;
-	/* the last chunk may be shorter than P blocks: its segment stops at the row's end */
-	if ((long long)(sp.chunks - 1) * p.stride + p.bytes > K)
-		p.segs = sp.chunks - 1 > 0 ? sp.chunks - 1 : 1;
-	return p;
+	if (mb > 0 && K % 128 == 0 && N > 0) {
+		struct gemm_split sp = cuda_gemm_decode_split(F->g, N, K);
+		long long blocks = ((long long)mb << 20) / ((long long)N * sp.chunks * 128);
+		blocks = blocks > sp.chunk_blocks ? sp.chunk_blocks : blocks;
+		if (blocks >= 1) {
+			pl.p[0].base = L->o.w, pl.p[0].ld = K, pl.p[0].stride = (long long)sp.chunk_blocks * 128;
+			pl.p[0].rows = N, pl.p[0].segs = sp.chunks, pl.p[0].bytes = (int)blocks * 128;
+			/* the last chunk may be shorter than P blocks: left out then */
+			if ((long long)(sp.chunks - 1) * pl.p[0].stride + pl.p[0].bytes > K && sp.chunks > 1)
+				pl.p[0].segs = sp.chunks - 1;
+		}
+	}
+	if (F->E->sw->prefetch_next && layer + 1 < F->c->num_hidden_layers) {
+		const struct fwd_layer *nx = &F->m->layers[layer + 1];
+		plan_whole(&pl, 1, nx->fused_qkv ? &nx->qkv : &nx->q_a);
+		if (F->max_n > F->c->index_topk) /* (the indexer's queries run) */
+			plan_whole(&pl, 2, &nx->idx_q_b);
+	}
+	return pl;
 }
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
@@ -103,10 +115,9 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	} else if (T == 1 && F->E->sw->glue_h && nope % 32 == 0 && nope <= 192 && Rk % 128 == 0 &&
 		   Rk <= 512) { /* a decode row: one block a head (k_fwd_q_absorb1's numbers) */
 		gpu_ptr qcs = b->fuse ? cs : 0;
-		struct o_prefetch p = o_prefetch_plan(F, L);
+		struct fwd_l2_plans pl = l2_plans(F, layer, L);
 		LAUNCH_PDL("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
-			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs, &p.base, &p.ld, &p.rows, &p.segs,
-			   &p.stride, &p.bytes);
+			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs, &pl);
 	} else { /* rows a block: the step's, up to 8 */
 		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
 					      "k_fwd_q_absorb8"};

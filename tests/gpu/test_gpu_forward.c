@@ -1036,11 +1036,13 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		gpu_test_poison(&g, f1, nf * 2), gpu_test_poison(&g, f2, nf * 2);
 		void *a1[] = {&dq1, &dw, &ds, &f1, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb1"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
-		gpu_ptr pf = rot ? dw : 0; /* the prefetch tail once (kv_b's own first bytes) */
-		long long pld = R, pst = 256;
-		int prows = (int)wrows, psegs = 2, pbytes = 128;
-		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c,
-			      &pf, &pld, &prows, &psegs, &pst, &pbytes};
+		struct { /* model/cuda_fwd.h's struct fwd_l2_plans: the prefetch tail once (kv_b's own
+			  * first bytes) */
+			gpu_ptr base;
+			long long ld, stride;
+			int rows, segs, bytes, pad;
+		} pl[3] = {{rot ? dw : 0, R, 256, (int)wrows, 2, 128, 0}};
+		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c, pl};
 		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / 4, 1, 1, FWD_QAH_SMEM, a2) == 0);
 		REQUIRE(gpu_download(&g, h1, f1, nf * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, f2, nf * 2) == 0);
