@@ -5,7 +5,7 @@
  * measured in the same run, and which is faster. "Ours" is what the engine runs: cuda_gemm_fp8,
  * the fast mode's dispatch after the start-up measurement the engine makes (cuda_gemm_tune_rotate
  * per shape and M bucket; --no-tune: the built-in defaults; --shape NxK: that dense shape
- * only), its path in the "path" column;
+ * only, any N x K), its path in the "path" column;
  * beside it each kernel forced: the streaming decode kernel (mma.sync, exact) and the previous
  * register-load kernel "v2" for M <= 64, the streaming kernel's wgmma consumers ("wg", K chunks
  * summed by a second launch; "wg_fu" summed in the kernel), the wgmma kernel above 64 rows
@@ -405,16 +405,22 @@ int bench_gemm(int argc, char **argv)
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
 		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw");
 	fflush(stdout);
-	static const int shapes[][2] = {{2112, 7168},  {24576, 1536}, {32768, 512},
-					{7168, 16384}, {18432, 7168}, {7168, 18432},
-					{4096, 7168},  {7168, 2048}};
+	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
+	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
+				 {7168, 16384}, {18432, 7168}, {7168, 18432},
+				 {4096, 7168},	{7168, 2048}};
+	const int one[1][2] = {{only_n, only_k}}, (*sh)[2] = only_n ? one : shapes;
+	const size_t n_sh = only_n ? 1 : sizeof shapes / sizeof *shapes;
+	if (only_n && (only_n % 16 || only_n < 16 || only_k % 128 || only_k < 128)) {
+		fprintf(stderr, "dsv32 bench gemm: --shape %dx%d: N %% 16 and K %% 128 must be 0\n",
+			only_n, only_k);
+		return 2;
+	}
 	static const int Ms[] = {1, 8, 16, 32, 64, 128, 4096};
 	const int max_m = 4096;
 	int rc_all = 0;
-	for (size_t si = 0; run_dense && si < sizeof shapes / sizeof *shapes; si++) {
-		struct gemm_ctx c = {.N = shapes[si][0], .K = shapes[si][1]};
-		if (only_n && (c.N != only_n || c.K != only_k)) /* --shape: that one only */
-			continue;
+	for (size_t si = 0; run_dense && si < n_sh; si++) {
+		struct gemm_ctx c = {.N = sh[si][0], .K = sh[si][1]};
 		c.w_bytes = ((size_t)c.N * c.K + 255) / 256 * 256;
 		c.s_bytes = ((size_t)(c.N / 128) * (c.K / 128) * 4 + 255) / 256 * 256;
 		c.copies = (int)((1ull << 30) / c.w_bytes) + 1;
