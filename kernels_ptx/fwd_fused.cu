@@ -103,7 +103,8 @@ k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__
 
 // k_fwd_rmsnorm_1k, then (its outputs written) a prefetch into L2 of ranges pf0 [n0 bytes] and
 // pf1 [n1 bytes] (either may be null), in 64 KB pieces and a tail: the MoE's shared expert
-// before the router (DSV32_CUDA_PREFETCH_SHARED, model/cuda_fwd_attn.c). Byte counts % 16 == 0.
+// before the router (DSV32_CUDA_PREFETCH_SHARED), a query projection's weights before the q_a |
+// wk | kv_a GEMM (DSV32_CUDA_PREFETCH_EARLY; model/cuda_fwd_attn.c). Byte counts % 16 == 0.
 #define PF_PIECE 65536
 extern "C" __global__ void __launch_bounds__(1024, 1)
 k_fwd_rmsnorm_1k_pf(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,

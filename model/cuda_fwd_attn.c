@@ -280,6 +280,12 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
 				      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
 			return -EIO;
+		if (T == 1 && F->E->sw->prefetch_early) {
+			/* the query GEMM after the q_a | wk | kv_a one (DSV32_CUDA_PREFETCH_EARLY): the
+			 * indexer's wq_b when its queries run, else q_b (then on the critical path) */
+			const struct fwd_fp8 *W = F->max_n > c->index_topk ? &L->idx_q_b : &L->q_b;
+			F->pf[0] = W->w, F->pf_n[0] = (long long)W->out * W->in;
+		}
 		TRY(fwd_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
 	}
 	if (!fuse)
