@@ -70,6 +70,7 @@ struct fwd {
 	int side_open;             /* work on the side stream that the engine stream has not joined */
 	gpu_ptr pf[2];             /* ranges the next hidden-size norm prefetches into L2 after its */
 	long long pf_n[2];         /* work (k_fwd_rmsnorm_1k_pf; bytes), then cleared */
+#define FWD_PF_BLOCKS 16           /* k_fwd_rmsnorm_1k_pf's blocks that only prefetch */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \

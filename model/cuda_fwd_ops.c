@@ -137,8 +137,8 @@ int fwd_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr 
 {
 	float eps = (float)F->c->rms_norm_eps;
 	if (dim > 2048 && (F->pf[0] || F->pf[1])) { /* then F->pf's prefetch (cuda_fwd.h) */
-		LAUNCH_PDL("k_fwd_rmsnorm_1k_pf", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps,
-			   &q, &qs, &F->pf[0], &F->pf_n[0], &F->pf[1], &F->pf_n[1]);
+		LAUNCH_PDL("k_fwd_rmsnorm_1k_pf", F->T + FWD_PF_BLOCKS, 1, 1024, 0, &x, &ldx, &res, &w, &out,
+			   &ldo, &dim, &eps, &q, &qs, &F->T, &F->pf[0], &F->pf_n[0], &F->pf[1], &F->pf_n[1]);
 	} else if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
 		LAUNCH_PDL("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
 		       &qs);
