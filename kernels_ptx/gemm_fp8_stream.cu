@@ -43,6 +43,7 @@
 // per row and column), and nothing depends on how many tokens there are or which group a row
 // is in: a row's result does not depend on M, on its slice, on RT or on its neighbours (batch
 // invariant), and a grouped row equals the dense GEMM of that row with its group's weight.
+#include "cluster.cuh"
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
@@ -206,6 +207,14 @@ __device__ __forceinline__ void wg_n96(float *d, uint64_t da, uint64_t db, int a
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
 		     "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wg_n112(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n112k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
 		     : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -785,12 +794,17 @@ ST_ENTRY(0, 1, 0, )
 // the stages q = c, c + 2, ...; each stage released by its 4 warps) and add their sums at the
 // end through the idle ring; SPLIT = 1 (NT = 144 .. 256: a fragment of NT / 2 registers and the
 // sums' as many would not fit the 168 registers a thread that 9 warps leave) both take every
-// stage, warpgroup c the rows c NT / 2 .. of the tile, and store their own rows.
+// stage, warpgroup c the rows c NT / 2 .. of the tile, and store their own rows. KS = 2 (with
+// SPLIT = 0): a cluster of two blocks per tile, rank r streaming the stages of its half of K
+// (the first ceil(stages / 2) or the rest): each weight byte then comes with half the token
+// bytes of a tile half as wide (the tokens' share of the copies at 33-64 rows); rank 1's sums go
+// into rank 0's idle ring through distributed shared memory, and rank 0 adds and stores.
 //
 // Numerics (fast mode): per K block the 4 k32 wgmmas into a fresh fragment, then
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
-// products); SPLIT = 0: the two warpgroups' sums added at the end (even stages + odd stages),
-// SPLIT = 1: K blocks in order — a fixed order that depends on N and K only, and a row's result
+// products); SPLIT = 0: the two warpgroups' sums added at the end (even stages + odd stages;
+// KS = 2: that in each rank, then rank 0's + rank 1's), SPLIT = 1: K blocks in order — a fixed
+// order that depends on N and K only, and a row's result
 // does not depend on M (the MMA's rows are independent). The token scales (M x K/128) are loaded
 // into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
 // 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the warpgroup's first row of the
@@ -816,6 +830,8 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 		wg_n72(d, da, db, accumulate);
 	else if constexpr (NT == 96)
 		wg_n96(d, da, db, accumulate);
+	else if constexpr (NT == 112)
+		wg_n112(d, da, db, accumulate);
 	else if constexpr (NT == 128)
 		wg_n128(d, da, db, accumulate);
 	else {
@@ -831,19 +847,24 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 
 #define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
 
-template <int NT, bool SPLIT>
+template <int NT, bool SPLIT, int KS>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
 					      int M, int N, int K, int ldy, int ns, int mpad)
 {
+	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, AB = 64 * 128,
 		      STAGE = ST_KBS * (WB + AB), R = NW / 2;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
 	const uint32_t stage0 = (smem_u32(smem) + 256 + 1023) & ~1023u;
-	const int KB = K >> 7, nst = (KB + ST_KBS - 1) / ST_KBS, tiles = (N + NT - 1) / NT;
+	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
+	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)
+	const int nall = (KB + ST_KBS - 1) / ST_KBS, rank = KS == 2 ? (int)cluster_rank() : 0;
+	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
+	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
 	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
 	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -865,19 +886,19 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
 		if (lane == 0)
 			for (int q = 0; q < pre; q++) {
-				const int kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
+				const int kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
 				const uint32_t bar = smem_u32(&full[q]);
 				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
 				for (int j = 0; j < nb; j++)
 					tma_load_2d_hint(stage0 + q * STAGE + j * WB, wmap, bar, (kb + j) * 128,
-							 blockIdx.x * NT, pol_w);
+							 tile0 * NT, pol_w);
 			}
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
 		int Q = 0;
-		for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+		for (int tile = tile0; tile < tiles; tile += tstep) {
 			const int n0 = tile * NT, b0 = n0 >> 7, b1 = min(n0 + NT - 1, N - 1) >> 7;
 			for (int q = 0; q < nst; q++, Q++) {
-				const int s = Q % ns, kb = q * ST_KBS, nb = min(ST_KBS, KB - kb);
+				const int s = Q % ns, kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
 				const bool early = Q < pre; // weights already on their way
 				const uint32_t bar = smem_u32(&full[s]), st = stage0 + s * STAGE;
 				if (!early)
@@ -901,6 +922,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 								 (kb + j) * 128, 0, pol_x);
 				}
 			}
+		}
+		if constexpr (KS == 2) { // the pair's two cluster barriers (below); no thread leaves first
+			cluster_sync();
+			cluster_sync();
 		}
 		return;
 	}
@@ -929,7 +954,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0;
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
 	int Q = 0;
-	for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, Q += nst) {
+	for (int tile = tile0; tile < tiles; tile += tstep, Q += nst) {
 		const int n0 = tile * NT, r0 = (n0 & 127) + cw0;
 		float acc[R], frag[R];
 #pragma unroll
@@ -941,7 +966,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			const uint32_t st = stage0 + s * STAGE, sd = scl + s * SW_SCL;
 #pragma unroll
 			for (int j = 0; j < ST_KBS; j++) {
-				const int kb = q * ST_KBS + j;
+				const int kb = (qa + q) * ST_KBS + j;
 				if (kb >= KB)
 					break;
 #pragma unroll
@@ -989,7 +1014,26 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				for (int i = 0; i < R; i++)
 					sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
 			named_bar_sync(1, 256);
-			if (c == 1)
+			if (KS == 1 && c == 1)
+				return;
+			if (c == 0 && live)
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
+		}
+		if constexpr (KS == 2) {
+			// one tile a cluster: both ranks' rings idle after the first barrier (and rank 0's
+			// exchange above read); rank 1's sums into rank 0's ring, thread-major
+			cluster_sync();
+			if (rank == 1 && c == 0 && live)
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
+							     cl_mapa(stage0 + 4 * (i * 128 + tid), 0)),
+						     "f"(acc[i])
+						     : "memory");
+			cluster_sync();
+			if (rank == 1 || c == 1)
 				return;
 			if (live)
 #pragma unroll
@@ -1018,7 +1062,17 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
 				   int ns, int mpad)                                               \
 	{                                                                                         \
-		gemm_fp8_swap<NT, SPLIT>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);         \
+		gemm_fp8_swap<NT, SPLIT, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);      \
+	}
+// KS = 2: a cluster of two blocks a tile (its K halves)
+#define SW_ENTRY2(NT)                                                                             \
+	extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(288, 1)            \
+	k_gemm_fp8_swap_n##NT##k2(const __grid_constant__ tmap wmap,                              \
+				  const __grid_constant__ tmap xmap, const float *S,              \
+				  const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
+				  int ns, int mpad)                                                \
+	{                                                                                         \
+		gemm_fp8_swap<NT, false, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);      \
 	}
 
 SW_ENTRY(8, false, )
@@ -1035,6 +1089,14 @@ SW_ENTRY(144, false, )
 SW_ENTRY(144, true, s)
 SW_ENTRY(192, true, s)
 SW_ENTRY(256, true, s)
+SW_ENTRY2(16)
+SW_ENTRY2(32)
+SW_ENTRY2(48)
+SW_ENTRY2(64)
+SW_ENTRY2(96)
+SW_ENTRY2(112)
+SW_ENTRY2(128)
+SW_ENTRY2(144)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

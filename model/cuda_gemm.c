@@ -437,6 +437,19 @@ static const struct {
 		{144, 1, "k_gemm_fp8_swap_n144s"}, {192, 1, "k_gemm_fp8_swap_n192s"},
 		{256, 1, "k_gemm_fp8_swap_n256s"}};
 
+/* The cluster form (KS = 2: two blocks a tile, each streaming half of K; SW_ENTRY2) and its
+ * widths; cuda_gemm_set_stream_sw_ks. */
+static const struct {
+	int nt;
+	const char *name;
+} sw_tiles2[] = {{16, "k_gemm_fp8_swap_n16k2"},	  {32, "k_gemm_fp8_swap_n32k2"},
+		 {48, "k_gemm_fp8_swap_n48k2"},	  {64, "k_gemm_fp8_swap_n64k2"},
+		 {96, "k_gemm_fp8_swap_n96k2"},	  {112, "k_gemm_fp8_swap_n112k2"},
+		 {128, "k_gemm_fp8_swap_n128k2"}, {144, "k_gemm_fp8_swap_n144k2"}};
+static int sw_ks = 1;
+
+void cuda_gemm_set_stream_sw_ks(int ks) { sw_ks = ks == 2 ? 2 : 1; }
+
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
  * (ceil(tiles / sms) x NT), the first (narrowest, unsplit) on a tie — 7168 rows: 56 (128
  * blocks), 18432: 144, 24576: 192s, 32768: 256s (one wave each); 36864: 144s (256 tiles, two
@@ -461,8 +474,17 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
-	const int sms = g->sm_count > 0 ? g->sm_count : 132, ti = sw_tile(N, sms);
-	const int nt = sw_tiles[ti].nt, KB = K / 128, nst = (KB + 1) / 2, tiles = (N + nt - 1) / nt;
+	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
+	int ti = sw_tile(N, sms), nt = sw_tiles[ti].nt, split = sw_tiles[ti].split, ks = 1;
+	const char *name = sw_tiles[ti].name;
+	for (int i = 0; sw_ks == 2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2);
+	     i++)
+		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
+			nt = sw_tiles2[i].nt, split = 0, ks = 2, name = sw_tiles2[i].name;
+			break;
+		}
+	/* stages a block streams (KS = 2: rank 0's, the larger half) */
+	const int nst = ks == 2 ? ((KB + 1) / 2 + 1) / 2 : (KB + 1) / 2, tiles = (N + nt - 1) / nt;
 	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
 	 * (nt weight rows + a 64-row token slot each) with their weight scales (32 bytes), the
@@ -470,12 +492,12 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128) + 32, scl = 4 * M * KB;
 	int ns = (ST_SMEM_MAX - head - scl) / stage;
 	ns = ns > 8 ? 8 : ns;
-	if (!sw_tiles[ti].split) /* one tile a block: no more stages than it has */
+	if (!split) /* one tile a block: no more stages than it has */
 		ns = ns > nst ? nst : ns;
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
-	void *fn = gpu_kernel(g, sw_tiles[ti].name);
+	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
 	int r = smem_optin(fn, smem);
@@ -486,7 +508,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
 		return r;
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad};
-	unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
+	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }
 

@@ -46,6 +46,11 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * does not fit. M <= 64. */
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy);
+/* ks 2: cuda_gemm_fp8_stream_sw runs its cluster form where one fits (two blocks a tile twice
+ * as wide, each streaming half of K, the halves' sums added through distributed shared memory:
+ * half the token bytes a weight byte; K >= 512), 1 (the default) the one-block form.
+ * Process-wide (tests, the benchmark). */
+void cuda_gemm_set_stream_sw_ks(int ks);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
  * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
  * benchmark set it. */

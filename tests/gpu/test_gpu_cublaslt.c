@@ -192,7 +192,9 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
  * split) against the CPU within the wgmma limit: M across the token boxes (1-8, 9-16, 17-32,
  * 33-64 rows), tile widths 8-256 (N from 576 to 36864: alternate stages up to 144, the rows
  * split between the warpgroups above, two tiles a block from 36864; tiles straddling 128-row
- * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups' sums); then
+ * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups'
+ * sums); each shape also in the cluster form (cuda_gemm_set_stream_sw_ks 2: K halves over two
+ * blocks where it fits, K >= 512); then
  * batch invariance: the first and last rows run alone (M = 1) give the same bits as in the
  * M-row GEMM. */
 TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
@@ -205,10 +207,15 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 					{13, 16384, 256}, {2, 7168, 16384}, {24, 6144, 384},
 					{4, 24576, 512},  {37, 32768, 256}, {2, 36864, 256},
 					{64, 34816, 128}};
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-		struct lt_case c;
-		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1100 + i);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_SW, "stream swap"), 0);
+	for (size_t i = 0; i < 2 * (sizeof shapes / sizeof *shapes); i++) {
+		static struct lt_case c; /* each shape's case, made once for both forms */
+		const int ks = 1 + (int)(i & 1);
+		if (ks == 1)
+			case_init(&g, &c, shapes[i / 2][0], shapes[i / 2][1], shapes[i / 2][2],
+				  1100 + i / 2);
+		cuda_gemm_set_stream_sw_ks(ks);
+		CHECK_EQ_INT(case_run(&g, &c, VIA_SW, ks == 2 ? "stream swap, cluster" : "stream swap"),
+			     0);
 		if (c.M > 1) {
 			uint16_t *row = malloc((size_t)c.N * 2);
 			REQUIRE(row);
@@ -226,16 +233,18 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 						first = first < 0 ? n : first;
 					}
 				if (differ)
-					printf("    swap M=%d N=%d K=%d: row %d alone differs in %d columns "
-					       "(first %d: %04x against %04x)\n",
-					       c.M, c.N, c.K, m, differ, first, row[first],
+					printf("    swap ks=%d M=%d N=%d K=%d: row %d alone differs in %d "
+					       "columns (first %d: %04x against %04x)\n",
+					       ks, c.M, c.N, c.K, m, differ, first, row[first],
 					       c.got[(size_t)m * c.N + first]);
 				CHECK_EQ_INT(differ, 0);
 			}
 			free(row);
 		}
-		case_free(&c);
+		if (ks == 2)
+			case_free(&c);
 	}
+	cuda_gemm_set_stream_sw_ks(1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }

@@ -400,10 +400,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw", "sw2");
 	fflush(stdout);
 	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
 	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
@@ -474,7 +474,7 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1, wsw2 = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -491,8 +491,12 @@ int bench_gemm(int argc, char **argv)
 				wg = time_ms(&g, launch_wgmma, &c, reps, trials);
 			}
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
-			if (c.M <= 64 && sw_ok) /* last: a new kernel */
+			if (c.M <= 64 && sw_ok) { /* last: new kernels */
 				wsw = time_ms(&g, launch_stream_sw, &c, reps, trials);
+				cuda_gemm_set_stream_sw_ks(2);
+				wsw2 = time_ms(&g, launch_stream_sw, &c, reps, trials);
+				cuda_gemm_set_stream_sw_ks(1);
+			}
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
 			double bytes = (double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4 +
@@ -529,8 +533,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wsw};
-			for (int k = 0; k < 5; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2};
+			for (int k = 0; k < 6; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
 				else if (c.M <= 64)
@@ -559,7 +563,8 @@ int bench_gemm(int argc, char **argv)
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
 		       "(output invalid: the chunk sum's cost is wg_nr against wg); sw: TB/s of the "
 		       "swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, one block per "
-		       "NT weight rows over all of K, one launch); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "NT weight rows over all of K, one launch); sw2: its cluster form (two blocks a "
+		       "tile, each half of K; where it fits, else sw again); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",
