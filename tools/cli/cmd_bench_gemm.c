@@ -152,8 +152,9 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 				c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
-/* One swapped-kernel GEMM (M = 8, 7168x2048) completes: 1, else 0. */
-static int probe_sw(struct gpu *g)
+/* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (cuda_gemm_set_stream_sw_ks):
+ * 1, else 0. */
+static int probe_sw(struct gpu *g, int ks)
 {
 	const int M = 8, N = 7168, K = 2048;
 	gpu_ptr w = 0, s = 0, x = 0, sx = 0, y = 0;
@@ -165,7 +166,9 @@ static int probe_sw(struct gpu *g)
 		bench_fill_pow2(g, s, (long long)(N / 128) * (K / 128), 2, -12, -8);
 		bench_fill_e4m3(g, x, (long long)M * K, 3);
 		bench_fill_pow2(g, sx, (long long)M * (K / 128), 4, -4, 0);
+		cuda_gemm_set_stream_sw_ks(ks);
 		ok = !cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N) && !gpu_sync(g);
+		cuda_gemm_set_stream_sw_ks(1);
 	}
 	if (ok) /* (after a failure the context is lost: gpu_close frees everything) */
 		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(x), cu.cuMemFree(sx), cu.cuMemFree(y);
@@ -379,12 +382,15 @@ int bench_gemm(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
 		return 1;
 	}
-	/* The swapped kernel is new: one launch on a small shape first; if it fails, the GPU is
-	 * reopened and its column left out (the rest of the benchmark still runs). */
-	int sw_ok = run_dense && probe_sw(&g);
-	if (run_dense && !sw_ok) {
-		fprintf(stderr, "dsv32 bench gemm: the swapped kernel failed its probe; column sw "
-				"left out\n");
+	/* The swapped kernel's forms are new: one launch of each on a small shape first; a form
+	 * that fails is left out (its column n/a) and the GPU reopened, so the rest still runs. */
+	int sw_ok[2] = {0, 0};
+	for (int ks = 1; run_dense && ks <= 2; ks++) {
+		sw_ok[ks - 1] = (ks == 1 || sw_ok[0]) && probe_sw(&g, ks);
+		if (sw_ok[ks - 1])
+			continue;
+		fprintf(stderr, "dsv32 bench gemm: the swapped kernel (form %d) failed its probe; "
+				"column %s left out\n", ks, ks == 1 ? "sw" : "sw2");
 		gpu_close(&g);
 		if (gpu_open(&g, 0, &e)) {
 			fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
@@ -491,10 +497,10 @@ int bench_gemm(int argc, char **argv)
 				wg = time_ms(&g, launch_wgmma, &c, reps, trials);
 			}
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
-			if (c.M <= 64 && sw_ok) { /* last: new kernels */
+			if (c.M <= 64 && sw_ok[0]) { /* last: new kernels */
 				wsw = time_ms(&g, launch_stream_sw, &c, reps, trials);
 				cuda_gemm_set_stream_sw_ks(2);
-				wsw2 = time_ms(&g, launch_stream_sw, &c, reps, trials);
+				wsw2 = sw_ok[1] ? time_ms(&g, launch_stream_sw, &c, reps, trials) : -1;
 				cuda_gemm_set_stream_sw_ks(1);
 			}
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
