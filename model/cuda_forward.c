@@ -39,7 +39,7 @@
  * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
  * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_CUDA_UV1_SPLIT=1,
  * DSV32_CUDA_GLUE_H=1, DSV32_CUDA_PREFETCH=0/1/MB, DSV32_CUDA_PREFETCH_SHARED=0/1/2,
- * DSV32_CUDA_PREFETCH_NEXT=1, DSV32_CUDA_PREFETCH_EARLY=1; and
+ * DSV32_CUDA_PREFETCH_NEXT=1, DSV32_CUDA_PREFETCH_EARLY=1/2/3; and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -177,7 +177,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 12: s->prefetch_mb = one ? 24 : n > 1 && n < 4096 ? (int)n : 0; break; /* MB */
 	case 13: s->prefetch_sh = n == 1 || n == 2 ? (int)n : 0; break;
 	case 14: s->prefetch_next = one; break;
-	default: s->prefetch_early = one; break;
+	default: s->prefetch_early = n >= 1 && n <= 3 ? (int)n : 0; break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
 		s->gen++;

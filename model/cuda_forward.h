@@ -87,8 +87,9 @@ struct fwd_switches {
 			   * prefetches that many MB of o_proj's weights into L2 */
 	int prefetch_next; /* DSV32_CUDA_PREFETCH_NEXT=1: with GLUE_H, k_fwd_q_absorb1h also
 			   * prefetches the next layer's q_a | wk | kv_a and indexer wq_b weights */
-	int prefetch_early; /* DSV32_CUDA_PREFETCH_EARLY=1: at one row a layer's attention norm
-			   * prefetches the indexer's wq_b (or, without indexer queries, q_b) */
+	int prefetch_early; /* DSV32_CUDA_PREFETCH_EARLY=1/2/3: at one row a layer's attention norm
+			   * prefetches the indexer's wq_b (or, without indexer queries, q_b) / q_b /
+			   * both */
 	int prefetch_sh;  /* DSV32_CUDA_PREFETCH_SHARED=1/2: at one row the norm before a MoE block
 			   * prefetches the shared expert's gate|up (2: and down) weights into L2 */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */

@@ -280,11 +280,15 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
 				      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
 			return -EIO;
-		if (T == 1 && F->E->sw->prefetch_early) {
-			/* the query GEMM after the q_a | wk | kv_a one (DSV32_CUDA_PREFETCH_EARLY): the
-			 * indexer's wq_b when its queries run, else q_b (then on the critical path) */
-			const struct fwd_fp8 *W = F->max_n > c->index_topk ? &L->idx_q_b : &L->q_b;
-			F->pf[0] = W->w, F->pf_n[0] = (long long)W->out * W->in;
+		const int early = T == 1 ? F->E->sw->prefetch_early : 0, iq = F->max_n > c->index_topk;
+		if (early) {
+			/* the query GEMMs after the q_a | wk | kv_a one (DSV32_CUDA_PREFETCH_EARLY): 1 the
+			 * indexer's wq_b when its queries run, else q_b (then on the critical path); 2 q_b;
+			 * 3 both */
+			const struct fwd_fp8 *W0 = early == 2 || !iq ? &L->q_b : &L->idx_q_b;
+			F->pf[0] = W0->w, F->pf_n[0] = (long long)W0->out * W0->in;
+			if (early == 3 && iq)
+				F->pf[1] = L->q_b.w, F->pf_n[1] = (long long)L->q_b.out * L->q_b.in;
 		}
 		TRY(fwd_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
 	}
