@@ -438,7 +438,7 @@ static const struct {
 		{256, 1, "k_gemm_fp8_swap_n256s"}};
 
 /* The cluster form (KS = 2: two blocks a tile, each streaming half of K; SW_ENTRY2) and its
- * widths; cuda_gemm_set_stream_sw_ks. */
+ * widths. */
 static const struct {
 	int nt;
 	const char *name;
@@ -446,10 +446,6 @@ static const struct {
 		 {48, "k_gemm_fp8_swap_n48k2"},	  {64, "k_gemm_fp8_swap_n64k2"},
 		 {96, "k_gemm_fp8_swap_n96k2"},	  {112, "k_gemm_fp8_swap_n112k2"},
 		 {128, "k_gemm_fp8_swap_n128k2"}, {144, "k_gemm_fp8_swap_n144k2"}};
-static int sw_ks = 1;
-
-void cuda_gemm_set_stream_sw_ks(int ks) { sw_ks = ks == 2 ? 2 : 1; }
-
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
  * (ceil(tiles / sms) x NT), the first (narrowest, unsplit) on a tie — 7168 rows: 56 (128
  * blocks), 18432: 144, 24576: 192s, 32768: 256s (one wave each); 36864: 144s (256 tiles, two
@@ -470,14 +466,14 @@ static int sw_tile(int N, int sms)
 }
 
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
-			    gpu_ptr y, int M, int N, int K, int ldy)
+			    gpu_ptr y, int M, int N, int K, int ldy, int ks2)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
 	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
 	int ti = sw_tile(N, sms), nt = sw_tiles[ti].nt, split = sw_tiles[ti].split, ks = 1;
 	const char *name = sw_tiles[ti].name;
-	for (int i = 0; sw_ks == 2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2);
+	for (int i = 0; ks2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2);
 	     i++)
 		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
 			nt = sw_tiles2[i].nt, split = 0, ks = 2, name = sw_tiles2[i].name;
@@ -803,7 +799,9 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);
-	if ((p == CUDA_GEMM_PATH_STREAM_WG || p == CUDA_GEMM_PATH_STREAM_SW) && (!fast || M > 64))
+	if ((p == CUDA_GEMM_PATH_STREAM_WG || p == CUDA_GEMM_PATH_STREAM_SW ||
+	     p == CUDA_GEMM_PATH_STREAM_SW2) &&
+	    (!fast || M > 64))
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
@@ -849,11 +847,12 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 		gpu_ptr x = x8 + (size_t)m0 * K, s = sx + (size_t)m0 * (K / 128) * 4,
 			yy = y + (size_t)m0 * ldy * 2;
 		int m = M - m0 < 64 ? M - m0 : 64;
-		int r = p == CUDA_GEMM_PATH_STREAM_SW
-				? cuda_gemm_fp8_stream_sw(g, W, S, x, s, yy, m, N, K, ldy)
-				: -ENOTSUP;
+		const int sw = p == CUDA_GEMM_PATH_STREAM_SW || p == CUDA_GEMM_PATH_STREAM_SW2;
+		int r = sw ? cuda_gemm_fp8_stream_sw(g, W, S, x, s, yy, m, N, K, ldy,
+						     p == CUDA_GEMM_PATH_STREAM_SW2)
+			   : -ENOTSUP;
 		if (r == -ENOTSUP)
-			r = p == CUDA_GEMM_PATH_STREAM_WG || p == CUDA_GEMM_PATH_STREAM_SW
+			r = p == CUDA_GEMM_PATH_STREAM_WG || sw
 				    ? cuda_gemm_fp8_stream_wg(g, W, S, x, s, yy, m, N, K, ldy, ws, 1)
 				    : cuda_gemm_fp8_decode(g, W, S, x, s, yy, m, N, K, ldy, ws);
 		if (r)
@@ -897,7 +896,9 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 		return cuda_gemm_fp8_stream_wg(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
 					       a->ws, 1);
 	case CUDA_GEMM_PATH_STREAM_SW:
-		return cuda_gemm_fp8_stream_sw(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy);
+	case CUDA_GEMM_PATH_STREAM_SW2:
+		return cuda_gemm_fp8_stream_sw(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
+					       p == CUDA_GEMM_PATH_STREAM_SW2);
 	case CUDA_GEMM_PATH_WGMMA:
 		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, W, S, a->x8, a->sx, a->y,
 								      a->M, a->N, a->K, a->ldy)
@@ -908,7 +909,7 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 	}
 }
 
-/* Whether the start-up measurement times the swapped kernel (CUDA_GEMM_PATH_STREAM_SW): not
+/* Whether the start-up measurement times the swapped kernel (CUDA_GEMM_PATH_STREAM_SW, _SW2): not
  * until a GPU run has validated it; DSV32_GEMM_SWAP=1 (diagnosis) makes it a candidate. */
 static int swap_tune(void)
 {
@@ -985,8 +986,10 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 		t[CUDA_GEMM_PATH_DECODE] = time_path(g, a, CUDA_GEMM_PATH_DECODE);
 		if (fast)
 			t[CUDA_GEMM_PATH_STREAM_WG] = time_path(g, a, CUDA_GEMM_PATH_STREAM_WG);
-		if (fast && swap_tune())
+		if (fast && swap_tune()) {
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
+			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
+		}
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);
 	}

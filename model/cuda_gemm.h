@@ -42,15 +42,12 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 			    gpu_ptr y, int M, int N, int K, int ldy, gpu_ptr ws, int wg);
 /* The same GEMM on the swapped kernel (k_gemm_fp8_swap_n*, fast mode: the tokens as wgmma's A,
  * tiles of NT weight rows as B, each over the whole of K, so no K chunks, no workspace and one
- * launch; within the wgmma limit; a row's result independent of M). -ENOTSUP where the ring
- * does not fit. M <= 64. */
+ * launch; within the wgmma limit; a row's result independent of M). ks2 1: its cluster form
+ * where one fits (two blocks a tile twice as wide, each streaming half of K, the halves' sums
+ * added through distributed shared memory: half the token bytes a weight byte; K >= 512), else
+ * the one-block form. -ENOTSUP where the ring does not fit. M <= 64. */
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
-			    gpu_ptr y, int M, int N, int K, int ldy);
-/* ks 2: cuda_gemm_fp8_stream_sw runs its cluster form where one fits (two blocks a tile twice
- * as wide, each streaming half of K, the halves' sums added through distributed shared memory:
- * half the token bytes a weight byte; K >= 512), 1 (the default) the one-block form.
- * Process-wide (tests, the benchmark). */
-void cuda_gemm_set_stream_sw_ks(int ks);
+			    gpu_ptr y, int M, int N, int K, int ldy, int ks2);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
  * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
  * benchmark set it. */
@@ -120,6 +117,7 @@ enum cuda_gemm_path {
 	CUDA_GEMM_PATH_WGMMA,    /* cuda_gemm_fp8_wgmma (M > 64; model/cuda_gemm_wgmma.h) */
 	CUDA_GEMM_PATH_STREAM_WG, /* the streaming kernel's wgmma consumers (M <= 64, fast mode) */
 	CUDA_GEMM_PATH_STREAM_SW, /* the swapped kernel, no K split (M <= 64, fast mode) */
+	CUDA_GEMM_PATH_STREAM_SW2, /* its cluster form (K halves over two blocks) */
 	CUDA_GEMM_PATHS
 };
 

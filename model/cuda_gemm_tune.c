@@ -63,6 +63,8 @@ static const char *path_name(enum cuda_gemm_path p)
 		return "wg";
 	case CUDA_GEMM_PATH_STREAM_SW:
 		return "sw";
+	case CUDA_GEMM_PATH_STREAM_SW2:
+		return "sw2";
 	case CUDA_GEMM_PATH_CUBLASLT:
 		return "lt";
 	case CUDA_GEMM_PATH_WGMMA:

@@ -73,7 +73,7 @@ static void case_free(struct lt_case *c)
 	free(c->W), free(c->xq), free(c->S), free(c->sx), free(c->y), free(c->got);
 }
 
-enum { VIA_LT, VIA_DISPATCH, VIA_SW };
+enum { VIA_LT, VIA_DISPATCH, VIA_SW, VIA_SW2 };
 
 /* Runs the GEMM (poisoned output first) and returns its status; on 0, checks the result. */
 static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label)
@@ -81,8 +81,9 @@ static int case_run(struct gpu *g, struct lt_case *c, int via, const char *label
 	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
 	int r = via == VIA_LT ? cuda_gemm_fp8_lt(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N,
 						 c->K, c->N, c->dws, c->ws_bytes)
-		: via == VIA_SW ? cuda_gemm_fp8_stream_sw(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M,
-							  c->N, c->K, c->N)
+		: via == VIA_SW || via == VIA_SW2
+			? cuda_gemm_fp8_stream_sw(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
+						  c->N, via == VIA_SW2)
 				: cuda_gemm_fp8(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K,
 						c->N, c->dws, c->ws_bytes);
 	if (r)
@@ -193,8 +194,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
  * 33-64 rows), tile widths 8-256 (N from 576 to 36864: alternate stages up to 144, the rows
  * split between the warpgroups above, two tiles a block from 36864; tiles straddling 128-row
  * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups'
- * sums); each shape also in the cluster form (cuda_gemm_set_stream_sw_ks 2: K halves over two
- * blocks where it fits, K >= 512); then
+ * sums); each shape also in the cluster form (K halves over two blocks where it fits,
+ * K >= 512); then
  * batch invariance: the first and last rows run alone (M = 1) give the same bits as in the
  * M-row GEMM. */
 TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
@@ -213,8 +214,8 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 		if (ks == 1)
 			case_init(&g, &c, shapes[i / 2][0], shapes[i / 2][1], shapes[i / 2][2],
 				  1100 + i / 2);
-		cuda_gemm_set_stream_sw_ks(ks);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_SW, ks == 2 ? "stream swap, cluster" : "stream swap"),
+		CHECK_EQ_INT(case_run(&g, &c, ks == 2 ? VIA_SW2 : VIA_SW,
+				      ks == 2 ? "stream swap, cluster" : "stream swap"),
 			     0);
 		if (c.M > 1) {
 			uint16_t *row = malloc((size_t)c.N * 2);
@@ -224,7 +225,7 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 				gpu_test_poison(&g, c.dy, (size_t)c.N * 2);
 				REQUIRE(cuda_gemm_fp8_stream_sw(&g, c.dW, c.dS, c.dx + (size_t)m * c.K,
 								c.dsx + (size_t)m * KB * 4, c.dy, 1,
-								c.N, c.K, c.N) == 0);
+								c.N, c.K, c.N, ks == 2) == 0);
 				REQUIRE(gpu_download(&g, row, c.dy, (size_t)c.N * 2) == 0);
 				int differ = 0, first = -1;
 				for (int n = 0; n < c.N; n++)
@@ -244,7 +245,6 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 		if (ks == 2)
 			case_free(&c);
 	}
-	cuda_gemm_set_stream_sw_ks(1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }
@@ -281,6 +281,12 @@ TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 	for (int q = 1; q < CUDA_GEMM_PATHS; q++)
 		CHECK(us[q] < 0 || us[q] >= us[p] * 0.97f);
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (tuned)"), 0);
+	/* the swapped kernel's two forms through the dispatch */
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_STREAM_SW);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch -> swapped"), 0);
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_STREAM_SW2);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch -> swapped, cluster"), 0);
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, p);
 	cuda_gemm_set_batch_invariant(&g, 1); /* the invariant mode's entry is its own */
 	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == p_inv);
 	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);

@@ -83,7 +83,7 @@ static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trial
 struct gemm_ctx {
 	gpu_ptr w, s, x, sx, y, ws;
 	size_t w_bytes, s_bytes, ws_bytes;
-	int copies, M, N, K;
+	int copies, M, N, K, ks2;
 };
 
 static int launch_gemm(struct gpu *g, void *vctx, int i)
@@ -117,7 +117,7 @@ static int launch_stream_sw(struct gpu *g, void *vctx, int i)
 	int k = i % c->copies;
 	return cuda_gemm_fp8_stream_sw(g, c->w + (size_t)k * c->w_bytes,
 				       c->s + (size_t)k * c->s_bytes, c->x, c->sx, c->y, c->M, c->N,
-				       c->K, c->N);
+				       c->K, c->N, c->ks2);
 }
 
 static int launch_v2(struct gpu *g, void *vctx, int i)
@@ -152,7 +152,7 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 				c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
-/* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (cuda_gemm_set_stream_sw_ks):
+/* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form):
  * 1, else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
@@ -166,9 +166,7 @@ static int probe_sw(struct gpu *g, int ks)
 		bench_fill_pow2(g, s, (long long)(N / 128) * (K / 128), 2, -12, -8);
 		bench_fill_e4m3(g, x, (long long)M * K, 3);
 		bench_fill_pow2(g, sx, (long long)M * (K / 128), 4, -4, 0);
-		cuda_gemm_set_stream_sw_ks(ks);
-		ok = !cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N) && !gpu_sync(g);
-		cuda_gemm_set_stream_sw_ks(1);
+		ok = !cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2) && !gpu_sync(g);
 	}
 	if (ok) /* (after a failure the context is lost: gpu_close frees everything) */
 		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(x), cu.cuMemFree(sx), cu.cuMemFree(y);
@@ -476,7 +474,9 @@ int bench_gemm(int argc, char **argv)
 					    : path == CUDA_GEMM_PATH_STREAM_WG	 ? "wg"
 					    : cuda_gemm_decode_streams(c.N, c.K) ? "stream"
 										 : "v2";
-			label = path == CUDA_GEMM_PATH_STREAM_SW ? "sw" : label;
+			label = path == CUDA_GEMM_PATH_STREAM_SW    ? "sw"
+				: path == CUDA_GEMM_PATH_STREAM_SW2 ? "sw2"
+								    : label;
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
@@ -499,9 +499,9 @@ int bench_gemm(int argc, char **argv)
 			float lt = time_ms(&g, launch_lt, &c, reps, trials);
 			if (c.M <= 64 && sw_ok[0]) { /* last: new kernels */
 				wsw = time_ms(&g, launch_stream_sw, &c, reps, trials);
-				cuda_gemm_set_stream_sw_ks(2);
+				c.ks2 = 1;
 				wsw2 = sw_ok[1] ? time_ms(&g, launch_stream_sw, &c, reps, trials) : -1;
-				cuda_gemm_set_stream_sw_ks(1);
+				c.ks2 = 0;
 			}
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
