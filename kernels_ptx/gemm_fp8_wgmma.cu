@@ -893,7 +893,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 						       &mA64);
 }
 
-// ---- the token-wide SwiGLU form (k_gemm_fp8_wgmma_grouped_sw_tok) --------------------------------
+// ---- the token-wide forms (k_gemm_fp8_wgmma_grouped_sw_tok, k_gemm_fp8_wgmma_grouped_tok) -------
 // The MoE gate|up GEMM with SwiGLU and act_quant fused, as the SwiGLU form above computes it, but
 // with the operands of the MMA swapped: the weight rows are wgmma's A (m64 per consumer
 // warpgroup) and a group's token rows its N (a multiple of 16, up to 256), so one tile covers all
@@ -919,11 +919,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 // Numerics: the outputs of k_gemm_fp8_wgmma_grouped_n256_ss_sw (the tensor core sums the same
 // 32 products per k32 step with A and B exchanged), checked bit for bit by
 // gpu_wgmma.grouped_swiglu_exact.
-#define SWT_STAGES 4
+// The plain form (k_gemm_fp8_wgmma_grouped_tok, the MoE block's down GEMM) is the same machinery
+// with bf16 outputs y [rows, ldy]: an item is a token chunk (<= 192 rows) x 256 weight rows, 128
+// a CTA as one box (the A of the two consumer warpgroups, 64 rows each, one weight-scale block),
+// the outputs staged as [token][128 columns] bf16 in shared memory and stored as 16-byte chunks.
 #define SWT_W_BYTES (128 * WG_BK)  // 64 outputs' gate and up rows
-#define SWT_T_BYTES (256 * WG_BK)  // up to 256 token rows
 #define SWT_SC_BYTES 1040          // 256 token scales, then the gate and up weight scales
 #define SWT_OUT_LD 80              // bytes of a staged code row (64 codes)
+#define SWT_Y_LD 272               // bytes of a staged bf16 row (128 outputs; plain form)
 
 // The four k32 steps of a 128-byte K block: wgmma m64nNk32 e4m3, N = 16 .. 128 tokens in steps
 // of 16 (d[0 .. N/2 - 1]; the first step overwrites d).
@@ -971,17 +974,24 @@ struct swt_item {
 	const float *S;
 };
 
+// Token rows of a chunk at most: the SwiGLU form 256 (acc 128 + frag 64 registers), the plain
+// form 192 (at 256 its consumers spill a few registers); a stage's token tile holds that many.
+#define SWT_MAXT(SW) ((SW) ? 256 : 192)
+#define SWT_T_BYTES(SW) (SWT_MAXT(SW) * WG_BK)
+
 // The walk over items (each thread keeps its own copy; t only grows): groups in order, inside a
-// group the token chunk fastest, then the output block (nblk = I / 128).
-__device__ __forceinline__ bool swt_item_at(wg_sched &sc, long long t, int nblk, swt_item &it)
+// group the token chunk fastest (chunks of at most maxt rows), then the output block (nblk of
+// them).
+__device__ __forceinline__ bool swt_item_at(wg_sched &sc, long long t, int nblk, int maxt,
+					    swt_item &it)
 {
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), r1 = __ldg(sc.off + sc.e + 1), c = r1 - r0;
-		const int nch = (c + 255) / 256;
+		const int nch = (c + maxt - 1) / maxt;
 		const long long cnt = (long long)nch * nblk;
 		if (t < sc.base + cnt) {
 			const int local = (int)(t - sc.base), ch = local % nch;
-			const int cs = ((c + nch - 1) / nch + 15) & ~15; // rows a chunk, <= 256
+			const int cs = ((c + nch - 1) / nch + 15) & ~15; // rows a chunk, <= maxt
 			it.row0 = r0 + ch * cs;
 			it.row_end = min(it.row0 + cs, r1);
 			it.nt = (it.row_end - it.row0 + 15) & ~15;
@@ -1017,36 +1027,44 @@ __device__ __forceinline__ void st_remote_f32(uint32_t addr, uint32_t rank, floa
 		     : "memory");
 }
 
+// The copy producer of the token-wide forms (N: the outputs, SwiGLU: I).
+template <bool SW, int STAGES>
 __device__ __forceinline__ void swt_produce(wg_sched &sc, long long t0, long long dt,
-					    const tmap *mA32, int I, int KB, uint32_t w_smem,
+					    const tmap *mA32, int N, int KB, uint32_t w_smem,
 					    uint32_t t_smem, uint32_t bars)
 {
-	constexpr int STAGES = SWT_STAGES;
 	const int rank = sc.rank;
 	int s = 0, e_acq = -1;
 	uint32_t ph = 0;
+	const int nblk = SW ? N / 128 : N / 256;
 	swt_item it;
-	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt) {
+	for (long long t = t0; swt_item_at(sc, t, nblk, SWT_MAXT(SW), it); t += dt) {
 		if (sc.e != e_acq) { // the map was written by k_wgmma_group_maps (generic proxy)
 			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
 					     it.bmap)
 				     : "memory");
 			e_acq = sc.e;
 		}
-		const int nbox = (it.nt + 31) / 32, n0 = 128 * it.blk + 64 * rank;
+		const int nbox = (it.nt + 31) / 32;
+		const int n0 = SW ? 128 * it.blk + 64 * rank : 256 * it.blk + 128 * rank;
+#pragma unroll 1 // (this thread has 56 registers)
 		for (int kb = 0; kb < KB; kb++) {
 			mbar_wait<false>(EMPTY(s), ph ^ 1); // both CTAs' consumers released it
 			mbar_arrive_expect_tx(FULL(s), SWT_W_BYTES + nbox * 32 * WG_BK);
-			// our 64 outputs' gate and up rows, 8 of each in turn (boxes of 8 rows)
+			if constexpr (SW) { // our 64 outputs' gate and up rows, 8 of each in turn
 #pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const uint32_t dst = w_smem + s * SWT_W_BYTES + j * 16 * WG_BK;
-				tma_load_2d(dst, it.bmap, FULL(s), kb * WG_BK, n0 + 8 * j);
-				tma_load_2d(dst + 8 * WG_BK, it.bmap, FULL(s), kb * WG_BK, I + n0 + 8 * j);
+				for (int j = 0; j < 8; j++) {
+					const uint32_t dst = w_smem + s * SWT_W_BYTES + j * 16 * WG_BK;
+					tma_load_2d(dst, it.bmap, FULL(s), kb * WG_BK, n0 + 8 * j);
+					tma_load_2d(dst + 8 * WG_BK, it.bmap, FULL(s), kb * WG_BK,
+						    N + n0 + 8 * j);
+				}
+			} else { // our 128 weight rows, one box
+				tma_load_2d(w_smem + s * SWT_W_BYTES, it.bmap, FULL(s), kb * WG_BK, n0);
 			}
 			// the token boxes, the CTAs in turn, each into both CTAs
 			for (int i = rank; i < nbox; i += 2)
-				tma_load_2d_mc(t_smem + s * SWT_T_BYTES + i * 32 * WG_BK, mA32, FULL(s),
+				tma_load_2d_mc(t_smem + s * SWT_T_BYTES(SW) + i * 32 * WG_BK, mA32, FULL(s),
 					       kb * WG_BK, it.row0 + 32 * i, 3);
 			if (++s == STAGES)
 				s = 0, ph ^= 1;
@@ -1056,26 +1074,30 @@ __device__ __forceinline__ void swt_produce(wg_sched &sc, long long t0, long lon
 
 // The scale warps (1 and 2 of the producer warpgroup, hw = 0 / 1): per K block the chunk's nt
 // token scales (lane l of warp hw: tokens 128 hw + l + 32 i, i < 4; rows past M read row M - 1,
-// never stored) and (warp 1's lane 0) the gate / up weight scales, then one arrival each on
-// "full" (64 beside the copy producer's). Two warps: the loads of one, issued before its wait
-// for the stage, fit its 56 registers.
+// never stored) and (warp 1's lane 0) the weight scales of the rows a thread's fragment holds
+// low and high (SwiGLU: the gate and the up block; plain: the tile's one block, twice), then one
+// arrival each on "full" (64 beside the copy producer's). Two warps: the loads of one, issued
+// before its wait for the stage, fit its 56 registers.
+template <bool SW, int STAGES>
 __device__ __forceinline__ void swt_scales(wg_sched &sc, long long t0, long long dt,
-					   const float *sx, int M, int I, int KB, uint32_t bars,
+					   const float *sx, int M, int N, int KB, uint32_t bars,
 					   uint32_t scl)
 {
-	constexpr int STAGES = SWT_STAGES;
 	const int lane = threadIdx.x & 31, hw = (threadIdx.x >> 5) - 1;
 	int s = 0;
 	uint32_t ph = 0;
+	const int nblk = SW ? N / 128 : N / 256;
 	swt_item it;
-	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt) {
-		const float *wg = it.S + (size_t)it.blk * KB, *wu = wg + (size_t)(I / 128) * KB;
+	for (long long t = t0; swt_item_at(sc, t, nblk, SWT_MAXT(SW), it); t += dt) {
+		const int b0 = SW ? it.blk : 2 * it.blk + sc.rank; // the low rows' scale block
+		const float *wg = it.S + (size_t)b0 * KB, *wu = wg + (SW ? (size_t)(N / 128) * KB : 0);
 		const int tok0 = 128 * hw + lane;
 		const int nl = it.nt > tok0 ? (it.nt - tok0 + 31) / 32 : 0; // this lane's tokens
 		int xo[4];
 #pragma unroll
 		for (int i = 0; i < 4; i++)
 			xo[i] = min(it.row0 + tok0 + 32 * i, M - 1) * KB;
+#pragma unroll 1
 		for (int kb = 0; kb < KB; kb++) {
 			float v[4];
 #pragma unroll
@@ -1137,18 +1159,17 @@ __device__ __forceinline__ void swt_half(float *acc, float *frag, uint64_t da, u
 
 // The K loop of one item for warpgroup cw: per 128-byte K block the token halves of N1 and N2
 // tokens (N2 = 0: one half), then the stage released in both CTAs.
-template <int N1, int N2>
+template <int N1, int N2, int STAGES, bool SW>
 __device__ __forceinline__ void swt_kloop(float *acc, float *frag, int KB, uint32_t w_smem,
 					  uint32_t t_smem, uint32_t bars, uint32_t scl, int cw,
 					  int cq, int lane, int &s, uint32_t &ph)
 {
-	constexpr int STAGES = SWT_STAGES;
 	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * WG_BK);
 	const uint64_t db0 = wgd_kmajor(t_smem);
 	for (int kb = 0; kb < KB; kb++) {
 		mbar_wait(FULL(s), ph);
 		const uint64_t da = da0 + ((uint64_t)(s * SWT_W_BYTES) >> 4);
-		const uint64_t db = db0 + ((uint64_t)(s * SWT_T_BYTES) >> 4);
+		const uint64_t db = db0 + ((uint64_t)(s * SWT_T_BYTES(SW)) >> 4);
 		const uint32_t sc_s = scl + s * SWT_SC_BYTES;
 		const float wgs = lds_f32(sc_s + 1024), wus = lds_f32(sc_s + 1028);
 		swt_half<N1, 0>(acc, frag, da, db, sc_s, wgs, wus, cq);
@@ -1161,15 +1182,67 @@ __device__ __forceinline__ void swt_kloop(float *acc, float *frag, int KB, uint3
 	}
 }
 
-// The consumer warpgroups: warpgroup cw computes outputs n0 + 32 cw .. + 31 of each item for its
-// nt tokens (halves of up to 128 tokens: one m64nNk32 fragment of up to 64 registers, promoted
-// after each half as the n256 forms do).
-__device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long long dt, int I,
+// bf16 of x, round to nearest even (one instruction; f32_to_bf16's bits for every non-NaN x).
+__device__ __forceinline__ uint16_t bf16_rn(float x)
+{
+	uint16_t r;
+	asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+	return r;
+}
+
+// The plain form's epilogue: warpgroup cw's outputs (rows o_lo = 64 cw + 16 wi + lane / 4 and
+// o_lo + 8 of the weight tile, columns n0 + o of y) for the item's tokens -> bf16, staged as
+// [token][128 outputs] (rows of SWT_Y_LD bytes: no bank conflicts), stored as 16-byte chunks.
+__device__ __forceinline__ void swt_store_y(const float *acc, const swt_item &it, int n0, int cw,
+					    int wi, int lane, int ci, uint32_t outb, uint16_t *y,
+					    int ldy)
+{
+	const int cq = (lane & 3) * 2, o_lo = 64 * cw + 16 * wi + (lane >> 2);
+	asm volatile("bar.sync 4, 256;" ::: "memory"); // the previous item's reads are done
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			const int tk = 128 * h + 8 * j + cq;
+			if (128 * h + 8 * j >= SWT_MAXT(false) || 128 * h + 8 * j >= it.nt)
+				break;
+			const float *a = acc + 64 * h + 4 * j;
+			const uint32_t p = outb + tk * SWT_Y_LD + 2 * o_lo;
+			asm volatile("st.shared.u16 [%0], %1;\n\tst.shared.u16 [%2], %3;\n\t"
+				     "st.shared.u16 [%4], %5;\n\tst.shared.u16 [%6], %7;" ::"r"(p),
+				     "h"(bf16_rn(a[0])), "r"(p + SWT_Y_LD), "h"(bf16_rn(a[1])),
+				     "r"(p + 16), "h"(bf16_rn(a[2])), "r"(p + SWT_Y_LD + 16),
+				     "h"(bf16_rn(a[3]))
+				     : "memory");
+		}
+	}
+	asm volatile("bar.sync 4, 256;" ::: "memory");
+	for (int i = ci; i < it.nt * 16; i += 256) { // 16-byte chunks: 16 a token row
+		const int r = i >> 4, c = i & 15;
+		if (it.row0 + r >= it.row_end)
+			continue;
+		uint32_t v0, v1, v2, v3;
+		asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+			     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+			     : "r"(outb + r * SWT_Y_LD + 16 * c)
+			     : "memory");
+		asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
+				     y + (size_t)(it.row0 + r) * ldy + n0 + 8 * c),
+			     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+			     : "memory");
+	}
+}
+
+// The consumer warpgroups: warpgroup cw computes its 64 weight rows (SwiGLU: outputs n0 + 32 cw
+// .. + 31, gate and up; plain: outputs n0 + 64 cw .. + 63) of each item for its nt tokens
+// (halves of up to 128 tokens: one m64nNk32 fragment of up to 64 registers, promoted after each
+// half as the n256 forms do).
+template <bool SW, int STAGES>
+__device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long long dt, int N,
 					    int KB, uint32_t w_smem, uint32_t t_smem,
 					    uint32_t bars, uint32_t scl, uint32_t outb, uint32_t invb,
-					    uint32_t xb, uint8_t *h8, float *hs)
+					    uint32_t xb, uint8_t *h8, float *hs, uint16_t *y, int ldy)
 {
-	constexpr int STAGES = SWT_STAGES;
 	const int cw = (threadIdx.x >> 7) - 1, ci = threadIdx.x - 128; // ci: 0 .. 255
 	const int wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int cq = (lane & 3) * 2;
@@ -1182,8 +1255,9 @@ __device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long lon
 		frag[i] = 0.f;
 	int s = 0;
 	uint32_t ph = 0, k = 0; // k: items done (the exchange barriers' phases)
+	const int nblk = SW ? N / 128 : N / 256;
 	swt_item it;
-	for (long long t = t0; swt_item_at(sc, t, I / 128, it); t += dt, k++) {
+	for (long long t = t0; swt_item_at(sc, t, nblk, SWT_MAXT(SW), it); t += dt, k++) {
 #pragma unroll
 		for (int i = 0; i < 128; i++)
 			acc[i] = 0.f;
@@ -1193,13 +1267,20 @@ __device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long lon
 		switch (it.nt / 16) {
 #define SWT_K(c, n1, n2)                                                                          \
 	case c:                                                                                   \
-		swt_kloop<n1, n2>(acc, frag, KB, w_smem, t_smem, bars, scl, cw, cq, lane, s, ph);  \
+		if constexpr (16 * c <= SWT_MAXT(SW))                                            \
+			swt_kloop<n1, n2, STAGES, SW>(acc, frag, KB, w_smem, t_smem, bars, scl, cw, \
+						      cq, lane, s, ph);                           \
 		break;
 			SWT_K(1, 16, 0) SWT_K(2, 32, 0) SWT_K(3, 48, 0) SWT_K(4, 64, 0) SWT_K(5, 80, 0)
 			SWT_K(6, 96, 0) SWT_K(7, 112, 0) SWT_K(8, 128, 0) SWT_K(9, 128, 16)
 			SWT_K(10, 128, 32) SWT_K(11, 128, 48) SWT_K(12, 128, 64) SWT_K(13, 128, 80)
 			SWT_K(14, 128, 96) SWT_K(15, 128, 112) SWT_K(16, 128, 128)
 #undef SWT_K
+		}
+		if constexpr (!SW) {
+			swt_store_y(acc, it, 256 * it.blk + 128 * (int)rank, cw, wi, lane, ci, outb, y,
+				    ldy);
+			continue;
 		}
 		// ---- epilogue: SwiGLU, the act_quant's amax over the pair's 128 outputs, codes ----
 		// (the previous item's reads of the staging buffer are done before it is reused)
@@ -1247,7 +1328,7 @@ __device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long lon
 			asm volatile("st.shared.f32 [%0], %1;" ::"r"(invb + 4 * ci), "f"(1.0f / sc)
 				     : "memory");
 			if (rank == 0 && it.row0 + ci < it.row_end)
-				hs[(size_t)(it.row0 + ci) * (I / 128) + it.blk] = sc;
+				hs[(size_t)(it.row0 + ci) * (N / 128) + it.blk] = sc;
 		}
 		mbar_arrive_remote_rel(xfree, peer); // xb read: the peer may write it again
 		asm volatile("bar.sync 4, 256;" ::: "memory");
@@ -1290,33 +1371,30 @@ __device__ __forceinline__ void swt_consume(wg_sched &sc, long long t0, long lon
 				     : "r"(outb + r * SWT_OUT_LD + 16 * c)
 				     : "memory");
 			asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
-					     h8 + (size_t)(it.row0 + r) * I + n0 + 16 * c),
+					     h8 + (size_t)(it.row0 + r) * N + n0 + 16 * c),
 				     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
 				     : "memory");
 		}
 	}
 }
 
-// k_gemm_fp8_wgmma_grouped_sw_tok: the token-wide SwiGLU form (see above). mA32: x8 [max_rows,
-// K] in boxes of 32 rows; the group maps (k_wgmma_group_maps) from a template of W13 [2I, K] in
-// boxes of 8 rows. Clusters of 2, grid even; I % 128 == 0; h8 16-byte aligned. Dynamic shared
-// memory: 4 stages of 16 KB of weights and 32 KB of tokens, 2 x 4 + 2 barriers, 4 x 1040 bytes
-// of scales, 256 x 80 bytes of staged codes, 2 x 1 KB (the scales' reciprocals, the peer's
-// maxima), 1 KB of alignment slack.
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
-	k_gemm_fp8_wgmma_grouped_sw_tok(const __grid_constant__ tmap mA32,
-					const float *__restrict__ sx,
-					const unsigned long long *__restrict__ s_tab,
-					const int *__restrict__ off, int G, uint8_t *__restrict__ h8,
-					float *__restrict__ hs, int max_rows, int I, int K)
+// The token-wide kernels (see above): SW the SwiGLU form (outputs h8, hs; N = I), else the plain
+// form (y bf16 [max_rows, ldy]; N % 256 == 0). Shared memory from the 1024-aligned base: STAGES
+// stages of weights (16 KB) and tokens (SWT_T_BYTES: 32 / 24 KB), 2 STAGES + 2 barriers,
+// STAGES x 1040 bytes of scales, the staged outputs (SW: 256 x 80 bytes of codes, then 1 KB of
+// reciprocal scales, 1 KB of the peer's maxima; plain: 192 x SWT_Y_LD bytes of bf16).
+template <bool SW, int STAGES>
+__device__ __forceinline__ void swt_gemm(const tmap *mA32, const float *sx,
+					 const unsigned long long *s_tab, const int *off, int G,
+					 uint8_t *h8, float *hs, uint16_t *y, int ldy, int max_rows,
+					 int N, int K)
 {
-	constexpr int STAGES = SWT_STAGES;
 	extern __shared__ uint8_t swt_smem[];
 	const uint32_t base = (smem_u32(swt_smem) + 1023) & ~1023u;
 	const uint32_t w_smem = base, t_smem = base + STAGES * SWT_W_BYTES;
-	const uint32_t bars = t_smem + STAGES * SWT_T_BYTES; // full, empty, xfull, xfree
+	const uint32_t bars = t_smem + STAGES * SWT_T_BYTES(SW); // full, empty, xfull, xfree
 	const uint32_t scl = bars + 2 * STAGES * 8 + 16;
-	const uint32_t outb = scl + STAGES * SWT_SC_BYTES; // codes [256][80] (first: amax [8][256])
+	const uint32_t outb = scl + STAGES * SWT_SC_BYTES; // SW: codes (first: amax [8][256])
 	const uint32_t invb = outb + 256 * SWT_OUT_LD, xb = invb + 1024;
 	const int KB = K / WG_BK;
 	wg_sched sc = {};
@@ -1332,21 +1410,47 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 		mbar_init(bars + 2 * STAGES * 8 + 8, 256); // xfree: the same
 		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
 				     : "memory");
-		tmap_prefetch(&mA32);
+		tmap_prefetch(mA32);
 	}
 	cluster_sync();
 	if (threadIdx.x < 128) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
 		if (threadIdx.x == 0)
-			swt_produce(sc, t0, dt, &mA32, I, KB, w_smem, t_smem, bars);
+			swt_produce<SW, STAGES>(sc, t0, dt, mA32, N, KB, w_smem, t_smem, bars);
 		else if ((threadIdx.x >> 5) == 1 || (threadIdx.x >> 5) == 2)
-			swt_scales(sc, t0, dt, sx, max_rows, I, KB, bars, scl);
+			swt_scales<SW, STAGES>(sc, t0, dt, sx, max_rows, N, KB, bars, scl);
 	} else {
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
-		swt_consume(sc, t0, dt, I, KB, w_smem, t_smem, bars, scl, outb, invb, xb, h8,
-			    hs);
+		swt_consume<SW, STAGES>(sc, t0, dt, N, KB, w_smem, t_smem, bars, scl, outb, invb, xb,
+					h8, hs, y, ldy);
 	}
 	cluster_sync();
+}
+
+// k_gemm_fp8_wgmma_grouped_sw_tok: the token-wide SwiGLU form. mA32: x8 [max_rows, K] in boxes
+// of 32 rows; the group maps (k_wgmma_group_maps) from a template of W13 [2I, K] in boxes of 8
+// rows. Clusters of 2, grid even; I % 128 == 0; h8 16-byte aligned. 4 stages.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+	k_gemm_fp8_wgmma_grouped_sw_tok(const __grid_constant__ tmap mA32,
+					const float *__restrict__ sx,
+					const unsigned long long *__restrict__ s_tab,
+					const int *__restrict__ off, int G, uint8_t *__restrict__ h8,
+					float *__restrict__ hs, int max_rows, int I, int K)
+{
+	swt_gemm<true, 4>(&mA32, sx, s_tab, off, G, h8, hs, nullptr, 0, max_rows, I, K);
+}
+
+// k_gemm_fp8_wgmma_grouped_tok: the token-wide plain form (the MoE block's down GEMM), y bf16
+// [max_rows, ldy]; the group maps from a template of W [N, K] in boxes of 128 rows; an item is a
+// token chunk (<= 192 rows) x 256 weight rows, 128 a CTA. N % 256 == 0, ldy % 8 == 0, y 16-byte
+// aligned. 3 stages.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+	k_gemm_fp8_wgmma_grouped_tok(const __grid_constant__ tmap mA32, const float *__restrict__ sx,
+				     const unsigned long long *__restrict__ s_tab,
+				     const int *__restrict__ off, int G, uint16_t *__restrict__ y,
+				     int max_rows, int N, int K, int ldy)
+{
+	swt_gemm<false, 3>(&mA32, sx, s_tab, off, G, nullptr, nullptr, y, ldy, max_rows, N, K);
 }
 
 // k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for

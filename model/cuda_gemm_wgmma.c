@@ -100,6 +100,42 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 					staged ? WGMMA_STAGED : 0);
 }
 
+/* The token-wide forms (k_gemm_fp8_wgmma_grouped_sw_tok / _tok): the token rows in boxes of 32
+ * (multicast by the cluster's CTAs in turn), the weight rows in boxes of 8 (SwiGLU: a tile's gate
+ * and up rows interleaved 8 by 8; N = I) or 128 (plain); one cluster of 2 an item, a token chunk
+ * (<= 256 / 192 rows) x 128 SwiGLU outputs / 256 weight rows. Dynamic shared memory (the kernel's
+ * comment): stages x (16 KB of weights + the token tile), barriers, stages x 1040 bytes of
+ * scales, the staged outputs, 1 KB of alignment slack. */
+static int grouped_tok(struct gpu *g, int sw, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+		       gpu_ptr x8, gpu_ptr sx, gpu_ptr out, gpu_ptr hs, int max_rows, int N, int K,
+		       int ldy)
+{
+	const int maxt = sw ? 256 : 192, stages = sw ? 4 : 3, blk = sw ? 128 : 256;
+	if (out % 16 || N % blk || (!sw && ldy % 8))
+		return -EINVAL;
+	CUtensorMap mA32, tmpl;
+	int r;
+	if ((r = cuda_gemm_tmap_2d(&mA32, x8, max_rows, K, 32)) ||
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, sw ? 2 * N : N, K, sw ? 8 : 128)))
+		return r;
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
+		return r;
+	/* items: each group adds at most one chunk beyond rows / maxt */
+	long long items = ((long long)(max_rows + maxt - 1) / maxt + G) * (N / blk);
+	long long clusters = g->sm_count / 2;
+	unsigned grid = (unsigned)(2 * (items < clusters ? items : clusters));
+	unsigned smem = (unsigned)(stages * (16384 + maxt * 128) + 2 * stages * 8 + 16 +
+				   stages * 1040 + (sw ? 256 * 80 + 2048 : 192 * 272) + 1024);
+	if (sw) {
+		void *args[] = {&mA32, &sx, &s_tab, &off, &G, &out, &hs, &max_rows, &N, &K};
+		return launch(g, "k_gemm_fp8_wgmma_grouped_sw_tok", grid, smem, args);
+	}
+	void *args[] = {&mA32, &sx, &s_tab, &off, &G, &out, &max_rows, &N, &K, &ldy};
+	return launch(g, "k_gemm_fp8_wgmma_grouped_tok", grid, smem, args);
+}
+
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags)
@@ -107,6 +143,12 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	int st = (flags & WGMMA_STAGED) != 0, paired = (flags & WGMMA_PAIRED) != 0;
+	if (flags & WGMMA_TOKENS)
+		return shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) && G >= 1 &&
+				       G <= WG_MAX_GROUPS && g->sm_count >= 2
+			       ? grouped_tok(g, 0, w_tab, s_tab, off, G, x8, sx, y, 0, max_rows, N,
+					     K, ldy)
+			       : -EINVAL;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
 	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192 && bn != 256) || (ss && bn == 192) ||
 	    (!ss && bn == 256) || (st && (bn == 192 || !ss || ldy % 8 || y % 16)) ||
@@ -142,34 +184,6 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
-/* The token-wide SwiGLU form (k_gemm_fp8_wgmma_grouped_sw_tok): the token rows in boxes of 32
- * (multicast by the cluster's CTAs in turn), the weight rows in boxes of 8 (a tile's gate and up
- * rows interleaved 8 by 8); one cluster of 2 an item (token chunk of <= 256 rows x 128 outputs). */
-static int swiglu_tok(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-		      gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows, int I, int K)
-{
-	if (h8 % 16)
-		return -EINVAL;
-	CUtensorMap mA32, tmpl;
-	int r;
-	if ((r = cuda_gemm_tmap_2d(&mA32, x8, max_rows, K, 32)) ||
-	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 8)))
-		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
-		return r;
-	/* items: each group adds at most one chunk beyond rows / 256 */
-	long long items = ((long long)(max_rows + 255) / 256 + G) * (I / 128);
-	long long clusters = g->sm_count / 2;
-	unsigned grid = (unsigned)(2 * (items < clusters ? items : clusters));
-	/* 4 stages of 16 KB of weights + 32 KB of tokens, barriers, 4 x 1040 bytes of scales,
-	 * 256 x 80 bytes of staged codes, 2 KB, 1 KB of alignment slack (the kernel's comment) */
-	unsigned smem = 4 * (16384 + 32768) + 80 + 4 * 1040 + 256 * 80 + 2048 + 1024;
-	void *args[] = {&mA32, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K};
-	return launch(g, "k_gemm_fp8_wgmma_grouped_sw_tok", grid, smem, args);
-}
-
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
 					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 					  gpu_ptr hs, int max_rows, int I, int K, int mc)
@@ -181,7 +195,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	    g->sm_count < 2)
 		return -EINVAL;
 	if (mc == 3)
-		return swiglu_tok(g, w_tab, s_tab, off, G, x8, sx, h8, hs, max_rows, I, K);
+		return grouped_tok(g, 1, w_tab, s_tab, off, G, x8, sx, h8, hs, max_rows, I, K, I);
 	/* the template of the group maps: boxes of 128 weight rows (the gate and the up half of a
 	 * tile are one box each); paired: the token rows also as boxes of 64 */
 	CUtensorMap mA, tmpl, mA64;
@@ -229,23 +243,24 @@ static int paired_on(int max_rows, int G)
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
-/* DSV32_CUDA_WGMMA_SWT=1 (read at the first call; for run 22's A/B, default off): the
- * token-wide SwiGLU form wherever the MoE block's gate|up runs on wgmma. */
-static int swt_env(void)
+/* DSV32_CUDA_WGMMA_TOK=m (read at the first call; for the GPU runs' A/B, default 0): the
+ * token-wide forms for the MoE block's GEMMs on wgmma: bit 0 gate|up (the SwiGLU form), bit 1
+ * every other grouped GEMM (the down projection) where N % 256 == 0. */
+static int tok_env(void)
 {
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_CUDA_WGMMA_SWT");
-		on = v && *v == '1';
+	static int m = -1;
+	if (m < 0) {
+		const char *v = getenv("DSV32_CUDA_WGMMA_TOK");
+		m = v ? atoi(v) & 3 : 0;
 	}
-	return on;
+	return m;
 }
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int mc = swt_env() ? 3 : paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
+	int mc = tok_env() & 1 ? 3 : paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
@@ -259,6 +274,9 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores
 	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
+	if ((tok_env() & 2) && N % 256 == 0 && ldy % 8 == 0 && y % 16 == 0)
+		return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
+						      K, ldy, 256, 1, WGMMA_TOKENS);
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
 	int paired = staged && paired_on(max_rows, G) && N % (2 * bn) == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,

@@ -59,11 +59,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
  *       (bn = 128 or 256 with ss only; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER;
  *       WGMMA_PAIRED (grouped, staged, N % (2 bn) == 0): clusters of 2 CTAs, two token tiles of
  *       a group sharing each weight tile's copy, a group's odd last token tile shared by two
- *       weight tiles (the same outputs).
+ *       weight tiles (the same outputs); WGMMA_TOKENS (grouped; bn, ss and the other flags
+ *       ignored; N % 256 == 0, ldy % 8 == 0, y 16-byte aligned): the token-wide form (the
+ *       weight rows as the MMA's A, up to 192 of a group's token rows rounded up to 16 as its
+ *       N, clusters of 2 sharing the token tile).
  * Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU, so
  * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16,
-       WGMMA_PAIRED = 32 };
+       WGMMA_PAIRED = 32, WGMMA_TOKENS = 64 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
  * fastest inside a band (0: the token tile fastest over all of M) */
 #define WGMMA_RASTER(n) ((n) << 8)

@@ -519,17 +519,21 @@ static void grp_free(struct grp_case *c)
 	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
 }
 
-/* grouped variants: bn, scales through smem, kernel flags (the paired ones need N % (2 bn) == 0:
- * grp_usable) */
+/* grouped variants: bn, scales through smem, kernel flags (the paired ones need N % (2 bn) == 0,
+ * the token-wide one N % 256 == 0: grp_usable) */
 static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
 			       {128, 1, 0},  {128, 1, 1}, {128, 1, ST},
 			       {256, 1, 0},  {256, 1, 1}, {256, 1, ST},
-			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
+			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED},
+			       {256, 1, WGMMA_TOKENS}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
-/* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
+/* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0; the token-wide
+ * form: N % 256 == 0). */
 static int grp_usable(const struct grp_case *c, int v)
 {
+	if (v >= 0 && (gvars[v][2] & WGMMA_TOKENS))
+		return c->N % 256 == 0;
 	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
 }
 
