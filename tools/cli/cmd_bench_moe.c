@@ -314,18 +314,28 @@ int bench_moe(int argc, char **argv)
 		const double f13 = 2.0 * R * 2 * I * D, f2 = 2.0 * R * D * I;
 		const double fsh = 2.0 * T * 3.0 * Ish * D, fgate = 2.0 * T * E * D;
 		const double touched = distinct * exp_bytes + sh_bytes + gate_bytes;
-		int most = 0;
+		/* rows per expert; the grouped GEMMs' token tiles over them and the shared expert's T
+		 * rows (128-row tiles, their 64-row halves, rows rounded up to 16: the token-wide form)
+		 * against the R + T rows */
+		int most = 0, least = T * K;
+		long long t128 = (T + 127) / 128, t64 = (T + 63) / 64, r16 = (T + 15) / 16 * 16;
 		for (int e2 = 0; e2 < E; e2++) {
 			int n = 0;
 			for (int i = 0; i < T * K; i++)
 				n += idx[i] == e2;
 			most = n > most ? n : most;
+			least = n && n < least ? n : least;
+			t128 += (n + 127) / 128, t64 += (n + 63) / 64, r16 += (n + 15) / 16 * 16;
 		}
 		printf("\nT=%d tokens: %d rows routed to %d distinct experts (at most %d rows one); "
 		       "weights touched %.1f MB (experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
 		       T, T * K, distinct, most, touched / 1e6, distinct * exp_bytes / 1e6,
 		       sh_bytes / 1e6, gate_bytes / 1e6);
 		printf("  (%s)\n", cuda_moe_path(&g, &c, T, mode));
+		const double rt = R + T;
+		printf("  rows per expert hit %d .. %d; token tiles: %lld of 128 rows = %.2fx the %.0f "
+		       "rows (64-row halves %.2fx), rows rounded up to 16 %.2fx\n",
+		       least, most, t128, t128 * 128 / rt, rt, t64 * 64 / rt, r16 / rt);
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs);
 		printf("  stages alone, graph-replayed (weights, or for gather/swiglu/combine bytes read + "
@@ -374,10 +384,13 @@ int bench_moe(int argc, char **argv)
 	if (tokens)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --tokens %.100s",
 			 tokens);
-	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched eagerly, "
+	const char *tok = getenv("DSV32_CUDA_WGMMA_TOK"); /* the token-wide forms (cuda_gemm_wgmma.c) */
+	printf("\ncommand: %s%s%s%sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
+	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; stages timed alone, "
 	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
 	       "2*rows*N*K per GEMM, the block's include the router)\n",
+	       tok ? "DSV32_CUDA_WGMMA_TOK=" : "", tok ? tok : "", tok ? " " : "",
 	       mode ? "DSV32_CUDA_UNFUSED=1 " : "", trials, hot_arg);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
