@@ -167,16 +167,22 @@ void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream
  * M = 1 / 8 / 16 against 3.28 / 3.32 / 3.08 with the 6 that fit; the GEMM launch alone 3.65 either
  * way; run 18: 3 stages the same as 4, 2 stages 2.62 / 2.76 / 2.71), as many as fit (8 at most)
  * for grouped ones (run 18, bench moe with 4: T = 1 graph 130.8 against 130.2 us, T = 16 w13
- * 811 against 776). DSV32_GEMM_STREAM_NS=n (diagnosis) caps both at n. */
+ * 811 against 776). DSV32_GEMM_STREAM_NS=n (diagnosis) caps both at n, and the swapped
+ * kernel's ring (as many as fit, 8 at most) too. */
 #define STREAM_NS_DENSE 4
-static int stream_ns_cap(int dense)
+static int stream_ns_env(void) /* DSV32_GEMM_STREAM_NS, 0 when unset */
 {
 	static int cap = -1;
 	if (cap < 0) {
 		const char *v = getenv("DSV32_GEMM_STREAM_NS");
 		cap = v && atoi(v) >= 2 ? atoi(v) : 0;
 	}
-	return cap ? cap : dense ? STREAM_NS_DENSE : 8;
+	return cap;
+}
+
+static int stream_ns_cap(int dense)
+{
+	return stream_ns_env() ? stream_ns_env() : dense ? STREAM_NS_DENSE : 8;
 }
 
 /* Diagnosis (the benchmark only: the results are wrong): DSV32_GEMM_STREAM_DIAG=1 leaves out
@@ -488,6 +494,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128) + 32, scl = 4 * M * KB;
 	int ns = (ST_SMEM_MAX - head - scl) / stage;
 	ns = ns > 8 ? 8 : ns;
+	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
+		ns = stream_ns_env();
 	if (!split) /* one tile a block: no more stages than it has */
 		ns = ns > nst ? nst : ns;
 	if (ns < 1 || (ns < 2 && nst > 1))
