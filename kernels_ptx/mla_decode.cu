@@ -46,6 +46,7 @@
 // would leave most SMs idle).
 #include "common.cuh"
 #include "mla.cuh"
+#include "mla_combine.cuh"
 #include "mma.cuh"
 
 #define MLA_HG 64   // heads per block
@@ -358,12 +359,9 @@ k_mla_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld
 }
 
 // Merges the splits of k_mla_decode (FlashDecoding; launched as its programmatic dependent, so its
-// blocks are resident when the decode grid ends): M = max m_i, w_i = e^(m_i - M),
-// L = Σ l_i w_i, o = Σ o_i w_i / L (part: o [B, H, splits][R], then (m, l) [B, H, splits][2]).
-// One block per (head, row), R threads (splits <= 64): warp 0
-// computes the weights once (lane i: splits i and i + 32) into shared memory, then every thread
-// sums its output element over the splits in order, with the loads of 16 splits in flight.
-#define MLA_MAX_SPLITS 64
+// blocks are resident when the decode grid ends): mla_combine.cuh's merge, one block per (head,
+// row), R threads (splits <= 64): warp 0 computes the weights once into shared memory, then every
+// thread sums its output element over the splits in order.
 extern "C" __global__ void __launch_bounds__(512)
 k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__restrict__ o_lat)
 {
@@ -376,33 +374,10 @@ k_mla_combine(const float *__restrict__ part, int splits, int R, uint16_t *__res
 	// kernel are complete and visible past this point (a no-op in an ordinary launch)
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	const size_t bh = blockIdx.x; // b * H + h
-	const float *pp = part + bh * splits * R;                             // [splits][R]
-	const float *ml = part + (size_t)gridDim.x * splits * R + bh * splits * 2; // [splits][2]
 	const int tid = threadIdx.x;
-	if (tid < 32) {
-		const int i0 = tid, i1 = tid + 32;
-		const float m0 = i0 < splits ? ml[2 * i0] : -INFINITY;
-		const float m1 = i1 < splits ? ml[2 * i1] : -INFINITY;
-		const float l0 = i0 < splits ? ml[2 * i0 + 1] : 0.f;
-		const float l1 = i1 < splits ? ml[2 * i1 + 1] : 0.f;
-		const float M = warp_max(fmaxf(m0, m1));
-		const float w0 = m0 == -INFINITY ? 0.f : expf(m0 - M);
-		const float w1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
-		const float L = warp_sum(l0 * w0 + l1 * w1);
-		if (i0 < splits)
-			wsh[i0] = w0;
-		if (i1 < splits)
-			wsh[i1] = w1;
-		if (tid == 0)
-			s_L = L;
-	}
+	if (tid < 32)
+		mla_combine_weights(part, splits, R, bh, gridDim.x, wsh, &s_L);
 	__syncthreads(); // weights and L visible
-	if (tid < R) {
-		float acc = 0.f;
-#pragma unroll 16
-		for (int i = 0; i < splits; i++)
-			acc += pp[(size_t)i * R + tid] * wsh[i];
-		const float L = s_L;
-		o_lat[bh * R + tid] = f32_to_bf16(L > 0.f ? acc / L : 0.f);
-	}
+	if (tid < R)
+		o_lat[bh * R + tid] = mla_combine_elem(part, splits, R, bh, tid, wsh, s_L);
 }

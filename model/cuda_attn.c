@@ -92,6 +92,25 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
 	return splits > 1 ? (size_t)B * H * splits * (R + 2) * sizeof(float) : 0;
 }
 
+/* keys a split of cuda_mla_decode_diag's kernel: the splits forced by diag bits 8-15
+ * (benchmarks), else by the shape; forced splits of the wgmma kernels in whole tiles of 32 keys
+ * (theirs; 64 splits of 2048 keys are one tile each), the caller's workspace holding the forced
+ * count */
+static int mla_split_keys(const struct gpu *g, int B, int H, int ld_sel, int diag)
+{
+	int splits = (diag >> 8) & 255;
+	if (!splits)
+		splits = cuda_mla_decode_splits(g, B, H, ld_sel);
+	return mla_keys_per_split_t(ld_sel, splits, (diag & 0xff00) && (diag & 128) ? 32 : MLA_KT);
+}
+
+/* the key splits the kernel then runs */
+static int mla_final_splits(const struct gpu *g, int B, int H, int ld_sel, int diag)
+{
+	int kps = mla_split_keys(g, B, H, ld_sel, diag);
+	return (ld_sel + kps - 1) / kps;
+}
+
 /* cuda_mla_decode takes k_mla_decode_wg2 with the light handover where it can (H % 128 == 0:
  * run 19, 128 rows: 32K 345.1-347.4 us against k_mla_decode_wg's ~392, 128K 362.2 against
  * ~399-455, 8K 175.6, 1K 246.3 against 302.5; batch 1 16.5 against 16.5-16.7; the same bits as
@@ -108,30 +127,39 @@ static int mla_wg_mode(void)
 	return mla_wg_default;
 }
 
+/* the diag bits of cuda_mla_decode's kernel for this shape */
+static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, int ld_sel)
+{
+	int mode = mla_wg_mode();
+	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
+	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
+		return mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128;
+	return 0;
+}
+
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws)
 {
-	int diag = 0, mode = mla_wg_mode();
-	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
-	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
-		diag = mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128;
-	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, diag);
+	return cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws,
+				    mla_default_diag(g, R, rec_bytes, H, B, ld_sel));
+}
+
+int cuda_mla_decode_part(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
+			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws)
+{
+	const int diag = mla_default_diag(g, R, rec_bytes, H, B, ld_sel);
+	int r = cuda_mla_decode_diag(g, q, sel, ld_sel, pool, rec_bytes, R, H, B, scale, o_lat, ws, diag | 8);
+	return r ? r : mla_final_splits(g, B, H, ld_sel, diag);
 }
 
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag)
 {
-	if (R > 512 || R < 128 || R % 128 || H % 16 || H < 16 || B < 1 || ld_sel < 1 || rec_bytes % 4)
+	if (R > 512 || R < 128 || R % 128 || H % 16 || H < 16 || B < 1 || ld_sel < 1 || rec_bytes % 4 ||
+	    ((diag >> 8) & 255) > 64)
 		return -EINVAL;
-	int splits = (diag >> 8) & 255; /* forced (benchmarks), else by the shape */
-	if (!splits)
-		splits = cuda_mla_decode_splits(g, B, H, ld_sel);
-	else if (splits > 64)
-		return -EINVAL;
-	/* forced splits of the wgmma kernels: whole tiles of 32 keys (theirs; 64 splits of 2048 keys
-	 * are one tile each), the caller's workspace holding the forced count */
-	int kps = mla_keys_per_split_t(ld_sel, splits, (diag & 0xff00) && (diag & 128) ? 32 : MLA_KT);
-	splits = (ld_sel + kps - 1) / kps;
+	int splits = mla_final_splits(g, B, H, ld_sel, diag);
+	int kps = mla_split_keys(g, B, H, ld_sel, diag);
 	if ((splits > 1 && !ws) || ((diag & 128) && kps > MLA_WG_MAXK))
 		return -EINVAL;
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128, pair = diag & MLA_WG_PAIR;

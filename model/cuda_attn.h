@@ -26,6 +26,13 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * k_mla_decode. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
+/* cuda_mla_decode's decode kernel without k_mla_combine (for a kernel that merges the splits
+ * itself, kernels_ptx/mla_combine.cuh): returns the number of key splits it ran (> 0; < 0 an
+ * error): 1 = o_lat written; > 1 = o_lat not written, ws holds the partials (o [B * H, splits][R]
+ * fp32, then (m, l) [B * H, splits][2]) that mla_combine_weights / mla_combine_elem merge to
+ * k_mla_combine's bits. */
+int cuda_mla_decode_part(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
+			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
  * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
  * combine alone, bit 5 no load of Q, bit 6 no output stores, bit 19 no softmax (the wgmma kernels;

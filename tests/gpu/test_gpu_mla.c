@@ -28,7 +28,9 @@
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
  * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16), 3 the pair with P V and the next S issued
  * together (bits 7, 16, 20), 4 the pair with the light handover (bits 7, 16, 21) instead, the last
- * three also compared to the bit with k_mla_decode_wg at the same splits */
+ * three also compared to the bit with k_mla_decode_wg at the same splits; 5 cuda_mla_decode, then
+ * also cuda_mla_decode_part with k_mla_combine launched here (the forward's fused form of the
+ * merge: kernels_ptx/mla_combine.cuh), compared to the bit with it */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -91,7 +93,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	size_t wsb = force ? (size_t)B * H * force * (R + 2) * 4 : cuda_mla_decode_workspace(g, B, H, R, ld);
 	gpu_ptr d_ws = wsb ? gpu_test_alloc(wsb) : 0;
 	int splits = force ? force : cuda_mla_decode_splits(g, B, H, ld);
-	if (force || wg)
+	if (force || (wg && wg != 5))
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
 					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x100000 : 0) |
 						     (wg == 4 ? 0x200000 : 0)) == 0);
@@ -120,6 +122,27 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 		printf("\n");
 		CHECK_EQ_INT(differ, 0);
 		free(one);
+	}
+	if (wg == 5) { /* the decode kernel alone, then the merge as a separate launch */
+		gpu_test_poison(g, d_o, (size_t)B * H * R * 2);
+		int sp = cuda_mla_decode_part(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws);
+		REQUIRE(sp == splits);
+		if (sp > 1) {
+			int rr = R;
+			void *args[] = {&d_ws, &sp, &rr, &d_o};
+			REQUIRE(gpu_launch(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1, (unsigned)R, 1, 1, 0,
+					   args) == 0);
+		}
+		REQUIRE(gpu_sync(g) == 0);
+		uint16_t *two = malloc((size_t)B * H * R * 2);
+		REQUIRE(gpu_download(g, two, d_o, (size_t)B * H * R * 2) == 0);
+		int64_t differ = 0;
+		for (size_t i = 0; i < (size_t)B * H * R; i++)
+			differ += two[i] != got[i];
+		printf("    cuda_mla_decode_part (%d splits) + k_mla_combine against cuda_mla_decode: %lld of %lld "
+		       "outputs differ\n", sp, (long long)differ, (long long)B * H * R);
+		CHECK_EQ_INT(differ, 0);
+		free(two);
 	}
 	if (d_ws)
 		cu.cuMemFree(d_ws);
@@ -150,7 +173,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 5 ? "cuda_mla_decode" : wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -221,6 +244,21 @@ static void run_wg_cases(struct gpu *g, int wg, int h6, int all, uint64_t seed)
 		const int ld = c->list == L_MANY ? 300 : 2048, pages = c->list == L_MANY ? 16 : 64;
 		check_mla(g, 512, c->id == 6 ? h6 : 128, c->B, n, ld, pages, c->amp, c->force, wg, seed + (uint64_t)c->id);
 	}
+}
+
+TEST_T(gpu_mla, decode_part_then_combine, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* cuda_mla_decode_part: batch 1 (32 splits), 4 rows (several), 70 rows (one split: o_lat
+	 * written by the decode kernel itself) */
+	int n_real[4] = {1, 17, 300, 2048}, n_one[1] = {2048}, n_many[70];
+	for (int b = 0; b < 70; b++)
+		n_many[b] = 64 + 3 * b;
+	check_mla(&g, 512, 128, 1, n_one, 2048, 64, 2.5f, 0, 5, 3301);
+	check_mla(&g, 512, 128, 4, n_real, 2048, 64, 2.5f, 0, 5, 3302);
+	check_mla(&g, 512, 128, 70, n_many, 300, 16, 1.0f, 0, 5, 3303);
+	gpu_close(&g);
 }
 
 TEST_T(gpu_mla, decode_wg_matches_cpu, 300)
