@@ -18,12 +18,14 @@
 // k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4;
 //                    k_fwd_uv1_q the same for one row with the act_quant of o (o_proj's input).
 // k_fwd_uv1_qh       k_fwd_uv1_q laid out for HBM speed, k_fwd_q_absorb1h k_fwd_q_absorb1 (both
-//                    DSV32_CUDA_GLUE_H=1): one block a head, a thread owning whole outputs.
+//                    DSV32_CUDA_GLUE_H=1): one block a head, a thread owning whole outputs;
+//                    k_fwd_uv1_qhc k_fwd_uv1_qh merging the MLA decode's key splits itself.
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
 #include "fwd_lin.cuh"
+#include "mla_combine.cuh"
 #include "mma.cuh" // cp_async16, smem_u32
 
 // Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
@@ -597,20 +599,25 @@ __device__ __forceinline__ void e4m3x2_to_f32x2(uint32_t c, float &lo, float &hi
 // act_quant): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
 // registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous in kv_b) comes
 // in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on distinct banks
-// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, 128 threads. dv == 128,
-// R % 128 == 0, R <= 512.
+// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, THREADS threads (the product:
+// threads 0-127). dv == 128, R % 128 == 0, R <= 512.
+// COMBINE (k_fwd_uv1_qhc, DSV32_CUDA_UV_COMBINE=1): o_lat_h is not read but merged here from the
+// MLA decode's split partials (part, splits > 1: cuda_mla_decode_part's workspace, nbh = Hpad row-
+// heads) by mla_combine_weights / mla_combine_elem, k_mla_combine's bits, while W_UV_h lands: the
+// combine's launch and o_lat's round trip saved. 512 threads (the merge: one element a thread).
 #define UVH_LD (ABS_MAXR + 16)
-#define UVH_SMEM (128 * UVH_LD + (ABS_MAXR + 128) * 4) // model/cuda_fwd.h's FWD_UVH_SMEM
-extern "C" __global__ void __launch_bounds__(128)
-k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
-	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
-	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+#define UVH_SMEM (128 * UVH_LD + (ABS_MAXR + 128) * 4) // model/cuda_forward.h's FWD_UVH_SMEM
+template <int THREADS, bool COMBINE>
+__device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const float *__restrict__ part,
+				       int splits, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
+				       uint16_t *__restrict__ o, uint8_t *__restrict__ o8, float *__restrict__ os,
+				       int Hpad, int nope, int dv, int R)
 {
 	extern __shared__ __align__(16) uint8_t uvh_smem[];
 	uint8_t *w = uvh_smem;                                           // [128][UVH_LD]
 	float *ol = reinterpret_cast<float *>(uvh_smem + 128 * UVH_LD); // [R] o_lat_h
 	float *out = ol + ABS_MAXR;                                      // [128]
-	const int h = blockIdx.x, d = threadIdx.x, np = R / 128;
+	const int h = blockIdx.x, tid = threadIdx.x, d = tid & 127, np = R / 128;
 	const size_t wrow0 = (size_t)h * (nope + dv) + nope;
 	const uint8_t *src = Wkvb + wrow0 * R;
 #pragma unroll
@@ -618,8 +625,8 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 		if (p >= np)
 			break;
 #pragma unroll
-		for (int u = 0; u < 8; u++) { // 8 lanes a 128-byte row segment
-			const int i = d + 128 * u, row = i >> 3, c = i & 7;
+		for (int u = 0; u < 8 * 128 / THREADS; u++) { // 8 lanes a 128-byte row segment
+			const int i = tid + THREADS * u, row = i >> 3, c = i & 7;
 			cp_async16(smem_u32(w + row * UVH_LD + p * 128 + c * 16),
 				   src + (size_t)row * R + p * 128 + c * 16);
 		}
@@ -630,9 +637,19 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 	for (int p = 0; p < 4; p++)
 		sc[p] = p < np ? S[((wrow0 + d) / 128) * np + p] : 0.f;
 	pdl_trigger();
-	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
-	for (int i = d; i < R; i += 128)
-		ol[i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
+	pdl_wait(); // o_lat / the partials are the previous kernel's output (the weights: constant)
+	if (COMBINE) {
+		__shared__ float wsh[MLA_MAX_SPLITS];
+		__shared__ float sL;
+		if (tid < 32)
+			mla_combine_weights(part, splits, R, h, Hpad, wsh, &sL);
+		__syncthreads(); // the split weights and L are visible
+		for (int i = tid; i < R; i += THREADS)
+			ol[i] = bf16_to_f32(mla_combine_elem(part, splits, R, h, i, wsh, sL));
+	} else {
+		for (int i = tid; i < R; i += THREADS)
+			ol[i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
+	}
 	float acc[8];
 #pragma unroll
 	for (int j = 0; j < 8; j++)
@@ -643,6 +660,8 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 			break;
 		cp_async_wait_upto(np - 1 - p);
 		__syncthreads(); // piece p of every row is in (the first time: o_lat too)
+		if (tid >= 128)
+			continue;
 		const uint8_t *wr = w + d * UVH_LD + p * 128;
 		const float *xr = ol + p * 128;
 		const float s = sc[p];
@@ -665,12 +684,13 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 			}
 		}
 	}
-	out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
-			   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
+	if (tid < 128)
+		out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
+				   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
 	__syncthreads(); // the head's 128 outputs are in shared memory
-	if (d >= 32)
+	if (tid >= 32)
 		return;
-	const int lane = d;
+	const int lane = tid;
 	float v[4];
 	uint2 raw;
 #pragma unroll
@@ -682,6 +702,22 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 	const float s = warp_act_quant128_regs(v, o8 + (size_t)h * dv, lane);
 	if (lane == 0)
 		os[h] = s;
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+{
+	uv1_qh<128, false>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+k_fwd_uv1_qhc(const float *__restrict__ part, int splits, const uint8_t *__restrict__ Wkvb,
+	      const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	      float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+{
+	uv1_qh<512, true>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
 }
 
 // k_fwd_q_absorb1's numbers (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),

@@ -39,7 +39,8 @@
  * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
  * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_CUDA_UV1_SPLIT=1,
  * DSV32_CUDA_GLUE_H=1, DSV32_CUDA_PREFETCH=0/1/MB, DSV32_CUDA_PREFETCH_SHARED=0/1/2,
- * DSV32_CUDA_PREFETCH_NEXT=1, DSV32_CUDA_PREFETCH_EARLY=1/2/3; and
+ * DSV32_CUDA_PREFETCH_NEXT=1, DSV32_CUDA_PREFETCH_EARLY=1/2/3,
+ * DSV32_CUDA_UV_COMBINE=1; and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -145,7 +146,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
 	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_UV1_SPLIT", "DSV32_CUDA_GLUE_H",
 	"DSV32_CUDA_PREFETCH", "DSV32_CUDA_PREFETCH_SHARED", "DSV32_CUDA_PREFETCH_NEXT",
-	"DSV32_CUDA_PREFETCH_EARLY",
+	"DSV32_CUDA_PREFETCH_EARLY", "DSV32_CUDA_UV_COMBINE",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -177,7 +178,8 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 12: s->prefetch_mb = one ? 24 : n > 1 && n < 4096 ? (int)n : 0; break; /* MB */
 	case 13: s->prefetch_sh = n == 1 || n == 2 ? (int)n : 0; break;
 	case 14: s->prefetch_next = one; break;
-	default: s->prefetch_early = n >= 1 && n <= 3 ? (int)n : 0; break;
+	case 15: s->prefetch_early = n >= 1 && n <= 3 ? (int)n : 0; break;
+	default: s->uv_combine = one; break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
 		s->gen++;
@@ -331,9 +333,10 @@ int cuda_forward_prepare(struct gpu *g)
 	/* the shared-memory limit of the few-row product kernels (head_mma in the fast mode,
 	 * lin_stream in the invariant one; a function attribute, set outside any capture: once
 	 * here, no longer at every step) */
-	static const char *const more[] = {"k_fwd_lin_stream", "k_fwd_uv1_qh", "k_fwd_q_absorb1h"};
-	static const int more_smem[] = {LIN_STREAM_SMEM, FWD_UVH_SMEM, FWD_QAH_SMEM};
-	for (int v = 0; v < 6; v++) {
+	static const char *const more[] = {"k_fwd_lin_stream", "k_fwd_uv1_qh", "k_fwd_uv1_qhc",
+					   "k_fwd_q_absorb1h"};
+	static const int more_smem[] = {LIN_STREAM_SMEM, FWD_UVH_SMEM, FWD_UVH_SMEM, FWD_QAH_SMEM};
+	for (int v = 0; v < 7; v++) {
 		void *fn = gpu_kernel(g, v < 3 ? fwd_head_mma_names[v] : more[v - 3]);
 		int smem = v < 3 ? (int)fwd_head_mma_smem(1 << v) : more_smem[v - 3];
 		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

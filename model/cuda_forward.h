@@ -87,6 +87,8 @@ struct fwd_switches {
 			   * prefetches that many MB of o_proj's weights into L2 */
 	int prefetch_next; /* DSV32_CUDA_PREFETCH_NEXT=1: with GLUE_H, k_fwd_q_absorb1h also
 			   * prefetches the next layer's q_a | wk | kv_a and indexer wq_b weights */
+	int uv_combine;   /* DSV32_CUDA_UV_COMBINE=1: with GLUE_H, at one row the MLA decode's key
+			   * splits merged in the W_UV kernel (k_fwd_uv1_qhc), not by k_mla_combine */
 	int prefetch_early; /* DSV32_CUDA_PREFETCH_EARLY=1/2/3: at one row a layer's attention norm
 			   * prefetches the indexer's wq_b (or, without indexer queries, q_b) / q_b /
 			   * both */

@@ -918,7 +918,7 @@ TEST_T(gpu_forward, bf16_products, 120)
  * model's shape, which the structured models above do not have) and k_fwd_uv1_qh (the same one
  * block a head, a thread an output) against its parts, k_fwd_uv1 then k_act_quant, on random
  * e4m3 kv_b rows, non-power-of-two block scales and o_lat: o, its codes and its scales
- * bit-identical. */
+ * bit-identical; and k_fwd_uv1_qhc against k_mla_combine + k_fwd_uv1_qh. */
 TEST_T(gpu_forward, uv_quant_fused, 60)
 {
 	struct gpu g;
@@ -986,7 +986,47 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 		CHECK(same_o && same_q && same_s);
 		CHECK(isfinite(s0) && s0 > 0);
 	}
-	free(w), free(sc), free(ol), free(h1), free(h2);
+	/* k_fwd_uv1_qhc (the MLA's key splits merged in the kernel) against k_mla_combine then
+	 * k_fwd_uv1_qh, on random split partials (o, m, l) of Hpad row-heads */
+	const int splits = 37;
+	size_t np = (size_t)Hpad * splits * (R + 2);
+	float *part = malloc(np * 4);
+	REQUIRE(part);
+	for (size_t i = 0; i < (size_t)Hpad * splits * R; i++)
+		part[i] = (float)((double)(test_rand(&seed) >> 11) * 0x1p-53 * 4.0 - 2.0);
+	for (size_t i = 0; i < (size_t)Hpad * splits; i++) {
+		part[(size_t)Hpad * splits * R + 2 * i] = (float)((double)(test_rand(&seed) >> 11) * 0x1p-53 * 6.0);
+		part[(size_t)Hpad * splits * R + 2 * i + 1] = 1.0f + (float)(test_rand(&seed) % 100);
+	}
+	gpu_ptr dpart = gpu_test_alloc(np * 4);
+	REQUIRE(gpu_upload(&g, dpart, part, np * 4) == 0);
+	gpu_test_poison(&g, dol, (size_t)Hpad * R * 2);
+	void *ac[] = {&dpart, (void *)&splits, &R, &dol};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_mla_combine"), Hpad, 1, 1, R, 1, 1, 0, ac) == 0);
+	void *fh = gpu_kernel(&g, "k_fwd_uv1_qh"), *fc = gpu_kernel(&g, "k_fwd_uv1_qhc");
+	REQUIRE(fh && fc);
+	REQUIRE(cu.cuFuncSetAttribute(fc, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
+		CUDA_SUCCESS);
+	void *a4[] = {&dol, &dw, &ds, &o1, &q1, &s1, &H, &Hpad, &nope, &dv, &R};
+	REQUIRE(gpu_launch(&g, fh, H, 1, 1, 128, 1, 1, FWD_UVH_SMEM, a4) == 0);
+	gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
+	gpu_test_poison(&g, s2, (size_t)H * 4);
+	void *a5[] = {&dpart, (void *)&splits, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
+	REQUIRE(gpu_launch(&g, fc, H, 1, 1, 512, 1, 1, FWD_UVH_SMEM, a5) == 0);
+	int same = 1;
+	REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
+	REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
+	same &= !memcmp(h1, h2, (size_t)H * dv * 2);
+	REQUIRE(gpu_download(&g, h1, q1, (size_t)H * dv) == 0);
+	REQUIRE(gpu_download(&g, h2, q2, (size_t)H * dv) == 0);
+	same &= !memcmp(h1, h2, (size_t)H * dv);
+	REQUIRE(gpu_download(&g, h1, s1, (size_t)H * 4) == 0);
+	REQUIRE(gpu_download(&g, h2, s2, (size_t)H * 4) == 0);
+	same &= !memcmp(h1, h2, (size_t)H * 4);
+	printf("    k_fwd_uv1_qhc (%d splits merged) vs k_mla_combine + k_fwd_uv1_qh: o, codes, scales %s\n",
+	       splits, same ? "identical" : "DIFFER");
+	CHECK(same);
+	free(part), free(w), free(sc), free(ol), free(h1), free(h2);
 	gpu_close(&g);
 }
 
