@@ -21,8 +21,7 @@
 // k_fwd_rmsnorm cpu_rmsnorm / cpu_add_rmsnorm (model/cpu_ops.c): k_rmsnorm_add's arithmetic with
 //               row strides, so a norm can read a slice of a fused GEMM output and write into a
 //               slice of a wider row (the MTP concat); optionally act_quant of its output;
-//               k_fwd_rmsnorm_1k the same with 1024 threads; k_fwd_rmsnorm_1k_pf that with a
-//               prefetch into L2 of given weights after it.
+//               k_fwd_rmsnorm_1k the same with 1024 threads.
 // k_fwd_embed_rmsnorm(_1k)  the first layer's attn_norm (with act_quant) reading its rows from
 //               the embedding table, and the residual stream's first value (k_embed's copy).
 #include "common.cuh"
@@ -99,44 +98,6 @@ k_fwd_rmsnorm_1k(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__
 		 uint8_t *__restrict__ q, float *__restrict__ qs)
 {
 	fwd_rmsnorm<1024, 8>(blockIdx.x, x, ldx, res, w, out, ldo, dim, eps, q, qs);
-}
-
-// k_fwd_rmsnorm_1k for rows [0, T), then a prefetch into L2 of ranges pf0 [n0 bytes] and pf1 [n1
-// bytes] (either may be null), in 64 KB pieces and a tail: the MoE's shared expert before the
-// router (DSV32_CUDA_PREFETCH_SHARED), a query projection's weights before the q_a | wk | kv_a GEMM
-// (DSV32_CUDA_PREFETCH_EARLY; model/cuda_fwd_attn.c). The grid has blocks past the T rows that
-// only prefetch (one SM's bulk-copy unit alone would issue the pieces too slowly), after
-// PF_DELAY_NS so that the norm's own loads are not queued behind them (a guess, for the A/B).
-// Byte counts % 16 == 0.
-#define PF_PIECE 65536
-#define PF_DELAY_NS 1500
-extern "C" __global__ void __launch_bounds__(1024, 1)
-k_fwd_rmsnorm_1k_pf(const uint16_t *__restrict__ x, int ldx, uint16_t *__restrict__ res,
-		    const float *__restrict__ w, uint16_t *__restrict__ out, int ldo, int dim, float eps,
-		    uint8_t *__restrict__ q, float *__restrict__ qs, int T, const uint8_t *__restrict__ pf0,
-		    long long n0, const uint8_t *__restrict__ pf1, long long n1)
-{
-	if ((int)blockIdx.x < T) {
-		fwd_rmsnorm<1024, 8>(blockIdx.x, x, ldx, res, w, out, ldo, dim, eps, q, qs);
-	} else {
-		pdl_trigger();
-		pdl_wait(); // (every block waits: see pdl_wait)
-		unsigned long long t0, t;
-		asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-		do
-			asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-		while (t - t0 < PF_DELAY_NS);
-	}
-	const long long step = (long long)gridDim.x * 1024, i0 = (long long)blockIdx.x * 1024 + threadIdx.x;
-	for (int k = 0; k < 2; k++) {
-		const uint8_t *p = k ? pf1 : pf0;
-		const long long n = k ? n1 : n0;
-		if (!p)
-			continue;
-		l2_prefetch_grid(p, PF_PIECE, n / PF_PIECE, 1, 0, PF_PIECE, i0, step);
-		if (n % PF_PIECE && i0 == 0)
-			l2_prefetch_grid(p + n / PF_PIECE * PF_PIECE, 0, 1, 1, 0, (int)(n % PF_PIECE), 0, 1);
-	}
 }
 
 // The first layer's attention norm straight from the embedding table (spec §3.1, §3.2): row t of

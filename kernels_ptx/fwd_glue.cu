@@ -14,12 +14,12 @@
 // k_fwd_q_absorbN    q_lat = bf16(q_nope · W_UK_h) per head (absorbed_heads, model/cpu_attn.c:
 //                    d ascending, one multiply and one add each, so bit-identical), written with
 //                    q_pe (RoPE'd there, optionally: k_rope's arithmetic) into the sparse MLA
-//                    decode's query layout [B, Hpad, R + rope]; N = 1, 2, 4, 8 token rows a block.
-// k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4;
-//                    k_fwd_uv1_q the same for one row with the act_quant of o (o_proj's input).
-// k_fwd_uv1_qh       k_fwd_uv1_q laid out for HBM speed, k_fwd_q_absorb1h k_fwd_q_absorb1 (both
-//                    DSV32_CUDA_GLUE_H=1): one block a head, a thread owning whole outputs;
-//                    k_fwd_uv1_qhc k_fwd_uv1_qh merging the MLA decode's key splits itself.
+//                    decode's query layout [B, Hpad, R + rope]; N = 2, 4, 8 token rows a block.
+// k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4.
+// k_fwd_uv1_qh       k_fwd_uv1 for one decode row with the act_quant of o (o_proj's input) and
+//                    k_fwd_q_absorb1h k_fwd_q_absorbN's numbers for one row: one block a head, a
+//                    thread owning whole outputs; k_fwd_uv1_qhc k_fwd_uv1_qh merging the MLA
+//                    decode's key splits itself (DSV32_CUDA_UV_COMBINE=1).
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
@@ -399,7 +399,6 @@ __device__ __forceinline__ void q_absorb(uint16_t *__restrict__ q, const uint8_t
 	{                                                                                            \
 		q_absorb<ROWS>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);              \
 	}
-Q_ABSORB(1)
 Q_ABSORB(2)
 Q_ABSORB(4)
 Q_ABSORB(8)
@@ -484,89 +483,16 @@ __device__ __forceinline__ void uv(const uint16_t *__restrict__ o_lat, const uin
 UV(1)
 UV(4)
 
-// k_fwd_uv<1> for one token row (a decode step) with the act_quant of its output, the o_proj
-// input, fused: one block per head h computes all dv = 128 outputs of the head, 4 chunks of 32
-// W_UV rows in 2 rounds of 2 (warps 0-7 the first chunk of a round, 8-15 the second; all 64 KB
-// of loads issued at once), each output exactly as k_fwd_uv1, then warp 0 quantises the head's
-// 128 bf16 outputs (one act_quant group: k_act_quant's numbers) — o bf16 [1, H * dv], o8 e4m3
-// [1, H * dv], os fp32 [1, H]. dv == 128, R <= 512. Grid H, 512 threads.
-#define UVQ_CHUNKS (128 / W_CHUNK)
-#define UVQ_LOADS (2 * W_CHUNK * ABS_MAXR / 16 / 512) // 16-byte loads a thread a round, at most
-extern "C" __global__ void __launch_bounds__(512)
-k_fwd_uv1_q(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
-	    const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
-	    float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
-{
-	__shared__ float ol[1][ABS_MAXR];
-	__shared__ __align__(16) uint8_t w[2][W_CHUNK][UV_LD];
-	__shared__ float sc[UVQ_CHUNKS * W_CHUNK][4];
-	__shared__ float out[128];
-	const int h = blockIdx.x, tid = threadIdx.x;
-	const int per_row = R / 16, nkb = R / 128, wrow0 = h * (nope + dv) + nope;
-	const int round_loads = 2 * W_CHUNK * per_row; // 16-byte loads of two chunks
-	uint4 buf[2][UVQ_LOADS];
-#pragma unroll
-	for (int rd = 0; rd < 2; rd++)
-#pragma unroll
-		for (int k = 0; k < UVQ_LOADS; k++) {
-			const int i = tid + k * 512, row = rd * 2 * W_CHUNK + i / per_row;
-			if (i < round_loads)
-				buf[rd][k] = *reinterpret_cast<const uint4 *>(Wkvb + (size_t)(wrow0 + row) * R +
-									       (i % per_row) * 16);
-		}
-	for (int i = tid; i < UVQ_CHUNKS * W_CHUNK * nkb; i += 512)
-		sc[i / nkb][i % nkb] = S[((wrow0 + i / nkb) / 128) * nkb + i % nkb];
-	pdl_trigger();
-	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
-	for (int i = tid; i < R; i += 512)
-		ol[0][i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
-	const int lane = tid & 31, j = lane & 7, warp = tid >> 5, half = warp >> 3;
-	const int dd = (warp & 7) * 4 + (lane >> 3);
-#pragma unroll
-	for (int rd = 0; rd < 2; rd++) {
-		if (rd)
-			__syncthreads(); // the previous round's chunks are consumed
-#pragma unroll
-		for (int k = 0; k < UVQ_LOADS; k++) {
-			const int i = tid + k * 512, r2 = i / per_row; // r2: row of the round's 2 chunks
-			if (i < round_loads)
-				*reinterpret_cast<uint4 *>(&w[r2 / W_CHUNK][r2 % W_CHUNK][(i % per_row) * 16]) =
-					buf[rd][k];
-		}
-		__syncthreads(); // the round's chunks (and, first time, the scales and o_lat) are staged
-		const int ch = 2 * rd + half, srow = ch * W_CHUNK + dd;
-		float acc[1] = {0.f};
-		lane8_accumulate<1>(acc, j, R,
-				    [&](int k) { return e4m3_to_f32_alu(w[half][dd][k]) * sc[srow][k / 128]; },
-				    [&](int m, int k) { return ol[m][k]; });
-		acc[0] = tree8(acc[0]);
-		if (j == 0)
-			out[srow] = acc[0];
-	}
-	__syncthreads(); // the head's 128 outputs are in shared memory
-	if (warp)
-		return;
-	float v[4];
-	uint2 raw;
-#pragma unroll
-	for (int k = 0; k < 4; k++)
-		v[k] = bf16_to_f32(f32_to_bf16(out[4 * lane + k]));
-	raw.x = (uint32_t)f32_to_bf16(v[0]) | ((uint32_t)f32_to_bf16(v[1]) << 16);
-	raw.y = (uint32_t)f32_to_bf16(v[2]) | ((uint32_t)f32_to_bf16(v[3]) << 16);
-	*reinterpret_cast<uint2 *>(o + (size_t)h * dv + 4 * lane) = raw;
-	const float s = warp_act_quant128_regs(v, o8 + (size_t)h * dv, lane);
-	if (lane == 0)
-		os[h] = s;
-}
-
-// ---- one decode row, one block a head (DSV32_CUDA_GLUE_H=1) --------------------------------------
-// Run 19 (graph mode, by subtraction): k_fwd_uv1_q ~12 us a call and k_fwd_q_absorb1 ~7 against a
-// floor of ~2 us each (8.4 MB of W_UV / W_UK at 4.8 TB/s): eight lanes an output summing one byte
-// a step from shared memory, each weight through its own conversion and scale load. Here a thread
-// owns whole outputs: 16 (or 4) weights a shared load, x as 16-byte broadcast loads, two codes a
-// conversion, the scale in a register; the head's 64 KB arrive by cp.async in pieces (a commit
-// group each, all issued at once) and each piece is summed as soon as it lands. Same products and
-// the same order as the kernels they replace (bit-identical: tests/gpu/test_gpu_forward.c).
+// ---- one decode row, one block a head ----------------------------------------------------------
+// Run 19 (graph mode, by subtraction): the earlier one-row kernels (eight lanes an output summing
+// one byte a step from shared memory, each weight through its own conversion and scale load)
+// ~12 and ~7 us a call against a floor of ~2 us each (8.4 MB of W_UV / W_UK at 4.8 TB/s). Here a
+// thread owns whole outputs: 16 (or 4) weights a shared load, x as 16-byte broadcast loads, two
+// codes a conversion, the scale in a register; the head's 64 KB arrive by cp.async in pieces (a
+// commit group each, all issued before the PDL wait) and each piece is summed as soon as it
+// lands. Same products in the same order as k_fwd_uv1 + k_act_quant and k_fwd_q_absorbN
+// (bit-identical: tests/gpu/test_gpu_forward.c). Run 21: about the earlier kernels' time in
+// graph mode by plain launches; 7-12 us a step less with PDL (the weights' loads before the wait).
 
 // Waits until at most n (0 .. 7) of this thread's cp.async groups are pending.
 __device__ __forceinline__ void cp_async_wait_upto(int n)
@@ -595,8 +521,8 @@ __device__ __forceinline__ void e4m3x2_to_f32x2(uint32_t c, float &lo, float &hi
 	    : "h"((uint16_t)c));
 }
 
-// k_fwd_uv1_q's numbers (o = bf16(cpu_dot(o_lat_h, W_UV_h[d])) for d < 128, then the head's
-// act_quant): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
+// k_fwd_uv1's numbers (o = bf16(cpu_dot(o_lat_h, W_UV_h[d])) for d < 128), then the head's
+// act_quant (k_act_quant's): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
 // registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous in kv_b) comes
 // in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on distinct banks
 // for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, THREADS threads (the product:
@@ -720,21 +646,17 @@ k_fwd_uv1_qhc(const float *__restrict__ part, int splits, const uint8_t *__restr
 	uv1_qh<512, true>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
 }
 
-// k_fwd_q_absorb1's numbers (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),
+// k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),
 // q_pe copied, RoPE'd first when cs is not null): thread t owns columns 4t .. 4t+3, four chains
 // over d, one 4-byte shared load a row for its four weights (a warp's loads: one 128-byte line).
 // W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The arguments of
-// k_fwd_q_absorbN (T == 1), then a prefetch into L2 of weights that later GEMMs read (the plans pf:
-// DSV32_CUDA_PREFETCH / _NEXT, model/cuda_fwd_attn.c): once its own work is done the grid issues
-// their cp.async.bulk.prefetch.L2 pieces (fire and forget: the bytes land in L2 while the
-// selection and the MLA run, HBM being nearly idle then; the GEMMs read them from there). Dynamic
-// shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 == 0, nope <= 192, R % 128 == 0, R <=
-// 512.
+// k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 ==
+// 0, nope <= 192, R % 128 == 0, R <= 512.
 #define QAH_SMEM (ABS_MAX_NOPE * (ABS_MAXR + 4 + 16)) // model/cuda_fwd.h's FWD_QAH_SMEM
 extern "C" __global__ void __launch_bounds__(128)
 k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
 		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
-		 const int *__restrict__ pos, const float *__restrict__ cs, const l2_plans pf)
+		 const int *__restrict__ pos, const float *__restrict__ cs)
 {
 	extern __shared__ __align__(16) uint8_t qah_smem[];
 	uint8_t *w = qah_smem;                                                    // [nope][R]
@@ -791,7 +713,6 @@ k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, con
 	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
 	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
 	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
-	l2_prefetch_plans(pf, (long long)h * nt + t, (long long)gridDim.x * nt);
 }
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host

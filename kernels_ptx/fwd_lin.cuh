@@ -28,43 +28,6 @@ __device__ __forceinline__ float e4m3_to_f32_alu(uint32_t b)
 	return __fmul_rn(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)), 0x1p120f);
 }
 
-// Prefetch into L2 (DSV32_CUDA_PREFETCH*, model/cuda_fwd_attn.c, cuda_fwd_ops.c): item i = r *
-// segs + s of the grid of rows x segs pieces, `bytes` at base + r * ld + s * stride, for i = i0,
-// i0 + step, ... below rows * segs, by cp.async.bulk.prefetch.L2 (fire and forget: nothing to
-// wait for; the lines land in L2 for a later kernel). Addresses and sizes multiples of 16.
-__device__ __forceinline__ void l2_prefetch_grid(const uint8_t *base, long long ld, long long rows, int segs,
-						 long long stride, int bytes, long long i0, long long step)
-{
-	for (long long i = i0; i < rows * segs; i += step) {
-		const long long r = i / segs, sg = i % segs;
-		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * ld + sg * stride),
-			     "r"(bytes)
-			     : "memory");
-	}
-}
-
-// Up to L2_PLANS grids of l2_prefetch_grid's pieces, passed by value to a kernel (the same layout
-// as model/cuda_fwd.h's struct fwd_l2_plans; base null: unused).
-#define L2_PLANS 3
-struct l2_plan {
-	const uint8_t *base;
-	long long ld, stride;
-	int rows, segs, bytes, pad;
-};
-struct l2_plans {
-	l2_plan p[L2_PLANS];
-};
-
-// Every plan's pieces, spread over the grid's threads (thread i0 of step).
-__device__ __forceinline__ void l2_prefetch_plans(const l2_plans &pl, long long i0, long long step)
-{
-#pragma unroll
-	for (int k = 0; k < L2_PLANS; k++)
-		if (pl.p[k].base)
-			l2_prefetch_grid(pl.p[k].base, pl.p[k].ld, pl.p[k].rows, pl.p[k].segs, pl.p[k].stride,
-					 pl.p[k].bytes, i0, step);
-}
-
 #define LIN_ROWS 4
 
 // y[m, v] = val: fp32 to y32, or bf16 (rounded once) to y16 when y32 is null; row stride ldy.

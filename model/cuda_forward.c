@@ -37,10 +37,8 @@
  * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
  * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0/1/names,
  * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
- * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_CUDA_UV1_SPLIT=1,
- * DSV32_CUDA_GLUE_H=1, DSV32_CUDA_PREFETCH=0/1/MB, DSV32_CUDA_PREFETCH_SHARED=0/1/2,
- * DSV32_CUDA_PREFETCH_NEXT=1, DSV32_CUDA_PREFETCH_EARLY=1/2/3,
- * DSV32_CUDA_UV_COMBINE=1; and
+ * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_CUDA_UV_COMBINE=1;
+ * and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -144,9 +142,7 @@ void cuda_forward_profile_print(void)
 static const char *const switch_names[] = {
 	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
-	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_UV1_SPLIT", "DSV32_CUDA_GLUE_H",
-	"DSV32_CUDA_PREFETCH", "DSV32_CUDA_PREFETCH_SHARED", "DSV32_CUDA_PREFETCH_NEXT",
-	"DSV32_CUDA_PREFETCH_EARLY", "DSV32_CUDA_UV_COMBINE",
+	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_UV_COMBINE",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -173,12 +169,6 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 10: s->uv1_split = one; break;
-	case 11: s->glue_h = one; break;
-	case 12: s->prefetch_mb = one ? 24 : n > 1 && n < 4096 ? (int)n : 0; break; /* MB */
-	case 13: s->prefetch_sh = n == 1 || n == 2 ? (int)n : 0; break;
-	case 14: s->prefetch_next = one; break;
-	case 15: s->prefetch_early = n >= 1 && n <= 3 ? (int)n : 0; break;
 	default: s->uv_combine = one; break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */

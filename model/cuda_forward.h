@@ -79,21 +79,8 @@ struct fwd_switches {
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
-	int uv1_split;    /* DSV32_CUDA_UV1_SPLIT=1: a decode row's W_UV as k_fwd_uv1 then k_act_quant
-			   * (512 blocks of 32 outputs) instead of k_fwd_uv1_q (128 of 128) */
-	int glue_h;       /* DSV32_CUDA_GLUE_H=1: a decode row's W_UK / W_UV products one block a head,
-			   * a thread owning whole outputs (k_fwd_q_absorb1h, k_fwd_uv1_qh) */
-	int prefetch_mb;  /* DSV32_CUDA_PREFETCH=MB (1: 24, 0: off): with GLUE_H, k_fwd_q_absorb1h
-			   * prefetches that many MB of o_proj's weights into L2 */
-	int prefetch_next; /* DSV32_CUDA_PREFETCH_NEXT=1: with GLUE_H, k_fwd_q_absorb1h also
-			   * prefetches the next layer's q_a | wk | kv_a and indexer wq_b weights */
-	int uv_combine;   /* DSV32_CUDA_UV_COMBINE=1: with GLUE_H, at one row the MLA decode's key
-			   * splits merged in the W_UV kernel (k_fwd_uv1_qhc), not by k_mla_combine */
-	int prefetch_early; /* DSV32_CUDA_PREFETCH_EARLY=1/2/3: at one row a layer's attention norm
-			   * prefetches the indexer's wq_b (or, without indexer queries, q_b) / q_b /
-			   * both */
-	int prefetch_sh;  /* DSV32_CUDA_PREFETCH_SHARED=1/2: at one row the norm before a MoE block
-			   * prefetches the shared expert's gate|up (2: and down) weights into L2 */
+	int uv_combine;   /* DSV32_CUDA_UV_COMBINE=1: at one row the MLA decode's key splits merged
+			   * in the W_UV kernel (k_fwd_uv1_qhc), not by k_mla_combine */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

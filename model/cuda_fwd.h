@@ -68,9 +68,6 @@ struct fwd {
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
-	gpu_ptr pf[2];             /* ranges the next hidden-size norm prefetches into L2 after its */
-	long long pf_n[2];         /* work (k_fwd_rmsnorm_1k_pf; bytes), then cleared */
-#define FWD_PF_BLOCKS 16           /* k_fwd_rmsnorm_1k_pf's blocks that only prefetch */
 	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
 };
 #define TAKE(var, bytes)                          \
@@ -78,22 +75,12 @@ struct fwd {
 	if (!var)                                 \
 		return -ENOMEM
 
-/* Weights to prefetch into L2 (kernels_ptx/fwd_lin.cuh's struct l2_plans, the same layout: a
- * kernel parameter): plan k's pieces are `bytes` at base + r * ld + s * stride for r < rows, s <
- * segs (base 0: unused). */
-#define FWD_L2_PLANS 3
-struct fwd_l2_plans {
-	struct {
-		gpu_ptr base;
-		long long ld, stride;
-		int rows, segs, bytes, pad;
-	} p[FWD_L2_PLANS];
-};
-
 /* Launches kernel name (the grid, block bx threads, dynamic shared memory smem, arguments ...)
  * on the step's stream and marks it in the profile; returns from the caller on failure.
  * LAUNCH_PDL: by programmatic dependent launch (fwd_launch), for the kernels that wait in
- * pdl_wait (kernels_ptx/fwd_lin.cuh) before they read an activation or write anything. */
+ * pdl_wait (kernels_ptx/fwd_lin.cuh) before they read an activation or write anything;
+ * LAUNCH_PDL_ANY: the same also in steps of few rows (FWD_PDL_ROWS), for the kernels that load
+ * their weights before the wait (run 21: faster so at one row, where the others were slower). */
 #define LAUNCH_AS(pdl, name, gx, gy, gz, bx, smem, ...)                                          \
 	do {                                                                                     \
 		void *a_[] = {__VA_ARGS__};                                                      \
@@ -104,6 +91,7 @@ struct fwd_l2_plans {
 	} while (0)
 #define LAUNCH(name, gx, gy, bx, smem, ...) LAUNCH_AS(0, name, gx, gy, 1, bx, smem, __VA_ARGS__)
 #define LAUNCH_PDL(name, gx, gy, bx, smem, ...) LAUNCH_AS(1, name, gx, gy, 1, bx, smem, __VA_ARGS__)
+#define LAUNCH_PDL_ANY(name, gx, gy, bx, smem, ...) LAUNCH_AS(2, name, gx, gy, 1, bx, smem, __VA_ARGS__)
 /* A launch with a z grid dimension, no dynamic shared memory. */
 #define LAUNCH3(name, gx, gy, gz, bx, ...) LAUNCH_AS(0, name, gx, gy, gz, bx, 0, __VA_ARGS__)
 #define LAUNCH3_PDL(name, gx, gy, gz, bx, ...) LAUNCH_AS(1, name, gx, gy, gz, bx, 0, __VA_ARGS__)

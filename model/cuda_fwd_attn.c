@@ -13,10 +13,8 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "model/cuda_attn.h"
-#include "model/cuda_gemm.h"
 #include "model/numerics.h"
 
 /* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
@@ -46,48 +44,6 @@ struct q_branch {
 	int fuse;          /* fwd_fused(F) */
 };
 
-/* DSV32_CUDA_PREFETCH (k_fwd_q_absorb1h's tail): which bytes of o_proj's weights to prefetch
- * into L2 while the selection and the MLA run (plan 0). The decode GEMM streams work units of 128
- * rows x one K chunk (cuda_gemm_decode_split), each from its chunk's first K block on, so the
- * prefetch takes the first P K blocks of every unit (every row, every chunk): each unit, whichever
- * SM runs it and when, starts with P blocks from L2, with P from the budget (MB). With
- * DSV32_CUDA_PREFETCH_NEXT=1 also the whole of the next layer's first projections (plans 1, 2:
- * q_a | wk | kv_a, the indexer's wq_b), which must then stay in L2 under this layer's o_proj and
- * FFN (their streaming loads are L2 evict-first). */
-static void plan_whole(struct fwd_l2_plans *pl, int k, const struct fwd_fp8 *W)
-{
-	if (!W->w || W->in % 16)
-		return;
-	pl->p[k].base = W->w, pl->p[k].ld = W->in, pl->p[k].stride = 0;
-	pl->p[k].rows = W->out, pl->p[k].segs = 1, pl->p[k].bytes = W->in;
-}
-
-static struct fwd_l2_plans l2_plans(const struct fwd *F, int64_t layer, const struct fwd_layer *L)
-{
-	struct fwd_l2_plans pl;
-	memset(&pl, 0, sizeof pl);
-	int N = L->o.out, K = L->o.in, mb = F->E->sw->prefetch_mb;
-	if (mb > 0 && K % 128 == 0 && N > 0) {
-		struct gemm_split sp = cuda_gemm_decode_split(F->g, N, K);
-		long long blocks = ((long long)mb << 20) / ((long long)N * sp.chunks * 128);
-		blocks = blocks > sp.chunk_blocks ? sp.chunk_blocks : blocks;
-		if (blocks >= 1) {
-			pl.p[0].base = L->o.w, pl.p[0].ld = K, pl.p[0].stride = (long long)sp.chunk_blocks * 128;
-			pl.p[0].rows = N, pl.p[0].segs = sp.chunks, pl.p[0].bytes = (int)blocks * 128;
-			/* the last chunk may be shorter than P blocks: left out then */
-			if ((long long)(sp.chunks - 1) * pl.p[0].stride + pl.p[0].bytes > K && sp.chunks > 1)
-				pl.p[0].segs = sp.chunks - 1;
-		}
-	}
-	if (F->E->sw->prefetch_next && layer + 1 < F->c->num_hidden_layers) {
-		const struct fwd_layer *nx = &F->m->layers[layer + 1];
-		plan_whole(&pl, 1, nx->fused_qkv ? &nx->qkv : &nx->q_a);
-		if (F->max_n > F->c->index_topk) /* (the indexer's queries run) */
-			plan_whole(&pl, 2, &nx->idx_q_b);
-	}
-	return pl;
-}
-
 static int attn_q(struct fwd *F, const struct q_branch *b)
 {
 	const struct dsv32_config *c = F->c;
@@ -112,16 +68,15 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 		LAUNCH3("k_fwd_mma", Rk / 64, (T + 63) / 64, H, 128, &mode, &q, &a_hs, &lda, &kvb_w, &kvb_s,
 			&b_row0, &b_hs, &Rk, &qf, &c_hs, &ldc, &out32, &T, &Rk, &nope);
 		F->tag = NULL;
-	} else if (T == 1 && F->E->sw->glue_h && nope % 32 == 0 && nope <= 192 && Rk % 128 == 0 &&
-		   Rk <= 512) { /* a decode row: one block a head (k_fwd_q_absorb1's numbers) */
+	} else if (T == 1 && nope % 32 == 0 && nope <= 192 && Rk % 128 == 0 && Rk <= 512) {
+		/* a decode row: one block a head, its weights loaded before the wait (PDL at every row
+		 * count: run 21, -1..-5 us a step) */
 		gpu_ptr qcs = b->fuse ? cs : 0;
-		struct fwd_l2_plans pl = l2_plans(F, layer, L);
-		LAUNCH_PDL("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
-			   &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs, &pl);
-	} else { /* rows a block: the step's, up to 8 */
-		static const char *names[] = {"k_fwd_q_absorb1", "k_fwd_q_absorb2", "k_fwd_q_absorb4",
-					      "k_fwd_q_absorb8"};
-		int v = T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3, rows = 1 << v;
+		LAUNCH_PDL_ANY("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
+			       &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
+	} else { /* rows a block: the step's, 2 to 8 */
+		static const char *names[] = {"k_fwd_q_absorb2", "k_fwd_q_absorb4", "k_fwd_q_absorb8"};
+		int v = T <= 2 ? 0 : T <= 4 ? 1 : 2, rows = 2 << v;
 		gpu_ptr qcs = b->fuse ? cs : 0; /* RoPE of q_pe here (fused) or done above */
 		LAUNCH3_PDL(names[v], H, (T + rows - 1) / rows, Rk / 128, 128, &q, &kvb_w, &kvb_s, &qf, &T,
 			&H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
@@ -280,16 +235,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		if (first && cu_check(cu.cuMemcpyDtoDAsync(r, x, (size_t)T * D * 2, F->g->stream),
 				      "cuMemcpyDtoDAsync", __FILE__, __LINE__))
 			return -EIO;
-		const int early = T == 1 ? F->E->sw->prefetch_early : 0, iq = F->max_n > c->index_topk;
-		if (early) {
-			/* the query GEMMs after the q_a | wk | kv_a one (DSV32_CUDA_PREFETCH_EARLY): 1 the
-			 * indexer's wq_b when its queries run, else q_b (then on the critical path); 2 q_b;
-			 * 3 both */
-			const struct fwd_fp8 *W0 = early == 2 || !iq ? &L->q_b : &L->idx_q_b;
-			F->pf[0] = W0->w, F->pf_n[0] = (long long)W0->out * W0->in;
-			if (early == 3 && iq)
-				F->pf[1] = L->q_b.w, F->pf_n[1] = (long long)L->q_b.out * L->q_b.in;
-		}
 		TRY(fwd_rmsq(F, x, D, first ? 0 : r, L->attn_norm, a, D, D, fuse ? a8 : 0, fuse ? as : 0));
 	}
 	if (!fuse)
@@ -352,7 +297,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY_TAG("weights_proj", fwd_lin(F, L->idx_wproj, a, D, iw, 0, Hi, T, D, Hi));
 	if (need && qw) { /* q: RoPE, Hadamard, act_quant, w' with w = weights_proj (the key: above) */
 		gpu_ptr wp = L->idx_wproj;
-		LAUNCH_PDL("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
+		LAUNCH_PDL_ANY("k_fwd_idx_qw", T * Hi, 1, 256, 0, &iq, &iq8, &iw, &F->pos, &cs, &Hi, &had, &hs, &ds,
 		       &wp, &a, &D, &D);
 	} else if (need && fuse) { /* q: RoPE, Hadamard, act_quant, w' (the key is done, above) */
 		int rows = T * Hi;
@@ -395,9 +340,9 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
-	/* a decode row's W_UV by k_fwd_uv1_qh(c) (DSV32_CUDA_GLUE_H); with DSV32_CUDA_UV_COMBINE the
-	 * MLA's split partials (mla_part, mla_splits > 1) merged there instead of by k_mla_combine */
-	const int uvh = T == 1 && fuse && dv == 128 && Rk <= 512 && Rk % 128 == 0 && F->E->sw->glue_h;
+	/* a decode row's W_UV by k_fwd_uv1_qh(c); with DSV32_CUDA_UV_COMBINE the MLA's split partials
+	 * (mla_part, mla_splits > 1) merged there instead of by k_mla_combine */
+	const int uvh = T == 1 && fuse && dv == 128 && Rk <= 512 && Rk % 128 == 0;
 	int mla_splits = 0;
 	gpu_ptr mla_part = 0;
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
@@ -457,18 +402,14 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
 	} else if (uvh && mla_splits > 1) { /* the same, merging the MLA's splits first */
-		LAUNCH_PDL("k_fwd_uv1_qhc", H, 1, 512, FWD_UVH_SMEM, &mla_part, &mla_splits, &kvb_w, &kvb_s, &o,
+		LAUNCH_PDL_ANY("k_fwd_uv1_qhc", H, 1, 512, FWD_UVH_SMEM, &mla_part, &mla_splits, &kvb_w, &kvb_s, &o,
 			   &o8, &os, &H, &Hpad, &nope, &dv, &Rk);
 		o_quantised = 1;
 	} else if (uvh) {
-		/* a decode row, o's act_quant fused, a thread an output (k_fwd_uv1_q's numbers) */
-		LAUNCH_PDL("k_fwd_uv1_qh", H, 1, 128, FWD_UVH_SMEM, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H,
-			   &Hpad, &nope, &dv, &Rk);
-		o_quantised = 1;
-	} else if (T == 1 && fuse && dv == 128 && Rk <= 512 && !F->E->sw->uv1_split) {
-		/* a decode row, o's act_quant fused */
-		LAUNCH_PDL("k_fwd_uv1_q", H, 1, 512, 0, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv,
-		       &Rk);
+		/* a decode row, o's act_quant fused, a thread an output, its weights loaded before the
+		 * wait (PDL at every row count: run 21, -7..-12 us a step) */
+		LAUNCH_PDL_ANY("k_fwd_uv1_qh", H, 1, 128, FWD_UVH_SMEM, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H,
+			       &Hpad, &nope, &dv, &Rk);
 		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */
 		LAUNCH3_PDL("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,
@@ -491,12 +432,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	if (!L->is_moe && fuse &&
 	    (!(f8 = fwd_take(F, (size_t)Tp * D)) || !(fs = fwd_take(F, (size_t)Tp * (D / 128) * 4))))
 		return -ENOMEM;
-	if (T == 1 && L->is_moe && L->moe_ready && F->E->sw->prefetch_sh) {
-		/* the shared expert's weights into L2 under the router (DSV32_CUDA_PREFETCH_SHARED) */
-		const struct cuda_fp8_mat *m13 = &L->moe.sh13, *m2 = &L->moe.sh2;
-		F->pf[0] = m13->w, F->pf_n[0] = (long long)m13->out * m13->in;
-		F->pf[1] = F->E->sw->prefetch_sh > 1 ? m2->w : 0, F->pf_n[1] = (long long)m2->out * m2->in;
-	}
 	TRY(fwd_rmsq(F, ao, D, r, L->ffn_norm, f, D, D, f8, fs));
 	TRY(fwd_dump_all(F, "ffn_norm", layer, f, DUMP_BF16, D, D));
 	if (L->is_moe) {

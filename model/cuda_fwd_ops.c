@@ -50,12 +50,14 @@ int fwd_skipped(const struct fwd *F, const char *name)
 	return listed(F->E->sw->skip, name);
 }
 
-/* Whether kernel name goes by programmatic dependent launch (where its launcher allows): by
- * DSV32_CUDA_FWD_PDL, else only in steps of more than FWD_PDL_ROWS rows (model/cuda_fwd.h). */
-static int fwd_pdl(const struct fwd *F, const char *name)
+/* Whether kernel name goes by programmatic dependent launch (where its launcher allows: pdl 1,
+ * or 2 for every row count by default): by DSV32_CUDA_FWD_PDL, else only in steps of more than
+ * FWD_PDL_ROWS rows (model/cuda_fwd.h) or for pdl 2. */
+static int fwd_pdl(const struct fwd *F, const char *name, int pdl)
 {
 	const struct fwd_switches *sw = F->E->sw;
-	return sw->pdl < 0 ? F->T > FWD_PDL_ROWS : sw->pdl == 2 ? listed(sw->pdl_list, name) : sw->pdl;
+	return sw->pdl < 0 ? F->T > FWD_PDL_ROWS || pdl == 2
+			   : sw->pdl == 2 ? listed(sw->pdl_list, name) : sw->pdl;
 }
 
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -63,7 +65,7 @@ int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsign
 {
 	if (F->E->sw->skip[0] && fwd_skipped(F, name))
 		return 0;
-	int r = (pdl && fwd_pdl(F, name) ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name),
+	int r = (pdl && fwd_pdl(F, name, pdl) ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name),
 									      gx, gy, gz, bx, 1, 1, smem,
 									      args);
 	if (r)
@@ -136,15 +138,11 @@ int fwd_rmsq(struct fwd *F, gpu_ptr x, int ldx, gpu_ptr res, gpu_ptr w, gpu_ptr 
 		   int dim, gpu_ptr q, gpu_ptr qs)
 {
 	float eps = (float)F->c->rms_norm_eps;
-	if (dim > 2048 && (F->pf[0] || F->pf[1])) { /* then F->pf's prefetch (cuda_fwd.h) */
-		LAUNCH_PDL("k_fwd_rmsnorm_1k_pf", F->T + FWD_PF_BLOCKS, 1, 1024, 0, &x, &ldx, &res, &w, &out,
-			   &ldo, &dim, &eps, &q, &qs, &F->T, &F->pf[0], &F->pf_n[0], &F->pf[1], &F->pf_n[1]);
-	} else if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
+	if (dim > 2048) /* the hidden-size norms: a wider block per row (fewer serial loads) */
 		LAUNCH_PDL("k_fwd_rmsnorm_1k", F->T, 1, 1024, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q,
 		       &qs);
 	else
 		LAUNCH_PDL("k_fwd_rmsnorm", F->T, 1, 256, 0, &x, &ldx, &res, &w, &out, &ldo, &dim, &eps, &q, &qs);
-	F->pf[0] = F->pf[1] = 0; /* (one norm's: not left to a later one) */
 	return 0;
 }
 

@@ -747,9 +747,9 @@ static void fast_mode(const char *name, int64_t T)
 		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
-		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), W_UV and its
-		   * act_quant in two launches (DSV32_CUDA_UV1_SPLIT=1), programmatic launches at one
-		   * row too
+		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), the MLA's key
+		   * splits merged in the W_UV kernel (DSV32_CUDA_UV_COMBINE=1), programmatic launches
+		   * at one row too
 		   * (DSV32_CUDA_FWD_PDL=1), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
@@ -757,7 +757,7 @@ static void fast_mode(const char *name, int64_t T)
 			enum { NS = 10, NP = 8 }; /* switch settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_PDL=1", "DSV32_CUDA_FWD_FORK=0",
-						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_UV1_SPLIT=1",
+						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_UV_COMBINE=1",
 						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
 						     "DSV32_CUDA_LOGITS_STAGED=1"};
 			float *lf = malloc((size_t)NS * V * 4);
@@ -914,9 +914,9 @@ TEST_T(gpu_forward, bf16_products, 120)
 	gpu_close(&g);
 }
 
-/* k_fwd_uv1_q (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
- * model's shape, which the structured models above do not have) and k_fwd_uv1_qh (the same one
- * block a head, a thread an output) against its parts, k_fwd_uv1 then k_act_quant, on random
+/* k_fwd_uv1_qh (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
+ * model's shape, which the structured models above do not have; one block a head, a thread an
+ * output) against its parts, k_fwd_uv1 then k_act_quant, on random
  * e4m3 kv_b rows, non-power-of-two block scales and o_lat: o, its codes and its scales
  * bit-identical; and k_fwd_uv1_qhc against k_mla_combine + k_fwd_uv1_qh. */
 TEST_T(gpu_forward, uv_quant_fused, 60)
@@ -954,17 +954,16 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 			   a2) == 0);
 	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
 	REQUIRE(h1 && h2);
-	for (int v = 0; v < 2; v++) { /* k_fwd_uv1_q, k_fwd_uv1_qh */
-		const char *name = v ? "k_fwd_uv1_qh" : "k_fwd_uv1_q";
+	{
+		const char *name = "k_fwd_uv1_qh";
 		void *fn = gpu_kernel(&g, name);
 		REQUIRE(fn);
-		if (v)
-			REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						      FWD_UVH_SMEM) == CUDA_SUCCESS);
+		REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
+			CUDA_SUCCESS);
 		gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
 		gpu_test_poison(&g, s2, (size_t)H * 4);
 		void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-		REQUIRE(gpu_launch(&g, fn, H, 1, 1, v ? 128 : 512, 1, 1, v ? FWD_UVH_SMEM : 0, a3) == 0);
+		REQUIRE(gpu_launch(&g, fn, H, 1, 1, 128, 1, 1, FWD_UVH_SMEM, a3) == 0);
 		REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
 		int same_o = !memcmp(h1, h2, (size_t)H * dv * 2), first = -1;
@@ -1031,7 +1030,7 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 }
 
 /* k_fwd_q_absorb1h (a decode row's q absorption one block a head, a thread four columns) against
- * k_fwd_q_absorb1 at the real model's head shape (nope 128, rope 64, R 512; 16 heads) on random
+ * k_fwd_q_absorb2 (on that one row) at the real model's head shape (nope 128, rope 64, R 512; 16 heads) on random
  * e4m3 kv_b rows (no NaN codes), non-power-of-two block scales and q, with the RoPE of q_pe (cs)
  * and without: qf and the rotated q bit-identical. */
 TEST_T(gpu_forward, q_absorb_head, 60)
@@ -1075,14 +1074,8 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		REQUIRE(gpu_upload(&g, dq2, q, nq * 2) == 0);
 		gpu_test_poison(&g, f1, nf * 2), gpu_test_poison(&g, f2, nf * 2);
 		void *a1[] = {&dq1, &dw, &ds, &f1, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
-		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb1"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
-		struct { /* model/cuda_fwd.h's struct fwd_l2_plans: the prefetch tail once (kv_b's own
-			  * first bytes) */
-			gpu_ptr base;
-			long long ld, stride;
-			int rows, segs, bytes, pad;
-		} pl[3] = {{rot ? dw : 0, R, 256, (int)wrows, 2, 128, 0}};
-		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c, pl};
+		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb2"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
+		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
 		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / 4, 1, 1, FWD_QAH_SMEM, a2) == 0);
 		REQUIRE(gpu_download(&g, h1, f1, nf * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, f2, nf * 2) == 0);
@@ -1097,7 +1090,7 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		REQUIRE(gpu_download(&g, h1, dq1, nq * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, dq2, nq * 2) == 0);
 		int same_q = !memcmp(h1, h2, nq * 2);
-		printf("    k_fwd_q_absorb1h vs k_fwd_q_absorb1 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
+		printf("    k_fwd_q_absorb1h vs k_fwd_q_absorb2 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
 		       "(first differing element %d), q %s\n", H, nope, rope, R, rot ? "on" : "off",
 		       first < 0 ? "identical" : "DIFFER", first, same_q ? "identical" : "DIFFER");
 		CHECK(first < 0 && same_q && finite);
