@@ -243,15 +243,22 @@ static int paired_on(int max_rows, int G)
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
-/* DSV32_CUDA_WGMMA_TOK=m (read at the first call; for the GPU runs' A/B, default 0): the
- * token-wide forms for the MoE block's GEMMs on wgmma: bit 0 gate|up (the SwiGLU form), bit 1
- * every other grouped GEMM (the down projection) where N % 256 == 0. */
+/* The token-wide forms for the MoE block's GEMMs on wgmma: bit 0 gate|up (the SwiGLU form), bit
+ * 1 the other grouped GEMMs with K < 4096 and N % 256 == 0 (the down projection; at K = 7168 the
+ * plain token-wide form measured slower too: timing_moe_prefill 3,968 us against 3,348). Default
+ * 2, the down projection only. Run 21 (bench moe, one H200, TOK=3 against the default): down 1,607 / 1,179 /
+ * 986 us at 4096 / 2048 / 512 tokens against 1,744 / 1,301 / ~1,099 (the paired n256 staged
+ * form); gate|up's token-wide SwiGLU form 4,379 / 3,516 against 3,413 / 2,304: slower (its tile,
+ * 128 weight rows x the tokens, brings more bytes into the SMs per FLOP than 128 tokens x 256
+ * weight rows, and at K = 7168 those bytes bound it: timing_moe_prefill's loads alone 2,052 us of
+ * 3,348). Both give the old forms' bits (grouped_swiglu_exact: 0 codes differ; the plain form
+ * has the same arithmetic). DSV32_CUDA_WGMMA_TOK=m (read at the first call): m instead. */
 static int tok_env(void)
 {
 	static int m = -1;
 	if (m < 0) {
 		const char *v = getenv("DSV32_CUDA_WGMMA_TOK");
-		m = v ? atoi(v) & 3 : 0;
+		m = v ? atoi(v) & 3 : 2;
 	}
 	return m;
 }
@@ -272,9 +279,10 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
 	 * (K = 2048) with the staged stores; run 8 (timing_moe_prefill, down at 4096 tokens):
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores
-	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
+	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged; run
+	 * 21: down on the token-wide form (tok_env) 8-10% faster at 512-4096 tokens */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
-	if ((tok_env() & 2) && N % 256 == 0 && ldy % 8 == 0 && y % 16 == 0)
+	if ((tok_env() & 2) && staged && N % 256 == 0)
 		return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						      K, ldy, 256, 1, WGMMA_TOKENS);
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
