@@ -249,8 +249,14 @@ static size_t topk_clx_smem_bytes(int ld, int cl, int push)
 	return push ? (b + 15) / 16 * 16 + (size_t)3 * cl * 96 * 4 : b; /* k_topk_cl8p: the inboxes */
 }
 
-/* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B) */
+/* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B);
+ * cuda_attn_set_topk_mode sets it (the forward's switch) */
 static int topk_forced = -1;
+
+void cuda_attn_set_topk_mode(int mode)
+{
+	topk_forced = mode >= 0 && mode <= 7 ? mode : 0;
+}
 
 static int topk_env_mode(void)
 {

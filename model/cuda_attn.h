@@ -74,6 +74,8 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * cuda_indexer_topk_mode's mode m (A/B). */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
+/* Sets the mode DSV32_TOPK_MODE gives (0: the dispatch's own choice; A/B switches) */
+void cuda_attn_set_topk_mode(int mode);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
  * k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5 k_topk_cl16 (a row over a cluster of 8 / 16 CTAs,
  * one cluster barrier a radix round), 6 k_topk_cl8p (cl8 with the rounds' exchange pushed:
