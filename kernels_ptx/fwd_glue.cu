@@ -18,8 +18,9 @@
 // k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4.
 // k_fwd_uv1_qh       k_fwd_uv1 for one decode row with the act_quant of o (o_proj's input) and
 //                    k_fwd_q_absorb1h k_fwd_q_absorbN's numbers for one row: one block a head, a
-//                    thread owning whole outputs; k_fwd_uv1_qhc k_fwd_uv1_qh merging the MLA
-//                    decode's key splits itself (DSV32_CUDA_UV_COMBINE=1).
+//                    thread owning whole outputs (k_fwd_uv1_qhw: four threads an output,
+//                    DSV32_CUDA_UV_WIDE=1); k_fwd_uv1_qhc k_fwd_uv1_qhw merging the MLA decode's
+//                    key splits itself (DSV32_CUDA_UV_COMBINE=1).
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
@@ -525,15 +526,19 @@ __device__ __forceinline__ void e4m3x2_to_f32x2(uint32_t c, float &lo, float &hi
 // act_quant (k_act_quant's): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
 // registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous in kv_b) comes
 // in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on distinct banks
-// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, THREADS threads (the product:
-// threads 0-127). dv == 128, R % 128 == 0, R <= 512.
+// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, THREADS threads. dv == 128, R %
+// 128 == 0, R <= 512.
+// QS = 4 (512 threads: k_fwd_uv1_qhw, DSV32_CUDA_UV_WIDE=1, and k_fwd_uv1_qhc): four threads an
+// output, thread q holding lane sums 2q and 2q + 1 (its two bytes of each 8), added in tree8's
+// order by two shuffles: four times the warps for the product (128 threads, one warp a
+// scheduler, leave the pipes idle between dependent steps).
 // COMBINE (k_fwd_uv1_qhc, DSV32_CUDA_UV_COMBINE=1): o_lat_h is not read but merged here from the
 // MLA decode's split partials (part, splits > 1: cuda_mla_decode_part's workspace, nbh = Hpad row-
 // heads) by mla_combine_weights / mla_combine_elem, k_mla_combine's bits, while W_UV_h lands: the
 // combine's launch and o_lat's round trip saved. 512 threads (the merge: one element a thread).
 #define UVH_LD (ABS_MAXR + 16)
 #define UVH_SMEM (128 * UVH_LD + (ABS_MAXR + 128) * 4) // model/cuda_forward.h's FWD_UVH_SMEM
-template <int THREADS, bool COMBINE>
+template <int THREADS, bool COMBINE, int QS>
 __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const float *__restrict__ part,
 				       int splits, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
 				       uint16_t *__restrict__ o, uint8_t *__restrict__ o8, float *__restrict__ os,
@@ -543,7 +548,8 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 	uint8_t *w = uvh_smem;                                           // [128][UVH_LD]
 	float *ol = reinterpret_cast<float *>(uvh_smem + 128 * UVH_LD); // [R] o_lat_h
 	float *out = ol + ABS_MAXR;                                      // [128]
-	const int h = blockIdx.x, tid = threadIdx.x, d = tid & 127, np = R / 128;
+	const int h = blockIdx.x, tid = threadIdx.x, np = R / 128;
+	const int d = QS == 4 ? tid >> 2 : tid & 127, q = tid & 3; // output d (QS 4: its part q)
 	const size_t wrow0 = (size_t)h * (nope + dv) + nope;
 	const uint8_t *src = Wkvb + wrow0 * R;
 #pragma unroll
@@ -586,6 +592,25 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 			break;
 		cp_async_wait_upto(np - 1 - p);
 		__syncthreads(); // piece p of every row is in (the first time: o_lat too)
+		if (QS == 4) { // bytes 2q, 2q + 1 and 8 + 2q, 9 + 2q of each 16: lane sums 2q, 2q + 1
+			const uint8_t *wr = w + d * UVH_LD + p * 128 + 4 * (q >> 1);
+			const float *xr = ol + p * 128 + 2 * q;
+			const float s = sc[p];
+			const int sh = 16 * (q & 1);
+#pragma unroll 4
+			for (int c = 0; c < 8; c++) {
+#pragma unroll
+				for (int hh = 0; hh < 2; hh++) { // k = 128 p + 16 c + 8 hh + 2q + (0, 1)
+					const uint32_t wq = *reinterpret_cast<const uint32_t *>(wr + 16 * c + 8 * hh);
+					const float2 xv = *reinterpret_cast<const float2 *>(xr + 16 * c + 8 * hh);
+					float f0, f1;
+					e4m3x2_to_f32x2(wq >> sh, f0, f1);
+					acc[0] = __fadd_rn(acc[0], __fmul_rn(xv.x, __fmul_rn(f0, s)));
+					acc[1] = __fadd_rn(acc[1], __fmul_rn(xv.y, __fmul_rn(f1, s)));
+				}
+			}
+			continue;
+		}
 		if (tid >= 128)
 			continue;
 		const uint8_t *wr = w + d * UVH_LD + p * 128;
@@ -610,9 +635,16 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 			}
 		}
 	}
-	if (tid < 128)
+	if (QS == 4) { // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), as tree8
+		float v = __fadd_rn(acc[0], acc[1]);
+		v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+		v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+		if (q == 0)
+			out[d] = v;
+	} else if (tid < 128) {
 		out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
 				   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
+	}
 	__syncthreads(); // the head's 128 outputs are in shared memory
 	if (tid >= 32)
 		return;
@@ -635,7 +667,15 @@ k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkv
 	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
 	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
 {
-	uv1_qh<128, false>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
+	uv1_qh<128, false, 1>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+k_fwd_uv1_qhw(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	      const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	      float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
+{
+	uv1_qh<512, false, 4>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
 }
 
 extern "C" __global__ void __launch_bounds__(512)
@@ -643,7 +683,7 @@ k_fwd_uv1_qhc(const float *__restrict__ part, int splits, const uint8_t *__restr
 	      const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
 	      float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
 {
-	uv1_qh<512, true>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
+	uv1_qh<512, true, 4>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
 }
 
 // k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),

@@ -406,10 +406,11 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 			   &o8, &os, &H, &Hpad, &nope, &dv, &Rk);
 		o_quantised = 1;
 	} else if (uvh) {
-		/* a decode row, o's act_quant fused, a thread an output, its weights loaded before the
-		 * wait (PDL at every row count: run 21, -7..-12 us a step) */
-		LAUNCH_PDL_ANY("k_fwd_uv1_qh", H, 1, 128, FWD_UVH_SMEM, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H,
-			       &Hpad, &nope, &dv, &Rk);
+		/* a decode row, o's act_quant fused, a thread an output (four: DSV32_CUDA_UV_WIDE), its
+		 * weights loaded before the wait (PDL at every row count: run 21, -7..-12 us a step) */
+		const int wide = F->E->sw->uv_wide;
+		LAUNCH_PDL_ANY(wide ? "k_fwd_uv1_qhw" : "k_fwd_uv1_qh", H, 1, wide ? 512 : 128, FWD_UVH_SMEM,
+			       &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv, &Rk);
 		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */
 		LAUNCH3_PDL("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,

@@ -914,9 +914,9 @@ TEST_T(gpu_forward, bf16_products, 120)
 	gpu_close(&g);
 }
 
-/* k_fwd_uv1_qh (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
- * model's shape, which the structured models above do not have; one block a head, a thread an
- * output) against its parts, k_fwd_uv1 then k_act_quant, on random
+/* k_fwd_uv1_qh and k_fwd_uv1_qhw (W_UV of one decode row with o_proj's act_quant fused, dv =
+ * 128: the real model's shape, which the structured models above do not have; one block a head,
+ * one or four threads an output) against its parts, k_fwd_uv1 then k_act_quant, on random
  * e4m3 kv_b rows, non-power-of-two block scales and o_lat: o, its codes and its scales
  * bit-identical; and k_fwd_uv1_qhc against k_mla_combine + k_fwd_uv1_qh. */
 TEST_T(gpu_forward, uv_quant_fused, 60)
@@ -954,8 +954,8 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 			   a2) == 0);
 	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
 	REQUIRE(h1 && h2);
-	{
-		const char *name = "k_fwd_uv1_qh";
+	for (int v = 0; v < 2; v++) { /* one thread an output, four */
+		const char *name = v ? "k_fwd_uv1_qhw" : "k_fwd_uv1_qh";
 		void *fn = gpu_kernel(&g, name);
 		REQUIRE(fn);
 		REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
@@ -963,7 +963,7 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 		gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
 		gpu_test_poison(&g, s2, (size_t)H * 4);
 		void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-		REQUIRE(gpu_launch(&g, fn, H, 1, 1, 128, 1, 1, FWD_UVH_SMEM, a3) == 0);
+		REQUIRE(gpu_launch(&g, fn, H, 1, 1, v ? 512 : 128, 1, 1, FWD_UVH_SMEM, a3) == 0);
 		REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
 		int same_o = !memcmp(h1, h2, (size_t)H * dv * 2), first = -1;
