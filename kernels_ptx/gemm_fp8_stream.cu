@@ -791,8 +791,10 @@ ST_ENTRY(0, 1, 0, )
 // stages' weights before griddepcontrol.wait, as the streaming kernel), every lane a share of
 // the stage's weight scales by cp.async, counted on the stage's full barrier. Two consumer
 // warpgroups: SPLIT = 0 (one tile a block, NT <= 144) they take alternate stages (warpgroup c
-// the stages q = c, c + 2, ...; each stage released by its 4 warps) and add their sums at the
-// end through the idle ring; SPLIT = 1 (NT = 144 .. 256: a fragment of NT / 2 registers and the
+// the stages q = c, c + 2, ...; each stage released by its 4 warps; the host makes the ring
+// even or 1 stage, so each slot has one warpgroup: a parity wait on a slot whose previous phase
+// belongs to the other warpgroup could pass before that phase completed) and add their sums at
+// the end through the idle ring; SPLIT = 1 (NT = 144 .. 256: a fragment of NT / 2 registers and the
 // sums' as many would not fit the 168 registers a thread that 9 warps leave) both take every
 // stage, warpgroup c the rows c NT / 2 .. of the tile, and store their own rows. KS = 2 (with
 // SPLIT = 0): a cluster of two blocks per tile, rank r streaming the stages of its half of K

@@ -496,8 +496,15 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	ns = ns > 8 ? 8 : ns;
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
-	if (!split) /* one tile a block: no more stages than it has */
+	if (!split) { /* one tile a block: no more stages than it has */
 		ns = ns > nst ? nst : ns;
+		/* and an even ring when the warpgroups alternate: slot s is then always warpgroup
+		 * s % 2's, so a warpgroup never waits on a slot whose previous phase (the other
+		 * warpgroup's stage) has not completed — mbarrier parity waits are ambiguous two
+		 * phases apart (run 21: DSV32_GEMM_STREAM_NS=3 trapped at M = 8; the default rings of
+		 * 7 and 5 stages carried the same race) */
+		ns = ns > 1 ? ns & ~1 : ns;
+	}
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
