@@ -510,8 +510,13 @@ __device__ __forceinline__ float swiglu_bf16(float g, float u)
 	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
 }
 
+// ST (the _st kernels): the codes staged in the warpgroup's 64 x 128-byte buffer stg (16-byte
+// chunk c of row r at chunk c ^ (r % 8): conflict-free for the pair writes and the row reads),
+// then stored as whole 16-byte chunks (the same bytes; named barrier 2 + cw as wg_store_round).
+template <bool ST>
 __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, int r_lo, int cq,
-						int lane, uint8_t *h8, float *hs, int N)
+						int lane, uint8_t *h8, float *hs, int N, uint32_t stg,
+						int cw)
 {
 	float amax[2] = {0.f, 0.f}; // rows r_lo, r_lo + 8
 #pragma unroll
@@ -530,21 +535,50 @@ __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, i
 		inv[h] = 1.0f / sc[h];
 	}
 	const int KBo = N / 128;
+	if constexpr (ST)
+		asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory"); // last tile's reads done
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
 		const int row = tl.row0 + r_lo + 8 * h;
-		if (row >= tl.row_end)
+		if (!ST && row >= tl.row_end)
 			continue;
 		uint8_t *q = h8 + (size_t)row * N + tl.n0 + cq;
+		const int sr = r_lo - 64 * cw + 8 * h; // the row in the warpgroup's buffer
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
 			const float a = fminf(fmaxf(acc[4 * j + 2 * h] * inv[h], -448.f), 448.f);
 			const float b = fminf(fmaxf(acc[4 * j + 2 * h + 1] * inv[h], -448.f), 448.f);
-			*reinterpret_cast<uint16_t *>(q + 8 * j) =
-				(uint16_t)(f32_to_e4m3(a) | (uint32_t)f32_to_e4m3(b) << 8);
+			const uint16_t pr = (uint16_t)(f32_to_e4m3(a) | (uint32_t)f32_to_e4m3(b) << 8);
+			if constexpr (ST)
+				asm volatile("st.shared.u16 [%0], %1;" ::"r"(
+						     stg + sr * 128 + (((j >> 1) ^ (sr & 7)) * 16) +
+						     8 * (j & 1) + cq),
+					     "h"(pr)
+					     : "memory");
+			else
+				*reinterpret_cast<uint16_t *>(q + 8 * j) = pr;
 		}
-		if ((lane & 3) == 0)
+		if ((lane & 3) == 0 && row < tl.row_end)
 			hs[(size_t)row * KBo + tl.n0 / 128] = sc[h];
+	}
+	if constexpr (ST) {
+		asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+		const int tid = threadIdx.x & 127;
+#pragma unroll
+		for (int k = 0; k < 4; k++) { // 64 rows x 8 chunks
+			const int i = tid + 128 * k, r = i >> 3, ch = i & 7;
+			const int row = tl.row0 + 64 * cw + r;
+			uint32_t v0, v1, v2, v3;
+			asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+				     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+				     : "r"(stg + r * 128 + ((ch ^ (r & 7)) * 16))
+				     : "memory");
+			if (row < tl.row_end)
+				asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(
+						     h8 + (size_t)row * N + tl.n0 + 16 * ch),
+					     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+					     : "memory");
+		}
 	}
 }
 
@@ -684,7 +718,8 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 		}
 		if constexpr (SW) {
 			if (!no_store)
-				wg_store_swiglu(acc, tl, r_lo, cq, lane, h8, hs, N);
+				wg_store_swiglu<ST>(acc, tl, r_lo, cq, lane, h8, hs, N,
+						    stg + cw * (64 * C::ST_COLS * 2), cw);
 			continue;
 		}
 		if constexpr (ST) {
@@ -891,6 +926,23 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 	wgmma_gemm<256, 4, true, 2, true, false, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
 						       nullptr, max_rows, N, K, N, flags, h8, hs,
 						       &mA64);
+}
+
+// _st: the same with the codes staged in shared memory and stored as 16-byte chunks
+// (wg_store_swiglu<true>; the ST buffers, 16 KB; h8 16-byte aligned); the same bytes.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+	k_gemm_fp8_wgmma_grouped_n256_ss_sw_st(WG_SW_ARGS)
+{
+	wgmma_gemm<256, 4, true, 1, true, true, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
+						      nullptr, max_rows, N, K, N, flags, h8, hs);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+	k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2(WG_SW_ARGS, const __grid_constant__ tmap mA64)
+{
+	wgmma_gemm<256, 4, true, 2, true, true, true>(&mA, nullptr, sx, nullptr, s_tab, off, G,
+						      nullptr, max_rows, N, K, N, flags, h8, hs,
+						      &mA64);
 }
 
 // ---- the token-wide forms (k_gemm_fp8_wgmma_grouped_sw_tok, k_gemm_fp8_wgmma_grouped_tok) -------

@@ -214,9 +214,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		grid = grid < 2 ? 2 : grid & ~1u;
 	int flags = 0;
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
-	return launch(g, mc == 2 ? "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"
-				 : "k_gemm_fp8_wgmma_grouped_n256_ss_sw",
-		      grid, smem_bytes(256, 0), args);
+	/* DSV32_CUDA_WGMMA_SWST=1 (read at each call; for run 22's A/B, default off): the codes
+	 * staged in shared memory and stored as 16-byte chunks (the _st kernels; the same bytes) */
+	const char *v = getenv("DSV32_CUDA_WGMMA_SWST");
+	int st = v && *v == '1' && h8 % 16 == 0;
+	static const char *const names[2][2] = {
+		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"},
+		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw_st", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2"}};
+	return launch(g, names[st][mc == 2], grid, smem_bytes(256, st), args);
 }
 
 /* The paired grouped forms (clusters of 2 sharing copies) where the groups average 128 rows or

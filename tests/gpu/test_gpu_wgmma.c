@@ -642,15 +642,20 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
-	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); 3: token-wide */
-	for (int mc = 1; mc <= 3; mc++) {
+	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); 3: token-wide;
+	 * 4, 5: 1 and 2 with the codes staged (DSV32_CUDA_WGMMA_SWST=1, read at each call) */
+	for (int form = 1; form <= 5; form++) {
+		const int mc = form > 3 ? form - 3 : form;
 		if (mc == 2 && I % 256)
 			continue;
+		if (form > 3)
+			setenv("DSV32_CUDA_WGMMA_SWST", "1", 1);
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
 		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
 								   c.dx, c.dsx, h8, hs, c.rows, I,
 								   K, mc),
 			     0);
+		unsetenv("DSV32_CUDA_WGMMA_SWST");
 		REQUIRE(gpu_sync(g) == 0);
 		REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
 		REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
@@ -663,9 +668,10 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 			}
 		for (size_t i = 0; i < (size_t)c.rows * KBo; i++)
 			bads += memcmp(&sa[i], &sb[i], 4) != 0;
-		printf("    swiglu form mc %d, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
+		printf("    swiglu form mc %d%s, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
 		       "%lld of %lld scales differ from GEMM + k_moe_swiglu_quant",
-		       mc, G, c.rows, I, K, (long long)bad8, (long long)c.rows * I, (long long)bads,
+		       mc, form > 3 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
+		       (long long)c.rows * I, (long long)bads,
 		       (long long)(c.rows * (long long)KBo));
 		if (first >= 0)
 			printf(" (first: row %lld col %lld: 0x%02x vs 0x%02x)", (long long)(first / I),
@@ -797,15 +803,18 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 		/* gate|up: the SwiGLU form the MoE block runs (cuda_gemm_fp8_wgmma_grouped_swiglu_mc,
 		 * one CTA a tile, the paired clusters, the token-wide form); run 17's bench moe took
 		 * 3701 us for it on another H200 with the shared expert's 4096 rows too (run 15: 3325) */
-		for (int mc = 1; s == 0 && mc <= 3; mc++) {
-			const int I = c.N / 2;
+		for (int form = 1; s == 0 && form <= 5; form++) { /* 4, 5: 1, 2 with staged codes */
+			const int I = c.N / 2, mc = form > 3 ? form - 3 : form;
+			if (form > 3)
+				setenv("DSV32_CUDA_WGMMA_SWST", "1", 1);
 			struct timed_gemm tg = {&g, &c, 0, NULL, mc, gpu_test_alloc((size_t)c.rows * I),
 						gpu_test_alloc((size_t)c.rows * (I / 128) * 4)};
 			const double us = timed_gemm_us(&tg);
-			printf("    grouped swiglu form mc %d %d x (%dx%d), %d rows: %.1f us, %.0f TFLOP/s, "
-			       "weights %.2f TB/s\n",
-			       mc, G, c.N, c.K, c.rows, us, flop / (us * 1e-6) / 1e12,
-			       wbytes / (us * 1e-6) / 1e12);
+			unsetenv("DSV32_CUDA_WGMMA_SWST");
+			printf("    grouped swiglu form mc %d%s %d x (%dx%d), %d rows: %.1f us, %.0f "
+			       "TFLOP/s, weights %.2f TB/s\n",
+			       mc, form > 3 ? " staged" : "", G, c.N, c.K, c.rows, us,
+			       flop / (us * 1e-6) / 1e12, wbytes / (us * 1e-6) / 1e12);
 			cu.cuMemFree(tg.h8), cu.cuMemFree(tg.hs);
 		}
 		grp_free(&c);
