@@ -686,17 +686,19 @@ k_fwd_uv1_qhc(const float *__restrict__ part, int splits, const uint8_t *__restr
 	uv1_qh<512, true, 4>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
 }
 
-// k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),
-// q_pe copied, RoPE'd first when cs is not null): thread t owns columns 4t .. 4t+3, four chains
-// over d, one 4-byte shared load a row for its four weights (a warp's loads: one 128-byte line).
-// W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The arguments of
-// k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 ==
-// 0, nope <= 192, R % 128 == 0, R <= 512.
+// k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] *
+// W_UK_h[d, c]), q_pe copied, RoPE'd first when cs is not null): thread t owns columns CPT t ..
+// CPT t + CPT - 1, CPT chains over d, one shared load a row for its CPT weights (k_fwd_q_absorb1h
+// CPT = 4, R / 4 threads; k_fwd_q_absorb1hw, DSV32_CUDA_ABSORB_WIDE=1, CPT = 2, R / 2 threads:
+// twice the warps). W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The
+// arguments of k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H. nope % 32 == 0,
+// nope <= 192, R % 128 == 0, R <= 512.
 #define QAH_SMEM (ABS_MAX_NOPE * (ABS_MAXR + 4 + 16)) // model/cuda_fwd.h's FWD_QAH_SMEM
-extern "C" __global__ void __launch_bounds__(128)
-k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
-		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
-		 const int *__restrict__ pos, const float *__restrict__ cs)
+template <int CPT>
+__device__ __forceinline__ void q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
+					   const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H,
+					   int Hpad, int nope, int rope, int dv, int R, const int *__restrict__ pos,
+					   const float *__restrict__ cs)
 {
 	extern __shared__ __align__(16) uint8_t qah_smem[];
 	uint8_t *w = qah_smem;                                                    // [nope][R]
@@ -732,28 +734,53 @@ k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, con
 		}
 		dst[0] = o0, dst[1] = o1;
 	}
-	const int zb = 4 * t / 128;
-	float acc[4] = {0.f, 0.f, 0.f, 0.f};
+	const int zb = CPT * t / 128;
+	float acc[CPT];
+#pragma unroll
+	for (int b = 0; b < CPT; b++)
+		acc[b] = 0.f;
 	for (int p = 0; p < np; p++) {
 		cp_async_wait_upto(np - 1 - p);
 		__syncthreads(); // rows 32p .. 32p+31 are in (the first time: q_nope and the scales too)
 #pragma unroll 8
 		for (int d = 32 * p; d < 32 * p + 32; d++) {
-			const uint32_t wq = *reinterpret_cast<const uint32_t *>(w + d * R + 4 * t);
+			const uint32_t wq = CPT == 4 ? *reinterpret_cast<const uint32_t *>(w + d * R + 4 * t)
+						     : *reinterpret_cast<const uint16_t *>(w + d * R + 2 * t);
 			const float s = scs[d * nkb + zb], x = qn[d];
 			float f[4];
 			e4m3x2_to_f32x2(wq, f[0], f[1]);
-			e4m3x2_to_f32x2(wq >> 16, f[2], f[3]);
+			if (CPT == 4)
+				e4m3x2_to_f32x2(wq >> 16, f[2], f[3]);
 #pragma unroll
-			for (int b = 0; b < 4; b++)
+			for (int b = 0; b < CPT; b++)
 				acc[b] = __fadd_rn(acc[b], __fmul_rn(x, __fmul_rn(f[b], s)));
 		}
 	}
-	uint2 raw;
-	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
-	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
-	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
+	uint16_t *dst = qf + (size_t)h * (R + rope) + CPT * t;
+	const uint32_t lo = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
+	if (CPT == 4)
+		*reinterpret_cast<uint2 *>(dst) =
+			make_uint2(lo, (uint32_t)f32_to_bf16(acc[CPT - 2]) | ((uint32_t)f32_to_bf16(acc[CPT - 1]) << 16));
+	else
+		*reinterpret_cast<uint32_t *>(dst) = lo;
 }
+
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
+		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
+		 const int *__restrict__ pos, const float *__restrict__ cs)
+{
+	q_absorb1h<4>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_fwd_q_absorb1hw(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
+		  uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
+		  const int *__restrict__ pos, const float *__restrict__ cs)
+{
+	q_absorb1h<2>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);
+}
+
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host
 // enqueues its launches behind it, so the GPU then runs them back to back (their times are the

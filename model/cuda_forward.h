@@ -83,6 +83,8 @@ struct fwd_switches {
 			   * in the W_UV kernel (k_fwd_uv1_qhc), not by k_mla_combine */
 	int uv_wide;      /* DSV32_CUDA_UV_WIDE=1: a decode row's W_UV by k_fwd_uv1_qhw (four threads
 			   * an output) instead of k_fwd_uv1_qh (one) */
+	int absorb_wide;  /* DSV32_CUDA_ABSORB_WIDE=1: a decode row's q absorption by
+			   * k_fwd_q_absorb1hw (two columns a thread) instead of k_fwd_q_absorb1h (four) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

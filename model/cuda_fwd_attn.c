@@ -72,8 +72,10 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 		/* a decode row: one block a head, its weights loaded before the wait (PDL at every row
 		 * count: run 21, -1..-5 us a step) */
 		gpu_ptr qcs = b->fuse ? cs : 0;
-		LAUNCH_PDL_ANY("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
-			       &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
+		const int wide = F->E->sw->absorb_wide; /* two columns a thread, not four */
+		LAUNCH_PDL_ANY(wide ? "k_fwd_q_absorb1hw" : "k_fwd_q_absorb1h", H, 1, wide ? Rk / 2 : Rk / 4,
+			       FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos,
+			       &qcs);
 	} else { /* rows a block: the step's, 2 to 8 */
 		static const char *names[] = {"k_fwd_q_absorb2", "k_fwd_q_absorb4", "k_fwd_q_absorb8"};
 		int v = T <= 2 ? 0 : T <= 4 ? 1 : 2, rows = 2 << v;

@@ -748,17 +748,17 @@ static void fast_mode(const char *name, int64_t T)
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
 		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), the MLA's key
-		   * splits merged in the W_UV kernel (DSV32_CUDA_UV_COMBINE=1), programmatic launches
-		   * at one row too
+		   * splits merged in the W_UV kernel (DSV32_CUDA_UV_COMBINE=1), the q absorption two
+		   * columns a thread (DSV32_CUDA_ABSORB_WIDE=1), programmatic launches at one row too
 		   * (DSV32_CUDA_FWD_PDL=1), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
 		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
-			enum { NS = 10, NP = 8 }; /* switch settings; the first NP into malloc'd buffers */
+			enum { NS = 11, NP = 9 }; /* switch settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_PDL=1", "DSV32_CUDA_FWD_FORK=0",
 						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_UV_COMBINE=1",
-						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
+						     "DSV32_CUDA_ABSORB_WIDE=1", "DSV32_CUDA_LOGITS_STAGED=0", NULL,
 						     "DSV32_CUDA_LOGITS_STAGED=1"};
 			float *lf = malloc((size_t)NS * V * 4);
 			float *pin = backend_host_alloc(p.gpu, (size_t)(NS - NP) * V * 4);
@@ -1029,7 +1029,8 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 	gpu_close(&g);
 }
 
-/* k_fwd_q_absorb1h (a decode row's q absorption one block a head, a thread four columns) against
+/* k_fwd_q_absorb1h and k_fwd_q_absorb1hw (a decode row's q absorption one block a head, a thread
+ * four or two columns) against
  * k_fwd_q_absorb2 (on that one row) at the real model's head shape (nope 128, rope 64, R 512; 16 heads) on random
  * e4m3 kv_b rows (no NaN codes), non-power-of-two block scales and q, with the RoPE of q_pe (cs)
  * and without: qf and the rotated q bit-identical. */
@@ -1064,11 +1065,13 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
 	REQUIRE(gpu_upload(&g, dcs, cs, ncs * 4) == 0);
 	REQUIRE(gpu_upload(&g, dpos, &p37, 4) == 0);
-	void *fh = gpu_kernel(&g, "k_fwd_q_absorb1h");
-	REQUIRE(fh);
-	REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
-		CUDA_SUCCESS);
-	for (int rot = 0; rot < 2; rot++) {
+	for (int k = 0; k < 4; k++) { /* four / two columns a thread; RoPE off / on */
+		const int rot = k & 1, cpt = k < 2 ? 4 : 2;
+		const char *kn = cpt == 4 ? "k_fwd_q_absorb1h" : "k_fwd_q_absorb1hw";
+		void *fh = gpu_kernel(&g, kn);
+		REQUIRE(fh);
+		REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
+			CUDA_SUCCESS);
 		gpu_ptr c = rot ? dcs : 0;
 		REQUIRE(gpu_upload(&g, dq1, q, nq * 2) == 0);
 		REQUIRE(gpu_upload(&g, dq2, q, nq * 2) == 0);
@@ -1076,7 +1079,7 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		void *a1[] = {&dq1, &dw, &ds, &f1, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb2"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
 		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
-		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / 4, 1, 1, FWD_QAH_SMEM, a2) == 0);
+		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / cpt, 1, 1, FWD_QAH_SMEM, a2) == 0);
 		REQUIRE(gpu_download(&g, h1, f1, nf * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, f2, nf * 2) == 0);
 		int first = -1;
@@ -1090,8 +1093,8 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		REQUIRE(gpu_download(&g, h1, dq1, nq * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, dq2, nq * 2) == 0);
 		int same_q = !memcmp(h1, h2, nq * 2);
-		printf("    k_fwd_q_absorb1h vs k_fwd_q_absorb2 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
-		       "(first differing element %d), q %s\n", H, nope, rope, R, rot ? "on" : "off",
+		printf("    %s vs k_fwd_q_absorb2 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
+		       "(first differing element %d), q %s\n", kn, H, nope, rope, R, rot ? "on" : "off",
 		       first < 0 ? "identical" : "DIFFER", first, same_q ? "identical" : "DIFFER");
 		CHECK(first < 0 && same_q && finite);
 	}
