@@ -232,21 +232,20 @@ static size_t topk_cluster_smem_bytes(int ld)
 	return (3 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
 }
 
-/* k_topk_cl8 / k_topk_cl16 / k_topk_cl8p: a row over a cluster of 8 (1024 threads) or 16 (512
+/* k_topk_cl8 / k_topk_cl16 (and their v2): a row over a cluster of 8 (1024 threads) or 16 (512
  * threads) CTAs; each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their
- * block-table entries, after two histograms of 2048 bins and two sets of 64 bucket sums (cl8p:
- * then 16-byte aligned, three rounds' inboxes of CL x 96 ints); S at most TOPK_CLX_SLICE */
-#define TOPK_CLX_SLICE 49152
+ * block-table entries, after two histograms of 2048 bins and two sets of 64 bucket sums; S at
+ * most TOPK_CLX_SLICE (v2's packed counts: S << 16 fits an int) */
+#define TOPK_CLX_SLICE 32704
 static int topk_clx_slice(int ld, int cl)
 {
 	return ((ld + cl - 1) / cl + 63) / 64 * 64;
 }
 
-static size_t topk_clx_smem_bytes(int ld, int cl, int push)
+static size_t topk_clx_smem_bytes(int ld, int cl)
 {
 	int S = topk_clx_slice(ld, cl);
-	size_t b = (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
-	return push ? (b + 15) / 16 * 16 + (size_t)3 * cl * 96 * 4 : b; /* k_topk_cl8p: the inboxes */
+	return (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
 }
 
 /* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B);
@@ -262,7 +261,7 @@ static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
 		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '6' && !v[1] ? *v - '0' : 0;
+		topk_forced = v && *v >= '1' && *v <= '7' && !v[1] ? *v - '0' : 0;
 	}
 	return topk_forced;
 }
@@ -272,25 +271,29 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 {
 	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 6 || (stop && mode != 2 && mode < 4))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 7 || (stop && mode != 2 && mode < 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
-	/* a cluster a row for one or two rows from 8K keys (run 10, batch 1: 14.8 against 17.2 us at
-	 * 8K, 16.2 against 19.3 at 32K, 27.6 against 35.7 at 128K; 3.9 against 3.3 at 1K; batch 16:
-	 * 31.7 against 19.4 us at 32K), else a block a row */
+	/* k_topk_cl8 (a cluster of 8 a row) while the rows' clusters fit the SMs at once, from 8K
+	 * keys (run 21, bench attention, batch 1: 8.55 / 10.02 / 16.19 us at 8K / 32K / 128K against
+	 * k_topk_cluster's 13.70 / 15.49 / 22.01; batch 16: 12.04 / 19.40 / 28.49 against
+	 * k_topk_select's 17.13 / 19.15 / 35.50; batch 64: 45.2 against 19.4 at 32K), else a block a
+	 * row */
 	if (!mode)
-		mode = B <= 2 && ld >= 8192 && cl_ok ? 2 : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
+		mode = B * 8 <= g->sm_count && ld >= 8192 && topk_clx_slice(ld, 8) <= TOPK_CLX_SLICE ? 4
+		       : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
 	if (mode >= 4) {
-		const int cl = mode == 5 ? 16 : 8;
+		const int cl = mode == 4 || mode == 6 ? 8 : 16;
+		static const char *const names[4] = {"k_topk_cl8", "k_topk_cl16", "k_topk_cl8v2", "k_topk_cl16v2"};
 		if (ld < 1 || topk_clx_slice(ld, cl) > TOPK_CLX_SLICE)
 			return -EINVAL;
-		void *fn = gpu_kernel(g, mode == 4 ? "k_topk_cl8" : mode == 5 ? "k_topk_cl16" : "k_topk_cl8p");
+		void *fn = gpu_kernel(g, names[mode - 4]);
 		if (!fn)
 			return -ENOENT;
-		size_t smem = topk_clx_smem_bytes(ld, cl, mode == 6);
+		size_t smem = topk_clx_smem_bytes(ld, cl);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
