@@ -785,9 +785,14 @@ ST_ENTRY(0, 1, 0, )
 // of K: no K chunks, so no fp32 partials and no chunk-sum launch or arrival counts (run 19: the
 // chunk sum's second launch cost 2.2 of 34.4 us at M = 1 on 7168x16384; summed in the kernel it
 // was slower). Block b takes tiles b, b + gridDim.x, ... (the host picks NT so that the busiest
-// SM streams the fewest rows: one wave where ceil(N / NT) <= SMs). Stage = two K blocks: their
-// weight boxes (NT rows x 128 bytes) and token boxes (mpad rows, copied into 64-row slots whose
-// rows mpad .. 63 are zeroed once). One producer warp: lane 0 issues the copies (the first
+// SM streams the fewest rows: one wave where ceil(N / NT) <= SMs). Stage (stage_bytes, from the
+// host) = two K blocks: their token boxes (mpad rows x 128 bytes each, at 0 and mpad 128), then
+// their weight boxes (NT rows). wgmma's A is 64 rows: rows mpad .. 63 of a token box's operand
+// are the bytes after it in the same stage (the next box, the weights; the host makes the stage
+// at least mpad 128 + 8 KB), landed with the stage and never stored: an MMA row depends only
+// on its own A row, and those rows' results are dropped (rows M .. mpad - 1 are the copy's
+// zero fill). So a stage holds mpad token rows, not 64 (run 21 had 64-row slots: 8 KB a K
+// block at any M, fewer stages in flight). One producer warp: lane 0 issues the copies (the first
 // stages' weights before griddepcontrol.wait, as the streaming kernel), every lane a share of
 // the stage's weight scales by cp.async, counted on the stage's full barrier. Two consumer
 // warpgroups: SPLIT = 0 (one tile a block, NT <= 144) they take alternate stages (warpgroup c
@@ -853,11 +858,12 @@ template <int NT, bool SPLIT, int KS>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
-					      int M, int N, int K, int ldy, int ns, int mpad)
+					      int M, int N, int K, int ldy, int ns, int mpad,
+					      int stage_bytes)
 {
 	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
-	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, AB = 64 * 128,
-		      STAGE = ST_KBS * (WB + AB), R = NW / 2;
+	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, R = NW / 2;
+	const int STAGE = stage_bytes, XB = mpad * 128, W0 = ST_KBS * XB; // W0: the weights' offset
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES;
@@ -892,8 +898,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				const uint32_t bar = smem_u32(&full[q]);
 				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
 				for (int j = 0; j < nb; j++)
-					tma_load_2d_hint(stage0 + q * STAGE + j * WB, wmap, bar, (kb + j) * 128,
-							 tile0 * NT, pol_w);
+					tma_load_2d_hint(stage0 + q * STAGE + W0 + j * WB, wmap, bar,
+							 (kb + j) * 128, tile0 * NT, pol_w);
 			}
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
 		int Q = 0;
@@ -916,12 +922,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					if (!early) {
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
 						for (int j = 0; j < nb; j++)
-							tma_load_2d_hint(st + j * WB, wmap, bar, (kb + j) * 128, n0,
-									 pol_w);
+							tma_load_2d_hint(st + W0 + j * WB, wmap, bar, (kb + j) * 128,
+									 n0, pol_w);
 					}
 					for (int j = 0; j < nb; j++)
-						tma_load_2d_hint(st + ST_KBS * WB + j * AB, xmap, bar,
-								 (kb + j) * 128, 0, pol_x);
+						tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128, 0, pol_x);
 				}
 			}
 		}
@@ -934,17 +939,6 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 
 	// ---- consumers: warpgroup c = warp / 4 ----
 	const int tid = threadIdx.x, c = warp >> 2, g = lane >> 2, t = lane & 3;
-	{
-		// the token slots' rows mpad .. 63, never copied, zeroed once (wgmma reads all 64)
-		const int per = (64 - mpad) * 128 / 16; // 16-byte stores a slot
-		for (int i = tid; i < ns * ST_KBS * per; i += 256) {
-			const int slot = i / per, r = i - slot * per;
-			sts128(stage0 + (slot / ST_KBS) * STAGE + ST_KBS * WB + (slot % ST_KBS) * AB +
-				       mpad * 128 + r * 16,
-			       make_uint4(0, 0, 0, 0));
-		}
-		fence_proxy_async();
-	}
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // sx is the previous kernel's
 	// the token scales by 4-byte cp.async: a thread's loads all in flight at once (one memory
 	// latency, not one per value), under the first stages' copies
@@ -975,8 +969,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				for (int i = 0; i < R; i++)
 					wg_reg_fence(frag[i]);
 				wg_fence();
-				const uint64_t da = wgd_kmajor(st + ST_KBS * WB + j * AB),
-					       db = wgd_kmajor(st + j * WB + cw0 * 128);
+				const uint64_t da = wgd_kmajor(st + j * XB),
+					       db = wgd_kmajor(st + W0 + j * WB + cw0 * 128);
 #pragma unroll
 				for (int k = 0; k < 4; k++)
 					sw_kstep<NW>(frag, da + 2 * k, db + 2 * k, k > 0);
@@ -1062,9 +1056,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	k_gemm_fp8_swap_n##NT##SUF(const __grid_constant__ tmap wmap,                             \
 				   const __grid_constant__ tmap xmap, const float *S,             \
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
-				   int ns, int mpad)                                               \
+				   int ns, int mpad, int stage_bytes)                              \
 	{                                                                                         \
-		gemm_fp8_swap<NT, SPLIT, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);      \
+		gemm_fp8_swap<NT, SPLIT, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
+					    stage_bytes);                                          \
 	}
 // KS = 2: a cluster of two blocks a tile (its K halves)
 #define SW_ENTRY2(NT)                                                                             \
@@ -1072,9 +1067,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	k_gemm_fp8_swap_n##NT##k2(const __grid_constant__ tmap wmap,                              \
 				  const __grid_constant__ tmap xmap, const float *S,              \
 				  const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				  int ns, int mpad)                                                \
+				  int ns, int mpad, int stage_bytes)                               \
 	{                                                                                         \
-		gemm_fp8_swap<NT, false, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad);      \
+		gemm_fp8_swap<NT, false, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
+					    stage_bytes);                                          \
 	}
 
 SW_ENTRY(8, false, )

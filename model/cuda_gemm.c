@@ -489,10 +489,14 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	const int nst = ks == 2 ? ((KB + 1) / 2 + 1) / 2 : (KB + 1) / 2, tiles = (N + nt - 1) / nt;
 	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
-	 * (nt weight rows + a 64-row token slot each) with their weight scales (32 bytes), the
-	 * token scales */
-	int head = 256 + 1024, stage = 2 * (nt * 128 + 64 * 128) + 32, scl = 4 * M * KB;
-	int ns = (ST_SMEM_MAX - head - scl) / stage;
+	 * (mpad token rows + nt weight rows each; at least the second token box + 8 KB: wgmma's
+	 * 64-row A operand reads past the box, inside the stage; 1 KB multiples) and their weight
+	 * scales (32 bytes each), the token scales */
+	int stage = 2 * (nt * 128 + mpad * 128);
+	stage = stage > mpad * 128 + 8192 ? stage : mpad * 128 + 8192;
+	stage = (stage + 1023) & ~1023;
+	int head = 256 + 1024, scl = 4 * M * KB;
+	int ns = (ST_SMEM_MAX - head - scl) / (stage + 32);
 	ns = ns > 8 ? 8 : ns;
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
@@ -507,7 +511,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	}
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
-	int smem = head + ns * stage + scl;
+	int smem = head + ns * (stage + 32) + scl;
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
@@ -518,7 +522,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if ((r = cuda_gemm_tmap_2d(&wmap, W, N, K, nt)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
 		return r;
-	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad};
+	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage};
 	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }
