@@ -749,6 +749,8 @@ static int n_table;
 
 int cuda_gemm_m_bucket(int M)
 {
+	if (M <= 1) /* one token (batch-1 decode): its own measurement */
+		return 1;
 	int b = 8;
 	while (b < M && b < (1 << 24))
 		b *= 2;
@@ -800,7 +802,7 @@ static enum cuda_gemm_path fast_path(const struct gpu *g, int M, int N, int K)
 {
 	if (cuda_gemm_batch_invariant(g))
 		return CUDA_GEMM_PATH_NONE;
-	int b = cuda_gemm_m_bucket(M);
+	int b = cuda_gemm_m_bucket(M > 1 ? M : 2); /* (the table's first bucket, 8, holds M = 1) */
 	for (size_t i = 0; i < sizeof fast_default / sizeof *fast_default; i++)
 		if (fast_default[i].bucket == b && fast_default[i].N == N && fast_default[i].K == K)
 			return fast_default[i].path == CUDA_GEMM_PATH_CUBLASLT && (K / 128) % 4
@@ -814,6 +816,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	int fast = !cuda_gemm_batch_invariant(g);
 	pthread_mutex_lock(&gemm_lock);
 	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
+	if (!e && M <= 1) /* one token, not measured on its own: the 2-8 rows' entry */
+		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
 	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)

@@ -121,7 +121,8 @@ enum cuda_gemm_path {
 	CUDA_GEMM_PATHS
 };
 
-/* Dispatch bucket of M: 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
+/* Dispatch bucket of M: 1 (one token: batch-1 decode, measured on its own; without its own entry
+ * it takes bucket 8's), 8, 16, 32, 64 (the decode kernel's variants), then powers of two. */
 int cuda_gemm_m_bucket(int M);
 /* The path cuda_gemm_fp8 takes for (M, N, K) in g's current mode: the measured entry for M's
  * bucket (cuda_gemm_tune, cuda_gemm_path_set), else in the fast mode the per-shape defaults

@@ -26,7 +26,7 @@ struct tune_shape {
 	gpu_ptr *W, *S; /* [n_layers] */
 };
 
-static const int tune_ms[] = {8, 16, 32, 64, 128, 2048};
+static const int tune_ms[] = {1, 8, 16, 32, 64, 128, 2048};
 #define TUNE_NM ((int)(sizeof tune_ms / sizeof *tune_ms))
 
 /* Adds f (one layer's matrix) to its shape's list. */
@@ -147,10 +147,11 @@ int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 	if (n_sh)
 		fprintf(stderr,
 			"<6>dsv32: GEMM dispatch measured at start-up: %d of %d shape x M-bucket "
-			"pairs in %.0f ms (M %d/%d/%d/%d/%d/%d; dec = exact decode kernel, wg = its "
-			"wgmma consumers, lt = cuBLASLt, wgmma = the prefill kernel):%s%s\n",
+			"pairs in %.0f ms (M %d/%d/%d/%d/%d/%d/%d; dec = exact decode kernel, wg = its "
+			"wgmma consumers, sw / sw2 = the swapped kernel / its cluster form, lt = "
+			"cuBLASLt, wgmma = the prefill kernel):%s%s\n",
 			done, n_sh * TUNE_NM, (clock_mono_s() - t0) * 1e3, tune_ms[0], tune_ms[1],
-			tune_ms[2], tune_ms[3], tune_ms[4], tune_ms[5], log,
+			tune_ms[2], tune_ms[3], tune_ms[4], tune_ms[5], tune_ms[6], log,
 			r ? " (stopped by an error: the rest keep the defaults)" : "");
 	for (int i = 0; i < n_sh; i++)
 		free(sh[i].W), free(sh[i].S);

@@ -11,7 +11,7 @@
 
 #ifndef DSV32_NO_CUDA
 /* For each distinct (N, K) of the dense FP8 GEMMs of m's n_layers layers (the attention
- * projections, the dense MLPs) of at least 8 MB, and M buckets 8, 16, 32, 64, 128 and 2048 (a
+ * projections, the dense MLPs) of at least 8 MB, and M buckets 1, 8, 16, 32, 64, 128 and 2048 (a
  * prefill chunk): cuda_gemm_tune_rotate on that matrix of each layer in turn (the L2 serves no
  * repeat) in the fast mode, on operand rows taken from the scratch arena and released after
  * (g's mode is restored). Smaller matrices keep the defaults (the test models: their numbers do

@@ -158,7 +158,8 @@ static int probe_sw(struct gpu *g, int ks)
 {
 	const int M = 8, N = 7168, K = 2048;
 	gpu_ptr w = 0, s = 0, x = 0, sx = 0, y = 0;
-	int ok = !cu.cuMemAlloc(&w, (size_t)N * K) && !cu.cuMemAlloc(&s, (size_t)(N / 128) * (K / 128) * 4) &&
+	int ok = !cu.cuMemAlloc(&w, (size_t)N * K) &&
+		 !cu.cuMemAlloc(&s, (size_t)(N / 128) * (K / 128) * 4) &&
 		 !cu.cuMemAlloc(&x, (size_t)M * K) && !cu.cuMemAlloc(&sx, (size_t)M * (K / 128) * 4) &&
 		 !cu.cuMemAlloc(&y, (size_t)M * N * 2);
 	if (ok) {
