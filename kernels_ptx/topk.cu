@@ -16,6 +16,7 @@
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
+#include "tma.cuh" // mbarriers
 
 #define TOPK_THREADS 1024
 
@@ -803,6 +804,15 @@ k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__
 // a round's count one key a lane a trip): V2 counts a round's keys four a thread a trip (warps
 // with no matching key skip the histogram), and places the output from thread-contiguous ranges
 // (four keys a 16-byte load) with one block scan of the packed counts.
+// k_topk_cl8v2p / k_topk_cl16v2p (PUSH): v2 with the rounds' exchange pushed instead of pulled:
+// each CTA's warp 0 sends its 64 bucket sums, then its 32 bins of the chosen bucket, into every
+// CTA's inbox for the round (cl_st_async, 16 bytes a store, completing on the receiver's mbarrier
+// for that round and step, which expects CL x 256 / CL x 128 bytes) and waits on its own: no
+// cluster barrier in the rounds and none at the end (no CTA reads another's memory; every store
+// into a CTA lands before it goes on). The barriers are set up before the wait for the scores,
+// with the one cluster barrier that makes them visible, waited for before the first send (run
+// 21's pushed form set them up after it: +0.5 us in the load, and kept a last barrier). The
+// inboxes ([3][CL][96] ints) follow the block-table entries.
 
 // 64 bucket sums of a histogram of nb bins (warp w: buckets w, w + 32); the caller synchronises
 template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, int *bsum, int nb)
@@ -818,7 +828,7 @@ template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, i
 	}
 }
 
-template <int CL, int NT, bool V2>
+template <int CL, int NT, bool V2, bool PUSH>
 __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 					     int k_max, const int *__restrict__ block_table, int max_blocks,
 					     int *__restrict__ out_pos, int *__restrict__ out_slot, int stop)
@@ -830,6 +840,9 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	int *bsum = hbuf + 2 * TOPK_BINS;                 // [2][64] their bucket sums
 	uint32_t *keys = reinterpret_cast<uint32_t *>(bsum + 128); // [S]
 	int *pages = reinterpret_cast<int *>(keys + S);   // [S / 64 + 1]
+	// PUSH: each round's inbox, 16-byte aligned: [round][source CTA][64 bucket sums, 32 bins]
+	int *inbox = reinterpret_cast<int *>(tcl_smem + ((2 * TOPK_BINS + 128 + S + S / 64 + 1) * 4 + 15) / 16 * 16);
+	__shared__ __align__(8) uint64_t s_bar[6]; // PUSH: round r's bucket sums (2r), bins (2r + 1)
 	// warp 0's round results: bin, what is left to take, done; every CTA's keys above the prefix
 	// so far (accumulated) and equal to it
 	__shared__ int s_bin, s_rem, s_done, s_gt[CL], s_eq[CL], s_wcnt[2][32];
@@ -847,8 +860,23 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 		hbuf[i] = 0;
 	if (tid < CL)
 		s_gt[tid] = 0;
-	topk_wait_inputs();
 	const int k = n < k_max ? n : k_max;
+	if (PUSH && k < n) {
+		// the inboxes' barriers, each expecting its bytes from the CL CTAs (one phase each); the
+		// others send once past the cluster barrier this arrival starts (its wait comes before the
+		// first send); still before the wait for the scores
+		if (tid == 0) {
+			for (int i = 0; i < 6; i++)
+				mbar_init(smem_u32(&s_bar[i]), 1);
+			asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+			for (int i = 0; i < 3; i++) {
+				mbar_arrive_expect_tx(smem_u32(&s_bar[2 * i]), CL * 64 * 4);
+				mbar_arrive_expect_tx(smem_u32(&s_bar[2 * i + 1]), CL * 32 * 4);
+			}
+		}
+		asm volatile("barrier.cluster.arrive;" ::: "memory"); // (release: the inits, the expectations)
+	}
+	topk_wait_inputs();
 	const int len = max(0, min(hi, n) - lo); // the slice's counted positions [lo, lo + len)
 	const float *row = scores + (size_t)b * ld;
 	int *op = out_pos ? out_pos + (size_t)b * k_max : nullptr;
@@ -917,8 +945,11 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 		}
 	}
 	__syncthreads(); // keys and round 0's histogram complete
-	if (stop == 1)
+	if (stop == 1) {
+		if (PUSH)
+			asm volatile("barrier.cluster.wait;" ::: "memory");
 		return;
+	}
 	uint32_t prefix = 0, mask = 0;
 	int rem = k;
 	for (int round = 0;; round++) {
@@ -947,16 +978,32 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			__syncthreads(); // counts complete
 		}
 		tcl_buckets<NT>(hist, bs, nb);
-		cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and the
-			   // buffers this round reuses were read by all in the round before last)
+		if (PUSH) {
+			if (round == 0) // every CTA's barriers initialised
+				asm volatile("barrier.cluster.wait;" ::: "memory");
+			__syncthreads(); // the bucket sums complete
+		} else {
+			cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and
+				   // the buffers this round reuses were read by all in the round before last)
+		}
+		int *ib = inbox + round * CL * 96; // PUSH: this round's inbox, source c at ib + 96 c
 		if (warp == 0) {
+			if (PUSH) { // this CTA's bucket sums into every CTA's inbox (its own included)
+				for (int i = lane; i < CL * 16; i += 32) {
+					const uint32_t c = (uint32_t)i >> 4, q = (uint32_t)i & 15;
+					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 4 * q), c),
+						    *reinterpret_cast<const uint4 *>(bs + 4 * q),
+						    cl_mapa(smem_u32(&s_bar[2 * round]), c));
+				}
+				mbar_wait(smem_u32(&s_bar[2 * round]), 0);
+			}
 			// buckets from the top: lane l holds buckets nbk-1-2l (A) and nbk-2-2l (B)
 			const int nbk = nb / 32, jA = nbk - 1 - 2 * lane, jB = jA - 1;
 			int vA[CL], vB[CL], tA = 0, tB = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++) {
-				vA[c] = jA >= 0 ? cl_load(bs + jA, (uint32_t)c) : 0;
-				vB[c] = jB >= 0 ? cl_load(bs + jB, (uint32_t)c) : 0;
+				vA[c] = jA < 0 ? 0 : PUSH ? ib[96 * c + jA] : cl_load(bs + jA, (uint32_t)c);
+				vB[c] = jB < 0 ? 0 : PUSH ? ib[96 * c + jB] : cl_load(bs + jB, (uint32_t)c);
 			}
 #pragma unroll
 			for (int c = 0; c < CL; c++)
@@ -974,12 +1021,21 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			for (int c = 0; c < CL; c++)
 				gt_c[c] = (int)__reduce_add_sync(0xffffffffu, (unsigned)(lane < L ? vA[c] + vB[c]
 										 : lane == L && src ? vA[c] : 0));
+			if (PUSH) { // this CTA's bins of bucket J into every CTA's inbox
+				for (int i = lane; i < CL * 8; i += 32) {
+					const uint32_t c = (uint32_t)i >> 3, q = (uint32_t)i & 7;
+					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 64 + 4 * q), c),
+						    *reinterpret_cast<const uint4 *>(hist + 32 * J + 4 * q),
+						    cl_mapa(smem_u32(&s_bar[2 * round + 1]), c));
+				}
+				mbar_wait(smem_u32(&s_bar[2 * round + 1]), 0);
+			}
 			// the bins of bucket J from the top: lane l holds bin 32 J + 31 - l
 			const int bin = 32 * J + 31 - lane;
 			int f[CL], tf = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++)
-				f[c] = cl_load(hist + bin, (uint32_t)c);
+				f[c] = PUSH ? ib[96 * c + 64 + 31 - lane] : cl_load(hist + bin, (uint32_t)c);
 #pragma unroll
 			for (int c = 0; c < CL; c++)
 				tf += f[c];
@@ -1002,7 +1058,7 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			}
 		} else if (round == 1) {
 			// round 2's buffers (round 0's): every CTA has passed this round's barrier, so none
-			// reads them any more
+			// reads them any more (PUSH: none reads them at all)
 			for (int i = tid - 32; i < 1024; i += NT - 32)
 				hbuf[i] = 0;
 		}
@@ -1014,10 +1070,13 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			break;
 	}
 	// this CTA's reads of the others' shared memory are done: arrive now, and wait for the others
-	// (their reads of this one's) before leaving
-	asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+	// (their reads of this one's) before leaving (PUSH: no CTA reads another's; every store into
+	// this one's inboxes has landed, it waited for them)
+	if (!PUSH)
+		asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 	if (stop == 2 || stop == 3) {
-		asm volatile("barrier.cluster.wait;" ::: "memory");
+		if (!PUSH)
+			asm volatile("barrier.cluster.wait;" ::: "memory");
 		return;
 	}
 	// keys with (key & mask) > prefix are selected, and the first take_eq with (key & mask) ==
@@ -1077,7 +1136,8 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 				}
 			}
 		}
-		asm volatile("barrier.cluster.wait;" ::: "memory");
+		if (!PUSH)
+			asm volatile("barrier.cluster.wait;" ::: "memory");
 		return;
 	}
 	// output: warp w owns the slice's positions [w cw, (w + 1) cw) (cw a multiple of 32), its
@@ -1127,7 +1187,7 @@ k_topk_cl8(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	   const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	   int stop)
 {
-	topk_cl_body<8, 1024, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<8, 1024, false, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
@@ -1135,7 +1195,7 @@ k_topk_cl8v2(const float *__restrict__ scores, int ld, const int *__restrict__ n
 	     const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	     int stop)
 {
-	topk_cl_body<8, 1024, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<8, 1024, true, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
@@ -1143,7 +1203,7 @@ k_topk_cl16(const float *__restrict__ scores, int ld, const int *__restrict__ n_
 	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	    int stop)
 {
-	topk_cl_body<16, 512, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<16, 512, false, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
@@ -1151,5 +1211,21 @@ k_topk_cl16v2(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	      const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	      int stop)
 {
-	topk_cl_body<16, 512, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<16, 512, true, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
+k_topk_cl8v2p(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	      const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	      int stop)
+{
+	topk_cl_body<8, 1024, true, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+}
+
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
+k_topk_cl16v2p(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	       const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	       int stop)
+{
+	topk_cl_body<16, 512, true, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }

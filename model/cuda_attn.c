@@ -232,20 +232,22 @@ static size_t topk_cluster_smem_bytes(int ld)
 	return (3 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
 }
 
-/* k_topk_cl8 / k_topk_cl16 (and their v2): a row over a cluster of 8 (1024 threads) or 16 (512
+/* k_topk_cl8 / k_topk_cl16 (and their v2, v2p): a row over a cluster of 8 (1024 threads) or 16 (512
  * threads) CTAs; each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their
  * block-table entries, after two histograms of 2048 bins and two sets of 64 bucket sums; S at
- * most TOPK_CLX_SLICE (v2's packed counts: S << 16 fits an int) */
+ * most TOPK_CLX_SLICE (v2's packed counts: S << 16 fits an int); v2p: then, 16-byte aligned,
+ * three rounds' inboxes of CL x 96 ints */
 #define TOPK_CLX_SLICE 32704
 static int topk_clx_slice(int ld, int cl)
 {
 	return ((ld + cl - 1) / cl + 63) / 64 * 64;
 }
 
-static size_t topk_clx_smem_bytes(int ld, int cl)
+static size_t topk_clx_smem_bytes(int ld, int cl, int push)
 {
 	int S = topk_clx_slice(ld, cl);
-	return (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
+	size_t b = (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
+	return push ? (b + 15) / 16 * 16 + (size_t)3 * cl * 96 * 4 : b; /* the v2p forms' inboxes */
 }
 
 /* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B);
@@ -254,14 +256,14 @@ static int topk_forced = -1;
 
 void cuda_attn_set_topk_mode(int mode)
 {
-	topk_forced = mode >= 0 && mode <= 7 ? mode : 0;
+	topk_forced = mode >= 0 && mode <= 9 ? mode : 0;
 }
 
 static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
 		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '7' && !v[1] ? *v - '0' : 0;
+		topk_forced = v && *v >= '1' && *v <= '9' && !v[1] ? *v - '0' : 0;
 	}
 	return topk_forced;
 }
@@ -271,7 +273,7 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 {
 	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 7 || (stop && mode != 2 && mode < 4))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 9 || (stop && mode != 2 && mode < 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
@@ -286,14 +288,15 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
 	if (mode >= 4) {
-		const int cl = mode == 4 || mode == 6 ? 8 : 16;
-		static const char *const names[4] = {"k_topk_cl8", "k_topk_cl16", "k_topk_cl8v2", "k_topk_cl16v2"};
+		const int cl = mode % 2 ? 16 : 8;
+		static const char *const names[6] = {"k_topk_cl8",   "k_topk_cl16",   "k_topk_cl8v2",
+						     "k_topk_cl16v2", "k_topk_cl8v2p", "k_topk_cl16v2p"};
 		if (ld < 1 || topk_clx_slice(ld, cl) > TOPK_CLX_SLICE)
 			return -EINVAL;
 		void *fn = gpu_kernel(g, names[mode - 4]);
 		if (!fn)
 			return -ENOENT;
-		size_t smem = topk_clx_smem_bytes(ld, cl);
+		size_t smem = topk_clx_smem_bytes(ld, cl, mode >= 8);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));

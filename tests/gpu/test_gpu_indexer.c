@@ -166,9 +166,10 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
  * position plus noise (a sample of the row is not representative of its top). mode: the kernel
  * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5
- * k_topk_cl16, 6 k_topk_cl8v2, 7 k_topk_cl16v2). */
-static const char *const topk_names[8] = {"auto", "k_topk_select", "k_topk_cluster", "k_topk", "k_topk_cl8",
-					  "k_topk_cl16", "k_topk_cl8v2", "k_topk_cl16v2"};
+ * k_topk_cl16, 6 k_topk_cl8v2, 7 k_topk_cl16v2, 8 k_topk_cl8v2p, 9 k_topk_cl16v2p). */
+static const char *const topk_names[10] = {"auto",	     "k_topk_select", "k_topk_cluster", "k_topk",
+					   "k_topk_cl8",    "k_topk_cl16",   "k_topk_cl8v2",   "k_topk_cl16v2",
+					   "k_topk_cl8v2p", "k_topk_cl16v2p"};
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
@@ -274,7 +275,7 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 	gpu_close(&g);
 }
 
-/* k_topk_cl8, k_topk_cl16, k_topk_cl8v2, k_topk_cl16v2 (modes 4-7): the cases above, then the forward's shapes
+/* the cluster kernels k_topk_cl8 .. k_topk_cl16v2p (modes 4-9): the cases above, then the forward's shapes
  * at batch 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN, -inf) */
 TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 {
@@ -283,7 +284,7 @@ TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 	int n_32k[16], n_128k[2] = {131072, 131000};
 	for (int b = 0; b < 16; b++)
 		n_32k[b] = 32768 - 61 * b;
-	for (int mode = 4; mode <= 7; mode++) {
+	for (int mode = 4; mode <= 9; mode++) {
 		topk_cases(&g, mode);
 		check_topk(&g, n_32k, 16, 2048, 1, mode, 2010);
 		check_topk(&g, n_128k, 2, 2048, 0, mode, 2011);
