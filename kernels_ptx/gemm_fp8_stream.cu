@@ -853,6 +853,10 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 }
 
 #define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
+// The swapped kernel's ring: up to 16 stages (its barriers fill the 256-byte header), so that
+// narrow tiles (small stages) still keep ~100-200 KB of weights in flight a block (run 21: 56-row
+// tiles in 7 stages, 98 KB, 2.3 TB/s on 7168x16384; 112-row tiles in 5, 140 KB, 3.4)
+#define SW_MAXSTAGES 16
 
 template <int NT, bool SPLIT, int KS>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
@@ -866,7 +870,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int STAGE = stage_bytes, XB = mpad * 128, W0 = ST_KBS * XB; // W0: the weights' offset
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-	uint64_t *empty = full + ST_MAXSTAGES;
+	uint64_t *empty = full + SW_MAXSTAGES;
 	const uint32_t stage0 = (smem_u32(smem) + 256 + 1023) & ~1023u;
 	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
 	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)

@@ -497,7 +497,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	stage = (stage + 1023) & ~1023;
 	int head = 256 + 1024, scl = 4 * M * KB;
 	int ns = (ST_SMEM_MAX - head - scl) / (stage + 32);
-	ns = ns > 8 ? 8 : ns;
+	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
 	if (!split) { /* one tile a block: no more stages than it has */
