@@ -23,7 +23,9 @@
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy);
 /* The grouped form (MoE experts; arguments as cuda_gemm_fp8_grouped in model/cuda_gemm.h): the
- * weights of each group are found through w_tab/s_tab on the device, rows through off. */
+ * weights of each group are found through w_tab/s_tab on the device, rows through off. With
+ * K < 4096 and N % 256 == 0 (the MoE down projection) the token-wide form (WGMMA_TOKENS below)
+ * unless DSV32_CUDA_WGMMA_TOK clears bit 1. */
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
