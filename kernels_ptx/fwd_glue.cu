@@ -18,15 +18,12 @@
 // k_fwd_uvN          o = bf16(W_UV_h · o_lat) per head (absorbed_heads: cpu_dot's order); N = 1, 4.
 // k_fwd_uv1_qh       k_fwd_uv1 for one decode row with the act_quant of o (o_proj's input) and
 //                    k_fwd_q_absorb1h k_fwd_q_absorbN's numbers for one row: one block a head, a
-//                    thread owning whole outputs (k_fwd_uv1_qhw: four threads an output,
-//                    DSV32_CUDA_UV_WIDE=1); k_fwd_uv1_qhc k_fwd_uv1_qhw merging the MLA decode's
-//                    key splits itself (DSV32_CUDA_UV_COMBINE=1).
+//                    thread owning whole outputs.
 // k_fwd_spin         holds the stream for a while (the profile: see cuda_forward.c).
 // k_fwd_dense_perm   the MoE fallback's row map: pick n of token t reads row idx[t, n] * T + t of
 //                    the all-experts output (for k_moe_combine).
 #include "common.cuh"
 #include "fwd_lin.cuh"
-#include "mla_combine.cuh"
 #include "mma.cuh" // cp_async16, smem_u32
 
 // Reduces 8 lane partials (lanes 8q .. 8q+7) in cpu_dot's tree ((l0+l1)+(l2+l3))+((l4+l5)+
@@ -523,33 +520,24 @@ __device__ __forceinline__ void e4m3x2_to_f32x2(uint32_t c, float &lo, float &hi
 }
 
 // k_fwd_uv1's numbers (o = bf16(cpu_dot(o_lat_h, W_UV_h[d])) for d < 128), then the head's
-// act_quant (k_act_quant's): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8 ascending) in
-// registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous in kv_b) comes
-// in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on distinct banks
-// for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, THREADS threads. dv == 128, R %
-// 128 == 0, R <= 512.
-// QS = 4 (512 threads: k_fwd_uv1_qhw, DSV32_CUDA_UV_WIDE=1, and k_fwd_uv1_qhc): four threads an
-// output, thread q holding lane sums 2q and 2q + 1 (its two bytes of each 8), added in tree8's
-// order by two shuffles: four times the warps for the product (128 threads, one warp a
-// scheduler, leave the pipes idle between dependent steps).
-// COMBINE (k_fwd_uv1_qhc, DSV32_CUDA_UV_COMBINE=1): o_lat_h is not read but merged here from the
-// MLA decode's split partials (part, splits > 1: cuda_mla_decode_part's workspace, nbh = Hpad row-
-// heads) by mla_combine_weights / mla_combine_elem, k_mla_combine's bits, while W_UV_h lands: the
-// combine's launch and o_lat's round trip saved. 512 threads (the merge: one element a thread).
+// act_quant (k_act_quant's): thread d holds output d's 8 cpu_dot lane sums (lane j: k = j mod 8
+// ascending) in registers and adds them in tree8's order. W_UV_h (128 rows of R bytes, contiguous
+// in kv_b) comes in R / 128 column pieces into rows of R + 16 bytes (a quarter warp's 8 rows on
+// distinct banks for the 16-byte reads). Dynamic shared memory UVH_SMEM; grid H, 128 threads.
+// dv == 128, R % 128 == 0, R <= 512. (Run 22, all neutral or worse: four threads an output, 512
+// threads; the MLA's split merge done here instead of by k_mla_combine.)
 #define UVH_LD (ABS_MAXR + 16)
 #define UVH_SMEM (128 * UVH_LD + (ABS_MAXR + 128) * 4) // model/cuda_forward.h's FWD_UVH_SMEM
-template <int THREADS, bool COMBINE, int QS>
-__device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const float *__restrict__ part,
-				       int splits, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
-				       uint16_t *__restrict__ o, uint8_t *__restrict__ o8, float *__restrict__ os,
-				       int Hpad, int nope, int dv, int R)
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
+	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
+	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
 {
 	extern __shared__ __align__(16) uint8_t uvh_smem[];
 	uint8_t *w = uvh_smem;                                           // [128][UVH_LD]
 	float *ol = reinterpret_cast<float *>(uvh_smem + 128 * UVH_LD); // [R] o_lat_h
 	float *out = ol + ABS_MAXR;                                      // [128]
-	const int h = blockIdx.x, tid = threadIdx.x, np = R / 128;
-	const int d = QS == 4 ? tid >> 2 : tid & 127, q = tid & 3; // output d (QS 4: its part q)
+	const int h = blockIdx.x, d = threadIdx.x, np = R / 128;
 	const size_t wrow0 = (size_t)h * (nope + dv) + nope;
 	const uint8_t *src = Wkvb + wrow0 * R;
 #pragma unroll
@@ -557,8 +545,8 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 		if (p >= np)
 			break;
 #pragma unroll
-		for (int u = 0; u < 8 * 128 / THREADS; u++) { // 8 lanes a 128-byte row segment
-			const int i = tid + THREADS * u, row = i >> 3, c = i & 7;
+		for (int u = 0; u < 8; u++) { // 8 lanes a 128-byte row segment
+			const int i = d + 128 * u, row = i >> 3, c = i & 7;
 			cp_async16(smem_u32(w + row * UVH_LD + p * 128 + c * 16),
 				   src + (size_t)row * R + p * 128 + c * 16);
 		}
@@ -569,19 +557,9 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 	for (int p = 0; p < 4; p++)
 		sc[p] = p < np ? S[((wrow0 + d) / 128) * np + p] : 0.f;
 	pdl_trigger();
-	pdl_wait(); // o_lat / the partials are the previous kernel's output (the weights: constant)
-	if (COMBINE) {
-		__shared__ float wsh[MLA_MAX_SPLITS];
-		__shared__ float sL;
-		if (tid < 32)
-			mla_combine_weights(part, splits, R, h, Hpad, wsh, &sL);
-		__syncthreads(); // the split weights and L are visible
-		for (int i = tid; i < R; i += THREADS)
-			ol[i] = bf16_to_f32(mla_combine_elem(part, splits, R, h, i, wsh, sL));
-	} else {
-		for (int i = tid; i < R; i += THREADS)
-			ol[i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
-	}
+	pdl_wait(); // o_lat is the previous kernel's output (the weights above are constant)
+	for (int i = d; i < R; i += 128)
+		ol[i] = bf16_to_f32(o_lat[(size_t)h * R + i]); // row 0 of [1, Hpad, R]
 	float acc[8];
 #pragma unroll
 	for (int j = 0; j < 8; j++)
@@ -592,27 +570,6 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 			break;
 		cp_async_wait_upto(np - 1 - p);
 		__syncthreads(); // piece p of every row is in (the first time: o_lat too)
-		if (QS == 4) { // bytes 2q, 2q + 1 and 8 + 2q, 9 + 2q of each 16: lane sums 2q, 2q + 1
-			const uint8_t *wr = w + d * UVH_LD + p * 128 + 4 * (q >> 1);
-			const float *xr = ol + p * 128 + 2 * q;
-			const float s = sc[p];
-			const int sh = 16 * (q & 1);
-#pragma unroll 4
-			for (int c = 0; c < 8; c++) {
-#pragma unroll
-				for (int hh = 0; hh < 2; hh++) { // k = 128 p + 16 c + 8 hh + 2q + (0, 1)
-					const uint32_t wq = *reinterpret_cast<const uint32_t *>(wr + 16 * c + 8 * hh);
-					const float2 xv = *reinterpret_cast<const float2 *>(xr + 16 * c + 8 * hh);
-					float f0, f1;
-					e4m3x2_to_f32x2(wq >> sh, f0, f1);
-					acc[0] = __fadd_rn(acc[0], __fmul_rn(xv.x, __fmul_rn(f0, s)));
-					acc[1] = __fadd_rn(acc[1], __fmul_rn(xv.y, __fmul_rn(f1, s)));
-				}
-			}
-			continue;
-		}
-		if (tid >= 128)
-			continue;
 		const uint8_t *wr = w + d * UVH_LD + p * 128;
 		const float *xr = ol + p * 128;
 		const float s = sc[p];
@@ -635,20 +592,12 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 			}
 		}
 	}
-	if (QS == 4) { // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), as tree8
-		float v = __fadd_rn(acc[0], acc[1]);
-		v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-		v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-		if (q == 0)
-			out[d] = v;
-	} else if (tid < 128) {
-		out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
-				   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
-	}
+	out[d] = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
+			   __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
 	__syncthreads(); // the head's 128 outputs are in shared memory
-	if (tid >= 32)
+	if (d >= 32)
 		return;
-	const int lane = tid;
+	const int lane = d;
 	float v[4];
 	uint2 raw;
 #pragma unroll
@@ -662,43 +611,17 @@ __device__ __forceinline__ void uv1_qh(const uint16_t *__restrict__ o_lat, const
 		os[h] = s;
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-k_fwd_uv1_qh(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
-	     const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
-	     float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
-{
-	uv1_qh<128, false, 1>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
-}
-
-extern "C" __global__ void __launch_bounds__(512)
-k_fwd_uv1_qhw(const uint16_t *__restrict__ o_lat, const uint8_t *__restrict__ Wkvb,
-	      const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
-	      float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
-{
-	uv1_qh<512, false, 4>(o_lat, nullptr, 0, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
-}
-
-extern "C" __global__ void __launch_bounds__(512)
-k_fwd_uv1_qhc(const float *__restrict__ part, int splits, const uint8_t *__restrict__ Wkvb,
-	      const float *__restrict__ S, uint16_t *__restrict__ o, uint8_t *__restrict__ o8,
-	      float *__restrict__ os, int H, int Hpad, int nope, int dv, int R)
-{
-	uv1_qh<512, true, 4>(nullptr, part, splits, Wkvb, S, o, o8, os, Hpad, nope, dv, R);
-}
-
-// k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] *
-// W_UK_h[d, c]), q_pe copied, RoPE'd first when cs is not null): thread t owns columns CPT t ..
-// CPT t + CPT - 1, CPT chains over d, one shared load a row for its CPT weights (k_fwd_q_absorb1h
-// CPT = 4, R / 4 threads; k_fwd_q_absorb1hw, DSV32_CUDA_ABSORB_WIDE=1, CPT = 2, R / 2 threads:
-// twice the warps). W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The
-// arguments of k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H. nope % 32 == 0,
-// nope <= 192, R % 128 == 0, R <= 512.
+// k_fwd_q_absorbN's numbers for one row (qf[0, h, c] = bf16(sum over d ascending of q_nope[d] * W_UK_h[d, c]),
+// q_pe copied, RoPE'd first when cs is not null): thread t owns columns 4t .. 4t+3, four chains
+// over d, one 4-byte shared load a row for its four weights (a warp's loads: one 128-byte line).
+// W_UK_h (nope rows of R bytes, contiguous) comes in pieces of 32 rows. The arguments of
+// k_fwd_q_absorbN (T == 1). Dynamic shared memory QAH_SMEM; grid H, R / 4 threads. nope % 32 ==
+// 0, nope <= 192, R % 128 == 0, R <= 512.
 #define QAH_SMEM (ABS_MAX_NOPE * (ABS_MAXR + 4 + 16)) // model/cuda_fwd.h's FWD_QAH_SMEM
-template <int CPT>
-__device__ __forceinline__ void q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb,
-					   const float *__restrict__ S, uint16_t *__restrict__ qf, int T, int H,
-					   int Hpad, int nope, int rope, int dv, int R, const int *__restrict__ pos,
-					   const float *__restrict__ cs)
+extern "C" __global__ void __launch_bounds__(128)
+k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
+		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
+		 const int *__restrict__ pos, const float *__restrict__ cs)
 {
 	extern __shared__ __align__(16) uint8_t qah_smem[];
 	uint8_t *w = qah_smem;                                                    // [nope][R]
@@ -734,53 +657,28 @@ __device__ __forceinline__ void q_absorb1h(uint16_t *__restrict__ q, const uint8
 		}
 		dst[0] = o0, dst[1] = o1;
 	}
-	const int zb = CPT * t / 128;
-	float acc[CPT];
-#pragma unroll
-	for (int b = 0; b < CPT; b++)
-		acc[b] = 0.f;
+	const int zb = 4 * t / 128;
+	float acc[4] = {0.f, 0.f, 0.f, 0.f};
 	for (int p = 0; p < np; p++) {
 		cp_async_wait_upto(np - 1 - p);
 		__syncthreads(); // rows 32p .. 32p+31 are in (the first time: q_nope and the scales too)
 #pragma unroll 8
 		for (int d = 32 * p; d < 32 * p + 32; d++) {
-			const uint32_t wq = CPT == 4 ? *reinterpret_cast<const uint32_t *>(w + d * R + 4 * t)
-						     : *reinterpret_cast<const uint16_t *>(w + d * R + 2 * t);
+			const uint32_t wq = *reinterpret_cast<const uint32_t *>(w + d * R + 4 * t);
 			const float s = scs[d * nkb + zb], x = qn[d];
 			float f[4];
 			e4m3x2_to_f32x2(wq, f[0], f[1]);
-			if (CPT == 4)
-				e4m3x2_to_f32x2(wq >> 16, f[2], f[3]);
+			e4m3x2_to_f32x2(wq >> 16, f[2], f[3]);
 #pragma unroll
-			for (int b = 0; b < CPT; b++)
+			for (int b = 0; b < 4; b++)
 				acc[b] = __fadd_rn(acc[b], __fmul_rn(x, __fmul_rn(f[b], s)));
 		}
 	}
-	uint16_t *dst = qf + (size_t)h * (R + rope) + CPT * t;
-	const uint32_t lo = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
-	if (CPT == 4)
-		*reinterpret_cast<uint2 *>(dst) =
-			make_uint2(lo, (uint32_t)f32_to_bf16(acc[CPT - 2]) | ((uint32_t)f32_to_bf16(acc[CPT - 1]) << 16));
-	else
-		*reinterpret_cast<uint32_t *>(dst) = lo;
+	uint2 raw;
+	raw.x = (uint32_t)f32_to_bf16(acc[0]) | ((uint32_t)f32_to_bf16(acc[1]) << 16);
+	raw.y = (uint32_t)f32_to_bf16(acc[2]) | ((uint32_t)f32_to_bf16(acc[3]) << 16);
+	*reinterpret_cast<uint2 *>(qf + (size_t)h * (R + rope) + 4 * t) = raw;
 }
-
-extern "C" __global__ void __launch_bounds__(128)
-k_fwd_q_absorb1h(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
-		 uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
-		 const int *__restrict__ pos, const float *__restrict__ cs)
-{
-	q_absorb1h<4>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_fwd_q_absorb1hw(uint16_t *__restrict__ q, const uint8_t *__restrict__ Wkvb, const float *__restrict__ S,
-		  uint16_t *__restrict__ qf, int T, int H, int Hpad, int nope, int rope, int dv, int R,
-		  const int *__restrict__ pos, const float *__restrict__ cs)
-{
-	q_absorb1h<2>(q, Wkvb, S, qf, T, H, Hpad, nope, rope, dv, R, pos, cs);
-}
-
 
 // Thread 0 spins until ns nanoseconds of the global timer have passed: the profiled step's host
 // enqueues its launches behind it, so the GPU then runs them back to back (their times are the

@@ -180,7 +180,7 @@ int backend_cuda_set_batch_invariant(struct backend *b, int on);
 
 /* Sets one of the CUDA forward's diagnosis switches (the environment variables of
  * docs/CONFIG.md, read when the backend is created: DSV32_CUDA_GRAPHS, _UNFUSED, _FWD_PDL,
- * _FWD_FORK, _LOGITS_STAGED, _MMA_ROWS, _MLA_FP32, _PROFILE, _MAX_ROWS, _FWD_SKIP, _UV_COMBINE, _UV_WIDE, _ABSORB_WIDE)
+ * _FWD_FORK, _LOGITS_STAGED, _MMA_ROWS, _MLA_FP32, _PROFILE, _MAX_ROWS, _FWD_SKIP; DSV32_TOPK_MODE)
  * for the later
  * steps, value as the variable's (NULL: the default); for tests and tools that flip them at run
  * time. 0, -EINVAL (not a switch), -ENOTSUP (not a CUDA backend). */

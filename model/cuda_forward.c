@@ -37,8 +37,9 @@
  * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
  * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0/1/names,
  * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
- * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_CUDA_UV_COMBINE=1,
- * DSV32_CUDA_UV_WIDE=1, DSV32_CUDA_ABSORB_WIDE=1; and
+ * DSV32_CUDA_MMA_ROWS=N, DSV32_CUDA_MAX_ROWS=N, DSV32_CUDA_FWD_SKIP=names, DSV32_TOPK_MODE=m (the
+ * indexer's top-k kernel, model/cuda_attn.h: a process-wide setting, here so that bench model
+ * --ab can set it); and
  * DSV32_CUDA_MOE_DENSE=1 (the backend's, at creation).
  */
 #include "model/cuda_fwd.h"
@@ -50,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/cuda_attn.h"
 #include "model/cuda_gemm.h"
 #include "model/kv_cache.h"
 #include "model/numerics.h"
@@ -142,8 +144,7 @@ void cuda_forward_profile_print(void)
 static const char *const switch_names[] = {
 	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
-	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_CUDA_UV_COMBINE", "DSV32_CUDA_UV_WIDE",
-	"DSV32_CUDA_ABSORB_WIDE",
+	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_TOPK_MODE",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -170,9 +171,10 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 10: s->uv_combine = one; break;
-	case 11: s->uv_wide = one; break;
-	default: s->absorb_wide = one; break;
+	default: /* (cuda_attn's own; 0 = its dispatch) */
+		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
+		cuda_attn_set_topk_mode(s->topk_mode);
+		break;
 	}
 	if (k != 0 && k != 7) /* (not GRAPHS, PROFILE: nothing a graph captures) */
 		s->gen++;
@@ -326,11 +328,9 @@ int cuda_forward_prepare(struct gpu *g)
 	/* the shared-memory limit of the few-row product kernels (head_mma in the fast mode,
 	 * lin_stream in the invariant one; a function attribute, set outside any capture: once
 	 * here, no longer at every step) */
-	static const char *const more[] = {"k_fwd_lin_stream", "k_fwd_uv1_qh", "k_fwd_uv1_qhw",
-					   "k_fwd_uv1_qhc", "k_fwd_q_absorb1h", "k_fwd_q_absorb1hw"};
-	static const int more_smem[] = {LIN_STREAM_SMEM, FWD_UVH_SMEM, FWD_UVH_SMEM, FWD_UVH_SMEM,
-					FWD_QAH_SMEM, FWD_QAH_SMEM};
-	for (int v = 0; v < 9; v++) {
+	static const char *const more[] = {"k_fwd_lin_stream", "k_fwd_uv1_qh", "k_fwd_q_absorb1h"};
+	static const int more_smem[] = {LIN_STREAM_SMEM, FWD_UVH_SMEM, FWD_QAH_SMEM};
+	for (int v = 0; v < 6; v++) {
 		void *fn = gpu_kernel(g, v < 3 ? fwd_head_mma_names[v] : more[v - 3]);
 		int smem = v < 3 ? (int)fwd_head_mma_smem(1 << v) : more_smem[v - 3];
 		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

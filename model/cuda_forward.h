@@ -79,12 +79,7 @@ struct fwd_switches {
 	int staged;       /* DSV32_CUDA_LOGITS_STAGED: -1 (default) the logits through the pinned
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
-	int uv_combine;   /* DSV32_CUDA_UV_COMBINE=1: at one row the MLA decode's key splits merged
-			   * in the W_UV kernel (k_fwd_uv1_qhc), not by k_mla_combine */
-	int uv_wide;      /* DSV32_CUDA_UV_WIDE=1: a decode row's W_UV by k_fwd_uv1_qhw (four threads
-			   * an output) instead of k_fwd_uv1_qh (one) */
-	int absorb_wide;  /* DSV32_CUDA_ABSORB_WIDE=1: a decode row's q absorption by
-			   * k_fwd_q_absorb1hw (two columns a thread) instead of k_fwd_q_absorb1h (four) */
+	int topk_mode;    /* DSV32_TOPK_MODE (cuda_attn_set_topk_mode: process-wide) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

@@ -72,10 +72,8 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 		/* a decode row: one block a head, its weights loaded before the wait (PDL at every row
 		 * count: run 21, -1..-5 us a step) */
 		gpu_ptr qcs = b->fuse ? cs : 0;
-		const int wide = F->E->sw->absorb_wide; /* two columns a thread, not four */
-		LAUNCH_PDL_ANY(wide ? "k_fwd_q_absorb1hw" : "k_fwd_q_absorb1h", H, 1, wide ? Rk / 2 : Rk / 4,
-			       FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H, &Hpad, &nope, &rope, &dv, &Rk, &F->pos,
-			       &qcs);
+		LAUNCH_PDL_ANY("k_fwd_q_absorb1h", H, 1, Rk / 4, FWD_QAH_SMEM, &q, &kvb_w, &kvb_s, &qf, &T, &H,
+			       &Hpad, &nope, &rope, &dv, &Rk, &F->pos, &qcs);
 	} else { /* rows a block: the step's, 2 to 8 */
 		static const char *names[] = {"k_fwd_q_absorb2", "k_fwd_q_absorb4", "k_fwd_q_absorb8"};
 		int v = T <= 2 ? 0 : T <= 4 ? 1 : 2, rows = 2 << v;
@@ -342,11 +340,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
-	/* a decode row's W_UV by k_fwd_uv1_qh(c); with DSV32_CUDA_UV_COMBINE the MLA's split partials
-	 * (mla_part, mla_splits > 1) merged there instead of by k_mla_combine */
-	const int uvh = T == 1 && fuse && dv == 128 && Rk <= 512 && Rk % 128 == 0;
-	int mla_splits = 0;
-	gpu_ptr mla_part = 0;
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
 		gpu_ptr pm = fwd_pool_mla(F, layer);
 		int rec = (int)c->mla_record_bytes;
@@ -358,19 +351,10 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		gpu_ptr ws = 0;
 		if (wsb && !(ws = fwd_take(F, wsb)))
 			return -ENOMEM;
-		if (uvh && F->E->sw->uv_combine && ws) { /* the split merge in the W_UV kernel, below */
-			mla_splits = cuda_mla_decode_part(F->g, qf, sel_slot, ksel, fwd_pool_mla(F, layer),
-							  (int)c->mla_record_bytes, Rk, Hpad, T, c->softmax_scale,
-							  olat, ws);
-			if (mla_splits < 0)
-				return fwd_fail("cuda_mla_decode_part", mla_splits);
-			mla_part = ws;
-		} else {
-			int rc = cuda_mla_decode(F->g, qf, sel_slot, ksel, fwd_pool_mla(F, layer),
-						 (int)c->mla_record_bytes, Rk, Hpad, T, c->softmax_scale, olat, ws);
-			if (rc)
-				return fwd_fail("cuda_mla_decode", rc);
-		}
+		int rc = cuda_mla_decode(F->g, qf, sel_slot, ksel, fwd_pool_mla(F, layer), (int)c->mla_record_bytes,
+					 Rk, Hpad, T, c->softmax_scale, olat, ws);
+		if (rc)
+			return fwd_fail("cuda_mla_decode", rc);
 		fwd_prof_mark(F->g->stream, "mla decode");
 	} else {
 		/* batch-invariant: the key splits a decode row gets (cuda_mla_decode_splits at one
@@ -403,16 +387,11 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH3("k_fwd_mma", (dv + 63) / 64, (T + 63) / 64, H, 128, &mode, &olat, &a_hs, &lda, &kvb_w,
 			&kvb_s, &b_row0, &b_hs, &Rk, &o, &c_hs, &ldc, &out32, &T, &dv, &Rk);
 		F->tag = NULL;
-	} else if (uvh && mla_splits > 1) { /* the same, merging the MLA's splits first */
-		LAUNCH_PDL_ANY("k_fwd_uv1_qhc", H, 1, 512, FWD_UVH_SMEM, &mla_part, &mla_splits, &kvb_w, &kvb_s, &o,
-			   &o8, &os, &H, &Hpad, &nope, &dv, &Rk);
-		o_quantised = 1;
-	} else if (uvh) {
-		/* a decode row, o's act_quant fused, a thread an output (four: DSV32_CUDA_UV_WIDE), its
-		 * weights loaded before the wait (PDL at every row count: run 21, -7..-12 us a step) */
-		const int wide = F->E->sw->uv_wide;
-		LAUNCH_PDL_ANY(wide ? "k_fwd_uv1_qhw" : "k_fwd_uv1_qh", H, 1, wide ? 512 : 128, FWD_UVH_SMEM,
-			       &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H, &Hpad, &nope, &dv, &Rk);
+	} else if (T == 1 && fuse && dv == 128 && Rk <= 512 && Rk % 128 == 0) {
+		/* a decode row, o's act_quant fused, a thread an output, its weights loaded before the
+		 * wait (PDL at every row count: run 21, -7..-12 us a step) */
+		LAUNCH_PDL_ANY("k_fwd_uv1_qh", H, 1, 128, FWD_UVH_SMEM, &olat, &kvb_w, &kvb_s, &o, &o8, &os, &H,
+			       &Hpad, &nope, &dv, &Rk);
 		o_quantised = 1;
 	} else if (T == 1) { /* a decode row: one row a block */
 		LAUNCH3_PDL("k_fwd_uv1", H, 1, (dv + 31) / 32, 256, &olat, &kvb_w, &kvb_s, &o, &T, &H, &Hpad,

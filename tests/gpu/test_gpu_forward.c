@@ -747,18 +747,16 @@ static void fast_mode(const char *name, int64_t T)
 		   * see the switches): with the fused kernels, the separate ones (DSV32_CUDA_UNFUSED=1:
 		   * k_embed and the residual copy, the unfused norms, the separate SwiGLU and
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
-		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), the MLA's key
-		   * splits merged in the W_UV kernel (DSV32_CUDA_UV_COMBINE=1), the q absorption two
-		   * columns a thread (DSV32_CUDA_ABSORB_WIDE=1), programmatic launches at one row too
+		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), programmatic
+		   * launches at one row too
 		   * (DSV32_CUDA_FWD_PDL=1), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
 		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
-			enum { NS = 11, NP = 9 }; /* switch settings; the first NP into malloc'd buffers */
+			enum { NS = 9, NP = 7 }; /* switch settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_PDL=1", "DSV32_CUDA_FWD_FORK=0",
-						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_UV_COMBINE=1",
-						     "DSV32_CUDA_ABSORB_WIDE=1", "DSV32_CUDA_LOGITS_STAGED=0", NULL,
+						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_LOGITS_STAGED=0", NULL,
 						     "DSV32_CUDA_LOGITS_STAGED=1"};
 			float *lf = malloc((size_t)NS * V * 4);
 			float *pin = backend_host_alloc(p.gpu, (size_t)(NS - NP) * V * 4);
@@ -914,11 +912,11 @@ TEST_T(gpu_forward, bf16_products, 120)
 	gpu_close(&g);
 }
 
-/* k_fwd_uv1_qh and k_fwd_uv1_qhw (W_UV of one decode row with o_proj's act_quant fused, dv =
- * 128: the real model's shape, which the structured models above do not have; one block a head,
- * one or four threads an output) against its parts, k_fwd_uv1 then k_act_quant, on random
+/* k_fwd_uv1_qh (W_UV of one decode row with o_proj's act_quant fused, dv = 128: the real
+ * model's shape, which the structured models above do not have; one block a head, a thread an
+ * output) against its parts, k_fwd_uv1 then k_act_quant, on random
  * e4m3 kv_b rows, non-power-of-two block scales and o_lat: o, its codes and its scales
- * bit-identical; and k_fwd_uv1_qhc against k_mla_combine + k_fwd_uv1_qh. */
+ * bit-identical. */
 TEST_T(gpu_forward, uv_quant_fused, 60)
 {
 	struct gpu g;
@@ -954,8 +952,8 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 			   a2) == 0);
 	uint8_t *h1 = malloc((size_t)H * dv * 4), *h2 = malloc((size_t)H * dv * 4);
 	REQUIRE(h1 && h2);
-	for (int v = 0; v < 2; v++) { /* one thread an output, four */
-		const char *name = v ? "k_fwd_uv1_qhw" : "k_fwd_uv1_qh";
+	{
+		const char *name = "k_fwd_uv1_qh";
 		void *fn = gpu_kernel(&g, name);
 		REQUIRE(fn);
 		REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
@@ -963,7 +961,7 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 		gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
 		gpu_test_poison(&g, s2, (size_t)H * 4);
 		void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-		REQUIRE(gpu_launch(&g, fn, H, 1, 1, v ? 512 : 128, 1, 1, FWD_UVH_SMEM, a3) == 0);
+		REQUIRE(gpu_launch(&g, fn, H, 1, 1, 128, 1, 1, FWD_UVH_SMEM, a3) == 0);
 		REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
 		int same_o = !memcmp(h1, h2, (size_t)H * dv * 2), first = -1;
@@ -985,52 +983,11 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 		CHECK(same_o && same_q && same_s);
 		CHECK(isfinite(s0) && s0 > 0);
 	}
-	/* k_fwd_uv1_qhc (the MLA's key splits merged in the kernel) against k_mla_combine then
-	 * k_fwd_uv1_qh, on random split partials (o, m, l) of Hpad row-heads */
-	const int splits = 37;
-	size_t np = (size_t)Hpad * splits * (R + 2);
-	float *part = malloc(np * 4);
-	REQUIRE(part);
-	for (size_t i = 0; i < (size_t)Hpad * splits * R; i++)
-		part[i] = (float)((double)(test_rand(&seed) >> 11) * 0x1p-53 * 4.0 - 2.0);
-	for (size_t i = 0; i < (size_t)Hpad * splits; i++) {
-		part[(size_t)Hpad * splits * R + 2 * i] = (float)((double)(test_rand(&seed) >> 11) * 0x1p-53 * 6.0);
-		part[(size_t)Hpad * splits * R + 2 * i + 1] = 1.0f + (float)(test_rand(&seed) % 100);
-	}
-	gpu_ptr dpart = gpu_test_alloc(np * 4);
-	REQUIRE(gpu_upload(&g, dpart, part, np * 4) == 0);
-	gpu_test_poison(&g, dol, (size_t)Hpad * R * 2);
-	void *ac[] = {&dpart, (void *)&splits, &R, &dol};
-	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_mla_combine"), Hpad, 1, 1, R, 1, 1, 0, ac) == 0);
-	void *fh = gpu_kernel(&g, "k_fwd_uv1_qh"), *fc = gpu_kernel(&g, "k_fwd_uv1_qhc");
-	REQUIRE(fh && fc);
-	REQUIRE(cu.cuFuncSetAttribute(fc, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
-		CUDA_SUCCESS);
-	void *a4[] = {&dol, &dw, &ds, &o1, &q1, &s1, &H, &Hpad, &nope, &dv, &R};
-	REQUIRE(gpu_launch(&g, fh, H, 1, 1, 128, 1, 1, FWD_UVH_SMEM, a4) == 0);
-	gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
-	gpu_test_poison(&g, s2, (size_t)H * 4);
-	void *a5[] = {&dpart, (void *)&splits, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
-	REQUIRE(gpu_launch(&g, fc, H, 1, 1, 512, 1, 1, FWD_UVH_SMEM, a5) == 0);
-	int same = 1;
-	REQUIRE(gpu_download(&g, h1, o1, (size_t)H * dv * 2) == 0);
-	REQUIRE(gpu_download(&g, h2, o2, (size_t)H * dv * 2) == 0);
-	same &= !memcmp(h1, h2, (size_t)H * dv * 2);
-	REQUIRE(gpu_download(&g, h1, q1, (size_t)H * dv) == 0);
-	REQUIRE(gpu_download(&g, h2, q2, (size_t)H * dv) == 0);
-	same &= !memcmp(h1, h2, (size_t)H * dv);
-	REQUIRE(gpu_download(&g, h1, s1, (size_t)H * 4) == 0);
-	REQUIRE(gpu_download(&g, h2, s2, (size_t)H * 4) == 0);
-	same &= !memcmp(h1, h2, (size_t)H * 4);
-	printf("    k_fwd_uv1_qhc (%d splits merged) vs k_mla_combine + k_fwd_uv1_qh: o, codes, scales %s\n",
-	       splits, same ? "identical" : "DIFFER");
-	CHECK(same);
-	free(part), free(w), free(sc), free(ol), free(h1), free(h2);
+	free(w), free(sc), free(ol), free(h1), free(h2);
 	gpu_close(&g);
 }
 
-/* k_fwd_q_absorb1h and k_fwd_q_absorb1hw (a decode row's q absorption one block a head, a thread
- * four or two columns) against
+/* k_fwd_q_absorb1h (a decode row's q absorption one block a head, a thread four columns) against
  * k_fwd_q_absorb2 (on that one row) at the real model's head shape (nope 128, rope 64, R 512; 16 heads) on random
  * e4m3 kv_b rows (no NaN codes), non-power-of-two block scales and q, with the RoPE of q_pe (cs)
  * and without: qf and the rotated q bit-identical. */
@@ -1065,13 +1022,11 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
 	REQUIRE(gpu_upload(&g, dcs, cs, ncs * 4) == 0);
 	REQUIRE(gpu_upload(&g, dpos, &p37, 4) == 0);
-	for (int k = 0; k < 4; k++) { /* four / two columns a thread; RoPE off / on */
-		const int rot = k & 1, cpt = k < 2 ? 4 : 2;
-		const char *kn = cpt == 4 ? "k_fwd_q_absorb1h" : "k_fwd_q_absorb1hw";
-		void *fh = gpu_kernel(&g, kn);
-		REQUIRE(fh);
-		REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
-			CUDA_SUCCESS);
+	void *fh = gpu_kernel(&g, "k_fwd_q_absorb1h");
+	REQUIRE(fh);
+	REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
+		CUDA_SUCCESS);
+	for (int rot = 0; rot < 2; rot++) {
 		gpu_ptr c = rot ? dcs : 0;
 		REQUIRE(gpu_upload(&g, dq1, q, nq * 2) == 0);
 		REQUIRE(gpu_upload(&g, dq2, q, nq * 2) == 0);
@@ -1079,7 +1034,7 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		void *a1[] = {&dq1, &dw, &ds, &f1, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fwd_q_absorb2"), H, 1, R / 128, 128, 1, 1, 0, a1) == 0);
 		void *a2[] = {&dq2, &dw, &ds, &f2, &T, &H, &Hpad, &nope, &rope, &dv, &R, &dpos, &c};
-		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / cpt, 1, 1, FWD_QAH_SMEM, a2) == 0);
+		REQUIRE(gpu_launch(&g, fh, H, 1, 1, R / 4, 1, 1, FWD_QAH_SMEM, a2) == 0);
 		REQUIRE(gpu_download(&g, h1, f1, nf * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, f2, nf * 2) == 0);
 		int first = -1;
@@ -1093,8 +1048,8 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 		REQUIRE(gpu_download(&g, h1, dq1, nq * 2) == 0);
 		REQUIRE(gpu_download(&g, h2, dq2, nq * 2) == 0);
 		int same_q = !memcmp(h1, h2, nq * 2);
-		printf("    %s vs k_fwd_q_absorb2 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
-		       "(first differing element %d), q %s\n", kn, H, nope, rope, R, rot ? "on" : "off",
+		printf("    k_fwd_q_absorb1h vs k_fwd_q_absorb2 (H %d, nope %d, rope %d, R %d, RoPE %s): qf %s "
+		       "(first differing element %d), q %s\n", H, nope, rope, R, rot ? "on" : "off",
 		       first < 0 ? "identical" : "DIFFER", first, same_q ? "identical" : "DIFFER");
 		CHECK(first < 0 && same_q && finite);
 	}
