@@ -740,8 +740,22 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
  * says nothing about the other's candidates), M bucket and shape. */
 struct gemm_entry {
 	int ordinal, fast, bucket, N, K;
-	enum cuda_gemm_path path;
+	enum cuda_gemm_path path, plain; /* plain: the fastest but the swapped kernel's forms */
 };
+
+static int is_swapped(enum cuda_gemm_path p)
+{
+	return p == CUDA_GEMM_PATH_STREAM_SW || p == CUDA_GEMM_PATH_STREAM_SW2;
+}
+
+/* DSV32_GEMM_SWAP=0 (read at every dispatch, so that bench model --ab can compare in one
+ * process): where the start-up measurement picked the swapped kernel, take the fastest other
+ * path it measured instead. */
+static int swap_off(void)
+{
+	const char *v = getenv("DSV32_GEMM_SWAP");
+	return v && *v == '0';
+}
 
 #define MAX_ENTRIES 1024
 static struct gemm_entry table[MAX_ENTRIES];
@@ -818,7 +832,9 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
 	if (!e && M <= 1) /* one token, not measured on its own: the 2-8 rows' entry */
 		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
-	enum cuda_gemm_path p = e ? e->path : CUDA_GEMM_PATH_NONE;
+	enum cuda_gemm_path p = !e ? CUDA_GEMM_PATH_NONE
+				: is_swapped(e->path) && swap_off() ? e->plain
+								      : e->path;
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);
@@ -837,7 +853,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 							 : CUDA_GEMM_PATH_CUBLASLT;
 }
 
-void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)
+static void path_record(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path,
+			enum cuda_gemm_path plain)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
 	pthread_mutex_lock(&gemm_lock);
@@ -846,8 +863,13 @@ void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm
 	if (!e && n_table < MAX_ENTRIES)
 		e = &table[n_table++];
 	if (e)
-		*e = (struct gemm_entry){g->ordinal, fast, b, N, K, path};
+		*e = (struct gemm_entry){g->ordinal, fast, b, N, K, path, plain};
 	pthread_mutex_unlock(&gemm_lock);
+}
+
+void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)
+{
+	path_record(g, M, N, K, path, path);
 }
 
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
@@ -932,18 +954,6 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 	}
 }
 
-/* Whether the start-up measurement times the swapped kernel (CUDA_GEMM_PATH_STREAM_SW, _SW2): not
- * until a GPU run has validated it; DSV32_GEMM_SWAP=1 (diagnosis) makes it a candidate. */
-static int swap_tune(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_GEMM_SWAP");
-		on = v && *v == '1';
-	}
-	return on;
-}
-
 /* Microseconds a launch: the fastest of TUNE_TRIES event-timed bursts of TUNE_BURST launches
  * back to back, after a warm-up; < 0 when the path fails. Back to back as a step runs its GEMMs
  * (and a CUDA graph replays them): run 13's single launches from an idle stream counted
@@ -996,9 +1006,32 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
  * M = 4096). */
 #define TUNE_MARGIN 0.03f
 
+/* The fastest timed path of t (us, < 0: not timed), the swapped kernel's forms only when sw:
+ * cuBLASLt unless beaten by TUNE_MARGIN where it may be chosen (lt_ok); NONE when none ran. */
+static enum cuda_gemm_path pick(const float *t, int lt_ok, int sw)
+{
+	enum cuda_gemm_path best = CUDA_GEMM_PATH_NONE;
+	for (int p = 1; p < CUDA_GEMM_PATHS; p++)
+		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) &&
+		    (sw || !is_swapped((enum cuda_gemm_path)p)) &&
+		    (best == CUDA_GEMM_PATH_NONE || t[p] < t[best]))
+			best = (enum cuda_gemm_path)p;
+	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
+		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
+	const float lt_t = t[CUDA_GEMM_PATH_CUBLASLT];
+	if (best != CUDA_GEMM_PATH_NONE && best != CUDA_GEMM_PATH_CUBLASLT && lt_ok && lt_t >= 0 &&
+	    t[best] > lt_t * (1 - TUNE_MARGIN))
+		best = CUDA_GEMM_PATH_CUBLASLT; /* within the noise of cuBLASLt */
+	return best;
+}
+
 /* Times each candidate of the current mode at a->M rows, records the fastest for the bucket
- * (cuBLASLt unless beaten by TUNE_MARGIN), returns it (NONE when no path ran).
- * us[CUDA_GEMM_PATHS] (may be NULL): the times, < 0 where a path was not timed or failed. */
+ * (cuBLASLt unless beaten by TUNE_MARGIN) and the fastest but the swapped kernel's (for
+ * DSV32_GEMM_SWAP=0), returns the first (NONE when no path ran). The swapped kernel is a
+ * candidate in the fast mode from 2 rows: at one row run 22 measured the model's q_b
+ * (24576x1536) on its cluster form at 21.4 us a call in the step against ~20 for v2, though
+ * bench gemm had it faster (14.8 against 16.0 us). us[CUDA_GEMM_PATHS] (may be NULL): the
+ * times, < 0 where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
@@ -1009,7 +1042,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 		t[CUDA_GEMM_PATH_DECODE] = time_path(g, a, CUDA_GEMM_PATH_DECODE);
 		if (fast)
 			t[CUDA_GEMM_PATH_STREAM_WG] = time_path(g, a, CUDA_GEMM_PATH_STREAM_WG);
-		if (fast && swap_tune()) {
+		if (fast && a->M > 1) {
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}
@@ -1022,19 +1055,9 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 	 * rule) */
 	int lt_ok = a->M > 64 || fast || CUDA_GEMM_LT_FOR_DECODE;
 	t[CUDA_GEMM_PATH_CUBLASLT] = time_path(g, a, CUDA_GEMM_PATH_CUBLASLT);
-	enum cuda_gemm_path best = CUDA_GEMM_PATH_NONE;
-	for (int p = 1; p < CUDA_GEMM_PATHS; p++)
-		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) &&
-		    (best == CUDA_GEMM_PATH_NONE || t[p] < t[best]))
-			best = (enum cuda_gemm_path)p;
-	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
-		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
-	const float lt_t = t[CUDA_GEMM_PATH_CUBLASLT];
-	if (best != CUDA_GEMM_PATH_NONE && best != CUDA_GEMM_PATH_CUBLASLT && lt_ok && lt_t >= 0 &&
-	    t[best] > lt_t * (1 - TUNE_MARGIN))
-		best = CUDA_GEMM_PATH_CUBLASLT; /* within the noise of cuBLASLt */
+	enum cuda_gemm_path best = pick(t, lt_ok, 1);
 	if (best != CUDA_GEMM_PATH_NONE)
-		cuda_gemm_path_set(g, a->M, a->N, a->K, best);
+		path_record(g, a->M, a->N, a->K, best, pick(t, lt_ok, 0));
 	if (us)
 		memcpy(us, t, sizeof t);
 	return best;

@@ -133,9 +133,11 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y
- * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG;
- * M > 64: the wgmma kernel; cuBLASLt always — median of 5 bursts of 4 launches back to back
- * each after a warm-up (as a step runs them), and records the fastest for the bucket; cuBLASLt for M <= 64 in the
+ * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG and
+ * from 2 rows STREAM_SW / SW2; M > 64: the wgmma kernel; cuBLASLt always — the fastest of 9
+ * bursts of 4 launches back to back each after a warm-up (as a step runs them), and records the
+ * fastest for the bucket (and the fastest but STREAM_SW / SW2, which the dispatch takes instead
+ * while DSV32_GEMM_SWAP=0 is set: an in-process A/B); cuBLASLt for M <= 64 in the
  * batch-invariant mode only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the
  * CPU check, docs/PERF.md). flush: when non-zero, flush_bytes (>= 64 MB) are rewritten before
  * every timed launch so the 60 MB L2 does not serve the weights (cold, as in a decode step that
