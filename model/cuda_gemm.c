@@ -748,13 +748,20 @@ static int is_swapped(enum cuda_gemm_path p)
 	return p == CUDA_GEMM_PATH_STREAM_SW || p == CUDA_GEMM_PATH_STREAM_SW2;
 }
 
-/* DSV32_GEMM_SWAP=0 (read at every dispatch, so that bench model --ab can compare in one
- * process): where the start-up measurement picked the swapped kernel, take the fastest other
- * path it measured instead. */
+/* Off (cuda_gemm_set_swap(0), the CUDA forward's switch DSV32_GEMM_SWAP=0; -1: the environment
+ * not read yet): where the start-up measurement picked the swapped kernel, the dispatch takes
+ * the fastest other path it measured instead (bench model --ab compares them in one process). */
+static int swap_on = -1;
+
+void cuda_gemm_set_swap(int on) { swap_on = !!on; }
+
 static int swap_off(void)
 {
-	const char *v = getenv("DSV32_GEMM_SWAP");
-	return v && *v == '0';
+	if (swap_on < 0) {
+		const char *v = getenv("DSV32_GEMM_SWAP");
+		swap_on = !(v && *v == '0');
+	}
+	return !swap_on;
 }
 
 #define MAX_ENTRIES 1024
