@@ -71,7 +71,7 @@ struct fwd_switches {
 	int unfused;      /* DSV32_CUDA_UNFUSED=1: the separate kernels, not the fused chains */
 	int pdl;          /* DSV32_CUDA_FWD_PDL: the forward's kernels by programmatic dependent
 			   * launch: 1 all, 0 none, 2 those in pdl_list; -1 (unset) in steps of more
-			   * than FWD_PDL_ROWS rows (fwd_launch) */
+			   * than FWD_PDL_ROWS rows, every row count for LAUNCH_PDL_ANY (fwd_launch) */
 	char pdl_list[256]; /* DSV32_CUDA_FWD_PDL=k1,k2 (diagnosis): only these kernel names */
 	int fork;         /* DSV32_CUDA_FWD_FORK: the attention's query branch on the side stream
 			   * from the top-k on (1) or from the index scores on (3); 0: no side
