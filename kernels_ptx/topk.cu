@@ -11,8 +11,7 @@
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
 // The other kernels below compute the same function: k_topk_select (a block a row, two reads),
-// k_topk_cluster (a row over a cluster of 8 CTAs), k_topk_cl8 / k_topk_cl16 (a row over a cluster
-// of 8 / 16 CTAs with one cluster barrier a radix round).
+// k_topk_cl8 / k_topk_cl16 (a row over a cluster of 8 / 16 CTAs).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
@@ -542,43 +541,38 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	}
 }
 
-// ---- k_topk_cluster: the same function for few rows, one row over a cluster of 8 CTAs ----------
+// ---- k_topk_cl8 / k_topk_cl16: the same function for few rows, a row over a cluster ------------
 //
-// For small batches (one block per row leaves most SMs idle): grid (8, B), __cluster_dims__(8, 1,
-// 1), 1024 threads; CTA r of row b's cluster owns positions [r S, r S + S) (S = ceil(n / 8)),
-// reads them once into shared memory as order keys, and the cluster runs the three radix rounds
-// of topk_rounds (bits 31..21, 20..10, 9..0) on them: each CTA counts its keys matching the
-// prefix so far into its own histogram (two buffers, alternating by round), then (after a
-// cluster barrier) every CTA adds the 8 histograms through distributed shared memory (the 8
-// remote loads of a bin in flight together) and finds the same bin (topk_find_bin), so all of
-// them get the exact k-th key T and how many keys equal to T to take. The round after next
-// reuses a buffer only after every CTA has passed the next round's barrier, i.e. finished reading
-// it: one cluster barrier a round. When a round's bin is taken whole (its count is what is left
-// to take), the selection is every key >= the prefix so far and the remaining rounds are
-// skipped (continuous scores: often after the second). Output: each CTA's count of keys > T
-// and == T go to the cluster, each CTA takes the equal keys left after the CTAs before it (ties
-// to the lower position), and places its selected positions by a prefix sum over its 32 warps
-// (each warp a contiguous range, placed by ballots; every warp scans the 32 warps' counts
-// itself), so the row's output is in ascending position order as k_topk's. A last barrier keeps every CTA's shared
-// memory alive until the others have read it. Dynamic shared memory topk_cluster_smem_bytes
-// (cuda_attn.c):
-// two 2048-bin histograms, the cluster's 2048 totals, 4 ints, S keys. Rows with n <= k_max
-// select everything without the cluster (every CTA of a row takes the same branch).
-// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the
-// rounds (3) — the output is then incomplete.
-#define TOPK_CL 8
-
-// the int at this CTA's shared address p in the shared memory of the cluster's CTA `rank` (no
-// memory clobber: the caller orders it with cluster_sync, and several may be in flight)
-__device__ __forceinline__ int cl_load(const int *p, uint32_t rank)
-{
-	int v;
-	asm volatile("{ .reg .u32 ra;\n\tmapa.shared::cluster.u32 ra, %1, %2;\n\tld.shared::cluster.u32 %0, [ra]; }"
-		     : "=r"(v)
-		     : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-	return v;
-}
-
+// Grid (CL, B), a cluster of CL CTAs a row (k_topk_cl8: 8 CTAs of 1024 threads; k_topk_cl16: 16 of
+// 512). CTA r owns positions [r S, r S + S) of the row, S = ceil(ld / CL) rounded up to 64 (so the
+// slices follow ld, not n: the reads of the scores, of n and of the slice's block-table entries are
+// all in flight at once); positions >= n are read but never counted. The slice is read once into
+// shared memory as order keys (float4 loads when ld % 4 == 0), with round 0's histogram.
+// Rounds: 11 bits (31..21), 11 (20..10), 10 (9..0) of the order key, over the keys that match the
+// prefix so far (round r > 0 counts them four a thread a trip; a warp without one skips the
+// histogram); each ends when the chosen bin is taken whole or the key is complete. A round's
+// exchange: each CTA's warp 0 sends its 64 bucket sums (32 bins each), then its 32 bins of the
+// chosen bucket, into every CTA's inbox for that round and step (cl_st_async, 16 bytes a store,
+// completing on the receiver's mbarrier, which expects CL x 256 / CL x 128 bytes) and waits on its
+// own; all CTAs then compute the same bin, and the same data give every CTA's count of keys above
+// the chosen bin and in it, so after the last round each CTA knows every CTA's count of selected
+// and equal keys. No cluster barrier in the rounds or at the end (no CTA reads another's memory;
+// every store into a CTA lands before it goes on): one, started before the wait for the scores
+// with the mbarriers' setup and waited for before the first send. The block table and n are read
+// before the wait too (inputs of the scores kernel, written before it ran), the slots then need no
+// dependent global load. Output: thread t owns the slice's positions [4 t c4, 4 (t + 1) c4), so
+// thread order is position order; its counts of keys above and equal, packed (gt << 16 | eq), by one
+// block scan give where its selections go (keys above the prefix, and the first take_eq equal to it
+// in position order: ties to the lower position), so the output is in ascending position order.
+// Shared memory (dynamic, topk_clx_smem_bytes in cuda_attn.c): two histograms of 2048 bins, two
+// sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries, then (16-byte
+// aligned) three rounds' inboxes of CL x 96 ints. S <= 32704 (the packed counts fit an int).
+// Run 22 (bench attention, batch 1): 9.30 / 9.25 us at 32K (cl8 / cl16), 14.35 / 12.51 at 128K;
+// k_topk_cluster (every thread of 8 CTAs summing all 8 histograms a round through distributed
+// shared memory, a warp-serial output) 15.51 / 22.03, the pulled exchange with cluster barriers
+// 9.38 / 12.74, the first form of this kernel (pulled, warp-serial output and counts) 10.14 / 14.57.
+// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the rounds
+// (3) — the output is then incomplete.
 // hist[bin] += 1 where ok, one atomic for the warp when all its lanes hold the same bin (rows of
 // equal scores); every lane of the warp calls it
 __device__ __forceinline__ void cl_hist_add(int *hist, uint32_t bin, bool ok, int lane)
@@ -591,228 +585,6 @@ __device__ __forceinline__ void cl_hist_add(int *hist, uint32_t bin, bool ok, in
 		atomicAdd(&hist[bin], 1);
 	}
 }
-
-extern "C" __global__ void __cluster_dims__(TOPK_CL, 1, 1) __launch_bounds__(TOPK_THREADS, 1)
-k_topk_cluster(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	       const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos,
-	       int *__restrict__ out_slot, int stop)
-{
-	extern __shared__ __align__(16) uint8_t topk_smem[];
-	int *hbuf = reinterpret_cast<int *>(topk_smem);                // [2][2048] this CTA's counts
-	int *tot = hbuf + 2 * TOPK_BINS;                               // [2048] the cluster's
-	int *cnt = tot + TOPK_BINS;                                    // [4]: keys > T, == T
-	uint32_t *keys = reinterpret_cast<uint32_t *>(cnt + 4);        // [S]
-	__shared__ int s_bin, s_rem, s_wcnt[2][TOPK_THREADS / 32];
-	topk_wait_inputs();
-	const int tid = threadIdx.x, lane = tid & 31, b = blockIdx.y;
-	const uint32_t r = cluster_rank();
-	const int n = n_keys[b];
-	const int k = n < k_max ? n : k_max;
-	const float *row = scores + (size_t)b * ld;
-	const int *bt = block_table ? block_table + (size_t)b * max_blocks : nullptr;
-	int *op = out_pos ? out_pos + (size_t)b * k_max : nullptr;
-	int *os = out_slot ? out_slot + (size_t)b * k_max : nullptr;
-	const int S = (n + TOPK_CL - 1) / TOPK_CL;
-	const int lo = min(n, (int)r * S), hi = min(n, lo + S), len = hi - lo;
-	for (int i = k + (int)r * TOPK_THREADS + tid; i < k_max; i += TOPK_CL * TOPK_THREADS) {
-		if (op)
-			op[i] = -1;
-		if (os)
-			os[i] = -1;
-	}
-	if (k >= n) { // every key is selected, in order (no cluster exchange)
-		for (int i = lo + tid; i < hi; i += TOPK_THREADS) {
-			if (op)
-				op[i] = i;
-			if (os)
-				os[i] = bt[i >> 6] * 64 + (i & 63);
-		}
-		return;
-	}
-	for (int i = tid; i < TOPK_BINS; i += TOPK_THREADS)
-		hbuf[i] = 0;
-	__syncthreads(); // cleared
-	// the slice as order keys, 8 loads in flight a thread; round 0's histogram (bits 31..21)
-	for (int base = lo; base < hi; base += 8 * TOPK_THREADS) {
-		float v[8];
-#pragma unroll
-		for (int u = 0; u < 8; u++) {
-			const int i = base + u * TOPK_THREADS + tid;
-			v[u] = i < hi ? __ldg(row + i) : 0.f;
-		}
-#pragma unroll
-		for (int u = 0; u < 8; u++) {
-			const int i0 = base + u * TOPK_THREADS + (tid & ~31); // the warp's first position
-			if (i0 >= hi)
-				break;
-			const int i = i0 + lane;
-			const uint32_t key = order_key(v[u]);
-			if (i < hi)
-				keys[i - lo] = key;
-			cl_hist_add(hbuf, key >> 21, i < hi, lane);
-		}
-	}
-	if (stop == 1) {
-		cluster_sync();
-		return;
-	}
-	uint32_t prefix = 0, mask = 0;
-	int rem = k;
-	bool all_bin = false;
-	for (int round = 0; round < 3; round++) {
-		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
-		int *hist = hbuf + (round & 1) * TOPK_BINS;
-		if (round) {
-			for (int i = tid; i < nb; i += TOPK_THREADS)
-				hist[i] = 0;
-			__syncthreads(); // cleared
-			for (int i0 = tid & ~31; i0 < len; i0 += TOPK_THREADS) {
-				const int i = i0 + lane;
-				const uint32_t key = i < len ? keys[i] : 0u;
-				const bool ok = i < len && (key & mask) == prefix;
-				cl_hist_add(hist, (key >> shift) & (nb - 1), ok, lane);
-			}
-		}
-		cluster_sync(); // every CTA's histogram of this round complete (and the buffer this round
-			   // cleared was read by all in the round before last)
-		for (int i = tid; i < nb; i += TOPK_THREADS) {
-			int v[TOPK_CL];
-#pragma unroll
-			for (int c = 0; c < TOPK_CL; c++)
-				v[c] = cl_load(hist + i, (uint32_t)c);
-			int s = 0;
-#pragma unroll
-			for (int c = 0; c < TOPK_CL; c++)
-				s += v[c];
-			tot[i] = s;
-		}
-		__syncthreads(); // the cluster's counts complete
-		topk_find_bin(tot, nb / TOPK_THREADS, rem, &s_bin, &s_rem);
-		prefix |= (uint32_t)s_bin << shift;
-		mask |= (uint32_t)(nb - 1) << shift;
-		rem = s_rem;
-		// the whole bin is taken (its count is what is left to take): the selection is every key
-		// >= prefix, whatever the lower bits; the rounds left are skipped (the same decision in
-		// every CTA: the same totals)
-		if (round < 2 && tot[s_bin] == rem && prefix) {
-			all_bin = true;
-			break;
-		}
-		if (stop == 2 && round == 0)
-			break;
-	}
-	if (stop == 2 || stop == 3) {
-		cluster_sync();
-		return;
-	}
-	// keys > T are selected and the first take_eq equal to T (from the lowest position up)
-	const uint32_t T = all_bin ? prefix - 1 : prefix;
-	const int take_eq = all_bin ? 0 : rem;
-
-	// output: warp w owns the slice's positions [w cw, (w + 1) cw) (cw a multiple of 32), its
-	// lanes consecutive positions, so the reads of keys are conflict-free (a thread a chunk read
-	// them 16 a bank at 128K: run 10, 12.5 of the 27.6 us); the warp places its selections by
-	// ballots, in position order
-	const int warp = tid >> 5;
-	const unsigned lt = (1u << lane) - 1u;
-	const int cw = (len + TOPK_THREADS - 1) / TOPK_THREADS * 32;
-	const int wlo = min(len, warp * cw), whi = min(len, wlo + cw);
-	int gt = 0, eq = 0; // the warp's counts, in every lane
-	for (int i0 = wlo; i0 < whi; i0 += 32) {
-		const int i = i0 + lane;
-		const uint32_t key = i < whi ? keys[i] : 0u;
-		gt += __popc(__ballot_sync(0xffffffffu, i < whi && key > T));
-		eq += __popc(__ballot_sync(0xffffffffu, i < whi && key == T));
-	}
-	// the 32 warps' counts through shared memory once; lane i of every warp then holds warp i's
-	// (g_i, e_i) and scans them itself (no block scans: one barrier instead of nine)
-	static_assert(TOPK_THREADS == 32 * 32, "a lane per warp");
-	if (lane == 0)
-		s_wcnt[0][warp] = gt, s_wcnt[1][warp] = eq;
-	__syncthreads(); // every warp's counts
-	const int g_i = s_wcnt[0][lane], e_i = s_wcnt[1][lane];
-	const int gs = warp_inclusive_scan(g_i), es = warp_inclusive_scan(e_i); // over warps 0 .. lane
-	const int gt_tot = __shfl_sync(0xffffffffu, gs, 31), eq_tot = __shfl_sync(0xffffffffu, es, 31);
-	if (tid == 0)
-		cnt[0] = gt_tot, cnt[1] = eq_tot;
-	cluster_sync(); // every CTA's counts visible
-	// the CTAs before this one: their outputs and the equal keys they took
-	int cg[TOPK_CL], ce[TOPK_CL];
-#pragma unroll
-	for (int c = 0; c < TOPK_CL; c++)
-		cg[c] = cl_load(cnt, (uint32_t)c), ce[c] = cl_load(cnt + 1, (uint32_t)c);
-	int cta_out = 0, cta_eq = 0;
-#pragma unroll
-	for (int c = 0; c < TOPK_CL; c++)
-		if ((uint32_t)c < r) {
-			cta_out += cg[c] + max(0, min(ce[c], take_eq - cta_eq));
-			cta_eq += ce[c];
-		}
-	const int cta_take = max(0, min(eq_tot, take_eq - cta_eq)); // equal keys this CTA takes
-	// lane i: the equal keys warp i takes (after the warps before it), then the outputs before it
-	const int me_i = max(0, min(e_i, cta_take - (es - e_i)));
-	const int outs = warp_inclusive_scan(g_i + me_i);
-	const int mine_eq = __shfl_sync(0xffffffffu, me_i, warp);
-	int o = cta_out + __shfl_sync(0xffffffffu, outs - g_i - me_i, warp);
-	int eq_seen = 0;
-	for (int i0 = wlo; i0 < whi; i0 += 32) {
-		const int i = i0 + lane;
-		const uint32_t key = i < whi ? keys[i] : 0u;
-		const unsigned em = __ballot_sync(0xffffffffu, i < whi && key == T);
-		const bool sel = i < whi && (key > T || (key == T && eq_seen + __popc(em & lt) < mine_eq));
-		const unsigned sm = __ballot_sync(0xffffffffu, sel);
-		if (sel) {
-			const int pos = lo + i, at = o + __popc(sm & lt);
-			if (op)
-				op[at] = pos;
-			if (os)
-				os[at] = __ldg(bt + (pos >> 6)) * 64 + (pos & 63);
-		}
-		o += __popc(sm);
-		eq_seen += __popc(em);
-	}
-	cluster_sync(); // no CTA leaves while another may still read its counts
-}
-
-// ---- k_topk_cl8 / k_topk_cl16: the cluster select with few serial steps ------------------------
-//
-// The function of k_topk_cluster for few rows: grid (CL, B), a cluster of CL CTAs a row, TOPK_THREADS
-// threads. CTA r owns positions [r S, r S + S) of the row, S = ceil(ld / CL) rounded up to 64 (so
-// the slices follow ld, not n: the reads of the scores, of n and of the slice's block-table
-// entries are all in flight at once); positions >= n are read but never counted. What differs
-// from k_topk_cluster (run 19 at 32K: 15.5 us, each radix round ~3.5-4.4 us, the output ~4 us):
-//   - a round's cluster exchange reads 64 bucket sums (32 bins each) of every CTA's histogram,
-//     then the 32 bins of the chosen bucket, by one warp: 2 x 64 x CL + 32 x CL remote loads a CTA
-//     instead of 2048 x CL (k_topk_cluster's every thread summing all 8 histograms);
-//   - the same loads give every CTA's count of keys above the chosen bin and in it, so after the
-//     last round each CTA knows every CTA's count of selected and equal keys: the output needs
-//     no count exchange (one cluster barrier a round, none for the output);
-//   - the slice's block-table entries are read into shared memory at the start, before the wait
-//     for the scores (the block table and n are inputs of the scores kernel too, written before it
-//     ran), so the output's slots need no dependent global load.
-// Rounds: 11 bits (31..21), 11 (20..10), 10 (9..0) of the order key, over the keys that match the
-// prefix so far; each ends when the chosen bin is taken whole or the key is complete. The
-// selection: keys whose masked key is above the prefix, and the first take_eq of those equal to
-// it in position order (ties to the lower position), placed by per-warp ballots as in
-// k_topk_cluster (warp w a contiguous range of the slice), so the output is in ascending position
-// order. Shared memory (dynamic, topk_cl_smem_bytes in cuda_attn.c): two histograms of 2048 bins,
-// two sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries.
-// stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the rounds
-// (3) — the output is then incomplete.
-// k_topk_cl8v2 / k_topk_cl16v2 (V2): run 21 at 32K / 128K batch 1 put k_topk_cl8's output at 2.3 /
-// 5.4 us and its rounds after the first at 2.5 / 3.7 (a warp's serial walk over its range, twice;
-// a round's count one key a lane a trip): V2 counts a round's keys four a thread a trip (warps
-// with no matching key skip the histogram), and places the output from thread-contiguous ranges
-// (four keys a 16-byte load) with one block scan of the packed counts.
-// k_topk_cl8v2p / k_topk_cl16v2p (PUSH): v2 with the rounds' exchange pushed instead of pulled:
-// each CTA's warp 0 sends its 64 bucket sums, then its 32 bins of the chosen bucket, into every
-// CTA's inbox for the round (cl_st_async, 16 bytes a store, completing on the receiver's mbarrier
-// for that round and step, which expects CL x 256 / CL x 128 bytes) and waits on its own: no
-// cluster barrier in the rounds and none at the end (no CTA reads another's memory; every store
-// into a CTA lands before it goes on). The barriers are set up before the wait for the scores,
-// with the one cluster barrier that makes them visible, waited for before the first send (run
-// 21's pushed form set them up after it: +0.5 us in the load, and kept a last barrier). The
-// inboxes ([3][CL][96] ints) follow the block-table entries.
 
 // 64 bucket sums of a histogram of nb bins (warp w: buckets w, w + 32); the caller synchronises
 template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, int *bsum, int nb)
@@ -828,7 +600,7 @@ template <int NT> __device__ __forceinline__ void tcl_buckets(const int *hist, i
 	}
 }
 
-template <int CL, int NT, bool V2, bool PUSH>
+template <int CL, int NT>
 __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys,
 					     int k_max, const int *__restrict__ block_table, int max_blocks,
 					     int *__restrict__ out_pos, int *__restrict__ out_slot, int stop)
@@ -840,9 +612,9 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	int *bsum = hbuf + 2 * TOPK_BINS;                 // [2][64] their bucket sums
 	uint32_t *keys = reinterpret_cast<uint32_t *>(bsum + 128); // [S]
 	int *pages = reinterpret_cast<int *>(keys + S);   // [S / 64 + 1]
-	// PUSH: each round's inbox, 16-byte aligned: [round][source CTA][64 bucket sums, 32 bins]
+	// each round's inbox, 16-byte aligned: [round][source CTA][64 bucket sums, 32 bins]
 	int *inbox = reinterpret_cast<int *>(tcl_smem + ((2 * TOPK_BINS + 128 + S + S / 64 + 1) * 4 + 15) / 16 * 16);
-	__shared__ __align__(8) uint64_t s_bar[6]; // PUSH: round r's bucket sums (2r), bins (2r + 1)
+	__shared__ __align__(8) uint64_t s_bar[6]; // round r's bucket sums (2r), bins (2r + 1)
 	// warp 0's round results: bin, what is left to take, done; every CTA's keys above the prefix
 	// so far (accumulated) and equal to it
 	__shared__ int s_bin, s_rem, s_done, s_gt[CL], s_eq[CL], s_wcnt[2][32];
@@ -861,7 +633,7 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	if (tid < CL)
 		s_gt[tid] = 0;
 	const int k = n < k_max ? n : k_max;
-	if (PUSH && k < n) {
+	if (k < n) {
 		// the inboxes' barriers, each expecting its bytes from the CL CTAs (one phase each); the
 		// others send once past the cluster barrier this arrival starts (its wait comes before the
 		// first send); still before the wait for the scores
@@ -946,8 +718,7 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	}
 	__syncthreads(); // keys and round 0's histogram complete
 	if (stop == 1) {
-		if (PUSH)
-			asm volatile("barrier.cluster.wait;" ::: "memory");
+		asm volatile("barrier.cluster.wait;" ::: "memory");
 		return;
 	}
 	uint32_t prefix = 0, mask = 0;
@@ -955,8 +726,8 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 	for (int round = 0;; round++) {
 		const int shift = round == 0 ? 21 : round == 1 ? 10 : 0, nb = round == 2 ? 1024 : 2048;
 		int *hist = hbuf + (round & 1) * TOPK_BINS, *bs = bsum + (round & 1) * 64;
-		if (round && V2) { // this round's histogram: the keys matching the prefix so far, 4 a
-				   // thread a trip (the warp's trips alike), warps without one skipped
+		if (round) { // this round's histogram: the keys matching the prefix so far, 4 a thread a
+			     // trip (the warp's trips alike), warps without one skipped
 			const uint4 *k4 = reinterpret_cast<const uint4 *>(keys);
 			for (int j = tid; 4 * (j - lane) < len; j += NT) {
 				const uint4 v = 4 * j < len ? k4[j] : make_uint4(0u, 0u, 0u, 0u);
@@ -969,41 +740,27 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 				}
 			}
 			__syncthreads(); // counts complete
-		} else if (round) { // this round's histogram: the keys matching the prefix so far
-			for (int i0 = tid & ~31; i0 < len; i0 += NT) {
-				const int i = i0 + lane;
-				const uint32_t key = i < len ? keys[i] : 0u;
-				cl_hist_add(hist, (key >> shift) & (nb - 1), i < len && (key & mask) == prefix, lane);
-			}
-			__syncthreads(); // counts complete
 		}
 		tcl_buckets<NT>(hist, bs, nb);
-		if (PUSH) {
-			if (round == 0) // every CTA's barriers initialised
-				asm volatile("barrier.cluster.wait;" ::: "memory");
-			__syncthreads(); // the bucket sums complete
-		} else {
-			cluster_sync(); // every CTA's histogram and bucket sums of this round complete (and
-				   // the buffers this round reuses were read by all in the round before last)
-		}
-		int *ib = inbox + round * CL * 96; // PUSH: this round's inbox, source c at ib + 96 c
+		if (round == 0) // every CTA's barriers initialised
+			asm volatile("barrier.cluster.wait;" ::: "memory");
+		__syncthreads(); // the bucket sums complete
+		int *ib = inbox + round * CL * 96; // this round's inbox, source c at ib + 96 c
 		if (warp == 0) {
-			if (PUSH) { // this CTA's bucket sums into every CTA's inbox (its own included)
-				for (int i = lane; i < CL * 16; i += 32) {
-					const uint32_t c = (uint32_t)i >> 4, q = (uint32_t)i & 15;
-					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 4 * q), c),
-						    *reinterpret_cast<const uint4 *>(bs + 4 * q),
-						    cl_mapa(smem_u32(&s_bar[2 * round]), c));
-				}
-				mbar_wait(smem_u32(&s_bar[2 * round]), 0);
+			// this CTA's bucket sums into every CTA's inbox (its own included)
+			for (int i = lane; i < CL * 16; i += 32) {
+				const uint32_t c = (uint32_t)i >> 4, q = (uint32_t)i & 15;
+				cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 4 * q), c), *reinterpret_cast<const uint4 *>(bs + 4 * q),
+					    cl_mapa(smem_u32(&s_bar[2 * round]), c));
 			}
+			mbar_wait(smem_u32(&s_bar[2 * round]), 0);
 			// buckets from the top: lane l holds buckets nbk-1-2l (A) and nbk-2-2l (B)
 			const int nbk = nb / 32, jA = nbk - 1 - 2 * lane, jB = jA - 1;
 			int vA[CL], vB[CL], tA = 0, tB = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++) {
-				vA[c] = jA < 0 ? 0 : PUSH ? ib[96 * c + jA] : cl_load(bs + jA, (uint32_t)c);
-				vB[c] = jB < 0 ? 0 : PUSH ? ib[96 * c + jB] : cl_load(bs + jB, (uint32_t)c);
+				vA[c] = jA < 0 ? 0 : ib[96 * c + jA];
+				vB[c] = jB < 0 ? 0 : ib[96 * c + jB];
 			}
 #pragma unroll
 			for (int c = 0; c < CL; c++)
@@ -1021,21 +778,19 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			for (int c = 0; c < CL; c++)
 				gt_c[c] = (int)__reduce_add_sync(0xffffffffu, (unsigned)(lane < L ? vA[c] + vB[c]
 										 : lane == L && src ? vA[c] : 0));
-			if (PUSH) { // this CTA's bins of bucket J into every CTA's inbox
-				for (int i = lane; i < CL * 8; i += 32) {
-					const uint32_t c = (uint32_t)i >> 3, q = (uint32_t)i & 7;
-					cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 64 + 4 * q), c),
-						    *reinterpret_cast<const uint4 *>(hist + 32 * J + 4 * q),
-						    cl_mapa(smem_u32(&s_bar[2 * round + 1]), c));
-				}
-				mbar_wait(smem_u32(&s_bar[2 * round + 1]), 0);
+			// this CTA's bins of bucket J into every CTA's inbox
+			for (int i = lane; i < CL * 8; i += 32) {
+				const uint32_t c = (uint32_t)i >> 3, q = (uint32_t)i & 7;
+				cl_st_async(cl_mapa(smem_u32(ib + 96 * r + 64 + 4 * q), c),
+					    *reinterpret_cast<const uint4 *>(hist + 32 * J + 4 * q),
+					    cl_mapa(smem_u32(&s_bar[2 * round + 1]), c));
 			}
+			mbar_wait(smem_u32(&s_bar[2 * round + 1]), 0);
 			// the bins of bucket J from the top: lane l holds bin 32 J + 31 - l
-			const int bin = 32 * J + 31 - lane;
 			int f[CL], tf = 0;
 #pragma unroll
 			for (int c = 0; c < CL; c++)
-				f[c] = PUSH ? ib[96 * c + 64 + 31 - lane] : cl_load(hist + bin, (uint32_t)c);
+				f[c] = ib[96 * c + 64 + 31 - lane];
 #pragma unroll
 			for (int c = 0; c < CL; c++)
 				tf += f[c];
@@ -1057,8 +812,7 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 				s_done = round == 2 || in_bin == rem2; // the key is complete, or the bin taken whole
 			}
 		} else if (round == 1) {
-			// round 2's buffers (round 0's): every CTA has passed this round's barrier, so none
-			// reads them any more (PUSH: none reads them at all)
+			// round 2's buffers (round 0's; only this CTA reads them)
 			for (int i = tid - 32; i < 1024; i += NT - 32)
 				hbuf[i] = 0;
 		}
@@ -1069,16 +823,10 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 		if (s_done || (stop == 2 && round == 0))
 			break;
 	}
-	// this CTA's reads of the others' shared memory are done: arrive now, and wait for the others
-	// (their reads of this one's) before leaving (PUSH: no CTA reads another's; every store into
-	// this one's inboxes has landed, it waited for them)
-	if (!PUSH)
-		asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-	if (stop == 2 || stop == 3) {
-		if (!PUSH)
-			asm volatile("barrier.cluster.wait;" ::: "memory");
+	// no last cluster barrier: no CTA reads another's shared memory, and every store into this
+	// one's inboxes has landed (it waited for them)
+	if (stop == 2 || stop == 3)
 		return;
-	}
 	// keys with (key & mask) > prefix are selected, and the first take_eq with (key & mask) ==
 	// prefix; the CTAs before this one: their selections and the equal keys they took
 	const int take_eq = rem;
@@ -1090,96 +838,51 @@ __device__ __forceinline__ void topk_cl_body(const float *__restrict__ scores, i
 			cta_eq += s_eq[c];
 		}
 	const int cta_take = max(0, min(s_eq[r], take_eq - cta_eq)); // equal keys this CTA takes
-	if (V2) {
-		// output: thread t owns the slice's positions [4 t c4, 4 (t + 1) c4), so thread order is
-		// position order: its counts of keys above and equal (packed gt << 16 | eq: a slice has
-		// at most 32704 keys, cuda_attn.c, so no sum leaves its half or the int) by one block
-		// scan give where its selections go and how many of the CTA's equal keys come before
-		// its own
-		const uint4 *k4 = reinterpret_cast<const uint4 *>(keys);
-		const int c4 = (len + 4 * NT - 1) / (4 * NT), j0 = tid * c4;
-		int packed = 0;
-		for (int j = j0; j < j0 + c4 && 4 * j < len; j++) {
-			const uint4 v = k4[j];
-			const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
+	// output: thread t owns the slice's positions [4 t c4, 4 (t + 1) c4), so thread order is
+	// position order: its counts of keys above and equal (packed gt << 16 | eq: a slice has
+	// at most 32704 keys, cuda_attn.c, so no sum leaves its half or the int) by one block
+	// scan give where its selections go and how many of the CTA's equal keys come before
+	// its own
+	const uint4 *k4 = reinterpret_cast<const uint4 *>(keys);
+	const int c4 = (len + 4 * NT - 1) / (4 * NT), j0 = tid * c4;
+	int packed = 0;
+	for (int j = j0; j < j0 + c4 && 4 * j < len; j++) {
+		const uint4 v = k4[j];
+		const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-			for (int e = 0; e < 4; e++)
-				if (4 * j + e < len)
-					packed += ((kk[e] & mask) > prefix ? 1 << 16 : 0) + ((kk[e] & mask) == prefix);
-		}
-		const int incl = warp_inclusive_scan(packed);
-		if (lane == 31)
-			s_wcnt[0][warp] = incl;
-		__syncthreads(); // every warp's total
-		const int wv = lane < NT / 32 ? s_wcnt[0][lane] : 0, wi = warp_inclusive_scan(wv);
-		const int before = __shfl_sync(0xffffffffu, wi - wv, warp) + incl - packed;
-		int e_idx = before & 0xffff; // the CTA's equal keys before this thread's
-		int o = cta_out + (before >> 16) + min(e_idx, cta_take);
-		for (int j = j0; j < j0 + c4 && 4 * j < len; j++) {
-			const uint4 v = k4[j];
-			const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
+		for (int e = 0; e < 4; e++)
+			if (4 * j + e < len)
+				packed += ((kk[e] & mask) > prefix ? 1 << 16 : 0) + ((kk[e] & mask) == prefix);
+	}
+	const int incl = warp_inclusive_scan(packed);
+	if (lane == 31)
+		s_wcnt[0][warp] = incl;
+	__syncthreads(); // every warp's total
+	const int wv = lane < NT / 32 ? s_wcnt[0][lane] : 0, wi = warp_inclusive_scan(wv);
+	const int before = __shfl_sync(0xffffffffu, wi - wv, warp) + incl - packed;
+	int e_idx = before & 0xffff; // the CTA's equal keys before this thread's
+	int o = cta_out + (before >> 16) + min(e_idx, cta_take);
+	for (int j = j0; j < j0 + c4 && 4 * j < len; j++) {
+		const uint4 v = k4[j];
+		const uint32_t kk[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const int i = 4 * j + e;
-				const uint32_t km = kk[e] & mask;
-				bool sel = false;
-				if (i < len && km == prefix)
-					sel = e_idx++ < cta_take;
-				else if (i < len)
-					sel = km > prefix;
-				if (sel) {
-					if (op)
-						op[o] = lo + i;
-					if (os)
-						os[o] = pages[i >> 6] * 64 + (i & 63);
-					o++;
-				}
+		for (int e = 0; e < 4; e++) {
+			const int i = 4 * j + e;
+			const uint32_t km = kk[e] & mask;
+			bool sel = false;
+			if (i < len && km == prefix)
+				sel = e_idx++ < cta_take;
+			else if (i < len)
+				sel = km > prefix;
+			if (sel) {
+				if (op)
+					op[o] = lo + i;
+				if (os)
+					os[o] = pages[i >> 6] * 64 + (i & 63);
+				o++;
 			}
 		}
-		if (!PUSH)
-			asm volatile("barrier.cluster.wait;" ::: "memory");
-		return;
 	}
-	// output: warp w owns the slice's positions [w cw, (w + 1) cw) (cw a multiple of 32), its
-	// lanes consecutive positions; the warp places its selections by ballots, in position order
-	const unsigned lt = (1u << lane) - 1u;
-	const int cw = (len + NT - 1) / NT * 32;
-	const int wlo = min(len, warp * cw), whi = min(len, wlo + cw);
-	int gt = 0, eq = 0; // the warp's counts, in every lane
-	for (int i0 = wlo; i0 < whi; i0 += 32) {
-		const int i = i0 + lane;
-		const uint32_t km = i < whi ? keys[i] & mask : 0u;
-		gt += __popc(__ballot_sync(0xffffffffu, i < whi && km > prefix));
-		eq += __popc(__ballot_sync(0xffffffffu, i < whi && km == prefix));
-	}
-	if (lane == 0)
-		s_wcnt[0][warp] = gt, s_wcnt[1][warp] = eq;
-	__syncthreads(); // every warp's counts
-	const int g_i = lane < NT / 32 ? s_wcnt[0][lane] : 0, e_i = lane < NT / 32 ? s_wcnt[1][lane] : 0;
-	const int es = warp_inclusive_scan(e_i); // over warps 0 .. lane
-	// lane i: the equal keys warp i takes (after the warps before it), then the outputs before it
-	const int me_i = max(0, min(e_i, cta_take - (es - e_i)));
-	const int outs = warp_inclusive_scan(g_i + me_i);
-	const int mine_eq = __shfl_sync(0xffffffffu, me_i, warp);
-	int o = cta_out + __shfl_sync(0xffffffffu, outs - g_i - me_i, warp);
-	int eq_seen = 0;
-	for (int i0 = wlo; i0 < whi; i0 += 32) {
-		const int i = i0 + lane;
-		const uint32_t km = i < whi ? keys[i] & mask : 0u;
-		const unsigned em = __ballot_sync(0xffffffffu, i < whi && km == prefix);
-		const bool sel = i < whi && (km > prefix || (km == prefix && eq_seen + __popc(em & lt) < mine_eq));
-		const unsigned sm = __ballot_sync(0xffffffffu, sel);
-		if (sel) {
-			const int at = o + __popc(sm & lt);
-			if (op)
-				op[at] = lo + i;
-			if (os)
-				os[at] = pages[i >> 6] * 64 + (i & 63);
-		}
-		o += __popc(sm);
-		eq_seen += __popc(em);
-	}
-	asm volatile("barrier.cluster.wait;" ::: "memory");
 }
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
@@ -1187,15 +890,7 @@ k_topk_cl8(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	   const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	   int stop)
 {
-	topk_cl_body<8, 1024, false, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
-}
-
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
-k_topk_cl8v2(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	     const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
-	     int stop)
-{
-	topk_cl_body<8, 1024, true, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<8, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
@@ -1203,29 +898,5 @@ k_topk_cl16(const float *__restrict__ scores, int ld, const int *__restrict__ n_
 	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	    int stop)
 {
-	topk_cl_body<16, 512, false, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
-}
-
-extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
-k_topk_cl16v2(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	      const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
-	      int stop)
-{
-	topk_cl_body<16, 512, true, false>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
-}
-
-extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024, 1)
-k_topk_cl8v2p(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	      const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
-	      int stop)
-{
-	topk_cl_body<8, 1024, true, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
-}
-
-extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
-k_topk_cl16v2p(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	       const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
-	       int stop)
-{
-	topk_cl_body<16, 512, true, true>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<16, 512>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }

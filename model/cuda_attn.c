@@ -223,31 +223,22 @@ static size_t topk_smem_bytes(int ld)
 	return 8 * 2049 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
 }
 
-/* k_topk_cluster: 8 CTAs a row, each with up to TOPK_CL_SLICE keys of it in shared memory (so rows
- * up to 327680 keys), after two histogram buffers and the totals (2048 bins each) and 4 ints */
-#define TOPK_CL 8
-#define TOPK_CL_SLICE 40960
-static size_t topk_cluster_smem_bytes(int ld)
-{
-	return (3 * 2048 + 4) * 4 + (size_t)((ld + TOPK_CL - 1) / TOPK_CL) * 4;
-}
-
-/* k_topk_cl8 / k_topk_cl16 (and their v2, v2p): a row over a cluster of 8 (1024 threads) or 16 (512
- * threads) CTAs; each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their
- * block-table entries, after two histograms of 2048 bins and two sets of 64 bucket sums; S at
- * most TOPK_CLX_SLICE (v2's packed counts: S << 16 fits an int); v2p: then, 16-byte aligned,
- * three rounds' inboxes of CL x 96 ints */
-#define TOPK_CLX_SLICE 32704
-static int topk_clx_slice(int ld, int cl)
+/* k_topk_cl8 / k_topk_cl16: a row over a cluster of 8 (1024 threads) or 16 (512 threads) CTAs;
+ * each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their block-table entries,
+ * after two histograms of 2048 bins and two sets of 64 bucket sums, then (16-byte aligned) three
+ * rounds' inboxes of CL x 96 ints; S at most TOPK_CL_SLICE (the output's packed counts: S << 16
+ * fits an int) */
+#define TOPK_CL_SLICE 32704
+static int topk_cl_slice(int ld, int cl)
 {
 	return ((ld + cl - 1) / cl + 63) / 64 * 64;
 }
 
-static size_t topk_clx_smem_bytes(int ld, int cl, int push)
+static size_t topk_cl_smem_bytes(int ld, int cl)
 {
-	int S = topk_clx_slice(ld, cl);
+	int S = topk_cl_slice(ld, cl);
 	size_t b = (2 * 2048 + 2 * 64) * 4 + (size_t)S * 4 + (size_t)(S / 64 + 1) * 4;
-	return push ? (b + 15) / 16 * 16 + (size_t)3 * cl * 96 * 4 : b; /* the v2p forms' inboxes */
+	return (b + 15) / 16 * 16 + (size_t)3 * cl * 96 * 4;
 }
 
 /* DSV32_TOPK_MODE=m forces cuda_indexer_topk's kernel (cuda_indexer_topk_mode's modes; A/B);
@@ -256,14 +247,14 @@ static int topk_forced = -1;
 
 void cuda_attn_set_topk_mode(int mode)
 {
-	topk_forced = mode >= 0 && mode <= 9 ? mode : 0;
+	topk_forced = mode >= 0 && mode <= 4 ? mode : 0;
 }
 
 static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
 		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '9' && !v[1] ? *v - '0' : 0;
+		topk_forced = v && *v >= '1' && *v <= '4' && !v[1] ? *v - '0' : 0;
 	}
 	return topk_forced;
 }
@@ -273,44 +264,45 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 {
 	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 9 || (stop && mode != 2 && mode < 4))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 4 || (stop && mode != 2 && mode != 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
-	int cl_ok = (ld + TOPK_CL - 1) / TOPK_CL <= TOPK_CL_SLICE;
-	/* k_topk_cl8 (a cluster of 8 a row) while the rows' clusters fit the SMs at once, from 8K
-	 * keys (run 21, bench attention, batch 1: 8.55 / 10.02 / 16.19 us at 8K / 32K / 128K against
-	 * k_topk_cluster's 13.70 / 15.49 / 22.01; batch 16: 12.04 / 19.40 / 28.49 against
-	 * k_topk_select's 17.13 / 19.15 / 35.50; batch 64: 45.2 against 19.4 at 32K), else a block a
-	 * row */
-	if (!mode)
-		mode = B * 8 <= g->sm_count && ld >= 8192 && topk_clx_slice(ld, 8) <= TOPK_CLX_SLICE ? 4
-		       : topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
+	/* a cluster a row while the rows' clusters fit the SMs at once, from 8K keys: k_topk_cl16 for
+	 * one row from 64K keys, else k_topk_cl8 (run 22, bench attention, batch 1: cl8 8.38 / 9.30 /
+	 * 14.35 us at 8K / 32K / 128K, cl16 8.83 / 9.25 / 12.51, the former k_topk_cluster 13.65 /
+	 * 15.51 / 22.03; batch 16: cl8 11.99 / 17.77 / 25.61 against k_topk_select's 17.10 / 19.06 /
+	 * 35.39, cl16 22-36 (two waves); batch 64 at 32K: cl8 41.3 against 19.4), else a block a row */
+	if (!mode) {
+		if (B == 1 && ld >= 65536 && topk_cl_slice(ld, 16) <= TOPK_CL_SLICE)
+			mode = 4;
+		else if (B * 8 <= g->sm_count && ld >= 8192 && topk_cl_slice(ld, 8) <= TOPK_CL_SLICE)
+			mode = 2;
+		else
+			mode = topk_smem_bytes(ld) <= 200 * 1024 ? 1 : 3;
+	}
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
-	if (mode >= 4) {
-		const int cl = mode % 2 ? 16 : 8;
-		static const char *const names[6] = {"k_topk_cl8",   "k_topk_cl16",   "k_topk_cl8v2",
-						     "k_topk_cl16v2", "k_topk_cl8v2p", "k_topk_cl16v2p"};
-		if (ld < 1 || topk_clx_slice(ld, cl) > TOPK_CLX_SLICE)
+	if (mode == 2 || mode == 4) {
+		const int cl = mode == 4 ? 16 : 8;
+		if (ld < 1 || topk_cl_slice(ld, cl) > TOPK_CL_SLICE)
 			return -EINVAL;
-		void *fn = gpu_kernel(g, names[mode - 4]);
+		void *fn = gpu_kernel(g, cl == 8 ? "k_topk_cl8" : "k_topk_cl16");
 		if (!fn)
 			return -ENOENT;
-		size_t smem = topk_clx_smem_bytes(ld, cl, mode >= 8);
+		size_t smem = topk_cl_smem_bytes(ld, cl);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
 		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, cl == 8 ? 1024 : 512, (unsigned)smem, args);
 	}
-	if ((mode == 2 && !cl_ok) || (mode == 1 && topk_smem_bytes(ld) > 200 * 1024))
+	if (topk_smem_bytes(ld) > 200 * 1024)
 		return -EINVAL;
-	void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cluster" : "k_topk_select");
+	void *fn = gpu_kernel(g, "k_topk_select");
 	if (!fn)
 		return -ENOENT;
-	size_t smem = mode == 2 ? topk_cluster_smem_bytes(ld) : topk_smem_bytes(ld);
+	size_t smem = topk_smem_bytes(ld);
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	return launch_pdl(g, fn, mode == 2 ? TOPK_CL : (unsigned)B, mode == 2 ? (unsigned)B : 1, 1, 1024,
-			  (unsigned)smem, args);
+	return launch_pdl(g, fn, (unsigned)B, 1, 1, 1024, (unsigned)smem, args);
 }
 
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,

@@ -68,22 +68,19 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * highest of scores[b, 0 .. n_keys[b]) (fp32, row stride ld), the set of a full sort with ties
  * to the lower position, as positions (out_pos) and/or physical slots through block_table
  * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
- * be 0 when every n_keys[b] <= k_max. k_topk_cl8 (a row over a cluster of 8 CTAs) while 8 B <=
- * the SMs and 8192 <= ld <= 261632, else k_topk_select (a block a row, two reads of it) when
- * its bitmaps fit in shared memory, else k_topk; DSV32_TOPK_MODE=m (1-9) forces
- * cuda_indexer_topk_mode's mode m (A/B). */
+ * be 0 when every n_keys[b] <= k_max. A row over a cluster of CTAs from 8192 keys while the
+ * clusters fit the SMs (k_topk_cl16 for one row of >= 65536 keys, else k_topk_cl8 while 8 B <=
+ * the SMs; ld <= 261632), else k_topk_select (a block a row, two reads of it) when its bitmaps fit
+ * in shared memory, else k_topk; DSV32_TOPK_MODE=m (1-4) forces cuda_indexer_topk_mode's mode m
+ * (A/B). */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 /* Sets the mode DSV32_TOPK_MODE gives (0: the dispatch's own choice; A/B switches) */
 void cuda_attn_set_topk_mode(int mode);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
- * k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5 k_topk_cl16 (a row over a cluster of 8 / 16 CTAs,
- * one cluster barrier a radix round), 6 k_topk_cl8v2, 7 k_topk_cl16v2 (the same with the
- * rounds' counts and the output four keys a thread a trip), 8 k_topk_cl8v2p, 9 k_topk_cl16v2p
- * (v2 with the rounds' exchange pushed by st.async: no cluster barrier a round); -EINVAL where
- * the chosen kernel cannot take ld. Benchmarks only: mode m | s << 4 (m = 2, 4-9) stops the
- * cluster kernel after its load
- * (s = 1), its first round (2) or all its rounds (3), the output then incomplete. */
+ * k_topk_cl8, 3 k_topk, 4 k_topk_cl16; -EINVAL where the chosen kernel cannot take ld.
+ * Benchmarks only: mode m | s << 4 (m = 2, 4) stops the cluster kernel after its load (s = 1),
+ * its first round (2) or all its rounds (3), the output then incomplete. */
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode);
 #endif

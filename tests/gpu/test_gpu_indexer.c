@@ -165,11 +165,8 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
  * position plus noise (a sample of the row is not representative of its top). mode: the kernel
- * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cluster, 3 k_topk, 4 k_topk_cl8, 5
- * k_topk_cl16, 6 k_topk_cl8v2, 7 k_topk_cl16v2, 8 k_topk_cl8v2p, 9 k_topk_cl16v2p). */
-static const char *const topk_names[10] = {"auto",	     "k_topk_select", "k_topk_cluster", "k_topk",
-					   "k_topk_cl8",    "k_topk_cl16",   "k_topk_cl8v2",   "k_topk_cl16v2",
-					   "k_topk_cl8v2p", "k_topk_cl16v2p"};
+ * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cl8, 3 k_topk, 4 k_topk_cl16). */
+static const char *const topk_names[5] = {"auto", "k_topk_select", "k_topk_cl8", "k_topk", "k_topk_cl16"};
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
@@ -270,12 +267,13 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	for (int mode = 1; mode <= 3; mode++)
-		topk_cases(&g, mode);
+	for (int mode = 0; mode <= 3; mode++) /* (the dispatch's own choice, then each block kernel) */
+		if (mode != 2)
+			topk_cases(&g, mode);
 	gpu_close(&g);
 }
 
-/* the cluster kernels k_topk_cl8 .. k_topk_cl16v2p (modes 4-9): the cases above, then the forward's shapes
+/* the cluster kernels k_topk_cl8, k_topk_cl16 (modes 2, 4): the cases above, then the forward's shapes
  * at batch 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN, -inf) */
 TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 {
@@ -284,7 +282,7 @@ TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 	int n_32k[16], n_128k[2] = {131072, 131000};
 	for (int b = 0; b < 16; b++)
 		n_32k[b] = 32768 - 61 * b;
-	for (int mode = 4; mode <= 9; mode++) {
+	for (int mode = 2; mode <= 4; mode += 2) {
 		topk_cases(&g, mode);
 		check_topk(&g, n_32k, 16, 2048, 1, mode, 2010);
 		check_topk(&g, n_128k, 2, 2048, 0, mode, 2011);

@@ -15,33 +15,6 @@
 #include "tools/cli/cli.h"
 
 #ifdef DSV32_NO_CUDA
-/* One call of a top-k kernel not yet validated on the GPU (mode of cuda_indexer_topk_mode) on a
- * small shape (2 rows of 32K and 20K keys, all scores equal): 0 when it ran; else its error has
- * spoilt the context, which the caller reopens, and the bench leaves the kernel out */
-static int probe_topk(struct gpu *g, int mode)
-{
-	const int B = 2, ld = 32768, km = 2048, hn[2] = {32768, 20000};
-	gpu_ptr sc = 0, n = 0, bt = 0, pos = 0;
-	int *hbt = malloc((size_t)B * (ld / 64) * 4);
-	if (!hbt || cu.cuMemAlloc(&sc, (size_t)B * ld * 4) || cu.cuMemAlloc(&n, (size_t)B * 4) ||
-	    cu.cuMemAlloc(&bt, (size_t)B * (ld / 64) * 4) || cu.cuMemAlloc(&pos, (size_t)B * km * 4)) {
-		free(hbt);
-		return -1;
-	}
-	for (int i = 0; i < B * (ld / 64); i++)
-		hbt[i] = i;
-	gpu_upload(g, bt, hbt, (size_t)B * (ld / 64) * 4);
-	gpu_upload(g, n, hn, sizeof hn);
-	free(hbt);
-	cu.cuMemsetD8(sc, 0x3c, (size_t)B * ld * 4);
-	int r = cuda_indexer_topk_mode(g, sc, ld, n, km, bt, ld / 64, 0, pos, B, mode);
-	if (!r)
-		r = gpu_sync(g);
-	if (!r)
-		cu.cuMemFree(sc), cu.cuMemFree(n), cu.cuMemFree(bt), cu.cuMemFree(pos);
-	return r;
-}
-
 int bench_attention(int argc, char **argv)
 {
 	fprintf(stderr, "dsv32 bench attention: this build has no CUDA support (static or no toolkit)\n");
@@ -132,33 +105,6 @@ static void probe_fixed_costs(struct gpu *g, CUevent e0, CUevent e1)
 	       (double)cyc / (spin_ms * 1e3), empty_us, empty132_us, bigonly_us, alt_us);
 }
 
-/* One call of a top-k kernel not yet validated on the GPU (mode of cuda_indexer_topk_mode) on a
- * small shape (2 rows of 32K and 20K keys, all scores equal): 0 when it ran; else its error has
- * spoilt the context, which the caller reopens, and the bench leaves the kernel out */
-static int probe_topk(struct gpu *g, int mode)
-{
-	const int B = 2, ld = 32768, km = 2048, hn[2] = {32768, 20000};
-	gpu_ptr sc = 0, n = 0, bt = 0, pos = 0;
-	int *hbt = malloc((size_t)B * (ld / 64) * 4);
-	if (!hbt || cu.cuMemAlloc(&sc, (size_t)B * ld * 4) || cu.cuMemAlloc(&n, (size_t)B * 4) ||
-	    cu.cuMemAlloc(&bt, (size_t)B * (ld / 64) * 4) || cu.cuMemAlloc(&pos, (size_t)B * km * 4)) {
-		free(hbt);
-		return -1;
-	}
-	for (int i = 0; i < B * (ld / 64); i++)
-		hbt[i] = i;
-	gpu_upload(g, bt, hbt, (size_t)B * (ld / 64) * 4);
-	gpu_upload(g, n, hn, sizeof hn);
-	free(hbt);
-	cu.cuMemsetD8(sc, 0x3c, (size_t)B * ld * 4);
-	int r = cuda_indexer_topk_mode(g, sc, ld, n, km, bt, ld / 64, 0, pos, B, mode);
-	if (!r)
-		r = gpu_sync(g);
-	if (!r)
-		cu.cuMemFree(sc), cu.cuMemFree(n), cu.cuMemFree(bt), cu.cuMemFree(pos);
-	return r;
-}
-
 int bench_attention(int argc, char **argv)
 {
 	int reps = 10;
@@ -175,20 +121,6 @@ int bench_attention(int argc, char **argv)
 	if (gpu_open(&g, 0, &e)) {
 		fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
 		return 1;
-	}
-	/* the cluster top-k kernels k_topk_cl8 .. cl16v2p (modes 4-9) ran in the probe, else they
-	 * are left out */
-	int topk_ok[10] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-	for (int mode = 4; mode <= 9; mode++) {
-		if (!probe_topk(&g, mode))
-			continue;
-		printf("top-k mode %d failed its probe (2 rows of 32K / 20K keys): left out of this run\n", mode);
-		gpu_close(&g);
-		if (gpu_open(&g, 0, &e)) {
-			fprintf(stderr, "dsv32 bench attention: %s\n", e.msg);
-			return 1;
-		}
-		topk_ok[mode] = 0;
 	}
 	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
 	const long long page_bytes = 64 * 132;
@@ -281,15 +213,14 @@ int bench_attention(int argc, char **argv)
 				cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B);
 			cu.cuEventRecord(e1, g.stream);
 			double topk_ms = event_ms(&g, e0, e1) / reps;
-			/* the kernels, whichever the default is: a block a row (1), a cluster a row (2), the
-			 * clusters of 8 / 16 with one barrier a round (4, 5), their v2 (6, 7) and v2p (8, 9);
-			 * the slots of 4-9 against 2's (the same set: the count of differing entries, 0
-			 * expected) */
-			double topkm_ms[10] = {0};
-			long long topk_differ[10] = {0};
+			/* the kernels, whichever the default is: a block a row (1), a cluster of 8 (2) or 16
+			 * (4) a row; the slots of 2 and 4 against 1's (the same set: the count of differing
+			 * entries, 0 expected) */
+			double topkm_ms[5] = {0};
+			long long topk_differ[5] = {0};
 			int *ref_slots = malloc((size_t)B * TOPK * 4), *got_slots = malloc((size_t)B * TOPK * 4);
-			for (int mode = 1; mode <= 9; mode++) {
-				if (mode == 3 || !topk_ok[mode])
+			for (int mode = 1; mode <= 4; mode++) {
+				if (mode == 3)
 					continue;
 				double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B, mode);
 				if (us < 0) {
@@ -297,29 +228,29 @@ int bench_attention(int argc, char **argv)
 					continue;
 				}
 				topkm_ms[mode] = us * 1e-3;
-				gpu_download(&g, mode == 2 ? ref_slots : got_slots, pos, (size_t)B * TOPK * 4);
-				if (mode >= 4)
+				gpu_download(&g, mode == 1 ? ref_slots : got_slots, pos, (size_t)B * TOPK * 4);
+				if (mode > 1)
 					for (int i = 0; i < B * TOPK; i++)
 						topk_differ[mode] += got_slots[i] != ref_slots[i];
 			}
 			free(ref_slots), free(got_slots);
 			/* the cluster kernels by phases at batch 1: stopped after the load, round 0, all
-			 * rounds (rows 0-6: modes 2, 4-9) */
-			double stop_us[7][4] = {{0}};
+			 * rounds (rows 0, 1: modes 2, 4) */
+			double stop_us[2][4] = {{0}};
 			if (B == 1 && ctx >= 8192)
-				for (int kk = 0; kk < 7; kk++)
-					for (int st = 1; st <= 3 && topk_ok[kk ? 3 + kk : 2]; st++) {
+				for (int kk = 0; kk < 2; kk++)
+					for (int st = 1; st <= 3; st++) {
 						double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B,
-								      (kk ? 3 + kk : 2) | st << 4);
+								      (2 + 2 * kk) | st << 4);
 						if (us >= 0)
 							stop_us[kk][st] = us;
 					}
 			/* the forward's order at batch 1 and 16: the scan, then the top-k launched as its
 			 * programmatic dependent; the pair's us by top-k kernel (mode 0 = the default) */
-			double pair_us[10] = {0};
+			double pair_us[5] = {0};
 			if (B == 1 || B == 16)
-				for (int mode = 0; mode <= 9; mode++) {
-					if (mode == 1 || mode == 3 || !topk_ok[mode] || topkm_ms[mode] < 0)
+				for (int mode = 0; mode <= 4; mode++) {
+					if (mode == 3 || topkm_ms[mode] < 0)
 						continue;
 					cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
 					cuda_indexer_topk_mode(&g, sc, ld, n, km, bt, mb, 0, pos, B, mode);
@@ -478,23 +409,17 @@ int bench_attention(int argc, char **argv)
 				printf("        k_mla_decode phases (us): all %.1f | no gather %.1f | no MMA %.1f | no dequant %.1f | "
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       old_us, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
-			printf("        top-k by kernel, us: k_topk_cl8 %.2f (slots differing from k_topk_cluster's: %lld) | "
-			       "k_topk_cl16 %.2f (%lld) | k_topk_cl8v2 %.2f (%lld) | k_topk_cl16v2 %.2f (%lld) | k_topk_cl8v2p "
-			       "%.2f (%lld) | k_topk_cl16v2p %.2f (%lld)\n", topkm_ms[4] * 1e3, topk_differ[4], topkm_ms[5] * 1e3,
-			       topk_differ[5], topkm_ms[6] * 1e3, topk_differ[6], topkm_ms[7] * 1e3, topk_differ[7],
-			       topkm_ms[8] * 1e3, topk_differ[8], topkm_ms[9] * 1e3, topk_differ[9]);
-			static const char *const cl_names[7] = {"k_topk_cluster", "k_topk_cl8",    "k_topk_cl16",   "k_topk_cl8v2",
-								"k_topk_cl16v2",  "k_topk_cl8v2p", "k_topk_cl16v2p"};
-			for (int kk = 0; kk < 7; kk++)
+			printf("        top-k by kernel, us: k_topk_cl16 %.2f (slots differing from k_topk_select's: %lld; "
+			       "k_topk_cl8's: %lld)\n", topkm_ms[4] * 1e3, topk_differ[4], topk_differ[2]);
+			for (int kk = 0; kk < 2; kk++)
 				if (stop_us[kk][1] != 0)
 					printf("        %s by phases, us: load %.2f | + round 0 %.2f | + rounds %.2f | "
-					       "+ output %.2f\n", cl_names[kk], stop_us[kk][1], stop_us[kk][2], stop_us[kk][3],
-					       topkm_ms[kk ? 3 + kk : 2] * 1e3);
+					       "+ output %.2f\n", kk ? "k_topk_cl16" : "k_topk_cl8", stop_us[kk][1], stop_us[kk][2],
+					       stop_us[kk][3], topkm_ms[2 + 2 * kk] * 1e3);
 			if (pair_us[0] != 0)
-				printf("        scan + top-k (its programmatic dependent), us: default %.2f | k_topk_cluster %.2f | "
-				       "k_topk_cl8 %.2f | k_topk_cl16 %.2f | k_topk_cl8v2 %.2f | k_topk_cl16v2 %.2f | k_topk_cl8v2p %.2f | "
-				       "k_topk_cl16v2p %.2f | scan alone %.2f\n", pair_us[0], pair_us[2], pair_us[4], pair_us[5],
-				       pair_us[6], pair_us[7], pair_us[8], pair_us[9], scan_ms * 1e3);
+				printf("        scan + top-k (its programmatic dependent), us: default %.2f | k_topk_select %.2f | "
+				       "k_topk_cl8 %.2f | k_topk_cl16 %.2f | scan alone %.2f\n", pair_us[0], pair_us[1], pair_us[2],
+				       pair_us[4], scan_ms * 1e3);
 			if (kpw_us[0] != 0)
 				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
 				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
@@ -514,7 +439,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (k_topk_cl8 while 8 x batch <= the SMs and ld >= 8K, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cluster; k_topk_cl8 / cl16: clusters of 8 / 16 CTAs, one barrier a round; v2: the rounds' counts and the output four keys a thread a trip; v2p: v2 with the rounds' exchange pushed): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
