@@ -564,7 +564,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // thread order is position order; its counts of keys above and equal, packed (gt << 16 | eq), by one
 // block scan give where its selections go (keys above the prefix, and the first take_eq equal to it
 // in position order: ties to the lower position), so the output is in ascending position order.
-// Shared memory (dynamic, topk_clx_smem_bytes in cuda_attn.c): two histograms of 2048 bins, two
+// Shared memory (dynamic, topk_cl_smem_bytes in cuda_attn.c): two histograms of 2048 bins, two
 // sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries, then (16-byte
 // aligned) three rounds' inboxes of CL x 96 ints. S <= 32704 (the packed counts fit an int).
 // Run 22 (bench attention, batch 1): 9.30 / 9.25 us at 32K (cl8 / cl16), 14.35 / 12.51 at 128K;
@@ -573,6 +573,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // 9.38 / 12.74, the first form of this kernel (pulled, warp-serial output and counts) 10.14 / 14.57.
 // stop (benchmarks only; 0 otherwise): return after the load (1), the first round (2), the rounds
 // (3) — the output is then incomplete.
+
 // hist[bin] += 1 where ok, one atomic for the warp when all its lanes hold the same bin (rows of
 // equal scores); every lane of the warp calls it
 __device__ __forceinline__ void cl_hist_add(int *hist, uint32_t bin, bool ok, int lane)
