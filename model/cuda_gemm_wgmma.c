@@ -214,10 +214,12 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		grid = grid < 2 ? 2 : grid & ~1u;
 	int flags = 0;
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
-	/* DSV32_CUDA_WGMMA_SWST=1 (read at each call; for run 22's A/B, default off): the codes
-	 * staged in shared memory and stored as 16-byte chunks (the _st kernels; the same bytes) */
+	/* the codes staged in shared memory and stored as 16-byte chunks (the _st kernels; the
+	 * same bytes) unless DSV32_CUDA_WGMMA_SWST=0 (read at each call: tests and A/Bs). Run 22
+	 * (timing_moe_prefill, 4096 tokens, GPU 0): single-CTA 3,065 us staged against 3,601,
+	 * paired 3,569 against 3,568; bench moe gate|up paired 3,323 against 3,412 */
 	const char *v = getenv("DSV32_CUDA_WGMMA_SWST");
-	int st = v && *v == '1' && h8 % 16 == 0;
+	int st = !(v && *v == '0') && h8 % 16 == 0;
 	static const char *const names[2][2] = {
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"},
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw_st", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2"}};
@@ -248,31 +250,40 @@ static int paired_on(int max_rows, int G)
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
-/* The token-wide forms for the MoE block's GEMMs on wgmma: bit 0 gate|up (the SwiGLU form), bit
- * 1 the other grouped GEMMs with K < 4096 and N % 256 == 0 (the down projection; at K = 7168 the
- * plain token-wide form measured slower too: timing_moe_prefill 3,968 us against 3,348). Default
- * 2, the down projection only. Run 21 (bench moe, one H200, TOK=3 against the default): down 1,607 / 1,179 /
- * 986 us at 4096 / 2048 / 512 tokens against 1,744 / 1,301 / ~1,099 (the paired n256 staged
- * form); gate|up's token-wide SwiGLU form 4,379 / 3,516 against 3,413 / 2,304: slower (its tile,
- * 128 weight rows x the tokens, brings more bytes into the SMs per FLOP than 128 tokens x 256
- * weight rows, and at K = 7168 those bytes bound it: timing_moe_prefill's loads alone 2,052 us of
- * 3,348). Both give the old forms' bits (grouped_swiglu_exact: 0 codes differ; the plain form
- * has the same arithmetic). DSV32_CUDA_WGMMA_TOK=m (read at the first call): m instead. */
-static int tok_env(void)
+/* A diagnostic variable read once (the value, or dflt when unset). */
+static int env_once(int *cache, const char *name, int dflt)
 {
-	static int m = -1;
-	if (m < 0) {
-		const char *v = getenv("DSV32_CUDA_WGMMA_TOK");
-		m = v ? atoi(v) & 3 : 2;
+	if (*cache < 0) {
+		const char *v = getenv(name);
+		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
 	}
-	return m;
+	return *cache;
 }
+
+/* DSV32_CUDA_WGMMA_TOK=1 (read once; default 0): the other grouped GEMMs with K < 4096 and
+ * N % 256 == 0 (the MoE down projection) on the token-wide form. Not the default: run 21 bench
+ * moe 1,607 / 1,179 us at 4096 / 2048 tokens against 1,744 / 1,301, but run 22 1,806 / 1,378
+ * against 1,683 / 1,259, and timing_moe_prefill (GPU 0) 1,744 / 1,755 against 1,696 / 1,667
+ * in runs 21 / 22. Its bits are the old forms' (the same arithmetic; grouped_vs_cpu). */
+static int tok_cache = -1;
+
+/* The gate|up SwiGLU form, DSV32_CUDA_WGMMA_SW=f (read once): 1 (default) one CTA a tile, the
+ * codes staged (see the _mc call); 0 paired by size (paired_on; run 22's default); 2 paired;
+ * 3 the token-wide form (run 21: 4,379 / 3,516 us at 4096 / 2048 tokens against 3,413 / 2,304:
+ * its tile, 128 weight rows x the tokens, brings more bytes into the SMs per FLOP than 128 tokens
+ * x 256 weight rows; timing_moe_prefill's loads alone take 2,052 us of the 3,348 at K = 7168;
+ * bit-identical: grouped_swiglu_exact). */
+static int sw_cache = -1;
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int mc = tok_env() & 1 ? 3 : paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1;
+	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 1);
+	int mc = f == 0 ? (paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1)
+		 : f == 2 && I % 256 == 0 ? 2
+		 : f == 3		   ? 3
+					   : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
@@ -284,10 +295,9 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
 	 * (K = 2048) with the staged stores; run 8 (timing_moe_prefill, down at 4096 tokens):
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores
-	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged; run
-	 * 21: down on the token-wide form (tok_env) 8-10% faster at 512-4096 tokens */
+	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
-	if ((tok_env() & 2) && staged && N % 256 == 0)
+	if (env_once(&tok_cache, "DSV32_CUDA_WGMMA_TOK", 0) == 1 && staged && N % 256 == 0)
 		return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						      K, ldy, 256, 1, WGMMA_TOKENS);
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;

@@ -23,14 +23,14 @@
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy);
 /* The grouped form (MoE experts; arguments as cuda_gemm_fp8_grouped in model/cuda_gemm.h): the
- * weights of each group are found through w_tab/s_tab on the device, rows through off. With
- * K < 4096 and N % 256 == 0 (the MoE down projection) the token-wide form (WGMMA_TOKENS below)
- * unless DSV32_CUDA_WGMMA_TOK clears bit 1. */
+ * weights of each group are found through w_tab/s_tab on the device, rows through off
+ * (DSV32_CUDA_WGMMA_TOK=1: with K < 4096 and N % 256 == 0 the token-wide form, WGMMA_TOKENS). */
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
 /* The MoE gate|up GEMM with SwiGLU and act_quant fused (the SwiGLU form of
- * kernels_ptx/gemm_fp8_wgmma.cu): group e's weight w_tab[e] is the fused W13 e4m3 [2I, K] (gate
+ * kernels_ptx/gemm_fp8_wgmma.cu; one CTA a tile, the codes staged for 16-byte stores, unless
+ * DSV32_CUDA_WGMMA_SW / _SWST say otherwise: cuda_gemm_wgmma.c): group e's weight w_tab[e] is the fused W13 e4m3 [2I, K] (gate
  * rows then up rows, scales s_tab[e] fp32 [2I/128, K/128]); writes h8 e4m3 [max_rows, I] and
  * hs fp32 [max_rows, I/128], the act_quant of bf16( silu(g) * u ) of the bf16 GEMM outputs —
  * the bits of this kernel family's GEMM followed by k_moe_swiglu_quant. I % 128 == 0. */

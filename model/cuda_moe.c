@@ -22,8 +22,7 @@
  *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits), and on the streaming kernel its
  *      K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same bits); gu is
  *      then never written (a bench stage SWIGLU timed alone runs the separate kernel)
- *   -> grouped FP8 GEMM down_proj over the same E + 1 groups (on wgmma: the token-wide form, a
- *      group's rows as the MMA's N; cuda_gemm_wgmma.c)
+ *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
  *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..);
  *      on the streaming kernel the down GEMM's K-chunk sum does it where it can
  *      (cuda_gemm_fp8_grouped_combine: the same bits; a bench stage COMBINE timed alone runs

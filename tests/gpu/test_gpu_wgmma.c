@@ -643,13 +643,12 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
 	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); 3: token-wide;
-	 * 4, 5: 1 and 2 with the codes staged (DSV32_CUDA_WGMMA_SWST=1, read at each call) */
+	 * 4, 5: 1 and 2 with the codes staged (DSV32_CUDA_WGMMA_SWST=1 / 0, read at each call) */
 	for (int form = 1; form <= 5; form++) {
 		const int mc = form > 3 ? form - 3 : form;
 		if (mc == 2 && I % 256)
 			continue;
-		if (form > 3)
-			setenv("DSV32_CUDA_WGMMA_SWST", "1", 1);
+		setenv("DSV32_CUDA_WGMMA_SWST", form > 3 ? "1" : "0", 1);
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
 		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
 								   c.dx, c.dsx, h8, hs, c.rows, I,
@@ -805,8 +804,7 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 		 * 3701 us for it on another H200 with the shared expert's 4096 rows too (run 15: 3325) */
 		for (int form = 1; s == 0 && form <= 5; form++) { /* 4, 5: 1, 2 with staged codes */
 			const int I = c.N / 2, mc = form > 3 ? form - 3 : form;
-			if (form > 3)
-				setenv("DSV32_CUDA_WGMMA_SWST", "1", 1);
+			setenv("DSV32_CUDA_WGMMA_SWST", form > 3 ? "1" : "0", 1);
 			struct timed_gemm tg = {&g, &c, 0, NULL, mc, gpu_test_alloc((size_t)c.rows * I),
 						gpu_test_alloc((size_t)c.rows * (I / 128) * 4)};
 			const double us = timed_gemm_us(&tg);
