@@ -214,12 +214,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		grid = grid < 2 ? 2 : grid & ~1u;
 	int flags = 0;
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
-	/* the codes staged in shared memory and stored as 16-byte chunks (the _st kernels; the
-	 * same bytes) unless DSV32_CUDA_WGMMA_SWST=0 (read at each call: tests and A/Bs). Run 22
-	 * (timing_moe_prefill, 4096 tokens, GPU 0): single-CTA 3,065 us staged against 3,601,
-	 * paired 3,569 against 3,568; bench moe gate|up paired 3,323 against 3,412 */
+	/* DSV32_CUDA_WGMMA_SWST=1 (read at each call: tests and A/Bs): the codes staged in shared
+	 * memory and stored as 16-byte chunks (the _st kernels; the same bytes). Not the default:
+	 * run 22 (timing_moe_prefill, 4096 tokens, GPU 0) single-CTA 3,065 us staged against 3,601,
+	 * paired 3,569 against 3,568, bench moe gate|up paired 3,323 against 3,412; but run 23 bench
+	 * moe (one GPU, one run): single-CTA staged 3,468 / 2,290 / 2,118 us at 4096 / 2048 / 512
+	 * tokens against 3,241 / 2,184 / 2,093 for the paired-by-size unstaged form */
 	const char *v = getenv("DSV32_CUDA_WGMMA_SWST");
-	int st = !(v && *v == '0') && h8 % 16 == 0;
+	int st = v && *v == '1' && h8 % 16 == 0;
 	static const char *const names[2][2] = {
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"},
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw_st", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2"}};
@@ -267,8 +269,9 @@ static int env_once(int *cache, const char *name, int dflt)
  * in runs 21 / 22. Its bits are the old forms' (the same arithmetic; grouped_vs_cpu). */
 static int tok_cache = -1;
 
-/* The gate|up SwiGLU form, DSV32_CUDA_WGMMA_SW=f (read once): 1 (default) one CTA a tile, the
- * codes staged (see the _mc call); 0 paired by size (paired_on; run 22's default); 2 paired;
+/* The gate|up SwiGLU form, DSV32_CUDA_WGMMA_SW=f (read once): 0 (default) paired by size
+ * (paired_on; run 23's bench moe: block 5,684 / 3,790 / 3,307 us at 4096 / 2048 / 512 tokens
+ * against 5,845 / 3,835 / 3,386 for f = 1 with staging); 1 one CTA a tile; 2 paired;
  * 3 the token-wide form (run 21: 4,379 / 3,516 us at 4096 / 2048 tokens against 3,413 / 2,304:
  * its tile, 128 weight rows x the tokens, brings more bytes into the SMs per FLOP than 128 tokens
  * x 256 weight rows; timing_moe_prefill's loads alone take 2,052 us of the 3,348 at K = 7168;
@@ -279,7 +282,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 1);
+	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 0);
 	int mc = f == 0 ? (paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1)
 		 : f == 2 && I % 256 == 0 ? 2
 		 : f == 3		   ? 3
