@@ -171,7 +171,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 11: cuda_gemm_set_swap(!zero); break; /* (cuda_gemm's own) */
+	case 11: cuda_gemm_set_swap(one); break; /* (cuda_gemm's own; off by default) */
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);

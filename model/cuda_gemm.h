@@ -130,8 +130,9 @@ int cuda_gemm_m_bucket(int M);
  * kernel; larger M: the wgmma kernel where N % 64 == 0, else cuBLASLt). STREAM_WG never in the
  * batch-invariant mode. */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
-/* 0: where the start-up measurement picked STREAM_SW / SW2, the dispatch takes the fastest
- * other path it measured; 1 (the default; DSV32_GEMM_SWAP=0 in the environment: 0): its pick.
+/* 0 (the default; run 23: the step slower with them at batch 16 / 64): where the start-up
+ * measurement picked STREAM_SW / SW2, the dispatch takes the fastest other path it measured;
+ * 1 (DSV32_GEMM_SWAP=1 in the environment): its pick.
  * Process-wide (the CUDA forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
