@@ -220,9 +220,13 @@ static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigne
 	return (pdl_on() ? gpu_launch_pdl : gpu_launch)(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
 }
 
-/* Raises fn's dynamic shared memory limit once (per function handle). */
-static int smem_optin(void *fn, int bytes)
+/* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX (once per
+ * function handle); -ENOENT when the module lacks it. */
+static int kernel_optin(struct gpu *g, const char *name, void **out)
 {
+	void *fn = *out = gpu_kernel(g, name);
+	if (!fn)
+		return -ENOENT;
 	static void *done[64];
 	static int n_done;
 	pthread_mutex_lock(&gemm_lock);
@@ -234,7 +238,6 @@ static int smem_optin(void *fn, int bytes)
 		return 0;
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 				     ST_SMEM_MAX));
-	(void)bytes;
 	pthread_mutex_lock(&gemm_lock);
 	if (n_done < 64)
 		done[n_done++] = fn;
@@ -327,10 +330,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return -EINVAL;
 	}
 	int smem = head + ns * stage;
-	void *fn = gpu_kernel(g, name);
-	if (!fn)
-		return -ENOENT;
-	int r = smem_optin(fn, smem);
+	void *fn;
+	int r = kernel_optin(g, name, &fn);
 	if (r)
 		return r;
 	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
@@ -512,10 +513,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
 	int smem = head + ns * (stage + 32) + scl;
-	void *fn = gpu_kernel(g, name);
-	if (!fn)
-		return -ENOENT;
-	int r = smem_optin(fn, smem);
+	void *fn;
+	int r = kernel_optin(g, name, &fn);
 	if (r)
 		return r;
 	CUtensorMap wmap, xmap;
