@@ -1,5 +1,6 @@
 /*
- * bench_gpu.c — synthetic GPU data and the read-limit probe of the benchmarks (bench_gpu.h).
+ * bench_gpu.c — synthetic GPU data and the read-limit and copy-limit probes of the benchmarks
+ * (bench_gpu.h).
  */
 #include "tools/cli/bench_gpu.h"
 
@@ -27,6 +28,49 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* One pass of a probe: 0 or a CUresult. */
+struct probe {
+	struct gpu *g;
+	void *fn, **args;     /* a kernel launch (fn), or */
+	gpu_ptr dst, src;     /* a copy of n bytes */
+	size_t n;
+};
+
+static int probe_once(const struct probe *p)
+{
+	if (p->fn)
+		return gpu_launch(p->g, p->fn, (unsigned)p->g->sm_count * 4, 1, 1, 512, 1, 1, 0, p->args);
+	return cu.cuMemcpyDtoDAsync(p->dst, p->src, p->n, p->g->stream) != CUDA_SUCCESS;
+}
+
+/* Median milliseconds of one pass over `trials` timings of 3 passes (after one warm-up), or a
+ * negative value when a GPU call failed. */
+static double probe_ms(const struct probe *p, int trials)
+{
+	const int reps = 3;
+	float t[32];
+	trials = trials < 1 ? 1 : trials > 32 ? 32 : trials;
+	CUevent e0, e1;
+	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
+	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
+	int r = probe_once(p);
+	for (int k = 0; k < trials && !r; k++) {
+		cu.cuEventRecord(e0, p->g->stream);
+		for (int i = 0; i < reps && !r; i++)
+			r = probe_once(p);
+		cu.cuEventRecord(e1, p->g->stream);
+		r = r || cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__);
+		cu.cuEventElapsedTime(&t[k], e0, e1);
+		t[k] /= (float)reps;
+	}
+	cu.cuEventDestroy(e0);
+	cu.cuEventDestroy(e1);
+	if (r)
+		return -1;
+	qsort(t, (size_t)trials, sizeof *t, cmp_float);
+	return t[trials / 2];
+}
+
 double bench_read_limit(struct gpu *g, int trials)
 {
 	long long n16 = (4ll << 30) / 16;
@@ -38,31 +82,30 @@ double bench_read_limit(struct gpu *g, int trials)
 		return -1;
 	}
 	bench_fill_e4m3(g, buf, n16 * 16, 1);
-	void *fn = gpu_kernel(g, "k_read_bw"), *args[] = {&buf, &n16, &sink};
-	const int reps = 3;
-	float t[32];
-	trials = trials < 1 ? 1 : trials > 32 ? 32 : trials;
-	CUevent e0, e1;
-	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
-	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
-	int r = gpu_launch(g, fn, (unsigned)g->sm_count * 4, 1, 1, 512, 1, 1, 0, args); /* warm-up */
-	for (int k = 0; k < trials && !r; k++) {
-		cu.cuEventRecord(e0, g->stream);
-		for (int i = 0; i < reps; i++)
-			gpu_launch(g, fn, (unsigned)g->sm_count * 4, 1, 1, 512, 1, 1, 0, args);
-		cu.cuEventRecord(e1, g->stream);
-		r = cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__);
-		cu.cuEventElapsedTime(&t[k], e0, e1);
-		t[k] /= (float)reps;
-	}
-	cu.cuEventDestroy(e0);
-	cu.cuEventDestroy(e1);
+	void *args[] = {&buf, &n16, &sink};
+	struct probe p = {.g = g, .fn = gpu_kernel(g, "k_read_bw"), .args = args};
+	double ms = probe_ms(&p, trials);
 	cu.cuMemFree(buf);
 	cu.cuMemFree(sink);
-	if (r)
+	return ms > 0 ? (double)n16 * 16 / (ms * 1e-3) / 1e12 : -1;
+}
+
+double bench_copy_limit(struct gpu *g, int trials)
+{
+	const size_t n = 2ull << 30;
+	gpu_ptr a, b;
+	if (cu_check(cu.cuMemAlloc(&a, n), "cuMemAlloc", __FILE__, __LINE__))
 		return -1;
-	qsort(t, (size_t)trials, sizeof *t, cmp_float);
-	return (double)n16 * 16 / (t[trials / 2] * 1e-3) / 1e12;
+	if (cu_check(cu.cuMemAlloc(&b, n), "cuMemAlloc", __FILE__, __LINE__)) {
+		cu.cuMemFree(a);
+		return -1;
+	}
+	bench_fill_e4m3(g, a, (long long)n, 2);
+	struct probe p = {.g = g, .dst = b, .src = a, .n = n};
+	double ms = probe_ms(&p, trials);
+	cu.cuMemFree(a);
+	cu.cuMemFree(b);
+	return ms > 0 ? 2.0 * (double)n / (ms * 1e-3) / 1e12 : -1;
 }
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * bench_gpu.h — what the GPU benchmarks share: synthetic data generated on the GPU (never zeros)
- * and the HBM read limit each benchmark reports its ratios against, measured in the same run.
+ * and the HBM limits each benchmark reports its ratios against, measured in the same run.
  */
 #ifndef DSV32_BENCH_GPU_H
 #define DSV32_BENCH_GPU_H
@@ -15,6 +15,9 @@ int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long se
 /* Streaming read of 4 GiB (k_read_bw), median of `trials` timings of 3 passes: TB/s, or a
  * negative value when the GPU call failed. */
 double bench_read_limit(struct gpu *g, int trials);
+/* Device-to-device copy of 2 GiB (cuMemcpyDtoDAsync), median of `trials` timings of 3 copies:
+ * TB/s of bytes read + written (2 x 2 GiB a copy), or a negative value when a GPU call failed. */
+double bench_copy_limit(struct gpu *g, int trials);
 #endif
 
 #endif

@@ -33,7 +33,9 @@
  * CUDA graphs (the switch DSV32_CUDA_GRAPHS=0/1, backend_cuda_set_switch). Printed: step time,
  * per token, per layer (step / main layers), bytes per step, FLOPs per step and the ratio to
  * the HBM roofline (bytes / the streaming read limit measured in the same run, before the
- * backend takes the memory; tools/cli/bench_gpu.h).
+ * backend takes the memory; tools/cli/bench_gpu.h), x_roof, and to the roofline at the measured
+ * device-to-device copy bandwidth (read + write bytes over time, the same run), x_copy: issue
+ * 12 names the copy bandwidth; the read limit is the stricter of the two (decode only reads).
  *   Bytes per step = weights touched + KV read. Weights: every layer's attention and indexer
  *   projections, the dense FFNs, per MoE layer the router, the shared expert and the distinct
  *   routed experts hit (batch < 32: the expectation under uniform routing, E (1 - (1 - k/E)^B);
@@ -576,7 +578,7 @@ static int time_steps(const struct opts *o, struct backend *be, const struct bac
 }
 
 static int bench_decode(const struct opts *o, const struct dsv32_config *c, struct backend *be,
-			double read_tbs)
+			double read_tbs, double copy_tbs)
 {
 	const int64_t V = c->vocab_size, L = c->num_hidden_layers;
 	int64_t maxB = 0;
@@ -604,9 +606,9 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	       (long long)o->steps, (long long)o->warmup);
 	printf("(eager_ms, graph_ms: step time without and with CUDA graphs; the columns after them "
 	       "use the faster)\n");
-	printf("%7s %5s | %9s %9s | %9s %9s | %8s %8s %7s | %9s %8s | %10s %7s\n", "context", "batch",
-	       "eager_ms", "graph_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts", "GFLOP",
-	       "TFLOP/s", "roof_ms", "x_roof");
+	printf("%7s %5s | %9s %9s | %9s %9s | %8s %8s %7s | %9s %8s | %10s %7s %7s\n", "context",
+	       "batch", "eager_ms", "graph_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts",
+	       "GFLOP", "TFLOP/s", "roof_ms", "x_roof", "x_copy");
 	for (int ci = 0; ci < o->n_contexts; ci++) {
 		const int64_t ctx = o->contexts[ci], blocks = ctx / KV_PAGE_TOKENS + 1;
 		int64_t filled = 0; /* sequences whose KV holds [0, ctx) */
@@ -683,11 +685,11 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 				snprintf(eager, sizeof eager, "%.3f", med[0] * 1e3);
 			if (med[1])
 				snprintf(graph, sizeof graph, "%.3f", med[1] * 1e3);
-			printf("%7lld %5lld | %9s %9s | %9.2f %9.2f | %8.3f %8.3f %7.1f | %9.1f %8.2f | %10.3f %7.2f%s",
+			printf("%7lld %5lld | %9s %9s | %9.2f %9.2f | %8.3f %8.3f %7.1f | %9.1f %8.2f | %10.3f %7.2f %7.2f%s",
 			       (long long)ctx, (long long)B, eager, graph, step * 1e6 / (double)B,
 			       step * 1e6 / (double)L, k.weights / 1e9, k.kv / 1e9, k.experts,
 			       k.flops / 1e9, k.flops / step / 1e12, roof * 1e3, step / roof,
-			       bad ? "" : "\n");
+			       step / (bytes / (copy_tbs * 1e12)), bad ? "" : "\n");
 			if (bad)
 				printf("  <- %lld non-finite logits\n", (long long)bad);
 			/* --ab: the same steps with one switch changed, then back */
@@ -862,11 +864,12 @@ static int bench_in_process(const struct opts *o, const char *dir)
 		fprintf(stderr, "dsv32 bench model: %s\n", e.msg);
 		goto out_w;
 	}
-	double read_tbs = bench_read_limit(&g, 5);
-	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s\n", g.name, read_tbs);
+	double read_tbs = bench_read_limit(&g, 5), copy_tbs = bench_copy_limit(&g, 5);
+	printf("GPU: %s; HBM streaming read (4 GiB): %.3f TB/s; device-to-device copy (2 GiB): %.3f "
+	       "TB/s read + write\n", g.name, read_tbs, copy_tbs);
 	logits_download_times(&g, c.vocab_size);
 	gpu_close(&g);
-	if (read_tbs <= 0)
+	if (read_tbs <= 0 || copy_tbs <= 0)
 		goto out_w;
 	struct backend_cuda_opts bo = {.n_pages = o->kv_pages, .synthetic = o->synthetic, .seed = o->seed,
 				       .batch_invariant = o->batch_invariant};
@@ -881,12 +884,13 @@ static int bench_in_process(const struct opts *o, const char *dir)
 	       be->ops->name, (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
 	       (long long)be->n_pages, now_s() - t0,
 	       o->synthetic ? " (weights generated on the GPU)" : "", backend_cuda_mode(be));
-	rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs) : 0;
+	rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs, copy_tbs) : 0;
 	if (!rc && o->n_prompts)
 		rc = bench_prefill(o, &c, be);
 	if (!rc)
 		printf("\ncommand: dsv32 bench model%s (decode bytes = weights touched + KV read; x_roof "
-		       "= step / (bytes / the measured read limit))\n", o->cmdline);
+		       "= step / (bytes / the measured read limit); x_copy = step / (bytes / the measured "
+		       "copy bandwidth))\n", o->cmdline);
 	backend_destroy(be);
 out_w:
 	weights_free(&w);
