@@ -18,7 +18,7 @@
 // Work split: a block of 8 warps covers `8 / ksplit` tiles of 16 rows; the ksplit warps of a
 // tile take K blocks kb = ks, ks + ksplit, ... and their partial sums are added in smem in the
 // fixed order ks = 0 .. ksplit-1. When a matrix has too few row tiles to fill the GPU, K is
-// also cut into chunks of `chunk_blocks` blocks (gridDim.y), whose fp32 partials are summed
+// also cut into chunks of `chunk_blocks` blocks (work blocks by), whose fp32 partials are summed
 // in chunk order by k_gemm_chunk_reduce. The split depends only on N and K, and each output
 // element's arithmetic is independent of the other tokens: the result for (m, n) does not
 // depend on M or on the batch (batch-invariant).
@@ -42,6 +42,7 @@ __device__ __forceinline__ uint4 ld_cached16(const uint8_t *p)
 
 #define DEC_WARPS 8
 
+// One work block (bx, by): tiles bx * tiles .. of 16 rows, K chunk by of `chunks`.
 template <int MG> // token groups of 8: M <= 8 * MG
 __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 						const float *__restrict__ S,
@@ -49,20 +50,17 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 						const float *__restrict__ SX,
 						uint16_t *__restrict__ Y, int M, int N, int K,
 						int ldy, int ksplit, float *__restrict__ partial,
-						int chunk_blocks)
+						int chunk_blocks, int chunks, int bx, int by,
+						float (*red)[16][8 * MG])
 {
-	__shared__ float red[DEC_WARPS][16][8 * MG]; // partial sums per warp, row, token
-	// the next kernel (launched with PDL) may start and load its constants now; it reads this
-	// grid's outputs only after its griddepcontrol.wait (this grid complete)
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int g = lane >> 2, t = lane & 3;
 	const int tiles = DEC_WARPS / ksplit;
-	const int tile = blockIdx.x * tiles + warp / ksplit;
+	const int tile = bx * tiles + warp / ksplit;
 	const int ks = warp % ksplit;
-	// K blocks of this block's chunk (blockIdx.y); one chunk when gridDim.y == 1
+	// K blocks of this work block's chunk (by); one chunk when chunks == 1
 	const int KB = K >> 7;
-	const int kb_begin = blockIdx.y * chunk_blocks;
+	const int kb_begin = by * chunk_blocks;
 	const int kb_end = min(KB, kb_begin + chunk_blocks);
 	const int n0 = tile * 16;
 
@@ -135,16 +133,16 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 	for (int i = threadIdx.x; i < tiles * per_tile; i += blockDim.x) {
 		const int tl = i / per_tile, r = i % per_tile;
 		const int m = r / 16, row = r % 16;
-		const int n = (blockIdx.x * tiles + tl) * 16 + row;
+		const int n = (bx * tiles + tl) * 16 + row;
 		if (n >= N)
 			continue;
 		float sum = 0.f;
 		for (int k = 0; k < ksplit; k++)
 			sum += red[tl * ksplit + k][row][m];
-		if (gridDim.y == 1)
+		if (chunks == 1)
 			Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
 		else // chunk partials, summed in chunk order by k_gemm_chunk_reduce
-			partial[((size_t)blockIdx.y * M + m) * N + n] = sum;
+			partial[((size_t)by * M + m) * N + n] = sum;
 	}
 }
 
@@ -165,14 +163,28 @@ k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y,
 	}
 }
 
+// The grid: work blocks (bx, by) of blocks_x x chunks, block b = by * blocks_x + bx taken by
+// launched block blockIdx.y * gridDim.x + blockIdx.x, then every gridDim.x * gridDim.y-th (a
+// capped grid, model/cuda_gemm.c's cuda_gemm_set_cta_cap; the full grid (blocks_x, chunks) runs
+// each once). A work block's arithmetic does not depend on which launched block runs it.
 #define DEC_ENTRY(MG, MINB)                                                                         \
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)                        \
 	k_gemm_fp8_decode_m##MG(const uint8_t *W, const float *S, const uint8_t *X,             \
 				const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				int ksplit, float *partial, int chunk_blocks)                   \
+				int ksplit, float *partial, int chunk_blocks, int blocks_x,     \
+				int chunks)                                                     \
 	{                                                                                       \
-		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,              \
-				    chunk_blocks);                                              \
+		__shared__ float red[DEC_WARPS][16][8 * MG]; /* partials: warp, row, token */   \
+		/* the next kernel (launched with PDL) may start and load its constants now; it \
+		 * reads this grid's outputs only after its griddepcontrol.wait (grid complete) */ \
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");                   \
+		const int total = blocks_x * chunks, step = gridDim.x * gridDim.y;                 \
+		for (int b = blockIdx.y * gridDim.x + blockIdx.x; b < total; b += step) {        \
+			gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,      \
+					    chunk_blocks, chunks, b % blocks_x, b / blocks_x,   \
+					    red);                                               \
+			__syncthreads(); /* red is read before the next work block writes it */ \
+		}                                                                               \
 	}
 
 // blocks per SM the register budget is sized for (more warps hide more memory latency)

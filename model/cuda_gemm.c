@@ -38,6 +38,26 @@ int cuda_gemm_batch_invariant(const struct gpu *g)
 	return !(g->ordinal >= 0 && g->ordinal < MAX_GPUS && fast_mode[g->ordinal]);
 }
 
+/* Per GPU ordinal: the CTA cap of the decode and grouped streaming GEMMs (cuda_gemm.h), 0 none. */
+static int cta_cap[MAX_GPUS];
+
+void cuda_gemm_set_cta_cap(const struct gpu *g, int n)
+{
+	if (g->ordinal >= 0 && g->ordinal < MAX_GPUS)
+		cta_cap[g->ordinal] = n > 0 ? n : 0;
+}
+
+static int cap_of(const struct gpu *g)
+{
+	return g->ordinal >= 0 && g->ordinal < MAX_GPUS ? cta_cap[g->ordinal] : 0;
+}
+
+/* grid blocks, at most `cap` (0: no cap) */
+static unsigned capped(unsigned grid, int cap)
+{
+	return cap > 0 && grid > (unsigned)cap ? (unsigned)cap : grid;
+}
+
 /* Where the wgmma kernel (model/cuda_gemm_wgmma.h) runs without a measurement saying so:
  * DENSE 1: the default rule for M > 64 picks it over cuBLASLt — cuBLASLt is faster (run 4:
  * 987-1137 against 765-845 TFLOP/s at M = 4096) but misses the CPU check by far more than
@@ -352,6 +372,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		grid = units < grid ? (unsigned)units : grid;
 	}
+	/* a CTA cap: fewer blocks walk the same units (a unit's arithmetic and the chunk sums'
+	 * order do not depend on which block runs it); the chunk sum's launch capped the same */
+	const int cap = copy_only ? 0 : cap_of(g);
+	grid = capped(grid, cap);
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
@@ -373,7 +397,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		void *sargs[] = {&ws, &h8, &hs, &sp.chunks, &rows, &rows_dev, &I};
 		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
 		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
-				  sb < 1024 ? sb : 1024, 1, 256, 0, sargs);
+				  capped(sb < 1024 ? sb : 1024, cap), 1, 256, 0, sargs);
 	}
 	if (ek == EPI_COMBINE) {
 		gpu_ptr w = epi->w, perm = epi->perm;
@@ -381,14 +405,14 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		void *cargs[] = {&ws, &y, &w, &perm, &sp.chunks, &rows, &N, &T, &tk};
 		unsigned cb = (unsigned)(((long long)T * N + 255) / 256);
 		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
-				  cb < 1024 ? cb : 1024, 1, 256, 0, cargs);
+				  capped(cb < 1024 ? cb : 1024, cap), 1, 256, 0, cargs);
 	}
 	/* at most two blocks an SM (grid-stride): its blocks wait resident beside the GEMM's for
 	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
-	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb < rmax ? rb : rmax, 1, 256,
-			  0, rargs);
+	rb = capped(rb < rmax ? rb : rmax, cap);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
 }
 
 /* Which kernel cuda_gemm_fp8_decode runs: 1 the streaming kernel, 0 the previous one (v2), -1
@@ -572,15 +596,23 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if (sp.chunks > 1 && !ws)
 		return -EINVAL;
 	int tiles_per_block = 8 / sp.ksplit;
-	unsigned blocks = (unsigned)((N / 16 + tiles_per_block - 1) / tiles_per_block);
-	void *args[] = {&W, &S, &x8, &sx, &y, &M, &N, &K, &ldy, &sp.ksplit, &ws, &sp.chunk_blocks};
-	int r = launch_pdl(g, gpu_kernel(g, names[v]), blocks, (unsigned)sp.chunks, 256, 0, args);
+	int blocks = (N / 16 + tiles_per_block - 1) / tiles_per_block;
+	void *args[] = {&W, &S, &x8, &sx, &y, &M, &N, &K, &ldy, &sp.ksplit, &ws, &sp.chunk_blocks,
+			&blocks, &sp.chunks};
+	/* a CTA cap of n: n SMs' worth of blocks (its launch bound's blocks an SM, v's MINB in
+	 * gemm_fp8_decode.cu) in one row, each walking work blocks grid-stride: the same bits */
+	static const int per_sm[] = {3, 2, 1, 1};
+	const int cap = cap_of(g);
+	unsigned gx = (unsigned)blocks, gy = (unsigned)sp.chunks;
+	if (cap > 0 && (long long)blocks * sp.chunks > (long long)cap * per_sm[v])
+		gx = (unsigned)(cap * per_sm[v]), gy = 1;
+	int r = launch_pdl(g, gpu_kernel(g, names[v]), gx, gy, 256, 0, args);
 	if (r || sp.chunks == 1)
 		return r;
 	void *rargs[] = {&ws, &y, &sp.chunks, &M, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)M * N + 255) / 256);
-	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
-			  rargs);
+	rb = capped(rb < 1024 ? rb : 1024, cap);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb, 1, 256, 0, rargs);
 }
 
 /* ---- grouped (MoE experts) ------------------------------------------------------------------ */
@@ -849,6 +881,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	     p == CUDA_GEMM_PATH_STREAM_SW2) &&
 	    (!fast || M > 64))
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
+	if (cap_of(g) && M <= 64 && p != CUDA_GEMM_PATH_STREAM_WG)
+		return CUDA_GEMM_PATH_DECODE; /* a CTA cap: the kernels that honour it */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
 	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at

@@ -59,6 +59,17 @@ void cuda_gemm_set_stream(int on);
  * its own mode. Process-wide per GPU ordinal. */
 void cuda_gemm_set_batch_invariant(const struct gpu *g, int on);
 int cuda_gemm_batch_invariant(const struct gpu *g);
+/* A CTA cap of GPU g's decode-sized GEMMs (M <= 64: cuda_gemm_fp8 and the paths it dispatches
+ * to; the grouped GEMMs' streaming kernel), so that a GEMM leaves SMs to a kernel running beside
+ * it on another stream: from now on each such launch uses at most n SMs' worth of blocks — the
+ * streaming kernel (one block an SM) and its chunk sums n blocks, v2 n x its blocks an SM (3 at
+ * M <= 8, 2 at <= 16, else 1), each block walking the same work units grid-stride, so every
+ * result is the same bits as uncapped. The hardware still places the blocks (no SM affinity).
+ * Where the dispatch would take cuBLASLt or the swapped kernel at M <= 64 it takes the decode
+ * kernel instead (v2 or the streaming kernel, as uncapped in the batch-invariant mode); M > 64
+ * (wgmma, cuBLASLt) ignores the cap. 0 (the default): no cap. Sticky, per GPU ordinal: set it
+ * around a call (a graph keeps the grids of its capture). */
+void cuda_gemm_set_cta_cap(const struct gpu *g, int n);
 /* Whether cuda_gemm_fp8_decode runs the streaming kernel (1) or v2 (0) for this shape under the
  * current setting (the benchmark's label of the dispatch). */
 int cuda_gemm_decode_streams(int N, int K);

@@ -249,6 +249,77 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 	gpu_close(&g);
 }
 
+/* The CTA cap (cuda_gemm_set_cta_cap): a capped GEMM gives the uncapped one's bits, and that one
+ * is right against the CPU, on each kernel that honours the cap — v2 (one K chunk, several, M in
+ * each token-group variant), the streaming kernel's mma.sync consumers (the batch-invariant
+ * mode) and its wgmma consumers (the fast mode's STREAM_WG) — at caps from 1 block to more than
+ * the SMs; the dispatch's paths that ignore the cap (cuBLASLt at M <= 64) replaced by the
+ * decode kernel while one is set. */
+TEST_T(gpu_cublaslt, cta_cap_same_bits, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{1, 24576, 1536}, {1, 8192, 1536}, {1, 2240, 7168},
+					{8, 4096, 8192},  {13, 1040, 1536}, {40, 576, 7168}};
+	static const int caps[] = {1, 5, 100, 1000};
+	static const struct {
+		const char *name;
+		int stream, fast;
+		enum cuda_gemm_path path;
+	} ks[] = {{"v2", 0, 0, CUDA_GEMM_PATH_DECODE},
+		  {"stream mma.sync", 1, 0, CUDA_GEMM_PATH_DECODE},
+		  {"stream wgmma", -1, 1, CUDA_GEMM_PATH_STREAM_WG}};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1300 + i);
+		uint16_t *ref = malloc((size_t)c.M * c.N * 2);
+		REQUIRE(ref);
+		for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
+			cuda_gemm_set_stream(ks[k].stream);
+			cuda_gemm_set_batch_invariant(&g, !ks[k].fast);
+			cuda_gemm_path_set(&g, c.M, c.N, c.K, ks[k].path);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, ks[k].name), 0);
+			memcpy(ref, c.got, (size_t)c.M * c.N * 2);
+			for (size_t j = 0; j < sizeof caps / sizeof *caps; j++) {
+				cuda_gemm_set_cta_cap(&g, caps[j]);
+				CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == ks[k].path);
+				gpu_test_poison(&g, c.dy, (size_t)c.M * c.N * 2);
+				REQUIRE(cuda_gemm_fp8(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K,
+						      c.N, c.dws, c.ws_bytes) == 0);
+				cuda_gemm_set_cta_cap(&g, 0);
+				REQUIRE(gpu_download(&g, c.got, c.dy, (size_t)c.M * c.N * 2) == 0);
+				size_t differ = 0, first = 0;
+				for (size_t e = 0; e < (size_t)c.M * c.N; e++)
+					if (c.got[e] != ref[e] && !differ++)
+						first = e;
+				if (differ)
+					printf("    %s M=%d N=%d K=%d cap %d: %zu outputs differ from "
+					       "uncapped (first %zu: %04x against %04x)\n",
+					       ks[k].name, c.M, c.N, c.K, caps[j], differ, first,
+					       c.got[first], ref[first]);
+				CHECK_EQ_INT((int)differ, 0);
+			}
+		}
+		free(ref);
+		case_free(&c);
+	}
+	cuda_gemm_set_stream(-1);
+	/* cuBLASLt measured fastest at M = 16: under a cap the decode kernel, still right */
+	cuda_gemm_set_batch_invariant(&g, 0);
+	struct lt_case c;
+	case_init(&g, &c, 16, 2112, 7168, 1310);
+	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_CUBLASLT);
+	cuda_gemm_set_cta_cap(&g, 7);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_DECODE);
+	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "capped dispatch (cuBLASLt measured)"), 0);
+	cuda_gemm_set_cta_cap(&g, 0);
+	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_CUBLASLT);
+	case_free(&c);
+	cuda_gemm_set_batch_invariant(&g, 1);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
 /* The dispatch: measured choice, each path forced, the fallback when cuBLASLt refuses. */
 TEST_T(gpu_cublaslt, dispatch_tune_and_run, 120)
 {
