@@ -100,42 +100,6 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 					staged ? WGMMA_STAGED : 0);
 }
 
-/* The token-wide forms (k_gemm_fp8_wgmma_grouped_sw_tok / _tok): the token rows in boxes of 32
- * (multicast by the cluster's CTAs in turn), the weight rows in boxes of 8 (SwiGLU: a tile's gate
- * and up rows interleaved 8 by 8; N = I) or 128 (plain); one cluster of 2 an item, a token chunk
- * (<= 256 / 192 rows) x 128 SwiGLU outputs / 256 weight rows. Dynamic shared memory (the kernel's
- * comment): stages x (16 KB of weights + the token tile), barriers, stages x 1040 bytes of
- * scales, the staged outputs, 1 KB of alignment slack. */
-static int grouped_tok(struct gpu *g, int sw, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-		       gpu_ptr x8, gpu_ptr sx, gpu_ptr out, gpu_ptr hs, int max_rows, int N, int K,
-		       int ldy)
-{
-	const int maxt = sw ? 256 : 192, stages = sw ? 4 : 3, blk = sw ? 128 : 256;
-	if (out % 16 || N % blk || (!sw && ldy % 8))
-		return -EINVAL;
-	CUtensorMap mA32, tmpl;
-	int r;
-	if ((r = cuda_gemm_tmap_2d(&mA32, x8, max_rows, K, 32)) ||
-	    (r = cuda_gemm_tmap_2d(&tmpl, x8, sw ? 2 * N : N, K, sw ? 8 : 128)))
-		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
-		return r;
-	/* items: each group adds at most one chunk beyond rows / maxt */
-	long long items = ((long long)(max_rows + maxt - 1) / maxt + G) * (N / blk);
-	long long clusters = g->sm_count / 2;
-	unsigned grid = (unsigned)(2 * (items < clusters ? items : clusters));
-	unsigned smem = (unsigned)(stages * (16384 + maxt * 128) + 2 * stages * 8 + 16 +
-				   stages * 1040 + (sw ? 256 * 80 + 2048 : 192 * 272) + 1024);
-	if (sw) {
-		void *args[] = {&mA32, &sx, &s_tab, &off, &G, &out, &hs, &max_rows, &N, &K};
-		return launch(g, "k_gemm_fp8_wgmma_grouped_sw_tok", grid, smem, args);
-	}
-	void *args[] = {&mA32, &sx, &s_tab, &off, &G, &out, &max_rows, &N, &K, &ldy};
-	return launch(g, "k_gemm_fp8_wgmma_grouped_tok", grid, smem, args);
-}
-
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags)
@@ -143,12 +107,6 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	int st = (flags & WGMMA_STAGED) != 0, paired = (flags & WGMMA_PAIRED) != 0;
-	if (flags & WGMMA_TOKENS)
-		return shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) && G >= 1 &&
-				       G <= WG_MAX_GROUPS && g->sm_count >= 2
-			       ? grouped_tok(g, 0, w_tab, s_tab, off, G, x8, sx, y, 0, max_rows, N,
-					     K, ldy)
-			       : -EINVAL;
 	if (!shape_ok("gemm_fp8_wgmma_grouped", max_rows, N, K, ldy) || G < 1 ||
 	    G > WG_MAX_GROUPS || (bn != 128 && bn != 192 && bn != 256) || (ss && bn == 192) ||
 	    (!ss && bn == 256) || (st && (bn == 192 || !ss || ldy % 8 || y % 16)) ||
@@ -184,6 +142,35 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
+/* A diagnostic variable read once (the value, or dflt when unset). */
+static int env_once(int *cache, const char *name, int dflt)
+{
+	if (*cache < 0) {
+		const char *v = getenv(name);
+		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
+	}
+	return *cache;
+}
+
+/* The SwiGLU form's codes staged in shared memory and stored as 16-byte chunks (the _st
+ * kernels; the same bytes): DSV32_CUDA_WGMMA_SWST=1 (read once; tests call
+ * cuda_gemm_wgmma_set_swiglu_staged). Not the default: run 22 (timing_moe_prefill, 4096 tokens,
+ * GPU 0) single-CTA 3,065 us staged against 3,601, paired 3,569 against 3,568, bench moe gate|up
+ * paired 3,323 against 3,412; but run 23 bench moe (one GPU, one run): single-CTA staged 3,468 /
+ * 2,290 / 2,118 us at 4096 / 2048 / 512 tokens against 3,241 / 2,184 / 2,093 for the
+ * paired-by-size unstaged form. */
+static int swst_cache = -1;
+
+void cuda_gemm_wgmma_set_swiglu_staged(int on)
+{
+	swst_cache = on != 0;
+}
+
+static int swiglu_staged(void)
+{
+	return env_once(&swst_cache, "DSV32_CUDA_WGMMA_SWST", 0) == 1;
+}
+
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
 					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 					  gpu_ptr hs, int max_rows, int I, int K, int mc)
@@ -191,11 +178,9 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_wgmma_grouped_swiglu", max_rows, 2 * I, K, 2 * I) || I % 128 ||
-	    G < 1 || G > WG_MAX_GROUPS || mc < 1 || mc > 3 || (mc == 2 && I % 256) ||
+	    G < 1 || G > WG_MAX_GROUPS || mc < 1 || mc > 2 || (mc == 2 && I % 256) ||
 	    g->sm_count < 2)
 		return -EINVAL;
-	if (mc == 3)
-		return grouped_tok(g, 1, w_tab, s_tab, off, G, x8, sx, h8, hs, max_rows, I, K, I);
 	/* the template of the group maps: boxes of 128 weight rows (the gate and the up half of a
 	 * tile are one box each); paired: the token rows also as boxes of 64 */
 	CUtensorMap mA, tmpl, mA64;
@@ -214,14 +199,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 		grid = grid < 2 ? 2 : grid & ~1u;
 	int flags = 0;
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
-	/* DSV32_CUDA_WGMMA_SWST=1 (read at each call: tests and A/Bs): the codes staged in shared
-	 * memory and stored as 16-byte chunks (the _st kernels; the same bytes). Not the default:
-	 * run 22 (timing_moe_prefill, 4096 tokens, GPU 0) single-CTA 3,065 us staged against 3,601,
-	 * paired 3,569 against 3,568, bench moe gate|up paired 3,323 against 3,412; but run 23 bench
-	 * moe (one GPU, one run): single-CTA staged 3,468 / 2,290 / 2,118 us at 4096 / 2048 / 512
-	 * tokens against 3,241 / 2,184 / 2,093 for the paired-by-size unstaged form */
-	const char *v = getenv("DSV32_CUDA_WGMMA_SWST");
-	int st = v && *v == '1' && h8 % 16 == 0;
+	int st = swiglu_staged() && h8 % 16 == 0;
 	static const char *const names[2][2] = {
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"},
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw_st", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2"}};
@@ -252,30 +230,12 @@ static int paired_on(int max_rows, int G)
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
 
-/* A diagnostic variable read once (the value, or dflt when unset). */
-static int env_once(int *cache, const char *name, int dflt)
-{
-	if (*cache < 0) {
-		const char *v = getenv(name);
-		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
-	}
-	return *cache;
-}
-
-/* DSV32_CUDA_WGMMA_TOK=1 (read once; default 0): the other grouped GEMMs with K < 4096 and
- * N % 256 == 0 (the MoE down projection) on the token-wide form. Not the default: run 21 bench
- * moe 1,607 / 1,179 us at 4096 / 2048 tokens against 1,744 / 1,301, but run 22 1,806 / 1,378
- * against 1,683 / 1,259, and timing_moe_prefill (GPU 0) 1,744 / 1,755 against 1,696 / 1,667
- * in runs 21 / 22. Its bits are the old forms' (the same arithmetic; grouped_vs_cpu). */
-static int tok_cache = -1;
-
 /* The gate|up SwiGLU form, DSV32_CUDA_WGMMA_SW=f (read once): 0 (default) paired by size
  * (paired_on; run 23's bench moe: block 5,684 / 3,790 / 3,307 us at 4096 / 2048 / 512 tokens
- * against 5,845 / 3,835 / 3,386 for f = 1 with staging); 1 one CTA a tile; 2 paired;
- * 3 the token-wide form (run 21: 4,379 / 3,516 us at 4096 / 2048 tokens against 3,413 / 2,304:
- * its tile, 128 weight rows x the tokens, brings more bytes into the SMs per FLOP than 128 tokens
- * x 256 weight rows; timing_moe_prefill's loads alone take 2,052 us of the 3,348 at K = 7168;
- * bit-identical: grouped_swiglu_exact). */
+ * against 5,845 / 3,835 / 3,386 for f = 1 with staging); 1 one CTA a tile; 2 paired. (A
+ * token-wide form, the weight rows as wgmma's A and an expert's tokens as N, was removed after
+ * runs 21-23: 4,379 / 3,516 us at 4096 / 2048 tokens against 3,413 / 2,304, its tile bringing
+ * more bytes into the SMs per FLOP; its down-projection twin was no clear win.) */
 static int sw_cache = -1;
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
@@ -285,7 +245,6 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 0);
 	int mc = f == 0 ? (paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1)
 		 : f == 2 && I % 256 == 0 ? 2
-		 : f == 3		   ? 3
 					   : 1;
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
@@ -300,9 +259,6 @@ int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores
 	 * bound n256, so with ~128 rows a group (both warpgroups busy) down runs n256 staged */
 	int staged = K < 4096 && ldy % 8 == 0 && y % 16 == 0;
-	if (env_once(&tok_cache, "DSV32_CUDA_WGMMA_TOK", 0) == 1 && staged && N % 256 == 0)
-		return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
-						      K, ldy, 256, 1, WGMMA_TOKENS);
 	int bn = staged && N >= 4096 && max_rows >= 96LL * G ? 256 : 128;
 	int paired = staged && paired_on(max_rows, G) && N % (2 * bn) == 0;
 	return cuda_gemm_fp8_wgmma_grouped_bn(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,

@@ -23,14 +23,14 @@
 int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 			int M, int N, int K, int ldy);
 /* The grouped form (MoE experts; arguments as cuda_gemm_fp8_grouped in model/cuda_gemm.h): the
- * weights of each group are found through w_tab/s_tab on the device, rows through off
- * (DSV32_CUDA_WGMMA_TOK=1: with K < 4096 and N % 256 == 0 the token-wide form, WGMMA_TOKENS). */
+ * weights of each group are found through w_tab/s_tab on the device, rows through off. */
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy);
 /* The MoE gate|up GEMM with SwiGLU and act_quant fused (the SwiGLU form of
- * kernels_ptx/gemm_fp8_wgmma.cu; one CTA a tile, the codes staged for 16-byte stores, unless
- * DSV32_CUDA_WGMMA_SW / _SWST say otherwise: cuda_gemm_wgmma.c): group e's weight w_tab[e] is the fused W13 e4m3 [2I, K] (gate
+ * kernels_ptx/gemm_fp8_wgmma.cu; paired by size, the codes stored from registers, unless
+ * DSV32_CUDA_WGMMA_SW / _SWST say otherwise: cuda_gemm_wgmma.c): group e's weight w_tab[e] is
+ * the fused W13 e4m3 [2I, K] (gate
  * rows then up rows, scales s_tab[e] fp32 [2I/128, K/128]); writes h8 e4m3 [max_rows, I] and
  * hs fp32 [max_rows, I/128], the act_quant of bf16( silu(g) * u ) of the bf16 GEMM outputs —
  * the bits of this kernel family's GEMM followed by k_moe_swiglu_quant. I % 128 == 0. */
@@ -43,12 +43,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 void cuda_gemm_wgmma_set_paired(int mode);
 /* The same with the form forced: mc 1, or 2 for clusters of 2 CTAs that share copies (two token
  * tiles of a group share each weight tile; a group's odd last token tile is shared by two weight
- * tiles; I % 256 == 0), or 3 for the token-wide form (clusters of 2; the weight rows as the
- * MMA's A and up to 256 of a group's token rows, rounded up to 16, as its N: one tile an expert
- * at prefill sizes instead of 128-row token tiles; h8 16-byte aligned): the same outputs. */
+ * tiles; I % 256 == 0): the same outputs. */
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
 					  gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 					  gpu_ptr hs, int max_rows, int I, int K, int mc);
+/* The SwiGLU form's e4m3 codes staged in shared memory and stored as 16-byte chunks (on: the _st
+ * kernels, where h8 is 16-byte aligned; the same outputs) in the two calls above. Process-wide;
+ * DSV32_CUDA_WGMMA_SWST=1, read at the first call, sets it; for tests and A/Bs. */
+void cuda_gemm_wgmma_set_swiglu_staged(int on);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
  *   bn: weight rows per tile, 128, 192 or 256 (256 needs ss);
  *   mc: 1, or 2 for clusters of two CTAs that share each weight tile (TMA multicast);
@@ -61,14 +63,11 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
  *       (bn = 128 or 256 with ss only; ldy % 8 == 0 and y 16-byte aligned); WGMMA_RASTER;
  *       WGMMA_PAIRED (grouped, staged, N % (2 bn) == 0): clusters of 2 CTAs, two token tiles of
  *       a group sharing each weight tile's copy, a group's odd last token tile shared by two
- *       weight tiles (the same outputs); WGMMA_TOKENS (grouped; bn, ss and the other flags
- *       ignored; N % 256 == 0, ldy % 8 == 0, y 16-byte aligned): the token-wide form (the
- *       weight rows as the MMA's A, up to 192 of a group's token rows rounded up to 16 as its
- *       N, clusters of 2 sharing the token tile).
+ *       weight tiles (the same outputs).
  * Grouped: G <= 1024; the per-group tensor maps live in one module-global table per GPU, so
  * one grouped GEMM runs at a time per GPU (stream order: the engine's one stream). */
 enum { WGMMA_SKEW = 1, WGMMA_DIAG_NOSTORE = 2, WGMMA_DIAG_NOMMA = 4, WGMMA_STAGED = 16,
-       WGMMA_PAIRED = 32, WGMMA_TOKENS = 64 };
+       WGMMA_PAIRED = 32 };
 /* flags bits 8..15 (plain form): tile order in bands of that many weight tiles, the weight tile
  * fastest inside a band (0: the token tile fastest over all of M) */
 #define WGMMA_RASTER(n) ((n) << 8)

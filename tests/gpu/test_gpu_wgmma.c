@@ -519,21 +519,17 @@ static void grp_free(struct grp_case *c)
 	free(c->W), free(c->S), free(c->off), free(c->x), free(c->xq), free(c->sx);
 }
 
-/* grouped variants: bn, scales through smem, kernel flags (the paired ones need N % (2 bn) == 0,
- * the token-wide one N % 256 == 0: grp_usable) */
+/* grouped variants: bn, scales through smem, kernel flags (the paired ones need N % (2 bn) == 0:
+ * grp_usable) */
 static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
 			       {128, 1, 0},  {128, 1, 1}, {128, 1, ST},
 			       {256, 1, 0},  {256, 1, 1}, {256, 1, ST},
-			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED},
-			       {256, 1, WGMMA_TOKENS}};
+			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
-/* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0; the token-wide
- * form: N % 256 == 0). */
+/* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
 static int grp_usable(const struct grp_case *c, int v)
 {
-	if (v >= 0 && (gvars[v][2] & WGMMA_TOKENS))
-		return c->N % 256 == 0;
 	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
 }
 
@@ -619,9 +615,9 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 /* The SwiGLU form (cuda_gemm_fp8_wgmma_grouped_swiglu: the MoE gate|up GEMM with SwiGLU and
  * act_quant in its epilogue) against the grouped GEMM's bf16 output through k_moe_swiglu_quant
  * (the MoE block's unfused path): the same e4m3 codes and scales, to the bit, on every row of
- * every group (empty groups, partial tiles, several tiles), in the three forms (one CTA a tile;
- * the paired clusters of 2: pairs of token tiles, and odd last token tiles over pairs of weight
- * tiles; the token-wide form: a group's rows as the MMA's N, chunks of up to 256 rows). */
+ * every group (empty groups, partial tiles, several tiles), in both forms (one CTA a tile; the
+ * paired clusters of 2: pairs of token tiles, and odd last token tiles over pairs of weight
+ * tiles), each with its codes stored from registers and staged. */
 static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, uint64_t seed)
 {
 	struct grp_case c;
@@ -642,19 +638,19 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
-	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); 3: token-wide;
-	 * 4, 5: 1 and 2 with the codes staged (DSV32_CUDA_WGMMA_SWST=1 / 0, read at each call) */
-	for (int form = 1; form <= 5; form++) {
-		const int mc = form > 3 ? form - 3 : form;
+	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); forms 3, 4: 1
+	 * and 2 with the codes staged (cuda_gemm_wgmma_set_swiglu_staged) */
+	for (int form = 1; form <= 4; form++) {
+		const int mc = form > 2 ? form - 2 : form;
 		if (mc == 2 && I % 256)
 			continue;
-		setenv("DSV32_CUDA_WGMMA_SWST", form > 3 ? "1" : "0", 1);
+		cuda_gemm_wgmma_set_swiglu_staged(form > 2);
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
 		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
 								   c.dx, c.dsx, h8, hs, c.rows, I,
 								   K, mc),
 			     0);
-		unsetenv("DSV32_CUDA_WGMMA_SWST");
+		cuda_gemm_wgmma_set_swiglu_staged(0);
 		REQUIRE(gpu_sync(g) == 0);
 		REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
 		REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
@@ -669,7 +665,7 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 			bads += memcmp(&sa[i], &sb[i], 4) != 0;
 		printf("    swiglu form mc %d%s, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
 		       "%lld of %lld scales differ from GEMM + k_moe_swiglu_quant",
-		       mc, form > 3 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
+		       mc, form > 2 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
 		       (long long)c.rows * I, (long long)bads,
 		       (long long)(c.rows * (long long)KBo));
 		if (first >= 0)
@@ -692,8 +688,8 @@ TEST_T(gpu_wgmma, grouped_swiglu_exact, 90)
 	swiglu_case(&g, 10, counts, 256, 1024, 1500);
 	static const int c2[] = {3, 0, 200, 129, 0, 64}; /* V3.2's expert: I = 2048, K = 7168 */
 	swiglu_case(&g, 6, c2, 2048, 7168, 1501);
-	/* groups over 256 rows (the token-wide form's chunks: 600 = 208 + 208 + 184), the last
-	 * group's rows ending at max_rows */
+	/* a group of 600 rows (five token tiles, the last partial), the last group's rows ending
+	 * at max_rows */
 	static const int c3[] = {600, 16, 0, 31};
 	swiglu_case(&g, 4, c3, 384, 512, 1502);
 	gpu_close(&g);
@@ -800,18 +796,18 @@ TEST_T(gpu_wgmma, timing_moe_prefill, 90)
 			       flop / (us * 1e-6) / 1e12, wbytes / (us * 1e-6) / 1e12);
 		}
 		/* gate|up: the SwiGLU form the MoE block runs (cuda_gemm_fp8_wgmma_grouped_swiglu_mc,
-		 * one CTA a tile, the paired clusters, the token-wide form); run 17's bench moe took
-		 * 3701 us for it on another H200 with the shared expert's 4096 rows too (run 15: 3325) */
-		for (int form = 1; s == 0 && form <= 5; form++) { /* 4, 5: 1, 2 with staged codes */
-			const int I = c.N / 2, mc = form > 3 ? form - 3 : form;
-			setenv("DSV32_CUDA_WGMMA_SWST", form > 3 ? "1" : "0", 1);
+		 * one CTA a tile, the paired clusters); run 17's bench moe took 3701 us for it on
+		 * another H200 with the shared expert's 4096 rows too (run 15: 3325) */
+		for (int form = 1; s == 0 && form <= 4; form++) { /* 3, 4: 1, 2 with staged codes */
+			const int I = c.N / 2, mc = form > 2 ? form - 2 : form;
+			cuda_gemm_wgmma_set_swiglu_staged(form > 2);
 			struct timed_gemm tg = {&g, &c, 0, NULL, mc, gpu_test_alloc((size_t)c.rows * I),
 						gpu_test_alloc((size_t)c.rows * (I / 128) * 4)};
 			const double us = timed_gemm_us(&tg);
-			unsetenv("DSV32_CUDA_WGMMA_SWST");
+			cuda_gemm_wgmma_set_swiglu_staged(0);
 			printf("    grouped swiglu form mc %d%s %d x (%dx%d), %d rows: %.1f us, %.0f "
 			       "TFLOP/s, weights %.2f TB/s\n",
-			       mc, form > 3 ? " staged" : "", G, c.N, c.K, c.rows, us,
+			       mc, form > 2 ? " staged" : "", G, c.N, c.K, c.rows, us,
 			       flop / (us * 1e-6) / 1e12, wbytes / (us * 1e-6) / 1e12);
 			cu.cuMemFree(tg.h8), cu.cuMemFree(tg.hs);
 		}

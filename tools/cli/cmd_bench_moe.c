@@ -384,13 +384,11 @@ int bench_moe(int argc, char **argv)
 	if (tokens)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --tokens %.100s",
 			 tokens);
-	const char *tok = getenv("DSV32_CUDA_WGMMA_TOK"); /* the token-wide forms (cuda_gemm_wgmma.c) */
-	printf("\ncommand: %s%s%s%sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
+	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; stages timed alone, "
 	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
 	       "2*rows*N*K per GEMM, the block's include the router)\n",
-	       tok ? "DSV32_CUDA_WGMMA_TOK=" : "", tok ? tok : "", tok ? " " : "",
 	       mode ? "DSV32_CUDA_UNFUSED=1 " : "", trials, hot_arg);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
