@@ -17,6 +17,9 @@
 //   increments after a fence on its outputs (g_gate1_done; the last block resets it, so each
 //   launch, and each replay of a captured graph, starts from 0: one such launch at a time per
 //   GPU, as the engine's one stream runs them). See below.
+// k_moe_gate_route1s: the same outputs in the fast mode, the logits summed in another fp32 order
+//   (each still the CPU's exact products; the order fixed) over E / 2 blocks, so every SM reads
+//   its share of the weights at once. See below.
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
 //   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
@@ -190,6 +193,57 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
 		     : "memory");
 }
 
+// The K + 1 quantised input rows of the one-token routers, for x's 128-group gi by one warp
+// (v: this lane's 4 values, x[gi * 128 + 4 lane ..]): act_quant into row 0 (xs8 e4m3 [K + 1, D],
+// sxs fp32 [K + 1, D / 128]), its codes (this lane's 4, read back) and scale copied to rows
+// 1 .. K — k_moe_quant_scatter's bits.
+__device__ __forceinline__ void gate1_quant_rows(const float v[4], int gi, uint8_t *__restrict__ xs8,
+						 float *__restrict__ sxs, int D, int K, int lane)
+{
+	const int KB = D / 128;
+	const float sc = warp_act_quant128_regs(v, xs8 + gi * 128, lane);
+	const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
+	for (int row = 1; row <= K; row++)
+		*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
+	for (int row = lane; row <= K; row += 32)
+		sxs[(size_t)row * KB + gi] = sc;
+}
+
+// The end of the one-token routers, by warp 0 of every block once the block's scores are
+// written and fenced (__threadfence, then a barrier or __syncwarp over the writers): counts the
+// block done (g_gate1_done); the last block to finish selects (moe_route_select256, from the
+// scores fp32 [2][E] read through L2) and permutes (moe_permute_one, from the picks in
+// registers), then resets the count for the next launch (stream order).
+__device__ __forceinline__ void gate1_route_last(const float *scores, int E, int topk_group, int K,
+						 int norm_topk_prob, float route_scale, int *idx,
+						 float *__restrict__ wts, int *__restrict__ counts,
+						 int *__restrict__ offsets, int *__restrict__ perm,
+						 int *__restrict__ src)
+{
+	const int lane = threadIdx.x & 31;
+	unsigned prev = 0;
+	if (lane == 0)
+		prev = atomicAdd(&g_gate1_done, 1u);
+	if (__shfl_sync(0xffffffffu, prev, 0) != gridDim.x - 1)
+		return;
+	__threadfence(); // every block's scores (read through L2) after their counts
+	float sc[8], sel[8];
+	{
+		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
+	}
+	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
+					     idx, wts);
+	moe_permute_one(pick, K, E, counts, offsets, perm, src);
+	if (lane == 0)
+		g_gate1_done = 0; // for the next launch (stream order)
+}
+
 extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
 k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
 		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
@@ -250,19 +304,12 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	__syncthreads(); // xs staged; the barriers initialised
 	if (warp == CW) {
 		// the K + 1 quantised input rows, beside the chains: a 128-group at a time (its values
-		// from the staged xs, x[k] = xs[(k % 8) * XR + k / 8]: no global read), quantised once
-		// into row 0, its codes (this lane's 4, read back) and scale copied to rows 1 .. K
-		const int KB = D / 128;
-		for (int gi = blockIdx.x; gi < KB; gi += gridDim.x) {
+		// from the staged xs, x[k] = xs[(k % 8) * XR + k / 8]: no global read)
+		for (int gi = blockIdx.x; gi < D / 128; gi += gridDim.x) {
 			const int k = gi * 128 + 4 * lane, c = k >> 3, j0 = k & 7; // j0: 0 or 4
 			const float v[4] = {xs[j0 * XR + c], xs[(j0 + 1) * XR + c], xs[(j0 + 2) * XR + c],
 					    xs[(j0 + 3) * XR + c]};
-			const float sc = warp_act_quant128_regs(v, xs8 + gi * 128, lane);
-			const uint32_t q = *reinterpret_cast<const uint32_t *>(xs8 + gi * 128 + lane * 4);
-			for (int row = 1; row <= K; row++)
-				*reinterpret_cast<uint32_t *>(xs8 + (size_t)row * D + gi * 128 + lane * 4) = q;
-			for (int row = lane; row <= K; row += 32)
-				sxs[(size_t)row * KB + gi] = sc;
+			gate1_quant_rows(v, gi, xs8, sxs, D, K, lane);
 		}
 	}
 	const int el = (warp & (CW - 1)) * 4 + (lane >> 3), j = lane & 7;
@@ -295,30 +342,100 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 		scores[e] = sg;
 		scores[E + e] = bias ? sg + bias[e] : sg;
 	}
-	__shared__ bool last;
 	__threadfence(); // this thread's scores are visible device-wide before the count says so
 	__syncthreads();
-	if (tid == 0)
-		last = atomicAdd(&g_gate1_done, 1u) == gridDim.x - 1;
-	__syncthreads();
-	if (!last || warp != 0)
-		return;
-	__threadfence(); // every block's scores (read through L2) after their counts
-	float sc[8], sel[8];
-	{
-		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
-		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
-		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
-		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
-		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
-		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
-		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
-	}
-	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
-					     idx, wts);
-	moe_permute_one(pick, K, E, counts, offsets, perm, src);
+	if (warp == 0)
+		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
+				 offsets, perm, src);
+}
+
+// ---- k_moe_gate_route1s: the fast mode's router of one token (see the file header) --------------
+// k_moe_gate_route1's outputs (the routing, the permutation, the K + 1 quantised rows, logits and
+// scores) with each logit summed in another fp32 order (the fast mode's, like
+// k_moe_gate_logits_mma's: the CPU's exact bf16 x bf16 products; the order fixed, so the same
+// bits every launch) and the weights read by every SM at once: route1's 32 blocks each pull 115
+// KB and run 896-step FMA chains; here E / 2 blocks of GR1S_THREADS threads, each half of a
+// block one expert: thread t of a half holds the 16-byte pieces t, t + 128, ... of the expert's
+// weight row (D / 1024 pieces, all loaded before griddepcontrol.wait: the weights are constants,
+// so under PDL they stream while the kernel before finishes) and of x (after the wait), sums
+// its 8 x D / 1024 products in two fp32 chains (even and odd elements of a piece, pieces in
+// ascending order), then the warp's lanes by a shuffle tree (xor 16 .. 1) and the half's 4
+// warps as (w0 + w1) + (w2 + w3). Lanes 0 and 1 of warp 0 write the two logits and their scores
+// (gate1_route_last: the last block routes and permutes); warp 1 of blocks gi < D / 128
+// quantises x's groups gi = blockIdx.x + n * gridDim.x into the K + 1 input rows
+// (gate1_quant_rows: x read from global).
+// E = 256 in 8 groups (moe_route_select256's shape), E % 2 == 0, D % 1024 == 0,
+// D <= 1024 * GR1S_MAXP. Grid E / 2, GR1S_THREADS threads, no dynamic shared memory.
+#define GR1S_THREADS 256 // two experts a block, 128 threads each
+#define GR1S_MAXP 8      // 16-byte pieces a thread at most (D <= 8192)
+extern "C" __global__ void __launch_bounds__(GR1S_THREADS)
+k_moe_gate_route1s(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
+		   int E, int D, const float *__restrict__ bias, int topk_group, int K,
+		   int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
+		   int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
+		   int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
+		   float *scores)
+{
+	__shared__ float red[GR1S_THREADS / 32];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int h = tid >> 7, t = tid & 127, np = D / 1024;
+	const int e = blockIdx.x * 2 + h;
+	const uint4 *wrow = reinterpret_cast<const uint4 *>(W + (size_t)e * D);
+	uint4 wv[GR1S_MAXP];
+#pragma unroll
+	for (int m = 0; m < GR1S_MAXP; m++)
+		if (m < np)
+			wv[m] = __ldg(wrow + t + 128 * m);
+	// the next kernel (launched with PDL) may start its prologue; this grid, launched with PDL
+	// (model/cuda_moe.c), has read nothing but its weights before the wait: x is the previous
+	// kernel's output
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	uint4 xv[GR1S_MAXP];
+#pragma unroll
+	for (int m = 0; m < GR1S_MAXP; m++)
+		if (m < np)
+			xv[m] = __ldg(reinterpret_cast<const uint4 *>(x) + t + 128 * m);
+	float a0 = 0.f, a1 = 0.f; // even, odd elements (exact products: fma == multiply, then add)
+#pragma unroll
+	for (int m = 0; m < GR1S_MAXP; m++)
+		if (m < np) {
+			const uint32_t ww[4] = {wv[m].x, wv[m].y, wv[m].z, wv[m].w};
+			const uint32_t xw[4] = {xv[m].x, xv[m].y, xv[m].z, xv[m].w};
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				a0 = fmaf(__uint_as_float(ww[i] << 16), __uint_as_float(xw[i] << 16), a0);
+				a1 = fmaf(__uint_as_float(ww[i] & 0xffff0000u),
+					  __uint_as_float(xw[i] & 0xffff0000u), a1);
+			}
+		}
+	float v = a0 + a1;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
 	if (lane == 0)
-		g_gate1_done = 0; // for the next launch (stream order)
+		red[warp] = v;
+	__syncthreads(); // the 8 warp sums
+	for (int gi = blockIdx.x; warp == 1 && gi < D / 128; gi += gridDim.x) { // into K + 1 rows
+		const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
+		const float q[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+				    __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
+		gate1_quant_rows(q, gi, xs8, sxs, D, K, lane);
+	}
+	if (warp != 0)
+		return;
+	if (lane < 2) { // lane h: expert 2 blockIdx.x + h
+		const int eh = blockIdx.x * 2 + lane;
+		const float p = (red[4 * lane] + red[4 * lane + 1]) + (red[4 * lane + 2] + red[4 * lane + 3]);
+		const float sg = route_sigmoid(p);
+		logits[eh] = p;
+		scores[eh] = sg;
+		scores[E + eh] = bias ? sg + bias[eh] : sg;
+		__threadfence(); // the scores are visible device-wide before the count says so
+	}
+	__syncwarp();
+	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
+			 offsets, perm, src);
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:

@@ -9,7 +9,8 @@
  *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T; from
  *   PERM_PAR_FROM tokens over many blocks: k_moe_permute_count, k_moe_permute_place);
  *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
- *   which also writes the quantised rows below: they are all x[0]'s)
+ *   which also writes the quantised rows below: they are all x[0]'s; in the fast mode
+ *   k_moe_gate_route1s, the same over E / 2 blocks with the logits summed in another order)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): k_moe_quant_scatter (each x row quantised once into
  *      row R + t and copied to its K sorted rows; with CUDA_MOE_UNFUSED k_act_quant of x into
@@ -36,7 +37,8 @@
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * CUDA_MOE_UNFUSED (the caller's flag: the forward's DSV32_CUDA_UNFUSED=1): the separate kernels
  * instead of the fused router (k_moe_gate_route1), the quantise-and-scatter, the SwiGLU epilogues
- * and the combine in the chunk sum (the same bits).
+ * and the combine in the chunk sum (the same bits; but for the fast mode's one-token router,
+ * k_moe_gate_route1s, whose logits the separate kernels sum in the CPU's order).
  */
 #include "model/cuda_moe.h"
 
@@ -264,6 +266,30 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
 }
 
+/* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
+ * another fp32 order, over E / 2 blocks: every SM streams its two weight rows at once, where
+ * route1's 32 blocks each pull 115 KB then run 896-step FMA chains; run 24 bench moe: route1
+ * 10.5 us graph-replayed for 3.7 MB), where the fused router runs, D % 1024 == 0 and D <= 8192;
+ * the batch-invariant mode keeps route1 (the CPU's bits, as every T). DSV32_CUDA_MOE_ROUTER=0
+ * (read once; cuda_moe_set_router, a forward switch): route1 in both modes. */
+static int router_split = -1;
+
+void cuda_moe_set_router(int split)
+{
+	router_split = split != 0;
+}
+
+static int split_router(const struct gpu *g, const struct dsv32_config *c,
+			const struct moe_dims *d)
+{
+	if (router_split < 0) {
+		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
+		router_split = !(v && *v == '0');
+	}
+	return router_split && fused_router(c, d) && !cuda_gemm_batch_invariant(g) &&
+	       d->D % 1024 == 0 && d->D <= 8192;
+}
+
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
  * (moe_block.cu). */
 static unsigned gate_route1_smem(int D)
@@ -389,13 +415,18 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		void *fn = gpu_kernel(g, "k_moe_gate_route1");
-		if (!fn)
-			return -ENOENT;
-		unsigned smem = gate_route1_smem(D);
-		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-					     (int)smem));
-		rc = moe_launch(g, fn, (unsigned)(E / 8), 96, smem, args); /* GR1_THREADS */
+		if (split_router(g, c, d)) { /* E / 2 blocks of GR1S_THREADS */
+			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
+					args);
+		} else {
+			void *fn = gpu_kernel(g, "k_moe_gate_route1");
+			if (!fn)
+				return -ENOENT;
+			unsigned smem = gate_route1_smem(D);
+			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+						     (int)smem));
+			rc = moe_launch(g, fn, (unsigned)(E / 8), 96, smem, args); /* GR1_THREADS */
+		}
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
@@ -545,7 +576,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
-		 fused ? "k_moe_gate_route1" : k.name,
+		 !fused ? k.name : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "

@@ -65,9 +65,10 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
  * Numerics: up to 64 tokens the grouped GEMMs are cuda_gemm_fp8_grouped's (model/cuda_gemm.h):
  * in the batch-invariant mode its exact kernels (each row's output the CPU's whatever T), in the
  * fast mode its wgmma consumers; above 64 tokens the wgmma kernels, within wgmma's accumulation
- * limit. The router logits are the CPU's bits but in the fast mode above 64 tokens (the GEMM
- * dispatch's, cuda_gemm_set_batch_invariant(g, 0)), where the tensor cores sum the same products
- * in another fp32 order; the experts are the CPU's routing of the logits either way.
+ * limit. The router logits are the CPU's bits but in the fast mode (the GEMM dispatch's,
+ * cuda_gemm_set_batch_invariant(g, 0)) above 64 tokens, where the tensor cores sum the same
+ * products in another fp32 order, and at one token (cuda_moe_set_router), where E / 2 blocks sum
+ * them in another order; the experts are the CPU's routing of the logits either way.
  * CUDA_MOE_UNFUSED (the forward's DSV32_CUDA_UNFUSED=1, a diagnosis switch): the separate
  * kernels instead of the fused router, quantise-and-scatter, SwiGLU epilogues and combine in the
  * chunk sums (model/cuda_moe.c): the same bits. */
@@ -75,6 +76,12 @@ enum { CUDA_MOE_UNFUSED = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace, unsigned flags);
+
+/* The fast mode's one-token router: 1 (the default; DSV32_CUDA_MOE_ROUTER=0, read at the first
+ * call, sets 0) the logits over E / 2 blocks in another fp32 order (k_moe_gate_route1s), 0 the
+ * CPU's order over E / 8 blocks (k_moe_gate_route1, the batch-invariant mode's in either case).
+ * Process-wide; a forward switch (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
+void cuda_moe_set_router(int split);
 
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */

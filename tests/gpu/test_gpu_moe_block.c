@@ -9,9 +9,10 @@
  * round-robin by the experts, each expert with its own scales (a mix-up of experts still
  * shows). For T <= 64 (decode) the block is also captured into a CUDA graph and replayed: the
  * same bytes; every case runs again through the separate kernels (CUDA_MOE_UNFUSED): the same
- * bytes; and at 8-64 tokens in the fast mode (cuda_gemm_set_batch_invariant(g, 0)), against the
- * CPU within the wgmma limits, directly and through a graph (the same bytes); above 64 tokens also in
- * the fast mode, whose router logits run on the tensor cores (check_fast_block).
+ * bytes; and at 1 and 8-64 tokens in the fast mode (cuda_gemm_set_batch_invariant(g, 0)), against
+ * the CPU within the wgmma limits, directly and through a graph (the same bytes); above 64 tokens
+ * and at one token also in the fast mode with its own router logits (check_fast_block: on the
+ * tensor cores, or at one token over E / 2 blocks).
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -189,7 +190,9 @@ static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
 }
 
 /* The fast mode above 64 tokens (cuda_gemm_set_batch_invariant(g, 0)), whose router logits run on
- * the tensor cores (k_moe_gate_logits_mma: the CPU's products in another fp32 order): each logit
+ * the tensor cores (k_moe_gate_logits_mma: the CPU's products in another fp32 order), and at one
+ * token (the real routing shape: k_moe_gate_route1s, the same products over E / 2 blocks in
+ * another order; other shapes the exact logits): each logit
  * within 2^-16 of its sum of |products| of the CPU's (logits, on x = f and W = gate); the routing
  * the CPU's moe_route of those logits to the bit (experts and weights); the experts the CPU's own
  * but for near ties (a logit's rounding may flip one: at most 1 + T / 256 tokens, printed; a
@@ -248,7 +251,7 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 		}
 	}
 	const double mean = T > flips ? sum_rel / ((double)(T - flips) * D) : 0;
-	printf("    fast mode (router logits on the tensor cores): worst logit |d| %.3g = %.3g of the "
+	printf("    fast mode (router logits in another fp32 order): worst logit |d| %.3g = %.3g of the "
 	       "sum of |products| (limit 2^-16 = %.3g), %lld over, %.1f%% bit-equal to the CPU's; "
 	       "routing of those logits against moe_route: %lld tokens differ; experts unlike the "
 	       "CPU's (near ties): %lld tokens (limit %d, first %lld); y on the others: %lld over the "
@@ -408,11 +411,11 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		run_block(g, &arena, c, &L, d_x, d_y, T, &tr, 0, 1, g_y2);
 		graph_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
-	/* the fast mode from 8 tokens (graph-captured at decode sizes): against the CPU within the
-	 * wgmma limits below, its graph replay the same bytes */
+	/* the fast mode at 1 and from 8 tokens (graph-captured at decode sizes): against the CPU
+	 * within the wgmma limits below, its graph replay the same bytes */
 	uint16_t *g_yf = NULL;
 	int64_t fast_graph_diff = 0;
-	if (T >= 8 && T <= 64) {
+	if ((T == 1 || T >= 8) && T <= 64) {
 		g_yf = malloc((size_t)T * D * 2);
 		REQUIRE(g_yf);
 		/* the fast mode is the GEMM dispatch's: its wgmma consumers at these sizes */
@@ -529,7 +532,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
-	if (T > 64)
+	if (T > 64 || T == 1)
 		check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
@@ -585,8 +588,9 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
-	/* T = 1: the fused router (k_moe_gate_route1); others the separate kernels; every T <= 64
-	 * also through a CUDA graph, and from 8 in the fast mode */
+	/* T = 1: the fused router (k_moe_gate_route1; in the fast mode k_moe_gate_route1s); others
+	 * the separate kernels; every T <= 64 also through a CUDA graph, and at 1 and from 8 in the
+	 * fast mode */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
 	const struct dsv32_config configs[] = {c, c, c, c, c};
 	static const int Ts[] = {1, 4, 8, 16, 24}, sets[] = {8, 8, 8, 8, 8};
