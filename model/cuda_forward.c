@@ -145,6 +145,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_GRAPHS", "DSV32_CUDA_UNFUSED", "DSV32_CUDA_FWD_PDL", "DSV32_CUDA_FWD_FORK",
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
 	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_TOPK_MODE", "DSV32_GEMM_SWAP",
+	"DSV32_CUDA_QB_CAP",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -172,6 +173,10 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
 	case 11: cuda_gemm_set_swap(one); break; /* (cuda_gemm's own; off by default) */
+	case 12: /* C or Cg (fwd_qb_fork) */
+		s->qb_cap = n > 0 && n < 65536 ? (int)n : 0;
+		s->qb_after = v && strchr(v, 'g');
+		break;
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);

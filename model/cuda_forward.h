@@ -80,6 +80,12 @@ struct fwd_switches {
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
 	int topk_mode;    /* DSV32_TOPK_MODE (cuda_attn_set_topk_mode: process-wide) */
+	int qb_cap;       /* DSV32_CUDA_QB_CAP=C (0: unset): in steps of fewer than FWD_FORK_EARLY_ROWS
+			   * rows that run the indexer, the query branch forks right after
+			   * k_fwd_qkv_norms with its q_b GEMM on at most C CTAs, beside the
+			   * indexer's q_b GEMM on the other SMs; "Cg" (qb_after 1): the indexer's
+			   * GEMM first on every SM, the branch (q_b on C CTAs) forked after it */
+	int qb_after;
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "model/cuda_attn.h"
+#include "model/cuda_gemm.h"
 #include "model/numerics.h"
 
 /* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
@@ -42,6 +43,7 @@ struct q_branch {
 	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
 	int fuse;          /* fwd_fused(F) */
+	int cap;           /* the q_b GEMM on at most this many CTAs (0: no cap; fwd_qb_fork) */
 };
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
@@ -53,7 +55,10 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
 	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
-	TRY(fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq));
+	cuda_gemm_set_cta_cap(F->g, b->cap);
+	int rq = fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq);
+	cuda_gemm_set_cta_cap(F->g, 0);
+	TRY(rq);
 	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
 	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
 		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -133,6 +138,17 @@ static int fork_ok(const struct fwd *F)
 	return F->E->side && chunk >= F->T && !F->st->dump && !fwd_prof_on() && F->E->sw->fork;
 }
 
+/* The CTA cap of the query branch's q_b GEMM when it forks right after k_fwd_qkv_norms
+ * (DSV32_CUDA_QB_CAP; before the indexer's q_b GEMM, capped at the other SMs, or after it with
+ * "Cg"), so that it runs beside the whole index chain on SMs of its own (the SM count: neither
+ * GEMM capped); 0: it forks in fwd_select. Steps of fewer than FWD_FORK_EARLY_ROWS rows that run
+ * the indexer (need), on the side stream (fork_ok). */
+static int fwd_qb_fork(const struct fwd *F, int need)
+{
+	const int cap = F->E->sw->qb_cap;
+	return need && cap > 0 && cap <= F->g->sm_count && F->T < FWD_FORK_EARLY_ROWS && fork_ok(F) ? cap : 0;
+}
+
 int fwd_side_close(struct fwd *F)
 {
 	if (!F->side_open)
@@ -151,7 +167,8 @@ int fwd_side_close(struct fwd *F)
  * (qb): on the side stream when fork_ok, between the scores and the top-k (the top-k of a few
  * rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and 32K, while the q_b
  * GEMM and the absorption need the others) or, from FWD_FORK_EARLY_ROWS rows, before the scores;
- * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection. */
+ * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection. qb
+ * NULL: the branch forked already (fwd_qb_fork); joined here all the same. */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
 		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb)
 {
@@ -162,10 +179,10 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	const int fork = fork_ok(F);
+	const int fork = qb && fork_ok(F);
 	/* forked before the scores or after them (FWD_FORK_EARLY_ROWS) */
 	const int before = F->E->sw->fork == 3 || (F->E->sw->fork < 0 && F->T >= FWD_FORK_EARLY_ROWS);
-	if (!fork)
+	if (qb && !fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
 	gpu_ptr scores = 0;
@@ -197,8 +214,7 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 			return fwd_fail("cuda_indexer_topk", r);
 		fwd_prof_mark(F->g->stream, "indexer topk");
 	}
-	if (fork)
-		TRY(fwd_side_close(F));
+	TRY(fwd_side_close(F));
 	gpu_arena_release(F->A, mark);
 	return fwd_dump_all(F, "idx_topk", layer, sel_pos, DUMP_I32, ksel, ksel);
 }
@@ -286,8 +302,21 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(iq8, (size_t)Tp * Hi * 128);     /* e4m3 */
 	TAKE(iqs, (size_t)Tp * Hi * 4);       /* fp32 [Tp, Hi] s_q */
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
-	if (need)
-		TRY(fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
+	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
+	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
+	const int early = fwd_qb_fork(F, need), nsm = F->g->sm_count;
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, early < nsm ? early : 0};
+	if (early && !F->E->sw->qb_after) { /* the branch beside the whole index chain */
+		TRY(fork_q(F, &qb));
+		cuda_gemm_set_cta_cap(F->g, nsm - early);
+	}
+	if (need) {
+		int rg = fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128);
+		cuda_gemm_set_cta_cap(F->g, 0);
+		TRY(rg);
+	}
+	if (early && F->E->sw->qb_after)
+		TRY(fork_q(F, &qb));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
 	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
@@ -329,15 +358,12 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		LAUNCH("k_kv_index_write", (T + 7) / 8, 1, 256, 0, &ik, &ld128, &F->slot, &pi, &pb, &T);
 	}
 
-	/* sparse attention: the queries (attn_q) beside the selection, MLA over the selected slots,
-	 * W_UV */
-	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
-	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
+	/* sparse attention: the queries (attn_q) beside the selection (or forked above), MLA over
+	 * the selected slots, W_UV */
 	int ksel = F->ksel;
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse};
-	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb));
+	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, early ? NULL : &qb));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
