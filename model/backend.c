@@ -7,28 +7,39 @@
 
 #include "model/kv_cache.h"
 
-int backend_validate_step(const struct backend *b, const struct weights *w,
-			  const struct backend_step *st)
+int backend_validate_step_draw(const struct backend *b, const struct weights *w,
+			       const struct backend_step *st, struct backend_sample *const *draw)
 {
 	const struct dsv32_config *c = b->c;
 	if (st->n_seqs < 0 || (st->n_seqs && !st->seqs))
 		return -EINVAL;
 	if (st->mtp && !w->has_mtp)
 		return -EINVAL;
-	int64_t vocab = st->mtp ? w->mtp.embed.rows : w->embed.rows;
+	int64_t vocab = st->mtp ? w->mtp.embed.rows : w->embed.rows, n_sample = 0;
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		if (s->n < 0 || (s->n && (!s->tokens || !s->pos || !s->block_table)))
 			return -EINVAL;
+		int64_t n_logits = 0;
+		for (int64_t j = 0; j < s->n; j++)
+			n_logits += !!(backend_row_flags(s, j) & BACKEND_ROW_LOGITS);
+		const struct backend_sample *d = draw ? draw[i] : NULL;
+		if (d) { /* one LOGITS row, a parameter set without penalties */
+			const struct sampler_params *p = d->p;
+			if (n_logits != 1 || ++n_sample > b->sample_rows || !p ||
+			    p->repetition_penalty != 1.0 || p->presence_penalty != 0.0 ||
+			    p->frequency_penalty != 0.0)
+				return -EINVAL;
+		}
 		if (st->mtp && s->n && !s->mtp_hidden)
 			return -EINVAL;
 		for (int64_t j = 0; j < s->n; j++) {
-			unsigned fl = s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
+			unsigned fl = backend_row_flags(s, j);
 			if (s->tokens[j] < 0 || s->tokens[j] >= vocab || s->pos[j] < 0 ||
 			    s->pos[j] >= s->n_blocks * KV_PAGE_TOKENS ||
 			    s->pos[j] >= c->max_position_embeddings)
 				return -EINVAL;
-			if (((fl & BACKEND_ROW_LOGITS) && !s->logits) ||
+			if (((fl & BACKEND_ROW_LOGITS) && !s->logits && !d) ||
 			    ((fl & BACKEND_ROW_HIDDEN) && !s->hidden))
 				return -EINVAL;
 			for (int64_t blk = 0; blk <= s->pos[j] / KV_PAGE_TOKENS; blk++)
@@ -37,4 +48,10 @@ int backend_validate_step(const struct backend *b, const struct weights *w,
 		}
 	}
 	return 0;
+}
+
+int backend_validate_step(const struct backend *b, const struct weights *w,
+			  const struct backend_step *st)
+{
+	return backend_validate_step_draw(b, w, st, NULL);
 }

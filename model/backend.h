@@ -35,10 +35,22 @@
 #include "model/config.h"
 #include "model/err.h"
 #include "model/safetensors.h"
+#include "model/sampler.h"
 #include "model/weights.h"
 
 #define BACKEND_ROW_LOGITS 1u /* write this row's fp32 logits [vocab_size] */
 #define BACKEND_ROW_HIDDEN 2u /* write this row's final hidden state [hidden_size] */
+
+/* A token drawn by the backend (backend_step_draw): the function of model/sampler.h on the
+ * sequence's one LOGITS row, without a token history, so with every penalty off (repetition 1,
+ * presence and frequency 0). */
+struct backend_sample {
+	const struct sampler_params *p; /* passed sampler_params_check; penalties off */
+	uint64_t index;                 /* the stream position (sampler_sample's index) */
+	struct sampler_out out;         /* out: the draw */
+	int rc;                         /* out: 0, or -EDOM (a NaN or +inf logit, or every logit
+					 * -inf: an engine fault) */
+};
 
 struct backend_seq {
 	int64_t n;                  /* new rows of this sequence in the step */
@@ -98,16 +110,38 @@ struct backend {
 	int64_t n_pages;
 	size_t mla_page_bytes;   /* 64 * mla_record_bytes */
 	size_t idx_page_bytes;   /* 64 * (index_head_dim + 4) */
+
 	/* Optional (NULL: malloc / free): host memory the backend fills fastest from a step — the
 	 * CUDA backend's is pinned, so the logits download lands in it directly instead of going
 	 * through a staging buffer. Callers go through backend_host_alloc / backend_host_free. */
 	void *(*host_alloc)(struct backend *b, size_t bytes);
 	void (*host_free)(struct backend *b, void *p);
+	/* Optional (NULL, sample_rows 0: the caller samples the logits): a step that also draws the
+	 * token of every sequence i with draw[i] != NULL, at most sample_rows of them, each with
+	 * exactly one LOGITS row (the CUDA backend: on the device, beside the logits, which then
+	 * never leave it: such a sequence's logits may be NULL, a buffer given is left undefined).
+	 * Otherwise step's contract; -EINVAL also for a draw that breaks these rules. Callers go
+	 * through backend_step_draw. */
+	int (*step_draw)(struct backend *b, const struct backend_step *s,
+			 struct backend_sample *const *draw);
+	int64_t sample_rows;
 };
+
+/* Row j's BACKEND_ROW_* bits (flags NULL: LOGITS on the last row). */
+static inline unsigned backend_row_flags(const struct backend_seq *s, int64_t j)
+{
+	return s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
+}
 
 static inline int backend_step(struct backend *b, const struct backend_step *s)
 {
 	return b->ops->step(b, s);
+}
+
+static inline int backend_step_draw(struct backend *b, const struct backend_step *s,
+				    struct backend_sample *const *draw)
+{
+	return b->step_draw(b, s, draw);
 }
 
 static inline int backend_page_io(struct backend *b, int64_t layer, enum backend_pool pool,
@@ -186,6 +220,10 @@ int backend_cuda_set_batch_invariant(struct backend *b, int on);
  * time. 0, -EINVAL (not a switch), -ENOTSUP (not a CUDA backend). */
 int backend_cuda_set_switch(struct backend *b, const char *name, const char *value);
 
+/* Tokens a CUDA backend has drawn on the device (backend_step_draw) since its creation, or
+ * -ENOTSUP for another backend. */
+int64_t backend_cuda_draws(const struct backend *b);
+
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
  * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid
  * synthetic records (random latent, rope and indexer keys quantised by the real KV-write
@@ -198,6 +236,10 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
  * before computing anything. */
 int backend_validate_step(const struct backend *b, const struct weights *w,
 			  const struct backend_step *st);
+/* backend_validate_step for a step with draws (backend.step_draw): also each draw's rules (one
+ * LOGITS row, no penalty, at most sample_rows), and a drawn sequence may have no logits buffer. */
+int backend_validate_step_draw(const struct backend *b, const struct weights *w,
+			       const struct backend_step *st, struct backend_sample *const *draw);
 
 /* Test switch: 1 = use the naive attention form (§3.7a) instead of the absorbed one. */
 void backend_cpu_set_naive_attention(struct backend *b, int on);

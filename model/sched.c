@@ -61,8 +61,9 @@ struct sched {
 	int64_t *pos;              /* [max_batch_tokens] */
 	uint8_t *flags;            /* [max_batch_tokens] */
 	float *logits;             /* [max_seqs, vocab] */
-	struct sampler_out *outs;  /* [max_seqs] */
-	int *out_rc;               /* [max_seqs] */
+	struct backend_sample *draw; /* [max_seqs] each scheduled sequence's draw (by the backend:
+				      * backend_step_draw, or here from the logits) */
+	struct backend_sample **drawp; /* [max_seqs] the backend's draws: &draw[k] or NULL */
 	struct sbuf piece;         /* detok output of one token */
 	/* events */
 	struct sched_event *ev;
@@ -280,11 +281,11 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	s->flags = calloc((size_t)B, sizeof *s->flags);
 	/* the backend's host memory (CUDA: pinned, the logits download lands in it directly) */
 	s->logits = backend_host_alloc(b, (size_t)L * (size_t)s->vocab * sizeof *s->logits);
-	s->outs = calloc((size_t)S, sizeof *s->outs);
-	s->out_rc = calloc((size_t)S, sizeof *s->out_rc);
+	s->draw = calloc((size_t)S, sizeof *s->draw);
+	s->drawp = calloc((size_t)S, sizeof *s->drawp);
 	rc = -ENOMEM;
 	if (!s->running || !s->sched || !s->bseq || !s->pos || !s->flags || !s->logits ||
-	    !s->outs || !s->out_rc)
+	    !s->draw || !s->drawp)
 		goto fail;
 	*out = s;
 	return 0;
@@ -311,8 +312,8 @@ void sched_free(struct sched *s)
 	free(s->flags);
 	if (s->logits)
 		backend_host_free(s->b, s->logits);
-	free(s->outs);
-	free(s->out_rc);
+	free(s->draw);
+	free(s->drawp);
 	sbuf_free(&s->piece);
 	sbuf_free(&s->text);
 	free(s->ev);
@@ -667,9 +668,21 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	int64_t budget = schedule_decodes(s, s->cfg.max_batch_tokens);
 	schedule_prefills(s, budget);
 
-	/* run */
+	/* run; the backend draws the tokens itself where it can (backend_step_draw, not
+	 * host_sampling) and no draw needs the token history (penalties): its logits then never
+	 * leave it */
 	double t1 = t0, t2 = t0;
-	int64_t row = 0, n_logits = 0;
+	int64_t row = 0, n_logits = 0, n_draw = 0;
+	int by_backend = s->b->step_draw && s->b->sample_rows > 0 && !s->cfg.host_sampling;
+	for (int64_t k = 0; k < s->n_sched; k++) {
+		const struct seq *q = s->sched[k];
+		if (q->n_computed + q->rows == q->n_tokens) {
+			n_draw++;
+			by_backend &= q->sp.repetition_penalty == 1.0 && q->sp.presence_penalty == 0.0 &&
+				      q->sp.frequency_penalty == 0.0;
+		}
+	}
+	by_backend &= n_draw <= s->b->sample_rows;
 	if (s->n_sched > 0) {
 		for (int64_t k = 0; k < s->n_sched; k++) {
 			struct seq *q = s->sched[k];
@@ -687,15 +700,18 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			bs->block_table = q->kv.bt;
 			bs->n_blocks = q->kv.n_blocks;
 			bs->flags = s->flags + row;
-			bs->logits = sample ? s->logits + n_logits * s->vocab : NULL;
+			bs->logits = sample && !by_backend ? s->logits + n_logits * s->vocab : NULL;
 			bs->hidden = NULL;
 			bs->mtp_hidden = NULL;
+			s->drawp[k] = sample && by_backend ? &s->draw[k] : NULL;
+			s->draw[k].p = &q->sp;
+			s->draw[k].index = (uint64_t)(q->n_tokens - q->n_prompt);
 			row += q->rows;
-			n_logits += sample;
+			n_logits += sample && !by_backend;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
 		t1 = now_s(s);
-		rc = backend_step(s->b, &st);
+		rc = by_backend ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
 		t2 = now_s(s);
 		if (rc < 0) {
 			for (int64_t k = 0; k < s->n_sched; k++)
@@ -716,14 +732,14 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			kv_pages_publish(&s->kp, &q->kv, q->tokens, q->n_computed);
 	}
 	double t3 = now_s(s);
-	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
+	for (int64_t k = 0, l = 0; k < s->n_sched && !by_backend; k++) {
 		struct seq *q = s->sched[k];
 		if (q->n_computed != q->n_tokens)
 			continue;
-		s->out_rc[k] = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
-					      q->n_prompt, q->tokens + q->n_prompt,
-					      q->n_tokens - q->n_prompt,
-					      (uint64_t)(q->n_tokens - q->n_prompt), &s->outs[k]);
+		s->draw[k].rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
+					       q->n_prompt, q->tokens + q->n_prompt,
+					       q->n_tokens - q->n_prompt, s->draw[k].index,
+					       &s->draw[k].out);
 		l++;
 	}
 	double t4 = now_s(s);
@@ -733,16 +749,16 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			q->rows = 0;
 			continue;
 		}
-		if (s->out_rc[k] < 0) {
+		if (s->draw[k].rc < 0) {
 			struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
-			ev->error = s->out_rc[k];
+			ev->error = s->draw[k].rc;
 			ev->msg = "engine fault: the logits hold NaN or no finite value";
 			q->rows = 0;
 			seq_drop(s, q);
 			continue;
 		}
 		q->rows = 0;
-		accept_token(s, q, &s->outs[k]); /* may free q */
+		accept_token(s, q, &s->draw[k].out); /* may free q */
 	}
 	s->t_sample += t4 - t3;
 out:;

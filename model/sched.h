@@ -33,7 +33,10 @@
  *            hit, then pages for its first chunk from free or evictable pages only (admission
  *            never preempts).
  *  run       one backend_step with a row per scheduled token; logits only for rows that
- *            finish their sequence's uncomputed tokens.
+ *            finish their sequence's uncomputed tokens. When the backend draws tokens itself
+ *            (backend_step_draw: the CUDA backend, beside the logits) and no finished row
+ *            has a penalty (they need the token history), every finished row is drawn there
+ *            and no logits come back; otherwise every one is drawn here (sampler_sample).
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not
  *            change a seeded request's tokens), stop conditions are checked and events emitted.
@@ -94,6 +97,9 @@ struct sched_config {
 	unsigned detok_flags;     /* 0 or TOKENIZER_SKIP_SPECIAL */
 	int cpu_clock;            /* step timings in this thread's CPU time instead of wall time
 				   * (benchmarks on shared machines) */
+	int host_sampling;        /* 1: every token drawn here from downloaded logits, even where
+				   * the backend could draw it (backend_step_draw); the tokens are
+				   * the same either way (one sampling function, model/sampler.h) */
 };
 
 struct sched_str {
@@ -167,7 +173,8 @@ struct sched_stats {
 	uint64_t steps;                          /* steps that ran the backend */
 	double last_step_us, avg_step_us;        /* whole step (wall, or CPU with cpu_clock) */
 	double avg_sched_us;                     /* bookkeeping: step minus backend and sampling */
-	double avg_backend_us, avg_sample_us;
+	double avg_backend_us, avg_sample_us;   /* sampling here (the backend's draws are in
+						 * avg_backend_us) */
 	int64_t context_limit;                   /* effective */
 };
 

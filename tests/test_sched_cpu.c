@@ -325,3 +325,189 @@ TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 	backend_destroy(&r2->base);
 	test_model_free(&m);
 }
+
+/* ---- draws by the backend (backend_step_draw) ---------------------------------------------- */
+
+/* A backend that draws the tokens itself, as the CUDA backend does on the device: the CPU
+ * backend's logits of each drawn sequence into a buffer of its own, then sampler_sample
+ * without a history. Counts the draws it made and the steps the scheduler ran without draws. */
+struct drawer {
+	struct backend base;
+	struct backend *cpu;
+	const struct weights *w;
+	float *rows; /* [sample_rows, vocab] */
+	struct sampler smp;
+	int64_t draws, plain_steps;
+};
+
+static int drawer_step(struct backend *b, const struct backend_step *s)
+{
+	struct drawer *d = (struct drawer *)b;
+	d->plain_steps++;
+	return backend_step(d->cpu, s);
+}
+
+static int drawer_step_draw(struct backend *b, const struct backend_step *st,
+			    struct backend_sample *const *draw)
+{
+	struct drawer *d = (struct drawer *)b;
+	int rc = backend_validate_step_draw(b, d->w, st, draw);
+	if (rc)
+		return rc;
+	struct backend_seq seqs[MAXREQ];
+	REQUIRE(st->n_seqs <= MAXREQ);
+	int64_t V = b->c->vocab_size, k = 0;
+	for (int64_t i = 0; i < st->n_seqs; i++) {
+		seqs[i] = st->seqs[i];
+		if (draw[i])
+			seqs[i].logits = d->rows + k++ * V;
+	}
+	struct backend_step s2 = *st;
+	s2.seqs = seqs;
+	if ((rc = backend_step(d->cpu, &s2)))
+		return rc;
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		if (draw[i]) {
+			draw[i]->rc = sampler_sample(&d->smp, draw[i]->p, seqs[i].logits, NULL, 0, NULL, 0,
+						     draw[i]->index, &draw[i]->out);
+			d->draws++;
+		}
+	return 0;
+}
+
+static int drawer_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
+			  void *buf, int write)
+{
+	return backend_page_io(((struct drawer *)b)->cpu, layer, pool, page, buf, write);
+}
+
+static void drawer_destroy(struct backend *b)
+{
+	struct drawer *d = (struct drawer *)b;
+	backend_destroy(d->cpu);
+	sampler_free(&d->smp);
+	free(d->rows);
+	free(d);
+}
+
+static const struct backend_ops drawer_ops = {"drawer+cpu", drawer_step, drawer_page_io,
+					      drawer_destroy};
+
+static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t sample_rows)
+{
+	struct drawer *d = calloc(1, sizeof *d);
+	REQUIRE(d);
+	struct err e;
+	REQUIRE(backend_cpu_create(&m->c, &m->w, n_pages, 2, &d->cpu, &e) == 0);
+	d->base = *d->cpu;
+	d->base.ops = &drawer_ops;
+	d->base.step_draw = drawer_step_draw;
+	d->base.sample_rows = sample_rows;
+	d->w = &m->w;
+	d->rows = malloc((size_t)sample_rows * (size_t)m->c.vocab_size * sizeof(float));
+	REQUIRE(d->rows && sampler_init(&d->smp, m->c.vocab_size) == 0);
+	return d;
+}
+
+/* Every token event of a run, in order: request, token, logprob and alternatives. */
+struct trace {
+	struct sched_event ev[2048];
+	int64_t n;
+};
+
+static void drain_trace(struct sched *s, struct trace *t)
+{
+	for (int guard = 0; sched_has_work(s); guard++) {
+		REQUIRE(guard < 100000);
+		const struct sched_event *ev;
+		int64_t n;
+		REQUIRE(sched_step(s, &ev, &n) == 0);
+		for (int64_t i = 0; i < n; i++) {
+			CHECK(ev[i].type != SCHED_EVENT_ERROR);
+			if (ev[i].type != SCHED_EVENT_TOKEN)
+				continue;
+			REQUIRE(t->n < 2048);
+			t->ev[t->n] = ev[i];
+			t->ev[t->n].text = NULL;
+			t->n++;
+		}
+	}
+}
+
+static int by_id_seq(const void *x, const void *y)
+{
+	const struct sched_event *a = x, *b = y;
+	return a->id != b->id ? (a->id > b->id) - (a->id < b->id) : (a->seq > b->seq) - (a->seq < b->seq);
+}
+
+/* Greedy, seeded temperature with top-k / top-p / min-p, logprobs with alternatives: the same
+ * requests through the backend's draws (sample_rows 8 >= max_seqs: every step) and through the
+ * scheduler's own sampling (host_sampling) give the same token events bit for bit; a step with
+ * a penalised request, or more finished rows than sample_rows, falls back to the host for all
+ * its rows, with the same tokens. */
+TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
+{
+	struct test_model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size;
+	enum { N = 6 };
+	int32_t p[N][40];
+	struct sampler_params sp[N];
+	for (int i = 0; i < N; i++) {
+		prompt_of(p[i], 40, V, 300 + (uint64_t)i);
+		sampler_params_default(&sp[i]);
+		sp[i].seed = 77 + (uint64_t)i;
+	}
+	sp[1].temperature = 0.8, sp[1].top_k = 40;
+	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
+	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
+	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
+	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2; /* only in the third run */
+	static struct trace host, dev, mixed, narrow;
+	struct trace *tr[4] = {&host, &dev, &mixed, &narrow};
+	int64_t draws[4], plain[4];
+	for (int run = 0; run < 4; run++) {
+		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8);
+		struct sched_config c = {0};
+		c.max_batch_tokens = 64;
+		c.max_seqs = 8;
+		c.seed = 9;
+		c.host_sampling = run == 0;
+		struct sched *s;
+		struct err e = {{0}};
+		REQUIRE(sched_init(&s, &d->base, &c, &e) == 0);
+		for (int i = 0; i < (run == 2 ? N : N - 1); i++)
+			add(s, (uint64_t)i, p[i], 40, 12, &sp[i]);
+		drain_trace(s, tr[run]);
+		draws[run] = d->draws, plain[run] = d->plain_steps;
+		sched_free(s);
+		backend_destroy(&d->base);
+	}
+	CHECK_EQ_INT(draws[0], 0);             /* host_sampling: never the backend's */
+	CHECK_EQ_INT(draws[1], (N - 1) * 12);  /* every token drawn by the backend */
+	CHECK_EQ_INT(plain[1], 0);
+	CHECK(plain[2] > 0);                   /* request 5's penalty: its steps on the host */
+	CHECK(draws[3] > 0 && plain[3] > 0);   /* 2 rows: steps with more finished rows on the host */
+	CHECK_EQ_INT(host.n, (N - 1) * 12);
+	for (int run = 0; run < 4; run++) /* by request, then position (batches interleave them) */
+		qsort(tr[run]->ev, (size_t)tr[run]->n, sizeof tr[run]->ev[0], by_id_seq);
+	for (int run = 1; run < 4; run++) {
+		const struct trace *t = tr[run];
+		int64_t k = 0, bad = 0;
+		for (int64_t i = 0; i < t->n; i++) {
+			if (t->ev[i].id == N - 1)
+				continue; /* the penalised request of run 2 */
+			REQUIRE(k < host.n);
+			const struct sched_event *a = &host.ev[k++], *b = &t->ev[i];
+			bad += a->id != b->id || a->seq != b->seq || a->token != b->token ||
+			       memcmp(&a->logprob, &b->logprob, sizeof a->logprob) || a->n_top != b->n_top ||
+			       memcmp(a->top_ids, b->top_ids, sizeof a->top_ids) ||
+			       memcmp(a->top_logprobs, b->top_logprobs, sizeof a->top_logprobs);
+		}
+		CHECK_EQ_INT(k, host.n);
+		if (bad)
+			test_fail(__FILE__, __LINE__, "run %d: %lld token events differ from the host's",
+				  run, (long long)bad);
+	}
+	test_model_free(&m);
+}
