@@ -1,6 +1,5 @@
-// mla_combine.cuh — the merge of the sparse MLA decode's key splits (FlashDecoding), shared by
-// k_mla_combine (mla_decode.cu) and kernels that take it into their own (the forward's W_UV
-// product of a decode row). part (cuda_mla_decode_part's workspace): o [nbh, splits][R] fp32,
+// mla_combine.cuh — the merge of the sparse MLA decode's key splits (FlashDecoding), the body of
+// k_mla_combine (mla_decode.cu). part (cuda_mla_decode's workspace): o [nbh, splits][R] fp32,
 // then (m, l) [nbh, splits][2]; for row-head bh (= b * H + h of nbh = B * H):
 //   M = max m_i, w_i = e^(m_i - M), L = Σ l_i w_i, o[d] = bf16(Σ_i o_i[d] w_i / L)
 // with the splits summed in order, so an element has the same bits whichever thread computes it.

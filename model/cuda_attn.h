@@ -26,13 +26,6 @@ size_t cuda_mla_decode_workspace(const struct gpu *g, int B, int H, int R, int l
  * k_mla_decode. */
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 		    int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
-/* cuda_mla_decode's decode kernel without k_mla_combine (for a kernel that merges the splits
- * itself, kernels_ptx/mla_combine.cuh): returns the number of key splits it ran (> 0; < 0 an
- * error): 1 = o_lat written; > 1 = o_lat not written, ws holds the partials (o [B * H, splits][R]
- * fp32, then (m, l) [B * H, splits][2]) that mla_combine_weights / mla_combine_elem merge to
- * k_mla_combine's bits. */
-int cuda_mla_decode_part(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
-			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws);
 /* The same with the kernel's phase switches (benchmarks only: bit 0 no gathers after the first
  * tile, bit 1 no MMAs, bit 2 no dequantisation after the first tile, bit 3 no combine, bit 4 the
  * combine alone, bit 5 no load of Q, bit 6 no output stores, bit 19 no softmax (the wgmma kernels;
@@ -44,9 +37,16 @@ int cuda_mla_decode_part(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
  * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). Bit 20
  * (the wgmma kernels): P V of a key tile and S of the next issued together, one wait a tile (a
  * correct result, the same bits; not yet the default). Bit 21 (k_mla_decode_wg2): the light
- * handover between the CTAs (mbarrier arrivals and waits at CTA scope; not yet the default). */
+ * handover between the CTAs (mbarrier arrivals and waits at CTA scope; the default). Bit 22 / 23
+ * (with 7 and 16): k_mla_decode_wg2c4 / c8, the pair's key splits merged 4 / 8 at a time in a
+ * cluster of (2, 1, 4) / (2, 1, 8) CTAs through distributed shared memory, k_mla_combine then
+ * merging splits / 4 or / 8 partials (none when that is 1); the splits a multiple of 4 / 8, else
+ * -EINVAL (not the pair's bits: within attn_latent's limits). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
+/* DSV32_MLA_CLUSTER=4 / 8: cuda_mla_decode takes diag bit 22 / 23 (above) where the pair runs a
+ * multiple of 4 / 8 key splits (0: never; the A/B switch of the forward); this sets it */
+void cuda_attn_set_mla_cluster(int cz);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
  * scores: on unless DSV32_ATTN_PDL=0; benchmarks may switch it (1 on, 0 off). */
 void cuda_attn_set_pdl(int on);
