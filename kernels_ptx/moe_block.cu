@@ -353,33 +353,35 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 // k_moe_gate_route1's outputs (the routing, the permutation, the K + 1 quantised rows, logits and
 // scores) with each logit summed in another fp32 order (the fast mode's, like
 // k_moe_gate_logits_mma's: the CPU's exact bf16 x bf16 products; the order fixed, so the same
-// bits every launch) and the weights read by every SM at once: route1's 32 blocks each pull 115
-// KB and run 896-step FMA chains; here E / 2 blocks of GR1S_THREADS threads, each half of a
-// block one expert: thread t of a half holds the 16-byte pieces t, t + 128, ... of the expert's
-// weight row (D / 1024 pieces, all loaded before griddepcontrol.wait: the weights are constants,
-// so under PDL they stream while the kernel before finishes) and of x (after the wait), sums
-// its 8 x D / 1024 products in two fp32 chains (even and odd elements of a piece, pieces in
-// ascending order), then the warp's lanes by a shuffle tree (xor 16 .. 1) and the half's 4
-// warps as (w0 + w1) + (w2 + w3). Lanes 0 and 1 of warp 0 write the two logits and their scores
-// (gate1_route_last: the last block routes and permutes); warp 1 of blocks gi < D / 128
-// quantises x's groups gi = blockIdx.x + n * gridDim.x into the K + 1 input rows
-// (gate1_quant_rows: x read from global).
-// E = 256 in 8 groups (moe_route_select256's shape), E % 2 == 0, D % 1024 == 0,
-// D <= 1024 * GR1S_MAXP. Grid E / 2, GR1S_THREADS threads, no dynamic shared memory.
-#define GR1S_THREADS 256 // two experts a block, 128 threads each
-#define GR1S_MAXP 8      // 16-byte pieces a thread at most (D <= 8192)
-extern "C" __global__ void __launch_bounds__(GR1S_THREADS)
-k_moe_gate_route1s(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
-		   int E, int D, const float *__restrict__ bias, int topk_group, int K,
-		   int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
-		   int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
-		   int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
-		   float *scores)
+// bits every launch, and the same for every EPB) and the weights read by every SM at once:
+// route1's 32 blocks each pull 115 KB and run 896-step FMA chains; here E / EPB blocks of
+// 128 EPB threads, each 128 threads one expert: thread t of an expert holds the 16-byte pieces
+// t, t + 128, ... of its weight row (D / 1024 pieces, all loaded before griddepcontrol.wait: the
+// weights are constants, so under PDL they stream while the kernel before finishes) and of x
+// (after the wait), sums its 8 x D / 1024 products in two fp32 chains (even and odd elements of
+// a piece, pieces in ascending order), then the warp's lanes by a shuffle tree (xor 16 .. 1) and
+// the expert's 4 warps as (w0 + w1) + (w2 + w3). Lanes n < EPB of warp 0 write the logits of
+// experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
+// permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
+// (gate1_quant_rows: x read from global). EPB = 2 (k_moe_gate_route1s, the default), 1 (_e1:
+// 256 blocks, two an SM) or 4 (_e4: 64 blocks): model/cuda_moe.c's DSV32_CUDA_MOE_ROUTER.
+// E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
+// D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
+#define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
+template <int EPB>
+__device__ __forceinline__ void gate_route1s(const uint16_t *__restrict__ W,
+					     const uint16_t *__restrict__ x, float *logits, int E,
+					     int D, const float *__restrict__ bias, int topk_group,
+					     int K, int norm_topk_prob, float route_scale, int *idx,
+					     float *__restrict__ wts, int *__restrict__ counts,
+					     int *__restrict__ offsets, int *__restrict__ perm,
+					     int *__restrict__ src, uint8_t *__restrict__ xs8,
+					     float *__restrict__ sxs, float *scores)
 {
-	__shared__ float red[GR1S_THREADS / 32];
+	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int h = tid >> 7, t = tid & 127, np = D / 1024;
-	const int e = blockIdx.x * 2 + h;
+	const int e = blockIdx.x * EPB + h;
 	const uint4 *wrow = reinterpret_cast<const uint4 *>(W + (size_t)e * D);
 	uint4 wv[GR1S_MAXP];
 #pragma unroll
@@ -415,7 +417,7 @@ k_moe_gate_route1s(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 		v += __shfl_xor_sync(0xffffffffu, v, o);
 	if (lane == 0)
 		red[warp] = v;
-	__syncthreads(); // the 8 warp sums
+	__syncthreads(); // the warp sums
 	for (int gi = blockIdx.x; warp == 1 && gi < D / 128; gi += gridDim.x) { // into K + 1 rows
 		const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
 		const float q[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
@@ -424,19 +426,37 @@ k_moe_gate_route1s(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 	}
 	if (warp != 0)
 		return;
-	if (lane < 2) { // lane h: expert 2 blockIdx.x + h
-		const int eh = blockIdx.x * 2 + lane;
-		const float p = (red[4 * lane] + red[4 * lane + 1]) + (red[4 * lane + 2] + red[4 * lane + 3]);
+	if (lane < EPB) { // lane n: expert EPB blockIdx.x + n
+		const int en = blockIdx.x * EPB + lane;
+		const float *r = red + 4 * lane;
+		const float p = (r[0] + r[1]) + (r[2] + r[3]);
 		const float sg = route_sigmoid(p);
-		logits[eh] = p;
-		scores[eh] = sg;
-		scores[E + eh] = bias ? sg + bias[eh] : sg;
+		logits[en] = p;
+		scores[en] = sg;
+		scores[E + en] = bias ? sg + bias[en] : sg;
 		__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
 	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
 			 offsets, perm, src);
 }
+
+#define GATE_ROUTE1S_KERNEL(name, epb)                                                         \
+	extern "C" __global__ void __launch_bounds__(128 * (epb)) name(                         \
+		const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,    \
+		int E, int D, const float *__restrict__ bias, int topk_group, int K,              \
+		int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,         \
+		int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,      \
+		int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,        \
+		float *scores)                                                                    \
+	{                                                                                       \
+		gate_route1s<epb>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob,        \
+				  route_scale, idx, wts, counts, offsets, perm, src, xs8, sxs,     \
+				  scores);                                                         \
+	}
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, 2)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e1, 1)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e4, 4)
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
 // _t64), K in chunks of GT_KC = 64. A chunk arrives raw (bf16 rows) by cp.async into a ring of

@@ -267,27 +267,37 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 }
 
 /* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
- * another fp32 order, over E / 2 blocks: every SM streams its two weight rows at once, where
- * route1's 32 blocks each pull 115 KB then run 896-step FMA chains; run 24 bench moe: route1
- * 10.5 us graph-replayed for 3.7 MB), where the fused router runs, D % 1024 == 0 and D <= 8192;
- * the batch-invariant mode keeps route1 (the CPU's bits, as every T). DSV32_CUDA_MOE_ROUTER=0
- * (read once; cuda_moe_set_router, a forward switch): route1 in both modes. */
-static int router_split = -1;
+ * another fp32 order, over E / EPB blocks of 128 EPB threads: every SM streams its weight rows at
+ * once, where route1's 32 blocks each pull 115 KB then run 896-step FMA chains; run 24 bench moe:
+ * route1 10.5 us graph-replayed for 3.7 MB), where the fused router runs, D % 1024 == 0 and
+ * D <= 8192; the batch-invariant mode keeps route1 (the CPU's bits, as every T).
+ * DSV32_CUDA_MOE_ROUTER=m (read once; cuda_moe_set_router, a forward switch): 0 route1 in both
+ * modes; 1 (default) EPB = 2; 2 EPB = 1 (k_moe_gate_route1s_e1); 4 EPB = 4 (_e4): the same
+ * bits. Returns the kernel's EPB, or 0 for route1. */
+static int router_mode = -1;
 
-void cuda_moe_set_router(int split)
+void cuda_moe_set_router(int mode)
 {
-	router_split = split != 0;
+	router_mode = mode == 0 || mode == 2 || mode == 4 ? mode : 1;
 }
 
 static int split_router(const struct gpu *g, const struct dsv32_config *c,
 			const struct moe_dims *d)
 {
-	if (router_split < 0) {
+	if (router_mode < 0) {
 		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
-		router_split = !(v && *v == '0');
+		cuda_moe_set_router(v ? atoi(v) : 1);
 	}
-	return router_split && fused_router(c, d) && !cuda_gemm_batch_invariant(g) &&
-	       d->D % 1024 == 0 && d->D <= 8192;
+	if (!router_mode || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
+	    d->D > 8192)
+		return 0;
+	return router_mode == 1 ? 2 : router_mode == 2 ? 1 : 4;
+}
+
+static const char *split_router_name(int epb)
+{
+	return epb == 1 ? "k_moe_gate_route1s_e1" : epb == 4 ? "k_moe_gate_route1s_e4"
+							    : "k_moe_gate_route1s";
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -415,9 +425,10 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		if (split_router(g, c, d)) { /* E / 2 blocks of GR1S_THREADS */
-			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
-					args);
+		const int epb = split_router(g, c, d);
+		if (epb) { /* E / EPB blocks of 128 EPB threads */
+			rc = moe_launch(g, gpu_kernel(g, split_router_name(epb)), (unsigned)(E / epb),
+					128u * (unsigned)epb, 0, args);
 		} else {
 			void *fn = gpu_kernel(g, "k_moe_gate_route1");
 			if (!fn)
@@ -576,7 +587,9 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
-		 !fused ? k.name : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
+		 !fused ? k.name
+		 : split_router(g, c, &d) ? split_router_name(split_router(g, c, &d))
+					  : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "

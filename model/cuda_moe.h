@@ -77,11 +77,12 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace, unsigned flags);
 
-/* The fast mode's one-token router: 1 (the default; DSV32_CUDA_MOE_ROUTER=0, read at the first
- * call, sets 0) the logits over E / 2 blocks in another fp32 order (k_moe_gate_route1s), 0 the
- * CPU's order over E / 8 blocks (k_moe_gate_route1, the batch-invariant mode's in either case).
- * Process-wide; a forward switch (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
-void cuda_moe_set_router(int split);
+/* The fast mode's one-token router: mode 1 (the default) the logits over E / 2 blocks in another
+ * fp32 order (k_moe_gate_route1s), 2 / 4 the same bits over E / 1 / E / 4 blocks, 0 the CPU's
+ * order over E / 8 blocks (k_moe_gate_route1, the batch-invariant mode's in every case).
+ * Process-wide; DSV32_CUDA_MOE_ROUTER=m, read at the first call, sets it; a forward switch
+ * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
+void cuda_moe_set_router(int mode);
 
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */
