@@ -4,8 +4,8 @@
  * router logits and expert ids identical, routing weights within fp32 rounding, the output
  * within bf16/FP8 rounding (the GEMMs sum in another order, so an intermediate bf16 or e4m3
  * rounding may flip: the limit is relative to the row, and looser where wgmma GEMMs run).
- * Small configs at T = 1, 5, 64, 300, 512, 700, 1100, and the real dims (7168 / 2048, 256
- * experts, top-8) at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared
+ * Small configs at T = 1, 5, 64, 300, 512, 700, 1100, the real routing shape on a narrow model at
+ * T = 1, 2, and the real dims (7168 / 2048, 256 experts, top-8) at T = 1, 4, 8, 16, 24, whose expert weights are 8 distinct code sets shared
  * round-robin by the experts, each expert with its own scales (a mix-up of experts still
  * shows). For T <= 64 (decode) the block is also captured into a CUDA graph and replayed: the
  * same bytes; every case runs again through the separate kernels (CUDA_MOE_UNFUSED): the same
@@ -604,6 +604,18 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 	static const int Ts[] = {1, 5, 64, 300, 512, 1, 37, 700, 1100},
 			 sets[] = {32, 32, 32, 32, 32, 16, 16, 32, 32};
 	check_blocks(configs, Ts, sets, 9, 5000);
+}
+
+TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
+{
+	/* the real routing shape (256 experts in 8 groups, keep 4, top-8) on a narrow model (hidden
+	 * 1024, inter 128): T = 1 runs the fused routers (k_moe_gate_route1; in the fast mode
+	 * k_moe_gate_route1s in its three block shapes), T = 2 the separate kernels; small enough
+	 * for compute-sanitizer */
+	const struct dsv32_config c = moe_config(1024, 128, 256, 8, 4, 8);
+	const struct dsv32_config configs[] = {c, c};
+	static const int Ts[] = {1, 2}, sets[] = {16, 16};
+	check_blocks(configs, Ts, sets, 2, 5300);
 }
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
