@@ -253,6 +253,7 @@ static int place_fused(struct cuda_backend *b, struct err *e)
 		struct fwd_layer *L = &b->m.layers[l];
 		const struct fp8_linear *qkv[3] = {&lw->wq_a, &lw->idx_wk, &lw->wkv_a};
 		L->fused_qkv = place_group(b, qkv, 3, &L->qkv) == 0;
+		L->fused_qib = place_pair(b, &lw->wq_b, &lw->idx_wq_b, &L->qib) == 0;
 		L->is_moe = lw->is_moe;
 		if (!lw->is_moe) {
 			if (place_pair(b, &lw->w1, &lw->w3, &L->w13))

@@ -33,6 +33,8 @@ struct fwd_layer {
 	struct fwd_fp8 q_a, kv_a;     /* the parts (their addresses lie inside qkv when fused) */
 	struct fwd_fp8 q_b, kv_b, o;
 	struct fwd_fp8 idx_q_b, idx_k; /* idx_k: indexer.wk, inside qkv when fused */
+	int fused_qib;                /* 1: qib is q_b|idx_q_b as one matrix (both read q_cmpr) */
+	struct fwd_fp8 qib;           /* [H * qk_head_dim + index_n_heads * 128, q_lora_rank] */
 	gpu_ptr idx_k_norm_w, idx_k_norm_b; /* fp32 [index_head_dim] */
 	gpu_ptr idx_wproj;            /* bf16 [index_n_heads, hidden] */
 	int is_moe;
@@ -86,6 +88,9 @@ struct fwd_switches {
 			   * indexer's q_b GEMM on the other SMs; "Cg" (qb_after 1): the indexer's
 			   * GEMM first on every SM, the branch (q_b on C CTAs) forked after it */
 	int qb_after;
+	int qb_fuse;      /* DSV32_CUDA_QB_FUSE=1: in one-row steps of the fast mode that run the
+			   * indexer, q_b and the indexer's q_b as one GEMM (fwd_layer.qib), the q
+			   * absorption forked right after it beside the index chain */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

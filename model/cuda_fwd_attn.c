@@ -44,6 +44,7 @@ struct q_branch {
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
 	int fuse;          /* fwd_fused(F) */
 	int cap;           /* the q_b GEMM on at most this many CTAs (0: no cap; fwd_qb_fork) */
+	int have_q;        /* q is written already (the joint GEMM of fwd_qib): no q_b GEMM */
 };
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
@@ -55,10 +56,12 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
 	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
-	cuda_gemm_set_cta_cap(F->g, b->cap);
-	int rq = fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq);
-	cuda_gemm_set_cta_cap(F->g, 0);
-	TRY(rq);
+	if (!b->have_q) {
+		cuda_gemm_set_cta_cap(F->g, b->cap);
+		int rq = fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq);
+		cuda_gemm_set_cta_cap(F->g, 0);
+		TRY(rq);
+	}
 	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
 	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
 		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -147,6 +150,16 @@ static int fwd_qb_fork(const struct fwd *F, int need)
 {
 	const int cap = F->E->sw->qb_cap;
 	return need && cap > 0 && cap <= F->g->sm_count && F->T < FWD_FORK_EARLY_ROWS && fork_ok(F) ? cap : 0;
+}
+
+/* 1: q_b and the indexer's q_b run as one GEMM on the matrix placed as both (fwd_layer.qib:
+ * both read q_cmpr), the q absorption then forked beside the whole index chain
+ * (DSV32_CUDA_QB_FUSE=1). One-row steps (q and idx_q then lie in one output row) of the fast
+ * mode (the joint GEMM's K split need not be either part's: the batch-invariant rows must not
+ * depend on the step's rows) that run the indexer (need). */
+static int fwd_qib(const struct fwd *F, int need, const struct fwd_layer *L)
+{
+	return need && F->T == 1 && L->fused_qib && F->E->sw->qb_fuse && !F->E->batch_invariant;
 }
 
 int fwd_side_close(struct fwd *F)
@@ -304,18 +317,26 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(iw, (size_t)Tp * Hi * 4);        /* fp32 [Tp, Hi] idx_w */
 	TAKE(q, (size_t)Tp * H * dq * 2);     /* bf16 [Tp, H, nope | rope] */
 	TAKE(qf, (size_t)Tp * Hpad * (Rk + rope) * 2); /* bf16 [Tp, Hpad, q_lat | q_pe] */
-	const int early = fwd_qb_fork(F, need), nsm = F->g->sm_count;
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, early < nsm ? early : 0};
-	if (early && !F->E->sw->qb_after) { /* the branch beside the whole index chain */
-		TRY(fork_q(F, &qb));
-		cuda_gemm_set_cta_cap(F->g, nsm - early);
+	const int qib = fwd_qib(F, need, L);
+	if (qib) { /* [q | idx_q] of the row by one GEMM */
+		TAKE(qi, (size_t)Tp * L->qib.out * 2);
+		TRY(fwd_gemm(F, &L->qib, cq8, cqs, qi, T, L->qib.out));
+		q = qi, iq = qi + (size_t)H * dq * 2;
 	}
-	if (need) {
+	/* the branch forked here: after the joint GEMM, or capped (fwd_qb_fork) */
+	const int early = qib ? fork_ok(F) : fwd_qb_fork(F, need), nsm = F->g->sm_count;
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, !qib && early < nsm ? early : 0, qib};
+	if (early && (qib || !F->E->sw->qb_after)) { /* the branch beside the whole index chain */
+		TRY(fork_q(F, &qb));
+		if (!qib)
+			cuda_gemm_set_cta_cap(F->g, nsm - early);
+	}
+	if (need && !qib) {
 		int rg = fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128);
 		cuda_gemm_set_cta_cap(F->g, 0);
 		TRY(rg);
 	}
-	if (early && F->E->sw->qb_after)
+	if (early && !qib && F->E->sw->qb_after)
 		TRY(fork_q(F, &qb));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;

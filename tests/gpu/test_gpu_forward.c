@@ -754,12 +754,16 @@ static void fast_mode(const char *name, int64_t T)
 		   * (DSV32_CUDA_FWD_PDL=1), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
-		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits */
-			enum { NS = 11, NP = 9 }; /* switch settings; the first NP into malloc'd buffers */
+		   * default there) or staged (DSV32_CUDA_LOGITS_STAGED=1): the same bits. And q_b with
+		   * the indexer's q_b as one GEMM (DSV32_CUDA_QB_FUSE=1, fast mode only: its K split
+		   * may differ from the parts', so within rel L2 0.1 of the default's logits; in the
+		   * batch-invariant mode it does not apply: the same bits) */
+			enum { NS = 12, NP = 10, FUSE = 8 }; /* settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_PDL=1", "DSV32_CUDA_FWD_FORK=0",
 						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_QB_CAP=2",
-						     "DSV32_CUDA_QB_CAP=100g", "DSV32_CUDA_LOGITS_STAGED=0", NULL,
+						     "DSV32_CUDA_QB_CAP=100g", "DSV32_CUDA_QB_FUSE=1",
+						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
 						     "DSV32_CUDA_LOGITS_STAGED=1"};
 			float *lf = malloc((size_t)NS * V * 4);
 			float *pin = backend_host_alloc(p.gpu, (size_t)(NS - NP) * V * 4);
@@ -783,6 +787,13 @@ static void fast_mode(const char *name, int64_t T)
 				if (u >= NP)
 					memcpy(lf + u * V, s.logits, (size_t)V * 4);
 				int eq = !memcmp(lf, lf + u * V, (size_t)V * 4);
+				if (u == FUSE && !inv) {
+					double d = nc_rel_l2(lf + u * V, lf, V);
+					printf("    %s fast mode, one-row step: %s vs the default: logits rel L2 %.2e "
+					       "(limit 0.1; rc %d)\n", name, sw[u], d, ru);
+					CHECK(ru == 0 && d <= 0.1);
+					continue;
+				}
 				if (u)
 					printf("    %s %s mode, one-row step: %s%s vs the default %s (rc %d)\n", name,
 					       inv ? "batch-invariant" : "fast",
