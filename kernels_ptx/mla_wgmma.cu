@@ -441,6 +441,73 @@ __device__ __forceinline__ float2 mw_ld_cl2(uint32_t a)
 	return v;
 }
 
+// Diag bit 8 (k_mla_decode_wg2c4 / c8 with more than one group of splits): the groups merged in
+// the kernel instead of by k_mla_combine. Every CTA owning slice zz of its group writes the
+// slice's partial (as for k_mla_combine) and its own copy of the group's (M, L) (log2 units;
+// [B, H, G, CZ][2] after the partials), then counts itself in mw_arrivals[row, head group,
+// slice] (fence, atomic add); the one that arrives last — every group's slice is then written —
+// resets the count (for the next launch) and merges the slice over the G groups in order:
+// M* = max M_g, w_g = 2^(M_g - M*), o = bf16(Σ_g o_g w_g / Σ_g L_g w_g) (the partials read
+// from L2). No second launch and no wait for the whole grid. The counts start at zero (module
+// load) and return to zero after every launch: launches of this form must not overlap (one
+// stream: each waits for the previous kernel).
+#define MW_ARRIVALS 4096 // rows x head groups x CZ at most (the launcher checks)
+__device__ unsigned int mw_arrivals[MW_ARRIVALS];
+
+template <int CZ>
+__device__ __forceinline__ void mw_merge_groups(float2 *mlg, float *__restrict__ part, int b, int H, int h0,
+						int G, int grp, uint32_t zz, uint16_t *__restrict__ o_lat)
+{
+	constexpr int SW = MW_R / CZ;
+	const int tid = threadIdx.x;
+	float *mls = part + (size_t)gridDim.y * H * G * MW_R; // [B, H, G, CZ][2]
+	if (tid < 64) {
+		float *p2 = mls + 2 * ((((size_t)b * H + h0 + tid) * G + grp) * CZ + zz);
+		p2[0] = mlg[tid].x, p2[1] = mlg[tid].y;
+	}
+	__threadfence(); // this thread's partials and (M, L) before the count
+	int *flag = reinterpret_cast<int *>(mlg + 64);
+	float *wsm = reinterpret_cast<float *>(flag + 4); // [64][17]: the weights w_g, then 1 / L
+	mw_bar_sync(MW_BAR_CONS, 256);
+	if (tid == 0) {
+		unsigned int *cnt = mw_arrivals + ((size_t)b * gridDim.x + blockIdx.x) * CZ + zz;
+		const int last = atomicAdd(cnt, 1u) == (unsigned int)G - 1;
+		if (last)
+			*cnt = 0;
+		__threadfence(); // the other groups' writes seen before ours are read
+		*flag = last;
+	}
+	mw_bar_sync(MW_BAR_CONS, 256);
+	if (!*flag)
+		return;
+	if (tid < 64) {
+		const float *p2 = mls + 2 * (((size_t)b * H + h0 + tid) * G * CZ + zz); // group g: + 2 g CZ
+		float M = -INFINITY, L = 0.f;
+		for (int g = 0; g < G; g++)
+			M = fmaxf(M, __ldcg(p2 + 2 * g * CZ));
+		for (int g = 0; g < G; g++) {
+			const float mg = __ldcg(p2 + 2 * g * CZ), w = mg == -INFINITY ? 0.f : exp2f(mg - M);
+			L += __ldcg(p2 + 2 * g * CZ + 1) * w;
+			wsm[tid * 17 + g] = w;
+		}
+		wsm[tid * 17 + 16] = L > 0.f ? 1.f / L : 0.f;
+	}
+	mw_bar_sync(MW_BAR_CONS, 256);
+	for (int u = tid; u < 64 * SW / 2; u += 256) { // dims 2 u' .. + 1 of head h of the slice
+		const int h = u / (SW / 2), d = (int)zz * SW + 2 * (u % (SW / 2));
+		const float *pp = part + ((size_t)b * H + h0 + h) * G * MW_R + d;
+		const float *wh = wsm + h * 17;
+		float ax = 0.f, ay = 0.f;
+#pragma unroll 4
+		for (int g = 0; g < G; g++) {
+			const float2 v = __ldcg(reinterpret_cast<const float2 *>(pp + (size_t)g * MW_R));
+			ax += v.x * wh[g], ay += v.y * wh[g];
+		}
+		*reinterpret_cast<uint32_t *>(o_lat + ((size_t)b * H + h0 + h) * MW_R + d) =
+			(uint32_t)f32_to_bf16(ax * wh[16]) | ((uint32_t)f32_to_bf16(ay * wh[16]) << 16);
+	}
+}
+
 // A consumer thread's part of the merge of the cluster's CZ splits of its head group (the CTAs of
 // ranks x + 2 j, j < CZ; this one j = zz), after the tiles (see the header): o (this split's O
 // accumulators, see mw_decode), its two heads' (m, l) (m in log2 units, l the whole row's sum).
@@ -536,10 +603,16 @@ __device__ __forceinline__ void mw_cluster_merge(float *o, float m0, float m1, f
 			*reinterpret_cast<float2 *>(pp + 8 * (size_t)G * MW_R) = make_float2(acc.z, acc.w);
 		}
 	}
-	if (G > 1 && zz == 0 && tid < 64) {
-		float *ml = part + (size_t)gridDim.y * H * G * MW_R + 2 * (((size_t)b * H + h0 + tid) * G + grp);
-		ml[0] = mlg[tid].x * 0.693147180559945309f, ml[1] = mlg[tid].y; // ln 2: natural units
+	if (G == 1)
+		return;
+	if (!(diag & 256)) { // k_mla_combine's (m, l), by the group's first CTA
+		if (zz == 0 && tid < 64) {
+			float *ml = part + (size_t)gridDim.y * H * G * MW_R + 2 * (((size_t)b * H + h0 + tid) * G + grp);
+			ml[0] = mlg[tid].x * 0.693147180559945309f, ml[1] = mlg[tid].y; // ln 2: natural units
+		}
+		return;
 	}
+	mw_merge_groups<CZ>(mlg, part, b, H, h0, G, grp, zz, o_lat);
 }
 
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:

@@ -59,6 +59,8 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
 #define MLA_WG_LIGHT 0x200000 /* diag bit 21: its CTA-scope handover between the pair */
 #define MLA_WG_CL4 0x400000 /* diag bit 22: its splits merged 4 at a time in a cluster (k_mla_decode_wg2c4) */
 #define MLA_WG_CL8 0x800000 /* diag bit 23: 8 at a time (k_mla_decode_wg2c8, clusters of 16 CTAs) */
+#define MLA_WG_GRP 0x1000000 /* diag bit 24: with 22 / 23, the groups merged in the kernel */
+#define MLA_WG_ARRIVALS 4096 /* mla_wgmma.cu's MW_ARRIVALS: rows x head groups x cluster depth */
 #define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
@@ -131,12 +133,13 @@ static int mla_wg_mode(void)
 
 /* DSV32_MLA_CLUSTER=4 / 8 (cuda_attn_set_mla_cluster, the forward's switch): the pair's key
  * splits merged 4 / 8 at a time in a cluster (k_mla_decode_wg2c4 / c8) where their count is a
- * multiple of it; 0 (the default) k_mla_decode_wg2 and k_mla_combine over every split */
+ * multiple of it, k_mla_combine merging the groups; 14 / 18: the same with the groups merged in
+ * the kernel (diag bit 24); 0 (the default) k_mla_decode_wg2 and k_mla_combine over every split */
 static int mla_cluster = -1;
 
 void cuda_attn_set_mla_cluster(int cz)
 {
-	mla_cluster = cz == 4 || cz == 8 ? cz : 0;
+	mla_cluster = cz == 4 || cz == 8 || cz == 14 || cz == 18 ? cz : 0;
 }
 
 static int mla_cluster_mode(void)
@@ -157,9 +160,9 @@ static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, i
 		return 0;
 	if (mode != 2 || H % (2 * MLA_HG))
 		return 128;
-	const int diag = 128 | MLA_WG_PAIR | MLA_WG_LIGHT, cz = mla_cluster_mode();
-	if (cz && mla_final_splits(g, B, H, ld_sel, diag) % cz == 0)
-		return diag | (cz == 4 ? MLA_WG_CL4 : MLA_WG_CL8);
+	const int diag = 128 | MLA_WG_PAIR | MLA_WG_LIGHT, m = mla_cluster_mode(), cz = m % 10;
+	if (m && mla_final_splits(g, B, H, ld_sel, diag) % cz == 0 && B * (H / MLA_HG) * cz <= MLA_WG_ARRIVALS)
+		return diag | (cz == 4 ? MLA_WG_CL4 : MLA_WG_CL8) | (m > 10 ? MLA_WG_GRP : 0);
 	return diag;
 }
 
@@ -183,15 +186,18 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128, pair = diag & MLA_WG_PAIR;
 	const int cz = diag & MLA_WG_CL4 ? 4 : diag & MLA_WG_CL8 ? 8 : 1;
 	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))) ||
-	    (cz > 1 && (!pair || splits % cz || (diag & MLA_WG_CL4 && diag & MLA_WG_CL8))))
+	    (cz > 1 && (!pair || splits % cz || (diag & MLA_WG_CL4 && diag & MLA_WG_CL8))) ||
+	    ((diag & MLA_WG_GRP) && (cz == 1 || B * (H / MLA_HG) * cz > MLA_WG_ARRIVALS)))
 		return -EINVAL;
+	const int grp_merge = diag & MLA_WG_GRP;
 	const char *name = cz == 4 ? "k_mla_decode_wg2c4"
 			   : cz == 8 ? "k_mla_decode_wg2c8"
 			   : pair    ? "k_mla_decode_wg2"
 			   : wg      ? "k_mla_decode_wg"
 				     : "k_mla_decode";
-	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7) */
-	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0);
+	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7, 24 -> 8) */
+	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0) |
+	       (grp_merge ? 256 : 0);
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
@@ -204,7 +210,7 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 			  : gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
 				       wg ? 384 : 512, 1, 1, smem, args);
 	int parts = splits / cz; /* the partials left to merge: the cluster merge's groups */
-	if (r || parts == 1 || skip_combine)
+	if (r || parts == 1 || skip_combine || grp_merge)
 		return r;
 	void *cargs[] = {&ws, &parts, &R, &o_lat};
 	return launch_pdl(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1, (unsigned)(R < 32 ? 32 : R),

@@ -31,7 +31,7 @@
  * three also compared to the bit with k_mla_decode_wg at the same splits; 5 / 6 the light pair
  * with its splits merged 4 / 8 at a time in a cluster (bit 22 / 23: k_mla_decode_wg2c4 / c8; how
  * many outputs differ from k_mla_decode_wg's is printed, not checked: another order of the
- * merge's sums) */
+ * merge's sums), 7 / 8 the same with the groups merged in the kernel (bit 24) */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -97,8 +97,8 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
 					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x100000 : 0) |
-						     (wg >= 4 ? 0x200000 : 0) | (wg == 5 ? 0x400000 : 0) |
-						     (wg == 6 ? 0x800000 : 0)) == 0);
+						     (wg >= 4 ? 0x200000 : 0) | (wg == 5 || wg == 7 ? 0x400000 : 0) |
+						     (wg == 6 || wg == 8 ? 0x800000 : 0) | (wg >= 7 ? 0x1000000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -116,7 +116,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 			if (one[i] != got[i] && differ++ == 0)
 				first_d = (int64_t)i;
 		printf("    k_mla_decode_wg2%s against k_mla_decode_wg: %lld of %lld outputs differ",
-		       wg == 6 ? "c8" : wg == 5 ? "c4" : wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ,
+		       wg == 8 ? "c8 (groups in the kernel)" : wg == 7 ? "c4 (groups in the kernel)" : wg == 6 ? "c8" : wg == 5 ? "c4" : wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ,
 		       (long long)B * H * R);
 		if (differ)
 			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
@@ -156,7 +156,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 6 ? "k_mla_decode_wg2c8" : wg == 5 ? "k_mla_decode_wg2c4" : wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 8 ? "k_mla_decode_wg2c8 (groups in the kernel)" : wg == 7 ? "k_mla_decode_wg2c4 (groups in the kernel)" : wg == 6 ? "k_mla_decode_wg2c8" : wg == 5 ? "k_mla_decode_wg2c4" : wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -226,7 +226,7 @@ static void run_wg_cases(struct gpu *g, int wg, int h6, int all, uint64_t seed)
 		const int *n = c->list == L_REAL ? n_real : c->list == L_ONE ? n_one : n_many;
 		const int ld = c->list == L_MANY ? 300 : 2048, pages = c->list == L_MANY ? 16 : 64;
 		const int splits = c->force ? c->force : cuda_mla_decode_splits(g, c->B, 128, ld);
-		if (wg >= 5 && splits % (wg == 5 ? 4 : 8)) /* the cluster merge: whole clusters of splits */
+		if (wg >= 5 && splits % (wg == 5 || wg == 7 ? 4 : 8)) /* the cluster merge: whole clusters */
 			continue;
 		check_mla(g, 512, c->id == 6 ? h6 : 128, c->B, n, ld, pages, c->amp, c->force, wg, seed + (uint64_t)c->id);
 	}
@@ -264,6 +264,9 @@ TEST_T(gpu_mla, decode_cluster_merge, 120)
 	 * its merge is the output, no k_mla_combine — and 3 rows' 16) */
 	run_wg_cases(&g, 5, 128, 1, 3400);
 	run_wg_cases(&g, 6, 128, 1, 3500);
+	/* and with the groups merged in the kernel (diag bit 24: the last CTA of each slice) */
+	run_wg_cases(&g, 7, 128, 1, 3600);
+	run_wg_cases(&g, 8, 128, 1, 3700);
 	gpu_close(&g);
 }
 
