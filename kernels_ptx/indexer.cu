@@ -142,11 +142,21 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 #define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
 #define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
-extern "C" __global__ void __launch_bounds__(128, 3)
-k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
-		     const uint8_t *__restrict__ pool, long long page_bytes,
-		     const int *__restrict__ block_table, int max_blocks,
-		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
+// QF16 (k_indexer_scores_fp8q): all 8 head tiles' Q fragments converted to fp16 once, before the
+// groups, and kept in registers (128 a thread; 2 blocks an SM instead of 3), so a group converts
+// only its 16 keys (32 conversions a lane instead of 160); the same fp16 values into the same MMAs
+// in the same order: the same bits as k_indexer_scores_fp8.
+// A thread's Q words of head tile j, converted: word q -> (lo, hi), as mma_kblock converts them
+struct idx_qh {
+	uint32_t v[8][2];
+};
+
+template <bool QF16>
+__device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+					       const uint8_t *__restrict__ pool, long long page_bytes,
+					       const int *__restrict__ block_table, int max_blocks,
+					       const int *__restrict__ n_keys, float *__restrict__ scores, int ld,
+					       int keys_per_warp)
 {
 	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][IDX8_STAGE];
 	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
@@ -182,14 +192,23 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 	if (kbeg >= kval)
 		return;
 	// Q as B of head tile j: head 8j + g, bytes [32t, 32t+32); tiles 0-3 in registers, 4-7 read
-	// from shared memory per group (all 8 in registers spill even at 168 registers)
-	uint32_t qf[IDX8_QREG][8];
+	// from shared memory per group (all 8 in registers spill even at 168 registers); QF16: all 8
+	// converted, in registers
+	constexpr int NQR = QF16 ? 1 : IDX8_QREG, NQH = QF16 ? 8 : 1;
+	uint32_t qf[NQR][8];
+	idx_qh qh[NQH];
 #pragma unroll
-	for (int j = 0; j < IDX8_QREG; j++) {
+	for (int j = 0; j < (QF16 ? 8 : IDX8_QREG); j++) {
 		const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
 		const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-		qf[j][0] = q0.x, qf[j][1] = q0.y, qf[j][2] = q0.z, qf[j][3] = q0.w;
-		qf[j][4] = q1.x, qf[j][5] = q1.y, qf[j][6] = q1.z, qf[j][7] = q1.w;
+		const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+		for (int q = 0; q < 8; q++) {
+			if (QF16)
+				e4m3x4_f16(qw[q], qh[j % NQH].v[q][0], qh[j % NQH].v[q][1]);
+			else
+				qf[j % NQR][q] = qw[q];
+		}
 	}
 	const int ngr = (kval - kbeg + 15) / 16;
 	// issue the copy of group gi (16 keys x 128 B = 128 chunks of 16 B, 4 a lane; lanes 0-3 also
@@ -233,17 +252,24 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
 		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
-			uint4 q0, q1;
-			if (j < IDX8_QREG) {
-				const int jr = j % IDX8_QREG;
-				q0 = make_uint4(qf[jr][0], qf[jr][1], qf[jr][2], qf[jr][3]);
-				q1 = make_uint4(qf[jr][4], qf[jr][5], qf[jr][6], qf[jr][7]);
-			} else {
-				q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
-				q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-			}
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
-			mma_kblock(c, kf, q0, q1);
+			if (QF16) {
+#pragma unroll
+				for (int q = 0; q < 8; q++) // mma_kblock with the words converted already
+					mma_w(c, kf.g[q][0], kf.g[q][1], kf.h[q][0], kf.h[q][1], qh[j % NQH].v[q][0],
+					      qh[j % NQH].v[q][1]);
+			} else {
+				uint4 q0, q1;
+				if (j < IDX8_QREG) {
+					const int jr = j % NQR;
+					q0 = make_uint4(qf[jr][0], qf[jr][1], qf[jr][2], qf[jr][3]);
+					q1 = make_uint4(qf[jr][4], qf[jr][5], qf[jr][6], qf[jr][7]);
+				} else {
+					q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+					q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
+				}
+				mma_kblock(c, kf, q0, q1);
+			}
 			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
 			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
 			p_hi += fmaxf(c[2], 0.f) * wj.x + fmaxf(c[3], 0.f) * wj.y;
@@ -259,4 +285,22 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 			out[sk] = (t ? p_hi : p_lo) * ks;
 	}
 	cp_async_wait_all();
+}
+
+extern "C" __global__ void __launch_bounds__(128, 3)
+k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+		     const uint8_t *__restrict__ pool, long long page_bytes,
+		     const int *__restrict__ block_table, int max_blocks,
+		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
+{
+	idx_scores_fp8<false>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 2)
+k_indexer_scores_fp8q(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+		      const uint8_t *__restrict__ pool, long long page_bytes,
+		      const int *__restrict__ block_table, int max_blocks,
+		      const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
+{
+	idx_scores_fp8<true>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
 }
