@@ -25,7 +25,11 @@
  * (fast, or batch-invariant: backend_cuda_opts.batch_invariant, DSV32_CUDA_BATCH_INVARIANT
  * overriding it when the backend is created; backend_cuda_set_batch_invariant later) is said
  * in the start-up line and by backend_cuda_mode.
- * Must not: decide scheduling or sample.
+ * Draws (backend_step_draw): the tokens of the sequences the scheduler asks for, drawn by the GPU
+ * sampler beside the logits (model/cuda_step_sample.h: the function of model/sampler.h), for up
+ * to STEP_DRAWS sequences a step; DSV32_CUDA_DRAW=0 at creation turns them off (the scheduler
+ * then samples the downloaded logits itself).
+ * Must not: decide scheduling or which rows are drawn.
  */
 #include "model/backend.h"
 
@@ -40,6 +44,7 @@
 #include "model/cuda_forward.h"
 #include "model/cuda_gemm.h"
 #include "model/cuda_gemm_tune.h"
+#include "model/cuda_step_sample.h"
 #include "model/cuda_synth.h"
 #include "model/kv_cache.h"
 #include "model/rope.h"
@@ -91,6 +96,12 @@ int backend_cuda_set_switch(struct backend *b, const char *name, const char *val
 	return -ENOTSUP;
 }
 
+int64_t backend_cuda_draws(const struct backend *b)
+{
+	(void)b;
+	return -ENOTSUP;
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
@@ -106,6 +117,9 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
  * scheduler's 2048-token prefill chunk at real dimensions in one pass (2 GiB held 1665 rows: two
  * passes, each streaming every expert's weights). */
 #define SCRATCH_BYTES ((size_t)4 << 30)
+/* Sequences a step may have drawn on the device (backend.sample_rows); the sampler's workspace
+ * is per block, at most one block an SM, so the capacity costs 288 bytes a row beyond that. */
+#define STEP_DRAWS 1024
 
 struct cuda_backend {
 	struct backend base;
@@ -123,6 +137,7 @@ struct cuda_backend {
 	CUstream side;                    /* the forward's side stream (fwd_env.side) */
 	CUevent ev_fork, ev_join;         /* its fork and join events */
 	void *plog;                       /* pinned logits staging (fwd_env.plog) */
+	struct cuda_step_sampler smp;     /* the draws' buffers (rows 0: no draws) */
 	size_t plog_bytes;
 	struct fwd_host_block *hb;        /* [n_hb] backend_host_alloc's pinned blocks */
 	int n_hb, cap_hb;
@@ -511,7 +526,7 @@ static struct fwd_env env_of(struct cuda_backend *b)
 				.plog_bytes = &b->plog_bytes, .host_blocks = b->hb,
 				.n_host_blocks = b->n_hb, .sw = &b->sw, .graphs = on ? b->graphs : NULL,
 				.side = b->side, .ev_fork = b->ev_fork, .ev_join = b->ev_join,
-				.batch_invariant = b->batch_invariant};
+				.batch_invariant = b->batch_invariant, .smp = &b->smp};
 }
 
 static int cuda_step(struct backend *base, const struct backend_step *st)
@@ -521,6 +536,18 @@ static int cuda_step(struct backend *base, const struct backend_step *st)
 	if (r)
 		return r;
 	struct fwd_env env = env_of(b);
+	return cuda_forward_step(&env, st);
+}
+
+static int cuda_step_draw(struct backend *base, const struct backend_step *st,
+			  struct backend_sample *const *draw)
+{
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	int r = backend_validate_step_draw(base, b->w, st, draw);
+	if (r)
+		return r;
+	struct fwd_env env = env_of(b);
+	env.draw = draw;
 	return cuda_forward_step(&env, st);
 }
 
@@ -584,6 +611,7 @@ static void cuda_destroy(struct backend *base)
 		cu.cuEventDestroy(b->ev_join);
 	if (b->side)
 		cu.cuStreamDestroy(b->side);
+	cuda_step_sampler_free(&b->g, &b->smp);
 	gpu_arena_free(&b->g, &b->scratch);
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);
@@ -653,6 +681,14 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		r = err_set(e, -EIO, "cuda backend: cannot create the side stream or its events");
 		goto err;
 	}
+	/* the draws' buffers (before the KV pool takes what is left) */
+	const char *dv = getenv("DSV32_CUDA_DRAW");
+	if (!(dv && *dv == '0')) {
+		if ((r = cuda_step_sampler_init(&b->g, &b->smp, STEP_DRAWS, (int)c->vocab_size, e)))
+			goto err;
+		b->base.step_draw = cuda_step_draw;
+		b->base.sample_rows = STEP_DRAWS;
+	}
 	/* the KV pool: what is left, keeping 1 GiB for the driver and library workspaces */
 	size_t free_b = 0, total_b = 0;
 	cu.cuMemGetInfo(&free_b, &total_b);
@@ -674,13 +710,13 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	(void)cuda_gemm_tune_model(&b->g, &b->m, (int)n_fwd_layers(b), &b->scratch);
 	fprintf(stderr,
 		"<6>dsv32: cuda backend on %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB uploaded "
-		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB; "
-		"mode %s%s\n",
+		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB, "
+		"sampler %zu MiB (%lld draws a step); mode %s%s\n",
 		b->g.name, b->g.cc_major, b->g.cc_minor, b->g.sm_count, b->g.total_mem / 1073741824.0,
 		b->upload_bytes / 1073741824.0, b->upload_s,
 		b->upload_s > 0 ? b->upload_bytes / b->upload_s / 1e9 : 0.0,
 		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20,
-		backend_cuda_mode(&b->base),
+		b->smp.region.mapped >> 20, (long long)b->base.sample_rows, backend_cuda_mode(&b->base),
 		b->batch_invariant ? " (GEMMs and MoE in <= 64-row pieces, bf16 products in the CPU's "
 				    "order: a row's numbers do not depend on its batch)"
 				  : " (large-M GEMM and MoE paths; not batch-invariant: --batch-invariant "
@@ -707,6 +743,13 @@ int backend_cuda_kv_fill_synthetic(struct backend *base, const int32_t *bt, int6
 		r = gpu_sync(&b->g);
 	return r ? err_set(e, r, "synthetic KV fill of %lld tokens failed (%d)", (long long)n_tokens, r)
 		 : 0;
+}
+
+int64_t backend_cuda_draws(const struct backend *base)
+{
+	if (!base || base->ops != &cuda_ops)
+		return -ENOTSUP;
+	return (int64_t)((const struct cuda_backend *)base)->smp.draws;
 }
 
 const char *backend_cuda_mode(const struct backend *base)

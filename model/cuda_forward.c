@@ -53,6 +53,7 @@
 
 #include "model/cuda_attn.h"
 #include "model/cuda_gemm.h"
+#include "model/cuda_step_sample.h"
 #include "model/kv_cache.h"
 #include "model/numerics.h"
 
@@ -217,8 +218,8 @@ static int logits_pinned(const struct fwd *F)
 		int64_t nl = 0;
 		for (int64_t j = 0; j < s->n; j++)
 			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
-		if (!nl)
-			continue;
+		if (!nl || (F->E->draw && F->E->draw[i]))
+			continue; /* (drawn on the device: not downloaded) */
 		const char *a = (const char *)s->logits, *b = a + (size_t)nl * V * 4;
 		int in = 0;
 		for (int k = 0; k < F->E->n_host_blocks && !in; k++) {
@@ -463,13 +464,20 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		hid = malloc((size_t)F->n_hidden * D * sizeof *hid);
 		rc = hid ? gather_download(F, st->mtp ? r : out, F->hrows, F->n_hidden, D, hid) : -ENOMEM;
 	}
+	/* the drawn sequences' tokens (backend_step_draw): the sampler on their rows of l32, only
+	 * the draws downloaded (model/cuda_step_sample.h); one LOGITS row each */
+	int n_draw = F->E->draw && !rc ? cuda_step_sample_launch(F->g, F->E->smp, st, F->E->draw,
+								 l32, V)
+				       : 0;
+	if (n_draw < 0)
+		rc = n_draw, n_draw = 0;
 	/* Pinned callers' buffers (the backend's host memory): straight in (run 14 / 15, bench
 	 * model --pinned-logits with DSV32_CUDA_LOGITS_STAGED=0, batch 1 / 16 at 1K: 1.498 / 5.064
 	 * ms). Pageable ones: every row into the pinned staging buffer in one copy, then host copies
 	 * into the sequences' buffers, instead of the driver staging each pageable copy itself (run
 	 * 14: 1.539 / 5.830 against 1.584 / 6.082). DSV32_CUDA_LOGITS_STAGED=1 / 0 forces either. */
 	const int staged = F->E->sw->staged < 0 ? !logits_pinned(F) : F->E->sw->staged;
-	const int down = F->n_logits && !fwd_skipped(F, "logits_download"); /* (timing only) */
+	const int down = F->n_logits > n_draw && !fwd_skipped(F, "logits_download"); /* (timing only) */
 	float *stage = NULL;
 	if (staged && down && !rc) {
 		size_t need = (size_t)F->n_logits * V * 4;
@@ -493,7 +501,8 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		int64_t nl = 0;
 		for (int64_t j = 0; j < s->n; j++)
 			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
-		if (nl && cu_check(cu.cuMemcpyDtoHAsync(s->logits, l32 + (size_t)kl * V * 4,
+		const int drawn = F->E->draw && F->E->draw[i];
+		if (nl && !drawn && cu_check(cu.cuMemcpyDtoHAsync(s->logits, l32 + (size_t)kl * V * 4,
 							(size_t)nl * V * 4, F->g->stream),
 				   "cuMemcpyDtoHAsync", __FILE__, __LINE__))
 			rc = -EIO;
@@ -507,10 +516,12 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 		int64_t nl = 0;
 		for (int64_t j = 0; j < s->n; j++)
 			nl += !!(row_flags(s, j) & BACKEND_ROW_LOGITS);
-		if (nl)
+		if (nl && !(F->E->draw && F->E->draw[i]))
 			memcpy(s->logits, stage + (size_t)kl * V, (size_t)nl * V * 4);
 		kl += nl;
 	}
+	if (n_draw && !rc)
+		cuda_step_sample_finish(F->E->smp, st, F->E->draw);
 	for (int64_t i = 0, kh = 0; !rc && F->n_hidden && i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		int64_t nh = 0;

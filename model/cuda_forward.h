@@ -116,6 +116,8 @@ struct fwd_host_block {
 };
 
 /* What a step runs against. */
+struct cuda_step_sampler;
+
 struct fwd_env {
 	struct gpu *g;
 	struct gpu_arena *arena;
@@ -138,6 +140,10 @@ struct fwd_env {
 	void *ev_fork, *ev_join;      /* CUevents of those branches' fork and join */
 	int batch_invariant;          /* the mode (backend_cuda_opts.batch_invariant; see
 				       * cuda_forward.c for what each mode runs) */
+	struct cuda_step_sampler *smp; /* the device sampler's buffers (model/cuda_step_sample.h) */
+	struct backend_sample *const *draw; /* NULL, or [n_seqs]: the step's draws
+				       * (backend_step_draw): drawn on the device, their logits
+				       * never downloaded */
 };
 
 /* With DSV32_CUDA_PROFILE=1, eager steps record the GPU time between consecutive ops; this

@@ -1,0 +1,159 @@
+/*
+ * test_gpu_draw.c — the scheduler's tokens drawn on the device (backend_step_draw: the GPU
+ * sampler beside the logits, model/cuda_step_sample.h) against the same scheduler sampling the
+ * downloaded logits itself (sched_config.host_sampling), on the CUDA backend's batch-invariant
+ * mode (a row's logits are the same bits in both runs) with the tiny model's 129280 ids: every
+ * token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
+ * test_gpu_sampler.c), the same alternatives; the draws really ran on the device (counted);
+ * a draw the backend must refuse (a penalty, two logits rows) is refused.
+ */
+#include "tests/gpu/gpu_harness.h"
+
+#ifndef DSV32_NO_CUDA
+
+#include <string.h>
+
+#include "model/backend.h"
+#include "model/sched.h"
+#include "tests/ckpt_helpers.h"
+
+#define NREQ 6
+#define NTOK 12
+
+struct trace {
+	struct sched_event ev[NREQ * NTOK];
+	int64_t n;
+};
+
+static int by_id_seq(const void *x, const void *y)
+{
+	const struct sched_event *a = x, *b = y;
+	return a->id != b->id ? (a->id > b->id) - (a->id < b->id) : (a->seq > b->seq) - (a->seq < b->seq);
+}
+
+static void run(struct backend *b, int host, const struct sampler_params *sp,
+		int32_t (*p)[48], struct trace *t)
+{
+	struct sched_config c = {0};
+	c.max_batch_tokens = 96;
+	c.max_seqs = 8;
+	c.seed = 5;
+	c.host_sampling = host;
+	struct sched *s;
+	struct err e = {""};
+	REQUIRE(sched_init(&s, b, &c, &e) == 0);
+	for (int i = 0; i < NREQ; i++) {
+		struct sched_request q = {0};
+		q.id = (uint64_t)i;
+		q.uid = 1;
+		q.prompt = p[i];
+		q.n_prompt = 48;
+		q.sampling = sp[i];
+		q.seeded = 1;
+		q.max_tokens = NTOK;
+		q.ignore_eos = 1;
+		REQUIRE(sched_add(s, &q, &e) == 0);
+	}
+	t->n = 0;
+	for (int guard = 0; sched_has_work(s); guard++) {
+		REQUIRE(guard < 10000);
+		const struct sched_event *ev;
+		int64_t n;
+		REQUIRE(sched_step(s, &ev, &n) == 0);
+		for (int64_t i = 0; i < n; i++) {
+			CHECK(ev[i].type != SCHED_EVENT_ERROR);
+			if (ev[i].type != SCHED_EVENT_TOKEN)
+				continue;
+			REQUIRE(t->n < NREQ * NTOK);
+			t->ev[t->n] = ev[i];
+			t->ev[t->n++].text = NULL;
+		}
+	}
+	sched_free(s);
+	qsort(t->ev, (size_t)t->n, sizeof t->ev[0], by_id_seq);
+}
+
+TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
+{
+	struct test_model m;
+	snprintf(m.dir, sizeof m.dir, "%s/draw_tiny", test_tmpdir());
+	char cmd[2048];
+	snprintf(cmd, sizeof cmd, "%s/mkmodel tiny --seed 1 --tokenizer fallback --out %s >%s.log 2>&1",
+		 test_bin_dir(), m.dir, m.dir);
+	test_model_make(&m, cmd);
+	struct backend_cuda_opts o = {.n_pages = 32, .batch_invariant = 1};
+	struct backend *b;
+	struct err e = {""};
+	if (backend_cuda_create_opts(&m.c, &m.w, &m.ck, &o, &b, &e)) {
+		test_fail(__FILE__, __LINE__, "backend_cuda_create_opts: %s", e.msg);
+		test_abort_case();
+	}
+	REQUIRE(b->step_draw && b->sample_rows >= 8);
+	int64_t V = m.c.vocab_size;
+	static int32_t p[NREQ][48];
+	uint64_t seed = 11;
+	for (int i = 0; i < NREQ; i++)
+		for (int j = 0; j < 48; j++)
+			p[i][j] = 3 + (int32_t)(test_rand(&seed) % (uint64_t)(V - 3));
+	struct sampler_params sp[NREQ];
+	for (int i = 0; i < NREQ; i++) {
+		sampler_params_default(&sp[i]);
+		sp[i].seed = 100 + (uint64_t)i;
+	}
+	sp[1].temperature = 0.8, sp[1].top_k = 50;
+	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
+	sp[3].temperature = 1.2, sp[3].min_p = 0.02;
+	sp[4].logprobs = 1, sp[4].top_logprobs = 20;
+	sp[5].temperature = 0.7, sp[5].top_k = 20, sp[5].top_p = 0.8, sp[5].logprobs = 1;
+	static struct trace host, dev;
+	run(b, 1, sp, p, &host);
+	int64_t d0 = backend_cuda_draws(b);
+	run(b, 0, sp, p, &dev);
+	int64_t drawn = backend_cuda_draws(b) - d0;
+	CHECK_EQ_INT(d0, 0);
+	CHECK_EQ_INT(drawn, NREQ * NTOK);
+	CHECK_EQ_INT(host.n, NREQ * NTOK);
+	CHECK_EQ_INT(dev.n, NREQ * NTOK);
+	int64_t tok_bad = 0, top_bad = 0;
+	double worst = 0;
+	for (int64_t i = 0; i < host.n && i < dev.n; i++) {
+		const struct sched_event *a = &host.ev[i], *d = &dev.ev[i];
+		tok_bad += a->id != d->id || a->seq != d->seq || a->token != d->token;
+		top_bad += a->n_top != d->n_top ||
+			   memcmp(a->top_ids, d->top_ids, (size_t)a->n_top * sizeof a->top_ids[0]);
+		double err = fabs((double)a->logprob - d->logprob);
+		for (int k = 0; k < a->n_top && k < d->n_top; k++)
+			err = fmax(err, fabs((double)a->top_logprobs[k] - d->top_logprobs[k]));
+		worst = fmax(worst, err);
+	}
+	printf("    %lld tokens of %d requests (greedy, temperature, top-k, top-p, min-p, logprobs): "
+	       "%lld differ, %lld alternative lists differ, worst logprob difference %.2e\n",
+	       (long long)host.n, NREQ, (long long)tok_bad, (long long)top_bad, worst);
+	CHECK_EQ_INT(tok_bad, 0);
+	CHECK_EQ_INT(top_bad, 0);
+	CHECK(worst <= 1e-5);
+
+	/* draws the backend refuses: a penalty (no history on the device), two logits rows */
+	int32_t tok[2] = {5, 6}, bt[1] = {0};
+	int64_t pos[2] = {0, 1};
+	uint8_t fl[2] = {BACKEND_ROW_LOGITS, BACKEND_ROW_LOGITS};
+	struct sampler_params pen;
+	sampler_params_default(&pen);
+	pen.repetition_penalty = 1.1;
+	struct backend_sample ds = {.p = &pen};
+	struct backend_sample *dp[1] = {&ds};
+	struct backend_seq s1 = {.n = 1, .tokens = tok, .pos = pos, .block_table = bt, .n_blocks = 1};
+	struct backend_step st = {.mtp = 0, .n_seqs = 1, .seqs = &s1};
+	CHECK_EQ_INT(backend_step_draw(b, &st, dp), -EINVAL);
+	sampler_params_default(&pen);
+	s1.n = 2, s1.flags = fl;
+	CHECK_EQ_INT(backend_step_draw(b, &st, dp), -EINVAL);
+	s1.n = 1, s1.flags = NULL; /* and the same draw on one row is taken */
+	CHECK_EQ_INT(backend_step_draw(b, &st, dp), 0);
+	CHECK_EQ_INT(ds.rc, 0);
+	CHECK(ds.out.token >= 0 && ds.out.token < V);
+	backend_destroy(b);
+	test_model_free(&m);
+}
+
+#endif
