@@ -244,13 +244,19 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 		g_gate1_done = 0; // for the next launch (stream order)
 }
 
-extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
-k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
-		  int E, int D, const float *__restrict__ bias, int topk_group, int K,
-		  int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
-		  int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
-		  int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,
-		  float *scores)
+// The one-token routers' parameters (every form's) and the same names as arguments.
+#define GATE1_PARAMS                                                                           \
+	const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits, int E,     \
+		int D, const float *__restrict__ bias, int topk_group, int K, int norm_topk_prob, \
+		float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,   \
+		int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src,         \
+		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores
+#define GATE1_ARGS                                                                             \
+	W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,   \
+		offsets, perm, src, xs8, sxs, scores
+
+// TAIL false (a timing diagnosis, DSV32_CUDA_MOE_ROUTER=9: wrong results): no routing
+template <bool TAIL> __device__ __forceinline__ void gate_route1(GATE1_PARAMS)
 {
 	constexpr int EPB = GR1_EPB, CW = EPB / 4; // CW warps of chains; warp CW quantises
 	extern __shared__ __align__(16) unsigned char gr1_smem[];
@@ -344,9 +350,19 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 	}
 	__threadfence(); // this thread's scores are visible device-wide before the count says so
 	__syncthreads();
-	if (warp == 0)
+	if (TAIL && warp == 0)
 		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
 				 offsets, perm, src);
+}
+
+extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(GATE1_PARAMS)
+{
+	gate_route1<true>(GATE1_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
+	k_moe_gate_route1_diag_notail(GATE1_PARAMS)
+{
+	gate_route1<false>(GATE1_ARGS);
 }
 
 // ---- k_moe_gate_route1s: the fast mode's router of one token (see the file header) --------------
@@ -364,19 +380,12 @@ k_moe_gate_route1(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x
 // experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
 // permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
 // (gate1_quant_rows: x read from global). EPB = 2 (k_moe_gate_route1s, the default), 1 (_e1:
-// 256 blocks, two an SM) or 4 (_e4: 64 blocks): model/cuda_moe.c's DSV32_CUDA_MOE_ROUTER.
+// 256 blocks, two an SM) or 4 (_e4: 64 blocks): model/cuda_moe.c's DSV32_CUDA_MOE_ROUTER; TAIL
+// false (a timing diagnosis): no routing.
 // E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
-template <int EPB>
-__device__ __forceinline__ void gate_route1s(const uint16_t *__restrict__ W,
-					     const uint16_t *__restrict__ x, float *logits, int E,
-					     int D, const float *__restrict__ bias, int topk_group,
-					     int K, int norm_topk_prob, float route_scale, int *idx,
-					     float *__restrict__ wts, int *__restrict__ counts,
-					     int *__restrict__ offsets, int *__restrict__ perm,
-					     int *__restrict__ src, uint8_t *__restrict__ xs8,
-					     float *__restrict__ sxs, float *scores)
+template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -437,26 +446,22 @@ __device__ __forceinline__ void gate_route1s(const uint16_t *__restrict__ W,
 		__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
-	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
-			 offsets, perm, src);
+	if (TAIL)
+		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+				 counts, offsets, perm, src);
 }
 
-#define GATE_ROUTE1S_KERNEL(name, epb)                                                         \
-	extern "C" __global__ void __launch_bounds__(128 * (epb)) name(                         \
-		const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,    \
-		int E, int D, const float *__restrict__ bias, int topk_group, int K,              \
-		int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,         \
-		int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,      \
-		int *__restrict__ src, uint8_t *__restrict__ xs8, float *__restrict__ sxs,        \
-		float *scores)                                                                    \
+#define GATE_ROUTE1S_KERNEL(name, epb, tail)                                                   \
+	extern "C" __global__ void __launch_bounds__(128 * (epb)) name(GATE1_PARAMS)             \
 	{                                                                                       \
-		gate_route1s<epb>(W, x, logits, E, D, bias, topk_group, K, norm_topk_prob,        \
-				  route_scale, idx, wts, counts, offsets, perm, src, xs8, sxs,     \
-				  scores);                                                         \
+		gate_route1s<epb, tail>(GATE1_ARGS);                                              \
 	}
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, 2)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e1, 1)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e4, 4)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, 2, true)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e1, 1, true)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e4, 4, true)
+// timing diagnosis only (DSV32_CUDA_MOE_ROUTER=8, wrong results): the logits and scores without
+// the last block's routing and permutation (what the tail costs)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_diag_notail, 2, false)
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
 // _t64), K in chunks of GT_KC = 64. A chunk arrives raw (bf16 rows) by cp.async into a ring of

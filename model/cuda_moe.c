@@ -273,12 +273,15 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
  * D <= 8192; the batch-invariant mode keeps route1 (the CPU's bits, as every T).
  * DSV32_CUDA_MOE_ROUTER=m (read once; cuda_moe_set_router, a forward switch): 0 route1 in both
  * modes; 1 (default) EPB = 2; 2 EPB = 1 (k_moe_gate_route1s_e1); 4 EPB = 4 (_e4): the same
- * bits. Returns the kernel's EPB, or 0 for route1. */
+ * bits; timing diagnoses (where the gate stage runs alone, `bench moe`'s stage timing: the
+ * routing left as the last full run wrote it), the last block's routing and permutation left
+ * out: 8 of EPB = 2, 9 of route1 (elsewhere 8 runs EPB = 2, 9 route1). Returns the kernel's EPB (8: that
+ * diagnosis), or 0 for route1 (router_mode 9: its diagnosis). */
 static int router_mode = -1;
 
 void cuda_moe_set_router(int mode)
 {
-	router_mode = mode == 0 || mode == 2 || mode == 4 ? mode : 1;
+	router_mode = mode == 0 || mode == 2 || mode == 4 || mode == 8 || mode == 9 ? mode : 1;
 }
 
 static int split_router(const struct gpu *g, const struct dsv32_config *c,
@@ -288,16 +291,16 @@ static int split_router(const struct gpu *g, const struct dsv32_config *c,
 		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
 		cuda_moe_set_router(v ? atoi(v) : 1);
 	}
-	if (!router_mode || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
+	if (!router_mode || router_mode == 9 || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
 	    d->D > 8192)
 		return 0;
-	return router_mode == 1 ? 2 : router_mode == 2 ? 1 : 4;
+	return router_mode == 1 ? 2 : router_mode == 2 ? 1 : router_mode;
 }
 
 static const char *split_router_name(int epb)
 {
 	return epb == 1 ? "k_moe_gate_route1s_e1" : epb == 4 ? "k_moe_gate_route1s_e4"
-							    : "k_moe_gate_route1s";
+		 : epb == 8 ? "k_moe_gate_route1s_diag_notail" : "k_moe_gate_route1s";
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -425,12 +428,19 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		const int epb = split_router(g, c, d);
+		/* (the timing diagnoses only where the gate stage runs alone: bench moe's stage
+		 * timing, on the routing of a full run) */
+		const int gate_only = (stages & CUDA_MOE_ALL) == CUDA_MOE_GATE;
+		int epb = split_router(g, c, d);
+		epb = epb == 8 && !gate_only ? 2 : epb;
 		if (epb) { /* E / EPB blocks of 128 EPB threads */
-			rc = moe_launch(g, gpu_kernel(g, split_router_name(epb)), (unsigned)(E / epb),
-					128u * (unsigned)epb, 0, args);
+			const int e = epb == 8 ? 2 : epb; /* (8: the diagnosis, 2 a block) */
+			rc = moe_launch(g, gpu_kernel(g, split_router_name(epb)), (unsigned)(E / e),
+					128u * (unsigned)e, 0, args);
 		} else {
-			void *fn = gpu_kernel(g, "k_moe_gate_route1");
+			void *fn = gpu_kernel(g, router_mode == 9 && gate_only
+							 ? "k_moe_gate_route1_diag_notail"
+							 : "k_moe_gate_route1");
 			if (!fn)
 				return -ENOENT;
 			unsigned smem = gate_route1_smem(D);
