@@ -127,12 +127,6 @@ __device__ __forceinline__ void fence_acq_rel_gpu()
 	asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-// barrier `id` among the first `n` threads (the consumer warps; the producer never joins)
-__device__ __forceinline__ void named_bar_sync(int id, int n)
-{
-	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
 // ---- wgmma (the fast mode's consumers, WI = 2) -------------------------------------------------
 // d (+)= A[64 x 32] . B[N x 32]^T (e4m3, fp32; accumulate = 0 overwrites d), N = 8, 16, 32, 64:
 // d holds N / 2 registers a thread

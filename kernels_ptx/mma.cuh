@@ -1,16 +1,23 @@
 // mma.cuh — warp-level tensor-core and shared-memory primitives shared by the kernels: the
 // mma.sync shapes they use (bf16 / fp16 m16n8k16, e4m3 m16n8k32, fp32 accumulators), ldmatrix
-// (plain and transposed) and cp.async. Fragment layouts are PTX's (ISA "Matrix fragments for
-// mma.m16n8k16 / m16n8k32"): with g = lane / 4, t = lane % 4, A row-major 16 x K (a0: row g,
-// a1: row g + 8, a2/a3: the same rows, the upper half of K), B column-major K x 8 (b0: column g,
-// the lower half of K; b1: the upper half), C/D c0 c1: row g, columns 2t, 2t + 1; c2 c3: row
-// g + 8. Device code only.
+// (plain and transposed), cp.async and named barriers. Fragment layouts are PTX's (ISA "Matrix
+// fragments for mma.m16n8k16 / m16n8k32"): with g = lane / 4, t = lane % 4, A row-major 16 x K
+// (a0: row g, a1: row g + 8, a2/a3: the same rows, the upper half of K), B column-major K x 8
+// (b0: column g, the lower half of K; b1: the upper half), C/D c0 c1: row g, columns 2t, 2t + 1;
+// c2 c3: row g + 8. Device code only.
 #pragma once
 #include <stdint.h>
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
 	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// barrier `id` (1-15; 0 is __syncthreads') among the first `n` threads of the block (a
+// producer/consumer kernel's consumer warps; the producer never joins)
+__device__ __forceinline__ void named_bar_sync(int id, int n)
+{
+	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
 // c += A (16xK) * B (Kx8) for the element type TY (a PTX type string) and K

@@ -109,12 +109,14 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 }
 
 static size_t v2_workspace(const struct gpu *g, int M, int N, int K);
+static size_t gemv_workspace(const struct gpu *g, int M, int N, int K);
 
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 {
 	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	size_t st = sp.chunks > 1 ? (size_t)sp.chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
-	return st > v2 ? st : v2; /* room for either kernel */
+	size_t gv = gemv_workspace(g, M, N, K), most = st > v2 ? st : v2;
+	return gv > most ? gv : most; /* room for any of the kernels */
 }
 
 #define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
@@ -615,6 +617,81 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb, 1, 256, 0, rargs);
 }
 
+/* ---- the one-row kernel (gemm_fp8_gemv.cu) ------------------------------------------------- */
+
+#define GV_SLOTS 64	    /* the kernel's arrival-count sets */
+#define GV_TILES 4096	    /* 16-row tiles a set counts */
+#define GV_RING (128 << 10) /* the most weight bytes a block keeps in flight */
+#define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
+
+/* Its split: units of 16 rows x chunk_blocks K blocks, one block per SM taking a contiguous
+ * range of them, so the busiest SM streams ceil(units / SMs) units; pick the chunk count that
+ * minimises that in bytes, plus 2 KB a unit (its sums and barrier) and 8 KB once when K is
+ * chunked (the split tiles' partials, arrival counts and sums), among stages that fit the ring
+ * twice. A function of N, K and the SM count only (the summation order never depends on M). */
+static struct gemm_split gemv_split(const struct gpu *g, int N, int K)
+{
+	const int kb = K / 128, tiles = N / 16, sms = g->sm_count > 0 ? g->sm_count : 132;
+	struct gemm_split best = {1, 1, kb};
+	double best_cost = 1e30;
+	for (int c = 1; c <= kb; c++) {
+		const int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
+		if (2 * 16 * (cb * 128 + 16) > GV_RING)
+			continue;
+		const long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
+		const double cost = (double)rounds * (cb * 2048.0 + 2048.0) + (ce > 1 ? 8192.0 : 0.0);
+		if (cost < best_cost - 1e-9) {
+			best_cost = cost;
+			best = (struct gemm_split){1, ce, cb};
+		}
+	}
+	return best;
+}
+
+/* (room for its at most 8 rows when asked for more) */
+static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
+{
+	if (N < 16 || K < 128)
+		return 0;
+	struct gemm_split sp = gemv_split(g, N, K);
+	return sp.chunks > 1 ? (size_t)sp.chunks * (M < 8 ? M : 8) * N * 4 : 0;
+}
+
+int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+		       int M, int N, int K, int ldy, gpu_ptr ws)
+{
+	if (M < 1 || M > 8 || N % 16 || N < 16 || N / 16 > GV_TILES || K % 128 || K < 128 ||
+	    ldy < N)
+		return -EINVAL;
+	struct gemm_split sp = gemv_split(g, N, K);
+	if (sp.chunks > 1 && !ws)
+		return -EINVAL;
+	const int stage = 16 * (sp.chunk_blocks * 128 + 16);
+	const long long units = (long long)(N / 16) * sp.chunks;
+	const int sms = g->sm_count > 0 ? g->sm_count : 132;
+	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
+	/* stages: what the ring holds (at least one), no more than a block's units */
+	const long long per = (units + grid - 1) / grid;
+	int ns = GV_RING / stage;
+	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
+	ns = per < ns ? (int)per : ns;
+	if (GV_HEAD + (long long)ns * stage > ST_SMEM_MAX)
+		return -EINVAL;
+	const int smem = GV_HEAD + ns * stage;
+	static int next_slot;
+	pthread_mutex_lock(&gemm_lock);
+	int slot = next_slot;
+	next_slot = (next_slot + 1) % GV_SLOTS;
+	pthread_mutex_unlock(&gemm_lock);
+	void *fn;
+	int r = kernel_optin(g, "k_gemm_fp8_gemv", &fn);
+	if (r)
+		return r;
+	void *args[] = {&W, &S, &x8, &sx, &y, &ws, &M, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks,
+			&ns, &slot};
+	return launch_pdl(g, fn, grid, 1, 9 * 32, (unsigned)smem, args);
+}
+
 /* ---- grouped (MoE experts) ------------------------------------------------------------------ */
 
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K)
@@ -771,13 +848,10 @@ int cuda_gemm_fp8_lt(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx
  * says nothing about the other's candidates), M bucket and shape. */
 struct gemm_entry {
 	int ordinal, fast, bucket, N, K;
-	enum cuda_gemm_path path, plain; /* plain: the fastest but the swapped kernel's forms */
+	enum cuda_gemm_path forced; /* cuda_gemm_path_set's path, else NONE: the fastest of t */
+	float t[CUDA_GEMM_PATHS];   /* cuda_gemm_tune's times (us; < 0 not timed) */
+	int lt_ok;		    /* whether cuBLASLt was a candidate */
 };
-
-static int is_swapped(enum cuda_gemm_path p)
-{
-	return p == CUDA_GEMM_PATH_STREAM_SW || p == CUDA_GEMM_PATH_STREAM_SW2;
-}
 
 /* Off (the default: run 23, bench model --ab at 32K, the step without the swapped kernel -59 /
  * -70 us at batch 16 / 64, +5 at 1, though its GEMMs alone are faster; on: cuda_gemm_set_swap(1),
@@ -795,6 +869,32 @@ static int swap_off(void)
 	}
 	return !swap_on;
 }
+
+/* The one-row kernel (CUDA_GEMM_PATH_GEMV): 1 a candidate of the start-up measurement at M <= 8
+ * in the fast mode, and the dispatch takes it where it measured fastest; 0 neither (where it was
+ * measured the dispatch takes the fastest other path: an in-process A/B); -1 the environment
+ * (DSV32_GEMM_GEMV=1: on) not read yet. Off by default until a GPU run has validated it. */
+static int gemv_on = -1;
+
+void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : !!on; }
+
+static int gemv_off(void)
+{
+	if (gemv_on < 0) {
+		const char *v = getenv("DSV32_GEMM_GEMV");
+		gemv_on = v && *v == '1';
+	}
+	return !gemv_on;
+}
+
+/* The paths the switches leave out of a measured entry's choice (a bit per path). */
+static unsigned paths_off(void)
+{
+	return (swap_off() ? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2 : 0) |
+	       (gemv_off() ? 1u << CUDA_GEMM_PATH_GEMV : 0);
+}
+
+static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off);
 
 #define MAX_ENTRIES 1024
 static struct gemm_entry table[MAX_ENTRIES];
@@ -871,9 +971,9 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	struct gemm_entry *e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(M), N, K);
 	if (!e && M <= 1) /* one token, not measured on its own: the 2-8 rows' entry */
 		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
-	enum cuda_gemm_path p = !e ? CUDA_GEMM_PATH_NONE
-				: is_swapped(e->path) && swap_off() ? e->plain
-								      : e->path;
+	enum cuda_gemm_path p = !e		       ? CUDA_GEMM_PATH_NONE
+				: e->forced != CUDA_GEMM_PATH_NONE ? e->forced
+								   : pick(e->t, e->lt_ok, paths_off());
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);
@@ -881,7 +981,9 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 	     p == CUDA_GEMM_PATH_STREAM_SW2) &&
 	    (!fast || M > 64))
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
-	if (cap_of(g) && M <= 64 && p != CUDA_GEMM_PATH_STREAM_WG)
+	if (p == CUDA_GEMM_PATH_GEMV && (!fast || M > 8))
+		p = CUDA_GEMM_PATH_NONE; /* the fast mode's, at most 8 rows */
+	if (cap_of(g) && M <= 64 && p != CUDA_GEMM_PATH_STREAM_WG && p != CUDA_GEMM_PATH_GEMV)
 		return CUDA_GEMM_PATH_DECODE; /* a CTA cap: the kernels that honour it */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
@@ -894,8 +996,10 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 							 : CUDA_GEMM_PATH_CUBLASLT;
 }
 
-static void path_record(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path,
-			enum cuda_gemm_path plain)
+/* Records (bucket(M), N, K)'s entry in g's current mode: forced, or the times t (< 0: not
+ * timed) to pick from at each dispatch. */
+static void path_record(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path forced,
+			const float *t, int lt_ok)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
 	pthread_mutex_lock(&gemm_lock);
@@ -903,14 +1007,17 @@ static void path_record(const struct gpu *g, int M, int N, int K, enum cuda_gemm
 	struct gemm_entry *e = entry_find(g->ordinal, fast, b, N, K);
 	if (!e && n_table < MAX_ENTRIES)
 		e = &table[n_table++];
-	if (e)
-		*e = (struct gemm_entry){g->ordinal, fast, b, N, K, path, plain};
+	if (e) {
+		*e = (struct gemm_entry){g->ordinal, fast, b, N, K, forced, {0}, lt_ok};
+		for (int p = 0; p < CUDA_GEMM_PATHS; p++)
+			e->t[p] = t ? t[p] : -1;
+	}
 	pthread_mutex_unlock(&gemm_lock);
 }
 
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path)
 {
-	path_record(g, M, N, K, path, path);
+	path_record(g, M, N, K, path, NULL, 0);
 }
 
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
@@ -936,7 +1043,11 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 		const int sw = p == CUDA_GEMM_PATH_STREAM_SW || p == CUDA_GEMM_PATH_STREAM_SW2;
 		int r = sw ? cuda_gemm_fp8_stream_sw(g, W, S, x, s, yy, m, N, K, ldy,
 						     p == CUDA_GEMM_PATH_STREAM_SW2)
-			   : -ENOTSUP;
+			: p == CUDA_GEMM_PATH_GEMV && m <= 8
+				? cuda_gemm_fp8_gemv(g, W, S, x, s, yy, m, N, K, ldy, ws)
+				: -ENOTSUP;
+		if (r == -EINVAL && p == CUDA_GEMM_PATH_GEMV)
+			r = -ENOTSUP; /* a shape it does not take: the decode kernel */
 		if (r == -ENOTSUP)
 			r = p == CUDA_GEMM_PATH_STREAM_WG || sw
 				    ? cuda_gemm_fp8_stream_wg(g, W, S, x, s, yy, m, N, K, ldy, ws, 1)
@@ -985,6 +1096,9 @@ static int run_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p)
 	case CUDA_GEMM_PATH_STREAM_SW2:
 		return cuda_gemm_fp8_stream_sw(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
 					       p == CUDA_GEMM_PATH_STREAM_SW2);
+	case CUDA_GEMM_PATH_GEMV:
+		return cuda_gemm_fp8_gemv(g, W, S, a->x8, a->sx, a->y, a->M, a->N, a->K, a->ldy,
+					  a->ws);
 	case CUDA_GEMM_PATH_WGMMA:
 		return wgmma_fits(a->N, a->ldy) ? cuda_gemm_fp8_wgmma(g, W, S, a->x8, a->sx, a->y,
 								      a->M, a->N, a->K, a->ldy)
@@ -1047,14 +1161,13 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
  * M = 4096). */
 #define TUNE_MARGIN 0.03f
 
-/* The fastest timed path of t (us, < 0: not timed), the swapped kernel's forms only when sw:
- * cuBLASLt unless beaten by TUNE_MARGIN where it may be chosen (lt_ok); NONE when none ran. */
-static enum cuda_gemm_path pick(const float *t, int lt_ok, int sw)
+/* The fastest timed path of t (us, < 0: not timed) but those in off (a bit per path): cuBLASLt
+ * unless beaten by TUNE_MARGIN where it may be chosen (lt_ok); NONE when none ran. */
+static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off)
 {
 	enum cuda_gemm_path best = CUDA_GEMM_PATH_NONE;
 	for (int p = 1; p < CUDA_GEMM_PATHS; p++)
-		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) &&
-		    (sw || !is_swapped((enum cuda_gemm_path)p)) &&
+		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) && !(off >> p & 1) &&
 		    (best == CUDA_GEMM_PATH_NONE || t[p] < t[best]))
 			best = (enum cuda_gemm_path)p;
 	if (best == CUDA_GEMM_PATH_NONE && t[CUDA_GEMM_PATH_CUBLASLT] >= 0)
@@ -1066,13 +1179,14 @@ static enum cuda_gemm_path pick(const float *t, int lt_ok, int sw)
 	return best;
 }
 
-/* Times each candidate of the current mode at a->M rows, records the fastest for the bucket
- * (cuBLASLt unless beaten by TUNE_MARGIN) and the fastest but the swapped kernel's (for
- * DSV32_GEMM_SWAP=0), returns the first (NONE when no path ran). The swapped kernel is a
+/* Times each candidate of the current mode at a->M rows and records the times for the bucket
+ * (the dispatch picks the fastest of those its switches allow: cuBLASLt unless beaten by
+ * TUNE_MARGIN), returns the fastest of all (NONE when no path ran). The swapped kernel is a
  * candidate in the fast mode from 2 rows: at one row run 22 measured the model's q_b
  * (24576x1536) on its cluster form at 21.4 us a call in the step against ~20 for v2, though
- * bench gemm had it faster (14.8 against 16.0 us). us[CUDA_GEMM_PATHS] (may be NULL): the
- * times, < 0 where a path was not timed or failed. */
+ * bench gemm had it faster (14.8 against 16.0 us); the one-row kernel at M <= 8 in the fast
+ * mode while it is on (cuda_gemm_set_gemv). us[CUDA_GEMM_PATHS] (may be NULL): the times, < 0
+ * where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
@@ -1087,6 +1201,8 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}
+		if (fast && a->M <= 8 && !gemv_off())
+			t[CUDA_GEMM_PATH_GEMV] = time_path(g, a, CUDA_GEMM_PATH_GEMV);
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);
 	}
@@ -1096,9 +1212,9 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 	 * rule) */
 	int lt_ok = a->M > 64 || fast || CUDA_GEMM_LT_FOR_DECODE;
 	t[CUDA_GEMM_PATH_CUBLASLT] = time_path(g, a, CUDA_GEMM_PATH_CUBLASLT);
-	enum cuda_gemm_path best = pick(t, lt_ok, 1);
+	enum cuda_gemm_path best = pick(t, lt_ok, 0);
 	if (best != CUDA_GEMM_PATH_NONE)
-		path_record(g, a->M, a->N, a->K, best, pick(t, lt_ok, 0));
+		path_record(g, a->M, a->N, a->K, CUDA_GEMM_PATH_NONE, t, lt_ok);
 	if (us)
 		memcpy(us, t, sizeof t);
 	return best;

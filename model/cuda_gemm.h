@@ -91,6 +91,16 @@ void cuda_gemm_set_pdl(int on);
 /* The streaming kernel's copies alone for this shape (same units, stages and barriers; no
  * arithmetic, nothing written): what the pipeline reaches by itself (benchmark only). */
 int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int N, int K);
+/* The one-row kernel (kernels_ptx/gemm_fp8_gemv.cu; the fast mode's CUDA_GEMM_PATH_GEMV): the
+ * same GEMM for M <= 8 by a persistent block per SM streaming units of 16 weight rows x a K chunk
+ * into shared memory with bulk copies; K split only where the rows alone do not spread evenly
+ * over the SMs, its chunks then summed by each tile's last-arriving block (no second launch).
+ * The decode kernels' arithmetic (exact products, fp32 promotion per K block), its own order:
+ * within fp32 summation order of the CPU, batch invariant among M <= 8. ws:
+ * cuda_gemm_decode_workspace() bytes. Honours the CTA cap. -EINVAL: a shape it does not take
+ * (M > 8, N % 16, N > 65536). */
+int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+		       int M, int N, int K, int ldy, gpu_ptr ws);
 /* The previous decode kernel (kernels_ptx/gemm_fp8_decode.cu, register loads): the exact
  * decode kernel of most shapes (cuda_gemm_set_stream -1). */
 size_t cuda_gemm_decode_v2_workspace(const struct gpu *g, int M, int N, int K);
@@ -129,6 +139,7 @@ enum cuda_gemm_path {
 	CUDA_GEMM_PATH_STREAM_WG, /* the streaming kernel's wgmma consumers (M <= 64, fast mode) */
 	CUDA_GEMM_PATH_STREAM_SW, /* the swapped kernel, no K split (M <= 64, fast mode) */
 	CUDA_GEMM_PATH_STREAM_SW2, /* its cluster form (K halves over two blocks) */
+	CUDA_GEMM_PATH_GEMV,	   /* the one-row kernel (M <= 8, fast mode; cuda_gemm_fp8_gemv) */
 	CUDA_GEMM_PATHS
 };
 
@@ -138,22 +149,29 @@ int cuda_gemm_m_bucket(int M);
 /* The path cuda_gemm_fp8 takes for (M, N, K) in g's current mode: the measured entry for M's
  * bucket (cuda_gemm_tune, cuda_gemm_path_set), else in the fast mode the per-shape defaults
  * measured by run 10's benchmark (cuda_gemm.c), else the default rule (M <= 64: the exact decode
- * kernel; larger M: the wgmma kernel where N % 64 == 0, else cuBLASLt). STREAM_WG never in the
- * batch-invariant mode. */
+ * kernel; larger M: the wgmma kernel where N % 64 == 0, else cuBLASLt). STREAM_WG, GEMV never
+ * in the batch-invariant mode. A measured entry's pick is made here, among the paths the
+ * switches (cuda_gemm_set_swap, cuda_gemm_set_gemv) allow. */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
 /* 0 (the default; run 23: the step slower with them at batch 16 / 64): where the start-up
  * measurement picked STREAM_SW / SW2, the dispatch takes the fastest other path it measured;
  * 1 (DSV32_GEMM_SWAP=1 in the environment): its pick.
  * Process-wide (the CUDA forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
+/* The one-row kernel (CUDA_GEMM_PATH_GEMV) in the fast mode at M <= 8: 1 a candidate of the
+ * start-up measurement and taken where it measured fastest; 0 not (where it was measured, the
+ * dispatch takes the fastest other path: an in-process A/B); -1 the default: off until a GPU
+ * run has validated it, DSV32_GEMM_GEMV=1 in the environment on. Process-wide (the CUDA
+ * forward's switch DSV32_GEMM_GEMV). */
+void cuda_gemm_set_gemv(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y
- * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG and
- * from 2 rows STREAM_SW / SW2; M > 64: the wgmma kernel; cuBLASLt always — the fastest of 9
- * bursts of 4 launches back to back each after a warm-up (as a step runs them), and records the
- * fastest for the bucket (and the fastest but STREAM_SW / SW2, which the dispatch takes instead
- * while DSV32_GEMM_SWAP=0 is set: an in-process A/B); cuBLASLt for M <= 64 in the
+ * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG,
+ * from 2 rows STREAM_SW / SW2, at most 8 GEMV while on; M > 64: the wgmma kernel; cuBLASLt
+ * always — the fastest of 9 bursts of 4 launches back to back each after a warm-up (as a step
+ * runs them), and records every time for the bucket (the dispatch takes the fastest its
+ * switches allow: an in-process A/B); cuBLASLt for M <= 64 in the
  * batch-invariant mode only if CUDA_GEMM_LT_FOR_DECODE (cuda_gemm.c; off: its results miss the
  * CPU check, docs/PERF.md). flush: when non-zero, flush_bytes (>= 64 MB) are rewritten before
  * every timed launch so the 60 MB L2 does not serve the weights (cold, as in a decode step that

@@ -65,6 +65,8 @@ static const char *path_name(enum cuda_gemm_path p)
 		return "sw";
 	case CUDA_GEMM_PATH_STREAM_SW2:
 		return "sw2";
+	case CUDA_GEMM_PATH_GEMV:
+		return "gemv";
 	case CUDA_GEMM_PATH_CUBLASLT:
 		return "lt";
 	case CUDA_GEMM_PATH_WGMMA:
@@ -148,7 +150,8 @@ int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 		fprintf(stderr,
 			"<6>dsv32: GEMM dispatch measured at start-up: %d of %d shape x M-bucket "
 			"pairs in %.0f ms (M %d/%d/%d/%d/%d/%d/%d; dec = exact decode kernel, wg = its "
-			"wgmma consumers, sw / sw2 = the swapped kernel / its cluster form, lt = "
+			"wgmma consumers, sw / sw2 = the swapped kernel / its cluster form, gemv = the "
+			"one-row kernel, lt = "
 			"cuBLASLt, wgmma = the prefill kernel):%s%s\n",
 			done, n_sh * TUNE_NM, (clock_mono_s() - t0) * 1e3, tune_ms[0], tune_ms[1],
 			tune_ms[2], tune_ms[3], tune_ms[4], tune_ms[5], tune_ms[6], log,

@@ -249,6 +249,94 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 	gpu_close(&g);
 }
 
+/* Runs the one-row kernel on case c into a poisoned y and downloads it to c->got (0), or
+ * returns its status. */
+static int gemv_run(struct gpu *g, struct lt_case *c)
+{
+	gpu_test_poison(g, c->dy, (size_t)c->M * c->N * 2);
+	int r = cuda_gemm_fp8_gemv(g, c->dW, c->dS, c->dx, c->dsx, c->dy, c->M, c->N, c->K, c->N,
+				   c->dws);
+	if (!r)
+		r = gpu_download(g, c->got, c->dy, (size_t)c->M * c->N * 2);
+	return r;
+}
+
+/* Outputs of got that differ from ref (n of them), printed with the first. */
+static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, const char *what)
+{
+	size_t differ = 0, first = 0;
+	for (size_t e = 0; e < n; e++)
+		if (got[e] != ref[e] && !differ++)
+			first = e;
+	if (differ)
+		printf("    %s: %zu outputs differ (first %zu: %04x against %04x)\n", what, differ,
+		       first, got[first], ref[first]);
+	return differ;
+}
+
+/* The one-row kernel (cuda_gemm_fp8_gemv, gemm_fp8_gemv.cu) against the CPU within fp32
+ * summation order (its products and promotion are the exact decode kernels'): small shapes
+ * first; M 1-8; one 16-row tile, partial 128-row scale blocks (N = 2240, 576), K of one block,
+ * K split into chunks summed by the last-arriving block (2240 x 7168, 4096 x 16384: several
+ * chunks, a short last one), rows enough for many units a block (24576 x 1536); then the same
+ * bits under CTA caps of 1 and 7 blocks, row 0 alone equal to row 0 of the M-row product (batch
+ * invariance among M <= 8), and the fast mode's dispatch through CUDA_GEMM_PATH_GEMV. */
+TEST_T(gpu_cublaslt, gemv_vs_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{1, 16, 128},	  {3, 576, 1536},   {8, 2240, 512},
+					{1, 2240, 7168},  {5, 8192, 1536},  {1, 24576, 1536},
+					{8, 4096, 16384}, {2, 7168, 2048}};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1400 + i);
+		char what[96];
+		snprintf(what, sizeof what, "gemv M=%d N=%d K=%d", c.M, c.N, c.K);
+		REQUIRE(gemv_run(&g, &c) == 0);
+		CHECK_EQ_INT(gpu_gemm_count_bad(c.y, c.got, c.M, c.N, what), 0);
+		const size_t n = (size_t)c.M * c.N;
+		uint16_t *ref = malloc(n * 2);
+		REQUIRE(ref);
+		memcpy(ref, c.got, n * 2);
+		for (int cap = 1; cap <= 7; cap += 6) {
+			cuda_gemm_set_cta_cap(&g, cap);
+			int r = gemv_run(&g, &c);
+			cuda_gemm_set_cta_cap(&g, 0);
+			REQUIRE(r == 0);
+			char w2[192];
+			snprintf(w2, sizeof w2, "%s, CTA cap %d, against uncapped", what, cap);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+		}
+		if (c.M > 1) { /* row 0 alone */
+			const int M = c.M;
+			c.M = 1;
+			REQUIRE(gemv_run(&g, &c) == 0);
+			c.M = M;
+			char w2[192];
+			snprintf(w2, sizeof w2, "%s, row 0 alone against row 0 of %d", what, M);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, (size_t)c.N, w2), 0);
+		}
+		/* the fast mode's dispatch */
+		cuda_gemm_set_batch_invariant(&g, 0);
+		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_GEMV);
+		CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_GEMV);
+		gpu_test_poison(&g, c.dy, n * 2);
+		REQUIRE(cuda_gemm_fp8(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N, c.dws,
+				      c.ws_bytes) == 0);
+		REQUIRE(gpu_download(&g, c.got, c.dy, n * 2) == 0);
+		char w3[192];
+		snprintf(w3, sizeof w3, "%s, fast dispatch against direct", what);
+		CHECK_EQ_INT((int)count_differ(c.got, ref, n, w3), 0);
+		cuda_gemm_set_batch_invariant(&g, 1); /* (its own entry: the decode kernel) */
+		CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) != CUDA_GEMM_PATH_GEMV);
+		free(ref);
+		case_free(&c);
+	}
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
 /* The CTA cap (cuda_gemm_set_cta_cap): a capped GEMM gives the uncapped one's bits, and that one
  * is right against the CPU, on each kernel that honours the cap — v2 (one K chunk, several, M in
  * each token-group variant), the streaming kernel's mma.sync consumers (the batch-invariant
@@ -288,16 +376,10 @@ TEST_T(gpu_cublaslt, cta_cap_same_bits, 120)
 						      c.N, c.dws, c.ws_bytes) == 0);
 				cuda_gemm_set_cta_cap(&g, 0);
 				REQUIRE(gpu_download(&g, c.got, c.dy, (size_t)c.M * c.N * 2) == 0);
-				size_t differ = 0, first = 0;
-				for (size_t e = 0; e < (size_t)c.M * c.N; e++)
-					if (c.got[e] != ref[e] && !differ++)
-						first = e;
-				if (differ)
-					printf("    %s M=%d N=%d K=%d cap %d: %zu outputs differ from "
-					       "uncapped (first %zu: %04x against %04x)\n",
-					       ks[k].name, c.M, c.N, c.K, caps[j], differ, first,
-					       c.got[first], ref[first]);
-				CHECK_EQ_INT((int)differ, 0);
+				char what[128];
+				snprintf(what, sizeof what, "%s M=%d N=%d K=%d cap %d against uncapped",
+					 ks[k].name, c.M, c.N, c.K, caps[j]);
+				CHECK_EQ_INT((int)count_differ(c.got, ref, (size_t)c.M * c.N, what), 0);
 			}
 		}
 		free(ref);

@@ -120,6 +120,14 @@ static int launch_stream_sw(struct gpu *g, void *vctx, int i)
 				       c->K, c->N, c->ks2);
 }
 
+static int launch_gemv(struct gpu *g, void *vctx, int i)
+{
+	struct gemm_ctx *c = vctx;
+	int k = i % c->copies;
+	return cuda_gemm_fp8_gemv(g, c->w + (size_t)k * c->w_bytes, c->s + (size_t)k * c->s_bytes,
+				  c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws);
+}
+
 static int launch_v2(struct gpu *g, void *vctx, int i)
 {
 	struct gemm_ctx *c = vctx;
@@ -152,8 +160,8 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 				c->x, c->sx, c->y, c->M, c->N, c->K, c->N, c->ws, c->ws_bytes);
 }
 
-/* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form):
- * 1, else 0. */
+/* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form; 3:
+ * the one-row kernel instead, cuda_gemm_fp8_gemv: one K chunk there, no workspace): 1, else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
 	const int M = 8, N = 7168, K = 2048;
@@ -167,7 +175,9 @@ static int probe_sw(struct gpu *g, int ks)
 		bench_fill_pow2(g, s, (long long)(N / 128) * (K / 128), 2, -12, -8);
 		bench_fill_e4m3(g, x, (long long)M * K, 3);
 		bench_fill_pow2(g, sx, (long long)M * (K / 128), 4, -4, 0);
-		ok = !cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2) && !gpu_sync(g);
+		ok = !(ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, 0)
+			       : cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2)) &&
+		     !gpu_sync(g);
 	}
 	if (ok) /* (after a failure the context is lost: gpu_close frees everything) */
 		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(x), cu.cuMemFree(sx), cu.cuMemFree(y);
@@ -381,15 +391,19 @@ int bench_gemm(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
 		return 1;
 	}
-	/* The swapped kernel's forms are new: one launch of each on a small shape first; a form
-	 * that fails is left out (its column n/a) and the GPU reopened, so the rest still runs. */
-	int sw_ok[2] = {0, 0};
-	for (int ks = 1; run_dense && ks <= 2; ks++) {
-		sw_ok[ks - 1] = (ks == 1 || sw_ok[0]) && probe_sw(&g, ks);
+	/* The swapped kernel's forms and the one-row kernel are new: one launch of each on a small
+	 * shape first; one that fails is left out (its column n/a) and the GPU reopened, so the rest
+	 * still runs. */
+	int sw_ok[3] = {0, 0, 0};
+	for (int ks = 1; run_dense && ks <= 3; ks++) {
+		sw_ok[ks - 1] = (ks != 2 || sw_ok[0]) && probe_sw(&g, ks);
 		if (sw_ok[ks - 1])
 			continue;
-		fprintf(stderr, "dsv32 bench gemm: the swapped kernel (form %d) failed its probe; "
-				"column %s left out\n", ks, ks == 1 ? "sw" : "sw2");
+		static const char *const what[] = {"swapped kernel", "swapped kernel's cluster form",
+						   "one-row kernel"},
+					 *const col[] = {"sw", "sw2", "gemv"};
+		fprintf(stderr, "dsv32 bench gemm: the %s failed its probe; column %s left out\n",
+			what[ks - 1], col[ks - 1]);
 		gpu_close(&g);
 		if (gpu_open(&g, 0, &e)) {
 			fprintf(stderr, "dsv32 bench gemm: %s\n", e.msg);
@@ -405,10 +419,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw", "sw2");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw", "sw2", "gemv");
 	fflush(stdout);
 	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
 	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
@@ -477,11 +491,13 @@ int bench_gemm(int argc, char **argv)
 										 : "v2";
 			label = path == CUDA_GEMM_PATH_STREAM_SW    ? "sw"
 				: path == CUDA_GEMM_PATH_STREAM_SW2 ? "sw2"
+				: path == CUDA_GEMM_PATH_GEMV	    ? "gemv"
 								    : label;
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1, wsw2 = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1,
+			      wsw2 = -1, wgv = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -504,6 +520,8 @@ int bench_gemm(int argc, char **argv)
 				wsw2 = sw_ok[1] ? time_ms(&g, launch_stream_sw, &c, reps, trials) : -1;
 				c.ks2 = 0;
 			}
+			if (c.M <= 8 && sw_ok[2])
+				wgv = time_ms(&g, launch_gemv, &c, reps, trials);
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
 				rc_all = 1;
 			double bytes = (double)c.N * c.K + (double)(c.N / 128) * (c.K / 128) * 4 +
@@ -540,11 +558,11 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2};
-			for (int k = 0; k < 6; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2, wgv};
+			for (int k = 0; k < 7; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
-				else if (c.M <= 64)
+				else if (c.M <= 64 && (k < 6 || c.M <= 8))
 					printf(" %6s", "n/a");
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
@@ -571,7 +589,9 @@ int bench_gemm(int argc, char **argv)
 		       "(output invalid: the chunk sum's cost is wg_nr against wg); sw: TB/s of the "
 		       "swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, one block per "
 		       "NT weight rows over all of K, one launch); sw2: its cluster form (two blocks a "
-		       "tile, each half of K; where it fits, else sw again); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
+		       "tile, each half of K; where it fits, else sw again); gemv: TB/s of the one-row "
+		       "kernel (cuda_gemm_fp8_gemv, M <= 8: bulk copies of 16-row units, K chunks summed "
+		       "by the last-arriving block); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",

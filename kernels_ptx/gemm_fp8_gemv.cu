@@ -1,0 +1,219 @@
+// gemm_fp8_gemv.cu — the FP8 block-scaled GEMM of decode at M <= 8 tokens (batch-1 decode's
+// projections; model/cuda_gemm.c's CUDA_GEMM_PATH_GEMV), spec §5.4:
+//   y[m, n] = bf16( Σ_kb ( Σ_{k in kb} x8[m, k] · W8[n, k] ) · sx[m, kb] · S[n / 128, kb] )
+// W8 e4m3 [N, K] (row stride K), S fp32 [N/128, K/128], x8 e4m3 [M, K], sx fp32 [M, K/128],
+// y bf16 [M, ldy]; N % 16 == 0, N <= 16 x GV_TILES, K % 128 == 0.
+//
+// Why another kernel: at one token a GEMM is a stream of weights with a few microseconds of fixed
+// cost, and the small matrices of a decode step (12-38 MB) are all fixed cost at 2-3x their
+// floor (run 24, bench gemm M = 1: v2 7.9 / 16.3 us on 2112x7168 / 24576x1536 against floors of
+// 3.4 / 8.4): v2's blocks each load one or two K blocks and exit (~48 KB in flight an SM at
+// best, less between its waves); the streaming kernel sums its K chunks in a second launch. Here
+// a persistent block per SM streams units of 16 weight rows x a K chunk into a ring of shared
+// memory with one 1-D bulk copy per row (no tensor map), the first ones issued before
+// griddepcontrol.wait (the weights are constants), up to ~128 KB in flight an SM, and the K
+// chunks are summed without a second launch.
+//
+// Work: units u = tile * chunks + c (16 rows, K blocks [c * chunk_blocks, ...)) in that order;
+// block b takes the contiguous range [b U / G, (b + 1) U / G) of the U units (G = gridDim.x <=
+// the SMs, or a CTA cap), so no block streams more than one unit above the mean. A tile whose
+// chunks all fall in one block's range is summed in registers and written; a tile split between
+// blocks (at most the first and the last of a range) has its chunks' partials written to the
+// workspace and the block that completes its arrival count sums them. Warps 0-7 consume, warp 8
+// produces (lanes 0-15: one row's copy each). A stage holds one unit, row r at r x rs bytes
+// (rs = chunk_blocks x 128 + 16: lanes of different rows fall in different banks).
+//
+// Arithmetic (the exact decode kernels', gemm_fp8_decode.cu): consumer warp w takes the unit's
+// K blocks j = w, w + 8, ...; per K block the fp16 MMAs of gemm_fp8_f16.cuh on the weights
+// converted once (e4m3 -> f16 exact, fp32 accumulation) give a fresh fp32 fragment, promoted by
+// sx[m, kb] · S[n/128, kb] into the warp's accumulator; a chunk's partial p_c is the 8 warps'
+// sums added in warp order, and y = bf16(((0 + p_0) + p_1) + ...) in chunk order, whether a
+// block adds them in registers or the last arrival from the workspace: the same bits whatever
+// the grid (a cap), the ranges or M.
+#include "common.cuh"
+#include "gemm_fp8_f16.cuh"
+#include "mma.cuh"
+#include "tma.cuh"
+
+#define GV_CW 8		 // consumer warps
+#define GV_MAXSTAGES 16	 // the barriers' room (256 bytes)
+#define GV_SLOTS 64	 // arrival-count sets, taken in turn by the host's launches
+#define GV_TILES 4096	 // 16-row tiles a set counts (N <= 65536)
+
+// Arrival counts of the chunk sums, [slot][tile]: zero when the module loads, and each GEMM
+// leaves them zero (the last arrival resets its count). The host gives consecutive launches
+// different slots, so GEMMs running at once on two streams (a fork) never share a count.
+__device__ unsigned gv_count[GV_SLOTS * GV_TILES];
+
+// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into shared memory at dst, completing on bar, with an L2 eviction policy.
+__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void *src, uint32_t bytes,
+					       uint32_t bar, uint64_t policy)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+		     " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+		     : "memory");
+}
+
+__device__ __forceinline__ uint4 lds16(uint32_t a)
+{
+	uint4 r;
+	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+		     : "r"(a));
+	return r;
+}
+
+extern "C" __global__ void __launch_bounds__((GV_CW + 1) * 32, 1)
+k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
+		const uint8_t *__restrict__ X, const float *__restrict__ SX,
+		uint16_t *__restrict__ Y, float *__restrict__ partial, int M, int N, int K, int ldy,
+		int chunks, int chunk_blocks, int ns, int slot)
+{
+	// shared memory: the barriers (256 bytes), two sets of the warps' unit sums (8 KB), the
+	// last-arrival flags, then the ns stages of 16 x rs bytes
+	extern __shared__ __align__(128) uint8_t smem[];
+	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
+	uint64_t *empty = full + GV_MAXSTAGES;
+	float *red = reinterpret_cast<float *>(smem + 256); // [2][GV_CW][16 rows][8 tokens]
+	int *last_flag = reinterpret_cast<int *>(smem + 256 + 2 * GV_CW * 128 * 4); // [2]
+	const uint32_t stage0 = smem_u32(smem) + 256 + 2 * GV_CW * 128 * 4 + 128;
+	const int KB = K >> 7, rs = chunk_blocks * 128 + 16, stage_bytes = 16 * rs;
+	const int units = (N >> 4) * chunks;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+	// the next kernel (launched with PDL) may start and load its constants now; it reads this
+	// grid's outputs only after its griddepcontrol.wait (this grid complete)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < ns; s++) {
+			mbar_init(smem_u32(&full[s]), 1);
+			mbar_init(smem_u32(&empty[s]), GV_CW);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+	}
+	__syncthreads();
+
+	// this block's units: [u0, u1)
+	const int u0 = (int)((long long)blockIdx.x * units / gridDim.x);
+	const int u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
+
+	if (warp == GV_CW) {
+		// ---- producer: the units' weight rows, ns stages ahead. No griddepcontrol.wait: it
+		// reads only the weights (constants) and writes only this block's shared memory ----
+		const uint64_t pol = l2_evict_first();
+		int s = 0;
+		uint32_t ph = 0;
+		for (int u = u0; u < u1; u++) {
+			const int tile = u / chunks, kb0 = (u % chunks) * chunk_blocks;
+			const int nb = min(chunk_blocks, KB - kb0);
+			mbar_wait(smem_u32(&empty[s]), ph ^ 1); // (a fresh barrier: returns at once)
+			if (lane == 0)
+				mbar_arrive_expect_tx(smem_u32(&full[s]), (uint32_t)(16 * nb * 128));
+			__syncwarp();
+			if (lane < 16)
+				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes + lane * rs),
+					       W + (size_t)(tile * 16 + lane) * K + (size_t)kb0 * 128,
+					       (uint32_t)(nb * 128), smem_u32(&full[s]), pol);
+			if (++s == ns)
+				s = 0, ph ^= 1;
+		}
+		return;
+	}
+
+	// ---- consumers ----
+	// the tokens and their scales are the previous kernel's outputs, and y / the partials may
+	// still be read by it (PDL)
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	const int g = lane >> 2, t = lane & 3;
+	const int row = threadIdx.x & 15, m = threadIdx.x >> 4; // the sums' (threads 0-127)
+	float tot = 0.f; // (row, m)'s chunks so far of the current tile
+	int s = 0;
+	uint32_t ph = 0;
+	for (int u = u0; u < u1; u++) {
+		const int tile = u / chunks, c = u % chunks, kb0 = c * chunk_blocks;
+		const int nb = min(chunk_blocks, KB - kb0), n0 = tile * 16;
+		const float *s_row = S + (size_t)(n0 >> 7) * KB;
+		float acc[4] = {0.f, 0.f, 0.f, 0.f};
+		mbar_wait(smem_u32(&full[s]), ph);
+		const uint32_t st = stage0 + (uint32_t)(s * stage_bytes);
+		for (int j = warp; j < nb; j += GV_CW) {
+			const uint32_t a = st + (uint32_t)(g * rs + j * 128 + 32 * t);
+			const uint4 lo0 = lds16(a), lo1 = lds16(a + 16);
+			const uint4 hi0 = lds16(a + 8 * rs), hi1 = lds16(a + 8 * rs + 16);
+			const int kb = kb0 + j;
+			wfrag af; // the weight fragment, converted once
+			wfrag_cvt(af, lo0, lo1, hi0, hi1);
+			uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+			if (g < M) {
+				const uint4 *xp = reinterpret_cast<const uint4 *>(
+					X + (size_t)g * K + (size_t)kb * 128 + 32 * t);
+				b0 = __ldg(xp);
+				b1 = __ldg(xp + 1);
+			}
+			float cf[4] = {0.f, 0.f, 0.f, 0.f};
+			mma_kblock(cf, af, b0, b1); // the 4 e4m3 m16n8k32 of the K block
+			// cf0, cf1: row g, tokens 2t, 2t + 1; cf2, cf3: row g + 8
+			const float sw = s_row[kb];
+			const int m0 = 2 * t;
+			const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
+			const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
+			acc[0] += cf[0] * s0;
+			acc[1] += cf[1] * s1;
+			acc[2] += cf[2] * s0;
+			acc[3] += cf[3] * s1;
+		}
+		__syncwarp();
+		if (lane == 0) // this warp's reads of the stage are done (arrive releases them)
+			mbar_arrive(smem_u32(&empty[s]));
+		if (++s == ns)
+			s = 0, ph ^= 1;
+		const int set = u & 1;
+		float *r = red + (set * GV_CW + warp) * 128;
+		r[g * 8 + 2 * t] = acc[0];
+		r[g * 8 + 2 * t + 1] = acc[1];
+		r[(g + 8) * 8 + 2 * t] = acc[2];
+		r[(g + 8) * 8 + 2 * t + 1] = acc[3];
+		// every warp's sums are in; the other set is free (its readers passed this barrier)
+		named_bar_sync(1, GV_CW * 32);
+		if (threadIdx.x >= 128)
+			continue;
+		float p = 0.f; // the chunk's partial
+		for (int w = 0; w < GV_CW; w++)
+			p += red[(set * GV_CW + w) * 128 + row * 8 + m];
+		const int n = n0 + row;
+		const int first = tile * chunks, end = first + chunks; // the tile's units
+		if (first >= u0 && end <= u1) { // the whole tile here: in registers
+			tot = c == 0 ? 0.f + p : tot + p;
+			if (c == chunks - 1 && m < M)
+				Y[(size_t)m * ldy + n] = f32_to_bf16(tot);
+			continue;
+		}
+		// split between blocks: the partial, and at this range's last unit of the tile the
+		// arrival count; the block completing it sums every chunk in order
+		if (m < M)
+			partial[((size_t)c * M + m) * N + n] = p;
+		if (c != chunks - 1 && u != u1 - 1)
+			continue;
+		__threadfence();
+		named_bar_sync(2, 128);
+		if (threadIdx.x == 0) {
+			const unsigned mine = (unsigned)(u + 1 - max(first, u0));
+			unsigned *cnt = &gv_count[(size_t)slot * GV_TILES + tile];
+			const int last = atomicAdd(cnt, mine) + mine == (unsigned)chunks;
+			if (last)
+				*cnt = 0; // every chunk has arrived: zero for the next GEMM
+			last_flag[set] = last;
+		}
+		named_bar_sync(2, 128);
+		if (!last_flag[set] || m >= M)
+			continue;
+		__threadfence();
+		float sum = 0.f;
+		for (int k = 0; k < chunks; k++)
+			sum += __ldcg(&partial[((size_t)k * M + m) * N + n]);
+		Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
+	}
+}
