@@ -668,26 +668,21 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	int64_t budget = schedule_decodes(s, s->cfg.max_batch_tokens);
 	schedule_prefills(s, budget);
 
-	/* run; the backend draws the tokens itself where it can (backend_step_draw, not
-	 * host_sampling) and no draw needs the token history (penalties): its logits then never
-	 * leave it */
+	/* run; the backend draws a finished row's token itself where it can (backend_step_draw,
+	 * up to sample_rows a step, not host_sampling) and the draw needs no token history (no
+	 * penalty): that row's logits then never leave it; the others come back and are drawn
+	 * here */
 	double t1 = t0, t2 = t0;
-	int64_t row = 0, n_logits = 0, n_draw = 0;
-	int by_backend = s->b->step_draw && s->b->sample_rows > 0 && !s->cfg.host_sampling;
-	for (int64_t k = 0; k < s->n_sched; k++) {
-		const struct seq *q = s->sched[k];
-		if (q->n_computed + q->rows == q->n_tokens) {
-			n_draw++;
-			by_backend &= q->sp.repetition_penalty == 1.0 && q->sp.presence_penalty == 0.0 &&
-				      q->sp.frequency_penalty == 0.0;
-		}
-	}
-	by_backend &= n_draw <= s->b->sample_rows;
+	int64_t row = 0, n_logits = 0, n_dev = 0;
+	const int can = s->b->step_draw && !s->cfg.host_sampling;
 	if (s->n_sched > 0) {
 		for (int64_t k = 0; k < s->n_sched; k++) {
 			struct seq *q = s->sched[k];
 			struct backend_seq *bs = &s->bseq[k];
 			int sample = q->n_computed + q->rows == q->n_tokens;
+			int dev = sample && can && n_dev < s->b->sample_rows &&
+				  q->sp.repetition_penalty == 1.0 && q->sp.presence_penalty == 0.0 &&
+				  q->sp.frequency_penalty == 0.0;
 			for (int64_t j = 0; j < q->rows; j++) {
 				s->pos[row + j] = q->n_computed + j;
 				s->flags[row + j] = 0;
@@ -700,18 +695,19 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			bs->block_table = q->kv.bt;
 			bs->n_blocks = q->kv.n_blocks;
 			bs->flags = s->flags + row;
-			bs->logits = sample && !by_backend ? s->logits + n_logits * s->vocab : NULL;
+			bs->logits = sample && !dev ? s->logits + n_logits * s->vocab : NULL;
 			bs->hidden = NULL;
 			bs->mtp_hidden = NULL;
-			s->drawp[k] = sample && by_backend ? &s->draw[k] : NULL;
+			s->drawp[k] = dev ? &s->draw[k] : NULL;
 			s->draw[k].p = &q->sp;
 			s->draw[k].index = (uint64_t)(q->n_tokens - q->n_prompt);
 			row += q->rows;
-			n_logits += sample && !by_backend;
+			n_logits += sample && !dev;
+			n_dev += dev;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
 		t1 = now_s(s);
-		rc = by_backend ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
+		rc = n_dev ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
 		t2 = now_s(s);
 		if (rc < 0) {
 			for (int64_t k = 0; k < s->n_sched; k++)
@@ -732,9 +728,9 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			kv_pages_publish(&s->kp, &q->kv, q->tokens, q->n_computed);
 	}
 	double t3 = now_s(s);
-	for (int64_t k = 0, l = 0; k < s->n_sched && !by_backend; k++) {
+	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		if (q->n_computed != q->n_tokens)
+		if (q->n_computed != q->n_tokens || s->drawp[k])
 			continue;
 		s->draw[k].rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
 					       q->n_prompt, q->tokens + q->n_prompt,

@@ -34,9 +34,10 @@
  *            never preempts).
  *  run       one backend_step with a row per scheduled token; logits only for rows that
  *            finish their sequence's uncomputed tokens. When the backend draws tokens itself
- *            (backend_step_draw: the CUDA backend, beside the logits) and no finished row
- *            has a penalty (they need the token history), every finished row is drawn there
- *            and no logits come back; otherwise every one is drawn here (sampler_sample).
+ *            (backend_step_draw: the CUDA backend, beside the logits), it draws every
+ *            finished row without a penalty (a penalty needs the token history), up to its
+ *            sample_rows, and those logits never come back; the others are drawn here
+ *            (sampler_sample).
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not
  *            change a seeded request's tokens), stop conditions are checked and events emitted.

@@ -330,20 +330,28 @@ TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 
 /* A backend that draws the tokens itself, as the CUDA backend does on the device: the CPU
  * backend's logits of each drawn sequence into a buffer of its own, then sampler_sample
- * without a history. Counts the draws it made and the steps the scheduler ran without draws. */
+ * without a history. Counts the draws it made and the logits rows it handed back. */
 struct drawer {
 	struct backend base;
 	struct backend *cpu;
 	const struct weights *w;
 	float *rows; /* [sample_rows, vocab] */
 	struct sampler smp;
-	int64_t draws, plain_steps;
+	int64_t draws, host_rows;
 };
+
+static void count_host_rows(struct drawer *d, const struct backend_step *st,
+			    struct backend_sample *const *draw)
+{
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		for (int64_t j = 0; j < st->seqs[i].n && !(draw && draw[i]); j++)
+			d->host_rows += !!(backend_row_flags(&st->seqs[i], j) & BACKEND_ROW_LOGITS);
+}
 
 static int drawer_step(struct backend *b, const struct backend_step *s)
 {
 	struct drawer *d = (struct drawer *)b;
-	d->plain_steps++;
+	count_host_rows(d, s, NULL);
 	return backend_step(d->cpu, s);
 }
 
@@ -366,6 +374,7 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	s2.seqs = seqs;
 	if ((rc = backend_step(d->cpu, &s2)))
 		return rc;
+	count_host_rows(d, st, draw);
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		if (draw[i]) {
 			draw[i]->rc = sampler_sample(&d->smp, draw[i]->p, seqs[i].logits, NULL, 0, NULL, 0,
@@ -441,10 +450,10 @@ static int by_id_seq(const void *x, const void *y)
 }
 
 /* Greedy, seeded temperature with top-k / top-p / min-p, logprobs with alternatives: the same
- * requests through the backend's draws (sample_rows 8 >= max_seqs: every step) and through the
- * scheduler's own sampling (host_sampling) give the same token events bit for bit; a step with
- * a penalised request, or more finished rows than sample_rows, falls back to the host for all
- * its rows, with the same tokens. */
+ * requests through the backend's draws (sample_rows 8 >= max_seqs: every row) and through the
+ * scheduler's own sampling (host_sampling) give the same token events bit for bit; a penalised
+ * request's rows, and the finished rows beyond sample_rows, are drawn on the host beside the
+ * backend's draws of the others, with the same tokens. */
 TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 {
 	struct test_model m;
@@ -465,7 +474,7 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2; /* only in the third run */
 	static struct trace host, dev, mixed, narrow;
 	struct trace *tr[4] = {&host, &dev, &mixed, &narrow};
-	int64_t draws[4], plain[4];
+	int64_t draws[4], host_rows[4];
 	for (int run = 0; run < 4; run++) {
 		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8);
 		struct sched_config c = {0};
@@ -479,15 +488,18 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 		for (int i = 0; i < (run == 2 ? N : N - 1); i++)
 			add(s, (uint64_t)i, p[i], 40, 12, &sp[i]);
 		drain_trace(s, tr[run]);
-		draws[run] = d->draws, plain[run] = d->plain_steps;
+		draws[run] = d->draws, host_rows[run] = d->host_rows;
 		sched_free(s);
 		backend_destroy(&d->base);
 	}
 	CHECK_EQ_INT(draws[0], 0);             /* host_sampling: never the backend's */
+	CHECK_EQ_INT(host_rows[0], (N - 1) * 12);
 	CHECK_EQ_INT(draws[1], (N - 1) * 12);  /* every token drawn by the backend */
-	CHECK_EQ_INT(plain[1], 0);
-	CHECK(plain[2] > 0);                   /* request 5's penalty: its steps on the host */
-	CHECK(draws[3] > 0 && plain[3] > 0);   /* 2 rows: steps with more finished rows on the host */
+	CHECK_EQ_INT(host_rows[1], 0);
+	CHECK_EQ_INT(draws[2], (N - 1) * 12);  /* request 5's penalty: its rows on the host */
+	CHECK_EQ_INT(host_rows[2], 12);
+	CHECK(draws[3] > 0 && host_rows[3] > 0); /* 2 a step: the others on the host */
+	CHECK_EQ_INT(draws[3] + host_rows[3], (N - 1) * 12);
 	CHECK_EQ_INT(host.n, (N - 1) * 12);
 	for (int run = 0; run < 4; run++) /* by request, then position (batches interleave them) */
 		qsort(tr[run]->ev, (size_t)tr[run]->n, sizeof tr[run]->ev[0], by_id_seq);
