@@ -2,7 +2,8 @@
  * test_gpu_draw.c — the scheduler's tokens drawn on the device (backend_step_draw: the GPU
  * sampler beside the logits, model/cuda_step_sample.h) against the same scheduler sampling the
  * downloaded logits itself (sched_config.host_sampling), on the CUDA backend's batch-invariant
- * mode (a row's logits are the same bits in both runs) with the tiny model's 129280 ids: every
+ * mode (a row's logits are the same bits in both runs) with the tiny model's 129280 ids, one
+ * request with a penalty (its rows drawn on the host between the device's runs of rows): every
  * token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
  * test_gpu_sampler.c), the same alternatives; the draws really ran on the device (counted);
  * a draw the backend must refuse (a penalty, two logits rows) is refused.
@@ -17,7 +18,7 @@
 #include "model/sched.h"
 #include "tests/ckpt_helpers.h"
 
-#define NREQ 6
+#define NREQ 7 /* request 3 with a penalty: drawn on the host between the others */
 #define NTOK 12
 
 struct trace {
@@ -102,16 +103,17 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	}
 	sp[1].temperature = 0.8, sp[1].top_k = 50;
 	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
-	sp[3].temperature = 1.2, sp[3].min_p = 0.02;
+	sp[3].temperature = 0.9, sp[3].repetition_penalty = 1.3, sp[3].logprobs = 1;
 	sp[4].logprobs = 1, sp[4].top_logprobs = 20;
 	sp[5].temperature = 0.7, sp[5].top_k = 20, sp[5].top_p = 0.8, sp[5].logprobs = 1;
+	sp[6].temperature = 1.2, sp[6].min_p = 0.02;
 	static struct trace host, dev;
 	run(b, 1, sp, p, &host);
 	int64_t d0 = backend_cuda_draws(b);
 	run(b, 0, sp, p, &dev);
 	int64_t drawn = backend_cuda_draws(b) - d0;
 	CHECK_EQ_INT(d0, 0);
-	CHECK_EQ_INT(drawn, NREQ * NTOK);
+	CHECK_EQ_INT(drawn, (NREQ - 1) * NTOK);
 	CHECK_EQ_INT(host.n, NREQ * NTOK);
 	CHECK_EQ_INT(dev.n, NREQ * NTOK);
 	int64_t tok_bad = 0, top_bad = 0;
