@@ -56,10 +56,10 @@
  * --daemon: starts dsv32d --backend cuda (next to this binary; --synthetic-weights on the
  * header-only checkpoint) on a private socket, connects with the client library and measures
  * the time to first token of 1K and 4K-token prompts (client side: submit to the first token
- * event; the server's own figure beside it) and the streaming rate after the first token.
- *
- * Until the CUDA forward exists the step returns -ENOTSUP: the bench says so and exits 1;
- * it never prints a number it did not measure. Exit: 0, 1 (failure), 2 (usage).
+ * event; the server's own figure beside it) and the streaming rate after the first token; then
+ * 16 and 32 sampled requests submitted together (the scheduler's batches; their draws on the
+ * GPU unless DSV32_CUDA_DRAW=0): all their tokens over the wall time.
+ * It never prints a number it did not measure. Exit: 0, 1 (failure), 2 (usage).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -1063,6 +1063,57 @@ static int one_request(dsv32_t *h, uint64_t id, int64_t P, uint32_t gen, uint32_
 	}
 }
 
+/* B requests of P random tokens submitted together (temperature 1, top_p 0.95, seeded; gen new
+ * tokens each), answered in one batch: tokens over the wall time from the first submit to the
+ * last done event. 0 or 1 (message printed). */
+static int batch_requests(dsv32_t *h, uint64_t *id, int B, int64_t P, uint32_t gen,
+			  uint32_t vocab, double *tok_s, double *wall)
+{
+	uint32_t *toks = malloc((size_t)P * sizeof *toks);
+	if (!toks)
+		return 1;
+	double t0 = now_s();
+	uint64_t first = *id;
+	for (int b = 0; b < B; b++, (*id)++) {
+		for (int64_t i = 0; i < P; i++)
+			toks[i] = (uint32_t)(mix(*id * 1000003 + (uint64_t)i) % (vocab - 2)) + 2;
+		struct dsv32_generate_params p;
+		dsv32_generate_params_init(&p, *id);
+		p.input = DSV32_INPUT_TOKENS;
+		p.tokens = toks;
+		p.n_tokens = (size_t)P;
+		p.max_tokens = gen;
+		p.temperature = 1.0f;
+		p.top_p = 0.95f;
+		p.seed = *id;
+		int r = dsv32_submit_generate(h, &p);
+		if (r) {
+			fprintf(stderr, "dsv32 bench model: submit failed: %s\n", strerror(-r));
+			free(toks);
+			return 1;
+		}
+	}
+	free(toks);
+	uint64_t got = 0;
+	for (int done = 0; done < B;) {
+		struct dsv32_event ev;
+		int r = dsv32_wait(h, 600000, &ev);
+		if (r <= 0 || ev.request_id < first || ev.request_id >= *id ||
+		    ev.type == DSV32_EVENT_ERROR) {
+			fprintf(stderr, "dsv32 bench model: batch of %d: %s\n", B,
+				r == 0 ? "timeout (600 s)" : r < 0 ? "connection lost"
+				: ev.type == DSV32_EVENT_ERROR ? ev.error.message : "a stray event");
+			return 1;
+		}
+		if (ev.type == DSV32_EVENT_TOKEN)
+			got += ev.token.n_tokens;
+		done += ev.type == DSV32_EVENT_DONE;
+	}
+	*wall = now_s() - t0;
+	*tok_s = (double)got / *wall;
+	return 0;
+}
+
 static int bench_daemon(const struct opts *o, const char *model, const char *tmp)
 {
 	struct dsv32_config c;
@@ -1105,8 +1156,22 @@ static int bench_daemon(const struct opts *o, const char *model, const char *tmp
 		printf("%7lld | %10.2f %10.2f | %12.1f %8u\n", (long long)o->prompts[pi],
 		       median(t, 3) * 1e3, median(s, 3) * 1e3, median(rt, 3), n_out);
 	}
+	printf("\nthrough dsv32d, requests together (one client; 256-token prompts, temperature 1, "
+	       "top_p 0.95, %u new tokens each; median of 3)\n", gen);
+	printf("%7s | %10s %12s\n", "batch", "wall_ms", "tokens/s");
+	for (int B = 16; B <= 32; B *= 2) {
+		double w[3], ts[3];
+		for (int rep = 0; rep < 3; rep++)
+			if (batch_requests(h, &id, B, 256, gen, (uint32_t)c.vocab_size, &ts[rep], &w[rep])) {
+				rc = 1;
+				goto out;
+			}
+		printf("%7d | %10.2f %12.1f\n", B, median(w, 3) * 1e3, median(ts, 3));
+	}
 	printf("\ncommand: dsv32 bench model%s (server_ms: the daemon's own submit-to-first-token; "
-	       "stream_tok/s: tokens after the first over their arrival time)\n", o->cmdline);
+	       "stream_tok/s: tokens after the first over their arrival time; tokens/s: all the "
+	       "batch's tokens over the wall time from its first submit to its last done event)\n",
+	       o->cmdline);
 out:
 	dsv32_close(h);
 	daemon_stop(&d);
