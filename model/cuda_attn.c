@@ -134,12 +134,14 @@ static int mla_wg_mode(void)
 /* DSV32_MLA_CLUSTER=4 / 8 (cuda_attn_set_mla_cluster, the forward's switch): the pair's key
  * splits merged 4 / 8 at a time in a cluster (k_mla_decode_wg2c4 / c8) where their count is a
  * multiple of it, k_mla_combine merging the groups; 14 / 18: the same with the groups merged in
- * the kernel (diag bit 24); 0 (the default) k_mla_decode_wg2 and k_mla_combine over every split */
+ * the kernel (diag bit 24); 24 / 28: as 14 / 18 with twice the key splits (up to 64: batch 1's one
+ * 32-key tile a split; the groups' partials still fit cuda_mla_decode_workspace's bytes); 0 (the
+ * default) k_mla_decode_wg2 and k_mla_combine over every split */
 static int mla_cluster = -1;
 
 void cuda_attn_set_mla_cluster(int cz)
 {
-	mla_cluster = cz == 4 || cz == 8 || cz == 14 || cz == 18 ? cz : 0;
+	mla_cluster = cz > 0 && cz < 30 && (cz % 10 == 4 || cz % 10 == 8) ? cz : 0;
 }
 
 static int mla_cluster_mode(void)
@@ -161,8 +163,13 @@ static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, i
 	if (mode != 2 || H % (2 * MLA_HG))
 		return 128;
 	const int diag = 128 | MLA_WG_PAIR | MLA_WG_LIGHT, m = mla_cluster_mode(), cz = m % 10;
-	if (m && mla_final_splits(g, B, H, ld_sel, diag) % cz == 0 && B * (H / MLA_HG) * cz <= MLA_WG_ARRIVALS)
-		return diag | (cz == 4 ? MLA_WG_CL4 : MLA_WG_CL8) | (m > 10 ? MLA_WG_GRP : 0);
+	int splits = mla_final_splits(g, B, H, ld_sel, diag), forced = 0;
+	if (m > 20 && 2 * splits <= 64) { /* twice the splits, in whole tiles of 32 keys */
+		forced = (2 * splits) << 8;
+		splits = mla_final_splits(g, B, H, ld_sel, diag | forced);
+	}
+	if (m && splits % cz == 0 && B * (H / MLA_HG) * cz <= MLA_WG_ARRIVALS)
+		return diag | forced | (cz == 4 ? MLA_WG_CL4 : MLA_WG_CL8) | (m > 10 ? MLA_WG_GRP : 0);
 	return diag;
 }
 

@@ -47,8 +47,9 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* DSV32_MLA_CLUSTER=4 / 8: cuda_mla_decode takes diag bit 22 / 23 (above) where the pair runs a
- * multiple of 4 / 8 key splits, 14 / 18 the same with bit 24 (0: never; the A/B switch of the
- * forward); this sets it */
+ * multiple of 4 / 8 key splits, 14 / 18 the same with bit 24, 24 / 28 as 14 / 18 with twice the
+ * key splits (<= 64; the workspace unchanged) (0: never; the A/B switch of the forward); this
+ * sets it */
 void cuda_attn_set_mla_cluster(int cz);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
  * scores: on unless DSV32_ATTN_PDL=0; benchmarks may switch it (1 on, 0 off). */
