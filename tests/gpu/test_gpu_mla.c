@@ -264,7 +264,16 @@ TEST_T(gpu_mla, decode_cluster_merge, 120)
 	 * its merge is the output, no k_mla_combine — and 3 rows' 16) */
 	run_wg_cases(&g, 5, 128, 1, 3400);
 	run_wg_cases(&g, 6, 128, 1, 3500);
-	/* and with the groups merged in the kernel (diag bit 24: the last CTA of each slice) */
+	gpu_close(&g);
+}
+
+TEST_T(gpu_mla, decode_cluster_groups, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	/* the same with the groups of splits merged in the kernel (diag bit 24: the last CTA to
+	 * finish each slice of them), the cases of decode_cluster_merge in turn (the arrival counts
+	 * back at zero after each launch, or a later case's output stays poisoned) */
 	run_wg_cases(&g, 7, 128, 1, 3600);
 	run_wg_cases(&g, 8, 128, 1, 3700);
 	gpu_close(&g);
