@@ -854,20 +854,23 @@ struct gemm_entry {
 };
 
 /* Off (the default: run 23, bench model --ab at 32K, the step without the swapped kernel -59 /
- * -70 us at batch 16 / 64, +5 at 1, though its GEMMs alone are faster; on: cuda_gemm_set_swap(1),
- * the CUDA forward's switch DSV32_GEMM_SWAP=1; -1: the environment not read yet): where the start-up measurement picked the swapped kernel, the dispatch takes
- * the fastest other path it measured instead (bench model --ab compares them in one process). */
+ * -70 us at batch 16 / 64, +5 at 1, though its GEMMs alone are faster): where the start-up
+ * measurement picked the swapped kernel, the dispatch takes the fastest other path it measured
+ * instead (bench model --ab compares them in one process). swap_on: 0 off, 1 on, n >= 2 on for
+ * matrices of at least n MB only (which shapes lose in the step), -1 the environment
+ * (DSV32_GEMM_SWAP) not read yet. */
 static int swap_on = -1;
 
-void cuda_gemm_set_swap(int on) { swap_on = !!on; }
+void cuda_gemm_set_swap(int on) { swap_on = on < 0 ? 0 : on; }
 
-static int swap_off(void)
+/* whether the swapped kernel is left out for an N x K matrix */
+static int swap_off(int N, int K)
 {
 	if (swap_on < 0) {
 		const char *v = getenv("DSV32_GEMM_SWAP");
-		swap_on = v && *v == '1'; /* off by default: run 23's in-process A/B, below */
+		swap_on = v && atoi(v) > 0 ? atoi(v) : 0; /* off by default: run 23's A/B, above */
 	}
-	return !swap_on;
+	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
 
 /* The one-row kernel (CUDA_GEMM_PATH_GEMV): 1 a candidate of the start-up measurement at M <= 8
@@ -888,9 +891,10 @@ static int gemv_off(void)
 }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */
-static unsigned paths_off(void)
+static unsigned paths_off(int N, int K)
 {
-	return (swap_off() ? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2 : 0) |
+	return (swap_off(N, K) ? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2
+			       : 0) |
 	       (gemv_off() ? 1u << CUDA_GEMM_PATH_GEMV : 0);
 }
 
@@ -973,7 +977,7 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
 	enum cuda_gemm_path p = !e		       ? CUDA_GEMM_PATH_NONE
 				: e->forced != CUDA_GEMM_PATH_NONE ? e->forced
-								   : pick(e->t, e->lt_ok, paths_off());
+								   : pick(e->t, e->lt_ok, paths_off(N, K));
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);

@@ -155,8 +155,9 @@ int cuda_gemm_m_bucket(int M);
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
 /* 0 (the default; run 23: the step slower with them at batch 16 / 64): where the start-up
  * measurement picked STREAM_SW / SW2, the dispatch takes the fastest other path it measured;
- * 1 (DSV32_GEMM_SWAP=1 in the environment): its pick.
- * Process-wide (the CUDA forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
+ * 1 (DSV32_GEMM_SWAP=1 in the environment): its pick; n >= 2: its pick for matrices of at
+ * least n MB (N x K bytes / 2^20), the other path below. Process-wide (the CUDA forward's
+ * switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
 /* The one-row kernel (CUDA_GEMM_PATH_GEMV) in the fast mode at M <= 8: 1 a candidate of the
  * start-up measurement and taken where it measured fastest; 0 not (where it was measured, the
