@@ -147,7 +147,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_LOGITS_STAGED", "DSV32_CUDA_MMA_ROWS", "DSV32_CUDA_MLA_FP32", "DSV32_CUDA_PROFILE",
 	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_TOPK_MODE", "DSV32_GEMM_SWAP",
 	"DSV32_CUDA_QB_CAP", "DSV32_CUDA_QB_FUSE", "DSV32_CUDA_MOE_ROUTER", "DSV32_MLA_CLUSTER",
-	"DSV32_SCORES_MODE",
+	"DSV32_SCORES_MODE", "DSV32_CUDA_CHAIN_PRIO",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -183,6 +183,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 14: cuda_moe_set_router(v ? atoi(v) : 1); break; /* (cuda_moe's own: 1 its default) */
 	case 15: cuda_attn_set_mla_cluster(v ? atoi(v) : 0); break; /* (cuda_attn's own; off) */
 	case 16: cuda_attn_set_scores_mode(v ? atoi(v) : 0); break; /* (cuda_attn's own; 0) */
+	case 17: s->chain_prio = one; break;
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);
@@ -620,7 +621,8 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 		int rc = step_device(F, &x.out, &x.r, &x.l32);
 		CUresult er = cu.cuStreamEndCapture(F->g->stream, &graph);
 		if (!rc && er == CUDA_SUCCESS)
-			er = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
+			er = cu.cuGraphInstantiateWithFlags(&exec, graph, F->E->sw->chain_prio ?
+							    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY : 0);
 		if (graph)
 			cu.cuGraphDestroy(graph);
 		gpu_arena_release(F->A, top); /* the replay uses the same addresses */

@@ -91,6 +91,9 @@ struct fwd_switches {
 	int qb_fuse;      /* DSV32_CUDA_QB_FUSE=1: in one-row steps of the fast mode that run the
 			   * indexer, q_b and the indexer's q_b as one GEMM (fwd_layer.qib), the q
 			   * absorption forked right after it beside the index chain */
+	int chain_prio;   /* DSV32_CUDA_CHAIN_PRIO=1: with the query branch forked before the index
+			   * chain (qb_cap, qb_fuse), the chain's launches at the GPU's greatest stream
+			   * priority (graphs instantiated with per-node priorities) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

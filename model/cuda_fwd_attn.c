@@ -162,6 +162,20 @@ static int fwd_qib(const struct fwd *F, int need, const struct fwd_layer *L)
 	return need && F->T == 1 && L->fused_qib && F->E->sw->qb_fuse && !F->E->batch_invariant;
 }
 
+/* The engine stream's priority for the launches that follow (a kernel node keeps the priority
+ * its stream had when captured): the GPU's greatest (on) or the default 0, the least (off). */
+static int chain_prio(struct fwd *F, int on)
+{
+	int least = 0, greatest = 0;
+	CUstreamAttrValue v = {0};
+	if (on && cu_check(cu.cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange",
+			   __FILE__, __LINE__))
+		return -EIO;
+	v.priority = on ? greatest : 0;
+	return cu_check(cu.cuStreamSetAttribute(F->g->stream, CU_STREAM_ATTRIBUTE_PRIORITY, &v),
+			"cuStreamSetAttribute", __FILE__, __LINE__) ? -EIO : 0;
+}
+
 int fwd_side_close(struct fwd *F)
 {
 	if (!F->side_open)
@@ -338,6 +352,10 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	}
 	if (early && !qib && F->E->sw->qb_after)
 		TRY(fork_q(F, &qb));
+	/* the index chain ahead of the branch for the SMs (DSV32_CUDA_CHAIN_PRIO), up to the join */
+	const int prio = early && F->E->sw->chain_prio;
+	if (prio)
+		TRY(chain_prio(F, 1));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
 	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
@@ -385,6 +403,8 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, early ? NULL : &qb));
+	if (prio)
+		TRY(chain_prio(F, 0));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
