@@ -19,6 +19,7 @@
 #include "model/sched.h"
 #include "model/weights.h"
 #include "tests/ckpt_helpers.h"
+#include "tests/sched_trace.h"
 #include "tests/test.h"
 
 
@@ -142,25 +143,22 @@ static struct sched *sched_new(struct rec *r, int64_t budget, int64_t max_seqs, 
 
 static void drain(struct sched *s, struct result *res)
 {
-	for (int guard = 0; sched_has_work(s); guard++) {
-		REQUIRE(guard < 100000);
-		const struct sched_event *ev;
-		int64_t n;
-		REQUIRE(sched_step(s, &ev, &n) == 0);
-		for (int64_t i = 0; i < n; i++) {
-			REQUIRE(ev[i].id < MAXREQ);
-			struct result *o = &res[ev[i].id];
-			CHECK(!o->done);
-			if (ev[i].type == SCHED_EVENT_TOKEN) {
-				CHECK_EQ_INT(ev[i].seq, o->n);
-				REQUIRE(o->n < 512);
-				o->tok[o->n++] = ev[i].token;
-			} else {
-				CHECK_EQ_INT(ev[i].type, SCHED_EVENT_FINISH);
-				o->done = 1;
-				o->reason = ev[i].reason;
-				o->cached = ev[i].n_prompt_cached;
-			}
+	static struct sched_trace t;
+	sched_trace_run(s, &t);
+	for (int64_t i = 0; i < t.n; i++) {
+		const struct sched_event *ev = &t.ev[i];
+		REQUIRE(ev->id < MAXREQ);
+		struct result *o = &res[ev->id];
+		CHECK(!o->done);
+		if (ev->type == SCHED_EVENT_TOKEN) {
+			CHECK_EQ_INT(ev->seq, o->n);
+			REQUIRE(o->n < 512);
+			o->tok[o->n++] = ev->token;
+		} else {
+			CHECK_EQ_INT(ev->type, SCHED_EVENT_FINISH);
+			o->done = 1;
+			o->reason = ev->reason;
+			o->cached = ev->n_prompt_cached;
 		}
 	}
 }
@@ -418,37 +416,6 @@ static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t 
 	return d;
 }
 
-/* Every token event of a run, in order: request, token, logprob and alternatives. */
-struct trace {
-	struct sched_event ev[2048];
-	int64_t n;
-};
-
-static void drain_trace(struct sched *s, struct trace *t)
-{
-	for (int guard = 0; sched_has_work(s); guard++) {
-		REQUIRE(guard < 100000);
-		const struct sched_event *ev;
-		int64_t n;
-		REQUIRE(sched_step(s, &ev, &n) == 0);
-		for (int64_t i = 0; i < n; i++) {
-			CHECK(ev[i].type != SCHED_EVENT_ERROR);
-			if (ev[i].type != SCHED_EVENT_TOKEN)
-				continue;
-			REQUIRE(t->n < 2048);
-			t->ev[t->n] = ev[i];
-			t->ev[t->n].text = NULL;
-			t->n++;
-		}
-	}
-}
-
-static int by_id_seq(const void *x, const void *y)
-{
-	const struct sched_event *a = x, *b = y;
-	return a->id != b->id ? (a->id > b->id) - (a->id < b->id) : (a->seq > b->seq) - (a->seq < b->seq);
-}
-
 /* Greedy, seeded temperature with top-k / top-p / min-p, logprobs with alternatives: the same
  * requests through the backend's draws (sample_rows 8 >= max_seqs: every row) and through the
  * scheduler's own sampling (host_sampling) give the same token events bit for bit; a penalised
@@ -472,8 +439,8 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
 	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
 	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2; /* only in the third run */
-	static struct trace host, dev, mixed, narrow;
-	struct trace *tr[4] = {&host, &dev, &mixed, &narrow};
+	static struct sched_trace host, dev, mixed, narrow;
+	struct sched_trace *tr[4] = {&host, &dev, &mixed, &narrow};
 	int64_t draws[4], host_rows[4];
 	for (int run = 0; run < 4; run++) {
 		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8);
@@ -487,7 +454,8 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 		REQUIRE(sched_init(&s, &d->base, &c, &e) == 0);
 		for (int i = 0; i < (run == 2 ? N : N - 1); i++)
 			add(s, (uint64_t)i, p[i], 40, 12, &sp[i]);
-		drain_trace(s, tr[run]);
+		sched_trace_run(s, tr[run]);
+		sched_trace_sort(tr[run]);
 		draws[run] = d->draws, host_rows[run] = d->host_rows;
 		sched_free(s);
 		backend_destroy(&d->base);
@@ -500,26 +468,13 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	CHECK_EQ_INT(host_rows[2], 12);
 	CHECK(draws[3] > 0 && host_rows[3] > 0); /* 2 a step: the others on the host */
 	CHECK_EQ_INT(draws[3] + host_rows[3], (N - 1) * 12);
-	CHECK_EQ_INT(host.n, (N - 1) * 12);
-	for (int run = 0; run < 4; run++) /* by request, then position (batches interleave them) */
-		qsort(tr[run]->ev, (size_t)tr[run]->n, sizeof tr[run]->ev[0], by_id_seq);
-	for (int run = 1; run < 4; run++) {
-		const struct trace *t = tr[run];
-		int64_t k = 0, bad = 0;
-		for (int64_t i = 0; i < t->n; i++) {
-			if (t->ev[i].id == N - 1)
-				continue; /* the penalised request of run 2 */
-			REQUIRE(k < host.n);
-			const struct sched_event *a = &host.ev[k++], *b = &t->ev[i];
-			bad += a->id != b->id || a->seq != b->seq || a->token != b->token ||
-			       memcmp(&a->logprob, &b->logprob, sizeof a->logprob) || a->n_top != b->n_top ||
-			       memcmp(a->top_ids, b->top_ids, sizeof a->top_ids) ||
-			       memcmp(a->top_logprobs, b->top_logprobs, sizeof a->top_logprobs);
-		}
-		CHECK_EQ_INT(k, host.n);
-		if (bad)
-			test_fail(__FILE__, __LINE__, "run %d: %lld token events differ from the host's",
-				  run, (long long)bad);
+	CHECK_EQ_INT(host.n, (N - 1) * 13); /* 12 tokens and the finish a request */
+	for (int run = 1; run < 4; run++) { /* bit for bit, logprobs included */
+		double worst;
+		int64_t bad = sched_trace_diff(&host, tr[run], N - 1, &worst);
+		if (bad || worst != 0)
+			test_fail(__FILE__, __LINE__, "run %d: %lld token events differ from the host's, "
+				  "worst logprob difference %g", run, (long long)bad, worst);
 	}
 	test_model_free(&m);
 }

@@ -17,23 +17,13 @@
 #include "model/backend.h"
 #include "model/sched.h"
 #include "tests/ckpt_helpers.h"
+#include "tests/sched_trace.h"
 
 #define NREQ 7 /* request 3 with a penalty: drawn on the host between the others */
 #define NTOK 12
 
-struct trace {
-	struct sched_event ev[NREQ * NTOK];
-	int64_t n;
-};
-
-static int by_id_seq(const void *x, const void *y)
-{
-	const struct sched_event *a = x, *b = y;
-	return a->id != b->id ? (a->id > b->id) - (a->id < b->id) : (a->seq > b->seq) - (a->seq < b->seq);
-}
-
 static void run(struct backend *b, int host, const struct sampler_params *sp,
-		int32_t (*p)[48], struct trace *t)
+		int32_t (*p)[48], struct sched_trace *t)
 {
 	struct sched_config c = {0};
 	c.max_batch_tokens = 96;
@@ -55,23 +45,9 @@ static void run(struct backend *b, int host, const struct sampler_params *sp,
 		q.ignore_eos = 1;
 		REQUIRE(sched_add(s, &q, &e) == 0);
 	}
-	t->n = 0;
-	for (int guard = 0; sched_has_work(s); guard++) {
-		REQUIRE(guard < 10000);
-		const struct sched_event *ev;
-		int64_t n;
-		REQUIRE(sched_step(s, &ev, &n) == 0);
-		for (int64_t i = 0; i < n; i++) {
-			CHECK(ev[i].type != SCHED_EVENT_ERROR);
-			if (ev[i].type != SCHED_EVENT_TOKEN)
-				continue;
-			REQUIRE(t->n < NREQ * NTOK);
-			t->ev[t->n] = ev[i];
-			t->ev[t->n++].text = NULL;
-		}
-	}
+	sched_trace_run(s, t);
 	sched_free(s);
-	qsort(t->ev, (size_t)t->n, sizeof t->ev[0], by_id_seq);
+	sched_trace_sort(t);
 }
 
 TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
@@ -107,32 +83,20 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	sp[4].logprobs = 1, sp[4].top_logprobs = 20;
 	sp[5].temperature = 0.7, sp[5].top_k = 20, sp[5].top_p = 0.8, sp[5].logprobs = 1;
 	sp[6].temperature = 1.2, sp[6].min_p = 0.02;
-	static struct trace host, dev;
+	static struct sched_trace host, dev;
 	run(b, 1, sp, p, &host);
 	int64_t d0 = backend_cuda_draws(b);
 	run(b, 0, sp, p, &dev);
 	int64_t drawn = backend_cuda_draws(b) - d0;
 	CHECK_EQ_INT(d0, 0);
 	CHECK_EQ_INT(drawn, (NREQ - 1) * NTOK);
-	CHECK_EQ_INT(host.n, NREQ * NTOK);
-	CHECK_EQ_INT(dev.n, NREQ * NTOK);
-	int64_t tok_bad = 0, top_bad = 0;
-	double worst = 0;
-	for (int64_t i = 0; i < host.n && i < dev.n; i++) {
-		const struct sched_event *a = &host.ev[i], *d = &dev.ev[i];
-		tok_bad += a->id != d->id || a->seq != d->seq || a->token != d->token;
-		top_bad += a->n_top != d->n_top ||
-			   memcmp(a->top_ids, d->top_ids, (size_t)a->n_top * sizeof a->top_ids[0]);
-		double err = fabs((double)a->logprob - d->logprob);
-		for (int k = 0; k < a->n_top && k < d->n_top; k++)
-			err = fmax(err, fabs((double)a->top_logprobs[k] - d->top_logprobs[k]));
-		worst = fmax(worst, err);
-	}
-	printf("    %lld tokens of %d requests (greedy, temperature, top-k, top-p, min-p, logprobs): "
-	       "%lld differ, %lld alternative lists differ, worst logprob difference %.2e\n",
-	       (long long)host.n, NREQ, (long long)tok_bad, (long long)top_bad, worst);
-	CHECK_EQ_INT(tok_bad, 0);
-	CHECK_EQ_INT(top_bad, 0);
+	CHECK_EQ_INT(host.n, NREQ * (NTOK + 1)); /* the tokens and the finish of each */
+	double worst;
+	int64_t bad = sched_trace_diff(&host, &dev, UINT64_MAX, &worst);
+	printf("    %lld events of %d requests (greedy, temperature, top-k, top-p, min-p, a penalty, "
+	       "logprobs): %lld token events differ, worst logprob difference %.2e\n",
+	       (long long)host.n, NREQ, (long long)bad, worst);
+	CHECK_EQ_INT(bad, 0);
 	CHECK(worst <= 1e-5);
 
 	/* draws the backend refuses: a penalty (no history on the device), two logits rows */
