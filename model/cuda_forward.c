@@ -174,7 +174,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 11: cuda_gemm_set_swap(one); break; /* (cuda_gemm's own; off by default) */
+	case 11: cuda_gemm_set_swap(v ? atoi(v) : 0); break; /* (cuda_gemm's own; off by default) */
 	case 12: /* C or Cg (fwd_qb_fork) */
 		s->qb_cap = n > 0 && n < 65536 ? (int)n : 0;
 		s->qb_after = v && strchr(v, 'g');
