@@ -648,6 +648,10 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 		}
 		cluster_sync(); // the barriers initialised before any remote arrival
 	}
+	// launched as the top-k's programmatic dependent (DSV32_MLA_PDL, cuda_attn.c): the set-up
+	// above overlaps it; every input (the slots, q, the records) is read past this wait (a no-op
+	// in an ordinary launch)
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 
 	// registers: the producer needs few, the consumers hold 128 accumulators (ptxas allocates
 	// each role's code within its count)

@@ -21,10 +21,12 @@
 
 // The kernels are launched as programmatic dependents of the scores kernel (cuda_attn.c): wait
 // for the grids before them to complete and their writes to be visible (a no-op in an ordinary
-// launch).
+// launch); then let the kernel after them start its blocks (the MLA decode where it is their
+// programmatic dependent, DSV32_MLA_PDL: it waits for this grid's completion itself; a no-op for
+// an ordinary launch after them).
 __device__ __forceinline__ void topk_wait_inputs()
 {
-	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // Larger score -> larger key; NaN -> 0 (lowest); -0 and +0 the same.

@@ -153,6 +153,26 @@ static int mla_cluster_mode(void)
 	return mla_cluster;
 }
 
+/* DSV32_MLA_PDL=1 (cuda_attn_set_mla_pdl, the forward's switch; default off): the wgmma decode
+ * kernels launched as programmatic dependents of the kernel before them (the top-k, which lets
+ * its dependents start once its blocks have their inputs): their set-up (mbarriers, the cluster
+ * barrier) overlaps its end; they wait (griddepcontrol.wait) before reading anything */
+static int mla_pdl = -1;
+
+void cuda_attn_set_mla_pdl(int on)
+{
+	mla_pdl = on > 0;
+}
+
+static int mla_pdl_on(void)
+{
+	if (mla_pdl < 0) {
+		const char *v = getenv("DSV32_MLA_PDL");
+		mla_pdl = v && *v == '1';
+	}
+	return mla_pdl && pdl_on();
+}
+
 /* the diag bits of cuda_mla_decode's kernel for this shape */
 static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, int ld_sel)
 {
@@ -213,9 +233,12 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if (cz == 8) /* clusters of 16 CTAs */
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
+	/* the wgmma kernels wait for their inputs themselves: by PDL where DSV32_MLA_PDL is on */
+	int (*launch)(struct gpu *, void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+		      void **) = wg && mla_pdl_on() ? gpu_launch_pdl : gpu_launch;
 	int r = skip_main ? 0
-			  : gpu_launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
-				       wg ? 384 : 512, 1, 1, smem, args);
+			  : launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
+				   wg ? 384 : 512, 1, 1, smem, args);
 	int parts = splits / cz; /* the partials left to merge: the cluster merge's groups */
 	if (r || parts == 1 || skip_combine || grp_merge)
 		return r;
