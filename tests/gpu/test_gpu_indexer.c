@@ -181,13 +181,18 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * ties to speak of); 2 = rows of one value with a few larger ones (the threshold bin holds
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
  * position plus noise (a sample of the row is not representative of its top). mode: the kernel
- * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cl8, 3 k_topk, 4 k_topk_cl16). */
-static const char *const topk_names[5] = {"auto", "k_topk_select", "k_topk_cl8", "k_topk", "k_topk_cl16"};
+ * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cl8, 3 k_topk, 4 k_topk_cl16, 5
+ * k_topk_cl4: rows of at most 130816 keys, longer ones skipped). */
+static const char *const topk_names[6] = {"auto", "k_topk_select", "k_topk_cl8", "k_topk", "k_topk_cl16", "k_topk_cl4"};
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
 	for (int b = 0; b < B; b++)
 		ld = n[b] > ld ? n[b] : ld;
+	if (mode == 5 && ld > 130816) {
+		printf("    k_topk_cl4: rows of %d keys skipped (at most 130816)\n", ld);
+		return;
+	}
 	int max_blocks = (ld + 63) / 64;
 	float *sc = malloc((size_t)B * ld * 4);
 	int *bt = malloc((size_t)B * max_blocks * 4);
@@ -289,8 +294,9 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 	gpu_close(&g);
 }
 
-/* the cluster kernels k_topk_cl8, k_topk_cl16 (modes 2, 4): the cases above, then the forward's shapes
- * at batch 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN, -inf) */
+/* the cluster kernels k_topk_cl8, k_topk_cl16, k_topk_cl4 (modes 2, 4, 5): the cases above, then
+ * the forward's shapes at batch 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN,
+ * -inf; not cl4), 2 of ~32K (cl4's batch 1) */
 TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 {
 	struct gpu g;
@@ -298,10 +304,14 @@ TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 	int n_32k[16], n_128k[2] = {131072, 131000};
 	for (int b = 0; b < 16; b++)
 		n_32k[b] = 32768 - 61 * b;
-	for (int mode = 2; mode <= 4; mode += 2) {
+	int n_32k1[2] = {32768, 30001};
+	for (int mode = 2; mode <= 5; mode++) {
+		if (mode == 3)
+			continue;
 		topk_cases(&g, mode);
 		check_topk(&g, n_32k, 16, 2048, 1, mode, 2010);
 		check_topk(&g, n_128k, 2, 2048, 0, mode, 2011);
+		check_topk(&g, n_32k1, 2, 2048, 0, mode, 2012);
 	}
 	gpu_close(&g);
 }
