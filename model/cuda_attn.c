@@ -390,8 +390,11 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B)
 {
+	int mode = topk_env_mode();
+	if (mode == 5 && topk_cl_slice(ld, 4) > TOPK_CL_SLICE) /* k_topk_cl4 forced: the dispatch's beyond it */
+		mode = 0;
 	return cuda_indexer_topk_mode(g, scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, B,
-				      topk_env_mode());
+				      mode);
 }
 
 #endif
