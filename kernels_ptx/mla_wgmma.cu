@@ -56,7 +56,8 @@
 // together (one wait a tile: see fuse below; a real result, the same bits), bit 4 skips the softmax
 // (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores,
 // bit 7 (k_mla_decode_wg2) the light handover (mw_arrive_cl, mw_wait_cl: CTA-scope semantics, no
-// consumer-side proxy fence; a real result, the same bits).
+// consumer-side proxy fence; a real result, the same bits), bit 8 (c4 / c8) the groups of splits
+// merged in the kernel (mw_merge_groups; a real result).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
