@@ -15,7 +15,7 @@ int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 		return -EINVAL;
 	if (st->mtp && !w->has_mtp)
 		return -EINVAL;
-	int64_t vocab = st->mtp ? w->mtp.embed.rows : w->embed.rows, n_sample = 0;
+	int64_t vocab = st->mtp ? w->mtp.embed.rows : w->embed.rows, n_sample = 0, n_hist = 0;
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		if (s->n < 0 || (s->n && (!s->tokens || !s->pos || !s->block_table)))
@@ -24,12 +24,17 @@ int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 		for (int64_t j = 0; j < s->n; j++)
 			n_logits += !!(backend_row_flags(s, j) & BACKEND_ROW_LOGITS);
 		const struct backend_sample *d = draw ? draw[i] : NULL;
-		if (d) { /* one LOGITS row, a parameter set without penalties */
-			const struct sampler_params *p = d->p;
-			if (n_logits != 1 || ++n_sample > b->sample_rows || !p ||
-			    p->repetition_penalty != 1.0 || p->presence_penalty != 0.0 ||
-			    p->frequency_penalty != 0.0)
+		if (d) { /* one LOGITS row; with a penalty, a history within hist_ids */
+			if (n_logits != 1 || ++n_sample > b->sample_rows || !d->p)
 				return -EINVAL;
+			if (sampler_params_penalised(d->p)) {
+				if (d->n_prompt < 0 || d->n_output < 0 || (d->n_prompt && !d->prompt) ||
+				    (d->n_output && !d->output))
+					return -EINVAL;
+				n_hist += d->n_prompt + d->n_output;
+				if (n_hist > b->hist_ids)
+					return -EINVAL;
+			}
 		}
 		if (st->mtp && s->n && !s->mtp_hidden)
 			return -EINVAL;

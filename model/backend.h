@@ -41,15 +41,17 @@
 #define BACKEND_ROW_LOGITS 1u /* write this row's fp32 logits [vocab_size] */
 #define BACKEND_ROW_HIDDEN 2u /* write this row's final hidden state [hidden_size] */
 
-/* A token drawn by the backend (backend_step_draw): the function of model/sampler.h on the
- * sequence's one LOGITS row, without a token history, so with every penalty off (repetition 1,
- * presence and frequency 0). */
+/* A token drawn by the backend (backend_step_draw): sampler_sample (model/sampler.h) on the
+ * sequence's one LOGITS row. */
 struct backend_sample {
-	const struct sampler_params *p; /* passed sampler_params_check; penalties off */
+	const struct sampler_params *p; /* passed sampler_params_check */
 	uint64_t index;                 /* the stream position (sampler_sample's index) */
+	const int32_t *prompt, *output; /* the token history, read only with a penalty on: */
+	int64_t n_prompt, n_output;     /* n_prompt + n_output ids count against hist_ids */
 	struct sampler_out out;         /* out: the draw */
-	int rc;                         /* out: 0, or -EDOM (a NaN or +inf logit, or every logit
-					 * -inf: an engine fault) */
+	int rc;                         /* out: 0, -EDOM (a NaN or +inf logit, or every logit
+					 * -inf: an engine fault), -EINVAL (a history id out of
+					 * range) */
 };
 
 struct backend_seq {
@@ -118,13 +120,14 @@ struct backend {
 	void (*host_free)(struct backend *b, void *p);
 	/* Optional (NULL, sample_rows 0: the caller samples the logits): a step that also draws the
 	 * token of every sequence i with draw[i] != NULL, at most sample_rows of them, each with
-	 * exactly one LOGITS row (the CUDA backend: on the device, beside the logits, which then
-	 * never leave it: such a sequence's logits may be NULL, a buffer given is left undefined).
-	 * Otherwise step's contract; -EINVAL also for a draw that breaks these rules. Callers go
-	 * through backend_step_draw. */
+	 * exactly one LOGITS row, their histories (draws with a penalty) at most hist_ids ids in
+	 * all (the CUDA backend: on the device, beside the logits, which then never leave it: such
+	 * a sequence's logits may be NULL, a buffer given is left undefined). Otherwise step's
+	 * contract; -EINVAL also for draws that break these rules. Callers go through
+	 * backend_step_draw. */
 	int (*step_draw)(struct backend *b, const struct backend_step *s,
 			 struct backend_sample *const *draw);
-	int64_t sample_rows;
+	int64_t sample_rows, hist_ids;
 };
 
 /* Row j's BACKEND_ROW_* bits (flags NULL: LOGITS on the last row). */
@@ -237,7 +240,8 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
 int backend_validate_step(const struct backend *b, const struct weights *w,
 			  const struct backend_step *st);
 /* backend_validate_step for a step with draws (backend.step_draw): also each draw's rules (one
- * LOGITS row, no penalty, at most sample_rows), and a drawn sequence may have no logits buffer. */
+ * LOGITS row, at most sample_rows, histories of at most hist_ids ids), and a drawn sequence may
+ * have no logits buffer. */
 int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 			       const struct backend_step *st, struct backend_sample *const *draw);
 

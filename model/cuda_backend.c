@@ -27,8 +27,9 @@
  * in the start-up line and by backend_cuda_mode.
  * Draws (backend_step_draw): the tokens of the sequences the scheduler asks for, drawn by the GPU
  * sampler beside the logits (model/cuda_step_sample.h: the function of model/sampler.h), for up
- * to STEP_DRAWS sequences a step; DSV32_CUDA_DRAW=0 at creation turns them off (the scheduler
- * then samples the downloaded logits itself).
+ * to STEP_DRAWS sequences and STEP_DRAW_HIST ids of the penalised ones' histories a step;
+ * DSV32_CUDA_DRAW=0 at creation turns them off (the scheduler then samples the downloaded
+ * logits itself).
  * Must not: decide scheduling or which rows are drawn.
  */
 #include "model/backend.h"
@@ -117,9 +118,12 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
  * scheduler's 2048-token prefill chunk at real dimensions in one pass (2 GiB held 1665 rows: two
  * passes, each streaming every expert's weights). */
 #define SCRATCH_BYTES ((size_t)4 << 30)
-/* Sequences a step may have drawn on the device (backend.sample_rows); the sampler's workspace
- * is per block, at most one block an SM, so the capacity costs 288 bytes a row beyond that. */
+/* Sequences a step may have drawn on the device (backend.sample_rows; the sampler's workspace
+ * is per block, at most one block an SM, so the capacity costs 288 bytes a row beyond that) and
+ * the ids of their histories (those with a penalty; backend.hist_ids: 16 MiB on the device and
+ * pinned). */
 #define STEP_DRAWS 1024
+#define STEP_DRAW_HIST ((int64_t)1 << 22)
 
 struct cuda_backend {
 	struct backend base;
@@ -684,10 +688,12 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	/* the draws' buffers (before the KV pool takes what is left) */
 	const char *dv = getenv("DSV32_CUDA_DRAW");
 	if (!(dv && *dv == '0')) {
-		if ((r = cuda_step_sampler_init(&b->g, &b->smp, STEP_DRAWS, (int)c->vocab_size, e)))
+		if ((r = cuda_step_sampler_init(&b->g, &b->smp, STEP_DRAWS, (int)c->vocab_size,
+						STEP_DRAW_HIST, e)))
 			goto err;
 		b->base.step_draw = cuda_step_draw;
 		b->base.sample_rows = STEP_DRAWS;
+		b->base.hist_ids = STEP_DRAW_HIST;
 	}
 	/* the KV pool: what is left, keeping 1 GiB for the driver and library workspaces */
 	size_t free_b = 0, total_b = 0;

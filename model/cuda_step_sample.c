@@ -9,13 +9,15 @@
 
 #include "driver/cu.h"
 
+static size_t al256(size_t x) { return (x + 255) / 256 * 256; }
+
 int cuda_step_sampler_init(struct gpu *g, struct cuda_step_sampler *s, int rows, int vocab,
-			   struct err *e)
+			   int64_t hist_ids, struct err *e)
 {
 	memset(s, 0, sizeof *s);
 	size_t pb = (size_t)rows * sizeof *s->h_params, ob = (size_t)rows * sizeof *s->h_out;
-	size_t wb = cuda_sampler_workspace(g, rows, vocab);
-	size_t all = (pb + 255) / 256 * 256 + (ob + 255) / 256 * 256 + wb;
+	size_t hb = (size_t)hist_ids * sizeof *s->h_hist, wb = cuda_sampler_workspace(g, rows, vocab);
+	size_t all = al256(pb) + al256(ob) + al256(hb) + wb;
 	int r = gpu_region_reserve(g, &s->region, "sampler", all, e);
 	if (!r)
 		r = gpu_region_grow(g, &s->region, all, e);
@@ -23,14 +25,16 @@ int cuda_step_sampler_init(struct gpu *g, struct cuda_step_sampler *s, int rows,
 		return r;
 	s->params = gpu_region_alloc(&s->region, pb);
 	s->out = gpu_region_alloc(&s->region, ob);
+	s->hist = gpu_region_alloc(&s->region, hb);
 	s->ws = gpu_region_alloc(&s->region, wb);
 	s->h_params = gpu_host_alloc(pb);
 	s->h_out = gpu_host_alloc(ob);
-	if (!s->params || !s->out || !s->ws || !s->h_params || !s->h_out) {
+	s->h_hist = gpu_host_alloc(hb);
+	if (!s->params || !s->out || !s->hist || !s->ws || !s->h_params || !s->h_out || !s->h_hist) {
 		cuda_step_sampler_free(g, s);
 		return err_set(e, -ENOMEM, "cuda backend: no memory for the sampler's %d rows", rows);
 	}
-	s->rows = rows, s->vocab = vocab;
+	s->rows = rows, s->vocab = vocab, s->hist_ids = hist_ids;
 	return 0;
 }
 
@@ -38,6 +42,7 @@ void cuda_step_sampler_free(struct gpu *g, struct cuda_step_sampler *s)
 {
 	gpu_host_free(s->h_params);
 	gpu_host_free(s->h_out);
+	gpu_host_free(s->h_hist);
 	gpu_region_free(g, &s->region);
 	memset(s, 0, sizeof *s);
 }
@@ -57,19 +62,32 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 {
 	const size_t rb = sizeof *s->h_params, ob = sizeof *s->h_out;
 	int n = 0;
+	int64_t nh = 0; /* history ids staged */
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		const struct backend_sample *q = draw[i];
 		if (!q || !logits_rows(&st->seqs[i]))
 			continue;
 		if (n == s->rows)
 			return -E2BIG;
-		cuda_sampler_row_set(&s->h_params[n++], q->p, q->index, 0, 0, 0, 0);
+		int64_t np = 0, no = 0; /* the history, only where a penalty reads it */
+		if (sampler_params_penalised(q->p)) {
+			np = q->n_prompt, no = q->n_output;
+			if (nh + np + no > s->hist_ids)
+				return -E2BIG;
+			memcpy(s->h_hist + nh, q->prompt, (size_t)np * sizeof *s->h_hist);
+			memcpy(s->h_hist + nh + np, q->output, (size_t)no * sizeof *s->h_hist);
+		}
+		cuda_sampler_row_set(&s->h_params[n++], q->p, q->index, nh, np, nh + np, no);
+		nh += np + no;
 	}
 	s->n = n;
 	if (!n)
 		return 0;
 	if (cu_check(cu.cuMemcpyHtoDAsync(s->params, s->h_params, (size_t)n * rb, g->stream),
-		     "cuMemcpyHtoDAsync", __FILE__, __LINE__))
+		     "cuMemcpyHtoDAsync", __FILE__, __LINE__) ||
+	    (nh && cu_check(cu.cuMemcpyHtoDAsync(s->hist, s->h_hist, (size_t)nh * sizeof *s->h_hist,
+						  g->stream),
+			    "cuMemcpyHtoDAsync", __FILE__, __LINE__)))
 		return -EIO;
 	/* one launch per run of consecutive drawn rows of l32 (the scheduler's steps: one run) */
 	int64_t row = 0, run0 = -1;
@@ -85,7 +103,7 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 		} else if (run0 >= 0) { /* the run [run0, row) ends here */
 			int r = cuda_sampler_sample(g, l32 + (size_t)run0 * (size_t)ld * 4, ld,
 						    (int)(row - run0), s->vocab, s->params + (size_t)k0 * rb,
-						    s->params, s->out + (size_t)k0 * ob, s->ws);
+						    s->hist, s->out + (size_t)k0 * ob, s->ws);
 			if (r)
 				return r;
 			run0 = -1;

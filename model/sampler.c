@@ -445,8 +445,7 @@ int sampler_sample(struct sampler *s, const struct sampler_params *p, const floa
 		if (output[i] < 0 || output[i] >= V)
 			return -EINVAL;
 	const float *l = logits; /* penalties work on a copy; without them, on the row itself */
-	if (p->repetition_penalty != 1.0 || p->frequency_penalty != 0.0 ||
-	    p->presence_penalty != 0.0) {
+	if (sampler_params_penalised(p)) {
 		memcpy(s->logits, logits, (size_t)V * sizeof *logits);
 		apply_penalties(s, p, prompt, n_prompt, output, n_output);
 		l = s->logits;

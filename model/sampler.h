@@ -67,6 +67,12 @@ struct sampler_params {
 
 /* Greedy, no penalties, no logprobs: the neutral values of every field. */
 void sampler_params_default(struct sampler_params *p);
+/* 1 when a penalty is on (step 1 of the header reads the token history), else 0. */
+static inline int sampler_params_penalised(const struct sampler_params *p)
+{
+	return p->repetition_penalty != 1.0 || p->presence_penalty != 0.0 ||
+	       p->frequency_penalty != 0.0;
+}
 /* 0, or -EINVAL with e naming the parameter, its value and the allowed range (NaN included). */
 int sampler_params_check(const struct sampler_params *p, struct err *e);
 

@@ -669,20 +669,20 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	schedule_prefills(s, budget);
 
 	/* run; the backend draws a finished row's token itself where it can (backend_step_draw,
-	 * up to sample_rows a step, not host_sampling) and the draw needs no token history (no
-	 * penalty): that row's logits then never leave it; the others come back and are drawn
-	 * here */
+	 * not host_sampling; up to sample_rows a step, the histories of those with a penalty up to
+	 * hist_ids ids): that row's logits then never leave it; the others come back and are
+	 * drawn here */
 	double t1 = t0, t2 = t0;
-	int64_t row = 0, n_logits = 0, n_dev = 0;
+	int64_t row = 0, n_logits = 0, n_dev = 0, n_hist = 0;
 	const int can = s->b->step_draw && !s->cfg.host_sampling;
 	if (s->n_sched > 0) {
 		for (int64_t k = 0; k < s->n_sched; k++) {
 			struct seq *q = s->sched[k];
 			struct backend_seq *bs = &s->bseq[k];
 			int sample = q->n_computed + q->rows == q->n_tokens;
+			const int64_t hist = sampler_params_penalised(&q->sp) ? q->n_tokens : 0;
 			int dev = sample && can && n_dev < s->b->sample_rows &&
-				  q->sp.repetition_penalty == 1.0 && q->sp.presence_penalty == 0.0 &&
-				  q->sp.frequency_penalty == 0.0;
+				  n_hist + hist <= s->b->hist_ids;
 			for (int64_t j = 0; j < q->rows; j++) {
 				s->pos[row + j] = q->n_computed + j;
 				s->flags[row + j] = 0;
@@ -699,11 +699,14 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			bs->hidden = NULL;
 			bs->mtp_hidden = NULL;
 			s->drawp[k] = dev ? &s->draw[k] : NULL;
-			s->draw[k].p = &q->sp;
-			s->draw[k].index = (uint64_t)(q->n_tokens - q->n_prompt);
+			s->draw[k] = (struct backend_sample){
+				.p = &q->sp, .index = (uint64_t)(q->n_tokens - q->n_prompt),
+				.prompt = q->tokens, .n_prompt = q->n_prompt,
+				.output = q->tokens + q->n_prompt, .n_output = q->n_tokens - q->n_prompt};
 			row += q->rows;
 			n_logits += sample && !dev;
 			n_dev += dev;
+			n_hist += dev ? hist : 0;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
 		t1 = now_s(s);
@@ -748,7 +751,9 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 		if (s->draw[k].rc < 0) {
 			struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
 			ev->error = s->draw[k].rc;
-			ev->msg = "engine fault: the logits hold NaN or no finite value";
+			ev->msg = s->draw[k].rc == -EDOM
+					  ? "engine fault: the logits hold NaN or no finite value"
+					  : "engine fault: a token of the history is out of range";
 			q->rows = 0;
 			seq_drop(s, q);
 			continue;

@@ -34,9 +34,9 @@
  *            never preempts).
  *  run       one backend_step with a row per scheduled token; logits only for rows that
  *            finish their sequence's uncomputed tokens. When the backend draws tokens itself
- *            (backend_step_draw: the CUDA backend, beside the logits), it draws every
- *            finished row without a penalty (a penalty needs the token history), up to its
- *            sample_rows, and those logits never come back; the others are drawn here
+ *            (backend_step_draw: the CUDA backend, beside the logits), it draws the finished
+ *            rows, up to its sample_rows (and hist_ids ids of history for those with a
+ *            penalty), and those logits never come back; the others are drawn here
  *            (sampler_sample).
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not

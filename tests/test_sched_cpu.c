@@ -327,8 +327,8 @@ TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 /* ---- draws by the backend (backend_step_draw) ---------------------------------------------- */
 
 /* A backend that draws the tokens itself, as the CUDA backend does on the device: the CPU
- * backend's logits of each drawn sequence into a buffer of its own, then sampler_sample
- * without a history. Counts the draws it made and the logits rows it handed back. */
+ * backend's logits of each drawn sequence into a buffer of its own, then sampler_sample with
+ * the draw's history. Counts the draws it made and the logits rows it handed back. */
 struct drawer {
 	struct backend base;
 	struct backend *cpu;
@@ -375,8 +375,9 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	count_host_rows(d, st, draw);
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		if (draw[i]) {
-			draw[i]->rc = sampler_sample(&d->smp, draw[i]->p, seqs[i].logits, NULL, 0, NULL, 0,
-						     draw[i]->index, &draw[i]->out);
+			const struct backend_sample *q = draw[i];
+			draw[i]->rc = sampler_sample(&d->smp, q->p, seqs[i].logits, q->prompt, q->n_prompt,
+						     q->output, q->n_output, q->index, &draw[i]->out);
 			d->draws++;
 		}
 	return 0;
@@ -400,7 +401,8 @@ static void drawer_destroy(struct backend *b)
 static const struct backend_ops drawer_ops = {"drawer+cpu", drawer_step, drawer_page_io,
 					      drawer_destroy};
 
-static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t sample_rows)
+static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t sample_rows,
+				 int64_t hist_ids)
 {
 	struct drawer *d = calloc(1, sizeof *d);
 	REQUIRE(d);
@@ -410,17 +412,19 @@ static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t 
 	d->base.ops = &drawer_ops;
 	d->base.step_draw = drawer_step_draw;
 	d->base.sample_rows = sample_rows;
+	d->base.hist_ids = hist_ids;
 	d->w = &m->w;
 	d->rows = malloc((size_t)sample_rows * (size_t)m->c.vocab_size * sizeof(float));
 	REQUIRE(d->rows && sampler_init(&d->smp, m->c.vocab_size) == 0);
 	return d;
 }
 
-/* Greedy, seeded temperature with top-k / top-p / min-p, logprobs with alternatives: the same
- * requests through the backend's draws (sample_rows 8 >= max_seqs: every row) and through the
- * scheduler's own sampling (host_sampling) give the same token events bit for bit; a penalised
- * request's rows, and the finished rows beyond sample_rows, are drawn on the host beside the
- * backend's draws of the others, with the same tokens. */
+/* Greedy, seeded temperature with top-k / top-p / min-p, a penalty, logprobs with alternatives:
+ * the same requests through the backend's draws (sample_rows 8 >= max_seqs: every row, the
+ * penalised one with its history) and through the scheduler's own sampling (host_sampling) give
+ * the same token events bit for bit; a penalised row whose history does not fit hist_ids, and
+ * the finished rows beyond sample_rows, are drawn on the host beside the backend's draws of the
+ * others, with the same tokens. */
 TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 {
 	struct test_model m;
@@ -438,12 +442,13 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
 	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
 	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
-	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2; /* only in the third run */
-	static struct sched_trace host, dev, mixed, narrow;
-	struct sched_trace *tr[4] = {&host, &dev, &mixed, &narrow};
+	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2, sp[5].presence_penalty = 0.5;
+	static struct sched_trace host, dev, short_hist, narrow;
+	struct sched_trace *tr[4] = {&host, &dev, &short_hist, &narrow};
 	int64_t draws[4], host_rows[4];
 	for (int run = 0; run < 4; run++) {
-		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8);
+		/* run 2: 30 ids of history, less than request 5's prompt */
+		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8, run == 2 ? 30 : 1 << 20);
 		struct sched_config c = {0};
 		c.max_batch_tokens = 64;
 		c.max_seqs = 8;
@@ -452,7 +457,7 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 		struct sched *s;
 		struct err e = {{0}};
 		REQUIRE(sched_init(&s, &d->base, &c, &e) == 0);
-		for (int i = 0; i < (run == 2 ? N : N - 1); i++)
+		for (int i = 0; i < N; i++)
 			add(s, (uint64_t)i, p[i], 40, 12, &sp[i]);
 		sched_trace_run(s, tr[run]);
 		sched_trace_sort(tr[run]);
@@ -461,17 +466,17 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 		backend_destroy(&d->base);
 	}
 	CHECK_EQ_INT(draws[0], 0);             /* host_sampling: never the backend's */
-	CHECK_EQ_INT(host_rows[0], (N - 1) * 12);
-	CHECK_EQ_INT(draws[1], (N - 1) * 12);  /* every token drawn by the backend */
+	CHECK_EQ_INT(host_rows[0], N * 12);
+	CHECK_EQ_INT(draws[1], N * 12);        /* every token drawn by the backend */
 	CHECK_EQ_INT(host_rows[1], 0);
-	CHECK_EQ_INT(draws[2], (N - 1) * 12);  /* request 5's penalty: its rows on the host */
+	CHECK_EQ_INT(draws[2], (N - 1) * 12);  /* request 5's history does not fit: on the host */
 	CHECK_EQ_INT(host_rows[2], 12);
 	CHECK(draws[3] > 0 && host_rows[3] > 0); /* 2 a step: the others on the host */
-	CHECK_EQ_INT(draws[3] + host_rows[3], (N - 1) * 12);
-	CHECK_EQ_INT(host.n, (N - 1) * 13); /* 12 tokens and the finish a request */
+	CHECK_EQ_INT(draws[3] + host_rows[3], N * 12);
+	CHECK_EQ_INT(host.n, N * 13); /* 12 tokens and the finish a request */
 	for (int run = 1; run < 4; run++) { /* bit for bit, logprobs included */
 		double worst;
-		int64_t bad = sched_trace_diff(&host, tr[run], N - 1, &worst);
+		int64_t bad = sched_trace_diff(&host, tr[run], UINT64_MAX, &worst);
 		if (bad || worst != 0)
 			test_fail(__FILE__, __LINE__, "run %d: %lld token events differ from the host's, "
 				  "worst logprob difference %g", run, (long long)bad, worst);

@@ -3,10 +3,9 @@
  * sampler beside the logits, model/cuda_step_sample.h) against the same scheduler sampling the
  * downloaded logits itself (sched_config.host_sampling), on the CUDA backend's batch-invariant
  * mode (a row's logits are the same bits in both runs) with the tiny model's 129280 ids, one
- * request with a penalty (its rows drawn on the host between the device's runs of rows): every
- * token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
+ * request with penalties (its prompt and output uploaded as its history): every token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
  * test_gpu_sampler.c), the same alternatives; the draws really ran on the device (counted);
- * a draw the backend must refuse (a penalty, two logits rows) is refused.
+ * a draw the backend must refuse (a history it is not given, two logits rows) is refused.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -19,7 +18,7 @@
 #include "tests/ckpt_helpers.h"
 #include "tests/sched_trace.h"
 
-#define NREQ 7 /* request 3 with a penalty: drawn on the host between the others */
+#define NREQ 7 /* request 3 with penalties: its history goes to the device */
 #define NTOK 12
 
 static void run(struct backend *b, int host, const struct sampler_params *sp,
@@ -79,7 +78,8 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	}
 	sp[1].temperature = 0.8, sp[1].top_k = 50;
 	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
-	sp[3].temperature = 0.9, sp[3].repetition_penalty = 1.3, sp[3].logprobs = 1;
+	sp[3].temperature = 0.9, sp[3].repetition_penalty = 1.3, sp[3].frequency_penalty = 0.4,
+	sp[3].logprobs = 1;
 	sp[4].logprobs = 1, sp[4].top_logprobs = 20;
 	sp[5].temperature = 0.7, sp[5].top_k = 20, sp[5].top_p = 0.8, sp[5].logprobs = 1;
 	sp[6].temperature = 1.2, sp[6].min_p = 0.02;
@@ -89,7 +89,7 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	run(b, 0, sp, p, &dev);
 	int64_t drawn = backend_cuda_draws(b) - d0;
 	CHECK_EQ_INT(d0, 0);
-	CHECK_EQ_INT(drawn, (NREQ - 1) * NTOK);
+	CHECK_EQ_INT(drawn, NREQ * NTOK);
 	CHECK_EQ_INT(host.n, NREQ * (NTOK + 1)); /* the tokens and the finish of each */
 	double worst;
 	int64_t bad = sched_trace_diff(&host, &dev, UINT64_MAX, &worst);
@@ -99,14 +99,14 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	CHECK_EQ_INT(bad, 0);
 	CHECK(worst <= 1e-5);
 
-	/* draws the backend refuses: a penalty (no history on the device), two logits rows */
+	/* draws the backend refuses: a penalty without its history, two logits rows */
 	int32_t tok[2] = {5, 6}, bt[1] = {0};
 	int64_t pos[2] = {0, 1};
 	uint8_t fl[2] = {BACKEND_ROW_LOGITS, BACKEND_ROW_LOGITS};
 	struct sampler_params pen;
 	sampler_params_default(&pen);
 	pen.repetition_penalty = 1.1;
-	struct backend_sample ds = {.p = &pen};
+	struct backend_sample ds = {.p = &pen, .n_prompt = 3}; /* (prompt NULL) */
 	struct backend_sample *dp[1] = {&ds};
 	struct backend_seq s1 = {.n = 1, .tokens = tok, .pos = pos, .block_table = bt, .n_blocks = 1};
 	struct backend_step st = {.mtp = 0, .n_seqs = 1, .seqs = &s1};
