@@ -11,7 +11,7 @@
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
 // The other kernels below compute the same function: k_topk_select (a block a row, two reads),
-// k_topk_cl8 / k_topk_cl16 / k_topk_cl4 (a row over a cluster of 8 / 16 / 4 CTAs).
+// k_topk_cl8 / k_topk_cl16 / k_topk_cl4 / k_topk_cl16w (a row over a cluster of 8 / 16 / 4 / 16 CTAs).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
@@ -904,6 +904,15 @@ k_topk_cl4(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	   int stop)
 {
 	topk_cl_body<4, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+}
+
+// k_topk_cl16w: k_topk_cl16 with 1024 threads a CTA (half the keys a thread in every pass)
+extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(1024, 1)
+k_topk_cl16w(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
+	     const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
+	     int stop)
+{
+	topk_cl_body<16, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)

@@ -329,14 +329,14 @@ static int topk_forced = -1;
 
 void cuda_attn_set_topk_mode(int mode)
 {
-	topk_forced = mode >= 0 && mode <= 5 ? mode : 0;
+	topk_forced = mode >= 0 && mode <= 6 ? mode : 0;
 }
 
 static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
 		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '5' && !v[1] ? *v - '0' : 0;
+		topk_forced = v && *v >= '1' && *v <= '6' && !v[1] ? *v - '0' : 0;
 	}
 	return topk_forced;
 }
@@ -346,7 +346,7 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 {
 	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 5 || (stop && mode != 2 && mode != 4 && mode != 5))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 6 || (stop && mode != 2 && mode < 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	/* a cluster a row while the rows' clusters fit the SMs at once, from 8K keys: k_topk_cl16 for
@@ -364,18 +364,18 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 	}
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
-	if (mode == 2 || mode == 4 || mode == 5) {
-		const int cl = mode == 4 ? 16 : mode == 5 ? 4 : 8;
+	if (mode == 2 || mode >= 4) {
+		const int cl = mode == 4 || mode == 6 ? 16 : mode == 5 ? 4 : 8, nt = mode == 4 ? 512 : 1024;
 		if (ld < 1 || topk_cl_slice(ld, cl) > TOPK_CL_SLICE)
 			return -EINVAL;
-		void *fn = gpu_kernel(g, cl == 8 ? "k_topk_cl8" : cl == 4 ? "k_topk_cl4" : "k_topk_cl16");
+		void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cl8" : mode == 5 ? "k_topk_cl4" : mode == 6 ? "k_topk_cl16w" : "k_topk_cl16");
 		if (!fn)
 			return -ENOENT;
 		size_t smem = topk_cl_smem_bytes(ld, cl);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
-		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, cl == 16 ? 512 : 1024, (unsigned)smem, args);
+		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, (unsigned)nt, (unsigned)smem, args);
 	}
 	if (topk_smem_bytes(ld) > 200 * 1024)
 		return -EINVAL;
