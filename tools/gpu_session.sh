@@ -58,8 +58,9 @@ if [ -f "$bundle/EXTRA" ]; then
     [ -z "$line" ] && continue
     n=$((n + 1))
     step "extra $n: $line"
+    t0=$SECONDS
     B=$bundle timeout "${EXTRA_TIMEOUT:-90}" bash -c "$line" > "$out/extra_$n.log" 2>&1
-    echo "exit status $?" >> "$out/extra_$n.log"
+    echo "exit status $? after $((SECONDS - t0)) s" >> "$out/extra_$n.log"
     tail -n 30 "$out/extra_$n.log" | tee -a "$summary"
   done < "$bundle/EXTRA"
 fi
