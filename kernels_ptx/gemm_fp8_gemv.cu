@@ -2,7 +2,9 @@
 // projections; model/cuda_gemm.c's CUDA_GEMM_PATH_GEMV), spec §5.4:
 //   y[m, n] = bf16( Σ_kb ( Σ_{k in kb} x8[m, k] · W8[n, k] ) · sx[m, kb] · S[n / 128, kb] )
 // W8 e4m3 [N, K] (row stride K), S fp32 [N/128, K/128], x8 e4m3 [M, K], sx fp32 [M, K/128],
-// y bf16 [M, ldy]; N % 16 == 0, N <= 16 x GV_TILES, K % 128 == 0.
+// y bf16 [M, ldy]; N % 16 == 0, K % 128 == 0. The grouped form (k_gemm_fp8_gemv_g: the MoE
+// experts of a one-token step, model/cuda_gemm.c's grouped_gemv) runs each group's rows (in
+// slices of <= 8) against that group's weights, the same way.
 //
 // Why another kernel: at one token a GEMM is a stream of weights with a few microseconds of fixed
 // cost, and the small matrices of a decode step (12-38 MB) are all fixed cost at 2-3x their
@@ -33,12 +35,14 @@
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
+#include "scan.cuh"
 #include "tma.cuh"
 
 #define GV_CW 8		 // consumer warps
+#define GV_THREADS ((GV_CW + 1) * 32)
 #define GV_MAXSTAGES 16	 // the barriers' room (256 bytes)
-#define GV_SLOTS 64	 // arrival-count sets, taken in turn by the host's launches
-#define GV_TILES 4096	 // 16-row tiles a set counts (N <= 65536)
+#define GV_SLOTS 16	 // arrival-count sets, taken in turn by the host's launches
+#define GV_TILES 16384	 // (slice, 16-row tile) pairs a set counts
 
 // Arrival counts of the chunk sums, [slot][tile]: zero when the module loads, and each GEMM
 // leaves them zero (the last arrival resets its count). The host gives consecutive launches
@@ -65,14 +69,28 @@ __device__ __forceinline__ uint4 lds16(uint32_t a)
 	return r;
 }
 
-extern "C" __global__ void __launch_bounds__((GV_CW + 1) * 32, 1)
-k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
-		const uint8_t *__restrict__ X, const float *__restrict__ SX,
-		uint16_t *__restrict__ Y, float *__restrict__ partial, int M, int N, int K, int ldy,
-		int chunks, int chunk_blocks, int ns, int slot)
+// a grouped GEMM's slice: rows r0 .. r0 + rows - 1 (<= 8) of group e
+struct gv_slice {
+	int e, r0, rows, pad;
+};
+
+// GROUPED: group e multiplies rows [off[e], off[e + 1]) of X by W_e = w_tab[e] (scales s_tab[e]),
+// in slices of <= 8 rows (the slice list built by every block from off, after
+// griddepcontrol.wait: the offsets are the previous kernel's); M is then the row bound of X, y
+// and the partials (max_rows) and the smem holds slice_cap slices. Else one slice of M rows.
+// flags & GV_F32: y is not written; the sums go to partial[0][row][n] in fp32 (for
+// model/cuda_gemm.c's epilogue kernels k_gemm_stream_reduce_swiglu / _combine with one chunk).
+#define GV_F32 1
+template <bool GROUPED>
+__device__ __forceinline__ void
+gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
+	      const unsigned long long *__restrict__ w_tab, const unsigned long long *__restrict__ s_tab,
+	      const int *__restrict__ off, int G, int slice_cap, const uint8_t *__restrict__ X,
+	      const float *__restrict__ SX, uint16_t *__restrict__ Y, float *__restrict__ partial,
+	      int M, int N, int K, int ldy, int chunks, int chunk_blocks, int ns, int slot, int flags)
 {
 	// shared memory: the barriers (256 bytes), two sets of the warps' unit sums (8 KB), the
-	// last-arrival flags, then the ns stages of 16 x rs bytes
+	// last-arrival flags (128 bytes), the stages of 16 x rs bytes, then (GROUPED) the slices
 	extern __shared__ __align__(128) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + GV_MAXSTAGES;
@@ -80,7 +98,9 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	int *last_flag = reinterpret_cast<int *>(smem + 256 + 2 * GV_CW * 128 * 4); // [2]
 	const uint32_t stage0 = smem_u32(smem) + 256 + 2 * GV_CW * 128 * 4 + 128;
 	const int KB = K >> 7, rs = chunk_blocks * 128 + 16, stage_bytes = 16 * rs;
-	const int units = (N >> 4) * chunks;
+	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + 256 + 2 * GV_CW * 128 * 4 + 128 +
+						      ns * stage_bytes);
+	const int tiles = N >> 4, per_slice = tiles * chunks;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
 	// the next kernel (launched with PDL) may start and load its constants now; it reads this
@@ -94,28 +114,54 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
-	__syncthreads();
+	int n_slices = 1;
+	if (GROUPED) {
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // the offsets
+		int base = 0;
+		for (int e0 = 0; e0 < G; e0 += GV_THREADS) {
+			const int e = e0 + threadIdx.x;
+			int o = 0, cnt = 0;
+			if (e < G)
+				o = off[e], cnt = off[e + 1] - o;
+			const int k = (cnt + 7) >> 3;
+			int total;
+			const int at = base + block_exclusive_scan<GV_THREADS>(k, &total);
+			for (int j = 0; j < k && at + j < slice_cap; j++)
+				sl[at + j] = gv_slice{e, o + 8 * j, min(8, cnt - 8 * j), 0};
+			base += total;
+		}
+		n_slices = min(base, slice_cap);
+	}
+	__syncthreads(); // the barriers initialised, the slices written
 
-	// this block's units: [u0, u1)
+	// this block's units [u0, u1) of slice * per_slice + tile * chunks + chunk
+	const int units = n_slices * per_slice;
 	const int u0 = (int)((long long)blockIdx.x * units / gridDim.x);
 	const int u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
 
 	if (warp == GV_CW) {
-		// ---- producer: the units' weight rows, ns stages ahead. No griddepcontrol.wait: it
-		// reads only the weights (constants) and writes only this block's shared memory ----
+		// ---- producer: the units' weight rows, ns stages ahead. Dense: no
+		// griddepcontrol.wait (it reads only the weights, constants, and writes only this
+		// block's shared memory) ----
 		const uint64_t pol = l2_evict_first();
-		int s = 0;
+		int s = 0, e_cur = -1;
 		uint32_t ph = 0;
+		const uint8_t *Wg = W;
 		for (int u = u0; u < u1; u++) {
-			const int tile = u / chunks, kb0 = (u % chunks) * chunk_blocks;
+			const int sidx = u / per_slice, rest = u % per_slice;
+			const int tile = rest / chunks, kb0 = (rest % chunks) * chunk_blocks;
 			const int nb = min(chunk_blocks, KB - kb0);
+			if (GROUPED && sl[sidx].e != e_cur) {
+				e_cur = sl[sidx].e;
+				Wg = reinterpret_cast<const uint8_t *>(w_tab[e_cur]);
+			}
 			mbar_wait(smem_u32(&empty[s]), ph ^ 1); // (a fresh barrier: returns at once)
 			if (lane == 0)
 				mbar_arrive_expect_tx(smem_u32(&full[s]), (uint32_t)(16 * nb * 128));
 			__syncwarp();
 			if (lane < 16)
 				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes + lane * rs),
-					       W + (size_t)(tile * 16 + lane) * K + (size_t)kb0 * 128,
+					       Wg + (size_t)(tile * 16 + lane) * K + (size_t)kb0 * 128,
 					       (uint32_t)(nb * 128), smem_u32(&full[s]), pol);
 			if (++s == ns)
 				s = 0, ph ^= 1;
@@ -126,16 +172,27 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	// ---- consumers ----
 	// the tokens and their scales are the previous kernel's outputs, and y / the partials may
 	// still be read by it (PDL)
-	asm volatile("griddepcontrol.wait;" ::: "memory");
+	if (!GROUPED)
+		asm volatile("griddepcontrol.wait;" ::: "memory");
 	const int g = lane >> 2, t = lane & 3;
 	const int row = threadIdx.x & 15, m = threadIdx.x >> 4; // the sums' (threads 0-127)
+	const bool f32_out = flags & GV_F32;
 	float tot = 0.f; // (row, m)'s chunks so far of the current tile
-	int s = 0;
+	int s = 0, e_cur = -1;
 	uint32_t ph = 0;
+	const float *Sg = S;
 	for (int u = u0; u < u1; u++) {
-		const int tile = u / chunks, c = u % chunks, kb0 = c * chunk_blocks;
+		const int sidx = u / per_slice, rest = u % per_slice;
+		const int tile = rest / chunks, c = rest % chunks, kb0 = c * chunk_blocks;
 		const int nb = min(chunk_blocks, KB - kb0), n0 = tile * 16;
-		const float *s_row = S + (size_t)(n0 >> 7) * KB;
+		const gv_slice sv = GROUPED ? sl[sidx] : gv_slice{0, 0, M, 0};
+		if (GROUPED && sv.e != e_cur) {
+			e_cur = sv.e;
+			Sg = reinterpret_cast<const float *>(s_tab[e_cur]);
+		}
+		const float *s_row = Sg + (size_t)(n0 >> 7) * KB;
+		const uint8_t *Xs = X + (size_t)sv.r0 * K;
+		const float *SXs = SX + (size_t)sv.r0 * KB;
 		float acc[4] = {0.f, 0.f, 0.f, 0.f};
 		mbar_wait(smem_u32(&full[s]), ph);
 		const uint32_t st = stage0 + (uint32_t)(s * stage_bytes);
@@ -147,9 +204,9 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			wfrag af; // the weight fragment, converted once
 			wfrag_cvt(af, lo0, lo1, hi0, hi1);
 			uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-			if (g < M) {
+			if (g < sv.rows) {
 				const uint4 *xp = reinterpret_cast<const uint4 *>(
-					X + (size_t)g * K + (size_t)kb * 128 + 32 * t);
+					Xs + (size_t)g * K + (size_t)kb * 128 + 32 * t);
 				b0 = __ldg(xp);
 				b1 = __ldg(xp + 1);
 			}
@@ -158,8 +215,8 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			// cf0, cf1: row g, tokens 2t, 2t + 1; cf2, cf3: row g + 8
 			const float sw = s_row[kb];
 			const int m0 = 2 * t;
-			const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
-			const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
+			const float s0 = m0 < sv.rows ? SXs[(size_t)m0 * KB + kb] * sw : 0.f;
+			const float s1 = m0 + 1 < sv.rows ? SXs[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
 			acc[0] += cf[0] * s0;
 			acc[1] += cf[1] * s1;
 			acc[2] += cf[2] * s0;
@@ -183,37 +240,64 @@ k_gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		float p = 0.f; // the chunk's partial
 		for (int w = 0; w < GV_CW; w++)
 			p += red[(set * GV_CW + w) * 128 + row * 8 + m];
-		const int n = n0 + row;
-		const int first = tile * chunks, end = first + chunks; // the tile's units
+		const int n = n0 + row, yr = sv.r0 + m; // output column, row
+		const bool live = m < sv.rows;
+		const int first = (sidx * tiles + tile) * chunks, end = first + chunks; // the tile's
 		if (first >= u0 && end <= u1) { // the whole tile here: in registers
 			tot = c == 0 ? 0.f + p : tot + p;
-			if (c == chunks - 1 && m < M)
-				Y[(size_t)m * ldy + n] = f32_to_bf16(tot);
+			if (c == chunks - 1 && live) {
+				if (f32_out)
+					partial[(size_t)yr * N + n] = tot;
+				else
+					Y[(size_t)yr * ldy + n] = f32_to_bf16(tot);
+			}
 			continue;
 		}
 		// split between blocks: the partial, and at this range's last unit of the tile the
 		// arrival count; the block completing it sums every chunk in order
-		if (m < M)
-			partial[((size_t)c * M + m) * N + n] = p;
+		if (live)
+			partial[((size_t)c * M + yr) * N + n] = p;
 		if (c != chunks - 1 && u != u1 - 1)
 			continue;
 		__threadfence();
 		named_bar_sync(2, 128);
 		if (threadIdx.x == 0) {
 			const unsigned mine = (unsigned)(u + 1 - max(first, u0));
-			unsigned *cnt = &gv_count[(size_t)slot * GV_TILES + tile];
+			unsigned *cnt = &gv_count[(size_t)slot * GV_TILES + sidx * tiles + tile];
 			const int last = atomicAdd(cnt, mine) + mine == (unsigned)chunks;
 			if (last)
 				*cnt = 0; // every chunk has arrived: zero for the next GEMM
 			last_flag[set] = last;
 		}
 		named_bar_sync(2, 128);
-		if (!last_flag[set] || m >= M)
+		if (!last_flag[set] || !live)
 			continue;
 		__threadfence();
 		float sum = 0.f;
 		for (int k = 0; k < chunks; k++)
-			sum += __ldcg(&partial[((size_t)k * M + m) * N + n]);
-		Y[(size_t)m * ldy + n] = f32_to_bf16(sum);
+			sum += __ldcg(&partial[((size_t)k * M + yr) * N + n]);
+		if (f32_out) // (chunk 0's partial of this output, read above, is no longer needed)
+			partial[(size_t)yr * N + n] = sum;
+		else
+			Y[(size_t)yr * ldy + n] = f32_to_bf16(sum);
 	}
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 1)
+k_gemm_fp8_gemv(const uint8_t *W, const float *S, const uint8_t *X, const float *SX, uint16_t *Y,
+		float *partial, int M, int N, int K, int ldy, int chunks, int chunk_blocks, int ns,
+		int slot)
+{
+	gemm_fp8_gemv<false>(W, S, nullptr, nullptr, nullptr, 0, 0, X, SX, Y, partial, M, N, K, ldy,
+			     chunks, chunk_blocks, ns, slot, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 1)
+k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_tab,
+		  const int *off, int G, int slice_cap, const uint8_t *X, const float *SX,
+		  uint16_t *Y, float *partial, int max_rows, int N, int K, int ldy, int chunks,
+		  int chunk_blocks, int ns, int slot, int flags)
+{
+	gemm_fp8_gemv<true>(nullptr, nullptr, w_tab, s_tab, off, G, slice_cap, X, SX, Y, partial,
+			    max_rows, N, K, ldy, chunks, chunk_blocks, ns, slot, flags);
 }

@@ -279,6 +279,29 @@ struct stream_epi {
 	int T, K;
 };
 
+/* The fused step epi (EPI_SWIGLU / EPI_COMBINE) over ws's `chunks` fp32 partials [chunks][rows][N]
+ * (rows_dev: the device's row count, or 0), summed in chunk order: k_gemm_stream_reduce_swiglu
+ * (into epi's h8 / hs) or k_gemm_stream_reduce_combine (into y); the CTA cap honoured. */
+static int epi_launch(struct gpu *g, const struct stream_epi *epi, gpu_ptr ws, int chunks,
+		      int rows, gpu_ptr rows_dev, int N, gpu_ptr y)
+{
+	const int cap = cap_of(g);
+	if (epi->kind == EPI_SWIGLU) {
+		int I = N / 2;
+		gpu_ptr h8 = epi->h8, hs = epi->hs;
+		void *sargs[] = {&ws, &h8, &hs, &chunks, &rows, &rows_dev, &I};
+		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
+		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
+				  capped(sb < 1024 ? sb : 1024, cap), 1, 256, 0, sargs);
+	}
+	gpu_ptr w = epi->w, perm = epi->perm;
+	int T = epi->T, tk = epi->K;
+	void *cargs[] = {&ws, &y, &w, &perm, &chunks, &rows, &N, &T, &tk};
+	unsigned cb = (unsigned)(((long long)T * N + 255) / 256);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
+			  capped(cb < 1024 ? cb : 1024, cap), 1, 256, 0, cargs);
+}
+
 /* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and not summed in the
  * kernel): dense when w_tab == 0 (W, S, rows = M), grouped otherwise (rows = max_rows).
  * epi (may be NULL): the K chunks summed with that step instead (y: EPI_COMBINE's output, else
@@ -393,22 +416,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
-	if (ek == EPI_SWIGLU) {
-		int I = N / 2;
-		gpu_ptr h8 = epi->h8, hs = epi->hs;
-		void *sargs[] = {&ws, &h8, &hs, &sp.chunks, &rows, &rows_dev, &I};
-		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
-		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
-				  capped(sb < 1024 ? sb : 1024, cap), 1, 256, 0, sargs);
-	}
-	if (ek == EPI_COMBINE) {
-		gpu_ptr w = epi->w, perm = epi->perm;
-		int T = epi->T, tk = epi->K;
-		void *cargs[] = {&ws, &y, &w, &perm, &sp.chunks, &rows, &N, &T, &tk};
-		unsigned cb = (unsigned)(((long long)T * N + 255) / 256);
-		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
-				  capped(cb < 1024 ? cb : 1024, cap), 1, 256, 0, cargs);
-	}
+	if (ek != EPI_NONE)
+		return epi_launch(g, epi, ws, sp.chunks, rows, rows_dev, N, y);
 	/* at most two blocks an SM (grid-stride): its blocks wait resident beside the GEMM's for
 	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
@@ -619,8 +628,8 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 
 /* ---- the one-row kernel (gemm_fp8_gemv.cu) ------------------------------------------------- */
 
-#define GV_SLOTS 64	    /* the kernel's arrival-count sets */
-#define GV_TILES 4096	    /* 16-row tiles a set counts */
+#define GV_SLOTS 16	    /* the kernel's arrival-count sets */
+#define GV_TILES 16384	    /* (slice, 16-row tile) pairs a set counts */
 #define GV_RING (128 << 10) /* the most weight bytes a block keeps in flight */
 #define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
@@ -657,17 +666,26 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
 	return sp.chunks > 1 ? (size_t)sp.chunks * (M < 8 ? M : 8) * N * 4 : 0;
 }
 
-int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
-		       int M, int N, int K, int ldy, gpu_ptr ws)
+/* The one-row kernel: dense (w_tab == 0: W, S, rows = M <= 8 tokens) or grouped (w_tab, s_tab,
+ * off, G; rows = max_rows, groups in slices of <= 8 rows); f32: the sums into ws as the one
+ * chunk of fp32 partials [rows][N] (for epi_launch) instead of y. -ENOTSUP: a shape or
+ * workspace it does not take. */
+static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+		       gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
+		       int K, int ldy, gpu_ptr ws, size_t ws_bytes, int f32)
 {
-	if (M < 1 || M > 8 || N % 16 || N < 16 || N / 16 > GV_TILES || K % 128 || K < 128 ||
+	if (rows < 1 || (!w_tab && rows > 8) || N % 16 || N < 16 || K % 128 || K < 128 ||
 	    ldy < N)
-		return -EINVAL;
+		return -ENOTSUP;
 	struct gemm_split sp = gemv_split(g, N, K);
-	if (sp.chunks > 1 && !ws)
-		return -EINVAL;
+	const int tiles = N / 16;
+	/* slices: at most rows / 8 + one a group with rows */
+	int slice_cap = w_tab ? rows / 8 + (G < rows ? G : rows) + 1 : 1;
+	const size_t need = sp.chunks > 1 || f32 ? (size_t)sp.chunks * rows * N * 4 : 0;
+	if ((long long)slice_cap * tiles > GV_TILES || ws_bytes < need || (need && !ws))
+		return -ENOTSUP;
 	const int stage = 16 * (sp.chunk_blocks * 128 + 16);
-	const long long units = (long long)(N / 16) * sp.chunks;
+	const long long units = (long long)slice_cap * tiles * sp.chunks; /* (grouped: a bound) */
 	const int sms = g->sm_count > 0 ? g->sm_count : 132;
 	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
 	/* stages: what the ring holds (at least one), no more than a block's units */
@@ -675,21 +693,45 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
 	int ns = GV_RING / stage;
 	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
 	ns = per < ns ? (int)per : ns;
-	if (GV_HEAD + (long long)ns * stage > ST_SMEM_MAX)
-		return -EINVAL;
-	const int smem = GV_HEAD + ns * stage;
+	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
+	if (smem > ST_SMEM_MAX - 1024) /* (room for the block scan's static words) */
+		return -ENOTSUP;
 	static int next_slot;
 	pthread_mutex_lock(&gemm_lock);
 	int slot = next_slot;
 	next_slot = (next_slot + 1) % GV_SLOTS;
 	pthread_mutex_unlock(&gemm_lock);
 	void *fn;
-	int r = kernel_optin(g, "k_gemm_fp8_gemv", &fn);
+	int r = kernel_optin(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
 	if (r)
 		return r;
-	void *args[] = {&W, &S, &x8, &sx, &y, &ws, &M, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks,
+	int flags = f32 ? 1 : 0; /* GV_F32 */
+	void *args[] = {&W, &S, &x8, &sx, &y, &ws, &rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks,
 			&ns, &slot};
-	return launch_pdl(g, fn, grid, 1, 9 * 32, (unsigned)smem, args);
+	void *gargs[] = {&w_tab, &s_tab, &off, &G, &slice_cap, &x8, &sx, &y, &ws, &rows, &N, &K,
+			 &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &slot, &flags};
+	return launch_pdl(g, fn, grid, 1, 9 * 32, (unsigned)smem, w_tab ? gargs : args);
+}
+
+int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
+		       int M, int N, int K, int ldy, gpu_ptr ws)
+{
+	if (M < 1 || M > 8)
+		return -EINVAL;
+	int r = gemv_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws,
+			    ws ? gemv_workspace(g, M, N, K) : 0, 0);
+	return r == -ENOTSUP ? -EINVAL : r;
+}
+
+/* Grouped GEMMs of at most this many rows (the one-token MoE block: 9) run on the one-row kernel
+ * in the fast mode while it is on (cuda_gemm_set_gemv). */
+#define GV_GROUPED_ROWS 16
+
+static int gemv_off(void);
+
+static int grouped_gemv(const struct gpu *g, int max_rows)
+{
+	return !cuda_gemm_batch_invariant(g) && max_rows <= GV_GROUPED_ROWS && !gemv_off();
 }
 
 /* ---- grouped (MoE experts) ------------------------------------------------------------------ */
@@ -697,8 +739,12 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K)
 {
 	(void)G;
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
-	return sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K), gv = gemv_split(g, N, K);
+	size_t st = sp.chunks > 1 ? (size_t)sp.chunks * max_rows * N * 4 : 0;
+	/* the one-row kernel's (grouped_gemv): its chunks, or one chunk of fp32 sums */
+	size_t r = max_rows < GV_GROUPED_ROWS ? max_rows : GV_GROUPED_ROWS;
+	size_t one = (size_t)gv.chunks * r * N * 4;
+	return one > st ? one : st;
 }
 
 /* The streaming kernel over the groups; h8 != 0: with SwiGLU in the chunk sum (stream_launch). */
@@ -746,6 +792,12 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,
 			  gpu_ptr ws, size_t ws_bytes)
 {
+	if (grouped_gemv(g, max_rows) && w_tab && s_tab && off && G >= 1) {
+		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws,
+				    ws_bytes, 0);
+		if (r != -ENOTSUP)
+			return r;
+	}
 	if (grouped_wgmma(g, max_rows, G, N, ldy)) {
 		int r = cuda_gemm_fp8_wgmma_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N,
 						    K, ldy);
@@ -766,6 +818,13 @@ int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 	if (grouped_wgmma(g, max_rows, G, N, N) || !h8 || !hs)
 		return -ENOTSUP;
 	const struct stream_epi epi = {EPI_SWIGLU, h8, hs, 0, 0, 0, 0};
+	if (grouped_gemv(g, max_rows) && N % 256 == 0 && G >= 1 && max_rows >= 1) {
+		/* the one-row kernel's fp32 sums, then the SwiGLU step on them as one chunk */
+		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, 0, max_rows, N, K, N, ws,
+				    ws_bytes, 1);
+		if (r != -ENOTSUP)
+			return r ? r : epi_launch(g, &epi, ws, 1, max_rows, off + (gpu_ptr)G * 4, N, 0);
+	}
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, 0, max_rows, N, K, N, ws, ws_bytes,
 			      !cuda_gemm_batch_invariant(g), &epi);
 }
@@ -779,6 +838,13 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 	if (T < 1 || topk < 1 || grouped_wgmma(g, max_rows, G, N, N) || !wts || !perm)
 		return -ENOTSUP;
 	const struct stream_epi epi = {EPI_COMBINE, 0, 0, wts, perm, T, topk};
+	if (grouped_gemv(g, max_rows) && G >= 1) {
+		/* the one-row kernel's fp32 sums, then the combine on them as one chunk */
+		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, 0, max_rows, N, K, N, ws,
+				    ws_bytes, 1);
+		if (r != -ENOTSUP)
+			return r ? r : epi_launch(g, &epi, ws, 1, max_rows, off + (gpu_ptr)G * 4, N, y);
+	}
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, N, ws, ws_bytes,
 			      !cuda_gemm_batch_invariant(g), &epi);
 }

@@ -206,9 +206,11 @@ void cuda_gemm_close(struct gpu *g);
  * (G <= 8192; its group weight maps are made on the device by one small launch first), and
  * then per row the numbers equal the streaming dense kernel's (cuda_gemm_fp8 with
  * cuda_gemm_set_stream(1)) for the same weight, bit for bit;
+ * in the fast mode at <= 16 rows with the one-row kernel on (cuda_gemm_set_gemv): its grouped
+ * form (kernels_ptx/gemm_fp8_gemv.cu; exact products, fp32 promotion per 128 block);
  * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
  * summation order and Hopper wgmma's coarser FP8 accumulation; CUDA_GEMM_WGMMA_GROUPED in
- * cuda_gemm.c). ws: cuda_gemm_fp8_grouped_workspace() bytes (the streaming kernel's). */
+ * cuda_gemm.c). ws: cuda_gemm_fp8_grouped_workspace() bytes (the streaming or one-row kernel's). */
 size_t cuda_gemm_fp8_grouped_workspace(const struct gpu *g, int max_rows, int G, int N, int K);
 int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			  gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy,

@@ -236,6 +236,33 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 	run_grouped(cs, 2);
 }
 
+/* The one-row kernel's grouped form (cuda_gemm_fp8_grouped in the fast mode with
+ * cuda_gemm_set_gemv(1), at most 16 rows) against the CPU: the one-token MoE shapes (8 experts
+ * of 1 row + the shared expert, 257 groups; gate|up with K chunked, down), groups of more than 8
+ * rows (two slices), empty groups first and last, a 16-row tile alone. */
+TEST_T(gpu_gemm_grouped, gemv_grouped_vs_cpu, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	struct cpu_pool *pool = cpu_pool_start(16);
+	REQUIRE(pool);
+	cuda_gemm_set_batch_invariant(&g, 0);
+	cuda_gemm_set_gemv(1);
+	static int moe[257];
+	for (int k = 0; k < 8; k++)
+		moe[k * 31 + 2] = 1;
+	moe[256] = 1;
+	static const int rows2[] = {0, 10, 0, 2, 0}, rows3[] = {2, 1};
+	check_grouped(&g, pool, 5, rows2, 576, 1536, 910, 0);
+	check_grouped(&g, pool, 2, rows3, 16, 256, 911, 0);
+	check_grouped(&g, pool, 257, moe, 7168, 2048, 912, 0);
+	check_grouped(&g, pool, 257, moe, 4096, 7168, 913, 0);
+	cuda_gemm_set_gemv(-1);
+	cuda_gemm_set_batch_invariant(&g, 1);
+	cpu_pool_stop(pool);
+	gpu_close(&g);
+}
+
 /* The operands of the fused chunk-sum tests: `rows` activation rows quantised 1x128 (xq, sx),
  * then G random N x K e4m3 weights (finite codes) with power-of-two block scales uploaded to
  * dW / dS, their addresses in wt / st. */
@@ -268,8 +295,8 @@ static void fused_operands(struct gpu *g, int G, int N, int K, int rows, uint64_
 
 /* cuda_gemm_fp8_grouped_swiglu (SwiGLU + act_quant in the K-chunk sum) against
  * cuda_gemm_fp8_grouped then k_moe_swiglu_quant (kernels_ptx/moe_block.cu) on the same operands:
- * h8 and hs byte for byte, in the batch-invariant and the fast mode; groups of 0-3 rows, K
- * chunked. */
+ * h8 and hs byte for byte, in the batch-invariant and the fast mode (also on the one-row
+ * kernel: its fp32 sums as the one chunk); groups of 0-3 rows, K chunked. */
 TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 {
 	struct gpu g;
@@ -302,8 +329,10 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 	gpu_ptr dws = gpu_test_alloc(wsb);
 	uint8_t *h_ref = malloc((size_t)R * I), *h_got = malloc((size_t)R * I);
 	float *s_ref = malloc((size_t)R * (I / 128) * 4), *s_got = malloc((size_t)R * (I / 128) * 4);
-	for (int fast = 0; fast < 2; fast++) {
-		cuda_gemm_set_batch_invariant(&g, !fast);
+	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
+	for (int mode = 0; mode < 3; mode++) {
+		cuda_gemm_set_batch_invariant(&g, mode == 0);
+		cuda_gemm_set_gemv(mode == 2);
 		gpu_test_poison(&g, rh, (size_t)max_rows * I);
 		gpu_test_poison(&g, rhs, (size_t)max_rows * (I / 128) * 4);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dgu, max_rows, N, K, N,
@@ -330,11 +359,12 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 			}
 		ds_n = memcmp(s_ref, s_got, (size_t)R * (I / 128) * 4) != 0;
 		printf("    swiglu in the chunk sum (%s mode) G=%d rows=%d N=%d K=%d: %lld of %lld h8 "
-		       "bytes differ (first %lld), scales %s\n", fast ? "fast" : "batch-invariant", G,
-		       R, N, K, dh_n, (long long)R * I, first, ds_n ? "differ" : "equal");
+		       "bytes differ (first %lld), scales %s\n", modes[mode], G, R, N, K, dh_n,
+		       (long long)R * I, first, ds_n ? "differ" : "equal");
 		CHECK_EQ_INT(dh_n, 0);
 		CHECK_EQ_INT(ds_n, 0);
 	}
+	cuda_gemm_set_gemv(-1);
 	cuda_gemm_set_batch_invariant(&g, 1);
 	for (int e = 0; e < G; e++)
 		cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
@@ -347,7 +377,8 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 
 /* cuda_gemm_fp8_grouped_combine (the MoE combine in the K-chunk sum) against
  * cuda_gemm_fp8_grouped then k_moe_combine (kernels_ptx/moe_permute.cu) on the same operands:
- * y byte for byte, in both modes, uncapped and under a CTA cap. Two tokens, three picks each
+ * y byte for byte, in both modes (the fast one also on the one-row kernel), uncapped and
+ * under a CTA cap. Two tokens, three picks each
  * over six experts (one expert picked by both), then the shared expert as group 6 on rows
  * R .. R + T - 1; K chunked. */
 TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
@@ -379,8 +410,10 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 	REQUIRE(wsb > 0); /* K chunked: the fused form applies */
 	gpu_ptr dws = gpu_test_alloc(wsb);
 	uint16_t *y_ref = malloc((size_t)T * N * 2), *y_got = malloc((size_t)T * N * 2);
-	for (int fast = 0; fast < 2; fast++) {
-		cuda_gemm_set_batch_invariant(&g, !fast);
+	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
+	for (int mode = 0; mode < 3; mode++) {
+		cuda_gemm_set_batch_invariant(&g, mode == 0);
+		cuda_gemm_set_gemv(mode == 2);
 		gpu_test_poison(&g, dref, (size_t)T * N * 2);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dey, RT, N, K, N, dws,
 					      wsb) == 0);
@@ -407,11 +440,12 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 				}
 			printf("    combine in the chunk sum (%s mode, CTA cap %d) T=%d top-k=%d N=%d "
 			       "K=%d: %lld of %lld outputs differ (first %lld)\n",
-			       fast ? "fast" : "batch-invariant", cap, T, TK, N, K, differ,
+			       modes[mode], cap, T, TK, N, K, differ,
 			       (long long)T * N, first);
 			CHECK_EQ_INT(differ, 0);
 		}
 	}
+	cuda_gemm_set_gemv(-1);
 	cuda_gemm_set_batch_invariant(&g, 1);
 	for (int e = 0; e < G; e++)
 		cu.cuMemFree(dW[e]), cu.cuMemFree(dS[e]);
