@@ -242,8 +242,8 @@ static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigne
 	return (pdl_on() ? gpu_launch_pdl : gpu_launch)(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
 }
 
-/* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX (once per
- * function handle); -ENOENT when the module lacks it. */
+/* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX less its static
+ * shared memory (once per function handle); -ENOENT when the module lacks it. */
 static int kernel_optin(struct gpu *g, const char *name, void **out)
 {
 	void *fn = *out = gpu_kernel(g, name);
@@ -258,8 +258,10 @@ static int kernel_optin(struct gpu *g, const char *name, void **out)
 	pthread_mutex_unlock(&gemm_lock);
 	if (found)
 		return 0;
+	int st = 0; /* static shared memory counts against the same limit */
+	CU_TRY(cu.cuFuncGetAttribute(&st, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn));
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-				     ST_SMEM_MAX));
+				     ST_SMEM_MAX - st));
 	pthread_mutex_lock(&gemm_lock);
 	if (n_done < 64)
 		done[n_done++] = fn;
