@@ -148,6 +148,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_MAX_ROWS", "DSV32_CUDA_FWD_SKIP", "DSV32_TOPK_MODE", "DSV32_GEMM_SWAP",
 	"DSV32_CUDA_QB_CAP", "DSV32_CUDA_QB_FUSE", "DSV32_CUDA_MOE_ROUTER", "DSV32_MLA_CLUSTER",
 	"DSV32_SCORES_MODE", "DSV32_CUDA_CHAIN_PRIO", "DSV32_GEMM_GEMV",
+	"DSV32_MLA_PDL",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -185,6 +186,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 16: cuda_attn_set_scores_mode(v ? atoi(v) : 0); break; /* (cuda_attn's own; 0) */
 	case 17: s->chain_prio = one; break;
 	case 18: cuda_gemm_set_gemv(v ? one : -1); break; /* (cuda_gemm's own; -1 its default) */
+	case 19: cuda_attn_set_mla_pdl(one); break; /* (cuda_attn's own; off by default) */
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);
