@@ -139,16 +139,18 @@ static int mla_wg_mode(void)
  * default) k_mla_decode_wg2 and k_mla_combine over every split */
 static int mla_cluster = -1;
 
+#define MLA_CLUSTER_DEFAULT 0
+
 void cuda_attn_set_mla_cluster(int cz)
 {
-	mla_cluster = cz > 0 && cz < 30 && (cz % 10 == 4 || cz % 10 == 8) ? cz : 0;
+	mla_cluster = cz < 0 ? MLA_CLUSTER_DEFAULT : cz > 0 && cz < 30 && (cz % 10 == 4 || cz % 10 == 8) ? cz : 0;
 }
 
 static int mla_cluster_mode(void)
 {
 	if (mla_cluster < 0) {
 		const char *v = getenv("DSV32_MLA_CLUSTER");
-		cuda_attn_set_mla_cluster(v ? atoi(v) : 0);
+		cuda_attn_set_mla_cluster(v ? atoi(v) : -1);
 	}
 	return mla_cluster;
 }
@@ -159,16 +161,18 @@ static int mla_cluster_mode(void)
  * barrier) overlaps its end; they wait (griddepcontrol.wait) before reading anything */
 static int mla_pdl = -1;
 
+#define MLA_PDL_DEFAULT 0
+
 void cuda_attn_set_mla_pdl(int on)
 {
-	mla_pdl = on > 0;
+	mla_pdl = on < 0 ? MLA_PDL_DEFAULT : on > 0;
 }
 
 static int mla_pdl_on(void)
 {
 	if (mla_pdl < 0) {
 		const char *v = getenv("DSV32_MLA_PDL");
-		mla_pdl = v && *v == '1';
+		cuda_attn_set_mla_pdl(v ? *v == '1' : -1);
 	}
 	return mla_pdl && pdl_on();
 }

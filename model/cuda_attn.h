@@ -49,11 +49,11 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 /* DSV32_MLA_CLUSTER=4 / 8: cuda_mla_decode takes diag bit 22 / 23 (above) where the pair runs a
  * multiple of 4 / 8 key splits, 14 / 18 the same with bit 24, 24 / 28 as 14 / 18 with twice the
  * key splits (<= 64; the workspace unchanged) (0: never; the A/B switch of the forward); this
- * sets it */
+ * sets it (< 0: the default, 0 for now) */
 void cuda_attn_set_mla_cluster(int cz);
 /* DSV32_MLA_PDL=1: the wgmma decode kernels launched as programmatic dependents of the kernel
  * before them (the top-k in the forward), their set-up overlapping its end (0, the default:
- * ordinary launches; the A/B switch of the forward); this sets it (1 on, 0 off) */
+ * ordinary launches; the A/B switch of the forward); this sets it (1 on, 0 off, < 0 the default) */
 void cuda_attn_set_mla_pdl(int on);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
  * scores: on unless DSV32_ATTN_PDL=0; benchmarks may switch it (1 on, 0 off). */
