@@ -218,17 +218,22 @@ int bench_attention(int argc, char **argv)
 				cuda_attn_set_scores_mode(0);
 				cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
 			}
-			/* the scan by keys a warp (the launcher picks one from the shape) */
-			double kpw_us[5] = {0};
+			/* the scan by keys a warp (the launcher picks one from the shape), both kernels (row 1:
+			 * k_indexer_scores_fp8q) */
+			double kpw_us[2][5] = {{0}};
 			if ((B == 1 && ctx >= 32768) || (B == 128 && ctx == 131072))
-				for (int ki = 0; ki < 5; ki++) {
-					int kpw = 16 << ki;
-					cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
-					cu.cuEventRecord(e0, g.stream);
-					for (int r = 0; r < reps; r++)
+				for (int m = 0; m < 2; m++) {
+					cuda_attn_set_scores_mode(m + 1);
+					for (int ki = 0; ki < 5; ki++) {
+						int kpw = 16 << ki;
 						cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
-					cu.cuEventRecord(e1, g.stream);
-					kpw_us[ki] = event_ms(&g, e0, e1) / reps * 1e3;
+						cu.cuEventRecord(e0, g.stream);
+						for (int r = 0; r < reps; r++)
+							cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
+						cu.cuEventRecord(e1, g.stream);
+						kpw_us[m][ki] = event_ms(&g, e0, e1) / reps * 1e3;
+					}
+					cuda_attn_set_scores_mode(0);
 				}
 			if (cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B)) {
 				fprintf(stderr, "dsv32 bench attention: cuda_indexer_topk failed\n");
@@ -483,9 +488,11 @@ int bench_attention(int argc, char **argv)
 			printf("        scan by k_indexer_scores_fp8q (Q in fp16 registers) %.2f us, %.3f TB/s (scores differing "
 			       "from the default's: %lld; -1 not compared)\n", scanq_us,
 			       bytes / (scanq_us * 1e-6) / 1e12, scanq_differ);
-			if (kpw_us[0] != 0)
-				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
-				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
+			for (int m = 0; m < 2; m++)
+				if (kpw_us[m][0] != 0)
+					printf("        scan%s by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: "
+					       "%.2f\n", m ? " (k_indexer_scores_fp8q)" : "", kpw_us[m][0], kpw_us[m][1], kpw_us[m][2],
+					       kpw_us[m][3], kpw_us[m][4]);
 			if (split_us[0][0] != 0) {
 				printf("        k_mla_decode_wg2 batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
 				       cuda_mla_decode_splits(&g, B, MH, TOPK));
