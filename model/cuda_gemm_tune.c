@@ -86,8 +86,10 @@ int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 	int n_sh = 0, r = 0;
 	for (int l = 0; l < n_layers && !r; l++) {
 		const struct fwd_layer *L = &m->layers[l];
-		const struct fwd_fp8 *mats[8] = {&L->q_b, &L->idx_q_b, &L->o};
+		const struct fwd_fp8 *mats[9] = {&L->q_b, &L->idx_q_b, &L->o};
 		int n = 3;
+		if (L->fused_qib) /* q_b and the indexer's q_b as one matrix (DSV32_CUDA_QB_FUSE) */
+			mats[n++] = &L->qib;
 		if (L->fused_qkv)
 			mats[n++] = &L->qkv;
 		else
