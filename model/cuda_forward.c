@@ -182,11 +182,11 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 		break;
 	case 13: s->qb_fuse = one; break;
 	case 14: cuda_moe_set_router(v ? atoi(v) : 1); break; /* (cuda_moe's own: 1 its default) */
-	case 15: cuda_attn_set_mla_cluster(v ? atoi(v) : 0); break; /* (cuda_attn's own; off) */
+	case 15: cuda_attn_set_mla_cluster(v ? atoi(v) : -1); break; /* (cuda_attn's own; -1 its default) */
 	case 16: cuda_attn_set_scores_mode(v ? atoi(v) : 0); break; /* (cuda_attn's own; 0) */
 	case 17: s->chain_prio = one; break;
 	case 18: cuda_gemm_set_gemv(v ? one : -1); break; /* (cuda_gemm's own; -1 its default) */
-	case 19: cuda_attn_set_mla_pdl(one); break; /* (cuda_attn's own; off by default) */
+	case 19: cuda_attn_set_mla_pdl(v ? one : -1); break; /* (cuda_attn's own; -1 its default) */
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);
