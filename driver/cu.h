@@ -35,7 +35,6 @@
 	X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
 	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                           \
-	X(cuStreamSetAttribute) X(cuCtxGetStreamPriorityRange)                                \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
 	X(cuEventDestroy) X(cuStreamWaitEvent)                                                \
 	X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemsetD8) X(cuMemsetD8Async)           \

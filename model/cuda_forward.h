@@ -82,18 +82,14 @@ struct fwd_switches {
 			   * staging buffer unless the callers' buffers are the backend's own host
 			   * memory; 1 always through it; 0 never */
 	int topk_mode;    /* DSV32_TOPK_MODE (cuda_attn_set_topk_mode: process-wide) */
-	int qb_cap;       /* DSV32_CUDA_QB_CAP=C (0: unset): in steps of fewer than FWD_FORK_EARLY_ROWS
-			   * rows that run the indexer, the query branch forks right after
-			   * k_fwd_qkv_norms with its q_b GEMM on at most C CTAs, beside the
-			   * indexer's q_b GEMM on the other SMs; "Cg" (qb_after 1): the indexer's
-			   * GEMM first on every SM, the branch (q_b on C CTAs) forked after it */
-	int qb_after;
+	int qb_early;     /* DSV32_CUDA_QB_EARLY: in one-row steps that run the indexer, the query
+			   * branch forked right after k_fwd_qkv_norms, beside the whole index chain:
+			   * 1 at every key count, 0 never (after the scores, as fork says); -1
+			   * (unset) below FWD_QB_EARLY_KEYS keys (fwd_qb_early) */
+	int qb_join;      /* DSV32_CUDA_QB_JOIN=1: a branch forked there joined before the top-k */
 	int qb_fuse;      /* DSV32_CUDA_QB_FUSE=1: in one-row steps of the fast mode that run the
 			   * indexer, q_b and the indexer's q_b as one GEMM (fwd_layer.qib), the q
 			   * absorption forked right after it beside the index chain */
-	int chain_prio;   /* DSV32_CUDA_CHAIN_PRIO=1: with the query branch forked before the index
-			   * chain (qb_cap, qb_fuse), the chain's launches at the GPU's greatest stream
-			   * priority (graphs instantiated with per-node priorities) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

@@ -42,6 +42,11 @@ int fwd_mma_rows(const struct fwd *F);
  * fewer after them (DSV32_CUDA_FWD_FORK unset). Run 18, before against after: batch 1 +24 / +65
  * us at 32K / 128K, batch 16 -45 / -140. */
 #define FWD_FORK_EARLY_ROWS 16
+/* One-row steps whose rows have fewer keys than this fork the attention's query branch right
+ * after k_fwd_qkv_norms, beside the whole index chain (DSV32_CUDA_QB_EARLY unset). Run 25,
+ * bench model --ab DSV32_CUDA_QB_EARLY=1 (then named QB_CAP=132), batch 1: -25.3 us at 32K,
+ * +23.0 at 128K (there the top-k is k_topk_cl16, a cluster of 16 CTAs: a whole GPC's SMs). */
+#define FWD_QB_EARLY_KEYS 65536
 
 /* 1: M > 64 rows may go to the large-M GEMM and MoE paths whole (the fast mode). */
 #define LARGE_M(F) (!(F)->E->batch_invariant)

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 
 #include "model/cuda_attn.h"
-#include "model/cuda_gemm.h"
 #include "model/numerics.h"
 
 /* ---- one decoder layer (§3.2) ------------------------------------------------------------------ */
@@ -43,7 +42,6 @@ struct q_branch {
 	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
 	int fuse;          /* fwd_fused(F) */
-	int cap;           /* the q_b GEMM on at most this many CTAs (0: no cap; fwd_qb_fork) */
 	int have_q;        /* q is written already (the joint GEMM of fwd_qib): no q_b GEMM */
 };
 
@@ -56,12 +54,8 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
 	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
-	if (!b->have_q) {
-		cuda_gemm_set_cta_cap(F->g, b->cap);
-		int rq = fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq);
-		cuda_gemm_set_cta_cap(F->g, 0);
-		TRY(rq);
-	}
+	if (!b->have_q)
+		TRY(fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq));
 	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
 	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
 		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -141,15 +135,14 @@ static int fork_ok(const struct fwd *F)
 	return F->E->side && chunk >= F->T && !F->st->dump && !fwd_prof_on() && F->E->sw->fork;
 }
 
-/* The CTA cap of the query branch's q_b GEMM when it forks right after k_fwd_qkv_norms
- * (DSV32_CUDA_QB_CAP; before the indexer's q_b GEMM, capped at the other SMs, or after it with
- * "Cg"), so that it runs beside the whole index chain on SMs of its own (the SM count: neither
- * GEMM capped); 0: it forks in fwd_select. Steps of fewer than FWD_FORK_EARLY_ROWS rows that run
- * the indexer (need), on the side stream (fork_ok). */
-static int fwd_qb_fork(const struct fwd *F, int need)
+/* 1: the query branch forks right after k_fwd_qkv_norms, beside the whole index chain (idx q_b,
+ * idx_qw, scores, top-k) instead of beside the top-k only: one-row steps that run the indexer
+ * (need), on the side stream (fork_ok), by DSV32_CUDA_QB_EARLY or, unset, below
+ * FWD_QB_EARLY_KEYS keys (model/cuda_fwd.h). */
+static int fwd_qb_early(const struct fwd *F, int need)
 {
-	const int cap = F->E->sw->qb_cap;
-	return need && cap > 0 && cap <= F->g->sm_count && F->T < FWD_FORK_EARLY_ROWS && fork_ok(F) ? cap : 0;
+	const int e = F->E->sw->qb_early;
+	return need && F->T == 1 && fork_ok(F) && (e < 0 ? F->max_n < FWD_QB_EARLY_KEYS : e);
 }
 
 /* 1: q_b and the indexer's q_b run as one GEMM on the matrix placed as both (fwd_layer.qib:
@@ -160,20 +153,6 @@ static int fwd_qb_fork(const struct fwd *F, int need)
 static int fwd_qib(const struct fwd *F, int need, const struct fwd_layer *L)
 {
 	return need && F->T == 1 && L->fused_qib && F->E->sw->qb_fuse && !F->E->batch_invariant;
-}
-
-/* The engine stream's priority for the launches that follow (a kernel node keeps the priority
- * its stream had when captured): the GPU's greatest (on) or the default 0, the least (off). */
-static int chain_prio(struct fwd *F, int on)
-{
-	int least = 0, greatest = 0;
-	CUstreamAttrValue v = {0};
-	if (on && cu_check(cu.cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange",
-			   __FILE__, __LINE__))
-		return -EIO;
-	v.priority = on ? greatest : 0;
-	return cu_check(cu.cuStreamSetAttribute(F->g->stream, CU_STREAM_ATTRIBUTE_PRIORITY, &v),
-			"cuStreamSetAttribute", __FILE__, __LINE__) ? -EIO : 0;
 }
 
 int fwd_side_close(struct fwd *F)
@@ -195,7 +174,8 @@ int fwd_side_close(struct fwd *F)
  * rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and 32K, while the q_b
  * GEMM and the absorption need the others) or, from FWD_FORK_EARLY_ROWS rows, before the scores;
  * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection. qb
- * NULL: the branch forked already (fwd_qb_fork); joined here all the same. */
+ * NULL: the branch forked already (fwd_qb_early, fwd_qib); joined here all the same, after the
+ * top-k or, with DSV32_CUDA_QB_JOIN=1, before it. */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
 		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb)
 {
@@ -236,6 +216,8 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 		}
 		if (fork && !before)
 			TRY(fork_q(F, qb));
+		if (!qb && F->E->sw->qb_join)
+			TRY(fwd_side_close(F));
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
 			return fwd_fail("cuda_indexer_topk", r);
@@ -337,25 +319,13 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY(fwd_gemm(F, &L->qib, cq8, cqs, qi, T, L->qib.out));
 		q = qi, iq = qi + (size_t)H * dq * 2;
 	}
-	/* the branch forked here: after the joint GEMM, or capped (fwd_qb_fork) */
-	const int early = qib ? fork_ok(F) : fwd_qb_fork(F, need), nsm = F->g->sm_count;
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, !qib && early < nsm ? early : 0, qib};
-	if (early && (qib || !F->E->sw->qb_after)) { /* the branch beside the whole index chain */
+	/* the branch forked here (after the joint GEMM: the absorption only) */
+	const int early = qib ? fork_ok(F) : fwd_qb_early(F, need);
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, qib};
+	if (early)
 		TRY(fork_q(F, &qb));
-		if (!qib)
-			cuda_gemm_set_cta_cap(F->g, nsm - early);
-	}
-	if (need && !qib) {
-		int rg = fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128);
-		cuda_gemm_set_cta_cap(F->g, 0);
-		TRY(rg);
-	}
-	if (early && !qib && F->E->sw->qb_after)
-		TRY(fork_q(F, &qb));
-	/* the index chain ahead of the branch for the SMs (DSV32_CUDA_CHAIN_PRIO), up to the join */
-	const int prio = early && F->E->sw->chain_prio;
-	if (prio)
-		TRY(chain_prio(F, 1));
+	if (need && !qib)
+		TRY(fwd_gemm(F, &L->idx_q_b, cq8, cqs, iq, T, Hi * 128));
 	float hs = (float)pow((double)Hi, -0.5), ds = had;
 	gpu_ptr nw = L->idx_k_norm_w, nb = L->idx_k_norm_b;
 	/* a decode step in the fast mode: weights_proj inside the query kernel (op_lin would run
@@ -403,8 +373,6 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
 	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, early ? NULL : &qb));
-	if (prio)
-		TRY(chain_prio(F, 0));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
