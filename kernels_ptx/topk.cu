@@ -11,7 +11,7 @@
 // over contiguous per-thread chunks takes every key > T and the first equals in position order,
 // and block prefix sums place them, so the output is already sorted by position.
 // The other kernels below compute the same function: k_topk_select (a block a row, two reads),
-// k_topk_cl8 / k_topk_cl16 / k_topk_cl4 / k_topk_cl16w (a row over a cluster of 8 / 16 / 4 / 16 CTAs).
+// k_topk_cl8 / k_topk_cl16 / k_topk_cl4 (a row over a cluster of 8 / 16 / 4 CTAs of 1024 threads).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "scan.cuh"
@@ -543,10 +543,10 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 	}
 }
 
-// ---- k_topk_cl8 / k_topk_cl16: the same function for few rows, a row over a cluster ------------
+// ---- k_topk_cl8 / k_topk_cl16 / k_topk_cl4: the same function for few rows, over a cluster -----
 //
-// Grid (CL, B), a cluster of CL CTAs a row (k_topk_cl8: 8 CTAs of 1024 threads; k_topk_cl16: 16 of
-// 512). CTA r owns positions [r S, r S + S) of the row, S = ceil(ld / CL) rounded up to 64 (so the
+// Grid (CL, B), a cluster of CL CTAs a row (k_topk_cl8 / cl16 / cl4: 8 / 16 / 4 CTAs of 1024
+// threads). CTA r owns positions [r S, r S + S) of the row, S = ceil(ld / CL) rounded up to 64 (so the
 // slices follow ld, not n: the reads of the scores, of n and of the slice's block-table entries are
 // all in flight at once); positions >= n are read but never counted. The slice is read once into
 // shared memory as order keys (float4 loads when ld % 4 == 0), with round 0's histogram.
@@ -569,7 +569,7 @@ k_topk_select(const float *__restrict__ scores, int ld, const int *__restrict__ 
 // Shared memory (dynamic, topk_cl_smem_bytes in cuda_attn.c): two histograms of 2048 bins, two
 // sets of 64 bucket sums, the slice's S keys, its S / 64 + 1 block-table entries, then (16-byte
 // aligned) three rounds' inboxes of CL x 96 ints. S <= 32704 (the packed counts fit an int).
-// Run 22 (bench attention, batch 1): 9.30 / 9.25 us at 32K (cl8 / cl16), 14.35 / 12.51 at 128K;
+// Run 22 (bench attention, batch 1): 9.30 / 9.25 us at 32K (cl8 / cl16 of 512 threads), 14.35 / 12.51 at 128K;
 // k_topk_cluster (every thread of 8 CTAs summing all 8 histograms a round through distributed
 // shared memory, a warp-serial output) 15.51 / 22.03, the pulled exchange with cluster barriers
 // 9.38 / 12.74, the first form of this kernel (pulled, warp-serial output and counts) 10.14 / 14.57.
@@ -896,8 +896,9 @@ k_topk_cl8(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	topk_cl_body<8, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
-// k_topk_cl4: a row over 4 CTAs of 1024 threads (ld <= 130816: 32K rows at batch 1 with fewer
-// CTAs to exchange with a round, twice cl8's keys a CTA)
+// k_topk_cl4: a row over 4 CTAs of 1024 threads (ld <= 130816: the few-row batches, whose
+// clusters of 8 do not all fit the GPCs at once; run 25 at 16 rows: 9.84 / 7.02 us at 32K / 8K
+// against k_topk_cl8's 16.71 / 11.05)
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(1024, 1)
 k_topk_cl4(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
 	   const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
@@ -906,19 +907,12 @@ k_topk_cl4(const float *__restrict__ scores, int ld, const int *__restrict__ n_k
 	topk_cl_body<4, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }
 
-// k_topk_cl16w: k_topk_cl16 with 1024 threads a CTA (half the keys a thread in every pass)
+// k_topk_cl16: 16 CTAs of 1024 threads (run 25, batch 1 at 128K: 11.00 us against 11.83 with 512
+// threads, the form removed)
 extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(1024, 1)
-k_topk_cl16w(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
-	     const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
-	     int stop)
-{
-	topk_cl_body<16, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
-}
-
-extern "C" __global__ void __cluster_dims__(16, 1, 1) __launch_bounds__(512, 1)
 k_topk_cl16(const float *__restrict__ scores, int ld, const int *__restrict__ n_keys, int k_max,
 	    const int *__restrict__ block_table, int max_blocks, int *__restrict__ out_pos, int *__restrict__ out_slot,
 	    int stop)
 {
-	topk_cl_body<16, 512>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
+	topk_cl_body<16, 1024>(scores, ld, n_keys, k_max, block_table, max_blocks, out_pos, out_slot, stop);
 }

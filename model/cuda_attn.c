@@ -309,8 +309,8 @@ static size_t topk_smem_bytes(int ld)
 	return 8 * 2049 * 4 + 8192 * 8 + 2 * (((size_t)ld + 31) / 32) * 4;
 }
 
-/* k_topk_cl8 / k_topk_cl16: a row over a cluster of 8 (1024 threads) or 16 (512 threads) CTAs;
- * each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their block-table entries,
+/* k_topk_cl8 / k_topk_cl16 / k_topk_cl4: a row over a cluster of 8, 16 or 4 CTAs of 1024
+ * threads; each CTA holds S = ceil(ld / CL) rounded up to 64 keys of it and their block-table entries,
  * after two histograms of 2048 bins and two sets of 64 bucket sums, then (16-byte aligned) three
  * rounds' inboxes of CL x 96 ints; S at most TOPK_CL_SLICE (the output's packed counts: S << 16
  * fits an int) */
@@ -333,14 +333,14 @@ static int topk_forced = -1;
 
 void cuda_attn_set_topk_mode(int mode)
 {
-	topk_forced = mode >= 0 && mode <= 6 ? mode : 0;
+	topk_forced = mode >= 0 && mode <= 5 ? mode : 0;
 }
 
 static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
 		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '6' && !v[1] ? *v - '0' : 0;
+		topk_forced = v && *v >= '1' && *v <= '5' && !v[1] ? *v - '0' : 0;
 	}
 	return topk_forced;
 }
@@ -350,17 +350,21 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 {
 	int stop = mode >> 4; /* the cluster kernels' phase stop (benchmarks) */
 	mode &= 15;
-	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 6 || (stop && mode != 2 && mode < 4))
+	if (B < 1 || ld < 0 || k_max < 1 || mode < 0 || mode > 5 || (stop && mode != 2 && mode < 4))
 		return -EINVAL;
 	void *args[] = {&scores, &ld, &n_keys, &k_max, &block_table, &max_blocks, &out_pos, &out_slot, &stop};
 	/* a cluster a row while the rows' clusters fit the SMs at once, from 8K keys: k_topk_cl16 for
-	 * one row from 64K keys, else k_topk_cl8 (run 22, bench attention, batch 1: cl8 8.38 / 9.30 /
-	 * 14.35 us at 8K / 32K / 128K, cl16 8.83 / 9.25 / 12.51, the former k_topk_cluster 13.65 /
-	 * 15.51 / 22.03; batch 16: cl8 11.99 / 17.77 / 25.61 against k_topk_select's 17.10 / 19.06 /
-	 * 35.39, cl16 22-36 (two waves); batch 64 at 32K: cl8 41.3 against 19.4), else a block a row */
+	 * one row from 64K keys, k_topk_cl4 for 2-16 rows (up to 130816 keys), else k_topk_cl8 (run
+	 * 22, bench attention, batch 1: cl8 8.38 / 9.30 / 14.35 us at 8K / 32K / 128K, the former
+	 * k_topk_cluster 13.65 / 15.51 / 22.03; batch 64 at 32K: cl8 41.3 against k_topk_select's 19.4.
+	 * Run 25: batch 1 at 128K cl16 11.00 (512 threads a CTA: 11.83), cl8 13.43; batch 16 at 8K /
+	 * 32K cl4 7.02 / 9.84 against cl8's 11.05 / 16.71 (16 clusters of 8 do not fit the GPCs at
+	 * once), batch 64 cl4 26.8 against select's 19.5), else a block a row */
 	if (!mode) {
 		if (B == 1 && ld >= 65536 && topk_cl_slice(ld, 16) <= TOPK_CL_SLICE)
 			mode = 4;
+		else if (B > 1 && B <= 16 && ld >= 8192 && topk_cl_slice(ld, 4) <= TOPK_CL_SLICE)
+			mode = 5;
 		else if (B * 8 <= g->sm_count && ld >= 8192 && topk_cl_slice(ld, 8) <= TOPK_CL_SLICE)
 			mode = 2;
 		else
@@ -369,17 +373,17 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 	if (mode == 3) /* rows beyond ~1.2 M keys: the one-block radix select */
 		return launch_pdl(g, gpu_kernel(g, "k_topk"), (unsigned)B, 1, 1, 1024, 0, args);
 	if (mode == 2 || mode >= 4) {
-		const int cl = mode == 4 || mode == 6 ? 16 : mode == 5 ? 4 : 8, nt = mode == 4 ? 512 : 1024;
+		const int cl = mode == 4 ? 16 : mode == 5 ? 4 : 8;
 		if (ld < 1 || topk_cl_slice(ld, cl) > TOPK_CL_SLICE)
 			return -EINVAL;
-		void *fn = gpu_kernel(g, mode == 2 ? "k_topk_cl8" : mode == 5 ? "k_topk_cl4" : mode == 6 ? "k_topk_cl16w" : "k_topk_cl16");
+		void *fn = gpu_kernel(g, cl == 8 ? "k_topk_cl8" : cl == 4 ? "k_topk_cl4" : "k_topk_cl16");
 		if (!fn)
 			return -ENOENT;
 		size_t smem = topk_cl_smem_bytes(ld, cl);
 		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
-		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, (unsigned)nt, (unsigned)smem, args);
+		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, 1024, (unsigned)smem, args);
 	}
 	if (topk_smem_bytes(ld) > 200 * 1024)
 		return -EINVAL;

@@ -80,20 +80,21 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * to the lower position, as positions (out_pos) and/or physical slots through block_table
  * [B, max_blocks] (out_slot), ascending, -1 padded to k_max; either output may be 0. scores may
  * be 0 when every n_keys[b] <= k_max. A row over a cluster of CTAs from 8192 keys while the
- * clusters fit the SMs (k_topk_cl16 for one row of >= 65536 keys, else k_topk_cl8 while 8 B <=
- * the SMs; ld <= 261632), else k_topk_select (a block a row, two reads of it) when its bitmaps fit
- * in shared memory, else k_topk; DSV32_TOPK_MODE=m (1-6) forces cuda_indexer_topk_mode's mode m
- * (A/B). */
+ * clusters fit the SMs (k_topk_cl16 for one row of >= 65536 keys, k_topk_cl4 for 2-16 rows of at
+ * most 130816, else k_topk_cl8 while 8 B <= the SMs; ld <= 261632), else k_topk_select (a block a
+ * row, two reads of it) when its bitmaps fit in shared memory, else k_topk; DSV32_TOPK_MODE=m
+ * (1-5) forces cuda_indexer_topk_mode's mode m (A/B; 5 leaves rows it cannot take to the
+ * dispatch). */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
 /* Sets the mode DSV32_SCORES_MODE gives (0: the default; 1, 2 above; A/B switches) */
 void cuda_attn_set_scores_mode(int mode);
-/* Sets the mode DSV32_TOPK_MODE gives (0: the dispatch's own choice, else 1-6 below; A/B switches) */
+/* Sets the mode DSV32_TOPK_MODE gives (0: the dispatch's own choice, else 1-5 below; A/B switches) */
 void cuda_attn_set_topk_mode(int mode);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2
- * k_topk_cl8, 3 k_topk, 4 k_topk_cl16, 5 k_topk_cl4 (ld <= 130816), 6 k_topk_cl16w (cl16 with
- * 1024 threads a CTA) (5, 6 not dispatched yet); -EINVAL where the chosen kernel cannot take ld.
- * Benchmarks only: mode m | s << 4 (m = 2, 4, 5, 6) stops the cluster kernel after its load (s = 1),
+ * k_topk_cl8, 3 k_topk, 4 k_topk_cl16, 5 k_topk_cl4 (ld <= 130816); -EINVAL where the chosen
+ * kernel cannot take ld.
+ * Benchmarks only: mode m | s << 4 (m = 2, 4, 5) stops the cluster kernel after its load (s = 1),
  * its first round (2) or all its rounds (3), the output then incomplete. */
 int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 			   gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B, int mode);

@@ -182,9 +182,8 @@ TEST_T(gpu_indexer, scores_match_cpu, 120)
  * nearly the whole row: k_topk_select's candidate list overflows); 3 = rising with the
  * position plus noise (a sample of the row is not representative of its top). mode: the kernel
  * cuda_indexer_topk_mode runs (1 k_topk_select, 2 k_topk_cl8, 3 k_topk, 4 k_topk_cl16, 5
- * k_topk_cl4: rows of at most 130816 keys, longer ones skipped; 6 k_topk_cl16w). */
-static const char *const topk_names[7] = {"auto", "k_topk_select", "k_topk_cl8", "k_topk",
-					  "k_topk_cl16", "k_topk_cl4", "k_topk_cl16w"};
+ * k_topk_cl4: rows of at most 130816 keys, longer ones skipped). */
+static const char *const topk_names[6] = {"auto", "k_topk_select", "k_topk_cl8", "k_topk", "k_topk_cl16", "k_topk_cl4"};
 static void check_topk(struct gpu *g, const int *n, int B, int k_max, int dist, int mode, uint64_t seed)
 {
 	int ld = 0;
@@ -295,7 +294,7 @@ TEST_T(gpu_indexer, topk_matches_full_sort, 240)
 	gpu_close(&g);
 }
 
-/* the cluster kernels k_topk_cl8, k_topk_cl16, k_topk_cl4, k_topk_cl16w (modes 2, 4, 5, 6): the cases above, then
+/* the cluster kernels k_topk_cl8, k_topk_cl16, k_topk_cl4 (modes 2, 4, 5): the cases above, then
  * the forward's shapes at batch 1-16: 16 rows of ~32K (continuous scores), 2 of 128K (ties, NaN,
  * -inf; not cl4), 2 of ~32K (cl4's batch 1) */
 TEST_T(gpu_indexer, topk_cluster_kernels, 120)
@@ -306,7 +305,7 @@ TEST_T(gpu_indexer, topk_cluster_kernels, 120)
 	for (int b = 0; b < 16; b++)
 		n_32k[b] = 32768 - 61 * b;
 	int n_32k1[2] = {32768, 30001};
-	for (int mode = 2; mode <= 6; mode++) {
+	for (int mode = 2; mode <= 5; mode++) {
 		if (mode == 3)
 			continue;
 		topk_cases(&g, mode);

@@ -247,10 +247,10 @@ int bench_attention(int argc, char **argv)
 			/* the kernels, whichever the default is: a block a row (1), a cluster of 8 (2) or 16
 			 * (4) a row; the slots of 2 and 4 against 1's (the same set: the count of differing
 			 * entries, 0 expected) */
-			double topkm_ms[7] = {0};
-			long long topk_differ[7] = {0};
+			double topkm_ms[6] = {0};
+			long long topk_differ[6] = {0};
 			int *ref_slots = malloc((size_t)B * TOPK * 4), *got_slots = malloc((size_t)B * TOPK * 4);
-			for (int mode = 1; mode <= 6; mode++) {
+			for (int mode = 1; mode <= 5; mode++) {
 				if (mode == 3)
 					continue;
 				double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B, mode);
@@ -266,11 +266,11 @@ int bench_attention(int argc, char **argv)
 			}
 			free(ref_slots), free(got_slots);
 			/* the cluster kernels by phases at batch 1: stopped after the load, round 0, all
-			 * rounds (rows 0-3: modes 2, 4, 5, 6) */
-			static const int stop_mode[4] = {2, 4, 5, 6};
-			double stop_us[4][4] = {{0}};
+			 * rounds (rows 0-2: modes 2, 4, 5) */
+			static const int stop_mode[3] = {2, 4, 5};
+			double stop_us[3][4] = {{0}};
 			if (B == 1 && ctx >= 8192)
-				for (int kk = 0; kk < 4; kk++)
+				for (int kk = 0; kk < 3; kk++)
 					for (int st = 1; st <= 3; st++) {
 						double us = time_topk(&g, e0, e1, reps, sc, ld, n, km, bt, mb, pos, B,
 								      stop_mode[kk] | st << 4);
@@ -279,9 +279,9 @@ int bench_attention(int argc, char **argv)
 					}
 			/* the forward's order at batch 1 and 16: the scan, then the top-k launched as its
 			 * programmatic dependent; the pair's us by top-k kernel (mode 0 = the default) */
-			double pair_us[7] = {0};
+			double pair_us[6] = {0};
 			if (B == 1 || B == 16)
-				for (int mode = 0; mode <= 6; mode++) {
+				for (int mode = 0; mode <= 5; mode++) {
 					if (mode == 3 || topkm_ms[mode] < 0)
 						continue;
 					cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
@@ -471,20 +471,18 @@ int bench_attention(int argc, char **argv)
 				       "no gather+MMA %.1f | no MMA+dequant %.1f | none of the three %.1f\n",
 				       old_us, diag_us[1], diag_us[2], diag_us[4], diag_us[3], diag_us[6], diag_us[7]);
 			printf("        top-k by kernel, us: k_topk_cl16 %.2f (slots differing from k_topk_select's: %lld; "
-			       "k_topk_cl8's: %lld) | k_topk_cl4 %.2f (differing: %lld; -1000: cannot take the row) | "
-			       "k_topk_cl16w %.2f (differing: %lld)\n", topkm_ms[4] * 1e3, topk_differ[4], topk_differ[2],
-			       topkm_ms[5] * 1e3, topk_differ[5], topkm_ms[6] * 1e3, topk_differ[6]);
-			static const char *const stop_name[4] = {"k_topk_cl8", "k_topk_cl16", "k_topk_cl4", "k_topk_cl16w"};
-			for (int kk = 0; kk < 4; kk++)
+			       "k_topk_cl8's: %lld) | k_topk_cl4 %.2f (differing: %lld; -1000: cannot take the row)\n",
+			       topkm_ms[4] * 1e3, topk_differ[4], topk_differ[2], topkm_ms[5] * 1e3, topk_differ[5]);
+			static const char *const stop_name[3] = {"k_topk_cl8", "k_topk_cl16", "k_topk_cl4"};
+			for (int kk = 0; kk < 3; kk++)
 				if (stop_us[kk][1] != 0)
 					printf("        %s by phases, us: load %.2f | + round 0 %.2f | + rounds %.2f | "
 					       "+ output %.2f\n", stop_name[kk], stop_us[kk][1], stop_us[kk][2], stop_us[kk][3],
 					       topkm_ms[stop_mode[kk]] * 1e3);
 			if (pair_us[0] != 0)
 				printf("        scan + top-k (its programmatic dependent), us: default %.2f | k_topk_select %.2f | "
-				       "k_topk_cl8 %.2f | k_topk_cl16 %.2f | k_topk_cl4 %.2f | k_topk_cl16w %.2f | scan alone "
-				       "%.2f\n", pair_us[0], pair_us[1], pair_us[2], pair_us[4], pair_us[5], pair_us[6],
-				       scan_ms * 1e3);
+				       "k_topk_cl8 %.2f | k_topk_cl16 %.2f | k_topk_cl4 %.2f | scan alone %.2f\n", pair_us[0],
+				       pair_us[1], pair_us[2], pair_us[4], pair_us[5], scan_ms * 1e3);
 			printf("        scan by k_indexer_scores_fp8q (Q in fp16 registers) %.2f us, %.3f TB/s (scores differing "
 			       "from the default's: %lld; -1 not compared)\n", scanq_us,
 			       bytes / (scanq_us * 1e-6) / 1e12, scanq_differ);
@@ -509,7 +507,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, k_topk_cl4 at batch 2-16 up to 130816 keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
