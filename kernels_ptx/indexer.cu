@@ -120,8 +120,9 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // each and sat at 15 us whatever the context). Grid (ceil(ld / (4 kpw)), B), 128 threads, 3
 // blocks an SM (168 registers): warp w of a block owns keys [4 kpw bx + kpw w, +kpw) in groups of
 // 16. Each warp streams its groups (the 16 keys' codes and their 16 fp32 scales) through a
-// 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies; its page ids
-// sit in lane registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
+// 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies (k_indexer_scores_fp8d:
+// 8 stages in dynamic shared memory, 7 in flight, 2 blocks an SM); its page ids sit in lane
+// registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
 // Keys are the A operand (16 keys), Q the B operand (8 heads a tile; tiles 0-3 held in registers
 // as e4m3, 4-7 read from the block's copy in shared memory for each group), so one warp covers all
 // 64 heads of its keys and the head sum stays inside the warp.
@@ -137,28 +138,29 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // with fp32 accumulation (the arithmetic the lowered e4m3 MMA did; run 3 measured it within 2^-23
 // of Σ|products|), so the scores meet the same limit as k_indexer_scores; ReLU, weights, the head
 // sum and s_k in fp32 (spec §3.6 step 8). page_bytes % 16 == 0 (16-byte copies).
-#define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
+#define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each); k_indexer_scores_fp8d: 8
 #define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
 #define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
 #define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
-// QF16 (k_indexer_scores_fp8q): all 8 head tiles' Q fragments converted to fp16 once, before the
-// groups, and kept in registers (128 a thread; 2 blocks an SM instead of 3), so a group converts
-// only its 16 keys (32 conversions a lane instead of 160); the same fp16 values into the same MMAs
-// in the same order: the same bits as k_indexer_scores_fp8.
-// A thread's Q words of head tile j, converted: word q -> (lo, hi), as mma_kblock converts them
-struct idx_qh {
-	uint32_t v[8][2];
-};
-
-template <bool QF16>
+// NST > IDX8_NST (k_indexer_scores_fp8d): the rings in dynamic shared memory, NST stages a warp
+// (NST - 1 groups in flight instead of 3; 2 blocks an SM instead of 3: at batch 1 there are ~2
+// blocks an SM anyway); the same groups through the same arithmetic: the same bits.
+template <int NST>
 __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 					       const uint8_t *__restrict__ pool, long long page_bytes,
 					       const int *__restrict__ block_table, int max_blocks,
 					       const int *__restrict__ n_keys, float *__restrict__ scores, int ld,
 					       int keys_per_warp)
 {
-	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][IDX8_STAGE];
+	__shared__ __align__(16) uint8_t ring[4][NST > IDX8_NST ? 1 : NST][IDX8_STAGE]; // (NST > IDX8_NST: unused)
+	extern __shared__ __align__(16) uint8_t ring_d[];                            // [4 warps][NST][IDX8_STAGE]
+	auto stage = [&](int warp, int gi) -> uint8_t * { // group gi's stage of warp's ring
+		if constexpr (NST > IDX8_NST)
+			return ring_d + (warp * NST + gi % NST) * IDX8_STAGE;
+		else
+			return ring[warp][gi % NST];
+	};
 	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
 	__shared__ __align__(16) uint8_t qsh[IDX_HEADS * IDX8_ROW];     // its q8 rows (padded)
 	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -192,23 +194,14 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 	if (kbeg >= kval)
 		return;
 	// Q as B of head tile j: head 8j + g, bytes [32t, 32t+32); tiles 0-3 in registers, 4-7 read
-	// from shared memory per group (all 8 in registers spill even at 168 registers); QF16: all 8
-	// converted, in registers
-	constexpr int NQR = QF16 ? 1 : IDX8_QREG, NQH = QF16 ? 8 : 1;
-	uint32_t qf[NQR][8];
-	idx_qh qh[NQH];
+	// from shared memory per group (all 8 in registers spill even at 168 registers)
+	uint32_t qf[IDX8_QREG][8];
 #pragma unroll
-	for (int j = 0; j < (QF16 ? 8 : IDX8_QREG); j++) {
+	for (int j = 0; j < IDX8_QREG; j++) {
 		const uint4 q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
 		const uint4 q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-		const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-#pragma unroll
-		for (int q = 0; q < 8; q++) {
-			if (QF16)
-				e4m3x4_f16(qw[q], qh[j % NQH].v[q][0], qh[j % NQH].v[q][1]);
-			else
-				qf[j % NQR][q] = qw[q];
-		}
+		qf[j][0] = q0.x, qf[j][1] = q0.y, qf[j][2] = q0.z, qf[j][3] = q0.w;
+		qf[j][4] = q1.x, qf[j][5] = q1.y, qf[j][6] = q1.z, qf[j][7] = q1.w;
 	}
 	const int ngr = (kval - kbeg + 15) / 16;
 	// issue the copy of group gi (16 keys x 128 B = 128 chunks of 16 B, 4 a lane; lanes 0-3 also
@@ -220,7 +213,7 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		if (gi < ngr) {
 			const uint8_t *pg = pool + (size_t)page * page_bytes;
 			const uint8_t *kp = pg + (size_t)(k0 & 63) * IDX_D;
-			uint8_t *st = ring[warp][gi % IDX8_NST];
+			uint8_t *st = stage(warp, gi);
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int c = lane + 32 * i, key = c >> 3, off = (c & 7) * 16;
@@ -232,13 +225,13 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		cp_async_commit();
 	};
 #pragma unroll
-	for (int i = 0; i < IDX8_NST - 1; i++)
+	for (int i = 0; i < NST - 1; i++)
 		issue(i);
 	for (int gi = 0; gi < ngr; gi++) {
-		issue(gi + IDX8_NST - 1);
-		cp_async_wait_group<IDX8_NST - 1>();
+		issue(gi + NST - 1);
+		cp_async_wait_group<NST - 1>();
 		__syncwarp(); // every lane's part of group gi is in the ring
-		const uint8_t *st = ring[warp][gi % IDX8_NST];
+		const uint8_t *st = stage(warp, gi);
 		const uint4 lo0 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t);
 		const uint4 lo1 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t + 16);
 		const uint4 hi0 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t);
@@ -252,24 +245,17 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
 		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
-			float c[4] = {0.f, 0.f, 0.f, 0.f};
-			if (QF16) {
-#pragma unroll
-				for (int q = 0; q < 8; q++) // mma_kblock with the words converted already
-					mma_w(c, kf.g[q][0], kf.g[q][1], kf.h[q][0], kf.h[q][1], qh[j % NQH].v[q][0],
-					      qh[j % NQH].v[q][1]);
+			uint4 q0, q1;
+			if (j < IDX8_QREG) {
+				const int jr = j % IDX8_QREG;
+				q0 = make_uint4(qf[jr][0], qf[jr][1], qf[jr][2], qf[jr][3]);
+				q1 = make_uint4(qf[jr][4], qf[jr][5], qf[jr][6], qf[jr][7]);
 			} else {
-				uint4 q0, q1;
-				if (j < IDX8_QREG) {
-					const int jr = j % NQR;
-					q0 = make_uint4(qf[jr][0], qf[jr][1], qf[jr][2], qf[jr][3]);
-					q1 = make_uint4(qf[jr][4], qf[jr][5], qf[jr][6], qf[jr][7]);
-				} else {
-					q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
-					q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
-				}
-				mma_kblock(c, kf, q0, q1);
+				q0 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t);
+				q1 = *reinterpret_cast<const uint4 *>(qsh + (8 * j + g) * IDX8_ROW + 32 * t + 16);
 			}
+			float c[4] = {0.f, 0.f, 0.f, 0.f};
+			mma_kblock(c, kf, q0, q1);
 			const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
 			p_lo += fmaxf(c[0], 0.f) * wj.x + fmaxf(c[1], 0.f) * wj.y;
 			p_hi += fmaxf(c[2], 0.f) * wj.x + fmaxf(c[3], 0.f) * wj.y;
@@ -293,14 +279,17 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		     const int *__restrict__ block_table, int max_blocks,
 		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
-	idx_scores_fp8<false>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
+	idx_scores_fp8<IDX8_NST>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
 }
 
+// dynamic shared memory: 4 x IDX8_NSTD x IDX8_STAGE bytes (cuda_attn.c)
+#define IDX8_NSTD 8
 extern "C" __global__ void __launch_bounds__(128, 2)
-k_indexer_scores_fp8q(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+k_indexer_scores_fp8d(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 		      const uint8_t *__restrict__ pool, long long page_bytes,
 		      const int *__restrict__ block_table, int max_blocks,
 		      const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
-	idx_scores_fp8<true>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
+	idx_scores_fp8<IDX8_NSTD>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld,
+				  keys_per_warp);
 }
