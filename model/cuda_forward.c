@@ -178,7 +178,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 12: s->qb_early = !v ? -1 : !zero; break; /* -1: by keys (fwd_qb_early) */
 	case 13: s->qb_fuse = one; break;
 	case 14: cuda_moe_set_router(v ? atoi(v) : 1); break; /* (cuda_moe's own: 1 its default) */
-	case 15: s->qb_join = one; break;
+	case 15: s->qb_join = n == 1 || n == 2 ? (int)n : 0; break;
 	case 16: cuda_gemm_set_gemv(v ? one : -1); break; /* (cuda_gemm's own; -1 its default) */
 	case 17: cuda_attn_set_mla_pdl(v ? one : -1); break; /* (cuda_attn's own; -1 its default) */
 	default: /* (cuda_attn's own; 0 = its dispatch) */

@@ -42,8 +42,10 @@ struct q_branch {
 	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
 	int fuse;          /* fwd_fused(F) */
-	int have_q;        /* q is written already (the joint GEMM of fwd_qib): no q_b GEMM */
+	int part;          /* Q_ALL, Q_GEMM (the q_b GEMM only) or Q_REST (all after it: q written
+			    * already, by a Q_GEMM branch or the joint GEMM of fwd_qib) */
 };
+enum { Q_ALL, Q_GEMM, Q_REST };
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
 {
@@ -54,8 +56,10 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
 	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
-	if (!b->have_q)
+	if (b->part != Q_REST)
 		TRY(fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq));
+	if (b->part == Q_GEMM)
+		return 0;
 	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
 	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
 		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -173,11 +177,12 @@ int fwd_side_close(struct fwd *F)
  * (qb): on the side stream when fork_ok, between the scores and the top-k (the top-k of a few
  * rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and 32K, while the q_b
  * GEMM and the absorption need the others) or, from FWD_FORK_EARLY_ROWS rows, before the scores;
- * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection. qb
- * NULL: the branch forked already (fwd_qb_early, fwd_qib); joined here all the same, after the
- * top-k or, with DSV32_CUDA_QB_JOIN=1, before it. */
+ * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection.
+ * forked: the branch forked already (fwd_qb_early, fwd_qib); joined here all the same, after the
+ * top-k or, with DSV32_CUDA_QB_JOIN, before it (a Q_GEMM branch: then its rest forked beside the
+ * top-k). */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
-		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb)
+		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb, int forked)
 {
 	const struct dsv32_config *c = F->c;
 	int Hi = (int)c->index_n_heads, mb = F->mb, ld = F->mb * 64;
@@ -186,10 +191,10 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 	gpu_ptr pool = fwd_pool_idx(F, layer);
 	int chunk = (int)(SCORES_BUDGET / ((size_t)ld * 4));
 	chunk = chunk < 1 ? 1 : chunk > F->T ? F->T : chunk;
-	const int fork = qb && fork_ok(F);
+	const int fork = !forked && fork_ok(F);
 	/* forked before the scores or after them (FWD_FORK_EARLY_ROWS) */
 	const int before = F->E->sw->fork == 3 || (F->E->sw->fork < 0 && F->T >= FWD_FORK_EARLY_ROWS);
-	if (qb && !fork)
+	if (!forked && !fork)
 		TRY(attn_q(F, qb));
 	size_t mark = gpu_arena_mark(F->A);
 	gpu_ptr scores = 0;
@@ -216,8 +221,14 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 		}
 		if (fork && !before)
 			TRY(fork_q(F, qb));
-		if (!qb && F->E->sw->qb_join)
+		if (forked && (F->E->sw->qb_join || qb->part == Q_GEMM)) {
 			TRY(fwd_side_close(F));
+			if (qb->part == Q_GEMM) {
+				const struct q_branch rest = {qb->layer, qb->L, qb->cq8, qb->cqs, qb->q, qb->qf,
+							      qb->fuse, Q_REST};
+				TRY(fork_q(F, &rest));
+			}
+		}
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
 			return fwd_fail("cuda_indexer_topk", r);
@@ -319,9 +330,12 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY(fwd_gemm(F, &L->qib, cq8, cqs, qi, T, L->qib.out));
 		q = qi, iq = qi + (size_t)H * dq * 2;
 	}
-	/* the branch forked here (after the joint GEMM: the absorption only) */
-	const int early = qib ? fork_ok(F) : fwd_qb_early(F, need);
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, qib};
+	/* the branch forked here (after the joint GEMM: the absorption only, unless it goes beside
+	 * the top-k as a Q_GEMM branch's rest would: DSV32_CUDA_QB_JOIN=2) */
+	const int join2 = F->E->sw->qb_join == 2;
+	const int early = qib ? fork_ok(F) && !join2 : fwd_qb_early(F, need);
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse,
+				    qib ? Q_REST : early && join2 ? Q_GEMM : Q_ALL};
 	if (early)
 		TRY(fork_q(F, &qb));
 	if (need && !qib)
@@ -372,7 +386,7 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 	int ksel = F->ksel;
 	TAKE(sel_pos, (size_t)Tp * ksel * 4);
 	TAKE(sel_slot, (size_t)Tp * ksel * 4);
-	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, early ? NULL : &qb));
+	TRY(fwd_select(F, layer, iq8, iw, sel_pos, sel_slot, ksel, &qb, early));
 	gpu_ptr kvb_w = L->kv_b.w, kvb_s = L->kv_b.s;
 	TAKE(olat, (size_t)Tp * Hpad * Rk * 2); /* bf16 [Tp, Hpad, R] */
 	if (F->E->sw->mla_fp32) { /* diagnosis: kernels_ptx/fwd_mla_fp32.cu */
