@@ -22,8 +22,11 @@
 // chunks all fall in one block's range is summed in registers and written; a tile split between
 // blocks (at most the first and the last of a range) has its chunks' partials written to the
 // workspace and the block that completes its arrival count sums them. Warps 0-7 consume, warp 8
-// produces (lanes 0-15: one row's copy each). A stage holds one unit, row r at r x rs bytes
-// (rs = chunk_blocks x 128 + 16: lanes of different rows fall in different banks).
+// produces. A stage holds one unit, row r at r x rs bytes: with K unchunked the unit's 16 rows
+// are contiguous in memory and come in ONE bulk copy (rs = K; reads of 8 rows at the same bank
+// offset cost 2x wavefronts); chunked, one copy per row (lanes 0-15) and rs = chunk_blocks x 128
+// + 16, so lanes of different rows fall in different banks. (Run 25: with a copy per row of
+// 1-1.5 KB the kernel streamed 1.4-1.9 TB/s, with 3.5 KB rows 3.76: few large copies an SM.)
 //
 // Arithmetic (the exact decode kernels', gemm_fp8_decode.cu): consumer warp w takes the unit's
 // K blocks j = w, w + 8, ...; per K block the fp16 MMAs of gemm_fp8_f16.cuh on the weights
@@ -97,7 +100,7 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	float *red = reinterpret_cast<float *>(smem + 256); // [2][GV_CW][16 rows][8 tokens]
 	int *last_flag = reinterpret_cast<int *>(smem + 256 + 2 * GV_CW * 128 * 4); // [2]
 	const uint32_t stage0 = smem_u32(smem) + 256 + 2 * GV_CW * 128 * 4 + 128;
-	const int KB = K >> 7, rs = chunk_blocks * 128 + 16, stage_bytes = 16 * rs;
+	const int KB = K >> 7, rs = chunks == 1 ? K : chunk_blocks * 128 + 16, stage_bytes = 16 * rs;
 	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + 256 + 2 * GV_CW * 128 * 4 + 128 +
 						      ns * stage_bytes);
 	const int tiles = N >> 4, per_slice = tiles * chunks;
@@ -159,7 +162,11 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			if (lane == 0)
 				mbar_arrive_expect_tx(smem_u32(&full[s]), (uint32_t)(16 * nb * 128));
 			__syncwarp();
-			if (lane < 16)
+			if (chunks == 1 && lane == 0) // the 16 rows, contiguous
+				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes),
+					       Wg + (size_t)tile * 16 * K, (uint32_t)(16 * K),
+					       smem_u32(&full[s]), pol);
+			else if (chunks > 1 && lane < 16)
 				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes + lane * rs),
 					       Wg + (size_t)(tile * 16 + lane) * K + (size_t)kb0 * 128,
 					       (uint32_t)(nb * 128), smem_u32(&full[s]), pol);

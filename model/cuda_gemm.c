@@ -636,21 +636,25 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 #define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
 /* Its split: units of 16 rows x chunk_blocks K blocks, one block per SM taking a contiguous
- * range of them, so the busiest SM streams ceil(units / SMs) units; pick the chunk count that
- * minimises that in bytes, plus 2 KB a unit (its sums and barrier) and 8 KB once when K is
- * chunked (the split tiles' partials, arrival counts and sums), among stages that fit the ring
- * twice. A function of N, K and the SM count only (the summation order never depends on M). */
+ * range of them. K whole where two units fit the ring (K <= 4096: a unit is then one contiguous
+ * bulk copy; run 25 measured copies of a row's 1-1.5 KB at 1.4-1.9 TB/s, of 3.5 KB at 3.76);
+ * else the chunk count that minimises the busiest SM's units (ceil(units / SMs)) in bytes, plus
+ * 16 KB a unit (its copies' and sums' fixed cost) and 8 KB once (the split tiles' partials and
+ * arrival counts), among stages that fit the ring twice. A function of N, K and the SM count
+ * only (the summation order never depends on M). */
 static struct gemm_split gemv_split(const struct gpu *g, int N, int K)
 {
 	const int kb = K / 128, tiles = N / 16, sms = g->sm_count > 0 ? g->sm_count : 132;
 	struct gemm_split best = {1, 1, kb};
+	if (2 * 16 * K <= GV_RING)
+		return best;
 	double best_cost = 1e30;
-	for (int c = 1; c <= kb; c++) {
+	for (int c = 2; c <= kb; c++) {
 		const int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
 		if (2 * 16 * (cb * 128 + 16) > GV_RING)
 			continue;
 		const long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
-		const double cost = (double)rounds * (cb * 2048.0 + 2048.0) + (ce > 1 ? 8192.0 : 0.0);
+		const double cost = (double)rounds * (cb * 2048.0 + 16384.0) + 8192.0;
 		if (cost < best_cost - 1e-9) {
 			best_cost = cost;
 			best = (struct gemm_split){1, ce, cb};
@@ -686,7 +690,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	const size_t need = sp.chunks > 1 || f32 ? (size_t)sp.chunks * rows * N * 4 : 0;
 	if ((long long)slice_cap * tiles > GV_TILES || ws_bytes < need || (need && !ws))
 		return -ENOTSUP;
-	const int stage = 16 * (sp.chunk_blocks * 128 + 16);
+	const int stage = 16 * (sp.chunks == 1 ? K : sp.chunk_blocks * 128 + 16);
 	const long long units = (long long)slice_cap * tiles * sp.chunks; /* (grouped: a bound) */
 	const int sms = g->sm_count > 0 ? g->sm_count : 132;
 	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
@@ -729,11 +733,11 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
  * in the fast mode while it is on (cuda_gemm_set_gemv). */
 #define GV_GROUPED_ROWS 16
 
-static int gemv_off(void);
+static int gemv_bits(void);
 
 static int grouped_gemv(const struct gpu *g, int max_rows)
 {
-	return !cuda_gemm_batch_invariant(g) && max_rows <= GV_GROUPED_ROWS && !gemv_off();
+	return !cuda_gemm_batch_invariant(g) && max_rows <= GV_GROUPED_ROWS && (gemv_bits() & 2);
 }
 
 /* ---- grouped (MoE experts) ------------------------------------------------------------------ */
@@ -941,21 +945,22 @@ static int swap_off(int N, int K)
 	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
 
-/* The one-row kernel (CUDA_GEMM_PATH_GEMV): 1 a candidate of the start-up measurement at M <= 8
- * in the fast mode, and the dispatch takes it where it measured fastest; 0 neither (where it was
- * measured the dispatch takes the fastest other path: an in-process A/B); -1 the environment
- * (DSV32_GEMM_GEMV=1: on) not read yet. Off by default until a GPU run has validated it. */
+/* The one-row kernel: bit 0 (1) the dense GEMMs' (CUDA_GEMM_PATH_GEMV: a candidate of the
+ * start-up measurement at M <= 8 in the fast mode, taken where it measured fastest; off, where
+ * it was measured the dispatch takes the fastest other path: an in-process A/B), bit 1 (2) the
+ * grouped GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode; -1 the environment
+ * (DSV32_GEMM_GEMV=n) not read yet. Off by default until a GPU run has shown it wins. */
 static int gemv_on = -1;
 
-void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : !!on; }
+void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on & 3; }
 
-static int gemv_off(void)
+static int gemv_bits(void)
 {
 	if (gemv_on < 0) {
 		const char *v = getenv("DSV32_GEMM_GEMV");
-		gemv_on = v && *v == '1';
+		gemv_on = v ? atoi(v) & 3 : 0;
 	}
-	return !gemv_on;
+	return gemv_on;
 }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */
@@ -963,7 +968,7 @@ static unsigned paths_off(int N, int K)
 {
 	return (swap_off(N, K) ? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2
 			       : 0) |
-	       (gemv_off() ? 1u << CUDA_GEMM_PATH_GEMV : 0);
+	       (gemv_bits() & 1 ? 0 : 1u << CUDA_GEMM_PATH_GEMV);
 }
 
 static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off);
@@ -1273,7 +1278,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}
-		if (fast && a->M <= 8 && !gemv_off())
+		if (fast && a->M <= 8 && (gemv_bits() & 1))
 			t[CUDA_GEMM_PATH_GEMV] = time_path(g, a, CUDA_GEMM_PATH_GEMV);
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);

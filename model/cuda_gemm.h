@@ -159,11 +159,12 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
  * least n MB (N x K bytes / 2^20), the other path below. Process-wide (the CUDA forward's
  * switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
-/* The one-row kernel (CUDA_GEMM_PATH_GEMV) in the fast mode at M <= 8: 1 a candidate of the
- * start-up measurement and taken where it measured fastest; 0 not (where it was measured, the
- * dispatch takes the fastest other path: an in-process A/B); -1 the default: off until a GPU
- * run has validated it, DSV32_GEMM_GEMV=1 in the environment on. Process-wide (the CUDA
- * forward's switch DSV32_GEMM_GEMV). */
+/* The one-row kernel in the fast mode: bit 0 (1) for the dense GEMMs at M <= 8
+ * (CUDA_GEMM_PATH_GEMV: a candidate of the start-up measurement, taken where it measured
+ * fastest; without the bit, where it was measured the dispatch takes the fastest other path: an
+ * in-process A/B), bit 1 (2) for the grouped GEMMs of <= 16 rows (the one-token MoE block); 3
+ * both, 0 neither; -1 the default: DSV32_GEMM_GEMV=n in the environment, else off (until a GPU
+ * run shows it wins). Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
 void cuda_gemm_set_gemv(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);

@@ -237,7 +237,7 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 }
 
 /* The one-row kernel's grouped form (cuda_gemm_fp8_grouped in the fast mode with
- * cuda_gemm_set_gemv(1), at most 16 rows) against the CPU: the one-token MoE shapes (8 experts
+ * cuda_gemm_set_gemv(2), at most 16 rows) against the CPU: the one-token MoE shapes (8 experts
  * of 1 row + the shared expert, 257 groups; gate|up with K chunked, down), groups of more than 8
  * rows (two slices), empty groups first and last, a 16-row tile alone. */
 TEST_T(gpu_gemm_grouped, gemv_grouped_vs_cpu, 60)
@@ -247,7 +247,7 @@ TEST_T(gpu_gemm_grouped, gemv_grouped_vs_cpu, 60)
 	struct cpu_pool *pool = cpu_pool_start(16);
 	REQUIRE(pool);
 	cuda_gemm_set_batch_invariant(&g, 0);
-	cuda_gemm_set_gemv(1);
+	cuda_gemm_set_gemv(2);
 	static int moe[257];
 	for (int k = 0; k < 8; k++)
 		moe[k * 31 + 2] = 1;
@@ -332,7 +332,7 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
 	for (int mode = 0; mode < 3; mode++) {
 		cuda_gemm_set_batch_invariant(&g, mode == 0);
-		cuda_gemm_set_gemv(mode == 2);
+		cuda_gemm_set_gemv(mode == 2 ? 3 : 0);
 		gpu_test_poison(&g, rh, (size_t)max_rows * I);
 		gpu_test_poison(&g, rhs, (size_t)max_rows * (I / 128) * 4);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dgu, max_rows, N, K, N,
@@ -413,7 +413,7 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
 	for (int mode = 0; mode < 3; mode++) {
 		cuda_gemm_set_batch_invariant(&g, mode == 0);
-		cuda_gemm_set_gemv(mode == 2);
+		cuda_gemm_set_gemv(mode == 2 ? 3 : 0);
 		gpu_test_poison(&g, dref, (size_t)T * N * 2);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dey, RT, N, K, N, dws,
 					      wsb) == 0);

@@ -161,7 +161,7 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 }
 
 /* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form; 3:
- * the one-row kernel instead, cuda_gemm_fp8_gemv: one K chunk there, no workspace): 1, else 0. */
+ * the one-row kernel instead, cuda_gemm_fp8_gemv, with its workspace): 1, else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
 	const int M = 8, N = 7168, K = 2048;
@@ -175,9 +175,15 @@ static int probe_sw(struct gpu *g, int ks)
 		bench_fill_pow2(g, s, (long long)(N / 128) * (K / 128), 2, -12, -8);
 		bench_fill_e4m3(g, x, (long long)M * K, 3);
 		bench_fill_pow2(g, sx, (long long)M * (K / 128), 4, -4, 0);
-		ok = !(ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, 0)
+		gpu_ptr ws = 0;
+		size_t wsb = cuda_gemm_decode_workspace(g, M, N, K);
+		ok = !wsb || !cu.cuMemAlloc(&ws, wsb);
+		ok = ok &&
+		     !(ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, ws)
 			       : cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2)) &&
 		     !gpu_sync(g);
+		if (ok && ws)
+			cu.cuMemFree(ws);
 	}
 	if (ok) /* (after a failure the context is lost: gpu_close frees everything) */
 		cu.cuMemFree(w), cu.cuMemFree(s), cu.cuMemFree(x), cu.cuMemFree(sx), cu.cuMemFree(y);
