@@ -35,11 +35,6 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t *p)
 	return r;
 }
 
-__device__ __forceinline__ uint4 ld_cached16(const uint8_t *p)
-{
-	return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
 #define DEC_WARPS 8
 
 // One work block (bx, by): tiles bx * tiles .. of 16 rows, K chunk by of `chunks`.
@@ -98,25 +93,8 @@ __device__ __forceinline__ void gemm_fp8_decode(const uint8_t *__restrict__ W,
 			wfrag af; // the weight fragment, converted once for all token groups
 			wfrag_cvt(af, a_lo0, a_lo1, a_hi0, a_hi1);
 #pragma unroll
-			for (int mg = 0; mg < MG; mg++) {
-				const int tok = mg * 8 + g;
-				uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-				if (tok < M) {
-					const uint8_t *xp = X + (size_t)tok * K + (size_t)kb * 128 + 32 * t;
-					b0 = ld_cached16(xp);
-					b1 = ld_cached16(xp + 16);
-				}
-				float c[4] = {0.f, 0.f, 0.f, 0.f};
-				mma_kblock(c, af, b0, b1); // = the 4 e4m3 m16n8k32 of the K block
-				// c0, c1: row g, tokens 2t, 2t+1 of the group; c2, c3: row g + 8
-				const int m0 = mg * 8 + 2 * t;
-				const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
-				const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
-				acc[mg][0] += c[0] * s0;
-				acc[mg][1] += c[1] * s1;
-				acc[mg][2] += c[2] * s0;
-				acc[mg][3] += c[3] * s1;
-			}
+			for (int mg = 0; mg < MG; mg++) // token group mg (acc: rows g / g + 8 x its tokens)
+				kblock_promote(acc[mg], af, X, SX, M, K, kb, mg * 8, sw);
 		}
 	} else {
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // (its outputs are written below)

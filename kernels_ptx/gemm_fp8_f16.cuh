@@ -68,3 +68,33 @@ __device__ __forceinline__ void mma_kblock(float c[4], const wfrag &f, uint4 b0,
 		mma_w(c, f.g[q][0], f.g[q][1], f.h[q][0], f.h[q][1], lo, hi);
 	}
 }
+
+// acc += K block kb of one token group, promoted: the converted weight fragment f (16 rows)
+// against tokens tok0 + g (B column g: row tok0 + g of X, e4m3 at row stride K; zero from M on)
+// gives a fresh fp32 fragment (mma_kblock), each (row, token) entry then scaled by
+// SX[token][kb] · sw (the token's and the weight block's scales) into acc: acc0, acc1 row g,
+// tokens tok0 + 2t, + 1; acc2, acc3 row g + 8. The decode kernels' step (gemm_fp8_decode.cu,
+// gemm_fp8_gemv.cu).
+__device__ __forceinline__ void kblock_promote(float acc[4], const wfrag &f,
+					       const uint8_t *__restrict__ X,
+					       const float *__restrict__ SX, int M, int K, int kb,
+					       int tok0, float sw)
+{
+	const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, KB = K >> 7;
+	uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+	if (tok0 + g < M) {
+		const uint4 *xp = reinterpret_cast<const uint4 *>(X + (size_t)(tok0 + g) * K +
+								  (size_t)kb * 128 + 32 * t);
+		b0 = __ldg(xp);
+		b1 = __ldg(xp + 1);
+	}
+	float c[4] = {0.f, 0.f, 0.f, 0.f};
+	mma_kblock(c, f, b0, b1); // = the 4 e4m3 m16n8k32 of the K block
+	const int m0 = tok0 + 2 * t;
+	const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
+	const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
+	acc[0] += c[0] * s0;
+	acc[1] += c[1] * s1;
+	acc[2] += c[2] * s0;
+	acc[3] += c[3] * s1;
+}

@@ -210,24 +210,7 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			const int kb = kb0 + j;
 			wfrag af; // the weight fragment, converted once
 			wfrag_cvt(af, lo0, lo1, hi0, hi1);
-			uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-			if (g < sv.rows) {
-				const uint4 *xp = reinterpret_cast<const uint4 *>(
-					Xs + (size_t)g * K + (size_t)kb * 128 + 32 * t);
-				b0 = __ldg(xp);
-				b1 = __ldg(xp + 1);
-			}
-			float cf[4] = {0.f, 0.f, 0.f, 0.f};
-			mma_kblock(cf, af, b0, b1); // the 4 e4m3 m16n8k32 of the K block
-			// cf0, cf1: row g, tokens 2t, 2t + 1; cf2, cf3: row g + 8
-			const float sw = s_row[kb];
-			const int m0 = 2 * t;
-			const float s0 = m0 < sv.rows ? SXs[(size_t)m0 * KB + kb] * sw : 0.f;
-			const float s1 = m0 + 1 < sv.rows ? SXs[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
-			acc[0] += cf[0] * s0;
-			acc[1] += cf[1] * s1;
-			acc[2] += cf[2] * s0;
-			acc[3] += cf[3] * s1;
+			kblock_promote(acc, af, Xs, SXs, sv.rows, K, kb, 0, s_row[kb]);
 		}
 		__syncwarp();
 		if (lane == 0) // this warp's reads of the stage are done (arrive releases them)
