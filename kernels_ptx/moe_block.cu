@@ -213,7 +213,9 @@ __device__ __forceinline__ void gate1_quant_rows(const float v[4], int gi, uint8
 // written and fenced (__threadfence, then a barrier or __syncwarp over the writers): counts the
 // block done (g_gate1_done); the last block to finish selects (moe_route_select256, from the
 // scores fp32 [2][E] read through L2) and permutes (moe_permute_one, from the picks in
-// registers), then resets the count for the next launch (stream order).
+// registers), then resets the count for the next launch (stream order). SCAN: the selection's
+// former form (moe_route_select256_scan; one A/B run).
+template <bool SCAN = false>
 __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int topk_group, int K,
 						 int norm_topk_prob, float route_scale, int *idx,
 						 float *__restrict__ wts, int *__restrict__ counts,
@@ -237,8 +239,10 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
 		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
 	}
-	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
-					     idx, wts);
+	const int pick = SCAN ? moe_route_select256_scan(sc, sel, 0, topk_group, K, norm_topk_prob,
+							 route_scale, idx, wts)
+			      : moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob,
+						    route_scale, idx, wts);
 	moe_permute_one(pick, K, E, counts, offsets, perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
@@ -379,13 +383,15 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
 // the expert's 4 warps as (w0 + w1) + (w2 + w3). Lanes n < EPB of warp 0 write the logits of
 // experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
 // permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
-// (gate1_quant_rows: x read from global). EPB = 2 (k_moe_gate_route1s, the default), 1 (_e1:
-// 256 blocks, two an SM) or 4 (_e4: 64 blocks): model/cuda_moe.c's DSV32_CUDA_MOE_ROUTER; TAIL
-// false (a timing diagnosis): no routing.
+// (gate1_quant_rows: x read from global). EPB = GR1S_EPB = 2 (run 25, bench moe T = 1: gate
+// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits); TAIL false
+// (a timing diagnosis): no routing (run 25: 2.6 us, so the tail took 3.8).
 // E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
-template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+#define GR1S_EPB 2  // experts a block
+template <int EPB, bool TAIL, bool SCAN>
+__device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -447,21 +453,21 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 	}
 	__syncwarp();
 	if (TAIL)
-		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
-				 counts, offsets, perm, src);
+		gate1_route_last<SCAN>(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+				       counts, offsets, perm, src);
 }
 
-#define GATE_ROUTE1S_KERNEL(name, epb, tail)                                                   \
-	extern "C" __global__ void __launch_bounds__(128 * (epb)) name(GATE1_PARAMS)             \
+#define GATE_ROUTE1S_KERNEL(name, tail, scan)                                                  \
+	extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) name(GATE1_PARAMS)          \
 	{                                                                                       \
-		gate_route1s<epb, tail>(GATE1_ARGS);                                              \
+		gate_route1s<GR1S_EPB, tail, scan>(GATE1_ARGS);                                   \
 	}
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, 2, true)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e1, 1, true)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_e4, 4, true)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, true, false)
+// one A/B run (DSV32_CUDA_MOE_ROUTER=3): the selection's former form in the tail
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_scan, true, true)
 // timing diagnosis only (DSV32_CUDA_MOE_ROUTER=8, wrong results): the logits and scores without
 // the last block's routing and permutation (what the tail costs)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_diag_notail, 2, false)
+GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_diag_notail, false, false)
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
 // _t64), K in chunks of GT_KC = 64. A chunk arrives raw (bf16 rows) by cp.async into a ring of

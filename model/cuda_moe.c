@@ -267,40 +267,37 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 }
 
 /* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
- * another fp32 order, over E / EPB blocks of 128 EPB threads: every SM streams its weight rows at
- * once, where route1's 32 blocks each pull 115 KB then run 896-step FMA chains; run 24 bench moe:
- * route1 10.5 us graph-replayed for 3.7 MB), where the fused router runs, D % 1024 == 0 and
- * D <= 8192; the batch-invariant mode keeps route1 (the CPU's bits, as every T).
- * DSV32_CUDA_MOE_ROUTER=m (read once; cuda_moe_set_router, a forward switch): 0 route1 in both
- * modes; 1 (default) EPB = 2; 2 EPB = 1 (k_moe_gate_route1s_e1); 4 EPB = 4 (_e4): the same
- * bits; timing diagnoses (where the gate stage runs alone, `bench moe`'s stage timing: the
- * routing left as the last full run wrote it), the last block's routing and permutation left
- * out: 8 of EPB = 2, 9 of route1 (elsewhere 8 runs EPB = 2, 9 route1). Returns the kernel's EPB (8: that
- * diagnosis), or 0 for route1 (router_mode 9: its diagnosis). */
+ * another fp32 order, over E / 2 blocks of 256 threads: every SM streams its two weight rows at
+ * once, where route1's 32 blocks each pull 115 KB then run 896-step FMA chains. Run 25, bench
+ * moe T = 1, the router alone graph-replayed: 6.4 us against route1's 10.5; the model step
+ * (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K), where
+ * the fused router runs, D % 1024 == 0 and D <= 8192; the batch-invariant mode keeps route1 (the
+ * CPU's bits, as every T). DSV32_CUDA_MOE_ROUTER=m (read once; cuda_moe_set_router, a forward
+ * switch): 0 route1 in both modes; 1 (default) route1s; 3 route1s with the selection's former
+ * form (one A/B run); timing diagnoses where the gate stage runs alone (`bench moe`'s stage
+ * timing, on the routing a full run left), the last block's routing and permutation left out:
+ * 8 of route1s, 9 of route1 (run 25: 2.6 and 6.4 us; elsewhere 8 runs route1s, 9 route1).
+ * gate_only: the gate stage alone. Returns route1s's kernel, or NULL for route1. */
 static int router_mode = -1;
 
 void cuda_moe_set_router(int mode)
 {
-	router_mode = mode == 0 || mode == 2 || mode == 4 || mode == 8 || mode == 9 ? mode : 1;
+	router_mode = mode == 0 || mode == 3 || mode == 8 || mode == 9 ? mode : 1;
 }
 
-static int split_router(const struct gpu *g, const struct dsv32_config *c,
-			const struct moe_dims *d)
+static const char *split_router(const struct gpu *g, const struct dsv32_config *c,
+				const struct moe_dims *d, int gate_only)
 {
 	if (router_mode < 0) {
 		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
 		cuda_moe_set_router(v ? atoi(v) : 1);
 	}
-	if (!router_mode || router_mode == 9 || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
-	    d->D > 8192)
-		return 0;
-	return router_mode == 1 ? 2 : router_mode == 2 ? 1 : router_mode;
-}
-
-static const char *split_router_name(int epb)
-{
-	return epb == 1 ? "k_moe_gate_route1s_e1" : epb == 4 ? "k_moe_gate_route1s_e4"
-		 : epb == 8 ? "k_moe_gate_route1s_diag_notail" : "k_moe_gate_route1s";
+	if (!router_mode || router_mode == 9 || !fused_router(c, d) ||
+	    cuda_gemm_batch_invariant(g) || d->D % 1024 || d->D > 8192)
+		return NULL;
+	return router_mode == 3			 ? "k_moe_gate_route1s_scan"
+	       : router_mode == 8 && gate_only ? "k_moe_gate_route1s_diag_notail"
+					       : "k_moe_gate_route1s";
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -431,12 +428,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		/* (the timing diagnoses only where the gate stage runs alone: bench moe's stage
 		 * timing, on the routing of a full run) */
 		const int gate_only = (stages & CUDA_MOE_ALL) == CUDA_MOE_GATE;
-		int epb = split_router(g, c, d);
-		epb = epb == 8 && !gate_only ? 2 : epb;
-		if (epb) { /* E / EPB blocks of 128 EPB threads */
-			const int e = epb == 8 ? 2 : epb; /* (8: the diagnosis, 2 a block) */
-			rc = moe_launch(g, gpu_kernel(g, split_router_name(epb)), (unsigned)(E / e),
-					128u * (unsigned)e, 0, args);
+		const char *split = split_router(g, c, d, gate_only);
+		if (split) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
+			rc = moe_launch(g, gpu_kernel(g, split), (unsigned)(E / 2), 256, 0, args);
 		} else {
 			void *fn = gpu_kernel(g, router_mode == 9 && gate_only
 							 ? "k_moe_gate_route1_diag_notail"
@@ -598,8 +592,8 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 !fused ? k.name
-		 : split_router(g, c, &d) ? split_router_name(split_router(g, c, &d))
-					  : "k_moe_gate_route1",
+		 : split_router(g, c, &d, 0) ? split_router(g, c, &d, 0)
+					     : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
