@@ -45,19 +45,17 @@
 // 409.8 against 455.5, 1K 268.3 against 303.8; batch 1 16.3 against 16.5. (Run 17's other forms:
 // remote stores with a release-arrive at cluster scope, 398.6 / 457.8; and the consumers
 // pipelined, S of tile t + 1 before P V of t, three key buffers, one raw stage in flight: 407.4 /
-// 465.1 — removed.)
-// k_mla_decode_wg2c4 / c8: the pair with the key splits of a row merged CZ = 4 / 8 at a time in a
-// cluster of (2, 1, CZ) CTAs (the pairs of CZ consecutive splits) through distributed shared
-// memory after the tiles (mw_cluster_merge): k_mla_combine then merges splits / CZ partials
-// instead of splits (batch 1: 8 or 4 instead of 32, a quarter or an eighth of the 8.4 MB of fp32
-// partials written and read), or none when one cluster holds all of a row's splits.
+// 465.1 — removed. Run 25's k_mla_decode_wg2c4 / c8, a row's key splits merged 4 / 8 at a time
+// in a cluster of (2, 1, 4) / (2, 1, 8) CTAs through distributed shared memory (batch 1: 19.1 /
+// 20.9 us against 16.9, the decode kernel alone 16.0 / 18.2 against 13.8: the exchange cost more
+// than the fp32 partials' stores it saved; with the groups merged in the kernel by the last CTA
+// of each slice 29.3 / 23.5; bench model +1.4 .. +119 us a step) — removed.)
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs, bit 2 dequantises only the first two tiles, bit 3 issues P V of a tile and S of the next
 // together (one wait a tile: see fuse below; a real result, the same bits), bit 4 skips the softmax
 // (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores,
 // bit 7 (k_mla_decode_wg2) the light handover (mw_arrive_cl, mw_wait_cl: CTA-scope semantics, no
-// consumer-side proxy fence; a real result, the same bits), bit 8 (c4 / c8) the groups of splits
-// merged in the kernel (mw_merge_groups; a real result).
+// consumer-side proxy fence; a real result, the same bits).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
@@ -228,7 +226,7 @@ __device__ __forceinline__ void mw_dequant(const uint8_t *raw_tile, uint8_t *sme
 // records (3 tiles in flight: the gather was latency-bound, run 15), written into both CTAs' key
 // tiles, handed over by the cluster barriers at bars (full[2], empty[2]) instead of the named
 // barriers. Else 2 stages of 32 records (1 tile in flight).
-template <bool PAIR, int CZ>
+template <bool PAIR>
 __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_begin, int k_end, int nt,
 					   const uint8_t *__restrict__ pool, uint8_t *smem, uint32_t bars, int diag)
 {
@@ -238,8 +236,7 @@ __device__ __forceinline__ void mw_produce(const int *__restrict__ srow, int k_b
 	int *ssl = reinterpret_cast<int *>(smem + C::SSL_OFF);
 	const int ptid = threadIdx.x - 256, pw = ptid >> 5, lane = threadIdx.x & 31;
 	const uint32_t rank = PAIR ? cluster_rank() : 0;
-	// the CTA's first key (CZ > 1: the pair is ranks 2 j, 2 j + 1 of the cluster), the warp's
-	const int kb = PAIR ? 16 * (int)(CZ > 1 ? rank & 1 : rank) : 0, k0 = kb + KW * pw;
+	const int kb = PAIR ? 16 * (int)rank : 0, k0 = kb + KW * pw; // the CTA's first key, the warp's
 	const uint32_t peer = PAIR ? cl_mapa(smem_u32(smem), rank ^ 1) : 0;
 	for (int i0 = 0; i0 < nt * MW_KT; i0 += 8 * 128) {
 		int v[8];
@@ -428,198 +425,10 @@ __device__ __forceinline__ void mw_pv_now(float *o, const uint32_t (&ph)[2][4], 
 	mw_fence_regs(o, 128);
 }
 
-// ---- the cluster merge of the key splits (k_mla_decode_wg2c4 / c8, CZ = 4 / 8) ----
-// st / ld of shared memory at a cluster address (any CTA of the cluster, this one included)
-__device__ __forceinline__ void mw_st_cl4(uint32_t a, float x, float y, float z, float w)
-{
-	asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w)
-		     : "memory");
-}
-__device__ __forceinline__ float2 mw_ld_cl2(uint32_t a)
-{
-	float2 v;
-	asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-	return v;
-}
-
-// Diag bit 8 (k_mla_decode_wg2c4 / c8 with more than one group of splits): the groups merged in
-// the kernel instead of by k_mla_combine. Every CTA owning slice zz of its group writes the
-// slice's partial (as for k_mla_combine) and its own copy of the group's (M, L) (log2 units;
-// [B, H, G, CZ][2] after the partials), then counts itself in mw_arrivals[row, head group,
-// slice] (fence, atomic add); the one that arrives last — every group's slice is then written —
-// resets the count (for the next launch) and merges the slice over the G groups in order:
-// M* = max M_g, w_g = 2^(M_g - M*), o = bf16(Σ_g o_g w_g / Σ_g L_g w_g) (the partials read
-// from L2). No second launch and no wait for the whole grid. The counts start at zero (module
-// load) and return to zero after every launch: launches of this form must not overlap (one
-// stream: each waits for the previous kernel).
-#define MW_ARRIVALS 4096 // rows x head groups x CZ at most (the launcher checks)
-__device__ unsigned int mw_arrivals[MW_ARRIVALS];
-
-template <int CZ>
-__device__ __forceinline__ void mw_merge_groups(float2 *mlg, float *__restrict__ part, int b, int H, int h0,
-						int G, int grp, uint32_t zz, uint16_t *__restrict__ o_lat)
-{
-	constexpr int SW = MW_R / CZ;
-	const int tid = threadIdx.x;
-	float *mls = part + (size_t)gridDim.y * H * G * MW_R; // [B, H, G, CZ][2]
-	if (tid < 64) {
-		float *p2 = mls + 2 * ((((size_t)b * H + h0 + tid) * G + grp) * CZ + zz);
-		p2[0] = mlg[tid].x, p2[1] = mlg[tid].y;
-	}
-	__threadfence(); // this thread's partials and (M, L) before the count
-	int *flag = reinterpret_cast<int *>(mlg + 64);
-	float *wsm = reinterpret_cast<float *>(flag + 4); // [64][17]: the weights w_g, then 1 / L
-	mw_bar_sync(MW_BAR_CONS, 256);
-	if (tid == 0) {
-		unsigned int *cnt = mw_arrivals + ((size_t)b * gridDim.x + blockIdx.x) * CZ + zz;
-		const int last = atomicAdd(cnt, 1u) == (unsigned int)G - 1;
-		if (last)
-			*cnt = 0;
-		__threadfence(); // the other groups' writes seen before ours are read
-		*flag = last;
-	}
-	mw_bar_sync(MW_BAR_CONS, 256);
-	if (!*flag)
-		return;
-	if (tid < 64) {
-		const float *p2 = mls + 2 * (((size_t)b * H + h0 + tid) * G * CZ + zz); // group g: + 2 g CZ
-		float M = -INFINITY, L = 0.f;
-		for (int g = 0; g < G; g++)
-			M = fmaxf(M, __ldcg(p2 + 2 * g * CZ));
-		for (int g = 0; g < G; g++) {
-			const float mg = __ldcg(p2 + 2 * g * CZ), w = mg == -INFINITY ? 0.f : exp2f(mg - M);
-			L += __ldcg(p2 + 2 * g * CZ + 1) * w;
-			wsm[tid * 17 + g] = w;
-		}
-		wsm[tid * 17 + 16] = L > 0.f ? 1.f / L : 0.f;
-	}
-	mw_bar_sync(MW_BAR_CONS, 256);
-	for (int u = tid; u < 64 * SW / 2; u += 256) { // dims 2 u' .. + 1 of head h of the slice
-		const int h = u / (SW / 2), d = (int)zz * SW + 2 * (u % (SW / 2));
-		const float *pp = part + ((size_t)b * H + h0 + h) * G * MW_R + d;
-		const float *wh = wsm + h * 17;
-		float ax = 0.f, ay = 0.f;
-#pragma unroll 4
-		for (int g = 0; g < G; g++) {
-			const float2 v = __ldcg(reinterpret_cast<const float2 *>(pp + (size_t)g * MW_R));
-			ax += v.x * wh[g], ay += v.y * wh[g];
-		}
-		*reinterpret_cast<uint32_t *>(o_lat + ((size_t)b * H + h0 + h) * MW_R + d) =
-			(uint32_t)f32_to_bf16(ax * wh[16]) | ((uint32_t)f32_to_bf16(ay * wh[16]) << 16);
-	}
-}
-
-// A consumer thread's part of the merge of the cluster's CZ splits of its head group (the CTAs of
-// ranks x + 2 j, j < CZ; this one j = zz), after the tiles (see the header): o (this split's O
-// accumulators, see mw_decode), its two heads' (m, l) (m in log2 units, l the whole row's sum).
-//   E1: each CTA's (m, l) [64] into its raw area; cluster barrier (after it every CTA's Q, key
-//       tiles and S exchange are free: the receive buffer overlays them).
-//   each thread: M = max_j m_j, w_j = 2^(m_j - M), L = Σ_j l_j w_j (j in order, the same floats
-//       in every CTA of the group), o times its split's w_zz, sent by st.shared::cluster to the
-//       owner of each 8-dim group: CTA j owns dims SW j .. + SW (SW = 512 / CZ), its receive
-//       buffer [source j' < CZ][8-dim group < SW / 8][consumer thread of the sending warpgroup
-//       < 128][4 floats] (the sender's fragment registers 4 g8 .. + 3: heads 16 wi + g and + 8,
-//       dims 2 t4 + {0, 1}); (M, L) of its heads into mlg (local).
-//   E2: cluster barrier; each CTA sums its slice over the sources in order j' = 0 .. CZ - 1: one
-//       split group's partial, written as k_mla_combine's partials of G = gridDim.z / CZ splits
-//       (o [B, H, G][R], (M ln 2, L) [B, H, G][2]; the group's (m, l) by the CTA with zz = 0), or,
-//       when G = 1, the output bf16(o / L) itself.
-// Numerics: the splits' weights and sums in fp32 as k_mla_combine's (2^x by exp2f on log2 units
-// instead of expf), in two levels (CZ splits, then G groups): another order of the same sums,
-// within the limits of attn_latent (tests/gpu/test_gpu_mla.c), not k_mla_decode_wg2's bits.
-template <int CZ>
-__device__ __forceinline__ void mw_cluster_merge(float *o, float m0, float m1, float l0, float l1, uint8_t *smem,
-						 uint32_t base, int b, int H, int h0, float *__restrict__ part,
-						 uint16_t *__restrict__ o_lat, int diag)
-{
-	constexpr int SW = MW_R / CZ, JP = SW / 8; // a CTA's slice of the dims; its 8-dim groups
-	const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, lane = tid & 31, wi = wt >> 5, g = lane >> 2,
-		  t4 = lane & 3;
-	const uint32_t rank = cluster_rank(), x = rank & 1, zz = rank >> 1;
-	float2 *mlx = reinterpret_cast<float2 *>(smem + mw_cfg<true>::RAW_OFF); // [64] this split's (m, l)
-	float2 *mlg = mlx + 64;                                                // [64] the group's (M, L)
-	const int ha = 16 * wi + g, hb = ha + 8;
-	if (wg == 0 && t4 == 0) {
-		mlx[ha] = make_float2(m0, l0);
-		mlx[hb] = make_float2(m1, l1);
-	}
-	cluster_sync(); // E1
-	float ma[CZ], mb[CZ], la[CZ], lb[CZ], Ma = -INFINITY, Mb = -INFINITY;
-	const uint32_t mla = smem_u32(mlx);
-#pragma unroll
-	for (int j = 0; j < CZ; j++) {
-		const float2 va = mw_ld_cl2(cl_mapa(mla + 8 * ha, x + 2 * j));
-		const float2 vb = mw_ld_cl2(cl_mapa(mla + 8 * hb, x + 2 * j));
-		ma[j] = va.x, la[j] = va.y, mb[j] = vb.x, lb[j] = vb.y;
-		Ma = fmaxf(Ma, ma[j]), Mb = fmaxf(Mb, mb[j]);
-	}
-	float La = 0.f, Lb = 0.f, fa = 0.f, fb = 0.f;
-#pragma unroll
-	for (int j = 0; j < CZ; j++) {
-		const float wa = ma[j] == -INFINITY ? 0.f : exp2f(ma[j] - Ma);
-		const float wb = mb[j] == -INFINITY ? 0.f : exp2f(mb[j] - Mb);
-		La += la[j] * wa, Lb += lb[j] * wb;
-		if (j == (int)zz)
-			fa = wa, fb = wb;
-	}
-	if (wg == 0 && t4 == 0) {
-		mlg[ha] = make_float2(Ma, La);
-		mlg[hb] = make_float2(Mb, Lb);
-	}
-	// this thread's 32 8-dim groups (dims 256 wg + 8 jj ..) go to owner (32 wg + jj) / JP, row
-	// (32 wg + jj) % JP = jj % JP of source zz
-	constexpr int NP = 32 / JP; // owners a warpgroup sends to
-	uint32_t dst[NP];
-#pragma unroll
-	for (int k = 0; k < NP; k++)
-		dst[k] = cl_mapa(base + (zz * JP * 128 + wt) * 16, x + 2 * (NP * wg + k));
-#pragma unroll
-	for (int jj = 0; jj < 32; jj++)
-		mw_st_cl4(dst[jj / JP] + (jj % JP) * 128 * 16, o[4 * jj] * fa, o[4 * jj + 1] * fa, o[4 * jj + 2] * fb,
-			  o[4 * jj + 3] * fb);
-	cluster_sync(); // E2
-	if (diag & 64)
-		return;
-	const int G = gridDim.z / CZ, grp = blockIdx.z / CZ;
-	const float4 *rb = reinterpret_cast<const float4 *>(smem);
-	for (int i = tid; i < JP * 128; i += 256) {
-		float4 acc = rb[i];
-#pragma unroll
-		for (int j = 1; j < CZ; j++) {
-			const float4 v = rb[j * JP * 128 + i];
-			acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-		}
-		const int t = i & 127, hA = 16 * (t >> 5) + ((t & 31) >> 2), d = zz * SW + 8 * (i >> 7) + 2 * (t & 3);
-		if (G == 1) {
-			const float LA = mlg[hA].y, LB = mlg[hA + 8].y;
-			const float ia = LA > 0.f ? 1.f / LA : 0.f, ib = LB > 0.f ? 1.f / LB : 0.f;
-			uint16_t *out = o_lat + ((size_t)b * H + h0 + hA) * MW_R + d;
-			*reinterpret_cast<uint32_t *>(out) =
-				(uint32_t)f32_to_bf16(acc.x * ia) | ((uint32_t)f32_to_bf16(acc.y * ia) << 16);
-			*reinterpret_cast<uint32_t *>(out + 8 * MW_R) =
-				(uint32_t)f32_to_bf16(acc.z * ib) | ((uint32_t)f32_to_bf16(acc.w * ib) << 16);
-		} else {
-			float *pp = part + (((size_t)b * H + h0 + hA) * G + grp) * MW_R + d;
-			*reinterpret_cast<float2 *>(pp) = make_float2(acc.x, acc.y);
-			*reinterpret_cast<float2 *>(pp + 8 * (size_t)G * MW_R) = make_float2(acc.z, acc.w);
-		}
-	}
-	if (G == 1)
-		return;
-	if (!(diag & 256)) { // k_mla_combine's (m, l), by the group's first CTA
-		if (zz == 0 && tid < 64) {
-			float *ml = part + (size_t)gridDim.y * H * G * MW_R + 2 * (((size_t)b * H + h0 + tid) * G + grp);
-			ml[0] = mlg[tid].x * 0.693147180559945309f, ml[1] = mlg[tid].y; // ln 2: natural units
-		}
-		return;
-	}
-	mw_merge_groups<CZ>(mlg, part, b, H, h0, G, grp, zz, o_lat);
-}
-
 // The kernel (see the header): per tile, S, then the softmax, then P V, each waited for. (Run 13:
 // a form pipelined across tiles — S of tile t + 1 issued before P V of t, the softmax of t + 1
 // while P V of t ran — was slower, 435 against 403 us at 32K x 128, and was removed.)
-template <bool PAIR, int CZ>
+template <bool PAIR>
 __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
 					  const uint8_t *__restrict__ pool, int H, float scale,
 					  uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
@@ -658,13 +467,9 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	// each role's code within its count)
 	if (tid >= 256) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		mw_produce<PAIR, CZ>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
-		if constexpr (CZ > 1) { // the merge's two cluster barriers (mw_cluster_merge)
-			cluster_sync();
-			cluster_sync();
-		} else if (PAIR) {
+		mw_produce<PAIR>(srow, k_begin, k_end, nt, pool, smem, bars, diag);
+		if (PAIR)
 			cluster_sync(); // no CTA leaves while its peer may still write or signal it
-		}
 		return;
 	}
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -775,37 +580,33 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-	if constexpr (CZ > 1) {
-		mw_cluster_merge<CZ>(o, st.m0, st.m1, l0, l1, smem, base, b, H, h0, part, o_lat, diag);
-	} else {
 #pragma unroll
-		for (int i = 0; i < 2 && !(diag & 64); i++) {
-			const int h = h0 + 16 * wi + g + 8 * i;
-			const float lr = i ? l1 : l0;
-			if (gridDim.z > 1) {
-				// part: o [B, H, splits][R], then (m, l) [B, H, splits][2] (k_mla_combine)
-				const size_t idx = ((size_t)b * H + h) * gridDim.z + blockIdx.z;
-				float *pp = part + idx * MW_R + 256 * wg + 2 * t4;
+	for (int i = 0; i < 2 && !(diag & 64); i++) {
+		const int h = h0 + 16 * wi + g + 8 * i;
+		const float lr = i ? l1 : l0;
+		if (gridDim.z > 1) {
+			// part: o [B, H, splits][R], then (m, l) [B, H, splits][2] (k_mla_combine)
+			const size_t idx = ((size_t)b * H + h) * gridDim.z + blockIdx.z;
+			float *pp = part + idx * MW_R + 256 * wg + 2 * t4;
 #pragma unroll
-				for (int j = 0; j < 32; j++)
-					*reinterpret_cast<float2 *>(pp + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
-				if (wg == 0 && t4 == 0) {
-					float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * idx;
-					ml[0] = (i ? st.m1 : st.m0) * 0.693147180559945309f, ml[1] = lr; // ln 2: natural units
-				}
-			} else {
-				const float inv = lr > 0.f ? 1.f / lr : 0.f;
-				uint16_t *out = o_lat + ((size_t)b * H + h) * MW_R + 256 * wg + 2 * t4;
-#pragma unroll
-				for (int j = 0; j < 32; j++)
-					*reinterpret_cast<uint32_t *>(out + 8 * j) =
-						(uint32_t)f32_to_bf16(o[4 * j + 2 * i] * inv) |
-						((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
+			for (int j = 0; j < 32; j++)
+				*reinterpret_cast<float2 *>(pp + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+			if (wg == 0 && t4 == 0) {
+				float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * idx;
+				ml[0] = (i ? st.m1 : st.m0) * 0.693147180559945309f, ml[1] = lr; // ln 2: natural units
 			}
+		} else {
+			const float inv = lr > 0.f ? 1.f / lr : 0.f;
+			uint16_t *out = o_lat + ((size_t)b * H + h) * MW_R + 256 * wg + 2 * t4;
+#pragma unroll
+			for (int j = 0; j < 32; j++)
+				*reinterpret_cast<uint32_t *>(out + 8 * j) =
+					(uint32_t)f32_to_bf16(o[4 * j + 2 * i] * inv) |
+					((uint32_t)f32_to_bf16(o[4 * j + 2 * i + 1] * inv) << 16);
 		}
-		if (PAIR)
-			cluster_sync();
 	}
+	if (PAIR)
+		cluster_sync();
 }
 
 extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)
@@ -813,7 +614,7 @@ k_mla_decode_wg(const uint16_t *__restrict__ q, const int *__restrict__ sel, int
 		const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<false, 1>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<false>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }
 
 // The pair: grid x (the 64-head groups) even, CTAs 2 j and 2 j + 1 (the same row and split) a
@@ -823,24 +624,5 @@ k_mla_decode_wg2(const uint16_t *__restrict__ q, const int *__restrict__ sel, in
 		 const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
 		 uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
 {
-	mw_decode<true, 1>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-// The pair with the key splits of a row 4 / 8 at a time a cluster of (2, 1, 4) / (2, 1, 8) CTAs
-// (the latter 16, a non-portable size: the launcher allows it), merging them through distributed
-// shared memory (mw_cluster_merge); grid z a multiple of the cluster's
-extern "C" __global__ void __cluster_dims__(2, 1, 4) __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg2c4(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		   const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		   uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mw_decode<true, 4>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
-}
-
-extern "C" __global__ void __cluster_dims__(2, 1, 8) __launch_bounds__(MW_THREADS, 1)
-k_mla_decode_wg2c8(const uint16_t *__restrict__ q, const int *__restrict__ sel, int ld_sel,
-		   const uint8_t *__restrict__ pool, int rec_bytes, int R, int H, float scale,
-		   uint16_t *__restrict__ o_lat, int keys_per_split, float *__restrict__ part, int diag)
-{
-	mw_decode<true, 8>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
+	mw_decode<true>(q, sel, ld_sel, pool, H, scale, o_lat, keys_per_split, part, diag);
 }

@@ -57,10 +57,6 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
 #define MLA_WG_REC 656
 #define MLA_WG_PAIR 0x10000 /* diag bit 16: k_mla_decode_wg2 */
 #define MLA_WG_LIGHT 0x200000 /* diag bit 21: its CTA-scope handover between the pair */
-#define MLA_WG_CL4 0x400000 /* diag bit 22: its splits merged 4 at a time in a cluster (k_mla_decode_wg2c4) */
-#define MLA_WG_CL8 0x800000 /* diag bit 23: 8 at a time (k_mla_decode_wg2c8, clusters of 16 CTAs) */
-#define MLA_WG_GRP 0x1000000 /* diag bit 24: with 22 / 23, the groups merged in the kernel */
-#define MLA_WG_ARRIVALS 4096 /* mla_wgmma.cu's MW_ARRIVALS: rows x head groups x cluster depth */
 #define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
@@ -131,30 +127,6 @@ static int mla_wg_mode(void)
 	return mla_wg_default;
 }
 
-/* DSV32_MLA_CLUSTER=4 / 8 (cuda_attn_set_mla_cluster, the forward's switch): the pair's key
- * splits merged 4 / 8 at a time in a cluster (k_mla_decode_wg2c4 / c8) where their count is a
- * multiple of it, k_mla_combine merging the groups; 14 / 18: the same with the groups merged in
- * the kernel (diag bit 24); 24 / 28: as 14 / 18 with twice the key splits (up to 64: batch 1's one
- * 32-key tile a split; the groups' partials still fit cuda_mla_decode_workspace's bytes); 0 (the
- * default) k_mla_decode_wg2 and k_mla_combine over every split */
-static int mla_cluster = -1;
-
-#define MLA_CLUSTER_DEFAULT 0
-
-void cuda_attn_set_mla_cluster(int cz)
-{
-	mla_cluster = cz < 0 ? MLA_CLUSTER_DEFAULT : cz > 0 && cz < 30 && (cz % 10 == 4 || cz % 10 == 8) ? cz : 0;
-}
-
-static int mla_cluster_mode(void)
-{
-	if (mla_cluster < 0) {
-		const char *v = getenv("DSV32_MLA_CLUSTER");
-		cuda_attn_set_mla_cluster(v ? atoi(v) : -1);
-	}
-	return mla_cluster;
-}
-
 /* DSV32_MLA_PDL=1 (cuda_attn_set_mla_pdl, the forward's switch; default off): the wgmma decode
  * kernels launched as programmatic dependents of the kernel before them (the top-k, which lets
  * its dependents start once its blocks have their inputs): their set-up (mbarriers, the cluster
@@ -181,20 +153,10 @@ static int mla_pdl_on(void)
 static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, int ld_sel)
 {
 	int mode = mla_wg_mode();
-	if (!(mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
-	      mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK))
-		return 0;
-	if (mode != 2 || H % (2 * MLA_HG))
-		return 128;
-	const int diag = 128 | MLA_WG_PAIR | MLA_WG_LIGHT, m = mla_cluster_mode(), cz = m % 10;
-	int splits = mla_final_splits(g, B, H, ld_sel, diag), forced = 0;
-	if (m > 20 && 2 * splits <= 64) { /* twice the splits, in whole tiles of 32 keys */
-		forced = (2 * splits) << 8;
-		splits = mla_final_splits(g, B, H, ld_sel, diag | forced);
-	}
-	if (m && splits % cz == 0 && B * (H / MLA_HG) * cz <= MLA_WG_ARRIVALS)
-		return diag | forced | (cz == 4 ? MLA_WG_CL4 : MLA_WG_CL8) | (m > 10 ? MLA_WG_GRP : 0);
-	return diag;
+	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
+	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
+		return mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128;
+	return 0;
 }
 
 int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
@@ -215,27 +177,16 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if ((splits > 1 && !ws) || ((diag & 128) && kps > MLA_WG_MAXK))
 		return -EINVAL;
 	const int skip_main = diag & 16, skip_combine = diag & 8, wg = diag & 128, pair = diag & MLA_WG_PAIR;
-	const int cz = diag & MLA_WG_CL4 ? 4 : diag & MLA_WG_CL8 ? 8 : 1;
-	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))) ||
-	    (cz > 1 && (!pair || splits % cz || (diag & MLA_WG_CL4 && diag & MLA_WG_CL8))) ||
-	    ((diag & MLA_WG_GRP) && (cz == 1 || B * (H / MLA_HG) * cz > MLA_WG_ARRIVALS)))
+	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))))
 		return -EINVAL;
-	const int grp_merge = diag & MLA_WG_GRP;
-	const char *name = cz == 4 ? "k_mla_decode_wg2c4"
-			   : cz == 8 ? "k_mla_decode_wg2c8"
-			   : pair    ? "k_mla_decode_wg2"
-			   : wg      ? "k_mla_decode_wg"
-				     : "k_mla_decode";
-	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7, 24 -> 8) */
-	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0) |
-	       (grp_merge ? 256 : 0);
+	const char *name = pair ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : "k_mla_decode";
+	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7) */
+	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0);
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
 	unsigned smem = (unsigned)(wg ? mla_wg_smem_bytes() : mla_smem_bytes(R, rec_bytes));
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	if (cz == 8) /* clusters of 16 CTAs */
-		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
 	/* the wgmma kernels wait for their inputs themselves: by PDL where DSV32_MLA_PDL is on */
 	int (*launch)(struct gpu *, void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -243,10 +194,9 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	int r = skip_main ? 0
 			  : launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
 				   wg ? 384 : 512, 1, 1, smem, args);
-	int parts = splits / cz; /* the partials left to merge: the cluster merge's groups */
-	if (r || parts == 1 || skip_combine || grp_merge)
+	if (r || splits == 1 || skip_combine)
 		return r;
-	void *cargs[] = {&ws, &parts, &R, &o_lat};
+	void *cargs[] = {&ws, &splits, &R, &o_lat};
 	return launch_pdl(g, gpu_kernel(g, "k_mla_combine"), (unsigned)(B * H), 1, 1, (unsigned)(R < 32 ? 32 : R),
 			  0, cargs);
 }

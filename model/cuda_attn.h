@@ -37,20 +37,9 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). Bit 20
  * (the wgmma kernels): P V of a key tile and S of the next issued together, one wait a tile (a
  * correct result, the same bits; not yet the default). Bit 21 (k_mla_decode_wg2): the light
- * handover between the CTAs (mbarrier arrivals and waits at CTA scope; the default). Bit 22 / 23
- * (with 7 and 16): k_mla_decode_wg2c4 / c8, the pair's key splits merged 4 / 8 at a time in a
- * cluster of (2, 1, 4) / (2, 1, 8) CTAs through distributed shared memory, k_mla_combine then
- * merging splits / 4 or / 8 partials (none when that is 1); the splits a multiple of 4 / 8, else
- * -EINVAL (not the pair's bits: within attn_latent's limits). Bit 24 (with 22 or 23): those
- * groups merged in the kernel by the last CTA to finish each slice of them (an arrival count,
- * no k_mla_combine; B x H / 64 x 4 or 8 <= 4096; such launches must not overlap in time). */
+ * handover between the CTAs (mbarrier arrivals and waits at CTA scope; the default). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
-/* DSV32_MLA_CLUSTER=4 / 8: cuda_mla_decode takes diag bit 22 / 23 (above) where the pair runs a
- * multiple of 4 / 8 key splits, 14 / 18 the same with bit 24, 24 / 28 as 14 / 18 with twice the
- * key splits (<= 64; the workspace unchanged) (0: never; the A/B switch of the forward); this
- * sets it (< 0: the default, 0 for now) */
-void cuda_attn_set_mla_cluster(int cz);
 /* DSV32_MLA_PDL=1: the wgmma decode kernels launched as programmatic dependents of the kernel
  * before them (the top-k in the forward), their set-up overlapping its end (0, the default:
  * ordinary launches; the A/B switch of the forward); this sets it (1 on, 0 off, < 0 the default) */

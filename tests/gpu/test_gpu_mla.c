@@ -28,10 +28,7 @@
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
  * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16), 3 the pair with P V and the next S issued
  * together (bits 7, 16, 20), 4 the pair with the light handover (bits 7, 16, 21) instead, the last
- * three also compared to the bit with k_mla_decode_wg at the same splits; 5 / 6 the light pair
- * with its splits merged 4 / 8 at a time in a cluster (bit 22 / 23: k_mla_decode_wg2c4 / c8; how
- * many outputs differ from k_mla_decode_wg's is printed, not checked: another order of the
- * merge's sums), 7 / 8 the same with the groups merged in the kernel (bit 24) */
+ * three also compared to the bit with k_mla_decode_wg at the same splits */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -97,8 +94,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
 					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x100000 : 0) |
-						     (wg >= 4 ? 0x200000 : 0) | (wg == 5 || wg == 7 ? 0x400000 : 0) |
-						     (wg == 6 || wg == 8 ? 0x800000 : 0) | (wg >= 7 ? 0x1000000 : 0)) == 0);
+						     (wg == 4 ? 0x200000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -116,15 +112,13 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 			if (one[i] != got[i] && differ++ == 0)
 				first_d = (int64_t)i;
 		printf("    k_mla_decode_wg2%s against k_mla_decode_wg: %lld of %lld outputs differ",
-		       wg == 8 ? "c8 (groups in the kernel)" : wg == 7 ? "c4 (groups in the kernel)" : wg == 6 ? "c8" : wg == 5 ? "c4" : wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ,
-		       (long long)B * H * R);
+		       wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ, (long long)B * H * R);
 		if (differ)
 			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
 			       (long long)(first_d / R % H), (long long)(first_d % R), bf16_to_f32(got[first_d]),
 			       bf16_to_f32(one[first_d]));
-		printf("%s\n", wg >= 5 ? " (not checked: the cluster merge sums in another order)" : "");
-		if (wg < 5)
-			CHECK_EQ_INT(differ, 0);
+		printf("\n");
+		CHECK_EQ_INT(differ, 0);
 		free(one);
 	}
 	if (d_ws)
@@ -156,7 +150,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 8 ? "k_mla_decode_wg2c8 (groups in the kernel)" : wg == 7 ? "k_mla_decode_wg2c4 (groups in the kernel)" : wg == 6 ? "k_mla_decode_wg2c8" : wg == 5 ? "k_mla_decode_wg2c4" : wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -199,8 +193,8 @@ TEST_T(gpu_mla, decode_matches_cpu, 300)
 
 /* The cases of the wgmma kernels (k_mla_decode_wg and the pair's forms): lists ending inside a
  * tile, a split, a row (L_REAL), a flat softmax (amp 0.05), batch 1's many splits (L_ONE), 140
- * blocks of one split (L_MANY), forced splits (16, 8, 4), 64 splits of one 32-key tile each;
- * `all` = 0: the cases the pair's variants repeat. Seed = the caller's base + id. */
+ * blocks of one split (L_MANY), forced splits, 64 splits of one 32-key tile each; `all` = 0: the
+ * cases the pair's variants repeat. Seed = the caller's base + id. */
 enum { L_REAL, L_ONE, L_MANY };
 static const struct wg_case {
 	int id, B, list;
@@ -209,7 +203,7 @@ static const struct wg_case {
 } wg_cases[] = {
 	{4, 1, L_ONE, 2.5f, 0, 0},  {1, 4, L_REAL, 2.5f, 0, 0}, {3, 4, L_REAL, 0.05f, 0, 1},
 	{5, 70, L_MANY, 1.0f, 0, 0}, {6, 3, L_REAL, 2.5f, 16, 1}, {7, 4, L_REAL, 1.0f, 8, 0},
-	{8, 1, L_ONE, 2.5f, 64, 0}, {9, 4, L_REAL, 2.5f, 4, 0},
+	{8, 1, L_ONE, 2.5f, 64, 0},
 };
 
 /* wg_cases with kernel form wg (check_mla's); h6: the heads of case 6 (64 shows a single head
@@ -225,9 +219,6 @@ static void run_wg_cases(struct gpu *g, int wg, int h6, int all, uint64_t seed)
 			continue;
 		const int *n = c->list == L_REAL ? n_real : c->list == L_ONE ? n_one : n_many;
 		const int ld = c->list == L_MANY ? 300 : 2048, pages = c->list == L_MANY ? 16 : 64;
-		const int splits = c->force ? c->force : cuda_mla_decode_splits(g, c->B, 128, ld);
-		if (wg >= 5 && splits % (wg == 5 || wg == 7 ? 4 : 8)) /* the cluster merge: whole clusters */
-			continue;
 		check_mla(g, 512, c->id == 6 ? h6 : 128, c->B, n, ld, pages, c->amp, c->force, wg, seed + (uint64_t)c->id);
 	}
 }
@@ -251,31 +242,6 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	run_wg_cases(&g, 2, 128, 1, 3200);
 	run_wg_cases(&g, 3, 128, 0, 3210);
 	run_wg_cases(&g, 4, 128, 0, 3220);
-	gpu_close(&g);
-}
-
-TEST_T(gpu_mla, decode_cluster_merge, 120)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	/* the light pair with its key splits merged 4 (k_mla_decode_wg2c4, clusters of 8 CTAs) and 8
-	 * (k_mla_decode_wg2c8, clusters of 16) at a time: every case whose splits are whole
-	 * clusters (batch 1's 32 and 64, 4 rows' 16, 8 and 4 — where one cluster holds every split
-	 * its merge is the output, no k_mla_combine — and 3 rows' 16) */
-	run_wg_cases(&g, 5, 128, 1, 3400);
-	run_wg_cases(&g, 6, 128, 1, 3500);
-	gpu_close(&g);
-}
-
-TEST_T(gpu_mla, decode_cluster_groups, 120)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	/* the same with the groups of splits merged in the kernel (diag bit 24: the last CTA to
-	 * finish each slice of them), the cases of decode_cluster_merge in turn (the arrival counts
-	 * back at zero after each launch, or a later case's output stays poisoned) */
-	run_wg_cases(&g, 7, 128, 1, 3600);
-	run_wg_cases(&g, 8, 128, 1, 3700);
 	gpu_close(&g);
 }
 

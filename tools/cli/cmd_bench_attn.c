@@ -328,28 +328,6 @@ int bench_attention(int argc, char **argv)
 			double wg2f_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x110080);
 			/* and with the light handover (diag bit 21) */
 			double wg2l_us = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x210080);
-			/* batch 1 and 16: the light pair with its key splits merged 4 / 8 at a time in a
-			 * cluster (diag bits 22 / 23, k_mla_decode_wg2c4 / c8): all, the decode kernel alone
-			 * (without k_mla_combine over the groups), and at batch 1 at 64 splits of one 32-key
-			 * tile (-1: the splits not whole clusters, or the launch refused); k = 2, 3: the same
-			 * with the groups merged in the kernel (diag bit 24; no k_mla_combine) */
-			double clm_us[4][3] = {{0}};
-			if (B == 1 || B == 16) {
-				gpu_ptr ws64 = 0;
-				if (B == 1 && cu_check(cu.cuMemAlloc(&ws64, (size_t)MH * 64 * (R + 2) * 4), "cuMemAlloc",
-						       __FILE__, __LINE__))
-					return 1;
-				for (int k = 0; k < 4; k++) {
-					const int d = 0x210080 | (k & 1 ? 0x800000 : 0x400000) | (k >= 2 ? 0x1000000 : 0);
-					clm_us[k][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, d);
-					clm_us[k][1] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, d | 8);
-					if (B == 1)
-						clm_us[k][2] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, ws64,
-									d | 64 << 8);
-				}
-				if (ws64)
-					cu.cuMemFree(ws64);
-			}
 			/* 32K x 128: both wgmma kernels by phases (1-7: the kernel's switches of gathers, MMAs,
 			 * dequantisation; 8: no softmax) */
 			double wg_diag_us[9] = {0}, wg2_diag_us[9] = {0}, wg2l_diag_us[9] = {0};
@@ -445,13 +423,6 @@ int bench_attention(int argc, char **argv)
 				       old_us, mla_flops / (old_us * 1e-6) / 1e12, wg_us, mla_flops / (wg_us * 1e-6) / 1e12, wg2_us,
 				       mla_flops / (wg2_us * 1e-6) / 1e12, wg2f_us, mla_flops / (wg2f_us * 1e-6) / 1e12, wg2l_us,
 				       mla_flops / (wg2l_us * 1e-6) / 1e12);
-			if (clm_us[0][0] != 0)
-				printf("        wg2 light with the splits merged in clusters (auto splits: %d), us: 4 a cluster %.2f "
-				       "(decode kernel alone %.2f) | 8 a cluster %.2f (alone %.2f) | 64 splits: 4 a cluster %.2f | 8 "
-				       "a cluster %.2f | the groups merged in the kernel: 4 a cluster %.2f | 8 a cluster %.2f | 64 "
-				       "splits: 4 %.2f | 8 %.2f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), clm_us[0][0],
-				       clm_us[0][1], clm_us[1][0], clm_us[1][1], clm_us[0][2], clm_us[1][2], clm_us[2][0],
-				       clm_us[3][0], clm_us[2][2], clm_us[3][2]);
 			if (wg_split_us[0] != 0)
 				printf("        k_mla_decode_wg by key splits (auto: %d), us: 1: %.1f | 2: %.1f | 4: %.1f | 8: %.1f | "
 				       "16: %.1f | 32: %.1f\n", cuda_mla_decode_splits(&g, B, MH, TOPK), wg_split_us[0],
