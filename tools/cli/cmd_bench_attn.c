@@ -368,7 +368,7 @@ int bench_attention(int argc, char **argv)
 			}
 			/* batch 1, k_mla_decode_wg2: the time by key splits (forced; 64 = one 32-key tile a
 			 * split), the decode kernel alone and the combine alone */
-			double split_us[7][4] = {{0}};
+			double split_us[7][4] = {{0}}, st16_us[2] = {0};
 			if (ctx == 32768 && B == 1) {
 				gpu_ptr ws64;
 				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
@@ -388,6 +388,10 @@ int bench_attention(int argc, char **argv)
 				for (int j = 0; j < 3; j++)
 					split_us[6][1 + j] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
 								      mws, qd[j]);
+				/* the light pair's decode kernel alone with 8- and 16-byte partial stores (diag bit 22) */
+				st16_us[0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x210080 | 8);
+				st16_us[1] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
+						      0x610080 | 8);
 				cuda_attn_set_pdl(0); /* the combine launched after the decode grid instead */
 				split_us[6][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
 				cuda_attn_set_pdl(1);
@@ -469,7 +473,8 @@ int bench_attention(int argc, char **argv)
 					printf(" | %d: %.1f / %.1f / %.1f", 2 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
 				printf(" | auto without the combine's programmatic launch: %.1f\n", split_us[6][0]);
 				printf("        k_mla_decode_wg2 batch 1, the decode kernel alone (auto splits), us: without Q's load %.1f | without "
-				       "the stores %.1f | without both %.1f\n", split_us[6][1], split_us[6][2], split_us[6][3]);
+				       "the stores %.1f | without both %.1f | light, 8-byte partial stores %.2f | 16-byte %.2f\n",
+				       split_us[6][1], split_us[6][2], split_us[6][3], st16_us[0], st16_us[1]);
 			}
 			fflush(stdout);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
@@ -478,7 +483,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, k_topk_cl4 at batch 2-16 up to 130816 keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, k_topk_cl4 at batch 2-16 up to 130816 keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2 light with 16-byte partial stores, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
