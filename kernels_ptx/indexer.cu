@@ -120,9 +120,8 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // each and sat at 15 us whatever the context). Grid (ceil(ld / (4 kpw)), B), 128 threads, 3
 // blocks an SM (168 registers): warp w of a block owns keys [4 kpw bx + kpw w, +kpw) in groups of
 // 16. Each warp streams its groups (the 16 keys' codes and their 16 fp32 scales) through a
-// 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies (k_indexer_scores_fp8d:
-// 8 stages in dynamic shared memory, 7 in flight, 2 blocks an SM); its page ids sit in lane
-// registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
+// 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies; its page ids
+// sit in lane registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
 // Keys are the A operand (16 keys), Q the B operand (8 heads a tile; tiles 0-3 held in registers
 // as e4m3, 4-7 read from the block's copy in shared memory for each group), so one warp covers all
 // 64 heads of its keys and the head sum stays inside the warp.
@@ -138,29 +137,27 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // with fp32 accumulation (the arithmetic the lowered e4m3 MMA did; run 3 measured it within 2^-23
 // of Σ|products|), so the scores meet the same limit as k_indexer_scores; ReLU, weights, the head
 // sum and s_k in fp32 (spec §3.6 step 8). page_bytes % 16 == 0 (16-byte copies).
-#define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each); k_indexer_scores_fp8d: 8
+#define IDX8_NST 4     // stages of a warp's cp.async ring (16 keys each)
 #define IDX8_ROW 144   // bytes per key row in the ring (128 + 16: the 8 lanes of a phase hit 8 slots)
 #define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
 #define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
-// NST > IDX8_NST (k_indexer_scores_fp8d): the rings in dynamic shared memory, NST stages a warp
-// (NST - 1 groups in flight instead of 3; 2 blocks an SM instead of 3: at batch 1 there are ~2
-// blocks an SM anyway); the same groups through the same arithmetic: the same bits.
-template <int NST>
+// IL (k_indexer_scores_fp8i): a group's 8 head tiles interleaved, k16 step outer, tile inner (8
+// independent accumulator chains, 32 accumulators live, 2 blocks an SM) instead of one tile's 8
+// chained MMAs after another (4 live: at batch 1's ~2 warps a scheduler each chain's MMA latency
+// is exposed, ~64 dependent MMAs a group); each tile's accumulator sees the same k16 steps in the
+// same order and the tiles are summed in the same order: the same bits. (Run 26: 8-stage copy
+// rings, 7 groups in flight a warp, 11.69 / 6.19 us against 11.12 / 5.95 at 128K / 32K batch 1;
+// run 25: Q converted once and held in registers 10.97 / 5.99 against 11.17 / 5.92, +20 / -1.5
+// us a step: neither the copies in flight nor the conversions are the bound; both removed.)
+template <bool IL>
 __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 					       const uint8_t *__restrict__ pool, long long page_bytes,
 					       const int *__restrict__ block_table, int max_blocks,
 					       const int *__restrict__ n_keys, float *__restrict__ scores, int ld,
 					       int keys_per_warp)
 {
-	__shared__ __align__(16) uint8_t ring[4][NST > IDX8_NST ? 1 : NST][IDX8_STAGE]; // (NST > IDX8_NST: unused)
-	extern __shared__ __align__(16) uint8_t ring_d[];                            // [4 warps][NST][IDX8_STAGE]
-	auto stage = [&](int warp, int gi) -> uint8_t * { // group gi's stage of warp's ring
-		if constexpr (NST > IDX8_NST)
-			return ring_d + (warp * NST + gi % NST) * IDX8_STAGE;
-		else
-			return ring[warp][gi % NST];
-	};
+	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][IDX8_STAGE];
 	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
 	__shared__ __align__(16) uint8_t qsh[IDX_HEADS * IDX8_ROW];     // its q8 rows (padded)
 	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -213,7 +210,7 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		if (gi < ngr) {
 			const uint8_t *pg = pool + (size_t)page * page_bytes;
 			const uint8_t *kp = pg + (size_t)(k0 & 63) * IDX_D;
-			uint8_t *st = stage(warp, gi);
+			uint8_t *st = ring[warp][gi % IDX8_NST];
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				const int c = lane + 32 * i, key = c >> 3, off = (c & 7) * 16;
@@ -225,13 +222,13 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		cp_async_commit();
 	};
 #pragma unroll
-	for (int i = 0; i < NST - 1; i++)
+	for (int i = 0; i < IDX8_NST - 1; i++)
 		issue(i);
 	for (int gi = 0; gi < ngr; gi++) {
-		issue(gi + NST - 1);
-		cp_async_wait_group<NST - 1>();
+		issue(gi + IDX8_NST - 1);
+		cp_async_wait_group<IDX8_NST - 1>();
 		__syncwarp(); // every lane's part of group gi is in the ring
-		const uint8_t *st = stage(warp, gi);
+		const uint8_t *st = ring[warp][gi % IDX8_NST];
 		const uint4 lo0 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t);
 		const uint4 lo1 = *reinterpret_cast<const uint4 *>(st + g * IDX8_ROW + 32 * t + 16);
 		const uint4 hi0 = *reinterpret_cast<const uint4 *>(st + (g + 8) * IDX8_ROW + 32 * t);
@@ -243,8 +240,28 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		// head tile j: its 8 chained fp16 k16 steps, then ReLU x w' into the key sums at once (4
 		// accumulators live, not 32)
 		float p_lo = 0.f, p_hi = 0.f;
+		if (IL) {
+			float c[8][4] = {};
 #pragma unroll
-		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
+			for (int q = 0; q < 8; q++) // k16 step: word q of the lane's slice, every head tile
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					const uint32_t bw = j < IDX8_QREG ? qf[j % IDX8_QREG][q]
+									  : *reinterpret_cast<const uint32_t *>(
+										    qsh + (8 * j + g) * IDX8_ROW + 32 * t + 4 * q);
+					uint32_t lo, hi;
+					e4m3x4_f16(bw, lo, hi);
+					mma_w(c[j], kf.g[q][0], kf.g[q][1], kf.h[q][0], kf.h[q][1], lo, hi);
+				}
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
+				p_lo += fmaxf(c[j][0], 0.f) * wj.x + fmaxf(c[j][1], 0.f) * wj.y;
+				p_hi += fmaxf(c[j][2], 0.f) * wj.x + fmaxf(c[j][3], 0.f) * wj.y;
+			}
+		}
+#pragma unroll
+		for (int j = 0; j < 8 && !IL; j++) { // heads 8j + 2t, 8j + 2t + 1
 			uint4 q0, q1;
 			if (j < IDX8_QREG) {
 				const int jr = j % IDX8_QREG;
@@ -279,17 +296,14 @@ k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w
 		     const int *__restrict__ block_table, int max_blocks,
 		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
-	idx_scores_fp8<IDX8_NST>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
+	idx_scores_fp8<false>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
 }
 
-// dynamic shared memory: 4 x IDX8_NSTD x IDX8_STAGE bytes (cuda_attn.c)
-#define IDX8_NSTD 8
 extern "C" __global__ void __launch_bounds__(128, 2)
-k_indexer_scores_fp8d(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+k_indexer_scores_fp8i(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
 		      const uint8_t *__restrict__ pool, long long page_bytes,
 		      const int *__restrict__ block_table, int max_blocks,
 		      const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
-	idx_scores_fp8<IDX8_NSTD>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld,
-				  keys_per_warp);
+	idx_scores_fp8<true>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
 }

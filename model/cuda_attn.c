@@ -238,11 +238,9 @@ static int indexer_keys_per_warp(const struct gpu *g, int ld, int B)
 }
 
 /* DSV32_SCORES_MODE=m (cuda_attn_set_scores_mode, the forward's switch): 1 k_indexer_scores_fp8,
- * 2 k_indexer_scores_fp8d (8-stage rings: 7 groups a warp in flight instead of 3, 2 blocks an SM;
- * the same bits); 0 the default (1). (Run 25's k_indexer_scores_fp8q, Q converted once and held in
- * registers: 10.97 / 5.99 us against 11.17 / 5.92 at 128K / 32K batch 1, +20 / -1.5 us a step:
- * the conversions are not the bound; removed.) */
-#define IDX8_DEEP_SMEM (4 * 8 * (16 * 144 + 64)) /* indexer.cu: 4 warps x IDX8_NSTD x IDX8_STAGE */
+ * 2 k_indexer_scores_fp8i (a group's 8 head tiles' MMA chains interleaved, 2 blocks an SM; the
+ * same bits); 0 the default (1). (Run 25's Q converted once and run 26's 8-stage copy rings gave
+ * nothing: kernels_ptx/indexer.cu.) */
 static int scores_mode = -1;
 
 void cuda_attn_set_scores_mode(int mode)
@@ -268,14 +266,9 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
 		return -EINVAL;
 	int kpw = keys_per_warp ? keys_per_warp : indexer_keys_per_warp(g, ld, B);
 	void *args[] = {&q8, &w, &H, &pool, &page_bytes, &block_table, &max_blocks, &n_keys, &scores, &ld, &kpw};
-	const int deep = scores_kernel_mode() == 2;
-	void *fn = gpu_kernel(g, deep ? "k_indexer_scores_fp8d" : "k_indexer_scores_fp8");
-	if (!fn)
-		return -ENOENT;
-	if (deep)
-		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, IDX8_DEEP_SMEM));
-	return gpu_launch(g, fn, (unsigned)((ld + 4 * kpw - 1) / (4 * kpw)), (unsigned)B, 1, 128, 1, 1,
-			  deep ? IDX8_DEEP_SMEM : 0, args);
+	const char *name = scores_kernel_mode() == 2 ? "k_indexer_scores_fp8i" : "k_indexer_scores_fp8";
+	return gpu_launch(g, gpu_kernel(g, name), (unsigned)((ld + 4 * kpw - 1) / (4 * kpw)), (unsigned)B, 1, 128, 1,
+			  1, 0, args);
 }
 
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,

@@ -64,7 +64,7 @@ int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr poo
 /* The same with the keys each warp scans given (a multiple of 16, <= 1024; 0: chosen by the
  * shape, as cuda_indexer_scores does): tests and benchmarks. Both take the kernel
  * DSV32_SCORES_MODE / cuda_attn_set_scores_mode gives: 1 (the default) k_indexer_scores_fp8, 2
- * k_indexer_scores_fp8d (8-stage copy rings: more keys in flight a warp, 2 blocks an SM instead
+ * k_indexer_scores_fp8i (a group's 8 head tiles' MMA chains interleaved, 2 blocks an SM instead
  * of 3; the same bits). */
 int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			    gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B,

@@ -19,7 +19,7 @@ static uint8_t rand_e4m3(uint64_t *seed)
 }
 
 /* kpw >= 0: through cuda_indexer_scores_kpw (k_indexer_scores_fp8, FP8 MMA dots, kpw keys a warp;
- * 0 = the launcher's choice; then also k_indexer_scores_fp8d, bit for bit against it) instead of
+ * 0 = the launcher's choice; then also k_indexer_scores_fp8i, bit for bit against it) instead of
  * kpw = -1: k_indexer_scores (exact products in fp16, fp32 sums). Limit of both: 1e-5 of the row's
  * largest |score| (fp32 summation order). For the FP8 kernel the worst error relative to the
  * score's magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| is printed too: run 3 on the H200
@@ -90,7 +90,7 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 				   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
 	REQUIRE(gpu_download(g, got, d_out, (size_t)B * ld * 4) == 0);
 	int64_t q_differ = 0;
-	if (fp8) { /* k_indexer_scores_fp8d (deeper copy rings): the same bits as the default kernel */
+	if (fp8) { /* k_indexer_scores_fp8i (head tiles interleaved): the same bits as the default kernel */
 		float *got_q = malloc((size_t)B * ld * 4);
 		gpu_test_poison(g, d_out, (size_t)B * ld * 4);
 		cuda_attn_set_scores_mode(2);
@@ -139,7 +139,7 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 	printf("    indexer scores%s H=%d B=%d kpw=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf",
 	       fp8 ? " (FP8 MMA)" : "", H, B, kpw, worst, (long long)bad, (long long)masked_bad);
 	if (fp8)
-		printf("; k_indexer_scores_fp8d: %lld scores differ", (long long)q_differ);
+		printf("; k_indexer_scores_fp8i: %lld scores differ", (long long)q_differ);
 	printf("\n");
 	if (fp8)
 		printf("    worst |err| / M (M = s_k sum_h |w_h| sum_d |q k|) %.3g = 2^%.1f at row %d key %d (got %g ref %g)\n",
