@@ -128,13 +128,15 @@ static int mla_wg_mode(void)
 	return mla_wg_default;
 }
 
-/* DSV32_MLA_PDL=1 (cuda_attn_set_mla_pdl, the forward's switch; default off): the wgmma decode
- * kernels launched as programmatic dependents of the kernel before them (the top-k, which lets
- * its dependents start once its blocks have their inputs): their set-up (mbarriers, the cluster
- * barrier) overlaps its end; they wait (griddepcontrol.wait) before reading anything */
+/* DSV32_MLA_PDL (cuda_attn_set_mla_pdl, the forward's switch; default 1): the wgmma decode kernels
+ * launched as programmatic dependents of the kernel before them (the top-k, which lets its
+ * dependents start once its blocks have their inputs): their set-up (mbarriers, the cluster
+ * barrier) overlaps its end; they wait (griddepcontrol.wait) before reading anything. Bench
+ * model --ab DSV32_MLA_PDL=1 at batch 1, 32K / 128K: run 25 -2.7 / -0.9 us, run 26 -4.6 and -0.9
+ * / -6.7 us a step. 0: ordinary launches */
 static int mla_pdl = -1;
 
-#define MLA_PDL_DEFAULT 0
+#define MLA_PDL_DEFAULT 1
 
 void cuda_attn_set_mla_pdl(int on)
 {
@@ -152,10 +154,11 @@ static int mla_pdl_on(void)
 
 /* DSV32_MLA_ST16=0 / 1 (cuda_attn_set_mla_st16, the forward's switch): the wgmma kernels' split
  * partials in 16-byte stores (diag bit 22: lanes swap halves, half the store instructions; the
- * same bits) or in 8-byte ones; default 1 (run 26 compares them) */
+ * same bits) or in 8-byte ones; default 0 (run 26: the decode kernel alone 13.66 against 13.69
+ * us at batch 1, bench model --ab DSV32_MLA_ST16=0 -1.4 .. -4.2 us a step: no gain) */
 static int mla_st16 = -1;
 
-#define MLA_ST16_DEFAULT 1
+#define MLA_ST16_DEFAULT 0
 
 void cuda_attn_set_mla_st16(int on)
 {

@@ -483,7 +483,7 @@ int bench_attention(int argc, char **argv)
 	printf("\ncommand: dsv32 bench attention --reps %d (scan = cuda_indexer_scores (k_indexer_scores_fp8, FP8 MMA), "
 	       "exact_us = k_indexer_scores (fp16 MMA on exact e4m3 copies): one query per sequence, "
 	       "64 heads x 128, FP8 keys in 132-byte page slots, every sequence its own pages; "
-	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, k_topk_cl4 at batch 2-16 up to 130816 keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2 light with 16-byte partial stores, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
+	       "cuda_indexer_topk (from 8K keys k_topk_cl16 at batch 1 from 64K keys, k_topk_cl4 at batch 2-16 up to 130816 keys, else k_topk_cl8 while 8 x batch <= the SMs, else k_topk_select; blk_us = k_topk_select, cl_us = k_topk_cl8 (clusters of 8 CTAs a row)): 2048 of ctx; mla = cuda_mla_decode (k_mla_decode_wg2 light, else k_mla_decode_wg, else k_mla_decode): 128 heads over the selected slots, 656-byte records)\n", reps);
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
