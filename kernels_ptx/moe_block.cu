@@ -209,13 +209,34 @@ __device__ __forceinline__ void gate1_quant_rows(const float v[4], int gi, uint8
 		sxs[(size_t)row * KB + gi] = sc;
 }
 
+// The routing of one token by one warp from its scores fp32 [2][E] (read through L2): selects
+// (moe_route_select256) and permutes (moe_permute_one, from the picks in registers).
+__device__ __forceinline__ void gate1_route(const float *scores, int E, int topk_group, int K,
+					    int norm_topk_prob, float route_scale, int *idx,
+					    float *__restrict__ wts, int *__restrict__ counts,
+					    int *__restrict__ offsets, int *__restrict__ perm,
+					    int *__restrict__ src)
+{
+	const int lane = threadIdx.x & 31;
+	float sc[8], sel[8];
+	{
+		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
+	}
+	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
+					     idx, wts);
+	moe_permute_one(pick, K, E, counts, offsets, perm, src);
+}
+
 // The end of the one-token routers, by warp 0 of every block once the block's scores are
 // written and fenced (__threadfence, then a barrier or __syncwarp over the writers): counts the
-// block done (g_gate1_done); the last block to finish selects (moe_route_select256, from the
-// scores fp32 [2][E] read through L2) and permutes (moe_permute_one, from the picks in
-// registers), then resets the count for the next launch (stream order). SCAN: the selection's
-// former form (moe_route_select256_scan; one A/B run).
-template <bool SCAN = false>
+// block done (g_gate1_done); the last block to finish routes (gate1_route), then resets the
+// count for the next launch (stream order).
 __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int topk_group, int K,
 						 int norm_topk_prob, float route_scale, int *idx,
 						 float *__restrict__ wts, int *__restrict__ counts,
@@ -229,21 +250,8 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 	if (__shfl_sync(0xffffffffu, prev, 0) != gridDim.x - 1)
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
-	float sc[8], sel[8];
-	{
-		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
-		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
-		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
-		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
-		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
-		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
-		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
-	}
-	const int pick = SCAN ? moe_route_select256_scan(sc, sel, 0, topk_group, K, norm_topk_prob,
-							 route_scale, idx, wts)
-			      : moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob,
-						    route_scale, idx, wts);
-	moe_permute_one(pick, K, E, counts, offsets, perm, src);
+	gate1_route(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts, offsets,
+		    perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
 }
@@ -259,8 +267,7 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 	W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,   \
 		offsets, perm, src, xs8, sxs, scores
 
-// TAIL false (a timing diagnosis, DSV32_CUDA_MOE_ROUTER=9: wrong results): no routing
-template <bool TAIL> __device__ __forceinline__ void gate_route1(GATE1_PARAMS)
+extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(GATE1_PARAMS)
 {
 	constexpr int EPB = GR1_EPB, CW = EPB / 4; // CW warps of chains; warp CW quantises
 	extern __shared__ __align__(16) unsigned char gr1_smem[];
@@ -354,19 +361,9 @@ template <bool TAIL> __device__ __forceinline__ void gate_route1(GATE1_PARAMS)
 	}
 	__threadfence(); // this thread's scores are visible device-wide before the count says so
 	__syncthreads();
-	if (TAIL && warp == 0)
+	if (warp == 0)
 		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
 				 offsets, perm, src);
-}
-
-extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(GATE1_PARAMS)
-{
-	gate_route1<true>(GATE1_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
-	k_moe_gate_route1_diag_notail(GATE1_PARAMS)
-{
-	gate_route1<false>(GATE1_ARGS);
 }
 
 // ---- k_moe_gate_route1s: the fast mode's router of one token (see the file header) --------------
@@ -384,14 +381,13 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1)
 // experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
 // permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
 // (gate1_quant_rows: x read from global). EPB = GR1S_EPB = 2 (run 25, bench moe T = 1: gate
-// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits); TAIL false
-// (a timing diagnosis): no routing (run 25: 2.6 us, so the tail took 3.8).
+// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits); TAIL false:
+// no routing (k_moe_gate_logits1s, below).
 // E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
 #define GR1S_EPB 2  // experts a block
-template <int EPB, bool TAIL, bool SCAN>
-__device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -449,25 +445,41 @@ __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 		logits[en] = p;
 		scores[en] = sg;
 		scores[E + en] = bias ? sg + bias[en] : sg;
-		__threadfence(); // the scores are visible device-wide before the count says so
+		if (TAIL) // (without: k_moe_route1_tail reads them after this grid completes)
+			__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
 	if (TAIL)
-		gate1_route_last<SCAN>(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
-				       counts, offsets, perm, src);
+		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+				 counts, offsets, perm, src);
 }
 
-#define GATE_ROUTE1S_KERNEL(name, tail, scan)                                                  \
-	extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) name(GATE1_PARAMS)          \
-	{                                                                                       \
-		gate_route1s<GR1S_EPB, tail, scan>(GATE1_ARGS);                                   \
-	}
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s, true, false)
-// one A/B run (DSV32_CUDA_MOE_ROUTER=3): the selection's former form in the tail
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_scan, true, true)
-// timing diagnosis only (DSV32_CUDA_MOE_ROUTER=8, wrong results): the logits and scores without
-// the last block's routing and permutation (what the tail costs)
-GATE_ROUTE1S_KERNEL(k_moe_gate_route1s_diag_notail, false, false)
+extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
+{
+	gate_route1s<GR1S_EPB, true>(GATE1_ARGS);
+}
+
+// k_moe_gate_logits1s + k_moe_route1_tail (DSV32_CUDA_MOE_ROUTER=5, an A/B): route1s's work in
+// two launches, the routing by a second kernel of one warp launched by PDL (griddepcontrol.wait:
+// the first grid complete, its scores visible) instead of the last block found by a counter:
+// the same outputs. Run 25/26 put route1s at 6.4-6.6 us (bench moe T = 1, the router alone),
+// 2.5-2.6 without its tail (the counter, the last block's routing); a faster selection (sorted
+// lanes, run 26) changed nothing, so the tail is latency, not arithmetic.
+extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
+{
+	gate_route1s<GR1S_EPB, false>(GATE1_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+k_moe_route1_tail(const float *scores, int E, int topk_group, int K, int norm_topk_prob,
+		  float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,
+		  int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src)
+{
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the scores: k_moe_gate_logits1s's
+	gate1_route(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts, offsets,
+		    perm, src);
+}
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
 // _t64), K in chunks of GT_KC = 64. A chunk arrives raw (bf16 rows) by cp.async into a ring of

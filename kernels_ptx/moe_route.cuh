@@ -23,125 +23,13 @@ __device__ __forceinline__ unsigned route_key(float v)
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// A compare-exchange of the lane-sorting network below: slot x ends up with the better of
-// (v, i) x and y (larger value, ties to the lower expert id), its weight w following.
-__device__ __forceinline__ void route_cx(float v[8], int i[8], float w[8], int x, int y)
-{
-	const bool sw = v[y] > v[x] || (v[y] == v[x] && i[y] < i[x]);
-	const float tv = v[x], tw = w[x];
-	const int ti = i[x];
-	v[x] = sw ? v[y] : v[x], i[x] = sw ? i[y] : i[x], w[x] = sw ? w[y] : w[x];
-	v[y] = sw ? tv : v[y], i[y] = sw ? ti : i[y], w[y] = sw ? tw : w[y];
-}
-
 // The selection of one token by one warp, from its scores (k_moe_route_w, moe_gate.cu,
 // documents it): lane l holds sc[i], sel[i] of experts 8l + i (E = 256 in G = 8 groups of 32, so
 // group g is lanes 4g .. 4g+3), K <= 32, topk_group <= 8. Every choice is the CPU's: (value,
 // lower index) order for the group top-2, the kept groups and the picks; the weights summed in
-// pick order. Each lane first sorts its 8 (sel, expert, sc) by (sel descending, expert
-// ascending) with Batcher's 19-comparator network for 8 (checked on all 0-1 inputs and against
-// the CPU's scans in a Python model, ties included): its group top-2 candidates are its first
-// two, and a pick is the warp's best lane head (redux max of the heads' keys, the lowest lane
-// holding it: lanes hold ascending expert ids, so the lowest id of the maximum, as the CPU's
-// scan), which that lane then pops — no 8-way scan a pick (the serial scans were ~2 us of
-// k_moe_gate_route1s's 3.8-us tail, run 25). Writes idx[t*K ..], wts[t*K ..] in ascending
-// expert id. Returns lane n's pick (n < K, in pick order; other lanes 0x7fffffff).
-__device__ __forceinline__ int moe_route_select256(const float sc[8], const float sel[8], int t,
-						    int topk_group, int K, int norm_topk_prob,
-						    float route_scale, int *__restrict__ idx,
-						    float *__restrict__ wts)
-{
-	const int lane = threadIdx.x & 31;
-	float v[8], w[8];
-	int ie[8];
-#pragma unroll
-	for (int i = 0; i < 8; i++)
-		v[i] = sel[i], w[i] = sc[i], ie[i] = 8 * lane + i;
-	route_cx(v, ie, w, 0, 1), route_cx(v, ie, w, 2, 3), route_cx(v, ie, w, 4, 5);
-	route_cx(v, ie, w, 6, 7), route_cx(v, ie, w, 0, 2), route_cx(v, ie, w, 1, 3);
-	route_cx(v, ie, w, 4, 6), route_cx(v, ie, w, 5, 7), route_cx(v, ie, w, 1, 2);
-	route_cx(v, ie, w, 5, 6), route_cx(v, ie, w, 0, 4), route_cx(v, ie, w, 1, 5);
-	route_cx(v, ie, w, 2, 6), route_cx(v, ie, w, 3, 7), route_cx(v, ie, w, 2, 4);
-	route_cx(v, ie, w, 3, 5), route_cx(v, ie, w, 1, 2), route_cx(v, ie, w, 3, 4);
-	route_cx(v, ie, w, 5, 6);
-	// the group's top-2 (CPU: first max, then the best other): the lane's first two, then
-	// across the group's 4 lanes
-	float av = v[0], bv = v[1];
-	int ai = ie[0], bi = ie[1];
-#pragma unroll
-	for (int o = 1; o < 4; o <<= 1) {
-		const float oav = __shfl_xor_sync(0xffffffffu, av, o), obv = __shfl_xor_sync(0xffffffffu, bv, o);
-		const int oai = __shfl_xor_sync(0xffffffffu, ai, o), obi = __shfl_xor_sync(0xffffffffu, bi, o);
-		if (route_better(oav, oai, av, ai)) { // theirs first: second = ours or their second
-			if (route_better(av, ai, obv, obi))
-				bv = av, bi = ai;
-			else
-				bv = obv, bi = obi;
-			av = oav, ai = oai;
-		} else if (route_better(oav, oai, bv, bi)) {
-			bv = oav, bi = oai;
-		}
-	}
-	const float gsc = av + bv; // this lane's group (lane / 4)
-	// keep topk_group groups (ties to the lower group id); every lane decides the same (the
-	// scan keeps its best value in a register: no dynamically indexed array)
-	float gs[8];
-#pragma unroll
-	for (int g = 0; g < 8; g++)
-		gs[g] = __shfl_sync(0xffffffffu, gsc, 4 * g);
-	unsigned kept = 0;
-	for (int n = 0; n < topk_group; n++) {
-		int best = -1;
-		float bvg = 0.f;
-#pragma unroll
-		for (int g = 0; g < 8; g++)
-			if (!(kept >> g & 1) && (best < 0 || gs[g] > bvg))
-				best = g, bvg = gs[g];
-		kept |= 1u << best;
-	}
-	// K picks (ties to the lower expert id), weights = sc in pick order; lane n keeps pick n. A
-	// lane of a dropped group has no candidates (left = 0: key 0, below every value's key)
-	int left = kept >> (lane >> 2) & 1 ? 8 : 0;
-	int my_e = 0;
-	float my_w = 0.f, sum = 0.f;
-	for (int n = 0; n < K; n++) {
-		const unsigned k = left ? route_key(v[0]) : 0u;
-		const unsigned top = __reduce_max_sync(0xffffffffu, k);
-		const int src = __ffs(__ballot_sync(0xffffffffu, k == top)) - 1;
-		const int e = __shfl_sync(0xffffffffu, ie[0], src);
-		const float pw = __shfl_sync(0xffffffffu, w[0], src);
-		if (lane == src) { // taken: pop the head (a pick is never empty: K <= kept experts)
-#pragma unroll
-			for (int i = 0; i < 7; i++)
-				v[i] = v[i + 1], ie[i] = ie[i + 1], w[i] = w[i + 1];
-			left--;
-		}
-		if (lane == n)
-			my_e = e, my_w = pw;
-		sum += pw; // pick order, as the CPU
-	}
-	if (norm_topk_prob)
-		my_w /= sum;
-	my_w *= route_scale;
-	// ascending expert id, weights follow: pick n goes to its rank among the K ids
-	int rank = 0;
-	for (int m = 0; m < K; m++)
-		rank += __shfl_sync(0xffffffffu, my_e, m) < my_e;
-	if (lane < K) {
-		idx[(size_t)t * K + rank] = my_e;
-		wts[(size_t)t * K + rank] = my_w;
-	}
-	return lane < K ? my_e : 0x7fffffff;
-}
-
-// moe_route_select256's former form, kept for one A/B run (DSV32_CUDA_MOE_ROUTER=3,
-// k_moe_gate_route1s_scan; to be removed after run 26): the same choices by an 8-way scan of
-// each lane's values a pick. Lane l holds sc[i], sel[i] of experts 8l + i (E = 256 in G = 8 groups of 32, so
-// group g is lanes 4g .. 4g+3), K <= 32, topk_group <= 8. Every choice is the CPU's: (value,
-// lower index) order for the group top-2, the kept groups and the picks; the weights summed in
 // pick order. Writes idx[t*K ..], wts[t*K ..] in ascending expert id. Returns lane n's pick
 // (n < K, in pick order; other lanes 0x7fffffff).
-__device__ __forceinline__ int moe_route_select256_scan(const float sc[8], float sel[8], int t,
+__device__ __forceinline__ int moe_route_select256(const float sc[8], float sel[8], int t,
 						    int topk_group, int K, int norm_topk_prob,
 						    float route_scale, int *__restrict__ idx,
 						    float *__restrict__ wts)

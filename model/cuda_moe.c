@@ -270,34 +270,33 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
  * another fp32 order, over E / 2 blocks of 256 threads: every SM streams its two weight rows at
  * once, where route1's 32 blocks each pull 115 KB then run 896-step FMA chains. Run 25, bench
  * moe T = 1, the router alone graph-replayed: 6.4 us against route1's 10.5; the model step
- * (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K), where
- * the fused router runs, D % 1024 == 0 and D <= 8192; the batch-invariant mode keeps route1 (the
- * CPU's bits, as every T). DSV32_CUDA_MOE_ROUTER=m (read once; cuda_moe_set_router, a forward
- * switch): 0 route1 in both modes; 1 (default) route1s; 3 route1s with the selection's former
- * form (one A/B run); timing diagnoses where the gate stage runs alone (`bench moe`'s stage
- * timing, on the routing a full run left), the last block's routing and permutation left out:
- * 8 of route1s, 9 of route1 (run 25: 2.6 and 6.4 us; elsewhere 8 runs route1s, 9 route1).
- * gate_only: the gate stage alone. Returns route1s's kernel, or NULL for route1. */
+ * (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K; run 26
+ * +13.4 / +11.1 / +17.3 for route1), where the fused router runs, D % 1024 == 0 and D <= 8192;
+ * the batch-invariant mode keeps route1 (the CPU's bits, as every T). Runs 25-26 timed both
+ * without their last block's routing (the counter, the selection, the permutation): 2.5-2.6
+ * and 6.4 us, so that tail takes ~4 us in either; a selection by sorted lanes instead of an
+ * 8-way scan a pick (run 26) did not move it (removed). DSV32_CUDA_MOE_ROUTER=m (read once;
+ * cuda_moe_set_router, a forward switch): 0 route1 in both modes; 1 (default) route1s; 5 (an
+ * A/B) the same in two launches, k_moe_gate_logits1s then k_moe_route1_tail (one warp, by PDL)
+ * instead of the last block found by a counter. Returns 0 (route1), 1 or 5. */
 static int router_mode = -1;
 
 void cuda_moe_set_router(int mode)
 {
-	router_mode = mode == 0 || mode == 3 || mode == 8 || mode == 9 ? mode : 1;
+	router_mode = mode == 0 || mode == 5 ? mode : 1;
 }
 
-static const char *split_router(const struct gpu *g, const struct dsv32_config *c,
-				const struct moe_dims *d, int gate_only)
+static int split_router(const struct gpu *g, const struct dsv32_config *c,
+			const struct moe_dims *d)
 {
 	if (router_mode < 0) {
 		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
 		cuda_moe_set_router(v ? atoi(v) : 1);
 	}
-	if (!router_mode || router_mode == 9 || !fused_router(c, d) ||
-	    cuda_gemm_batch_invariant(g) || d->D % 1024 || d->D > 8192)
-		return NULL;
-	return router_mode == 3			 ? "k_moe_gate_route1s_scan"
-	       : router_mode == 8 && gate_only ? "k_moe_gate_route1s_diag_notail"
-					       : "k_moe_gate_route1s";
+	if (!router_mode || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
+	    d->D > 8192)
+		return 0;
+	return router_mode;
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -425,16 +424,20 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		/* (the timing diagnoses only where the gate stage runs alone: bench moe's stage
-		 * timing, on the routing of a full run) */
-		const int gate_only = (stages & CUDA_MOE_ALL) == CUDA_MOE_GATE;
-		const char *split = split_router(g, c, d, gate_only);
-		if (split) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
-			rc = moe_launch(g, gpu_kernel(g, split), (unsigned)(E / 2), 256, 0, args);
+		const int split = split_router(g, c, d);
+		if (split == 1) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
+			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
+					args);
+		} else if (split == 5) { /* the same, the routing by a second launch */
+			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_logits1s"), (unsigned)(E / 2), 256, 0,
+					args);
+			void *targs[] = {(void *)&b[B_SCORE], &E, &tg, &K, &norm, &scale,
+					 (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
+					 (void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC]};
+			if (!rc)
+				rc = moe_launch(g, gpu_kernel(g, "k_moe_route1_tail"), 1, 32, 0, targs);
 		} else {
-			void *fn = gpu_kernel(g, router_mode == 9 && gate_only
-							 ? "k_moe_gate_route1_diag_notail"
-							 : "k_moe_gate_route1");
+			void *fn = gpu_kernel(g, "k_moe_gate_route1");
 			if (!fn)
 				return -ENOENT;
 			unsigned smem = gate_route1_smem(D);
@@ -592,8 +595,9 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 !fused ? k.name
-		 : split_router(g, c, &d, 0) ? split_router(g, c, &d, 0)
-					     : "k_moe_gate_route1",
+		 : split_router(g, c, &d) == 1 ? "k_moe_gate_route1s"
+		 : split_router(g, c, &d) == 5 ? "k_moe_gate_logits1s + k_moe_route1_tail"
+					       : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "

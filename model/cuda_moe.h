@@ -79,7 +79,7 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 
 /* The fast mode's one-token router: mode 1 (the default) the logits over E / 2 blocks in another
  * fp32 order (k_moe_gate_route1s), 0 the CPU's order over E / 8 blocks (k_moe_gate_route1, the
- * batch-invariant mode's in every case); 3, 8, 9: A/B and timing diagnoses (model/cuda_moe.c).
+ * batch-invariant mode's in every case); 5 (an A/B) mode 1 in two launches (model/cuda_moe.c).
  * Process-wide; DSV32_CUDA_MOE_ROUTER=m, read at the first call, sets it; a forward switch
  * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
 void cuda_moe_set_router(int mode);
