@@ -635,6 +635,9 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 #define GV_RING (128 << 10) /* the most weight bytes a block keeps in flight */
 #define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
+static int gemv_bits(void); /* (its switch, below) */
+static int gemv_ring(void);
+
 /* Its split: units of 16 rows x chunk_blocks K blocks, one block per SM taking a contiguous
  * range of them. K whole where two units fit the ring (K <= 4096: a unit is then one contiguous
  * bulk copy; run 25 measured copies of a row's 1-1.5 KB at 1.4-1.9 TB/s, of 3.5 KB at 3.76);
@@ -696,7 +699,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
 	/* stages: what the ring holds (at least one), no more than a block's units */
 	const long long per = (units + grid - 1) / grid;
-	int ns = GV_RING / stage;
+	int ns = (w_tab ? GV_RING : gemv_ring()) / stage;
 	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
 	ns = per < ns ? (int)per : ns;
 	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
@@ -733,7 +736,6 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
  * in the fast mode while it is on (cuda_gemm_set_gemv). */
 #define GV_GROUPED_ROWS 16
 
-static int gemv_bits(void);
 
 static int grouped_gemv(const struct gpu *g, int max_rows)
 {
@@ -925,22 +927,22 @@ struct gemm_entry {
 	int lt_ok;		    /* whether cuBLASLt was a candidate */
 };
 
-/* Off (the default: run 23, bench model --ab at 32K, the step without the swapped kernel -59 /
- * -70 us at batch 16 / 64, +5 at 1, though its GEMMs alone are faster): where the start-up
- * measurement picked the swapped kernel, the dispatch takes the fastest other path it measured
- * instead (bench model --ab compares them in one process). swap_on: 0 off, 1 on, n >= 2 on for
- * matrices of at least n MB only (which shapes lose in the step), -1 the environment
- * (DSV32_GEMM_SWAP) not read yet. */
+/* Where the start-up measurement picked the swapped kernel, the dispatch takes it only on
+ * matrices of at least swap_on MB (1: all; 0: none), else the fastest other path it measured
+ * (bench model --ab compares them in one process); -1: the environment (DSV32_GEMM_SWAP=n) not
+ * read yet. Default 200 (the dense MLP's gate|up, 36864x7168; run 26 --ab at 128K: -34.5 us at
+ * batch 16, -514 at batch 64 against none; 64 MB +276 / -328; everywhere (1) run 23 / 25: +196 /
+ * +423 us at batch 64, 32K / 128K, though its GEMMs alone are faster). */
 static int swap_on = -1;
 
-void cuda_gemm_set_swap(int on) { swap_on = on < 0 ? 0 : on; }
+void cuda_gemm_set_swap(int on) { swap_on = on; }
 
 /* whether the swapped kernel is left out for an N x K matrix */
 static int swap_off(int N, int K)
 {
 	if (swap_on < 0) {
 		const char *v = getenv("DSV32_GEMM_SWAP");
-		swap_on = v && atoi(v) > 0 ? atoi(v) : 0; /* off by default: run 23's A/B, above */
+		swap_on = v && atoi(v) >= 0 ? atoi(v) : 200;
 	}
 	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
@@ -948,19 +950,32 @@ static int swap_off(int N, int K)
 /* The one-row kernel: bit 0 (1) the dense GEMMs' (CUDA_GEMM_PATH_GEMV: a candidate of the
  * start-up measurement at M <= 8 in the fast mode, taken where it measured fastest; off, where
  * it was measured the dispatch takes the fastest other path: an in-process A/B), bit 1 (2) the
- * grouped GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode; -1 the environment
- * (DSV32_GEMM_GEMV=n) not read yet. Off by default until a GPU run has shown it wins. */
+ * grouped GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode; the bits above (n >> 2), when not
+ * 0, the dense GEMMs' ring in KB (at least one stage; the split stays GV_RING's): a smaller
+ * footprint lets the next kernel's blocks be resident beside them. Default 2 (run 26, bench
+ * model --ab at batch 1: grouped only -8.5 / -7.7 us at 32K / 128K against both, dense only
+ * +6.7 / +5.9, though bench gemm has the dense ones faster alone: 2240x7168 9.29 against v2
+ * 11.44 us, 8192x1536 6.87 / 7.54, 24576x1536 15.04 / 16.23; the one-token MoE block's gate|up
+ * 71.4 against 74.3, down 43.0 / 44.8). -1: the environment (DSV32_GEMM_GEMV=n) not read yet. */
 static int gemv_on = -1;
 
-void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on & 3; }
+void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on; }
 
 static int gemv_bits(void)
 {
 	if (gemv_on < 0) {
 		const char *v = getenv("DSV32_GEMM_GEMV");
-		gemv_on = v ? atoi(v) & 3 : 0;
+		gemv_on = v ? atoi(v) : 2;
+		gemv_on = gemv_on < 0 ? 2 : gemv_on;
 	}
-	return gemv_on;
+	return gemv_on & 3;
+}
+
+/* the dense one-row GEMMs' ring (bytes) */
+static int gemv_ring(void)
+{
+	gemv_bits();
+	return gemv_on >> 2 ? (gemv_on >> 2) << 10 : GV_RING;
 }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */

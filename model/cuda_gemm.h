@@ -153,18 +153,19 @@ int cuda_gemm_m_bucket(int M);
  * in the batch-invariant mode. A measured entry's pick is made here, among the paths the
  * switches (cuda_gemm_set_swap, cuda_gemm_set_gemv) allow. */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
-/* 0 (the default; run 23: the step slower with them at batch 16 / 64): where the start-up
- * measurement picked STREAM_SW / SW2, the dispatch takes the fastest other path it measured;
- * 1 (DSV32_GEMM_SWAP=1 in the environment): its pick; n >= 2: its pick for matrices of at
- * least n MB (N x K bytes / 2^20), the other path below. Process-wide (the CUDA forward's
- * switch DSV32_GEMM_SWAP, for in-process A/B). */
+/* Where the start-up measurement picked STREAM_SW / SW2: n >= 2 its pick on matrices of at
+ * least n MB (N x K bytes / 2^20), the fastest other path it measured below; 1 its pick
+ * everywhere; 0 never; -1: DSV32_GEMM_SWAP=n in the environment, else the default, 200 (run 26:
+ * the step faster at batch 16 / 64 with it only on the 264 MB dense gate|up; run 23: slower with
+ * it everywhere). Process-wide (the CUDA forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
 /* The one-row kernel in the fast mode: bit 0 (1) for the dense GEMMs at M <= 8
  * (CUDA_GEMM_PATH_GEMV: a candidate of the start-up measurement, taken where it measured
  * fastest; without the bit, where it was measured the dispatch takes the fastest other path: an
  * in-process A/B), bit 1 (2) for the grouped GEMMs of <= 16 rows (the one-token MoE block); 3
- * both, 0 neither; -1 the default: DSV32_GEMM_GEMV=n in the environment, else off (until a GPU
- * run shows it wins). Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
+ * both, 0 neither; n >> 2, when not 0, the dense ones' ring in KB (e.g. 259 = both, 64 KB);
+ * -1: DSV32_GEMM_GEMV=n in the environment, else the default, 2 (grouped only; run 26).
+ * Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
 void cuda_gemm_set_gemv(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
