@@ -1277,8 +1277,8 @@ static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off)
  * candidate in the fast mode from 2 rows: at one row run 22 measured the model's q_b
  * (24576x1536) on its cluster form at 21.4 us a call in the step against ~20 for v2, though
  * bench gemm had it faster (14.8 against 16.0 us); the one-row kernel at M <= 8 in the fast
- * mode while it is on (cuda_gemm_set_gemv). us[CUDA_GEMM_PATHS] (may be NULL): the times, < 0
- * where a path was not timed or failed. */
+ * mode (taken while cuda_gemm_set_gemv's bit 0 is on). us[CUDA_GEMM_PATHS] (may be NULL): the
+ * times, < 0 where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
 	int fast = !cuda_gemm_batch_invariant(g);
@@ -1293,7 +1293,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}
-		if (fast && a->M <= 8 && (gemv_bits() & 1))
+		if (fast && a->M <= 8) /* (taken only while its bit is on: gemv_bits) */
 			t[CUDA_GEMM_PATH_GEMV] = time_path(g, a, CUDA_GEMM_PATH_GEMV);
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);

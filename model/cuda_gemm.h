@@ -171,7 +171,7 @@ void cuda_gemm_set_gemv(int on);
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y
  * must hold that many) — M <= 64: the exact decode kernel, in the fast mode also STREAM_WG,
- * from 2 rows STREAM_SW / SW2, at most 8 GEMV while on; M > 64: the wgmma kernel; cuBLASLt
+ * from 2 rows STREAM_SW / SW2, at most 8 GEMV; M > 64: the wgmma kernel; cuBLASLt
  * always — the fastest of 9 bursts of 4 launches back to back each after a warm-up (as a step
  * runs them), and records every time for the bucket (the dispatch takes the fastest its
  * switches allow: an in-process A/B); cuBLASLt for M <= 64 in the
