@@ -42,10 +42,8 @@ struct q_branch {
 	gpu_ptr q;         /* bf16 [Tp, H * qk_head_dim] */
 	gpu_ptr qf;        /* bf16 [Tp, Hpad, kv_lora_rank + rope] */
 	int fuse;          /* fwd_fused(F) */
-	int part;          /* Q_ALL, Q_GEMM (the q_b GEMM only) or Q_REST (all after it: q written
-			    * already, by a Q_GEMM branch or the joint GEMM of fwd_qib) */
+	int have_q;        /* q is written already (the joint GEMM of fwd_qib): no q_b GEMM */
 };
-enum { Q_ALL, Q_GEMM, Q_REST };
 
 static int attn_q(struct fwd *F, const struct q_branch *b)
 {
@@ -56,10 +54,8 @@ static int attn_q(struct fwd *F, const struct q_branch *b)
 	int nope = (int)c->qk_nope_head_dim, rope = (int)c->qk_rope_head_dim;
 	int Rk = (int)c->kv_lora_rank, dv = (int)c->v_head_dim, Hpad = (H + 15) / 16 * 16;
 	gpu_ptr q = b->q, qf = b->qf, cs = F->m->rope_cs;
-	if (b->part != Q_REST)
+	if (!b->have_q)
 		TRY(fwd_gemm(F, &L->q_b, b->cq8, b->cqs, q, T, H * dq));
-	if (b->part == Q_GEMM)
-		return 0;
 	const int absorb_cc = T <= MMA_ROWS; /* q absorption on the CUDA cores (below) */
 	if (!(b->fuse && absorb_cc)) /* else the q absorption rotates q_pe as it copies it */
 		TRY(fwd_rope(F, q, H, (long long)H * dq, dq, nope, 1));
@@ -150,8 +146,9 @@ static int fwd_qb_early(const struct fwd *F, int need)
 }
 
 /* 1: q_b and the indexer's q_b run as one GEMM on the matrix placed as both (fwd_layer.qib:
- * both read q_cmpr), the q absorption then forked beside the whole index chain
- * (DSV32_CUDA_QB_FUSE=1). One-row steps (q and idx_q then lie in one output row) of the fast
+ * both read q_cmpr), the rest of the query branch (the absorption) then forked beside the top-k
+ * (DSV32_CUDA_QB_FUSE=1; run 26 at 128K: -31.5 us against the absorption forked right after
+ * the joint GEMM, beside the whole index chain, itself +19 against the default). One-row steps (q and idx_q then lie in one output row) of the fast
  * mode (the joint GEMM's K split need not be either part's: the batch-invariant rows must not
  * depend on the step's rows) that run the indexer (need). */
 static int fwd_qib(const struct fwd *F, int need, const struct fwd_layer *L)
@@ -178,9 +175,7 @@ int fwd_side_close(struct fwd *F)
  * rows runs on a few SMs: run 10, 20 us a layer on one block at batch 1 and 32K, while the q_b
  * GEMM and the absorption need the others) or, from FWD_FORK_EARLY_ROWS rows, before the scores;
  * DSV32_CUDA_FWD_FORK=0, dumps and the profile keep one stream, then before the selection.
- * forked: the branch forked already (fwd_qb_early, fwd_qib); joined here all the same, after the
- * top-k or, with DSV32_CUDA_QB_JOIN, before it (a Q_GEMM branch: then its rest forked beside the
- * top-k). */
+ * forked: the branch forked already (fwd_qb_early); joined here all the same. */
 static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu_ptr sel_pos,
 		     gpu_ptr sel_slot, int ksel, const struct q_branch *qb, int forked)
 {
@@ -221,14 +216,6 @@ static int fwd_select(struct fwd *F, int64_t layer, gpu_ptr iq8, gpu_ptr iw, gpu
 		}
 		if (fork && !before)
 			TRY(fork_q(F, qb));
-		if (forked && (F->E->sw->qb_join || qb->part == Q_GEMM)) {
-			TRY(fwd_side_close(F));
-			if (qb->part == Q_GEMM) {
-				const struct q_branch rest = {qb->layer, qb->L, qb->cq8, qb->cqs, qb->q, qb->qf,
-							      qb->fuse, Q_REST};
-				TRY(fork_q(F, &rest));
-			}
-		}
 		int r = cuda_indexer_topk(F->g, scores, ld, nk, ksel, bt, mb, op, os, n);
 		if (r)
 			return fwd_fail("cuda_indexer_topk", r);
@@ -330,12 +317,9 @@ int fwd_layer(struct fwd *F, int64_t layer, const struct fwd_layer *L, gpu_ptr x
 		TRY(fwd_gemm(F, &L->qib, cq8, cqs, qi, T, L->qib.out));
 		q = qi, iq = qi + (size_t)H * dq * 2;
 	}
-	/* the branch forked here (after the joint GEMM: the absorption only, unless it goes beside
-	 * the top-k as a Q_GEMM branch's rest would: DSV32_CUDA_QB_JOIN=2) */
-	const int join2 = F->E->sw->qb_join == 2;
-	const int early = qib ? fork_ok(F) && !join2 : fwd_qb_early(F, need);
-	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse,
-				    qib ? Q_REST : early && join2 ? Q_GEMM : Q_ALL};
+	/* the branch forked here, beside the whole index chain (the joint GEMM's: in fwd_select) */
+	const int early = !qib && fwd_qb_early(F, need);
+	const struct q_branch qb = {layer, L, cq8, cqs, q, qf, fuse, qib};
 	if (early)
 		TRY(fork_q(F, &qb));
 	if (need && !qib)

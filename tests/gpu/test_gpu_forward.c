@@ -749,9 +749,7 @@ static void fast_mode(const char *name, int64_t T)
 		   * act_quant), no programmatic dependent launch (DSV32_CUDA_FWD_PDL=0), no side
 		   * stream (DSV32_CUDA_FWD_FORK=0) or forked before the scores (=3), the query
 		   * branch forked after the scores instead of after the norms (DSV32_CUDA_QB_EARLY=0;
-		   * this context's default is after the norms), joined before the top-k
-		   * (DSV32_CUDA_QB_JOIN=1) or only its q_b GEMM forked there and the rest beside the
-		   * top-k (=2), programmatic launches at one row too
+		   * this context's default is after the norms), programmatic launches at one row too
 		   * (DSV32_CUDA_FWD_PDL=1), the logits (into a malloc'd buffer) through the
 		   * pinned staging buffer (the default there) or straight in (DSV32_CUDA_LOGITS_STAGED=0),
 		   * and into the backend's pinned host memory (backend_host_alloc), straight in (the
@@ -759,11 +757,10 @@ static void fast_mode(const char *name, int64_t T)
 		   * the indexer's q_b as one GEMM (DSV32_CUDA_QB_FUSE=1, fast mode only: its K split
 		   * may differ from the parts', so within rel L2 0.1 of the default's logits; in the
 		   * batch-invariant mode it does not apply: the same bits) */
-			enum { NS = 13, NP = 11, FUSE = 9 }; /* settings; the first NP into malloc'd buffers */
+			enum { NS = 11, NP = 9, FUSE = 7 }; /* settings; the first NP into malloc'd buffers */
 			static const char *sw[NS] = {NULL, "DSV32_CUDA_UNFUSED=1", "DSV32_CUDA_FWD_PDL=0",
 						     "DSV32_CUDA_FWD_PDL=1", "DSV32_CUDA_FWD_FORK=0",
 						     "DSV32_CUDA_FWD_FORK=3", "DSV32_CUDA_QB_EARLY=0",
-						     "DSV32_CUDA_QB_JOIN=1", "DSV32_CUDA_QB_JOIN=2",
 						     "DSV32_CUDA_QB_FUSE=1",
 						     "DSV32_CUDA_LOGITS_STAGED=0", NULL,
 						     "DSV32_CUDA_LOGITS_STAGED=1"};
