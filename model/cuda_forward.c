@@ -174,7 +174,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 7: s->profile = one; break;
 	case 8: s->max_rows = n > 0 ? n : 0; break;
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
-	case 11: cuda_gemm_set_swap(v ? atoi(v) : 0); break; /* (cuda_gemm's own; off by default) */
+	case 11: cuda_gemm_set_swap(v ? atoi(v) : -1); break; /* (cuda_gemm's own; -1 its default) */
 	case 12: s->qb_early = !v ? -1 : !zero; break; /* -1: by keys (fwd_qb_early) */
 	case 13: s->qb_fuse = one; break;
 	case 14: cuda_moe_set_router(v ? atoi(v) : 1); break; /* (cuda_moe's own: 1 its default) */
