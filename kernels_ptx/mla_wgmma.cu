@@ -49,14 +49,15 @@
 // in a cluster of (2, 1, 4) / (2, 1, 8) CTAs through distributed shared memory (batch 1: 19.1 /
 // 20.9 us against 16.9, the decode kernel alone 16.0 / 18.2 against 13.8: the exchange cost more
 // than the fp32 partials' stores it saved; with the groups merged in the kernel by the last CTA
-// of each slice 29.3 / 23.5; bench model +1.4 .. +119 us a step) — removed.)
+// of each slice 29.3 / 23.5; bench model +1.4 .. +119 us a step) — removed. Run 26's split
+// partials in 16-byte stores (lanes swapping halves): 13.66 against 13.69 us, no gain in the
+// step — removed.)
 // diag (benchmarks only; 0 otherwise): bit 0 gathers only the first two tiles, bit 1 skips the
 // MMAs, bit 2 dequantises only the first two tiles, bit 3 issues P V of a tile and S of the next
 // together (one wait a tile: see fuse below; a real result, the same bits), bit 4 skips the softmax
 // (and its exchange: P V with zero weights), bit 5 skips the load of Q, bit 6 the output stores,
 // bit 7 (k_mla_decode_wg2) the light handover (mw_arrive_cl, mw_wait_cl: CTA-scope semantics, no
-// consumer-side proxy fence; a real result, the same bits), bit 8 the split partials in 16-byte
-// stores (a real result, the same bits).
+// consumer-side proxy fence; a real result, the same bits).
 #include "cluster.cuh"
 #include "common.cuh"
 #include "mla.cuh"
@@ -581,28 +582,6 @@ __device__ __forceinline__ void mw_decode(const uint16_t *__restrict__ q, const 
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-	if ((diag & 256) && gridDim.z > 1 && !(diag & 64)) {
-		// the split's partials in 16-byte stores (diag bit 8): lanes t4 and t4 ^ 1 swap halves, the
-		// even one storing head g's dims 2 t4 .. + 3, the odd one head g + 8's dims 2 t4 - 2 .. + 1
-		// (half the store instructions of the float2 form below; the same values, the same places)
-		const int odd = t4 & 1, h = h0 + 16 * wi + g + 8 * odd;
-		const size_t idx = ((size_t)b * H + h) * gridDim.z + blockIdx.z;
-		float *pp = part + idx * MW_R + 256 * wg + 2 * (t4 & ~1);
-#pragma unroll
-		for (int j = 0; j < 32; j++) {
-			const float s0 = odd ? o[4 * j] : o[4 * j + 2], s1 = odd ? o[4 * j + 1] : o[4 * j + 3];
-			const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-			*reinterpret_cast<float4 *>(pp + 8 * j) = odd ? make_float4(r0, r1, o[4 * j + 2], o[4 * j + 3])
-								      : make_float4(o[4 * j], o[4 * j + 1], r0, r1);
-		}
-		if (wg == 0 && t4 == 0)
-			for (int i = 0; i < 2; i++) {
-				const size_t ix = ((size_t)b * H + h0 + 16 * wi + g + 8 * i) * gridDim.z + blockIdx.z;
-				float *ml = part + (size_t)gridDim.y * H * gridDim.z * MW_R + 2 * ix;
-				ml[0] = (i ? st.m1 : st.m0) * 0.693147180559945309f, ml[1] = i ? l1 : l0; // ln 2
-			}
-		diag |= 64; // (the float2 form below skipped)
-	}
 #pragma unroll
 	for (int i = 0; i < 2 && !(diag & 64); i++) {
 		const int h = h0 + 16 * wi + g + 8 * i;

@@ -57,7 +57,6 @@ static size_t mla_smem_bytes(int R, int rec_bytes)
 #define MLA_WG_REC 656
 #define MLA_WG_PAIR 0x10000 /* diag bit 16: k_mla_decode_wg2 */
 #define MLA_WG_LIGHT 0x200000 /* diag bit 21: its CTA-scope handover between the pair */
-#define MLA_WG_ST16 0x400000 /* diag bit 22: the split partials in 16-byte stores (same bits) */
 #define MLA_WG_MAXK 2048
 static size_t mla_wg_smem_bytes(void)
 {
@@ -152,36 +151,13 @@ static int mla_pdl_on(void)
 	return mla_pdl && pdl_on();
 }
 
-/* DSV32_MLA_ST16=0 / 1 (cuda_attn_set_mla_st16, the forward's switch): the wgmma kernels' split
- * partials in 16-byte stores (diag bit 22: lanes swap halves, half the store instructions; the
- * same bits) or in 8-byte ones; default 0 (run 26: the decode kernel alone 13.66 against 13.69
- * us at batch 1, bench model --ab DSV32_MLA_ST16=0 -1.4 .. -4.2 us a step: no gain) */
-static int mla_st16 = -1;
-
-#define MLA_ST16_DEFAULT 0
-
-void cuda_attn_set_mla_st16(int on)
-{
-	mla_st16 = on < 0 ? MLA_ST16_DEFAULT : on > 0;
-}
-
-static int mla_st16_on(void)
-{
-	if (mla_st16 < 0) {
-		const char *v = getenv("DSV32_MLA_ST16");
-		cuda_attn_set_mla_st16(v ? *v == '1' : -1);
-	}
-	return mla_st16;
-}
-
 /* the diag bits of cuda_mla_decode's kernel for this shape */
 static int mla_default_diag(struct gpu *g, int R, int rec_bytes, int H, int B, int ld_sel)
 {
 	int mode = mla_wg_mode();
 	if (mode && R == 512 && rec_bytes == MLA_WG_REC && H % MLA_HG == 0 && B >= 1 && ld_sel >= 1 &&
 	    mla_keys_per_split(ld_sel, cuda_mla_decode_splits(g, B, H, ld_sel)) <= MLA_WG_MAXK)
-		return (mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128) |
-		       (mla_st16_on() ? MLA_WG_ST16 : 0);
+		return mode == 2 && H % (2 * MLA_HG) == 0 ? 128 | MLA_WG_PAIR | MLA_WG_LIGHT : 128;
 	return 0;
 }
 
@@ -206,9 +182,8 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	if ((wg && (R != 512 || rec_bytes != MLA_WG_REC || H % MLA_HG)) || (pair && (!wg || H % (2 * MLA_HG))))
 		return -EINVAL;
 	const char *name = pair ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : "k_mla_decode";
-	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7, 22 -> 8; 22 only for the wgmma kernels) */
-	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0) |
-	       (wg && (diag & MLA_WG_ST16) ? 256 : 0);
+	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7) */
+	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0);
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;

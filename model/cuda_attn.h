@@ -37,17 +37,13 @@ int cuda_mla_decode(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr p
  * row as a cluster sharing the dequantisation of their keys (H % 128 == 0, else -EINVAL). Bit 20
  * (the wgmma kernels): P V of a key tile and S of the next issued together, one wait a tile (a
  * correct result, the same bits; not yet the default). Bit 21 (k_mla_decode_wg2): the light
- * handover between the CTAs (mbarrier arrivals and waits at CTA scope; the default). Bit 22 (the
- * wgmma kernels): the split partials in 16-byte stores (the same bits; DSV32_MLA_ST16=1). */
+ * handover between the CTAs (mbarrier arrivals and waits at CTA scope; the default). */
 int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_ptr pool, int rec_bytes,
 			 int R, int H, int B, float scale, gpu_ptr o_lat, gpu_ptr ws, int diag);
 /* DSV32_MLA_PDL (default 1): the wgmma decode kernels launched as programmatic dependents of the
  * kernel before them (the top-k in the forward), their set-up overlapping its end (0: ordinary
  * launches; the A/B switch of the forward); this sets it (1 on, 0 off, < 0 the default) */
 void cuda_attn_set_mla_pdl(int on);
-/* DSV32_MLA_ST16=1: the wgmma decode kernels' split partials in 16-byte stores instead of 8-byte
- * ones (the A/B switch of the forward); this sets it (1, 0, < 0 the default: 0) */
-void cuda_attn_set_mla_st16(int on);
 /* Programmatic dependent launch of k_mla_combine after k_mla_decode and of the top-k after the
  * scores: on unless DSV32_ATTN_PDL=0; benchmarks may switch it (1 on, 0 off). */
 void cuda_attn_set_pdl(int on);

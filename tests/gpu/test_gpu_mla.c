@@ -28,8 +28,7 @@
  * forward's path, k_mla_decode), 0 = cuda_mla_decode's own choice; wg: 1 k_mla_decode_wg (diag
  * bit 7), 2 the pair k_mla_decode_wg2 (bits 7 and 16), 3 the pair with P V and the next S issued
  * together (bits 7, 16, 20), 4 the pair with the light handover (bits 7, 16, 21) instead, the last
- * three also compared to the bit with k_mla_decode_wg at the same splits (itself with 8-byte
- * partial stores); 5 the light pair with 16-byte partial stores (bits 7, 16, 21, 22) */
+ * three also compared to the bit with k_mla_decode_wg at the same splits */
 static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int ld, int n_pages,
 		      float q_amp, int force, int wg, uint64_t seed)
 {
@@ -95,7 +94,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	if (force || wg)
 		REQUIRE(cuda_mla_decode_diag(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws,
 					     force << 8 | (wg ? 128 : 0) | (wg >= 2 ? 0x10000 : 0) | (wg == 3 ? 0x100000 : 0) |
-						     (wg >= 4 ? 0x200000 : 0) | (wg == 5 ? 0x400000 : 0)) == 0);
+						     (wg == 4 ? 0x200000 : 0)) == 0);
 	else
 		REQUIRE(cuda_mla_decode(g, d_q, d_sel, ld, d_pool, rec, R, H, B, 0.1352f, d_o, d_ws) == 0);
 	REQUIRE(gpu_sync(g) == 0);
@@ -113,8 +112,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 			if (one[i] != got[i] && differ++ == 0)
 				first_d = (int64_t)i;
 		printf("    k_mla_decode_wg2%s against k_mla_decode_wg: %lld of %lld outputs differ",
-		       wg == 5 ? " (light, 16-byte stores)" : wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ,
-		       (long long)B * H * R);
+		       wg == 4 ? " (light)" : wg == 3 ? " (fused)" : "", (long long)differ, (long long)B * H * R);
 		if (differ)
 			printf(" (first [b %lld h %lld d %lld]: %g against %g)", (long long)(first_d / R / H),
 			       (long long)(first_d / R % H), (long long)(first_d % R), bf16_to_f32(got[first_d]),
@@ -152,7 +150,7 @@ static void check_mla(struct gpu *g, int R, int H, int B, const int *n_sel, int 
 	}
 	printf("    %s R=%d H=%d B=%d ld=%d q_amp=%g (%d key splits): worst err/limit %.3g at "
 	       "[b %lld h %lld d %lld] (got %g ref %g A %g), worst |err|/rms(row) %.2g, %lld bad\n",
-	       wg == 5 ? "k_mla_decode_wg2 (light, 16-byte stores)" : wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
+	       wg == 4 ? "k_mla_decode_wg2 (light)" : wg == 3 ? "k_mla_decode_wg2 (fused)" : wg == 2 ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : force ? "k_mla_decode" : "cuda_mla_decode", R, H, B, ld, q_amp, splits, worst, (long long)(worst_i / R / H),
 	       (long long)(worst_i / R % H), (long long)(worst_i % R), bf16_to_f32(got[worst_i]),
 	       ref[worst_i], A[worst_i], worst_rms, (long long)bad);
 	if (first >= 0)
@@ -244,7 +242,6 @@ TEST_T(gpu_mla, decode_wg2_matches_cpu, 300)
 	run_wg_cases(&g, 2, 128, 1, 3200);
 	run_wg_cases(&g, 3, 128, 0, 3210);
 	run_wg_cases(&g, 4, 128, 0, 3220);
-	run_wg_cases(&g, 5, 128, 1, 3230); /* and its 16-byte partial stores (diag bit 22) */
 	gpu_close(&g);
 }
 

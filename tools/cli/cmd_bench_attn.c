@@ -368,7 +368,7 @@ int bench_attention(int argc, char **argv)
 			}
 			/* batch 1, k_mla_decode_wg2: the time by key splits (forced; 64 = one 32-key tile a
 			 * split), the decode kernel alone and the combine alone */
-			double split_us[7][4] = {{0}}, st16_us[2] = {0};
+			double split_us[7][4] = {{0}};
 			if (ctx == 32768 && B == 1) {
 				gpu_ptr ws64;
 				if (cu_check(cu.cuMemAlloc(&ws64, (size_t)B * MH * 64 * (R + 2) * 4), "cuMemAlloc", __FILE__,
@@ -388,10 +388,6 @@ int bench_attention(int argc, char **argv)
 				for (int j = 0; j < 3; j++)
 					split_us[6][1 + j] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo,
 								      mws, qd[j]);
-				/* the light pair's decode kernel alone with 8- and 16-byte partial stores (diag bit 22) */
-				st16_us[0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x210080 | 8);
-				st16_us[1] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws,
-						      0x610080 | 8);
 				cuda_attn_set_pdl(0); /* the combine launched after the decode grid instead */
 				split_us[6][0] = time_mla(&g, e0, e1, reps, mq, pos, TOPK, mpool, R, MH, B, sc_att, mo, mws, 0x10080);
 				cuda_attn_set_pdl(1);
@@ -473,8 +469,7 @@ int bench_attention(int argc, char **argv)
 					printf(" | %d: %.1f / %.1f / %.1f", 2 << si, split_us[si][0], split_us[si][1], split_us[si][2]);
 				printf(" | auto without the combine's programmatic launch: %.1f\n", split_us[6][0]);
 				printf("        k_mla_decode_wg2 batch 1, the decode kernel alone (auto splits), us: without Q's load %.1f | without "
-				       "the stores %.1f | without both %.1f | light, 8-byte partial stores %.2f | 16-byte %.2f\n",
-				       split_us[6][1], split_us[6][2], split_us[6][3], st16_us[0], st16_us[1]);
+				       "the stores %.1f | without both %.1f\n", split_us[6][1], split_us[6][2], split_us[6][3]);
 			}
 			fflush(stdout);
 			cu.cuMemFree(pool), cu.cuMemFree(q), cu.cuMemFree(w), cu.cuMemFree(bt);
