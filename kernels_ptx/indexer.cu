@@ -122,6 +122,12 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 // 16. Each warp streams its groups (the 16 keys' codes and their 16 fp32 scales) through a
 // 4-stage cp.async ring in shared memory, 3 groups in flight while one multiplies; its page ids
 // sit in lane registers (lane i: its (i+1)-th page), so issuing a copy needs no dependent load.
+// (Batch 1 at 128K / 32K runs ~11.0 / 5.7 us in bench attention, ~2.4 TB/s past the launch;
+// these were measured and removed: run 25 Q converted to fp16 once and held in registers (no
+// conversions of Q a group) 10.97 / 5.99; run 26 8-stage rings (7 groups a warp in flight)
+// 11.69 / 6.19; run 27 the 8 head tiles' MMA chains interleaved 11.16 / 5.66 (5.22 against
+// 5.92 at 8K only); none moved the step in bench model --ab. Not the conversions, not the copies
+// in flight, not the MMA chains: the bound is still open.)
 // Keys are the A operand (16 keys), Q the B operand (8 heads a tile; tiles 0-3 held in registers
 // as e4m3, 4-7 read from the block's copy in shared memory for each group), so one warp covers all
 // 64 heads of its keys and the head sum stays inside the warp.
@@ -142,20 +148,11 @@ k_indexer_scores(const uint8_t *__restrict__ q8, const float *__restrict__ w, in
 #define IDX8_STAGE (16 * IDX8_ROW + 64) // 16 key rows, then their 16 fp32 scales
 #define IDX8_QREG 4  // head tiles whose Q fragments stay in registers
 
-// IL (k_indexer_scores_fp8i): a group's 8 head tiles interleaved, k16 step outer, tile inner (8
-// independent accumulator chains, 32 accumulators live, 2 blocks an SM) instead of one tile's 8
-// chained MMAs after another (4 live: at batch 1's ~2 warps a scheduler each chain's MMA latency
-// is exposed, ~64 dependent MMAs a group); each tile's accumulator sees the same k16 steps in the
-// same order and the tiles are summed in the same order: the same bits. (Run 26: 8-stage copy
-// rings, 7 groups in flight a warp, 11.69 / 6.19 us against 11.12 / 5.95 at 128K / 32K batch 1;
-// run 25: Q converted once and held in registers 10.97 / 5.99 against 11.17 / 5.92, +20 / -1.5
-// us a step: neither the copies in flight nor the conversions are the bound; both removed.)
-template <bool IL>
-__device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
-					       const uint8_t *__restrict__ pool, long long page_bytes,
-					       const int *__restrict__ block_table, int max_blocks,
-					       const int *__restrict__ n_keys, float *__restrict__ scores, int ld,
-					       int keys_per_warp)
+extern "C" __global__ void __launch_bounds__(128, 3)
+k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
+		     const uint8_t *__restrict__ pool, long long page_bytes,
+		     const int *__restrict__ block_table, int max_blocks,
+		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
 {
 	__shared__ __align__(16) uint8_t ring[4][IDX8_NST][IDX8_STAGE];
 	__shared__ __align__(8) float wsh[IDX_HEADS];                 // the row's head weights
@@ -240,28 +237,8 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 		// head tile j: its 8 chained fp16 k16 steps, then ReLU x w' into the key sums at once (4
 		// accumulators live, not 32)
 		float p_lo = 0.f, p_hi = 0.f;
-		if (IL) {
-			float c[8][4] = {};
 #pragma unroll
-			for (int q = 0; q < 8; q++) // k16 step: word q of the lane's slice, every head tile
-#pragma unroll
-				for (int j = 0; j < 8; j++) {
-					const uint32_t bw = j < IDX8_QREG ? qf[j % IDX8_QREG][q]
-									  : *reinterpret_cast<const uint32_t *>(
-										    qsh + (8 * j + g) * IDX8_ROW + 32 * t + 4 * q);
-					uint32_t lo, hi;
-					e4m3x4_f16(bw, lo, hi);
-					mma_w(c[j], kf.g[q][0], kf.g[q][1], kf.h[q][0], kf.h[q][1], lo, hi);
-				}
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const float2 wj = *reinterpret_cast<const float2 *>(wsh + 8 * j + 2 * t);
-				p_lo += fmaxf(c[j][0], 0.f) * wj.x + fmaxf(c[j][1], 0.f) * wj.y;
-				p_hi += fmaxf(c[j][2], 0.f) * wj.x + fmaxf(c[j][3], 0.f) * wj.y;
-			}
-		}
-#pragma unroll
-		for (int j = 0; j < 8 && !IL; j++) { // heads 8j + 2t, 8j + 2t + 1
+		for (int j = 0; j < 8; j++) { // heads 8j + 2t, 8j + 2t + 1
 			uint4 q0, q1;
 			if (j < IDX8_QREG) {
 				const int jr = j % IDX8_QREG;
@@ -288,22 +265,4 @@ __device__ __forceinline__ void idx_scores_fp8(const uint8_t *__restrict__ q8, c
 			out[sk] = (t ? p_hi : p_lo) * ks;
 	}
 	cp_async_wait_all();
-}
-
-extern "C" __global__ void __launch_bounds__(128, 3)
-k_indexer_scores_fp8(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
-		     const uint8_t *__restrict__ pool, long long page_bytes,
-		     const int *__restrict__ block_table, int max_blocks,
-		     const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
-{
-	idx_scores_fp8<false>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 2)
-k_indexer_scores_fp8i(const uint8_t *__restrict__ q8, const float *__restrict__ w, int H,
-		      const uint8_t *__restrict__ pool, long long page_bytes,
-		      const int *__restrict__ block_table, int max_blocks,
-		      const int *__restrict__ n_keys, float *__restrict__ scores, int ld, int keys_per_warp)
-{
-	idx_scores_fp8<true>(q8, w, H, pool, page_bytes, block_table, max_blocks, n_keys, scores, ld, keys_per_warp);
 }

@@ -215,26 +215,6 @@ static int indexer_keys_per_warp(const struct gpu *g, int ld, int B)
 	return kpw;
 }
 
-/* DSV32_SCORES_MODE=m (cuda_attn_set_scores_mode, the forward's switch): 1 k_indexer_scores_fp8,
- * 2 k_indexer_scores_fp8i (a group's 8 head tiles' MMA chains interleaved, 2 blocks an SM; the
- * same bits); 0 the default (1). (Run 25's Q converted once and run 26's 8-stage copy rings gave
- * nothing: kernels_ptx/indexer.cu.) */
-static int scores_mode = -1;
-
-void cuda_attn_set_scores_mode(int mode)
-{
-	scores_mode = mode == 1 || mode == 2 ? mode : 0;
-}
-
-static int scores_kernel_mode(void)
-{
-	if (scores_mode < 0) {
-		const char *v = getenv("DSV32_SCORES_MODE");
-		cuda_attn_set_scores_mode(v ? atoi(v) : 0);
-	}
-	return scores_mode ? scores_mode : 1;
-}
-
 int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			    gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B,
 			    int keys_per_warp)
@@ -244,9 +224,8 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
 		return -EINVAL;
 	int kpw = keys_per_warp ? keys_per_warp : indexer_keys_per_warp(g, ld, B);
 	void *args[] = {&q8, &w, &H, &pool, &page_bytes, &block_table, &max_blocks, &n_keys, &scores, &ld, &kpw};
-	const char *name = scores_kernel_mode() == 2 ? "k_indexer_scores_fp8i" : "k_indexer_scores_fp8";
-	return gpu_launch(g, gpu_kernel(g, name), (unsigned)((ld + 4 * kpw - 1) / (4 * kpw)), (unsigned)B, 1, 128, 1,
-			  1, 0, args);
+	return gpu_launch(g, gpu_kernel(g, "k_indexer_scores_fp8"), (unsigned)((ld + 4 * kpw - 1) / (4 * kpw)),
+			  (unsigned)B, 1, 128, 1, 1, 0, args);
 }
 
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,

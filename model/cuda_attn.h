@@ -57,10 +57,7 @@ void cuda_attn_set_pdl(int on);
 int cuda_indexer_scores(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B);
 /* The same with the keys each warp scans given (a multiple of 16, <= 1024; 0: chosen by the
- * shape, as cuda_indexer_scores does): tests and benchmarks. Both take the kernel
- * DSV32_SCORES_MODE / cuda_attn_set_scores_mode gives: 1 (the default) k_indexer_scores_fp8, 2
- * k_indexer_scores_fp8i (a group's 8 head tiles' MMA chains interleaved, 2 blocks an SM instead
- * of 3; the same bits). */
+ * shape, as cuda_indexer_scores does): tests and benchmarks. */
 int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr pool, long long page_bytes,
 			    gpu_ptr block_table, int max_blocks, gpu_ptr n_keys, gpu_ptr scores, int ld, int B,
 			    int keys_per_warp);
@@ -76,8 +73,6 @@ int cuda_indexer_scores_kpw(struct gpu *g, gpu_ptr q8, gpu_ptr w, int H, gpu_ptr
  * dispatch). */
 int cuda_indexer_topk(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys, int k_max,
 		      gpu_ptr block_table, int max_blocks, gpu_ptr out_pos, gpu_ptr out_slot, int B);
-/* Sets the mode DSV32_SCORES_MODE gives (0: the default; 1, 2 above; A/B switches) */
-void cuda_attn_set_scores_mode(int mode);
 /* Sets the mode DSV32_TOPK_MODE gives (0: the dispatch's own choice, else 1-5 below; A/B switches) */
 void cuda_attn_set_topk_mode(int mode);
 /* The same with the kernel chosen (tests, benchmarks): mode 0 as above, 1 k_topk_select, 2

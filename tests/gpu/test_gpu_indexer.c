@@ -19,8 +19,8 @@ static uint8_t rand_e4m3(uint64_t *seed)
 }
 
 /* kpw >= 0: through cuda_indexer_scores_kpw (k_indexer_scores_fp8, FP8 MMA dots, kpw keys a warp;
- * 0 = the launcher's choice; then also k_indexer_scores_fp8i, bit for bit against it) instead of
- * kpw = -1: k_indexer_scores (exact products in fp16, fp32 sums). Limit of both: 1e-5 of the row's
+ * 0 = the launcher's choice) instead of kpw = -1: k_indexer_scores (exact products in fp16, fp32
+ * sums). Limit of both: 1e-5 of the row's
  * largest |score| (fp32 summation order). For the FP8 kernel the worst error relative to the
  * score's magnitude scale M = s_k Σ_h |w_h| Σ_d |q_hd k_d| is printed too: run 3 on the H200
  * measured 2^-23 .. 2^-24, i.e. mma.sync e4m3 adds the exact products as fp32 would (unlike
@@ -89,18 +89,6 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_indexer_scores"), (unsigned)((ld + 255) / 256),
 				   (unsigned)B, 1, 128, 1, 1, 0, args) == 0);
 	REQUIRE(gpu_download(g, got, d_out, (size_t)B * ld * 4) == 0);
-	int64_t q_differ = 0;
-	if (fp8) { /* k_indexer_scores_fp8i (head tiles interleaved): the same bits as the default kernel */
-		float *got_q = malloc((size_t)B * ld * 4);
-		gpu_test_poison(g, d_out, (size_t)B * ld * 4);
-		cuda_attn_set_scores_mode(2);
-		REQUIRE(cuda_indexer_scores_kpw(g, d_q, d_w, H, d_pool, pb, d_bt, max_blocks, d_n, d_out, ld, B, kpw) == 0);
-		cuda_attn_set_scores_mode(0);
-		REQUIRE(gpu_download(g, got_q, d_out, (size_t)B * ld * 4) == 0);
-		for (size_t i = 0; i < (size_t)B * ld; i++)
-			q_differ += memcmp(&got_q[i], &got[i], 4) != 0;
-		free(got_q);
-	}
 	int64_t bad = 0, masked_bad = 0;
 	double worst = 0, worst_m = 0;
 	int worst_b = 0, worst_s = 0;
@@ -136,18 +124,14 @@ static void check_scores(struct gpu *g, int H, const int *n, int B, int max_bloc
 			bad += !(e <= 1e-5);
 		}
 	}
-	printf("    indexer scores%s H=%d B=%d kpw=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf",
+	printf("    indexer scores%s H=%d B=%d kpw=%d: worst |err|/max|row| %.2g, %lld bad, %lld masked not -inf\n",
 	       fp8 ? " (FP8 MMA)" : "", H, B, kpw, worst, (long long)bad, (long long)masked_bad);
-	if (fp8)
-		printf("; k_indexer_scores_fp8i: %lld scores differ", (long long)q_differ);
-	printf("\n");
 	if (fp8)
 		printf("    worst |err| / M (M = s_k sum_h |w_h| sum_d |q k|) %.3g = 2^%.1f at row %d key %d (got %g ref %g)\n",
 		       worst_m, worst_m > 0 ? log2(worst_m) : -INFINITY, worst_b, worst_s,
 		       got[(size_t)worst_b * ld + worst_s], ref[(size_t)worst_b * ld + worst_s]);
 	CHECK_EQ_INT(bad, 0);
 	CHECK_EQ_INT(masked_bad, 0);
-	CHECK_EQ_INT(q_differ, 0);
 	cu.cuMemFree(d_q), cu.cuMemFree(d_w), cu.cuMemFree(d_pool), cu.cuMemFree(d_bt);
 	cu.cuMemFree(d_n), cu.cuMemFree(d_out);
 	free(pool), free(bt), free(perm), free(q8), free(w), free(ref), free(got), free(keys), free(ks);

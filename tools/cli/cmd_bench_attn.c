@@ -192,48 +192,17 @@ int bench_attention(int argc, char **argv)
 				cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
 			cu.cuEventRecord(e1, g.stream);
 			double scan_ms = event_ms(&g, e0, e1) / reps;
-			/* k_indexer_scores_fp8i (DSV32_SCORES_MODE=2: head tiles interleaved, 2 blocks an SM): its
-			 * time and, up to 16 rows, how many scores differ from the default kernel's (0
-			 * expected); the default's scores again after it */
-			double scanq_us = 0;
-			long long scanq_differ = -1;
-			{
-				float *s1 = NULL, *s2 = NULL;
-				const size_t nb = (size_t)B * ctx * 4;
-				if (B <= 16 && (s1 = malloc(nb)) && (s2 = malloc(nb)))
-					gpu_download(&g, s1, sc, nb);
-				cuda_attn_set_scores_mode(2);
-				cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
-				cu.cuEventRecord(e0, g.stream);
-				for (int r = 0; r < reps; r++)
-					cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
-				cu.cuEventRecord(e1, g.stream);
-				scanq_us = event_ms(&g, e0, e1) / reps * 1e3;
-				if (s1 && s2 && gpu_download(&g, s2, sc, nb) == 0) {
-					scanq_differ = 0;
-					for (size_t i = 0; i < (size_t)B * ctx; i++)
-						scanq_differ += memcmp(&s1[i], &s2[i], 4) != 0;
-				}
-				free(s1), free(s2);
-				cuda_attn_set_scores_mode(0);
-				cuda_indexer_scores(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B);
-			}
-			/* the scan by keys a warp (the launcher picks one from the shape), both kernels (row 1:
-			 * k_indexer_scores_fp8i) */
-			double kpw_us[2][5] = {{0}};
+			/* the scan by keys a warp (the launcher picks one from the shape) */
+			double kpw_us[5] = {0};
 			if ((B == 1 && ctx >= 32768) || (B == 128 && ctx == 131072))
-				for (int m = 0; m < 2; m++) {
-					cuda_attn_set_scores_mode(m + 1);
-					for (int ki = 0; ki < 5; ki++) {
-						int kpw = 16 << ki;
+				for (int ki = 0; ki < 5; ki++) {
+					int kpw = 16 << ki;
+					cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
+					cu.cuEventRecord(e0, g.stream);
+					for (int r = 0; r < reps; r++)
 						cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
-						cu.cuEventRecord(e0, g.stream);
-						for (int r = 0; r < reps; r++)
-							cuda_indexer_scores_kpw(&g, q, w, hh, pool, pb, bt, mb, n, sc, ld, B, kpw);
-						cu.cuEventRecord(e1, g.stream);
-						kpw_us[m][ki] = event_ms(&g, e0, e1) / reps * 1e3;
-					}
-					cuda_attn_set_scores_mode(0);
+					cu.cuEventRecord(e1, g.stream);
+					kpw_us[ki] = event_ms(&g, e0, e1) / reps * 1e3;
 				}
 			if (cuda_indexer_topk(&g, sc, ld, n, km, bt, mb, 0, pos, B)) {
 				fprintf(stderr, "dsv32 bench attention: cuda_indexer_topk failed\n");
@@ -454,14 +423,9 @@ int bench_attention(int argc, char **argv)
 				printf("        scan + top-k (its programmatic dependent), us: default %.2f | k_topk_select %.2f | "
 				       "k_topk_cl8 %.2f | k_topk_cl16 %.2f | k_topk_cl4 %.2f | scan alone %.2f\n", pair_us[0],
 				       pair_us[1], pair_us[2], pair_us[4], pair_us[5], scan_ms * 1e3);
-			printf("        scan by k_indexer_scores_fp8i (head tiles interleaved) %.2f us, %.3f TB/s (scores differing "
-			       "from the default's: %lld; -1 not compared)\n", scanq_us,
-			       bytes / (scanq_us * 1e-6) / 1e12, scanq_differ);
-			for (int m = 0; m < 2; m++)
-				if (kpw_us[m][0] != 0)
-					printf("        scan%s by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: "
-					       "%.2f\n", m ? " (k_indexer_scores_fp8i)" : "", kpw_us[m][0], kpw_us[m][1], kpw_us[m][2],
-					       kpw_us[m][3], kpw_us[m][4]);
+			if (kpw_us[0] != 0)
+				printf("        scan by keys a warp, us: 16: %.2f | 32: %.2f | 64: %.2f | 128: %.2f | 256: %.2f\n",
+				       kpw_us[0], kpw_us[1], kpw_us[2], kpw_us[3], kpw_us[4]);
 			if (split_us[0][0] != 0) {
 				printf("        k_mla_decode_wg2 batch 1 by key splits (auto: %d), us: all / decode kernel alone / combine alone:",
 				       cuda_mla_decode_splits(&g, B, MH, TOPK));
