@@ -176,7 +176,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 9: snprintf(s->skip, sizeof s->skip, "%s", v ? v : ""); break;
 	case 11: cuda_gemm_set_swap(v ? atoi(v) : -1); break; /* (cuda_gemm's own; -1 its default) */
 	case 12: s->qb_early = !v ? -1 : !zero; break; /* -1: by keys (fwd_qb_early) */
-	case 13: s->qb_fuse = one; break;
+	case 13: s->qb_fuse = !v ? -1 : !zero; break; /* -1: by keys (fwd_qib) */
 	case 14: cuda_moe_set_router(v ? atoi(v) : 1); break; /* (cuda_moe's own: 1 its default) */
 	case 15: cuda_gemm_set_gemv(v ? atoi(v) : -1); break; /* (cuda_gemm's own: bits; -1 default) */
 	case 16: cuda_attn_set_mla_pdl(v ? one : -1); break; /* (cuda_attn's own; -1 its default) */

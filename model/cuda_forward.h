@@ -86,9 +86,10 @@ struct fwd_switches {
 			   * branch forked right after k_fwd_qkv_norms, beside the whole index chain:
 			   * 1 at every key count, 0 never (after the scores, as fork says); -1
 			   * (unset) below FWD_QB_EARLY_KEYS keys (fwd_qb_early) */
-	int qb_fuse;      /* DSV32_CUDA_QB_FUSE=1: in one-row steps of the fast mode that run the
+	int qb_fuse;      /* DSV32_CUDA_QB_FUSE: in one-row steps of the fast mode that run the
 			   * indexer, q_b and the indexer's q_b as one GEMM (fwd_layer.qib), the q
-			   * absorption forked beside the top-k (fwd_qib) */
+			   * absorption forked beside the top-k: 1 at every key count, 0 never; -1
+			   * (unset) from FWD_QB_EARLY_KEYS keys (fwd_qib) */
 	int mma_rows;     /* DSV32_CUDA_MMA_ROWS (0: by mode) */
 	int mla_fp32;     /* DSV32_CUDA_MLA_FP32=1 */
 	int profile;      /* DSV32_CUDA_PROFILE=1 */

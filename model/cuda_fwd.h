@@ -47,6 +47,10 @@ int fwd_mma_rows(const struct fwd *F);
  * bench model --ab DSV32_CUDA_QB_EARLY=1 (then named QB_CAP=132), batch 1: -25.3 us at 32K,
  * +23.0 at 128K (there the top-k is k_topk_cl16, a cluster of 16 CTAs: a whole GPC's SMs). */
 #define FWD_QB_EARLY_KEYS 65536
+/* From that many keys one-row steps of the fast mode run q_b and the indexer's q_b as one GEMM
+ * instead, the absorption forked beside the top-k (DSV32_CUDA_QB_FUSE unset; run 27 --ab
+ * DSV32_CUDA_QB_FUSE=1, batch 1: -21.0 / -19.3 us at 64K, -20.0 / -28.6 at 96K, -2.4..-11.4 at
+ * 128K in six; +10.0 / -0.9 at 32K, where the early fork stays). */
 
 /* 1: M > 64 rows may go to the large-M GEMM and MoE paths whole (the fast mode). */
 #define LARGE_M(F) (!(F)->E->batch_invariant)

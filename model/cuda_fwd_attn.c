@@ -146,14 +146,17 @@ static int fwd_qb_early(const struct fwd *F, int need)
 }
 
 /* 1: q_b and the indexer's q_b run as one GEMM on the matrix placed as both (fwd_layer.qib:
- * both read q_cmpr), the rest of the query branch (the absorption) then forked beside the top-k
- * (DSV32_CUDA_QB_FUSE=1; run 26 at 128K: -31.5 us against the absorption forked right after
- * the joint GEMM, beside the whole index chain, itself +19 against the default). One-row steps (q and idx_q then lie in one output row) of the fast
- * mode (the joint GEMM's K split need not be either part's: the batch-invariant rows must not
- * depend on the step's rows) that run the indexer (need). */
+ * both read q_cmpr), the rest of the query branch (the absorption) then forked beside the top-k:
+ * by DSV32_CUDA_QB_FUSE or, unset, from FWD_QB_EARLY_KEYS keys (model/cuda_fwd.h; run 26 at
+ * 128K: -31.5 us against the absorption forked right after the joint GEMM). One-row steps (q
+ * and idx_q then lie in one output row) of the fast mode (the joint GEMM's K split need not be
+ * either part's: the batch-invariant rows must not depend on the step's rows) that run the
+ * indexer (need). */
 static int fwd_qib(const struct fwd *F, int need, const struct fwd_layer *L)
 {
-	return need && F->T == 1 && L->fused_qib && F->E->sw->qb_fuse && !F->E->batch_invariant;
+	const int f = F->E->sw->qb_fuse;
+	return need && F->T == 1 && L->fused_qib && !F->E->batch_invariant &&
+	       (f < 0 ? F->max_n >= FWD_QB_EARLY_KEYS : f);
 }
 
 int fwd_side_close(struct fwd *F)
