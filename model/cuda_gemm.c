@@ -636,7 +636,6 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 #define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
 static int gemv_bits(void); /* (its switch, below) */
-static int gemv_ring(void);
 
 /* Its split: units of 16 rows x chunk_blocks K blocks, one block per SM taking a contiguous
  * range of them. K whole where two units fit the ring (K <= 4096: a unit is then one contiguous
@@ -699,7 +698,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
 	/* stages: what the ring holds (at least one), no more than a block's units */
 	const long long per = (units + grid - 1) / grid;
-	int ns = (w_tab ? GV_RING : gemv_ring()) / stage;
+	int ns = GV_RING / stage;
 	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
 	ns = per < ns ? (int)per : ns;
 	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
@@ -947,35 +946,26 @@ static int swap_off(int N, int K)
 	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
 
-/* The one-row kernel: bit 0 (1) the dense GEMMs' (CUDA_GEMM_PATH_GEMV: a candidate of the
- * start-up measurement at M <= 8 in the fast mode, taken where it measured fastest; off, where
- * it was measured the dispatch takes the fastest other path: an in-process A/B), bit 1 (2) the
- * grouped GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode; the bits above (n >> 2), when not
- * 0, the dense GEMMs' ring in KB (at least one stage; the split stays GV_RING's): a smaller
- * footprint lets the next kernel's blocks be resident beside them. Default 2 (run 26, bench
- * model --ab at batch 1: grouped only -8.5 / -7.7 us at 32K / 128K against both, dense only
- * +6.7 / +5.9, though bench gemm has the dense ones faster alone: 2240x7168 9.29 against v2
- * 11.44 us, 8192x1536 6.87 / 7.54, 24576x1536 15.04 / 16.23; the one-token MoE block's gate|up
- * 71.4 against 74.3, down 43.0 / 44.8). -1: the environment (DSV32_GEMM_GEMV=n) not read yet. */
+/* The one-row kernel: bit 0 (1) the dense GEMMs' (CUDA_GEMM_PATH_GEMV: timed by the start-up
+ * measurement at M <= 8 in the fast mode, taken where it measured fastest while the bit is on;
+ * off, the dispatch takes the fastest other path: an in-process A/B), bit 1 (2) the grouped
+ * GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode. Default 2: runs 26 / 27, bench model --ab
+ * at batch 1, none (0) +10..+18 us against grouped only, both (3) +5..+11, though bench gemm has
+ * the dense ones faster alone (2240x7168 9.29 against v2 11.44 us, 8192x1536 6.87 / 7.54,
+ * 24576x1536 15.04 / 16.23 at M = 1); the one-token MoE block's gate|up 71.4 against 74.3 us,
+ * down 43.0 / 44.8. (Run 27: the dense ones with a 64 / 32 KB ring, for a smaller footprint,
+ * +27..+35 / +55..+74 us: not kept.) -1: the environment (DSV32_GEMM_GEMV=n) not read yet. */
 static int gemv_on = -1;
 
-void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on; }
+void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on & 3; }
 
 static int gemv_bits(void)
 {
 	if (gemv_on < 0) {
 		const char *v = getenv("DSV32_GEMM_GEMV");
-		gemv_on = v ? atoi(v) : 2;
-		gemv_on = gemv_on < 0 ? 2 : gemv_on;
+		gemv_on = v && atoi(v) >= 0 ? atoi(v) & 3 : 2;
 	}
-	return gemv_on & 3;
-}
-
-/* the dense one-row GEMMs' ring (bytes) */
-static int gemv_ring(void)
-{
-	gemv_bits();
-	return gemv_on >> 2 ? (gemv_on >> 2) << 10 : GV_RING;
+	return gemv_on;
 }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */

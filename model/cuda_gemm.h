@@ -163,8 +163,8 @@ void cuda_gemm_set_swap(int on);
  * (CUDA_GEMM_PATH_GEMV: a candidate of the start-up measurement, taken where it measured
  * fastest; without the bit, where it was measured the dispatch takes the fastest other path: an
  * in-process A/B), bit 1 (2) for the grouped GEMMs of <= 16 rows (the one-token MoE block); 3
- * both, 0 neither; n >> 2, when not 0, the dense ones' ring in KB (e.g. 259 = both, 64 KB);
- * -1: DSV32_GEMM_GEMV=n in the environment, else the default, 2 (grouped only; run 26).
+ * both, 0 neither; -1: DSV32_GEMM_GEMV=n in the environment, else the default, 2 (grouped only;
+ * runs 26 / 27).
  * Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
 void cuda_gemm_set_gemv(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
