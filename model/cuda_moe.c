@@ -272,8 +272,8 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
  * each logit summed in another fp32 order, over E / 2 blocks of 256 threads: every SM streams
  * its two weight rows at once, where route1's 32 blocks each pull 115 KB then run 896-step FMA
  * chains. Run 25, bench moe T = 1, the router alone graph-replayed: 6.4 us (the counter form)
- * against route1's 10.5; the model step (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us
- * faster with it at 1K / 32K / 128K; run 26 +13.4 / +11.1 / +17.3 for route1), where the fused router runs, D % 1024 == 0 and D <= 8192;
+ * against route1's 10.5; the model step (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K; run 26
+ * +13.4 / +11.1 / +17.3 for route1), where the fused router runs, D % 1024 == 0 and D <= 8192;
  * the batch-invariant mode keeps route1 (the CPU's bits, as every T). Runs 25-26 timed both
  * without their last block's routing (the counter, the selection, the permutation): 2.5-2.6
  * and 6.4 us, so that tail takes ~4 us in either; a selection by sorted lanes instead of an
