@@ -17,10 +17,9 @@
 //   increments after a fence on its outputs (g_gate1_done; the last block resets it, so each
 //   launch, and each replay of a captured graph, starts from 0: one such launch at a time per
 //   GPU, as the engine's one stream runs them). See below.
-// k_moe_gate_logits1s + k_moe_route1_tail: the same outputs in the fast mode, the logits summed
-//   in another fp32 order (each still the CPU's exact products; the order fixed) over E / 2
-//   blocks, so every SM reads its share of the weights at once, and routed by a second launch
-//   of one warp. See below.
+// k_moe_gate_route1s: the same outputs in the fast mode, the logits summed in another fp32 order
+//   (each still the CPU's exact products; the order fixed) over E / 2 blocks, so every SM reads
+//   its share of the weights at once. See below.
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
 //   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
@@ -257,13 +256,16 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 		g_gate1_done = 0; // for the next launch (stream order)
 }
 
-// The one-token routers' parameters (both logit kernels').
+// The one-token routers' parameters (every form's) and the same names as arguments.
 #define GATE1_PARAMS                                                                           \
 	const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits, int E,     \
 		int D, const float *__restrict__ bias, int topk_group, int K, int norm_topk_prob, \
 		float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,   \
 		int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src,         \
 		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores
+#define GATE1_ARGS                                                                             \
+	W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,   \
+		offsets, perm, src, xs8, sxs, scores
 
 extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(GATE1_PARAMS)
 {
@@ -364,9 +366,9 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 				 offsets, perm, src);
 }
 
-// ---- k_moe_gate_logits1s + k_moe_route1_tail: the fast mode's router of one token -------------
+// ---- k_moe_gate_route1s: the fast mode's router of one token (see the file header) --------------
 // k_moe_gate_route1's outputs (the routing, the permutation, the K + 1 quantised rows, logits and
-// scores), in two launches, with each logit summed in another fp32 order (the fast mode's, like
+// scores) with each logit summed in another fp32 order (the fast mode's, like
 // k_moe_gate_logits_mma's: the CPU's exact bf16 x bf16 products; the order fixed, so the same
 // bits every launch, and the same for every EPB) and the weights read by every SM at once:
 // route1's 32 blocks each pull 115 KB and run 896-step FMA chains; here E / EPB blocks of
@@ -376,22 +378,17 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 // (after the wait), sums its 8 x D / 1024 products in two fp32 chains (even and odd elements of
 // a piece, pieces in ascending order), then the warp's lanes by a shuffle tree (xor 16 .. 1) and
 // the expert's 4 warps as (w0 + w1) + (w2 + w3). Lanes n < EPB of warp 0 write the logits of
-// experts EPB blockIdx.x + n and their scores (k_moe_route1_tail routes and permutes); warp 1
-// quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
+// experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
+// permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
 // (gate1_quant_rows: x read from global). EPB = GR1S_EPB = 2 (run 25, bench moe T = 1: gate
-// 6.4 us with the routing in its last block found by a counter (2.5-2.6 without it, runs
-// 25-26); 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits. Run 27: the
-// routing by a second kernel of one warp launched by PDL (k_moe_route1_tail) instead of the
-// counter: bench moe T = 1 gate 5.8 us (the counter form 6.4 in run 26, route1 10.4), block
-// 120.5 us graph-replayed (125-126); the model step (--ab DSV32_CUDA_MOE_ROUTER=5) -2.0 / -6.5 /
-// -5.1 us at 1K / 32K / 128K.
+// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits); TAIL false:
+// no routing (k_moe_gate_logits1s, below).
 // E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
 #define GR1S_EPB 2  // experts a block
-extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
+template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
-	constexpr int EPB = GR1S_EPB;
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int h = tid >> 7, t = tid & 127, np = D / 1024;
@@ -448,12 +445,31 @@ extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s
 		logits[en] = p;
 		scores[en] = sg;
 		scores[E + en] = bias ? sg + bias[en] : sg;
+		if (TAIL) // (without: k_moe_route1_tail reads them after this grid completes)
+			__threadfence(); // the scores are visible device-wide before the count says so
 	}
+	__syncwarp();
+	if (TAIL)
+		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+				 counts, offsets, perm, src);
 }
 
-// k_moe_route1_tail: the routing of k_moe_gate_logits1s's token (gate1_route) by one warp,
-// launched by PDL after it (griddepcontrol.wait: that grid complete, its scores visible). Grid
-// 1, 32 threads.
+extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
+{
+	gate_route1s<GR1S_EPB, true>(GATE1_ARGS);
+}
+
+// k_moe_gate_logits1s + k_moe_route1_tail (DSV32_CUDA_MOE_ROUTER=5, an A/B): route1s's work in
+// two launches, the routing by a second kernel of one warp launched by PDL (griddepcontrol.wait:
+// the first grid complete, its scores visible) instead of the last block found by a counter:
+// the same outputs. Run 25/26 put route1s at 6.4-6.6 us (bench moe T = 1, the router alone),
+// 2.5-2.6 without its tail (the counter, the last block's routing); a faster selection (sorted
+// lanes, run 26) changed nothing, so the tail is latency, not arithmetic.
+extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
+{
+	gate_route1s<GR1S_EPB, false>(GATE1_ARGS);
+}
+
 extern "C" __global__ void __launch_bounds__(32)
 k_moe_route1_tail(const float *scores, int E, int topk_group, int K, int norm_topk_prob,
 		  float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,

@@ -10,8 +10,7 @@
  *   PERM_PAR_FROM tokens over many blocks: k_moe_permute_count, k_moe_permute_place);
  *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
  *   which also writes the quantised rows below: they are all x[0]'s; in the fast mode
- *   k_moe_gate_logits1s + k_moe_route1_tail, the same over E / 2 blocks with the logits summed
- *   in another order, routed by a second launch)
+ *   k_moe_gate_route1s, the same over E / 2 blocks with the logits summed in another order)
  *   -> the quantised rows: the R routed rows in sorted order, then the T rows of x itself for
  *      the shared expert (rows R .. R+T-1): k_moe_quant_scatter (each x row quantised once into
  *      row R + t and copied to its K sorted rows; with CUDA_MOE_UNFUSED k_act_quant of x into
@@ -39,8 +38,7 @@
  * CUDA_MOE_UNFUSED (the caller's flag: the forward's DSV32_CUDA_UNFUSED=1): the separate kernels
  * instead of the fused router (k_moe_gate_route1), the quantise-and-scatter, the SwiGLU epilogues
  * and the combine in the chunk sum (the same bits; but for the fast mode's one-token router,
- * k_moe_gate_logits1s + k_moe_route1_tail, whose logits the separate kernels sum in the CPU's
- * order).
+ * k_moe_gate_route1s, whose logits the separate kernels sum in the CPU's order).
  */
 #include "model/cuda_moe.h"
 
@@ -268,26 +266,24 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
 }
 
-/* The fast mode's one-token router, k_moe_gate_logits1s + k_moe_route1_tail (route1's outputs,
- * each logit summed in another fp32 order, over E / 2 blocks of 256 threads: every SM streams
- * its two weight rows at once, where route1's 32 blocks each pull 115 KB then run 896-step FMA
- * chains. Run 25, bench moe T = 1, the router alone graph-replayed: 6.4 us (the counter form)
- * against route1's 10.5; the model step (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K; run 26
+/* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
+ * another fp32 order, over E / 2 blocks of 256 threads: every SM streams its two weight rows at
+ * once, where route1's 32 blocks each pull 115 KB then run 896-step FMA chains. Run 25, bench
+ * moe T = 1, the router alone graph-replayed: 6.4 us against route1's 10.5; the model step
+ * (--ab DSV32_CUDA_MOE_ROUTER=0) 16.0 / 16.5 / 11.6 us faster with it at 1K / 32K / 128K; run 26
  * +13.4 / +11.1 / +17.3 for route1), where the fused router runs, D % 1024 == 0 and D <= 8192;
  * the batch-invariant mode keeps route1 (the CPU's bits, as every T). Runs 25-26 timed both
  * without their last block's routing (the counter, the selection, the permutation): 2.5-2.6
  * and 6.4 us, so that tail takes ~4 us in either; a selection by sorted lanes instead of an
- * 8-way scan a pick (run 26) did not move it (removed); the same work in two launches,
- * k_moe_gate_logits1s then k_moe_route1_tail (one warp, by PDL) instead of the last block found
- * by a counter is the form kept (run 27: bench moe T = 1 gate 5.8 us against 6.4, block 120.5 us
- * graph-replayed against 125-126; the model step (--ab DSV32_CUDA_MOE_ROUTER=5) -2.0 / -6.5 /
- * -5.1 us at 1K / 32K / 128K). DSV32_CUDA_MOE_ROUTER=0 (read once; cuda_moe_set_router, a
- * forward switch): route1 in both modes. */
+ * 8-way scan a pick (run 26) did not move it (removed). DSV32_CUDA_MOE_ROUTER=m (read once;
+ * cuda_moe_set_router, a forward switch): 0 route1 in both modes; 1 (default) route1s; 5 (an
+ * A/B) the same in two launches, k_moe_gate_logits1s then k_moe_route1_tail (one warp, by PDL)
+ * instead of the last block found by a counter. Returns 0 (route1), 1 or 5. */
 static int router_mode = -1;
 
 void cuda_moe_set_router(int mode)
 {
-	router_mode = mode != 0;
+	router_mode = mode == 0 || mode == 5 ? mode : 1;
 }
 
 static int split_router(const struct gpu *g, const struct dsv32_config *c,
@@ -297,8 +293,10 @@ static int split_router(const struct gpu *g, const struct dsv32_config *c,
 		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
 		cuda_moe_set_router(v ? atoi(v) : 1);
 	}
-	return router_mode && fused_router(c, d) && !cuda_gemm_batch_invariant(g) &&
-	       d->D % 1024 == 0 && d->D <= 8192;
+	if (!router_mode || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
+	    d->D > 8192)
+		return 0;
+	return router_mode;
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -426,7 +424,11 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		if (split_router(g, c, d)) { /* E / 2 blocks of 256 threads (GR1S_EPB), one warp */
+		const int split = split_router(g, c, d);
+		if (split == 1) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
+			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
+					args);
+		} else if (split == 5) { /* the same, the routing by a second launch */
 			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_logits1s"), (unsigned)(E / 2), 256, 0,
 					args);
 			void *targs[] = {(void *)&b[B_SCORE], &E, &tg, &K, &norm, &scale,
@@ -593,8 +595,9 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 !fused ? k.name
-		 : split_router(g, c, &d) ? "k_moe_gate_logits1s + k_moe_route1_tail"
-					  : "k_moe_gate_route1",
+		 : split_router(g, c, &d) == 1 ? "k_moe_gate_route1s"
+		 : split_router(g, c, &d) == 5 ? "k_moe_gate_logits1s + k_moe_route1_tail"
+					       : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "

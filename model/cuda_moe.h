@@ -78,8 +78,8 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 		     const struct cuda_moe_trace *trace, unsigned flags);
 
 /* The fast mode's one-token router: mode 1 (the default) the logits over E / 2 blocks in another
- * fp32 order and the routing by a second launch (k_moe_gate_logits1s + k_moe_route1_tail), 0 the
- * CPU's order over E / 8 blocks (k_moe_gate_route1, the batch-invariant mode's in every case).
+ * fp32 order (k_moe_gate_route1s), 0 the CPU's order over E / 8 blocks (k_moe_gate_route1, the
+ * batch-invariant mode's in every case); 5 (an A/B) mode 1 in two launches (model/cuda_moe.c).
  * Process-wide; DSV32_CUDA_MOE_ROUTER=m, read at the first call, sets it; a forward switch
  * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
 void cuda_moe_set_router(int mode);

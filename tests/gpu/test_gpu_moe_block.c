@@ -191,7 +191,7 @@ static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
 
 /* The fast mode above 64 tokens (cuda_gemm_set_batch_invariant(g, 0)), whose router logits run on
  * the tensor cores (k_moe_gate_logits_mma: the CPU's products in another fp32 order), and at one
- * token (the real routing shape: k_moe_gate_logits1s, the same products over E / 2 blocks in
+ * token (the real routing shape: k_moe_gate_route1s, the same products over E / 2 blocks in
  * another order; other shapes the exact logits): each logit
  * within 2^-16 of its sum of |products| of the CPU's (logits, on x = f and W = gate); the routing
  * the CPU's moe_route of those logits to the bit (experts and weights); the experts the CPU's own
@@ -220,6 +220,22 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 	REQUIRE(gpu_download(g, gl, tr->logits, (size_t)T * E * 4) == 0);
 	REQUIRE(gpu_download(g, gi, tr->idx, (size_t)T * K * 4) == 0);
 	REQUIRE(gpu_download(g, gw, tr->wts, (size_t)T * K * 4) == 0);
+	/* the one-token router in two launches (cuda_moe_set_router(5): the routing by a second
+	 * kernel) gives the same logits and output bytes (elsewhere the same kernels run) */
+	int64_t shape_diff = 0;
+	for (int mode = 5; T == 1 && mode <= 5; mode++) {
+		float *ml = malloc((size_t)E * 4);
+		uint16_t *my = malloc((size_t)D * 2);
+		REQUIRE(ml && my);
+		cuda_moe_set_router(mode);
+		cuda_gemm_set_batch_invariant(g, 0);
+		run_block(g, arena, c, L, d_x, d_y, T, tr, 0, 0, my);
+		cuda_gemm_set_batch_invariant(g, 1);
+		cuda_moe_set_router(1);
+		REQUIRE(gpu_download(g, ml, tr->logits, (size_t)E * 4) == 0);
+		shape_diff += (memcmp(ml, gl, (size_t)E * 4) != 0) + count_diff(my, gy, (size_t)D);
+		free(ml), free(my);
+	}
 	int64_t bad_logits = 0, exact = 0, route_diff = 0, flips = 0, bad_y = 0, first_flip = -1;
 	double worst = 0, worst_abs = 0, sum_rel = 0;
 	for (int t = 0; t < T; t++) {
@@ -259,6 +275,10 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 	       worst_abs, worst, 0x1p-16, (long long)bad_logits, 100.0 * (double)exact / ((double)T * E),
 	       (long long)route_diff, (long long)flips, 1 + T / 256, (long long)first_flip,
 	       (long long)bad_y, mean, MOE_MEAN_LIMIT_WGMMA);
+	if (T == 1)
+		printf("    fast mode, one token: the router in two launches against one: %lld logit "
+		       "sets and outputs differ\n", (long long)shape_diff);
+	CHECK_EQ_INT(shape_diff, 0);
 	CHECK_EQ_INT(bad_logits, 0);
 	CHECK_EQ_INT(route_diff, 0);
 	CHECK(flips <= 1 + T / 256);
@@ -590,8 +610,8 @@ TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
 {
 	/* the real routing shape (256 experts in 8 groups, keep 4, top-8) on a narrow model (hidden
 	 * 1024, inter 128): T = 1 runs the fused routers (k_moe_gate_route1; in the fast mode
-	 * k_moe_gate_logits1s + k_moe_route1_tail), T = 2 the separate kernels; small enough
-	 * for compute-sanitizer */
+	 * k_moe_gate_route1s, also in two launches), T = 2 the separate kernels; small enough for
+	 * compute-sanitizer */
 	const struct dsv32_config c = moe_config(1024, 128, 256, 8, 4, 8);
 	const struct dsv32_config configs[] = {c, c};
 	static const int Ts[] = {1, 2}, sets[] = {16, 16};
@@ -600,7 +620,7 @@ TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
-	/* T = 1: the fused router (k_moe_gate_route1; in the fast mode k_moe_gate_logits1s); others
+	/* T = 1: the fused router (k_moe_gate_route1; in the fast mode k_moe_gate_route1s); others
 	 * the separate kernels; every T <= 64 also through a CUDA graph, and at 1 and from 8 in the
 	 * fast mode */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
