@@ -381,13 +381,14 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 // experts EPB blockIdx.x + n and their scores (gate1_route_last: the last block routes and
 // permutes); warp 1 quantises x's groups gi = blockIdx.x + m gridDim.x into the K + 1 input rows
 // (gate1_quant_rows: x read from global). EPB = GR1S_EPB = 2 (run 25, bench moe T = 1: gate
-// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits); TAIL false:
-// no routing (k_moe_gate_logits1s, below).
+// 6.4 us; 6.5 with 1 expert a block (256 blocks) or 4 (64 blocks), the same bits). A form with
+// the routing in a second launch by PDL (session 7, run 27: -2..-6.5 us a step) gave
+// non-finite logits at real dimensions (run 28) and was removed.
 // E = 256 in 8 groups (moe_route_select256's shape), E % EPB == 0, D % 1024 == 0,
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
 #define GR1S_EPB 2  // experts a block
-template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -445,40 +446,16 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 		logits[en] = p;
 		scores[en] = sg;
 		scores[E + en] = bias ? sg + bias[en] : sg;
-		if (TAIL) // (without: k_moe_route1_tail reads them after this grid completes)
-			__threadfence(); // the scores are visible device-wide before the count says so
+		__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
-	if (TAIL)
-		gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
+	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
 				 counts, offsets, perm, src);
 }
 
 extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
 {
-	gate_route1s<GR1S_EPB, true>(GATE1_ARGS);
-}
-
-// k_moe_gate_logits1s + k_moe_route1_tail (DSV32_CUDA_MOE_ROUTER=5, an A/B): route1s's work in
-// two launches, the routing by a second kernel of one warp launched by PDL (griddepcontrol.wait:
-// the first grid complete, its scores visible) instead of the last block found by a counter:
-// the same outputs. Run 25/26 put route1s at 6.4-6.6 us (bench moe T = 1, the router alone),
-// 2.5-2.6 without its tail (the counter, the last block's routing); a faster selection (sorted
-// lanes, run 26) changed nothing, so the tail is latency, not arithmetic.
-extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
-{
-	gate_route1s<GR1S_EPB, false>(GATE1_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(32)
-k_moe_route1_tail(const float *scores, int E, int topk_group, int K, int norm_topk_prob,
-		  float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,
-		  int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src)
-{
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	asm volatile("griddepcontrol.wait;" ::: "memory"); // the scores: k_moe_gate_logits1s's
-	gate1_route(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts, offsets,
-		    perm, src);
+	gate_route1s<GR1S_EPB>(GATE1_ARGS);
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:

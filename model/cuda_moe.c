@@ -276,14 +276,13 @@ static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
  * without their last block's routing (the counter, the selection, the permutation): 2.5-2.6
  * and 6.4 us, so that tail takes ~4 us in either; a selection by sorted lanes instead of an
  * 8-way scan a pick (run 26) did not move it (removed). DSV32_CUDA_MOE_ROUTER=m (read once;
- * cuda_moe_set_router, a forward switch): 0 route1 in both modes; 1 (default) route1s; 5 (an
- * A/B) the same in two launches, k_moe_gate_logits1s then k_moe_route1_tail (one warp, by PDL)
- * instead of the last block found by a counter. Returns 0 (route1), 1 or 5. */
+ * cuda_moe_set_router, a forward switch): 0 route1 in both modes; 1 (default) route1s.
+ * Returns 0 (route1) or 1. */
 static int router_mode = -1;
 
 void cuda_moe_set_router(int mode)
 {
-	router_mode = mode == 0 || mode == 5 ? mode : 1;
+	router_mode = mode != 0;
 }
 
 static int split_router(const struct gpu *g, const struct dsv32_config *c,
@@ -424,18 +423,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
-		const int split = split_router(g, c, d);
-		if (split == 1) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
+		if (split_router(g, c, d)) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
 			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
 					args);
-		} else if (split == 5) { /* the same, the routing by a second launch */
-			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_logits1s"), (unsigned)(E / 2), 256, 0,
-					args);
-			void *targs[] = {(void *)&b[B_SCORE], &E, &tg, &K, &norm, &scale,
-					 (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
-					 (void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC]};
-			if (!rc)
-				rc = moe_launch(g, gpu_kernel(g, "k_moe_route1_tail"), 1, 32, 0, targs);
 		} else {
 			void *fn = gpu_kernel(g, "k_moe_gate_route1");
 			if (!fn)
@@ -595,9 +585,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	static char buf[224];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
 		 !fused ? k.name
-		 : split_router(g, c, &d) == 1 ? "k_moe_gate_route1s"
-		 : split_router(g, c, &d) == 5 ? "k_moe_gate_logits1s + k_moe_route1_tail"
-					       : "k_moe_gate_route1",
+		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
