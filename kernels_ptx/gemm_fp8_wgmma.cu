@@ -82,7 +82,6 @@
 #define WG_DIAG_NOSTORE 2
 #define WG_DIAG_NOMMA 4
 // bits 8..15: the raster band (weight tiles per band; 0: token tile fastest over all of M)
-// bits 16..23: the L2 prefetch distance of the weight boxes in K blocks (wg_produce; 0: none)
 
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
 
@@ -370,117 +369,66 @@ __device__ __forceinline__ void wg_scales(wg_sched &sc, long long t0, long long 
 	}
 }
 
-// The weight box(es) of tile tl's K block kb that this CTA copies: their coordinates, in the
-// order the producer issues them (n: up to two box rows; returns how many). Paired (MC = 2,
-// pair 1): the rank's half; SW or paired pair 2: the boxes n0.. and n1.. (SW: the gate rows,
-// then the up rows N + n0..); plain MC = 1: one box of BN rows; plain MC = 2: the rank's BN / 2.
-template <int BN, bool GROUPED, int MC, bool SW>
-__device__ __forceinline__ int wg_b_boxes(const wg_tile &tl, int N, int rank, int *n)
-{
-	constexpr bool PAIRED = GROUPED && MC == 2;
-	const int n1 = SW ? N + tl.n0 : tl.n0 + BN / 2;
-	if (PAIRED && tl.pair == 1) {
-		n[0] = rank ? n1 : tl.n0;
-		return 1;
-	}
-	if (SW || PAIRED) {
-		n[0] = tl.n0, n[1] = n1;
-		return 2;
-	}
-	n[0] = MC == 1 ? tl.n0 : tl.n0 + rank * (BN / MC);
-	return 1;
-}
-
-// A bulk tensor prefetch into L2 (no shared memory, no barrier): box (c0, c1) of the map.
-__device__ __forceinline__ void tma_prefetch_2d(const void *map, int c0, int c1)
-{
-	asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(map),
-		     "r"(c0), "r"(c1)
-		     : "memory");
-}
-
-// The producer thread: every copy of every stage, in the consumers' order. pf > 0 (flags bits
-// 16..23): a second walker runs pf K blocks ahead of the copies and prefetches the weight boxes
-// it will copy into L2, so that more of the weight stream (first read from HBM) is in flight
-// than the shared-memory ring holds.
+// The producer thread: every copy of every stage, in the consumers' order.
 template <int BN, int STAGES, bool GROUPED, int MC, bool SW>
 __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long dt,
 					   const tmap *mA, const tmap *mB, const float *S, int M,
 					   int N, int KB, uint32_t a_smem, uint32_t b_smem,
-					   uint32_t bars, const tmap *mA64, int pf)
+					   uint32_t bars, const tmap *mA64)
 {
 	typedef wg_cfg<BN, STAGES> C;
-	constexpr int TB = SW ? 128 : BN; // the walker's tile width
-	// the prefetch walker: its own copy of the schedule, tile ptl, K block pkb
-	wg_sched psc = sc;
-	wg_tile ptl;
-	long long pt = t0;
-	int pkb = 0, pe_acq = -1;
-	bool pon = pf > 0 && wg_tile_at<TB, GROUPED, MC>(psc, pt, M, N, mB, S, ptl);
-	auto prefetch_step = [&]() {
-		if (GROUPED && psc.e != pe_acq) {
-			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-					     ptl.bmap)
-				     : "memory");
-			pe_acq = psc.e;
-		}
-		int n[2];
-		const int nb = wg_b_boxes<BN, GROUPED, MC, SW>(ptl, N, sc.rank, n);
-		for (int i = 0; i < nb; i++)
-			tma_prefetch_2d(ptl.bmap, pkb * WG_BK, n[i]);
-		if (++pkb == KB) {
-			pkb = 0, pt += dt;
-			pon = wg_tile_at<TB, GROUPED, MC>(psc, pt, M, N, mB, S, ptl);
-		}
-	};
-	for (int i = 0; i < pf && pon; i++)
-		prefetch_step();
-	int s = 0;
-	uint32_t ph = 0;
-	int e_acq = -1;
-	wg_tile tl;
-	for (long long t = t0; wg_tile_at<TB, GROUPED, MC>(sc, t, M, N, mB, S, tl); t += dt) {
-		if (GROUPED && sc.e != e_acq) {
-			// the map was written by k_wgmma_group_maps through the generic proxy
-			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-					     tl.bmap)
-				     : "memory");
-			e_acq = sc.e;
-		}
-		for (int kb = 0; kb < KB; kb++) {
-			mbar_wait<false>(EMPTY(s), ph ^ 1); // the consumers released it
-			// all of A and B land in this CTA's stage: our A, and B from every CTA
-			// of the cluster (each multicasts its BN / MC rows to all of them)
-			mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
-			// (a cluster's tile past M, none of whose rows is stored, reads rows from
-			// 0 rather than a box wholly out of bounds)
-			constexpr bool PAIRED = GROUPED && MC == 2;
-			if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (mA64), to both CTAs
-				const int ar = tl.row0 + 64 * sc.rank;
-				tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2), mA64,
-					       FULL(s), kb * WG_BK, ar < M ? ar : 0, 3);
-			} else {
-				tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
-					    tl.row0 < M ? tl.row0 : 0);
+	{
+		int s = 0;
+		uint32_t ph = 0;
+		int e_acq = -1;
+		wg_tile tl;
+		for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED, MC>(sc, t, M, N, mB, S, tl);
+		     t += dt) {
+			if (GROUPED && sc.e != e_acq) {
+				// the map was written by k_wgmma_group_maps through the generic proxy
+				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+						     tl.bmap)
+					     : "memory");
+				e_acq = sc.e;
 			}
-			int n[2];
-			const int nb = wg_b_boxes<BN, GROUPED, MC, SW>(tl, N, sc.rank, n);
-			const uint32_t b_dst = b_smem + s * C::B_BYTES;
-			if (PAIRED && tl.pair == 1) // rank 0 the box n0, rank 1 the box n1, to both
-				tma_load_2d_mc(b_dst + sc.rank * (C::B_BYTES / 2), tl.bmap, FULL(s),
-					       kb * WG_BK, n[0], 3);
-			else if (nb == 2) { // boxes n0.. and n1.. (SW: of 128 rows)
-				tma_load_2d(b_dst, tl.bmap, FULL(s), kb * WG_BK, n[0]);
-				tma_load_2d(b_dst + C::B_BYTES / 2, tl.bmap, FULL(s), kb * WG_BK, n[1]);
-			} else if (MC == 1)
-				tma_load_2d(b_dst, tl.bmap, FULL(s), kb * WG_BK, n[0]);
-			else
-				tma_load_2d_mc(b_dst + sc.rank * (C::B_BYTES / MC), tl.bmap, FULL(s),
-					       kb * WG_BK, n[0], (1 << MC) - 1);
-			if (pon)
-				prefetch_step();
-			if (++s == STAGES)
-				s = 0, ph ^= 1;
+			for (int kb = 0; kb < KB; kb++) {
+				mbar_wait<false>(EMPTY(s), ph ^ 1); // the consumers released it
+				// all of A and B land in this CTA's stage: our A, and B from every CTA
+				// of the cluster (each multicasts its BN / MC rows to all of them)
+				mbar_arrive_expect_tx(FULL(s), C::A_BYTES + C::B_BYTES);
+				// (a cluster's tile past M, none of whose rows is stored, reads rows from
+				// 0 rather than a box wholly out of bounds)
+				constexpr bool PAIRED = GROUPED && MC == 2;
+				// paired: the weight tile as two boxes of BN / 2 rows, n0.. and n1.. (SW:
+				// the gate rows, then the up rows N + n0..)
+				const int n1 = SW ? N + tl.n0 : tl.n0 + BN / 2;
+				if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (mA64), to both CTAs
+					const int ar = tl.row0 + 64 * sc.rank;
+					tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2), mA64,
+						       FULL(s), kb * WG_BK, ar < M ? ar : 0, 3);
+				} else {
+					tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
+						    tl.row0 < M ? tl.row0 : 0);
+				}
+				if (PAIRED && tl.pair == 1) { // rank 0 the box n0, rank 1 the box n1
+					tma_load_2d_mc(b_smem + s * C::B_BYTES + sc.rank * (C::B_BYTES / 2),
+						       tl.bmap, FULL(s), kb * WG_BK, sc.rank ? n1 : tl.n0, 3);
+				} else if (SW || PAIRED) { // boxes n0.. and n1.. (SW: of 128 rows)
+					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
+						    tl.n0);
+					tma_load_2d(b_smem + s * C::B_BYTES + C::B_BYTES / 2, tl.bmap, FULL(s),
+						    kb * WG_BK, n1);
+				} else if (MC == 1)
+					tma_load_2d(b_smem + s * C::B_BYTES, tl.bmap, FULL(s), kb * WG_BK,
+						    tl.n0);
+				else
+					tma_load_2d_mc(b_smem + s * C::B_BYTES +
+							       sc.rank * (C::B_BYTES / MC),
+						       tl.bmap, FULL(s), kb * WG_BK,
+						       tl.n0 + sc.rank * (BN / MC), (1 << MC) - 1);
+				if (++s == STAGES)
+					s = 0, ph ^= 1;
+			}
 		}
 	}
 }
@@ -861,8 +809,7 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 			asm volatile("setmaxnreg.dec.sync.aligned.u32 88;");
 		if (threadIdx.x == 0)
 			wg_produce<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mA, mB, S, M, N, KB, a_smem,
-								b_smem, bars, mA64,
-								(flags >> 16) & 0xff);
+								b_smem, bars, mA64);
 		else if (SS && (threadIdx.x >> 5) == 1)
 			wg_scales<BN, STAGES, GROUPED, MC, SW>(sc, t0, dt, mB, sx, S, M, N, KB, bars,
 							       scl);

@@ -51,9 +51,6 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
  * kernels, where h8 is 16-byte aligned; the same outputs) in the two calls above. Process-wide;
  * DSV32_CUDA_WGMMA_SWST=1, read at the first call, sets it; for tests and A/Bs. */
 void cuda_gemm_wgmma_set_swiglu_staged(int on);
-/* The weight boxes prefetched into L2 that many K blocks ahead of their copies (0: none; the
- * default is DSV32_CUDA_WGMMA_PF's, read once). */
-void cuda_gemm_wgmma_set_prefetch(int kblocks);
 /* The same with the variant forced (tests and benchmarks compare them; the two above pick):
  *   bn: weight rows per tile, 128, 192 or 256 (256 needs ss);
  *   mc: 1, or 2 for clusters of two CTAs that share each weight tile (TMA multicast);

@@ -600,10 +600,6 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
 	for (int v = -1; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
-	/* the weight boxes prefetched into L2 4 K blocks ahead (cuda_gemm_wgmma_set_prefetch) */
-	cuda_gemm_wgmma_set_prefetch(4);
-	grp_check(&g, pool, &c, -1, 8);
-	cuda_gemm_wgmma_set_prefetch(0);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
 	static const int c3[] = {0, 0, 0};
@@ -643,21 +639,18 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
 	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); forms 3, 4: 1
-	 * and 2 with the codes staged (cuda_gemm_wgmma_set_swiglu_staged); forms 5, 6: 1 and 2
-	 * with the weight boxes prefetched into L2 3 K blocks ahead (cuda_gemm_wgmma_set_prefetch) */
-	for (int form = 1; form <= 6; form++) {
-		const int mc = form > 4 ? form - 4 : form > 2 ? form - 2 : form, pf = form > 4 ? 3 : 0;
+	 * and 2 with the codes staged (cuda_gemm_wgmma_set_swiglu_staged) */
+	for (int form = 1; form <= 4; form++) {
+		const int mc = form > 2 ? form - 2 : form;
 		if (mc == 2 && I % 256)
 			continue;
-		cuda_gemm_wgmma_set_swiglu_staged(form == 3 || form == 4);
-		cuda_gemm_wgmma_set_prefetch(pf);
+		cuda_gemm_wgmma_set_swiglu_staged(form > 2);
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
 		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
 								   c.dx, c.dsx, h8, hs, c.rows, I,
 								   K, mc),
 			     0);
 		cuda_gemm_wgmma_set_swiglu_staged(0);
-		cuda_gemm_wgmma_set_prefetch(0);
 		REQUIRE(gpu_sync(g) == 0);
 		REQUIRE(gpu_download(g, a, ref8, rows * I) == 0 && gpu_download(g, b, h8, rows * I) == 0);
 		REQUIRE(gpu_download(g, sa, refs, rows * KBo * 4) == 0);
@@ -672,7 +665,7 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 			bads += memcmp(&sa[i], &sb[i], 4) != 0;
 		printf("    swiglu form mc %d%s, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
 		       "%lld of %lld scales differ from GEMM + k_moe_swiglu_quant",
-		       mc, form == 3 || form == 4 ? " staged" : pf ? " prefetch 3" : "", G, c.rows, I, K, (long long)bad8,
+		       mc, form > 2 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
 		       (long long)c.rows * I, (long long)bads,
 		       (long long)(c.rows * (long long)KBo));
 		if (first >= 0)
