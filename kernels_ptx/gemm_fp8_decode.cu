@@ -18,7 +18,7 @@
 // Work split: a block of 8 warps covers `8 / ksplit` tiles of 16 rows; the ksplit warps of a
 // tile take K blocks kb = ks, ks + ksplit, ... and their partial sums are added in smem in the
 // fixed order ks = 0 .. ksplit-1. When a matrix has too few row tiles to fill the GPU, K is
-// also cut into chunks of `chunk_blocks` blocks (work blocks by), whose fp32 partials are summed
+// also cut into chunks of `chunk_blocks` blocks (the grid's y), whose fp32 partials are summed
 // in chunk order by k_gemm_chunk_reduce. The split depends only on N and K, and each output
 // element's arithmetic is independent of the other tokens: the result for (m, n) does not
 // depend on M or on the batch (batch-invariant).
@@ -141,28 +141,19 @@ k_gemm_chunk_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y,
 	}
 }
 
-// The grid: work blocks (bx, by) of blocks_x x chunks, block b = by * blocks_x + bx taken by
-// launched block blockIdx.y * gridDim.x + blockIdx.x, then every gridDim.x * gridDim.y-th (a
-// capped grid, model/cuda_gemm.c's cuda_gemm_set_cta_cap; the full grid (blocks_x, chunks) runs
-// each once). A work block's arithmetic does not depend on which launched block runs it.
+// The grid: blocks_x x chunks blocks, block (x, y) the work block (bx, by) = (x, y).
 #define DEC_ENTRY(MG, MINB)                                                                         \
 	extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MINB)                        \
 	k_gemm_fp8_decode_m##MG(const uint8_t *W, const float *S, const uint8_t *X,             \
 				const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				int ksplit, float *partial, int chunk_blocks, int blocks_x,     \
-				int chunks)                                                     \
+				int ksplit, float *partial, int chunk_blocks)                   \
 	{                                                                                       \
 		__shared__ float red[DEC_WARPS][16][8 * MG]; /* partials: warp, row, token */   \
 		/* the next kernel (launched with PDL) may start and load its constants now; it \
 		 * reads this grid's outputs only after its griddepcontrol.wait (grid complete) */ \
 		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");                   \
-		const int total = blocks_x * chunks, step = gridDim.x * gridDim.y;                 \
-		for (int b = blockIdx.y * gridDim.x + blockIdx.x; b < total; b += step) {        \
-			gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial,      \
-					    chunk_blocks, chunks, b % blocks_x, b / blocks_x,   \
-					    red);                                               \
-			__syncthreads(); /* red is read before the next work block writes it */ \
-		}                                                                               \
+		gemm_fp8_decode<MG>(W, S, X, SX, Y, M, N, K, ldy, ksplit, partial, chunk_blocks, \
+				    (int)gridDim.y, (int)blockIdx.x, (int)blockIdx.y, red);     \
 	}
 
 // blocks per SM the register budget is sized for (more warps hide more memory latency)

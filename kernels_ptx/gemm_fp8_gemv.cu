@@ -18,7 +18,7 @@
 //
 // Work: units u = tile * chunks + c (16 rows, K blocks [c * chunk_blocks, ...)) in that order;
 // block b takes the contiguous range [b U / G, (b + 1) U / G) of the U units (G = gridDim.x <=
-// the SMs, or a CTA cap), so no block streams more than one unit above the mean. A tile whose
+// the SMs), so no block streams more than one unit above the mean. A tile whose
 // chunks all fall in one block's range is summed in registers and written; a tile split between
 // blocks (at most the first and the last of a range) has its chunks' partials written to the
 // workspace and the block that completes its arrival count sums them. Warps 0-7 consume, warp 8

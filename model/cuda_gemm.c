@@ -38,26 +38,6 @@ int cuda_gemm_batch_invariant(const struct gpu *g)
 	return !(g->ordinal >= 0 && g->ordinal < MAX_GPUS && fast_mode[g->ordinal]);
 }
 
-/* Per GPU ordinal: the CTA cap of the decode and grouped streaming GEMMs (cuda_gemm.h), 0 none. */
-static int cta_cap[MAX_GPUS];
-
-void cuda_gemm_set_cta_cap(const struct gpu *g, int n)
-{
-	if (g->ordinal >= 0 && g->ordinal < MAX_GPUS)
-		cta_cap[g->ordinal] = n > 0 ? n : 0;
-}
-
-static int cap_of(const struct gpu *g)
-{
-	return g->ordinal >= 0 && g->ordinal < MAX_GPUS ? cta_cap[g->ordinal] : 0;
-}
-
-/* grid blocks, at most `cap` (0: no cap) */
-static unsigned capped(unsigned grid, int cap)
-{
-	return cap > 0 && grid > (unsigned)cap ? (unsigned)cap : grid;
-}
-
 /* Where the wgmma kernel (model/cuda_gemm_wgmma.h) runs without a measurement saying so:
  * DENSE 1: the default rule for M > 64 picks it over cuBLASLt — cuBLASLt is faster (run 4:
  * 987-1137 against 765-845 TFLOP/s at M = 4096) but misses the CPU check by far more than
@@ -177,12 +157,30 @@ void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, 2 not at all (the GEMM launch alone: the benchmark's measure
- * of the chunk sum's cost; the output is not written), -1 the default (in the kernel for the
- * mma.sync consumers, by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
- * against 3.35-3.42 TB/s on the large matrices); stream_k1 1 runs one K chunk. */
+ * of the chunk sum's cost; the output is not written), 3 by the epilogue warp (wgmma consumers,
+ * dense, <= 32 rows: the _e kernels), -1 the default (in the kernel for the mma.sync consumers;
+ * for wgmma's by the second launch (run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
+ * against 3.35-3.42 TB/s on the large matrices), or by the epilogue warp where
+ * DSV32_GEMM_WG_EPI=1); stream_k1 1 runs one K chunk. */
 static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
+
+/* The epilogue-warp form as the wgmma consumers' default chunk sum (DSV32_GEMM_WG_EPI=1; off
+ * until a GPU run measures it against the second launch: bench gemm's wg_ep column). */
+static int wg_epi_default(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_GEMM_WG_EPI");
+		on = v && *v == '1';
+	}
+	return on;
+}
+
+#define ST_EP_SLOTS 16	  /* the epilogue form's count sets (gemm_fp8_stream.cu) */
+#define ST_EP_TILES 4096 /* 128-row tiles a set counts */
+#define ST_SROW 132	  /* fp32 a token row of its sums buffers */
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -283,25 +281,24 @@ struct stream_epi {
 
 /* The fused step epi (EPI_SWIGLU / EPI_COMBINE) over ws's `chunks` fp32 partials [chunks][rows][N]
  * (rows_dev: the device's row count, or 0), summed in chunk order: k_gemm_stream_reduce_swiglu
- * (into epi's h8 / hs) or k_gemm_stream_reduce_combine (into y); the CTA cap honoured. */
+ * (into epi's h8 / hs) or k_gemm_stream_reduce_combine (into y). */
 static int epi_launch(struct gpu *g, const struct stream_epi *epi, gpu_ptr ws, int chunks,
 		      int rows, gpu_ptr rows_dev, int N, gpu_ptr y)
 {
-	const int cap = cap_of(g);
 	if (epi->kind == EPI_SWIGLU) {
 		int I = N / 2;
 		gpu_ptr h8 = epi->h8, hs = epi->hs;
 		void *sargs[] = {&ws, &h8, &hs, &chunks, &rows, &rows_dev, &I};
 		unsigned sb = (unsigned)(((long long)rows * (I / 128) + 7) / 8); /* a warp a group */
 		return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_swiglu"),
-				  capped(sb < 1024 ? sb : 1024, cap), 1, 256, 0, sargs);
+				  sb < 1024 ? sb : 1024, 1, 256, 0, sargs);
 	}
 	gpu_ptr w = epi->w, perm = epi->perm;
 	int T = epi->T, tk = epi->K;
 	void *cargs[] = {&ws, &y, &w, &perm, &chunks, &rows, &N, &T, &tk};
 	unsigned cb = (unsigned)(((long long)T * N + 255) / 256);
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce_combine"),
-			  capped(cb < 1024 ? cb : 1024, cap), 1, 256, 0, cargs);
+			  cb < 1024 ? cb : 1024, 1, 256, 0, cargs);
 }
 
 /* k_gemm_fp8_stream_m*_r* (+ k_gemm_stream_reduce when K is chunked and not summed in the
@@ -332,18 +329,26 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
-	static const char *names[3][5] = {
+	 * RT = 2, wgmma, wgmma with the epilogue warp; columns: 8, 16, 32, 64 token rows, the
+	 * copy-only probe */
+	static const char *names[4][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_e", "k_gemm_fp8_stream_m2_r1_e", "k_gemm_fp8_stream_m4_r1_e",
+		 NULL, NULL}};
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	/* the K chunks summed by the epilogue warp (WI = 3): dense, <= 32 rows, K chunked */
+	if (wi == 2 && !w_tab && !copy_only && v <= 2 && sp.chunks > 1 &&
+	    (N + tile - 1) / tile <= ST_EP_TILES &&
+	    (stream_fused == 3 || (stream_fused < 0 && wg_epi_default())))
+		wi = 3;
+	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -355,8 +360,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
+	head += copy_only || wi >= 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
+	head += wi == 3 ? 2 * mpad * ST_SROW * 4 + 16 : 0; /* its two sums buffers, their tickets */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
@@ -399,23 +405,27 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		grid = units < grid ? (unsigned)units : grid;
 	}
-	/* a CTA cap: fewer blocks walk the same units (a unit's arithmetic and the chunk sums'
-	 * order do not depend on which block runs it); the chunk sum's launch capped the same */
-	const int cap = copy_only ? 0 : cap_of(g);
-	grid = capped(grid, cap);
 	/* the chunks' partials summed by the kernel's last-arriving warps (st_count has room for
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    (stream_fused < 0 && wi == 2))
+	    ((stream_fused < 0 || stream_fused == 3) && wi == 2) || wi == 3)
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())
 		flags |= 2; /* ST_NO_SX */
+	if (wi == 3) { /* a count set of its own (ST_EP_SLOT), taken in turn */
+		static int next_set;
+		pthread_mutex_lock(&gemm_lock);
+		flags |= next_set << 4;
+		next_set = (next_set + 1) % ST_EP_SLOTS;
+		pthread_mutex_unlock(&gemm_lock);
+	}
 	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
 			&ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
-	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
-	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
+	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1 + (wi == 3)) * 32, (unsigned)smem,
+		       args);
+	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2 || wi == 3)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	if (ek != EPI_NONE)
@@ -424,7 +434,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
-	rb = capped(rb < rmax ? rb : rmax, cap);
+	rb = rb < rmax ? rb : rmax;
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
 }
 
@@ -610,22 +620,15 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		return -EINVAL;
 	int tiles_per_block = 8 / sp.ksplit;
 	int blocks = (N / 16 + tiles_per_block - 1) / tiles_per_block;
-	void *args[] = {&W, &S, &x8, &sx, &y, &M, &N, &K, &ldy, &sp.ksplit, &ws, &sp.chunk_blocks,
-			&blocks, &sp.chunks};
-	/* a CTA cap of n: n SMs' worth of blocks (its launch bound's blocks an SM, v's MINB in
-	 * gemm_fp8_decode.cu) in one row, each walking work blocks grid-stride: the same bits */
-	static const int per_sm[] = {3, 2, 1, 1};
-	const int cap = cap_of(g);
-	unsigned gx = (unsigned)blocks, gy = (unsigned)sp.chunks;
-	if (cap > 0 && (long long)blocks * sp.chunks > (long long)cap * per_sm[v])
-		gx = (unsigned)(cap * per_sm[v]), gy = 1;
-	int r = launch_pdl(g, gpu_kernel(g, names[v]), gx, gy, 256, 0, args);
+	void *args[] = {&W, &S, &x8, &sx, &y, &M, &N, &K, &ldy, &sp.ksplit, &ws, &sp.chunk_blocks};
+	int r = launch_pdl(g, gpu_kernel(g, names[v]), (unsigned)blocks, (unsigned)sp.chunks, 256, 0,
+			   args);
 	if (r || sp.chunks == 1)
 		return r;
 	void *rargs[] = {&ws, &y, &sp.chunks, &M, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)M * N + 255) / 256);
-	rb = capped(rb < 1024 ? rb : 1024, cap);
-	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb, 1, 256, 0, rargs);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_chunk_reduce"), rb < 1024 ? rb : 1024, 1, 256, 0,
+			  rargs);
 }
 
 /* ---- the one-row kernel (gemm_fp8_gemv.cu) ------------------------------------------------- */
@@ -695,7 +698,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	const int stage = 16 * (sp.chunks == 1 ? K : sp.chunk_blocks * 128 + 16);
 	const long long units = (long long)slice_cap * tiles * sp.chunks; /* (grouped: a bound) */
 	const int sms = g->sm_count > 0 ? g->sm_count : 132;
-	unsigned grid = capped((unsigned)(units < sms ? units : sms), cap_of(g));
+	unsigned grid = (unsigned)(units < sms ? units : sms);
 	/* stages: what the ring holds (at least one), no more than a block's units */
 	const long long per = (units + grid - 1) / grid;
 	int ns = GV_RING / stage;
@@ -947,8 +950,8 @@ static int swap_off(int N, int K)
 }
 
 /* The one-row kernel: bit 0 (1) the dense GEMMs' (CUDA_GEMM_PATH_GEMV: timed by the start-up
- * measurement at M <= 8 in the fast mode, taken where it measured fastest while the bit is on;
- * off, the dispatch takes the fastest other path: an in-process A/B), bit 1 (2) the grouped
+ * measurement at M <= 8 in the fast mode while the bit is on, taken where it measured fastest;
+ * turned off later, the dispatch takes the fastest other path), bit 1 (2) the grouped
  * GEMMs' of <= GV_GROUPED_ROWS rows in the fast mode. Default 2: runs 26 / 27, bench model --ab
  * at batch 1, none (0) +10..+18 us against grouped only, both (3) +5..+11, though bench gemm has
  * the dense ones faster alone (2240x7168 9.29 against v2 11.44 us, 8192x1536 6.87 / 7.54,
@@ -1065,8 +1068,6 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's decode path only */
 	if (p == CUDA_GEMM_PATH_GEMV && (!fast || M > 8))
 		p = CUDA_GEMM_PATH_NONE; /* the fast mode's, at most 8 rows */
-	if (cap_of(g) && M <= 64 && p != CUDA_GEMM_PATH_STREAM_WG && p != CUDA_GEMM_PATH_GEMV)
-		return CUDA_GEMM_PATH_DECODE; /* a CTA cap: the kernels that honour it */
 	if (p != CUDA_GEMM_PATH_NONE)
 		return p;
 	/* Unmeasured shapes: ours — the decode kernel for M <= 64 (cuBLASLt streams ~0.35 TB/s at
@@ -1266,8 +1267,9 @@ static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off)
  * TUNE_MARGIN), returns the fastest of all (NONE when no path ran). The swapped kernel is a
  * candidate in the fast mode from 2 rows: at one row run 22 measured the model's q_b
  * (24576x1536) on its cluster form at 21.4 us a call in the step against ~20 for v2, though
- * bench gemm had it faster (14.8 against 16.0 us); the one-row kernel at M <= 8 in the fast
- * mode (taken while cuda_gemm_set_gemv's bit 0 is on). us[CUDA_GEMM_PATHS] (may be NULL): the
+ * bench gemm had it faster (14.8 against 16.0 us); the dense one-row kernel at M <= 8 in the
+ * fast mode only while cuda_gemm_set_gemv's bit 0 is on (off by default: then not timed, so
+ * --ab cannot turn it on in a process started without it). us[CUDA_GEMM_PATHS] (may be NULL): the
  * times, < 0 where a path was not timed or failed. */
 static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float *us)
 {
@@ -1283,7 +1285,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}
-		if (fast && a->M <= 8) /* (taken only while its bit is on: gemv_bits) */
+		if (fast && a->M <= 8 && (gemv_bits() & 1))
 			t[CUDA_GEMM_PATH_GEMV] = time_path(g, a, CUDA_GEMM_PATH_GEMV);
 	} else if (wgmma_fits(a->N, a->ldy)) {
 		t[CUDA_GEMM_PATH_WGMMA] = time_path(g, a, CUDA_GEMM_PATH_WGMMA);

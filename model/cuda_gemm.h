@@ -59,17 +59,6 @@ void cuda_gemm_set_stream(int on);
  * its own mode. Process-wide per GPU ordinal. */
 void cuda_gemm_set_batch_invariant(const struct gpu *g, int on);
 int cuda_gemm_batch_invariant(const struct gpu *g);
-/* A CTA cap of GPU g's decode-sized GEMMs (M <= 64: cuda_gemm_fp8 and the paths it dispatches
- * to; the grouped GEMMs' streaming kernel), so that a GEMM leaves SMs to a kernel running beside
- * it on another stream: from now on each such launch uses at most n SMs' worth of blocks — the
- * streaming kernel (one block an SM) and its chunk sums n blocks, v2 n x its blocks an SM (3 at
- * M <= 8, 2 at <= 16, else 1), each block walking the same work units grid-stride, so every
- * result is the same bits as uncapped. The hardware still places the blocks (no SM affinity).
- * Where the dispatch would take cuBLASLt or the swapped kernel at M <= 64 it takes the decode
- * kernel instead (v2 or the streaming kernel, as uncapped in the batch-invariant mode); M > 64
- * (wgmma, cuBLASLt) ignores the cap. 0 (the default): no cap. Sticky, per GPU ordinal: set it
- * around a call (a graph keeps the grids of its capture). */
-void cuda_gemm_set_cta_cap(const struct gpu *g, int n);
 /* Whether cuda_gemm_fp8_decode runs the streaming kernel (1) or v2 (0) for this shape under the
  * current setting (the benchmark's label of the dispatch). */
 int cuda_gemm_decode_streams(int N, int K);
@@ -81,9 +70,10 @@ void cuda_gemm_set_stream_rt(int rt);
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, 2 = not
- * summed (the GEMM launch alone; the output is not written: benchmark only), -1 = the
- * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
- * chunk. */
+ * summed (the GEMM launch alone; the output is not written: benchmark only), 3 = by the
+ * kernel's epilogue warp (wgmma consumers, dense, <= 32 rows; elsewhere the default), -1 = the
+ * default (the kernel for mma.sync consumers; for wgmma's the second launch, or the epilogue
+ * warp with DSV32_GEMM_WG_EPI=1); k1 1 = one K chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
@@ -97,7 +87,7 @@ int cuda_gemm_stream_copy_only(struct gpu *g, gpu_ptr W, gpu_ptr x8, int M, int 
  * over the SMs, its chunks then summed by each tile's last-arriving block (no second launch).
  * The decode kernels' arithmetic (exact products, fp32 promotion per K block), its own order:
  * within fp32 summation order of the CPU, batch invariant among M <= 8. ws:
- * cuda_gemm_decode_workspace() bytes. Honours the CTA cap. -EINVAL: a shape it does not take
+ * cuda_gemm_decode_workspace() bytes. -EINVAL: a shape it does not take
  * (M > 8, N % 16, N > 65536). */
 int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
 		       int M, int N, int K, int ldy, gpu_ptr ws);

@@ -139,11 +139,16 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 	gpu_close(&g);
 }
 
+static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, const char *what);
+
 /* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
  * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
- * with one and several chunks; the K chunks summed by the second launch (the default), by the
- * kernel, and one chunk. */
+ * with one and several chunks; the K chunks summed by the second launch, by the kernel's
+ * last-arriving warps, by its epilogue warp (<= 32 rows; the same bits as the second launch:
+ * the same sums in the same order), and one chunk. Then the epilogue form 40 times back to back
+ * on one shape (its count sets, 16, reused: each GEMM must leave its counts zero, else a later
+ * one waits for a chunk that never comes and traps), the last output checked. */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -151,19 +156,44 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	static const int shapes[][3] = {{1, 2112, 7168}, {5, 576, 7168},   {8, 1536, 7168},
 					{13, 256, 1536}, {31, 7168, 2048}, {64, 1024, 2048},
 					{40, 128, 7168}, {3, 4096, 512},   {2, 7168, 16384},
-					{7, 1040, 1536}, {57, 2240, 7168}};
+					{7, 1040, 1536}, {57, 2240, 7168}, {16, 2048, 16384},
+					{32, 1024, 7168}, {1, 1024, 18432}, {24, 2240, 7168}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
 	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
-				       "stream wgmma, one chunk"};
+				       "stream wgmma, one chunk", "stream wgmma, epilogue warp"};
+	static const int diag[] = {0, 1, -1, 3};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
 		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		for (int d = 0; d < 3; d++) {
-			cuda_gemm_set_stream_diag(d == 1 ? 1 : -1, d == 2);
+		const size_t n = (size_t)c.M * c.N;
+		uint16_t *ref = malloc(n * 2);
+		REQUIRE(ref);
+		for (int d = 0; d < 4; d++) {
+			cuda_gemm_set_stream_diag(diag[d], d == 2);
 			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
+			if (d == 0)
+				memcpy(ref, c.got, n * 2);
 		}
+		char what[128];
+		snprintf(what, sizeof what, "epilogue warp M=%d N=%d K=%d against the second launch",
+			 c.M, c.N, c.K);
+		CHECK_EQ_INT((int)count_differ(c.got, ref, n, what), 0);
+		cuda_gemm_set_stream_diag(-1, 0);
+		free(ref);
+		case_free(&c);
+	}
+	{
+		struct lt_case c;
+		case_init(&g, &c, 8, 2048, 16384, 970);
+		cuda_gemm_set_stream_diag(3, 0);
+		for (int k = 0; k < 39; k++)
+			REQUIRE(cuda_gemm_fp8_stream_wg(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K,
+							c.N, c.dws, 1) == 0);
+		REQUIRE(gpu_sync(&g) == 0);
+		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
+		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, epilogue warp, 40th"), 0);
 		cuda_gemm_set_stream_diag(-1, 0);
 		case_free(&c);
 	}
@@ -278,9 +308,8 @@ static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, c
  * summation order (its products and promotion are the exact decode kernels'): small shapes
  * first; M 1-8; one 16-row tile, partial 128-row scale blocks (N = 2240, 576), K of one block,
  * K split into chunks summed by the last-arriving block (2240 x 7168, 4096 x 16384: several
- * chunks, a short last one), rows enough for many units a block (24576 x 1536); then the same
- * bits under CTA caps of 1 and 7 blocks, row 0 alone equal to row 0 of the M-row product (batch
- * invariance among M <= 8), and the fast mode's dispatch through CUDA_GEMM_PATH_GEMV. */
+ * chunks, a short last one), rows enough for many units a block (24576 x 1536); then row 0
+ * alone equal to row 0 of the M-row product (batch invariance among M <= 8), and the fast mode's dispatch through CUDA_GEMM_PATH_GEMV. */
 TEST_T(gpu_cublaslt, gemv_vs_cpu, 120)
 {
 	struct gpu g;
@@ -299,15 +328,6 @@ TEST_T(gpu_cublaslt, gemv_vs_cpu, 120)
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
 		memcpy(ref, c.got, n * 2);
-		for (int cap = 1; cap <= 7; cap += 6) {
-			cuda_gemm_set_cta_cap(&g, cap);
-			int r = gemv_run(&g, &c);
-			cuda_gemm_set_cta_cap(&g, 0);
-			REQUIRE(r == 0);
-			char w2[192];
-			snprintf(w2, sizeof w2, "%s, CTA cap %d, against uncapped", what, cap);
-			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
-		}
 		if (c.M > 1) { /* row 0 alone */
 			const int M = c.M;
 			c.M = 1;
@@ -333,71 +353,6 @@ TEST_T(gpu_cublaslt, gemv_vs_cpu, 120)
 		free(ref);
 		case_free(&c);
 	}
-	cuda_gemm_close(&g);
-	gpu_close(&g);
-}
-
-/* The CTA cap (cuda_gemm_set_cta_cap): a capped GEMM gives the uncapped one's bits, and that one
- * is right against the CPU, on each kernel that honours the cap — v2 (one K chunk, several, M in
- * each token-group variant), the streaming kernel's mma.sync consumers (the batch-invariant
- * mode) and its wgmma consumers (the fast mode's STREAM_WG) — at caps from 1 block to more than
- * the SMs; the dispatch's paths that ignore the cap (cuBLASLt at M <= 64) replaced by the
- * decode kernel while one is set. */
-TEST_T(gpu_cublaslt, cta_cap_same_bits, 120)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	static const int shapes[][3] = {{1, 24576, 1536}, {1, 8192, 1536}, {1, 2240, 7168},
-					{8, 4096, 8192},  {13, 1040, 1536}, {40, 576, 7168}};
-	static const int caps[] = {1, 5, 100, 1000};
-	static const struct {
-		const char *name;
-		int stream, fast;
-		enum cuda_gemm_path path;
-	} ks[] = {{"v2", 0, 0, CUDA_GEMM_PATH_DECODE},
-		  {"stream mma.sync", 1, 0, CUDA_GEMM_PATH_DECODE},
-		  {"stream wgmma", -1, 1, CUDA_GEMM_PATH_STREAM_WG}};
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-		struct lt_case c;
-		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1300 + i);
-		uint16_t *ref = malloc((size_t)c.M * c.N * 2);
-		REQUIRE(ref);
-		for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
-			cuda_gemm_set_stream(ks[k].stream);
-			cuda_gemm_set_batch_invariant(&g, !ks[k].fast);
-			cuda_gemm_path_set(&g, c.M, c.N, c.K, ks[k].path);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, ks[k].name), 0);
-			memcpy(ref, c.got, (size_t)c.M * c.N * 2);
-			for (size_t j = 0; j < sizeof caps / sizeof *caps; j++) {
-				cuda_gemm_set_cta_cap(&g, caps[j]);
-				CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == ks[k].path);
-				gpu_test_poison(&g, c.dy, (size_t)c.M * c.N * 2);
-				REQUIRE(cuda_gemm_fp8(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K,
-						      c.N, c.dws, c.ws_bytes) == 0);
-				cuda_gemm_set_cta_cap(&g, 0);
-				REQUIRE(gpu_download(&g, c.got, c.dy, (size_t)c.M * c.N * 2) == 0);
-				char what[128];
-				snprintf(what, sizeof what, "%s M=%d N=%d K=%d cap %d against uncapped",
-					 ks[k].name, c.M, c.N, c.K, caps[j]);
-				CHECK_EQ_INT((int)count_differ(c.got, ref, (size_t)c.M * c.N, what), 0);
-			}
-		}
-		free(ref);
-		case_free(&c);
-	}
-	cuda_gemm_set_stream(-1);
-	/* cuBLASLt measured fastest at M = 16: under a cap the decode kernel, still right */
-	cuda_gemm_set_batch_invariant(&g, 0);
-	struct lt_case c;
-	case_init(&g, &c, 16, 2112, 7168, 1310);
-	cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_CUBLASLT);
-	cuda_gemm_set_cta_cap(&g, 7);
-	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_DECODE);
-	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "capped dispatch (cuBLASLt measured)"), 0);
-	cuda_gemm_set_cta_cap(&g, 0);
-	CHECK(cuda_gemm_path_for(&g, c.M, c.N, c.K) == CUDA_GEMM_PATH_CUBLASLT);
-	case_free(&c);
-	cuda_gemm_set_batch_invariant(&g, 1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }

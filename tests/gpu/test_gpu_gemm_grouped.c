@@ -377,10 +377,9 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 
 /* cuda_gemm_fp8_grouped_combine (the MoE combine in the K-chunk sum) against
  * cuda_gemm_fp8_grouped then k_moe_combine (kernels_ptx/moe_permute.cu) on the same operands:
- * y byte for byte, in both modes (the fast one also on the one-row kernel), uncapped and
- * under a CTA cap. Two tokens, three picks each
- * over six experts (one expert picked by both), then the shared expert as group 6 on rows
- * R .. R + T - 1; K chunked. */
+ * y byte for byte, in both modes (the fast one also on the one-row kernel). Two tokens, three
+ * picks each over six experts (one expert picked by both), then the shared expert as group 6 on
+ * rows R .. R + T - 1; K chunked. */
 TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 {
 	struct gpu g;
@@ -423,27 +422,21 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_combine"), (T * N + 255) / 256, 1, 1, 256,
 				   1, 1, 0, args) == 0);
 		REQUIRE(gpu_download(&g, y_ref, dref, (size_t)T * N * 2) == 0);
-		/* uncapped, then with a CTA cap of 3 blocks (cuda_gemm_set_cta_cap: the same bits) */
-		for (int cap = 0; cap <= 3; cap += 3) {
-			cuda_gemm_set_cta_cap(&g, cap);
-			gpu_test_poison(&g, dy, (size_t)T * N * 2);
-			REQUIRE(cuda_gemm_fp8_grouped_combine(&g, dwt, dst, doff, G, dx, dsx, dy, T, TK,
-							      dw, dperm, N, K, dws, wsb) == 0);
-			cuda_gemm_set_cta_cap(&g, 0);
-			REQUIRE(gpu_sync(&g) == 0);
-			REQUIRE(gpu_download(&g, y_got, dy, (size_t)T * N * 2) == 0);
-			long long differ = 0, first = -1;
-			for (long long i = 0; i < (long long)T * N; i++)
-				if (y_ref[i] != y_got[i]) {
-					first = first < 0 ? i : first;
-					differ++;
-				}
-			printf("    combine in the chunk sum (%s mode, CTA cap %d) T=%d top-k=%d N=%d "
-			       "K=%d: %lld of %lld outputs differ (first %lld)\n",
-			       modes[mode], cap, T, TK, N, K, differ,
-			       (long long)T * N, first);
-			CHECK_EQ_INT(differ, 0);
-		}
+		gpu_test_poison(&g, dy, (size_t)T * N * 2);
+		REQUIRE(cuda_gemm_fp8_grouped_combine(&g, dwt, dst, doff, G, dx, dsx, dy, T, TK, dw,
+						      dperm, N, K, dws, wsb) == 0);
+		REQUIRE(gpu_sync(&g) == 0);
+		REQUIRE(gpu_download(&g, y_got, dy, (size_t)T * N * 2) == 0);
+		long long differ = 0, first = -1;
+		for (long long i = 0; i < (long long)T * N; i++)
+			if (y_ref[i] != y_got[i]) {
+				first = first < 0 ? i : first;
+				differ++;
+			}
+		printf("    combine in the chunk sum (%s mode) T=%d top-k=%d N=%d K=%d: %lld of %lld "
+		       "outputs differ (first %lld)\n",
+		       modes[mode], T, TK, N, K, differ, (long long)T * N, first);
+		CHECK_EQ_INT(differ, 0);
 	}
 	cuda_gemm_set_gemv(-1);
 	cuda_gemm_set_batch_invariant(&g, 1);
