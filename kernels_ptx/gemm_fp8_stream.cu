@@ -65,6 +65,10 @@
 // ST_NO_SX (diagnosis, the benchmark only: wrong results): the tokens' scales not copied, only
 // the weights' (what the per-token 4-byte copies of 33-64 rows cost the pipeline)
 #define ST_NO_SX 2
+// ST_SX_TMA (wgmma consumers, dense): the tokens' scales of a stage by one bulk tensor copy (a
+// box of 4 K blocks x mpad rows of sx, through smap) instead of a 4-byte cp.async each (run 19,
+// DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without those copies against 2.94)
+#define ST_SX_TMA 4
 // ST_EP_SLOT(flags): the arrival-count set of the epilogue-warp form (WI = 3, below)
 #define ST_EP_SLOT(f) (((f) >> 4) & 15)
 
@@ -342,7 +346,8 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // k_gemm_stream_reduce's float4 sums, so the same bits as WI = 2 with the second launch.
 template <int MG, int RT, int WI>
 __device__ __forceinline__ void
-gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__restrict__ w_tab,
+gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
+		const unsigned long long *__restrict__ w_tab,
 		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,
 		const float *__restrict__ S, const float *__restrict__ SX, uint16_t *__restrict__ Y,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
@@ -351,6 +356,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	constexpr bool WGM = WI >= 2, EPI = WI == 3; // wgmma consumers; the epilogue warp
+	const bool sx_tma = WGM && (flags & ST_SX_TMA) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
@@ -376,6 +382,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	// then (EPI) the two sums buffers, mpad token rows of ST_SROW fp32 each, and their tickets
 	const uint32_t sums0 = scl0 + ST_MAXSTAGES * ST_SCL_BYTES, sumb = mpad * ST_SROW * 4;
 	const uint32_t tick0 = sums0 + 2 * sumb;
+	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][4 K blocks] fp32, at
+	// sxt0 + stage mpad 16 (128-byte aligned: a bulk tensor copy's destination)
+	const uint32_t sxt0 = ((EPI ? tick0 + 16 : sums0) + 127) & ~127u, sxb = mpad * 16;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -573,7 +582,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)));
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
+										   (sx_tma ? sxb : 0));
 						for (int j = 0; j < nb; j++)
 							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
 									 bar, (kb + j) * 128, w.n0, pol_w);
@@ -613,7 +623,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				if (MG > 0) {
 					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
 					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
-					for (int i = lane; i < nb * (no_sx ? 1 : 1 + w.ms); i += 32) {
+					for (int i = lane; i < nb * (no_sx || sx_tma ? 1 : 1 + w.ms); i += 32) {
 						if (i < nb) {
 							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
 						} else {
@@ -627,8 +637,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 				if (lane == 0) {
 					// whole boxes count, rows past N or past the tokens zero-filled included
 					if (!early)
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)));
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
+									   (sx_tma ? sxb : 0));
 					const uint32_t dst = stage0 + s * stage_bytes;
+					if (sx_tma) // columns kb & ~3 .. + 3 (past K/128 zero-filled)
+						tma_load_2d_hint(sxt0 + s * sxb, smap, bar, kb & ~3, w.r0, pol_x);
 					for (int j = 0; j < nb; j++) {
 						if (!early)
 							tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128,
@@ -734,9 +747,12 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 #pragma unroll
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
-					const uint32_t a = sd + 16 + 4 * (64 * j + m0);
+					// token m0's scale of K block kb + j, then token m0 + 1's
+					const uint32_t a = sx_tma ? sxt0 + s * sxb + 16 * m0 + 4 * ((kb & 3) + j)
+								  : sd + 16 + 4 * (64 * j + m0);
+					const uint32_t a1 = a + (sx_tma ? 16 : 4);
 					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
-					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a + 4) * sw : 0.f;
+					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
 				}
 			}
 			const uint32_t st = stage0 + s * stage_bytes;
@@ -911,6 +927,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 	extern "C" __global__ void __launch_bounds__((8 / RT + 1 + (WI == 3)) * 32, 1)           \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
+					const __grid_constant__ tmap smap,                     \
 					const unsigned long long *w_tab,                           \
 					const unsigned long long *s_tab, const int *off, int G,    \
 					const float *S, const float *SX, uint16_t *Y,              \
@@ -918,7 +935,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const unsigned long long *__
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, w_tab, s_tab, off, G, S, SX, Y, partial,    \
+		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y,     \
+					partial,                                                  \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}

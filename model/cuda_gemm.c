@@ -104,16 +104,19 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 #define ST_MAXG 8192        /* the kernel's st_maps entries */
 
 /* Encoded maps kept for reuse (a decode step calls the same GEMMs on the same buffers again),
- * replaced round-robin; the encoding is a pure function of these fields. */
+ * replaced round-robin; the encoding is a pure function of these fields (f32: the token scales'
+ * map, below). */
 #define MAP_CACHE 256
 static struct map_entry {
 	gpu_ptr base;
-	int rows, K, box_rows;
+	int rows, K, box_rows, f32;
 	CUtensorMap map;
 } map_cache[MAP_CACHE];
 static int map_next;
 
-int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
+/* f32 0: e4m3 [rows][K], boxes of 128 bytes x box_rows, 128-byte swizzle (cuda_gemm_tmap_2d);
+ * 1: fp32 [rows][K / 128] (act_quant scales), boxes of 4 values x box_rows, no swizzle. */
+static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows, int f32)
 {
 	if (!cu.cuTensorMapEncodeTiled)
 		return -ENOTSUP;
@@ -121,26 +124,33 @@ int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_row
 	for (int i = 0; i < MAP_CACHE; i++) {
 		const struct map_entry *c = &map_cache[i];
 		if (c->base == base && c->rows == rows && c->K == K && c->box_rows == box_rows &&
-		    base) {
+		    c->f32 == f32 && base) {
 			*m = c->map;
 			pthread_mutex_unlock(&gemm_lock);
 			return 0;
 		}
 	}
 	pthread_mutex_unlock(&gemm_lock);
-	cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
-	cuuint64_t strides[1] = {(cuuint64_t)K};
-	cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
+	cuuint64_t dims[2] = {(cuuint64_t)(f32 ? K / 128 : K), (cuuint64_t)rows};
+	cuuint64_t strides[1] = {(cuuint64_t)(f32 ? K / 128 * 4 : K)};
+	cuuint32_t box[2] = {f32 ? 4 : 128, (cuuint32_t)box_rows};
 	cuuint32_t estr[2] = {1, 1};
-	CU_TRY(cu.cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)(uintptr_t)base,
-					 dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-					 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+	CU_TRY(cu.cuTensorMapEncodeTiled(
+		m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+		(void *)(uintptr_t)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+		f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+		f32 ? CU_TENSOR_MAP_L2_PROMOTION_NONE : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+		CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 	pthread_mutex_lock(&gemm_lock);
-	map_cache[map_next] = (struct map_entry){base, rows, K, box_rows, *m};
+	map_cache[map_next] = (struct map_entry){base, rows, K, box_rows, f32, *m};
 	map_next = (map_next + 1) % MAP_CACHE;
 	pthread_mutex_unlock(&gemm_lock);
 	return 0;
+}
+
+int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
+{
+	return tmap_encode(m, base, rows, K, box_rows, 0);
 }
 
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
@@ -176,6 +186,23 @@ static int wg_epi_default(void)
 		on = v && *v == '1';
 	}
 	return on;
+}
+
+/* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense) instead
+ * of a 4-byte cp.async each: 1 on, 0 off, -1 the environment (DSV32_GEMM_SX_TMA=1; off until a
+ * GPU run measures it: run 19's DSV32_GEMM_STREAM_DIAG=1, those copies left out, had M = 32 at
+ * 3.23 TB/s against 2.94). */
+static int sx_tma_on = -1;
+
+void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
+
+static int sx_tma(void)
+{
+	if (sx_tma_on < 0) {
+		const char *v = getenv("DSV32_GEMM_SX_TMA");
+		sx_tma_on = v && *v == '1';
+	}
+	return sx_tma_on;
 }
 
 #define ST_EP_SLOTS 16	  /* the epilogue form's count sets (gemm_fp8_stream.cu) */
@@ -363,6 +390,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	head += copy_only || wi >= 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
 	head += wi == 3 ? 2 * mpad * ST_SROW * 4 + 16 : 0; /* its two sums buffers, their tickets */
+	/* the token scales by bulk tensor copies: sx 16-byte aligned, its rows (K / 128 fp32) too */
+	const int sxt = wi >= 2 && !w_tab && !copy_only && (K / 128) % 4 == 0 && !(sx & 15) &&
+			sx_tma();
+	head += sxt ? 128 + 8 * mpad * 16 : 0; /* each stage's box (8 stages at most) */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
@@ -390,9 +421,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
 	 * 128 rows; the tokens, boxes of 8 rows (grouped) or mpad rows (dense: one copy a K block);
 	 * one K block wide, 128-byte swizzle */
-	CUtensorMap wmap, xmap;
+	CUtensorMap wmap, xmap, smap;
 	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, w_tab ? 8 : mpad)))
+		return r;
+	smap = xmap; /* (unused without ST_SX_TMA) */
+	if (sxt && (r = tmap_encode(&smap, sx, rows, K, mpad, 1)))
 		return r;
 	if (w_tab) {
 		void *margs[] = {&wmap, &w_tab, &G};
@@ -414,6 +448,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())
 		flags |= 2; /* ST_NO_SX */
+	if (sxt)
+		flags |= 4; /* ST_SX_TMA */
 	if (wi == 3) { /* a count set of its own (ST_EP_SLOT), taken in turn */
 		static int next_set;
 		pthread_mutex_lock(&gemm_lock);
@@ -421,7 +457,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		next_set = (next_set + 1) % ST_EP_SLOTS;
 		pthread_mutex_unlock(&gemm_lock);
 	}
-	void *args[] = {&wmap, &xmap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
+	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
 			&ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
 	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1 + (wi == 3)) * 32, (unsigned)smem,
 		       args);

@@ -75,6 +75,10 @@ void cuda_gemm_set_stream_wi(int on);
  * default (the kernel for mma.sync consumers; for wgmma's the second launch, or the epilogue
  * warp with DSV32_GEMM_WG_EPI=1); k1 1 = one K chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
+/* The streaming kernel's wgmma consumers (dense): 1 = the tokens' scales of a stage by one bulk
+ * tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the environment
+ * (DSV32_GEMM_SX_TMA=1 on; default off). Process-wide (tests, the benchmark). */
+void cuda_gemm_set_stream_sx_tma(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

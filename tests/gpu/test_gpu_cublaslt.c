@@ -146,7 +146,8 @@ static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, c
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
  * with one and several chunks; the K chunks summed by the second launch, by the kernel's
  * last-arriving warps, by its epilogue warp (<= 32 rows; the same bits as the second launch:
- * the same sums in the same order), and one chunk. Then the epilogue form 40 times back to back
+ * the same sums in the same order), and one chunk; the tokens' scales by bulk tensor copies
+ * (same bits), with the second launch and with the epilogue warp. Then the epilogue form 40 times back to back
  * on one shape (its count sets, 16, reused: each GEMM must leave its counts zero, else a later
  * one waits for a chunk that never comes and traps), the last output checked. */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
@@ -160,9 +161,15 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 					{32, 1024, 7168}, {1, 1024, 18432}, {24, 2240, 7168}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
-	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
-				       "stream wgmma, one chunk", "stream wgmma, epilogue warp"};
-	static const int diag[] = {0, 1, -1, 3};
+	static const struct {
+		const char *label;
+		int diag, k1, sxt; /* cuda_gemm_set_stream_diag, cuda_gemm_set_stream_sx_tma */
+	} vs[] = {{"stream wgmma", 0, 0, 0},
+		  {"stream wgmma, chunks fused", 1, 0, 0},
+		  {"stream wgmma, one chunk", -1, 1, 0},
+		  {"stream wgmma, epilogue warp", 3, 0, 0},
+		  {"stream wgmma, token scales by tensor copies", 0, 0, 1},
+		  {"stream wgmma, epilogue warp, token scales by tensor copies", 3, 0, 1}};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
@@ -170,17 +177,21 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		const size_t n = (size_t)c.M * c.N;
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
-		for (int d = 0; d < 4; d++) {
-			cuda_gemm_set_stream_diag(diag[d], d == 2);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, labels[d]), 0);
+		for (size_t d = 0; d < sizeof vs / sizeof *vs; d++) {
+			cuda_gemm_set_stream_diag(vs[d].diag, vs[d].k1);
+			cuda_gemm_set_stream_sx_tma(vs[d].sxt);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, vs[d].label), 0);
 			if (d == 0)
 				memcpy(ref, c.got, n * 2);
+			if (d < 3)
+				continue;
+			char what[160];
+			snprintf(what, sizeof what, "%s M=%d N=%d K=%d against the second launch",
+				 vs[d].label, c.M, c.N, c.K);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, n, what), 0);
 		}
-		char what[128];
-		snprintf(what, sizeof what, "epilogue warp M=%d N=%d K=%d against the second launch",
-			 c.M, c.N, c.K);
-		CHECK_EQ_INT((int)count_differ(c.got, ref, n, what), 0);
 		cuda_gemm_set_stream_diag(-1, 0);
+		cuda_gemm_set_stream_sx_tma(-1);
 		free(ref);
 		case_free(&c);
 	}
