@@ -994,9 +994,9 @@ ST_ENTRY(0, 1, 0, )
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
 // products); SPLIT = 0: the two warpgroups' sums added at the end (even stages + odd stages;
 // KS = 2: that in each rank, then rank 0's + rank 1's), SPLIT = 1: K blocks in order — a fixed
-// order that depends on N and K only, and a row's result
-// does not depend on M (the MMA's rows are independent). The token scales (M x K/128) are loaded
-// into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
+// order that depends on N and K only, and a row's result does not depend on M (the MMA's rows
+// are independent). The token scales of the block's K blocks (M x K/128; KS = 2 its half) are
+// loaded into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
 // 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the warpgroup's first row of the
 // tile, 0 with alternate stages).
 template <int NT>
@@ -1056,8 +1056,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int nall = (KB + ST_KBS - 1) / ST_KBS, rank = KS == 2 ? (int)cluster_rank() : 0;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
-	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
+	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] of this block's
+	// K blocks kb0 .. kb0 + kbn - 1 (M x kbn: KS = 2 its half of K)
 	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
+	const int kb0 = qa * ST_KBS, kbn = min(KB, (qa + nst) * ST_KBS) - kb0;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
@@ -1125,8 +1127,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // sx is the previous kernel's
 	// the token scales by 4-byte cp.async: a thread's loads all in flight at once (one memory
 	// latency, not one per value), under the first stages' copies
-	for (int i = tid; i < M * KB; i += 256)
-		cp_async4(sxs + 4 * i, SX + i);
+	for (int i = tid; i < M * kbn; i += 256) {
+		const int m = i / kbn;
+		cp_async4(sxs + 4 * i, SX + (size_t)m * KB + kb0 + i - m * kbn);
+	}
 	cp_async_wait_all();
 	named_bar_sync(1, 256);
 
@@ -1162,8 +1166,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 #pragma unroll
 				for (int i = 0; i < R; i++)
 					wg_reg_fence(frag[i]);
-				const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * KB + kb)) : 0.f;
-				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * KB + kb)) : 0.f;
+				const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * kbn + kb - kb0)) : 0.f;
+				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * kbn + kb - kb0)) : 0.f;
 				const float w0 = lds32f(sd + 12 * j), w1 = lds32f(sd + 12 * j + 4),
 					    w2 = lds32f(sd + 12 * j + 8);
 #pragma unroll

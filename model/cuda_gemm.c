@@ -579,7 +579,9 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int stage = 2 * (nt * 128 + mpad * 128);
 	stage = stage > mpad * 128 + 8192 ? stage : mpad * 128 + 8192;
 	stage = (stage + 1023) & ~1023;
-	int head = 256 + 1024, scl = 4 * M * KB;
+	/* (KS = 2: the token scales of rank 0's K blocks, the larger half: at M = 17-32 on
+	 * 7168 x 16384 / 18432 that is a ring of 6 stages, not 4) */
+	int head = 256 + 1024, scl = 4 * M * (ks == 2 && 2 * nst < KB ? 2 * nst : KB);
 	int ns = (ST_SMEM_MAX - head - scl) / (stage + 32);
 	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
