@@ -162,10 +162,10 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 
 /* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form; 3:
  * the one-row kernel instead, cuda_gemm_fp8_gemv, with its workspace; 4: the streaming kernel's
- * wgmma consumers with the epilogue warp's chunk sum, K in 2 chunks): 1, else 0. */
+ * wgmma consumers with the epilogue warp's chunk sum, on 7168x16384): 1, else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
-	const int M = 8, N = 7168, K = 2048;
+	const int M = 8, N = 7168, K = ks == 4 ? 16384 : 2048; /* (4: o_proj's 7 K chunks) */
 	gpu_ptr w = 0, s = 0, x = 0, sx = 0, y = 0;
 	int ok = !cu.cuMemAlloc(&w, (size_t)N * K) &&
 		 !cu.cuMemAlloc(&s, (size_t)(N / 128) * (K / 128) * 4) &&
