@@ -84,9 +84,6 @@
 // bits 8..15: the raster band (weight tiles per band; 0: token tile fastest over all of M)
 
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
-// a group's token rows as their own tensor (rows = the group's count): boxes of 128 and of 64
-// rows (the paired forms' mA64); rows past the group are zero-filled by the copy engine
-__device__ tmap g_group_amaps[WG_MAX_GROUPS][2];
 
 // ---- PTX wrappers beyond tma.cuh's -----------------------------------------------------------
 
@@ -215,10 +212,6 @@ template <int BN, int STAGES, bool ST = false> struct wg_cfg {
 struct wg_tile {
 	int row0, row_end, n0;
 	const void *bmap;
-	// grouped: the group's first row r0 and its token-row maps (g_group_amaps), whose row 0 is
-	// x8's row r0
-	int r0;
-	const tmap *amap;
 	const float *S; // [ceil(N/128), K/128]
 	// grouped SwiGLU form in clusters of 2 (paired): 1 = the two CTAs take two token tiles of
 	// one weight tile (each copies half of the weight tile for both), 2 = one token tile and
@@ -308,7 +301,6 @@ __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int 
 			}
 			tl.row_end = r1;
 			tl.bmap = &g_group_maps[sc.e];
-			tl.r0 = r0, tl.amap = g_group_amaps[sc.e];
 			tl.S = reinterpret_cast<const float *>(__ldg(sc.s_tab + sc.e));
 			return true;
 		}
@@ -393,14 +385,10 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 		for (long long t = t0; wg_tile_at<SW ? 128 : BN, GROUPED, MC>(sc, t, M, N, mB, S, tl);
 		     t += dt) {
 			if (GROUPED && sc.e != e_acq) {
-				// the maps were written by k_wgmma_group_maps through the generic proxy
+				// the map was written by k_wgmma_group_maps through the generic proxy
 				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
 						     tl.bmap)
 					     : "memory");
-				for (int i = 0; i < MC; i++) // (paired: the 64-row maps too)
-					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
-							     &tl.amap[i])
-						     : "memory");
 				e_acq = sc.e;
 			}
 			for (int kb = 0; kb < KB; kb++) {
@@ -414,16 +402,10 @@ __device__ __forceinline__ void wg_produce(wg_sched &sc, long long t0, long long
 				// paired: the weight tile as two boxes of BN / 2 rows, n0.. and n1.. (SW:
 				// the gate rows, then the up rows N + n0..)
 				const int n1 = SW ? N + tl.n0 : tl.n0 + BN / 2;
-				// grouped: the tile's rows in its group's own map (row0 - r0 there), so
-				// rows past the group come in as zeros and are not read
-				if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (64-row boxes), to both
-					const int ar = tl.row0 - tl.r0 + 64 * sc.rank;
-					tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2),
-						       &tl.amap[1], FULL(s), kb * WG_BK,
-						       ar < tl.row_end - tl.r0 ? ar : 0, 3);
-				} else if (GROUPED) {
-					tma_load_2d(a_smem + s * C::A_BYTES, &tl.amap[0], FULL(s), kb * WG_BK,
-						    tl.row0 - tl.r0);
+				if (PAIRED && tl.pair == 2) { // token rows 64 rank.. (mA64), to both CTAs
+					const int ar = tl.row0 + 64 * sc.rank;
+					tma_load_2d_mc(a_smem + s * C::A_BYTES + sc.rank * (C::A_BYTES / 2), mA64,
+						       FULL(s), kb * WG_BK, ar < M ? ar : 0, 3);
 				} else {
 					tma_load_2d(a_smem + s * C::A_BYTES, mA, FULL(s), kb * WG_BK,
 						    tl.row0 < M ? tl.row0 : 0);
@@ -963,25 +945,16 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
 						      &mA64);
 }
 
-// k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], and
-// g_group_amaps[e][0 / 1] = tmplA / tmplA64 (x8's token rows, boxes of 128 / 64 rows) with their
-// address moved to the group's first row x8 + off[e] K and their row count cut to the group's,
-// for every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The templates are
-// encoded on the host with the right dims/strides/box (any valid address).
+// k_wgmma_group_maps: g_group_maps[e] = tmpl with its global address replaced by w_tab[e], for
+// every group e < G with rows (off[e+1] > off[e]). Grid G, one warp each. The template is a W8
+// map encoded on the host with the right dims/strides/box (any valid address).
 extern "C" __global__ void __launch_bounds__(32)
 k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *__restrict__ w_tab,
-		   const int *__restrict__ off, int G, const __grid_constant__ tmap tmplA,
-		   const __grid_constant__ tmap tmplA64, const uint8_t *x8, int K)
+		   const int *__restrict__ off, int G)
 {
 	__shared__ __align__(128) tmap sm;
 	const int e = blockIdx.x;
 	if (e >= G || off[e + 1] == off[e])
 		return; // the whole warp leaves together
 	tmap_store_at(&g_group_maps[e], tmpl, w_tab[e], &sm);
-	__syncwarp();
-	const unsigned long long a = (unsigned long long)(x8 + (size_t)off[e] * K);
-	const int rows = off[e + 1] - off[e];
-	tmap_store_at(&g_group_amaps[e][0], tmplA, a, &sm, rows);
-	__syncwarp();
-	tmap_store_at(&g_group_amaps[e][1], tmplA64, a, &sm, rows);
 }

@@ -104,12 +104,11 @@ __device__ __forceinline__ uint64_t l2_evict_normal()
 	return p;
 }
 
-// *dst (global) = tmpl with its global address replaced by addr (and, rows > 0, its row count,
-// dimension 1, by rows: boxes past them are zero-filled and not read), visible to the tensor-map
-// proxy of later copies (release; the user acquires with fence.proxy.tensormap::generic.acquire).
+// *dst (global) = tmpl with its global address replaced by addr, visible to the tensor-map proxy
+// of later copies (release; the user acquires with fence.proxy.tensormap::generic.acquire).
 // The whole warp calls it; scratch: a 128-byte-aligned shared tmap.
 __device__ __forceinline__ void tmap_store_at(tmap *dst, const tmap &tmpl, unsigned long long addr,
-					      tmap *scratch, int rows = 0)
+					      tmap *scratch)
 {
 	if ((threadIdx.x & 31) == 0) {
 		*scratch = tmpl;
@@ -117,11 +116,6 @@ __device__ __forceinline__ void tmap_store_at(tmap *dst, const tmap &tmpl, unsig
 				     smem_u32(scratch)),
 			     "l"(addr)
 			     : "memory");
-		if (rows > 0)
-			asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(
-					     smem_u32(scratch)),
-				     "r"(rows)
-				     : "memory");
 	}
 	__syncwarp();
 	asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu"

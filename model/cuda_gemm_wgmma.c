@@ -100,18 +100,6 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 					staged ? WGMMA_STAGED : 0);
 }
 
-/* The grouped forms' per-group tensor maps, made on the device (k_wgmma_group_maps): the weight
- * map tmpl at each group's w_tab address, and x8's token-row maps tmplA / tmplA64 (boxes of 128 /
- * 64 rows) moved to each group's first row with its row count, so a tile's rows past its group
- * are zero-filled by the copy engine instead of read (the next group's rows, never stored). */
-static int group_maps(struct gpu *g, CUtensorMap *tmpl, gpu_ptr w_tab, gpu_ptr off, int G,
-		      CUtensorMap *tmplA, CUtensorMap *tmplA64, gpu_ptr x8, int K)
-{
-	void *margs[] = {tmpl, &w_tab, &off, &G, tmplA, tmplA64, &x8, &K};
-	return gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			  margs);
-}
-
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags)
@@ -132,7 +120,9 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, paired ? bn / 2 : bn)) ||
 	    (paired && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
-	if ((r = group_maps(g, &tmpl, w_tab, off, G, &mA, paired ? &mA64 : &mA, x8, K)))
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
 		return r;
 	/* a bound on the tiles: every group adds at most one partial token tile */
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
@@ -199,7 +189,9 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)) ||
 	    (mc == 2 && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
-	if ((r = group_maps(g, &tmpl, w_tab, off, G, &mA, mc == 2 ? &mA64 : &mA, x8, K)))
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
 		return r;
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * (I / 128);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
