@@ -66,9 +66,11 @@
 // the weights' (what the per-token 4-byte copies of 33-64 rows cost the pipeline)
 #define ST_NO_SX 2
 // ST_SX_TMA (wgmma consumers, dense): the tokens' scales of a stage by one bulk tensor copy (a
-// box of 4 K blocks x mpad rows of sx, through smap) instead of a 4-byte cp.async each (run 19,
+// box of 8 K blocks from kb & ~3 x mpad rows of sx, through smap: kb and kb + 1 for any kb) instead of a 4-byte cp.async each (run 19,
 // DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without those copies against 2.94)
 #define ST_SX_TMA 4
+// ST_BAL (the epilogue-warp form only): units balanced to the K block (unit_at)
+#define ST_BAL 8
 // ST_EP_SLOT(flags): the arrival-count set of the epilogue-warp form (WI = 3, below)
 #define ST_EP_SLOT(f) (((f) >> 4) & 15)
 
@@ -321,6 +323,40 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	return w;
 }
 
+// The i-th unit of block b (false: none left) and its tile's K pieces `segs` (its chunks). By
+// default units u = b + i G (G = gridDim.x) of unit_of. bal (ST_BAL: dense, one slice): block b
+// streams K blocks [b T / G, (b + 1) T / G) of the T = tiles x KB (tile, K block) pairs taken
+// tile-major, one unit per tile it touches; a tile's pieces are numbered by block (chunk = b - the
+// first block of the tile), so every block streams the same bytes within one K block and a
+// tile's sum order (its pieces in order) depends on N, K and G only.
+__device__ __forceinline__ bool unit_at(const st_slice *sl, int b, int i, int G, int units,
+					int tiles, int chunks, int chunk_blocks, int KB, bool bal,
+					st_unit &w, int &segs)
+{
+	if (!bal) {
+		const int u = b + i * G;
+		if (u >= units)
+			return false;
+		w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		segs = chunks;
+		return true;
+	}
+	const long long T = (long long)tiles * KB, s = b * T / G, e = (b + 1) * T / G;
+	const int t = (int)(s / KB) + i;
+	const long long ts = (long long)t * KB;
+	if (s >= e || ts >= e)
+		return false;
+	// the block holding pair x: the last b with b T / G <= x
+	auto owner = [&](long long x) { return (int)(((x + 1) * G + T - 1) / T - 1); };
+	const int bf = owner(ts), bl = owner(ts + KB - 1);
+	w.e = 0, w.r0 = sl[0].r0, w.ms = sl[0].rows;
+	w.n0 = t * ST_TR;
+	w.kb0 = (int)(max(s, ts) - ts), w.kb1 = (int)(min(e, ts + KB) - ts);
+	w.chunk = b - bf, w.st = t;
+	segs = bl - bf + 1;
+	return true;
+}
+
 // MG: token groups of 8 per slice (slice rows <= 8 * MG; 0: the copy-only probe); RT: 16-row MMA tiles per consumer
 // warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
 // 128-row unit, same stage).
@@ -357,6 +393,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	constexpr bool WGM = WI >= 2, EPI = WI == 3; // wgmma consumers; the epilogue warp
 	const bool sx_tma = WGM && (flags & ST_SX_TMA) && !w_tab;
+	const bool bal = EPI && (flags & ST_BAL) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
@@ -382,9 +419,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	// then (EPI) the two sums buffers, mpad token rows of ST_SROW fp32 each, and their tickets
 	const uint32_t sums0 = scl0 + ST_MAXSTAGES * ST_SCL_BYTES, sumb = mpad * ST_SROW * 4;
 	const uint32_t tick0 = sums0 + 2 * sumb;
-	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][4 K blocks] fp32, at
-	// sxt0 + stage mpad 16 (128-byte aligned: a bulk tensor copy's destination)
-	const uint32_t sxt0 = ((EPI ? tick0 + 16 : sums0) + 127) & ~127u, sxb = mpad * 16;
+	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][8 K blocks] fp32, at
+	// sxt0 + stage mpad 32 (128-byte aligned: a bulk tensor copy's destination)
+	const uint32_t sxt0 = ((EPI ? tick0 + 16 : sums0) + 127) & ~127u, sxb = mpad * 32;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -469,14 +506,17 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	if (EPI && warp == CW + 1) {
 		// ---- the epilogue warp: each unit's sums, in the consumers' order ----
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // y and the counts: the last grid's
-		int j = 0;
-		for (int u = blockIdx.x; u < units; u += gridDim.x, j++) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		for (int j = 0;; j++) {
+			st_unit w;
+			int segs;
+			if (!unit_at(sl, blockIdx.x, j, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
+				     bal, w, segs))
+				break;
 			const int slot = j & 1, nr4 = min(TR, N - w.n0) >> 2; // float4s of a token row
 			mbar_wait(smem_u32(&sfull[slot]), (j >> 1) & 1);
 			const uint32_t sb = sums0 + slot * sumb;
-			const unsigned tick = chunks > 1 ? __float_as_uint(lds32f(tick0 + 4 * slot)) : 0u;
-			if (chunks > 1 && tick != (unsigned)chunks - 1) {
+			const unsigned tick = segs > 1 ? __float_as_uint(lds32f(tick0 + 4 * slot)) : 0u;
+			if (segs > 1 && tick != (unsigned)segs - 1) {
 				// not the last to start: this chunk's partial, then counted done
 				for (int i = lane; i < w.ms * nr4; i += 32) {
 					const int m = i / nr4, r4 = 4 * (i - m * nr4);
@@ -493,7 +533,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					atomicAdd(&ep_done[w.st], 1u);
 				}
 			} else {
-				if (chunks > 1) {
+				if (segs > 1) {
 					// the last to start: wait for the others' partials (their blocks are
 					// running); 2 s is a bug (a lost count): trap, as mbar_wait
 					if (lane == 0) {
@@ -504,7 +544,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 								     : "=r"(d)
 								     : "l"(ep_done + w.st)
 								     : "memory");
-							if (d == (unsigned)chunks - 1)
+							if (d == (unsigned)segs - 1)
 								break;
 							if ((tries & 1023) == 0) {
 								uint32_t now;
@@ -532,17 +572,17 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					// k_gemm_stream_reduce's sum: up to 8 chunks' loads in flight, then
 					// added in chunk order (this unit's own chunk from shared memory)
 					float4 sum = own;
-					for (int c0 = 0; c0 < chunks; c0 += 8) {
+					for (int c0 = 0; c0 < segs; c0 += 8) {
 						float4 v[8];
 #pragma unroll
 						for (int c = 0; c < 8; c++)
-							v[c] = c0 + c >= chunks || c0 + c == w.chunk
+							v[c] = c0 + c >= segs || c0 + c == w.chunk
 								       ? own
 								       : __ldcg(reinterpret_cast<const float4 *>(
 									   p + (size_t)(c0 + c) * rows * N));
 #pragma unroll
 						for (int c = 0; c < 8; c++)
-							if (c0 + c < chunks && c0 + c > 0)
+							if (c0 + c < segs && c0 + c > 0)
 								sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z,
 									sum.w += v[c].w;
 							else if (c0 + c == 0)
@@ -575,8 +615,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
-				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			st_unit w;
+			int segs;
+			for (int i = 0; pre < ns && unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles,
+							      chunks, chunk_blocks, KB, bal, w, segs);
+			     i++) {
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
@@ -598,8 +641,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		if (MG > 0 && blockIdx.x < units)
 			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
 					: (unsigned long long)S;
-		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		for (int i = 0;; i++) {
+			st_unit w;
+			int segs;
+			if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
+				     bal, w, segs))
+				break;
+			const int u = blockIdx.x + i * gridDim.x; // (not bal: the unit's index)
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
@@ -640,7 +688,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
 									   (sx_tma ? sxb : 0));
 					const uint32_t dst = stage0 + s * stage_bytes;
-					if (sx_tma) // columns kb & ~3 .. + 3 (past K/128 zero-filled)
+					if (sx_tma) // columns kb & ~3 .. + 7 (past K/128 zero-filled)
 						tma_load_2d_hint(sxt0 + s * sxb, smap, bar, kb & ~3, w.r0, pol_x);
 					for (int j = 0; j < nb; j++) {
 						if (!early)
@@ -715,12 +763,15 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	};
 	if (EPI && warp == 0)
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // (the tickets: the last grid's)
-	int uj = 0; // units consumed (EPI: their sums buffer uj & 1)
-	for (int u = blockIdx.x; u < units; u += gridDim.x, uj++) {
-		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+	for (int uj = 0;; uj++) { // uj: units consumed (EPI: their sums buffer uj & 1)
+		st_unit w;
+		int segs;
+		if (!unit_at(sl, blockIdx.x, uj, gridDim.x, units, tiles, chunks, chunk_blocks, KB, bal,
+			     w, segs))
+			break;
 		// EPI: the unit's ticket (started units of its tile before it), read at its end
 		unsigned ticket = 0;
-		if (EPI && chunks > 1 && warp == 0 && lane == 0)
+		if (EPI && segs > 1 && warp == 0 && lane == 0)
 			ticket = atomicAdd(&ep_start[w.st], 1u);
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
@@ -748,9 +799,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
 					// token m0's scale of K block kb + j, then token m0 + 1's
-					const uint32_t a = sx_tma ? sxt0 + s * sxb + 16 * m0 + 4 * ((kb & 3) + j)
+					const uint32_t a = sx_tma ? sxt0 + s * sxb + 32 * m0 + 4 * ((kb & 3) + j)
 								  : sd + 16 + 4 * (64 * j + m0);
-					const uint32_t a1 = a + (sx_tma ? 16 : 4);
+					const uint32_t a1 = a + (sx_tma ? 32 : 4);
 					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
 					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
 				}
@@ -875,7 +926,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 							       acc[0][mg][q]);
 					}
 				}
-			if (warp == 0 && lane == 0 && chunks > 1)
+			if (warp == 0 && lane == 0 && segs > 1)
 				sts32f(tick0 + 4 * slot, __uint_as_float(ticket));
 			__syncwarp();
 			if (lane == 0)

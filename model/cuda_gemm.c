@@ -115,7 +115,7 @@ static struct map_entry {
 static int map_next;
 
 /* f32 0: e4m3 [rows][K], boxes of 128 bytes x box_rows, 128-byte swizzle (cuda_gemm_tmap_2d);
- * 1: fp32 [rows][K / 128] (act_quant scales), boxes of 4 values x box_rows, no swizzle. */
+ * 1: fp32 [rows][K / 128] (act_quant scales), boxes of 8 values x box_rows, no swizzle. */
 static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows, int f32)
 {
 	if (!cu.cuTensorMapEncodeTiled)
@@ -133,7 +133,7 @@ static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_ro
 	pthread_mutex_unlock(&gemm_lock);
 	cuuint64_t dims[2] = {(cuuint64_t)(f32 ? K / 128 : K), (cuuint64_t)rows};
 	cuuint64_t strides[1] = {(cuuint64_t)(f32 ? K / 128 * 4 : K)};
-	cuuint32_t box[2] = {f32 ? 4 : 128, (cuuint32_t)box_rows};
+	cuuint32_t box[2] = {f32 ? 8 : 128, (cuuint32_t)box_rows};
 	cuuint32_t estr[2] = {1, 1};
 	CU_TRY(cu.cuTensorMapEncodeTiled(
 		m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
@@ -168,24 +168,39 @@ void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, 2 not at all (the GEMM launch alone: the benchmark's measure
  * of the chunk sum's cost; the output is not written), 3 by the epilogue warp (wgmma consumers,
- * dense, <= 32 rows: the _e kernels), -1 the default (in the kernel for the mma.sync consumers;
- * for wgmma's by the second launch (run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0
- * against 3.35-3.42 TB/s on the large matrices), or by the epilogue warp where
- * DSV32_GEMM_WG_EPI=1); stream_k1 1 runs one K chunk. */
+ * dense, <= 32 rows: the _e kernels), 4 the same with units balanced to the K block (ST_BAL),
+ * -1 the default (in the kernel for the mma.sync consumers; for wgmma's by the second launch
+ * (run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0 against 3.35-3.42 TB/s on the large
+ * matrices), or as 3 / 4 with DSV32_GEMM_WG_EPI=1 / 2); stream_k1 1 runs one K chunk. */
 static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
-/* The epilogue-warp form as the wgmma consumers' default chunk sum (DSV32_GEMM_WG_EPI=1; off
- * until a GPU run measures it against the second launch: bench gemm's wg_ep column). */
+/* The epilogue-warp form as the wgmma consumers' default chunk sum: DSV32_GEMM_WG_EPI=1, =2 with
+ * balanced units; 0 (off) until a GPU run measures them against the second launch (bench gemm's
+ * wg_ep and wg_bl columns). */
 static int wg_epi_default(void)
 {
 	static int on = -1;
 	if (on < 0) {
 		const char *v = getenv("DSV32_GEMM_WG_EPI");
-		on = v && *v == '1';
+		on = v && (*v == '1' || *v == '2') ? *v - '0' : 0;
 	}
 	return on;
+}
+
+/* The most K pieces a tile has when grid blocks stream the tiles x KB (tile, K block) pairs
+ * balanced (gemm_fp8_stream.cu unit_at, ST_BAL). */
+static int bal_segs(int tiles, int KB, int grid)
+{
+	const long long T = (long long)tiles * KB, G = grid;
+	int most = 0;
+	for (long long t = 0; t < tiles; t++) {
+		const long long a = t * KB, b = a + KB - 1;
+		const int segs = (int)(((b + 1) * G + T - 1) / T - ((a + 1) * G + T - 1) / T) + 1;
+		most = segs > most ? segs : most;
+	}
+	return most;
 }
 
 /* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense) instead
@@ -371,9 +386,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (copy_only || wi)
 		rt = 1;
 	/* the K chunks summed by the epilogue warp (WI = 3): dense, <= 32 rows, K chunked */
+	const int epi_mode = stream_fused == 3 || stream_fused == 4 ? stream_fused - 2
+			     : stream_fused < 0			  ? wg_epi_default()
+								  : 0;
 	if (wi == 2 && !w_tab && !copy_only && v <= 2 && sp.chunks > 1 &&
-	    (N + tile - 1) / tile <= ST_EP_TILES &&
-	    (stream_fused == 3 || (stream_fused < 0 && wg_epi_default())))
+	    (N + tile - 1) / tile <= ST_EP_TILES && epi_mode)
 		wi = 3;
 	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
@@ -393,7 +410,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	/* the token scales by bulk tensor copies: sx 16-byte aligned, its rows (K / 128 fp32) too */
 	const int sxt = wi >= 2 && !w_tab && !copy_only && (K / 128) % 4 == 0 && !(sx & 15) &&
 			sx_tma();
-	head += sxt ? 128 + 8 * mpad * 16 : 0; /* each stage's box (8 stages at most) */
+	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
@@ -443,13 +460,17 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    ((stream_fused < 0 || stream_fused == 3) && wi == 2) || wi == 3)
+	    ((stream_fused < 0 || stream_fused >= 3) && wi == 2) || wi == 3)
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
+	/* balanced units: their pieces' partials fit the chunks' workspace */
+	if (wi == 3 && epi_mode == 2 &&
+	    bal_segs((N + tile - 1) / tile, K / 128, (int)grid) <= sp.chunks)
+		flags |= 8; /* ST_BAL */
 	if (wi == 3) { /* a count set of its own (ST_EP_SLOT), taken in turn */
 		static int next_set;
 		pthread_mutex_lock(&gemm_lock);

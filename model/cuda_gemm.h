@@ -71,9 +71,10 @@ void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, 2 = not
  * summed (the GEMM launch alone; the output is not written: benchmark only), 3 = by the
- * kernel's epilogue warp (wgmma consumers, dense, <= 32 rows; elsewhere the default), -1 = the
- * default (the kernel for mma.sync consumers; for wgmma's the second launch, or the epilogue
- * warp with DSV32_GEMM_WG_EPI=1); k1 1 = one K chunk. */
+ * kernel's epilogue warp (wgmma consumers, dense, <= 32 rows; elsewhere the default), 4 = the
+ * same with units balanced to the K block (its own sum order), -1 = the default (the kernel for
+ * mma.sync consumers; for wgmma's the second launch, or 3 / 4 with DSV32_GEMM_WG_EPI=1 / 2); k1
+ * 1 = one K chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
 /* The streaming kernel's wgmma consumers (dense): 1 = the tokens' scales of a stage by one bulk
  * tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the environment

@@ -162,7 +162,8 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 
 /* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form; 3:
  * the one-row kernel instead, cuda_gemm_fp8_gemv, with its workspace; 4: the streaming kernel's
- * wgmma consumers with the epilogue warp's chunk sum, on 7168x16384): 1, else 0. */
+ * wgmma consumers with the epilogue warp's chunk sum, plain then balanced, on 7168x16384): 1,
+ * else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
 	const int M = 8, N = 7168, K = ks == 4 ? 16384 : 2048; /* (4: o_proj's 7 K chunks) */
@@ -179,8 +180,11 @@ static int probe_sw(struct gpu *g, int ks)
 		gpu_ptr ws = 0;
 		size_t wsb = cuda_gemm_decode_workspace(g, M, N, K);
 		ok = !wsb || !cu.cuMemAlloc(&ws, wsb);
-		if (ks == 4)
+		if (ks == 4) { /* both forms: plain and balanced units */
 			cuda_gemm_set_stream_diag(3, 0);
+			ok = ok && !cuda_gemm_fp8_stream_wg(g, w, s, x, sx, y, M, N, K, N, ws, 1);
+			cuda_gemm_set_stream_diag(4, 0);
+		}
 		ok = ok &&
 		     !(ks == 4	 ? cuda_gemm_fp8_stream_wg(g, w, s, x, sx, y, M, N, K, N, ws, 1)
 		       : ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, ws)
@@ -430,11 +434,11 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "wg_ep", "sw", "sw2",
-		       "gemv");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "wg_ep", "wg_bl", "sw",
+		       "sw2", "gemv");
 	fflush(stdout);
 	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
 	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
@@ -509,7 +513,7 @@ int bench_gemm(int argc, char **argv)
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
 			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wep = -1,
-			      wsw = -1, wsw2 = -1, wgv = -1;
+			      wbl = -1, wsw = -1, wsw2 = -1, wgv = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -523,6 +527,8 @@ int bench_gemm(int argc, char **argv)
 				if (sw_ok[3] && c.M <= 32) { /* summed by the epilogue warp */
 					cuda_gemm_set_stream_diag(3, 0);
 					wep = time_ms(&g, launch_stream_wg, &c, reps, trials);
+					cuda_gemm_set_stream_diag(4, 0); /* and balanced units */
+					wbl = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				}
 				cuda_gemm_set_stream_diag(-1, 0);
 				cuda_gemm_set_stream(-1);
@@ -575,11 +581,11 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wep, wsw, wsw2, wgv};
-			for (int k = 0; k < 8; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wep, wbl, wsw, wsw2, wgv};
+			for (int k = 0; k < 9; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
-				else if (c.M <= 64 && (k < 7 || c.M <= 8))
+				else if (c.M <= 64 && (k < 8 || c.M <= 8))
 					printf(" %6s", "n/a");
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
@@ -605,7 +611,7 @@ int bench_gemm(int argc, char **argv)
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
 		       "(output invalid: the chunk sum's cost is wg_nr against wg); wg_ep: wg with the "
 		       "chunks summed by the kernel's epilogue warp (M <= 32; K not chunked: wg's "
-		       "kernel); sw: TB/s of the "
+		       "kernel); wg_bl: wg_ep with units balanced to the K block; sw: TB/s of the "
 		       "swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, one block per "
 		       "NT weight rows over all of K, one launch); sw2: its cluster form (two blocks a "
 		       "tile, each half of K; where it fits, else sw again); gemv: TB/s of the one-row "
