@@ -303,6 +303,33 @@ __device__ unsigned st_ep_start[ST_EP_SLOTS * ST_EP_TILES], st_ep_done[ST_EP_SLO
 // stores of the wgmma fragments: lanes (g, t) write rows g, tokens 2t)
 #define ST_SROW 132
 
+// The fixed-order sum of `chunks` fp32 partials: float4 c at p + c plane (c = 0 ..), chunk own_c
+// taken from `own` instead (-1: none); up to 8 chunks' loads in flight at once (one memory
+// latency per 8 chunks, not one per chunk), then added in chunk order.
+__device__ __forceinline__ float4 chunk_sum4(const float *p, long long plane, int chunks,
+					     int own_c, float4 own)
+{
+	float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+	for (int c0 = 0; c0 < chunks; c0 += 8) {
+		float4 v[8];
+#pragma unroll
+		for (int c = 0; c < 8; c++)
+			if (c0 + c < chunks)
+				v[c] = c0 + c == own_c
+					       ? own
+					       : __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
+#pragma unroll
+		for (int c = 0; c < 8; c++)
+			if (c0 + c < chunks) {
+				if (c0 + c == 0)
+					sum = v[c];
+				else
+					sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
+			}
+	}
+	return sum;
+}
+
 struct st_unit {
 	int e, r0, ms, n0, kb0, kb1, chunk, st; // st: the (slice, tile) index
 };
@@ -568,26 +595,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					const uint4 o = lds128(sb + 4 * (m * ST_SROW + r4));
 					const float4 own = make_float4(__uint_as_float(o.x), __uint_as_float(o.y),
 								       __uint_as_float(o.z), __uint_as_float(o.w));
-					const float *p = partial + r * N + w.n0 + r4;
-					// k_gemm_stream_reduce's sum: up to 8 chunks' loads in flight, then
-					// added in chunk order (this unit's own chunk from shared memory)
-					float4 sum = own;
-					for (int c0 = 0; c0 < segs; c0 += 8) {
-						float4 v[8];
-#pragma unroll
-						for (int c = 0; c < 8; c++)
-							v[c] = c0 + c >= segs || c0 + c == w.chunk
-								       ? own
-								       : __ldcg(reinterpret_cast<const float4 *>(
-									   p + (size_t)(c0 + c) * rows * N));
-#pragma unroll
-						for (int c = 0; c < 8; c++)
-							if (c0 + c < segs && c0 + c > 0)
-								sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z,
-									sum.w += v[c].w;
-							else if (c0 + c == 0)
-								sum = v[c];
-					}
+					// k_gemm_stream_reduce's sum (this unit's own chunk from shared memory)
+					const float4 sum = chunk_sum4(partial + r * N + w.n0 + r4,
+								      (long long)rows * N, segs, w.chunk, own);
 					uint16_t *y = Y + r * ldy + w.n0 + r4;
 					y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
 					y[2] = f32_to_bf16(sum.z), y[3] = f32_to_bf16(sum.w);
@@ -1356,9 +1366,8 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
-// partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
-// chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
-// one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
+// partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns (chunk_sum4: the grid is
+// small, a few blocks an SM beside the GEMM's).
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
@@ -1369,23 +1378,7 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 	const long long total = (long long)R * N / 4, plane = (long long)rows * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {
-		const float *p = partial + 4 * i;
-		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-		for (int c0 = 0; c0 < chunks; c0 += 8) {
-			float4 v[8];
-#pragma unroll
-			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks)
-					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
-#pragma unroll
-			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks) {
-					if (c0 + c == 0)
-						sum = v[c];
-					else
-						sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
-				}
-		}
+		const float4 sum = chunk_sum4(partial + 4 * i, plane, chunks, -1, float4{});
 		const long long r = 4 * i / N, n = 4 * i % N;
 		uint16_t *y = Y + r * ldy + n;
 		y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
