@@ -182,6 +182,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
 		for (size_t d = 0; d < sizeof vs / sizeof *vs; d++) {
+			if (vs[d].diag >= 3 && c.M > 32) /* (the epilogue warp: <= 32 rows) */
+				continue;
 			cuda_gemm_set_stream_diag(vs[d].diag, vs[d].k1);
 			cuda_gemm_set_stream_sx_tma(vs[d].sxt);
 			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, vs[d].label), 0);
