@@ -40,25 +40,6 @@ static int launch(struct gpu *g, const char *name, unsigned grid, unsigned smem,
 	return gpu_launch(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args);
 }
 
-/* A diagnostic variable read once (the value, or dflt when unset). */
-static int env_once(int *cache, const char *name, int dflt)
-{
-	if (*cache < 0) {
-		const char *v = getenv(name);
-		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
-	}
-	return *cache;
-}
-
-/* DSV32_CUDA_WGMMA_SKEW=1 (diagnosis, read once): every wgmma launch with WGMMA_SKEW (the second
- * consumer warpgroup starts after the first's first MMAs). */
-static int skew_cache = -1;
-
-static int skew_flag(void)
-{
-	return env_once(&skew_cache, "DSV32_CUDA_WGMMA_SKEW", 0) == 1 ? WGMMA_SKEW : 0;
-}
-
 static int shape_ok(const char *what, int M, int N, int K, int ldy)
 {
 	if (M >= 1 && N >= 64 && N % 64 == 0 && K >= 128 && K % 128 == 0 && ldy >= N && ldy % 2 == 0)
@@ -87,7 +68,6 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 	long long items = (long long)(((M + WG_BM - 1) / WG_BM + mc - 1) / mc) * ((N + bn - 1) / bn);
 	long long clusters = g->sm_count / mc;
 	unsigned grid = (unsigned)((items < clusters ? items : clusters) * mc);
-	flags |= skew_flag();
 	void *args[] = {&mA, &mB, &sx, &S, &y, &M, &N, &K, &ldy, &flags};
 	static const char *names[2][2][2] = {
 		{{"k_gemm_fp8_wgmma_n128", "k_gemm_fp8_wgmma_n192"},
@@ -147,7 +127,6 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	/* a bound on the tiles: every group adds at most one partial token tile */
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
-	flags |= skew_flag();
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags, &mA64};
 	if (paired) /* clusters of 2: an even grid */
 		return launch(g, bn == 256 ? "k_gemm_fp8_wgmma_grouped_n256_ss_st_mc2"
@@ -161,6 +140,16 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
 				  : "k_gemm_fp8_wgmma_grouped_n192",
 		      grid, smem_bytes(bn, st), args);
+}
+
+/* A diagnostic variable read once (the value, or dflt when unset). */
+static int env_once(int *cache, const char *name, int dflt)
+{
+	if (*cache < 0) {
+		const char *v = getenv(name);
+		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
+	}
+	return *cache;
 }
 
 /* The SwiGLU form's codes staged in shared memory and stored as 16-byte chunks (the _st
@@ -208,7 +197,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
 	if (mc == 2) /* clusters of 2: an even grid, each cluster one item of two tiles */
 		grid = grid < 2 ? 2 : grid & ~1u;
-	int flags = skew_flag();
+	int flags = 0;
 	void *args[] = {&mA, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K, &flags, &mA64};
 	int st = swiglu_staged() && h8 % 16 == 0;
 	static const char *const names[2][2] = {
