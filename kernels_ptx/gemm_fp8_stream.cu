@@ -66,13 +66,10 @@
 // the weights' (what the per-token 4-byte copies of 33-64 rows cost the pipeline)
 #define ST_NO_SX 2
 // ST_SX_TMA (wgmma consumers, dense): the tokens' scales of a stage by one bulk tensor copy (a
-// box of 8 K blocks from kb & ~3 x mpad rows of sx, through smap: kb and kb + 1 for any kb) instead of a 4-byte cp.async each (run 19,
-// DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without those copies against 2.94)
+// box of 8 K blocks from kb & ~3 x mpad rows of sx, through smap: kb and kb + 1 for any kb)
+// instead of a 4-byte cp.async each (run 19, DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without
+// those copies against 2.94)
 #define ST_SX_TMA 4
-// ST_BAL (the epilogue-warp form only): units balanced to the K block (unit_at)
-#define ST_BAL 8
-// ST_EP_SLOT(flags): the arrival-count set of the epilogue-warp form (WI = 3, below)
-#define ST_EP_SLOT(f) (((f) >> 4) & 15)
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -119,11 +116,6 @@ __device__ __forceinline__ float lds32f(uint32_t addr)
 	return r;
 }
 
-__device__ __forceinline__ void sts32f(uint32_t addr, float v)
-{
-	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-
 // An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
 // barrier's expected arrivals: .noinc)
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar)
@@ -140,7 +132,7 @@ __device__ __forceinline__ void fence_acq_rel_gpu()
 	asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-// ---- wgmma (the fast mode's consumers, WI = 2 and 3) -------------------------------------------
+// ---- wgmma (the fast mode's consumers, WI = 2) -------------------------------------------------
 // d (+)= A[64 x 32] . B[N x 32]^T (e4m3, fp32; accumulate = 0 overwrites d), N = 8, 16, 32, 64:
 // d holds N / 2 registers a thread
 __device__ __forceinline__ void wg_n8(float *d, uint64_t da, uint64_t db, int accumulate)
@@ -292,44 +284,6 @@ __device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4
 #define ST_COUNTS (1 << 20)
 __device__ unsigned st_count[ST_COUNTS];
 
-// The epilogue-warp form's counts (WI = 3): per (set, tile) the units that have started (their
-// tickets) and the chunks whose partials are stored; zero when the module loads, and the tile's
-// last starter resets both once it has summed. A set per GEMM in flight (the host takes them in
-// turn, ST_EP_SLOT of the flags), so GEMMs on two streams at once count apart.
-#define ST_EP_SLOTS 16
-#define ST_EP_TILES 4096
-__device__ unsigned st_ep_start[ST_EP_SLOTS * ST_EP_TILES], st_ep_done[ST_EP_SLOTS * ST_EP_TILES];
-// a token's row of a unit's sums in shared memory: 128 fp32 + 4 of padding (conflict-free
-// stores of the wgmma fragments: lanes (g, t) write rows g, tokens 2t)
-#define ST_SROW 132
-
-// The fixed-order sum of `chunks` fp32 partials: float4 c at p + c plane (c = 0 ..), chunk own_c
-// taken from `own` instead (-1: none); up to 8 chunks' loads in flight at once (one memory
-// latency per 8 chunks, not one per chunk), then added in chunk order.
-__device__ __forceinline__ float4 chunk_sum4(const float *p, long long plane, int chunks,
-					     int own_c, float4 own)
-{
-	float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-	for (int c0 = 0; c0 < chunks; c0 += 8) {
-		float4 v[8];
-#pragma unroll
-		for (int c = 0; c < 8; c++)
-			if (c0 + c < chunks)
-				v[c] = c0 + c == own_c
-					       ? own
-					       : __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
-#pragma unroll
-		for (int c = 0; c < 8; c++)
-			if (c0 + c < chunks) {
-				if (c0 + c == 0)
-					sum = v[c];
-				else
-					sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
-			}
-	}
-	return sum;
-}
-
 struct st_unit {
 	int e, r0, ms, n0, kb0, kb1, chunk, st; // st: the (slice, tile) index
 };
@@ -350,40 +304,6 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	return w;
 }
 
-// The i-th unit of block b (false: none left) and its tile's K pieces `segs` (its chunks). By
-// default units u = b + i G (G = gridDim.x) of unit_of. bal (ST_BAL: dense, one slice): block b
-// streams K blocks [b T / G, (b + 1) T / G) of the T = tiles x KB (tile, K block) pairs taken
-// tile-major, one unit per tile it touches; a tile's pieces are numbered by block (chunk = b - the
-// first block of the tile), so every block streams the same bytes within one K block and a
-// tile's sum order (its pieces in order) depends on N, K and G only.
-__device__ __forceinline__ bool unit_at(const st_slice *sl, int b, int i, int G, int units,
-					int tiles, int chunks, int chunk_blocks, int KB, bool bal,
-					st_unit &w, int &segs)
-{
-	if (!bal) {
-		const int u = b + i * G;
-		if (u >= units)
-			return false;
-		w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-		segs = chunks;
-		return true;
-	}
-	const long long T = (long long)tiles * KB, s = b * T / G, e = (b + 1) * T / G;
-	const int t = (int)(s / KB) + i;
-	const long long ts = (long long)t * KB;
-	if (s >= e || ts >= e)
-		return false;
-	// the block holding pair x: the last b with b T / G <= x
-	auto owner = [&](long long x) { return (int)(((x + 1) * G + T - 1) / T - 1); };
-	const int bf = owner(ts), bl = owner(ts + KB - 1);
-	w.e = 0, w.r0 = sl[0].r0, w.ms = sl[0].rows;
-	w.n0 = t * ST_TR;
-	w.kb0 = (int)(max(s, ts) - ts), w.kb1 = (int)(min(e, ts + KB) - ts);
-	w.chunk = b - bf, w.st = t;
-	segs = bl - bf + 1;
-	return true;
-}
-
 // MG: token groups of 8 per slice (slice rows <= 8 * MG; 0: the copy-only probe); RT: 16-row MMA tiles per consumer
 // warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
 // 128-row unit, same stage).
@@ -397,16 +317,6 @@ __device__ __forceinline__ bool unit_at(const st_slice *sl, int b, int i, int G,
 // ring (7 stages at any M): 0.85-0.97x of these at every M; not kept. Run 13 measured stages of
 // one K block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense
 // and grouped; not kept.)
-// WI = 3 (dense, chunked K, the fast mode): WI = 2's consumers, and a tenth warp, the epilogue,
-// sums the K chunks in the kernel instead of a second launch (k_gemm_stream_reduce): at a
-// unit's end the consumers put their fp32 sums into one of two shared buffers (they wait only
-// when both are still held) and go on with the next unit; the epilogue warp then either stores
-// them as the chunk's partial and counts the chunk done (fence, then a relaxed add: the
-// consumers never wait on the memory system), or, when this unit was the last of its tile's
-// chunks to START (a ticket taken by consumer warp 0 as the unit begins: every other chunk of
-// the tile is then held by a block already running, so the wait below always ends), waits
-// until the other chunks are done and adds the partials and its own sums in chunk order —
-// k_gemm_stream_reduce's float4 sums, so the same bits as WI = 2 with the second launch.
 template <int MG, int RT, int WI>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
@@ -418,14 +328,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 {
 	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
-	constexpr bool WGM = WI >= 2, EPI = WI == 3; // wgmma consumers; the epilogue warp
-	const bool sx_tma = WGM && (flags & ST_SX_TMA) && !w_tab;
-	const bool bal = EPI && (flags & ST_BAL) && !w_tab;
+	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
-	// the epilogue form's (bytes 128 .. 159): its two sums buffers ready, taken
-	uint64_t *sfull = empty + ST_MAXSTAGES, *sfree = sfull + 2;
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	// after the slice_cap slices: their count and the slice scan's warp totals (the host
 	// leaves 3 more slices' room: 12 ints)
@@ -439,16 +345,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
-	const uint32_t fstage = WGM ? 0 : KBS * (MG > 0 ? MG : 1) * 2048;
+	const uint32_t fstage = WI == 2 ? 0 : KBS * (MG > 0 ? MG : 1) * 2048;
 	// then each stage's promotion scales, copied by the producer warp: S[row block][kb + j] at
 	// +4j, sx[r0 + m][kb + j] at +16 + 4 (64 j + m)
 	const uint32_t scl0 = fbuf + 2 * fstage;
-	// then (EPI) the two sums buffers, mpad token rows of ST_SROW fp32 each, and their tickets
-	const uint32_t sums0 = scl0 + ST_MAXSTAGES * ST_SCL_BYTES, sumb = mpad * ST_SROW * 4;
-	const uint32_t tick0 = sums0 + 2 * sumb;
 	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][8 K blocks] fp32, at
 	// sxt0 + stage mpad 32 (128-byte aligned: a bulk tensor copy's destination)
-	const uint32_t sxt0 = ((EPI ? tick0 + 16 : sums0) + 127) & ~127u, sxb = mpad * 32;
+	const uint32_t sxt0 = (scl0 + ST_MAXSTAGES * ST_SCL_BYTES + 127) & ~127u, sxb = mpad * 32;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -515,11 +418,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
 			mbar_init(smem_u32(&empty[s]), CW);
 		}
-		if (EPI)
-			for (int i = 0; i < 2; i++) {
-				mbar_init(smem_u32(&sfull[i]), CW); // the consumer warps
-				mbar_init(smem_u32(&sfree[i]), 1);  // the epilogue warp
-			}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
@@ -527,88 +425,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 
 	const int tiles = (N + TR - 1) / TR;
 	const int units = *n_slices * tiles * chunks;
-	unsigned *ep_start = st_ep_start + ST_EP_SLOT(flags) * ST_EP_TILES;
-	unsigned *ep_done = st_ep_done + ST_EP_SLOT(flags) * ST_EP_TILES;
-
-	if (EPI && warp == CW + 1) {
-		// ---- the epilogue warp: each unit's sums, in the consumers' order ----
-		asm volatile("griddepcontrol.wait;" ::: "memory"); // y and the counts: the last grid's
-		for (int j = 0;; j++) {
-			st_unit w;
-			int segs;
-			if (!unit_at(sl, blockIdx.x, j, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
-				     bal, w, segs))
-				break;
-			const int slot = j & 1, nr4 = min(TR, N - w.n0) >> 2; // float4s of a token row
-			mbar_wait(smem_u32(&sfull[slot]), (j >> 1) & 1);
-			const uint32_t sb = sums0 + slot * sumb;
-			const unsigned tick = segs > 1 ? __float_as_uint(lds32f(tick0 + 4 * slot)) : 0u;
-			if (segs > 1 && tick != (unsigned)segs - 1) {
-				// not the last to start: this chunk's partial, then counted done
-				for (int i = lane; i < w.ms * nr4; i += 32) {
-					const int m = i / nr4, r4 = 4 * (i - m * nr4);
-					const uint4 v = lds128(sb + 4 * (m * ST_SROW + r4));
-					__stcg(reinterpret_cast<float4 *>(
-						       partial + ((size_t)w.chunk * rows + w.r0 + m) * N + w.n0 + r4),
-					       make_float4(__uint_as_float(v.x), __uint_as_float(v.y),
-							   __uint_as_float(v.z), __uint_as_float(v.w)));
-				}
-				fence_acq_rel_gpu();
-				__syncwarp();
-				if (lane == 0) {
-					fence_acq_rel_gpu(); // (the warp's stores, through __syncwarp)
-					atomicAdd(&ep_done[w.st], 1u);
-				}
-			} else {
-				if (segs > 1) {
-					// the last to start: wait for the others' partials (their blocks are
-					// running); 2 s is a bug (a lost count): trap, as mbar_wait
-					if (lane == 0) {
-						uint32_t t0 = 0;
-						for (uint32_t tries = 1;; tries++) {
-							unsigned d;
-							asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-								     : "=r"(d)
-								     : "l"(ep_done + w.st)
-								     : "memory");
-							if (d == (unsigned)segs - 1)
-								break;
-							if ((tries & 1023) == 0) {
-								uint32_t now;
-								asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
-								if (!t0)
-									t0 = now | 1;
-								else if (now - t0 > 2000000000u)
-									__trap();
-							}
-						}
-						// every chunk has started and is done: the counts are free
-						ep_start[w.st] = 0;
-						ep_done[w.st] = 0;
-					}
-					__syncwarp();
-					fence_acq_rel_gpu();
-				}
-				for (int i = lane; i < w.ms * nr4; i += 32) {
-					const int m = i / nr4, r4 = 4 * (i - m * nr4);
-					const size_t r = (size_t)w.r0 + m;
-					const uint4 o = lds128(sb + 4 * (m * ST_SROW + r4));
-					const float4 own = make_float4(__uint_as_float(o.x), __uint_as_float(o.y),
-								       __uint_as_float(o.z), __uint_as_float(o.w));
-					// k_gemm_stream_reduce's sum (this unit's own chunk from shared memory)
-					const float4 sum = chunk_sum4(partial + r * N + w.n0 + r4,
-								      (long long)rows * N, segs, w.chunk, own);
-					uint16_t *y = Y + r * ldy + w.n0 + r4;
-					y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
-					y[2] = f32_to_bf16(sum.z), y[3] = f32_to_bf16(sum.w);
-				}
-			}
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&sfree[slot]));
-		}
-		return;
-	}
 
 	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
@@ -625,11 +441,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			st_unit w;
-			int segs;
-			for (int i = 0; pre < ns && unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles,
-							      chunks, chunk_blocks, KB, bal, w, segs);
-			     i++) {
+			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
+				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
@@ -651,13 +464,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		if (MG > 0 && blockIdx.x < units)
 			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
 					: (unsigned long long)S;
-		for (int i = 0;; i++) {
-			st_unit w;
-			int segs;
-			if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
-				     bal, w, segs))
-				break;
-			const int u = blockIdx.x + i * gridDim.x; // (not bal: the unit's index)
+		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
@@ -771,18 +579,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
-	if (EPI && warp == 0)
-		asm volatile("griddepcontrol.wait;" ::: "memory"); // (the tickets: the last grid's)
-	for (int uj = 0;; uj++) { // uj: units consumed (EPI: their sums buffer uj & 1)
-		st_unit w;
-		int segs;
-		if (!unit_at(sl, blockIdx.x, uj, gridDim.x, units, tiles, chunks, chunk_blocks, KB, bal,
-			     w, segs))
-			break;
-		// EPI: the unit's ticket (started units of its tile before it), read at its end
-		unsigned ticket = 0;
-		if (EPI && segs > 1 && warp == 0 && lane == 0)
-			ticket = atomicAdd(&ep_start[w.st], 1u);
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
 		const int rt_n = min(RT, max(0, (N - n) >> 4));
@@ -792,7 +590,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
 		float sc[KBS][MGA][2];
 		float acc[RT][MGA][4];
-		float frag[WGM ? 4 * MGA : 1]; // the wgmma fragment (WI = 2, 3)
+		float frag[WI == 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2)
 #pragma unroll
 		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -819,7 +617,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			const uint32_t st = stage0 + s * stage_bytes;
 			const uint32_t fb = fbuf + (it & 1) * fstage; // this stage's fp16 token fragments
 			const int nb = min(KBS, w.kb1 - kb);
-			if (MG > 0 && !WGM) {
+			if (MG > 0 && WI != 2) {
 				// The stage's token rows as fp16 fragments, converted once by all consumer
 				// warps together: item (j, mg, h, ln) = 8 bytes of token mg * 8 + ln / 4, bytes
 				// 32 (ln % 4) + 8h of K block j, stored as 4 f16x2 words at
@@ -840,7 +638,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				named_bar_sync(1, CW * 32); // every warp's conversions are visible
 			}
-			if constexpr (MG > 0 && WGM) {
+			if constexpr (MG > 0 && WI == 2) {
 				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
 				// consumers') times the tokens; the fragment's register 4 mg + q is
 				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
@@ -858,7 +656,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
-			if (MG > 0 && !WGM && rt_n > 0) {
+			if (MG > 0 && WI != 2 && rt_n > 0) {
 				// 128-byte swizzle: 16-byte chunk c of a row r sits at chunk c ^ (r % 8); every
 				// row this lane reads has r % 8 == g, and it reads chunks 2t and 2t + 1
 				const uint32_t c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
@@ -918,31 +716,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		}
 		if constexpr (MG == 0) // the copy-only probe: no arithmetic, no output
 			continue;
-		if constexpr (EPI) {
-			// the sums into buffer uj & 1 (once the epilogue warp has taken its previous
-			// ones) as [token][row], and the ticket; the epilogue warp does the rest
-			const uint32_t slot = uj & 1, sb = sums0 + slot * sumb;
-			mbar_wait(smem_u32(&sfree[slot]), ((uj >> 1) & 1) ^ 1);
-			if (rt_n > 0)
-#pragma unroll
-				for (int mg = 0; mg < MG; mg++) {
-					if (mg >= mg_n)
-						break;
-#pragma unroll
-					for (int q = 0; q < 4; q++) {
-						const int m = mg * 8 + 2 * t + (q & 1);
-						if (m < w.ms)
-							sts32f(sb + 4 * (m * ST_SROW + warp * 16 + g + 8 * (q >> 1)),
-							       acc[0][mg][q]);
-					}
-				}
-			if (warp == 0 && lane == 0 && segs > 1)
-				sts32f(tick0 + 4 * slot, __uint_as_float(ticket));
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&sfull[slot]));
-			continue;
-		}
 		if (chunks > 1 && fused) {
 			// the fused chunk sum's steps for the units before this one (see below)
 			fence_acq_rel_gpu();
@@ -985,7 +758,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 }
 
 #define ST_ENTRY(MG, RT, WI, SUF)                                                                 \
-	extern "C" __global__ void __launch_bounds__((8 / RT + 1 + (WI == 3)) * 32, 1)           \
+	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
 					const __grid_constant__ tmap smap,                     \
@@ -1014,10 +787,6 @@ ST_ENTRY(1, 1, 2, _w)
 ST_ENTRY(2, 1, 2, _w)
 ST_ENTRY(4, 1, 2, _w)
 ST_ENTRY(8, 1, 2, _w)
-// the epilogue-warp form (dense, <= 32 token rows: two sums buffers beside a ring of 4 stages)
-ST_ENTRY(1, 1, 3, _e)
-ST_ENTRY(2, 1, 3, _e)
-ST_ENTRY(4, 1, 3, _e)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
 ST_ENTRY(0, 1, 0, )
@@ -1091,6 +860,10 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 	}
 }
 
+__device__ __forceinline__ void sts32f(uint32_t addr, float v)
+{
+	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
 
 #define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
 // The swapped kernel's ring: up to 16 stages (its barriers fill the 256-byte header), so that
@@ -1366,8 +1139,9 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
-// partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns (chunk_sum4: the grid is
-// small, a few blocks an SM beside the GEMM's).
+// partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
+// chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
+// one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
 		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
@@ -1378,7 +1152,23 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 	const long long total = (long long)R * N / 4, plane = (long long)rows * N;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {
-		const float4 sum = chunk_sum4(partial + 4 * i, plane, chunks, -1, float4{});
+		const float *p = partial + 4 * i;
+		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+		for (int c0 = 0; c0 < chunks; c0 += 8) {
+			float4 v[8];
+#pragma unroll
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks)
+					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
+#pragma unroll
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks) {
+					if (c0 + c == 0)
+						sum = v[c];
+					else
+						sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
+				}
+		}
 		const long long r = 4 * i / N, n = 4 * i % N;
 		uint16_t *y = Y + r * ldy + n;
 		y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);

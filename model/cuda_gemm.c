@@ -167,46 +167,21 @@ void cuda_gemm_set_stream_wi(int on) { stream_wi = on; }
 
 /* Diagnosis (bench gemm): stream_fused 1 sums the K chunks in the kernel (its last-arriving
  * warps), 0 by the second launch, 2 not at all (the GEMM launch alone: the benchmark's measure
- * of the chunk sum's cost; the output is not written), 3 by the epilogue warp (wgmma consumers,
- * dense, <= 32 rows: the _e kernels), 4 the same with units balanced to the K block (ST_BAL),
- * -1 the default (in the kernel for the mma.sync consumers; for wgmma's by the second launch
- * (run 10, bench gemm wg against wg_nf at M = 1: 2.3-3.0 against 3.35-3.42 TB/s on the large
- * matrices), or as 3 / 4 with DSV32_GEMM_WG_EPI=1 / 2); stream_k1 1 runs one K chunk. */
+ * of the chunk sum's cost; the output is not written), -1 the default (in the kernel for the
+ * mma.sync consumers, by the second launch for wgmma's: run 10, bench gemm wg against wg_nf at
+ * M = 1: 2.3-3.0 against 3.35-3.42 TB/s on the large matrices; run 33, a tenth "epilogue" warp
+ * summing them in the kernel (the unit that started last among a tile's chunks waited for the
+ * others' partials): 3.34 / 2.47 / 1.88 / 0.98 TB/s at M = 1 / 8 / 16 / 32 on 7168x16384
+ * against 3.44 / 3.40 / 3.27 / 2.97 with the second launch, removed); stream_k1 1 runs one K
+ * chunk. */
 static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
-/* The epilogue-warp form as the wgmma consumers' default chunk sum: DSV32_GEMM_WG_EPI=1, =2 with
- * balanced units; 0 (off) until a GPU run measures them against the second launch (bench gemm's
- * wg_ep and wg_bl columns). */
-static int wg_epi_default(void)
-{
-	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_GEMM_WG_EPI");
-		on = v && (*v == '1' || *v == '2') ? *v - '0' : 0;
-	}
-	return on;
-}
-
-/* The most K pieces a tile has when grid blocks stream the tiles x KB (tile, K block) pairs
- * balanced (gemm_fp8_stream.cu unit_at, ST_BAL). */
-static int bal_segs(int tiles, int KB, int grid)
-{
-	const long long T = (long long)tiles * KB, G = grid;
-	int most = 0;
-	for (long long t = 0; t < tiles; t++) {
-		const long long a = t * KB, b = a + KB - 1;
-		const int segs = (int)(((b + 1) * G + T - 1) / T - ((a + 1) * G + T - 1) / T) + 1;
-		most = segs > most ? segs : most;
-	}
-	return most;
-}
-
-/* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense) instead
- * of a 4-byte cp.async each: 1 on, 0 off, -1 the environment (DSV32_GEMM_SX_TMA=1; off until a
- * GPU run measures it: run 19's DSV32_GEMM_STREAM_DIAG=1, those copies left out, had M = 32 at
- * 3.23 TB/s against 2.94). */
+/* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense)
+ * instead of a 4-byte cp.async per token and K block (run 19's DSV32_GEMM_STREAM_DIAG=1, those
+ * copies left out, had M = 32 at 3.23 TB/s against 2.94): 1 on, 0 off, -1 the environment
+ * (DSV32_GEMM_SX_TMA=0 off; on by default from run 34). */
 static int sx_tma_on = -1;
 
 void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
@@ -215,14 +190,10 @@ static int sx_tma(void)
 {
 	if (sx_tma_on < 0) {
 		const char *v = getenv("DSV32_GEMM_SX_TMA");
-		sx_tma_on = v && *v == '1';
+		sx_tma_on = !(v && *v == '0');
 	}
 	return sx_tma_on;
 }
-
-#define ST_EP_SLOTS 16	  /* the epilogue form's count sets (gemm_fp8_stream.cu) */
-#define ST_EP_TILES 4096 /* 128-row tiles a set counts */
-#define ST_SROW 132	  /* fp32 a token row of its sums buffers */
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -371,28 +342,18 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int rt = stream_rt ? stream_rt : 1;
 	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma, wgmma with the epilogue warp; columns: 8, 16, 32, 64 token rows, the
-	 * copy-only probe */
-	static const char *names[4][5] = {
+	 * RT = 2, wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
+	static const char *names[3][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
-		{"k_gemm_fp8_stream_m1_r1_e", "k_gemm_fp8_stream_m2_r1_e", "k_gemm_fp8_stream_m4_r1_e",
-		 NULL, NULL}};
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (copy_only || wi)
 		rt = 1;
-	/* the K chunks summed by the epilogue warp (WI = 3): dense, <= 32 rows, K chunked */
-	const int epi_mode = stream_fused == 3 || stream_fused == 4 ? stream_fused - 2
-			     : stream_fused < 0			  ? wg_epi_default()
-								  : 0;
-	if (wi == 2 && !w_tab && !copy_only && v <= 2 && sp.chunks > 1 &&
-	    (N + tile - 1) / tile <= ST_EP_TILES && epi_mode)
-		wi = 3;
-	const char *name = names[wi == 3 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -404,11 +365,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
-	head += copy_only || wi >= 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
+	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
-	head += wi == 3 ? 2 * mpad * ST_SROW * 4 + 16 : 0; /* its two sums buffers, their tickets */
 	/* the token scales by bulk tensor copies: sx 16-byte aligned, its rows (K / 128 fp32) too */
-	const int sxt = wi >= 2 && !w_tab && !copy_only && (K / 128) % 4 == 0 && !(sx & 15) &&
+	const int sxt = wi == 2 && !w_tab && !copy_only && (K / 128) % 4 == 0 && !(sx & 15) &&
 			sx_tma();
 	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
 	int ns = (ST_SMEM_MAX - head) / stage;
@@ -460,29 +420,18 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    ((stream_fused < 0 || stream_fused >= 3) && wi == 2) || wi == 3)
+	    (stream_fused < 0 && wi == 2))
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
-	/* balanced units: their pieces' partials fit the chunks' workspace */
-	if (wi == 3 && epi_mode == 2 &&
-	    bal_segs((N + tile - 1) / tile, K / 128, (int)grid) <= sp.chunks)
-		flags |= 8; /* ST_BAL */
-	if (wi == 3) { /* a count set of its own (ST_EP_SLOT), taken in turn */
-		static int next_set;
-		pthread_mutex_lock(&gemm_lock);
-		flags |= next_set << 4;
-		next_set = (next_set + 1) % ST_EP_SLOTS;
-		pthread_mutex_unlock(&gemm_lock);
-	}
-	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws, &rows, &N, &K,
-			&ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap, &flags};
-	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1 + (wi == 3)) * 32, (unsigned)smem,
-		       args);
-	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2 || wi == 3)
+	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
+			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
+			&flags};
+	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
+	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	if (ek != EPI_NONE)

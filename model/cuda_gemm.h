@@ -70,15 +70,13 @@ void cuda_gemm_set_stream_rt(int rt);
 void cuda_gemm_set_stream_wi(int on);
 /* Diagnosis of the streaming kernel (tests, benchmark): fused 1 = the K chunks summed by the
  * kernel's last-arriving warps (when its counts have room), 0 = by a second launch, 2 = not
- * summed (the GEMM launch alone; the output is not written: benchmark only), 3 = by the
- * kernel's epilogue warp (wgmma consumers, dense, <= 32 rows; elsewhere the default), 4 = the
- * same with units balanced to the K block (its own sum order), -1 = the default (the kernel for
- * mma.sync consumers; for wgmma's the second launch, or 3 / 4 with DSV32_GEMM_WG_EPI=1 / 2); k1
- * 1 = one K chunk. */
+ * summed (the GEMM launch alone; the output is not written: benchmark only), -1 = the
+ * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
+ * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
 /* The streaming kernel's wgmma consumers (dense): 1 = the tokens' scales of a stage by one bulk
  * tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the environment
- * (DSV32_GEMM_SX_TMA=1 on; default off). Process-wide (tests, the benchmark). */
+ * (DSV32_GEMM_SX_TMA=0 off; default on). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_sx_tma(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */

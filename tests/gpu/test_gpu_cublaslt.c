@@ -144,13 +144,10 @@ static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, c
 /* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
  * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
- * with one and several chunks; the K chunks summed by the second launch, by the kernel's
- * last-arriving warps, by its epilogue warp (<= 32 rows; the same bits as the second launch:
- * the same sums in the same order), and one chunk; the tokens' scales by bulk tensor copies
- * (same bits), with the second launch and with the epilogue warp; the epilogue warp over units
- * balanced to the K block (its own order of the pieces: against the CPU only). Then the epilogue form 40 times back to back
- * on one shape (its count sets, 16, reused: each GEMM must leave its counts zero, else a later
- * one waits for a chunk that never comes and traps), the last output checked. */
+ * with one and several chunks (chunks of an odd number of K blocks: 2112 x 7168, 7168 x 16384);
+ * the K chunks summed by the second launch, by the kernel, and one chunk; each with the tokens'
+ * scales by 4-byte copies and by bulk tensor copies (cuda_gemm_set_stream_sx_tma: the same
+ * values, so the same bits). */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -162,18 +159,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 					{32, 1024, 7168}, {1, 1024, 18432}, {24, 2240, 7168}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
-	static const struct {
-		const char *label;
-		int diag, k1, sxt; /* cuda_gemm_set_stream_diag, cuda_gemm_set_stream_sx_tma */
-	} vs[] = {{"stream wgmma", 0, 0, 0},
-		  {"stream wgmma, chunks fused", 1, 0, 0},
-		  {"stream wgmma, one chunk", -1, 1, 0},
-		  {"stream wgmma, epilogue warp", 3, 0, 0},
-		  {"stream wgmma, token scales by tensor copies", 0, 0, 1},
-		  {"stream wgmma, epilogue warp, token scales by tensor copies", 3, 0, 1},
-		  {"stream wgmma, epilogue warp, balanced units", 4, 0, 0},
-		  {"stream wgmma, epilogue warp, balanced units, token scales by tensor copies", 4, 0,
-		   1}};
+	static const char *labels[] = {"stream wgmma", "stream wgmma, chunks fused",
+				       "stream wgmma, one chunk"};
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
 		struct lt_case c;
 		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 950 + i);
@@ -181,39 +168,26 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		const size_t n = (size_t)c.M * c.N;
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
-		for (size_t d = 0; d < sizeof vs / sizeof *vs; d++) {
-			if (vs[d].diag >= 3 && c.M > 32) /* (the epilogue warp: <= 32 rows) */
-				continue;
-			cuda_gemm_set_stream_diag(vs[d].diag, vs[d].k1);
-			cuda_gemm_set_stream_sx_tma(vs[d].sxt);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, vs[d].label), 0);
-			if (d == 0)
-				memcpy(ref, c.got, n * 2);
-			if (d < 3 || vs[d].diag == 4) /* (balanced: its own sum order) */
-				continue;
-			char what[160];
-			snprintf(what, sizeof what, "%s M=%d N=%d K=%d against the second launch",
-				 vs[d].label, c.M, c.N, c.K);
-			CHECK_EQ_INT((int)count_differ(c.got, ref, n, what), 0);
-		}
+		for (int d = 0; d < 3; d++)
+			for (int sxt = 0; sxt < 2; sxt++) {
+				cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
+				cuda_gemm_set_stream_sx_tma(sxt);
+				char what[128];
+				snprintf(what, sizeof what, "%s%s", labels[d],
+					 sxt ? ", token scales by tensor copies" : "");
+				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, what), 0);
+				if (!sxt) {
+					memcpy(ref, c.got, n * 2);
+					continue;
+				}
+				char w2[192];
+				snprintf(w2, sizeof w2, "%s M=%d N=%d K=%d against 4-byte copies", what, c.M,
+					 c.N, c.K);
+				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+			}
 		cuda_gemm_set_stream_diag(-1, 0);
 		cuda_gemm_set_stream_sx_tma(-1);
 		free(ref);
-		case_free(&c);
-	}
-	{
-		struct lt_case c;
-		case_init(&g, &c, 8, 2048, 16384, 970);
-		cuda_gemm_set_stream_diag(3, 0);
-		for (int k = 0; k < 39; k++) {
-			cuda_gemm_set_stream_diag(3 + k % 2, 0); /* both forms share the count sets */
-			REQUIRE(cuda_gemm_fp8_stream_wg(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K,
-							c.N, c.dws, 1) == 0);
-		}
-		REQUIRE(gpu_sync(&g) == 0);
-		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, epilogue warp, 40th"), 0);
-		cuda_gemm_set_stream_diag(-1, 0);
 		case_free(&c);
 	}
 	cuda_gemm_set_stream_wi(-1);
@@ -328,7 +302,8 @@ static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, c
  * first; M 1-8; one 16-row tile, partial 128-row scale blocks (N = 2240, 576), K of one block,
  * K split into chunks summed by the last-arriving block (2240 x 7168, 4096 x 16384: several
  * chunks, a short last one), rows enough for many units a block (24576 x 1536); then row 0
- * alone equal to row 0 of the M-row product (batch invariance among M <= 8), and the fast mode's dispatch through CUDA_GEMM_PATH_GEMV. */
+ * alone equal to row 0 of the M-row product (batch invariance among M <= 8), and the fast
+ * mode's dispatch through CUDA_GEMM_PATH_GEMV. */
 TEST_T(gpu_cublaslt, gemv_vs_cpu, 120)
 {
 	struct gpu g;

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver/cublaslt.h"
 #include "driver/gpu.h"
@@ -161,12 +162,10 @@ static int launch_lt(struct gpu *g, void *vctx, int i)
 }
 
 /* One swapped-kernel GEMM (M = 8, 7168x2048) completes in form ks (1, 2: the cluster form; 3:
- * the one-row kernel instead, cuda_gemm_fp8_gemv, with its workspace; 4: the streaming kernel's
- * wgmma consumers with the epilogue warp's chunk sum, plain then balanced, on 7168x16384): 1,
- * else 0. */
+ * the one-row kernel instead, cuda_gemm_fp8_gemv, with its workspace): 1, else 0. */
 static int probe_sw(struct gpu *g, int ks)
 {
-	const int M = 8, N = 7168, K = ks == 4 ? 16384 : 2048; /* (4: o_proj's 7 K chunks) */
+	const int M = 8, N = 7168, K = 2048;
 	gpu_ptr w = 0, s = 0, x = 0, sx = 0, y = 0;
 	int ok = !cu.cuMemAlloc(&w, (size_t)N * K) &&
 		 !cu.cuMemAlloc(&s, (size_t)(N / 128) * (K / 128) * 4) &&
@@ -180,17 +179,10 @@ static int probe_sw(struct gpu *g, int ks)
 		gpu_ptr ws = 0;
 		size_t wsb = cuda_gemm_decode_workspace(g, M, N, K);
 		ok = !wsb || !cu.cuMemAlloc(&ws, wsb);
-		if (ks == 4) { /* both forms: plain and balanced units */
-			cuda_gemm_set_stream_diag(3, 0);
-			ok = ok && !cuda_gemm_fp8_stream_wg(g, w, s, x, sx, y, M, N, K, N, ws, 1);
-			cuda_gemm_set_stream_diag(4, 0);
-		}
 		ok = ok &&
-		     !(ks == 4	 ? cuda_gemm_fp8_stream_wg(g, w, s, x, sx, y, M, N, K, N, ws, 1)
-		       : ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, ws)
-				 : cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2)) &&
+		     !(ks == 3 ? cuda_gemm_fp8_gemv(g, w, s, x, sx, y, M, N, K, N, ws)
+			       : cuda_gemm_fp8_stream_sw(g, w, s, x, sx, y, M, N, K, N, ks == 2)) &&
 		     !gpu_sync(g);
-		cuda_gemm_set_stream_diag(-1, 0);
 		if (ok && ws)
 			cu.cuMemFree(ws);
 	}
@@ -409,14 +401,14 @@ int bench_gemm(int argc, char **argv)
 	/* The swapped kernel's forms and the one-row kernel are new: one launch of each on a small
 	 * shape first; one that fails is left out (its column n/a) and the GPU reopened, so the rest
 	 * still runs. */
-	int sw_ok[4] = {0, 0, 0, 0};
-	for (int ks = 1; run_dense && ks <= 4; ks++) {
+	int sw_ok[3] = {0, 0, 0};
+	for (int ks = 1; run_dense && ks <= 3; ks++) {
 		sw_ok[ks - 1] = (ks != 2 || sw_ok[0]) && probe_sw(&g, ks);
 		if (sw_ok[ks - 1])
 			continue;
 		static const char *const what[] = {"swapped kernel", "swapped kernel's cluster form",
-						   "one-row kernel", "epilogue-warp chunk sum"},
-					 *const col[] = {"sw", "sw2", "gemv", "wg_ep"};
+						   "one-row kernel"},
+					 *const col[] = {"sw", "sw2", "gemv"};
 		fprintf(stderr, "dsv32 bench gemm: the %s failed its probe; column %s left out\n",
 			what[ks - 1], col[ks - 1]);
 		gpu_close(&g);
@@ -434,11 +426,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "wg_ep", "wg_bl", "sw",
-		       "sw2", "gemv");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw", "sw2", "gemv");
 	fflush(stdout);
 	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
 	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
@@ -453,6 +444,8 @@ int bench_gemm(int argc, char **argv)
 	}
 	static const int Ms[] = {1, 8, 16, 32, 64, 128, 4096};
 	const int max_m = 4096;
+	gpu_ptr kept[6 * 8]; /* every shape's buffers, freed at the end */
+	int n_kept = 0;
 	int rc_all = 0;
 	for (size_t si = 0; run_dense && si < n_sh; si++) {
 		struct gemm_ctx c = {.N = sh[si][0], .K = sh[si][1]};
@@ -486,6 +479,13 @@ int bench_gemm(int argc, char **argv)
 			return 1;
 		for (int k = 0; k < c.copies; k++)
 			cw[k] = c.w + (size_t)k * c.w_bytes, cs[k] = c.s + (size_t)k * c.s_bytes;
+		/* Run 33: the first row (M = 1) of each shape after the first read 3-13% below the same
+		 * kernel's own column and below the shape run alone (--shape), the more the longer the
+		 * previous shape's M = 4096 rows had run at ~1,100 TFLOP/s (the SW power cap) or the
+		 * previous shape's buffers had just been freed: a pause for the clocks, and every
+		 * shape's buffers kept until the end. */
+		if (si > 0)
+			usleep(300000);
 		for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
 			c.M = Ms[mi];
 			/* a whole number of turns over the copies, >= 40 launches (>= 8 at big M) */
@@ -512,24 +512,17 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wep = -1,
-			      wbl = -1, wsw = -1, wsw2 = -1, wgv = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1,
+			      wsw2 = -1, wgv = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
 				cp = time_ms(&g, launch_copy, &c, reps, trials);
-				cuda_gemm_set_stream_diag(0, 0); /* wgmma consumers, the second launch */
 				wgs = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(1, 0); /* wgmma consumers, chunks summed fused */
 				wfu = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(2, 0); /* the GEMM launch alone, no chunk sum */
 				wnr = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				if (sw_ok[3] && c.M <= 32) { /* summed by the epilogue warp */
-					cuda_gemm_set_stream_diag(3, 0);
-					wep = time_ms(&g, launch_stream_wg, &c, reps, trials);
-					cuda_gemm_set_stream_diag(4, 0); /* and balanced units */
-					wbl = time_ms(&g, launch_stream_wg, &c, reps, trials);
-				}
 				cuda_gemm_set_stream_diag(-1, 0);
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
@@ -581,24 +574,24 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, wep, wbl, wsw, wsw2, wgv};
-			for (int k = 0; k < 9; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2, wgv};
+			for (int k = 0; k < 7; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
-				else if (c.M <= 64 && (k < 8 || c.M <= 8))
+				else if (c.M <= 64 && (k < 6 || c.M <= 8))
 					printf(" %6s", "n/a");
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
 		}
 		free(cw);
 		free(cs);
-		cu.cuMemFree(c.w);
-		cu.cuMemFree(c.s);
-		cu.cuMemFree(c.x);
-		cu.cuMemFree(c.sx);
-		cu.cuMemFree(c.y);
-		cu.cuMemFree(c.ws);
+		/* (freed after the last shape: see the pause above) */
+		const gpu_ptr bufs[] = {c.w, c.s, c.x, c.sx, c.y, c.ws};
+		for (int k = 0; k < 6 && n_kept < (int)(sizeof kept / sizeof *kept); k++)
+			kept[n_kept++] = bufs[k];
 	}
+	for (int k = 0; k < n_kept; k++)
+		cu.cuMemFree(kept[k]);
 	if (run_dense)
 		printf("\ncommand: dsv32 bench gemm --trials %d%s (ours: cuda_gemm_fp8, the dispatch the "
 		       "engine runs, %s; path: what it ran (stream / v2: the exact decode kernels, wg: "
@@ -609,9 +602,7 @@ int bench_gemm(int argc, char **argv)
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
-		       "(output invalid: the chunk sum's cost is wg_nr against wg); wg_ep: wg with the "
-		       "chunks summed by the kernel's epilogue warp (M <= 32; K not chunked: wg's "
-		       "kernel); wg_bl: wg_ep with units balanced to the K block; sw: TB/s of the "
+		       "(output invalid: the chunk sum's cost is wg_nr against wg); sw: TB/s of the "
 		       "swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, one block per "
 		       "NT weight rows over all of K, one launch); sw2: its cluster form (two blocks a "
 		       "tile, each half of K; where it fits, else sw again); gemv: TB/s of the one-row "
