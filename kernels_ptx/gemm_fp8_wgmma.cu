@@ -958,3 +958,299 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 		return; // the whole warp leaves together
 	tmap_store_at(&g_group_maps[e], tmpl, w_tab[e], &sm);
 }
+
+// ---- token-wide grouped form (MoE experts at prefill sizes) ------------------------------------
+// k_gemm_fp8_tw_grouped: the grouped GEMM with the weights as wgmma's A and a chunk of a group's
+// token rows as its N. y[r, n] = bf16( Σ_kb (Σ_k x8[r, k] W_e[n, k]) · (sx[r, kb] · S_e[n/128, kb]) )
+// for the rows r of group e (rows off[e] .. off[e+1]), as the plain grouped form, value for value.
+//
+// Why: the grouped GEMMs are bound by the bytes each SM takes in (run 32, ncu: 5.7 TB/s into the
+// SMs, consumers waiting on their stages a third of the time, the ring full of loads; multicast
+// and L2 prefetch did not help). With 128-token tiles an expert of 129-256 rows takes two token
+// tiles and so its weight tile twice (48 KB a K block each); here an item is 256 weight rows x
+// up to TW_N tokens, so such an expert (up to TW_N rows) takes its weight tile once (32 KB + its
+// rows x 128 B a K block): ~30% fewer bytes into the SMs per useful FLOP at 4096 tokens.
+//
+// Items: a group of c rows is cut into nch = ceil(c / TW_N) chunks of rc = round16(ceil(c / nch))
+// rows (the last one shorter); an item is (group, weight tile of 256 rows, chunk), the chunk
+// fastest, walked by persistent CTAs in steps of the grid. NN = the chunk's rows rounded up to 16
+// is the wgmma N (a switch over the 9 widths); rows past the chunk are read (the next group's, or
+// zeros past x8) and computed but never stored.
+// Warps: warpgroup 0 = the producer thread (TMA: the weight tile as two boxes of 128 rows from
+// the group's map g_group_maps[e] (k_wgmma_group_maps), the chunk's rows as NN / 16 boxes of 16
+// rows) and two scale warps (the chunk's sx of the K block and the two weight-scale blocks into
+// the stage's scale slot), all arriving on the stage's "full" barrier; warpgroups 1 and 2 the
+// consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of each box (two m64 chains),
+// per K block: 4 x wgmma m64nNNk32 into a fresh fragment, wait, promote with sx[r, kb] · S
+// (the CPU's order: the scale product first, then one fma), the second box the same; release.
+// Registers: two accumulators + one fragment of NN / 2 each (TW_N = 144: 216).
+#define TW_N 144          // token rows an item at most (a multiple of 16)
+#define TW_STAGES 4
+#define TW_W_BYTES 32768  // 256 weight rows x 128 K bytes
+#define TW_X_BYTES (TW_N * 128)
+#define TW_SC_BYTES 592   // TW_N token scales + 2 weight scales, 16-byte multiple
+#define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
+
+// wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
+#define TW_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define TW_R16 TW_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define TW_R24 TW_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define TW_R32 TW_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define TW_R40 TW_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define TW_R48 TW_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define TW_R56 TW_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define TW_R64 TW_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define TW_R72 TW_R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define TW_MMA(nn, regs, ia, ib, ic, ...)                                                       \
+	__device__ __forceinline__ void tw_mma_n##nn(float *d, uint64_t da, uint64_t db,         \
+						     int accumulate)                            \
+	{                                                                                      \
+		WGMMA_E4M3(nn, regs, ia, ib, ic, __VA_ARGS__);                                  \
+	}
+TW_MMA(16, TW_R8, 8, 9, 10, WG_D8(0))
+TW_MMA(32, TW_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
+TW_MMA(48, TW_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
+TW_MMA(64, TW_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24))
+TW_MMA(80, TW_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32))
+TW_MMA(96, TW_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40))
+TW_MMA(112, TW_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48))
+TW_MMA(128, TW_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56))
+TW_MMA(144, TW_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64))
+
+template <int NN>
+__device__ __forceinline__ void tw_mma(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	if constexpr (NN == 16) tw_mma_n16(d, da, db, accumulate);
+	else if constexpr (NN == 32) tw_mma_n32(d, da, db, accumulate);
+	else if constexpr (NN == 48) tw_mma_n48(d, da, db, accumulate);
+	else if constexpr (NN == 64) tw_mma_n64(d, da, db, accumulate);
+	else if constexpr (NN == 80) tw_mma_n80(d, da, db, accumulate);
+	else if constexpr (NN == 96) tw_mma_n96(d, da, db, accumulate);
+	else if constexpr (NN == 112) tw_mma_n112(d, da, db, accumulate);
+	else if constexpr (NN == 128) tw_mma_n128(d, da, db, accumulate);
+	else tw_mma_n144(d, da, db, accumulate);
+}
+
+// One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).
+struct tw_item {
+	int e, row0, rows, n0;
+};
+
+// The item walker (every walking thread keeps its own copy; the same sequence for the same
+// blockIdx): t only grows, so the group only moves forward.
+struct tw_sched {
+	const int *off;
+	int G, NT; // groups, weight tiles of 256 rows
+	int e;
+	long long base; // first item of group e
+};
+
+__device__ __forceinline__ bool tw_item_at(tw_sched &sc, long long t, tw_item &it)
+{
+	while (sc.e < sc.G) {
+		const int r0 = __ldg(sc.off + sc.e), c = __ldg(sc.off + sc.e + 1) - r0;
+		const int nch = (c + TW_N - 1) / TW_N;
+		const long long cnt = (long long)nch * sc.NT;
+		if (t < sc.base + cnt) {
+			const int local = (int)(t - sc.base);
+			const int rc = ((c + nch - 1) / nch + 15) & ~15, ch = local % nch;
+			it.e = sc.e, it.n0 = (local / nch) * 256;
+			it.row0 = r0 + ch * rc, it.rows = min(rc, c - ch * rc);
+			return true;
+		}
+		sc.base += cnt;
+		sc.e++;
+	}
+	return false;
+}
+
+// Barriers of stage s (base bars): full[TW_STAGES], then empty[TW_STAGES].
+#define TW_FULL(s) (bars + (uint32_t)(s) * 8)
+#define TW_EMPTY(s) (bars + (uint32_t)(TW_STAGES + (s)) * 8)
+
+// One chain of a consumer warpgroup: frag = A[64 x 128] . B[NN x 128]^T over the stage's K
+// block (4 k32 steps), then acc += frag · (sx[token] · sw) (thread: columns 8j + 2q, + 1).
+template <int NN>
+__device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, uint64_t db,
+					 uint32_t sc_s, float sw, int q)
+{
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		wg_reg_fence(frag[i]);
+	wg_fence();
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		tw_mma<NN>(frag, da + 2 * k, db + 2 * k, k > 0);
+	wg_commit();
+	wg_wait0();
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		wg_reg_fence(frag[i]);
+#pragma unroll
+	for (int j = 0; j < NN / 8; j++) {
+		float x0, x1;
+		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+			     : "=f"(x0), "=f"(x1)
+			     : "r"(sc_s + 4 * (8 * j + 2 * q))
+			     : "memory");
+		const float s0 = x0 * sw, s1 = x1 * sw;
+		acc[4 * j + 0] = fmaf(frag[4 * j + 0], s0, acc[4 * j + 0]);
+		acc[4 * j + 1] = fmaf(frag[4 * j + 1], s1, acc[4 * j + 1]);
+		acc[4 * j + 2] = fmaf(frag[4 * j + 2], s0, acc[4 * j + 2]);
+		acc[4 * j + 3] = fmaf(frag[4 * j + 3], s1, acc[4 * j + 3]);
+	}
+}
+
+// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
+template <int NN>
+__device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
+						uint32_t x_smem, uint32_t scl, uint32_t bars,
+						int &s, uint32_t &ph, uint16_t *y, int ldy)
+{
+	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+	const int q = lane & 3;
+	float acc0[NN / 2], acc1[NN / 2], frag[NN / 2];
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		acc0[i] = 0.f, acc1[i] = 0.f;
+	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * 128), db0 = wgd_kmajor(x_smem);
+	for (int kb = 0; kb < KB; kb++) {
+		mbar_wait(TW_FULL(s), ph);
+		const uint32_t sc_s = scl + s * TW_SC_BYTES;
+		const float sw0 = lds_f32(sc_s + 4 * TW_N), sw1 = lds_f32(sc_s + 4 * TW_N + 4);
+		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
+		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
+		tw_chain<NN>(acc0, frag, da, db, sc_s, sw0, q);
+		tw_chain<NN>(acc1, frag, da + ((uint64_t)(TW_W_BYTES / 2) >> 4), db, sc_s, sw1, q);
+		if (lane == 0)
+			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
+		if (++s == TW_STAGES)
+			s = 0, ph ^= 1;
+	}
+	// y[token][n]: register 4j + {0, 1} holds weight row r_lo, tokens 8j + 2q + {0, 1};
+	// 4j + {2, 3} the same tokens of row r_lo + 8
+	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
+#pragma unroll
+	for (int j = 0; j < NN / 8; j++) {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int t = 8 * j + 2 * q + h;
+			if (t < it.rows) {
+				uint16_t *yr = y + (size_t)(it.row0 + t) * ldy + it.n0 + r_lo;
+				yr[0] = f32_to_bf16(acc0[4 * j + h]);
+				yr[8] = f32_to_bf16(acc0[4 * j + 2 + h]);
+				yr[128] = f32_to_bf16(acc1[4 * j + h]);
+				yr[136] = f32_to_bf16(acc1[4 * j + 2 + h]);
+			}
+		}
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
+{
+	extern __shared__ uint8_t tw_smem_raw[];
+	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
+	const uint32_t w_smem = base, x_smem = w_smem + TW_STAGES * TW_W_BYTES;
+	const uint32_t scl = x_smem + TW_STAGES * TW_X_BYTES;
+	const uint32_t bars = scl + TW_STAGES * TW_SC_BYTES;
+	const int KB = K / 128;
+	tw_sched sc = {off, G, N / 256, 0, 0};
+	const long long t0 = blockIdx.x, dt = gridDim.x;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < TW_STAGES; s++) {
+			mbar_init(TW_FULL(s), 65); // the copy producer + 64 scale threads
+			mbar_init(TW_EMPTY(s), 8); // each consumer warp
+		}
+		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
+				     : "memory");
+		tmap_prefetch(&mX);
+	}
+	__syncthreads();
+	const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+	tw_item it;
+	if (wg == 0) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 48;");
+		int s = 0, e_acq = -1;
+		uint32_t ph = 0;
+		if (threadIdx.x == 0) { // the copies
+			for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+				const tmap *wm = &g_group_maps[it.e];
+				if (it.e != e_acq) { // written by k_wgmma_group_maps (generic proxy)
+					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+							     wm)
+						     : "memory");
+					e_acq = it.e;
+				}
+				const int nb = (it.rows + 15) / 16;
+				for (int kb = 0; kb < KB; kb++) {
+					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
+					mbar_arrive_expect_tx(TW_FULL(s), TW_W_BYTES + nb * 2048);
+					const uint32_t w = w_smem + s * TW_W_BYTES;
+					tma_load_2d(w, wm, TW_FULL(s), kb * 128, it.n0);
+					tma_load_2d(w + TW_W_BYTES / 2, wm, TW_FULL(s), kb * 128, it.n0 + 128);
+					for (int j = 0; j < nb; j++) {
+						const int r = it.row0 + 16 * j;
+						tma_load_2d(x_smem + s * TW_X_BYTES + j * 2048, &mX, TW_FULL(s),
+							    kb * 128, r < max_rows ? r : 0);
+					}
+					if (++s == TW_STAGES)
+						s = 0, ph ^= 1;
+				}
+			}
+		} else if ((threadIdx.x >> 5) <= 2) { // the scales: warps 1 and 2, rows L + 64 i
+			const int L = threadIdx.x - 32;
+			for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
+				const float *w0 = Se + (size_t)(it.n0 / 128) * KB;
+				for (int kb = 0; kb < KB; kb++) {
+					float v[3];
+#pragma unroll
+					for (int i = 0; i < 3; i++) {
+						const int r = min(it.row0 + L + 64 * i, max_rows - 1);
+						v[i] = L + 64 * i < TW_N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
+					}
+					float a = 0.f, b = 0.f;
+					if (L == 0)
+						a = __ldg(w0 + kb), b = __ldg(w0 + KB + kb);
+					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
+					const uint32_t dst = scl + s * TW_SC_BYTES;
+#pragma unroll
+					for (int i = 0; i < 3; i++)
+						if (L + 64 * i < TW_N)
+							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
+									     dst + 4 * (L + 64 * i)),
+								     "f"(v[i])
+								     : "memory");
+					if (L == 0)
+						asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(
+								     dst + 4 * TW_N),
+							     "f"(a), "f"(b)
+							     : "memory");
+					mbar_arrive(TW_FULL(s));
+					if (++s == TW_STAGES)
+						s = 0, ph ^= 1;
+				}
+			}
+		}
+	} else {
+		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		int s = 0;
+		uint32_t ph = 0;
+		for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+			switch ((it.rows + 15) / 16) {
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			}
+		}
+	}
+}

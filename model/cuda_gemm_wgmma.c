@@ -250,10 +250,52 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 						     max_rows, I, K, mc);
 }
 
+/* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
+ * 592 bytes of scales, 8 barriers, 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
+#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 592) + 8 * 8 + 1024)
+
+int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
+{
+	if (max_rows == 0 && G >= 1)
+		return 0; /* no rows in any group */
+	if (!shape_ok("gemm_fp8_tw_grouped", max_rows, N, K, ldy) || N % 256 || G < 1 ||
+	    G > WG_MAX_GROUPS)
+		return -EINVAL;
+	/* the weight template (boxes of 128 rows), placed per group on the device; the token rows
+	 * as boxes of 16 */
+	CUtensorMap tmpl, mX;
+	int r;
+	if ((r = cuda_gemm_tmap_2d(&mX, x8, max_rows, K, 16)) ||
+	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, 128)))
+		return r;
+	void *margs[] = {&tmpl, &w_tab, &off, &G};
+	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			    margs)))
+		return r;
+	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
+	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
+}
+
+static int tw_cache = -1;
+
+void cuda_gemm_wgmma_set_tw(int on)
+{
+	tw_cache = on != 0;
+}
+
+int cuda_gemm_wgmma_tw(void)
+{
+	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 0) == 1;
+}
+
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy)
 {
+	if (cuda_gemm_wgmma_tw() && N % 256 == 0)
+		return cuda_gemm_fp8_tw_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
+						ldy);
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
 	 * (K = 2048) with the staged stores; run 8 (timing_moe_prefill, down at 4096 tokens):
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores

@@ -77,6 +77,16 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags);
+/* The token-wide grouped form (k_gemm_fp8_tw_grouped: 256 weight rows x a chunk of up to 144 of
+ * a group's token rows an item; the same outputs as the forms above): N % 256 == 0. */
+int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
+			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
+/* Whether cuda_gemm_fp8_wgmma_grouped runs the token-wide form where it can (and the MoE block
+ * then takes its gate|up GEMM unfused, through it, with k_moe_swiglu_quant after):
+ * DSV32_CUDA_WGMMA_TW=1, read at the first call; cuda_gemm_wgmma_set_tw for tests. Default off
+ * until measured. */
+int cuda_gemm_wgmma_tw(void);
+void cuda_gemm_wgmma_set_tw(int on);
 #endif
 
 #endif

@@ -517,7 +517,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	const int wgmma = use_wgmma(d), sw = wgmma && !d->unfused;
+	/* (the token-wide grouped form, DSV32_CUDA_WGMMA_TW=1, has no SwiGLU epilogue: gate|up
+	 * unfused through it, then k_moe_swiglu_quant) */
+	const int wgmma = use_wgmma(d), sw = wgmma && !d->unfused && !cuda_gemm_wgmma_tw();
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -525,8 +527,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							D);
 	} else if (stages & CUDA_MOE_W13) {
 		/* the streaming kernel's chunk sum does the SwiGLU where it can (-ENOTSUP: not) */
-		rc = d->unfused ? -ENOTSUP
-			       : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
+		rc = d->unfused || wgmma ? -ENOTSUP
+					 : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
 							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
 		sw_done = rc == 0;

@@ -527,15 +527,23 @@ static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
 			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
+/* v = TW: the token-wide form, cuda_gemm_fp8_tw_grouped (N % 256 == 0) */
+enum { TW = -2 };
+
 /* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
 static int grp_usable(const struct grp_case *c, int v)
 {
+	if (v == TW)
+		return c->N % 256 == 0;
 	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
 }
 
-/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped) */
+/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped; v = TW: the token-wide form) */
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
 {
+	if (v == TW)
+		return cuda_gemm_fp8_tw_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
+						c->dy, c->rows, c->N, c->K, c->N);
 	if (v < 0)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
 						   c->dsx, c->dy, c->rows, c->N, c->K, c->N);
@@ -570,8 +578,9 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 				     .real = c->fill == REAL};
 		char what[112];
 		snprintf(what, sizeof what,
-			 "grouped %d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d",
-			 v < 0 ? 0 : gvars[v][0], v < 0 ? 0 : gvars[v][1], v < 0 ? 0 : gvars[v][2],
+			 "grouped %s%d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d",
+			 v == TW ? "token-wide " : "", v < 0 ? 0 : gvars[v][0],
+			 v < 0 ? 0 : gvars[v][1], v < 0 ? 0 : gvars[v][2],
 			 c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
 		bad += check_rows(g, pool, &gc, rows, n, what);
 		free(gc.ref), free(gc.A), free(gc.ref_rows);
@@ -594,12 +603,19 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	for (int v = -1; v < N_GVAR; v++)
+	for (int v = TW; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	for (int v = -1; v < N_GVAR; v++)
+	for (int v = TW; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
+	grp_free(&c);
+	/* the token-wide form's chunks: 600 rows in 5 chunks of 120, 145 in 2 (80 + 65), 144 in
+	 * one, short groups, the last group's rows ending at max_rows; up to 64 rows of each */
+	static const int c4[] = {600, 16, 0, 145, 1, 144, 31};
+	grp_init(&g, &c, 7, c4, 512, 512, 1304, WIDE);
+	grp_check(&g, pool, &c, TW, 64);
+	grp_check(&g, pool, &c, -1, 64);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
 	static const int c3[] = {0, 0, 0};
