@@ -70,6 +70,8 @@
 // instead of a 4-byte cp.async each (run 19, DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without
 // those copies against 2.94)
 #define ST_SX_TMA 4
+// ST_BAL (wgmma consumers, dense, K chunked): units balanced to the K block (unit_at)
+#define ST_BAL 8
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -304,6 +306,41 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	return w;
 }
 
+// K pieces of the balanced split (ST_BAL): G blocks stream the T = tiles x KB (tile, K block)
+// pairs taken tile-major, block b the pairs [b T / G, (b + 1) T / G); bal_owner: the block that
+// holds pair x (the last b with b T / G <= x); a tile's pieces are numbered by block.
+__device__ __forceinline__ int bal_owner(long long x, long long T, int G)
+{
+	return (int)(((x + 1) * G + T - 1) / T - 1);
+}
+
+// The i-th unit of block b (false: none left). By default units u = b + i G (G = gridDim.x) of
+// unit_of. bal (dense, one slice): one unit for each tile block b's pairs touch, chunk = its
+// piece's number (b - the tile's first block): every block streams the same bytes within one K
+// block, and a tile's pieces (k_gemm_stream_reduce sums them in order) depend on N, K and G only.
+__device__ __forceinline__ bool unit_at(const st_slice *sl, int b, int i, int G, int units,
+					int tiles, int chunks, int chunk_blocks, int KB, bool bal,
+					st_unit &w)
+{
+	if (!bal) {
+		const int u = b + i * G;
+		if (u >= units)
+			return false;
+		w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		return true;
+	}
+	const long long T = (long long)tiles * KB, s = b * T / G, e = (b + 1) * T / G;
+	const int t = (int)(s / KB) + i;
+	const long long ts = (long long)t * KB;
+	if (s >= e || ts >= e)
+		return false;
+	w.e = 0, w.r0 = sl[0].r0, w.ms = sl[0].rows;
+	w.n0 = t * ST_TR;
+	w.kb0 = (int)(max(s, ts) - ts), w.kb1 = (int)(min(e, ts + KB) - ts);
+	w.chunk = b - bal_owner(ts, T, G), w.st = t;
+	return true;
+}
+
 // MG: token groups of 8 per slice (slice rows <= 8 * MG; 0: the copy-only probe); RT: 16-row MMA tiles per consumer
 // warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
 // 128-row unit, same stage).
@@ -329,6 +366,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
+	const bool bal = WI == 2 && (flags & ST_BAL) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
@@ -441,8 +479,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
-				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			st_unit w;
+			for (int i = 0; pre < ns && unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles,
+							      chunks, chunk_blocks, KB, bal, w);
+			     i++) {
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
@@ -464,8 +504,12 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		if (MG > 0 && blockIdx.x < units)
 			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
 					: (unsigned long long)S;
-		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		for (int i = 0;; i++) {
+			st_unit w;
+			if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
+				     bal, w))
+				break;
+			const int u = blockIdx.x + i * gridDim.x; // (not bal: the unit's index)
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
@@ -579,8 +623,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
-	for (int u = blockIdx.x; u < units; u += gridDim.x) {
-		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+	for (int i = 0;; i++) {
+		st_unit w;
+		if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB, bal,
+			     w))
+			break;
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
 		const int rt_n = min(RT, max(0, (N - n) >> 4));
@@ -1139,12 +1186,13 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
+// bal_g > 0 (ST_BAL, bal_kb = K / 128): column n's tile has its own count of pieces (bal_owner).
 // partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
 // chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
 // one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
-		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
+		     int rows, const int *__restrict__ rows_dev, int N, int ldy, int bal_kb, int bal_g)
 {
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
@@ -1153,16 +1201,22 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {
 		const float *p = partial + 4 * i;
+		int pieces = chunks;
+		if (bal_g > 0) {
+			const long long t = 4 * i % N / ST_TR, T = (long long)((N + 127) / 128) * bal_kb;
+			pieces = bal_owner((t + 1) * bal_kb - 1, T, bal_g) -
+				 bal_owner(t * bal_kb, T, bal_g) + 1;
+		}
 		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-		for (int c0 = 0; c0 < chunks; c0 += 8) {
+		for (int c0 = 0; c0 < pieces; c0 += 8) {
 			float4 v[8];
 #pragma unroll
 			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks)
+				if (c0 + c < pieces)
 					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
 #pragma unroll
 			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks) {
+				if (c0 + c < pieces) {
 					if (c0 + c == 0)
 						sum = v[c];
 					else

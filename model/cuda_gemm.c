@@ -195,6 +195,39 @@ static int sx_tma(void)
 	return sx_tma_on;
 }
 
+/* The wgmma consumers' units balanced to the K block (ST_BAL: dense, K chunked, the chunk sum's
+ * launch): block b of G streams the (tile, K block) pairs [b T / G, (b + 1) T / G) (7168x16384:
+ * the busiest block 55 K blocks instead of 57 with 7 chunks of 19; 18432x7168 62 / 64;
+ * 7168x18432 62 / 63), each tile's pieces summed in order by k_gemm_stream_reduce: its own sum
+ * order (depends on N, K and the SMs only). 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_BAL=1;
+ * off until measured: bench gemm's wg_bl column). */
+static int wg_bal_on = -1;
+
+void cuda_gemm_set_stream_bal(int on) { wg_bal_on = on; }
+
+static int wg_bal(void)
+{
+	if (wg_bal_on < 0) {
+		const char *v = getenv("DSV32_GEMM_WG_BAL");
+		wg_bal_on = v && *v == '1';
+	}
+	return wg_bal_on;
+}
+
+/* The most K pieces a tile has when G blocks stream the tiles x KB pairs balanced
+ * (gemm_fp8_stream.cu bal_owner). */
+static int bal_pieces(int tiles, int KB, int G)
+{
+	const long long T = (long long)tiles * KB;
+	int most = 0;
+	for (long long t = 0; t < tiles; t++) {
+		const long long a = t * KB, b = a + KB - 1;
+		const int n = (int)(((b + 1) * G + T - 1) / T - ((a + 1) * G + T - 1) / T) + 1;
+		most = n > most ? n : most;
+	}
+	return most;
+}
+
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
  * M = 1 / 8 / 16 against 3.28 / 3.32 / 3.08 with the 6 that fit; the GEMM launch alone 3.65 either
@@ -427,6 +460,15 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
+	/* balanced units: wgmma, dense, K chunked and summed by the second launch, the pieces'
+	 * partials within the chunks' workspace */
+	int bal_kb = 0, bal_g = 0;
+	if (wi == 2 && !w_tab && !copy_only && !fused && ek == EPI_NONE && sp.chunks > 1 &&
+	    stream_fused != 2 && wg_bal() &&
+	    bal_pieces((N + tile - 1) / tile, K / 128, (int)grid) <= sp.chunks) {
+		flags |= 8; /* ST_BAL */
+		bal_kb = K / 128, bal_g = (int)grid;
+	}
 	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
 			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
 			&flags};
@@ -438,7 +480,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return epi_launch(g, epi, ws, sp.chunks, rows, rows_dev, N, y);
 	/* at most two blocks an SM (grid-stride): its blocks wait resident beside the GEMM's for
 	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
-	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
+	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy, &bal_kb, &bal_g};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
 	rb = rb < rmax ? rb : rmax;
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
