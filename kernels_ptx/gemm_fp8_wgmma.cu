@@ -1200,7 +1200,7 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 						s = 0, ph ^= 1;
 				}
 			}
-		} else if ((threadIdx.x >> 5) <= 2) { // the scales: warps 1 and 2, rows L + 64 i
+		} else if (threadIdx.x >= 32 && threadIdx.x < 96) { // the scales: warps 1, 2, rows L + 64 i
 			const int L = threadIdx.x - 32;
 			for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
 				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
