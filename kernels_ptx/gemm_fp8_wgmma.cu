@@ -978,7 +978,7 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // zeros past x8) and computed but never stored.
 // Warps: warpgroup 0 = the producer thread (TMA: the weight tile as two boxes of 128 rows from
 // the group's map g_group_maps[e] (k_wgmma_group_maps), the chunk's rows as NN / 16 boxes of 16
-// rows) and two scale warps (the chunk's sx of the K block and the two weight-scale blocks into
+// rows) and three scale warps (the chunk's sx of the K block and the two weight-scale blocks into
 // the stage's scale slot), all arriving on the stage's "full" barrier; warpgroups 1 and 2 the
 // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of each box (two m64 chains),
 // per K block: 4 x wgmma m64nNNk32 into a fresh fragment, wait, promote with sx[r, kb] · S
@@ -1042,15 +1042,15 @@ struct tw_sched {
 	const int *off;
 	int G, NT; // groups, weight tiles of 256 rows
 	int e;
-	long long base; // first item of group e
+	int base; // first item of group e
 };
 
-__device__ __forceinline__ bool tw_item_at(tw_sched &sc, long long t, tw_item &it)
+__device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 {
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), c = __ldg(sc.off + sc.e + 1) - r0;
 		const int nch = (c + TW_N - 1) / TW_N;
-		const long long cnt = (long long)nch * sc.NT;
+		const int cnt = nch * sc.NT;
 		if (t < sc.base + cnt) {
 			const int local = (int)(t - sc.base);
 			const int rc = ((c + nch - 1) / nch + 15) & ~15, ch = local % nch;
@@ -1158,10 +1158,10 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 	const uint32_t bars = scl + TW_STAGES * TW_SC_BYTES;
 	const int KB = K / 128;
 	tw_sched sc = {off, G, N / 256, 0, 0};
-	const long long t0 = blockIdx.x, dt = gridDim.x;
+	const int t0 = blockIdx.x, dt = gridDim.x;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < TW_STAGES; s++) {
-			mbar_init(TW_FULL(s), 65); // the copy producer + 64 scale threads
+			mbar_init(TW_FULL(s), 97); // the copy producer + 96 scale threads
 			mbar_init(TW_EMPTY(s), 8); // each consumer warp
 		}
 		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
@@ -1172,11 +1172,12 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 	const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
 	tw_item it;
 	if (wg == 0) {
-		asm volatile("setmaxnreg.dec.sync.aligned.u32 48;");
+		// registers: 128 x 40 + 256 x 232 = 64512 = the launch's 168 x 384
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
 		if (threadIdx.x == 0) { // the copies
-			for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 				const tmap *wm = &g_group_maps[it.e];
 				if (it.e != e_acq) { // written by k_wgmma_group_maps (generic proxy)
 					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
@@ -1200,17 +1201,17 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 						s = 0, ph ^= 1;
 				}
 			}
-		} else if (threadIdx.x >= 32 && threadIdx.x < 96) { // the scales: warps 1, 2, rows L + 64 i
+		} else if (threadIdx.x >= 32) { // the scales: warps 1-3, rows L + 96 i
 			const int L = threadIdx.x - 32;
-			for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
 				const float *w0 = Se + (size_t)(it.n0 / 128) * KB;
 				for (int kb = 0; kb < KB; kb++) {
-					float v[3];
+					float v[2];
 #pragma unroll
-					for (int i = 0; i < 3; i++) {
-						const int r = min(it.row0 + L + 64 * i, max_rows - 1);
-						v[i] = L + 64 * i < TW_N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
+					for (int i = 0; i < 2; i++) {
+						const int r = min(it.row0 + L + 96 * i, max_rows - 1);
+						v[i] = L + 96 * i < TW_N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
 					}
 					float a = 0.f, b = 0.f;
 					if (L == 0)
@@ -1218,10 +1219,10 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
 					const uint32_t dst = scl + s * TW_SC_BYTES;
 #pragma unroll
-					for (int i = 0; i < 3; i++)
-						if (L + 64 * i < TW_N)
+					for (int i = 0; i < 2; i++)
+						if (L + 96 * i < TW_N)
 							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
-									     dst + 4 * (L + 64 * i)),
+									     dst + 4 * (L + 96 * i)),
 								     "f"(v[i])
 								     : "memory");
 					if (L == 0)
@@ -1239,7 +1240,7 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		int s = 0;
 		uint32_t ph = 0;
-		for (long long t = t0; tw_item_at(sc, t, it); t += dt) {
+		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
 			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
 			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
