@@ -503,17 +503,11 @@ __device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, c
 // value, so the bits are those of this GEMM's bf16 output through that kernel.
 // h = bf16( silu(bf16 g) * bf16 u ) of one output (g, u: the GEMM's fp32 gate and up values,
 // rounded to bf16 as its bf16 output would be): k_moe_swiglu_quant's arithmetic.
-// (swiglu_of_bf16: the same from g and u already rounded to bf16, as their bit patterns)
-__device__ __forceinline__ float swiglu_of_bf16(uint16_t g, uint16_t u)
-{
-	const float gv = bf16_to_f32(g), uv = bf16_to_f32(u);
-	const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
-	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
-}
-
 __device__ __forceinline__ float swiglu_bf16(float g, float u)
 {
-	return swiglu_of_bf16(f32_to_bf16(g), f32_to_bf16(u));
+	const float gv = bf16_to_f32(f32_to_bf16(g)), uv = bf16_to_f32(f32_to_bf16(u));
+	const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
+	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
 }
 
 // ST (the _st kernels): the codes staged in the warpgroup's 64 x 128-byte buffer stg (16-byte
@@ -995,9 +989,7 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_W_BYTES 32768  // 256 weight rows x 128 K bytes
 #define TW_X_BYTES (TW_N * 128)
 #define TW_SC_BYTES 592   // TW_N token scales + 2 weight scales, 16-byte multiple
-#define TW_AMX_BYTES (8 * TW_N * 4) // SwiGLU form: each consumer warp's amax of each token row
-#define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + \
-		 TW_AMX_BYTES + 1024)
+#define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
 // wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
 #define TW_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
@@ -1048,9 +1040,7 @@ struct tw_item {
 // blockIdx): t only grows, so the group only moves forward.
 struct tw_sched {
 	const int *off;
-	int G, NT; // groups, weight tiles (of 256 rows; the SwiGLU form: of 128 output columns)
-	int TW;    // rows of n0 a tile: 256 (the SwiGLU form: 128)
-	int cmax;  // rows a chunk at most: TW_N (the SwiGLU form: 128, its epilogue's registers)
+	int G, NT; // groups, weight tiles of 256 rows
 	int e;
 	int base; // first item of group e
 };
@@ -1059,12 +1049,12 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 {
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), c = __ldg(sc.off + sc.e + 1) - r0;
-		const int nch = (c + sc.cmax - 1) / sc.cmax;
+		const int nch = (c + TW_N - 1) / TW_N;
 		const int cnt = nch * sc.NT;
 		if (t < sc.base + cnt) {
 			const int local = (int)(t - sc.base);
 			const int rc = ((c + nch - 1) / nch + 15) & ~15, ch = local % nch;
-			it.e = sc.e, it.n0 = (local / nch) * sc.TW;
+			it.e = sc.e, it.n0 = (local / nch) * 256;
 			it.row0 = r0 + ch * rc, it.rows = min(rc, c - ch * rc);
 			return true;
 		}
@@ -1111,80 +1101,11 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 	}
 }
 
-// The SwiGLU form's epilogue (acc0: the gate rows' outputs, acc1: the up rows' of the same
-// columns n0 + r): h = bf16( silu(bf16 g) * bf16 u ) (swiglu_bf16), then act_quant over the item's
-// 128 columns of each token row (spec §5.3: one UE8M0 scale a row and 128-block, from the amax
-// of the 16 rows a warp holds, exchanged between the 8 consumer warps through amx) -> h8 e4m3
-// [rows, I] at column n0, hs fp32 [rows, I / 128] at n0 / 128: wg_store_swiglu's arithmetic,
-// value for value. Named barrier 1 over the 256 consumer threads.
+// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
 template <int NN>
-__device__ __forceinline__ void tw_store_swiglu(const float *acc0, const float *acc1, const tw_item &it,
-						uint32_t amx, uint8_t *h8, float *hs, int I)
-{
-	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-	const int q = lane & 3, r_lo = cw * 64 + wi * 16 + (lane >> 2);
-	// g and u rounded to bf16 first (as the GEMM's bf16 output would be) and packed, one
-	// register a pair, then h (bf16-exact) in the low half: half the registers of acc0 + acc1
-	uint32_t pk[NN / 2];
-#pragma unroll
-	for (int i = 0; i < NN / 2; i++)
-		pk[i] = f32_to_bf16(acc0[i]) | (uint32_t)f32_to_bf16(acc1[i]) << 16;
-	asm volatile("bar.sync 1, 256;" ::: "memory"); // the previous item's amx reads are done
-#pragma unroll
-	for (int j = 0; j < NN / 8; j++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			float a = 0.f;
-#pragma unroll
-			for (int r = 0; r < 4; r += 2) { // rows r_lo, r_lo + 8
-				const int i = 4 * j + r + h;
-				const float v = swiglu_of_bf16((uint16_t)pk[i], (uint16_t)(pk[i] >> 16));
-				pk[i] = f32_to_bf16(v);
-				a = fmaxf(a, fabsf(v));
-			}
-			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
-			a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
-			if (lane < 4) // this warp's amax of token 8j + 2q + h over its 16 rows
-				asm volatile("st.shared.f32 [%0], %1;" ::"r"(
-						     amx + 4 * ((cw * 4 + wi) * TW_N + 8 * j + 2 * q + h)),
-					     "f"(a)
-					     : "memory");
-		}
-	}
-	asm volatile("bar.sync 1, 256;" ::: "memory");
-	const int KBo = I / 128;
-#pragma unroll
-	for (int j = 0; j < NN / 8; j++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int t = 8 * j + 2 * q + h;
-			float a = 0.f;
-#pragma unroll
-			for (int w = 0; w < 8; w++)
-				a = fmaxf(a, lds_f32(amx + 4 * (w * TW_N + t)));
-			// a power of two (or inf): x * (1 / sc) is the correctly rounded x / sc
-			const float sc = ue8m0_scale(fmaxf(a, 1e-4f)), inv = 1.0f / sc;
-			if (t < it.rows) {
-				uint8_t *hr = h8 + (size_t)(it.row0 + t) * I + it.n0 + r_lo;
-				const float v0 = bf16_to_f32((uint16_t)pk[4 * j + h]);
-				const float v1 = bf16_to_f32((uint16_t)pk[4 * j + 2 + h]);
-				hr[0] = f32_to_e4m3(fminf(fmaxf(v0 * inv, -448.f), 448.f));
-				hr[8] = f32_to_e4m3(fminf(fmaxf(v1 * inv, -448.f), 448.f));
-				if (cw == 0 && wi == 0 && lane < 4)
-					hs[(size_t)(it.row0 + t) * KBo + it.n0 / 128] = sc;
-			}
-		}
-	}
-}
-
-// The consumers' item of width NN: every K block, then the stores of the chunk's rows (bf16 y,
-// or the SwiGLU form's h8 / hs).
-template <int NN, bool SW>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
 						uint32_t x_smem, uint32_t scl, uint32_t bars,
-						int &s, uint32_t &ph, uint16_t *y, int ldy,
-						uint32_t amx, uint8_t *h8, float *hs)
+						int &s, uint32_t &ph, uint16_t *y, int ldy)
 {
 	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int q = lane & 3;
@@ -1206,10 +1127,6 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 		if (++s == TW_STAGES)
 			s = 0, ph ^= 1;
 	}
-	if constexpr (SW) {
-		tw_store_swiglu<NN>(acc0, acc1, it, amx, h8, hs, ldy);
-		return;
-	}
 	// y[token][n]: register 4j + {0, 1} holds weight row r_lo, tokens 8j + 2q + {0, 1};
 	// 4j + {2, 3} the same tokens of row r_lo + 8
 	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
@@ -1229,23 +1146,18 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 	}
 }
 
-// SW: the gate|up GEMM with SwiGLU and act_quant fused (the fused W13_e [2I, K]: an item's two
-// boxes are the gate rows [n0, n0 + 128) and the up rows [I + n0, ..), N = I, outputs h8 / hs);
-// else the plain form (boxes [n0, n0 + 128) and [n0 + 128, ..), bf16 y [rows, ldy]).
-template <bool SW>
-__device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
-					const unsigned long long *s_tab, const int *off, int G,
-					uint16_t *y, int max_rows, int N, int K, int ldy, uint8_t *h8,
-					float *hs)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
 	const uint32_t w_smem = base, x_smem = w_smem + TW_STAGES * TW_W_BYTES;
 	const uint32_t scl = x_smem + TW_STAGES * TW_X_BYTES;
 	const uint32_t bars = scl + TW_STAGES * TW_SC_BYTES;
-	const uint32_t amx = bars + 2 * TW_STAGES * 8;
 	const int KB = K / 128;
-	tw_sched sc = {off, G, SW ? N / 128 : N / 256, SW ? 128 : 256, SW ? 128 : TW_N, 0, 0};
+	tw_sched sc = {off, G, N / 256, 0, 0};
 	const int t0 = blockIdx.x, dt = gridDim.x;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < TW_STAGES; s++) {
@@ -1257,7 +1169,7 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 		tmap_prefetch(&mX);
 	}
 	__syncthreads();
-	const int wg = threadIdx.x >> 7;
+	const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
 	tw_item it;
 	if (wg == 0) {
 		// registers: 128 x 40 + 256 x 232 = 64512 = the launch's 168 x 384
@@ -1279,8 +1191,7 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 					mbar_arrive_expect_tx(TW_FULL(s), TW_W_BYTES + nb * 2048);
 					const uint32_t w = w_smem + s * TW_W_BYTES;
 					tma_load_2d(w, wm, TW_FULL(s), kb * 128, it.n0);
-					tma_load_2d(w + TW_W_BYTES / 2, wm, TW_FULL(s), kb * 128,
-						    SW ? N + it.n0 : it.n0 + 128);
+					tma_load_2d(w + TW_W_BYTES / 2, wm, TW_FULL(s), kb * 128, it.n0 + 128);
 					for (int j = 0; j < nb; j++) {
 						const int r = it.row0 + 16 * j;
 						tma_load_2d(x_smem + s * TW_X_BYTES + j * 2048, &mX, TW_FULL(s),
@@ -1304,8 +1215,7 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 					}
 					float a = 0.f, b = 0.f;
 					if (L == 0)
-						a = __ldg(w0 + kb), // the second box's block: SW +I/128
-						b = __ldg(w0 + (SW ? (N / 128) * KB : KB) + kb);
+						a = __ldg(w0 + kb), b = __ldg(w0 + KB + kb);
 					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
 					const uint32_t dst = scl + s * TW_SC_BYTES;
 #pragma unroll
@@ -1332,34 +1242,16 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 		uint32_t ph = 0;
 		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
-			case 1: tw_consume_item<16, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 2: tw_consume_item<32, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 3: tw_consume_item<48, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 4: tw_consume_item<64, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 5: tw_consume_item<80, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 6: tw_consume_item<96, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 7: tw_consume_item<112, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			case 8: tw_consume_item<128, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
-			default: tw_consume_item<SW ? 128 : 144, SW>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, amx, h8, hs); break;
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
 			}
 		}
 	}
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
-		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
-{
-	tw_gemm<false>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy, nullptr, nullptr);
-}
-
-// k_gemm_fp8_tw_grouped_sw: the SwiGLU form (N = I; ldy unused, h8 [rows, I], hs [rows, I/128])
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-k_gemm_fp8_tw_grouped_sw(const __grid_constant__ tmap mX, const float *__restrict__ sx,
-			 const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-			 int G, uint8_t *__restrict__ h8, float *__restrict__ hs, int max_rows, int I,
-			 int K)
-{
-	tw_gemm<true>(mX, sx, s_tab, off, G, nullptr, max_rows, I, K, I, h8, hs);
 }

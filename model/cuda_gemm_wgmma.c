@@ -242,9 +242,6 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	if (cuda_gemm_wgmma_tw() & TW_SWIGLU)
-		return cuda_gemm_fp8_tw_grouped_swiglu(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
-						       max_rows, I, K);
 	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 0);
 	int mc = f == 0 ? (paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1)
 		 : f == 2 && I % 256 == 0 ? 2
@@ -253,10 +250,9 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 						     max_rows, I, K, mc);
 }
 
-/* The token-wide forms' dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
- * 592 bytes of scales, 8 barriers, the SwiGLU form's amax exchange (8 x 144 floats), 1024 bytes
- * of alignment slack (TW_SMEM in the kernel file). */
-#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 592) + 8 * 8 + 8 * 144 * 4 + 1024)
+/* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
+ * 592 bytes of scales, 8 barriers, 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
+#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 592) + 8 * 8 + 1024)
 
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
@@ -281,45 +277,23 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 
-int cuda_gemm_fp8_tw_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
-				    int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
-				    int I, int K)
-{
-	if (max_rows == 0 && G >= 1)
-		return 0; /* no rows in any group */
-	if (!shape_ok("gemm_fp8_tw_grouped_swiglu", max_rows, 2 * I, K, 2 * I) || I % 128 ||
-	    G < 1 || G > WG_MAX_GROUPS)
-		return -EINVAL;
-	CUtensorMap tmpl, mX;
-	int r;
-	if ((r = cuda_gemm_tmap_2d(&mX, x8, max_rows, K, 16)) ||
-	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)))
-		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
-		return r;
-	void *args[] = {&mX, &sx, &s_tab, &off, &G, &h8, &hs, &max_rows, &I, &K};
-	return launch(g, "k_gemm_fp8_tw_grouped_sw", (unsigned)g->sm_count, TW_SMEM, args);
-}
-
 static int tw_cache = -1;
 
-void cuda_gemm_wgmma_set_tw(int bits)
+void cuda_gemm_wgmma_set_tw(int on)
 {
-	tw_cache = bits & 7;
+	tw_cache = on != 0;
 }
 
 int cuda_gemm_wgmma_tw(void)
 {
-	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 0) & 7;
+	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 0) == 1;
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy)
 {
-	if ((cuda_gemm_wgmma_tw() & TW_PLAIN) && N % 256 == 0)
+	if (cuda_gemm_wgmma_tw() && N % 256 == 0)
 		return cuda_gemm_fp8_tw_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
 						ldy);
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down

@@ -81,20 +81,12 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
  * a group's token rows an item; the same outputs as the forms above): N % 256 == 0. */
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
-/* Its SwiGLU form (the MoE gate|up GEMM, arguments as cuda_gemm_fp8_wgmma_grouped_swiglu, the
- * same outputs; chunks of up to 128 token rows): I % 128 == 0. */
-int cuda_gemm_fp8_tw_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
-				    int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
-				    int I, int K);
-/* Where the token-wide forms run (bits; DSV32_CUDA_WGMMA_TW=n, read at the first call;
- * cuda_gemm_wgmma_set_tw for tests; default 0 until measured): TW_SWIGLU,
- * cuda_gemm_fp8_wgmma_grouped_swiglu takes the SwiGLU form; TW_PLAIN,
- * cuda_gemm_fp8_wgmma_grouped takes the plain form where N % 256 == 0 (the MoE down GEMM);
- * TW_UNFUSED (without TW_SWIGLU), the MoE block's gate|up GEMM on the plain form with
- * k_moe_swiglu_quant after. */
-enum { TW_SWIGLU = 1, TW_PLAIN = 2, TW_UNFUSED = 4 };
+/* Whether cuda_gemm_fp8_wgmma_grouped runs the token-wide form where it can (and the MoE block
+ * then takes its gate|up GEMM unfused, through it, with k_moe_swiglu_quant after):
+ * DSV32_CUDA_WGMMA_TW=1, read at the first call; cuda_gemm_wgmma_set_tw for tests. Default off
+ * until measured. */
 int cuda_gemm_wgmma_tw(void);
-void cuda_gemm_wgmma_set_tw(int bits);
+void cuda_gemm_wgmma_set_tw(int on);
 #endif
 
 #endif

@@ -517,11 +517,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	/* (DSV32_CUDA_WGMMA_TW's TW_UNFUSED: gate|up on the plain token-wide form, then
-	 * k_moe_swiglu_quant) */
-	const int wgmma = use_wgmma(d), twb = cuda_gemm_wgmma_tw();
-	const int tw_unfused = wgmma && (twb & TW_UNFUSED) && !(twb & TW_SWIGLU);
-	const int sw = wgmma && !d->unfused && !tw_unfused;
+	/* (the token-wide grouped form, DSV32_CUDA_WGMMA_TW=1, has no SwiGLU epilogue: gate|up
+	 * unfused through it, then k_moe_swiglu_quant) */
+	const int wgmma = use_wgmma(d), sw = wgmma && !d->unfused && !cuda_gemm_wgmma_tw();
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -534,13 +532,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
 		sw_done = rc == 0;
-		if (rc == -ENOTSUP && tw_unfused) {
-			rc = cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
-						      b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I, D,
-						      2 * I);
-			if (!rc && tr)
-				rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
-		} else if (rc == -ENOTSUP) {
+		if (rc == -ENOTSUP) {
 			rc = grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8],
 				     b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
 			if (!rc && tr)

@@ -655,20 +655,16 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
 	REQUIRE(a && b && sa && sb);
 	/* mc 1: one CTA a tile; mc 2: clusters of 2 sharing copies (I % 256 == 0); forms 3, 4: 1
-	 * and 2 with the codes staged (cuda_gemm_wgmma_set_swiglu_staged); form 5: the token-wide
-	 * SwiGLU form (cuda_gemm_fp8_tw_grouped_swiglu) */
-	for (int form = 1; form <= 5; form++) {
+	 * and 2 with the codes staged (cuda_gemm_wgmma_set_swiglu_staged) */
+	for (int form = 1; form <= 4; form++) {
 		const int mc = form > 2 ? form - 2 : form;
-		if (form < 5 && mc == 2 && I % 256)
+		if (mc == 2 && I % 256)
 			continue;
-		cuda_gemm_wgmma_set_swiglu_staged(form == 3 || form == 4);
+		cuda_gemm_wgmma_set_swiglu_staged(form > 2);
 		gpu_test_poison(g, h8, rows * I), gpu_test_poison(g, hs, rows * KBo * 4);
-		CHECK_EQ_INT(form == 5 ? cuda_gemm_fp8_tw_grouped_swiglu(g, c.dw_tab, c.ds_tab, c.doff,
-									 c.G, c.dx, c.dsx, h8, hs,
-									 c.rows, I, K)
-				       : cuda_gemm_fp8_wgmma_grouped_swiglu_mc(
-						 g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx, c.dsx, h8,
-						 hs, c.rows, I, K, mc),
+		CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, c.dw_tab, c.ds_tab, c.doff, c.G,
+								   c.dx, c.dsx, h8, hs, c.rows, I,
+								   K, mc),
 			     0);
 		cuda_gemm_wgmma_set_swiglu_staged(0);
 		REQUIRE(gpu_sync(g) == 0);
@@ -683,10 +679,9 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 			}
 		for (size_t i = 0; i < (size_t)c.rows * KBo; i++)
 			bads += memcmp(&sa[i], &sb[i], 4) != 0;
-		printf("    swiglu form %s%d%s, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
+		printf("    swiglu form mc %d%s, %d groups, %d rows, I=%d K=%d: %lld of %lld codes and "
 		       "%lld of %lld scales differ from GEMM + k_moe_swiglu_quant",
-		       form == 5 ? "token-wide " : "mc ", form == 5 ? 0 : mc,
-		       form == 3 || form == 4 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
+		       mc, form > 2 ? " staged" : "", G, c.rows, I, K, (long long)bad8,
 		       (long long)c.rows * I, (long long)bads,
 		       (long long)(c.rows * (long long)KBo));
 		if (first >= 0)
