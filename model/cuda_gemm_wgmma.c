@@ -277,25 +277,24 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 
+/* The MoE block's gate|up GEMM on the token-wide form (see cuda_gemm_wgmma.h). Measured (bench
+ * moe, one H200, graph-replayed block, default vs all-token-wide vs the old fused form): the
+ * token-wide gate|up (unfused, + k_moe_swiglu_quant) 2,949 + ~250 us against the fused 128-token
+ * tile form's 3,395-3,405 at 4096 tokens, 2,105 + 129 against 2,319 at 2048, 1,867 + 63 against
+ * 2,546 at 512; its down GEMM was slower at 4096 (1,843-1,906 against 1,751-1,808: left on the
+ * old form); a token-wide SwiGLU epilogue (128-row chunks) measured slower (4,380 us at 4096)
+ * and was removed. */
 static int tw_cache = -1;
-
-void cuda_gemm_wgmma_set_tw(int on)
-{
-	tw_cache = on != 0;
-}
 
 int cuda_gemm_wgmma_tw(void)
 {
-	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 0) == 1;
+	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1) != 0;
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
 				int ldy)
 {
-	if (cuda_gemm_wgmma_tw() && N % 256 == 0)
-		return cuda_gemm_fp8_tw_grouped(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-						ldy);
 	/* run 4, 4096 tokens x 8 of 256 experts: gate+up (K = 7168) fastest as plain n128, down
 	 * (K = 2048) with the staged stores; run 8 (timing_moe_prefill, down at 4096 tokens):
 	 * n128 staged 1780 us, n256 with no stores 1353 and its stores as pairs 1865: the stores

@@ -517,9 +517,10 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	/* (the token-wide grouped form, DSV32_CUDA_WGMMA_TW=1, has no SwiGLU epilogue: gate|up
-	 * unfused through it, then k_moe_swiglu_quant) */
-	const int wgmma = use_wgmma(d), sw = wgmma && !d->unfused && !cuda_gemm_wgmma_tw();
+	/* (tw: gate|up on the token-wide grouped form, which has no SwiGLU epilogue, then
+	 * k_moe_swiglu_quant: cuda_gemm_wgmma_tw) */
+	const int wgmma = use_wgmma(d), tw = wgmma && !d->unfused && cuda_gemm_wgmma_tw();
+	const int sw = wgmma && !d->unfused && !tw;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -533,8 +534,12 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
 		sw_done = rc == 0;
 		if (rc == -ENOTSUP) {
-			rc = grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1, b[B_XS8],
-				     b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS], ws_bytes);
+			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+							   b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I,
+							   D, 2 * I)
+				: grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+					  b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS],
+					  ws_bytes);
 			if (!rc && tr)
 				rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 		}

@@ -614,8 +614,20 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	 * one, short groups, the last group's rows ending at max_rows; up to 64 rows of each */
 	static const int c4[] = {600, 16, 0, 145, 1, 144, 31};
 	grp_init(&g, &c, 7, c4, 512, 512, 1304, WIDE);
-	grp_check(&g, pool, &c, TW, 64);
 	grp_check(&g, pool, &c, -1, 64);
+	const size_t ybytes = (size_t)c.rows * c.N * 2;
+	uint16_t *ya = malloc(ybytes), *yb = malloc(ybytes);
+	REQUIRE(ya && yb && gpu_download(&g, ya, c.dy, ybytes) == 0);
+	grp_check(&g, pool, &c, TW, 64);
+	REQUIRE(gpu_download(&g, yb, c.dy, ybytes) == 0);
+	/* and bit for bit the tile form's outputs (the same products and K-block order) */
+	long long ndiff = 0;
+	for (size_t i = 0; i < ybytes / 2; i++)
+		ndiff += ya[i] != yb[i];
+	printf("    token-wide vs the 128-token tile form: %lld of %zu outputs differ\n", ndiff,
+	       ybytes / 2);
+	CHECK_EQ_INT(ndiff, 0);
+	free(ya), free(yb);
 	grp_free(&c);
 	/* all groups empty: nothing to do, no error */
 	static const int c3[] = {0, 0, 0};
