@@ -519,7 +519,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
 	/* (tw: gate|up on the token-wide grouped form, which has no SwiGLU epilogue, then
 	 * k_moe_swiglu_quant: cuda_gemm_wgmma_tw) */
-	const int wgmma = use_wgmma(d), tw = wgmma && !d->unfused && cuda_gemm_wgmma_tw();
+	const int wgmma = use_wgmma(d),
+		  tw = wgmma && !d->unfused && (2 * I) % 256 == 0 && cuda_gemm_wgmma_tw();
 	const int sw = wgmma && !d->unfused && !tw;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
@@ -560,8 +561,15 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = rc == -ENOTSUP ? 0 : rc;
 	}
 	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
-		rc = grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8], b[B_HS],
-			     b[B_EY], RT, D, I, b[B_WS], ws_bytes);
+		/* the down GEMM on the token-wide form too while the groups average under 128 rows
+		 * (runs 38-39, bench moe: 1,141-1,189 us against 1,301-1,318 at 2048 tokens, ~72 rows
+		 * a group; 986-1,139 against 1,150-1,165 at 512; at 4096, ~143, 1,686-1,906 against
+		 * 1,628-1,808: the tile form) */
+		rc = tw && D % 256 == 0 && RT < 128LL * (E + 1)
+			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1,
+							b[B_H8], b[B_HS], b[B_EY], RT, D, I, D)
+			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
+				       b[B_HS], b[B_EY], RT, D, I, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
 		if (!rc && tr)
