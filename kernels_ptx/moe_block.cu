@@ -762,20 +762,15 @@ k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 	const uint2 graw = *reinterpret_cast<const uint2 *>(gp);
 	const uint2 uraw = *reinterpret_cast<const uint2 *>(gp + I);
 	const uint32_t gw[2] = {graw.x, graw.y}, uw[2] = {uraw.x, uraw.y};
-	uint32_t hb[4];
+	float h[4]; // bf16 values: lane l holds h[4l .. 4l+3] of the group, as act_quant wants them
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		const float g = bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1))));
 		const float u = bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1))));
 		const float silu = __fdiv_rn(g, 1.0f + expf(-g));
-		hb[k] = f32_to_bf16(__fmul_rn(silu, u));
+		h[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
 	}
-	// the warp's 128 bf16 values through shared memory into the one act_quant
-	__shared__ __align__(16) uint16_t hbuf[8][128];
-	uint16_t *hw = hbuf[threadIdx.x >> 5];
-	*reinterpret_cast<uint2 *>(hw + lane * 4) = make_uint2(hb[0] | hb[1] << 16, hb[2] | hb[3] << 16);
-	__syncwarp();
-	const float sc = warp_act_quant128(hw, h8 + row * I + c * 128, lane);
+	const float sc = warp_act_quant128_regs(h, h8 + row * I + c * 128, lane);
 	if (lane == 0)
 		hs[group] = sc;
 }
