@@ -17,13 +17,18 @@
  *      rows R.. then k_moe_gather_q of the routed rows from there: the same bytes)
  *   -> grouped FP8 GEMM over E + 1 groups, the fused gate|up weights (N = 2 * moe_inter): group
  *      e < E is routed expert e, group E the shared expert on rows R .. R+T-1 (its weights are
- *      entry E of the address tables), so both run in one launch
- *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows; where the
- *      GEMMs run on wgmma (prefill sizes) the gate|up GEMM does this in its epilogue
- *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits), and on the streaming kernel its
- *      K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same bits); gu is
- *      then never written (a bench stage SWIGLU timed alone runs the separate kernel)
- *   -> grouped FP8 GEMM down_proj over the same E + 1 groups
+ *      entry E of the address tables), so both run in one launch; at prefill sizes (above 64
+ *      tokens) on the token-wide grouped form (cuda_gemm_fp8_tw_grouped: 256 weight rows x up
+ *      to 144 of an expert's rows an item, so an expert's weight tile is read once, not once
+ *      per 128 rows; DSV32_CUDA_WGMMA_TW=0: the 128-token tile form with SwiGLU fused, below)
+ *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows; with
+ *      DSV32_CUDA_WGMMA_TW=0 the wgmma gate|up GEMM does this in its epilogue
+ *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits), and on the streaming kernel (decode
+ *      sizes) its K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same
+ *      bits); gu is then never written (a bench stage SWIGLU timed alone runs the separate
+ *      kernel)
+ *   -> grouped FP8 GEMM down_proj over the same E + 1 groups (at prefill sizes on the token-wide
+ *      form while the groups average under 128 rows, else the tile form)
  *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..);
  *      on the streaming kernel the down GEMM's K-chunk sum does it where it can
  *      (cuda_gemm_fp8_grouped_combine: the same bits; a bench stage COMBINE timed alone runs
@@ -133,6 +138,21 @@ static int use_wgmma(const struct moe_dims *d)
 	if (from > 64)
 		return d->T >= from; /* (from > 64: never for T <= 64) */
 	return d->T > 64;
+}
+
+/* Whether the prefill-size gate|up GEMM runs on the token-wide grouped form (then unfused:
+ * k_moe_swiglu_quant after it; cuda_gemm_wgmma_tw), and the down GEMM too: while the groups
+ * average under 128 rows (runs 38-39, bench moe: 1,141-1,189 us against 1,301-1,318 at 2048
+ * tokens, ~72 rows a group; 986-1,139 against 1,150-1,165 at 512; at 4096, ~143, 1,686-1,906
+ * against 1,628-1,808: the tile form). */
+static int use_tw(const struct moe_dims *d)
+{
+	return use_wgmma(d) && !d->unfused && (2 * d->I) % 256 == 0 && cuda_gemm_wgmma_tw();
+}
+
+static int use_tw_down(const struct moe_dims *d)
+{
+	return use_tw(d) && d->D % 256 == 0 && d->RT < 128LL * (d->E + 1);
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming
@@ -516,12 +536,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_GATHER + 1);
 	/* the routed experts and the shared one (group E): gate|up, SwiGLU + act_quant, down;
-	 * on wgmma the first GEMM writes the SwiGLU's quantised output itself */
-	/* (tw: gate|up on the token-wide grouped form, which has no SwiGLU epilogue, then
-	 * k_moe_swiglu_quant: cuda_gemm_wgmma_tw) */
-	const int wgmma = use_wgmma(d),
-		  tw = wgmma && !d->unfused && (2 * I) % 256 == 0 && cuda_gemm_wgmma_tw();
-	const int sw = wgmma && !d->unfused && !tw;
+	 * tw: gate|up on the token-wide grouped form, then k_moe_swiglu_quant; sw: on the wgmma
+	 * tile form the first GEMM writes the SwiGLU's quantised output itself */
+	const int wgmma = use_wgmma(d), tw = use_tw(d), sw = wgmma && !d->unfused && !tw;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -561,11 +578,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = rc == -ENOTSUP ? 0 : rc;
 	}
 	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
-		/* the down GEMM on the token-wide form too while the groups average under 128 rows
-		 * (runs 38-39, bench moe: 1,141-1,189 us against 1,301-1,318 at 2048 tokens, ~72 rows
-		 * a group; 986-1,139 against 1,150-1,165 at 512; at 4096, ~143, 1,686-1,906 against
-		 * 1,628-1,808: the tile form) */
-		rc = tw && D % 256 == 0 && RT < 128LL * (E + 1)
+		rc = use_tw_down(d)
 			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1,
 							b[B_H8], b[B_HS], b[B_EY], RT, D, I, D)
 			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
@@ -605,7 +618,10 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
 				 "in the chunk sums where they run)"
-		 : d.unfused ? "wgmma" : "wgmma, SwiGLU in the gate|up epilogue");
+		 : d.unfused	     ? "wgmma"
+		 : !use_tw(&d)	     ? "wgmma, SwiGLU in the gate|up epilogue"
+		 : use_tw_down(&d) ? "token-wide (gate|up, then k_moe_swiglu_quant; down)"
+				   : "token-wide gate|up, then k_moe_swiglu_quant; down on wgmma tiles");
 	return buf;
 }
 
