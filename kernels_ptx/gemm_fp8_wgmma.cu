@@ -68,6 +68,9 @@
 // multicasts it), or, for a group's odd last token tile, that tile with two weight tiles (each
 // CTA copies 64 of the 128 token rows for both): fewer bytes into the SMs, which bound these
 // GEMMs at prefill sizes (run 10), for the same outputs.
+// Token-wide grouped form (k_gemm_fp8_tw_grouped, at the end of this file): the weights as
+// wgmma's A and a chunk of up to 144 of a group's token rows as N, so an expert's weight tile
+// is read once per chunk rather than once per 128-token tile (the MoE gate|up GEMM's default).
 #include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
 #include "cluster.cuh" // cluster_sync, cluster_rank
 #include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
@@ -282,7 +285,7 @@ __device__ __forceinline__ bool wg_group_tile_at(wg_sched &sc, long long t, int 
 		const long long cnt = MC == 1 ? (long long)mt * n_tiles
 					      : (long long)(mt / 2) * n_tiles + (mt & 1) * (n_tiles / 2);
 		if (t < sc.base + cnt) {
-			const int local = (int)(t - sc.base);
+			const int local = t - sc.base;
 			if constexpr (MC == 1) {
 				tl.row0 = r0 + (local % mt) * WG_BM;
 				tl.n0 = (local / mt) * BN;
@@ -970,6 +973,8 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // tiles and so its weight tile twice (48 KB a K block each); here an item is 256 weight rows x
 // up to TW_N tokens, so such an expert (up to TW_N rows) takes its weight tile once (32 KB + its
 // rows x 128 B a K block): ~30% fewer bytes into the SMs per useful FLOP at 4096 tokens.
+// Run 34 (bench moe, the MoE gate|up GEMM): 2,832-2,876 us against the SwiGLU tile form's
+// 3,389-3,412 at 4096 tokens (+ k_moe_swiglu_quant, 233 us), 1,831-1,843 against 2,534-2,585 at 512.
 //
 // Items: a group of c rows is cut into nch = ceil(c / TW_N) chunks of rc = round16(ceil(c / nch))
 // rows (the last one shorter); an item is (group, weight tile of 256 rows, chunk), the chunk
@@ -1052,7 +1057,7 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 		const int nch = (c + TW_N - 1) / TW_N;
 		const int cnt = nch * sc.NT;
 		if (t < sc.base + cnt) {
-			const int local = (int)(t - sc.base);
+			const int local = t - sc.base;
 			const int rc = ((c + nch - 1) / nch + 15) & ~15, ch = local % nch;
 			it.e = sc.e, it.n0 = (local / nch) * 256;
 			it.row0 = r0 + ch * rc, it.rows = min(rc, c - ch * rc);
