@@ -67,11 +67,9 @@
 #define ST_NO_SX 2
 // ST_SX_TMA (wgmma consumers, dense): the tokens' scales of a stage by one bulk tensor copy (a
 // box of 8 K blocks from kb & ~3 x mpad rows of sx, through smap: kb and kb + 1 for any kb)
-// instead of a 4-byte cp.async each (run 19, DSV32_GEMM_STREAM_DIAG=1: M = 32 3.23 TB/s without
-// those copies against 2.94)
+// instead of a 4-byte cp.async each (run 34, 7168x16384: +5 / +9 / +14% at M = 16 / 32 / 64,
+// -1 / -3% at M = 1 / 8: the host takes it from 9 rows)
 #define ST_SX_TMA 4
-// ST_BAL (wgmma consumers, dense, K chunked): units balanced to the K block (unit_at)
-#define ST_BAL 8
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -306,41 +304,6 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	return w;
 }
 
-// K pieces of the balanced split (ST_BAL): G blocks stream the T = tiles x KB (tile, K block)
-// pairs taken tile-major, block b the pairs [b T / G, (b + 1) T / G); bal_owner: the block that
-// holds pair x (the last b with b T / G <= x); a tile's pieces are numbered by block.
-__device__ __forceinline__ int bal_owner(long long x, long long T, int G)
-{
-	return (int)(((x + 1) * G + T - 1) / T - 1);
-}
-
-// The i-th unit of block b (false: none left). By default units u = b + i G (G = gridDim.x) of
-// unit_of. bal (dense, one slice): one unit for each tile block b's pairs touch, chunk = its
-// piece's number (b - the tile's first block): every block streams the same bytes within one K
-// block, and a tile's pieces (k_gemm_stream_reduce sums them in order) depend on N, K and G only.
-__device__ __forceinline__ bool unit_at(const st_slice *sl, int b, int i, int G, int units,
-					int tiles, int chunks, int chunk_blocks, int KB, bool bal,
-					st_unit &w)
-{
-	if (!bal) {
-		const int u = b + i * G;
-		if (u >= units)
-			return false;
-		w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-		return true;
-	}
-	const long long T = (long long)tiles * KB, s = b * T / G, e = (b + 1) * T / G;
-	const int t = (int)(s / KB) + i;
-	const long long ts = (long long)t * KB;
-	if (s >= e || ts >= e)
-		return false;
-	w.e = 0, w.r0 = sl[0].r0, w.ms = sl[0].rows;
-	w.n0 = t * ST_TR;
-	w.kb0 = (int)(max(s, ts) - ts), w.kb1 = (int)(min(e, ts + KB) - ts);
-	w.chunk = b - bal_owner(ts, T, G), w.st = t;
-	return true;
-}
-
 // MG: token groups of 8 per slice (slice rows <= 8 * MG; 0: the copy-only probe); RT: 16-row MMA tiles per consumer
 // warp, CW = 8 / RT consumer warps (RT = 2 feeds each token fragment to two MMA tiles; same
 // 128-row unit, same stage).
@@ -366,7 +329,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
-	const bool bal = WI == 2 && (flags & ST_BAL) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
@@ -479,10 +441,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			st_unit w;
-			for (int i = 0; pre < ns && unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles,
-							      chunks, chunk_blocks, KB, bal, w);
-			     i++) {
+			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
+				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
@@ -504,12 +464,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		if (MG > 0 && blockIdx.x < units)
 			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
 					: (unsigned long long)S;
-		for (int i = 0;; i++) {
-			st_unit w;
-			if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB,
-				     bal, w))
-				break;
-			const int u = blockIdx.x + i * gridDim.x; // (not bal: the unit's index)
+		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
 				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
@@ -623,11 +579,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
-	for (int i = 0;; i++) {
-		st_unit w;
-		if (!unit_at(sl, blockIdx.x, i, gridDim.x, units, tiles, chunks, chunk_blocks, KB, bal,
-			     w))
-			break;
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 		const int n = w.n0 + warp * 16 * RT; // this warp's first row
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
 		const int rt_n = min(RT, max(0, (N - n) >> 4));
@@ -871,9 +824,9 @@ ST_ENTRY(0, 1, 0, )
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
 // products); SPLIT = 0: the two warpgroups' sums added at the end (even stages + odd stages;
 // KS = 2: that in each rank, then rank 0's + rank 1's), SPLIT = 1: K blocks in order — a fixed
-// order that depends on N and K only, and a row's result does not depend on M (the MMA's rows
-// are independent). The token scales of the block's K blocks (M x K/128; KS = 2 its half) are
-// loaded into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
+// order that depends on N and K only, and a row's result
+// does not depend on M (the MMA's rows are independent). The token scales (M x K/128) are loaded
+// into shared memory once per block. Fragment register 4i + q: token 16 (warp % 4) + g +
 // 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the warpgroup's first row of the
 // tile, 0 with alternate stages).
 template <int NT>
@@ -937,10 +890,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int nall = (KB + ST_KBS - 1) / ST_KBS, rank = KS == 2 ? (int)cluster_rank() : 0;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
-	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] of this block's
-	// K blocks kb0 .. kb0 + kbn - 1 (M x kbn: KS = 2 its half of K)
+	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
 	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
-	const int kb0 = qa * ST_KBS, kbn = min(KB, (qa + nst) * ST_KBS) - kb0;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
@@ -1008,10 +959,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // sx is the previous kernel's
 	// the token scales by 4-byte cp.async: a thread's loads all in flight at once (one memory
 	// latency, not one per value), under the first stages' copies
-	for (int i = tid; i < M * kbn; i += 256) {
-		const int m = i / kbn;
-		cp_async4(sxs + 4 * i, SX + (size_t)m * KB + kb0 + i - m * kbn);
-	}
+	for (int i = tid; i < M * KB; i += 256)
+		cp_async4(sxs + 4 * i, SX + i);
 	cp_async_wait_all();
 	named_bar_sync(1, 256);
 
@@ -1047,8 +996,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 #pragma unroll
 				for (int i = 0; i < R; i++)
 					wg_reg_fence(frag[i]);
-				const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * kbn + kb - kb0)) : 0.f;
-				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * kbn + kb - kb0)) : 0.f;
+				const float x0 = m0 < M ? lds32f(sxs + 4 * (m0 * KB + kb)) : 0.f;
+				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * KB + kb)) : 0.f;
 				const float w0 = lds32f(sd + 12 * j), w1 = lds32f(sd + 12 * j + 4),
 					    w2 = lds32f(sd + 12 * j + 8);
 #pragma unroll
@@ -1186,13 +1135,12 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 
 // y[r, n] = bf16( Σ_{c = 0 .. chunks-1} partial[c][r][n] ) for r < R, the fixed-order sum of the
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
-// bal_g > 0 (ST_BAL, bal_kb = K / 128): column n's tile has its own count of pieces (bal_owner).
 // partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
 // chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
 // one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
-		     int rows, const int *__restrict__ rows_dev, int N, int ldy, int bal_kb, int bal_g)
+		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
 {
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
@@ -1201,22 +1149,16 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * blockDim.x) {
 		const float *p = partial + 4 * i;
-		int pieces = chunks;
-		if (bal_g > 0) {
-			const long long t = 4 * i % N / ST_TR, T = (long long)((N + 127) / 128) * bal_kb;
-			pieces = bal_owner((t + 1) * bal_kb - 1, T, bal_g) -
-				 bal_owner(t * bal_kb, T, bal_g) + 1;
-		}
 		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-		for (int c0 = 0; c0 < pieces; c0 += 8) {
+		for (int c0 = 0; c0 < chunks; c0 += 8) {
 			float4 v[8];
 #pragma unroll
 			for (int c = 0; c < 8; c++)
-				if (c0 + c < pieces)
+				if (c0 + c < chunks)
 					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
 #pragma unroll
 			for (int c = 0; c < 8; c++)
-				if (c0 + c < pieces) {
+				if (c0 + c < chunks) {
 					if (c0 + c == 0)
 						sum = v[c];
 					else

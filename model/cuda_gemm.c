@@ -178,10 +178,12 @@ static int stream_fused = -1, stream_k1 = 0;
 
 void cuda_gemm_set_stream_diag(int fused, int k1) { stream_fused = fused, stream_k1 = k1; }
 
-/* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense)
- * instead of a 4-byte cp.async per token and K block (run 19's DSV32_GEMM_STREAM_DIAG=1, those
- * copies left out, had M = 32 at 3.23 TB/s against 2.94): 1 on, 0 off, -1 the environment
- * (DSV32_GEMM_SX_TMA=0 off; on by default from run 34). */
+/* The tokens' scales of a stage by one bulk tensor copy (ST_SX_TMA: wgmma consumers, dense, from
+ * 9 rows) instead of a 4-byte cp.async per token and K block: run 34, bench gemm --shape
+ * 7168x16384 with and without, wg 3.13 / 2.94 / 2.51 against 2.98 / 2.69 / 2.21 TB/s at
+ * M = 16 / 32 / 64, but 3.31 / 3.22 against 3.35 / 3.31 at M = 1 / 8 (2 / 16 copies a stage);
+ * 18432x7168 M = 16 / 32 2.75 / 2.53 against 2.79 / 2.52. 1 on, 0 off, -1 the environment
+ * (DSV32_GEMM_SX_TMA=0 off; default on). */
 static int sx_tma_on = -1;
 
 void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
@@ -193,39 +195,6 @@ static int sx_tma(void)
 		sx_tma_on = !(v && *v == '0');
 	}
 	return sx_tma_on;
-}
-
-/* The wgmma consumers' units balanced to the K block (ST_BAL: dense, K chunked, the chunk sum's
- * launch): block b of G streams the (tile, K block) pairs [b T / G, (b + 1) T / G) (7168x16384:
- * the busiest block 55 K blocks instead of 57 with 7 chunks of 19; 18432x7168 62 / 64;
- * 7168x18432 62 / 63), each tile's pieces summed in order by k_gemm_stream_reduce: its own sum
- * order (depends on N, K and the SMs only). 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_BAL=1;
- * off until measured: bench gemm's wg_bl column). */
-static int wg_bal_on = -1;
-
-void cuda_gemm_set_stream_bal(int on) { wg_bal_on = on; }
-
-static int wg_bal(void)
-{
-	if (wg_bal_on < 0) {
-		const char *v = getenv("DSV32_GEMM_WG_BAL");
-		wg_bal_on = v && *v == '1';
-	}
-	return wg_bal_on;
-}
-
-/* The most K pieces a tile has when G blocks stream the tiles x KB pairs balanced
- * (gemm_fp8_stream.cu bal_owner). */
-static int bal_pieces(int tiles, int KB, int G)
-{
-	const long long T = (long long)tiles * KB;
-	int most = 0;
-	for (long long t = 0; t < tiles; t++) {
-		const long long a = t * KB, b = a + KB - 1;
-		const int n = (int)(((b + 1) * G + T - 1) / T - ((a + 1) * G + T - 1) / T) + 1;
-		most = n > most ? n : most;
-	}
-	return most;
 }
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
@@ -400,9 +369,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
 	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
-	/* the token scales by bulk tensor copies: sx 16-byte aligned, its rows (K / 128 fp32) too */
-	const int sxt = wi == 2 && !w_tab && !copy_only && (K / 128) % 4 == 0 && !(sx & 15) &&
-			sx_tma();
+	/* the token scales by bulk tensor copies from 9 rows: sx 16-byte aligned, its rows
+	 * (K / 128 fp32) too */
+	const int sxt = wi == 2 && !w_tab && !copy_only && mpad >= 16 && (K / 128) % 4 == 0 &&
+			!(sx & 15) && sx_tma();
 	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
@@ -460,15 +430,6 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
-	/* balanced units: wgmma, dense, K chunked and summed by the second launch, the pieces'
-	 * partials within the chunks' workspace */
-	int bal_kb = 0, bal_g = 0;
-	if (wi == 2 && !w_tab && !copy_only && !fused && ek == EPI_NONE && sp.chunks > 1 &&
-	    stream_fused != 2 && wg_bal() &&
-	    bal_pieces((N + tile - 1) / tile, K / 128, (int)grid) <= sp.chunks) {
-		flags |= 8; /* ST_BAL */
-		bal_kb = K / 128, bal_g = (int)grid;
-	}
 	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
 			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
 			&flags};
@@ -480,7 +441,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		return epi_launch(g, epi, ws, sp.chunks, rows, rows_dev, N, y);
 	/* at most two blocks an SM (grid-stride): its blocks wait resident beside the GEMM's for
 	 * it to complete, and at 1024 (M = 64) they took the room of the next launch's */
-	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy, &bal_kb, &bal_g};
+	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
 	rb = rb < rmax ? rb : rmax;
 	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
@@ -591,9 +552,10 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int stage = 2 * (nt * 128 + mpad * 128);
 	stage = stage > mpad * 128 + 8192 ? stage : mpad * 128 + 8192;
 	stage = (stage + 1023) & ~1023;
-	/* (KS = 2: the token scales of rank 0's K blocks, the larger half: at M = 17-32 on
-	 * 7168 x 16384 / 18432 that is a ring of 6 stages, not 4) */
-	int head = 256 + 1024, scl = 4 * M * (ks == 2 && 2 * nst < KB ? 2 * nst : KB);
+	/* (run 34: each rank's half of the token scales only, a ring of 6 stages instead of 4 at
+	 * M = 17-32 on 7168 x 16384 / 18432, streamed 3.19 / 3.24 TB/s against run 33's 3.34 /
+	 * 3.41: not kept) */
+	int head = 256 + 1024, scl = 4 * M * KB;
 	int ns = (ST_SMEM_MAX - head - scl) / (stage + 32);
 	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */

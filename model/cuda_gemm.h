@@ -74,15 +74,10 @@ void cuda_gemm_set_stream_wi(int on);
  * default (the kernel for mma.sync consumers, the second launch for wgmma's); k1 1 = one K
  * chunk. */
 void cuda_gemm_set_stream_diag(int fused, int k1);
-/* The streaming kernel's wgmma consumers (dense): 1 = the tokens' scales of a stage by one bulk
- * tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the environment
- * (DSV32_GEMM_SX_TMA=0 off; default on). Process-wide (tests, the benchmark). */
+/* The streaming kernel's wgmma consumers (dense, 9-64 rows): 1 = the tokens' scales of a stage
+ * by one bulk tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the
+ * environment (DSV32_GEMM_SX_TMA=0 off; default on). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_sx_tma(int on);
-/* The streaming kernel's wgmma consumers (dense, K chunked): 1 = units balanced to the K block
- * (each block streams the same bytes within one K block; each tile's pieces summed in order by
- * the chunk sum's launch: its own summation order, a function of N, K and the SM count), 0 = the
- * K chunks, -1 = the environment (DSV32_GEMM_WG_BAL=1 on; default off). Process-wide. */
-void cuda_gemm_set_stream_bal(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);
