@@ -971,12 +971,12 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // SMs, consumers waiting on their stages a third of the time, the ring full of loads; multicast
 // and L2 prefetch did not help). With 128-token tiles an expert of 129-256 rows takes two token
 // tiles and so its weight tile twice (48 KB a K block each); here an item is 256 weight rows x
-// up to 144 tokens, so such an expert (up to 144 rows) takes its weight tile once (32 KB + its
+// up to TW_N tokens, so such an expert (up to TW_N rows) takes its weight tile once (32 KB + its
 // rows x 128 B a K block): ~30% fewer bytes into the SMs per useful FLOP at 4096 tokens.
 // Run 34 (bench moe, the MoE gate|up GEMM): 2,832-2,876 us against the SwiGLU tile form's
 // 3,389-3,412 at 4096 tokens (+ k_moe_swiglu_quant, 233 us), 1,831-1,843 against 2,534-2,585 at 512.
 //
-// Items: a group of c rows is cut into nch = ceil(c / MAXN) chunks of rc = round16(ceil(c / nch))
+// Items: a group of c rows is cut into nch = ceil(c / TW_N) chunks of rc = round16(ceil(c / nch))
 // rows (the last one shorter); an item is (group, weight tile of 256 rows, chunk), the chunk
 // fastest, walked by persistent CTAs in steps of the grid. NN = the chunk's rows rounded up to 16
 // is the wgmma N (a switch over the 9 widths); rows past the chunk are read (the next group's, or
@@ -988,21 +988,13 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of each box (two m64 chains),
 // per K block: 4 x wgmma m64nNNk32 into a fresh fragment, wait, promote with sx[r, kb] · S
 // (the CPU's order: the scale product first, then one fma), the second box the same; release.
-// Registers: two accumulators + one fragment of NN / 2 each (144 rows: 216).
-// Two shapes (tw_cfg): up to 144 token rows an item in 4 stages (k_gemm_fp8_tw_grouped), or up
-// to 96 in 5 (k_gemm_fp8_tw_grouped_n96: a deeper ring where the groups are small, e.g. the
-// scheduler's 2048-token prefill chunks, ~72 rows an expert).
-#define TW_W_BYTES 32768 // 256 weight rows x 128 K bytes
-template <int MAXN, int STAGES> struct tw_cfg {
-	static constexpr int N = MAXN;  // token rows an item at most (a multiple of 16)
-	static constexpr int S = STAGES;
-	static constexpr uint32_t X_BYTES = MAXN * 128;
-	static constexpr uint32_t SC_BYTES = (MAXN * 4 + 8 + 15) & ~15u; // + 2 weight scales
-	static constexpr uint32_t SMEM = S * (TW_W_BYTES + X_BYTES + SC_BYTES) + 2 * S * 8 + 1024;
-};
-typedef tw_cfg<144, 4> tw144;
-typedef tw_cfg<96, 5> tw96;
-static_assert(tw96::SMEM <= 232448 && tw144::SMEM <= 232448, "dynamic shared memory");
+// Registers: two accumulators + one fragment of NN / 2 each (TW_N = 144: 216).
+#define TW_N 144          // token rows an item at most (a multiple of 16)
+#define TW_STAGES 4
+#define TW_W_BYTES 32768  // 256 weight rows x 128 K bytes
+#define TW_X_BYTES (TW_N * 128)
+#define TW_SC_BYTES 592   // TW_N token scales + 2 weight scales, 16-byte multiple
+#define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
 // wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
 #define TW_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
@@ -1058,11 +1050,11 @@ struct tw_sched {
 	int base; // first item of group e
 };
 
-template <class C> __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
+__device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 {
 	while (sc.e < sc.G) {
 		const int r0 = __ldg(sc.off + sc.e), c = __ldg(sc.off + sc.e + 1) - r0;
-		const int nch = (c + C::N - 1) / C::N;
+		const int nch = (c + TW_N - 1) / TW_N;
 		const int cnt = nch * sc.NT;
 		if (t < sc.base + cnt) {
 			const int local = t - sc.base;
@@ -1077,9 +1069,9 @@ template <class C> __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int 
 	return false;
 }
 
-// Barriers of stage s (base bars): full[C::S], then empty[C::S].
+// Barriers of stage s (base bars): full[TW_STAGES], then empty[TW_STAGES].
 #define TW_FULL(s) (bars + (uint32_t)(s) * 8)
-#define TW_EMPTY(s) (bars + (uint32_t)(C::S + (s)) * 8)
+#define TW_EMPTY(s) (bars + (uint32_t)(TW_STAGES + (s)) * 8)
 
 // One chain of a consumer warpgroup: frag = A[64 x 128] . B[NN x 128]^T over the stage's K
 // block (4 k32 steps), then acc += frag · (sx[token] · sw) (thread: columns 8j + 2q, + 1).
@@ -1115,7 +1107,7 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 }
 
 // The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
-template <int NN, class C>
+template <int NN>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
 						uint32_t x_smem, uint32_t scl, uint32_t bars,
 						int &s, uint32_t &ph, uint16_t *y, int ldy)
@@ -1129,15 +1121,15 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * 128), db0 = wgd_kmajor(x_smem);
 	for (int kb = 0; kb < KB; kb++) {
 		mbar_wait(TW_FULL(s), ph);
-		const uint32_t sc_s = scl + s * C::SC_BYTES;
-		const float sw0 = lds_f32(sc_s + 4 * C::N), sw1 = lds_f32(sc_s + 4 * C::N + 4);
+		const uint32_t sc_s = scl + s * TW_SC_BYTES;
+		const float sw0 = lds_f32(sc_s + 4 * TW_N), sw1 = lds_f32(sc_s + 4 * TW_N + 4);
 		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
-		const uint64_t db = db0 + ((uint64_t)(s * C::X_BYTES) >> 4);
+		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
 		tw_chain<NN>(acc0, frag, da, db, sc_s, sw0, q);
 		tw_chain<NN>(acc1, frag, da + ((uint64_t)(TW_W_BYTES / 2) >> 4), db, sc_s, sw1, q);
 		if (lane == 0)
 			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
-		if (++s == C::S)
+		if (++s == TW_STAGES)
 			s = 0, ph ^= 1;
 	}
 	// y[token][n]: register 4j + {0, 1} holds weight row r_lo, tokens 8j + 2q + {0, 1};
@@ -1159,21 +1151,21 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 	}
 }
 
-template <class C>
-__device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
-					const unsigned long long *s_tab, const int *off, int G,
-					uint16_t *y, int max_rows, int N, int K, int ldy)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
-	const uint32_t w_smem = base, x_smem = w_smem + C::S * TW_W_BYTES;
-	const uint32_t scl = x_smem + C::S * C::X_BYTES;
-	const uint32_t bars = scl + C::S * C::SC_BYTES;
+	const uint32_t w_smem = base, x_smem = w_smem + TW_STAGES * TW_W_BYTES;
+	const uint32_t scl = x_smem + TW_STAGES * TW_X_BYTES;
+	const uint32_t bars = scl + TW_STAGES * TW_SC_BYTES;
 	const int KB = K / 128;
 	tw_sched sc = {off, G, N / 256, 0, 0};
 	const int t0 = blockIdx.x, dt = gridDim.x;
 	if (threadIdx.x == 0) {
-		for (int s = 0; s < C::S; s++) {
+		for (int s = 0; s < TW_STAGES; s++) {
 			mbar_init(TW_FULL(s), 97); // the copy producer + 96 scale threads
 			mbar_init(TW_EMPTY(s), 8); // each consumer warp
 		}
@@ -1182,7 +1174,7 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 		tmap_prefetch(&mX);
 	}
 	__syncthreads();
-	const int wg = threadIdx.x >> 7;
+	const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
 	tw_item it;
 	if (wg == 0) {
 		// registers: 128 x 40 + 256 x 232 = 64512 = the launch's 168 x 384
@@ -1190,7 +1182,7 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
 		if (threadIdx.x == 0) { // the copies
-			for (int t = t0; tw_item_at<C>(sc, t, it); t += dt) {
+			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 				const tmap *wm = &g_group_maps[it.e];
 				if (it.e != e_acq) { // written by k_wgmma_group_maps (generic proxy)
 					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
@@ -1207,16 +1199,16 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 					tma_load_2d(w + TW_W_BYTES / 2, wm, TW_FULL(s), kb * 128, it.n0 + 128);
 					for (int j = 0; j < nb; j++) {
 						const int r = it.row0 + 16 * j;
-						tma_load_2d(x_smem + s * C::X_BYTES + j * 2048, &mX, TW_FULL(s),
+						tma_load_2d(x_smem + s * TW_X_BYTES + j * 2048, &mX, TW_FULL(s),
 							    kb * 128, r < max_rows ? r : 0);
 					}
-					if (++s == C::S)
+					if (++s == TW_STAGES)
 						s = 0, ph ^= 1;
 				}
 			}
 		} else if (threadIdx.x >= 32) { // the scales: warps 1-3, rows L + 96 i
 			const int L = threadIdx.x - 32;
-			for (int t = t0; tw_item_at<C>(sc, t, it); t += dt) {
+			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
 				const float *w0 = Se + (size_t)(it.n0 / 128) * KB;
 				for (int kb = 0; kb < KB; kb++) {
@@ -1224,27 +1216,27 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 #pragma unroll
 					for (int i = 0; i < 2; i++) {
 						const int r = min(it.row0 + L + 96 * i, max_rows - 1);
-						v[i] = L + 96 * i < C::N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
+						v[i] = L + 96 * i < TW_N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
 					}
 					float a = 0.f, b = 0.f;
 					if (L == 0)
 						a = __ldg(w0 + kb), b = __ldg(w0 + KB + kb);
 					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
-					const uint32_t dst = scl + s * C::SC_BYTES;
+					const uint32_t dst = scl + s * TW_SC_BYTES;
 #pragma unroll
 					for (int i = 0; i < 2; i++)
-						if (L + 96 * i < C::N)
+						if (L + 96 * i < TW_N)
 							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
 									     dst + 4 * (L + 96 * i)),
 								     "f"(v[i])
 								     : "memory");
 					if (L == 0)
 						asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(
-								     dst + 4 * C::N),
+								     dst + 4 * TW_N),
 							     "f"(a), "f"(b)
 							     : "memory");
 					mbar_arrive(TW_FULL(s));
-					if (++s == C::S)
+					if (++s == TW_STAGES)
 						s = 0, ph ^= 1;
 				}
 			}
@@ -1253,38 +1245,18 @@ __device__ __forceinline__ void tw_gemm(const tmap &mX, const float *sx,
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		int s = 0;
 		uint32_t ph = 0;
-		for (int t = t0; tw_item_at<C>(sc, t, it); t += dt) {
-			// the width NN: the item's rows rounded up to 16 (at most C::N)
-#define TW_ITEM(nn) tw_consume_item<(nn < C::N ? nn : C::N), C>(it, KB, w_smem, x_smem, scl, \
-								 bars, s, ph, y, ldy)
+		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
-			case 1: TW_ITEM(16); break;
-			case 2: TW_ITEM(32); break;
-			case 3: TW_ITEM(48); break;
-			case 4: TW_ITEM(64); break;
-			case 5: TW_ITEM(80); break;
-			case 6: TW_ITEM(96); break;
-			case 7: TW_ITEM(112); break;
-			case 8: TW_ITEM(128); break;
-			default: TW_ITEM(144); break;
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
 			}
-#undef TW_ITEM
 		}
 	}
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
-		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
-{
-	tw_gemm<tw144>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-k_gemm_fp8_tw_grouped_n96(const __grid_constant__ tmap mX, const float *__restrict__ sx,
-			  const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-			  int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
-{
-	tw_gemm<tw96>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
 }

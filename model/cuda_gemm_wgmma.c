@@ -250,34 +250,13 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 						     max_rows, I, K, mc);
 }
 
-/* The token-wide forms' dynamic shared memory (tw_cfg in the kernel file): S stages of 256
- * weight rows, maxn token rows and their scales (+ 2 weight scales, 16-byte multiple), 2 S
- * barriers, 1024 bytes of alignment slack. */
-static unsigned tw_smem(int maxn, int stages)
-{
-	return (unsigned)(stages * (256 * 128 + maxn * 128 + ((maxn * 4 + 8 + 15) & ~15)) +
-			  2 * stages * 8 + 1024);
-}
-
-/* DSV32_CUDA_WGMMA_TW96=1 (read once; default 0 until measured): the 96-row, 5-stage shape
- * where the groups average at most 80 rows (cuda_gemm_fp8_tw_grouped's choice). */
-static int tw96_cache = -1;
+/* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
+ * 592 bytes of scales, 8 barriers, 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
+#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 592) + 8 * 8 + 1024)
 
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
 {
-	int small = env_once(&tw96_cache, "DSV32_CUDA_WGMMA_TW96", 0) == 1 &&
-		    max_rows <= 80LL * G;
-	return cuda_gemm_fp8_tw_grouped_n(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, ldy,
-					  small ? 96 : 144);
-}
-
-int cuda_gemm_fp8_tw_grouped_n(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
-			       gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,
-			       int ldy, int maxn)
-{
-	if (maxn != 96 && maxn != 144)
-		return -EINVAL;
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_tw_grouped", max_rows, N, K, ldy) || N % 256 || G < 1 ||
@@ -295,10 +274,7 @@ int cuda_gemm_fp8_tw_grouped_n(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_
 			    margs)))
 		return r;
 	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
-	return maxn == 96 ? launch(g, "k_gemm_fp8_tw_grouped_n96", (unsigned)g->sm_count,
-				   tw_smem(96, 5), args)
-			  : launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, tw_smem(144, 4),
-				   args);
+	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 
 /* The MoE block's gate|up GEMM on the token-wide form (see cuda_gemm_wgmma.h). Measured (bench
