@@ -991,7 +991,7 @@ static unsigned paths_off(int N, int K)
 	       (gemv_bits() & 1 ? 0 : 1u << CUDA_GEMM_PATH_GEMV);
 }
 
-static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off);
+static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off, int bucket);
 
 #define MAX_ENTRIES 1024
 static struct gemm_entry table[MAX_ENTRIES];
@@ -1070,7 +1070,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
 	enum cuda_gemm_path p = !e		       ? CUDA_GEMM_PATH_NONE
 				: e->forced != CUDA_GEMM_PATH_NONE ? e->forced
-								   : pick(e->t, e->lt_ok, paths_off(N, K));
+								   : pick(e->t, e->lt_ok, paths_off(N, K),
+									  e->bucket);
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
 		p = fast_path(g, M, N, K);
@@ -1255,11 +1256,20 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
  * 32768x512, M = 64; run 17's "built-in kept within 3%" kept wgmma at 0.87-0.93x of it at
  * M = 4096). */
 #define TUNE_MARGIN 0.03f
+/* Above 64 rows (bucket 128 and up: the wgmma kernel against cuBLASLt, compute-bound): run 35's
+ * start-up tune took wgmma for 7168x18432 at M = 4096, and the same table then timed it at
+ * 1,083 us against cuBLASLt's 968-990 (wgmma's own column 1,049): its 4-launch bursts read a
+ * wgmma that sustained runs (at the power cap) do not reach; every bench gemm table of runs
+ * 28-35 has cuBLASLt at least as fast at M = 4096, wgmma 13-15% faster only at 128 rows on
+ * 32768x512. */
+#define TUNE_MARGIN_PREFILL 0.08f
 
 /* The fastest timed path of t (us, < 0: not timed) but those in off (a bit per path): cuBLASLt
- * unless beaten by TUNE_MARGIN where it may be chosen (lt_ok); NONE when none ran. */
-static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off)
+ * unless beaten by TUNE_MARGIN (TUNE_MARGIN_PREFILL above bucket 64) where it may be chosen
+ * (lt_ok); NONE when none ran. */
+static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off, int bucket)
 {
+	const float margin = bucket > 64 ? TUNE_MARGIN_PREFILL : TUNE_MARGIN;
 	enum cuda_gemm_path best = CUDA_GEMM_PATH_NONE;
 	for (int p = 1; p < CUDA_GEMM_PATHS; p++)
 		if (t[p] >= 0 && (p != CUDA_GEMM_PATH_CUBLASLT || lt_ok) && !(off >> p & 1) &&
@@ -1269,7 +1279,7 @@ static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off)
 		best = CUDA_GEMM_PATH_CUBLASLT; /* the only one that runs */
 	const float lt_t = t[CUDA_GEMM_PATH_CUBLASLT];
 	if (best != CUDA_GEMM_PATH_NONE && best != CUDA_GEMM_PATH_CUBLASLT && lt_ok && lt_t >= 0 &&
-	    t[best] > lt_t * (1 - TUNE_MARGIN))
+	    t[best] > lt_t * (1 - margin))
 		best = CUDA_GEMM_PATH_CUBLASLT; /* within the noise of cuBLASLt */
 	return best;
 }
@@ -1308,7 +1318,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 	 * rule) */
 	int lt_ok = a->M > 64 || fast || CUDA_GEMM_LT_FOR_DECODE;
 	t[CUDA_GEMM_PATH_CUBLASLT] = time_path(g, a, CUDA_GEMM_PATH_CUBLASLT);
-	enum cuda_gemm_path best = pick(t, lt_ok, 0);
+	enum cuda_gemm_path best = pick(t, lt_ok, 0, a->M);
 	if (best != CUDA_GEMM_PATH_NONE)
 		path_record(g, a->M, a->N, a->K, CUDA_GEMM_PATH_NONE, t, lt_ok);
 	if (us)
