@@ -188,14 +188,17 @@ static int sx_tma_on = -1;
 
 void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
 
-static int sx_tma(void)
+/* *on, or (when < 0: not set yet) the environment's `name`: on unless it is "0..." */
+static int env_default_on(int *on, const char *name)
 {
-	if (sx_tma_on < 0) {
-		const char *v = getenv("DSV32_GEMM_SX_TMA");
-		sx_tma_on = !(v && *v == '0');
+	if (*on < 0) {
+		const char *v = getenv(name);
+		*on = !(v && *v == '0');
 	}
-	return sx_tma_on;
+	return *on;
 }
+
+static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -240,14 +243,7 @@ static int gemm_pdl = -1;
 
 void cuda_gemm_set_pdl(int on) { gemm_pdl = on; }
 
-static int pdl_on(void)
-{
-	if (gemm_pdl < 0) {
-		const char *v = getenv("DSV32_GEMM_PDL");
-		gemm_pdl = !(v && *v == '0');
-	}
-	return gemm_pdl;
-}
+static int pdl_on(void) { return env_default_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
 
 static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
 		      unsigned smem, void **args)
