@@ -37,8 +37,7 @@
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
-//   A warp per 128-group at a time, 4 values per lane, 8 warps a block, the groups in steps of
-//   the grid (a grid of one group a warp, or fewer blocks and a few groups each).
+//   One warp per 128-group, 4 values per lane; grid covers R * I / 128 groups, 8 warps a block.
 // k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
@@ -748,10 +747,20 @@ k_moe_quant_scatter(const uint16_t *__restrict__ x, const int *__restrict__ perm
 		sxs[(size_t)my_row * KB + c] = sc;
 }
 
-// One 128-group of k_moe_swiglu_quant from its lane's gate and up words (4 bf16 values each).
-__device__ __forceinline__ void swiglu_quant_group(uint2 graw, uint2 uraw, uint8_t *h8row,
-						   float *hs_g, int lane)
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
+		   float *__restrict__ hs, int I, long long n_groups)
 {
+	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (group >= n_groups)
+		return;
+	const int per_row = I / 128;
+	const long long row = group / per_row;
+	const int c = (int)(group % per_row);
+	const uint16_t *gp = gu + row * 2 * I + c * 128 + lane * 4;
+	const uint2 graw = *reinterpret_cast<const uint2 *>(gp);
+	const uint2 uraw = *reinterpret_cast<const uint2 *>(gp + I);
 	const uint32_t gw[2] = {graw.x, graw.y}, uw[2] = {uraw.x, uraw.y};
 	float h[4]; // bf16 values: lane l holds h[4l .. 4l+3] of the group, as act_quant wants them
 #pragma unroll
@@ -761,40 +770,9 @@ __device__ __forceinline__ void swiglu_quant_group(uint2 graw, uint2 uraw, uint8
 		const float silu = __fdiv_rn(g, 1.0f + expf(-g));
 		h[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
 	}
-	const float sc = warp_act_quant128_regs(h, h8row, lane);
+	const float sc = warp_act_quant128_regs(h, h8 + row * I + c * 128, lane);
 	if (lane == 0)
-		*hs_g = sc;
-}
-
-// Warp w of the grid takes groups w, w + 8 gridDim.x, ... (a grid of (n_groups + 7) / 8 blocks:
-// one each), the next group's words loaded before the current one is computed.
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
-		   float *__restrict__ hs, int I, long long n_groups)
-{
-	const long long stride = (long long)gridDim.x * 8;
-	long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
-	const int lane = threadIdx.x & 31, per_row = I / 128;
-	if (group >= n_groups)
-		return;
-	auto words = [&](long long gi, uint2 &g, uint2 &u) {
-		const uint16_t *gp = gu + (gi / per_row) * 2 * I + (gi % per_row) * 128 + lane * 4;
-		g = *reinterpret_cast<const uint2 *>(gp);
-		u = *reinterpret_cast<const uint2 *>(gp + I);
-	};
-	uint2 g, u;
-	words(group, g, u);
-	for (;;) {
-		const long long next = group + stride;
-		uint2 gn = g, un = u;
-		if (next < n_groups)
-			words(next, gn, un);
-		swiglu_quant_group(g, u, h8 + (group / per_row) * I + (group % per_row) * 128, hs + group,
-				   lane);
-		if (next >= n_groups)
-			return;
-		group = next, g = gn, u = un;
-	}
+		hs[group] = sc;
 }
 
 // acc[q] += bf16 value q of v times wk: one fp32 multiply and one add (no FMA), as moe_combine.

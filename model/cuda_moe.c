@@ -338,11 +338,10 @@ static int grouped(struct gpu *g, int wgmma, gpu_ptr w_tab, gpu_ptr s_tab, gpu_p
 /* SwiGLU of gu [rows, 2I] then act_quant -> h8 [rows, I], hs [rows, I/128]. */
 static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int rows, int I)
 {
-	/* up to 4 groups a warp, the next one's loads in flight while one is computed */
 	long long n = (long long)rows * (I / 128);
 	void *args[] = {&gu, &h8, &hs, &I, &n};
-	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 31) / 32), 1, 1,
-			  256, 1, 1, 0, args);
+	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 7) / 8), 1, 1, 256,
+			  1, 1, 0, args);
 }
 
 /* A copy of n bytes of an intermediate into a trace buffer (when the trace asks for it). */
