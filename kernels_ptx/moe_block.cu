@@ -209,34 +209,11 @@ __device__ __forceinline__ void gate1_quant_rows(const float v[4], int gi, uint8
 		sxs[(size_t)row * KB + gi] = sc;
 }
 
-// The routing of one token by one warp from its scores fp32 [2][E] (read through L2): selects
-// (moe_route_select256) and permutes (moe_permute_one, from the picks in registers).
-__device__ __forceinline__ void gate1_route(const float *scores, int E, int topk_group, int K,
-					    int norm_topk_prob, float route_scale, int *idx,
-					    float *__restrict__ wts, int *__restrict__ counts,
-					    int *__restrict__ offsets, int *__restrict__ perm,
-					    int *__restrict__ src)
-{
-	const int lane = threadIdx.x & 31;
-	float sc[8], sel[8];
-	{
-		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
-		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
-		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
-		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
-		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
-		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
-		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
-	}
-	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
-					     idx, wts);
-	moe_permute_one(pick, K, E, counts, offsets, perm, src);
-}
-
 // The end of the one-token routers, by warp 0 of every block once the block's scores are
 // written and fenced (__threadfence, then a barrier or __syncwarp over the writers): counts the
-// block done (g_gate1_done); the last block to finish routes (gate1_route), then resets the
-// count for the next launch (stream order).
+// block done (g_gate1_done); the last block to finish selects (moe_route_select256, from the
+// scores fp32 [2][E] read through L2) and permutes (moe_permute_one, from the picks in
+// registers), then resets the count for the next launch (stream order).
 __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int topk_group, int K,
 						 int norm_topk_prob, float route_scale, int *idx,
 						 float *__restrict__ wts, int *__restrict__ counts,
@@ -250,8 +227,19 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 	if (__shfl_sync(0xffffffffu, prev, 0) != gridDim.x - 1)
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
-	gate1_route(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts, offsets,
-		    perm, src);
+	float sc[8], sel[8];
+	{
+		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
+	}
+	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
+					     idx, wts);
+	moe_permute_one(pick, K, E, counts, offsets, perm, src);
 	if (lane == 0)
 		g_gate1_done = 0; // for the next launch (stream order)
 }
@@ -449,8 +437,8 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 		__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
-	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts,
-				 counts, offsets, perm, src);
+	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
+			 offsets, perm, src);
 }
 
 extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
