@@ -100,6 +100,15 @@ int cuda_gemm_fp8_wgmma(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr
 					staged ? WGMMA_STAGED : 0);
 }
 
+/* The grouped forms' per-group weight maps, made on the device just before the GEMM
+ * (k_wgmma_group_maps: tmpl with each non-empty group's address w_tab[e]). */
+static int group_maps(struct gpu *g, CUtensorMap *tmpl, gpu_ptr w_tab, gpu_ptr off, int G)
+{
+	void *args[] = {tmpl, &w_tab, &off, &G};
+	return gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
+			  args);
+}
+
 int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags)
@@ -120,9 +129,7 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, paired ? bn / 2 : bn)) ||
 	    (paired && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
+	if ((r = group_maps(g, &tmpl, w_tab, off, G)))
 		return r;
 	/* a bound on the tiles: every group adds at most one partial token tile */
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * ((N + bn - 1) / bn);
@@ -189,9 +196,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	    (r = cuda_gemm_tmap_2d(&tmpl, x8, 2 * I, K, 128)) ||
 	    (mc == 2 && (r = cuda_gemm_tmap_2d(&mA64, x8, max_rows, K, 64))))
 		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
+	if ((r = group_maps(g, &tmpl, w_tab, off, G)))
 		return r;
 	long long tiles = (long long)((max_rows + WG_BM - 1) / WG_BM + G) * (I / 128);
 	unsigned grid = (unsigned)(tiles < g->sm_count ? tiles : g->sm_count);
@@ -269,9 +274,7 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	if ((r = cuda_gemm_tmap_2d(&mX, x8, max_rows, K, 16)) ||
 	    (r = cuda_gemm_tmap_2d(&tmpl, x8, N, K, 128)))
 		return r;
-	void *margs[] = {&tmpl, &w_tab, &off, &G};
-	if ((r = gpu_launch(g, gpu_kernel(g, "k_wgmma_group_maps"), (unsigned)G, 1, 1, 32, 1, 1, 0,
-			    margs)))
+	if ((r = group_maps(g, &tmpl, w_tab, off, G)))
 		return r;
 	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
