@@ -253,26 +253,30 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 }
 
 // The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
-// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
-// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
-template <int MGA>
-__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+// of each of the mg_n live token groups of each of the NC chains (64-row MMA tiles of one scale
+// block), times its promotion factors s[mg] (tokens 2t, 2t + 1), to the running fp32 sums;
+// register 4 (MGA c + mg) + q is acc[c][mg][q]'s element.
+template <int MGA, int NC>
+__device__ __forceinline__ void wg_promote(float (*acc)[MGA][4], float (&frag)[4 * MGA * NC],
 					   const float (&s)[MGA][2], int mg_n)
 {
 	wg_commit();
 	wg_wait0();
 #pragma unroll
-	for (int i = 0; i < 4 * MGA; i++)
+	for (int i = 0; i < 4 * MGA * NC; i++)
 		wg_reg_fence(frag[i]);
 #pragma unroll
-	for (int mg = 0; mg < MGA; mg++) {
-		if (mg >= mg_n)
-			break;
-		acc[mg][0] += frag[4 * mg + 0] * s[mg][0];
-		acc[mg][1] += frag[4 * mg + 1] * s[mg][1];
-		acc[mg][2] += frag[4 * mg + 2] * s[mg][0];
-		acc[mg][3] += frag[4 * mg + 3] * s[mg][1];
-	}
+	for (int c = 0; c < NC; c++)
+#pragma unroll
+		for (int mg = 0; mg < MGA; mg++) {
+			if (mg >= mg_n)
+				break;
+			const int f = 4 * (MGA * c + mg);
+			acc[c][mg][0] += frag[f + 0] * s[mg][0];
+			acc[c][mg][1] += frag[f + 1] * s[mg][1];
+			acc[c][mg][2] += frag[f + 2] * s[mg][0];
+			acc[c][mg][3] += frag[f + 3] * s[mg][1];
+		}
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -289,7 +293,7 @@ struct st_unit {
 };
 
 __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
-					   int chunk_blocks, int KB)
+					   int chunk_blocks, int KB, int tr)
 {
 	st_unit w;
 	w.chunk = u % chunks;
@@ -298,7 +302,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	const int tile = rest % tiles;
 	const st_slice s = sl[rest / tiles];
 	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
-	w.n0 = tile * ST_TR;
+	w.n0 = tile * tr;
 	w.kb0 = w.chunk * chunk_blocks;
 	w.kb1 = min(KB, w.kb0 + chunk_blocks);
 	return w;
@@ -317,7 +321,13 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // ring (7 stages at any M): 0.85-0.97x of these at every M; not kept. Run 13 measured stages of
 // one K block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense
 // and grouped; not kept.)
-template <int MG, int RT, int WI>
+// TW = 2 (wgmma consumers, dense; the host's DSV32_GEMM_WG_TW=2, N % 256 == 0): a unit is 256
+// weight rows (two 128-row boxes a K block) against one token box, a stage one K block (the same
+// 32 KB of weights as two K blocks of 128 rows, half the token bytes a weight byte: at M = 64
+// 1.25x the weight bytes into the SM instead of 1.5x); consumer warpgroup c takes box c as two
+// m64 chains issued together (one wait for 8 wgmmas). The chunks' partials are summed by the
+// second launch only (no fused sum: a warp's rows are two 16-row pieces 64 apart).
+template <int MG, int RT, int WI, int TW>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		const unsigned long long *__restrict__ w_tab,
@@ -326,8 +336,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
-	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
-	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
+	static_assert(TW == 1 || (TW == 2 && WI == 2 && RT == 1), "256-row units: wgmma only");
+	const bool fused = (flags & ST_FUSED) && TW == 1, no_sx = flags & ST_NO_SX;
+	constexpr int TR = ST_TR * TW, KBS = TW == 2 ? 1 : ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -337,11 +348,12 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	// leaves 3 more slices' room: 12 ints)
 	int *n_slices = reinterpret_cast<int *>(sl + slice_cap);
 	// the stages, 1024-byte aligned (the 128-byte swizzle's atom); the host adds the slack.
-	// Stage: the weight boxes of its K blocks (128 rows x 128 bytes each), then the tokens'
-	// (mpad rows x 128 bytes each).
+	// Stage: the weight boxes of its K blocks (128 rows x 128 bytes each; TW of them a K block,
+	// box (j, h) at (j TW + h) ST_WBOX), then the tokens' (mpad rows x 128 bytes each).
 	const uint32_t stage0 =
 		(smem_u32(smem) + 256 + (uint32_t)(slice_cap + 3) * sizeof(st_slice) + 1023) & ~1023u;
-	const int xbox = mpad * 128, stage_bytes = KBS * (ST_WBOX + xbox);
+	const int xbox = mpad * 128, stage_bytes = KBS * (TW * ST_WBOX + xbox);
+	constexpr int XOFF = KBS * TW * ST_WBOX; // the token boxes' offset in a stage
 	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
@@ -442,17 +454,20 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		int pre = 0;
 		if (!w_tab) {
 			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
-				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
 										   (sx_tma ? sxb : 0));
 						for (int j = 0; j < nb; j++)
-							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
-									 bar, (kb + j) * 128, w.n0, pol_w);
+							for (int h = 0; h < TW; h++)
+								tma_load_2d_hint(stage0 + pre * stage_bytes +
+											 (j * TW + h) * ST_WBOX,
+										 wmap, bar, (kb + j) * 128,
+										 w.n0 + h * ST_TR, pol_w);
 					}
 				}
 			}
@@ -462,13 +477,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// the grouped weight scales' address, loaded a unit ahead
 		unsigned long long sp_next = 0;
 		if (MG > 0 && blockIdx.x < units)
-			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
+			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB, TR).e]
 					: (unsigned long long)S;
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
-				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
+				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB, TR).e];
 			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
 			if (lane == 0 && w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
@@ -487,13 +502,17 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				if (MG > 0) {
-					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
+					// the scales: items i < TW nb (the weights': row block h = i / nb, K block
+					// j = i % nb, at 4 (h KBS + j)), then TW nb + j ms + m (the tokens')
 					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
-					for (int i = lane; i < nb * (no_sx || sx_tma ? 1 : 1 + w.ms); i += 32) {
-						if (i < nb) {
-							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
+					const int nw = TW * nb;
+					for (int i = lane; i < nb * (TW + (no_sx || sx_tma ? 0 : w.ms)); i += 32) {
+						if (i < nw) {
+							const int h = TW == 1 ? 0 : i / nb, j = i - h * nb;
+							cp_async4(sd + 4 * (h * KBS + j),
+								  Sp + (size_t)((w.n0 >> 7) + h) * KB + kb + j);
 						} else {
-							const int r = i - nb, j = r / w.ms, m = r - j * w.ms;
+							const int r = i - nw, j = r / w.ms, m = r - j * w.ms;
 							cp_async4(sd + 16 + 4 * (64 * j + m),
 								  SX + (size_t)(w.r0 + m) * KB + kb + j);
 						}
@@ -503,17 +522,17 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				if (lane == 0) {
 					// whole boxes count, rows past N or past the tokens zero-filled included
 					if (!early)
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
 									   (sx_tma ? sxb : 0));
 					const uint32_t dst = stage0 + s * stage_bytes;
 					if (sx_tma) // columns kb & ~3 .. + 7 (past K/128 zero-filled)
 						tma_load_2d_hint(sxt0 + s * sxb, smap, bar, kb & ~3, w.r0, pol_x);
 					for (int j = 0; j < nb; j++) {
-						if (!early)
-							tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128,
-									 w.n0, pol_w);
+						for (int h = 0; h < TW && !early; h++)
+							tma_load_2d_hint(dst + (j * TW + h) * ST_WBOX, wm, bar,
+									 (kb + j) * 128, w.n0 + h * ST_TR, pol_w);
 						for (int i = 0; i < xb; i++)
-							tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap,
+							tma_load_2d_hint(dst + XOFF + j * xbox + i * 1024, xmap,
 									 bar, (kb + j) * 128, w.r0 + 8 * i, pol_x);
 					}
 				}
@@ -580,19 +599,25 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		pend.st = -1;
 	};
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
-		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
-		const int n = w.n0 + warp * 16 * RT; // this warp's first row
-		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
-		const int rt_n = min(RT, max(0, (N - n) >> 4));
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
+		// this warp's rows: AR 16-row MMA tiles RS rows apart from n — RT consecutive ones
+		// (TW = 1), or (TW = 2) one in each 64-row half of box c = warp / 4
+		constexpr int AR = RT > TW ? RT : TW, RS = TW == 2 ? 64 : 16;
+		const int n = TW == 2 ? w.n0 + ST_TR * (warp >> 2) + 16 * (warp & 3)
+				      : w.n0 + warp * 16 * RT;
+		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in (the
+		// first ones)
+		const int rt_n = TW == 2 ? (n < N) + (n + RS < N) : min(RT, max(0, (N - n) >> 4));
 		const int mg_n = (w.ms + 7) >> 3;
 		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
 		// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
-		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
+		// (the warp's rows lie in one 128-row scale block: the unit's, TW = 2 its box c's)
+		const int sbox = TW == 2 ? (warp >> 2) * KBS : 0;
 		float sc[KBS][MGA][2];
-		float acc[RT][MGA][4];
-		float frag[WI == 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2)
+		float acc[AR][MGA][4];
+		float frag[WI == 2 ? 4 * MGA * TW : 1]; // the wgmma fragments (WI = 2), TW chains
 #pragma unroll
-		for (int rt = 0; rt < RT; rt++)
+		for (int rt = 0; rt < AR; rt++)
 #pragma unroll
 			for (int mg = 0; mg < MGA; mg++)
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
@@ -602,7 +627,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 #pragma unroll
 			for (int j = 0; j < KBS; j++) {
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-				const float sw = ok ? lds32f(sd + 4 * j) : 0.f;
+				const float sw = ok ? lds32f(sd + 4 * (sbox + j)) : 0.f;
 #pragma unroll
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
@@ -629,7 +654,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					const int j = i / per_j, rest = i - j * per_j;
 					const int mg = rest >> 7, h = (rest >> 5) & 3, ln = rest & 31;
 					const int r = mg * 8 + (ln >> 2), chunk = 2 * (ln & 3) + (h >> 1);
-					const uint2 v = lds64(st + KBS * ST_WBOX + j * xbox + r * 128 +
+					const uint2 v = lds64(st + XOFF + j * xbox + r * 128 +
 							      ((chunk ^ (r & 7)) << 4) + (h & 1) * 8);
 					uint4 o;
 					e4m3x4_f16(v.x, o.x, o.y);
@@ -638,7 +663,20 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				named_bar_sync(1, CW * 32); // every warp's conversions are visible
 			}
-			if constexpr (MG > 0 && WI == 2) {
+			if constexpr (MG > 0 && WI == 2 && TW == 2) {
+				// box c = warp / 4 (its 128 rows, one scale block) as two m64 chains against the
+				// stage's one K block of tokens, issued together, one wait for both
+				const uint32_t a0 = st + (warp >> 2) * ST_WBOX;
+				const uint64_t db = wgd_kmajor(st + XOFF);
+#pragma unroll
+				for (int i = 0; i < 8 * MGA; i++)
+					wg_reg_fence(frag[i]);
+				wg_fence();
+				wg_kblock<MG>(frag, wgd_kmajor(a0), db);
+				wg_kblock<MG>(frag + 4 * MGA, wgd_kmajor(a0 + 64 * 128), db);
+				wg_promote<MGA, TW>(acc, frag, sc[0], mg_n);
+			}
+			if constexpr (MG > 0 && WI == 2 && TW == 1) {
 				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
 				// consumers') times the tokens; the fragment's register 4 mg + q is
 				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
@@ -652,8 +690,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 						wg_reg_fence(frag[i]);
 					wg_fence();
 					wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
-						      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
-					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
+						      wgd_kmajor(st + XOFF + j * xbox));
+					wg_promote<MGA, 1>(acc, frag, sc[j], mg_n);
 				}
 			}
 			if (MG > 0 && WI != 2 && rt_n > 0) {
@@ -724,7 +762,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			count();
 		}
 #pragma unroll
-		for (int rt = 0; rt < RT; rt++) {
+		for (int rt = 0; rt < AR; rt++) {
 			if (rt >= rt_n)
 				break;
 #pragma unroll
@@ -734,7 +772,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				const int m0 = mg * 8 + 2 * t;
 #pragma unroll
 				for (int q = 0; q < 4; q++) {
-					const int m = m0 + (q & 1), row = n + rt * 16 + g + 8 * (q >> 1);
+					const int m = m0 + (q & 1), row = n + rt * RS + g + 8 * (q >> 1);
 					if (m >= w.ms)
 						continue;
 					const size_t r = (size_t)w.r0 + m;
@@ -757,7 +795,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	}
 }
 
-#define ST_ENTRY(MG, RT, WI, SUF)                                                                 \
+#define ST_ENTRY(MG, RT, WI, TW, SUF)                                                             \
 	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
@@ -769,27 +807,32 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y,     \
+		gemm_fp8_stream<MG, RT, WI, TW>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y,     \
 					partial,                                                  \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}
 
-ST_ENTRY(1, 1, 0, )
-ST_ENTRY(2, 1, 0, )
-ST_ENTRY(4, 1, 0, )
-ST_ENTRY(8, 1, 0, )
-ST_ENTRY(1, 2, 0, )
-ST_ENTRY(2, 2, 0, )
-ST_ENTRY(4, 2, 0, )
-ST_ENTRY(8, 2, 0, )
-ST_ENTRY(1, 1, 2, _w)
-ST_ENTRY(2, 1, 2, _w)
-ST_ENTRY(4, 1, 2, _w)
-ST_ENTRY(8, 1, 2, _w)
+ST_ENTRY(1, 1, 0, 1, )
+ST_ENTRY(2, 1, 0, 1, )
+ST_ENTRY(4, 1, 0, 1, )
+ST_ENTRY(8, 1, 0, 1, )
+ST_ENTRY(1, 2, 0, 1, )
+ST_ENTRY(2, 2, 0, 1, )
+ST_ENTRY(4, 2, 0, 1, )
+ST_ENTRY(8, 2, 0, 1, )
+ST_ENTRY(1, 1, 2, 1, _w)
+ST_ENTRY(2, 1, 2, 1, _w)
+ST_ENTRY(4, 1, 2, 1, _w)
+ST_ENTRY(8, 1, 2, 1, _w)
+// 256-row units (TW = 2), wgmma consumers, dense
+ST_ENTRY(1, 1, 2, 2, _w256)
+ST_ENTRY(2, 1, 2, 2, _w256)
+ST_ENTRY(4, 1, 2, 2, _w256)
+ST_ENTRY(8, 1, 2, 2, _w256)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves.
-ST_ENTRY(0, 1, 0, )
+ST_ENTRY(0, 1, 0, 1, )
 
 // ---- the swapped kernel: whole-K weight tiles, no K split (fast mode, dense, M <= 64) ---------
 // y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNk32 e4m3

@@ -71,15 +71,18 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
  * block's worth per unit for the pipeline fill and the epilogue, and a flat cost for the reduce
  * launch when there is more than one chunk). A function of N, K and the SM count only: the
  * summation order, and so every result, never depends on M. */
-struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
+/* tw: 128-row tiles a unit (2: the 256-row units of DSV32_GEMM_WG_TW=2, below); the cost counts
+ * 128-row K blocks. */
+static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw)
 {
-	int kb = K / 128, tiles = (N + 127) / 128, sms = g->sm_count > 0 ? g->sm_count : 132;
+	int kb = K / 128, tiles = (N + 128 * tw - 1) / (128 * tw);
+	int sms = g->sm_count > 0 ? g->sm_count : 132;
 	struct gemm_split best = {1, 1, kb > 0 ? kb : 1};
 	double best_cost = 1e30;
 	for (int c = 1; c <= kb && c <= 64; c++) {
 		int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
 		long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
-		double cost = (double)rounds * (cb + 1.0) + (ce > 1 ? 3.0 : 0.0);
+		double cost = (double)rounds * (cb + 1.0) * tw + (ce > 1 ? 3.0 : 0.0);
 		if (cost < best_cost - 1e-9) {
 			best_cost = cost;
 			best = (struct gemm_split){1, ce, cb};
@@ -88,13 +91,19 @@ struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 	return best;
 }
 
+struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
+{
+	return split_tw(g, N, K, 1);
+}
+
 static size_t v2_workspace(const struct gpu *g, int M, int N, int K);
 static size_t gemv_workspace(const struct gpu *g, int M, int N, int K);
 
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 {
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
-	size_t st = sp.chunks > 1 ? (size_t)sp.chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K), sp2 = split_tw(g, N, K, 2);
+	int chunks = N % 256 == 0 && sp2.chunks > sp.chunks ? sp2.chunks : sp.chunks;
+	size_t st = chunks > 1 ? (size_t)chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
 	size_t gv = gemv_workspace(g, M, N, K), most = st > v2 ? st : v2;
 	return gv > most ? gv : most; /* room for any of the kernels */
 }
@@ -199,6 +208,25 @@ static int env_default_on(int *on, const char *name)
 }
 
 static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
+
+/* The wgmma consumers' units (dense, N % 256 == 0): 2 = 256 weight rows against one token box,
+ * a stage one K block (k_gemm_fp8_stream_m*_r1_w256: half the token bytes a weight byte, each
+ * consumer warpgroup two m64 chains a wait; its own K split, split_tw), 1 = 128 rows, two K
+ * blocks a stage (k_gemm_fp8_stream_m*_r1_w). -1: the environment (DSV32_GEMM_WG_TW=2; default
+ * 1 until measured). */
+static int stream_tw = -1;
+
+void cuda_gemm_set_stream_tw(int tw) { stream_tw = tw == 1 || tw == 2 ? tw : -1; }
+
+static int wide_units(void)
+{
+	static int env = -1;
+	if (env < 0) {
+		const char *v = getenv("DSV32_GEMM_WG_TW");
+		env = v && atoi(v) == 2 ? 2 : 1;
+	}
+	return stream_tw > 0 ? stream_tw : env;
+}
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -321,7 +349,10 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			 int K, int ldy, gpu_ptr ws, int copy_only, int wg,
 			 const struct stream_epi *epi)
 {
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
+	/* 256-row units (wgmma consumers, dense; N % 256 == 0: both boxes of a unit in N) */
+	const int tw = wi == 2 && !w_tab && !copy_only && N % 256 == 0 && wide_units() == 2 ? 2 : 1;
+	struct gemm_split sp = split_tw(g, N, K, tw);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
 	const int ek = epi ? epi->kind : EPI_NONE;
@@ -338,31 +369,34 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * because gpu_kernel caches the name pointer it is given and these names were built in a
 	 * reused stack buffer; the names are literals now. */
 	int rt = stream_rt ? stream_rt : 1;
-	const int tile = 128; /* the kernel's ST_TR */
+	const int tile = 128 * tw, kbs = tw == 2 ? 1 : 2; /* the kernel's TR, KBS */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
-	static const char *names[3][5] = {
+	 * RT = 2, wgmma, wgmma with 256-row units; columns: 8, 16, 32, 64 token rows, the copy-only
+	 * probe */
+	static const char *names[4][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
-	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
+		{"k_gemm_fp8_stream_m1_r1_w256", "k_gemm_fp8_stream_m2_r1_w256",
+		 "k_gemm_fp8_stream_m4_r1_w256", "k_gemm_fp8_stream_m8_r1_w256",
+		 "k_gemm_fp8_stream_m0_r1"}};
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
 	}
 	/* shared memory: barriers (256 bytes), the slices and 3 more entries' room (their count and
-	 * the slice scan's warp totals), 1 KB of alignment slack, ns stages of two K blocks of 128
-	 * weight rows and mpad token rows, two buffers of the fp16 token fragments of a stage (2 K
+	 * the slice scan's warp totals), 1 KB of alignment slack, ns stages of kbs K blocks of
+	 * `tile` weight rows and mpad token rows, two buffers of the fp16 token fragments of a stage (2 K
 	 * blocks x mpad / 8 groups x 2 KB each), each stage's promotion scales (ST_SCL_BYTES), 8
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
-	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
+	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = kbs * (tile + mpad) * 128;
 	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
 	/* the token scales by bulk tensor copies from 9 rows: sx 16-byte aligned, its rows
@@ -381,7 +415,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		int sms = g->sm_count > 0 ? g->sm_count : 132;
 		long long per = (units + sms - 1) / sms;
-		long long need = per * ((sp.chunk_blocks + 1) / 2);
+		long long need = per * ((sp.chunk_blocks + kbs - 1) / kbs);
 		ns = need < ns ? (int)(need > 2 ? need : 2) : ns;
 	}
 	if (ns < 2) {
@@ -398,7 +432,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * 128 rows; the tokens, boxes of 8 rows (grouped) or mpad rows (dense: one copy a K block);
 	 * one K block wide, 128-byte swizzle */
 	CUtensorMap wmap, xmap, smap;
-	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
+	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, 128)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, w_tab ? 8 : mpad)))
 		return r;
 	smap = xmap; /* (unused without ST_SX_TMA) */
@@ -419,7 +453,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    (stream_fused < 0 && wi == 2))
+	    (stream_fused < 0 && wi == 2) || tw == 2)
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())

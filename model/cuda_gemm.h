@@ -78,6 +78,11 @@ void cuda_gemm_set_stream_diag(int fused, int k1);
  * by one bulk tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the
  * environment (DSV32_GEMM_SX_TMA=0 off; default on). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_sx_tma(int on);
+/* The streaming kernel's wgmma consumers (dense, N % 256 == 0): 2 = units of 256 weight rows
+ * against one token box (a stage one K block; its own K split, so other partial sums), 1 = 128
+ * rows (two K blocks a stage), -1 = the environment (DSV32_GEMM_WG_TW=2; default 1).
+ * Process-wide (tests, the benchmark). */
+void cuda_gemm_set_stream_tw(int tw);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

@@ -141,6 +141,29 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 
 static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, const char *what);
 
+/* The GEMM through the dispatch (the streaming kernel's wgmma consumers, forced) with the tokens'
+ * scales by 4-byte copies, then by bulk tensor copies: each against the CPU, the second bit for
+ * bit the first (the same values, the same arithmetic); ref [M * N] gets the first's bits. */
+static void run_sx_pair(struct gpu *g, struct lt_case *c, const char *label, uint16_t *ref)
+{
+	const size_t n = (size_t)c->M * c->N;
+	for (int sxt = 0; sxt < 2; sxt++) {
+		cuda_gemm_set_stream_sx_tma(sxt);
+		char what[128];
+		snprintf(what, sizeof what, "%s%s", label, sxt ? ", token scales by tensor copies" : "");
+		CHECK_EQ_INT(case_run(g, c, VIA_DISPATCH, what), 0);
+		if (!sxt) {
+			memcpy(ref, c->got, n * 2);
+			continue;
+		}
+		char w2[192];
+		snprintf(w2, sizeof w2, "%s M=%d N=%d K=%d against 4-byte copies", what, c->M, c->N,
+			 c->K);
+		CHECK_EQ_INT((int)count_differ(c->got, ref, n, w2), 0);
+	}
+	cuda_gemm_set_stream_sx_tma(-1);
+}
+
 /* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
  * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
@@ -170,25 +193,11 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		const size_t n = (size_t)c.M * c.N;
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
-		for (int d = 0; d < 3; d++)
-			for (int sxt = 0; sxt < 2; sxt++) {
-				cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
-				cuda_gemm_set_stream_sx_tma(sxt);
-				char what[128];
-				snprintf(what, sizeof what, "%s%s", labels[d],
-					 sxt ? ", token scales by tensor copies" : "");
-				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, what), 0);
-				if (!sxt) {
-					memcpy(ref, c.got, n * 2);
-					continue;
-				}
-				char w2[192];
-				snprintf(w2, sizeof w2, "%s M=%d N=%d K=%d against 4-byte copies", what, c.M,
-					 c.N, c.K);
-				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
-			}
+		for (int d = 0; d < 3; d++) {
+			cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
+			run_sx_pair(&g, &c, labels[d], ref);
+		}
 		cuda_gemm_set_stream_diag(-1, 0);
-		cuda_gemm_set_stream_sx_tma(-1);
 		free(ref);
 		case_free(&c);
 	}
@@ -210,6 +219,50 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (cuBLASLt)"), 0);
 	case_free(&c);
 	cuda_gemm_set_batch_invariant(&g, 1);
+	cuda_gemm_close(&g);
+	gpu_close(&g);
+}
+
+/* The wgmma consumers' 256-row units (cuda_gemm_set_stream_tw 2: two weight boxes a K block
+ * against one token box, a stage one K block, their own K split) against the CPU within the
+ * wgmma limit: odd M in each token-group variant (1, 8, 12, 17, 33, 63, 64), N % 256 == 0 with
+ * one to 28 units of rows, K with one K block, several chunks of 2-16 K blocks and the big
+ * shapes' splits (7168 x 16384: 9 chunks of 15), the tokens' scales by 4-byte copies and by
+ * bulk tensor copies (the same bits); N % 256 != 0 (2112) runs the 128-row units, bit for bit
+ * those without the switch. */
+TEST_T(gpu_cublaslt, stream_wgmma_w256_vs_cpu, 120)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	static const int shapes[][3] = {{17, 2048, 16384}, {33, 7168, 2048}, {63, 1024, 7168},
+					{1, 2304, 7168},   {64, 512, 18432}, {8, 4096, 1536},
+					{40, 256, 128},	   {12, 5632, 7168}, {2, 7168, 16384},
+					{64, 768, 7168},   {24, 2112, 7168}};
+	cuda_gemm_set_stream(1);
+	cuda_gemm_set_stream_wi(2);
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1300 + i);
+		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
+		const size_t n = (size_t)c.M * c.N;
+		uint16_t *ref = malloc(n * 2);
+		REQUIRE(ref);
+		cuda_gemm_set_stream_tw(2);
+		run_sx_pair(&g, &c, "stream wgmma 256-row units", ref);
+		if (c.N % 256) { /* the switch leaves this shape on the 128-row units */
+			cuda_gemm_set_stream_tw(1);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma 128-row units"), 0);
+			char w2[192];
+			snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: switch against none", c.M,
+				 c.N, c.K);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+		}
+		cuda_gemm_set_stream_tw(-1);
+		free(ref);
+		case_free(&c);
+	}
+	cuda_gemm_set_stream_wi(-1);
+	cuda_gemm_set_stream(-1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }
