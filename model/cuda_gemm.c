@@ -72,8 +72,12 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
  * launch when there is more than one chunk). A function of N, K and the SM count only: the
  * summation order, and so every result, never depends on M. */
 /* tw: 128-row tiles a unit (2: the 256-row units of DSV32_GEMM_WG_TW=2, below); the cost counts
- * 128-row K blocks. */
-static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw)
+ * 128-row K blocks (16 KB of weights an SM). m > 0 (DSV32_GEMM_WG_MSPLIT=1, the fast mode's wgmma
+ * consumers only: then the split, and so the sums' order, depends on M): the chunks' fp32
+ * partials too, m rows x N written and read back, spread over the SMs in the same 16 KB units
+ * (at 64 rows 7 chunks of 18432 x 7168 move 66 MB of partials against 132 MB of weights). A
+ * cost increasing in the chunk count, so never more chunks than without (the workspace). */
+static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw, int m)
 {
 	int kb = K / 128, tiles = (N + 128 * tw - 1) / (128 * tw);
 	int sms = g->sm_count > 0 ? g->sm_count : 132;
@@ -83,6 +87,8 @@ static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw)
 		int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
 		long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
 		double cost = (double)rounds * (cb + 1.0) * tw + (ce > 1 ? 3.0 : 0.0);
+		if (ce > 1 && m > 0)
+			cost += (double)ce * m * N * 8 / ((double)sms * 16384);
 		if (cost < best_cost - 1e-9) {
 			best_cost = cost;
 			best = (struct gemm_split){1, ce, cb};
@@ -93,7 +99,7 @@ static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw)
 
 struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 {
-	return split_tw(g, N, K, 1);
+	return split_tw(g, N, K, 1, 0);
 }
 
 static size_t v2_workspace(const struct gpu *g, int M, int N, int K);
@@ -101,7 +107,7 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K);
 
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 {
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K), sp2 = split_tw(g, N, K, 2);
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K), sp2 = split_tw(g, N, K, 2, 0);
 	int chunks = N % 256 == 0 && sp2.chunks > sp.chunks ? sp2.chunks : sp.chunks;
 	size_t st = chunks > 1 ? (size_t)chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
 	size_t gv = gemv_workspace(g, M, N, K), most = st > v2 ? st : v2;
@@ -228,6 +234,21 @@ static int wide_units(void)
 	return stream_tw > 0 ? stream_tw : env;
 }
 
+/* The wgmma consumers' K split by M too (split_tw's m; dense): 1 on, 0 off, -1 the environment
+ * (DSV32_GEMM_WG_MSPLIT=1; default off until measured). */
+static int stream_msplit = -1;
+
+void cuda_gemm_set_stream_msplit(int on) { stream_msplit = on; }
+
+static int msplit_on(void)
+{
+	if (stream_msplit < 0) {
+		const char *v = getenv("DSV32_GEMM_WG_MSPLIT");
+		stream_msplit = v && *v == '1';
+	}
+	return stream_msplit;
+}
+
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
  * M = 1 / 8 / 16 against 3.28 / 3.32 / 3.08 with the 6 that fit; the GEMM launch alone 3.65 either
@@ -352,7 +373,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	/* 256-row units (wgmma consumers, dense; N % 256 == 0: both boxes of a unit in N) */
 	const int tw = wi == 2 && !w_tab && !copy_only && N % 256 == 0 && wide_units() == 2 ? 2 : 1;
-	struct gemm_split sp = split_tw(g, N, K, tw);
+	struct gemm_split sp = split_tw(g, N, K, tw, wi == 2 && !w_tab && msplit_on() ? rows : 0);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
 	const int ek = epi ? epi->kind : EPI_NONE;

@@ -83,6 +83,10 @@ void cuda_gemm_set_stream_sx_tma(int on);
  * rows (two K blocks a stage), -1 = the environment (DSV32_GEMM_WG_TW=2; default 1).
  * Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_tw(int tw);
+/* The streaming kernel's wgmma consumers (dense): 1 = the K split chosen for M too (the chunks'
+ * fp32 partials in its cost: fewer chunks at 33-64 rows; a row's sums then depend on M), 0 = by
+ * N and K only, -1 = the environment (DSV32_GEMM_WG_MSPLIT=1; default 0). Process-wide. */
+void cuda_gemm_set_stream_msplit(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);
