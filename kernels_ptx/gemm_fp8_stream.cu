@@ -831,8 +831,9 @@ ST_ENTRY(2, 1, 2, 2, _w256)
 ST_ENTRY(4, 1, 2, 2, _w256)
 ST_ENTRY(8, 1, 2, 2, _w256)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
-// what the copies reach by themselves.
+// what the copies reach by themselves (and of the 256-row units' copies).
 ST_ENTRY(0, 1, 0, 1, )
+ST_ENTRY(0, 1, 2, 2, _w256)
 
 // ---- the swapped kernel: whole-K weight tiles, no K split (fast mode, dense, M <= 64) ---------
 // y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNk32 e4m3

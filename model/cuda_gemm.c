@@ -371,8 +371,9 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			 const struct stream_epi *epi)
 {
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
-	/* 256-row units (wgmma consumers, dense; N % 256 == 0: both boxes of a unit in N) */
-	const int tw = wi == 2 && !w_tab && !copy_only && N % 256 == 0 && wide_units() == 2 ? 2 : 1;
+	/* 256-row units (wgmma consumers or their copies alone, dense; N % 256 == 0: both boxes of a
+	 * unit in N) */
+	const int tw = (wi == 2 || copy_only) && !w_tab && N % 256 == 0 && wide_units() == 2 ? 2 : 1;
 	struct gemm_split sp = split_tw(g, N, K, tw, wi == 2 && !w_tab && msplit_on() ? rows : 0);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
@@ -403,7 +404,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w256", "k_gemm_fp8_stream_m2_r1_w256",
 		 "k_gemm_fp8_stream_m4_r1_w256", "k_gemm_fp8_stream_m8_r1_w256",
-		 "k_gemm_fp8_stream_m0_r1"}};
+		 "k_gemm_fp8_stream_m0_r1_w256"}};
 	if (copy_only || wi)
 		rt = 1;
 	const char *name = names[tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
