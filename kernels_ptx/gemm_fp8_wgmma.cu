@@ -996,20 +996,16 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_SC_BYTES 592   // TW_N token scales + 2 weight scales, 16-byte multiple
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
-// wgmma m64nWk32 e4m3 for W = 16 .. 144 in steps of 16, and 56, 72 (the pipelined consumer's
-// token halves): the fragment operands d[0 .. W/2 - 1]
+// wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
 #define TW_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define TW_R16 TW_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define TW_R24 TW_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
-#define TW_R28 TW_R24 ", %24, %25, %26, %27"
 #define TW_R32 TW_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
-#define TW_R36 TW_R32 ", %32, %33, %34, %35"
 #define TW_R40 TW_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define TW_R48 TW_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define TW_R56 TW_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define TW_R64 TW_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
 #define TW_R72 TW_R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
-#define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define TW_MMA(nn, regs, ia, ib, ic, ...)                                                       \
 	__device__ __forceinline__ void tw_mma_n##nn(float *d, uint64_t da, uint64_t db,         \
 						     int accumulate)                            \
@@ -1019,28 +1015,24 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 TW_MMA(16, TW_R8, 8, 9, 10, WG_D8(0))
 TW_MMA(32, TW_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
 TW_MMA(48, TW_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
-TW_MMA(56, TW_R28, 28, 29, 30, WG_D8(0), WG_D8(8), WG_D8(16), WG_D4(24))
 TW_MMA(64, TW_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24))
-TW_MMA(72, TW_R36, 36, 37, 38, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D4(32))
 TW_MMA(80, TW_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32))
 TW_MMA(96, TW_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40))
 TW_MMA(112, TW_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48))
 TW_MMA(128, TW_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56))
 TW_MMA(144, TW_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64))
 
-template <int W>
+template <int NN>
 __device__ __forceinline__ void tw_mma(float *d, uint64_t da, uint64_t db, int accumulate)
 {
-	if constexpr (W == 16) tw_mma_n16(d, da, db, accumulate);
-	else if constexpr (W == 32) tw_mma_n32(d, da, db, accumulate);
-	else if constexpr (W == 48) tw_mma_n48(d, da, db, accumulate);
-	else if constexpr (W == 56) tw_mma_n56(d, da, db, accumulate);
-	else if constexpr (W == 64) tw_mma_n64(d, da, db, accumulate);
-	else if constexpr (W == 72) tw_mma_n72(d, da, db, accumulate);
-	else if constexpr (W == 80) tw_mma_n80(d, da, db, accumulate);
-	else if constexpr (W == 96) tw_mma_n96(d, da, db, accumulate);
-	else if constexpr (W == 112) tw_mma_n112(d, da, db, accumulate);
-	else if constexpr (W == 128) tw_mma_n128(d, da, db, accumulate);
+	if constexpr (NN == 16) tw_mma_n16(d, da, db, accumulate);
+	else if constexpr (NN == 32) tw_mma_n32(d, da, db, accumulate);
+	else if constexpr (NN == 48) tw_mma_n48(d, da, db, accumulate);
+	else if constexpr (NN == 64) tw_mma_n64(d, da, db, accumulate);
+	else if constexpr (NN == 80) tw_mma_n80(d, da, db, accumulate);
+	else if constexpr (NN == 96) tw_mma_n96(d, da, db, accumulate);
+	else if constexpr (NN == 112) tw_mma_n112(d, da, db, accumulate);
+	else if constexpr (NN == 128) tw_mma_n128(d, da, db, accumulate);
 	else tw_mma_n144(d, da, db, accumulate);
 }
 
@@ -1077,64 +1069,34 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 	return false;
 }
 
-// The item of a stage's scale slot (its first K block's): row0, then rows | n0 / 256 << 8, after
-// the token and weight scales; rows = 0: no more items.
-__device__ __forceinline__ void tw_item_put(uint32_t slot, int row0, int rows, int n0)
-{
-	asm volatile("st.shared.v2.s32 [%0], {%1, %2};" ::"r"(slot + 4 * TW_N + 8), "r"(row0),
-		     "r"(rows | (n0 / 256) << 8)
-		     : "memory");
-}
-
-__device__ __forceinline__ tw_item tw_item_get(uint32_t slot)
-{
-	int row0, v;
-	asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];"
-		     : "=r"(row0), "=r"(v)
-		     : "r"(slot + 4 * TW_N + 8)
-		     : "memory");
-	return tw_item{-1, row0, v & 255, (v >> 8) * 256};
-}
-
 // Barriers of stage s (base bars): full[TW_STAGES], then empty[TW_STAGES].
 #define TW_FULL(s) (bars + (uint32_t)(s) * 8)
 #define TW_EMPTY(s) (bars + (uint32_t)(TW_STAGES + (s)) * 8)
 
-// Issues one sub-chain (frag = A[64 x 128] . B[W x 128]^T over the K block) as one MMA group.
-template <int W>
-__device__ __forceinline__ void tw_issue(float *frag, uint64_t da, uint64_t db)
+// One chain of a consumer warpgroup: frag = A[64 x 128] . B[NN x 128]^T over the stage's K
+// block (4 k32 steps), then acc += frag · (sx[token] · sw) (thread: columns 8j + 2q, + 1).
+template <int NN>
+__device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, uint64_t db,
+					 uint32_t sc_s, float sw, int q)
 {
 #pragma unroll
-	for (int i = 0; i < W / 2; i++)
+	for (int i = 0; i < NN / 2; i++)
 		wg_reg_fence(frag[i]);
 	wg_fence();
 #pragma unroll
 	for (int k = 0; k < 4; k++)
-		tw_mma<W>(frag, da + 2 * k, db + 2 * k, k > 0);
+		tw_mma<NN>(frag, da + 2 * k, db + 2 * k, k > 0);
 	wg_commit();
-}
-
-// Waits until at most n MMA groups of this warpgroup are in flight.
-template <int n>
-__device__ __forceinline__ void tw_wait(float *frag, int W2)
-{
-	asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(n) : "memory");
+	wg_wait0();
 #pragma unroll
-	for (int i = 0; i < W2; i++)
+	for (int i = 0; i < NN / 2; i++)
 		wg_reg_fence(frag[i]);
-}
-
-// acc (the sub-chain's slice: tokens T0 .. T0 + W - 1) += frag · (sx[token] · sw); sc_q = this
-// thread's scales (the stage's + 8 q bytes: its columns 8j + 2q, + 1)
-template <int W, int T0>
-__device__ __forceinline__ void tw_promote(float *acc, const float *frag, uint32_t sc_q, float sw)
-{
 #pragma unroll
-	for (int j = 0; j < W / 8; j++) {
+	for (int j = 0; j < NN / 8; j++) {
 		float x0, x1;
 		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
 			     : "=f"(x0), "=f"(x1)
-			     : "r"(sc_q + 4 * (T0 + 8 * j))
+			     : "r"(sc_s + 4 * (8 * j + 2 * q))
 			     : "memory");
 		const float s0 = x0 * sw, s1 = x1 * sw;
 		acc[4 * j + 0] = fmaf(frag[4 * j + 0], s0, acc[4 * j + 0]);
@@ -1144,24 +1106,32 @@ __device__ __forceinline__ void tw_promote(float *acc, const float *frag, uint32
 	}
 }
 
-// One chain of the serial consumer (pipe = 0): frag = A[64 x 128] . B[NN x 128]^T over the
-// stage's K block, waited for, then acc += frag · (sx[token] · sw) (thread: columns 8j + 2q, + 1).
+// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
 template <int NN>
-__device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, uint64_t db,
-					 uint32_t sc_s, float sw, int q)
-{
-	tw_issue<NN>(frag, da, db);
-	tw_wait<0>(frag, NN / 2);
-	tw_promote<NN, 0>(acc, frag, sc_s + 8 * q, sw);
-}
-
-// The bf16 stores of an item's chunk rows from the two accumulators.
-template <int NN>
-__device__ __forceinline__ void tw_store(const tw_item &it, const float *acc0, const float *acc1,
-					 uint16_t *y, int ldy)
+__device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
+						uint32_t x_smem, uint32_t scl, uint32_t bars,
+						int &s, uint32_t &ph, uint16_t *y, int ldy)
 {
 	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int q = lane & 3;
+	float acc0[NN / 2], acc1[NN / 2], frag[NN / 2];
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		acc0[i] = 0.f, acc1[i] = 0.f;
+	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * 128), db0 = wgd_kmajor(x_smem);
+	for (int kb = 0; kb < KB; kb++) {
+		mbar_wait(TW_FULL(s), ph);
+		const uint32_t sc_s = scl + s * TW_SC_BYTES;
+		const float sw0 = lds_f32(sc_s + 4 * TW_N), sw1 = lds_f32(sc_s + 4 * TW_N + 4);
+		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
+		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
+		tw_chain<NN>(acc0, frag, da, db, sc_s, sw0, q);
+		tw_chain<NN>(acc1, frag, da + ((uint64_t)(TW_W_BYTES / 2) >> 4), db, sc_s, sw1, q);
+		if (lane == 0)
+			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
+		if (++s == TW_STAGES)
+			s = 0, ph ^= 1;
+	}
 	// y[token][n]: register 4j + {0, 1} holds weight row r_lo, tokens 8j + 2q + {0, 1};
 	// 4j + {2, 3} the same tokens of row r_lo + 8
 	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
@@ -1181,133 +1151,10 @@ __device__ __forceinline__ void tw_store(const tw_item &it, const float *acc0, c
 	}
 }
 
-// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
-template <int NN>
-__device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
-						uint32_t x_smem, uint32_t scl, uint32_t bars,
-						int &s, uint32_t &ph, uint16_t *y, int ldy)
-{
-	const int cw = (threadIdx.x >> 7) - 1, lane = threadIdx.x & 31;
-	const int q = lane & 3;
-	float acc0[NN / 2], acc1[NN / 2], frag[NN / 2];
-#pragma unroll
-	for (int i = 0; i < NN / 2; i++)
-		acc0[i] = 0.f, acc1[i] = 0.f;
-	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * 128), db0 = wgd_kmajor(x_smem);
-	for (int kb = 0; kb < KB; kb++) {
-		if (kb > 0) // the first K block's "full" is waited for by the item loop
-			mbar_wait(TW_FULL(s), ph);
-		const uint32_t sc_s = scl + s * TW_SC_BYTES;
-		const float sw0 = lds_f32(sc_s + 4 * TW_N), sw1 = lds_f32(sc_s + 4 * TW_N + 4);
-		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
-		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
-		tw_chain<NN>(acc0, frag, da, db, sc_s, sw0, q);
-		tw_chain<NN>(acc1, frag, da + ((uint64_t)(TW_W_BYTES / 2) >> 4), db, sc_s, sw1, q);
-		if (lane == 0)
-			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
-		if (++s == TW_STAGES)
-			s = 0, ph ^= 1;
-	}
-	tw_store<NN>(it, acc0, acc1, y, ldy);
-}
-
-// ---- the pipelined consumer (pipe = 1): the tensor pipe busy while the warpgroup promotes ----
-// Per K block the warpgroup's 64 x NN outputs of its two boxes are cut into S sub-chains (S = 2:
-// box 0, box 1, each all NN tokens; S = 4 for NN >= 112, where two full fragments do not fit in
-// 232 registers: each box's tokens in two halves of NN / 2, so A is read twice as often). Two
-// fragments alternate; a sub-chain's MMAs are issued before the previous one is waited for
-// (wgmma.wait_group 1) and promoted, so each promotion overlaps the next MMAs; the last sub-chain
-// of a K block is promoted after the first of the next is issued (the stage is released then).
-// The same products and the same order of additions per output as tw_chain: the same bits.
-// Sub-chain I of S in a K block: box I / (S / 2), token half I % (S / 2) (S = 4), width W.
-template <int NN, int S, int I>
-__device__ __forceinline__ void tw_sub_issue(float *frag, uint32_t w_s, uint32_t x_s)
-{
-	constexpr int W = NN * 2 / S, box = I / (S / 2), h = I % (S / 2);
-	tw_issue<W>(frag, wgd_kmajor(w_s + box * (TW_W_BYTES / 2)), wgd_kmajor(x_s + h * W * 128));
-}
-
-template <int NN, int S, int I>
-__device__ __forceinline__ void tw_sub_promote(float *acc0, float *acc1, const float *frag,
-					       uint32_t sc_s, int q)
-{
-	constexpr int W = NN * 2 / S, box = I / (S / 2), h = I % (S / 2);
-	const float sw = lds_f32(sc_s + 4 * TW_N + 4 * box);
-	tw_promote<W, h * W>((box ? acc1 : acc0) + h * (W / 2), frag, sc_s + 8 * q, sw);
-}
-
-// Sub-chain I of one K block of the pipelined consumer (then I + 1 .. S - 1): issued into
-// fragment I % 2, then sub-chain I - 1 waited for and promoted; for I = 0 the previous K
-// block's last (scales at sc_prev), and its stage released (empty_prev), unless FIRST (no
-// previous K block: a compile-time branch, as a run-time one around a wait makes ptxas
-// serialise every wgmma).
-template <int NN, int S, bool FIRST, int I = 0>
-__device__ __forceinline__ void tw_pipe_kblock(float *acc0, float *acc1, float *f0, float *f1,
-					       uint32_t w_s, uint32_t x_s, uint32_t sc_s,
-					       uint32_t sc_prev, uint32_t empty_prev, int q, int lane)
-{
-	constexpr int W = NN * 2 / S;
-	float *cur = I & 1 ? f1 : f0, *prev = I & 1 ? f0 : f1;
-	tw_sub_issue<NN, S, I>(cur, w_s, x_s);
-	if constexpr (I > 0) {
-		tw_wait<1>(prev, W / 2);
-		tw_sub_promote<NN, S, I - 1>(acc0, acc1, prev, sc_s, q);
-	} else if constexpr (!FIRST) {
-		tw_wait<1>(prev, W / 2);
-		tw_sub_promote<NN, S, S - 1>(acc0, acc1, prev, sc_prev, q);
-		if (lane == 0)
-			mbar_arrive(empty_prev); // this warp is done with the previous stage
-	}
-	if constexpr (I + 1 < S)
-		tw_pipe_kblock<NN, S, FIRST, I + 1>(acc0, acc1, f0, f1, w_s, x_s, sc_s, sc_prev,
-						    empty_prev, q, lane);
-}
-
-// The pipelined consumers' item of width NN (K >= 256: the first K block peeled, then a
-// do-while over the rest, so the fragment in flight at the loop's edges is always the same
-// registers: a merge with another definition would read it before its wait).
-template <int NN>
-__device__ __forceinline__ void tw_consume_item_pipe(const tw_item &it, int KB, uint32_t w_smem,
-						     uint32_t x_smem, uint32_t scl, uint32_t bars,
-						     int &s, uint32_t &ph, uint16_t *y, int ldy)
-{
-	constexpr int S = NN >= 112 ? 4 : 2, W = NN * 2 / S;
-	const int cw = (threadIdx.x >> 7) - 1, lane = threadIdx.x & 31;
-	const int q = lane & 3;
-	float acc0[NN / 2], acc1[NN / 2], f0[W / 2], f1[W / 2];
-#pragma unroll
-	for (int i = 0; i < NN / 2; i++)
-		acc0[i] = 0.f, acc1[i] = 0.f;
-	const uint32_t w0 = w_smem + cw * 64 * 128; // this warpgroup's rows of the first box
-	tw_pipe_kblock<NN, S, true>(acc0, acc1, f0, f1, w0 + s * TW_W_BYTES, x_smem + s * TW_X_BYTES,
-				    scl + s * TW_SC_BYTES, 0, 0, q, lane);
-	int kb = 1;
-	do { // sp: the previous K block's stage (its last sub-chain still to promote)
-		const int sp = s;
-		if (++s == TW_STAGES)
-			s = 0, ph ^= 1;
-		mbar_wait(TW_FULL(s), ph);
-		tw_pipe_kblock<NN, S, false>(acc0, acc1, f0, f1,
-					     w0 + s * TW_W_BYTES, x_smem + s * TW_X_BYTES,
-					     scl + s * TW_SC_BYTES, scl + sp * TW_SC_BYTES,
-					     TW_EMPTY(sp), q, lane);
-	} while (++kb < KB);
-	tw_wait<0>(f1, W / 2);
-	tw_sub_promote<NN, S, S - 1>(acc0, acc1, f1, scl + s * TW_SC_BYTES, q);
-	if (lane == 0)
-		mbar_arrive(TW_EMPTY(s));
-	if (++s == TW_STAGES)
-		s = 0, ph ^= 1;
-	tw_store<NN>(it, acc0, acc1, y, ldy);
-}
-
-// The kernel's body; PIPE: the pipelined consumer (k_gemm_fp8_tw_grouped_pipe), else the
-// serial one. Two entries, not a run-time switch: in one function ptxas spills.
-template <bool PIPE>
-__device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restrict__ sx,
-					   const unsigned long long *__restrict__ s_tab,
-					   const int *__restrict__ off, int G, uint16_t *__restrict__ y,
-					   int max_rows, int N, int K, int ldy)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
@@ -1327,10 +1174,11 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 		tmap_prefetch(&mX);
 	}
 	__syncthreads();
-	if (threadIdx.x < 128) { // warpgroup 0
+	const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+	tw_item it;
+	if (wg == 0) {
 		// registers: 128 x 40 + 256 x 232 = 64512 = the launch's 168 x 384
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-		tw_item it;
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
 		if (threadIdx.x == 0) { // the copies
@@ -1345,8 +1193,6 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 				const int nb = (it.rows + 15) / 16;
 				for (int kb = 0; kb < KB; kb++) {
 					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
-					if (kb == 0) // the item, for the consumers (seen when "full" completes)
-						tw_item_put(scl + s * TW_SC_BYTES, it.row0, it.rows, it.n0);
 					mbar_arrive_expect_tx(TW_FULL(s), TW_W_BYTES + nb * 2048);
 					const uint32_t w = w_smem + s * TW_W_BYTES;
 					tma_load_2d(w, wm, TW_FULL(s), kb * 128, it.n0);
@@ -1360,9 +1206,6 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						s = 0, ph ^= 1;
 				}
 			}
-			mbar_wait<false>(TW_EMPTY(s), ph ^ 1); // the end: an item of no rows
-			tw_item_put(scl + s * TW_SC_BYTES, 0, 0, 0);
-			mbar_arrive(TW_FULL(s));
 		} else if (threadIdx.x >= 32) { // the scales: warps 1-3, rows L + 96 i
 			const int L = threadIdx.x - 32;
 			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
@@ -1397,47 +1240,23 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						s = 0, ph ^= 1;
 				}
 			}
-			mbar_wait<false>(TW_EMPTY(s), ph ^ 1); // the end stage
-			mbar_arrive(TW_FULL(s));
 		}
 	} else {
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 		int s = 0;
 		uint32_t ph = 0;
-		for (;;) { // items from the producer (no walker state kept here: registers)
-			mbar_wait(TW_FULL(s), ph);
-			const tw_item it = tw_item_get(scl + s * TW_SC_BYTES);
-			if (it.rows == 0)
-				break;
-#define TW_CONSUME(nn)                                                                             \
-	(PIPE ? tw_consume_item_pipe<nn>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy)          \
-	      : tw_consume_item<nn>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy))
+		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
-			case 1: TW_CONSUME(16); break;
-			case 2: TW_CONSUME(32); break;
-			case 3: TW_CONSUME(48); break;
-			case 4: TW_CONSUME(64); break;
-			case 5: TW_CONSUME(80); break;
-			case 6: TW_CONSUME(96); break;
-			case 7: TW_CONSUME(112); break;
-			case 8: TW_CONSUME(128); break;
-			default: TW_CONSUME(144); break;
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
 			}
-#undef TW_CONSUME
 		}
 	}
-}
-
-#define TW_PARAMS                                                                                  \
-	const __grid_constant__ tmap mX, const float *__restrict__ sx,                             \
-		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,  \
-		uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_tw_grouped(TW_PARAMS)
-{
-	tw_grouped<false>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_tw_grouped_pipe(TW_PARAMS)
-{
-	tw_grouped<true>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
 }
