@@ -70,6 +70,16 @@
 // instead of a 4-byte cp.async each (run 34, 7168x16384: +5 / +9 / +14% at M = 16 / 32 / 64,
 // -1 / -3% at M = 1 / 8: the host takes it from 9 rows)
 #define ST_SX_TMA 4
+// ST_DYN (dense, TW = 2, chunks summed by the second launch): a block's first unit is blockIdx.x, each
+// next one a ticket of the counter st_dyn[ST_DYN_SLOT(flags)] (drawn a unit ahead by the
+// producer, which tags each stage with its unit for the consumers), so blocks that stream faster
+// take more units; every unit's partial goes where the static order puts it, so the same bits.
+// The block that ends the handing-out last resets the counter (16 sets, taken in turn by the
+// host: a later GEMM never shares one with an unfinished one).
+#define ST_DYN 8
+#define ST_DYN_SLOT(f) (((f) >> 8) & 15)
+#define ST_DYN_SLOTS 16
+__device__ unsigned st_dyn[ST_DYN_SLOTS][2]; // tickets drawn, blocks done drawing
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -343,6 +353,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
+	volatile int *tag = reinterpret_cast<int *>(smem + 128); // (ST_DYN) each stage's unit
+	const bool dyn = TW == 2 && (flags & ST_DYN) && !w_tab; // (the 256-row units' form only)
+	unsigned *dctr = st_dyn[ST_DYN_SLOT(flags)];
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	// after the slice_cap slices: their count and the slice scan's warp totals (the host
 	// leaves 3 more slices' room: 12 ints)
@@ -453,13 +466,16 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
+			// (ST_DYN: the first unit's only; the next is not drawn yet)
+			for (int u = blockIdx.x; u < units && pre < ns; u += dyn ? units : gridDim.x) {
 				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
+						if (dyn)
+							tag[pre] = u; // (released by the arrival below)
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
 										   (sx_tma ? sxb : 0));
 						for (int j = 0; j < nb; j++)
@@ -479,7 +495,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		if (MG > 0 && blockIdx.x < units)
 			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB, TR).e]
 					: (unsigned long long)S;
-		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		int nxt = 0; // (ST_DYN, lane 0) the next unit, drawn a unit ahead
+		if (dyn && lane == 0)
+			nxt = (int)gridDim.x + (int)atomicAdd(&dctr[0], 1u);
+		for (int u = blockIdx.x; u < units;) {
 			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
@@ -520,6 +539,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				cp_async_arrive(bar); // (at once when this lane copied nothing)
 				if (lane == 0) {
+					if (dyn && !early)
+						tag[s] = u; // (released by the arrival below)
 					// whole boxes count, rows past N or past the tokens zero-filled included
 					if (!early)
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
@@ -538,6 +559,31 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
+			}
+			if (dyn) {
+				u = __shfl_sync(0xffffffffu, nxt, 0);
+				if (lane == 0 && u < units)
+					nxt = (int)gridDim.x + (int)atomicAdd(&dctr[0], 1u);
+			} else {
+				u += gridDim.x;
+			}
+		}
+		if (dyn) {
+			// a last stage tagged `units`: the consumers' end (no copies: the 32 lanes' arrivals
+			// and lane 0's); then this block's count of done, the last one resets the counter
+			mbar_wait(smem_u32(&empty[s]), ph ^ 1);
+			if (lane == 0)
+				tag[s] = units;
+			__syncwarp();
+			cp_async_arrive(smem_u32(&full[s]));
+			if (lane == 0) {
+				mbar_arrive(smem_u32(&full[s]));
+				__threadfence(); // this block's draws before its count
+				if (atomicAdd(&dctr[1], 1u) == gridDim.x - 1) {
+					__threadfence();
+					atomicExch(&dctr[0], 0u);
+					atomicExch(&dctr[1], 0u);
+				}
 			}
 		}
 		return;
@@ -598,7 +644,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
-	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+	for (int u = blockIdx.x;; u += gridDim.x) {
+		if (dyn) { // the unit of the next stage (its first), or the end
+			mbar_wait(smem_u32(&full[s]), ph);
+			u = tag[s];
+		}
+		if (u >= units)
+			break;
 		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 		// this warp's rows: AR 16-row MMA tiles RS rows apart from n — RT consecutive ones
 		// (TW = 1), or (TW = 2) one in each 64-row half of box c = warp / 4
@@ -622,7 +674,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			for (int mg = 0; mg < MGA; mg++)
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
-			mbar_wait(smem_u32(&full[s]), ph);
+			if (!dyn || kb != w.kb0)
+				mbar_wait(smem_u32(&full[s]), ph);
 			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
 			for (int j = 0; j < KBS; j++) {

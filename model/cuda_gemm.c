@@ -213,6 +213,16 @@ static int env_default_on(int *on, const char *name)
 	return *on;
 }
 
+/* *on, or (when < 0: not set yet) the environment's `name`: off unless it is "1..." */
+static int env_default_off(int *on, const char *name)
+{
+	if (*on < 0) {
+		const char *v = getenv(name);
+		*on = v && *v == '1';
+	}
+	return *on;
+}
+
 static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
 
 /* The wgmma consumers' units (dense, N % 256 == 0): 2 = 256 weight rows against one token box,
@@ -234,20 +244,22 @@ static int wide_units(void)
 	return stream_tw > 0 ? stream_tw : env;
 }
 
+/* The 256-row units (and their copy-only probe) handed out by a ticket counter (ST_DYN: each
+ * block's first unit static, every next one drawn, so faster blocks take more; the same bits):
+ * 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_DYN=1; default off until measured). */
+static int stream_dyn = -1;
+
+void cuda_gemm_set_stream_dyn(int on) { stream_dyn = on; }
+
+static int dyn_on(void) { return env_default_off(&stream_dyn, "DSV32_GEMM_WG_DYN"); }
+
 /* The wgmma consumers' K split by M too (split_tw's m; dense): 1 on, 0 off, -1 the environment
  * (DSV32_GEMM_WG_MSPLIT=1; default off until measured). */
 static int stream_msplit = -1;
 
 void cuda_gemm_set_stream_msplit(int on) { stream_msplit = on; }
 
-static int msplit_on(void)
-{
-	if (stream_msplit < 0) {
-		const char *v = getenv("DSV32_GEMM_WG_MSPLIT");
-		stream_msplit = v && *v == '1';
-	}
-	return stream_msplit;
-}
+static int msplit_on(void) { return env_default_off(&stream_msplit, "DSV32_GEMM_WG_MSPLIT"); }
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -482,6 +494,13 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
+	if (tw == 2 && !fused && dyn_on()) {
+		static int next_set; /* ST_DYN with a counter set of its own (ST_DYN_SLOT), in turn */
+		pthread_mutex_lock(&gemm_lock);
+		flags |= 8 | next_set << 8;
+		next_set = (next_set + 1) % 16;
+		pthread_mutex_unlock(&gemm_lock);
+	}
 	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
 			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
 			&flags};

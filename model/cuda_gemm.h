@@ -87,6 +87,10 @@ void cuda_gemm_set_stream_tw(int tw);
  * fp32 partials in its cost: fewer chunks at 33-64 rows; a row's sums then depend on M), 0 = by
  * N and K only, -1 = the environment (DSV32_GEMM_WG_MSPLIT=1; default 0). Process-wide. */
 void cuda_gemm_set_stream_msplit(int on);
+/* The streaming kernel's 256-row units (cuda_gemm_set_stream_tw 2; and their copy-only probe):
+ * 1 = each block's next unit drawn from a counter (faster blocks take more; the same bits), 0 =
+ * round robin, -1 = the environment (DSV32_GEMM_WG_DYN=1; default 0). Process-wide. */
+void cuda_gemm_set_stream_dyn(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

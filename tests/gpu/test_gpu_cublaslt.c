@@ -229,7 +229,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
  * one to 28 units of rows, K with one K block, several chunks of 2-16 K blocks and the big
  * shapes' splits (7168 x 16384: 9 chunks of 15), the tokens' scales by 4-byte copies and by
  * bulk tensor copies (the same bits); N % 256 != 0 (2112) runs the 128-row units, bit for bit
- * those without the switch. From 33 rows also the K split chosen for M (cuda_gemm_set_stream_msplit
+ * those without the switch; units drawn from a counter (cuda_gemm_set_stream_dyn 1) bit for bit
+ * those in round robin. From 33 rows also the K split chosen for M (cuda_gemm_set_stream_msplit
  * 1: fewer chunks) with either unit. */
 TEST_T(gpu_cublaslt, stream_wgmma_w256_vs_cpu, 120)
 {
@@ -258,6 +259,18 @@ TEST_T(gpu_cublaslt, stream_wgmma_w256_vs_cpu, 120)
 				 c.N, c.K);
 			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
 		}
+		/* 256-row units drawn from a counter (three GEMMs a shape: its 16 sets reused, so
+		 * reset): the same bits as round robin (2112: the 128-row units, not drawn) */
+		cuda_gemm_set_stream_tw(2);
+		cuda_gemm_set_stream_dyn(1);
+		for (int k = 0; k < 3; k++) {
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, units drawn"), 0);
+			char w2[192];
+			snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: units drawn against round robin",
+				 c.M, c.N, c.K);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+		}
+		cuda_gemm_set_stream_dyn(-1);
 		for (int tw = 1; tw <= 2 && c.M > 32; tw++) {
 			cuda_gemm_set_stream_tw(tw);
 			cuda_gemm_set_stream_msplit(1);
