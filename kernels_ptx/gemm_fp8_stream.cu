@@ -70,7 +70,7 @@
 // instead of a 4-byte cp.async each (run 34, 7168x16384: +5 / +9 / +14% at M = 16 / 32 / 64,
 // -1 / -3% at M = 1 / 8: the host takes it from 9 rows)
 #define ST_SX_TMA 4
-// ST_DYN (dense, TW = 2, chunks summed by the second launch): a block's first unit is blockIdx.x, each
+// ST_DYN (dense, TW >= 2, chunks summed by the second launch): a block's first unit is blockIdx.x, each
 // next one a ticket of the counter st_dyn[ST_DYN_SLOT(flags)] (drawn a unit ahead by the
 // producer, which tags each stage with its unit for the consumers), so blocks that stream faster
 // take more units; every unit's partial goes where the static order puts it, so the same bits.
@@ -263,12 +263,12 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 }
 
 // The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
-// of each of the mg_n live token groups of each of the NC chains (64-row MMA tiles of one scale
-// block), times its promotion factors s[mg] (tokens 2t, 2t + 1), to the running fp32 sums;
-// register 4 (MGA c + mg) + q is acc[c][mg][q]'s element.
+// of each of the mg_n live token groups of each of the NC chains (64-row MMA tiles; chains 2b
+// and 2b + 1 in one 128-row scale block), times its promotion factors sp[c / 2][mg] (tokens 2t,
+// 2t + 1), to the running fp32 sums; register 4 (MGA c + mg) + q is acc[c][mg][q]'s element.
 template <int MGA, int NC>
 __device__ __forceinline__ void wg_promote(float (*acc)[MGA][4], float (&frag)[4 * MGA * NC],
-					   const float (&s)[MGA][2], int mg_n)
+					   const float (*sp)[MGA][2], int mg_n)
 {
 	wg_commit();
 	wg_wait0();
@@ -281,6 +281,7 @@ __device__ __forceinline__ void wg_promote(float (*acc)[MGA][4], float (&frag)[4
 		for (int mg = 0; mg < MGA; mg++) {
 			if (mg >= mg_n)
 				break;
+			const float(&s)[MGA][2] = sp[c >> 1]; // (chains 2b, 2b + 1: one 128-row block)
 			const int f = 4 * (MGA * c + mg);
 			acc[c][mg][0] += frag[f + 0] * s[mg][0];
 			acc[c][mg][1] += frag[f + 1] * s[mg][1];
@@ -335,8 +336,11 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // weight rows (two 128-row boxes a K block) against one token box, a stage one K block (the same
 // 32 KB of weights as two K blocks of 128 rows, half the token bytes a weight byte: at M = 64
 // 1.25x the weight bytes into the SM instead of 1.5x); consumer warpgroup c takes box c as two
-// m64 chains issued together (one wait for 8 wgmmas). The chunks' partials are summed by the
-// second launch only (no fused sum: a warp's rows are two 16-row pieces 64 apart).
+// m64 chains issued together (one wait for 8 wgmmas). TW = 4 (DSV32_GEMM_WG_TW=4, N % 512 == 0,
+// <= 16 rows: the fragments of 4 chains; at 32 rows ptxas spills in the 168 registers 9 warps
+// leave): 512 rows, warpgroup c boxes 2c and 2c + 1 as four
+// chains (one wait for 16 wgmmas), a stage 64 KB of weights. The chunks' partials are summed by
+// the second launch only (no fused sum: a warp's rows are TW 16-row pieces 64 apart).
 template <int MG, int RT, int WI, int TW>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
@@ -346,15 +350,15 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
-	static_assert(TW == 1 || (TW == 2 && WI == 2 && RT == 1), "256-row units: wgmma only");
+	static_assert(TW == 1 || ((TW == 2 || TW == 4) && WI == 2 && RT == 1), "wide units: wgmma");
 	const bool fused = (flags & ST_FUSED) && TW == 1, no_sx = flags & ST_NO_SX;
-	constexpr int TR = ST_TR * TW, KBS = TW == 2 ? 1 : ST_KBS, CW = 8 / RT;
+	constexpr int TR = ST_TR * TW, KBS = TW >= 2 ? 1 : ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
 	volatile int *tag = reinterpret_cast<int *>(smem + 128); // (ST_DYN) each stage's unit
-	const bool dyn = TW == 2 && (flags & ST_DYN) && !w_tab; // (the 256-row units' form only)
+	const bool dyn = TW >= 2 && (flags & ST_DYN) && !w_tab; // (the wide units' forms only)
 	unsigned *dctr = st_dyn[ST_DYN_SLOT(flags)];
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	// after the slice_cap slices: their count and the slice scan's warp totals (the host
@@ -653,19 +657,24 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			break;
 		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
 		// this warp's rows: AR 16-row MMA tiles RS rows apart from n — RT consecutive ones
-		// (TW = 1), or (TW = 2) one in each 64-row half of box c = warp / 4
-		constexpr int AR = RT > TW ? RT : TW, RS = TW == 2 ? 64 : 16;
-		const int n = TW == 2 ? w.n0 + ST_TR * (warp >> 2) + 16 * (warp & 3)
+		// (TW = 1), or (TW >= 2) one in each 64-row half of warpgroup c = warp / 4's boxes
+		// c TW / 2 ..
+		constexpr int AR = RT > TW ? RT : TW, RS = TW >= 2 ? 64 : 16, BW = TW >= 2 ? TW / 2 : 1;
+		const int n = TW >= 2 ? w.n0 + ST_TR * BW * (warp >> 2) + 16 * (warp & 3)
 				      : w.n0 + warp * 16 * RT;
 		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in (the
 		// first ones)
-		const int rt_n = TW == 2 ? (n < N) + (n + RS < N) : min(RT, max(0, (N - n) >> 4));
+		const int rt_n = TW >= 2 ? min(AR, max(0, (N - n + RS - 1) / RS))
+					 : min(RT, max(0, (N - n) >> 4));
 		const int mg_n = (w.ms + 7) >> 3;
 		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
 		// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
-		// (the warp's rows lie in one 128-row scale block: the unit's, TW = 2 its box c's)
-		const int sbox = TW == 2 ? (warp >> 2) * KBS : 0;
-		float sc[KBS][MGA][2];
+		// (TW = 1: the unit's 128 rows, and so the warp's, lie in one 128-row scale block; TW
+		// >= 2: its boxes' BW blocks, one K block a stage), index i: K block i (TW = 1) or box
+		// c BW + i (TW >= 2)
+		constexpr int SJ = TW >= 2 ? BW : KBS;
+		const int sbox = TW >= 2 ? (warp >> 2) * BW : 0;
+		float sc[SJ][MGA][2];
 		float acc[AR][MGA][4];
 		float frag[WI == 2 ? 4 * MGA * TW : 1]; // the wgmma fragments (WI = 2), TW chains
 #pragma unroll
@@ -678,9 +687,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				mbar_wait(smem_u32(&full[s]), ph);
 			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
-			for (int j = 0; j < KBS; j++) {
+			for (int i = 0; i < SJ; i++) {
+				const int j = TW >= 2 ? 0 : i; // the K block
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-				const float sw = ok ? lds32f(sd + 4 * (sbox + j)) : 0.f;
+				const float sw = ok ? lds32f(sd + 4 * (sbox + i)) : 0.f;
 #pragma unroll
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
@@ -688,8 +698,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					const uint32_t a = sx_tma ? sxt0 + s * sxb + 32 * m0 + 4 * ((kb & 3) + j)
 								  : sd + 16 + 4 * (64 * j + m0);
 					const uint32_t a1 = a + (sx_tma ? 32 : 4);
-					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
-					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
+					sc[i][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
+					sc[i][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
 				}
 			}
 			const uint32_t st = stage0 + s * stage_bytes;
@@ -716,18 +726,19 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				named_bar_sync(1, CW * 32); // every warp's conversions are visible
 			}
-			if constexpr (MG > 0 && WI == 2 && TW == 2) {
-				// box c = warp / 4 (its 128 rows, one scale block) as two m64 chains against the
-				// stage's one K block of tokens, issued together, one wait for both
-				const uint32_t a0 = st + (warp >> 2) * ST_WBOX;
+			if constexpr (MG > 0 && WI == 2 && TW >= 2) {
+				// warpgroup c's boxes c BW .. (BW 128-row scale blocks) as TW m64 chains against
+				// the stage's one K block of tokens, issued together, one wait for all
+				const uint32_t a0 = st + (warp >> 2) * BW * ST_WBOX;
 				const uint64_t db = wgd_kmajor(st + XOFF);
 #pragma unroll
-				for (int i = 0; i < 8 * MGA; i++)
+				for (int i = 0; i < 4 * MGA * TW; i++)
 					wg_reg_fence(frag[i]);
 				wg_fence();
-				wg_kblock<MG>(frag, wgd_kmajor(a0), db);
-				wg_kblock<MG>(frag + 4 * MGA, wgd_kmajor(a0 + 64 * 128), db);
-				wg_promote<MGA, TW>(acc, frag, sc[0], mg_n);
+#pragma unroll
+				for (int h = 0; h < TW; h++)
+					wg_kblock<MG>(frag + 4 * MGA * h, wgd_kmajor(a0 + h * 64 * 128), db);
+				wg_promote<MGA, TW>(acc, frag, sc, mg_n);
 			}
 			if constexpr (MG > 0 && WI == 2 && TW == 1) {
 				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
@@ -744,7 +755,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					wg_fence();
 					wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
 						      wgd_kmajor(st + XOFF + j * xbox));
-					wg_promote<MGA, 1>(acc, frag, sc[j], mg_n);
+					wg_promote<MGA, 1>(acc, frag, sc + j, mg_n);
 				}
 			}
 			if (MG > 0 && WI != 2 && rt_n > 0) {
@@ -878,11 +889,13 @@ ST_ENTRY(1, 1, 2, 1, _w)
 ST_ENTRY(2, 1, 2, 1, _w)
 ST_ENTRY(4, 1, 2, 1, _w)
 ST_ENTRY(8, 1, 2, 1, _w)
-// 256-row units (TW = 2), wgmma consumers, dense
+// 256-row units (TW = 2), wgmma consumers, dense; 512-row units (TW = 4), up to 16 token rows
 ST_ENTRY(1, 1, 2, 2, _w256)
 ST_ENTRY(2, 1, 2, 2, _w256)
 ST_ENTRY(4, 1, 2, 2, _w256)
 ST_ENTRY(8, 1, 2, 2, _w256)
+ST_ENTRY(1, 1, 2, 4, _w512)
+ST_ENTRY(2, 1, 2, 4, _w512)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves (and of the 256-row units' copies).
 ST_ENTRY(0, 1, 0, 1, )

@@ -107,8 +107,12 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K);
 
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 {
-	struct gemm_split sp = cuda_gemm_decode_split(g, N, K), sp2 = split_tw(g, N, K, 2, 0);
-	int chunks = N % 256 == 0 && sp2.chunks > sp.chunks ? sp2.chunks : sp.chunks;
+	/* (the wide units' splits too: DSV32_GEMM_WG_TW) */
+	int chunks = cuda_gemm_decode_split(g, N, K).chunks;
+	for (int tw = 2; tw <= 4; tw *= 2) {
+		int c = split_tw(g, N, K, tw, 0).chunks;
+		chunks = N % (128 * tw) == 0 && c > chunks ? c : chunks;
+	}
 	size_t st = chunks > 1 ? (size_t)chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
 	size_t gv = gemv_workspace(g, M, N, K), most = st > v2 ? st : v2;
 	return gv > most ? gv : most; /* room for any of the kernels */
@@ -225,26 +229,27 @@ static int env_default_off(int *on, const char *name)
 
 static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
 
-/* The wgmma consumers' units (dense, N % 256 == 0): 2 = 256 weight rows against one token box,
- * a stage one K block (k_gemm_fp8_stream_m*_r1_w256: half the token bytes a weight byte, each
- * consumer warpgroup two m64 chains a wait; its own K split, split_tw), 1 = 128 rows, two K
- * blocks a stage (k_gemm_fp8_stream_m*_r1_w). -1: the environment (DSV32_GEMM_WG_TW=2; default
- * 1 until measured). */
+/* The wgmma consumers' units (dense): 2 = 256 weight rows against one token box, a stage one K
+ * block (k_gemm_fp8_stream_m*_r1_w256, N % 256 == 0: half the token bytes a weight byte, each
+ * consumer warpgroup two m64 chains a wait; its own K split, split_tw), 4 = 512 rows (_w512,
+ * N % 512 == 0 and <= 16 rows, else as 2: four chains a wait), 1 = 128 rows, two K blocks a
+ * stage (k_gemm_fp8_stream_m*_r1_w). -1: the environment (DSV32_GEMM_WG_TW=2 or 4; default 1
+ * until measured). */
 static int stream_tw = -1;
 
-void cuda_gemm_set_stream_tw(int tw) { stream_tw = tw == 1 || tw == 2 ? tw : -1; }
+void cuda_gemm_set_stream_tw(int tw) { stream_tw = tw == 1 || tw == 2 || tw == 4 ? tw : -1; }
 
 static int wide_units(void)
 {
 	static int env = -1;
 	if (env < 0) {
 		const char *v = getenv("DSV32_GEMM_WG_TW");
-		env = v && atoi(v) == 2 ? 2 : 1;
+		env = v && (atoi(v) == 2 || atoi(v) == 4) ? atoi(v) : 1;
 	}
 	return stream_tw > 0 ? stream_tw : env;
 }
 
-/* The 256-row units (and their copy-only probe) handed out by a ticket counter (ST_DYN: each
+/* The wide units (and the 256-row copy-only probe) handed out by a ticket counter (ST_DYN: each
  * block's first unit static, every next one drawn, so faster blocks take more; the same bits):
  * 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_DYN=1; default off until measured). */
 static int stream_dyn = -1;
@@ -383,9 +388,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			 const struct stream_epi *epi)
 {
 	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
-	/* 256-row units (wgmma consumers or their copies alone, dense; N % 256 == 0: both boxes of a
-	 * unit in N) */
-	const int tw = (wi == 2 || copy_only) && !w_tab && N % 256 == 0 && wide_units() == 2 ? 2 : 1;
+	/* wide units (wgmma consumers or, 256 rows, their copies alone; dense; every box of a unit
+	 * in N; 512 rows: the fragments of 4 chains, <= 16 token rows) */
+	const int want = (wi == 2 || copy_only) && !w_tab ? wide_units() : 1;
+	const int tw = want == 4 && !copy_only && N % 512 == 0 && rows <= 16 ? 4
+		       : want >= 2 && N % 256 == 0				? 2
+										: 1;
 	struct gemm_split sp = split_tw(g, N, K, tw, wi == 2 && !w_tab && msplit_on() ? rows : 0);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
@@ -403,11 +411,11 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * because gpu_kernel caches the name pointer it is given and these names were built in a
 	 * reused stack buffer; the names are literals now. */
 	int rt = stream_rt ? stream_rt : 1;
-	const int tile = 128 * tw, kbs = tw == 2 ? 1 : 2; /* the kernel's TR, KBS */
+	const int tile = 128 * tw, kbs = tw >= 2 ? 1 : 2; /* the kernel's TR, KBS */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma, wgmma with 256-row units; columns: 8, 16, 32, 64 token rows, the copy-only
-	 * probe */
-	static const char *names[4][5] = {
+	 * RT = 2, wgmma, wgmma with 256- and 512-row units; columns: 8, 16, 32, 64 token rows, the
+	 * copy-only probe */
+	static const char *names[5][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
@@ -416,10 +424,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w256", "k_gemm_fp8_stream_m2_r1_w256",
 		 "k_gemm_fp8_stream_m4_r1_w256", "k_gemm_fp8_stream_m8_r1_w256",
-		 "k_gemm_fp8_stream_m0_r1_w256"}};
+		 "k_gemm_fp8_stream_m0_r1_w256"},
+		{"k_gemm_fp8_stream_m1_r1_w512", "k_gemm_fp8_stream_m2_r1_w512",
+		 NULL, NULL, NULL}};
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	const char *name = names[tw == 4 ? 4 : tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -494,7 +504,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
-	if (tw == 2 && !fused && dyn_on()) {
+	if (tw >= 2 && !fused && dyn_on()) {
 		static int next_set; /* ST_DYN with a counter set of its own (ST_DYN_SLOT), in turn */
 		pthread_mutex_lock(&gemm_lock);
 		flags |= 8 | next_set << 8;

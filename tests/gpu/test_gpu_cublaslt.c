@@ -223,23 +223,23 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	gpu_close(&g);
 }
 
-/* The wgmma consumers' 256-row units (cuda_gemm_set_stream_tw 2: two weight boxes a K block
- * against one token box, a stage one K block, their own K split) against the CPU within the
- * wgmma limit: odd M in each token-group variant (1, 8, 12, 17, 33, 63, 64), N % 256 == 0 with
- * one to 28 units of rows, K with one K block, several chunks of 2-16 K blocks and the big
- * shapes' splits (7168 x 16384: 9 chunks of 15), the tokens' scales by 4-byte copies and by
- * bulk tensor copies (the same bits); N % 256 != 0 (2112) runs the 128-row units, bit for bit
- * those without the switch; units drawn from a counter (cuda_gemm_set_stream_dyn 1) bit for bit
- * those in round robin. From 33 rows also the K split chosen for M (cuda_gemm_set_stream_msplit
- * 1: fewer chunks) with either unit. */
-TEST_T(gpu_cublaslt, stream_wgmma_w256_vs_cpu, 120)
+/* The wgmma consumers' wide units (cuda_gemm_set_stream_tw 2: two weight boxes a K block
+ * against one token box, a stage one K block, their own K split; 4: four boxes, <= 16 rows,
+ * N % 512 == 0) against the CPU within the wgmma limit: odd M in each token-group variant (1, 8,
+ * 12, 17, 33, 63, 64), N % 256 == 0 with one to 28 units of rows, K with one K block, several
+ * chunks of 2-16 K blocks and the big shapes' splits (7168 x 16384: 9 chunks of 15), the
+ * tokens' scales by 4-byte copies and by bulk tensor copies (the same bits); N % 256 != 0 (2112)
+ * runs the 128-row units, bit for bit those without the switch; units drawn from a counter
+ * (cuda_gemm_set_stream_dyn 1) bit for bit those in round robin. From 33 rows also the K split
+ * chosen for M (cuda_gemm_set_stream_msplit 1: fewer chunks) with 128- and 256-row units. */
+TEST_T(gpu_cublaslt, stream_wgmma_wide_vs_cpu, 120)
 {
 	struct gpu g;
 	gpu_test_open(&g);
 	static const int shapes[][3] = {{17, 2048, 16384}, {33, 7168, 2048}, {63, 1024, 7168},
 					{1, 2304, 7168},   {64, 512, 18432}, {8, 4096, 1536},
 					{40, 256, 128},	   {12, 5632, 7168}, {2, 7168, 16384},
-					{64, 768, 7168},   {24, 2112, 7168}};
+					{64, 768, 7168},   {24, 2112, 7168}, {16, 3072, 7168}};
 	cuda_gemm_set_stream(1);
 	cuda_gemm_set_stream_wi(2);
 	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
@@ -249,28 +249,36 @@ TEST_T(gpu_cublaslt, stream_wgmma_w256_vs_cpu, 120)
 		const size_t n = (size_t)c.M * c.N;
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
-		cuda_gemm_set_stream_tw(2);
-		run_sx_pair(&g, &c, "stream wgmma 256-row units", ref);
-		if (c.N % 256) { /* the switch leaves this shape on the 128-row units */
-			cuda_gemm_set_stream_tw(1);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma 128-row units"), 0);
-			char w2[192];
-			snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: switch against none", c.M,
-				 c.N, c.K);
-			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+		for (int tw = 2; tw <= 4; tw *= 2) {
+			if (tw == 4 && (c.M > 16 || c.N % 512))
+				continue;
+			cuda_gemm_set_stream_tw(tw);
+			run_sx_pair(&g, &c,
+				    tw == 4 ? "stream wgmma 512-row units" : "stream wgmma 256-row units",
+				    ref);
+			if (c.N % 256) { /* the switch leaves this shape on the 128-row units */
+				cuda_gemm_set_stream_tw(1);
+				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma 128-row units"), 0);
+				char w2[192];
+				snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: switch against none",
+					 c.M, c.N, c.K);
+				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+				cuda_gemm_set_stream_tw(tw);
+			}
+			/* units drawn from a counter (two GEMMs a shape and form, 32 in all: the 16
+			 * counter sets reused, so reset): the same bits as round robin (2112: the 128-row
+			 * units, not drawn) */
+			cuda_gemm_set_stream_dyn(1);
+			for (int k = 0; k < 2; k++) {
+				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, units drawn"), 0);
+				char w2[192];
+				snprintf(w2, sizeof w2,
+					 "stream wgmma tw %d M=%d N=%d K=%d: units drawn against round robin",
+					 tw, c.M, c.N, c.K);
+				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+			}
+			cuda_gemm_set_stream_dyn(-1);
 		}
-		/* 256-row units drawn from a counter (three GEMMs a shape: its 16 sets reused, so
-		 * reset): the same bits as round robin (2112: the 128-row units, not drawn) */
-		cuda_gemm_set_stream_tw(2);
-		cuda_gemm_set_stream_dyn(1);
-		for (int k = 0; k < 3; k++) {
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, units drawn"), 0);
-			char w2[192];
-			snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: units drawn against round robin",
-				 c.M, c.N, c.K);
-			CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
-		}
-		cuda_gemm_set_stream_dyn(-1);
 		for (int tw = 1; tw <= 2 && c.M > 32; tw++) {
 			cuda_gemm_set_stream_tw(tw);
 			cuda_gemm_set_stream_msplit(1);
