@@ -37,7 +37,8 @@
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
-//   One warp per 128-group, 4 values per lane; grid covers R * I / 128 groups, 8 warps a block.
+//   A half-warp per 128-group (8 values a lane), a warp two groups of a row, 8 warps a block,
+//   pairs in steps of the grid (any grid; (groups + 15) / 16 blocks: one pair a warp).
 // k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
@@ -739,28 +740,52 @@ extern "C" __global__ void __launch_bounds__(256)
 k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 		   float *__restrict__ hs, int I, long long n_groups)
 {
-	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
-	const int lane = threadIdx.x & 31;
-	if (group >= n_groups)
-		return;
-	const int per_row = I / 128;
-	const long long row = group / per_row;
-	const int c = (int)(group % per_row);
-	const uint16_t *gp = gu + row * 2 * I + c * 128 + lane * 4;
-	const uint2 graw = *reinterpret_cast<const uint2 *>(gp);
-	const uint2 uraw = *reinterpret_cast<const uint2 *>(gp + I);
-	const uint32_t gw[2] = {graw.x, graw.y}, uw[2] = {uraw.x, uraw.y};
-	float h[4]; // bf16 values: lane l holds h[4l .. 4l+3] of the group, as act_quant wants them
+	// a half-warp per 128-group, 8 values a lane (16-byte loads of g and u); a warp takes the
+	// groups 2c, 2c + 1 of a row (pair c; the second idle when a row has an odd count), pairs in
+	// steps of the grid. 32-bit indices: n_groups < 2^31 (the host's rows x I / 128).
+	const int per_row = I / 128, ppr = (per_row + 1) / 2, rows = (int)(n_groups / per_row);
+	const int lane = threadIdx.x & 31, l = lane & 15;
+	const unsigned n_pairs = (unsigned)rows * ppr, step = gridDim.x * 8u;
+	for (unsigned p = blockIdx.x * 8u + (threadIdx.x >> 5); p < n_pairs; p += step) {
+		const unsigned row = p / ppr;
+		const int c = (int)(p - row * ppr) * 2 + (lane >> 4);
+		const bool on = c < per_row;
+		float h[8]; // lane l of its half: the group's values 8l .. 8l + 7
+		float amax = 0.f;
+		if (on) {
+			const uint16_t *gp = gu + (size_t)row * 2 * I + c * 128 + l * 8;
+			const uint4 graw = *reinterpret_cast<const uint4 *>(gp);
+			const uint4 uraw = *reinterpret_cast<const uint4 *>(gp + I);
+			const uint32_t gw[4] = {graw.x, graw.y, graw.z, graw.w};
+			const uint32_t uw[4] = {uraw.x, uraw.y, uraw.z, uraw.w};
 #pragma unroll
-	for (int k = 0; k < 4; k++) {
-		const float g = bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1))));
-		const float u = bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1))));
-		const float silu = __fdiv_rn(g, 1.0f + expf(-g));
-		h[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
+			for (int k = 0; k < 8; k++) {
+				const float g = bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1))));
+				const float u = bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1))));
+				const float silu = __fdiv_rn(g, 1.0f + expf(-g));
+				h[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
+				amax = fmaxf(amax, fabsf(h[k]));
+			}
+		}
+#pragma unroll
+		for (int m = 8; m > 0; m >>= 1) // the half-warp's maximum (every lane takes part)
+			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+		if (!on)
+			continue;
+		// act_quant (warp_act_quant128_regs' numbers): x / sc = x * (1 / sc), both exact
+		const float sc = ue8m0_scale(fmaxf(amax, 1e-4f)), inv = __frcp_rn(sc);
+		uint32_t packed[2] = {0, 0};
+#pragma unroll
+		for (int k = 0; k < 8; k += 2) {
+			const float a = fminf(fmaxf(h[k] * inv, -448.f), 448.f);
+			const float b = fminf(fmaxf(h[k + 1] * inv, -448.f), 448.f);
+			packed[k >> 2] |= (uint32_t)f32x2_to_e4m3x2(a, b) << (16 * ((k >> 1) & 1));
+		}
+		*reinterpret_cast<uint2 *>(h8 + (size_t)row * I + c * 128 + l * 8) =
+			make_uint2(packed[0], packed[1]);
+		if (l == 0)
+			hs[(size_t)row * per_row + c] = sc;
 	}
-	const float sc = warp_act_quant128_regs(h, h8 + row * I + c * 128, lane);
-	if (lane == 0)
-		hs[group] = sc;
 }
 
 // acc[q] += bf16 value q of v times wk: one fp32 multiply and one add (no FMA), as moe_combine.

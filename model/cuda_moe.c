@@ -340,7 +340,7 @@ static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int r
 {
 	long long n = (long long)rows * (I / 128);
 	void *args[] = {&gu, &h8, &hs, &I, &n};
-	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 7) / 8), 1, 1, 256,
+	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 15) / 16), 1, 1, 256,
 			  1, 1, 0, args);
 }
 
