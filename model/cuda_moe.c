@@ -150,6 +150,23 @@ static int use_tw(const struct moe_dims *d)
 	return use_wgmma(d) && !d->unfused && (2 * d->I) % 256 == 0 && cuda_gemm_wgmma_tw();
 }
 
+/* cuda_moe_set_shared_dense */
+static int shared_dense = -1;
+
+void cuda_moe_set_shared_dense(int on)
+{
+	shared_dense = on != 0;
+}
+
+static int use_shared_dense(const struct moe_dims *d)
+{
+	if (shared_dense < 0) {
+		const char *v = getenv("DSV32_CUDA_MOE_SHARED_DENSE");
+		cuda_moe_set_shared_dense(v ? atoi(v) : 0);
+	}
+	return shared_dense && use_tw(d);
+}
+
 static int use_tw_down(const struct moe_dims *d)
 {
 	return use_tw(d) && d->D % 256 == 0 && d->RT < 128LL * (d->E + 1);
@@ -160,6 +177,12 @@ static int use_tw_down(const struct moe_dims *d)
  * scratch lets the forward's passes hold more rows). */
 static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 {
+	if (use_shared_dense(d)) { /* the shared expert's dense GEMMs (cuBLASLt's scales, ...) */
+		size_t a = cuda_gemm_fp8_workspace(g, d->T, 2 * d->I, d->D),
+		       b = cuda_gemm_fp8_workspace(g, d->T, d->D, d->I);
+		size_t m = a > b ? a : b;
+		return m > 256 ? m : 256;
+	}
 	if (use_wgmma(d))
 		return 256;
 	size_t a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D),
@@ -539,6 +562,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * tw: gate|up on the token-wide grouped form, then k_moe_swiglu_quant; sw: on the wgmma
 	 * tile form the first GEMM writes the SwiGLU's quantised output itself */
 	const int wgmma = use_wgmma(d), tw = use_tw(d), sw = wgmma && !d->unfused && !tw;
+	/* sd: the shared expert on the dense dispatch, the grouped GEMMs over the routed experts */
+	const int sd = use_shared_dense(d), G = sd ? E : E + 1;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -552,12 +577,17 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
 		sw_done = rc == 0;
 		if (rc == -ENOTSUP) {
-			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], G,
 							   b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I,
 							   D, 2 * I)
 				: grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
 					  b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS],
 					  ws_bytes);
+			if (!rc && sd) /* rows R .. R + T: x itself */
+				rc = cuda_gemm_fp8(g, L->sh13.w, L->sh13.s, b[B_XS8] + (size_t)R * D,
+						   b[B_SXS] + (size_t)R * (D / 128) * 4,
+						   b[B_GU] + (size_t)R * 2 * I * 2, T, 2 * I, D, 2 * I,
+						   b[B_WS], ws_bytes);
 			if (!rc && tr)
 				rc = tap(g, tr->gu, b[B_GU], (size_t)R * 2 * I * 2);
 		}
@@ -579,10 +609,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
 		rc = use_tw_down(d)
-			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1,
+			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], G,
 							b[B_H8], b[B_HS], b[B_EY], RT, D, I, D)
-			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
+			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], G, b[B_H8],
 				       b[B_HS], b[B_EY], RT, D, I, b[B_WS], ws_bytes);
+		if (!rc && sd)
+			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_H8] + (size_t)R * I,
+					   b[B_HS] + (size_t)R * (I / 128) * 4,
+					   b[B_EY] + (size_t)R * D * 2, T, D, I, D, b[B_WS], ws_bytes);
 		if (!rc && tr)
 			rc = tap(g, tr->ey, b[B_EY], (size_t)R * D * 2);
 		if (!rc && tr)
@@ -610,8 +644,8 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct moe_dims d = moe_dims(c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
-	static char buf[224];
-	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s",
+	static char buf[288];
+	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
 		 !fused ? k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused ? " (logits, routing, permutation)" : " + route + permute",
@@ -621,7 +655,8 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 		 : d.unfused	     ? "wgmma"
 		 : !use_tw(&d)	     ? "wgmma, SwiGLU in the gate|up epilogue"
 		 : use_tw_down(&d) ? "token-wide (gate|up, then k_moe_swiglu_quant; down)"
-				   : "token-wide gate|up, then k_moe_swiglu_quant; down on wgmma tiles");
+				   : "token-wide gate|up, then k_moe_swiglu_quant; down on wgmma tiles",
+		 use_shared_dense(&d) ? "; the shared expert's on the dense dispatch" : "");
 	return buf;
 }
 

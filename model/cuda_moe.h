@@ -84,6 +84,12 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
  * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
 void cuda_moe_set_router(int mode);
 
+/* The shared expert at prefill sizes (the token-wide path: T > 64): on 1, its two GEMMs on the
+ * dense dispatch (cuda_gemm_fp8: at these M the wgmma kernel or cuBLASLt) after the grouped
+ * GEMMs of the routed experts alone; off 0, group E of those grouped GEMMs. Process-wide;
+ * DSV32_CUDA_MOE_SHARED_DENSE=n, read at the first call, sets it (default 0). */
+void cuda_moe_set_shared_dense(int on);
+
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */
 const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,

@@ -588,6 +588,19 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 	check_blocks(configs, Ts, sets, 9, 5000);
 }
 
+TEST_T(gpu_moe_block, shared_dense_match_cpu, 90)
+{
+	/* the shared expert's GEMMs on the dense dispatch (cuda_moe_set_shared_dense) at T = 300 and
+	 * 1100 (the down GEMM then on the tile form), the routed experts' grouped GEMMs over E
+	 * groups */
+	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6);
+	const struct dsv32_config configs[] = {a, a};
+	static const int Ts[] = {300, 1100}, sets[] = {32, 32};
+	cuda_moe_set_shared_dense(1);
+	check_blocks(configs, Ts, sets, 2, 5400);
+	cuda_moe_set_shared_dense(0);
+}
+
 TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
 {
 	/* the real routing shape (256 experts in 8 groups, keep 4, top-8) on a narrow model (hidden
