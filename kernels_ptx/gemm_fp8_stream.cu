@@ -1247,39 +1247,68 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
 // partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
 // chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
-// one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
-extern "C" __global__ void __launch_bounds__(256)
-k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
-		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
+// one per chunk: the grid is small, a few blocks an SM beside the GEMM's). IT = 2
+// (k_gemm_stream_reduce2, DSV32_GEMM_REDUCE2=1): two such items a pass, i and i + the grid's
+// threads, their loads in flight together (the same sums).
+template <int IT>
+__device__ __forceinline__ void gemm_stream_reduce(const float *__restrict__ partial,
+						   uint16_t *__restrict__ Y, int chunks, int rows,
+						   const int *__restrict__ rows_dev, int N, int ldy)
 {
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
 	const long long total = (long long)R * N / 4, plane = (long long)rows * N;
+	const long long stride = (long long)gridDim.x * blockDim.x;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-	     i += (long long)gridDim.x * blockDim.x) {
-		const float *p = partial + 4 * i;
-		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+	     i += IT * stride) {
+		float4 sum[IT];
 		for (int c0 = 0; c0 < chunks; c0 += 8) {
-			float4 v[8];
+			float4 v[IT][8];
 #pragma unroll
-			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks)
-					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
+			for (int it = 0; it < IT; it++)
 #pragma unroll
-			for (int c = 0; c < 8; c++)
-				if (c0 + c < chunks) {
-					if (c0 + c == 0)
-						sum = v[c];
-					else
-						sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
-				}
+				for (int c = 0; c < 8; c++)
+					if (c0 + c < chunks && i + it * stride < total)
+						v[it][c] = __ldcg(reinterpret_cast<const float4 *>(
+							partial + 4 * (i + it * stride) + (c0 + c) * plane));
+#pragma unroll
+			for (int it = 0; it < IT; it++)
+#pragma unroll
+				for (int c = 0; c < 8; c++)
+					if (c0 + c < chunks) {
+						if (c0 + c == 0)
+							sum[it] = v[it][c];
+						else
+							sum[it].x += v[it][c].x, sum[it].y += v[it][c].y,
+								sum[it].z += v[it][c].z, sum[it].w += v[it][c].w;
+					}
 		}
-		const long long r = 4 * i / N, n = 4 * i % N;
-		uint16_t *y = Y + r * ldy + n;
-		y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
-		y[2] = f32_to_bf16(sum.z), y[3] = f32_to_bf16(sum.w);
+#pragma unroll
+		for (int it = 0; it < IT; it++) {
+			const long long j = i + it * stride;
+			if (j >= total)
+				break;
+			const long long r = 4 * j / N, n = 4 * j % N;
+			uint16_t *y = Y + r * ldy + n;
+			y[0] = f32_to_bf16(sum[it].x), y[1] = f32_to_bf16(sum[it].y);
+			y[2] = f32_to_bf16(sum[it].z), y[3] = f32_to_bf16(sum[it].w);
+		}
 	}
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
+		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
+{
+	gemm_stream_reduce<1>(partial, Y, chunks, rows, rows_dev, N, ldy);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce2(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
+		      int rows, const int *__restrict__ rows_dev, int N, int ldy)
+{
+	gemm_stream_reduce<2>(partial, Y, chunks, rows, rows_dev, N, ldy);
 }
 
 // The decode-sized MoE gate|up GEMM's chunk sum with SwiGLU and act_quant (spec §5.3): for each

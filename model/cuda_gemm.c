@@ -258,6 +258,15 @@ void cuda_gemm_set_stream_dyn(int on) { stream_dyn = on; }
 
 static int dyn_on(void) { return env_default_off(&stream_dyn, "DSV32_GEMM_WG_DYN"); }
 
+/* The chunk sum's two items a thread (k_gemm_stream_reduce2: both items' loads in flight
+ * together; the same sums): 1 on, 0 off, -1 the environment (DSV32_GEMM_REDUCE2=1; default off
+ * until measured). */
+static int stream_reduce2 = -1;
+
+void cuda_gemm_set_stream_reduce2(int on) { stream_reduce2 = on; }
+
+static int reduce2_on(void) { return env_default_off(&stream_reduce2, "DSV32_GEMM_REDUCE2"); }
+
 /* The wgmma consumers' K split by M too (split_tw's m; dense): 1 on, 0 off, -1 the environment
  * (DSV32_GEMM_WG_MSPLIT=1; default off until measured). */
 static int stream_msplit = -1;
@@ -525,7 +534,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
 	rb = rb < rmax ? rb : rmax;
-	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
+	const char *rname = reduce2_on() ? "k_gemm_stream_reduce2" : "k_gemm_stream_reduce";
+	return launch_pdl(g, gpu_kernel(g, rname), rb, 1, 256, 0, rargs);
 }
 
 /* Which kernel cuda_gemm_fp8_decode runs: 1 the streaming kernel, 0 the previous one (v2), -1

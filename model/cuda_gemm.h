@@ -91,6 +91,10 @@ void cuda_gemm_set_stream_msplit(int on);
  * 1 = each block's next unit drawn from a counter (faster blocks take more; the same bits), 0 =
  * round robin, -1 = the environment (DSV32_GEMM_WG_DYN=1; default 0). Process-wide. */
 void cuda_gemm_set_stream_dyn(int on);
+/* The streaming kernel's K-chunk sum (the second launch): 1 = two items a thread, their loads in
+ * flight together (k_gemm_stream_reduce2; the same sums), 0 = one, -1 = the environment
+ * (DSV32_GEMM_REDUCE2=1; default 0). Process-wide. */
+void cuda_gemm_set_stream_reduce2(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

@@ -230,7 +230,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
  * chunks of 2-16 K blocks and the big shapes' splits (7168 x 16384: 9 chunks of 15), the
  * tokens' scales by 4-byte copies and by bulk tensor copies (the same bits); N % 256 != 0 (2112)
  * runs the 128-row units, bit for bit those without the switch; units drawn from a counter
- * (cuda_gemm_set_stream_dyn 1) bit for bit those in round robin. From 33 rows also the K split
+ * (cuda_gemm_set_stream_dyn 1) and the chunk sum two items a thread (cuda_gemm_set_stream_reduce2
+ * 1) bit for bit those in round robin / one item. From 33 rows also the K split
  * chosen for M (cuda_gemm_set_stream_msplit 1: fewer chunks) with 128- and 256-row units. */
 TEST_T(gpu_cublaslt, stream_wgmma_wide_vs_cpu, 120)
 {
@@ -256,6 +257,14 @@ TEST_T(gpu_cublaslt, stream_wgmma_wide_vs_cpu, 120)
 			run_sx_pair(&g, &c,
 				    tw == 4 ? "stream wgmma 512-row units" : "stream wgmma 256-row units",
 				    ref);
+			/* the chunk sum two items a thread: the same bits */
+			cuda_gemm_set_stream_reduce2(1);
+			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, chunk sum x2"), 0);
+			cuda_gemm_set_stream_reduce2(-1);
+			char wr[192];
+			snprintf(wr, sizeof wr, "stream wgmma tw %d M=%d N=%d K=%d: chunk sum x2 against x1",
+				 tw, c.M, c.N, c.K);
+			CHECK_EQ_INT((int)count_differ(c.got, ref, n, wr), 0);
 			if (c.N % 256) { /* the switch leaves this shape on the 128-row units */
 				cuda_gemm_set_stream_tw(1);
 				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma 128-row units"), 0);
