@@ -563,7 +563,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * tile form the first GEMM writes the SwiGLU's quantised output itself */
 	const int wgmma = use_wgmma(d), tw = use_tw(d), sw = wgmma && !d->unfused && !tw;
 	/* sd: the shared expert on the dense dispatch, the grouped GEMMs over the routed experts */
-	const int sd = use_shared_dense(d), G = sd ? E : E + 1;
+	const int sd = use_shared_dense(d), ng = sd ? E : E + 1;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -577,7 +577,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
 		sw_done = rc == 0;
 		if (rc == -ENOTSUP) {
-			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], G,
+			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], ng,
 							   b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I,
 							   D, 2 * I)
 				: grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
@@ -609,9 +609,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
 		rc = use_tw_down(d)
-			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], G,
+			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], ng,
 							b[B_H8], b[B_HS], b[B_EY], RT, D, I, D)
-			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], G, b[B_H8],
+			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], ng, b[B_H8],
 				       b[B_HS], b[B_EY], RT, D, I, b[B_WS], ws_bytes);
 		if (!rc && sd)
 			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_H8] + (size_t)R * I,
