@@ -87,7 +87,7 @@ void cuda_moe_set_router(int mode);
 /* The shared expert at prefill sizes (the token-wide path: T > 64): on 1, its two GEMMs on the
  * dense dispatch (cuda_gemm_fp8: at these M the wgmma kernel or cuBLASLt) after the grouped
  * GEMMs of the routed experts alone; off 0, group E of those grouped GEMMs. Process-wide;
- * DSV32_CUDA_MOE_SHARED_DENSE=n, read at the first call, sets it (default 0). */
+ * DSV32_CUDA_MOE_SHARED_DENSE=n, read at the first call, sets it (default 1). */
 void cuda_moe_set_shared_dense(int on);
 
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in

@@ -578,27 +578,26 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 	 * routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6),
 				  b = moe_config(256, 128, 16, 4, 2, 4);
-	/* (a at T = 300 / 512 / 700: 2100 / 3584 / 4900 rows on 33 groups, the token-wide grouped
-	 * GEMMs (gate|up, then k_moe_swiglu_quant; down while under 128 rows a group); at 1100 the
-	 * down GEMM on the tile form; at 700 and 1100 the many-block permutation, at 1100 the
-	 * 64-token router tiles) */
+	/* (a at T = 300 / 512 / 700: 1800 / 3072 / 4200 routed rows on 32 groups, the token-wide
+	 * grouped GEMMs (gate|up, then k_moe_swiglu_quant; down while under 128 rows a group) and
+	 * the shared expert's on the dense dispatch; at 1100 the down GEMM on the tile form; at 700
+	 * and 1100 the many-block permutation, at 1100 the 64-token router tiles) */
 	const struct dsv32_config configs[] = {a, a, a, a, a, b, b, a, a};
 	static const int Ts[] = {1, 5, 64, 300, 512, 1, 37, 700, 1100},
 			 sets[] = {32, 32, 32, 32, 32, 16, 16, 32, 32};
 	check_blocks(configs, Ts, sets, 9, 5000);
 }
 
-TEST_T(gpu_moe_block, shared_dense_match_cpu, 90)
+TEST_T(gpu_moe_block, shared_as_group_match_cpu, 90)
 {
-	/* the shared expert's GEMMs on the dense dispatch (cuda_moe_set_shared_dense) at T = 300 and
-	 * 1100 (the down GEMM then on the tile form), the routed experts' grouped GEMMs over E
-	 * groups */
+	/* the shared expert as group E of the grouped GEMMs (cuda_moe_set_shared_dense(0); by
+	 * default its GEMMs run on the dense dispatch above 64 tokens) at T = 300 and 1100 (the
+	 * down GEMM then on the tile form) */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6);
 	const struct dsv32_config configs[] = {a, a};
 	static const int Ts[] = {300, 1100}, sets[] = {32, 32};
-	cuda_moe_set_shared_dense(1);
-	check_blocks(configs, Ts, sets, 2, 5400);
 	cuda_moe_set_shared_dense(0);
+	check_blocks(configs, Ts, sets, 2, 5400);
 }
 
 TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
