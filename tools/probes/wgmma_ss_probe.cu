@@ -1,0 +1,167 @@
+// wgmma_ss_probe.cu — how fast the token-wide grouped GEMM's MMA pattern can run with its operands
+// already in shared memory: no copies, no barriers between warpgroups, one A tile (256 weight
+// rows x 128 K bytes) and one B tile (NN token rows x 128 K bytes) reused every "K block".
+// A diagnostic for issue 11 (docs/PERF.md, session 9), not part of the engine (it uses the CUDA
+// runtime). Build here, run on the GPU machine:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels_ptx -o /tmp/wgmma_ss_probe tools/probes/wgmma_ss_probe.cu
+//   /tmp/wgmma_ss_probe
+// Each line: the form, cycles per K block per consumer warpgroup (clock64 in the kernel), the
+// GPU's TFLOP/s (132 CTAs x 2 consumer warpgroups) and its ratio to the dense FP8 peak at the
+// measured clock (8192 FLOP a cycle an SM).
+#include <cstdio>
+#include <cstdint>
+#include <cuda_runtime.h>
+#include "wgmma.cuh"
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#define R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define R16 R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define R32 R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MMA(n, regs, ia, ib, ...)                                                                  \
+	asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia \
+		     ", %" #ib ", 1, 1, 1;\n"                                                      \
+		     : __VA_ARGS__                                                                 \
+		     : "l"(da), "l"(db))
+
+template <int NN>
+__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db)
+{
+	if constexpr (NN == 128)
+		MMA(128, R64, 64, 65, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56));
+	else
+		MMA(144, R72, 72, 73, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56), D8(64));
+}
+
+// MODE 0: per K block two chains, each 4 MMAs into a fresh fragment, wait, promote (the
+// token-wide kernel's consumer); 1: the MMAs straight into the accumulators, a wait after each
+// chain, no promotion; 3: as 1 with one wait a K block (after both chains).
+template <int NN, int MODE>
+__global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, float *sink)
+{
+	extern __shared__ __align__(1024) uint8_t sm[];
+	const uint32_t base = (smem_u32(sm) + 1023) & ~1023u;
+	const uint32_t a_s = base, b_s = base + 32768, sc_s = b_s + NN * 128;
+	// operands: bytes of e4m3 values in [-2, 2] (no NaN codes), scales 1
+	for (int i = threadIdx.x; i < (32768 + NN * 128) / 4; i += blockDim.x) {
+		uint32_t h = (uint32_t)i * 2654435761u ^ 0x9e3779b9u;
+		h &= 0x3f3f3f3fu; // exponent <= 7: |x| < 2
+		asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 4 * i), "r"(h));
+	}
+	for (int i = threadIdx.x; i < NN; i += blockDim.x)
+		asm volatile("st.shared.f32 [%0], %1;" ::"r"(sc_s + 4 * i), "f"(1.0f));
+	fence_proxy_async();
+	__syncthreads();
+	const int wg = threadIdx.x >> 7, q = threadIdx.x & 3;
+	if (wg == 0) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+		return;
+	}
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+	const int cw = wg - 1;
+	float acc0[NN / 2], acc1[NN / 2], f0[NN / 2];
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		acc0[i] = acc1[i] = 0.f;
+	const uint64_t da = wgd_kmajor(a_s + cw * 64 * 128), db = wgd_kmajor(b_s);
+	const uint64_t da1 = da + ((uint64_t)(16384) >> 4);
+	long long t0 = clock64();
+	for (int it = 0; it < iters; it++) {
+#pragma unroll
+		for (int c = 0; c < 2; c++) {
+			float *acc = c ? acc1 : acc0;
+			const uint64_t a = c ? da1 : da;
+#pragma unroll
+			for (int i = 0; i < NN / 2; i++)
+				wg_reg_fence(f0[i]);
+			wg_fence();
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				mma<NN>(MODE == 1 || MODE == 3 ? acc : f0, a + 2 * k, db + 2 * k);
+			wg_commit();
+			if (MODE == 3 && c == 0)
+				continue;
+			wg_wait0();
+#pragma unroll
+			for (int i = 0; i < NN / 2; i++)
+				wg_reg_fence(f0[i]);
+			if (MODE == 0) {
+#pragma unroll
+				for (int j = 0; j < NN / 8; j++) {
+					float x0, x1;
+					asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+						     : "=f"(x0), "=f"(x1)
+						     : "r"(sc_s + 4 * (8 * j + 2 * q)));
+					const float s0 = x0 * 0.5f, s1 = x1 * 0.5f;
+					acc[4 * j + 0] = fmaf(f0[4 * j + 0], s0, acc[4 * j + 0]);
+					acc[4 * j + 1] = fmaf(f0[4 * j + 1], s1, acc[4 * j + 1]);
+					acc[4 * j + 2] = fmaf(f0[4 * j + 2], s0, acc[4 * j + 2]);
+					acc[4 * j + 3] = fmaf(f0[4 * j + 3], s1, acc[4 * j + 3]);
+				}
+			}
+		}
+	}
+	wg_wait0();
+	long long t1 = clock64();
+	float s = 0.f;
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		s += acc0[i] + acc1[i];
+	if (s == 12345.f)
+		sink[threadIdx.x] = s;
+	if ((threadIdx.x & 127) == 0)
+		cycles[blockIdx.x * 2 + cw] = t1 - t0;
+}
+
+template <int NN, int MODE>
+static void run(const char *name, int iters)
+{
+	const int blocks = 132, smem = 32768 + NN * 128 + NN * 4 + 2048;
+	long long *cyc;
+	float *sink;
+	cudaMalloc(&cyc, blocks * 2 * sizeof(long long));
+	cudaMalloc(&sink, 384 * 4);
+	cudaFuncSetAttribute(probe<NN, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	probe<NN, MODE><<<blocks, 384, smem>>>(iters / 10, cyc, sink); // warm-up
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0), cudaEventCreate(&e1);
+	cudaEventRecord(e0);
+	probe<NN, MODE><<<blocks, 384, smem>>>(iters, cyc, sink);
+	cudaEventRecord(e1);
+	cudaError_t err = cudaEventSynchronize(e1);
+	if (err != cudaSuccess) {
+		printf("%s: %s\n", name, cudaGetErrorString(err));
+		return;
+	}
+	float ms;
+	cudaEventElapsedTime(&ms, e0, e1);
+	long long h[264], mx = 0;
+	cudaMemcpy(h, cyc, sizeof h, cudaMemcpyDeviceToHost);
+	for (int i = 0; i < blocks * 2; i++)
+		mx = h[i] > mx ? h[i] : mx;
+	const double flop = 2.0 * blocks * 2 * 2 * (double)iters * 64 * NN * 128;
+	const double tf = flop / (ms * 1e-3) / 1e12, ghz = mx / (ms * 1e-3) / 1e9;
+	const double ideal = 4.0 * 64 * NN * 128 * 2 / 8192; // MMA cycles a K block (4 chains an SM)
+	printf("%-34s NN=%3d  %7.0f cycles/K block (ideal %4.0f, %4.1f%%)  %6.1f TFLOP/s  clock %.2f GHz\n",
+	       name, NN, (double)mx / iters, ideal, 100.0 * ideal / ((double)mx / iters), tf, ghz);
+	cudaFree(cyc), cudaFree(sink);
+}
+
+int main()
+{
+	const int iters = 20000;
+	run<144, 0>("chains + wait + promote", iters);
+	run<144, 1>("chains + wait, no promote", iters);
+	run<144, 3>("no wait between chains", iters);
+	run<128, 0>("chains + wait + promote", iters);
+	run<128, 1>("chains + wait, no promote", iters);
+	run<128, 3>("no wait between chains", iters);
+	run<144, 0>("chains + wait + promote (again)", iters);
+	return 0;
+}
