@@ -24,24 +24,41 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
 #define D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MMA(n, regs, ia, ib, ...)                                                                  \
-	asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia \
-		     ", %" #ib ", 1, 1, 1;\n"                                                      \
+#define MMA(n, regs, ia, ib, ic, ...)                                                              \
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ic ", 0;\n"                             \
+		     "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia \
+		     ", %" #ib ", p, 1, 1;\n}\n"                                                   \
 		     : __VA_ARGS__                                                                 \
-		     : "l"(da), "l"(db))
+		     : "l"(da), "l"(db), "r"(acc))
 
+#define R24 R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define R36 R32 ", %32, %33, %34, %35"
+#define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 template <int NN>
-__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db)
+__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int acc)
 {
-	if constexpr (NN == 128)
-		MMA(128, R64, 64, 65, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56));
+	if constexpr (NN == 48)
+		MMA(48, R24, 24, 25, 26, D8(0), D8(8), D8(16));
+	else if constexpr (NN == 64)
+		MMA(64, R32, 32, 33, 34, D8(0), D8(8), D8(16), D8(24));
+	else if constexpr (NN == 72)
+		MMA(72, R36, 36, 37, 38, D8(0), D8(8), D8(16), D8(24), D4(32));
+	else if constexpr (NN == 96)
+		MMA(96, R48, 48, 49, 50, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40));
+	else if constexpr (NN == 128)
+		MMA(128, R64, 64, 65, 66, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56));
 	else
-		MMA(144, R72, 72, 73, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56), D8(64));
+		MMA(144, R72, 72, 73, 74, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56), D8(64));
 }
 
 // MODE 0: per K block two chains, each 4 MMAs into a fresh fragment, wait, promote (the
 // token-wide kernel's consumer); 1: the MMAs straight into the accumulators, a wait after each
-// chain, no promotion; 3: as 1 with one wait a K block (after both chains).
+// chain, no promotion; 3: as 1 with one wait a K block (after both chains); 4: as 0 with the two
+// warpgroups' chains issued in turn (ping-pong: named barrier 1 hands the MMA turn to warpgroup
+// 2, barrier 2 back to 1), so one promotes while the other's MMAs run; 9: as 0 with the chain's
+// scale products (sx * sw, as a scale warp could store them, laid out per thread) loaded into
+// registers before its wait, so the promotion is FFMAs only.
 template <int NN, int MODE>
 __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, float *sink)
 {
@@ -80,18 +97,32 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, fl
 #pragma unroll
 			for (int i = 0; i < NN / 2; i++)
 				wg_reg_fence(f0[i]);
+			if (MODE == 4 && (cw == 1 || it > 0 || c > 0)) // my turn
+				asm volatile("bar.sync %0, 256;" ::"r"(cw == 0 ? 2 : 1) : "memory");
 			wg_fence();
 #pragma unroll
 			for (int k = 0; k < 4; k++)
-				mma<NN>(MODE == 1 || MODE == 3 ? acc : f0, a + 2 * k, db + 2 * k);
+				mma<NN>(MODE == 1 || MODE == 3 ? acc : f0, a + 2 * k, db + 2 * k, MODE == 1 || MODE == 3 || k > 0);
 			wg_commit();
+			// MODE 9: the promotion's scale products into registers while the MMAs run
+			constexpr int NP = MODE == 9 ? NN / 4 : 4;
+			float pre[NP];
+			if (MODE == 9) {
+#pragma unroll
+				for (int j = 0; j < NP; j += 4)
+					asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+						     : "=f"(pre[j]), "=f"(pre[j + 1]), "=f"(pre[j + 2]), "=f"(pre[j + 3])
+						     : "r"(sc_s + 4 * (q * (NN / 4 + 4) + j)));
+			}
+			if (MODE == 4) // the other's turn
+				asm volatile("bar.arrive %0, 256;" ::"r"(cw == 0 ? 1 : 2) : "memory");
 			if (MODE == 3 && c == 0)
 				continue;
 			wg_wait0();
 #pragma unroll
 			for (int i = 0; i < NN / 2; i++)
 				wg_reg_fence(f0[i]);
-			if (MODE == 0) {
+			if (MODE == 0 || MODE == 4) {
 #pragma unroll
 				for (int j = 0; j < NN / 8; j++) {
 					float x0, x1;
@@ -105,9 +136,20 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, fl
 					acc[4 * j + 3] = fmaf(f0[4 * j + 3], s1, acc[4 * j + 3]);
 				}
 			}
+			if (MODE == 9) {
+#pragma unroll
+				for (int j = 0; j < NP / 2; j++) {
+					acc[4 * j + 0] = fmaf(f0[4 * j + 0], pre[2 * j], acc[4 * j + 0]);
+					acc[4 * j + 1] = fmaf(f0[4 * j + 1], pre[2 * j + 1], acc[4 * j + 1]);
+					acc[4 * j + 2] = fmaf(f0[4 * j + 2], pre[2 * j], acc[4 * j + 2]);
+					acc[4 * j + 3] = fmaf(f0[4 * j + 3], pre[2 * j + 1], acc[4 * j + 3]);
+				}
+			}
 		}
 	}
 	wg_wait0();
+	if (MODE == 4 && cw == 0) // warpgroup 2's last hand-over
+		asm volatile("bar.sync 2, 256;" ::: "memory");
 	long long t1 = clock64();
 	float s = 0.f;
 #pragma unroll
@@ -119,20 +161,20 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, fl
 		cycles[blockIdx.x * 2 + cw] = t1 - t0;
 }
 
-template <int NN, int MODE>
-static void run(const char *name, int iters)
+template <int NN>
+static void run_k(void (*kern)(int, long long *, float *), const char *name, int iters)
 {
-	const int blocks = 132, smem = 32768 + NN * 128 + NN * 4 + 2048;
+	const int blocks = 132, smem = 32768 + NN * 128 + 4 * (NN + 16) * 4 + 2048;
 	long long *cyc;
 	float *sink;
 	cudaMalloc(&cyc, blocks * 2 * sizeof(long long));
 	cudaMalloc(&sink, 384 * 4);
-	cudaFuncSetAttribute(probe<NN, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-	probe<NN, MODE><<<blocks, 384, smem>>>(iters / 10, cyc, sink); // warm-up
+	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	kern<<<blocks, 384, smem>>>(iters / 10, cyc, sink); // warm-up
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0), cudaEventCreate(&e1);
 	cudaEventRecord(e0);
-	probe<NN, MODE><<<blocks, 384, smem>>>(iters, cyc, sink);
+	kern<<<blocks, 384, smem>>>(iters, cyc, sink);
 	cudaEventRecord(e1);
 	cudaError_t err = cudaEventSynchronize(e1);
 	if (err != cudaSuccess) {
@@ -153,15 +195,24 @@ static void run(const char *name, int iters)
 	cudaFree(cyc), cudaFree(sink);
 }
 
+template <int NN, int MODE>
+static void run(const char *name, int iters)
+{
+	run_k<NN>(probe<NN, MODE>, name, iters);
+}
+
 int main()
 {
 	const int iters = 20000;
 	run<144, 0>("chains + wait + promote", iters);
-	run<144, 1>("chains + wait, no promote", iters);
-	run<144, 3>("no wait between chains", iters);
 	run<128, 0>("chains + wait + promote", iters);
+	run<96, 0>("chains + wait + promote", iters);
+	run<144, 1>("chains + wait, no promote", iters);
 	run<128, 1>("chains + wait, no promote", iters);
-	run<128, 3>("no wait between chains", iters);
-	run<144, 0>("chains + wait + promote (again)", iters);
+	run<144, 3>("one wait a K block, no promote", iters);
+	run<144, 4>("ping-pong chains + wait + promote", iters);
+	run<128, 4>("ping-pong chains + wait + promote", iters);
+	run<96, 9>("scale products preloaded", iters);
+	run<128, 9>("scale products preloaded", iters);
 	return 0;
 }
