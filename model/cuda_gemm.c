@@ -1035,9 +1035,16 @@ struct gemm_entry {
 /* Where the start-up measurement picked the swapped kernel, the dispatch takes it only on
  * matrices of at least swap_on MB (1: all; 0: none), else the fastest other path it measured
  * (bench model --ab compares them in one process); -1: the environment (DSV32_GEMM_SWAP=n) not
- * read yet. Default 200 (the dense MLP's gate|up, 36864x7168; run 26 --ab at 128K: -34.5 us at
- * batch 16, -514 at batch 64 against none; 64 MB +276 / -328; everywhere (1) run 23 / 25: +196 /
- * +423 us at batch 64, 32K / 128K, though its GEMMs alone are faster). */
+ * read yet. Default 64 (the 7168x16384 o projection, 7168x18432 and larger; session 9): bench
+ * gemm, runs 35 / 36, the swapped kernel or its cluster form against what the 200 MB rule ran,
+ * TB/s at M = 16 / 32 / 64: 18432x7168 3.50 / 3.46 / 3.28 against 2.86 / 2.64 / 2.38 (also M = 8
+ * 3.56-3.58 against v2's 3.49-3.50), 7168x16384 3.31-3.33 / 3.33-3.34 / 3.10-3.11 against 3.19-3.21
+ * / 3.00 / 2.58-2.60, 7168x18432 3.40-3.42 / 3.39 / 3.15-3.16 against 3.28-3.29 / 3.01-3.02 /
+ * 2.67-2.69; the step-level --ab at 64 MB was noise both ways (runs 34-35: -9 / -4 / -142 us at
+ * batch 8 / 16 / 32, 32K; -21 / -479 / +133 at 16 / 32 / 64, 32K; -25 / +475 / -272 at 128K).
+ * Before: 200 (run 26 --ab at 128K: -34.5 us at batch 16, -514 at batch 64 against none; 64 MB
+ * +276 / -328; everywhere (1) run 23 / 25: +196 / +423 us at batch 64, 32K / 128K, though its
+ * GEMMs alone are faster). */
 static int swap_on = -1;
 
 void cuda_gemm_set_swap(int on) { swap_on = on; }
@@ -1047,7 +1054,7 @@ static int swap_off(int N, int K)
 {
 	if (swap_on < 0) {
 		const char *v = getenv("DSV32_GEMM_SWAP");
-		swap_on = v && atoi(v) >= 0 ? atoi(v) : 200;
+		swap_on = v && atoi(v) >= 0 ? atoi(v) : 64;
 	}
 	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
