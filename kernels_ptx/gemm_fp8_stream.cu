@@ -80,6 +80,18 @@
 #define ST_DYN_SLOT(f) (((f) >> 8) & 15)
 #define ST_DYN_SLOTS 16
 __device__ unsigned st_dyn[ST_DYN_SLOTS][2]; // tickets drawn, blocks done drawing
+// EP = 1 (k_gemm_fp8_stream_m1_r1_wl: wgmma consumers, dense, <= 8 rows, K chunked; the host's
+// DSV32_GEMM_WG_LAST=1): the K chunks summed in the kernel by a tenth warp, no second launch.
+// At a unit's end the consumers hand their fp32 sums to it through one of two shared buffers
+// (they wait only when both are still held) and go on; it stores them as the chunk's partial,
+// counts the chunk done (fence, relaxed add on st_last[set][tile]) and, when its count was the
+// tile's last, sums the tile's chunks in chunk order (its own from shared memory): the loads and
+// adds of k_gemm_stream_reduce, so the same bits; then resets the count. No block waits for
+// another (the last to finish sums). 16 count sets taken in turn by the host (ST_LAST_SET).
+#define ST_LAST 16
+#define ST_LAST_SET(f) (((f) >> 20) & 15)
+#define ST_LAST_TILES 4096
+__device__ unsigned st_last[16][ST_LAST_TILES];
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -124,6 +136,11 @@ __device__ __forceinline__ float lds32f(uint32_t addr)
 	float r;
 	asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr));
 	return r;
+}
+
+__device__ __forceinline__ void sts32f(uint32_t addr, float v)
+{
+	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
 // An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
@@ -341,7 +358,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // leave): 512 rows, warpgroup c boxes 2c and 2c + 1 as four
 // chains (one wait for 16 wgmmas), a stage 64 KB of weights. The chunks' partials are summed by
 // the second launch only (no fused sum: a warp's rows are TW 16-row pieces 64 apart).
-template <int MG, int RT, int WI, int TW>
+template <int MG, int RT, int WI, int TW, int EP>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		const unsigned long long *__restrict__ w_tab,
@@ -351,6 +368,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
 	static_assert(TW == 1 || ((TW == 2 || TW == 4) && WI == 2 && RT == 1), "wide units: wgmma");
+	static_assert(!EP || (WI == 2 && TW == 1 && RT == 1), "the epilogue warp: wgmma, 128 rows");
 	const bool fused = (flags & ST_FUSED) && TW == 1, no_sx = flags & ST_NO_SX;
 	constexpr int TR = ST_TR * TW, KBS = TW >= 2 ? 1 : ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
@@ -358,6 +376,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
 	volatile int *tag = reinterpret_cast<int *>(smem + 128); // (ST_DYN) each stage's unit
+	// (EP, bytes 160 .. 191) the two sums buffers: handed over, free again
+	uint64_t *sfull = reinterpret_cast<uint64_t *>(smem + 160), *sfree = sfull + 2;
 	const bool dyn = TW >= 2 && (flags & ST_DYN) && !w_tab; // (the wide units' forms only)
 	unsigned *dctr = st_dyn[ST_DYN_SLOT(flags)];
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
@@ -381,6 +401,9 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][8 K blocks] fp32, at
 	// sxt0 + stage mpad 32 (128-byte aligned: a bulk tensor copy's destination)
 	const uint32_t sxt0 = (scl0 + ST_MAXSTAGES * ST_SCL_BYTES + 127) & ~127u, sxb = mpad * 32;
+	// (EP) the two sums buffers, [8 tokens][128 rows] fp32 each, where the token scales' boxes
+	// would be (EP: <= 8 rows, no tensor copy of them)
+	const uint32_t sums0 = sxt0, sumb = 8 * ST_TR * 4;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -447,6 +470,10 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
 			mbar_init(smem_u32(&empty[s]), CW);
 		}
+		for (int i = 0; i < 2 && EP; i++) {
+			mbar_init(smem_u32(&sfull[i]), CW); // the consumer warps
+			mbar_init(smem_u32(&sfree[i]), 1);  // the epilogue warp
+		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
@@ -454,6 +481,62 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 
 	const int tiles = (N + TR - 1) / TR;
 	const int units = *n_slices * tiles * chunks;
+
+	if (EP && warp == CW + 1) {
+		// ---- the epilogue warp (EP): each unit's sums, in the consumers' order ----
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // y, partial: the last grid's
+		unsigned *cnt = st_last[ST_LAST_SET(flags)];
+		int j = 0;
+		for (int u = blockIdx.x; u < units; u += gridDim.x, j++) {
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
+			const int slot = j & 1, nr = min(TR, N - w.n0);
+			mbar_wait(smem_u32(&sfull[slot]), (j >> 1) & 1);
+			const uint32_t sb = sums0 + slot * sumb;
+			for (int i = lane; i < w.ms * nr; i += 32) {
+				const int m = i / nr, r = i - m * nr;
+				__stcg(partial + ((size_t)w.chunk * rows + w.r0 + m) * N + w.n0 + r,
+				       lds32f(sb + 4 * (m * ST_TR + r)));
+			}
+			fence_acq_rel_gpu(); // this chunk's partial before its count
+			__syncwarp();
+			unsigned old = 0;
+			if (lane == 0) {
+				fence_acq_rel_gpu(); // (the warp's stores, through __syncwarp)
+				old = atomicAdd(&cnt[w.st], 1u);
+			}
+			old = __shfl_sync(0xffffffffu, old, 0);
+			if (old == (unsigned)chunks - 1) {
+				// the tile's last: every other chunk's partial is stored; sum in chunk order
+				fence_acq_rel_gpu();
+				if (lane == 0)
+					cnt[w.st] = 0; // (the next GEMM with this set)
+				for (int i = lane; i < w.ms * nr; i += 32) {
+					const int m = i / nr, r = i - m * nr;
+					const size_t rr = (size_t)w.r0 + m;
+					const float *p = partial + rr * N + w.n0 + r;
+					const float own = lds32f(sb + 4 * (m * ST_TR + r));
+					float sum = 0.f;
+					for (int c0 = 0; c0 < chunks; c0 += 8) {
+						float v[8];
+#pragma unroll
+						for (int c = 0; c < 8; c++)
+							v[c] = c0 + c < chunks && c0 + c != w.chunk
+								       ? __ldcg(p + (size_t)(c0 + c) * rows * N)
+								       : own;
+#pragma unroll
+						for (int c = 0; c < 8; c++)
+							if (c0 + c < chunks)
+								sum = c0 + c == 0 ? v[c] : sum + v[c];
+					}
+					Y[rr * ldy + w.n0 + r] = f32_to_bf16(sum);
+				}
+			}
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&sfree[slot]));
+		}
+		return;
+	}
 
 	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
@@ -648,6 +731,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
+	int uj = 0; // (EP) units ended, whose parity picks the sums buffer
 	for (int u = blockIdx.x;; u += gridDim.x) {
 		if (dyn) { // the unit of the next stage (its first), or the end
 			mbar_wait(smem_u32(&full[s]), ph);
@@ -825,6 +909,24 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			resolve();
 			count();
 		}
+		if (EP && chunks > 1) {
+			// the sums to the epilogue warp: buffer uj & 1 once it has taken its previous
+			// ones, [token][row of the unit]
+			const int slot = uj & 1;
+			mbar_wait(smem_u32(&sfree[slot]), ((uj >> 1) & 1) ^ 1);
+			const uint32_t sb = sums0 + slot * sumb;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const int m = 2 * t + (q & 1), row = warp * 16 + g + 8 * (q >> 1);
+				if (m < w.ms)
+					sts32f(sb + 4 * (m * ST_TR + row), acc[0][0][q]);
+			}
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&sfull[slot]));
+			uj++;
+			continue;
+		}
 #pragma unroll
 		for (int rt = 0; rt < AR; rt++) {
 			if (rt >= rt_n)
@@ -859,8 +961,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	}
 }
 
-#define ST_ENTRY(MG, RT, WI, TW, SUF)                                                             \
-	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
+#define ST_ENTRY(MG, RT, WI, TW, SUF, EP)                                                         \
+	extern "C" __global__ void __launch_bounds__((8 / RT + 1 + EP) * 32, 1)                   \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
 					const __grid_constant__ tmap smap,                     \
@@ -871,35 +973,37 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI, TW>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y,     \
+		gemm_fp8_stream<MG, RT, WI, TW, EP>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y, \
 					partial,                                                  \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}
 
-ST_ENTRY(1, 1, 0, 1, )
-ST_ENTRY(2, 1, 0, 1, )
-ST_ENTRY(4, 1, 0, 1, )
-ST_ENTRY(8, 1, 0, 1, )
-ST_ENTRY(1, 2, 0, 1, )
-ST_ENTRY(2, 2, 0, 1, )
-ST_ENTRY(4, 2, 0, 1, )
-ST_ENTRY(8, 2, 0, 1, )
-ST_ENTRY(1, 1, 2, 1, _w)
-ST_ENTRY(2, 1, 2, 1, _w)
-ST_ENTRY(4, 1, 2, 1, _w)
-ST_ENTRY(8, 1, 2, 1, _w)
+ST_ENTRY(1, 1, 0, 1, , 0)
+ST_ENTRY(2, 1, 0, 1, , 0)
+ST_ENTRY(4, 1, 0, 1, , 0)
+ST_ENTRY(8, 1, 0, 1, , 0)
+ST_ENTRY(1, 2, 0, 1, , 0)
+ST_ENTRY(2, 2, 0, 1, , 0)
+ST_ENTRY(4, 2, 0, 1, , 0)
+ST_ENTRY(8, 2, 0, 1, , 0)
+ST_ENTRY(1, 1, 2, 1, _w, 0)
+// the K chunks summed by an epilogue warp (EP), <= 8 rows
+ST_ENTRY(1, 1, 2, 1, _wl, 1)
+ST_ENTRY(2, 1, 2, 1, _w, 0)
+ST_ENTRY(4, 1, 2, 1, _w, 0)
+ST_ENTRY(8, 1, 2, 1, _w, 0)
 // 256-row units (TW = 2), wgmma consumers, dense; 512-row units (TW = 4), up to 16 token rows
-ST_ENTRY(1, 1, 2, 2, _w256)
-ST_ENTRY(2, 1, 2, 2, _w256)
-ST_ENTRY(4, 1, 2, 2, _w256)
-ST_ENTRY(8, 1, 2, 2, _w256)
-ST_ENTRY(1, 1, 2, 4, _w512)
-ST_ENTRY(2, 1, 2, 4, _w512)
+ST_ENTRY(1, 1, 2, 2, _w256, 0)
+ST_ENTRY(2, 1, 2, 2, _w256, 0)
+ST_ENTRY(4, 1, 2, 2, _w256, 0)
+ST_ENTRY(8, 1, 2, 2, _w256, 0)
+ST_ENTRY(1, 1, 2, 4, _w512, 0)
+ST_ENTRY(2, 1, 2, 4, _w512, 0)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
 // what the copies reach by themselves (and of the 256-row units' copies).
-ST_ENTRY(0, 1, 0, 1, )
-ST_ENTRY(0, 1, 2, 2, _w256)
+ST_ENTRY(0, 1, 0, 1, , 0)
+ST_ENTRY(0, 1, 2, 2, _w256, 0)
 
 // ---- the swapped kernel: whole-K weight tiles, no K split (fast mode, dense, M <= 64) ---------
 // y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNk32 e4m3
@@ -968,11 +1072,6 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 		static_assert(NT == 144, "no wgmma of this width");
 		wg_n144(d, da, db, accumulate);
 	}
-}
-
-__device__ __forceinline__ void sts32f(uint32_t addr, float v)
-{
-	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
 #define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3

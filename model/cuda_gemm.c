@@ -258,6 +258,16 @@ void cuda_gemm_set_stream_dyn(int on) { stream_dyn = on; }
 
 static int dyn_on(void) { return env_default_off(&stream_dyn, "DSV32_GEMM_WG_DYN"); }
 
+/* The K chunks summed in the kernel by an epilogue warp, the last chunk of a tile to finish
+ * summing it (k_gemm_fp8_stream_m1_r1_wl: wgmma consumers, dense, 128-row units, <= 8 rows; no
+ * second launch; the same bits): 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_LAST=1; default
+ * off until measured). */
+static int stream_last = -1;
+
+void cuda_gemm_set_stream_last(int on) { stream_last = on; }
+
+static int last_on(void) { return env_default_off(&stream_last, "DSV32_GEMM_WG_LAST"); }
+
 /* The chunk sum's two items a thread (k_gemm_stream_reduce2: both items' loads in flight
  * together; the same sums): 1 on, 0 off, -1 the environment (DSV32_GEMM_REDUCE2=1; default off
  * until measured). */
@@ -439,6 +449,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	if (copy_only || wi)
 		rt = 1;
 	const char *name = names[tw == 4 ? 4 : tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
+	/* the chunks summed by the kernel's epilogue warp (a tenth warp) */
+	const int ep = wi == 2 && tw == 1 && !w_tab && !copy_only && rows <= 8 && sp.chunks > 1 &&
+		       ek == EPI_NONE && (stream_fused < 0 || stream_fused == 0) &&
+		       (N + 127) / 128 <= 4096 && last_on();
+	if (ep)
+		name = "k_gemm_fp8_stream_m1_r1_wl";
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
@@ -457,6 +473,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	const int sxt = wi == 2 && !w_tab && !copy_only && mpad >= 16 && (K / 128) % 4 == 0 &&
 			!(sx & 15) && sx_tma();
 	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
+	head += ep ? 128 + 2 * 8 * 128 * 4 : 0; /* the epilogue warp's two sums buffers */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
@@ -513,6 +530,13 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
+	if (ep) {
+		static int next_last; /* ST_LAST with a count set of its own (ST_LAST_SET), in turn */
+		pthread_mutex_lock(&gemm_lock);
+		flags |= 16 | next_last << 20;
+		next_last = (next_last + 1) % 16;
+		pthread_mutex_unlock(&gemm_lock);
+	}
 	if (tw >= 2 && !fused && dyn_on()) {
 		static int next_set; /* ST_DYN with a counter set of its own (ST_DYN_SLOT), in turn */
 		pthread_mutex_lock(&gemm_lock);
@@ -523,8 +547,8 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
 			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
 			&flags};
-	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
-	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
+	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1 + ep) * 32, (unsigned)smem, args);
+	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2 || ep)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	if (ek != EPI_NONE)

@@ -95,6 +95,11 @@ void cuda_gemm_set_stream_dyn(int on);
  * flight together (k_gemm_stream_reduce2; the same sums), 0 = one, -1 = the environment
  * (DSV32_GEMM_REDUCE2=1; default 0). Process-wide. */
 void cuda_gemm_set_stream_reduce2(int on);
+/* The streaming kernel's wgmma consumers (dense, 128-row units, <= 8 rows, K chunked): 1 = the
+ * chunks summed in the kernel by a tenth warp, the last chunk of a tile to finish summing it (no
+ * second launch; the same bits), 0 = by the second launch, -1 = the environment
+ * (DSV32_GEMM_WG_LAST=1; default 0). Process-wide. */
+void cuda_gemm_set_stream_last(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

@@ -171,7 +171,8 @@ static void run_sx_pair(struct gpu *g, struct lt_case *c, const char *label, uin
  * 19: a stage from K block 19, whose scales' box starts at 16));
  * the K chunks summed by the second launch, by the kernel, and one chunk; each with the tokens'
  * scales by 4-byte copies and by bulk tensor copies (cuda_gemm_set_stream_sx_tma, from 9 rows:
- * the same values, so the same bits). */
+ * the same values, so the same bits); <= 8 rows also the chunks summed by the kernel's epilogue
+ * warp (cuda_gemm_set_stream_last), bit for bit the second launch. */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -196,6 +197,20 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		for (int d = 0; d < 3; d++) {
 			cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
 			run_sx_pair(&g, &c, labels[d], ref);
+			if (d || c.M > 8)
+				continue;
+			/* <= 8 rows: the chunks summed by the epilogue warp, three times (21 GEMMs:
+			 * its 16 count sets reused, so reset), bit for bit the second launch's */
+			cuda_gemm_set_stream_diag(-1, 0);
+			cuda_gemm_set_stream_last(1);
+			for (int k = 0; k < 3; k++) {
+				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, epilogue warp"), 0);
+				char w2[192];
+				snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: epilogue warp against "
+					 "the second launch", c.M, c.N, c.K);
+				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
+			}
+			cuda_gemm_set_stream_last(-1);
 		}
 		cuda_gemm_set_stream_diag(-1, 0);
 		free(ref);
