@@ -1124,7 +1124,7 @@ template <int NN>
 __device__ __forceinline__ void tw_chain_pre(float *acc, float *frag, uint64_t da, uint64_t db,
 					     uint32_t pq)
 {
-	constexpr int NP = NN >= 144 ? 8 : NN / 4 < 16 ? NN / 4 : 16; // (NN = 144: the registers)
+	constexpr int NP = NN >= 144 ? 8 : NN >= 128 ? 24 : NN / 4; // (the registers: no spill)
 #pragma unroll
 	for (int i = 0; i < NN / 2; i++)
 		wg_reg_fence(frag[i]);
