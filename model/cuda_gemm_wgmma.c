@@ -302,7 +302,7 @@ static int tw_cache = -1;
 
 int cuda_gemm_wgmma_tw(void)
 {
-	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1) != 0;
+	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1);
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

@@ -90,7 +90,8 @@ int cuda_gemm_fp8_tw_grouped_form(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 				  int K, int ldy, int pre);
 /* Whether the MoE block runs its gate|up GEMM at prefill sizes on the token-wide form (unfused:
  * bf16 gate|up, then k_moe_swiglu_quant) rather than the fused SwiGLU form: on by default;
- * DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off. */
+ * DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off; 2 also puts the down GEMM on it
+ * at any size (the value is returned). */
 int cuda_gemm_wgmma_tw(void);
 #endif
 

@@ -144,7 +144,7 @@ static int use_wgmma(const struct moe_dims *d)
  * k_moe_swiglu_quant after it; cuda_gemm_wgmma_tw), and the down GEMM too: while the groups
  * average under 128 rows (runs 38-39, bench moe: 1,141-1,189 us against 1,301-1,318 at 2048
  * tokens, ~72 rows a group; 986-1,139 against 1,150-1,165 at 512; at 4096, ~143, 1,686-1,906
- * against 1,628-1,808: the tile form). */
+ * against 1,628-1,808: the tile form). DSV32_CUDA_WGMMA_TW=2: the down GEMM on it at any size. */
 static int use_tw(const struct moe_dims *d)
 {
 	return use_wgmma(d) && !d->unfused && (2 * d->I) % 256 == 0 && cuda_gemm_wgmma_tw();
@@ -171,7 +171,8 @@ static int use_shared_dense(const struct moe_dims *d)
 
 static int use_tw_down(const struct moe_dims *d)
 {
-	return use_tw(d) && d->D % 256 == 0 && d->RT < 128LL * (d->E + 1);
+	return use_tw(d) && d->D % 256 == 0 &&
+	       (d->RT < 128LL * (d->E + 1) || cuda_gemm_wgmma_tw() == 2);
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming
