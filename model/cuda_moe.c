@@ -180,16 +180,14 @@ static int use_tw_down(const struct moe_dims *d)
  * scratch lets the forward's passes hold more rows). */
 static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 {
+	size_t a = 0, b = 0;
 	if (use_shared_dense(d)) { /* the shared expert's dense GEMMs (cuBLASLt's scales, ...) */
-		size_t a = cuda_gemm_fp8_workspace(g, d->T, 2 * d->I, d->D),
-		       b = cuda_gemm_fp8_workspace(g, d->T, d->D, d->I);
-		size_t m = a > b ? a : b;
-		return m > 256 ? m : 256;
+		a = cuda_gemm_fp8_workspace(g, d->T, 2 * d->I, d->D);
+		b = cuda_gemm_fp8_workspace(g, d->T, d->D, d->I);
+	} else if (!use_wgmma(d)) {
+		a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D);
+		b = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, d->D, d->I);
 	}
-	if (use_wgmma(d))
-		return 256;
-	size_t a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D),
-	       b = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, d->D, d->I);
 	size_t m = a > b ? a : b;
 	return m > 256 ? m : 256;
 }
@@ -366,8 +364,8 @@ static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int r
 {
 	long long n = (long long)rows * (I / 128);
 	void *args[] = {&gu, &h8, &hs, &I, &n};
-	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 15) / 16), 1, 1, 256,
-			  1, 1, 0, args);
+	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 15) / 16), 1, 1,
+			  256, 1, 1, 0, args);
 }
 
 /* A copy of n bytes of an intermediate into a trace buffer (when the trace asks for it). */
