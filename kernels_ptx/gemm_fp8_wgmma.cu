@@ -983,21 +983,22 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // zeros past x8) and computed but never stored.
 // Warps: warpgroup 0 = the producer thread (TMA: the weight tile as two boxes of 128 rows from
 // the group's map g_group_maps[e] (k_wgmma_group_maps), the chunk's rows as NN / 16 boxes of 16
-// rows) and three scale warps (the chunk's sx of the K block and the two weight-scale blocks into
-// the stage's scale slot), all arriving on the stage's "full" barrier; warpgroups 1 and 2 the
-// consumers: warpgroup cw takes weight rows [64 cw, 64 cw + 64) of each box (two m64 chains),
-// per K block: 4 x wgmma m64nNNk32 into a fresh fragment, wait, promote with sx[r, kb] · S
-// (the CPU's order: the scale product first, then one fma), the second box the same; release.
+// rows) and three scale warps (the products sx[r, kb] · S of the chunk's rows and the two
+// weight-scale blocks, laid out per consumer thread group, into the stage's scale slot), all
+// arriving on the stage's "full" barrier; warpgroups 1 and 2 the consumers: warpgroup cw takes
+// weight rows [64 cw, 64 cw + 64) of each box (two m64 chains), per K block: 4 x wgmma
+// m64nNNk32 into a fresh fragment, wait, promote with the products (the CPU's order: the scale
+// product first, then one fma), the second box the same; release.
 // Registers: two accumulators + one fragment of NN / 2 each (TW_N = 144: 216).
 #define TW_N 144          // token rows an item at most (a multiple of 16)
 #define TW_STAGES 4
 #define TW_W_BYTES 32768  // 256 weight rows x 128 K bytes
 #define TW_X_BYTES (TW_N * 128)
-// a stage's scales: TW_N token scales + 2 weight scales (592 bytes), or in the PRE form their
-// products laid out per consumer thread (tw_pre_at)
+// a stage's scales: the products sx[token] · sw of both boxes laid out per consumer thread
+// group (tw_pre_at)
 #define TW_SC_BYTES 1280
-#define TW_PQ (TW_N / 4 + 4) // PRE: floats a thread group q (its 2 x TW_N / 8, + 4: banks)
-#define TW_PB (4 * TW_PQ)    // PRE: floats a box
+#define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
+#define TW_PB (4 * TW_PQ)    // floats a box
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
 // wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
@@ -1077,51 +1078,21 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 #define TW_FULL(s) (bars + (uint32_t)(s) * 8)
 #define TW_EMPTY(s) (bars + (uint32_t)(TW_STAGES + (s)) * 8)
 
-// One chain of a consumer warpgroup: frag = A[64 x 128] . B[NN x 128]^T over the stage's K
-// block (4 k32 steps), then acc += frag · (sx[token] · sw) (thread: columns 8j + 2q, + 1).
-template <int NN>
-__device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, uint64_t db,
-					 uint32_t sc_s, float sw, int q)
-{
-#pragma unroll
-	for (int i = 0; i < NN / 2; i++)
-		wg_reg_fence(frag[i]);
-	wg_fence();
-#pragma unroll
-	for (int k = 0; k < 4; k++)
-		tw_mma<NN>(frag, da + 2 * k, db + 2 * k, k > 0);
-	wg_commit();
-	wg_wait0();
-#pragma unroll
-	for (int i = 0; i < NN / 2; i++)
-		wg_reg_fence(frag[i]);
-#pragma unroll
-	for (int j = 0; j < NN / 8; j++) {
-		float x0, x1;
-		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-			     : "=f"(x0), "=f"(x1)
-			     : "r"(sc_s + 4 * (8 * j + 2 * q))
-			     : "memory");
-		const float s0 = x0 * sw, s1 = x1 * sw;
-		acc[4 * j + 0] = fmaf(frag[4 * j + 0], s0, acc[4 * j + 0]);
-		acc[4 * j + 1] = fmaf(frag[4 * j + 1], s1, acc[4 * j + 1]);
-		acc[4 * j + 2] = fmaf(frag[4 * j + 2], s0, acc[4 * j + 2]);
-		acc[4 * j + 3] = fmaf(frag[4 * j + 3], s1, acc[4 * j + 3]);
-	}
-}
-
-// The PRE form's index of token t's scale product of box b in a stage's scale slot: thread
-// group q = (t % 8) / 2 reads its 2 x NN / 8 products (tokens 8j + 2q, + 1) contiguously.
+// The index of token t's scale product of box b in a stage's scale slot: thread group
+// q = (t % 8) / 2 reads its 2 x NN / 8 products (tokens 8j + 2q, + 1) contiguously.
 __device__ __forceinline__ int tw_pre_at(int b, int t)
 {
 	return b * TW_PB + ((t & 7) >> 1) * TW_PQ + 2 * (t >> 3) + (t & 1);
 }
 
-// tw_chain with the products sx[token] · sw precomputed (the PRE form; the same bits): pq =
-// this thread's products of the box; the first NP of them loaded while the MMAs run (the
-// promotion then waits on no load), the rest after the wait.
+// One chain of a consumer warpgroup: frag = A[64 x 128] . B[NN x 128]^T over the stage's K
+// block (4 k32 steps), then acc += frag · p (thread: columns 8j + 2q, + 1), p the products
+// sx[token] · sw (the CPU's order: the scale product first, then one fma) the scale warps
+// stored; pq = this thread's products of the box: the first NP of them loaded while the MMAs
+// run, the rest after the wait. (Session 9: with the scales loaded and multiplied after the
+// wait, the consumers' promotion stalled on the loads; bench moe at 4096 tokens ~2% slower.)
 template <int NN>
-__device__ __forceinline__ void tw_chain_pre(float *acc, float *frag, uint64_t da, uint64_t db,
+__device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, uint64_t db,
 					     uint32_t pq)
 {
 	constexpr int NP = NN >= 144 ? 8 : NN >= 128 ? 24 : NN / 4; // (the registers: no spill)
@@ -1160,7 +1131,7 @@ __device__ __forceinline__ void tw_chain_pre(float *acc, float *frag, uint64_t d
 }
 
 // The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
-template <int NN, bool PRE>
+template <int NN>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
 						uint32_t x_smem, uint32_t scl, uint32_t bars,
 						int &s, uint32_t &ph, uint16_t *y, int ldy)
@@ -1178,15 +1149,9 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
 		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
 		const uint64_t da1 = da + ((uint64_t)(TW_W_BYTES / 2) >> 4);
-		if constexpr (PRE) {
-			const uint32_t pq = sc_s + 4 * q * TW_PQ;
-			tw_chain_pre<NN>(acc0, frag, da, db, pq);
-			tw_chain_pre<NN>(acc1, frag, da1, db, pq + 4 * TW_PB);
-		} else {
-			const float sw0 = lds_f32(sc_s + 4 * TW_N), sw1 = lds_f32(sc_s + 4 * TW_N + 4);
-			tw_chain<NN>(acc0, frag, da, db, sc_s, sw0, q);
-			tw_chain<NN>(acc1, frag, da1, db, sc_s, sw1, q);
-		}
+		const uint32_t pq = sc_s + 4 * q * TW_PQ;
+		tw_chain<NN>(acc0, frag, da, db, pq);
+		tw_chain<NN>(acc1, frag, da1, db, pq + 4 * TW_PB);
 		if (lane == 0)
 			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
 		if (++s == TW_STAGES)
@@ -1211,13 +1176,10 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 	}
 }
 
-// The kernel's body; PRE: the scale warps store the products sx · sw for the consumers
-// (k_gemm_fp8_tw_grouped_pre), else the scales (k_gemm_fp8_tw_grouped).
-template <bool PRE>
-__device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restrict__ sx,
-					   const unsigned long long *__restrict__ s_tab,
-					   const int *__restrict__ off, int G, uint16_t *__restrict__ y,
-					   int max_rows, int N, int K, int ldy)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
@@ -1281,9 +1243,7 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						const int r = min(it.row0 + L + 96 * i, max_rows - 1);
 						v[i] = L + 96 * i < TW_N ? __ldg(sx + (size_t)r * KB + kb) : 0.f;
 					}
-					float a = 0.f, b = 0.f;
-					if (PRE || L == 0)
-						a = __ldg(w0 + kb), b = __ldg(w0 + KB + kb);
+					const float a = __ldg(w0 + kb), b = __ldg(w0 + KB + kb);
 					mbar_wait<false>(TW_EMPTY(s), ph ^ 1);
 					const uint32_t dst = scl + s * TW_SC_BYTES;
 #pragma unroll
@@ -1291,28 +1251,16 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						const int t = L + 96 * i;
 						if (t >= TW_N)
 							continue;
-						if constexpr (PRE) { // the CPU's product, as tw_chain forms it
-							const float pa = v[i] * a, pb = v[i] * b;
-							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
-									     dst + 4 * tw_pre_at(0, t)),
-								     "f"(pa)
-								     : "memory");
-							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
-									     dst + 4 * tw_pre_at(1, t)),
-								     "f"(pb)
-								     : "memory");
-						} else {
-							asm volatile("st.shared.f32 [%0], %1;" ::"r"(
-									     dst + 4 * t),
-								     "f"(v[i])
-								     : "memory");
-						}
-					}
-					if (!PRE && L == 0)
-						asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(
-								     dst + 4 * TW_N),
-							     "f"(a), "f"(b)
+						const float pa = v[i] * a, pb = v[i] * b; // the CPU's products
+						asm volatile("st.shared.f32 [%0], %1;" ::"r"(
+								     dst + 4 * tw_pre_at(0, t)),
+							     "f"(pa)
 							     : "memory");
+						asm volatile("st.shared.f32 [%0], %1;" ::"r"(
+								     dst + 4 * tw_pre_at(1, t)),
+							     "f"(pb)
+							     : "memory");
+					}
 					mbar_arrive(TW_FULL(s));
 					if (++s == TW_STAGES)
 						s = 0, ph ^= 1;
@@ -1325,30 +1273,16 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 		uint32_t ph = 0;
 		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
-			case 1: tw_consume_item<16, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 2: tw_consume_item<32, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 3: tw_consume_item<48, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 4: tw_consume_item<64, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 5: tw_consume_item<80, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 6: tw_consume_item<96, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 7: tw_consume_item<112, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 8: tw_consume_item<128, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			default: tw_consume_item<144, PRE>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
 			}
 		}
 	}
-}
-
-#define TW_PARAMS                                                                                  \
-	const __grid_constant__ tmap mX, const float *__restrict__ sx,                             \
-		const unsigned long long *__restrict__ s_tab, const int *__restrict__ off, int G,  \
-		uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_tw_grouped(TW_PARAMS)
-{
-	tw_grouped<false>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) k_gemm_fp8_tw_grouped_pre(TW_PARAMS)
-{
-	tw_grouped<true>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy);
 }

@@ -259,18 +259,8 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
  * 1280 bytes of scales, 8 barriers, 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
 #define TW_SMEM (4 * (256 * 128 + 144 * 128 + 1280) + 8 * 8 + 1024)
 
-static int tw_pre_cache = -1;
-
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
-{
-	return cuda_gemm_fp8_tw_grouped_form(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K,
-					     ldy, env_once(&tw_pre_cache, "DSV32_CUDA_TW_PRE", 0));
-}
-
-int cuda_gemm_fp8_tw_grouped_form(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
-				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
-				  int K, int ldy, int pre)
 {
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
@@ -287,8 +277,7 @@ int cuda_gemm_fp8_tw_grouped_form(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 	if ((r = group_maps(g, &tmpl, w_tab, off, G)))
 		return r;
 	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
-	return launch(g, pre ? "k_gemm_fp8_tw_grouped_pre" : "k_gemm_fp8_tw_grouped",
-		      (unsigned)g->sm_count, TW_SMEM, args);
+	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 
 /* The MoE block's gate|up GEMM on the token-wide form (see cuda_gemm_wgmma.h). Measured (bench
@@ -302,7 +291,7 @@ static int tw_cache = -1;
 
 int cuda_gemm_wgmma_tw(void)
 {
-	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1);
+	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1) != 0;
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

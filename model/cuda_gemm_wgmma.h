@@ -81,17 +81,9 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
  * a group's token rows an item; the same outputs as the forms above): N % 256 == 0. */
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
-/* The same in a chosen form: pre = 1 the scale warps store the products sx · sw laid out per
- * consumer thread, which loads some of them while its MMAs run (k_gemm_fp8_tw_grouped_pre; the
- * same bits), 0 the scales (k_gemm_fp8_tw_grouped). The entry above takes DSV32_CUDA_TW_PRE
- * (default 0), read at the first call. */
-int cuda_gemm_fp8_tw_grouped_form(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
-				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
-				  int K, int ldy, int pre);
 /* Whether the MoE block runs its gate|up GEMM at prefill sizes on the token-wide form (unfused:
  * bf16 gate|up, then k_moe_swiglu_quant) rather than the fused SwiGLU form: on by default;
- * DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off; 2 also puts the down GEMM on it
- * at any size (the value is returned). */
+ * DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off. */
 int cuda_gemm_wgmma_tw(void);
 #endif
 

@@ -141,10 +141,11 @@ static int use_wgmma(const struct moe_dims *d)
 }
 
 /* Whether the prefill-size gate|up GEMM runs on the token-wide grouped form (then unfused:
- * k_moe_swiglu_quant after it; cuda_gemm_wgmma_tw), and the down GEMM too: while the groups
- * average under 128 rows (runs 38-39, bench moe: 1,141-1,189 us against 1,301-1,318 at 2048
- * tokens, ~72 rows a group; 986-1,139 against 1,150-1,165 at 512; at 4096, ~143, 1,686-1,906
- * against 1,628-1,808: the tile form). DSV32_CUDA_WGMMA_TW=2: the down GEMM on it at any size. */
+ * k_moe_swiglu_quant after it; cuda_gemm_wgmma_tw), and the down GEMM too (runs 38-39 of
+ * session 8, bench moe: 1,141-1,189 us against the tile form's 1,301-1,318 at 2048 tokens,
+ * 986-1,139 against 1,150-1,165 at 512; at 4096 it was the tile form's equal until the
+ * products' form: run 37 (session 9), graph-replayed block 5,114 / 5,111 us with the down GEMM
+ * token-wide against 5,211 / 5,248 on tiles, w2 1,796 / 1,788 against 1,849 / 1,838). */
 static int use_tw(const struct moe_dims *d)
 {
 	return use_wgmma(d) && !d->unfused && (2 * d->I) % 256 == 0 && cuda_gemm_wgmma_tw();
@@ -171,8 +172,7 @@ static int use_shared_dense(const struct moe_dims *d)
 
 static int use_tw_down(const struct moe_dims *d)
 {
-	return use_tw(d) && d->D % 256 == 0 &&
-	       (d->RT < 128LL * (d->E + 1) || cuda_gemm_wgmma_tw() == 2);
+	return use_tw(d) && d->D % 256 == 0;
 }
 
 /* Workspace of the grouped GEMMs (one buffer, used by one GEMM at a time): the streaming

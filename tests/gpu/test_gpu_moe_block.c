@@ -578,10 +578,10 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 	 * routing: hidden 256, inter 128, 16 experts, 4 groups, keep 2, top-4 */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6),
 				  b = moe_config(256, 128, 16, 4, 2, 4);
-	/* (a at T = 300 / 512 / 700: 1800 / 3072 / 4200 routed rows on 32 groups, the token-wide
-	 * grouped GEMMs (gate|up, then k_moe_swiglu_quant; down while under 128 rows a group) and
-	 * the shared expert's on the dense dispatch; at 1100 the down GEMM on the tile form; at 700
-	 * and 1100 the many-block permutation, at 1100 the 64-token router tiles) */
+	/* (a at T = 300 / 512 / 700 / 1100: 1800 / 3072 / 4200 / 6600 routed rows on 32 groups,
+	 * the token-wide grouped GEMMs (gate|up, then k_moe_swiglu_quant; down) and the shared
+	 * expert's on the dense dispatch; at 700 and 1100 the many-block permutation, at 1100 the
+	 * 64-token router tiles) */
 	const struct dsv32_config configs[] = {a, a, a, a, a, b, b, a, a};
 	static const int Ts[] = {1, 5, 64, 300, 512, 1, 37, 700, 1100},
 			 sets[] = {32, 32, 32, 32, 32, 16, 16, 32, 32};
@@ -591,8 +591,7 @@ TEST_T(gpu_moe_block, small_configs_match_cpu, 120)
 TEST_T(gpu_moe_block, shared_as_group_match_cpu, 90)
 {
 	/* the shared expert as group E of the grouped GEMMs (cuda_moe_set_shared_dense(0); by
-	 * default its GEMMs run on the dense dispatch above 64 tokens) at T = 300 and 1100 (the
-	 * down GEMM then on the tile form) */
+	 * default its GEMMs run on the dense dispatch above 64 tokens) at T = 300 and 1100 */
 	const struct dsv32_config a = moe_config(512, 512, 32, 4, 2, 6);
 	const struct dsv32_config configs[] = {a, a};
 	static const int Ts[] = {300, 1100}, sets[] = {32, 32};

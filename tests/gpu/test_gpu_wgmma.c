@@ -527,25 +527,23 @@ static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
 			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
-/* v = TW: the token-wide form, TWP its PRE form (cuda_gemm_fp8_tw_grouped_form; N % 256 == 0) */
-enum { TWP = -3, TW = -2 };
+/* v = TW: the token-wide form, cuda_gemm_fp8_tw_grouped (N % 256 == 0) */
+enum { TW = -2 };
 
 /* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
 static int grp_usable(const struct grp_case *c, int v)
 {
-	if (v == TW || v == TWP)
+	if (v == TW)
 		return c->N % 256 == 0;
 	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
 }
 
-/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped; v = TW / TWP: the token-wide
- * form) */
+/* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped; v = TW: the token-wide form) */
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
 {
-	if (v == TW || v == TWP)
-		return cuda_gemm_fp8_tw_grouped_form(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
-						     c->dsx, c->dy, c->rows, c->N, c->K, c->N,
-						     v == TWP);
+	if (v == TW)
+		return cuda_gemm_fp8_tw_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
+						c->dy, c->rows, c->N, c->K, c->N);
 	if (v < 0)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
 						   c->dsx, c->dy, c->rows, c->N, c->K, c->N);
@@ -581,8 +579,7 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 		char what[112];
 		snprintf(what, sizeof what,
 			 "grouped %s%d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d",
-			 v == TW ? "token-wide " : v == TWP ? "token-wide PRE " : "",
-			 v < 0 ? 0 : gvars[v][0],
+			 v == TW ? "token-wide " : "", v < 0 ? 0 : gvars[v][0],
 			 v < 0 ? 0 : gvars[v][1], v < 0 ? 0 : gvars[v][2],
 			 c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
 		bad += check_rows(g, pool, &gc, rows, n, what);
@@ -606,11 +603,11 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	for (int v = TWP; v < N_GVAR; v++)
+	for (int v = TW; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	for (int v = TWP; v < N_GVAR; v++)
+	for (int v = TW; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	/* the token-wide form's chunks: 600 rows in 5 chunks of 120, 145 in 2 (80 + 65), 144 in
@@ -621,25 +618,21 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	const size_t ybytes = (size_t)c.rows * c.N * 2;
 	uint16_t *ya = malloc(ybytes), *yb = malloc(ybytes);
 	REQUIRE(ya && yb && gpu_download(&g, ya, c.dy, ybytes) == 0);
-	/* and bit for bit the tile form's outputs (the same products and K-block order), both
-	 * token-wide forms */
-	for (int v = TWP; v <= TW; v++) {
-		grp_check(&g, pool, &c, v, 64);
-		REQUIRE(gpu_download(&g, yb, c.dy, ybytes) == 0);
-		long long ndiff = 0;
-		for (size_t i = 0; i < ybytes / 2; i++)
-			ndiff += ya[i] != yb[i];
-		printf("    token-wide%s vs the 128-token tile form: %lld of %zu outputs differ\n",
-		       v == TWP ? " PRE" : "", ndiff, ybytes / 2);
-		CHECK_EQ_INT(ndiff, 0);
-	}
+	grp_check(&g, pool, &c, TW, 64);
+	REQUIRE(gpu_download(&g, yb, c.dy, ybytes) == 0);
+	/* and bit for bit the tile form's outputs (the same products and K-block order) */
+	long long ndiff = 0;
+	for (size_t i = 0; i < ybytes / 2; i++)
+		ndiff += ya[i] != yb[i];
+	printf("    token-wide vs the 128-token tile form: %lld of %zu outputs differ\n", ndiff,
+	       ybytes / 2);
+	CHECK_EQ_INT(ndiff, 0);
 	free(ya), free(yb);
 	grp_free(&c);
 	/* the token-wide form at K = 128 and 256 (one and two K blocks an item) */
 	for (int k = 128; k <= 256; k += 128) {
 		grp_init(&g, &c, 7, c4, 256, k, 1305 + k, WIDE);
 		grp_check(&g, pool, &c, TW, 64);
-		grp_check(&g, pool, &c, TWP, 64);
 		grp_free(&c);
 	}
 	/* all groups empty: nothing to do, no error */
