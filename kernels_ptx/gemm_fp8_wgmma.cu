@@ -153,20 +153,9 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
 #define WG_R96 WG_R64 ", " \
 	"%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
 	"%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define WG_D8(i)                                                                                 \
-	"+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),   \
-		"+f"(d[i + 6]), "+f"(d[i + 7])
 #define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
 #define WG_D96 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88)
-// d (+)= A[64x32] . B[Nx32]^T, both e4m3 K-major in 128B-swizzled smem (descriptors da, db);
-// accumulate = 0 overwrites d (the fragment starts at zero), 1 adds. ia, ib, ic: the operand
-// numbers of da, db, accumulate (after the fragment's).
-#define WGMMA_E4M3(n, regs, ia, ib, ic, ...)                                                  \
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ic ", 0;\n"                       \
-		     "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia   \
-		     ", %" #ib ", p, 1, 1;\n}\n"                                                  \
-		     : __VA_ARGS__                                                             \
-		     : "l"(da), "l"(db), "r"(accumulate))
+// (WG_D8, WGMMA_E4M3: wgmma.cuh)
 
 __device__ __forceinline__ void wgmma_m64n128k32(float *d, uint64_t da, uint64_t db, int accumulate)
 {

@@ -32,6 +32,21 @@ __device__ __forceinline__ uint64_t wgd_mnmajor(uint32_t addr, uint32_t lbo, uin
 	return d;
 }
 
+// wgmma m64nNk32 e4m3 with f32 accumulators d[] (a function's float *d): d (+)= A[64x32] .
+// B[Nx32]^T, both K-major in 128B-swizzled smem (descriptors da, db, in scope); accumulate = 0
+// overwrites d (the fragment starts at zero), 1 adds. regs: the fragment's operand list "%0, ..",
+// ia, ib, ic: the operand numbers of da, db, accumulate (after the fragment's); the rest: the
+// fragment's constraints (WG_D8 each 8 registers).
+#define WG_D8(i)                                                                                 \
+	"+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),   \
+		"+f"(d[i + 6]), "+f"(d[i + 7])
+#define WGMMA_E4M3(n, regs, ia, ib, ic, ...)                                                  \
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ic ", 0;\n"                       \
+		     "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia   \
+		     ", %" #ib ", p, 1, 1;\n}\n"                                                  \
+		     : __VA_ARGS__                                                             \
+		     : "l"(da), "l"(db), "r"(accumulate))
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

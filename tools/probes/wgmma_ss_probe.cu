@@ -23,33 +23,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 #define R32 R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
-#define D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MMA(n, regs, ia, ib, ic, ...)                                                              \
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ic ", 0;\n"                             \
-		     "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs "}, %" #ia \
-		     ", %" #ib ", p, 1, 1;\n}\n"                                                   \
-		     : __VA_ARGS__                                                                 \
-		     : "l"(da), "l"(db), "r"(acc))
-
-#define R24 R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
-#define R36 R32 ", %32, %33, %34, %35"
 #define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 template <int NN>
-__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int acc)
+__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int accumulate)
 {
-	if constexpr (NN == 48)
-		MMA(48, R24, 24, 25, 26, D8(0), D8(8), D8(16));
-	else if constexpr (NN == 64)
-		MMA(64, R32, 32, 33, 34, D8(0), D8(8), D8(16), D8(24));
-	else if constexpr (NN == 72)
-		MMA(72, R36, 36, 37, 38, D8(0), D8(8), D8(16), D8(24), D4(32));
-	else if constexpr (NN == 96)
-		MMA(96, R48, 48, 49, 50, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40));
+	if constexpr (NN == 96)
+		WGMMA_E4M3(96, R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40));
 	else if constexpr (NN == 128)
-		MMA(128, R64, 64, 65, 66, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56));
+		WGMMA_E4M3(128, R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56));
 	else
-		MMA(144, R72, 72, 73, 74, D8(0), D8(8), D8(16), D8(24), D8(32), D8(40), D8(48), D8(56), D8(64));
+		WGMMA_E4M3(144, R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64));
 }
 
 // MODE 0: per K block two chains, each 4 MMAs into a fresh fragment, wait, promote (the
