@@ -70,28 +70,6 @@
 // instead of a 4-byte cp.async each (run 34, 7168x16384: +5 / +9 / +14% at M = 16 / 32 / 64,
 // -1 / -3% at M = 1 / 8: the host takes it from 9 rows)
 #define ST_SX_TMA 4
-// ST_DYN (dense, TW >= 2, chunks summed by the second launch): a block's first unit is blockIdx.x, each
-// next one a ticket of the counter st_dyn[ST_DYN_SLOT(flags)] (drawn a unit ahead by the
-// producer, which tags each stage with its unit for the consumers), so blocks that stream faster
-// take more units; every unit's partial goes where the static order puts it, so the same bits.
-// The block that ends the handing-out last resets the counter (16 sets, taken in turn by the
-// host: a later GEMM never shares one with an unfinished one).
-#define ST_DYN 8
-#define ST_DYN_SLOT(f) (((f) >> 8) & 15)
-#define ST_DYN_SLOTS 16
-__device__ unsigned st_dyn[ST_DYN_SLOTS][2]; // tickets drawn, blocks done drawing
-// EP = 1 (k_gemm_fp8_stream_m1_r1_wl: wgmma consumers, dense, <= 8 rows, K chunked; the host's
-// DSV32_GEMM_WG_LAST=1): the K chunks summed in the kernel by a tenth warp, no second launch.
-// At a unit's end the consumers hand their fp32 sums to it through one of two shared buffers
-// (they wait only when both are still held) and go on; it stores them as the chunk's partial,
-// counts the chunk done (fence, relaxed add on st_last[set][tile]) and, when its count was the
-// tile's last, sums the tile's chunks in chunk order (its own from shared memory): the loads and
-// adds of k_gemm_stream_reduce, so the same bits; then resets the count. No block waits for
-// another (the last to finish sums). 16 count sets taken in turn by the host (ST_LAST_SET).
-#define ST_LAST 16
-#define ST_LAST_SET(f) (((f) >> 20) & 15)
-#define ST_LAST_TILES 4096
-__device__ unsigned st_last[16][ST_LAST_TILES];
 
 // The grouped GEMM's weight maps, one per group with rows, written by k_stream_group_maps just
 // before the GEMM (module-global: one grouped GEMM at a time per GPU, the engine's one stream).
@@ -136,11 +114,6 @@ __device__ __forceinline__ float lds32f(uint32_t addr)
 	float r;
 	asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr));
 	return r;
-}
-
-__device__ __forceinline__ void sts32f(uint32_t addr, float v)
-{
-	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
 // An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
@@ -280,31 +253,26 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 }
 
 // The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
-// of each of the mg_n live token groups of each of the NC chains (64-row MMA tiles; chains 2b
-// and 2b + 1 in one 128-row scale block), times its promotion factors sp[c / 2][mg] (tokens 2t,
-// 2t + 1), to the running fp32 sums; register 4 (MGA c + mg) + q is acc[c][mg][q]'s element.
-template <int MGA, int NC>
-__device__ __forceinline__ void wg_promote(float (*acc)[MGA][4], float (&frag)[4 * MGA * NC],
-					   const float (*sp)[MGA][2], int mg_n)
+// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
+// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
+template <int MGA>
+__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
+					   const float (&s)[MGA][2], int mg_n)
 {
 	wg_commit();
 	wg_wait0();
 #pragma unroll
-	for (int i = 0; i < 4 * MGA * NC; i++)
+	for (int i = 0; i < 4 * MGA; i++)
 		wg_reg_fence(frag[i]);
 #pragma unroll
-	for (int c = 0; c < NC; c++)
-#pragma unroll
-		for (int mg = 0; mg < MGA; mg++) {
-			if (mg >= mg_n)
-				break;
-			const float(&s)[MGA][2] = sp[c >> 1]; // (chains 2b, 2b + 1: one 128-row block)
-			const int f = 4 * (MGA * c + mg);
-			acc[c][mg][0] += frag[f + 0] * s[mg][0];
-			acc[c][mg][1] += frag[f + 1] * s[mg][1];
-			acc[c][mg][2] += frag[f + 2] * s[mg][0];
-			acc[c][mg][3] += frag[f + 3] * s[mg][1];
-		}
+	for (int mg = 0; mg < MGA; mg++) {
+		if (mg >= mg_n)
+			break;
+		acc[mg][0] += frag[4 * mg + 0] * s[mg][0];
+		acc[mg][1] += frag[4 * mg + 1] * s[mg][1];
+		acc[mg][2] += frag[4 * mg + 2] * s[mg][0];
+		acc[mg][3] += frag[4 * mg + 3] * s[mg][1];
+	}
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -321,7 +289,7 @@ struct st_unit {
 };
 
 __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles, int chunks,
-					   int chunk_blocks, int KB, int tr)
+					   int chunk_blocks, int KB)
 {
 	st_unit w;
 	w.chunk = u % chunks;
@@ -330,7 +298,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 	const int tile = rest % tiles;
 	const st_slice s = sl[rest / tiles];
 	w.e = s.e, w.r0 = s.r0, w.ms = s.rows;
-	w.n0 = tile * tr;
+	w.n0 = tile * ST_TR;
 	w.kb0 = w.chunk * chunk_blocks;
 	w.kb1 = min(KB, w.kb0 + chunk_blocks);
 	return w;
@@ -349,16 +317,7 @@ __device__ __forceinline__ st_unit unit_of(const st_slice *sl, int u, int tiles,
 // ring (7 stages at any M): 0.85-0.97x of these at every M; not kept. Run 13 measured stages of
 // one K block, up to 13 of them, for the wgmma consumers: 10-20% slower than two a stage, dense
 // and grouped; not kept.)
-// TW = 2 (wgmma consumers, dense; the host's DSV32_GEMM_WG_TW=2, N % 256 == 0): a unit is 256
-// weight rows (two 128-row boxes a K block) against one token box, a stage one K block (the same
-// 32 KB of weights as two K blocks of 128 rows, half the token bytes a weight byte: at M = 64
-// 1.25x the weight bytes into the SM instead of 1.5x); consumer warpgroup c takes box c as two
-// m64 chains issued together (one wait for 8 wgmmas). TW = 4 (DSV32_GEMM_WG_TW=4, N % 512 == 0,
-// <= 16 rows: the fragments of 4 chains; at 32 rows ptxas spills in the 168 registers 9 warps
-// leave): 512 rows, warpgroup c boxes 2c and 2c + 1 as four
-// chains (one wait for 16 wgmmas), a stage 64 KB of weights. The chunks' partials are summed by
-// the second launch only (no fused sum: a warp's rows are TW 16-row pieces 64 apart).
-template <int MG, int RT, int WI, int TW, int EP>
+template <int MG, int RT, int WI>
 __device__ __forceinline__ void
 gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		const unsigned long long *__restrict__ w_tab,
@@ -367,30 +326,22 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		float *__restrict__ partial, int rows, int N, int K, int ldy, int chunks,
 		int chunk_blocks, int ns, int mpad, int slice_cap, int flags)
 {
-	static_assert(TW == 1 || ((TW == 2 || TW == 4) && WI == 2 && RT == 1), "wide units: wgmma");
-	static_assert(!EP || (WI == 2 && TW == 1 && RT == 1), "the epilogue warp: wgmma, 128 rows");
-	const bool fused = (flags & ST_FUSED) && TW == 1, no_sx = flags & ST_NO_SX;
-	constexpr int TR = ST_TR * TW, KBS = TW >= 2 ? 1 : ST_KBS, CW = 8 / RT;
+	const bool fused = flags & ST_FUSED, no_sx = flags & ST_NO_SX;
+	constexpr int TR = ST_TR, KBS = ST_KBS, CW = 8 / RT;
 	const bool sx_tma = WI == 2 && (flags & ST_SX_TMA) && !w_tab;
 	extern __shared__ __align__(1024) uint8_t smem[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
 	uint64_t *empty = full + ST_MAXSTAGES; // (the barriers: bytes 0 .. 127)
-	volatile int *tag = reinterpret_cast<int *>(smem + 128); // (ST_DYN) each stage's unit
-	// (EP, bytes 160 .. 191) the two sums buffers: handed over, free again
-	uint64_t *sfull = reinterpret_cast<uint64_t *>(smem + 160), *sfree = sfull + 2;
-	const bool dyn = TW >= 2 && (flags & ST_DYN) && !w_tab; // (the wide units' forms only)
-	unsigned *dctr = st_dyn[ST_DYN_SLOT(flags)];
 	st_slice *sl = reinterpret_cast<st_slice *>(smem + 256);
 	// after the slice_cap slices: their count and the slice scan's warp totals (the host
 	// leaves 3 more slices' room: 12 ints)
 	int *n_slices = reinterpret_cast<int *>(sl + slice_cap);
 	// the stages, 1024-byte aligned (the 128-byte swizzle's atom); the host adds the slack.
-	// Stage: the weight boxes of its K blocks (128 rows x 128 bytes each; TW of them a K block,
-	// box (j, h) at (j TW + h) ST_WBOX), then the tokens' (mpad rows x 128 bytes each).
+	// Stage: the weight boxes of its K blocks (128 rows x 128 bytes each), then the tokens'
+	// (mpad rows x 128 bytes each).
 	const uint32_t stage0 =
 		(smem_u32(smem) + 256 + (uint32_t)(slice_cap + 3) * sizeof(st_slice) + 1023) & ~1023u;
-	const int xbox = mpad * 128, stage_bytes = KBS * (TW * ST_WBOX + xbox);
-	constexpr int XOFF = KBS * TW * ST_WBOX; // the token boxes' offset in a stage
+	const int xbox = mpad * 128, stage_bytes = KBS * (ST_WBOX + xbox);
 	// after the stages: two buffers of fp16 token fragments (KBS K blocks x MG groups x 2 KB),
 	// used by alternate stages
 	const uint32_t fbuf = stage0 + (uint32_t)(ns * stage_bytes);
@@ -401,9 +352,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	// then (ST_SX_TMA) each stage's box of token scales, [mpad rows][8 K blocks] fp32, at
 	// sxt0 + stage mpad 32 (128-byte aligned: a bulk tensor copy's destination)
 	const uint32_t sxt0 = (scl0 + ST_MAXSTAGES * ST_SCL_BYTES + 127) & ~127u, sxb = mpad * 32;
-	// (EP) the two sums buffers, [8 tokens][128 rows] fp32 each, where the token scales' boxes
-	// would be (EP: <= 8 rows, no tensor copy of them)
-	const uint32_t sums0 = sxt0, sumb = 8 * ST_TR * 4;
 
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int KB = K >> 7;
@@ -470,10 +418,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
 			mbar_init(smem_u32(&empty[s]), CW);
 		}
-		for (int i = 0; i < 2 && EP; i++) {
-			mbar_init(smem_u32(&sfull[i]), CW); // the consumer warps
-			mbar_init(smem_u32(&sfree[i]), 1);  // the epilogue warp
-		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
@@ -481,62 +425,6 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 
 	const int tiles = (N + TR - 1) / TR;
 	const int units = *n_slices * tiles * chunks;
-
-	if (EP && warp == CW + 1) {
-		// ---- the epilogue warp (EP): each unit's sums, in the consumers' order ----
-		asm volatile("griddepcontrol.wait;" ::: "memory"); // y, partial: the last grid's
-		unsigned *cnt = st_last[ST_LAST_SET(flags)];
-		int j = 0;
-		for (int u = blockIdx.x; u < units; u += gridDim.x, j++) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
-			const int slot = j & 1, nr = min(TR, N - w.n0);
-			mbar_wait(smem_u32(&sfull[slot]), (j >> 1) & 1);
-			const uint32_t sb = sums0 + slot * sumb;
-			for (int i = lane; i < w.ms * nr; i += 32) {
-				const int m = i / nr, r = i - m * nr;
-				__stcg(partial + ((size_t)w.chunk * rows + w.r0 + m) * N + w.n0 + r,
-				       lds32f(sb + 4 * (m * ST_TR + r)));
-			}
-			fence_acq_rel_gpu(); // this chunk's partial before its count
-			__syncwarp();
-			unsigned old = 0;
-			if (lane == 0) {
-				fence_acq_rel_gpu(); // (the warp's stores, through __syncwarp)
-				old = atomicAdd(&cnt[w.st], 1u);
-			}
-			old = __shfl_sync(0xffffffffu, old, 0);
-			if (old == (unsigned)chunks - 1) {
-				// the tile's last: every other chunk's partial is stored; sum in chunk order
-				fence_acq_rel_gpu();
-				if (lane == 0)
-					cnt[w.st] = 0; // (the next GEMM with this set)
-				for (int i = lane; i < w.ms * nr; i += 32) {
-					const int m = i / nr, r = i - m * nr;
-					const size_t rr = (size_t)w.r0 + m;
-					const float *p = partial + rr * N + w.n0 + r;
-					const float own = lds32f(sb + 4 * (m * ST_TR + r));
-					float sum = 0.f;
-					for (int c0 = 0; c0 < chunks; c0 += 8) {
-						float v[8];
-#pragma unroll
-						for (int c = 0; c < 8; c++)
-							v[c] = c0 + c < chunks && c0 + c != w.chunk
-								       ? __ldcg(p + (size_t)(c0 + c) * rows * N)
-								       : own;
-#pragma unroll
-						for (int c = 0; c < 8; c++)
-							if (c0 + c < chunks)
-								sum = c0 + c == 0 ? v[c] : sum + v[c];
-					}
-					Y[rr * ldy + w.n0 + r] = f32_to_bf16(sum);
-				}
-			}
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&sfree[slot]));
-		}
-		return;
-	}
 
 	if (warp == CW) {
 		// ---- producer: stream the stages of this block's units, running ahead ----
@@ -553,24 +441,18 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// scales follow after the wait, below)
 		int pre = 0;
 		if (!w_tab) {
-			// (ST_DYN: the first unit's only; the next is not drawn yet)
-			for (int u = blockIdx.x; u < units && pre < ns; u += dyn ? units : gridDim.x) {
-				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
+			for (int u = blockIdx.x; u < units && pre < ns; u += gridDim.x) {
+				const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 				const int xbytes = xbox; // dense: one token box of mpad rows a K block
 				for (int kb = w.kb0; kb < w.kb1 && pre < ns; kb += KBS, pre++) {
 					const int nb = min(KBS, w.kb1 - kb);
 					if (lane == 0) {
 						const uint32_t bar = smem_u32(&full[pre]);
-						if (dyn)
-							tag[pre] = u; // (released by the arrival below)
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
 										   (sx_tma ? sxb : 0));
 						for (int j = 0; j < nb; j++)
-							for (int h = 0; h < TW; h++)
-								tma_load_2d_hint(stage0 + pre * stage_bytes +
-											 (j * TW + h) * ST_WBOX,
-										 wmap, bar, (kb + j) * 128,
-										 w.n0 + h * ST_TR, pol_w);
+							tma_load_2d_hint(stage0 + pre * stage_bytes + j * ST_WBOX, wmap,
+									 bar, (kb + j) * 128, w.n0, pol_w);
 					}
 				}
 			}
@@ -580,16 +462,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		// the grouped weight scales' address, loaded a unit ahead
 		unsigned long long sp_next = 0;
 		if (MG > 0 && blockIdx.x < units)
-			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB, TR).e]
+			sp_next = w_tab ? s_tab[unit_of(sl, blockIdx.x, tiles, chunks, chunk_blocks, KB).e]
 					: (unsigned long long)S;
-		int nxt = 0; // (ST_DYN, lane 0) the next unit, drawn a unit ahead
-		if (dyn && lane == 0)
-			nxt = (int)gridDim.x + (int)atomicAdd(&dctr[0], 1u);
-		for (int u = blockIdx.x; u < units;) {
-			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
+		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+			const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
 			const float *Sp = reinterpret_cast<const float *>(sp_next);
 			if (MG > 0 && w_tab && u + (int)gridDim.x < units)
-				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB, TR).e];
+				sp_next = s_tab[unit_of(sl, u + gridDim.x, tiles, chunks, chunk_blocks, KB).e];
 			const tmap *wm = w_tab ? &st_maps[w.e] : wmap;
 			if (lane == 0 && w_tab && w.e != e_acq) {
 				// written by k_stream_group_maps through the generic proxy
@@ -608,17 +487,13 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					mbar_wait(smem_u32(&empty[s]), ph ^ 1);
 				const uint32_t bar = smem_u32(&full[s]);
 				if (MG > 0) {
-					// the scales: items i < TW nb (the weights': row block h = i / nb, K block
-					// j = i % nb, at 4 (h KBS + j)), then TW nb + j ms + m (the tokens')
+					// the scales: items j < nb (the weights'), then nb + j ms + m (the tokens')
 					const uint32_t sd = scl0 + s * ST_SCL_BYTES;
-					const int nw = TW * nb;
-					for (int i = lane; i < nb * (TW + (no_sx || sx_tma ? 0 : w.ms)); i += 32) {
-						if (i < nw) {
-							const int h = TW == 1 ? 0 : i / nb, j = i - h * nb;
-							cp_async4(sd + 4 * (h * KBS + j),
-								  Sp + (size_t)((w.n0 >> 7) + h) * KB + kb + j);
+					for (int i = lane; i < nb * (no_sx || sx_tma ? 1 : 1 + w.ms); i += 32) {
+						if (i < nb) {
+							cp_async4(sd + 4 * i, Sp + (size_t)(w.n0 >> 7) * KB + kb + i);
 						} else {
-							const int r = i - nw, j = r / w.ms, m = r - j * w.ms;
+							const int r = i - nb, j = r / w.ms, m = r - j * w.ms;
 							cp_async4(sd + 16 + 4 * (64 * j + m),
 								  SX + (size_t)(w.r0 + m) * KB + kb + j);
 						}
@@ -626,51 +501,24 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				cp_async_arrive(bar); // (at once when this lane copied nothing)
 				if (lane == 0) {
-					if (dyn && !early)
-						tag[s] = u; // (released by the arrival below)
 					// whole boxes count, rows past N or past the tokens zero-filled included
 					if (!early)
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (TW * ST_WBOX + xbytes)) +
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (ST_WBOX + xbytes)) +
 									   (sx_tma ? sxb : 0));
 					const uint32_t dst = stage0 + s * stage_bytes;
 					if (sx_tma) // columns kb & ~3 .. + 7 (past K/128 zero-filled)
 						tma_load_2d_hint(sxt0 + s * sxb, smap, bar, kb & ~3, w.r0, pol_x);
 					for (int j = 0; j < nb; j++) {
-						for (int h = 0; h < TW && !early; h++)
-							tma_load_2d_hint(dst + (j * TW + h) * ST_WBOX, wm, bar,
-									 (kb + j) * 128, w.n0 + h * ST_TR, pol_w);
+						if (!early)
+							tma_load_2d_hint(dst + j * ST_WBOX, wm, bar, (kb + j) * 128,
+									 w.n0, pol_w);
 						for (int i = 0; i < xb; i++)
-							tma_load_2d_hint(dst + XOFF + j * xbox + i * 1024, xmap,
+							tma_load_2d_hint(dst + KBS * ST_WBOX + j * xbox + i * 1024, xmap,
 									 bar, (kb + j) * 128, w.r0 + 8 * i, pol_x);
 					}
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
-			}
-			if (dyn) {
-				u = __shfl_sync(0xffffffffu, nxt, 0);
-				if (lane == 0 && u < units)
-					nxt = (int)gridDim.x + (int)atomicAdd(&dctr[0], 1u);
-			} else {
-				u += gridDim.x;
-			}
-		}
-		if (dyn) {
-			// a last stage tagged `units`: the consumers' end (no copies: the 32 lanes' arrivals
-			// and lane 0's); then this block's count of done, the last one resets the counter
-			mbar_wait(smem_u32(&empty[s]), ph ^ 1);
-			if (lane == 0)
-				tag[s] = units;
-			__syncwarp();
-			cp_async_arrive(smem_u32(&full[s]));
-			if (lane == 0) {
-				mbar_arrive(smem_u32(&full[s]));
-				__threadfence(); // this block's draws before its count
-				if (atomicAdd(&dctr[1], 1u) == gridDim.x - 1) {
-					__threadfence();
-					atomicExch(&dctr[0], 0u);
-					atomicExch(&dctr[1], 0u);
-				}
 			}
 		}
 		return;
@@ -731,50 +579,30 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 		counted = pend;
 		pend.st = -1;
 	};
-	int uj = 0; // (EP) units ended, whose parity picks the sums buffer
-	for (int u = blockIdx.x;; u += gridDim.x) {
-		if (dyn) { // the unit of the next stage (its first), or the end
-			mbar_wait(smem_u32(&full[s]), ph);
-			u = tag[s];
-		}
-		if (u >= units)
-			break;
-		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB, TR);
-		// this warp's rows: AR 16-row MMA tiles RS rows apart from n — RT consecutive ones
-		// (TW = 1), or (TW >= 2) one in each 64-row half of warpgroup c = warp / 4's boxes
-		// c TW / 2 ..
-		constexpr int AR = RT > TW ? RT : TW, RS = TW >= 2 ? 64 : 16, BW = TW >= 2 ? TW / 2 : 1;
-		const int n = TW >= 2 ? w.n0 + ST_TR * BW * (warp >> 2) + 16 * (warp & 3)
-				      : w.n0 + warp * 16 * RT;
-		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in (the
-		// first ones)
-		const int rt_n = TW >= 2 ? min(AR, max(0, (N - n + RS - 1) / RS))
-					 : min(RT, max(0, (N - n) >> 4));
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const st_unit w = unit_of(sl, u, tiles, chunks, chunk_blocks, KB);
+		const int n = w.n0 + warp * 16 * RT; // this warp's first row
+		// N % 16 == 0: each 16-row MMA tile is all in or all out; rt_n of them are in
+		const int rt_n = min(RT, max(0, (N - n) >> 4));
 		const int mg_n = (w.ms + 7) >> 3;
 		// Promotion factors sx[m] * S[row block] of a stage's K blocks for this lane's tokens
 		// (2t, 2t + 1 of each group of 8; 0 past the slice), from the stage's scale copies
-		// (TW = 1: the unit's 128 rows, and so the warp's, lie in one 128-row scale block; TW
-		// >= 2: its boxes' BW blocks, one K block a stage), index i: K block i (TW = 1) or box
-		// c BW + i (TW >= 2)
-		constexpr int SJ = TW >= 2 ? BW : KBS;
-		const int sbox = TW >= 2 ? (warp >> 2) * BW : 0;
-		float sc[SJ][MGA][2];
-		float acc[AR][MGA][4];
-		float frag[WI == 2 ? 4 * MGA * TW : 1]; // the wgmma fragments (WI = 2), TW chains
+		// (the unit's 128 rows, and so the warp's, lie in one 128-row scale block)
+		float sc[KBS][MGA][2];
+		float acc[RT][MGA][4];
+		float frag[WI == 2 ? 4 * MGA : 1]; // the wgmma fragment (WI = 2)
 #pragma unroll
-		for (int rt = 0; rt < AR; rt++)
+		for (int rt = 0; rt < RT; rt++)
 #pragma unroll
 			for (int mg = 0; mg < MGA; mg++)
 				acc[rt][mg][0] = acc[rt][mg][1] = acc[rt][mg][2] = acc[rt][mg][3] = 0.f;
 		for (int kb = w.kb0; kb < w.kb1; kb += KBS) {
-			if (!dyn || kb != w.kb0)
-				mbar_wait(smem_u32(&full[s]), ph);
+			mbar_wait(smem_u32(&full[s]), ph);
 			const uint32_t sd = scl0 + s * ST_SCL_BYTES;
 #pragma unroll
-			for (int i = 0; i < SJ; i++) {
-				const int j = TW >= 2 ? 0 : i; // the K block
+			for (int j = 0; j < KBS; j++) {
 				const bool ok = MG > 0 && rt_n > 0 && kb + j < w.kb1;
-				const float sw = ok ? lds32f(sd + 4 * (sbox + i)) : 0.f;
+				const float sw = ok ? lds32f(sd + 4 * j) : 0.f;
 #pragma unroll
 				for (int mg = 0; mg < MGA; mg++) {
 					const int m0 = mg * 8 + 2 * t;
@@ -782,8 +610,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					const uint32_t a = sx_tma ? sxt0 + s * sxb + 32 * m0 + 4 * ((kb & 3) + j)
 								  : sd + 16 + 4 * (64 * j + m0);
 					const uint32_t a1 = a + (sx_tma ? 32 : 4);
-					sc[i][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
-					sc[i][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
+					sc[j][mg][0] = ok && m0 < w.ms ? lds32f(a) * sw : 0.f;
+					sc[j][mg][1] = ok && m0 + 1 < w.ms ? lds32f(a1) * sw : 0.f;
 				}
 			}
 			const uint32_t st = stage0 + s * stage_bytes;
@@ -801,7 +629,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					const int j = i / per_j, rest = i - j * per_j;
 					const int mg = rest >> 7, h = (rest >> 5) & 3, ln = rest & 31;
 					const int r = mg * 8 + (ln >> 2), chunk = 2 * (ln & 3) + (h >> 1);
-					const uint2 v = lds64(st + XOFF + j * xbox + r * 128 +
+					const uint2 v = lds64(st + KBS * ST_WBOX + j * xbox + r * 128 +
 							      ((chunk ^ (r & 7)) << 4) + (h & 1) * 8);
 					uint4 o;
 					e4m3x4_f16(v.x, o.x, o.y);
@@ -810,21 +638,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 				named_bar_sync(1, CW * 32); // every warp's conversions are visible
 			}
-			if constexpr (MG > 0 && WI == 2 && TW >= 2) {
-				// warpgroup c's boxes c BW .. (BW 128-row scale blocks) as TW m64 chains against
-				// the stage's one K block of tokens, issued together, one wait for all
-				const uint32_t a0 = st + (warp >> 2) * BW * ST_WBOX;
-				const uint64_t db = wgd_kmajor(st + XOFF);
-#pragma unroll
-				for (int i = 0; i < 4 * MGA * TW; i++)
-					wg_reg_fence(frag[i]);
-				wg_fence();
-#pragma unroll
-				for (int h = 0; h < TW; h++)
-					wg_kblock<MG>(frag + 4 * MGA * h, wgd_kmajor(a0 + h * 64 * 128), db);
-				wg_promote<MGA, TW>(acc, frag, sc, mg_n);
-			}
-			if constexpr (MG > 0 && WI == 2 && TW == 1) {
+			if constexpr (MG > 0 && WI == 2) {
 				// wgmma: warpgroup cw's 64 rows (its warps' 16 each, as the mma.sync
 				// consumers') times the tokens; the fragment's register 4 mg + q is
 				// acc[0][mg][q]'s element (rows g, g + 8; tokens 2t, 2t + 1 of group mg)
@@ -838,8 +652,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 						wg_reg_fence(frag[i]);
 					wg_fence();
 					wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
-						      wgd_kmajor(st + XOFF + j * xbox));
-					wg_promote<MGA, 1>(acc, frag, sc + j, mg_n);
+						      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
+					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
 			if (MG > 0 && WI != 2 && rt_n > 0) {
@@ -909,26 +723,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 			resolve();
 			count();
 		}
-		if (EP && chunks > 1) {
-			// the sums to the epilogue warp: buffer uj & 1 once it has taken its previous
-			// ones, [token][row of the unit]
-			const int slot = uj & 1;
-			mbar_wait(smem_u32(&sfree[slot]), ((uj >> 1) & 1) ^ 1);
-			const uint32_t sb = sums0 + slot * sumb;
 #pragma unroll
-			for (int q = 0; q < 4; q++) {
-				const int m = 2 * t + (q & 1), row = warp * 16 + g + 8 * (q >> 1);
-				if (m < w.ms)
-					sts32f(sb + 4 * (m * ST_TR + row), acc[0][0][q]);
-			}
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&sfull[slot]));
-			uj++;
-			continue;
-		}
-#pragma unroll
-		for (int rt = 0; rt < AR; rt++) {
+		for (int rt = 0; rt < RT; rt++) {
 			if (rt >= rt_n)
 				break;
 #pragma unroll
@@ -938,7 +734,7 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				const int m0 = mg * 8 + 2 * t;
 #pragma unroll
 				for (int q = 0; q < 4; q++) {
-					const int m = m0 + (q & 1), row = n + rt * RS + g + 8 * (q >> 1);
+					const int m = m0 + (q & 1), row = n + rt * 16 + g + 8 * (q >> 1);
 					if (m >= w.ms)
 						continue;
 					const size_t r = (size_t)w.r0 + m;
@@ -961,8 +757,8 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 	}
 }
 
-#define ST_ENTRY(MG, RT, WI, TW, SUF, EP)                                                         \
-	extern "C" __global__ void __launch_bounds__((8 / RT + 1 + EP) * 32, 1)                   \
+#define ST_ENTRY(MG, RT, WI, SUF)                                                                 \
+	extern "C" __global__ void __launch_bounds__((8 / RT + 1) * 32, 1)                        \
 	k_gemm_fp8_stream_m##MG##_r##RT##SUF(const __grid_constant__ tmap wmap,                \
 					const __grid_constant__ tmap xmap,                     \
 					const __grid_constant__ tmap smap,                     \
@@ -973,37 +769,27 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					int chunk_blocks, int ns, int mpad, int slice_cap,         \
 					int flags)                                                 \
 	{                                                                                         \
-		gemm_fp8_stream<MG, RT, WI, TW, EP>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y, \
+		gemm_fp8_stream<MG, RT, WI>(&wmap, &xmap, &smap, w_tab, s_tab, off, G, S, SX, Y,     \
 					partial,                                                  \
 					rows, N, K, ldy, chunks, chunk_blocks, ns, mpad, slice_cap, \
 					flags);                                                   \
 	}
 
-ST_ENTRY(1, 1, 0, 1, , 0)
-ST_ENTRY(2, 1, 0, 1, , 0)
-ST_ENTRY(4, 1, 0, 1, , 0)
-ST_ENTRY(8, 1, 0, 1, , 0)
-ST_ENTRY(1, 2, 0, 1, , 0)
-ST_ENTRY(2, 2, 0, 1, , 0)
-ST_ENTRY(4, 2, 0, 1, , 0)
-ST_ENTRY(8, 2, 0, 1, , 0)
-ST_ENTRY(1, 1, 2, 1, _w, 0)
-// the K chunks summed by an epilogue warp (EP), <= 8 rows
-ST_ENTRY(1, 1, 2, 1, _wl, 1)
-ST_ENTRY(2, 1, 2, 1, _w, 0)
-ST_ENTRY(4, 1, 2, 1, _w, 0)
-ST_ENTRY(8, 1, 2, 1, _w, 0)
-// 256-row units (TW = 2), wgmma consumers, dense; 512-row units (TW = 4), up to 16 token rows
-ST_ENTRY(1, 1, 2, 2, _w256, 0)
-ST_ENTRY(2, 1, 2, 2, _w256, 0)
-ST_ENTRY(4, 1, 2, 2, _w256, 0)
-ST_ENTRY(8, 1, 2, 2, _w256, 0)
-ST_ENTRY(1, 1, 2, 4, _w512, 0)
-ST_ENTRY(2, 1, 2, 4, _w512, 0)
+ST_ENTRY(1, 1, 0, )
+ST_ENTRY(2, 1, 0, )
+ST_ENTRY(4, 1, 0, )
+ST_ENTRY(8, 1, 0, )
+ST_ENTRY(1, 2, 0, )
+ST_ENTRY(2, 2, 0, )
+ST_ENTRY(4, 2, 0, )
+ST_ENTRY(8, 2, 0, )
+ST_ENTRY(1, 1, 2, _w)
+ST_ENTRY(2, 1, 2, _w)
+ST_ENTRY(4, 1, 2, _w)
+ST_ENTRY(8, 1, 2, _w)
 // MG = 0: the pipeline alone (copies, barriers, no MMA, no output) — the benchmark's measure of
-// what the copies reach by themselves (and of the 256-row units' copies).
-ST_ENTRY(0, 1, 0, 1, , 0)
-ST_ENTRY(0, 1, 2, 2, _w256, 0)
+// what the copies reach by themselves.
+ST_ENTRY(0, 1, 0, )
 
 // ---- the swapped kernel: whole-K weight tiles, no K split (fast mode, dense, M <= 64) ---------
 // y[m, n] as gemm_fp8_stream (spec §5.4) with the operands' roles swapped: wgmma m64nNk32 e4m3
@@ -1072,6 +858,11 @@ __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int
 		static_assert(NT == 144, "no wgmma of this width");
 		wg_n144(d, da, db, accumulate);
 	}
+}
+
+__device__ __forceinline__ void sts32f(uint32_t addr, float v)
+{
+	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
 #define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
@@ -1346,68 +1137,39 @@ k_stream_group_maps(const __grid_constant__ tmap tmpl,
 // K chunks; R = *rows_dev when given (grouped: off[G], known on the device only), else rows.
 // partial: [chunks][rows][N] (N % 4 == 0). A thread takes 4 columns: 16-byte loads of up to 8
 // chunks in flight together, then added in chunk order (one memory latency per 8 chunks, not
-// one per chunk: the grid is small, a few blocks an SM beside the GEMM's). IT = 2
-// (k_gemm_stream_reduce2, DSV32_GEMM_REDUCE2=1): two such items a pass, i and i + the grid's
-// threads, their loads in flight together (the same sums).
-template <int IT>
-__device__ __forceinline__ void gemm_stream_reduce(const float *__restrict__ partial,
-						   uint16_t *__restrict__ Y, int chunks, int rows,
-						   const int *__restrict__ rows_dev, int N, int ldy)
+// one per chunk: the grid is small, a few blocks an SM beside the GEMM's).
+extern "C" __global__ void __launch_bounds__(256)
+k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
+		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
 {
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
 	const long long total = (long long)R * N / 4, plane = (long long)rows * N;
-	const long long stride = (long long)gridDim.x * blockDim.x;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-	     i += IT * stride) {
-		float4 sum[IT];
+	     i += (long long)gridDim.x * blockDim.x) {
+		const float *p = partial + 4 * i;
+		float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 		for (int c0 = 0; c0 < chunks; c0 += 8) {
-			float4 v[IT][8];
+			float4 v[8];
 #pragma unroll
-			for (int it = 0; it < IT; it++)
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks)
+					v[c] = __ldcg(reinterpret_cast<const float4 *>(p + (c0 + c) * plane));
 #pragma unroll
-				for (int c = 0; c < 8; c++)
-					if (c0 + c < chunks && i + it * stride < total)
-						v[it][c] = __ldcg(reinterpret_cast<const float4 *>(
-							partial + 4 * (i + it * stride) + (c0 + c) * plane));
-#pragma unroll
-			for (int it = 0; it < IT; it++)
-#pragma unroll
-				for (int c = 0; c < 8; c++)
-					if (c0 + c < chunks) {
-						if (c0 + c == 0)
-							sum[it] = v[it][c];
-						else
-							sum[it].x += v[it][c].x, sum[it].y += v[it][c].y,
-								sum[it].z += v[it][c].z, sum[it].w += v[it][c].w;
-					}
+			for (int c = 0; c < 8; c++)
+				if (c0 + c < chunks) {
+					if (c0 + c == 0)
+						sum = v[c];
+					else
+						sum.x += v[c].x, sum.y += v[c].y, sum.z += v[c].z, sum.w += v[c].w;
+				}
 		}
-#pragma unroll
-		for (int it = 0; it < IT; it++) {
-			const long long j = i + it * stride;
-			if (j >= total)
-				break;
-			const long long r = 4 * j / N, n = 4 * j % N;
-			uint16_t *y = Y + r * ldy + n;
-			y[0] = f32_to_bf16(sum[it].x), y[1] = f32_to_bf16(sum[it].y);
-			y[2] = f32_to_bf16(sum[it].z), y[3] = f32_to_bf16(sum[it].w);
-		}
+		const long long r = 4 * i / N, n = 4 * i % N;
+		uint16_t *y = Y + r * ldy + n;
+		y[0] = f32_to_bf16(sum.x), y[1] = f32_to_bf16(sum.y);
+		y[2] = f32_to_bf16(sum.z), y[3] = f32_to_bf16(sum.w);
 	}
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
-		     int rows, const int *__restrict__ rows_dev, int N, int ldy)
-{
-	gemm_stream_reduce<1>(partial, Y, chunks, rows, rows_dev, N, ldy);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-k_gemm_stream_reduce2(const float *__restrict__ partial, uint16_t *__restrict__ Y, int chunks,
-		      int rows, const int *__restrict__ rows_dev, int N, int ldy)
-{
-	gemm_stream_reduce<2>(partial, Y, chunks, rows, rows_dev, N, ldy);
 }
 
 // The decode-sized MoE gate|up GEMM's chunk sum with SwiGLU and act_quant (spec §5.3): for each

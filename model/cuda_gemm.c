@@ -71,24 +71,15 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
  * block's worth per unit for the pipeline fill and the epilogue, and a flat cost for the reduce
  * launch when there is more than one chunk). A function of N, K and the SM count only: the
  * summation order, and so every result, never depends on M. */
-/* tw: 128-row tiles a unit (2: the 256-row units of DSV32_GEMM_WG_TW=2, below); the cost counts
- * 128-row K blocks (16 KB of weights an SM). m > 0 (DSV32_GEMM_WG_MSPLIT=1, the fast mode's wgmma
- * consumers only: then the split, and so the sums' order, depends on M): the chunks' fp32
- * partials too, m rows x N written and read back, spread over the SMs in the same 16 KB units
- * (at 64 rows 7 chunks of 18432 x 7168 move 66 MB of partials against 132 MB of weights). A
- * cost increasing in the chunk count, so never more chunks than without (the workspace). */
-static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw, int m)
+struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 {
-	int kb = K / 128, tiles = (N + 128 * tw - 1) / (128 * tw);
-	int sms = g->sm_count > 0 ? g->sm_count : 132;
+	int kb = K / 128, tiles = (N + 127) / 128, sms = g->sm_count > 0 ? g->sm_count : 132;
 	struct gemm_split best = {1, 1, kb > 0 ? kb : 1};
 	double best_cost = 1e30;
 	for (int c = 1; c <= kb && c <= 64; c++) {
 		int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
 		long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
-		double cost = (double)rounds * (cb + 1.0) * tw + (ce > 1 ? 3.0 : 0.0);
-		if (ce > 1 && m > 0)
-			cost += (double)ce * m * N * 8 / ((double)sms * 16384);
+		double cost = (double)rounds * (cb + 1.0) + (ce > 1 ? 3.0 : 0.0);
 		if (cost < best_cost - 1e-9) {
 			best_cost = cost;
 			best = (struct gemm_split){1, ce, cb};
@@ -97,23 +88,13 @@ static struct gemm_split split_tw(const struct gpu *g, int N, int K, int tw, int
 	return best;
 }
 
-struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
-{
-	return split_tw(g, N, K, 1, 0);
-}
-
 static size_t v2_workspace(const struct gpu *g, int M, int N, int K);
 static size_t gemv_workspace(const struct gpu *g, int M, int N, int K);
 
 size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 {
-	/* (the wide units' splits too: DSV32_GEMM_WG_TW) */
-	int chunks = cuda_gemm_decode_split(g, N, K).chunks;
-	for (int tw = 2; tw <= 4; tw *= 2) {
-		int c = split_tw(g, N, K, tw, 0).chunks;
-		chunks = N % (128 * tw) == 0 && c > chunks ? c : chunks;
-	}
-	size_t st = chunks > 1 ? (size_t)chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
+	size_t st = sp.chunks > 1 ? (size_t)sp.chunks * M * N * 4 : 0, v2 = v2_workspace(g, M, N, K);
 	size_t gv = gemv_workspace(g, M, N, K), most = st > v2 ? st : v2;
 	return gv > most ? gv : most; /* room for any of the kernels */
 }
@@ -217,73 +198,7 @@ static int env_default_on(int *on, const char *name)
 	return *on;
 }
 
-/* *on, or (when < 0: not set yet) the environment's `name`: off unless it is "1..." */
-static int env_default_off(int *on, const char *name)
-{
-	if (*on < 0) {
-		const char *v = getenv(name);
-		*on = v && *v == '1';
-	}
-	return *on;
-}
-
 static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
-
-/* The wgmma consumers' units (dense): 2 = 256 weight rows against one token box, a stage one K
- * block (k_gemm_fp8_stream_m*_r1_w256, N % 256 == 0: half the token bytes a weight byte, each
- * consumer warpgroup two m64 chains a wait; its own K split, split_tw), 4 = 512 rows (_w512,
- * N % 512 == 0 and <= 16 rows, else as 2: four chains a wait), 1 = 128 rows, two K blocks a
- * stage (k_gemm_fp8_stream_m*_r1_w). -1: the environment (DSV32_GEMM_WG_TW=2 or 4; default 1
- * until measured). */
-static int stream_tw = -1;
-
-void cuda_gemm_set_stream_tw(int tw) { stream_tw = tw == 1 || tw == 2 || tw == 4 ? tw : -1; }
-
-static int wide_units(void)
-{
-	static int env = -1;
-	if (env < 0) {
-		const char *v = getenv("DSV32_GEMM_WG_TW");
-		env = v && (atoi(v) == 2 || atoi(v) == 4) ? atoi(v) : 1;
-	}
-	return stream_tw > 0 ? stream_tw : env;
-}
-
-/* The wide units (and the 256-row copy-only probe) handed out by a ticket counter (ST_DYN: each
- * block's first unit static, every next one drawn, so faster blocks take more; the same bits):
- * 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_DYN=1; default off until measured). */
-static int stream_dyn = -1;
-
-void cuda_gemm_set_stream_dyn(int on) { stream_dyn = on; }
-
-static int dyn_on(void) { return env_default_off(&stream_dyn, "DSV32_GEMM_WG_DYN"); }
-
-/* The K chunks summed in the kernel by an epilogue warp, the last chunk of a tile to finish
- * summing it (k_gemm_fp8_stream_m1_r1_wl: wgmma consumers, dense, 128-row units, <= 8 rows; no
- * second launch; the same bits): 1 on, 0 off, -1 the environment (DSV32_GEMM_WG_LAST=1; default
- * off until measured). */
-static int stream_last = -1;
-
-void cuda_gemm_set_stream_last(int on) { stream_last = on; }
-
-static int last_on(void) { return env_default_off(&stream_last, "DSV32_GEMM_WG_LAST"); }
-
-/* The chunk sum's two items a thread (k_gemm_stream_reduce2: both items' loads in flight
- * together; the same sums): 1 on, 0 off, -1 the environment (DSV32_GEMM_REDUCE2=1; default off
- * until measured). */
-static int stream_reduce2 = -1;
-
-void cuda_gemm_set_stream_reduce2(int on) { stream_reduce2 = on; }
-
-static int reduce2_on(void) { return env_default_off(&stream_reduce2, "DSV32_GEMM_REDUCE2"); }
-
-/* The wgmma consumers' K split by M too (split_tw's m; dense): 1 on, 0 off, -1 the environment
- * (DSV32_GEMM_WG_MSPLIT=1; default off until measured). */
-static int stream_msplit = -1;
-
-void cuda_gemm_set_stream_msplit(int on) { stream_msplit = on; }
-
-static int msplit_on(void) { return env_default_off(&stream_msplit, "DSV32_GEMM_WG_MSPLIT"); }
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -406,14 +321,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 			 int K, int ldy, gpu_ptr ws, int copy_only, int wg,
 			 const struct stream_epi *epi)
 {
-	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
-	/* wide units (wgmma consumers or, 256 rows, their copies alone; dense; every box of a unit
-	 * in N; 512 rows: the fragments of 4 chains, <= 16 token rows) */
-	const int want = (wi == 2 || copy_only) && !w_tab ? wide_units() : 1;
-	const int tw = want == 4 && !copy_only && N % 512 == 0 && rows <= 16 ? 4
-		       : want >= 2 && N % 256 == 0				? 2
-										: 1;
-	struct gemm_split sp = split_tw(g, N, K, tw, wi == 2 && !w_tab && msplit_on() ? rows : 0);
+	struct gemm_split sp = cuda_gemm_decode_split(g, N, K);
 	if (stream_k1) /* diagnosis: one K chunk (no partials, the SMs unevenly loaded) */
 		sp = (struct gemm_split){1, 1, K / 128};
 	const int ek = epi ? epi->kind : EPI_NONE;
@@ -430,42 +338,31 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * because gpu_kernel caches the name pointer it is given and these names were built in a
 	 * reused stack buffer; the names are literals now. */
 	int rt = stream_rt ? stream_rt : 1;
-	const int tile = 128 * tw, kbs = tw >= 2 ? 1 : 2; /* the kernel's TR, KBS */
+	const int tile = 128; /* the kernel's ST_TR */
 	/* literals: gpu_kernel keeps the pointer it is given as its cache key; rows: mma.sync RT = 1,
-	 * RT = 2, wgmma, wgmma with 256- and 512-row units; columns: 8, 16, 32, 64 token rows, the
-	 * copy-only probe */
-	static const char *names[5][5] = {
+	 * RT = 2, wgmma; columns: 8, 16, 32, 64 token rows, the copy-only probe */
+	static const char *names[3][5] = {
 		{"k_gemm_fp8_stream_m1_r1", "k_gemm_fp8_stream_m2_r1", "k_gemm_fp8_stream_m4_r1",
 		 "k_gemm_fp8_stream_m8_r1", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r2", "k_gemm_fp8_stream_m2_r2", "k_gemm_fp8_stream_m4_r2",
 		 "k_gemm_fp8_stream_m8_r2", "k_gemm_fp8_stream_m0_r1"},
 		{"k_gemm_fp8_stream_m1_r1_w", "k_gemm_fp8_stream_m2_r1_w", "k_gemm_fp8_stream_m4_r1_w",
-		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"},
-		{"k_gemm_fp8_stream_m1_r1_w256", "k_gemm_fp8_stream_m2_r1_w256",
-		 "k_gemm_fp8_stream_m4_r1_w256", "k_gemm_fp8_stream_m8_r1_w256",
-		 "k_gemm_fp8_stream_m0_r1_w256"},
-		{"k_gemm_fp8_stream_m1_r1_w512", "k_gemm_fp8_stream_m2_r1_w512",
-		 NULL, NULL, NULL}};
+		 "k_gemm_fp8_stream_m8_r1_w", "k_gemm_fp8_stream_m0_r1"}};
+	int wi = stream_wi >= 0 ? stream_wi : wg ? 2 : 0;
 	if (copy_only || wi)
 		rt = 1;
-	const char *name = names[tw == 4 ? 4 : tw == 2 ? 3 : wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
-	/* the chunks summed by the kernel's epilogue warp (a tenth warp) */
-	const int ep = wi == 2 && tw == 1 && !w_tab && !copy_only && rows <= 8 && sp.chunks > 1 &&
-		       ek == EPI_NONE && (stream_fused < 0 || stream_fused == 0) &&
-		       (N + 127) / 128 <= 4096 && last_on();
-	if (ep)
-		name = "k_gemm_fp8_stream_m1_r1_wl";
+	const char *name = names[wi == 2 ? 2 : rt - 1][copy_only ? 4 : v];
 	if (w_tab && G > ST_MAXG) {
 		fprintf(stderr, "<3>dsv32: gemm_fp8_stream: %d groups (at most %d)\n", G, ST_MAXG);
 		return -EINVAL;
 	}
 	/* shared memory: barriers (256 bytes), the slices and 3 more entries' room (their count and
-	 * the slice scan's warp totals), 1 KB of alignment slack, ns stages of kbs K blocks of
-	 * `tile` weight rows and mpad token rows, two buffers of the fp16 token fragments of a stage (2 K
+	 * the slice scan's warp totals), 1 KB of alignment slack, ns stages of two K blocks of 128
+	 * weight rows and mpad token rows, two buffers of the fp16 token fragments of a stage (2 K
 	 * blocks x mpad / 8 groups x 2 KB each), each stage's promotion scales (ST_SCL_BYTES), 8
 	 * stages at most (ST_MAXSTAGES) */
 	int slice_cap = (rows + 63) / 64 + (w_tab ? G : 0);
-	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = kbs * (tile + mpad) * 128;
+	int head = 256 + (slice_cap + 3) * 16 + 1024, stage = 2 * (tile + mpad) * 128;
 	head += copy_only || wi == 2 ? 0 : 2 * 2 * (mpad / 8) * 2048;
 	head += 8 * (16 + 2 * 64 * 4);
 	/* the token scales by bulk tensor copies from 9 rows: sx 16-byte aligned, its rows
@@ -473,7 +370,6 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	const int sxt = wi == 2 && !w_tab && !copy_only && mpad >= 16 && (K / 128) % 4 == 0 &&
 			!(sx & 15) && sx_tma();
 	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
-	head += ep ? 128 + 2 * 8 * 128 * 4 : 0; /* the epilogue warp's two sums buffers */
 	int ns = (ST_SMEM_MAX - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
@@ -485,7 +381,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
 		int sms = g->sm_count > 0 ? g->sm_count : 132;
 		long long per = (units + sms - 1) / sms;
-		long long need = per * ((sp.chunk_blocks + kbs - 1) / kbs);
+		long long need = per * ((sp.chunk_blocks + 1) / 2);
 		ns = need < ns ? (int)(need > 2 ? need : 2) : ns;
 	}
 	if (ns < 2) {
@@ -502,7 +398,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * 128 rows; the tokens, boxes of 8 rows (grouped) or mpad rows (dense: one copy a K block);
 	 * one K block wide, 128-byte swizzle */
 	CUtensorMap wmap, xmap, smap;
-	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, 128)) ||
+	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, w_tab ? 8 : mpad)))
 		return r;
 	smap = xmap; /* (unused without ST_SX_TMA) */
@@ -523,32 +419,18 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * one count per slice x tile x warp), else by a second launch */
 	int fused = (long long)slice_cap * ((N + tile - 1) / tile) * (8 / rt) <= ST_COUNTS;
 	if (copy_only || ek != EPI_NONE || stream_fused == 0 || stream_fused == 2 ||
-	    (stream_fused < 0 && wi == 2) || tw == 2)
+	    (stream_fused < 0 && wi == 2))
 		fused = 0;
 	int flags = fused ? 1 : 0; /* ST_FUSED */
 	if (stream_diag_no_sx())
 		flags |= 2; /* ST_NO_SX */
 	if (sxt)
 		flags |= 4; /* ST_SX_TMA */
-	if (ep) {
-		static int next_last; /* ST_LAST with a count set of its own (ST_LAST_SET), in turn */
-		pthread_mutex_lock(&gemm_lock);
-		flags |= 16 | next_last << 20;
-		next_last = (next_last + 1) % 16;
-		pthread_mutex_unlock(&gemm_lock);
-	}
-	if (tw >= 2 && !fused && dyn_on()) {
-		static int next_set; /* ST_DYN with a counter set of its own (ST_DYN_SLOT), in turn */
-		pthread_mutex_lock(&gemm_lock);
-		flags |= 8 | next_set << 8;
-		next_set = (next_set + 1) % 16;
-		pthread_mutex_unlock(&gemm_lock);
-	}
 	void *args[] = {&wmap, &xmap, &smap, &w_tab, &s_tab, &off, &G, &S, &sx, &y, &ws,
 			&rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &mpad, &slice_cap,
 			&flags};
-	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1 + ep) * 32, (unsigned)smem, args);
-	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2 || ep)
+	r = launch_pdl(g, fn, grid, 1, (unsigned)(8 / rt + 1) * 32, (unsigned)smem, args);
+	if (r || sp.chunks == 1 || fused || copy_only || stream_fused == 2)
 		return r;
 	gpu_ptr rows_dev = w_tab ? off + (gpu_ptr)G * 4 : 0;
 	if (ek != EPI_NONE)
@@ -558,8 +440,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	void *rargs[] = {&ws, &y, &sp.chunks, &rows, &rows_dev, &N, &ldy};
 	unsigned rb = (unsigned)(((long long)rows * N / 4 + 255) / 256), rmax = 2u * (unsigned)grid;
 	rb = rb < rmax ? rb : rmax;
-	const char *rname = reduce2_on() ? "k_gemm_stream_reduce2" : "k_gemm_stream_reduce";
-	return launch_pdl(g, gpu_kernel(g, rname), rb, 1, 256, 0, rargs);
+	return launch_pdl(g, gpu_kernel(g, "k_gemm_stream_reduce"), rb, 1, 256, 0, rargs);
 }
 
 /* Which kernel cuda_gemm_fp8_decode runs: 1 the streaming kernel, 0 the previous one (v2), -1
@@ -1059,16 +940,15 @@ struct gemm_entry {
 /* Where the start-up measurement picked the swapped kernel, the dispatch takes it only on
  * matrices of at least swap_on MB (1: all; 0: none), else the fastest other path it measured
  * (bench model --ab compares them in one process); -1: the environment (DSV32_GEMM_SWAP=n) not
- * read yet. Default 64 (the 7168x16384 o projection, 7168x18432 and larger; session 9): bench
- * gemm, runs 35 / 36, the swapped kernel or its cluster form against what the 200 MB rule ran,
- * TB/s at M = 16 / 32 / 64: 18432x7168 3.50 / 3.46 / 3.28 against 2.86 / 2.64 / 2.38 (also M = 8
- * 3.56-3.58 against v2's 3.49-3.50), 7168x16384 3.31-3.33 / 3.33-3.34 / 3.10-3.11 against 3.19-3.21
- * / 3.00 / 2.58-2.60, 7168x18432 3.40-3.42 / 3.39 / 3.15-3.16 against 3.28-3.29 / 3.01-3.02 /
- * 2.67-2.69; the step-level --ab at 64 MB was noise both ways (runs 34-35: -9 / -4 / -142 us at
- * batch 8 / 16 / 32, 32K; -21 / -479 / +133 at 16 / 32 / 64, 32K; -25 / +475 / -272 at 128K).
- * Before: 200 (run 26 --ab at 128K: -34.5 us at batch 16, -514 at batch 64 against none; 64 MB
- * +276 / -328; everywhere (1) run 23 / 25: +196 / +423 us at batch 64, 32K / 128K, though its
- * GEMMs alone are faster). */
+ * read yet. Default 64 (session 9: the 7168x16384 o projection, 7168x18432 and up). Bench gemm,
+ * TB/s at M = 16 / 32 / 64, "ours" with the 200 MB rule (run 36) against 64 (run 37, sw / sw2 from
+ * 8 rows): 7168x16384 3.21 / 3.00 / 2.60 against 3.33 / 3.34 / 3.07; 18432x7168 2.87 / 2.63 /
+ * 2.34 against 3.46 / 3.43 / 3.25 (M = 8 3.49 against 3.56); 7168x18432 3.29 / 3.02 / 2.67
+ * against 3.39 / 3.38 / 3.14. The step-level --ab was noise both ways (runs 34-35 at 64 MB:
+ * -479..+475 us; run 37, DSV32_GEMM_SWAP=200 against 64 at 32K, batch 16 / 32 / 64: +55 / -517 /
+ * +396 us). Before: 200 (run 26 --ab at 128K: -34.5 us at batch 16, -514 at batch 64 against
+ * none; 64 MB +276 / -328; everywhere (1) run 23 / 25: +196 / +423 us at batch 64, 32K / 128K,
+ * though its GEMMs alone are faster). */
 static int swap_on = -1;
 
 void cuda_gemm_set_swap(int on) { swap_on = on; }

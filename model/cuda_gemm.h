@@ -78,28 +78,6 @@ void cuda_gemm_set_stream_diag(int fused, int k1);
  * by one bulk tensor copy (same values, same arithmetic), 0 = a 4-byte cp.async each, -1 = the
  * environment (DSV32_GEMM_SX_TMA=0 off; default on). Process-wide (tests, the benchmark). */
 void cuda_gemm_set_stream_sx_tma(int on);
-/* The streaming kernel's wgmma consumers (dense): 2 = units of 256 weight rows against one token
- * box (N % 256 == 0; a stage one K block; its own K split, so other partial sums), 4 = 512 rows
- * (N % 512 == 0 and <= 16 rows, else as 2), 1 = 128 rows (two K blocks a stage), -1 = the
- * environment (DSV32_GEMM_WG_TW=2 or 4; default 1). Process-wide (tests, the benchmark). */
-void cuda_gemm_set_stream_tw(int tw);
-/* The streaming kernel's wgmma consumers (dense): 1 = the K split chosen for M too (the chunks'
- * fp32 partials in its cost: fewer chunks at 33-64 rows; a row's sums then depend on M), 0 = by
- * N and K only, -1 = the environment (DSV32_GEMM_WG_MSPLIT=1; default 0). Process-wide. */
-void cuda_gemm_set_stream_msplit(int on);
-/* The streaming kernel's wide units (cuda_gemm_set_stream_tw 2 or 4; and the copy-only probe):
- * 1 = each block's next unit drawn from a counter (faster blocks take more; the same bits), 0 =
- * round robin, -1 = the environment (DSV32_GEMM_WG_DYN=1; default 0). Process-wide. */
-void cuda_gemm_set_stream_dyn(int on);
-/* The streaming kernel's K-chunk sum (the second launch): 1 = two items a thread, their loads in
- * flight together (k_gemm_stream_reduce2; the same sums), 0 = one, -1 = the environment
- * (DSV32_GEMM_REDUCE2=1; default 0). Process-wide. */
-void cuda_gemm_set_stream_reduce2(int on);
-/* The streaming kernel's wgmma consumers (dense, 128-row units, <= 8 rows, K chunked): 1 = the
- * chunks summed in the kernel by a tenth warp, the last chunk of a tile to finish summing it (no
- * second launch; the same bits), 0 = by the second launch, -1 = the environment
- * (DSV32_GEMM_WG_LAST=1; default 0). Process-wide. */
-void cuda_gemm_set_stream_last(int on);
 /* Programmatic dependent launch of the decode GEMMs (default on; DSV32_GEMM_PDL=0 off):
  * process-wide, for benchmarks. */
 void cuda_gemm_set_pdl(int on);

@@ -141,29 +141,6 @@ TEST_T(gpu_cublaslt, small_m_refused_or_correct, 120)
 
 static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, const char *what);
 
-/* The GEMM through the dispatch (the streaming kernel's wgmma consumers, forced) with the tokens'
- * scales by 4-byte copies, then by bulk tensor copies: each against the CPU, the second bit for
- * bit the first (the same values, the same arithmetic); ref [M * N] gets the first's bits. */
-static void run_sx_pair(struct gpu *g, struct lt_case *c, const char *label, uint16_t *ref)
-{
-	const size_t n = (size_t)c->M * c->N;
-	for (int sxt = 0; sxt < 2; sxt++) {
-		cuda_gemm_set_stream_sx_tma(sxt);
-		char what[128];
-		snprintf(what, sizeof what, "%s%s", label, sxt ? ", token scales by tensor copies" : "");
-		CHECK_EQ_INT(case_run(g, c, VIA_DISPATCH, what), 0);
-		if (!sxt) {
-			memcpy(ref, c->got, n * 2);
-			continue;
-		}
-		char w2[192];
-		snprintf(w2, sizeof w2, "%s M=%d N=%d K=%d against 4-byte copies", what, c->M, c->N,
-			 c->K);
-		CHECK_EQ_INT((int)count_differ(c->got, ref, n, w2), 0);
-	}
-	cuda_gemm_set_stream_sx_tma(-1);
-}
-
 /* The streaming decode kernel with wgmma consumers (the fast mode's STREAM_WG path;
  * cuda_gemm_set_stream_wi 2 here) against the CPU, within the wgmma limit: M across the
  * token-group variants (1-8, 9-16, 17-32, 33-64 rows), N with partial 128- and 64-row tiles, K
@@ -171,8 +148,7 @@ static void run_sx_pair(struct gpu *g, struct lt_case *c, const char *label, uin
  * 19: a stage from K block 19, whose scales' box starts at 16));
  * the K chunks summed by the second launch, by the kernel, and one chunk; each with the tokens'
  * scales by 4-byte copies and by bulk tensor copies (cuda_gemm_set_stream_sx_tma, from 9 rows:
- * the same values, so the same bits); <= 8 rows also the chunks summed by the kernel's epilogue
- * warp (cuda_gemm_set_stream_last), bit for bit the second launch. */
+ * the same values, so the same bits). */
 TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 {
 	struct gpu g;
@@ -194,25 +170,25 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 		const size_t n = (size_t)c.M * c.N;
 		uint16_t *ref = malloc(n * 2);
 		REQUIRE(ref);
-		for (int d = 0; d < 3; d++) {
-			cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
-			run_sx_pair(&g, &c, labels[d], ref);
-			if (d || c.M > 8)
-				continue;
-			/* <= 8 rows: the chunks summed by the epilogue warp, three times (21 GEMMs:
-			 * its 16 count sets reused, so reset), bit for bit the second launch's */
-			cuda_gemm_set_stream_diag(-1, 0);
-			cuda_gemm_set_stream_last(1);
-			for (int k = 0; k < 3; k++) {
-				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, epilogue warp"), 0);
+		for (int d = 0; d < 3; d++)
+			for (int sxt = 0; sxt < 2; sxt++) {
+				cuda_gemm_set_stream_diag(d == 1 ? 1 : 0, d == 2);
+				cuda_gemm_set_stream_sx_tma(sxt);
+				char what[128];
+				snprintf(what, sizeof what, "%s%s", labels[d],
+					 sxt ? ", token scales by tensor copies" : "");
+				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, what), 0);
+				if (!sxt) {
+					memcpy(ref, c.got, n * 2);
+					continue;
+				}
 				char w2[192];
-				snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: epilogue warp against "
-					 "the second launch", c.M, c.N, c.K);
+				snprintf(w2, sizeof w2, "%s M=%d N=%d K=%d against 4-byte copies", what, c.M,
+					 c.N, c.K);
 				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
 			}
-			cuda_gemm_set_stream_last(-1);
-		}
 		cuda_gemm_set_stream_diag(-1, 0);
+		cuda_gemm_set_stream_sx_tma(-1);
 		free(ref);
 		case_free(&c);
 	}
@@ -234,90 +210,6 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "fast dispatch (cuBLASLt)"), 0);
 	case_free(&c);
 	cuda_gemm_set_batch_invariant(&g, 1);
-	cuda_gemm_close(&g);
-	gpu_close(&g);
-}
-
-/* The wgmma consumers' wide units (cuda_gemm_set_stream_tw 2: two weight boxes a K block
- * against one token box, a stage one K block, their own K split; 4: four boxes, <= 16 rows,
- * N % 512 == 0) against the CPU within the wgmma limit: odd M in each token-group variant (1, 8,
- * 12, 17, 33, 63, 64), N % 256 == 0 with one to 28 units of rows, K with one K block, several
- * chunks of 2-16 K blocks and the big shapes' splits (7168 x 16384: 9 chunks of 15), the
- * tokens' scales by 4-byte copies and by bulk tensor copies (the same bits); N % 256 != 0 (2112)
- * runs the 128-row units, bit for bit those without the switch; units drawn from a counter
- * (cuda_gemm_set_stream_dyn 1) and the chunk sum two items a thread (cuda_gemm_set_stream_reduce2
- * 1) bit for bit those in round robin / one item. From 33 rows also the K split
- * chosen for M (cuda_gemm_set_stream_msplit 1: fewer chunks) with 128- and 256-row units. */
-TEST_T(gpu_cublaslt, stream_wgmma_wide_vs_cpu, 120)
-{
-	struct gpu g;
-	gpu_test_open(&g);
-	static const int shapes[][3] = {{17, 2048, 16384}, {33, 7168, 2048}, {63, 1024, 7168},
-					{1, 2304, 7168},   {64, 512, 18432}, {8, 4096, 1536},
-					{40, 256, 128},	   {12, 5632, 7168}, {2, 7168, 16384},
-					{64, 768, 7168},   {24, 2112, 7168}, {16, 3072, 7168}};
-	cuda_gemm_set_stream(1);
-	cuda_gemm_set_stream_wi(2);
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-		struct lt_case c;
-		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1300 + i);
-		cuda_gemm_path_set(&g, c.M, c.N, c.K, CUDA_GEMM_PATH_DECODE);
-		const size_t n = (size_t)c.M * c.N;
-		uint16_t *ref = malloc(n * 2);
-		REQUIRE(ref);
-		for (int tw = 2; tw <= 4; tw *= 2) {
-			if (tw == 4 && (c.M > 16 || c.N % 512))
-				continue;
-			cuda_gemm_set_stream_tw(tw);
-			run_sx_pair(&g, &c,
-				    tw == 4 ? "stream wgmma 512-row units" : "stream wgmma 256-row units",
-				    ref);
-			/* the chunk sum two items a thread: the same bits */
-			cuda_gemm_set_stream_reduce2(1);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, chunk sum x2"), 0);
-			cuda_gemm_set_stream_reduce2(-1);
-			char wr[192];
-			snprintf(wr, sizeof wr, "stream wgmma tw %d M=%d N=%d K=%d: chunk sum x2 against x1",
-				 tw, c.M, c.N, c.K);
-			CHECK_EQ_INT((int)count_differ(c.got, ref, n, wr), 0);
-			if (c.N % 256) { /* the switch leaves this shape on the 128-row units */
-				cuda_gemm_set_stream_tw(1);
-				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma 128-row units"), 0);
-				char w2[192];
-				snprintf(w2, sizeof w2, "stream wgmma M=%d N=%d K=%d: switch against none",
-					 c.M, c.N, c.K);
-				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
-				cuda_gemm_set_stream_tw(tw);
-			}
-			/* units drawn from a counter (two GEMMs a shape and form, 32 in all: the 16
-			 * counter sets reused, so reset): the same bits as round robin (2112: the 128-row
-			 * units, not drawn) */
-			cuda_gemm_set_stream_dyn(1);
-			for (int k = 0; k < 2; k++) {
-				CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH, "stream wgmma, units drawn"), 0);
-				char w2[192];
-				snprintf(w2, sizeof w2,
-					 "stream wgmma tw %d M=%d N=%d K=%d: units drawn against round robin",
-					 tw, c.M, c.N, c.K);
-				CHECK_EQ_INT((int)count_differ(c.got, ref, n, w2), 0);
-			}
-			cuda_gemm_set_stream_dyn(-1);
-		}
-		for (int tw = 1; tw <= 2 && c.M > 32; tw++) {
-			cuda_gemm_set_stream_tw(tw);
-			cuda_gemm_set_stream_msplit(1);
-			CHECK_EQ_INT(case_run(&g, &c, VIA_DISPATCH,
-					      tw == 2 ? "stream wgmma 256-row units, K split by M"
-						      : "stream wgmma, K split by M"),
-				     0);
-			cuda_gemm_set_stream_msplit(-1);
-		}
-		cuda_gemm_set_stream_tw(-1);
-		free(ref);
-		case_free(&c);
-	}
-	cuda_gemm_set_stream_wi(-1);
-	cuda_gemm_set_stream(-1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }

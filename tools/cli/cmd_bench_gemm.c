@@ -8,9 +8,7 @@
  * only, any N x K), its path in the "path" column;
  * beside it each kernel forced: the streaming decode kernel (mma.sync, exact) and the previous
  * register-load kernel "v2" for M <= 64, the streaming kernel's wgmma consumers ("wg", K chunks
- * summed by a second launch; "wg_fu" summed in the kernel; "wg256" / "wg512" its 256- / 512-row
- * units), the
- * wgmma kernel above 64 rows
+ * summed by a second launch; "wg_fu" summed in the kernel), the wgmma kernel above 64 rows
  * (model/cuda_gemm_wgmma.h, the prefill engineer's), and cuBLASLt. The cuBLASLt time includes
  * the transpose of the activation scales it needs.
  *
@@ -428,11 +426,10 @@ int bench_gemm(int argc, char **argv)
 	       g.sm_count, read_tbs, cublaslt_version());
 	if (run_dense)
 		printf("\n%-12s %4s | %9s %6s %7s %5s %-6s | %9s %6s %5s | %9s %6s | %9s %6s | %9s "
-		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s %6s %6s %6s\n",
+		       "%6s %7s | %7s %-8s %6s %6s %6s %6s %6s %6s %6s\n",
 		       "N x K", "M", "ours_us", "TB/s", "TFLOP/s", "%lim", "path", "stream_us", "TB/s",
 		       "split", "v2_us", "TB/s", "wgmma_us", "TB/s", "lt_us", "TB/s", "TFLOP/s",
-		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "wg256", "cp256", "wg512",
-		       "sw", "sw2", "gemv");
+		       "ours/lt", "faster", "copy", "wg", "wg_fu", "wg_nr", "sw", "sw2", "gemv");
 	fflush(stdout);
 	/* --shape NxK: that one only (any N % 16 == 0, K % 128 == 0) */
 	const int shapes[][2] = {{2112, 7168},	{24576, 1536}, {32768, 512},
@@ -515,8 +512,8 @@ int bench_gemm(int argc, char **argv)
 			float ms = path == CUDA_GEMM_PATH_WGMMA && no_wgmma
 					   ? -1
 					   : time_ms(&g, launch_dispatch, &c, reps, trials);
-			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, w256 = -1,
-			      c256 = -1, w512 = -1, wsw = -1, wsw2 = -1, wgv = -1;
+			float st = -1, v2 = -1, cp = -1, wg = -1, wgs = -1, wfu = -1, wnr = -1, wsw = -1,
+			      wsw2 = -1, wgv = -1;
 			if (c.M <= 64) {
 				cuda_gemm_set_stream(1);
 				st = time_ms(&g, launch_gemm, &c, reps, trials);
@@ -527,17 +524,6 @@ int bench_gemm(int argc, char **argv)
 				cuda_gemm_set_stream_diag(2, 0); /* the GEMM launch alone, no chunk sum */
 				wnr = time_ms(&g, launch_stream_wg, &c, reps, trials);
 				cuda_gemm_set_stream_diag(-1, 0);
-				if (c.N % 256 == 0) { /* 256-row units (DSV32_GEMM_WG_TW=2) */
-					cuda_gemm_set_stream_tw(2);
-					w256 = time_ms(&g, launch_stream_wg, &c, reps, trials);
-					c256 = time_ms(&g, launch_copy, &c, reps, trials);
-					cuda_gemm_set_stream_tw(-1);
-				}
-				if (c.N % 512 == 0 && c.M <= 16) { /* 512-row units (DSV32_GEMM_WG_TW=4) */
-					cuda_gemm_set_stream_tw(4);
-					w512 = time_ms(&g, launch_stream_wg, &c, reps, trials);
-					cuda_gemm_set_stream_tw(-1);
-				}
 				cuda_gemm_set_stream(-1);
 				v2 = time_ms(&g, launch_v2, &c, reps, trials);
 			} else if (!no_wgmma) {
@@ -588,11 +574,11 @@ int bench_gemm(int argc, char **argv)
 				printf(" %-8s", "none");
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
-			const float extra[] = {cp, wgs, wfu, wnr, w256, c256, w512, wsw, wsw2, wgv};
-			for (int k = 0; k < 10; k++)
+			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2, wgv};
+			for (int k = 0; k < 7; k++)
 				if (extra[k] >= 0)
 					printf(" %6.3f", bytes / (extra[k] * 1e-3) / 1e12);
-				else if (c.M <= 64 && (k < 9 || c.M <= 8))
+				else if (c.M <= 64 && (k < 6 || c.M <= 8))
 					printf(" %6s", "n/a");
 			printf("\n");
 			fflush(stdout); /* rows survive a later failure */
@@ -616,10 +602,7 @@ int bench_gemm(int argc, char **argv)
 		       "streaming kernel with wgmma consumers, K chunks summed by a second launch (the "
 		       "fast mode's STREAM_WG; within the wgmma limit); wg_fu: wg with the chunks "
 		       "summed in the kernel; wg_nr: wg's GEMM launch alone, the chunks not summed "
-		       "(output invalid: the chunk sum's cost is wg_nr against wg); wg256: wg with "
-		       "units of 256 weight rows against one token box, a stage one K block "
-		       "(DSV32_GEMM_WG_TW=2; N %% 256 == 0); cp256: its copies alone; wg512: units of 512 "
-		       "rows (DSV32_GEMM_WG_TW=4; N %% 512 == 0, M <= 16); sw: TB/s of the "
+		       "(output invalid: the chunk sum's cost is wg_nr against wg); sw: TB/s of the "
 		       "swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, one block per "
 		       "NT weight rows over all of K, one launch); sw2: its cluster form (two blocks a "
 		       "tile, each half of K; where it fits, else sw again); gemv: TB/s of the one-row "
