@@ -280,13 +280,13 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 
-/* The MoE block's gate|up GEMM on the token-wide form (see cuda_gemm_wgmma.h). Measured (bench
- * moe, one H200, graph-replayed block, default vs all-token-wide vs the old fused form): the
- * token-wide gate|up (unfused, + k_moe_swiglu_quant) 2,949 + ~250 us against the fused 128-token
- * tile form's 3,395-3,405 at 4096 tokens, 2,105 + 129 against 2,319 at 2048, 1,867 + 63 against
- * 2,546 at 512; its down GEMM was slower at 4096 (1,843-1,906 against 1,751-1,808: left on the
- * old form); a token-wide SwiGLU epilogue (128-row chunks) measured slower (4,380 us at 4096)
- * and was removed. */
+/* The MoE block's GEMMs on the token-wide form (see cuda_gemm_wgmma.h). Measured (bench moe,
+ * one H200, graph-replayed block, session 8): the token-wide gate|up (unfused, +
+ * k_moe_swiglu_quant) 2,949 + ~250 us against the fused 128-token tile form's 3,395-3,405 at
+ * 4096 tokens, 2,105 + 129 against 2,319 at 2048, 1,867 + 63 against 2,546 at 512; its down
+ * GEMM at 4096 the tile form's equal until the scale products' form (session 9, run 37: block
+ * 5,114 / 5,111 us against 5,211 / 5,248 with the down GEMM on tiles); a token-wide SwiGLU
+ * epilogue (128-row chunks) measured slower (4,380 us at 4096) and was removed. */
 static int tw_cache = -1;
 
 int cuda_gemm_wgmma_tw(void)
