@@ -52,6 +52,22 @@ __device__ __forceinline__ float ue8m0_scale(float amax)
 	return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
+// h = bf16( silu(g) * u ), silu(g) = g / (1 + exp(-g)), of bf16-valued g and u in fp32: the
+// SwiGLU of every fused kernel (k_moe_swiglu_quant, the SwiGLU epilogues of the grouped GEMMs),
+// one expression so that they give the same bits.
+__device__ __forceinline__ float swiglu_bf16v(float g, float u)
+{
+	const float silu = __fdiv_rn(g, 1.0f + expf(-g));
+	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
+}
+
+// The same of fp32 g and u first rounded to bf16 (a GEMM's gate and up values, as its bf16
+// output would hold them).
+__device__ __forceinline__ float swiglu_bf16(float g, float u)
+{
+	return swiglu_bf16v(bf16_to_f32(f32_to_bf16(g)), bf16_to_f32(f32_to_bf16(u)));
+}
+
 __device__ __forceinline__ float warp_max(float v)
 {
 #pragma unroll

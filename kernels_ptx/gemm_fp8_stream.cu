@@ -1213,9 +1213,7 @@ k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restri
 					gs += gl[ch][k], us += ul[ch][k];
 			for (int ch = 4; ch < chunks; ch++)
 				gs += pg[ch * plane + k], us += pu[ch * plane + k];
-			const float gv = bf16_to_f32(f32_to_bf16(gs)), uv = bf16_to_f32(f32_to_bf16(us));
-			const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
-			v[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
+			v[k] = swiglu_bf16(gs, us);
 		}
 		const float sc = warp_act_quant128_regs(v, h8 + row * I + c * 128, lane);
 		if (lane == 0)

@@ -493,15 +493,6 @@ __device__ __forceinline__ void wg_store_round(const float *acc, uint32_t stg, c
 // the row's 128 values are held by the 4 lanes of a quad) -> h8 e4m3 [rows, N] at column n0,
 // hs fp32 [rows, N / 128] at n0 / 128: k_moe_swiglu_quant's arithmetic (moe_block.cu), value for
 // value, so the bits are those of this GEMM's bf16 output through that kernel.
-// h = bf16( silu(bf16 g) * bf16 u ) of one output (g, u: the GEMM's fp32 gate and up values,
-// rounded to bf16 as its bf16 output would be): k_moe_swiglu_quant's arithmetic.
-__device__ __forceinline__ float swiglu_bf16(float g, float u)
-{
-	const float gv = bf16_to_f32(f32_to_bf16(g)), uv = bf16_to_f32(f32_to_bf16(u));
-	const float silu = __fdiv_rn(gv, 1.0f + expf(-gv));
-	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, uv)));
-}
-
 // ST (the _st kernels): the codes staged in the warpgroup's 64 x 128-byte buffer stg (16-byte
 // chunk c of row r at chunk c ^ (r % 8): conflict-free for the pair writes and the row reads),
 // then stored as whole 16-byte chunks (the same bytes; named barrier 2 + cw as wg_store_round).

@@ -760,10 +760,8 @@ k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 			const uint32_t uw[4] = {uraw.x, uraw.y, uraw.z, uraw.w};
 #pragma unroll
 			for (int k = 0; k < 8; k++) {
-				const float g = bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1))));
-				const float u = bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1))));
-				const float silu = __fdiv_rn(g, 1.0f + expf(-g));
-				h[k] = bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
+				h[k] = swiglu_bf16v(bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1)))),
+						    bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1)))));
 				amax = fmaxf(amax, fabsf(h[k]));
 			}
 		}
