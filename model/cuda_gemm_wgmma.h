@@ -81,9 +81,9 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
  * a group's token rows an item; the same outputs as the forms above): N % 256 == 0. */
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
-/* Whether the MoE block runs its gate|up GEMM at prefill sizes on the token-wide form (unfused:
- * bf16 gate|up, then k_moe_swiglu_quant) rather than the fused SwiGLU form: on by default;
- * DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off. */
+/* Whether the MoE block runs its GEMMs at prefill sizes on the token-wide form (gate|up unfused:
+ * bf16, then k_moe_swiglu_quant; down) rather than the 128-token tile forms (gate|up with the
+ * SwiGLU fused): on by default; DSV32_CUDA_WGMMA_TW=0, read at the first call, turns it off. */
 int cuda_gemm_wgmma_tw(void);
 #endif
 

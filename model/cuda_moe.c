@@ -21,14 +21,16 @@
  *      tokens) on the token-wide grouped form (cuda_gemm_fp8_tw_grouped: 256 weight rows x up
  *      to 144 of an expert's rows an item, so an expert's weight tile is read once, not once
  *      per 128 rows; DSV32_CUDA_WGMMA_TW=0: the 128-token tile form with SwiGLU fused, below)
+ *      over the E routed groups only, the shared expert's rows then by the dense dispatch
+ *      (cuda_gemm_fp8; cuda_moe_set_shared_dense)
  *   -> k_moe_swiglu_quant (bf16 of silu(g) * u, then act_quant) over the R + T rows; with
  *      DSV32_CUDA_WGMMA_TW=0 the wgmma gate|up GEMM does this in its epilogue
  *      (cuda_gemm_fp8_wgmma_grouped_swiglu: the same bits), and on the streaming kernel (decode
  *      sizes) its K-chunk sum does (cuda_gemm_fp8_grouped_swiglu, where it can: the same
  *      bits); gu is then never written (a bench stage SWIGLU timed alone runs the separate
  *      kernel)
- *   -> grouped FP8 GEMM down_proj over the same E + 1 groups (at prefill sizes on the token-wide
- *      form while the groups average under 128 rows, else the tile form)
+ *   -> grouped FP8 GEMM down_proj over the same groups (at prefill sizes on the token-wide form;
+ *      the shared expert's likewise on the dense dispatch)
  *   -> k_moe_combine_v8 (bit-identical to the CPU's moe_combine; the shared output is rows R..);
  *      on the streaming kernel the down GEMM's K-chunk sum does it where it can
  *      (cuda_gemm_fp8_grouped_combine: the same bits; a bench stage COMBINE timed alone runs

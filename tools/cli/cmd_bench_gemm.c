@@ -444,7 +444,8 @@ int bench_gemm(int argc, char **argv)
 	}
 	static const int Ms[] = {1, 8, 16, 32, 64, 128, 4096};
 	const int max_m = 4096;
-	gpu_ptr kept[6 * 8]; /* every shape's buffers, freed at the end */
+	/* every shape's six buffers, freed at the end */
+	gpu_ptr kept[6 * sizeof shapes / sizeof *shapes];
 	int n_kept = 0;
 	int rc_all = 0;
 	for (size_t si = 0; run_dense && si < n_sh; si++) {
@@ -587,7 +588,7 @@ int bench_gemm(int argc, char **argv)
 		free(cs);
 		/* (freed after the last shape: see the pause above) */
 		const gpu_ptr bufs[] = {c.w, c.s, c.x, c.sx, c.y, c.ws};
-		for (int k = 0; k < 6 && n_kept < (int)(sizeof kept / sizeof *kept); k++)
+		for (int k = 0; k < 6; k++)
 			kept[n_kept++] = bufs[k];
 	}
 	for (int k = 0; k < n_kept; k++)
