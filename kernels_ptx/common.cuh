@@ -23,6 +23,13 @@ __device__ __forceinline__ uint8_t f32_to_e4m3(float x)
 	return (uint8_t)(r & 0xff);
 }
 
+// act_quant's clamp of x / sc for a UE8M0 scale sc given as inv = 1 / sc (exact: sc is a power
+// of two, so x * inv is the correctly rounded x / sc), before its e4m3 rounding.
+__device__ __forceinline__ float e4m3_scaled(float x, float inv)
+{
+	return fminf(fmaxf(x * inv, -448.f), 448.f);
+}
+
 // Two e4m3 codes packed (lo = a, hi = b).
 __device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float a, float b)
 {

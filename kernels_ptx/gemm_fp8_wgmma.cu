@@ -529,8 +529,8 @@ __device__ __forceinline__ void wg_store_swiglu(float *acc, const wg_tile &tl, i
 		const int sr = r_lo - 64 * cw + 8 * h; // the row in the warpgroup's buffer
 #pragma unroll
 		for (int j = 0; j < 16; j++) {
-			const float a = fminf(fmaxf(acc[4 * j + 2 * h] * inv[h], -448.f), 448.f);
-			const float b = fminf(fmaxf(acc[4 * j + 2 * h + 1] * inv[h], -448.f), 448.f);
+			const float a = e4m3_scaled(acc[4 * j + 2 * h], inv[h]);
+			const float b = e4m3_scaled(acc[4 * j + 2 * h + 1], inv[h]);
 			const uint16_t pr = (uint16_t)(f32_to_e4m3(a) | (uint32_t)f32_to_e4m3(b) << 8);
 			if constexpr (ST)
 				asm volatile("st.shared.u16 [%0], %1;" ::"r"(

@@ -775,9 +775,9 @@ k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
 		uint32_t packed[2] = {0, 0};
 #pragma unroll
 		for (int k = 0; k < 8; k += 2) {
-			const float a = fminf(fmaxf(h[k] * inv, -448.f), 448.f);
-			const float b = fminf(fmaxf(h[k + 1] * inv, -448.f), 448.f);
-			packed[k >> 2] |= (uint32_t)f32x2_to_e4m3x2(a, b) << (16 * ((k >> 1) & 1));
+			packed[k >> 2] |= (uint32_t)f32x2_to_e4m3x2(e4m3_scaled(h[k], inv),
+								     e4m3_scaled(h[k + 1], inv))
+					   << (16 * ((k >> 1) & 1));
 		}
 		*reinterpret_cast<uint2 *>(h8 + (size_t)row * I + c * 128 + l * 8) =
 			make_uint2(packed[0], packed[1]);
