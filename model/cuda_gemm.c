@@ -109,14 +109,34 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 #define MAP_CACHE 256
 static struct map_entry {
 	gpu_ptr base;
-	int rows, K, box_rows, f32;
+	int rows, K, box_rows, f32, promo;
 	CUtensorMap map;
 } map_cache[MAP_CACHE];
 static int map_next;
 
+/* L2 promotion of a decode GEMM's dense weight stream: none (a box row is 128 bytes, each L2
+ * miss fetches its 128 bytes). With CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as before session 10,
+ * the streaming kernel's weight copies alone (tools/probes/stream_probe.cu: its grid, units and
+ * ring, nothing computed) came in at 3.88-3.98 TB/s against 4.10-4.24 without, on the row-major
+ * and a tile-contiguous layout alike (the layout is not what costs, the promotion is), and bench
+ * gemm's decode rows moved +3..+7%. The other maps (tokens, the prefill GEMMs, the grouped
+ * experts' templates) keep 256-byte promotion: the MoE block at 64-4096 tokens measured no gain
+ * without it. DSV32_GEMM_L2_PROMO=1 puts the decode weights back on 256 bytes (read once). */
+static int decode_promo_256(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("DSV32_GEMM_L2_PROMO");
+		on = v && *v == '1';
+	}
+	return on;
+}
+
 /* f32 0: e4m3 [rows][K], boxes of 128 bytes x box_rows, 128-byte swizzle (cuda_gemm_tmap_2d);
- * 1: fp32 [rows][K / 128] (act_quant scales), boxes of 8 values x box_rows, no swizzle. */
-static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows, int f32)
+ * 1: fp32 [rows][K / 128] (act_quant scales), boxes of 8 values x box_rows, no swizzle.
+ * promo: e4m3 copies' L2 promotion to 256 bytes (else none; the scales' never). */
+static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows, int f32,
+		       int promo)
 {
 	if (!cu.cuTensorMapEncodeTiled)
 		return -ENOTSUP;
@@ -124,7 +144,7 @@ static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_ro
 	for (int i = 0; i < MAP_CACHE; i++) {
 		const struct map_entry *c = &map_cache[i];
 		if (c->base == base && c->rows == rows && c->K == K && c->box_rows == box_rows &&
-		    c->f32 == f32 && base) {
+		    c->f32 == f32 && c->promo == promo && base) {
 			*m = c->map;
 			pthread_mutex_unlock(&gemm_lock);
 			return 0;
@@ -139,10 +159,10 @@ static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_ro
 		m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
 		(void *)(uintptr_t)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
 		f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
-		f32 ? CU_TENSOR_MAP_L2_PROMOTION_NONE : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+		!f32 && promo ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
 		CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 	pthread_mutex_lock(&gemm_lock);
-	map_cache[map_next] = (struct map_entry){base, rows, K, box_rows, f32, *m};
+	map_cache[map_next] = (struct map_entry){base, rows, K, box_rows, f32, promo, *m};
 	map_next = (map_next + 1) % MAP_CACHE;
 	pthread_mutex_unlock(&gemm_lock);
 	return 0;
@@ -150,7 +170,14 @@ static int tmap_encode(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_ro
 
 int cuda_gemm_tmap_2d(CUtensorMap *m, gpu_ptr base, int rows, int K, int box_rows)
 {
-	return tmap_encode(m, base, rows, K, box_rows, 0);
+	return tmap_encode(m, base, rows, K, box_rows, 0, 1);
+}
+
+/* A dense decode GEMM's weight map (W [N][K], boxes of box_rows): L2 promotion as
+ * decode_promo_256 says. */
+static int decode_wmap(CUtensorMap *m, gpu_ptr W, int N, int K, int box_rows)
+{
+	return tmap_encode(m, W, N, K, box_rows, 0, decode_promo_256());
 }
 
 /* The streaming kernel's rows per warp (RT 16-row MMA tiles): 0 = the default rule below. */
@@ -398,11 +425,12 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	 * 128 rows; the tokens, boxes of 8 rows (grouped) or mpad rows (dense: one copy a K block);
 	 * one K block wide, 128-byte swizzle */
 	CUtensorMap wmap, xmap, smap;
-	if ((r = cuda_gemm_tmap_2d(&wmap, w_tab ? x8 : W, N, K, tile)) ||
+	if ((r = w_tab ? cuda_gemm_tmap_2d(&wmap, x8, N, K, tile) /* the groups' template */
+		       : decode_wmap(&wmap, W, N, K, tile)) ||
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, rows, K, w_tab ? 8 : mpad)))
 		return r;
 	smap = xmap; /* (unused without ST_SX_TMA) */
-	if (sxt && (r = tmap_encode(&smap, sx, rows, K, mpad, 1)))
+	if (sxt && (r = tmap_encode(&smap, sx, rows, K, mpad, 1, 0)))
 		return r;
 	if (w_tab) {
 		void *margs[] = {&wmap, &w_tab, &G};
@@ -573,8 +601,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if (r)
 		return r;
 	CUtensorMap wmap, xmap;
-	if ((r = cuda_gemm_tmap_2d(&wmap, W, N, K, nt)) ||
-	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
+	if ((r = decode_wmap(&wmap, W, N, K, nt)) || (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
 		return r;
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage};
 	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);

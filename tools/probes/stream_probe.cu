@@ -1,0 +1,290 @@
+// stream_probe.cu — how fast the decode GEMM's weight stream can come in, by the layout of the
+// weights in HBM and the kind of copy, with nothing computed: the streaming kernel's persistent
+// grid (one block per SM, units = 128-row tile x K chunk, the host's chunk choice), its ring of
+// stages of two K blocks (2 x 16 KB), one producer thread, 8 consumer warps that only release.
+// A diagnostic for issue 9 (docs/PERF.md), not part of the engine (CUDA runtime). Build here,
+// run on the GPU machine:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels_ptx \
+//        -o /tmp/stream_probe tools/probes/stream_probe.cu -L/usr/local/cuda/lib64/stubs -lcuda
+//   /tmp/stream_probe
+// Forms: "rowmajor" = the checkpoint's [N][K] e4m3 through a 2-D tensor map, boxes of 128 rows
+// x 128 bytes (the kernel's copies: each row gives 128 bytes a box, rows K bytes apart);
+// "tiled" = the same bytes stored tile-contiguous ([N/128][K/128][128 rows][128 bytes]: a box is
+// 16 KB in a row) through a 4-D tensor map with the same box; "bulk" = the tiled layout by 1-D
+// bulk copies (a stage's 32 KB in one copy); "ldg" = a grid-stride 16-byte load reduction over
+// the matrix (the read limit). Each line: us a matrix (the mean over 64 launches rotating over
+// matrices that do not fit the L2) and TB/s of weight bytes.
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include "tma.cuh"
+
+#define BOX 16384
+
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+					  uint32_t bar, uint64_t pol)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+		     : "memory");
+}
+
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c2,
+					    int c3, uint64_t pol)
+{
+	asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".L2::cache_hint [%0], [%1, {%3, %3, %4, %5}], [%2], %6;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(0), "r"(c2), "r"(c3), "l"(pol)
+		     : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c1,
+					    int c2, uint64_t pol)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(0), "r"(c1), "r"(c2), "l"(pol)
+		     : "memory");
+}
+
+// FORM 0: 2-D row-major boxes (R rows x one K block); 1: 4-D tiled boxes; 2: 1-D bulk over the
+// tiled layout; 3: row-major through a 3-D map (bytes, rows, K blocks), one box of R rows x two
+// K blocks a stage
+template <int FORM>
+__global__ void __launch_bounds__(288, 1)
+	k_stream(const __grid_constant__ CUtensorMap map, const uint8_t *w, int tiles, int chunks,
+		 int chunk_blocks, int KB, int ns, int R)
+{
+	extern __shared__ __align__(1024) uint8_t sm[];
+	uint64_t *full = reinterpret_cast<uint64_t *>(sm), *empty = full + 8;
+	const uint32_t stage0 = (smem_u32(sm) + 128 + 1023) & ~1023u;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < ns; s++)
+			mbar_init(smem_u32(&full[s]), 1), mbar_init(smem_u32(&empty[s]), 8);
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	}
+	__syncthreads();
+	const int units = tiles * chunks;
+	int s = 0;
+	uint32_t ph = 0;
+	if (warp == 8) {
+		if (lane != 0)
+			return;
+		const uint64_t pol = l2_evict_first();
+		for (int u = blockIdx.x; u < units; u += gridDim.x) {
+			const int chunk = u % chunks, tile = u / chunks;
+			const int kb0 = chunk * chunk_blocks, kb1 = min(KB, kb0 + chunk_blocks);
+			for (int kb = kb0; kb < kb1; kb += 2) {
+				const int nb = min(2, kb1 - kb);
+				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
+				const uint32_t bar = smem_u32(&full[s]),
+					       dst = stage0 + s * ((2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX);
+				if (FORM == 3) {
+					mbar_arrive_expect_tx(bar, 2 * R * 128);
+					tma_load_3d(dst, &map, bar, tile * R, kb, pol);
+				} else if (FORM == 0) {
+					mbar_arrive_expect_tx(bar, nb * R * 128);
+					for (int j = 0; j < nb; j++)
+						tma_load_2d_hint(dst + j * R * 128, &map, bar, (kb + j) * 128,
+								 tile * R, pol);
+				} else {
+				mbar_arrive_expect_tx(bar, nb * BOX);
+				if (FORM == 2)
+					bulk_load(dst, w + ((size_t)tile * KB + kb) * BOX, nb * BOX, bar, pol);
+				else
+					for (int j = 0; j < nb; j++) {
+						if (FORM == 0)
+							tma_load_2d_hint(dst + j * BOX, &map, bar, (kb + j) * 128,
+									 tile * 128, pol);
+						else
+							tma_load_4d(dst + j * BOX, &map, bar, kb + j, tile, pol);
+					}
+				}
+				if (++s == ns)
+					s = 0, ph ^= 1;
+			}
+		}
+		return;
+	}
+	for (int u = blockIdx.x; u < units; u += gridDim.x) {
+		const int chunk = u % chunks;
+		const int kb0 = chunk * chunk_blocks, kb1 = min(KB, kb0 + chunk_blocks);
+		for (int kb = kb0; kb < kb1; kb += 2) {
+			mbar_wait(smem_u32(&full[s]), ph);
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(smem_u32(&empty[s]));
+			if (++s == ns)
+				s = 0, ph ^= 1;
+		}
+	}
+}
+
+__global__ void k_ldg(const uint4 *p, size_t n, unsigned *sink)
+{
+	unsigned x = 0;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		uint4 v = __ldcs(p + i);
+		x ^= v.x ^ v.y ^ v.z ^ v.w;
+	}
+	if (x == 0x12345678u)
+		*sink = x;
+}
+
+// the host's K split (model/cuda_gemm.c cuda_gemm_decode_split)
+static void split(int N, int K, int sms, int *chunks, int *cb_out)
+{
+	int kb = K / 128, tiles = (N + 127) / 128;
+	double best = 1e30;
+	for (int c = 1; c <= kb && c <= 64; c++) {
+		int cb = (kb + c - 1) / c, ce = (kb + cb - 1) / cb;
+		long long units = (long long)tiles * ce, rounds = (units + sms - 1) / sms;
+		double cost = (double)rounds * (cb + 1.0) + (ce > 1 ? 3.0 : 0.0);
+		if (cost < best - 1e-9)
+			best = cost, *chunks = ce, *cb_out = cb;
+	}
+}
+
+#define NMAT 12
+#define ITERS 64
+
+// form 0: 2-D [N][K] boxes {128 bytes, R rows}; 1: 4-D tiled {128, 128, 1, 1}; 3: 3-D (bytes,
+// rows at stride K, K blocks at stride 128) boxes {128, R, 2}
+static void encode(CUtensorMap *m, const void *base, int N, int K, int form, int R, int promo)
+{
+	CUresult r;
+	const CUtensorMapL2promotion pr =
+		promo ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+	if (form == 0) {
+		cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)N}, str[1] = {(cuuint64_t)K};
+		cuuint32_t box[2] = {128, (cuuint32_t)R}, es[2] = {1, 1};
+		r = cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)base, dims, str,
+					   box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					   CU_TENSOR_MAP_SWIZZLE_128B, pr,
+					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	} else if (form == 3) {
+		cuuint64_t dims[3] = {128, (cuuint64_t)N, (cuuint64_t)K / 128};
+		cuuint64_t str[2] = {(cuuint64_t)K, 128};
+		cuuint32_t box[3] = {128, (cuuint32_t)R, 2}, es[3] = {1, 1, 1};
+		r = cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dims, str,
+					   box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					   CU_TENSOR_MAP_SWIZZLE_128B, pr,
+					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	} else {
+		cuuint64_t dims[4] = {128, 128, (cuuint64_t)K / 128, (cuuint64_t)N / 128};
+		cuuint64_t str[3] = {128, BOX, (cuuint64_t)BOX * (K / 128)};
+		cuuint32_t box[4] = {128, 128, 1, 1}, es[4] = {1, 1, 1, 1};
+		r = cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, (void *)base, dims, str,
+					   box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					   CU_TENSOR_MAP_SWIZZLE_128B, pr,
+					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	}
+	if (r != CUDA_SUCCESS) {
+		fprintf(stderr, "cuTensorMapEncodeTiled (form %d, R %d): %d\n", form, R, (int)r);
+		exit(1);
+	}
+}
+
+// R rows a tile; chunks: K chunks (0: the host's split for 128-row tiles)
+static void run(const char *name, int form, int ns, int promo, uint8_t **mats, int N, int K,
+		int sms, int R = 128, int chunks = 0)
+{
+	int cb = K / 128;
+	if (!chunks)
+		split(N, K, sms, &chunks, &cb);
+	else
+		cb = (K / 128 + chunks - 1) / chunks;
+	const int tiles = N / R, units = tiles * chunks, grid = units < sms ? units : sms;
+	CUtensorMap maps[NMAT];
+	for (int i = 0; i < NMAT; i++)
+		encode(&maps[i], mats[i], N, K, form, R, promo);
+	const int sb = (2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX;
+	const int smem = 128 + 1024 + ns * sb;
+	void (*kern)(CUtensorMap, const uint8_t *, int, int, int, int, int, int) =
+		form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
+	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0), cudaEventCreate(&e1);
+	for (int it = -8; it < ITERS; it++) {
+		if (it == 0)
+			cudaEventRecord(e0);
+		const int i = (it + 64) % NMAT;
+		kern<<<grid, 288, smem>>>(maps[i], mats[i], tiles, chunks, cb, K / 128, ns, R);
+	}
+	cudaEventRecord(e1);
+	cudaError_t err = cudaEventSynchronize(e1);
+	if (err != cudaSuccess) {
+		fprintf(stderr, "%s: %s\n", name, cudaGetErrorString(err));
+		exit(1);
+	}
+	float ms;
+	cudaEventElapsedTime(&ms, e0, e1);
+	const double us = ms * 1e3 / ITERS, bytes = (double)N * K;
+	printf("%6dx%-6d %-9s R %3d stages %d promo %d grid %3d chunks %2d x %3d  %7.2f us  %.3f TB/s\n",
+	       N, K, name, R, ns, promo, grid, chunks, cb, us, bytes / us * 1e-6);
+}
+
+static void run_ldg(uint8_t **mats, int N, int K, int sms, unsigned *sink)
+{
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0), cudaEventCreate(&e1);
+	const size_t n = (size_t)N * K / 16;
+	for (int it = -8; it < ITERS; it++) {
+		if (it == 0)
+			cudaEventRecord(e0);
+		k_ldg<<<sms * 4, 512>>>((const uint4 *)mats[(it + 64) % NMAT], n, sink);
+	}
+	cudaEventRecord(e1);
+	cudaEventSynchronize(e1);
+	float ms;
+	cudaEventElapsedTime(&ms, e0, e1);
+	const double us = ms * 1e3 / ITERS;
+	printf("%6dx%-6d %-9s                                %7.2f us  %.3f TB/s\n", N, K, "ldg", us,
+	       (double)N * K / us * 1e-6);
+}
+
+int main()
+{
+	int sms;
+	cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+	const int shapes[3][2] = {{7168, 16384}, {18432, 7168}, {7168, 18432}};
+	size_t most = 0;
+	for (auto &sh : shapes)
+		most = (size_t)sh[0] * sh[1] > most ? (size_t)sh[0] * sh[1] : most;
+	uint8_t *mats[NMAT];
+	for (int i = 0; i < NMAT; i++) {
+		if (cudaMalloc(&mats[i], most) != cudaSuccess) {
+			fprintf(stderr, "cudaMalloc failed\n");
+			return 1;
+		}
+		cudaMemset(mats[i], 0x11 * (i + 1), most);
+	}
+	unsigned *sink;
+	cudaMalloc(&sink, 4);
+	printf("stream_probe: %d SMs, %d matrices rotated, %d launches each line\n", sms, NMAT, ITERS);
+	for (auto &sh : shapes) {
+		const int N = sh[0], K = sh[1];
+		run_ldg(mats, N, K, sms, sink);
+		run("rowmajor", 0, 4, 1, mats, N, K, sms);
+		run("rowmajor", 0, 4, 0, mats, N, K, sms);
+		run("rowmajor", 0, 6, 0, mats, N, K, sms);
+		run("tiled", 1, 4, 0, mats, N, K, sms);
+		run("bulk", 2, 4, 0, mats, N, K, sms);
+		run("3d", 3, 4, 0, mats, N, K, sms);
+		run("3d", 3, 6, 0, mats, N, K, sms);
+		// the swapped kernel's tiles: one tile a block (56 / 144 rows), or two K halves (112)
+		const int r1 = N % 56 == 0 && N / 56 <= sms ? 56 : 144;
+		for (int f = 0; f <= 3; f += 3)
+			for (int p = 0; p <= 1; p++) {
+				run(f ? "3d" : "rowmajor", f, 6, p, mats, N, K, sms, r1, 1);
+				if (N % 112 == 0 && 2 * N / 112 <= sms)
+					run(f ? "3d" : "rowmajor", f, 6, p, mats, N, K, sms, 112, 2);
+			}
+	}
+	return 0;
+}
