@@ -1,5 +1,5 @@
 // stream_probe.cu — how fast the decode GEMM's weight stream can come in, by the layout of the
-// weights in HBM and the kind of copy, with nothing computed: the streaming kernel's persistent
+// weights in HBM and the kind of copy, nothing computed (or only the decode MMAs): the persistent
 // grid (one block per SM, units = 128-row tile x K chunk, the host's chunk choice), its ring of
 // stages of two K blocks (2 x 16 KB), one producer thread, 8 consumer warps that only release.
 // A diagnostic for issue 9 (docs/PERF.md), not part of the engine (CUDA runtime). Build here,
@@ -11,15 +11,19 @@
 // x 128 bytes (the kernel's copies: each row gives 128 bytes a box, rows K bytes apart);
 // "tiled" = the same bytes stored tile-contiguous ([N/128][K/128][128 rows][128 bytes]: a box is
 // 16 KB in a row) through a 4-D tensor map with the same box; "bulk" = the tiled layout by 1-D
-// bulk copies (a stage's 32 KB in one copy); "ldg" = a grid-stride 16-byte load reduction over
-// the matrix (the read limit). Each line: us a matrix (the mean over 64 launches rotating over
-// matrices that do not fit the L2) and TB/s of weight bytes.
+// bulk copies (a stage's 32 KB in one copy); "3d" = row-major through a 3-D map, one box of two
+// K blocks a stage; "ldg" = a grid-stride 16-byte load reduction over the matrix. Each with or
+// without 256-byte L2 promotion, 4 or 6 stages, R-row tiles (56 / 112 / 144: the swapped
+// kernel's), and "wgmma": consumers that do the decode kernel's MMAs at M <= 8. Each line: us a
+// matrix (the mean over 64 launches rotating over matrices that do not fit the L2), TB/s of
+// weight bytes, and the SM clock the blocks ran at (clock64 against %globaltimer).
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include "tma.cuh"
+#include "wgmma.cuh"
 
 #define BOX 16384
 
@@ -50,13 +54,33 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, uint3
 		     : "memory");
 }
 
+__device__ __forceinline__ void mma_n8(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// clock64 and %globaltimer of thread 0 of each block at its start and end (the SM clock the
+// block ran at: the GPU's boost moves it)
+__device__ __forceinline__ void stamp(unsigned long long *t, int at)
+{
+	unsigned long long ns;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+	t[4 * blockIdx.x + 2 * at] = clock64();
+	t[4 * blockIdx.x + 2 * at + 1] = ns;
+}
+
 // FORM 0: 2-D row-major boxes (R rows x one K block); 1: 4-D tiled boxes; 2: 1-D bulk over the
 // tiled layout; 3: row-major through a 3-D map (bytes, rows, K blocks), one box of R rows x two
-// K blocks a stage
-template <int FORM>
+// K blocks a stage. CONS 1 (FORM 0, R = 128): the consumer warpgroups compute as the decode
+// kernel's at M <= 8 (per K block 4 wgmma m64n8k32 of their 64 weight rows and a token box held
+// in shared memory, wait, promote), else they only release.
+template <int FORM, int CONS = 0>
 __global__ void __launch_bounds__(288, 1)
 	k_stream(const __grid_constant__ CUtensorMap map, const uint8_t *w, int tiles, int chunks,
-		 int chunk_blocks, int KB, int ns, int R)
+		 int chunk_blocks, int KB, int ns, int R, unsigned long long *times, float *sink)
 {
 	extern __shared__ __align__(1024) uint8_t sm[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(sm), *empty = full + 8;
@@ -67,7 +91,16 @@ __global__ void __launch_bounds__(288, 1)
 			mbar_init(smem_u32(&full[s]), 1), mbar_init(smem_u32(&empty[s]), 8);
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
+	// a token box of 8 rows (nonzero e4m3 bytes) after the ring, for CONS
+	const uint32_t tok = stage0 + ns * ((2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX
+						? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX);
+	if (CONS)
+		for (int i = threadIdx.x; i < 256; i += blockDim.x)
+			asm volatile("st.shared.u32 [%0], %1;" ::"r"(tok + 4 * i), "r"(0x3a2c1e38u ^ i));
+	fence_proxy_async();
 	__syncthreads();
+	if (threadIdx.x == 0)
+		stamp(times, 0);
 	const int units = tiles * chunks;
 	int s = 0;
 	uint32_t ph = 0;
@@ -110,11 +143,30 @@ __global__ void __launch_bounds__(288, 1)
 		}
 		return;
 	}
+	float acc[4] = {0.f, 0.f, 0.f, 0.f}, frag[4];
 	for (int u = blockIdx.x; u < units; u += gridDim.x) {
 		const int chunk = u % chunks;
 		const int kb0 = chunk * chunk_blocks, kb1 = min(KB, kb0 + chunk_blocks);
 		for (int kb = kb0; kb < kb1; kb += 2) {
 			mbar_wait(smem_u32(&full[s]), ph);
+			if (CONS) {
+				const uint32_t st = stage0 + s * 2 * BOX + (warp >> 2) * 64 * 128;
+				for (int j = 0; j < min(2, kb1 - kb); j++) {
+#pragma unroll
+					for (int i = 0; i < 4; i++)
+						wg_reg_fence(frag[i]);
+					wg_fence();
+#pragma unroll
+					for (int k = 0; k < 4; k++)
+						mma_n8(frag, wgd_kmajor(st + j * BOX) + 2 * k, wgd_kmajor(tok) + 2 * k,
+						       k > 0);
+					wg_commit();
+					wg_wait0();
+#pragma unroll
+					for (int i = 0; i < 4; i++)
+						wg_reg_fence(frag[i]), acc[i] += frag[i] * 0.5f;
+				}
+			}
 			__syncwarp();
 			if (lane == 0)
 				mbar_arrive(smem_u32(&empty[s]));
@@ -122,6 +174,11 @@ __global__ void __launch_bounds__(288, 1)
 				s = 0, ph ^= 1;
 		}
 	}
+	if (CONS && acc[0] + acc[1] + acc[2] + acc[3] == 1.2345f)
+		*sink = acc[0];
+	asm volatile("bar.sync 1, 256;" ::: "memory"); // the consumer warps
+	if (threadIdx.x == 0)
+		stamp(times, 1);
 }
 
 __global__ void k_ldg(const uint4 *p, size_t n, unsigned *sink)
@@ -191,8 +248,11 @@ static void encode(CUtensorMap *m, const void *base, int N, int K, int form, int
 }
 
 // R rows a tile; chunks: K chunks (0: the host's split for 128-row tiles)
+static unsigned long long *d_times;
+static float *d_sink;
+
 static void run(const char *name, int form, int ns, int promo, uint8_t **mats, int N, int K,
-		int sms, int R = 128, int chunks = 0)
+		int sms, int R = 128, int chunks = 0, int cons = 0)
 {
 	int cb = K / 128;
 	if (!chunks)
@@ -204,9 +264,11 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 	for (int i = 0; i < NMAT; i++)
 		encode(&maps[i], mats[i], N, K, form, R, promo);
 	const int sb = (2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX;
-	const int smem = 128 + 1024 + ns * sb;
-	void (*kern)(CUtensorMap, const uint8_t *, int, int, int, int, int, int) =
-		form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
+	const int smem = 128 + 1024 + ns * sb + 1024;
+	void (*kern)(CUtensorMap, const uint8_t *, int, int, int, int, int, int,
+		     unsigned long long *, float *) =
+		cons ? k_stream<0, 1>
+		     : form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
 	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -214,7 +276,8 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 		if (it == 0)
 			cudaEventRecord(e0);
 		const int i = (it + 64) % NMAT;
-		kern<<<grid, 288, smem>>>(maps[i], mats[i], tiles, chunks, cb, K / 128, ns, R);
+		kern<<<grid, 288, smem>>>(maps[i], mats[i], tiles, chunks, cb, K / 128, ns, R, d_times,
+					  d_sink);
 	}
 	cudaEventRecord(e1);
 	cudaError_t err = cudaEventSynchronize(e1);
@@ -225,8 +288,15 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 	float ms;
 	cudaEventElapsedTime(&ms, e0, e1);
 	const double us = ms * 1e3 / ITERS, bytes = (double)N * K;
-	printf("%6dx%-6d %-9s R %3d stages %d promo %d grid %3d chunks %2d x %3d  %7.2f us  %.3f TB/s\n",
-	       N, K, name, R, ns, promo, grid, chunks, cb, us, bytes / us * 1e-6);
+	unsigned long long t[4 * 132 * 2];
+	cudaMemcpy(t, d_times, sizeof(unsigned long long) * 4 * grid, cudaMemcpyDeviceToHost);
+	double clk = 0, ns_sum = 0;
+	for (int b = 0; b < grid; b++)
+		clk += (double)(t[4 * b + 2] - t[4 * b]), ns_sum += (double)(t[4 * b + 3] - t[4 * b + 1]);
+	printf("%6dx%-6d %-9s R %3d stages %d promo %d grid %3d chunks %2d x %3d%s  %7.2f us  %.3f "
+	       "TB/s  SM %.2f GHz\n",
+	       N, K, name, R, ns, promo, grid, chunks, cb, cons ? " wgmma" : "      ", us,
+	       bytes / us * 1e-6, clk / ns_sum);
 }
 
 static void run_ldg(uint8_t **mats, int N, int K, int sms, unsigned *sink)
@@ -267,24 +337,25 @@ int main()
 	unsigned *sink;
 	cudaMalloc(&sink, 4);
 	printf("stream_probe: %d SMs, %d matrices rotated, %d launches each line\n", sms, NMAT, ITERS);
+	cudaMalloc(&d_times, sizeof(unsigned long long) * 4 * 132 * 2);
+	cudaMalloc(&d_sink, 4);
 	for (auto &sh : shapes) {
 		const int N = sh[0], K = sh[1];
 		run_ldg(mats, N, K, sms, sink);
-		run("rowmajor", 0, 4, 1, mats, N, K, sms);
-		run("rowmajor", 0, 4, 0, mats, N, K, sms);
+		for (int p = 1; p >= 0; p--) // 256-byte L2 promotion, then none
+			run("rowmajor", 0, 4, p, mats, N, K, sms);
 		run("rowmajor", 0, 6, 0, mats, N, K, sms);
 		run("tiled", 1, 4, 0, mats, N, K, sms);
 		run("bulk", 2, 4, 0, mats, N, K, sms);
 		run("3d", 3, 4, 0, mats, N, K, sms);
-		run("3d", 3, 6, 0, mats, N, K, sms);
 		// the swapped kernel's tiles: one tile a block (56 / 144 rows), or two K halves (112)
 		const int r1 = N % 56 == 0 && N / 56 <= sms ? 56 : 144;
-		for (int f = 0; f <= 3; f += 3)
-			for (int p = 0; p <= 1; p++) {
-				run(f ? "3d" : "rowmajor", f, 6, p, mats, N, K, sms, r1, 1);
-				if (N % 112 == 0 && 2 * N / 112 <= sms)
-					run(f ? "3d" : "rowmajor", f, 6, p, mats, N, K, sms, 112, 2);
-			}
+		run("rowmajor", 0, 6, 0, mats, N, K, sms, r1, 1);
+		if (N % 112 == 0 && 2 * N / 112 <= sms)
+			run("rowmajor", 0, 6, 0, mats, N, K, sms, 112, 2);
+		// consumers with the decode kernel's wgmmas (the SM clock drops to ~1.8 GHz)
+		for (int p = 1; p >= 0; p--)
+			run("rowmajor", 0, 4, p, mats, N, K, sms, 128, 0, 1);
 	}
 	return 0;
 }
