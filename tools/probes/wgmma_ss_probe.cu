@@ -6,8 +6,9 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels_ptx -o /tmp/wgmma_ss_probe tools/probes/wgmma_ss_probe.cu
 //   /tmp/wgmma_ss_probe
 // Each line: the form, cycles per K block per consumer warpgroup (clock64 in the kernel), the
-// GPU's TFLOP/s (132 CTAs x 2 consumer warpgroups) and its ratio to the dense FP8 peak at the
-// measured clock (8192 FLOP a cycle an SM).
+// GPU's TFLOP/s (132 CTAs x 2 consumer warpgroups; the "3 warpgroups" forms 3, one 64-row chain
+// each: a 192-row item, session 10) and its ratio to the dense FP8 peak at the measured clock
+// (8192 FLOP a cycle an SM).
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -24,11 +25,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
 #define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define R56 R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 template <int NN>
 __device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	if constexpr (NN == 96)
 		WGMMA_E4M3(96, R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40));
+	else if constexpr (NN == 112)
+		WGMMA_E4M3(112, R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48));
 	else if constexpr (NN == 128)
 		WGMMA_E4M3(128, R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56));
 	else
@@ -144,6 +148,123 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, fl
 		cycles[blockIdx.x * 2 + cw] = t1 - t0;
 }
 
+// Three consumer warpgroups (512 threads: warpgroup 0 idle at 24 registers, the consumers at
+// 160), one chain each a K block: 4 MMAs of its 64 rows into a fresh fragment, wait, promote
+// (PRE 0: LDS + FMUL + FFMA as MODE 0; 1: the scale products loaded before the wait, as MODE 9).
+// Three chains in flight an SM instead of two; an item would be 192 weight rows.
+template <int NN, int PRE>
+__global__ void __launch_bounds__(512, 1) probe3(int iters, long long *cycles, float *sink)
+{
+	extern __shared__ __align__(1024) uint8_t sm[];
+	const uint32_t base = (smem_u32(sm) + 1023) & ~1023u;
+	const uint32_t a_s = base, b_s = base + 32768, sc_s = b_s + NN * 128;
+	for (int i = threadIdx.x; i < (32768 + NN * 128) / 4; i += blockDim.x) {
+		uint32_t h = (uint32_t)i * 2654435761u ^ 0x9e3779b9u;
+		h &= 0x3f3f3f3fu;
+		asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 4 * i), "r"(h));
+	}
+	for (int i = threadIdx.x; i < 4 * (NN + 16); i += blockDim.x)
+		asm volatile("st.shared.f32 [%0], %1;" ::"r"(sc_s + 4 * i), "f"(1.0f));
+	fence_proxy_async();
+	__syncthreads();
+	const int wg = threadIdx.x >> 7, q = threadIdx.x & 3;
+	if (wg == 0) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+		return;
+	}
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");
+	const int cw = wg - 1;
+	float acc[NN / 2], f0[NN / 2];
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		acc[i] = 0.f;
+	const uint64_t da = wgd_kmajor(a_s + cw * 64 * 128), db = wgd_kmajor(b_s);
+	long long t0 = clock64();
+	for (int it = 0; it < iters; it++) {
+#pragma unroll
+		for (int i = 0; i < NN / 2; i++)
+			wg_reg_fence(f0[i]);
+		wg_fence();
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			mma<NN>(f0, da + 2 * k, db + 2 * k, k > 0);
+		wg_commit();
+		constexpr int NP = PRE ? NN / 4 : 4;
+		float pre[NP];
+		if (PRE) {
+#pragma unroll
+			for (int j = 0; j < NP; j += 4)
+				asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+					     : "=f"(pre[j]), "=f"(pre[j + 1]), "=f"(pre[j + 2]), "=f"(pre[j + 3])
+					     : "r"(sc_s + 4 * (q * (NN / 4 + 4) + j)));
+		}
+		wg_wait0();
+#pragma unroll
+		for (int i = 0; i < NN / 2; i++)
+			wg_reg_fence(f0[i]);
+#pragma unroll
+		for (int j = 0; j < NN / 8; j++) {
+			float s0, s1;
+			if (PRE) {
+				s0 = pre[2 * j], s1 = pre[2 * j + 1];
+			} else {
+				float x0, x1;
+				asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+					     : "=f"(x0), "=f"(x1)
+					     : "r"(sc_s + 4 * (8 * j + 2 * q)));
+				s0 = x0 * 0.5f, s1 = x1 * 0.5f;
+			}
+			acc[4 * j + 0] = fmaf(f0[4 * j + 0], s0, acc[4 * j + 0]);
+			acc[4 * j + 1] = fmaf(f0[4 * j + 1], s1, acc[4 * j + 1]);
+			acc[4 * j + 2] = fmaf(f0[4 * j + 2], s0, acc[4 * j + 2]);
+			acc[4 * j + 3] = fmaf(f0[4 * j + 3], s1, acc[4 * j + 3]);
+		}
+	}
+	long long t1 = clock64();
+	float s = 0.f;
+#pragma unroll
+	for (int i = 0; i < NN / 2; i++)
+		s += acc[i];
+	if (s == 12345.f)
+		sink[threadIdx.x] = s;
+	if ((threadIdx.x & 127) == 0)
+		cycles[blockIdx.x * 3 + cw] = t1 - t0;
+}
+
+template <int NN, int PRE>
+static void run3(const char *name, int iters)
+{
+	const int blocks = 132, smem = 32768 + NN * 128 + 4 * (NN + 16) * 4 + 2048;
+	long long *cyc;
+	float *sink;
+	cudaMalloc(&cyc, blocks * 3 * sizeof(long long));
+	cudaMalloc(&sink, 512 * 4);
+	cudaFuncSetAttribute(probe3<NN, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	probe3<NN, PRE><<<blocks, 512, smem>>>(iters / 10, cyc, sink); // warm-up
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0), cudaEventCreate(&e1);
+	cudaEventRecord(e0);
+	probe3<NN, PRE><<<blocks, 512, smem>>>(iters, cyc, sink);
+	cudaEventRecord(e1);
+	cudaError_t err = cudaEventSynchronize(e1);
+	if (err != cudaSuccess) {
+		printf("%s: %s\n", name, cudaGetErrorString(err));
+		return;
+	}
+	float ms;
+	cudaEventElapsedTime(&ms, e0, e1);
+	long long h[396], mx = 0;
+	cudaMemcpy(h, cyc, sizeof h, cudaMemcpyDeviceToHost);
+	for (int i = 0; i < blocks * 3; i++)
+		mx = h[i] > mx ? h[i] : mx;
+	const double flop = 2.0 * blocks * 3 * (double)iters * 64 * NN * 128;
+	const double tf = flop / (ms * 1e-3) / 1e12, ghz = mx / (ms * 1e-3) / 1e9;
+	const double ideal = 3.0 * 64 * NN * 128 * 2 / 8192; // 3 chains an SM a K block
+	printf("%-34s NN=%3d  %7.0f cycles/K block (ideal %4.0f, %4.1f%%)  %6.1f TFLOP/s  clock %.2f GHz\n",
+	       name, NN, (double)mx / iters, ideal, 100.0 * ideal / ((double)mx / iters), tf, ghz);
+	cudaFree(cyc), cudaFree(sink);
+}
+
 template <int NN>
 static void run_k(void (*kern)(int, long long *, float *), const char *name, int iters)
 {
@@ -197,5 +318,10 @@ int main()
 	run<128, 4>("ping-pong chains + wait + promote", iters);
 	run<96, 9>("scale products preloaded", iters);
 	run<128, 9>("scale products preloaded", iters);
+	run3<128, 0>("3 warpgroups, one chain each", iters);
+	run3<112, 0>("3 warpgroups, one chain each", iters);
+	run3<96, 0>("3 warpgroups, one chain each", iters);
+	run3<96, 1>("3 warpgroups, products preloaded", iters);
+	run3<112, 1>("3 warpgroups, products preloaded", iters);
 	return 0;
 }
