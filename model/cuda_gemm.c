@@ -114,6 +114,27 @@ static struct map_entry {
 } map_cache[MAP_CACHE];
 static int map_next;
 
+/* *on, or (when < 0: not set yet) the environment's `name`: on unless it is "0..." */
+static int env_default_on(int *on, const char *name)
+{
+	if (*on < 0) {
+		const char *v = getenv(name);
+		*on = !(v && *v == '0');
+	}
+	return *on;
+}
+
+/* *on, or (when < 0: not set yet) whether the environment's `name` is "1..." (a switch off by
+ * default) */
+static int env_is_1(int *on, const char *name)
+{
+	if (*on < 0) {
+		const char *v = getenv(name);
+		*on = v && *v == '1';
+	}
+	return *on;
+}
+
 /* L2 promotion of a decode GEMM's dense weight stream: none (a box row is 128 bytes, each L2
  * miss fetches its 128 bytes). With CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as before session 10,
  * the streaming kernel's weight copies alone (tools/probes/stream_probe.cu: its grid, units and
@@ -125,11 +146,7 @@ static int map_next;
 static int decode_promo_256(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_GEMM_L2_PROMO");
-		on = v && *v == '1';
-	}
-	return on;
+	return env_is_1(&on, "DSV32_GEMM_L2_PROMO");
 }
 
 /* f32 0: e4m3 [rows][K], boxes of 128 bytes x box_rows, 128-byte swizzle (cuda_gemm_tmap_2d);
@@ -215,15 +232,6 @@ static int sx_tma_on = -1;
 
 void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
 
-/* *on, or (when < 0: not set yet) the environment's `name`: on unless it is "0..." */
-static int env_default_on(int *on, const char *name)
-{
-	if (*on < 0) {
-		const char *v = getenv(name);
-		*on = !(v && *v == '0');
-	}
-	return *on;
-}
 
 static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
 
@@ -255,11 +263,7 @@ static int stream_ns_cap(int dense)
 static int stream_diag_no_sx(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("DSV32_GEMM_STREAM_DIAG");
-		on = v && *v == '1';
-	}
-	return on;
+	return env_is_1(&on, "DSV32_GEMM_STREAM_DIAG");
 }
 
 /* Programmatic dependent launch of the decode GEMMs (the streaming kernel, v2): the grid may

@@ -36,21 +36,13 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
 		     : "memory");
 }
 
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c2,
-					    int c3, uint64_t pol)
+// a box of a 4-D tensor map at coordinates (0, c1, c2, c3)
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c1,
+					    int c2, int c3, uint64_t pol)
 {
 	asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     ".L2::cache_hint [%0], [%1, {%3, %3, %4, %5}], [%2], %6;" ::"r"(dst),
-		     "l"(map), "r"(bar), "r"(0), "r"(c2), "r"(c3), "l"(pol)
-		     : "memory");
-}
-
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c1,
-					    int c2, uint64_t pol)
-{
-	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
-		     "l"(map), "r"(bar), "r"(0), "r"(c1), "r"(c2), "l"(pol)
+		     ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(0), "r"(c1), "r"(c2), "r"(c3), "l"(pol)
 		     : "memory");
 }
 
@@ -118,7 +110,7 @@ __global__ void __launch_bounds__(288, 1)
 					       dst = stage0 + s * ((2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX);
 				if (FORM == 3) {
 					mbar_arrive_expect_tx(bar, 2 * R * 128);
-					tma_load_3d(dst, &map, bar, tile * R, kb, pol);
+					tma_load_4d(dst, &map, bar, tile * R, kb, 0, pol);
 				} else if (FORM == 0) {
 					mbar_arrive_expect_tx(bar, nb * R * 128);
 					for (int j = 0; j < nb; j++)
@@ -134,7 +126,7 @@ __global__ void __launch_bounds__(288, 1)
 							tma_load_2d_hint(dst + j * BOX, &map, bar, (kb + j) * 128,
 									 tile * 128, pol);
 						else
-							tma_load_4d(dst + j * BOX, &map, bar, kb + j, tile, pol);
+							tma_load_4d(dst + j * BOX, &map, bar, 0, kb + j, tile, pol);
 					}
 				}
 				if (++s == ns)
@@ -210,8 +202,8 @@ static void split(int N, int K, int sms, int *chunks, int *cb_out)
 #define NMAT 12
 #define ITERS 64
 
-// form 0: 2-D [N][K] boxes {128 bytes, R rows}; 1: 4-D tiled {128, 128, 1, 1}; 3: 3-D (bytes,
-// rows at stride K, K blocks at stride 128) boxes {128, R, 2}
+// form 0: 2-D [N][K] boxes {128 bytes, R rows}; 1: 4-D tiled {128, 128, 1, 1}; 3: (bytes, rows at
+// stride K, K blocks at stride 128, 1) boxes {128, R, 2, 1}
 static void encode(CUtensorMap *m, const void *base, int N, int K, int form, int R, int promo)
 {
 	CUresult r;
@@ -225,10 +217,11 @@ static void encode(CUtensorMap *m, const void *base, int N, int K, int form, int
 					   CU_TENSOR_MAP_SWIZZLE_128B, pr,
 					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 	} else if (form == 3) {
-		cuuint64_t dims[3] = {128, (cuuint64_t)N, (cuuint64_t)K / 128};
-		cuuint64_t str[2] = {(cuuint64_t)K, 128};
-		cuuint32_t box[3] = {128, (cuuint32_t)R, 2}, es[3] = {1, 1, 1};
-		r = cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dims, str,
+		// (a fourth dimension of 1: one copy function for both multi-dimensional forms)
+		cuuint64_t dims[4] = {128, (cuuint64_t)N, (cuuint64_t)K / 128, 1};
+		cuuint64_t str[3] = {(cuuint64_t)K, 128, (cuuint64_t)N * K};
+		cuuint32_t box[4] = {128, (cuuint32_t)R, 2, 1}, es[4] = {1, 1, 1, 1};
+		r = cuTensorMapEncodeTiled(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, (void *)base, dims, str,
 					   box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
 					   CU_TENSOR_MAP_SWIZZLE_128B, pr,
 					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

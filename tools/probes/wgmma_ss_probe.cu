@@ -39,6 +39,21 @@ __device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int accu
 		WGMMA_E4M3(144, R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64));
 }
 
+// The operands: bytes of e4m3 values in [-2, 2] (no NaN codes) for the A tile (32 KB) and the
+// NN-row B tile at base, the scales (4 (NN + 16) floats) at sc_s all 1; then visible to wgmma.
+__device__ void fill_operands(uint32_t base, int NN, uint32_t sc_s)
+{
+	for (int i = threadIdx.x; i < (32768 + NN * 128) / 4; i += blockDim.x) {
+		uint32_t h = (uint32_t)i * 2654435761u ^ 0x9e3779b9u;
+		h &= 0x3f3f3f3fu; // exponent <= 7: |x| < 2
+		asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 4 * i), "r"(h));
+	}
+	for (int i = threadIdx.x; i < 4 * (NN + 16); i += blockDim.x)
+		asm volatile("st.shared.f32 [%0], %1;" ::"r"(sc_s + 4 * i), "f"(1.0f));
+	fence_proxy_async();
+	__syncthreads();
+}
+
 // MODE 0: per K block two chains, each 4 MMAs into a fresh fragment, wait, promote (the
 // token-wide kernel's consumer); 1: the MMAs straight into the accumulators, a wait after each
 // chain, no promotion; 3: as 1 with one wait a K block (after both chains); 4: as 0 with the two
@@ -50,18 +65,8 @@ template <int NN, int MODE>
 __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, float *sink)
 {
 	extern __shared__ __align__(1024) uint8_t sm[];
-	const uint32_t base = (smem_u32(sm) + 1023) & ~1023u;
-	const uint32_t a_s = base, b_s = base + 32768, sc_s = b_s + NN * 128;
-	// operands: bytes of e4m3 values in [-2, 2] (no NaN codes), scales 1
-	for (int i = threadIdx.x; i < (32768 + NN * 128) / 4; i += blockDim.x) {
-		uint32_t h = (uint32_t)i * 2654435761u ^ 0x9e3779b9u;
-		h &= 0x3f3f3f3fu; // exponent <= 7: |x| < 2
-		asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 4 * i), "r"(h));
-	}
-	for (int i = threadIdx.x; i < NN; i += blockDim.x)
-		asm volatile("st.shared.f32 [%0], %1;" ::"r"(sc_s + 4 * i), "f"(1.0f));
-	fence_proxy_async();
-	__syncthreads();
+	const uint32_t a_s = (smem_u32(sm) + 1023) & ~1023u, b_s = a_s + 32768, sc_s = b_s + NN * 128;
+	fill_operands(a_s, NN, sc_s);
 	const int wg = threadIdx.x >> 7, q = threadIdx.x & 3;
 	if (wg == 0) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -156,17 +161,8 @@ template <int NN, int PRE>
 __global__ void __launch_bounds__(512, 1) probe3(int iters, long long *cycles, float *sink)
 {
 	extern __shared__ __align__(1024) uint8_t sm[];
-	const uint32_t base = (smem_u32(sm) + 1023) & ~1023u;
-	const uint32_t a_s = base, b_s = base + 32768, sc_s = b_s + NN * 128;
-	for (int i = threadIdx.x; i < (32768 + NN * 128) / 4; i += blockDim.x) {
-		uint32_t h = (uint32_t)i * 2654435761u ^ 0x9e3779b9u;
-		h &= 0x3f3f3f3fu;
-		asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 4 * i), "r"(h));
-	}
-	for (int i = threadIdx.x; i < 4 * (NN + 16); i += blockDim.x)
-		asm volatile("st.shared.f32 [%0], %1;" ::"r"(sc_s + 4 * i), "f"(1.0f));
-	fence_proxy_async();
-	__syncthreads();
+	const uint32_t a_s = (smem_u32(sm) + 1023) & ~1023u, b_s = a_s + 32768, sc_s = b_s + NN * 128;
+	fill_operands(a_s, NN, sc_s);
 	const int wg = threadIdx.x >> 7, q = threadIdx.x & 3;
 	if (wg == 0) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
@@ -231,54 +227,23 @@ __global__ void __launch_bounds__(512, 1) probe3(int iters, long long *cycles, f
 		cycles[blockIdx.x * 3 + cw] = t1 - t0;
 }
 
-template <int NN, int PRE>
-static void run3(const char *name, int iters)
-{
-	const int blocks = 132, smem = 32768 + NN * 128 + 4 * (NN + 16) * 4 + 2048;
-	long long *cyc;
-	float *sink;
-	cudaMalloc(&cyc, blocks * 3 * sizeof(long long));
-	cudaMalloc(&sink, 512 * 4);
-	cudaFuncSetAttribute(probe3<NN, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-	probe3<NN, PRE><<<blocks, 512, smem>>>(iters / 10, cyc, sink); // warm-up
-	cudaEvent_t e0, e1;
-	cudaEventCreate(&e0), cudaEventCreate(&e1);
-	cudaEventRecord(e0);
-	probe3<NN, PRE><<<blocks, 512, smem>>>(iters, cyc, sink);
-	cudaEventRecord(e1);
-	cudaError_t err = cudaEventSynchronize(e1);
-	if (err != cudaSuccess) {
-		printf("%s: %s\n", name, cudaGetErrorString(err));
-		return;
-	}
-	float ms;
-	cudaEventElapsedTime(&ms, e0, e1);
-	long long h[396], mx = 0;
-	cudaMemcpy(h, cyc, sizeof h, cudaMemcpyDeviceToHost);
-	for (int i = 0; i < blocks * 3; i++)
-		mx = h[i] > mx ? h[i] : mx;
-	const double flop = 2.0 * blocks * 3 * (double)iters * 64 * NN * 128;
-	const double tf = flop / (ms * 1e-3) / 1e12, ghz = mx / (ms * 1e-3) / 1e9;
-	const double ideal = 3.0 * 64 * NN * 128 * 2 / 8192; // 3 chains an SM a K block
-	printf("%-34s NN=%3d  %7.0f cycles/K block (ideal %4.0f, %4.1f%%)  %6.1f TFLOP/s  clock %.2f GHz\n",
-	       name, NN, (double)mx / iters, ideal, 100.0 * ideal / ((double)mx / iters), tf, ghz);
-	cudaFree(cyc), cudaFree(sink);
-}
-
+// nwg consumer warpgroups a block (plus the idle warpgroup 0), chains of them each a K block
 template <int NN>
-static void run_k(void (*kern)(int, long long *, float *), const char *name, int iters)
+static void run_k(void (*kern)(int, long long *, float *), const char *name, int iters,
+		  int nwg = 2, int chains = 2)
 {
 	const int blocks = 132, smem = 32768 + NN * 128 + 4 * (NN + 16) * 4 + 2048;
 	long long *cyc;
 	float *sink;
-	cudaMalloc(&cyc, blocks * 2 * sizeof(long long));
-	cudaMalloc(&sink, 384 * 4);
+	cudaMalloc(&cyc, blocks * nwg * sizeof(long long));
+	cudaMalloc(&sink, 512 * 4);
 	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-	kern<<<blocks, 384, smem>>>(iters / 10, cyc, sink); // warm-up
+	const int threads = 128 * (nwg + 1);
+	kern<<<blocks, threads, smem>>>(iters / 10, cyc, sink); // warm-up
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0), cudaEventCreate(&e1);
 	cudaEventRecord(e0);
-	kern<<<blocks, 384, smem>>>(iters, cyc, sink);
+	kern<<<blocks, threads, smem>>>(iters, cyc, sink);
 	cudaEventRecord(e1);
 	cudaError_t err = cudaEventSynchronize(e1);
 	if (err != cudaSuccess) {
@@ -287,13 +252,14 @@ static void run_k(void (*kern)(int, long long *, float *), const char *name, int
 	}
 	float ms;
 	cudaEventElapsedTime(&ms, e0, e1);
-	long long h[264], mx = 0;
-	cudaMemcpy(h, cyc, sizeof h, cudaMemcpyDeviceToHost);
-	for (int i = 0; i < blocks * 2; i++)
+	long long h[132 * 3], mx = 0;
+	cudaMemcpy(h, cyc, sizeof(long long) * blocks * nwg, cudaMemcpyDeviceToHost);
+	for (int i = 0; i < blocks * nwg; i++)
 		mx = h[i] > mx ? h[i] : mx;
-	const double flop = 2.0 * blocks * 2 * 2 * (double)iters * 64 * NN * 128;
+	const double flop = 2.0 * blocks * nwg * chains * (double)iters * 64 * NN * 128;
 	const double tf = flop / (ms * 1e-3) / 1e12, ghz = mx / (ms * 1e-3) / 1e9;
-	const double ideal = 4.0 * 64 * NN * 128 * 2 / 8192; // MMA cycles a K block (4 chains an SM)
+	// MMA cycles a K block: nwg x chains chains of 64 x NN x 128 an SM
+	const double ideal = (double)nwg * chains * 64 * NN * 128 * 2 / 8192;
 	printf("%-34s NN=%3d  %7.0f cycles/K block (ideal %4.0f, %4.1f%%)  %6.1f TFLOP/s  clock %.2f GHz\n",
 	       name, NN, (double)mx / iters, ideal, 100.0 * ideal / ((double)mx / iters), tf, ghz);
 	cudaFree(cyc), cudaFree(sink);
@@ -318,10 +284,10 @@ int main()
 	run<128, 4>("ping-pong chains + wait + promote", iters);
 	run<96, 9>("scale products preloaded", iters);
 	run<128, 9>("scale products preloaded", iters);
-	run3<128, 0>("3 warpgroups, one chain each", iters);
-	run3<112, 0>("3 warpgroups, one chain each", iters);
-	run3<96, 0>("3 warpgroups, one chain each", iters);
-	run3<96, 1>("3 warpgroups, products preloaded", iters);
-	run3<112, 1>("3 warpgroups, products preloaded", iters);
+	run_k<128>(probe3<128, 0>, "3 warpgroups, one chain each", iters, 3, 1);
+	run_k<112>(probe3<112, 0>, "3 warpgroups, one chain each", iters, 3, 1);
+	run_k<96>(probe3<96, 0>, "3 warpgroups, one chain each", iters, 3, 1);
+	run_k<96>(probe3<96, 1>, "3 warpgroups, products preloaded", iters, 3, 1);
+	run_k<112>(probe3<112, 1>, "3 warpgroups, products preloaded", iters, 3, 1);
 	return 0;
 }
