@@ -116,13 +116,6 @@ __device__ __forceinline__ float lds32f(uint32_t addr)
 	return r;
 }
 
-// An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
-// barrier's expected arrivals: .noinc)
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar)
-{
-	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-
 // The fused chunk sum's fences: release of the warp's partial stores before its arrival count
 // (a relaxed atomic), acquire of the other warps' after the count that says "last". An
 // acquire-release fence is what that message passing needs (PTX memory model); __threadfence

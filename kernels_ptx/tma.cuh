@@ -1,9 +1,10 @@
 // tma.cuh — the asynchronous-copy pipeline primitives shared by the TMA kernels (the streaming
 // decode GEMM gemm_fp8_stream.cu, the wgmma GEMM gemm_fp8_wgmma.cu): mbarriers (init, arrive,
-// arrive with expected transaction bytes, a wait that traps after 2 s), 2-D bulk tensor copies
-// (with and without an L2 eviction policy), the L2 policies, and the tensor-map type with the
-// device-side copy of a template map under a new global address (a group's weights whose address
-// is only known on the device). PTX ISA 8.x, sm_90. Device code only.
+// arrive with expected transaction bytes, arrive once a thread's cp.asyncs have landed, a wait
+// that traps after 2 s), 2-D bulk tensor copies (with and without an L2 eviction policy), the L2
+// policies, and the tensor-map type with the device-side copy of a template map under a new
+// global address (a group's weights whose address is only known on the device). PTX ISA 8.x,
+// sm_90. Device code only.
 #pragma once
 #include <stdint.h>
 
@@ -68,6 +69,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 {
 	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
 		     : "memory");
+}
+
+// An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
+// barrier's expected arrivals: .noinc)
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar)
+{
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // Box (c0 = K byte, c1 = row) of the 2-D tensor map into shared memory at dst, completing on bar.

@@ -14,7 +14,8 @@
 // bulk copies (a stage's 32 KB in one copy); "3d" = row-major through a 3-D map, one box of two
 // K blocks a stage; "ldg" = a grid-stride 16-byte load reduction over the matrix. Each with or
 // without 256-byte L2 promotion, 4 or 6 stages, R-row tiles (56 / 112 / 144: the swapped
-// kernel's), and "wgmma": consumers that do the decode kernel's MMAs at M <= 8. Each line: us a
+// kernel's), "wgmma": consumers that do the decode kernel's MMAs at M <= 8, "+x" / "+S": the token
+// boxes / the weight scales by cp.async in each stage, as the kernel's. Each line: us a
 // matrix (the mean over 64 launches rotating over matrices that do not fit the L2), TB/s of
 // weight bytes, and the SM clock the blocks ran at (clock64 against %globaltimer).
 #include <cstdio>
@@ -64,31 +65,40 @@ __device__ __forceinline__ void stamp(unsigned long long *t, int at)
 	t[4 * blockIdx.x + 2 * at + 1] = ns;
 }
 
+// Bytes of a stage of R-row boxes (two K blocks, at least 32 KB, 1 KB multiples)
+__host__ __device__ inline int stage_bytes(int R)
+{
+	const int b = (2 * R * 128 + 1023) / 1024 * 1024;
+	return b > 2 * BOX ? b : 2 * BOX;
+}
+
 // FORM 0: 2-D row-major boxes (R rows x one K block); 1: 4-D tiled boxes; 2: 1-D bulk over the
-// tiled layout; 3: row-major through a 3-D map (bytes, rows, K blocks), one box of R rows x two
-// K blocks a stage. CONS 1 (FORM 0, R = 128): the consumer warpgroups compute as the decode
-// kernel's at M <= 8 (per K block 4 wgmma m64n8k32 of their 64 weight rows and a token box held
-// in shared memory, wait, promote), else they only release.
-template <int FORM, int CONS = 0>
+// tiled layout; 3: row-major through a 4-D map (bytes, rows, K blocks, 1), one box of R rows x
+// two K blocks a stage. ADD (FORM 0, R = 128), what the decode kernel adds to a stage: bit 0 the
+// consumer warpgroups compute as its at M <= 8 (per K block 4 wgmma m64n8k32 of their 64 weight
+// rows and a token box held in shared memory, wait, promote; else they only release); bit 1 the
+// tokens' boxes (8 rows x one K block each, from an L2-resident [8][K] tensor) in the stage's
+// copies; bit 2 the weight scales S[tile][kb] by 4-byte cp.async from the producer warp's lanes,
+// each lane's arrival counted on the stage's "full" barrier as the kernel's.
+template <int FORM, int ADD = 0>
 __global__ void __launch_bounds__(288, 1)
-	k_stream(const __grid_constant__ CUtensorMap map, const uint8_t *w, int tiles, int chunks,
-		 int chunk_blocks, int KB, int ns, int R, unsigned long long *times, float *sink)
+	k_stream(const __grid_constant__ CUtensorMap map, const __grid_constant__ CUtensorMap xmap,
+		 const uint8_t *w, const float *S, int tiles, int chunks, int chunk_blocks, int KB,
+		 int ns, int R, unsigned long long *times, float *sink)
 {
 	extern __shared__ __align__(1024) uint8_t sm[];
 	uint64_t *full = reinterpret_cast<uint64_t *>(sm), *empty = full + 8;
-	const uint32_t stage0 = (smem_u32(sm) + 128 + 1023) & ~1023u;
+	const uint32_t stage0 = (smem_u32(sm) + 128 + 1023) & ~1023u, SB = stage_bytes(R);
+	// after the ring: a token box of 8 rows for the MMAs, the stages' token boxes, their scales
+	const uint32_t tok = stage0 + ns * SB, xb0 = tok + 1024, scl = xb0 + ns * 2048;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++)
-			mbar_init(smem_u32(&full[s]), 1), mbar_init(smem_u32(&empty[s]), 8);
+			mbar_init(smem_u32(&full[s]), ADD & 4 ? 1 + 32 : 1), mbar_init(smem_u32(&empty[s]), 8);
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 	}
-	// a token box of 8 rows (nonzero e4m3 bytes) after the ring, for CONS
-	const uint32_t tok = stage0 + ns * ((2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX
-						? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX);
-	if (CONS)
-		for (int i = threadIdx.x; i < 256; i += blockDim.x)
-			asm volatile("st.shared.u32 [%0], %1;" ::"r"(tok + 4 * i), "r"(0x3a2c1e38u ^ i));
+	for (int i = threadIdx.x; i < 256; i += blockDim.x) // nonzero e4m3 bytes
+		asm volatile("st.shared.u32 [%0], %1;" ::"r"(tok + 4 * i), "r"(0x3a2c1e38u ^ i));
 	fence_proxy_async();
 	__syncthreads();
 	if (threadIdx.x == 0)
@@ -97,37 +107,41 @@ __global__ void __launch_bounds__(288, 1)
 	int s = 0;
 	uint32_t ph = 0;
 	if (warp == 8) {
-		if (lane != 0)
+		if (!(ADD & 4) && lane != 0)
 			return;
-		const uint64_t pol = l2_evict_first();
+		const uint64_t pol = l2_evict_first(), pol_x = l2_evict_normal();
 		for (int u = blockIdx.x; u < units; u += gridDim.x) {
 			const int chunk = u % chunks, tile = u / chunks;
 			const int kb0 = chunk * chunk_blocks, kb1 = min(KB, kb0 + chunk_blocks);
 			for (int kb = kb0; kb < kb1; kb += 2) {
 				const int nb = min(2, kb1 - kb);
 				mbar_wait(smem_u32(&empty[s]), ph ^ 1);
-				const uint32_t bar = smem_u32(&full[s]),
-					       dst = stage0 + s * ((2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX);
-				if (FORM == 3) {
+				const uint32_t bar = smem_u32(&full[s]), dst = stage0 + s * SB;
+				if (ADD & 4) {
+					if (lane < nb)
+						cp_async4(scl + 16 * s + 4 * lane, S + (size_t)tile * KB + kb + lane);
+					cp_async_arrive(bar);
+				}
+				if (lane != 0) {
+				} else if (FORM == 3) {
 					mbar_arrive_expect_tx(bar, 2 * R * 128);
 					tma_load_4d(dst, &map, bar, tile * R, kb, 0, pol);
 				} else if (FORM == 0) {
-					mbar_arrive_expect_tx(bar, nb * R * 128);
-					for (int j = 0; j < nb; j++)
+					mbar_arrive_expect_tx(bar, nb * R * 128 + (ADD & 2 ? nb * 1024 : 0));
+					for (int j = 0; j < nb; j++) {
 						tma_load_2d_hint(dst + j * R * 128, &map, bar, (kb + j) * 128,
 								 tile * R, pol);
-				} else {
-				mbar_arrive_expect_tx(bar, nb * BOX);
-				if (FORM == 2)
-					bulk_load(dst, w + ((size_t)tile * KB + kb) * BOX, nb * BOX, bar, pol);
-				else
-					for (int j = 0; j < nb; j++) {
-						if (FORM == 0)
-							tma_load_2d_hint(dst + j * BOX, &map, bar, (kb + j) * 128,
-									 tile * 128, pol);
-						else
-							tma_load_4d(dst + j * BOX, &map, bar, 0, kb + j, tile, pol);
+						if (ADD & 2)
+							tma_load_2d_hint(xb0 + s * 2048 + j * 1024, &xmap, bar,
+									 (kb + j) * 128, 0, pol_x);
 					}
+				} else {
+					mbar_arrive_expect_tx(bar, nb * BOX);
+					if (FORM == 2)
+						bulk_load(dst, w + ((size_t)tile * KB + kb) * BOX, nb * BOX, bar, pol);
+					else
+						for (int j = 0; j < nb; j++)
+							tma_load_4d(dst + j * BOX, &map, bar, 0, kb + j, tile, pol);
 				}
 				if (++s == ns)
 					s = 0, ph ^= 1;
@@ -141,8 +155,8 @@ __global__ void __launch_bounds__(288, 1)
 		const int kb0 = chunk * chunk_blocks, kb1 = min(KB, kb0 + chunk_blocks);
 		for (int kb = kb0; kb < kb1; kb += 2) {
 			mbar_wait(smem_u32(&full[s]), ph);
-			if (CONS) {
-				const uint32_t st = stage0 + s * 2 * BOX + (warp >> 2) * 64 * 128;
+			if (ADD & 1) {
+				const uint32_t st = stage0 + s * SB + (warp >> 2) * 64 * 128;
 				for (int j = 0; j < min(2, kb1 - kb); j++) {
 #pragma unroll
 					for (int i = 0; i < 4; i++)
@@ -166,7 +180,7 @@ __global__ void __launch_bounds__(288, 1)
 				s = 0, ph ^= 1;
 		}
 	}
-	if (CONS && acc[0] + acc[1] + acc[2] + acc[3] == 1.2345f)
+	if ((ADD & 1) && acc[0] + acc[1] + acc[2] + acc[3] == 1.2345f)
 		*sink = acc[0];
 	asm volatile("bar.sync 1, 256;" ::: "memory"); // the consumer warps
 	if (threadIdx.x == 0)
@@ -242,10 +256,28 @@ static void encode(CUtensorMap *m, const void *base, int N, int K, int form, int
 
 // R rows a tile; chunks: K chunks (0: the host's split for 128-row tiles)
 static unsigned long long *d_times;
-static float *d_sink;
+static float *d_sink, *d_scales[NMAT]; // each matrix's weight scales [N / 128][K / 128]
+static uint8_t *d_tokens;             // [8][K max] e4m3, L2-resident like a decode step's tokens
+
+typedef void (*stream_fn)(CUtensorMap, CUtensorMap, const uint8_t *, const float *, int, int, int,
+			  int, int, int, unsigned long long *, float *);
+
+// add: the decode kernel's additions to a stage (k_stream's ADD; FORM 0 only)
+static stream_fn pick(int form, int add)
+{
+	switch (add) {
+	case 1: return k_stream<0, 1>;
+	case 2: return k_stream<0, 2>;
+	case 4: return k_stream<0, 4>;
+	case 6: return k_stream<0, 6>;
+	case 7: return k_stream<0, 7>;
+	default: break;
+	}
+	return form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
+}
 
 static void run(const char *name, int form, int ns, int promo, uint8_t **mats, int N, int K,
-		int sms, int R = 128, int chunks = 0, int cons = 0)
+		int sms, int R = 128, int chunks = 0, int add = 0)
 {
 	int cb = K / 128;
 	if (!chunks)
@@ -253,15 +285,23 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 	else
 		cb = (K / 128 + chunks - 1) / chunks;
 	const int tiles = N / R, units = tiles * chunks, grid = units < sms ? units : sms;
-	CUtensorMap maps[NMAT];
+	CUtensorMap maps[NMAT], xmap;
 	for (int i = 0; i < NMAT; i++)
 		encode(&maps[i], mats[i], N, K, form, R, promo);
-	const int sb = (2 * R * 128 + 1023) / 1024 * 1024 > 2 * BOX ? (2 * R * 128 + 1023) / 1024 * 1024 : 2 * BOX;
-	const int smem = 128 + 1024 + ns * sb + 1024;
-	void (*kern)(CUtensorMap, const uint8_t *, int, int, int, int, int, int,
-		     unsigned long long *, float *) =
-		cons ? k_stream<0, 1>
-		     : form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
+	{ // the tokens: 8 rows of K bytes, boxes of 8 rows x 128 bytes
+		cuuint64_t dims[2] = {(cuuint64_t)K, 8}, str[1] = {(cuuint64_t)K};
+		cuuint32_t box[2] = {128, 8}, es[2] = {1, 1};
+		if (cuTensorMapEncodeTiled(&xmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, d_tokens, dims, str,
+					   box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+					   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+					   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+			fprintf(stderr, "token map\n");
+			exit(1);
+		}
+	}
+	// the ring, a token box for the MMAs, the stages' token boxes and scales (k_stream)
+	const int smem = 128 + 1024 + ns * stage_bytes(R) + 1024 + ns * 2048 + ns * 16;
+	const stream_fn kern = pick(form, add);
 	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 	cudaEvent_t e0, e1;
 	cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -269,8 +309,8 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 		if (it == 0)
 			cudaEventRecord(e0);
 		const int i = (it + 64) % NMAT;
-		kern<<<grid, 288, smem>>>(maps[i], mats[i], tiles, chunks, cb, K / 128, ns, R, d_times,
-					  d_sink);
+		kern<<<grid, 288, smem>>>(maps[i], xmap, mats[i], d_scales[i], tiles, chunks, cb, K / 128,
+					  ns, R, d_times, d_sink);
 	}
 	cudaEventRecord(e1);
 	cudaError_t err = cudaEventSynchronize(e1);
@@ -286,10 +326,12 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 	double clk = 0, ns_sum = 0;
 	for (int b = 0; b < grid; b++)
 		clk += (double)(t[4 * b + 2] - t[4 * b]), ns_sum += (double)(t[4 * b + 3] - t[4 * b + 1]);
-	printf("%6dx%-6d %-9s R %3d stages %d promo %d grid %3d chunks %2d x %3d%s  %7.2f us  %.3f "
+	char adds[32];
+	snprintf(adds, sizeof adds, "%s%s%s", add & 1 ? " wgmma" : "", add & 2 ? " +x" : "",
+		 add & 4 ? " +S" : "");
+	printf("%6dx%-6d %-9s R %3d stages %d promo %d grid %3d chunks %2d x %3d %-14s %7.2f us  %.3f "
 	       "TB/s  SM %.2f GHz\n",
-	       N, K, name, R, ns, promo, grid, chunks, cb, cons ? " wgmma" : "      ", us,
-	       bytes / us * 1e-6, clk / ns_sum);
+	       N, K, name, R, ns, promo, grid, chunks, cb, adds, us, bytes / us * 1e-6, clk / ns_sum);
 }
 
 static void run_ldg(uint8_t **mats, int N, int K, int sms, unsigned *sink)
@@ -332,6 +374,17 @@ int main()
 	printf("stream_probe: %d SMs, %d matrices rotated, %d launches each line\n", sms, NMAT, ITERS);
 	cudaMalloc(&d_times, sizeof(unsigned long long) * 4 * 132 * 2);
 	cudaMalloc(&d_sink, 4);
+	for (int i = 0; i < NMAT; i++) { // (N / 128) x (K / 128) scales of the largest, 1.0f
+		const size_t n = most / (128 * 128);
+		float *h = (float *)malloc(n * 4);
+		for (size_t j = 0; j < n; j++)
+			h[j] = 1.0f;
+		cudaMalloc(&d_scales[i], n * 4);
+		cudaMemcpy(d_scales[i], h, n * 4, cudaMemcpyHostToDevice);
+		free(h);
+	}
+	cudaMalloc(&d_tokens, 8 * 18432);
+	cudaMemset(d_tokens, 0x38, 8 * 18432);
 	for (auto &sh : shapes) {
 		const int N = sh[0], K = sh[1];
 		run_ldg(mats, N, K, sms, sink);
@@ -349,6 +402,9 @@ int main()
 		// consumers with the decode kernel's wgmmas (the SM clock drops to ~1.8 GHz)
 		for (int p = 1; p >= 0; p--)
 			run("rowmajor", 0, 4, p, mats, N, K, sms, 128, 0, 1);
+		// what else the decode kernel adds to a stage: token boxes, weight scales by cp.async
+		for (int add : {2, 4, 6, 7})
+			run("rowmajor", 0, 4, 0, mats, N, K, sms, 128, 0, add);
 	}
 	return 0;
 }
