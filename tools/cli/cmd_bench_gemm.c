@@ -573,6 +573,8 @@ int bench_gemm(int argc, char **argv)
 				printf(" | %7s", "n/a");
 			if (ms < 0 && lt < 0)
 				printf(" %-8s", "none");
+			else if (ms >= 0 && path == CUDA_GEMM_PATH_CUBLASLT)
+				printf(" %-8s", "same"); /* ours ran cuBLASLt: the ratio is timing noise */
 			else
 				printf(" %-8s", lt >= 0 && (ms < 0 || lt < ms) ? "cuBLASLt" : "ours");
 			const float extra[] = {cp, wgs, wfu, wnr, wsw, wsw2, wgv};
@@ -610,7 +612,9 @@ int bench_gemm(int argc, char **argv)
 		       "kernel (cuda_gemm_fp8_gemv, M <= 8: bulk copies of 16-row units, K chunks summed "
 		       "by the last-arriving block); cuBLASLt: VEC128_32F x BLK128x128_32F incl. the sx "
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
-		       "> 1: ours faster; n/a: the path cannot run the shape)\n",
+		       "> 1: ours faster; faster: which measured faster, \"same\" where ours ran "
+		       "cuBLASLt itself (two timings of one path: their ratio is noise); n/a: the path "
+		       "cannot run the shape)\n",
 		       trials, tune ? "" : " --no-tune",
 		       tune ? "after the start-up measurement (cuda_gemm_tune_rotate, cold L2) of each "
 			      "shape and M bucket"
