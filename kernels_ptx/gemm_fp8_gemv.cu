@@ -52,17 +52,6 @@
 // different slots, so GEMMs running at once on two streams (a fork) never share a count.
 __device__ unsigned gv_count[GV_SLOTS * GV_TILES];
 
-// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
-// into shared memory at dst, completing on bar, with an L2 eviction policy.
-__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void *src, uint32_t bytes,
-					       uint32_t bar, uint64_t policy)
-{
-	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-		     " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
-		     "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-		     : "memory");
-}
-
 __device__ __forceinline__ uint4 lds16(uint32_t a)
 {
 	uint4 r;

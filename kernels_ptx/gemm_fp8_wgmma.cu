@@ -144,15 +144,8 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
 }
 
 // ---- wgmma m64nNk32 e4m3 ------------------------------------------------------------------------
-// The fragment operands: %0 .. %63 bound to d[0 .. 63] (n128), %0 .. %95 to d[0 .. 95] (n192).
-#define WG_R64 \
-	"%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-	"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-	"%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-	"%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define WG_R96 WG_R64 ", " \
-	"%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-	"%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+// The fragment operands: %0 .. %63 bound to d[0 .. 63] (n128), %0 .. %95 to d[0 .. 95] (n192)
+// (WG_R64, WG_R96: wgmma.cuh).
 #define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
 #define WG_D96 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88)
 // (WG_D8, WGMMA_E4M3: wgmma.cuh)
@@ -982,30 +975,21 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
 // wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
-#define TW_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define TW_R16 TW_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define TW_R24 TW_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
-#define TW_R32 TW_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
-#define TW_R40 TW_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
-#define TW_R48 TW_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
-#define TW_R56 TW_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
-#define TW_R64 TW_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
-#define TW_R72 TW_R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
 #define TW_MMA(nn, regs, ia, ib, ic, ...)                                                       \
 	__device__ __forceinline__ void tw_mma_n##nn(float *d, uint64_t da, uint64_t db,         \
 						     int accumulate)                            \
 	{                                                                                      \
 		WGMMA_E4M3(nn, regs, ia, ib, ic, __VA_ARGS__);                                  \
 	}
-TW_MMA(16, TW_R8, 8, 9, 10, WG_D8(0))
-TW_MMA(32, TW_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
-TW_MMA(48, TW_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
-TW_MMA(64, TW_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24))
-TW_MMA(80, TW_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32))
-TW_MMA(96, TW_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40))
-TW_MMA(112, TW_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48))
-TW_MMA(128, TW_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56))
-TW_MMA(144, TW_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64))
+TW_MMA(16, WG_R8, 8, 9, 10, WG_D8(0))
+TW_MMA(32, WG_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
+TW_MMA(48, WG_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
+TW_MMA(64, WG_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24))
+TW_MMA(80, WG_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32))
+TW_MMA(96, WG_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40))
+TW_MMA(112, WG_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48))
+TW_MMA(128, WG_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56))
+TW_MMA(144, WG_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64))
 
 template <int NN>
 __device__ __forceinline__ void tw_mma(float *d, uint64_t da, uint64_t db, int accumulate)

@@ -1,10 +1,11 @@
 // tma.cuh — the asynchronous-copy pipeline primitives shared by the TMA kernels (the streaming
-// decode GEMM gemm_fp8_stream.cu, the wgmma GEMM gemm_fp8_wgmma.cu): mbarriers (init, arrive,
-// arrive with expected transaction bytes, arrive once a thread's cp.asyncs have landed, a wait
-// that traps after 2 s), 2-D bulk tensor copies (with and without an L2 eviction policy), the L2
-// policies, and the tensor-map type with the device-side copy of a template map under a new
-// global address (a group's weights whose address is only known on the device). PTX ISA 8.x,
-// sm_90. Device code only.
+// decode GEMM gemm_fp8_stream.cu, the wgmma GEMM gemm_fp8_wgmma.cu, the one-row GEMM
+// gemm_fp8_gemv.cu): mbarriers (init, arrive, arrive with expected transaction bytes, arrive once
+// a thread's cp.asyncs have landed, a wait that traps after 2 s), 1-D bulk copies with an L2
+// eviction policy, 2-D bulk tensor copies (with and without one), the L2 policies, and the
+// tensor-map type with the device-side copy of a template map under a new global address (a
+// group's weights whose address is only known on the device). PTX ISA 8.x, sm_90. Device code
+// only.
 #pragma once
 #include <stdint.h>
 
@@ -76,6 +77,17 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar)
 {
 	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into shared memory at dst, completing on bar, with an L2 eviction policy.
+__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void *src, uint32_t bytes,
+					       uint32_t bar, uint64_t policy)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+		     " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+		     "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+		     : "memory");
 }
 
 // Box (c0 = K byte, c1 = row) of the 2-D tensor map into shared memory at dst, completing on bar.

@@ -37,6 +37,19 @@ __device__ __forceinline__ uint64_t wgd_mnmajor(uint32_t addr, uint32_t lbo, uin
 // overwrites d (the fragment starts at zero), 1 adds. regs: the fragment's operand list "%0, ..",
 // ia, ib, ic: the operand numbers of da, db, accumulate (after the fragment's); the rest: the
 // fragment's constraints (WG_D8 each 8 registers).
+// The fragment operand lists of WGMMA_E4M3: WG_Rn = "%0, .., %(n-1)" (n = 8 .. 96 in steps of 8)
+#define WG_R8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define WG_R16 WG_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_R24 WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define WG_R32 WG_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_R40 WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define WG_R48 WG_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_R56 WG_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define WG_R64 WG_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_R72 WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define WG_R80 WG_R72 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define WG_R88 WG_R80 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define WG_R96 WG_R88 ", %88, %89, %90, %91, %92, %93, %94, %95"
 #define WG_D8(i)                                                                                 \
 	"+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),   \
 		"+f"(d[i + 6]), "+f"(d[i + 7])

@@ -28,15 +28,6 @@
 
 #define BOX 16384
 
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-					  uint32_t bar, uint64_t pol)
-{
-	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     ".L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
-		     "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-		     : "memory");
-}
-
 // a box of a 4-D tensor map at coordinates (0, c1, c2, c3)
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c1,
 					    int c2, int c3, uint64_t pol)
@@ -49,10 +40,7 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint3
 
 __device__ __forceinline__ void mma_n8(float *d, uint64_t da, uint64_t db, int accumulate)
 {
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "l"(da), "l"(db), "r"(accumulate));
+	WGMMA_E4M3(8, "%0, %1, %2, %3", 4, 5, 6, "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]));
 }
 
 // clock64 and %globaltimer of thread 0 of each block at its start and end (the SM clock the
@@ -138,7 +126,8 @@ __global__ void __launch_bounds__(288, 1)
 				} else {
 					mbar_arrive_expect_tx(bar, nb * BOX);
 					if (FORM == 2)
-						bulk_load(dst, w + ((size_t)tile * KB + kb) * BOX, nb * BOX, bar, pol);
+						bulk_load_hint(dst, w + ((size_t)tile * KB + kb) * BOX, nb * BOX, bar,
+							       pol);
 					else
 						for (int j = 0; j < nb; j++)
 							tma_load_4d(dst + j * BOX, &map, bar, 0, kb + j, tile, pol);

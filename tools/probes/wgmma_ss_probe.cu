@@ -19,24 +19,17 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 	return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-#define R8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define R16 R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
-#define R32 R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
-#define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define R56 R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 template <int NN>
 __device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	if constexpr (NN == 96)
-		WGMMA_E4M3(96, R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40));
+		WGMMA_E4M3(96, WG_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40));
 	else if constexpr (NN == 112)
-		WGMMA_E4M3(112, R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48));
+		WGMMA_E4M3(112, WG_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48));
 	else if constexpr (NN == 128)
-		WGMMA_E4M3(128, R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56));
+		WGMMA_E4M3(128, WG_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56));
 	else
-		WGMMA_E4M3(144, R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64));
+		WGMMA_E4M3(144, WG_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64));
 }
 
 // The operands: bytes of e4m3 values in [-2, 2] (no NaN codes) for the A tile (32 KB) and the
