@@ -802,7 +802,9 @@ ST_ENTRY(0, 1, 0, )
 // stages' weights before griddepcontrol.wait, as the streaming kernel), every lane a share of
 // the stage's weight scales by cp.async, counted on the stage's full barrier. Two consumer
 // warpgroups: SPLIT = 0 (one tile a block, NT <= 144) they take alternate stages (warpgroup c
-// the stages q = c, c + 2, ...; each stage released by its 4 warps; the host makes the ring
+// the stages q = c, c + 2, ...; each stage released by its 4 warps, up to 128 columns as soon as
+// its last MMAs completed and its scales were read, before their promotion (s11-2: +2-3% at
+// M <= 32 on the 7168-row shapes; 144 columns would spill); the host makes the ring
 // even or 1 stage, so each slot has one warpgroup: a parity wait on a slot whose previous phase
 // belongs to the other warpgroup could pass before that phase completed) and add their sums at
 // the end through the idle ring; SPLIT = 1 (NT = 144 .. 256: a fragment of NT / 2 registers and the
@@ -863,13 +865,18 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 // narrow tiles (small stages) still keep ~100-200 KB of weights in flight a block (run 21: 56-row
 // tiles in 7 stages, 98 KB, 2.3 TB/s on 7168x16384; 112-row tiles in 5, 140 KB, 3.4)
 #define SW_MAXSTAGES 16
+// The swapped kernel's flags, diagnosis (the benchmark only: wrong results): SW_NOMMA no wgmma
+// or promotion, SW_NOX no token boxes, SW_NOSCL no weight-scale copies.
+#define SW_NOMMA 2
+#define SW_NOX 4
+#define SW_NOSCL 8
 
 template <int NT, bool SPLIT, int KS>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
 					      int M, int N, int K, int ldy, int ns, int mpad,
-					      int stage_bytes)
+					      int stage_bytes, int flags)
 {
 	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, R = NW / 2;
@@ -886,6 +893,9 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
 	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	// a stage released once its last MMAs completed and its scales were read, before their
+	// promotion (the 144-column fragments: at the end, which spills no registers)
+	constexpr bool EARLY = NW <= 128;
 
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
 	if (threadIdx.x == 0) {
@@ -902,11 +912,12 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		// ---- producer: stage Q (the block's Q-th) into slot Q % ns ----
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
+		const int xbytes = flags & SW_NOX ? 0 : mpad * 128; // a token box's
 		if (lane == 0)
 			for (int q = 0; q < pre; q++) {
 				const int kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
 				const uint32_t bar = smem_u32(&full[q]);
-				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
+				mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + xbytes)));
 				for (int j = 0; j < nb; j++)
 					tma_load_2d_hint(stage0 + q * STAGE + W0 + j * WB, wmap, bar,
 							 (kb + j) * 128, tile0 * NT, pol_w);
@@ -923,19 +934,19 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					mbar_wait(smem_u32(&empty[s]), ((Q / ns) & 1) ^ 1);
 				// the scales of the tile's <= 3 row blocks (past its last: the last's again,
 				// for columns past N, whose weights are zeros)
-				if (lane < 3 * nb) {
+				if (lane < 3 * nb && !(flags & SW_NOSCL)) {
 					const int j = lane / 3, b = min(b0 + lane % 3, b1);
 					cp_async4(scl + s * SW_SCL + 4 * lane, S + (size_t)b * KB + kb + j);
 				}
 				cp_async_arrive(bar); // (at once when this lane copied nothing)
 				if (lane == 0) {
 					if (!early) {
-						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + mpad * 128)));
+						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + xbytes)));
 						for (int j = 0; j < nb; j++)
 							tma_load_2d_hint(st + W0 + j * WB, wmap, bar, (kb + j) * 128,
 									 n0, pol_w);
 					}
-					for (int j = 0; j < nb; j++)
+					for (int j = 0; j < nb && xbytes; j++)
 						tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128, 0, pol_x);
 				}
 			}
@@ -973,7 +984,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 #pragma unroll
 			for (int j = 0; j < ST_KBS; j++) {
 				const int kb = (qa + q) * ST_KBS + j;
-				if (kb >= KB)
+				if (kb >= KB || (flags & SW_NOMMA))
 					break;
 #pragma unroll
 				for (int i = 0; i < R; i++)
@@ -993,6 +1004,13 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				const float x1 = m1 < M ? lds32f(sxs + 4 * (m1 * KB + kb)) : 0.f;
 				const float w0 = lds32f(sd + 12 * j), w1 = lds32f(sd + 12 * j + 4),
 					    w2 = lds32f(sd + 12 * j + 8);
+				if (EARLY && (j == ST_KBS - 1 || kb + 1 >= KB)) {
+					// the stage's last MMAs done and its scales read: released before
+					// the promotion
+					__syncwarp();
+					if (lane == 0)
+						mbar_arrive(smem_u32(&empty[s]));
+				}
 #pragma unroll
 				for (int i = 0; i < R / 4; i++) {
 					// columns 8i .. 8i + 7 lie in one 128-row scale block (n0 % 8 == 0),
@@ -1006,9 +1024,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					acc[4 * i + 3] += frag[4 * i + 3] * f1;
 				}
 			}
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&empty[s]));
+			if (!EARLY || (flags & SW_NOMMA)) {
+				__syncwarp();
+				if (lane == 0)
+					mbar_arrive(smem_u32(&empty[s]));
+			}
 		}
 		if constexpr (!SPLIT) {
 			// one tile a block (the host's rule), so every stage is consumed now (every copy
@@ -1066,10 +1086,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	k_gemm_fp8_swap_n##NT##SUF(const __grid_constant__ tmap wmap,                             \
 				   const __grid_constant__ tmap xmap, const float *S,             \
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
-				   int ns, int mpad, int stage_bytes)                              \
+				   int ns, int mpad, int stage_bytes, int flags)                   \
 	{                                                                                         \
 		gemm_fp8_swap<NT, SPLIT, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
-					    stage_bytes);                                          \
+					    stage_bytes, flags);                                   \
 	}
 // KS = 2: a cluster of two blocks a tile (its K halves)
 #define SW_ENTRY2(NT)                                                                             \
@@ -1077,10 +1097,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	k_gemm_fp8_swap_n##NT##k2(const __grid_constant__ tmap wmap,                              \
 				  const __grid_constant__ tmap xmap, const float *S,              \
 				  const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				  int ns, int mpad, int stage_bytes)                               \
+				  int ns, int mpad, int stage_bytes, int flags)                    \
 	{                                                                                         \
 		gemm_fp8_swap<NT, false, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
-					    stage_bytes);                                          \
+					    stage_bytes, flags);                                   \
 	}
 
 SW_ENTRY(8, false, )

@@ -556,6 +556,19 @@ static int sw_tile(int N, int sms)
 	return best;
 }
 
+/* Diagnosis of the swapped kernel (the benchmark only: wrong results; kernels_ptx/gemm_fp8_stream.cu
+ * SW_NOMMA ..): DSV32_GEMM_SW_DIAG=n, read once, the sum of 2 no MMAs, 4 no token boxes, 8 no
+ * weight-scale copies (s11-1: what each costs the stream). */
+static int sw_diag(void)
+{
+	static int flags = -1;
+	if (flags < 0) {
+		const char *v = getenv("DSV32_GEMM_SW_DIAG");
+		flags = v ? atoi(v) & 14 : 0;
+	}
+	return flags;
+}
+
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, int ks2)
 {
@@ -594,7 +607,9 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		 * s % 2's, so a warpgroup never waits on a slot whose previous phase (the other
 		 * warpgroup's stage) has not completed — mbarrier parity waits are ambiguous two
 		 * phases apart (run 21: DSV32_GEMM_STREAM_NS=3 trapped at M = 8; the default rings of
-		 * 7 and 5 stages carried the same race) */
+		 * 7 and 5 stages carried the same race). (s11-2: each warpgroup its own slots, so that
+		 * odd rings were safe, 7 stages instead of 6 at M <= 16 and 5 instead of 4 at 17-32,
+		 * streamed the same: not kept.) */
 		ns = ns > 1 ? ns & ~1 : ns;
 	}
 	if (ns < 1 || (ns < 2 && nst > 1))
@@ -607,7 +622,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	CUtensorMap wmap, xmap;
 	if ((r = decode_wmap(&wmap, W, N, K, nt)) || (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
 		return r;
-	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage};
+	int flags = sw_diag();
+	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage, &flags};
 	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }
