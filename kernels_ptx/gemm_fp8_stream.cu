@@ -799,8 +799,9 @@ ST_ENTRY(0, 1, 0, )
 // on its own A row, and those rows' results are dropped (rows M .. mpad - 1 are the copy's
 // zero fill). So a stage holds mpad token rows, not 64 (run 21 had 64-row slots: 8 KB a K
 // block at any M, fewer stages in flight). One producer warp: lane 0 issues the copies (the first
-// stages' weights before griddepcontrol.wait, as the streaming kernel), every lane a share of
-// the stage's weight scales by cp.async, counted on the stage's full barrier. Two consumer
+// stages' weights before griddepcontrol.wait, as the streaming kernel); the consumers load the
+// weight scales of the block's tiles over its K range, and the token scales, once at the start
+// (cp.async, under the first stages' copies). Two consumer
 // warpgroups: SPLIT = 0 (one tile a block, NT <= 144) they take alternate stages (warpgroup c
 // the stages q = c, c + 2, ...; each stage released by its 4 warps, up to 128 columns as soon as
 // its last MMAs completed and its scales were read, before their promotion (s11-2: +2-3% at
@@ -860,16 +861,14 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
-#define SW_SCL 32 // bytes of a stage's weight scales: S[b0 + b][kb + j] at 4 (3 j + b), b < 3
 // The swapped kernel's ring: up to 16 stages (its barriers fill the 256-byte header), so that
 // narrow tiles (small stages) still keep ~100-200 KB of weights in flight a block (run 21: 56-row
 // tiles in 7 stages, 98 KB, 2.3 TB/s on 7168x16384; 112-row tiles in 5, 140 KB, 3.4)
 #define SW_MAXSTAGES 16
 // The swapped kernel's flags, diagnosis (the benchmark only: wrong results): SW_NOMMA no wgmma
-// or promotion, SW_NOX no token boxes, SW_NOSCL no weight-scale copies.
+// or promotion, SW_NOX no token boxes.
 #define SW_NOMMA 2
 #define SW_NOX 4
-#define SW_NOSCL 8
 
 template <int NT, bool SPLIT, int KS>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
@@ -890,8 +889,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int nall = (KB + ST_KBS - 1) / ST_KBS, rank = KS == 2 ? (int)cluster_rank() : 0;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
-	// after the ring: each stage's weight scales (SW_SCL bytes), then sx[m][kb] (M x KB)
-	const uint32_t scl = stage0 + (uint32_t)(ns * STAGE), sxs = scl + ns * SW_SCL;
+	// after the ring: the weight scales of the block's tiles over its K blocks (wsc: tile i's
+	// K block kb0 + k, its b-th row block at 4 (3 (i KBc + k) + b), b < 3: past the tile's last,
+	// the last's again, for columns past N, whose weights are zeros), then sx[m][kb] (M x KB)
+	const int KBc = nst * ST_KBS, kb0 = qa * ST_KBS, ntb = (tiles + tstep - 1) / tstep;
+	const uint32_t wsc = stage0 + (uint32_t)(ns * STAGE), sxs = wsc + ntb * KBc * 12;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	// a stage released once its last MMAs completed and its scales were read, before their
 	// promotion (the 144-column fragments: at the end, which spills no registers)
@@ -900,7 +902,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
-			mbar_init(smem_u32(&full[s]), 1 + 32); // the copies' and the scales' arrivals
+			mbar_init(smem_u32(&full[s]), 1); // the copies' (bytes)
 			mbar_init(smem_u32(&empty[s]), SPLIT ? 8 : 4); // the consuming warps
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -925,20 +927,13 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
 		int Q = 0;
 		for (int tile = tile0; tile < tiles; tile += tstep) {
-			const int n0 = tile * NT, b0 = n0 >> 7, b1 = min(n0 + NT - 1, N - 1) >> 7;
+			const int n0 = tile * NT;
 			for (int q = 0; q < nst; q++, Q++) {
 				const int s = Q % ns, kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
 				const bool early = Q < pre; // weights already on their way
 				const uint32_t bar = smem_u32(&full[s]), st = stage0 + s * STAGE;
 				if (!early)
 					mbar_wait(smem_u32(&empty[s]), ((Q / ns) & 1) ^ 1);
-				// the scales of the tile's <= 3 row blocks (past its last: the last's again,
-				// for columns past N, whose weights are zeros)
-				if (lane < 3 * nb && !(flags & SW_NOSCL)) {
-					const int j = lane / 3, b = min(b0 + lane % 3, b1);
-					cp_async4(scl + s * SW_SCL + 4 * lane, S + (size_t)b * KB + kb + j);
-				}
-				cp_async_arrive(bar); // (at once when this lane copied nothing)
 				if (lane == 0) {
 					if (!early) {
 						mbar_arrive_expect_tx(bar, (uint32_t)(nb * (WB + xbytes)));
@@ -960,9 +955,17 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 
 	// ---- consumers: warpgroup c = warp / 4 ----
 	const int tid = threadIdx.x, c = warp >> 2, g = lane >> 2, t = lane & 3;
+	// the weight scales (constants: before the wait), then the token scales, by 4-byte
+	// cp.async: a thread's loads all in flight at once (one memory latency, not one per value),
+	// under the first stages' copies (s11-3: against a share of each stage's scales copied by
+	// the producer's lanes and counted on its full barrier, ...)
+	for (int i = tid; i < ntb * KBc * 3; i += 256) {
+		const int ti = i / (KBc * 3), k = i / 3 % KBc, tile = tile0 + ti * tstep;
+		const int n0 = tile * NT, b = min((n0 >> 7) + i % 3, (min(n0 + NT, N) - 1) >> 7);
+		if (tile < tiles && kb0 + k < KB)
+			cp_async4(wsc + 4 * i, S + (size_t)b * KB + kb0 + k);
+	}
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // sx is the previous kernel's
-	// the token scales by 4-byte cp.async: a thread's loads all in flight at once (one memory
-	// latency, not one per value), under the first stages' copies
 	for (int i = tid; i < M * KB; i += 256)
 		cp_async4(sxs + 4 * i, SX + i);
 	cp_async_wait_all();
@@ -973,6 +976,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	int Q = 0;
 	for (int tile = tile0; tile < tiles; tile += tstep, Q += nst) {
 		const int n0 = tile * NT, r0 = (n0 & 127) + cw0;
+		// this tile's weight scales (one tile a block unless SPLIT)
+		const uint32_t wt = SPLIT ? wsc + 12 * KBc * (Q / nst) : wsc;
 		float acc[R], frag[R];
 #pragma unroll
 		for (int i = 0; i < R; i++)
@@ -980,7 +985,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		for (int q = SPLIT ? 0 : c; q < nst; q += SPLIT ? 1 : 2) {
 			const int s = (Q + q) % ns;
 			mbar_wait(smem_u32(&full[s]), ((Q + q) / ns) & 1);
-			const uint32_t st = stage0 + s * STAGE, sd = scl + s * SW_SCL;
+			const uint32_t st = stage0 + s * STAGE, sd = wt + 12 * ST_KBS * q;
 #pragma unroll
 			for (int j = 0; j < ST_KBS; j++) {
 				const int kb = (qa + q) * ST_KBS + j;

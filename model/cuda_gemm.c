@@ -557,14 +557,14 @@ static int sw_tile(int N, int sms)
 }
 
 /* Diagnosis of the swapped kernel (the benchmark only: wrong results; kernels_ptx/gemm_fp8_stream.cu
- * SW_NOMMA ..): DSV32_GEMM_SW_DIAG=n, read once, the sum of 2 no MMAs, 4 no token boxes, 8 no
- * weight-scale copies (s11-1: what each costs the stream). */
+ * SW_NOMMA ..): DSV32_GEMM_SW_DIAG=n, read once, the sum of 2 no MMAs, 4 no token boxes (s11-1:
+ * what each costs the stream). */
 static int sw_diag(void)
 {
 	static int flags = -1;
 	if (flags < 0) {
 		const char *v = getenv("DSV32_GEMM_SW_DIAG");
-		flags = v ? atoi(v) & 14 : 0;
+		flags = v ? atoi(v) & 6 : 0;
 	}
 	return flags;
 }
@@ -588,16 +588,18 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
 	 * (mpad token rows + nt weight rows each; at least the second token box + 8 KB: wgmma's
-	 * 64-row A operand reads past the box, inside the stage; 1 KB multiples) and their weight
-	 * scales (32 bytes each), the token scales */
+	 * 64-row A operand reads past the box, inside the stage; 1 KB multiples), the weight scales
+	 * of a block's tiles (<= 3 row blocks each) over its K blocks, the token scales */
 	int stage = 2 * (nt * 128 + mpad * 128);
 	stage = stage > mpad * 128 + 8192 ? stage : mpad * 128 + 8192;
 	stage = (stage + 1023) & ~1023;
 	/* (run 34: each rank's half of the token scales only, a ring of 6 stages instead of 4 at
 	 * M = 17-32 on 7168 x 16384 / 18432, streamed 3.19 / 3.24 TB/s against run 33's 3.34 /
 	 * 3.41: not kept) */
-	int head = 256 + 1024, scl = 4 * M * KB;
-	int ns = (ST_SMEM_MAX - head - scl) / (stage + 32);
+	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
+	const int ntb = (tiles + (int)grid / ks - 1) / ((int)grid / ks); /* tiles a block */
+	int head = 256 + 1024, scl = 4 * M * KB + ntb * 2 * nst * 12;
+	int ns = (ST_SMEM_MAX - head - scl) / stage;
 	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
@@ -614,7 +616,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	}
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
-	int smem = head + ns * (stage + 32) + scl;
+	int smem = head + ns * stage + scl;
 	void *fn;
 	int r = kernel_optin(g, name, &fn);
 	if (r)
@@ -624,7 +626,6 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		return r;
 	int flags = sw_diag();
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage, &flags};
-	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }
 
