@@ -193,6 +193,8 @@ static int probe_sw(struct gpu *g, int ks)
 
 /* --no-wgmma: leave the wgmma kernel out (a run that must not depend on it). */
 static int no_wgmma;
+/* --tune-times: the start-up measurement's times by path under each dense row */
+static int tune_times;
 
 /* time_us, TB/s, TFLOP/s of one path, or n/a. */
 static void print_path(float ms, double bytes, double flops)
@@ -371,7 +373,7 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 int bench_gemm(int argc, char **argv)
 {
 	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1, only_n = 0, only_k = 0;
-	no_wgmma = 0;
+	no_wgmma = 0, tune_times = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
 			trials = atoi(argv[++i]);
@@ -381,6 +383,8 @@ int bench_gemm(int argc, char **argv)
 			run_grouped = 0;
 		else if (!strcmp(argv[i], "--no-wgmma"))
 			no_wgmma = 1;
+		else if (!strcmp(argv[i], "--tune-times"))
+			tune_times = 1;
 		else if (!strcmp(argv[i], "--no-tune"))
 			tune = 0;
 		else if (!strcmp(argv[i], "--shape") && i + 1 < argc &&
@@ -388,7 +392,7 @@ int bench_gemm(int argc, char **argv)
 			i++;
 		else {
 			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] "
-					"[--no-wgmma] [--no-tune] [--shape NxK]\n");
+					"[--no-wgmma] [--no-tune] [--tune-times] [--shape NxK]\n");
 			return 2;
 		}
 	}
@@ -497,9 +501,19 @@ int bench_gemm(int argc, char **argv)
 			 * cold L2) unless --no-tune */
 			cuda_gemm_set_stream(-1);
 			cuda_gemm_set_stream_rt(0);
+			float tus[CUDA_GEMM_PATHS];
 			if (tune && cuda_gemm_tune_rotate(&g, cw, cs, c.copies, c.M, c.N, c.K, c.x, c.sx,
-							  c.y, c.ws, c.ws_bytes, NULL))
+							  c.y, c.ws, c.ws_bytes, tus))
 				rc_all = 1;
+			if (tune && tune_times) {
+				static const char *const pn[CUDA_GEMM_PATHS] = {
+					NULL, "v2", "lt", "wgmma", "wg", "sw", "sw2", "gemv"};
+				printf("# tune M=%d (us a launch, the start-up measurement's):", c.M);
+				for (int p = 1; p < CUDA_GEMM_PATHS; p++)
+					if (tus[p] >= 0)
+						printf(" %s %.2f", pn[p], tus[p]);
+				printf("\n");
+			}
 			enum cuda_gemm_path path = cuda_gemm_path_for(&g, c.M, c.N, c.K);
 			const char *label = path == CUDA_GEMM_PATH_CUBLASLT	 ? "lt"
 					    : path == CUDA_GEMM_PATH_WGMMA	 ? "wgmma"
