@@ -245,18 +245,24 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 	}
 }
 
-// The wgmma consumers' end of a K block: wait for the block's MMA group, then add the fragment
-// of each of the mg_n live token groups, times its promotion factors s[mg] (tokens 2t, 2t + 1),
-// to the running fp32 sums; register 4 mg + q is acc[mg][q]'s element.
+// The wgmma consumers' end of a K block: wait for the block's MMA group (wg_kblock_wait), then
+// add the fragment of each of the mg_n live token groups, times its promotion factors s[mg]
+// (tokens 2t, 2t + 1), to the running fp32 sums (wg_promote); register 4 mg + q is acc[mg][q]'s
+// element.
 template <int MGA>
-__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], float (&frag)[4 * MGA],
-					   const float (&s)[MGA][2], int mg_n)
+__device__ __forceinline__ void wg_kblock_wait(float (&frag)[4 * MGA])
 {
 	wg_commit();
 	wg_wait0();
 #pragma unroll
 	for (int i = 0; i < 4 * MGA; i++)
 		wg_reg_fence(frag[i]);
+}
+
+template <int MGA>
+__device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], const float (&frag)[4 * MGA],
+					   const float (&s)[MGA][2], int mg_n)
+{
 #pragma unroll
 	for (int mg = 0; mg < MGA; mg++) {
 		if (mg >= mg_n)
@@ -646,6 +652,14 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 					wg_fence();
 					wg_kblock<MG>(frag, wgd_kmajor(a0 + j * ST_WBOX),
 						      wgd_kmajor(st + KBS * ST_WBOX + j * xbox));
+					wg_kblock_wait<MGA>(frag);
+					if (j == nb - 1) {
+						// the stage's last MMAs done (its scales were read before them):
+						// released before the promotion
+						__syncwarp();
+						if (lane == 0)
+							mbar_arrive(smem_u32(&empty[s]));
+					}
 					wg_promote<MGA>(acc[0], frag, sc[j], mg_n);
 				}
 			}
@@ -701,9 +715,11 @@ gemm_fp8_stream(const tmap *wmap, const tmap *xmap, const tmap *smap,
 				}
 			}
 			it++;
-			__syncwarp();
-			if (lane == 0)
-				mbar_arrive(smem_u32(&empty[s]));
+			if (!(MG > 0 && WI == 2)) { // (the wgmma consumers released it above)
+				__syncwarp();
+				if (lane == 0)
+					mbar_arrive(smem_u32(&empty[s]));
+			}
 			if (++s == ns)
 				s = 0, ph ^= 1;
 		}
