@@ -105,29 +105,51 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 struct moe_dims {
 	int T, R, RT, D, I, E, K;
 	int unfused; /* CUDA_MOE_UNFUSED */
+	int fast;    /* the GEMM dispatch's fast mode (!cuda_gemm_batch_invariant) */
 };
 
-static struct moe_dims moe_dims(const struct dsv32_config *c, int T, unsigned flags)
+static struct moe_dims moe_dims(const struct gpu *g, const struct dsv32_config *c, int T,
+				unsigned flags)
 {
 	struct moe_dims d = {.T = T, .D = (int)c->hidden_size, .I = (int)c->moe_intermediate_size,
 			     .E = (int)c->n_routed_experts, .K = (int)c->num_experts_per_tok,
-			     .unfused = !!(flags & CUDA_MOE_UNFUSED)};
+			     .unfused = !!(flags & CUDA_MOE_UNFUSED),
+			     .fast = !cuda_gemm_batch_invariant(g)};
 	d.R = T * d.K;
 	d.RT = d.R + T;
 	return d;
 }
 
+/* Decode sizes (T <= 64) in the fast mode on the token-wide grouped GEMMs (cuda_gemm_fp8_tw_grouped:
+ * the weights as wgmma's A, each expert's rows as N, the whole of K an item, so no K chunks, no
+ * partials, no chunk-sum launch) from MOE_TW_FROM tokens, where the dims allow it (tw_decode;
+ * CUDA_MOE_UNFUSED: the wgmma tile form, the same bits). s11-8 (bench moe --trials 5,
+ * graph-replayed block, two runs): 8 / 16 / 32 / 64 tokens 656 / 1,133 / 1,701 / 2,370 us (3.97 /
+ * 4.16 / 4.20 / 4.22 TB/s of touched weights) against the streaming kernel's 722-726 /
+ * 1,286-1,296 / 2,053-2,059 / 3,058-3,115 (3.59 / 3.65 / 3.47 / 3.24); s11-10: at 1 / 2 / 4
+ * tokens 162.7 / 253.9 / 400.9 us against 121.0 / 226.3 / 408.0. The batch-invariant mode keeps
+ * the streaming kernel's exact consumers. */
+#define MOE_TW_FROM 4
+
+static int tw_decode(const struct moe_dims *d)
+{
+	return d->fast && d->T >= MOE_TW_FROM && d->T <= 64 && d->D % 256 == 0 &&
+	       (2 * d->I) % 256 == 0 && cuda_gemm_wgmma_tw();
+}
+
 /* Whether the grouped GEMMs run on the wgmma kernel (then the gate|up GEMM has SwiGLU and
  * act_quant fused) rather than cuda_gemm_fp8_grouped's choice (the streaming kernel, whose chunk
  * sums do SwiGLU and the combine; its exact consumers in the batch-invariant mode, its wgmma
- * consumers in the fast mode): above 64 tokens. Run 12 (engineer G, bench gemm --grouped, fast
+ * consumers in the fast mode): above 64 tokens, and at decode sizes in the fast mode on the
+ * token-wide form (tw_decode). Run 12 (engineer G, bench gemm --grouped, fast
  * mode, TB/s of touched weights, streaming kernel with wgmma consumers vs the wgmma grouped
  * kernel): gate|up at 1 / 16 / 64 / 256 tokens 3.49 / 3.72 / 3.59 / 3.39 vs 2.01 / 2.92 / 3.38 /
  * 3.43, down 3.02 / 3.65 / 3.56 / 3.30 vs 1.59 / 2.82 / 3.37 / 3.50 — so the fast mode no longer
  * sends 8-64 tokens to wgmma (run 9-12 did). Earlier: run 8 bench moe T = 128 / 256: 4.97 / 6.64
  * ms on the exact decode kernel, 2.81 / 3.28 on wgmma. (Run 7's prefill ran passes of ~1000
  * rows on the decode kernel: 15 ms a layer.)
- * DSV32_CUDA_MOE_WGMMA=n (diagnosis, read once; n > 64): wgmma from n tokens on instead. */
+ * DSV32_CUDA_MOE_WGMMA=n (diagnosis, read once; n >= 1): wgmma from n tokens on instead, in
+ * either mode. */
 static int use_wgmma(const struct moe_dims *d)
 {
 	static int from = -1;
@@ -137,9 +159,9 @@ static int use_wgmma(const struct moe_dims *d)
 	}
 	if (d->D % 64)
 		return 0;
-	if (from > 64)
-		return d->T >= from; /* (from > 64: never for T <= 64) */
-	return d->T > 64;
+	if (from > 0)
+		return d->T >= from;
+	return d->T > 64 || tw_decode(d);
 }
 
 /* Whether the prefill-size gate|up GEMM runs on the token-wide grouped form (then unfused:
@@ -155,7 +177,10 @@ static int use_tw(const struct moe_dims *d)
 
 /* cuda_moe_set_shared_dense. Run 36b (bench moe --trials 5, in-process A/B twice, graph-replayed
  * block): 4096 tokens 5,252 / 5,208 us against 5,287 / 5,231 as group E; 2048 3,500 / 3,495
- * against 3,549 / 3,546; 512 2,849 / 2,853 against 2,879 / 2,882 (-0.6 .. -1.5%). */
+ * against 3,549 / 3,546; 512 2,849 / 2,853 against 2,879 / 2,882 (-0.6 .. -1.5%). Above 64
+ * tokens only: at decode sizes the shared expert stays group E of the token-wide GEMMs (s11-10:
+ * 16 / 64 tokens 1,121.9 / 2,382.7 us against 1,137.9 / 2,390.7 on the dense dispatch; and the
+ * separate kernels' tile form then gives the same bits). */
 static int shared_dense = -1;
 
 void cuda_moe_set_shared_dense(int on)
@@ -169,7 +194,7 @@ static int use_shared_dense(const struct moe_dims *d)
 		const char *v = getenv("DSV32_CUDA_MOE_SHARED_DENSE");
 		cuda_moe_set_shared_dense(v ? atoi(v) : 1);
 	}
-	return shared_dense && use_tw(d);
+	return shared_dense && use_tw(d) && d->T > 64;
 }
 
 static int use_tw_down(const struct moe_dims *d)
@@ -229,12 +254,18 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
 {
-	struct moe_dims d = moe_dims(c, T, 0); /* (the exact mode's scratch holds the fast one's) */
-	size_t sz[B_COUNT], total = 256;
-	scratch_sizes(g, &d, sz);
-	for (int i = 0; i < B_COUNT; i++)
-		total += (sz[i] + 255) / 256 * 256;
-	return total;
+	/* the larger of the two modes' (their GEMMs' workspaces differ at decode sizes) */
+	size_t most = 0;
+	for (int fast = 0; fast < 2; fast++) {
+		struct moe_dims d = moe_dims(g, c, T, 0);
+		d.fast = fast;
+		size_t sz[B_COUNT], total = 256;
+		scratch_sizes(g, &d, sz);
+		for (int i = 0; i < B_COUNT; i++)
+			total += (sz[i] + 255) / 256 * 256;
+		most = total > most ? total : most;
+	}
+	return most;
 }
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all but _mma give the CPU's
@@ -644,7 +675,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,
 			  unsigned flags)
 {
-	struct moe_dims d = moe_dims(c, T, flags);
+	struct moe_dims d = moe_dims(g, c, T, flags);
 	int fused = fused_router(c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[288];
@@ -678,7 +709,7 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 {
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
-	struct moe_dims d = moe_dims(c, T, stages);
+	struct moe_dims d = moe_dims(g, c, T, stages);
 	size_t sz[B_COUNT];
 	scratch_sizes(g, &d, sz);
 	size_t mark = gpu_arena_mark(a);

@@ -341,8 +341,9 @@ static void teacher_forcing(const char *name, int64_t T)
 			       "bit-identical (rc %d)\n", name, (long long)l, (long long)same, (long long)T, ru);
 			CHECK(ru == 0 && same == T);
 			/* the decode-sized fusions (q_pe RoPE in the q absorption, weights_proj in the
-			 * indexer query kernel, W_UV's act_quant) on the first 1 and 3 rows, fast mode */
-			for (int64_t nr = 1; nr <= 3; nr += 2) {
+			 * indexer query kernel, W_UV's act_quant) on the first 1, 3 and 5 rows, fast mode
+			 * (at 5 the MoE block's token-wide GEMMs against the wgmma tile form's) */
+			for (int64_t nr = 1; nr <= 5; nr += 2) {
 				float *fx = malloc((size_t)nr * D * 4), *fr = malloc((size_t)nr * D * 4);
 				REQUIRE(fx && fr);
 				struct backend_seq s1 = s;
