@@ -502,6 +502,8 @@ int bench_gemm(int argc, char **argv)
 			cuda_gemm_set_stream(-1);
 			cuda_gemm_set_stream_rt(0);
 			float tus[CUDA_GEMM_PATHS];
+			for (int p = 0; p < CUDA_GEMM_PATHS; p++)
+				tus[p] = -1;
 			if (tune && cuda_gemm_tune_rotate(&g, cw, cs, c.copies, c.M, c.N, c.K, c.x, c.sx,
 							  c.y, c.ws, c.ws_bytes, tus))
 				rc_all = 1;
