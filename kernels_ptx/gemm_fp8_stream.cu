@@ -125,106 +125,7 @@ __device__ __forceinline__ void fence_acq_rel_gpu()
 	asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-// ---- wgmma (the fast mode's consumers, WI = 2) -------------------------------------------------
-// d (+)= A[64 x 32] . B[N x 32]^T (e4m3, fp32; accumulate = 0 overwrites d), N = 8, 16, 32, 64:
-// d holds N / 2 registers a thread
-__device__ __forceinline__ void wg_n8(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n16(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n32(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n64(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-// The swapped kernel's widths (k_gemm_fp8_swap_n*: the weights as B, a warpgroup's share of
-// the block's NT rows): the same instruction, N = 24 .. 144 (N / 2 registers a thread)
-__device__ __forceinline__ void wg_n24(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n24k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n48(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n56(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %30, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n56k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, %28, %29, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n72(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, %36, %37, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n96(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n112(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n112k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n128(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wg_n144(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, %72, %73, p, 1, 1;\n}\n"
-		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
-		     : "l"(da), "l"(db), "r"(accumulate));
-}
+// ---- wgmma (the fast mode's consumers, WI = 2): wgmma.cuh's wgmma_e4m3_nN ---------------------
 
 // One K block (4 k32 steps) into a fresh fragment d: N = 8 MG, the token rows the stage has
 // room for (a slice with fewer computes columns it never reads: picking N by the slice's rows
@@ -235,13 +136,13 @@ __device__ __forceinline__ void wg_kblock(float *d, uint64_t da, uint64_t db)
 #pragma unroll
 	for (int k = 0; k < 4; k++) {
 		if (MG >= 8)
-			wg_n64(d, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_e4m3_n64(d, da + 2 * k, db + 2 * k, k > 0);
 		else if (MG >= 4)
-			wg_n32(d, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_e4m3_n32(d, da + 2 * k, db + 2 * k, k > 0);
 		else if (MG >= 2)
-			wg_n16(d, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_e4m3_n16(d, da + 2 * k, db + 2 * k, k > 0);
 		else
-			wg_n8(d, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_e4m3_n8(d, da + 2 * k, db + 2 * k, k > 0);
 	}
 }
 
@@ -845,30 +746,30 @@ template <int NT>
 __device__ __forceinline__ void sw_kstep(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	if constexpr (NT == 8)
-		wg_n8(d, da, db, accumulate);
+		wgmma_e4m3_n8(d, da, db, accumulate);
 	else if constexpr (NT == 16)
-		wg_n16(d, da, db, accumulate);
+		wgmma_e4m3_n16(d, da, db, accumulate);
 	else if constexpr (NT == 24)
-		wg_n24(d, da, db, accumulate);
+		wgmma_e4m3_n24(d, da, db, accumulate);
 	else if constexpr (NT == 32)
-		wg_n32(d, da, db, accumulate);
+		wgmma_e4m3_n32(d, da, db, accumulate);
 	else if constexpr (NT == 48)
-		wg_n48(d, da, db, accumulate);
+		wgmma_e4m3_n48(d, da, db, accumulate);
 	else if constexpr (NT == 56)
-		wg_n56(d, da, db, accumulate);
+		wgmma_e4m3_n56(d, da, db, accumulate);
 	else if constexpr (NT == 64)
-		wg_n64(d, da, db, accumulate);
+		wgmma_e4m3_n64(d, da, db, accumulate);
 	else if constexpr (NT == 72)
-		wg_n72(d, da, db, accumulate);
+		wgmma_e4m3_n72(d, da, db, accumulate);
 	else if constexpr (NT == 96)
-		wg_n96(d, da, db, accumulate);
+		wgmma_e4m3_n96(d, da, db, accumulate);
 	else if constexpr (NT == 112)
-		wg_n112(d, da, db, accumulate);
+		wgmma_e4m3_n112(d, da, db, accumulate);
 	else if constexpr (NT == 128)
-		wg_n128(d, da, db, accumulate);
+		wgmma_e4m3_n128(d, da, db, accumulate);
 	else {
 		static_assert(NT == 144, "no wgmma of this width");
-		wg_n144(d, da, db, accumulate);
+		wgmma_e4m3_n144(d, da, db, accumulate);
 	}
 }
 

@@ -974,35 +974,19 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_PB (4 * TW_PQ)    // floats a box
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
-// wgmma m64nNNk32 e4m3 for NN = 16 .. 144: the fragment operands d[0 .. NN/2 - 1]
-#define TW_MMA(nn, regs, ia, ib, ic, ...)                                                       \
-	__device__ __forceinline__ void tw_mma_n##nn(float *d, uint64_t da, uint64_t db,         \
-						     int accumulate)                            \
-	{                                                                                      \
-		WGMMA_E4M3(nn, regs, ia, ib, ic, __VA_ARGS__);                                  \
-	}
-TW_MMA(16, WG_R8, 8, 9, 10, WG_D8(0))
-TW_MMA(32, WG_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
-TW_MMA(48, WG_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
-TW_MMA(64, WG_R32, 32, 33, 34, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24))
-TW_MMA(80, WG_R40, 40, 41, 42, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32))
-TW_MMA(96, WG_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40))
-TW_MMA(112, WG_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48))
-TW_MMA(128, WG_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56))
-TW_MMA(144, WG_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64))
-
+// wgmma m64nNNk32 e4m3 for NN = 16 .. 144 (wgmma.cuh): the fragment operands d[0 .. NN/2 - 1]
 template <int NN>
 __device__ __forceinline__ void tw_mma(float *d, uint64_t da, uint64_t db, int accumulate)
 {
-	if constexpr (NN == 16) tw_mma_n16(d, da, db, accumulate);
-	else if constexpr (NN == 32) tw_mma_n32(d, da, db, accumulate);
-	else if constexpr (NN == 48) tw_mma_n48(d, da, db, accumulate);
-	else if constexpr (NN == 64) tw_mma_n64(d, da, db, accumulate);
-	else if constexpr (NN == 80) tw_mma_n80(d, da, db, accumulate);
-	else if constexpr (NN == 96) tw_mma_n96(d, da, db, accumulate);
-	else if constexpr (NN == 112) tw_mma_n112(d, da, db, accumulate);
-	else if constexpr (NN == 128) tw_mma_n128(d, da, db, accumulate);
-	else tw_mma_n144(d, da, db, accumulate);
+	if constexpr (NN == 16) wgmma_e4m3_n16(d, da, db, accumulate);
+	else if constexpr (NN == 32) wgmma_e4m3_n32(d, da, db, accumulate);
+	else if constexpr (NN == 48) wgmma_e4m3_n48(d, da, db, accumulate);
+	else if constexpr (NN == 64) wgmma_e4m3_n64(d, da, db, accumulate);
+	else if constexpr (NN == 80) wgmma_e4m3_n80(d, da, db, accumulate);
+	else if constexpr (NN == 96) wgmma_e4m3_n96(d, da, db, accumulate);
+	else if constexpr (NN == 112) wgmma_e4m3_n112(d, da, db, accumulate);
+	else if constexpr (NN == 128) wgmma_e4m3_n128(d, da, db, accumulate);
+	else wgmma_e4m3_n144(d, da, db, accumulate);
 }
 
 // One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).

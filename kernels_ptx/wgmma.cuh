@@ -60,6 +60,31 @@ __device__ __forceinline__ uint64_t wgd_mnmajor(uint32_t addr, uint32_t lbo, uin
 		     : __VA_ARGS__                                                             \
 		     : "l"(da), "l"(db), "r"(accumulate))
 
+// The widths the kernels use as functions: wgmma_e4m3_nN(d, da, db, accumulate) is WGMMA_E4M3 of
+// width N on d[0 .. N/2 - 1] (the odd multiples of 8 end in a 4-register group, WG_D4).
+#define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WGMMA_E4M3_FN(n, regs, ia, ib, ic, ...)                                               \
+	__device__ __forceinline__ void wgmma_e4m3_n##n(float *d, uint64_t da, uint64_t db,    \
+							int accumulate)                        \
+	{                                                                                      \
+		WGMMA_E4M3(n, regs, ia, ib, ic, __VA_ARGS__);                                   \
+	}
+#define WG_D8x4(i) WG_D8(i), WG_D8(i + 8), WG_D8(i + 16), WG_D8(i + 24)
+WGMMA_E4M3_FN(8, "%0, %1, %2, %3", 4, 5, 6, WG_D4(0))
+WGMMA_E4M3_FN(16, WG_R8, 8, 9, 10, WG_D8(0))
+WGMMA_E4M3_FN(24, WG_R8 ", %8, %9, %10, %11", 12, 13, 14, WG_D8(0), WG_D4(8))
+WGMMA_E4M3_FN(32, WG_R16, 16, 17, 18, WG_D8(0), WG_D8(8))
+WGMMA_E4M3_FN(48, WG_R24, 24, 25, 26, WG_D8(0), WG_D8(8), WG_D8(16))
+WGMMA_E4M3_FN(56, WG_R24 ", %24, %25, %26, %27", 28, 29, 30, WG_D8(0), WG_D8(8), WG_D8(16),
+	      WG_D4(24))
+WGMMA_E4M3_FN(64, WG_R32, 32, 33, 34, WG_D8x4(0))
+WGMMA_E4M3_FN(72, WG_R32 ", %32, %33, %34, %35", 36, 37, 38, WG_D8x4(0), WG_D4(32))
+WGMMA_E4M3_FN(80, WG_R40, 40, 41, 42, WG_D8x4(0), WG_D8(32))
+WGMMA_E4M3_FN(96, WG_R48, 48, 49, 50, WG_D8x4(0), WG_D8(32), WG_D8(40))
+WGMMA_E4M3_FN(112, WG_R56, 56, 57, 58, WG_D8x4(0), WG_D8(32), WG_D8(40), WG_D8(48))
+WGMMA_E4M3_FN(128, WG_R64, 64, 65, 66, WG_D8x4(0), WG_D8x4(32))
+WGMMA_E4M3_FN(144, WG_R72, 72, 73, 74, WG_D8x4(0), WG_D8x4(32), WG_D8(64))
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
