@@ -201,9 +201,8 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			wfrag_cvt(af, lo0, lo1, hi0, hi1);
 			kblock_promote(acc, af, Xs, SXs, sv.rows, K, kb, 0, s_row[kb]);
 		}
-		__syncwarp();
-		if (lane == 0) // this warp's reads of the stage are done (arrive releases them)
-			mbar_arrive(smem_u32(&empty[s]));
+		// this warp's reads of the stage are done (the arrival releases them)
+		mbar_arrive_warp(smem_u32(&empty[s]), lane);
 		if (++s == ns)
 			s = 0, ph ^= 1;
 		const int set = u & 1;

@@ -143,31 +143,13 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
 	return r;
 }
 
-// ---- wgmma m64nNk32 e4m3 ------------------------------------------------------------------------
-// The fragment operands: %0 .. %63 bound to d[0 .. 63] (n128), %0 .. %95 to d[0 .. 95] (n192)
-// (WG_R64, WG_R96: wgmma.cuh).
-#define WG_D64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-#define WG_D96 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88)
-// (WG_D8, WGMMA_E4M3: wgmma.cuh)
-
-__device__ __forceinline__ void wgmma_m64n128k32(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	WGMMA_E4M3(128, WG_R64, 64, 65, 66, WG_D64);
-}
-
-__device__ __forceinline__ void wgmma_m64n192k32(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	WGMMA_E4M3(192, WG_R96, 96, 97, 98, WG_D96);
-}
+// ---- wgmma m64nNk32 e4m3 (wgmma.cuh) ----------------------------------------------------------
 
 template <int BN>
 __device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, int accumulate)
 {
 	static_assert(BN == 128 || BN == 192, "m64n128k32 or m64n192k32");
-	if constexpr (BN == 128)
-		wgmma_m64n128k32(d, da, db, accumulate);
-	else
-		wgmma_m64n192k32(d, da, db, accumulate);
+	wgmma_e4m3<BN>(d, da, db, accumulate);
 }
 
 // Barriers of stage s: bars = base of full[STAGES], then empty[STAGES] (8 bytes each).
@@ -974,20 +956,6 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_PB (4 * TW_PQ)    // floats a box
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
 
-// wgmma m64nNNk32 e4m3 for NN = 16 .. 144 (wgmma.cuh): the fragment operands d[0 .. NN/2 - 1]
-template <int NN>
-__device__ __forceinline__ void tw_mma(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	if constexpr (NN == 16) wgmma_e4m3_n16(d, da, db, accumulate);
-	else if constexpr (NN == 32) wgmma_e4m3_n32(d, da, db, accumulate);
-	else if constexpr (NN == 48) wgmma_e4m3_n48(d, da, db, accumulate);
-	else if constexpr (NN == 64) wgmma_e4m3_n64(d, da, db, accumulate);
-	else if constexpr (NN == 80) wgmma_e4m3_n80(d, da, db, accumulate);
-	else if constexpr (NN == 96) wgmma_e4m3_n96(d, da, db, accumulate);
-	else if constexpr (NN == 112) wgmma_e4m3_n112(d, da, db, accumulate);
-	else if constexpr (NN == 128) wgmma_e4m3_n128(d, da, db, accumulate);
-	else wgmma_e4m3_n144(d, da, db, accumulate);
-}
 
 // One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).
 struct tw_item {
@@ -1050,7 +1018,7 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 	wg_fence();
 #pragma unroll
 	for (int k = 0; k < 4; k++)
-		tw_mma<NN>(frag, da + 2 * k, db + 2 * k, k > 0);
+		wgmma_e4m3<NN>(frag, da + 2 * k, db + 2 * k, k > 0);
 	wg_commit();
 	float p[NN / 4];
 #pragma unroll

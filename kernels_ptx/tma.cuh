@@ -72,6 +72,15 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 		     : "memory");
 }
 
+// One arrival for the calling warp (lane: its lane id), once every lane has reached this point:
+// a consumer warp releasing the stage whose reads it has finished.
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar, int lane)
+{
+	__syncwarp();
+	if (lane == 0)
+		mbar_arrive(bar);
+}
+
 // An arrival on the mbarrier once this thread's cp.asyncs so far have landed (counted in the
 // barrier's expected arrivals: .noinc)
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar)

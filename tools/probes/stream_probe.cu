@@ -38,10 +38,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint3
 		     : "memory");
 }
 
-__device__ __forceinline__ void mma_n8(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	WGMMA_E4M3(8, "%0, %1, %2, %3", 4, 5, 6, "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]));
-}
 
 // clock64 and %globaltimer of thread 0 of each block at its start and end (the SM clock the
 // block ran at: the GPU's boost moves it)
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(288, 1)
 					wg_fence();
 #pragma unroll
 					for (int k = 0; k < 4; k++)
-						mma_n8(frag, wgd_kmajor(st + j * BOX) + 2 * k, wgd_kmajor(tok) + 2 * k,
+						wgmma_e4m3_n8(frag, wgd_kmajor(st + j * BOX) + 2 * k, wgd_kmajor(tok) + 2 * k,
 						       k > 0);
 					wg_commit();
 					wg_wait0();

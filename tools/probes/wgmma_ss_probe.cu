@@ -19,18 +19,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 	return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-template <int NN>
-__device__ __forceinline__ void mma(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	if constexpr (NN == 96)
-		WGMMA_E4M3(96, WG_R48, 48, 49, 50, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40));
-	else if constexpr (NN == 112)
-		WGMMA_E4M3(112, WG_R56, 56, 57, 58, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48));
-	else if constexpr (NN == 128)
-		WGMMA_E4M3(128, WG_R64, 64, 65, 66, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56));
-	else
-		WGMMA_E4M3(144, WG_R72, 72, 73, 74, WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64));
-}
 
 // The operands: bytes of e4m3 values in [-2, 2] (no NaN codes) for the A tile (32 KB) and the
 // NN-row B tile at base, the scales (4 (NN + 16) floats) at sc_s all 1; then visible to wgmma.
@@ -87,7 +75,7 @@ __global__ void __launch_bounds__(384, 1) probe(int iters, long long *cycles, fl
 			wg_fence();
 #pragma unroll
 			for (int k = 0; k < 4; k++)
-				mma<NN>(MODE == 1 || MODE == 3 ? acc : f0, a + 2 * k, db + 2 * k, MODE == 1 || MODE == 3 || k > 0);
+				wgmma_e4m3<NN>(MODE == 1 || MODE == 3 ? acc : f0, a + 2 * k, db + 2 * k, MODE == 1 || MODE == 3 || k > 0);
 			wg_commit();
 			// MODE 9: the promotion's scale products into registers while the MMAs run
 			constexpr int NP = MODE == 9 ? NN / 4 : 4;
@@ -176,7 +164,7 @@ __global__ void __launch_bounds__(512, 1) probe3(int iters, long long *cycles, f
 		wg_fence();
 #pragma unroll
 		for (int k = 0; k < 4; k++)
-			mma<NN>(f0, da + 2 * k, db + 2 * k, k > 0);
+			wgmma_e4m3<NN>(f0, da + 2 * k, db + 2 * k, k > 0);
 		wg_commit();
 		constexpr int NP = PRE ? NN / 4 : 4;
 		float pre[NP];
