@@ -135,6 +135,17 @@ static int env_is_1(int *on, const char *name)
 	return *on;
 }
 
+/* *v, or (when < 0: not read yet) the environment's `name` as a non-negative integer (0 when
+ * unset or not a number >= 0): the diagnosis knobs that take a value */
+static int env_uint(int *v, const char *name)
+{
+	if (*v < 0) {
+		const char *s = getenv(name);
+		*v = s && atoi(s) > 0 ? atoi(s) : 0;
+	}
+	return *v;
+}
+
 /* L2 promotion of a decode GEMM's dense weight stream: none (a box row is 128 bytes, each L2
  * miss fetches its 128 bytes). With CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as before session 10,
  * the streaming kernel's weight copies alone (tools/probes/stream_probe.cu: its grid, units and
@@ -243,14 +254,10 @@ static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA")
  * 811 against 776). DSV32_GEMM_STREAM_NS=n (diagnosis) caps both at n, and the swapped
  * kernel's ring (as many as fit, 8 at most) too. */
 #define STREAM_NS_DENSE 4
-static int stream_ns_env(void) /* DSV32_GEMM_STREAM_NS, 0 when unset */
+static int stream_ns_env(void) /* DSV32_GEMM_STREAM_NS (>= 2), 0 when unset */
 {
 	static int cap = -1;
-	if (cap < 0) {
-		const char *v = getenv("DSV32_GEMM_STREAM_NS");
-		cap = v && atoi(v) >= 2 ? atoi(v) : 0;
-	}
-	return cap;
+	return env_uint(&cap, "DSV32_GEMM_STREAM_NS") >= 2 ? cap : 0;
 }
 
 static int stream_ns_cap(int dense)
@@ -562,11 +569,7 @@ static int sw_tile(int N, int sms)
 static int sw_diag(void)
 {
 	static int flags = -1;
-	if (flags < 0) {
-		const char *v = getenv("DSV32_GEMM_SW_DIAG");
-		flags = v ? atoi(v) & 6 : 0;
-	}
-	return flags;
+	return env_uint(&flags, "DSV32_GEMM_SW_DIAG") & 6;
 }
 
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
@@ -1205,6 +1208,29 @@ int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, g
 }
 
 /* ---- start-up measurement ---------------------------------------------------------------- */
+
+const char *cuda_gemm_path_name(enum cuda_gemm_path p)
+{
+	switch (p) {
+	case CUDA_GEMM_PATH_DECODE:
+		return "dec";
+	case CUDA_GEMM_PATH_STREAM_WG:
+		return "wg";
+	case CUDA_GEMM_PATH_STREAM_SW:
+		return "sw";
+	case CUDA_GEMM_PATH_STREAM_SW2:
+		return "sw2";
+	case CUDA_GEMM_PATH_GEMV:
+		return "gemv";
+	case CUDA_GEMM_PATH_CUBLASLT:
+		return "lt";
+	case CUDA_GEMM_PATH_WGMMA:
+		return "wgmma";
+	default:
+		return "-";
+	}
+}
+
 
 /* 1: cuda_gemm_tune may pick cuBLASLt over our decode kernel when it is faster (M = 32, 64 on
  * most shapes, docs/PERF.md) in the batch-invariant mode too; the fast mode always may. */

@@ -146,6 +146,9 @@ int cuda_gemm_m_bucket(int M);
  * in the batch-invariant mode. A measured entry's pick is made here, among the paths the
  * switches (cuda_gemm_set_swap, cuda_gemm_set_gemv) allow. */
 enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K);
+/* The path's short name in the start-up log and the benchmarks ("dec", "wg", "sw", "sw2",
+ * "gemv", "lt", "wgmma"; "-" for NONE). */
+const char *cuda_gemm_path_name(enum cuda_gemm_path p);
 /* Where the start-up measurement picked STREAM_SW / SW2: n >= 2 its pick on matrices of at
  * least n MB (N x K bytes / 2^20), the fastest other path it measured below; 1 its pick
  * everywhere; 0 never; -1: DSV32_GEMM_SWAP=n in the environment, else the default, 200 (run 26:

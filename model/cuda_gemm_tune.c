@@ -54,28 +54,6 @@ static int add_mat(struct tune_shape *sh, int *n_sh, int n_layers, const struct 
 	return 0;
 }
 
-static const char *path_name(enum cuda_gemm_path p)
-{
-	switch (p) {
-	case CUDA_GEMM_PATH_DECODE:
-		return "dec";
-	case CUDA_GEMM_PATH_STREAM_WG:
-		return "wg";
-	case CUDA_GEMM_PATH_STREAM_SW:
-		return "sw";
-	case CUDA_GEMM_PATH_STREAM_SW2:
-		return "sw2";
-	case CUDA_GEMM_PATH_GEMV:
-		return "gemv";
-	case CUDA_GEMM_PATH_CUBLASLT:
-		return "lt";
-	case CUDA_GEMM_PATH_WGMMA:
-		return "wgmma";
-	default:
-		return "-";
-	}
-}
-
 int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 			 struct gpu_arena *scratch)
 {
@@ -140,7 +118,7 @@ int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 			enum cuda_gemm_path p = cuda_gemm_path_for(g, tune_ms[j], sh[i].N, sh[i].K);
 			if (len < (int)sizeof log - 16)
 				len += snprintf(log + len, sizeof log - (size_t)len, "%c%s",
-						j ? '/' : ' ', rj ? "?" : path_name(p));
+						j ? '/' : ' ', rj ? "?" : cuda_gemm_path_name(p));
 			done += !rj;
 			if (rj != -EIO) /* -EIO: no path ran this one (it keeps the default) */
 				r = rj;

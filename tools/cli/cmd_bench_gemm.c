@@ -508,12 +508,10 @@ int bench_gemm(int argc, char **argv)
 							  c.y, c.ws, c.ws_bytes, tus))
 				rc_all = 1;
 			if (tune && tune_times) {
-				static const char *const pn[CUDA_GEMM_PATHS] = {
-					NULL, "v2", "lt", "wgmma", "wg", "sw", "sw2", "gemv"};
 				printf("# tune M=%d (us a launch, the start-up measurement's):", c.M);
 				for (int p = 1; p < CUDA_GEMM_PATHS; p++)
 					if (tus[p] >= 0)
-						printf(" %s %.2f", pn[p], tus[p]);
+						printf(" %s %.2f", cuda_gemm_path_name(p), tus[p]);
 				printf("\n");
 			}
 			enum cuda_gemm_path path = cuda_gemm_path_for(&g, c.M, c.N, c.K);
