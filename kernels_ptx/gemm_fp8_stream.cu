@@ -125,7 +125,7 @@ __device__ __forceinline__ void fence_acq_rel_gpu()
 	asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-// ---- wgmma (the fast mode's consumers, WI = 2): wgmma.cuh's wgmma_e4m3_nN ---------------------
+// ---- wgmma (the fast mode's consumers, WI = 2): wgmma.cuh's wgmma_e4m3<N> ---------------------
 
 // One K block (4 k32 steps) into a fresh fragment d: N = 8 MG, the token rows the stage has
 // room for (a slice with fewer computes columns it never reads: picking N by the slice's rows

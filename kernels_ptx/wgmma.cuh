@@ -60,13 +60,16 @@ __device__ __forceinline__ uint64_t wgd_mnmajor(uint32_t addr, uint32_t lbo, uin
 		     : __VA_ARGS__                                                             \
 		     : "l"(da), "l"(db), "r"(accumulate))
 
-// The widths the kernels and probes use as functions: wgmma_e4m3_nN(d, da, db, accumulate) is
+// The widths the kernels and probes use, by width: wgmma_e4m3<N>(d, da, db, accumulate) is
 // WGMMA_E4M3 of width N on d[0 .. N/2 - 1] (the odd multiples of 8 end in a 4-register group,
-// WG_D4).
+// WG_D4); a width not specialised below does not compile.
 #define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float *d, uint64_t da, uint64_t db, int accumulate);
 #define WGMMA_E4M3_FN(n, regs, ia, ib, ic, ...)                                               \
-	__device__ __forceinline__ void wgmma_e4m3_n##n(float *d, uint64_t da, uint64_t db,    \
-							int accumulate)                        \
+	template <>                                                                            \
+	__device__ __forceinline__ void wgmma_e4m3<n>(float *d, uint64_t da, uint64_t db,      \
+						      int accumulate)                          \
 	{                                                                                      \
 		WGMMA_E4M3(n, regs, ia, ib, ic, __VA_ARGS__);                                   \
 	}
@@ -86,29 +89,6 @@ WGMMA_E4M3_FN(112, WG_R56, 56, 57, 58, WG_D8x4(0), WG_D8(32), WG_D8(40), WG_D8(4
 WGMMA_E4M3_FN(128, WG_R64, 64, 65, 66, WG_D8x4(0), WG_D8x4(32))
 WGMMA_E4M3_FN(144, WG_R72, 72, 73, 74, WG_D8x4(0), WG_D8x4(32), WG_D8(64))
 WGMMA_E4M3_FN(192, WG_R96, 96, 97, 98, WG_D8x4(0), WG_D8x4(32), WG_D8x4(64))
-
-// The same by width as a template argument: wgmma_e4m3<N>(d, da, db, accumulate).
-template <int N>
-__device__ __forceinline__ void wgmma_e4m3(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	if constexpr (N == 8) wgmma_e4m3_n8(d, da, db, accumulate);
-	else if constexpr (N == 16) wgmma_e4m3_n16(d, da, db, accumulate);
-	else if constexpr (N == 24) wgmma_e4m3_n24(d, da, db, accumulate);
-	else if constexpr (N == 32) wgmma_e4m3_n32(d, da, db, accumulate);
-	else if constexpr (N == 48) wgmma_e4m3_n48(d, da, db, accumulate);
-	else if constexpr (N == 56) wgmma_e4m3_n56(d, da, db, accumulate);
-	else if constexpr (N == 64) wgmma_e4m3_n64(d, da, db, accumulate);
-	else if constexpr (N == 72) wgmma_e4m3_n72(d, da, db, accumulate);
-	else if constexpr (N == 80) wgmma_e4m3_n80(d, da, db, accumulate);
-	else if constexpr (N == 96) wgmma_e4m3_n96(d, da, db, accumulate);
-	else if constexpr (N == 112) wgmma_e4m3_n112(d, da, db, accumulate);
-	else if constexpr (N == 128) wgmma_e4m3_n128(d, da, db, accumulate);
-	else if constexpr (N == 144) wgmma_e4m3_n144(d, da, db, accumulate);
-	else {
-		static_assert(N == 192, "no wgmma_e4m3 of this width");
-		wgmma_e4m3_n192(d, da, db, accumulate);
-	}
-}
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

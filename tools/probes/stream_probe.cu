@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(288, 1)
 					wg_fence();
 #pragma unroll
 					for (int k = 0; k < 4; k++)
-						wgmma_e4m3_n8(frag, wgd_kmajor(st + j * BOX) + 2 * k, wgd_kmajor(tok) + 2 * k,
+						wgmma_e4m3<8>(frag, wgd_kmajor(st + j * BOX) + 2 * k, wgd_kmajor(tok) + 2 * k,
 						       k > 0);
 					wg_commit();
 					wg_wait0();
