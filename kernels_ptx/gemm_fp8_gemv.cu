@@ -52,15 +52,6 @@
 // different slots, so GEMMs running at once on two streams (a fork) never share a count.
 __device__ unsigned gv_count[GV_SLOTS * GV_TILES];
 
-__device__ __forceinline__ uint4 lds16(uint32_t a)
-{
-	uint4 r;
-	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-		     : "r"(a));
-	return r;
-}
-
 // a grouped GEMM's slice: rows r0 .. r0 + rows - 1 (<= 8) of group e
 struct gv_slice {
 	int e, r0, rows, pad;
@@ -194,8 +185,8 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		const uint32_t st = stage0 + (uint32_t)(s * stage_bytes);
 		for (int j = warp; j < nb; j += GV_CW) {
 			const uint32_t a = st + (uint32_t)(g * rs + j * 128 + 32 * t);
-			const uint4 lo0 = lds16(a), lo1 = lds16(a + 16);
-			const uint4 hi0 = lds16(a + 8 * rs), hi1 = lds16(a + 8 * rs + 16);
+			const uint4 lo0 = lds128(a), lo1 = lds128(a + 16);
+			const uint4 hi0 = lds128(a + 8 * rs), hi1 = lds128(a + 8 * rs + 16);
 			const int kb = kb0 + j;
 			wfrag af; // the weight fragment, converted once
 			wfrag_cvt(af, lo0, lo1, hi0, hi1);

@@ -85,16 +85,6 @@ struct st_pend {
 	int st, n, nr, r0, ms;
 };
 
-// 16 bytes of shared memory; volatile keeps it after the mbarrier wait that made them valid.
-__device__ __forceinline__ uint4 lds128(uint32_t addr)
-{
-	uint4 r;
-	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-		     : "r"(addr));
-	return r;
-}
-
 __device__ __forceinline__ uint2 lds64(uint32_t addr)
 {
 	uint2 r;

@@ -13,6 +13,17 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 	return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// 16 bytes of shared memory at addr; volatile keeps the load after the mbarrier wait that made
+// them valid (the decode GEMMs' weight fragments, gemm_fp8_stream.cu, gemm_fp8_gemv.cu)
+__device__ __forceinline__ uint4 lds128(uint32_t addr)
+{
+	uint4 r;
+	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+		     : "r"(addr));
+	return r;
+}
+
 // barrier `id` (1-15; 0 is __syncthreads') among the first `n` threads of the block (a
 // producer/consumer kernel's consumer warps; the producer never joins)
 __device__ __forceinline__ void named_bar_sync(int id, int n)
