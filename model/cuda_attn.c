@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/env_knob.h"
+
 /* Programmatic dependent launch of the kernels that follow one of ours (k_mla_combine after
  * k_mla_decode, the top-k after the scores): launched while the first still runs (it triggers
  * with griddepcontrol.launch_dependents), their blocks wait in griddepcontrol.wait instead of
@@ -23,11 +25,7 @@ void cuda_attn_set_pdl(int on)
 
 static int pdl_on(void)
 {
-	if (attn_pdl < 0) {
-		const char *v = getenv("DSV32_ATTN_PDL");
-		attn_pdl = !(v && *v == '0');
-	}
-	return attn_pdl;
+	return env_on(&attn_pdl, "DSV32_ATTN_PDL");
 }
 
 static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -121,8 +119,8 @@ static int mla_wg_default = -1;
 static int mla_wg_mode(void)
 {
 	if (mla_wg_default < 0) {
-		const char *v = getenv("DSV32_MLA_WG");
-		mla_wg_default = v && (*v == '0' || *v == '1') ? *v - '0' : 2;
+		const int v = env_int("DSV32_MLA_WG", 2);
+		mla_wg_default = v == 0 || v == 1 ? v : 2;
 	}
 	return mla_wg_default;
 }
@@ -145,8 +143,8 @@ void cuda_attn_set_mla_pdl(int on)
 static int mla_pdl_on(void)
 {
 	if (mla_pdl < 0) {
-		const char *v = getenv("DSV32_MLA_PDL");
-		cuda_attn_set_mla_pdl(v ? *v == '1' : -1);
+		const int v = env_int("DSV32_MLA_PDL", -1);
+		cuda_attn_set_mla_pdl(v < 0 ? -1 : v == 1);
 	}
 	return mla_pdl && pdl_on();
 }
@@ -272,8 +270,8 @@ void cuda_attn_set_topk_mode(int mode)
 static int topk_env_mode(void)
 {
 	if (topk_forced < 0) {
-		const char *v = getenv("DSV32_TOPK_MODE");
-		topk_forced = v && *v >= '1' && *v <= '5' && !v[1] ? *v - '0' : 0;
+		const int v = env_int("DSV32_TOPK_MODE", 0);
+		topk_forced = v >= 1 && v <= 5 ? v : 0;
 	}
 	return topk_forced;
 }

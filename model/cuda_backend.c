@@ -47,6 +47,7 @@
 #include "model/cuda_gemm_tune.h"
 #include "model/cuda_step_sample.h"
 #include "model/cuda_synth.h"
+#include "model/env_knob.h"
 #include "model/kv_cache.h"
 #include "model/rope.h"
 
@@ -460,8 +461,7 @@ static int build_layer(struct cuda_backend *b, int64_t l, struct err *e)
 	L->sh2 = dev8(b, &lw->sh_w2);
 	for (int64_t x = 0; x < E; x++)
 		L->ex2[x] = dev8(b, &lw->exp_w2[x]);
-	const char *dense = getenv("DSV32_CUDA_MOE_DENSE"); /* diagnosis: see cuda_forward.c */
-	if (dense && *dense == '1')
+	if (env_int("DSV32_CUDA_MOE_DENSE", 0) == 1) /* diagnosis: see cuda_forward.c */
 		return 0;
 	gpu_ptr *tab = malloc((size_t)E * 4 * sizeof *tab);
 	if (!tab)
@@ -513,8 +513,8 @@ static int build_model(struct cuda_backend *b, struct err *e)
 /* The mode of a new backend: the option, unless DSV32_CUDA_BATCH_INVARIANT is 1 or 0. */
 static int invariant_mode(const struct backend_cuda_opts *o)
 {
-	const char *v = getenv("DSV32_CUDA_BATCH_INVARIANT");
-	return v && (*v == '0' || *v == '1') ? *v == '1' : !!o->batch_invariant;
+	const int v = env_int("DSV32_CUDA_BATCH_INVARIANT", -1);
+	return v == 0 || v == 1 ? v : !!o->batch_invariant;
 }
 
 /* Decode steps replay CUDA graphs unless the switch DSV32_CUDA_GRAPHS is 0 (a test compares both
@@ -686,8 +686,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		goto err;
 	}
 	/* the draws' buffers (before the KV pool takes what is left) */
-	const char *dv = getenv("DSV32_CUDA_DRAW");
-	if (!(dv && *dv == '0')) {
+	if (env_int("DSV32_CUDA_DRAW", 1) != 0) {
 		if ((r = cuda_step_sampler_init(&b->g, &b->smp, STEP_DRAWS, (int)c->vocab_size,
 						STEP_DRAW_HIST, e)))
 			goto err;

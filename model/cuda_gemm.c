@@ -15,6 +15,7 @@
 
 #include "driver/cublaslt.h"
 #include "model/cuda_gemm_wgmma.h"
+#include "model/env_knob.h"
 
 static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -114,38 +115,6 @@ static struct map_entry {
 } map_cache[MAP_CACHE];
 static int map_next;
 
-/* *on, or (when < 0: not set yet) the environment's `name`: on unless it is "0..." */
-static int env_default_on(int *on, const char *name)
-{
-	if (*on < 0) {
-		const char *v = getenv(name);
-		*on = !(v && *v == '0');
-	}
-	return *on;
-}
-
-/* *on, or (when < 0: not set yet) whether the environment's `name` is "1..." (a switch off by
- * default) */
-static int env_is_1(int *on, const char *name)
-{
-	if (*on < 0) {
-		const char *v = getenv(name);
-		*on = v && *v == '1';
-	}
-	return *on;
-}
-
-/* *v, or (when < 0: not read yet) the environment's `name` as a non-negative integer (0 when
- * unset or not a number >= 0): the diagnosis knobs that take a value */
-static int env_uint(int *v, const char *name)
-{
-	if (*v < 0) {
-		const char *s = getenv(name);
-		*v = s && atoi(s) > 0 ? atoi(s) : 0;
-	}
-	return *v;
-}
-
 /* L2 promotion of a decode GEMM's dense weight stream: none (a box row is 128 bytes, each L2
  * miss fetches its 128 bytes). With CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as before session 10,
  * the streaming kernel's weight copies alone (tools/probes/stream_probe.cu: its grid, units and
@@ -244,7 +213,7 @@ static int sx_tma_on = -1;
 void cuda_gemm_set_stream_sx_tma(int on) { sx_tma_on = on; }
 
 
-static int sx_tma(void) { return env_default_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
+static int sx_tma(void) { return env_on(&sx_tma_on, "DSV32_GEMM_SX_TMA"); }
 
 /* The streaming kernel's ring: at most STREAM_NS_DENSE stages for dense GEMMs (run 17,
  * 7168x16384, wgmma consumers with the chunk sum's launch: 4 stages 3.45 / 3.44 / 3.23 TB/s at
@@ -281,7 +250,7 @@ static int gemm_pdl = -1;
 
 void cuda_gemm_set_pdl(int on) { gemm_pdl = on; }
 
-static int pdl_on(void) { return env_default_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
+static int pdl_on(void) { return env_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
 
 static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
 		      unsigned smem, void **args)
@@ -1008,8 +977,8 @@ void cuda_gemm_set_swap(int on) { swap_on = on; }
 static int swap_off(int N, int K)
 {
 	if (swap_on < 0) {
-		const char *v = getenv("DSV32_GEMM_SWAP");
-		swap_on = v && atoi(v) >= 0 ? atoi(v) : 64;
+		const int v = env_int("DSV32_GEMM_SWAP", 64);
+		swap_on = v >= 0 ? v : 64;
 	}
 	return !swap_on || (swap_on > 1 && (double)N * K < swap_on * 1048576.0);
 }
@@ -1030,8 +999,8 @@ void cuda_gemm_set_gemv(int on) { gemv_on = on < 0 ? -1 : on & 3; }
 static int gemv_bits(void)
 {
 	if (gemv_on < 0) {
-		const char *v = getenv("DSV32_GEMM_GEMV");
-		gemv_on = v && atoi(v) >= 0 ? atoi(v) & 3 : 2;
+		const int v = env_int("DSV32_GEMM_GEMV", 2);
+		gemv_on = v >= 0 ? v & 3 : 2;
 	}
 	return gemv_on;
 }

@@ -16,6 +16,7 @@
 
 #include "model/clock.h"
 #include "model/cuda_gemm.h"
+#include "model/env_knob.h"
 
 #define TUNE_MAX_SHAPES 16
 #define TUNE_MIN_BYTES ((size_t)8 << 20) /* smaller matrices keep the defaults */
@@ -57,8 +58,7 @@ static int add_mat(struct tune_shape *sh, int *n_sh, int n_layers, const struct 
 int cuda_gemm_tune_model(struct gpu *g, const struct fwd_model *m, int n_layers,
 			 struct gpu_arena *scratch)
 {
-	const char *v = getenv("DSV32_GEMM_TUNE");
-	if ((v && *v == '0') || n_layers < 1)
+	if (env_int("DSV32_GEMM_TUNE", 1) == 0 || n_layers < 1)
 		return 0;
 	struct tune_shape sh[TUNE_MAX_SHAPES];
 	int n_sh = 0, r = 0;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "model/cuda_gemm.h" /* cuda_gemm_tmap_2d: the operand tensor maps */
+#include "model/env_knob.h"
 
 #define WG_THREADS 384
 #define WG_BM 128
@@ -149,16 +150,6 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      grid, smem_bytes(bn, st), args);
 }
 
-/* A diagnostic variable read once (the value, or dflt when unset). */
-static int env_once(int *cache, const char *name, int dflt)
-{
-	if (*cache < 0) {
-		const char *v = getenv(name);
-		*cache = v && *v >= '0' && *v <= '9' ? atoi(v) : dflt;
-	}
-	return *cache;
-}
-
 /* The SwiGLU form's codes staged in shared memory and stored as 16-byte chunks (the _st
  * kernels; the same bytes): DSV32_CUDA_WGMMA_SWST=1 (read once; tests call
  * cuda_gemm_wgmma_set_swiglu_staged). Not the default: run 22 (timing_moe_prefill, 4096 tokens,
@@ -175,7 +166,7 @@ void cuda_gemm_wgmma_set_swiglu_staged(int on)
 
 static int swiglu_staged(void)
 {
-	return env_once(&swst_cache, "DSV32_CUDA_WGMMA_SWST", 0) == 1;
+	return env_is_1(&swst_cache, "DSV32_CUDA_WGMMA_SWST");
 }
 
 int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab,
@@ -229,8 +220,8 @@ void cuda_gemm_wgmma_set_paired(int mode)
 static int paired_on(int max_rows, int G)
 {
 	if (paired_mode == -2) {
-		const char *v = getenv("DSV32_CUDA_WGMMA_PAIRED");
-		cuda_gemm_wgmma_set_paired(v && (*v == '0' || *v == '1') ? *v - '0' : -1);
+		const int v = env_int("DSV32_CUDA_WGMMA_PAIRED", -1);
+		cuda_gemm_wgmma_set_paired(v == 0 || v == 1 ? v : -1);
 	}
 	return paired_mode >= 0 ? paired_mode : max_rows >= 128LL * G;
 }
@@ -247,7 +238,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 				       int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs,
 				       int max_rows, int I, int K)
 {
-	int f = env_once(&sw_cache, "DSV32_CUDA_WGMMA_SW", 0);
+	int f = env_uint(&sw_cache, "DSV32_CUDA_WGMMA_SW");
 	int mc = f == 0 ? (paired_on(max_rows, G) && I % 256 == 0 ? 2 : 1)
 		 : f == 2 && I % 256 == 0 ? 2
 					   : 1;
@@ -291,7 +282,7 @@ static int tw_cache = -1;
 
 int cuda_gemm_wgmma_tw(void)
 {
-	return env_once(&tw_cache, "DSV32_CUDA_WGMMA_TW", 1) != 0;
+	return env_on(&tw_cache, "DSV32_CUDA_WGMMA_TW");
 }
 
 int cuda_gemm_fp8_wgmma_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

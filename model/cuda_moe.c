@@ -58,6 +58,7 @@
 
 #include "model/cuda_gemm.h"
 #include "model/cuda_gemm_wgmma.h"
+#include "model/env_knob.h"
 
 int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
 			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
@@ -153,10 +154,7 @@ static int tw_decode(const struct moe_dims *d)
 static int use_wgmma(const struct moe_dims *d)
 {
 	static int from = -1;
-	if (from < 0) {
-		const char *v = getenv("DSV32_CUDA_MOE_WGMMA");
-		from = v && atoi(v) > 0 ? atoi(v) : 0;
-	}
+	env_uint(&from, "DSV32_CUDA_MOE_WGMMA");
 	if (d->D % 64)
 		return 0;
 	if (from > 0)
@@ -190,10 +188,8 @@ void cuda_moe_set_shared_dense(int on)
 
 static int use_shared_dense(const struct moe_dims *d)
 {
-	if (shared_dense < 0) {
-		const char *v = getenv("DSV32_CUDA_MOE_SHARED_DENSE");
-		cuda_moe_set_shared_dense(v ? atoi(v) : 1);
-	}
+	if (shared_dense < 0)
+		cuda_moe_set_shared_dense(env_int("DSV32_CUDA_MOE_SHARED_DENSE", 1));
 	return shared_dense && use_tw(d) && d->T > 64;
 }
 
@@ -318,11 +314,7 @@ static int moe_launch(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigne
 		      void **args)
 {
 	static int pdl = -1;
-	if (pdl < 0) {
-		const char *v = getenv("DSV32_CUDA_MOE_PDL");
-		pdl = !(v && *v == '0');
-	}
-	return (pdl ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
+	return (env_on(&pdl, "DSV32_CUDA_MOE_PDL") ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
 }
 
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
@@ -365,10 +357,8 @@ void cuda_moe_set_router(int mode)
 static int split_router(const struct gpu *g, const struct dsv32_config *c,
 			const struct moe_dims *d)
 {
-	if (router_mode < 0) {
-		const char *v = getenv("DSV32_CUDA_MOE_ROUTER");
-		cuda_moe_set_router(v ? atoi(v) : 1);
-	}
+	if (router_mode < 0)
+		cuda_moe_set_router(env_int("DSV32_CUDA_MOE_ROUTER", 1));
 	if (!router_mode || !fused_router(c, d) || cuda_gemm_batch_invariant(g) || d->D % 1024 ||
 	    d->D > 8192)
 		return 0;
@@ -427,9 +417,8 @@ static struct {
 static int stats_begin(void)
 {
 	if (!stats.init) {
-		const char *v = getenv("DSV32_CUDA_MOE_STATS");
 		stats.init = 1;
-		stats.left = v ? atoi(v) : 0;
+		stats.left = env_int("DSV32_CUDA_MOE_STATS", 0);
 		for (int i = 0; i <= ST_N && stats.left > 0; i++)
 			if (cu.cuEventCreate(&stats.ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS)
 				stats.left = 0;
