@@ -143,15 +143,6 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
 	return r;
 }
 
-// ---- wgmma m64nNk32 e4m3 (wgmma.cuh) ----------------------------------------------------------
-
-template <int BN>
-__device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, int accumulate)
-{
-	static_assert(BN == 128 || BN == 192, "m64n128k32 or m64n192k32");
-	wgmma_e4m3<BN>(d, da, db, accumulate);
-}
-
 // Barriers of stage s: bars = base of full[STAGES], then empty[STAGES] (8 bytes each).
 #define FULL(s) (bars + (uint32_t)(s) * 8)
 #define EMPTY(s) (bars + (uint32_t)(STAGES + (s)) * 8)
@@ -644,8 +635,8 @@ __device__ __forceinline__ void wg_consume(wg_sched &sc, long long t0, long long
 				// k32 steps: +32 bytes = +2 in the descriptor; half h: rows 128h of B
 #pragma unroll
 				for (int k = 0; k < WG_BK / 32; k++)
-					wgmma_k32<FN>(frag, da + 2 * k,
-						      db + ((uint64_t)(h * FN * WG_BK) >> 4) + 2 * k, k > 0);
+					wgmma_e4m3<FN>(frag, da + 2 * k,
+						       db + ((uint64_t)(h * FN * WG_BK) >> 4) + 2 * k, k > 0);
 				wg_commit();
 				wg_wait0();
 #pragma unroll
@@ -955,7 +946,6 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
 #define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
-
 
 // One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).
 struct tw_item {

@@ -1200,7 +1200,6 @@ const char *cuda_gemm_path_name(enum cuda_gemm_path p)
 	}
 }
 
-
 /* 1: cuda_gemm_tune may pick cuBLASLt over our decode kernel when it is faster (M = 32, 64 on
  * most shapes, docs/PERF.md) in the batch-invariant mode too; the fast mode always may. */
 #define CUDA_GEMM_LT_FOR_DECODE 0

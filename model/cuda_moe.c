@@ -153,8 +153,8 @@ static int tw_decode(const struct moe_dims *d)
  * either mode. */
 static int use_wgmma(const struct moe_dims *d)
 {
-	static int from = -1;
-	env_uint(&from, "DSV32_CUDA_MOE_WGMMA");
+	static int from_env = -1;
+	const int from = env_uint(&from_env, "DSV32_CUDA_MOE_WGMMA");
 	if (d->D % 64)
 		return 0;
 	if (from > 0)
@@ -314,7 +314,8 @@ static int moe_launch(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigne
 		      void **args)
 {
 	static int pdl = -1;
-	return (env_on(&pdl, "DSV32_CUDA_MOE_PDL") ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
+	const int on = env_on(&pdl, "DSV32_CUDA_MOE_PDL");
+	return (on ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
 }
 
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes

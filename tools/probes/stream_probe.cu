@@ -38,7 +38,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, uint3
 		     : "memory");
 }
 
-
 // clock64 and %globaltimer of thread 0 of each block at its start and end (the SM clock the
 // block ran at: the GPU's boost moves it)
 __device__ __forceinline__ void stamp(unsigned long long *t, int at)

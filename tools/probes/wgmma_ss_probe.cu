@@ -12,13 +12,8 @@
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
+#include "mma.cuh" // smem_u32
 #include "wgmma.cuh"
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 
 // The operands: bytes of e4m3 values in [-2, 2] (no NaN codes) for the A tile (32 KB) and the
 // NN-row B tile at base, the scales (4 (NN + 16) floats) at sc_s all 1; then visible to wgmma.
