@@ -945,7 +945,13 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_SC_BYTES 1280
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
-#define TW_SMEM (TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 2 * TW_STAGES * 8 + 1024)
+#define TW_EP_WARP 1024 // a consumer warp's two 512-byte epilogue slots (tw_store)
+#define TW_SMEM                                                                                  \
+	(TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 8 * TW_EP_WARP + 2 * TW_STAGES * 8 + \
+	 1024)
+// kernel flags (DSV32_CUDA_TW_FLAGS, diagnosis): no stores (timing; the promotions then go too,
+// as dead code)
+#define TW_DIAG_NOSTORE 2
 
 // One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).
 struct tw_item {
@@ -1036,11 +1042,58 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 	}
 }
 
+// The consumers' epilogue, one warp's 16 weight rows n .. n + 15 of a box: y[row0 + t][n ..
+// n + 15] for the chunk's tokens t < rows, as bf16. Per 16 tokens: the fragment (weight rows x
+// tokens: registers 8jp + 0, 1 rows lane / 4, tokens 16jp + 2q, + 1; + 2, 3 row + 8; + 4 .. 7
+// the same for tokens + 8) -> bf16 pairs -> stmatrix.trans into the warp's 512-byte slot as 16
+// token rows of 32 bytes (the 16-byte halves swapped on tokens 4-7 of each 8: conflict-free),
+// then each lane copies one 16-byte half row to y: 16 whole 32-byte sectors a warp store, where
+// the fragment's own layout gives 2-byte stores (s13-1, bench moe at 4096 tokens: the down GEMM
+// 1,572 / 1,592 us against 1,742 / 1,794 with those; gate|up the same). Two slots in
+// turn, so one __syncwarp a round orders the reads of round i before the writes of round i + 2.
+// The store is predicated in its asm (a branch there made ptxas spill). Needs ldy % 8 == 0 and
+// y 16-byte aligned (the launcher checks).
+template <int NN>
+__device__ __forceinline__ void tw_store(const float *acc, const tw_item &it, int n, uint32_t slot,
+					 int lane, uint16_t *y, int ldy)
+{
+	const int m = lane >> 3, tl = (m >> 1) * 8 + (lane & 7); // stmatrix: matrix m, token row tl
+	const uint32_t wa = slot + (uint32_t)(tl * 32 + (((m & 1) ^ ((tl >> 2) & 1)) * 16));
+	const int tr = lane >> 1, hf = lane & 1; // the copy: token row tr, half hf
+	const uint32_t ra = slot + (uint32_t)(tr * 32 + ((hf ^ ((tr >> 2) & 1)) * 16));
+	uint16_t *yr = y + (size_t)(it.row0 + tr) * ldy + n + 8 * hf;
+	const int left = it.rows - tr;
+#pragma unroll
+	for (int jp = 0; jp < NN / 16; jp++) {
+		const uint32_t o = (jp & 1) * 512;
+		asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+				     wa + o),
+			     "r"(bf16x2(acc[8 * jp + 0], acc[8 * jp + 1])),
+			     "r"(bf16x2(acc[8 * jp + 2], acc[8 * jp + 3])),
+			     "r"(bf16x2(acc[8 * jp + 4], acc[8 * jp + 5])),
+			     "r"(bf16x2(acc[8 * jp + 6], acc[8 * jp + 7]))
+			     : "memory");
+		__syncwarp();
+		uint32_t v0, v1, v2, v3;
+		asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+			     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+			     : "r"(ra + o)
+			     : "memory");
+		asm volatile("{\n.reg .pred p;\nsetp.lt.s32 p, %5, %6;\n"
+			     "@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(
+				     yr + (size_t)(16 * jp) * ldy),
+			     "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(16 * jp), "r"(left)
+			     : "memory");
+	}
+	__syncwarp(); // the last reads before the next call's first writes
+}
+
 // The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
 template <int NN>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
 						uint32_t x_smem, uint32_t scl, uint32_t bars,
-						int &s, uint32_t &ph, uint16_t *y, int ldy)
+						int &s, uint32_t &ph, uint16_t *y, int ldy, uint32_t ep,
+						int flags)
 {
 	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int q = lane & 3;
@@ -1063,35 +1116,24 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 		if (++s == TW_STAGES)
 			s = 0, ph ^= 1;
 	}
-	// y[token][n]: register 4j + {0, 1} holds weight row r_lo, tokens 8j + 2q + {0, 1};
-	// 4j + {2, 3} the same tokens of row r_lo + 8
-	const int r_lo = cw * 64 + wi * 16 + (lane >> 2);
-#pragma unroll
-	for (int j = 0; j < NN / 8; j++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int t = 8 * j + 2 * q + h;
-			if (t < it.rows) {
-				uint16_t *yr = y + (size_t)(it.row0 + t) * ldy + it.n0 + r_lo;
-				yr[0] = f32_to_bf16(acc0[4 * j + h]);
-				yr[8] = f32_to_bf16(acc0[4 * j + 2 + h]);
-				yr[128] = f32_to_bf16(acc1[4 * j + h]);
-				yr[136] = f32_to_bf16(acc1[4 * j + 2 + h]);
-			}
-		}
-	}
+	if (flags & TW_DIAG_NOSTORE)
+		return;
+	const uint32_t slot = ep + (uint32_t)(cw * 4 + wi) * TW_EP_WARP;
+	tw_store<NN>(acc0, it, it.n0 + cw * 64 + wi * 16, slot, lane, y, ldy);
+	tw_store<NN>(acc1, it, it.n0 + 128 + cw * 64 + wi * 16, slot, lane, y, ldy);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
 		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy)
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy, int flags)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
 	const uint32_t w_smem = base, x_smem = w_smem + TW_STAGES * TW_W_BYTES;
 	const uint32_t scl = x_smem + TW_STAGES * TW_X_BYTES;
-	const uint32_t bars = scl + TW_STAGES * TW_SC_BYTES;
+	const uint32_t ep = scl + TW_STAGES * TW_SC_BYTES; // 8 x TW_EP_WARP, 512-aligned
+	const uint32_t bars = ep + 8 * TW_EP_WARP;
 	const int KB = K / 128;
 	tw_sched sc = {off, G, N / 256, 0, 0};
 	const int t0 = blockIdx.x, dt = gridDim.x;
@@ -1179,15 +1221,15 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		uint32_t ph = 0;
 		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
 			switch ((it.rows + 15) / 16) {
-			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
-			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy); break;
+			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
 			}
 		}
 	}

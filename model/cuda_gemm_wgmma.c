@@ -247,8 +247,12 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 }
 
 /* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
- * 1280 bytes of scales, 8 barriers, 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
-#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 1280) + 8 * 8 + 1024)
+ * 1280 bytes of scales, 8 consumer warps' 1 KB epilogue slots, 8 barriers, 1024 bytes of
+ * alignment slack (TW_SMEM in the kernel file). */
+#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 1280) + 8 * 1024 + 8 * 8 + 1024)
+
+/* DSV32_CUDA_TW_FLAGS (diagnosis): the token-wide kernel's flags, 2 = no stores (timing) */
+static int tw_flags_cache = -1;
 
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
@@ -256,7 +260,7 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	if (max_rows == 0 && G >= 1)
 		return 0; /* no rows in any group */
 	if (!shape_ok("gemm_fp8_tw_grouped", max_rows, N, K, ldy) || N % 256 || G < 1 ||
-	    G > WG_MAX_GROUPS)
+	    G > WG_MAX_GROUPS || ldy % 8 || y % 16)
 		return -EINVAL;
 	/* the weight template (boxes of 128 rows), placed per group on the device; the token rows
 	 * as boxes of 16 */
@@ -267,7 +271,8 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 		return r;
 	if ((r = group_maps(g, &tmpl, w_tab, off, G)))
 		return r;
-	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy};
+	int flags = env_uint(&tw_flags_cache, "DSV32_CUDA_TW_FLAGS");
+	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 

@@ -78,7 +78,8 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 				   int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N,
 				   int K, int ldy, int bn, int ss, int flags);
 /* The token-wide grouped form (k_gemm_fp8_tw_grouped: 256 weight rows x a chunk of up to 144 of
- * a group's token rows an item; the same outputs as the forms above): N % 256 == 0. */
+ * a group's token rows an item; the same outputs as the forms above): N % 256 == 0, ldy % 8 == 0,
+ * y 16-byte aligned. */
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
 /* Whether the MoE block runs its GEMMs at prefill sizes on the token-wide form (gate|up unfused:
