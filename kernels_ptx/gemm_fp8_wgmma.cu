@@ -924,7 +924,7 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 //
 // Items: a group of c rows is cut into nch = ceil(c / TW_N) chunks of rc = round16(ceil(c / nch))
 // rows (the last one shorter); an item is (group, weight tile of 256 rows, chunk), the chunk
-// fastest, walked by persistent CTAs in steps of the grid. NN = the chunk's rows rounded up to 16
+// fastest, drawn by the persistent CTAs (the item schedule, below). NN = the chunk's rows rounded up to 16
 // is the wgmma N (a switch over the 9 widths); rows past the chunk are read (the next group's, or
 // zeros past x8) and computed but never stored.
 // Warps: warpgroup 0 = the producer thread (TMA: the weight tile as two boxes of 128 rows from
@@ -945,13 +945,15 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_SC_BYTES 1280
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
+#define TW_QSLOTS 2 // the item queue's slots (tw_next_item)
 #define TW_EP_WARP 1024 // a consumer warp's two 512-byte epilogue slots (tw_store)
 #define TW_SMEM                                                                                  \
 	(TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 8 * TW_EP_WARP + 2 * TW_STAGES * 8 + \
-	 1024)
+	 TW_QSLOTS * 20 + 1024)
 // kernel flags (DSV32_CUDA_TW_FLAGS, diagnosis): no stores (timing; the promotions then go too,
 // as dead code)
 #define TW_DIAG_NOSTORE 2
+#define TW_STATIC 16 // the items in steps of the grid instead of drawn from g_tw_next
 
 // One item: group e's chunk of rows [row0, row0 + rows) x weight rows [n0, n0 + 256).
 struct tw_item {
@@ -986,9 +988,39 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 	return false;
 }
 
-// Barriers of stage s (base bars): full[TW_STAGES], then empty[TW_STAGES].
+// Barriers of stage s (base bars): full[TW_STAGES], then empty[TW_STAGES]; the item queue's
+// qfull[TW_QSLOTS], qempty[TW_QSLOTS], then its slots (an int each).
 #define TW_FULL(s) (bars + (uint32_t)(s) * 8)
 #define TW_EMPTY(s) (bars + (uint32_t)(TW_STAGES + (s)) * 8)
+#define TW_QFULL(i) (bars + (uint32_t)(2 * TW_STAGES + (i)) * 8)
+#define TW_QEMPTY(i) (bars + (uint32_t)(2 * TW_STAGES + TW_QSLOTS + (i)) * 8)
+#define TW_QSLOT(i) (bars + (uint32_t)(2 * TW_STAGES + 2 * TW_QSLOTS) * 8 + 4 * (uint32_t)(i))
+
+// The item schedule. The copy thread posts each item index t it takes in the queue (slot i %
+// TW_QSLOTS, completing qfull; a slot is reused once the 3 scale warps and the 8 consumer warps
+// have read it, qempty), and the other walkers take the same indices in the same order. t is
+// drawn from g_tw_next, so a CTA that finishes early takes the next item (the items differ in
+// size, 16-144 token rows): s13-3, bench moe, the gate|up GEMM 2,485-2,624 us against
+// 2,618-2,712 at 4096 tokens, 1,958-1,979 against 2,083-2,120 at 2048, 1,764 against 1,809-1,822
+// at 512 (ncu, s13-2: the SMs had been idle 5.4% of the gate|up GEMM's cycles, 2.7% of the
+// down GEMM's). TW_STATIC (diagnosis): t = blockIdx.x + i gridDim.x. Either way a CTA's indices
+// only grow (tw_item_at). The first index past the last item ends every walker. After its last
+// draw each CTA counts itself in g_tw_done; the last one resets both counters for the next
+// launch (one token-wide GEMM at a time per GPU, as g_group_maps).
+__device__ int g_tw_next;
+__device__ unsigned g_tw_done;
+
+// A reader's next item index (every lane of the calling warp).
+__device__ __forceinline__ int tw_next_item(uint32_t bars, int &qs, uint32_t &qph, int lane)
+{
+	mbar_wait(TW_QFULL(qs), qph);
+	int t;
+	asm volatile("ld.shared.s32 %0, [%1];" : "=r"(t) : "r"(TW_QSLOT(qs)) : "memory");
+	mbar_arrive_warp(TW_QEMPTY(qs), lane);
+	if (++qs == TW_QSLOTS)
+		qs = 0, qph ^= 1;
+	return t;
+}
 
 // The index of token t's scale product of box b in a stage's scale slot: thread group
 // q = (t % 8) / 2 reads its 2 x NN / 8 products (tokens 8j + 2q, + 1) contiguously.
@@ -1142,6 +1174,10 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 			mbar_init(TW_FULL(s), 97); // the copy producer + 96 scale threads
 			mbar_init(TW_EMPTY(s), 8); // each consumer warp
 		}
+		for (int i = 0; i < TW_QSLOTS; i++) {
+			mbar_init(TW_QFULL(i), 1);
+			mbar_init(TW_QEMPTY(i), 11); // the scale warps and the consumer warps
+		}
 		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
 				     : "memory");
 		tmap_prefetch(&mX);
@@ -1154,8 +1190,18 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 		int s = 0, e_acq = -1;
 		uint32_t ph = 0;
-		if (threadIdx.x == 0) { // the copies
-			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
+		if (threadIdx.x == 0) { // the copies, and the item schedule
+			int qs = 0;
+			uint32_t qph = 0;
+			for (int i = 0;; i++) {
+				const int t = flags & TW_STATIC ? t0 + i * dt : atomicAdd(&g_tw_next, 1);
+				mbar_wait<false>(TW_QEMPTY(qs), qph ^ 1);
+				asm volatile("st.shared.s32 [%0], %1;" ::"r"(TW_QSLOT(qs)), "r"(t) : "memory");
+				mbar_arrive(TW_QFULL(qs));
+				if (++qs == TW_QSLOTS)
+					qs = 0, qph ^= 1;
+				if (!tw_item_at(sc, t, it))
+					break;
 				const tmap *wm = &g_group_maps[it.e];
 				if (it.e != e_acq) { // written by k_wgmma_group_maps (generic proxy)
 					asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
@@ -1179,9 +1225,18 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 						s = 0, ph ^= 1;
 				}
 			}
+			if (!(flags & TW_STATIC)) { // this CTA's draws are over
+				__threadfence();
+				if (atomicAdd(&g_tw_done, 1u) == gridDim.x - 1)
+					g_tw_next = 0, g_tw_done = 0;
+			}
 		} else if (threadIdx.x >= 32) { // the scales: warps 1-3, rows L + 96 i
 			const int L = threadIdx.x - 32;
-			for (int t = t0; tw_item_at(sc, t, it); t += dt) {
+			int qs = 0;
+			uint32_t qph = 0;
+			for (;;) {
+				if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
+					break;
 				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
 				const float *w0 = Se + (size_t)(it.n0 / 128) * KB;
 				for (int kb = 0; kb < KB; kb++) {
@@ -1217,9 +1272,11 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		}
 	} else {
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-		int s = 0;
-		uint32_t ph = 0;
-		for (int t = t0; tw_item_at(sc, t, it); t += dt) {
+		int s = 0, qs = 0;
+		uint32_t ph = 0, qph = 0;
+		for (;;) {
+			if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
+				break;
 			switch ((it.rows + 15) / 16) {
 			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
 			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
