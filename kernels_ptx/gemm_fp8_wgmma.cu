@@ -924,9 +924,9 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 //
 // Items: a group of c rows is cut into nch = ceil(c / TW_N) chunks of rc = round16(ceil(c / nch))
 // rows (the last one shorter); an item is (group, weight tile of 256 rows, chunk), the chunk
-// fastest, drawn by the persistent CTAs (the item schedule, below). NN = the chunk's rows rounded up to 16
-// is the wgmma N (a switch over the 9 widths); rows past the chunk are read (the next group's, or
-// zeros past x8) and computed but never stored.
+// fastest, drawn by the persistent CTAs (the item schedule, below). NN = the chunk's rows
+// rounded up to 16 is the wgmma N (a switch over the 9 widths); rows past the chunk are read
+// (the next group's, or zeros past x8) and computed but never stored.
 // Warps: warpgroup 0 = the producer thread (TMA: the weight tile as two boxes of 128 rows from
 // the group's map g_group_maps[e] (k_wgmma_group_maps), the chunk's rows as NN / 16 boxes of 16
 // rows) and three scale warps (the products sx[r, kb] · S of the chunk's rows and the two
