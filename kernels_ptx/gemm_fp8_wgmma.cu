@@ -1121,11 +1121,16 @@ __device__ __forceinline__ void tw_store(const float *acc, const tw_item &it, in
 }
 
 // The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
+// The shared-memory regions (addresses): the stages' weight tiles, token rows and scale
+// products, the epilogue slots.
+struct tw_smem {
+	uint32_t w, x, scl, ep;
+};
+
 template <int NN>
-__device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint32_t w_smem,
-						uint32_t x_smem, uint32_t scl, uint32_t bars,
-						int &s, uint32_t &ph, uint16_t *y, int ldy, uint32_t ep,
-						int flags)
+__device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const tw_smem &m,
+						uint32_t bars, int &s, uint32_t &ph, uint16_t *y,
+						int ldy, int flags)
 {
 	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int q = lane & 3;
@@ -1133,10 +1138,10 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 #pragma unroll
 	for (int i = 0; i < NN / 2; i++)
 		acc0[i] = 0.f, acc1[i] = 0.f;
-	const uint64_t da0 = wgd_kmajor(w_smem + cw * 64 * 128), db0 = wgd_kmajor(x_smem);
+	const uint64_t da0 = wgd_kmajor(m.w + cw * 64 * 128), db0 = wgd_kmajor(m.x);
 	for (int kb = 0; kb < KB; kb++) {
 		mbar_wait(TW_FULL(s), ph);
-		const uint32_t sc_s = scl + s * TW_SC_BYTES;
+		const uint32_t sc_s = m.scl + s * TW_SC_BYTES;
 		const uint64_t da = da0 + ((uint64_t)(s * TW_W_BYTES) >> 4);
 		const uint64_t db = db0 + ((uint64_t)(s * TW_X_BYTES) >> 4);
 		const uint64_t da1 = da + ((uint64_t)(TW_W_BYTES / 2) >> 4);
@@ -1150,7 +1155,7 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, uint3
 	}
 	if (flags & TW_DIAG_NOSTORE)
 		return;
-	const uint32_t slot = ep + (uint32_t)(cw * 4 + wi) * TW_EP_WARP;
+	const uint32_t slot = m.ep + (uint32_t)(cw * 4 + wi) * TW_EP_WARP;
 	tw_store<NN>(acc0, it, it.n0 + cw * 64 + wi * 16, slot, lane, y, ldy);
 	tw_store<NN>(acc1, it, it.n0 + 128 + cw * 64 + wi * 16, slot, lane, y, ldy);
 }
@@ -1272,21 +1277,22 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		}
 	} else {
 		asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+		const tw_smem m = {w_smem, x_smem, scl, ep};
 		int s = 0, qs = 0;
 		uint32_t ph = 0, qph = 0;
 		for (;;) {
 			if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
 				break;
 			switch ((it.rows + 15) / 16) {
-			case 1: tw_consume_item<16>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 2: tw_consume_item<32>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 3: tw_consume_item<48>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 4: tw_consume_item<64>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 5: tw_consume_item<80>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 6: tw_consume_item<96>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 7: tw_consume_item<112>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			case 8: tw_consume_item<128>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
-			default: tw_consume_item<144>(it, KB, w_smem, x_smem, scl, bars, s, ph, y, ldy, ep, flags); break;
+			case 1: tw_consume_item<16>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 2: tw_consume_item<32>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 3: tw_consume_item<48>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 4: tw_consume_item<64>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 5: tw_consume_item<80>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 6: tw_consume_item<96>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 7: tw_consume_item<112>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 8: tw_consume_item<128>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			default: tw_consume_item<144>(it, KB, m, bars, s, ph, y, ldy, flags); break;
 			}
 		}
 	}
