@@ -1120,13 +1120,13 @@ __device__ __forceinline__ void tw_store(const float *acc, const tw_item &it, in
 	__syncwarp(); // the last reads before the next call's first writes
 }
 
-// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
 // The shared-memory regions (addresses): the stages' weight tiles, token rows and scale
 // products, the epilogue slots.
 struct tw_smem {
 	uint32_t w, x, scl, ep;
 };
 
+// The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
 template <int NN>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const tw_smem &m,
 						uint32_t bars, int &s, uint32_t &ph, uint16_t *y,
