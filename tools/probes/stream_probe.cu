@@ -18,6 +18,9 @@
 // boxes / the weight scales by cp.async in each stage, as the kernel's. Each line: us a
 // matrix (the mean over 64 launches rotating over matrices that do not fit the L2), TB/s of
 // weight bytes, and the SM clock the blocks ran at (clock64 against %globaltimer).
+// `stream_probe l2`: instead, one 16 MB matrix (2048 x 8192) read over and over, so the L2
+// serves it: what the L2 can give all the SMs at once (the token-wide MoE GEMM's token rows come
+// from there, session 13).
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -183,6 +186,21 @@ __global__ void k_ldg(const uint4 *p, size_t n, unsigned *sink)
 		*sink = x;
 }
 
+// the same over n 16-byte words read reps times (word i % n), past L1 (ld.global.cg): with n
+// small enough for the L2, what the L2 gives the SMs
+__global__ void k_ldg_l2(const uint4 *p, size_t n, int reps, unsigned *sink)
+{
+	unsigned x = 0;
+	const size_t total = n * (size_t)reps;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		uint4 v = __ldcg(p + i % n);
+		x ^= v.x ^ v.y ^ v.z ^ v.w;
+	}
+	if (x == 0x12345678u)
+		*sink = x;
+}
+
 // the host's K split (model/cuda_gemm.c cuda_gemm_decode_split)
 static void split(int N, int K, int sms, int *chunks, int *cb_out)
 {
@@ -337,8 +355,9 @@ static void run_ldg(uint8_t **mats, int N, int K, int sms, unsigned *sink)
 	       (double)N * K / us * 1e-6);
 }
 
-int main()
+int main(int argc, char **argv)
 {
+	const bool l2 = argc > 1 && !strcmp(argv[1], "l2");
 	int sms;
 	cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
 	const int shapes[3][2] = {{7168, 16384}, {18432, 7168}, {7168, 18432}};
@@ -369,6 +388,33 @@ int main()
 	}
 	cudaMalloc(&d_tokens, 8 * 18432);
 	cudaMemset(d_tokens, 0x38, 8 * 18432);
+	if (l2) { // one L2-resident matrix, every launch
+		uint8_t *same[NMAT];
+		for (int i = 0; i < NMAT; i++)
+			same[i] = mats[0];
+		for (int mb : {8, 16, 32}) { // one launch reads the mb MB 64 times
+			const size_t n = (size_t)mb << 16;
+			cudaEvent_t e0, e1;
+			cudaEventCreate(&e0), cudaEventCreate(&e1);
+			for (int it = -4; it < 16; it++) {
+				if (it == 0)
+					cudaEventRecord(e0);
+				k_ldg_l2<<<sms * 4, 512>>>((const uint4 *)mats[0], n, 64, sink);
+			}
+			cudaEventRecord(e1);
+			cudaEventSynchronize(e1);
+			float ms;
+			cudaEventElapsedTime(&ms, e0, e1);
+			const double us = ms * 1e3 / 16;
+			printf("ldg.cg %2d MB x 64, L2-resident: %8.1f us  %.3f TB/s\n", mb, us,
+			       (double)n * 16 * 64 / us * 1e-6);
+		}
+		for (int ns : {4, 6})
+			run("rowmajor", 0, ns, 0, same, 2048, 8192, sms);
+		run("tiled", 1, 4, 0, same, 2048, 8192, sms);
+		run("bulk", 2, 4, 0, same, 2048, 8192, sms);
+		return 0;
+	}
 	for (auto &sh : shapes) {
 		const int N = sh[0], K = sh[1];
 		run_ldg(mats, N, K, sms, sink);
