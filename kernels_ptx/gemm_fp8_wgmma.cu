@@ -134,6 +134,17 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 		     : "memory");
 }
 
+// The same with each matrix transposed on the way (thread t's pair: row t/4, columns 2(t%4), +1
+// of each matrix; the lane's address takes row l%8 of matrix l/8 of the transposed matrices).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1,
+						  uint32_t r2, uint32_t r3)
+{
+	asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+			     addr),
+		     "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+		     : "memory");
+}
+
 // bf16(lo) | bf16(hi) << 16, each rounded to nearest even (one instruction; the same bits as
 // f32_to_bf16 for every non-NaN value).
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
@@ -1098,23 +1109,16 @@ __device__ __forceinline__ void tw_store(const float *acc, const tw_item &it, in
 #pragma unroll
 	for (int jp = 0; jp < NN / 16; jp++) {
 		const uint32_t o = (jp & 1) * 512;
-		asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-				     wa + o),
-			     "r"(bf16x2(acc[8 * jp + 0], acc[8 * jp + 1])),
-			     "r"(bf16x2(acc[8 * jp + 2], acc[8 * jp + 3])),
-			     "r"(bf16x2(acc[8 * jp + 4], acc[8 * jp + 5])),
-			     "r"(bf16x2(acc[8 * jp + 6], acc[8 * jp + 7]))
-			     : "memory");
+		stmatrix_x4_trans(wa + o, bf16x2(acc[8 * jp + 0], acc[8 * jp + 1]),
+				  bf16x2(acc[8 * jp + 2], acc[8 * jp + 3]),
+				  bf16x2(acc[8 * jp + 4], acc[8 * jp + 5]),
+				  bf16x2(acc[8 * jp + 6], acc[8 * jp + 7]));
 		__syncwarp();
-		uint32_t v0, v1, v2, v3;
-		asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-			     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-			     : "r"(ra + o)
-			     : "memory");
+		const uint4 v = lds128(ra + o);
 		asm volatile("{\n.reg .pred p;\nsetp.lt.s32 p, %5, %6;\n"
 			     "@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(
 				     yr + (size_t)(16 * jp) * ldy),
-			     "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(16 * jp), "r"(left)
+			     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(16 * jp), "r"(left)
 			     : "memory");
 	}
 	__syncwarp(); // the last reads before the next call's first writes

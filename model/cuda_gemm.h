@@ -153,7 +153,8 @@ const char *cuda_gemm_path_name(enum cuda_gemm_path p);
  * least n MB (N x K bytes / 2^20), the fastest other path it measured below; 1 its pick
  * everywhere; 0 never; -1: DSV32_GEMM_SWAP=n in the environment, else the default, 64 (session 9;
  * before it, 200: run 26 had the step faster at batch 16 / 64 with it only on the 264 MB dense
- * gate|up; run 23 slower with it everywhere; cuda_gemm.c swap_on). Process-wide (the CUDA forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
+ * gate|up; run 23 slower with it everywhere; cuda_gemm.c swap_on). Process-wide (the CUDA
+ * forward's switch DSV32_GEMM_SWAP, for in-process A/B). */
 void cuda_gemm_set_swap(int on);
 /* The one-row kernel in the fast mode: bit 0 (1) for the dense GEMMs at M <= 8
  * (CUDA_GEMM_PATH_GEMV: a candidate of the start-up measurement, taken where it measured

@@ -18,9 +18,9 @@
 // boxes / the weight scales by cp.async in each stage, as the kernel's. Each line: us a
 // matrix (the mean over 64 launches rotating over matrices that do not fit the L2), TB/s of
 // weight bytes, and the SM clock the blocks ran at (clock64 against %globaltimer).
-// `stream_probe l2`: instead, one 16 MB matrix (2048 x 8192) read over and over, so the L2
-// serves it: what the L2 can give all the SMs at once (the token-wide MoE GEMM's token rows come
-// from there, session 13).
+// `stream_probe l2`: instead, 8 / 16 / 32 MB read 64 times a launch (ld.global.cg), so the L2
+// serves them: what the L2 can give all the SMs at once (the token-wide MoE GEMM's token rows
+// come from there, session 13).
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -278,6 +278,29 @@ static stream_fn pick(int form, int add)
 	return form == 0 ? k_stream<0> : form == 1 ? k_stream<1> : form == 2 ? k_stream<2> : k_stream<3>;
 }
 
+// The mean time of launch(it) over ITERS launches (it = 0 ..), after `warm` unmeasured ones
+// (it < 0), in us; a launch error ends the probe.
+template <class F> static double launches_us(const char *name, int warm, F launch)
+{
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0), cudaEventCreate(&e1);
+	for (int it = -warm; it < ITERS; it++) {
+		if (it == 0)
+			cudaEventRecord(e0);
+		launch(it);
+	}
+	cudaEventRecord(e1);
+	cudaError_t err = cudaEventSynchronize(e1);
+	if (err != cudaSuccess) {
+		fprintf(stderr, "%s: %s\n", name, cudaGetErrorString(err));
+		exit(1);
+	}
+	float ms;
+	cudaEventElapsedTime(&ms, e0, e1);
+	cudaEventDestroy(e0), cudaEventDestroy(e1);
+	return ms * 1e3 / ITERS;
+}
+
 static void run(const char *name, int form, int ns, int promo, uint8_t **mats, int N, int K,
 		int sms, int R = 128, int chunks = 0, int add = 0)
 {
@@ -305,24 +328,12 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 	const int smem = 128 + 1024 + ns * stage_bytes(R) + 1024 + ns * 2048 + ns * 16;
 	const stream_fn kern = pick(form, add);
 	cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-	cudaEvent_t e0, e1;
-	cudaEventCreate(&e0), cudaEventCreate(&e1);
-	for (int it = -8; it < ITERS; it++) {
-		if (it == 0)
-			cudaEventRecord(e0);
+	const double us = launches_us(name, 8, [&](int it) {
 		const int i = (it + 64) % NMAT;
 		kern<<<grid, 288, smem>>>(maps[i], xmap, mats[i], d_scales[i], tiles, chunks, cb, K / 128,
 					  ns, R, d_times, d_sink);
-	}
-	cudaEventRecord(e1);
-	cudaError_t err = cudaEventSynchronize(e1);
-	if (err != cudaSuccess) {
-		fprintf(stderr, "%s: %s\n", name, cudaGetErrorString(err));
-		exit(1);
-	}
-	float ms;
-	cudaEventElapsedTime(&ms, e0, e1);
-	const double us = ms * 1e3 / ITERS, bytes = (double)N * K;
+	});
+	const double bytes = (double)N * K;
 	unsigned long long t[4 * 132 * 2];
 	cudaMemcpy(t, d_times, sizeof(unsigned long long) * 4 * grid, cudaMemcpyDeviceToHost);
 	double clk = 0, ns_sum = 0;
@@ -338,21 +349,23 @@ static void run(const char *name, int form, int ns, int promo, uint8_t **mats, i
 
 static void run_ldg(uint8_t **mats, int N, int K, int sms, unsigned *sink)
 {
-	cudaEvent_t e0, e1;
-	cudaEventCreate(&e0), cudaEventCreate(&e1);
 	const size_t n = (size_t)N * K / 16;
-	for (int it = -8; it < ITERS; it++) {
-		if (it == 0)
-			cudaEventRecord(e0);
+	const double us = launches_us("ldg", 8, [&](int it) {
 		k_ldg<<<sms * 4, 512>>>((const uint4 *)mats[(it + 64) % NMAT], n, sink);
-	}
-	cudaEventRecord(e1);
-	cudaEventSynchronize(e1);
-	float ms;
-	cudaEventElapsedTime(&ms, e0, e1);
-	const double us = ms * 1e3 / ITERS;
+	});
 	printf("%6dx%-6d %-9s                                %7.2f us  %.3f TB/s\n", N, K, "ldg", us,
 	       (double)N * K / us * 1e-6);
+}
+
+// ld.global.cg over mb MB of L2-resident data, read 64 times a launch (k_ldg_l2)
+static void run_ldg_l2(const uint8_t *p, int mb, int sms, unsigned *sink)
+{
+	const size_t n = (size_t)mb << 16; // 16-byte words
+	const double us = launches_us("ldg.cg", 4, [&](int) {
+		k_ldg_l2<<<sms * 4, 512>>>((const uint4 *)p, n, 64, sink);
+	});
+	printf("ldg.cg %2d MB x 64, L2-resident: %8.1f us  %.3f TB/s\n", mb, us,
+	       (double)n * 16 * 64 / us * 1e-6);
 }
 
 int main(int argc, char **argv)
@@ -388,31 +401,9 @@ int main(int argc, char **argv)
 	}
 	cudaMalloc(&d_tokens, 8 * 18432);
 	cudaMemset(d_tokens, 0x38, 8 * 18432);
-	if (l2) { // one L2-resident matrix, every launch
-		uint8_t *same[NMAT];
-		for (int i = 0; i < NMAT; i++)
-			same[i] = mats[0];
-		for (int mb : {8, 16, 32}) { // one launch reads the mb MB 64 times
-			const size_t n = (size_t)mb << 16;
-			cudaEvent_t e0, e1;
-			cudaEventCreate(&e0), cudaEventCreate(&e1);
-			for (int it = -4; it < 16; it++) {
-				if (it == 0)
-					cudaEventRecord(e0);
-				k_ldg_l2<<<sms * 4, 512>>>((const uint4 *)mats[0], n, 64, sink);
-			}
-			cudaEventRecord(e1);
-			cudaEventSynchronize(e1);
-			float ms;
-			cudaEventElapsedTime(&ms, e0, e1);
-			const double us = ms * 1e3 / 16;
-			printf("ldg.cg %2d MB x 64, L2-resident: %8.1f us  %.3f TB/s\n", mb, us,
-			       (double)n * 16 * 64 / us * 1e-6);
-		}
-		for (int ns : {4, 6})
-			run("rowmajor", 0, ns, 0, same, 2048, 8192, sms);
-		run("tiled", 1, 4, 0, same, 2048, 8192, sms);
-		run("bulk", 2, 4, 0, same, 2048, 8192, sms);
+	if (l2) {
+		for (int mb : {8, 16, 32})
+			run_ldg_l2(mats[0], mb, sms, sink);
 		return 0;
 	}
 	for (auto &sh : shapes) {
