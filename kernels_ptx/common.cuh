@@ -15,6 +15,15 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f)
 	return (uint16_t)(u >> 16);
 }
 
+// bf16(lo) | bf16(hi) << 16, each rounded to nearest even (one instruction; the same bits as
+// f32_to_bf16 for every non-NaN value).
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
+{
+	uint32_t r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+
 // e4m3 (float8_e4m3fn) code of x, round to nearest even, saturating at ±448.
 __device__ __forceinline__ uint8_t f32_to_e4m3(float x)
 {
@@ -59,14 +68,19 @@ __device__ __forceinline__ float ue8m0_scale(float amax)
 	return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
-// h = bf16( silu(g) * u ), silu(g) = g / (1 + exp(-g)), of bf16-valued g and u in fp32: the
-// SwiGLU of every fused kernel (k_moe_swiglu_quant, the SwiGLU epilogues of the grouped GEMMs),
-// one expression so that they give the same bits.
-__device__ __forceinline__ float swiglu_bf16v(float g, float u)
+// silu(g) = g / (1 + exp(-g)) in fp32: one expression for every SwiGLU below and for the table
+// of k_moe_swiglu_quant, so that they give the same bits.
+__device__ __forceinline__ float silu_f32(float g) { return __fdiv_rn(g, 1.0f + expf(-g)); }
+
+// h = bf16( silu * u ): the SwiGLU's product, of silu_f32(g) and a bf16-valued u.
+__device__ __forceinline__ float swiglu_mul(float silu, float u)
 {
-	const float silu = __fdiv_rn(g, 1.0f + expf(-g));
 	return bf16_to_f32(f32_to_bf16(__fmul_rn(silu, u)));
 }
+
+// h = bf16( silu(g) * u ) of bf16-valued g and u in fp32: the SwiGLU of every fused kernel
+// (k_moe_swiglu_quant, the SwiGLU epilogues of the grouped GEMMs).
+__device__ __forceinline__ float swiglu_bf16v(float g, float u) { return swiglu_mul(silu_f32(g), u); }
 
 // The same of fp32 g and u first rounded to bf16 (a GEMM's gate and up values, as its bf16
 // output would hold them).

@@ -145,15 +145,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
 		     : "memory");
 }
 
-// bf16(lo) | bf16(hi) << 16, each rounded to nearest even (one instruction; the same bits as
-// f32_to_bf16 for every non-NaN value).
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi)
-{
-	uint32_t r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-
 // Barriers of stage s: bars = base of full[STAGES], then empty[STAGES] (8 bytes each).
 #define FULL(s) (bars + (uint32_t)(s) * 8)
 #define EMPTY(s) (bars + (uint32_t)(STAGES + (s)) * 8)

@@ -38,7 +38,9 @@
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
 //   A half-warp per 128-group (8 values a lane), a warp two groups of a row, 8 warps a block,
-//   pairs in steps of the grid (any grid; (groups + 15) / 16 blocks: one pair a warp).
+//   pairs in steps of the grid (any grid). With `table` each block first makes a table of silu
+//   for the common bf16 codes of g (sq_silu: the same bits as the expression), for grids of a
+//   few blocks an SM (model/cuda_moe.c); else one pair a warp ((groups + 15) / 16 blocks).
 // k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
@@ -736,53 +738,122 @@ k_moe_quant_scatter(const uint16_t *__restrict__ x, const int *__restrict__ perm
 		sxs[(size_t)my_row * KB + c] = sc;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+// The silu table of k_moe_swiglu_quant: silu_f32 of every bf16 code with 2^-16 <= |g| < 2^8
+// (exponent fields 111 .. 134, 24 x 128 codes a sign; positive codes first), 24 KB of shared
+// memory a block. A lane whose 8 values of g are not all in it (smaller, larger, zero, inf,
+// NaN: rare in a gate projection) computes all 8 instead, so a value comes out with the same
+// bits either way.
+#define SQ_LO (111u << 7)
+#define SQ_SPAN (24u << 7)
+#define SQ_BLOCKS_SM 4 // blocks an SM (the host's grid: model/cuda_moe.c)
+#define SQ_DEPTH 2     // pairs of groups whose loads a warp has in flight
+
+// One pair's half-warp of work: lane l's 8 values of 128-group c of row r (g words gv, u words
+// uv: k = 0 .. 7 the low then high halves of .x, .y, .z, .w) -> their e4m3 codes and, from lane
+// 0 of the half, the group's scale. Every lane of the warp calls it (the maximum's shuffles);
+// `on`: this half's group exists.
+__device__ __forceinline__ void sq_group(const float *tab, bool table, uint4 gv, uint4 uv, bool on,
+					 uint8_t *__restrict__ q8, float *__restrict__ qs, int l)
+{
+	const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+	uint32_t code[8], ix[8], out = 0;
+#pragma unroll
+	for (int k = 0; k < 8; k++) {
+		code[k] = k & 1 ? gw[k >> 1] >> 16 : gw[k >> 1] & 0xffffu;
+		const uint32_t a = (code[k] & 0x7fffu) - SQ_LO;
+		out |= a >= SQ_SPAN;
+		ix[k] = a + (code[k] >> 15) * SQ_SPAN;
+	}
+	float silu[8];
+	if (table && !out) {
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			silu[k] = tab[ix[k]];
+	} else {
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			silu[k] = silu_f32(bf16_to_f32((uint16_t)code[k]));
+	}
+	// h = bf16(silu * u) two at a time (swiglu_mul's bits: a NaN's payload differs, and the
+	// act_quant below maps every NaN alike)
+	float h[8], amax = 0.f;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const uint32_t hb = bf16x2(__fmul_rn(silu[2 * i], __uint_as_float(uw[i] << 16)),
+					   __fmul_rn(silu[2 * i + 1], __uint_as_float(uw[i] & 0xffff0000u)));
+		h[2 * i] = __uint_as_float(hb << 16);
+		h[2 * i + 1] = __uint_as_float(hb & 0xffff0000u);
+		amax = fmaxf(amax, fmaxf(fabsf(h[2 * i]), fabsf(h[2 * i + 1])));
+	}
+#pragma unroll
+	for (int m = 8; m > 0; m >>= 1) // the half-warp's maximum (every lane takes part)
+		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+	if (!on)
+		return;
+	// act_quant (warp_act_quant128_regs' numbers): x / sc = x * (1 / sc), both exact
+	const float sc = ue8m0_scale(fmaxf(amax, 1e-4f)), inv = __frcp_rn(sc);
+	uint32_t packed[2] = {0, 0};
+#pragma unroll
+	for (int k = 0; k < 8; k += 2)
+		packed[k >> 2] |= (uint32_t)f32x2_to_e4m3x2(e4m3_scaled(h[k], inv),
+							     e4m3_scaled(h[k + 1], inv))
+				   << (16 * ((k >> 1) & 1));
+	*reinterpret_cast<uint2 *>(q8 + l * 8) = make_uint2(packed[0], packed[1]);
+	if (l == 0)
+		*qs = sc;
+}
+
+extern "C" __global__ void __launch_bounds__(256, SQ_BLOCKS_SM)
 k_moe_swiglu_quant(const uint16_t *__restrict__ gu, uint8_t *__restrict__ h8,
-		   float *__restrict__ hs, int I, long long n_groups)
+		   float *__restrict__ hs, int I, long long n_groups, int table)
 {
 	// a half-warp per 128-group, 8 values a lane (16-byte loads of g and u); a warp takes the
 	// groups 2c, 2c + 1 of a row (pair c; the second idle when a row has an odd count), pairs in
-	// steps of the grid. 32-bit indices: n_groups < 2^31 (the host's rows x I / 128).
+	// steps of the grid, SQ_DEPTH of them loaded ahead. 32-bit indices: n_groups < 2^31 (the
+	// host's rows x I / 128).
+	__shared__ float tab[2 * SQ_SPAN];
+	if (table) { // (a grid of a few blocks an SM: the table is made once a block)
+		for (uint32_t i = threadIdx.x; i < 2 * SQ_SPAN; i += blockDim.x)
+			tab[i] = silu_f32(bf16_to_f32(
+				(uint16_t)((i >= SQ_SPAN ? 0x8000u : 0u) + SQ_LO + i % SQ_SPAN)));
+		__syncthreads();
+	}
 	const int per_row = I / 128, ppr = (per_row + 1) / 2, rows = (int)(n_groups / per_row);
-	const int lane = threadIdx.x & 31, l = lane & 15;
-	const unsigned n_pairs = (unsigned)rows * ppr, step = gridDim.x * 8u;
-	for (unsigned p = blockIdx.x * 8u + (threadIdx.x >> 5); p < n_pairs; p += step) {
-		const unsigned row = p / ppr;
-		const int c = (int)(p - row * ppr) * 2 + (lane >> 4);
-		const bool on = c < per_row;
-		float h[8]; // lane l of its half: the group's values 8l .. 8l + 7
-		float amax = 0.f;
-		if (on) {
-			const uint16_t *gp = gu + (size_t)row * 2 * I + c * 128 + l * 8;
-			const uint4 graw = *reinterpret_cast<const uint4 *>(gp);
-			const uint4 uraw = *reinterpret_cast<const uint4 *>(gp + I);
-			const uint32_t gw[4] = {graw.x, graw.y, graw.z, graw.w};
-			const uint32_t uw[4] = {uraw.x, uraw.y, uraw.z, uraw.w};
-#pragma unroll
-			for (int k = 0; k < 8; k++) {
-				h[k] = swiglu_bf16v(bf16_to_f32((uint16_t)(gw[k >> 1] >> (16 * (k & 1)))),
-						    bf16_to_f32((uint16_t)(uw[k >> 1] >> (16 * (k & 1)))));
-				amax = fmaxf(amax, fabsf(h[k]));
-			}
+	const int lane = threadIdx.x & 31, l = lane & 15, half = lane >> 4;
+	// slot j: pair (row[j], pc[j]) = p0 + j step, then + SQ_DEPTH step a round (no division)
+	const unsigned step = gridDim.x * 8u, p0 = blockIdx.x * 8u + (threadIdx.x >> 5);
+	const int adv_r = (int)(SQ_DEPTH * step / ppr), adv_c = (int)(SQ_DEPTH * step % ppr);
+	int row[SQ_DEPTH] = {}, pc[SQ_DEPTH] = {};
+	uint4 graw[SQ_DEPTH], uraw[SQ_DEPTH];
+	auto load = [&](int j) { // (zero where the slot is past the end or its group past the row)
+		const int c = 2 * pc[j] + half;
+		graw[j] = uraw[j] = make_uint4(0, 0, 0, 0);
+		if (row[j] < rows && c < per_row) {
+			const uint16_t *gp = gu + (size_t)row[j] * 2 * I + c * 128 + l * 8;
+			graw[j] = *reinterpret_cast<const uint4 *>(gp);
+			uraw[j] = *reinterpret_cast<const uint4 *>(gp + I);
 		}
+	};
 #pragma unroll
-		for (int m = 8; m > 0; m >>= 1) // the half-warp's maximum (every lane takes part)
-			amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-		if (!on)
-			continue;
-		// act_quant (warp_act_quant128_regs' numbers): x / sc = x * (1 / sc), both exact
-		const float sc = ue8m0_scale(fmaxf(amax, 1e-4f)), inv = __frcp_rn(sc);
-		uint32_t packed[2] = {0, 0};
+	for (int j = 0; j < SQ_DEPTH; j++) {
+		const unsigned p = p0 + j * step;
+		row[j] = (int)(p / ppr), pc[j] = (int)(p % ppr);
+		load(j);
+	}
+	while (row[0] < rows) {
 #pragma unroll
-		for (int k = 0; k < 8; k += 2) {
-			packed[k >> 2] |= (uint32_t)f32x2_to_e4m3x2(e4m3_scaled(h[k], inv),
-								     e4m3_scaled(h[k + 1], inv))
-					   << (16 * ((k >> 1) & 1));
+		for (int j = 0; j < SQ_DEPTH; j++) {
+			if (row[j] >= rows) // (the slots in order: every later one is past too)
+				break;
+			const int r = row[j], c = 2 * pc[j] + half;
+			const uint4 gv = graw[j], uv = uraw[j];
+			pc[j] += adv_c, row[j] += adv_r;
+			if (pc[j] >= ppr)
+				pc[j] -= ppr, row[j]++;
+			load(j);
+			sq_group(tab, table, gv, uv, c < per_row, h8 + (size_t)r * I + c * 128,
+				 hs + (size_t)r * per_row + c, l);
 		}
-		*reinterpret_cast<uint2 *>(h8 + (size_t)row * I + c * 128 + l * 8) =
-			make_uint2(packed[0], packed[1]);
-		if (l == 0)
-			hs[(size_t)row * per_row + c] = sc;
 	}
 }
 

@@ -383,13 +383,31 @@ static int grouped(struct gpu *g, int wgmma, gpu_ptr w_tab, gpu_ptr s_tab, gpu_p
 	return cuda_gemm_fp8_grouped(g, w_tab, s_tab, off, G, x8, sx, y, rows, N, K, N, ws, ws_bytes);
 }
 
-/* SwiGLU of gu [rows, 2I] then act_quant -> h8 [rows, I], hs [rows, I/128]. */
+/* k_moe_swiglu_quant's silu table (cuda_moe_set_swiglu_table): 2 by rows (SQ_TABLE_FROM), 0
+ * off, 1 on; < 0 not read yet. */
+static int swiglu_table = -1;
+
+void cuda_moe_set_swiglu_table(int mode) { swiglu_table = mode < 0 || mode > 1 ? 2 : mode; }
+
+/* SwiGLU of gu [rows, 2I] then act_quant -> h8 [rows, I], hs [rows, I/128]: from SQ_TABLE_FROM
+ * rows a grid of 4 blocks an SM, each making the silu table once, else one pair of groups a
+ * warp with silu computed. s14-3 (bench moe, stage alone, graph-replayed, twice): 4096 tokens
+ * 142.5 / 143.1 us against 228.7 / 241.0 computed (session 13's kernel: 222-225), 2048 70 / 75
+ * against 112 / 115, 512 20 / 20 against 25 / 25; ncu at 4096: 114 us, IPC 2.79, issue slots
+ * 67% busy, DRAM 68% (the computed form: issue-bound, 2.7 IPC, DRAM 48%). */
+#define SQ_TABLE_FROM 2048
 static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int rows, int I)
 {
-	long long n = (long long)rows * (I / 128);
-	void *args[] = {&gu, &h8, &hs, &I, &n};
-	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 15) / 16), 1, 1,
-			  256, 1, 1, 0, args);
+	long long n = (long long)rows * (I / 128), blocks = (n + 15) / 16;
+	if (swiglu_table < 0)
+		cuda_moe_set_swiglu_table(env_int("DSV32_CUDA_MOE_SWIGLU_TABLE", 2));
+	int table = swiglu_table == 2 ? rows >= SQ_TABLE_FROM : swiglu_table;
+	const long long most = 4LL * (g->sm_count > 0 ? g->sm_count : 132); /* SQ_BLOCKS_SM */
+	if (table && blocks > most)
+		blocks = most;
+	void *args[] = {&gu, &h8, &hs, &I, &n, &table};
+	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)blocks, 1, 1, 256, 1, 1,
+			  0, args);
 }
 
 /* A copy of n bytes of an intermediate into a trace buffer (when the trace asks for it). */

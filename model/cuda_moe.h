@@ -90,6 +90,12 @@ void cuda_moe_set_router(int mode);
  * DSV32_CUDA_MOE_SHARED_DENSE=n, read at the first call, sets it (default 1). */
 void cuda_moe_set_shared_dense(int on);
 
+/* k_moe_swiglu_quant's silu (the same bits either way): mode 1 from a table each block makes
+ * once in shared memory (a grid of 4 blocks an SM), 0 computed (one pair of groups a warp), 2
+ * (the default) the table from 2048 rows. Process-wide; DSV32_CUDA_MOE_SWIGLU_TABLE=m, read at
+ * the first call, sets it. */
+void cuda_moe_set_swiglu_table(int mode);
+
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */
 const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,

@@ -338,8 +338,8 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dgu, max_rows, N, K, N,
 					      dws, wsb) == 0);
 		long long n_groups = (long long)R * (I / 128);
-		int Ii = I;
-		void *args[] = {&dgu, &rh, &rhs, &Ii, &n_groups};
+		int Ii = I, table = 0;
+		void *args[] = {&dgu, &rh, &rhs, &Ii, &n_groups, &table};
 		REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_moe_swiglu_quant"),
 				   (unsigned)((n_groups + 7) / 8), 1, 1, 256, 1, 1, 0, args) == 0);
 		gpu_test_poison(&g, dh, (size_t)max_rows * I);

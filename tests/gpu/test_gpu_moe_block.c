@@ -622,4 +622,63 @@ TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 	check_blocks(configs, Ts, sets, 5, 5200);
 }
 
+/* k_moe_swiglu_quant with its silu table against silu computed (kernels_ptx/moe_block.cu): the
+ * same e4m3 codes and scales, to the bit, where g takes every bf16 code (zeros, subnormals,
+ * infinities, NaNs and the table's edges among them) against random u, on a grid of 3 blocks
+ * (each block many pairs: the next pair's loads in flight) and on rows with an odd count of
+ * groups (the second half of the last pair idle). */
+static void swiglu_table_case(struct gpu *g, int I, int rows, uint64_t seed)
+{
+	const size_t n = (size_t)rows * I, KBo = (size_t)I / 128;
+	uint16_t *gu = malloc(2 * n * 2);
+	uint8_t *a = malloc(n), *b = malloc(n);
+	float *sa = malloc(rows * KBo * 4), *sb = malloc(rows * KBo * 4);
+	REQUIRE(gu && a && b && sa && sb);
+	for (size_t r = 0, code = 0; r < (size_t)rows; r++)
+		for (int j = 0; j < I; j++, code++) {
+			gu[r * 2 * I + j] = (uint16_t)(code * 40503u); /* every code once a 65536 */
+			gu[r * 2 * I + I + j] = f32_to_bf16(
+				(float)((test_rand(&seed) >> 40) * (4.0 / (1ull << 24))) - 2.0f);
+		}
+	gpu_ptr dgu = gpu_test_alloc(2 * n * 2), h8[2], hs[2];
+	REQUIRE(gpu_upload(g, dgu, gu, 2 * n * 2) == 0);
+	long long groups = (long long)rows * (long long)KBo;
+	for (int table = 0; table < 2; table++) {
+		h8[table] = gpu_test_alloc(n), hs[table] = gpu_test_alloc(rows * KBo * 4);
+		gpu_test_poison(g, h8[table], n), gpu_test_poison(g, hs[table], rows * KBo * 4);
+		int Ii = I, tab = table;
+		void *args[] = {&dgu, &h8[table], &hs[table], &Ii, &groups, &tab};
+		const unsigned grid = table ? 3 : (unsigned)((groups + 15) / 16);
+		REQUIRE(gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), grid, 1, 1, 256, 1, 1, 0,
+				   args) == 0);
+	}
+	REQUIRE(gpu_sync(g) == 0);
+	REQUIRE(gpu_download(g, a, h8[0], n) == 0 && gpu_download(g, b, h8[1], n) == 0);
+	REQUIRE(gpu_download(g, sa, hs[0], rows * KBo * 4) == 0);
+	REQUIRE(gpu_download(g, sb, hs[1], rows * KBo * 4) == 0);
+	long long bad8 = 0, bads = 0;
+	for (size_t i = 0; i < n; i++)
+		bad8 += a[i] != b[i];
+	for (size_t i = 0; i < rows * KBo; i++)
+		bads += memcmp(&sa[i], &sb[i], 4) != 0;
+	printf("    silu table, I=%d rows=%d: %lld of %zu codes and %lld of %zu scales differ from "
+	       "silu computed\n",
+	       I, rows, bad8, n, bads, rows * KBo);
+	CHECK_EQ_INT(bad8, 0);
+	CHECK_EQ_INT(bads, 0);
+	for (int t = 0; t < 2; t++)
+		cu.cuMemFree(h8[t]), cu.cuMemFree(hs[t]);
+	cu.cuMemFree(dgu);
+	free(gu), free(a), free(b), free(sa), free(sb);
+}
+
+TEST_T(gpu_moe_block, swiglu_table_exact, 60)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	swiglu_table_case(&g, 2048, 64, 5400); /* 2 x every code */
+	swiglu_table_case(&g, 384, 171, 5401); /* 3 groups a row: the last pair half idle */
+	gpu_close(&g);
+}
+
 #endif

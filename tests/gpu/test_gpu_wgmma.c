@@ -665,8 +665,8 @@ static void swiglu_case(struct gpu *g, int G, const int *counts, int I, int K, u
 	CHECK_EQ_INT(cuda_gemm_fp8_wgmma_grouped(g, c.dw_tab, c.ds_tab, c.doff, c.G, c.dx, c.dsx, c.dy,
 						 c.rows, 2 * I, K, 2 * I), 0);
 	long long n = (long long)c.rows * (long long)KBo;
-	int ii = I;
-	void *args[] = {&c.dy, &ref8, &refs, &ii, &n};
+	int ii = I, table = 0;
+	void *args[] = {&c.dy, &ref8, &refs, &ii, &n, &table};
 	CHECK_EQ_INT(gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)((n + 7) / 8), 1, 1,
 				256, 1, 1, 0, args), 0);
 	uint8_t *a = malloc(rows * I), *b = malloc(rows * I);
