@@ -31,7 +31,10 @@ int fwd_mlp(struct fwd *F, const struct fwd_fp8 *w13, const struct fwd_fp8 *w2, 
 	TRY(fwd_gemm(F, w13, f8, fs, gu, M, 2 * inter));
 	if (fwd_fused(F)) {
 		long long ng = (long long)M * (inter / 128);
-		LAUNCH("k_moe_swiglu_quant", (ng + 15) / 16, 1, 256, 0, &gu, &h8, &hs, &inter, &ng);
+		unsigned blocks;
+		int table;
+		cuda_moe_swiglu_grid(F->g, M, inter, &blocks, &table);
+		LAUNCH("k_moe_swiglu_quant", blocks, 1, 256, 0, &gu, &h8, &hs, &inter, &ng, &table);
 	} else {
 		TAKE(h, (size_t)Mp * inter * 2);      /* bf16 [Mp, inter] */
 		long long n = (long long)M * inter;

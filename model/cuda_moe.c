@@ -396,18 +396,24 @@ void cuda_moe_set_swiglu_table(int mode) { swiglu_table = mode < 0 || mode > 1 ?
  * against 112 / 115, 512 20 / 20 against 25 / 25; ncu at 4096: 114 us, IPC 2.79, issue slots
  * 67% busy, DRAM 68% (the computed form: issue-bound, 2.7 IPC, DRAM 48%). */
 #define SQ_TABLE_FROM 2048
-static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int rows, int I)
+void cuda_moe_swiglu_grid(const struct gpu *g, int rows, int I, unsigned *blocks, int *table)
 {
-	long long n = (long long)rows * (I / 128), blocks = (n + 15) / 16;
+	long long n = (long long)rows * (I / 128), b = (n + 15) / 16;
 	if (swiglu_table < 0)
 		cuda_moe_set_swiglu_table(env_int("DSV32_CUDA_MOE_SWIGLU_TABLE", 2));
-	int table = swiglu_table == 2 ? rows >= SQ_TABLE_FROM : swiglu_table;
+	*table = swiglu_table == 2 ? rows >= SQ_TABLE_FROM : swiglu_table;
 	const long long most = 4LL * (g->sm_count > 0 ? g->sm_count : 132); /* SQ_BLOCKS_SM */
-	if (table && blocks > most)
-		blocks = most;
+	*blocks = (unsigned)(*table && b > most ? most : b);
+}
+
+static int swiglu_quant(struct gpu *g, gpu_ptr gu, gpu_ptr h8, gpu_ptr hs, int rows, int I)
+{
+	long long n = (long long)rows * (I / 128);
+	unsigned blocks;
+	int table;
+	cuda_moe_swiglu_grid(g, rows, I, &blocks, &table);
 	void *args[] = {&gu, &h8, &hs, &I, &n, &table};
-	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), (unsigned)blocks, 1, 1, 256, 1, 1,
-			  0, args);
+	return gpu_launch(g, gpu_kernel(g, "k_moe_swiglu_quant"), blocks, 1, 1, 256, 1, 1, 0, args);
 }
 
 /* A copy of n bytes of an intermediate into a trace buffer (when the trace asks for it). */

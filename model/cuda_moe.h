@@ -96,6 +96,10 @@ void cuda_moe_set_shared_dense(int on);
  * the first call, sets it. */
 void cuda_moe_set_swiglu_table(int mode);
 
+/* k_moe_swiglu_quant's launch for rows x I (the MoE block's and the dense MLP's): its grid and
+ * its `table` argument, by the mode above. */
+void cuda_moe_swiglu_grid(const struct gpu *g, int rows, int I, unsigned *blocks, int *table);
+
 /* Which kernels cuda_moe_forward runs for T rows with these flags (router; grouped GEMMs), in
  * words, for benchmarks (a static buffer). */
 const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int T,
