@@ -73,10 +73,11 @@ static int run_stages(const struct moe_bench *b)
 }
 
 /* Milliseconds per run of `reps` back-to-back runs, median of `trials`; < 0 on failure.
- * graph: the reps captured once into a CUDA graph, each trial one replay (the GPU's time, as the
- * engine's decode steps run, without the host's launch cost: eagerly, a stage of one small
- * kernel measures the host's ~5 us a launch, run 10); else launched eagerly each trial. */
-static float time_ms(const struct moe_bench *b, int reps, int trials, int graph)
+ * graph: the reps captured once into a CUDA graph, each trial `replays` replays of it back to
+ * back (the GPU's time, as the engine's decode steps run, without the host's launch cost:
+ * eagerly, a stage of one small kernel measures the host's ~5 us a launch, run 10); else
+ * launched eagerly each trial. */
+static float time_ms(const struct moe_bench *b, int reps, int trials, int graph, int replays)
 {
 	CUevent e0, e1;
 	CUgraph gr = NULL;
@@ -105,9 +106,10 @@ static float time_ms(const struct moe_bench *b, int reps, int trials, int graph)
 	for (int k = 0; k < trials; k++) {
 		cu.cuEventRecord(e0, b->g->stream);
 		if (graph) {
-			if (cu_check(cu.cuGraphLaunch(exec, b->g->stream), "cuGraphLaunch", __FILE__,
-				     __LINE__))
-				goto out;
+			for (int i = 0; i < replays; i++)
+				if (cu_check(cu.cuGraphLaunch(exec, b->g->stream), "cuGraphLaunch",
+					     __FILE__, __LINE__))
+					goto out;
 		} else {
 			for (int i = 0; i < reps; i++)
 				if (run_stages(b))
@@ -117,7 +119,7 @@ static float time_ms(const struct moe_bench *b, int reps, int trials, int graph)
 		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
 			goto out;
 		cu.cuEventElapsedTime(&t[k], e0, e1);
-		t[k] /= (float)reps;
+		t[k] /= (float)reps * (float)(graph ? replays : 1);
 	}
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
 	ms = t[trials / 2];
@@ -178,7 +180,7 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 
 int bench_moe(int argc, char **argv)
 {
-	int trials = 5, hot = 0, exact = 0;
+	int trials = 5, hot = 0, exact = 0, sustain_ms = 0;
 	const char *uf = getenv("DSV32_CUDA_UNFUSED");
 	const unsigned mode = uf && *uf == '1' ? CUDA_MOE_UNFUSED : 0;
 	const char *tokens = NULL;
@@ -192,9 +194,13 @@ int bench_moe(int argc, char **argv)
 			hot = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--exact"))
 			exact = 1;
+		else if (!strcmp(argv[i], "--sustain") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+			 atoi(argv[i + 1]) <= 60000)
+			sustain_ms = atoi(argv[++i]);
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
-					"[--exact] [--tokens T1,T2,.. (1 .. 4096)]\n");
+					"[--exact] [--tokens T1,T2,.. (1 .. 4096)] [--sustain MS (1 .. "
+					"60000)]\n");
 			return 2;
 		}
 	}
@@ -298,7 +304,12 @@ int bench_moe(int argc, char **argv)
 		const int T = Ts[ti];
 		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL | mode};
 		const int reps = T >= 1024 ? 3 : T >= 128 ? 8 : 20; /* (the whole bench under a minute) */
-		float block = time_ms(&b, reps, trials, 0), block_graph = time_ms(&b, reps, trials, 1);
+		float block = time_ms(&b, reps, trials, 0, 1), block_graph = time_ms(&b, reps, trials, 1, 1);
+		/* --sustain: the graph replayed for about that long at once (the clocks the power cap
+		 * leaves a long prefill, where the runs above start from an idle GPU) */
+		const int replays = block_graph > 0 ? (int)(sustain_ms / (block_graph * reps)) + 1 : 1;
+		float block_sus = sustain_ms > 0 && block_graph > 0 ? time_ms(&b, reps, 1, 1, replays)
+								    : -1;
 		/* the experts the timed runs hit, from the device's routing */
 		if (block < 0 || gpu_download(&g, idx, tr.idx, (size_t)T * K * 4)) {
 			printf("T=%d: the block failed\n", T);
@@ -338,6 +349,11 @@ int bench_moe(int argc, char **argv)
 		       least, most, t128, t128 * 128 / rt, rt, t64 * 64 / rt, r16 / rt);
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs);
+		if (sustain_ms > 0) {
+			char what[32];
+			snprintf(what, sizeof what, "sus%d", reps * replays);
+			print_part(what, block_sus, touched, f13 + f2 + fsh + fgate, read_tbs);
+		}
 		printf("  stages alone, graph-replayed (weights, or for gather/swiglu/combine bytes read + "
 		       "written):\n");
 		static const struct {
@@ -351,7 +367,7 @@ int bench_moe(int argc, char **argv)
 		float sum = 0;
 		for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
 			b.stages = parts[p].stages | mode;
-			float ms = time_ms(&b, reps, trials, 1);
+			float ms = time_ms(&b, reps, trials, 1, 1);
 			double by = 0, fl = 0;
 			switch (parts[p].stages) {
 			case CUDA_MOE_GATE: by = gate_bytes, fl = fgate; break;
@@ -384,9 +400,13 @@ int bench_moe(int argc, char **argv)
 	if (tokens)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --tokens %.100s",
 			 tokens);
+	if (sustain_ms)
+		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --sustain %d",
+			 sustain_ms);
 	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
-	       "graph: the same captured into a CUDA graph and replayed; stages timed alone, "
+	       "graph: the same captured into a CUDA graph and replayed; susN: N runs replayed "
+	       "back to back for about the --sustain time (power-capped clocks); stages timed alone, "
 	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
 	       "2*rows*N*K per GEMM, the block's include the router)\n",
 	       mode ? "DSV32_CUDA_UNFUSED=1 " : "", trials, hot_arg);
