@@ -28,6 +28,27 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+int bench_events(CUevent ev[2])
+{
+	ev[0] = ev[1] = NULL;
+	for (int i = 0; i < 2; i++)
+		if (cu_check(cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT), "cuEventCreate", __FILE__,
+			     __LINE__)) {
+			ev[i] = NULL;
+			bench_events_free(ev);
+			return -1;
+		}
+	return 0;
+}
+
+void bench_events_free(CUevent ev[2])
+{
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			cu.cuEventDestroy(ev[i]);
+	ev[0] = ev[1] = NULL;
+}
+
 /* One pass of a probe: 0 or a CUresult. */
 struct probe {
 	struct gpu *g;
@@ -50,21 +71,20 @@ static double probe_ms(const struct probe *p, int trials)
 	const int reps = 3;
 	float t[32];
 	trials = trials < 1 ? 1 : trials > 32 ? 32 : trials;
-	CUevent e0, e1;
-	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
-	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
+	CUevent ev[2];
+	if (bench_events(ev))
+		return -1;
 	int r = probe_once(p);
 	for (int k = 0; k < trials && !r; k++) {
-		cu.cuEventRecord(e0, p->g->stream);
+		cu.cuEventRecord(ev[0], p->g->stream);
 		for (int i = 0; i < reps && !r; i++)
 			r = probe_once(p);
-		cu.cuEventRecord(e1, p->g->stream);
-		r = r || cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__);
-		cu.cuEventElapsedTime(&t[k], e0, e1);
+		cu.cuEventRecord(ev[1], p->g->stream);
+		r = r || cu_check(cu.cuEventSynchronize(ev[1]), "cuEventSynchronize", __FILE__, __LINE__);
+		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps;
 	}
-	cu.cuEventDestroy(e0);
-	cu.cuEventDestroy(e1);
+	bench_events_free(ev);
 	if (r)
 		return -1;
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);

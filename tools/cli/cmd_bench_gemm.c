@@ -57,28 +57,29 @@ static int cmp_float(const void *a, const void *b)
 typedef int (*launch_fn)(struct gpu *g, void *ctx, int i);
 static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trials)
 {
-	CUevent e0, e1;
-	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
-	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
+	CUevent ev[2];
+	if (bench_events(ev))
+		return -1;
+	float t[32], ms = -1;
+	trials = trials > 32 ? 32 : trials;
 	for (int i = 0; i < reps; i++) /* warm-up: module load, clocks */
 		if (fn(g, ctx, i))
-			return -1;
-	float t[32];
-	trials = trials > 32 ? 32 : trials;
+			goto out;
 	for (int k = 0; k < trials; k++) {
-		cu.cuEventRecord(e0, g->stream);
+		cu.cuEventRecord(ev[0], g->stream);
 		for (int i = 0; i < reps; i++)
 			fn(g, ctx, i);
-		cu.cuEventRecord(e1, g->stream);
-		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
-			return -1;
-		cu.cuEventElapsedTime(&t[k], e0, e1);
+		cu.cuEventRecord(ev[1], g->stream);
+		if (cu_check(cu.cuEventSynchronize(ev[1]), "cuEventSynchronize", __FILE__, __LINE__))
+			goto out;
+		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps;
 	}
-	cu.cuEventDestroy(e0);
-	cu.cuEventDestroy(e1);
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
-	return t[trials / 2];
+	ms = t[trials / 2];
+out:
+	bench_events_free(ev);
+	return ms;
 }
 
 struct gemm_ctx {

@@ -79,12 +79,12 @@ static int run_stages(const struct moe_bench *b)
  * launched eagerly each trial. */
 static float time_ms(const struct moe_bench *b, int reps, int trials, int graph, int replays)
 {
-	CUevent e0, e1;
+	CUevent ev[2];
 	CUgraph gr = NULL;
 	CUgraphExec exec = NULL;
-	cu.cuEventCreate(&e0, CU_EVENT_DEFAULT);
-	cu.cuEventCreate(&e1, CU_EVENT_DEFAULT);
 	float t[32], ms = -1;
+	if (bench_events(ev))
+		return -1;
 	trials = trials > 32 ? 32 : trials < 1 ? 1 : trials;
 	if (run_stages(b) || gpu_sync(b->g)) /* warm-up */
 		goto out;
@@ -104,7 +104,7 @@ static float time_ms(const struct moe_bench *b, int reps, int trials, int graph,
 			goto out;
 	}
 	for (int k = 0; k < trials; k++) {
-		cu.cuEventRecord(e0, b->g->stream);
+		cu.cuEventRecord(ev[0], b->g->stream);
 		if (graph) {
 			for (int i = 0; i < replays; i++)
 				if (cu_check(cu.cuGraphLaunch(exec, b->g->stream), "cuGraphLaunch",
@@ -115,10 +115,10 @@ static float time_ms(const struct moe_bench *b, int reps, int trials, int graph,
 				if (run_stages(b))
 					goto out;
 		}
-		cu.cuEventRecord(e1, b->g->stream);
-		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
+		cu.cuEventRecord(ev[1], b->g->stream);
+		if (cu_check(cu.cuEventSynchronize(ev[1]), "cuEventSynchronize", __FILE__, __LINE__))
 			goto out;
-		cu.cuEventElapsedTime(&t[k], e0, e1);
+		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps * (float)(graph ? replays : 1);
 	}
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
@@ -128,8 +128,7 @@ out:
 		cu.cuGraphExecDestroy(exec);
 	if (gr)
 		cu.cuGraphDestroy(gr);
-	cu.cuEventDestroy(e0);
-	cu.cuEventDestroy(e1);
+	bench_events_free(ev);
 	return ms;
 }
 
