@@ -102,12 +102,13 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 			return g->fns[i].fn;
 	/* Find the module from the build-time entry list, so no driver call fails on a miss. */
 	for (int i = 0; i < g->n_modules; i++) {
-		const char *name = NULL; /* the entry list's copy: static, unlike the caller's fn */
-		for (int k = 0; k < kernel_images[i].n_entries && !name; k++)
-			if (!strcmp(kernel_images[i].entries[k], fn))
-				name = kernel_images[i].entries[k];
-		if (!name)
+		const struct kernel_image *im = &kernel_images[i];
+		int k = 0;
+		while (k < im->n_entries && strcmp(im->entries[k], fn))
+			k++;
+		if (k == im->n_entries)
 			continue;
+		const char *name = im->entries[k]; /* the entry list's copy: static, unlike fn */
 		CUfunction f;
 		if (cu_check(cu.cuModuleGetFunction(&f, g->modules[i], fn), "cuModuleGetFunction",
 			     __FILE__, __LINE__))
@@ -116,7 +117,8 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 		if (!nf)
 			return NULL;
 		g->fns = nf;
-		g->fns[g->n_fns++] = (struct gpu_kernel_fn){name, f};
+		g->fns[g->n_fns++] =
+			(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1};
 		return f;
 	}
 	fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
@@ -124,20 +126,61 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 	return NULL;
 }
 
-int gpu_launch(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-	       unsigned by, unsigned bz, unsigned smem, void **args)
+int gpu_args_check(const struct gpu *g, const void *fn, int n_args)
+{
+	static int told;
+	if (n_args < 0)
+		return 0;
+	for (int i = 0; i < g->n_fns; i++) {
+		const struct gpu_kernel_fn *k = &g->fns[i];
+		if (k->fn != fn || k->n_params < 0 || k->n_params == n_args)
+			continue;
+		if (n_args < k->n_params) {
+			fprintf(stderr, "<3>dsv32: kernel %s takes %d arguments, the launch passed %d\n",
+				k->name, k->n_params, n_args);
+			return -EINVAL;
+		}
+		if (!told++)
+			fprintf(stderr, "<4>dsv32: kernel %s takes %d arguments, the launch passed %d "
+					"(the rest unused)\n",
+				k->name, k->n_params, n_args);
+		return 0;
+	}
+	return 0;
+}
+
+int(gpu_launch)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		unsigned by, unsigned bz, unsigned smem, void **args)
+{
+	return gpu_launch_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, -1);
+}
+
+int(gpu_launch_pdl)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		    unsigned by, unsigned bz, unsigned smem, void **args)
+{
+	return gpu_launch_pdl_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, -1);
+}
+
+int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		 unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {
 	if (!fn)
 		return -ENOENT;
+	int r = gpu_args_check(g, fn, n_args);
+	if (r)
+		return r;
 	CU_TRY(cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, g->stream, args, NULL));
 	return 0;
 }
 
-int gpu_launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		   unsigned by, unsigned bz, unsigned smem, void **args)
+int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		     unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {
 	if (!fn)
 		return -ENOENT;
+	int r = gpu_args_check(g, fn, n_args);
+	if (r)
+		return r;
 	CUlaunchAttribute at;
 	memset(&at, 0, sizeof at);
 	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;

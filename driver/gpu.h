@@ -41,7 +41,8 @@ struct gpu_arena {
 
 struct gpu_kernel_fn {
 	const char *name;
-	void *fn; /* CUfunction */
+	void *fn;     /* CUfunction */
+	int n_params; /* its parameters (the PTX's), or -1 when not known */
 };
 
 struct gpu {
@@ -65,14 +66,34 @@ void gpu_close(struct gpu *g);
 /* Finds kernel `fn` (an extern "C" entry point) in any loaded module; NULL if absent. */
 void *gpu_kernel(struct gpu *g, const char *fn);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
- * (an array of pointers to each argument, as cuLaunchKernel takes them). */
-int gpu_launch(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-	       unsigned by, unsigned bz, unsigned smem, void **args);
+ * (an array of pointers to each argument, as cuLaunchKernel takes them). n_args: the array's
+ * length, or -1 when not known; fewer than the kernel's parameters is refused (-EINVAL, with
+ * the kernel's name: the driver would read past the array), more is reported once. */
+int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		 unsigned by, unsigned bz, unsigned smem, void **args, int n_args);
 /* The same launch as a programmatic dependent of the previous kernel on the stream
  * (cuLaunchKernelEx, programmatic stream serialisation): the grid may start while that kernel
  * drains; the kernel orders itself with griddepcontrol.wait. Capturable in CUDA graphs. */
-int gpu_launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		   unsigned by, unsigned bz, unsigned smem, void **args);
+int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		     unsigned by, unsigned bz, unsigned smem, void **args, int n_args);
+/* The length of a launch's argument array `a` when it is an array (a compile-time count), -1
+ * when it is a void ** (not known). */
+#define GPU_NARGS(a)                                                                             \
+	__builtin_choose_expr(__builtin_types_compatible_p(__typeof__(a), void **), -1,          \
+			      (int)(sizeof(a) / sizeof(char *)))
+/* gpu_launch(...) / gpu_launch_pdl(...): the two above with the array's count; the functions
+ * of those names (taken as values, e.g. `pdl ? gpu_launch_pdl : gpu_launch`) pass -1. */
+int(gpu_launch)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		unsigned by, unsigned bz, unsigned smem, void **args);
+int(gpu_launch_pdl)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+		    unsigned by, unsigned bz, unsigned smem, void **args);
+#define gpu_launch(g, fn, gx, gy, gz, bx, by, bz, smem, args)                                   \
+	gpu_launch_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
+#define gpu_launch_pdl(g, fn, gx, gy, gz, bx, by, bz, smem, args)                               \
+	gpu_launch_pdl_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
+/* 0 when a launch of fn with n_args arguments is sound (n_args < 0, or fn unknown: not
+ * checked), else -EINVAL (printed); what gpu_launch_n checks first. */
+int gpu_args_check(const struct gpu *g, const void *fn, int n_args);
 int gpu_sync(struct gpu *g);
 
 /* Regions (driver VMM API). reserve: address space only; grow maps physical memory so that

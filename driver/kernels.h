@@ -16,6 +16,7 @@ struct kernel_image {
 	long cubin_len;
 	const char *const *entries; /* the module's kernel entry points (from the PTX .entry lines) */
 	int n_entries;
+	const int *entry_params; /* each entry's parameter count (from its PTX .param lines) */
 };
 
 extern const struct kernel_image kernel_images[]; /* terminated by a zeroed entry */

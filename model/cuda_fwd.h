@@ -94,7 +94,7 @@ struct fwd {
 	do {                                                                                     \
 		void *a_[] = {__VA_ARGS__};                                                      \
 		int r_ = fwd_launch(F, name, (unsigned)(gx), (unsigned)(gy), (unsigned)(gz),      \
-				    (unsigned)(bx), (unsigned)(smem), a_, pdl);                   \
+				    (unsigned)(bx), (unsigned)(smem), a_, GPU_NARGS(a_), pdl);    \
 		if (r_)                                                                          \
 			return r_;                                                               \
 	} while (0)
@@ -142,9 +142,10 @@ int fwd_prof_on(void); /* 1: this step is profiled (eager, one stream) */
 int fwd_fail(const char *what, int r);
 /* pdl: by programmatic dependent launch (gpu_launch_pdl) where the switch DSV32_CUDA_FWD_PDL lets
  * it (by default in steps of more than one row; else the kernel waits for the previous one
- * whole); a kernel named in DSV32_CUDA_FWD_SKIP is not launched (timing by subtraction) */
+ * whole); a kernel named in DSV32_CUDA_FWD_SKIP is not launched (timing by subtraction);
+ * n_args: args' length (gpu_launch_n) */
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-	       unsigned smem, void **args, int pdl);
+	       unsigned smem, void **args, int n_args, int pdl);
 gpu_ptr fwd_take(struct fwd *F, size_t bytes);
 /* 1: name is one of DSV32_CUDA_FWD_SKIP's comma-separated names (not to be run: timing only) */
 int fwd_skipped(const struct fwd *F, const char *name);

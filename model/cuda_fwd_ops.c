@@ -61,13 +61,12 @@ static int fwd_pdl(const struct fwd *F, const char *name, int pdl)
 }
 
 int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-	       unsigned smem, void **args, int pdl)
+	       unsigned smem, void **args, int n_args, int pdl)
 {
 	if (F->E->sw->skip[0] && fwd_skipped(F, name))
 		return 0;
-	int r = (pdl && fwd_pdl(F, name, pdl) ? gpu_launch_pdl : gpu_launch)(F->g, gpu_kernel(F->g, name),
-									      gx, gy, gz, bx, 1, 1, smem,
-									      args);
+	int r = (pdl && fwd_pdl(F, name, pdl) ? gpu_launch_pdl_n : gpu_launch_n)(
+		F->g, gpu_kernel(F->g, name), gx, gy, gz, bx, 1, 1, smem, args, n_args);
 	if (r)
 		return fwd_fail(name, r);
 	fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);

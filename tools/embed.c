@@ -29,24 +29,49 @@ static int emit_array(FILE *out, const char *sym, const char *path, long *len)
 	return 1;
 }
 
+/* The .param declarations on a PTX line. */
+static int count_params(const char *line)
+{
+	int n = 0;
+	for (const char *p = line; (p = strstr(p, ".param")) != NULL; p += 6)
+		n++;
+	return n;
+}
+
 /* Writes `static const char *const entries_I[] = {"k_a", "k_b", 0};` from the PTX's
- * ".entry NAME(" lines; returns the count. */
+ * ".entry NAME(" lines and `static const int params_I[] = {2, 5, -1};`, each entry's parameter
+ * count: the .param declarations from its ".entry" line to the first ")" (nvcc writes one a
+ * line); returns the count of entries. */
 static int emit_entries(FILE *out, int i, const char *ptx_path)
 {
 	FILE *f = fopen(ptx_path, "r");
 	char line[4096];
-	int n = 0;
+	int n = 0, cap = 0, *params = NULL, open = 0;
 	fprintf(out, "static const char *const entries_%d[] = {", i);
 	while (f && fgets(line, sizeof line, f)) {
 		char *e = strstr(line, ".entry ");
-		if (!e)
+		if (!e && !open)
 			continue;
-		e += 7;
-		size_t len = strcspn(e, "( \t\r\n");
-		fprintf(out, "\"%.*s\", ", (int)len, e);
-		n++;
+		if (e) {
+			e += 7;
+			size_t len = strcspn(e, "( \t\r\n");
+			fprintf(out, "\"%.*s\", ", (int)len, e);
+			if (n == cap) {
+				int *np = realloc(params, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *np);
+				if (!np)
+					exit(1);
+				params = np;
+			}
+			params[n++] = 0, open = 1;
+		}
+		params[n - 1] += count_params(line);
+		open = !strchr(e ? e : line, ')');
 	}
-	fprintf(out, "0};\n");
+	fprintf(out, "0};\nstatic const int params_%d[] = {", i);
+	for (int k = 0; k < n; k++)
+		fprintf(out, "%d, ", params[k]);
+	fprintf(out, "-1};\n");
+	free(params);
 	if (f)
 		fclose(f);
 	return n;
@@ -92,9 +117,9 @@ int main(int argc, char **argv)
 			fprintf(out, "cubin_%d, %ld, ", i, cub_len[i]);
 		else
 			fprintf(out, "0, 0, ");
-		fprintf(out, "entries_%d, %d},\n", i, n_ent[i]);
+		fprintf(out, "entries_%d, %d, params_%d},\n", i, n_ent[i], i);
 	}
-	fprintf(out, "\t{0, 0, 0, 0, 0, 0, 0},\n};\nconst int n_kernel_images = %d;\n", n);
+	fprintf(out, "\t{0, 0, 0, 0, 0, 0, 0, 0},\n};\nconst int n_kernel_images = %d;\n", n);
 	fclose(out);
 	free(ptx_len);
 	free(cub_len);
