@@ -128,23 +128,15 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 
 int gpu_args_check(const struct gpu *g, const void *fn, int n_args)
 {
-	static int told;
 	if (n_args < 0)
 		return 0;
 	for (int i = 0; i < g->n_fns; i++) {
 		const struct gpu_kernel_fn *k = &g->fns[i];
-		if (k->fn != fn || k->n_params < 0 || k->n_params == n_args)
+		if (k->fn != fn || k->n_params < 0 || n_args >= k->n_params)
 			continue;
-		if (n_args < k->n_params) {
-			fprintf(stderr, "<3>dsv32: kernel %s takes %d arguments, the launch passed %d\n",
-				k->name, k->n_params, n_args);
-			return -EINVAL;
-		}
-		if (!told++)
-			fprintf(stderr, "<4>dsv32: kernel %s takes %d arguments, the launch passed %d "
-					"(the rest unused)\n",
-				k->name, k->n_params, n_args);
-		return 0;
+		fprintf(stderr, "<3>dsv32: kernel %s takes %d arguments, the launch passed %d\n",
+			k->name, k->n_params, n_args);
+		return -EINVAL;
 	}
 	return 0;
 }

@@ -68,7 +68,8 @@ void *gpu_kernel(struct gpu *g, const char *fn);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
  * (an array of pointers to each argument, as cuLaunchKernel takes them). n_args: the array's
  * length, or -1 when not known; fewer than the kernel's parameters is refused (-EINVAL, with
- * the kernel's name: the driver would read past the array), more is reported once. */
+ * the kernel's name: the driver would read past the array); more is allowed (arrays shared by
+ * variants of a kernel, the last argument used by some only: the driver reads what it needs). */
 int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 		 unsigned by, unsigned bz, unsigned smem, void **args, int n_args);
 /* The same launch as a programmatic dependent of the previous kernel on the stream

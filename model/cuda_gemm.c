@@ -252,11 +252,15 @@ void cuda_gemm_set_pdl(int on) { gemm_pdl = on; }
 
 static int pdl_on(void) { return env_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
 
-static int launch_pdl(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
-		      unsigned smem, void **args)
+static int launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
+			unsigned smem, void **args, int n_args)
 {
-	return (pdl_on() ? gpu_launch_pdl : gpu_launch)(g, fn, gx, gy, 1, bx, 1, 1, smem, args);
+	return (pdl_on() ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, gy, 1, bx, 1, 1, smem, args,
+							    n_args);
 }
+/* (with the argument array's length, as gpu_launch) */
+#define launch_pdl(g, fn, gx, gy, bx, smem, args)                                                \
+	launch_pdl_n(g, fn, gx, gy, bx, smem, args, GPU_NARGS(args))
 
 /* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX less its static
  * shared memory (once per function handle); -ENOENT when the module lacks it. */

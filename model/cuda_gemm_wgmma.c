@@ -31,15 +31,18 @@ static unsigned smem_bytes(int bn, int st)
 			  2 * stages * 8 + stages * 528 + 1024);
 }
 
-static int launch(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args)
+static int launch_n(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args,
+		    int n_args)
 {
 	void *fn = gpu_kernel(g, name);
 	if (!fn)
 		return -ENOENT;
 	/* above 48 KB a kernel must opt in to its dynamic shared memory */
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	return gpu_launch(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args);
+	return gpu_launch_n(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args, n_args);
 }
+/* (with the argument array's length, as gpu_launch) */
+#define launch(g, name, grid, smem, args) launch_n(g, name, grid, smem, args, GPU_NARGS(args))
 
 static int shape_ok(const char *what, int M, int N, int K, int ldy)
 {

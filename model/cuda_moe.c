@@ -310,13 +310,15 @@ static struct gate_kernel gate_kernel_for(const struct gpu *g, int T, int E, int
  * and the combine (waits first) by programmatic dependent launch, so they start while the
  * kernel before them finishes (the forward's norm triggers its dependents early; engineer S);
  * DSV32_CUDA_MOE_PDL=0 (diagnosis, read once): plain launches. */
-static int moe_launch(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigned smem,
-		      void **args)
+static int moe_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigned smem,
+			void **args, int n_args)
 {
 	static int pdl = -1;
 	const int on = env_on(&pdl, "DSV32_CUDA_MOE_PDL");
-	return (on ? gpu_launch_pdl : gpu_launch)(g, fn, gx, 1, 1, bx, 1, 1, smem, args);
+	return (on ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, 1, 1, bx, 1, 1, smem, args, n_args);
 }
+/* (with the argument array's length, as gpu_launch) */
+#define moe_launch(g, fn, gx, bx, smem, args) moe_launch_n(g, fn, gx, bx, smem, args, GPU_NARGS(args))
 
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
  * whose logits, routing and permutation are one launch (k_moe_gate_route1). */

@@ -37,7 +37,7 @@ TEST(gpu_args, check_refuses_too_few)
 	CHECK_EQ_INT(gpu_args_check(&g, &k0, 3), 0);
 	CHECK_EQ_INT(gpu_args_check(&g, &k0, 2), -EINVAL);
 	CHECK_EQ_INT(gpu_args_check(&g, &k0, 0), -EINVAL);
-	CHECK_EQ_INT(gpu_args_check(&g, &k0, 4), 0);  /* more: unused, reported */
+	CHECK_EQ_INT(gpu_args_check(&g, &k0, 4), 0);  /* more: the rest unused */
 	CHECK_EQ_INT(gpu_args_check(&g, &k0, -1), 0); /* count not known */
 	CHECK_EQ_INT(gpu_args_check(&g, &k1, 0), 0);
 	CHECK_EQ_INT(gpu_args_check(&g, &k2, 1), 0);  /* parameters not known */
