@@ -132,25 +132,15 @@ int gpu_args_check(const struct gpu *g, const void *fn, int n_args)
 		return 0;
 	for (int i = 0; i < g->n_fns; i++) {
 		const struct gpu_kernel_fn *k = &g->fns[i];
-		if (k->fn != fn || k->n_params < 0 || n_args >= k->n_params)
+		if (k->fn != fn)
 			continue;
+		if (k->n_params < 0 || n_args >= k->n_params)
+			return 0;
 		fprintf(stderr, "<3>dsv32: kernel %s takes %d arguments, the launch passed %d\n",
 			k->name, k->n_params, n_args);
 		return -EINVAL;
 	}
 	return 0;
-}
-
-int(gpu_launch)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		unsigned by, unsigned bz, unsigned smem, void **args)
-{
-	return gpu_launch_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, -1);
-}
-
-int(gpu_launch_pdl)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		    unsigned by, unsigned bz, unsigned smem, void **args)
-{
-	return gpu_launch_pdl_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, -1);
 }
 
 int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,

@@ -82,12 +82,8 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 #define GPU_NARGS(a)                                                                             \
 	__builtin_choose_expr(__builtin_types_compatible_p(__typeof__(a), void **), -1,          \
 			      (int)(sizeof(a) / sizeof(char *)))
-/* gpu_launch(...) / gpu_launch_pdl(...): the two above with the array's count; the functions
- * of those names (taken as values, e.g. `pdl ? gpu_launch_pdl : gpu_launch`) pass -1. */
-int(gpu_launch)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		unsigned by, unsigned bz, unsigned smem, void **args);
-int(gpu_launch_pdl)(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-		    unsigned by, unsigned bz, unsigned smem, void **args);
+/* gpu_launch(...) / gpu_launch_pdl(...): the two above with the array's count (a choice between
+ * them taken as a value is of the _n forms, with the count passed on). */
 #define gpu_launch(g, fn, gx, gy, gz, bx, by, bz, smem, args)                                   \
 	gpu_launch_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
 #define gpu_launch_pdl(g, fn, gx, gy, gz, bx, by, bz, smem, args)                               \

@@ -39,7 +39,7 @@
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
 //   A half-warp per 128-group (8 values a lane), a warp two groups of a row, 8 warps a block,
 //   pairs in steps of the grid (any grid). With `table` each block first makes a table of silu
-//   for the common bf16 codes of g (sq_silu: the same bits as the expression), for grids of a
+//   for the common bf16 codes of g (sq_group: the same bits as the expression), for grids of a
 //   few blocks an SM (model/cuda_moe.c); else one pair a warp ((groups + 15) / 16 blocks).
 // k_moe_combine_v8: k_moe_combine (moe_permute.cu: y = bf16( sum of the weighted expert rows
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
