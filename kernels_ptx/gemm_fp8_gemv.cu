@@ -64,6 +64,12 @@ struct gv_slice {
 // flags & GV_F32: y is not written; the sums go to partial[0][row][n] in fp32 (for
 // model/cuda_gemm.c's epilogue kernels k_gemm_stream_reduce_swiglu / _combine with one chunk).
 #define GV_F32 1
+// flags & GV_OFF_EARLY (GROUPED): off was complete before the previous kernel started (the
+// caller's guarantee: model/cuda_moe.c's one-token down GEMM, two launches after the router,
+// behind a gate|up GEMM of this kernel, which lets its dependents start only after its own
+// griddepcontrol.wait). The slices are then built and the weights streamed at once, while the
+// previous kernel (the SwiGLU) still runs; the consumers wait for it before reading X.
+#define GV_OFF_EARLY 2
 template <bool GROUPED>
 __device__ __forceinline__ void
 gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
@@ -87,8 +93,12 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
 	// the next kernel (launched with PDL) may start and load its constants now; it reads this
-	// grid's outputs only after its griddepcontrol.wait (this grid complete)
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	// grid's outputs only after its griddepcontrol.wait (this grid complete). GROUPED without
+	// GV_OFF_EARLY: only once the offsets' writer is complete (below), so that a kernel two
+	// launches on may read them without a wait (GV_OFF_EARLY)
+	const bool early = GROUPED && (flags & GV_OFF_EARLY);
+	if (!GROUPED || early)
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
 			mbar_init(smem_u32(&full[s]), 1);
@@ -99,13 +109,16 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	}
 	int n_slices = 1;
 	if (GROUPED) {
-		asm volatile("griddepcontrol.wait;" ::: "memory"); // the offsets
+		if (!early) {
+			asm volatile("griddepcontrol.wait;" ::: "memory"); // the offsets
+			asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		}
 		int base = 0;
 		for (int e0 = 0; e0 < G; e0 += GV_THREADS) {
 			const int e = e0 + threadIdx.x;
 			int o = 0, cnt = 0;
 			if (e < G)
-				o = off[e], cnt = off[e + 1] - o;
+				o = __ldcg(&off[e]), cnt = __ldcg(&off[e + 1]) - o;
 			const int k = (cnt + 7) >> 3;
 			int total;
 			const int at = base + block_exclusive_scan<GV_THREADS>(k, &total);
@@ -159,7 +172,7 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	// ---- consumers ----
 	// the tokens and their scales are the previous kernel's outputs, and y / the partials may
 	// still be read by it (PDL)
-	if (!GROUPED)
+	if (!GROUPED || early)
 		asm volatile("griddepcontrol.wait;" ::: "memory");
 	const int g = lane >> 2, t = lane & 3;
 	const int row = threadIdx.x & 15, m = threadIdx.x >> 4; // the sums' (threads 0-127)

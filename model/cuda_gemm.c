@@ -715,7 +715,7 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
  * workspace it does not take. */
 static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 		       gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
-		       int K, int ldy, gpu_ptr ws, size_t ws_bytes, int f32)
+		       int K, int ldy, gpu_ptr ws, size_t ws_bytes, int f32, int off_early)
 {
 	if (rows < 1 || (!w_tab && rows > 8) || N % 16 || N < 16 || K % 128 || K < 128 ||
 	    ldy < N)
@@ -748,7 +748,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	int r = kernel_optin(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
 	if (r)
 		return r;
-	int flags = f32 ? 1 : 0; /* GV_F32 */
+	int flags = (f32 ? 1 : 0) | (w_tab && off_early ? 2 : 0); /* GV_F32, GV_OFF_EARLY */
 	void *args[] = {&W, &S, &x8, &sx, &y, &ws, &rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks,
 			&ns, &slot};
 	void *gargs[] = {&w_tab, &s_tab, &off, &G, &slice_cap, &x8, &sx, &y, &ws, &rows, &N, &K,
@@ -762,7 +762,7 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
 	if (M < 1 || M > 8)
 		return -EINVAL;
 	int r = gemv_launch(g, 0, 0, 0, 0, W, S, x8, sx, y, M, N, K, ldy, ws,
-			    ws ? gemv_workspace(g, M, N, K) : 0, 0);
+			    ws ? gemv_workspace(g, M, N, K) : 0, 0, 0);
 	return r == -ENOTSUP ? -EINVAL : r;
 }
 
@@ -836,7 +836,7 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 {
 	if (grouped_gemv(g, max_rows) && w_tab && s_tab && off && G >= 1) {
 		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, y, max_rows, N, K, ldy, ws,
-				    ws_bytes, 0);
+				    ws_bytes, 0, 0);
 		if (r != -ENOTSUP)
 			return r;
 	}
@@ -855,15 +855,19 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
 
 int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
-				 int N, int K, gpu_ptr ws, size_t ws_bytes)
+				 int N, int K, gpu_ptr ws, size_t ws_bytes, int *one_row)
 {
+	if (one_row)
+		*one_row = 0;
 	if (grouped_wgmma(g, max_rows, G, N, N) || !h8 || !hs)
 		return -ENOTSUP;
 	const struct stream_epi epi = {EPI_SWIGLU, h8, hs, 0, 0, 0, 0};
 	if (grouped_gemv(g, max_rows) && N % 256 == 0 && G >= 1 && max_rows >= 1) {
 		/* the one-row kernel's fp32 sums, then the SwiGLU step on them as one chunk */
 		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, 0, max_rows, N, K, N, ws,
-				    ws_bytes, 1);
+				    ws_bytes, 1, 0);
+		if (!r && one_row)
+			*one_row = 1;
 		if (r != -ENOTSUP)
 			return r ? r : epi_launch(g, &epi, ws, 1, max_rows, off + (gpu_ptr)G * 4, N, 0);
 	}
@@ -874,7 +878,7 @@ int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
 int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int T, int topk,
 				  gpu_ptr wts, gpu_ptr perm, int N, int K, gpu_ptr ws,
-				  size_t ws_bytes)
+				  size_t ws_bytes, int off_early)
 {
 	const int max_rows = T * (topk + 1);
 	if (T < 1 || topk < 1 || grouped_wgmma(g, max_rows, G, N, N) || !wts || !perm)
@@ -883,7 +887,7 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 	if (grouped_gemv(g, max_rows) && G >= 1) {
 		/* the one-row kernel's fp32 sums, then the combine on them as one chunk */
 		int r = gemv_launch(g, w_tab, s_tab, off, G, 0, 0, x8, sx, 0, max_rows, N, K, N, ws,
-				    ws_bytes, 1);
+				    ws_bytes, 1, off_early);
 		if (r != -ENOTSUP)
 			return r ? r : epi_launch(g, &epi, ws, 1, max_rows, off + (gpu_ptr)G * 4, N, y);
 	}

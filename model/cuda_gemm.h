@@ -220,10 +220,12 @@ int cuda_gemm_fp8_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr o
  * cuda_gemm_fp8_grouped's bf16 output, bit for bit in either mode (the same GEMM kernel and
  * summation order; the bf16 output is never written). -ENOTSUP where cuda_gemm_fp8_grouped would
  * not run the streaming kernel or K is not chunked (the caller runs the GEMM, then the SwiGLU).
- * ws: cuda_gemm_fp8_grouped_workspace() bytes. */
+ * ws: cuda_gemm_fp8_grouped_workspace() bytes. *one_row (when one_row != NULL): 1 where it ran
+ * the one-row kernel (grouped, with off complete before its dependents start: see
+ * cuda_gemm_fp8_grouped_combine's off_early), else 0. */
 int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr h8, gpu_ptr hs, int max_rows,
-				 int N, int K, gpu_ptr ws, size_t ws_bytes);
+				 int N, int K, gpu_ptr ws, size_t ws_bytes, int *one_row);
 /* cuda_gemm_fp8_grouped of the MoE down projection with the combine in the K-chunk sum
  * (k_gemm_stream_reduce_combine): the rows of x8/sx are the R = T * topk routed rows in
  * expert-sorted order then the T shared-expert rows (max_rows = R + T), and
@@ -232,11 +234,16 @@ int cuda_gemm_fp8_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gp
  * k_moe_combine (kernels_ptx/moe_permute.cu) of cuda_gemm_fp8_grouped's output, bit for bit in
  * either mode; y bf16 [T, N]. wts fp32 [T, topk], perm int32 [T * topk]. -ENOTSUP where
  * cuda_gemm_fp8_grouped would not run the streaming kernel or K is not chunked. ws:
- * cuda_gemm_fp8_grouped_workspace(g, R + T, G, N, K) bytes. */
+ * cuda_gemm_fp8_grouped_workspace(g, R + T, G, N, K) bytes. off_early 1: the caller
+ * guarantees that off was complete before the kernel launched just before started (e.g.
+ * that kernel is the SwiGLU of a cuda_gemm_fp8_grouped_swiglu that reported *one_row): the
+ * one-row kernel then streams its weights while that kernel runs (gemm_fp8_gemv.cu
+ * GV_OFF_EARLY); 0: no such guarantee. */
 int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int T, int topk,
 				  gpu_ptr wts, gpu_ptr perm, int N, int K, gpu_ptr ws,
-				  size_t ws_bytes);
+				  size_t ws_bytes, int off_early);
+
 /* The streaming kernel whatever max_rows (tests and the benchmark). */
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 				 gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K,

@@ -615,6 +615,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* sd: the shared expert on the dense dispatch, the grouped GEMMs over the routed experts */
 	const int sd = use_shared_dense(d), ng = sd ? E : E + 1;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
+	int one_row = 0;  /* ... on the one-row kernel: the down GEMM may read off early */
 	if ((stages & CUDA_MOE_W13) && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
 							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
@@ -624,7 +625,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = d->unfused || wgmma ? -ENOTSUP
 					 : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
 							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
-							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes);
+							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes,
+							      &one_row);
 		sw_done = rc == 0;
 		if (rc == -ENOTSUP) {
 			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], ng,
@@ -653,7 +655,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
 		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
 						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
-						   b[B_WS], ws_bytes);
+						   b[B_WS], ws_bytes, sw_done && one_row);
 		comb_done = rc == 0;
 		rc = rc == -ENOTSUP ? 0 : rc;
 	}

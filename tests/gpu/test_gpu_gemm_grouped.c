@@ -329,10 +329,11 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 	gpu_ptr dws = gpu_test_alloc(wsb);
 	uint8_t *h_ref = malloc((size_t)R * I), *h_got = malloc((size_t)R * I);
 	float *s_ref = malloc((size_t)R * (I / 128) * 4), *s_got = malloc((size_t)R * (I / 128) * 4);
-	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
-	for (int mode = 0; mode < 3; mode++) {
+	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel",
+					    "fast, one-row kernel, offsets read early"};
+	for (int mode = 0; mode < 4; mode++) {
 		cuda_gemm_set_batch_invariant(&g, mode == 0);
-		cuda_gemm_set_gemv(mode == 2 ? 3 : 0);
+		cuda_gemm_set_gemv(mode >= 2 ? 3 : 0);
 		gpu_test_poison(&g, rh, (size_t)max_rows * I);
 		gpu_test_poison(&g, rhs, (size_t)max_rows * (I / 128) * 4);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dgu, max_rows, N, K, N,
@@ -345,7 +346,7 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 		gpu_test_poison(&g, dh, (size_t)max_rows * I);
 		gpu_test_poison(&g, dhs, (size_t)max_rows * (I / 128) * 4);
 		REQUIRE(cuda_gemm_fp8_grouped_swiglu(&g, dwt, dst, doff, G, dx, dsx, dh, dhs, max_rows,
-						     N, K, dws, wsb) == 0);
+						     N, K, dws, wsb, NULL) == 0);
 		REQUIRE(gpu_sync(&g) == 0);
 		REQUIRE(gpu_download(&g, h_ref, rh, (size_t)R * I) == 0);
 		REQUIRE(gpu_download(&g, h_got, dh, (size_t)R * I) == 0);
@@ -377,7 +378,8 @@ TEST_T(gpu_gemm_grouped, swiglu_in_chunk_sum, 60)
 
 /* cuda_gemm_fp8_grouped_combine (the MoE combine in the K-chunk sum) against
  * cuda_gemm_fp8_grouped then k_moe_combine (kernels_ptx/moe_permute.cu) on the same operands:
- * y byte for byte, in both modes (the fast one also on the one-row kernel). Two tokens, three
+ * y byte for byte, in both modes (the fast one also on the one-row kernel, with and without
+ * the offsets read before the previous kernel completes: GV_OFF_EARLY). Two tokens, three
  * picks each over six experts (one expert picked by both), then the shared expert as group 6 on
  * rows R .. R + T - 1; K chunked. */
 TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
@@ -409,10 +411,11 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 	REQUIRE(wsb > 0); /* K chunked: the fused form applies */
 	gpu_ptr dws = gpu_test_alloc(wsb);
 	uint16_t *y_ref = malloc((size_t)T * N * 2), *y_got = malloc((size_t)T * N * 2);
-	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel"};
-	for (int mode = 0; mode < 3; mode++) {
+	static const char *const modes[] = {"batch-invariant", "fast", "fast, one-row kernel",
+					    "fast, one-row kernel, offsets read early"};
+	for (int mode = 0; mode < 4; mode++) {
 		cuda_gemm_set_batch_invariant(&g, mode == 0);
-		cuda_gemm_set_gemv(mode == 2 ? 3 : 0);
+		cuda_gemm_set_gemv(mode >= 2 ? 3 : 0);
 		gpu_test_poison(&g, dref, (size_t)T * N * 2);
 		REQUIRE(cuda_gemm_fp8_grouped(&g, dwt, dst, doff, G, dx, dsx, dey, RT, N, K, N, dws,
 					      wsb) == 0);
@@ -423,8 +426,9 @@ TEST_T(gpu_gemm_grouped, combine_in_chunk_sum, 60)
 				   1, 1, 0, args) == 0);
 		REQUIRE(gpu_download(&g, y_ref, dref, (size_t)T * N * 2) == 0);
 		gpu_test_poison(&g, dy, (size_t)T * N * 2);
+		/* (off_early: the offsets were uploaded before any of these launches) */
 		REQUIRE(cuda_gemm_fp8_grouped_combine(&g, dwt, dst, doff, G, dx, dsx, dy, T, TK, dw,
-						      dperm, N, K, dws, wsb) == 0);
+						      dperm, N, K, dws, wsb, mode == 3) == 0);
 		REQUIRE(gpu_sync(&g) == 0);
 		REQUIRE(gpu_download(&g, y_got, dy, (size_t)T * N * 2) == 0);
 		long long differ = 0, first = -1;

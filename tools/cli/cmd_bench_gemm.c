@@ -230,7 +230,7 @@ static int launch_grouped(struct gpu *g, void *vctx, int i)
 	if (c->mode == 5)
 		return cuda_gemm_fp8_grouped_swiglu(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						    c->sx, c->h8, c->hs, c->rows, c->N, c->K, c->ws,
-						    c->ws_bytes);
+						    c->ws_bytes, NULL);
 	if (c->mode == 2)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->w_tab, c->s_tab, off, GB_GROUPS, c->x,
 						   c->sx, c->y, c->rows, c->N, c->K, c->N);
