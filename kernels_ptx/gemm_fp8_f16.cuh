@@ -75,26 +75,50 @@ __device__ __forceinline__ void mma_kblock(float c[4], const wfrag &f, uint4 b0,
 // SX[token][kb] · sw (the token's and the weight block's scales) into acc: acc0, acc1 row g,
 // tokens tok0 + 2t, + 1; acc2, acc3 row g + 8. The decode kernels' step (gemm_fp8_decode.cu,
 // gemm_fp8_gemv.cu).
+// The operands of kblock_promote that come from global memory: the token words (b0, b1: zero
+// from M on) and the scales of the thread's two tokens (x0, x1: SX[token][kb], zero from M on)
+struct kblock_tok {
+	uint4 b0, b1;
+	float x0, x1;
+};
+
+__device__ __forceinline__ void kblock_load(kblock_tok &o, const uint8_t *__restrict__ X,
+					    const float *__restrict__ SX, int M, int K, int kb,
+					    int tok0)
+{
+	const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, KB = K >> 7;
+	o.b0 = make_uint4(0, 0, 0, 0), o.b1 = o.b0;
+	if (tok0 + g < M) {
+		const uint4 *xp = reinterpret_cast<const uint4 *>(X + (size_t)(tok0 + g) * K +
+								  (size_t)kb * 128 + 32 * t);
+		o.b0 = __ldg(xp);
+		o.b1 = __ldg(xp + 1);
+	}
+	const int m0 = tok0 + 2 * t;
+	o.x0 = m0 < M ? SX[(size_t)m0 * KB + kb] : 0.f;
+	o.x1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] : 0.f;
+}
+
+// acc += the K block's fresh products c, each (row, token) scaled by the token's scale times
+// sw (the weight block's)
+__device__ __forceinline__ void kblock_promote_c(float acc[4], const float c[4],
+						 const kblock_tok &o, float sw)
+{
+	const float s0 = o.x0 * sw, s1 = o.x1 * sw;
+	acc[0] += c[0] * s0;
+	acc[1] += c[1] * s1;
+	acc[2] += c[2] * s0;
+	acc[3] += c[3] * s1;
+}
+
 __device__ __forceinline__ void kblock_promote(float acc[4], const wfrag &f,
 					       const uint8_t *__restrict__ X,
 					       const float *__restrict__ SX, int M, int K, int kb,
 					       int tok0, float sw)
 {
-	const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, KB = K >> 7;
-	uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-	if (tok0 + g < M) {
-		const uint4 *xp = reinterpret_cast<const uint4 *>(X + (size_t)(tok0 + g) * K +
-								  (size_t)kb * 128 + 32 * t);
-		b0 = __ldg(xp);
-		b1 = __ldg(xp + 1);
-	}
+	kblock_tok o;
+	kblock_load(o, X, SX, M, K, kb, tok0);
 	float c[4] = {0.f, 0.f, 0.f, 0.f};
-	mma_kblock(c, f, b0, b1); // = the 4 e4m3 m16n8k32 of the K block
-	const int m0 = tok0 + 2 * t;
-	const float s0 = m0 < M ? SX[(size_t)m0 * KB + kb] * sw : 0.f;
-	const float s1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] * sw : 0.f;
-	acc[0] += c[0] * s0;
-	acc[1] += c[1] * s1;
-	acc[2] += c[2] * s0;
-	acc[3] += c[3] * s1;
+	mma_kblock(c, f, o.b0, o.b1); // = the 4 e4m3 m16n8k32 of the K block
+	kblock_promote_c(acc, c, o, sw);
 }

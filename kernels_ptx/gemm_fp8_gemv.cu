@@ -70,6 +70,17 @@ struct gv_slice {
 // griddepcontrol.wait). The slices are then built and the weights streamed at once, while the
 // previous kernel (the SwiGLU) still runs; the consumers wait for it before reading X.
 #define GV_OFF_EARLY 2
+// The converted weight fragment of K block j of the stage at st (rows at rs bytes): lane (g, t)
+// reads bytes [32t, 32t + 32) of rows g and g + 8
+__device__ __forceinline__ wfrag gv_wfrag(uint32_t st, int rs, int j)
+{
+	const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const uint32_t a = st + (uint32_t)(g * rs + j * 128 + 32 * t);
+	wfrag af;
+	wfrag_cvt(af, lds128(a), lds128(a + 16), lds128(a + 8 * rs), lds128(a + 8 * rs + 16));
+	return af;
+}
+
 template <bool GROUPED>
 __device__ __forceinline__ void
 gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
@@ -181,9 +192,11 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 	int s = 0, e_cur = -1;
 	uint32_t ph = 0;
 	const float *Sg = S;
-	for (int u = u0; u < u1; u++) {
-		const int sidx = u / per_slice, rest = u % per_slice;
-		const int tile = rest / chunks, c = rest % chunks, kb0 = c * chunk_blocks;
+	// unit u's slice, tile and chunk, advanced a unit at a time (no division a unit)
+	int sidx = u0 / per_slice, tile = u0 % per_slice / chunks, c = u0 % chunks;
+	for (int u = u0; u < u1; u++, c = c + 1 < chunks ? c + 1 : 0,
+		 tile = c ? tile : tile + 1 < tiles ? tile + 1 : 0, sidx += !c && !tile) {
+		const int kb0 = c * chunk_blocks;
 		const int nb = min(chunk_blocks, KB - kb0), n0 = tile * 16;
 		const gv_slice sv = GROUPED ? sl[sidx] : gv_slice{0, 0, M, 0};
 		if (GROUPED && sv.e != e_cur) {
@@ -196,15 +209,24 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		float acc[4] = {0.f, 0.f, 0.f, 0.f};
 		mbar_wait(smem_u32(&full[s]), ph);
 		const uint32_t st = stage0 + (uint32_t)(s * stage_bytes);
-		for (int j = warp; j < nb; j += GV_CW) {
-			const uint32_t a = st + (uint32_t)(g * rs + j * 128 + 32 * t);
-			const uint4 lo0 = lds128(a), lo1 = lds128(a + 16);
-			const uint4 hi0 = lds128(a + 8 * rs), hi1 = lds128(a + 8 * rs + 16);
-			const int kb = kb0 + j;
-			wfrag af; // the weight fragment, converted once
-			wfrag_cvt(af, lo0, lo1, hi0, hi1);
-			kblock_promote(acc, af, Xs, SXs, sv.rows, K, kb, 0, s_row[kb]);
+		// the warp's K blocks j = warp, warp + GV_CW, ...: two at a time, so that their MMA
+		// chains (8 dependent MMAs each) overlap; promoted in order, the same sums
+		int j = warp;
+		for (; j + GV_CW < nb; j += 2 * GV_CW) {
+			const wfrag a0 = gv_wfrag(st, rs, j), a1 = gv_wfrag(st, rs, j + GV_CW);
+			kblock_tok t0, t1;
+			kblock_load(t0, Xs, SXs, sv.rows, K, kb0 + j, 0);
+			kblock_load(t1, Xs, SXs, sv.rows, K, kb0 + j + GV_CW, 0);
+			const float w0 = s_row[kb0 + j], w1 = s_row[kb0 + j + GV_CW];
+			float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+			mma_kblock(c0, a0, t0.b0, t0.b1);
+			mma_kblock(c1, a1, t1.b0, t1.b1);
+			kblock_promote_c(acc, c0, t0, w0);
+			kblock_promote_c(acc, c1, t1, w1);
 		}
+		if (j < nb)
+			kblock_promote(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
+				       s_row[kb0 + j]);
 		// this warp's reads of the stage are done (the arrival releases them)
 		mbar_arrive_warp(smem_u32(&empty[s]), lane);
 		if (++s == ns)
