@@ -766,9 +766,13 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
 	return r == -ENOTSUP ? -EINVAL : r;
 }
 
-/* Grouped GEMMs of at most this many rows (the one-token MoE block: 9) run on the one-row kernel
- * in the fast mode while it is on (cuda_gemm_set_gemv). */
-#define GV_GROUPED_ROWS 16
+/* Grouped GEMMs of at most this many rows (the MoE block's at 1 / 2 / 3 tokens: 9 / 18 / 27) run
+ * on the one-row kernel in the fast mode while it is on (cuda_gemm_set_gemv). s15-9 (bench moe
+ * --tokens 2,3, two rounds, against 16 rows: the streaming kernel from 2 tokens): 2 tokens
+ * 227.0-227.3 -> 212.4-212.6 us (3.31 -> 3.54 TB/s), 3 tokens 317.5-318.3 -> 293.9-294.0
+ * (3.47 -> 3.76). From 4 tokens the MoE block takes the token-wide kernel (4.2 TB/s). (At 4
+ * tokens the down GEMM's slices x tiles would pass GV_TILES: -ENOTSUP, the streaming kernel.) */
+#define GV_GROUPED_ROWS 32
 
 
 static int grouped_gemv(const struct gpu *g, int max_rows)
