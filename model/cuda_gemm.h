@@ -159,7 +159,7 @@ void cuda_gemm_set_swap(int on);
 /* The one-row kernel in the fast mode: bit 0 (1) for the dense GEMMs at M <= 8
  * (CUDA_GEMM_PATH_GEMV: a candidate of the start-up measurement, taken where it measured
  * fastest; without the bit, where it was measured the dispatch takes the fastest other path: an
- * in-process A/B), bit 1 (2) for the grouped GEMMs of <= 16 rows (the one-token MoE block); 3
+ * in-process A/B), bit 1 (2) for the grouped GEMMs of <= 32 rows (the MoE block at 1-3 tokens); 3
  * both, 0 neither; -1: DSV32_GEMM_GEMV=n in the environment, else the default, 2 (grouped only;
  * runs 26 / 27).
  * Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
@@ -205,7 +205,7 @@ void cuda_gemm_close(struct gpu *g);
  * (G <= 8192; its group weight maps are made on the device by one small launch first), and
  * then per row the numbers equal the streaming dense kernel's (cuda_gemm_fp8 with
  * cuda_gemm_set_stream(1)) for the same weight, bit for bit;
- * in the fast mode at <= 16 rows with the one-row kernel on (cuda_gemm_set_gemv): its grouped
+ * in the fast mode at <= 32 rows with the one-row kernel on (cuda_gemm_set_gemv): its grouped
  * form (kernels_ptx/gemm_fp8_gemv.cu; exact products, fp32 promotion per 128 block);
  * larger: the wgmma kernel (model/cuda_gemm_wgmma.h; promotion per 128 block as well, another
  * summation order and Hopper wgmma's coarser FP8 accumulation; CUDA_GEMM_WGMMA_GROUPED in
