@@ -65,11 +65,12 @@ struct gv_slice {
 // model/cuda_gemm.c's epilogue kernels k_gemm_stream_reduce_swiglu / _combine with one chunk).
 #define GV_F32 1
 // flags & GV_OFF_EARLY (GROUPED): off was complete before the previous kernel started (the
-// caller's guarantee: model/cuda_moe.c's one-token down GEMM, two launches after the router,
+// caller's guarantee: model/cuda_moe.c's down GEMM at 1-3 tokens, two launches after the router,
 // behind a gate|up GEMM of this kernel, which lets its dependents start only after its own
 // griddepcontrol.wait). The slices are then built and the weights streamed at once, while the
 // previous kernel (the SwiGLU) still runs; the consumers wait for it before reading X.
 #define GV_OFF_EARLY 2
+
 // The converted weight fragment of K block j of the stage at st (rows at rs bytes): lane (g, t)
 // reads bytes [32t, 32t + 32) of rows g and g + 8
 __device__ __forceinline__ wfrag gv_wfrag(uint32_t st, int rs, int j)

@@ -711,8 +711,9 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
 
 /* The one-row kernel: dense (w_tab == 0: W, S, rows = M <= 8 tokens) or grouped (w_tab, s_tab,
  * off, G; rows = max_rows, groups in slices of <= 8 rows); f32: the sums into ws as the one
- * chunk of fp32 partials [rows][N] (for epi_launch) instead of y. -ENOTSUP: a shape or
- * workspace it does not take. */
+ * chunk of fp32 partials [rows][N] (for epi_launch) instead of y; off_early (grouped): off
+ * was complete before the previous launch started (GV_OFF_EARLY: the slices and the weights
+ * without waiting for it). -ENOTSUP: a shape or workspace it does not take. */
 static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 		       gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N,
 		       int K, int ldy, gpu_ptr ws, size_t ws_bytes, int f32, int off_early)
@@ -773,7 +774,6 @@ int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr 
  * (3.47 -> 3.76). From 4 tokens the MoE block takes the token-wide kernel (4.2 TB/s). (At 4
  * tokens the down GEMM's slices x tiles would pass GV_TILES: -ENOTSUP, the streaming kernel.) */
 #define GV_GROUPED_ROWS 32
-
 
 static int grouped_gemv(const struct gpu *g, int max_rows)
 {
