@@ -178,6 +178,34 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 	return 0;
 }
 
+int gpu_launch_as_n(struct gpu *g, int pdl, void *fn, unsigned gx, unsigned gy, unsigned gz,
+		    unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
+{
+	return (pdl ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, gy, gz, bx, by, bz, smem, args,
+						       n_args);
+}
+
+int gpu_timing_events(CUevent ev[2])
+{
+	ev[0] = ev[1] = NULL;
+	for (int i = 0; i < 2; i++)
+		if (cu_check(cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT), "cuEventCreate", __FILE__,
+			     __LINE__)) {
+			ev[i] = NULL;
+			gpu_timing_events_free(ev);
+			return -1;
+		}
+	return 0;
+}
+
+void gpu_timing_events_free(CUevent ev[2])
+{
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			cu.cuEventDestroy(ev[i]);
+	ev[0] = ev[1] = NULL;
+}
+
 int gpu_sync(struct gpu *g)
 {
 	CU_TRY(cu.cuStreamSynchronize(g->stream));

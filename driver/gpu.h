@@ -83,11 +83,24 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 	__builtin_choose_expr(__builtin_types_compatible_p(__typeof__(a), void **), -1,          \
 			      (int)(sizeof(a) / sizeof(char *)))
 /* gpu_launch(...) / gpu_launch_pdl(...): the two above with the array's count (a choice between
- * them taken as a value is of the _n forms, with the count passed on). */
+ * them made at run time: gpu_launch_as, below). */
 #define gpu_launch(g, fn, gx, gy, gz, bx, by, bz, smem, args)                                   \
 	gpu_launch_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
 #define gpu_launch_pdl(g, fn, gx, gy, gz, bx, by, bz, smem, args)                               \
 	gpu_launch_pdl_n(g, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
+/* One of the two, by pdl (1: gpu_launch_pdl_n): for callers whose switch picks the form at run
+ * time; gpu_launch_as(g, pdl, fn, ..., args) counts the array as gpu_launch does. */
+int gpu_launch_as_n(struct gpu *g, int pdl, void *fn, unsigned gx, unsigned gy, unsigned gz,
+		    unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args, int n_args);
+#define gpu_launch_as(g, pdl, fn, gx, gy, gz, bx, by, bz, smem, args)                           \
+	gpu_launch_as_n(g, pdl, fn, gx, gy, gz, bx, by, bz, smem, args, GPU_NARGS(args))
+#ifndef DSV32_NO_CUDA
+/* The two events of a timing (ev[0] the start, ev[1] the end): 0, or -1 with both NULL when the
+ * driver could not make them (after a GPU fault the context is unusable, and a handle never made
+ * must not be recorded or destroyed). gpu_timing_events_free destroys what was made. */
+int gpu_timing_events(CUevent ev[2]);
+void gpu_timing_events_free(CUevent ev[2]);
+#endif
 /* 0 when a launch of fn with n_args arguments is sound (n_args < 0, or fn unknown: not
  * checked), else -EINVAL (printed); what gpu_launch_n checks first. */
 int gpu_args_check(const struct gpu *g, const void *fn, int n_args);

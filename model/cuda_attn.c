@@ -28,15 +28,9 @@ static int pdl_on(void)
 	return env_on(&attn_pdl, "DSV32_ATTN_PDL");
 }
 
-static int launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz,
-			unsigned bx, unsigned smem, void **args, int n_args)
-{
-	return (pdl_on() ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, gy, gz, bx, 1, 1, smem, args,
-							    n_args);
-}
-/* (with the argument array's length, as gpu_launch) */
+/* a launch by PDL where DSV32_ATTN_PDL lets it */
 #define launch_pdl(g, fn, gx, gy, gz, bx, smem, args)                                            \
-	launch_pdl_n(g, fn, gx, gy, gz, bx, smem, args, GPU_NARGS(args))
+	gpu_launch_as(g, pdl_on(), fn, gx, gy, gz, bx, 1, 1, smem, args)
 
 /* k_mla_decode's tiles: 64 heads of a row per block, keys in tiles of 64 */
 #define MLA_HG 64
@@ -193,11 +187,9 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
 	/* the wgmma kernels wait for their inputs themselves: by PDL where DSV32_MLA_PDL is on */
-	int (*launch)(struct gpu *, void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-		      void **, int) = wg && mla_pdl_on() ? gpu_launch_pdl_n : gpu_launch_n;
 	int r = skip_main ? 0
-			  : launch(g, fn, (unsigned)((H + MLA_HG - 1) / MLA_HG), (unsigned)B, (unsigned)splits,
-				   wg ? 384 : 512, 1, 1, smem, args, GPU_NARGS(args));
+			  : gpu_launch_as(g, wg && mla_pdl_on(), fn, (unsigned)((H + MLA_HG - 1) / MLA_HG),
+					  (unsigned)B, (unsigned)splits, wg ? 384 : 512, 1, 1, smem, args);
 	if (r || splits == 1 || skip_combine)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};

@@ -65,8 +65,8 @@ int fwd_launch(struct fwd *F, const char *name, unsigned gx, unsigned gy, unsign
 {
 	if (F->E->sw->skip[0] && fwd_skipped(F, name))
 		return 0;
-	int r = (pdl && fwd_pdl(F, name, pdl) ? gpu_launch_pdl_n : gpu_launch_n)(
-		F->g, gpu_kernel(F->g, name), gx, gy, gz, bx, 1, 1, smem, args, n_args);
+	int r = gpu_launch_as_n(F->g, pdl && fwd_pdl(F, name, pdl), gpu_kernel(F->g, name), gx, gy,
+				gz, bx, 1, 1, smem, args, n_args);
 	if (r)
 		return fwd_fail(name, r);
 	fwd_prof_mark(F->g->stream, F->tag ? F->tag : name);

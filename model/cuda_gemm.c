@@ -252,15 +252,9 @@ void cuda_gemm_set_pdl(int on) { gemm_pdl = on; }
 
 static int pdl_on(void) { return env_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
 
-static int launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned bx,
-			unsigned smem, void **args, int n_args)
-{
-	return (pdl_on() ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, gy, 1, bx, 1, 1, smem, args,
-							    n_args);
-}
-/* (with the argument array's length, as gpu_launch) */
+/* a launch by PDL where DSV32_GEMM_PDL lets it */
 #define launch_pdl(g, fn, gx, gy, bx, smem, args)                                                \
-	launch_pdl_n(g, fn, gx, gy, bx, smem, args, GPU_NARGS(args))
+	gpu_launch_as(g, pdl_on(), fn, gx, gy, 1, bx, 1, 1, smem, args)
 
 /* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX less its static
  * shared memory (once per function handle); -ENOENT when the module lacks it. */
@@ -1273,36 +1267,31 @@ static float time_path(struct gpu *g, struct tune_args *a, enum cuda_gemm_path p
 {
 	if (run_path(g, a, p) || gpu_sync(g))
 		return -1;
-	CUevent e0, e1;
-	if (cu_check(cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate", __FILE__, __LINE__))
+	CUevent ev[2];
+	if (gpu_timing_events(ev))
 		return -1;
-	if (cu_check(cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate", __FILE__, __LINE__)) {
-		cu.cuEventDestroy(e0);
-		return -1;
-	}
 	float t[TUNE_TRIES], ms = -1;
 	int k;
 	for (k = 0; k < TUNE_TRIES; k++) {
 		if (a->flush)
 			cu.cuMemsetD8Async(a->flush, (unsigned char)k, a->flush_bytes, g->stream);
-		cu.cuEventRecord(e0, g->stream);
+		cu.cuEventRecord(ev[0], g->stream);
 		int r = 0;
 		for (int b = 0; b < TUNE_BURST && !r; b++)
 			r = run_path(g, a, p);
 		if (r)
 			break;
-		cu.cuEventRecord(e1, g->stream);
-		if (cu_check(cu.cuEventSynchronize(e1), "cuEventSynchronize", __FILE__, __LINE__))
+		cu.cuEventRecord(ev[1], g->stream);
+		if (cu_check(cu.cuEventSynchronize(ev[1]), "cuEventSynchronize", __FILE__, __LINE__))
 			break;
-		cu.cuEventElapsedTime(&t[k], e0, e1);
+		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= TUNE_BURST;
 	}
 	if (k == TUNE_TRIES) {
 		qsort(t, TUNE_TRIES, sizeof *t, cmp_float);
 		ms = t[0];
 	}
-	cu.cuEventDestroy(e0);
-	cu.cuEventDestroy(e1);
+	gpu_timing_events_free(ev);
 	return ms < 0 ? -1 : ms * 1e3f;
 }
 

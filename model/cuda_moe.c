@@ -310,15 +310,13 @@ static struct gate_kernel gate_kernel_for(const struct gpu *g, int T, int E, int
  * and the combine (waits first) by programmatic dependent launch, so they start while the
  * kernel before them finishes (the forward's norm triggers its dependents early; engineer S);
  * DSV32_CUDA_MOE_PDL=0 (diagnosis, read once): plain launches. */
-static int moe_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned bx, unsigned smem,
-			void **args, int n_args)
+static int moe_pdl(void)
 {
 	static int pdl = -1;
-	const int on = env_on(&pdl, "DSV32_CUDA_MOE_PDL");
-	return (on ? gpu_launch_pdl_n : gpu_launch_n)(g, fn, gx, 1, 1, bx, 1, 1, smem, args, n_args);
+	return env_on(&pdl, "DSV32_CUDA_MOE_PDL");
 }
-/* (with the argument array's length, as gpu_launch) */
-#define moe_launch(g, fn, gx, bx, smem, args) moe_launch_n(g, fn, gx, bx, smem, args, GPU_NARGS(args))
+#define moe_launch(g, fn, gx, bx, smem, args)                                                    \
+	gpu_launch_as(g, moe_pdl(), fn, gx, 1, 1, bx, 1, 1, smem, args)
 
 /* k_moe_route_w's shape (E = 256 in 8 groups: a warp a token), and within it the decode sizes
  * whose logits, routing and permutation are one launch (k_moe_gate_route1). */
@@ -655,7 +653,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
 		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
 						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
-						   b[B_WS], ws_bytes, sw_done && one_row);
+						   b[B_WS], ws_bytes, one_row);
 		comb_done = rc == 0;
 		rc = rc == -ENOTSUP ? 0 : rc;
 	}

@@ -28,27 +28,6 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-int bench_events(CUevent ev[2])
-{
-	ev[0] = ev[1] = NULL;
-	for (int i = 0; i < 2; i++)
-		if (cu_check(cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT), "cuEventCreate", __FILE__,
-			     __LINE__)) {
-			ev[i] = NULL;
-			bench_events_free(ev);
-			return -1;
-		}
-	return 0;
-}
-
-void bench_events_free(CUevent ev[2])
-{
-	for (int i = 0; i < 2; i++)
-		if (ev[i])
-			cu.cuEventDestroy(ev[i]);
-	ev[0] = ev[1] = NULL;
-}
-
 /* One pass of a probe: 0 or a CUresult. */
 struct probe {
 	struct gpu *g;
@@ -72,7 +51,7 @@ static double probe_ms(const struct probe *p, int trials)
 	float t[32];
 	trials = trials < 1 ? 1 : trials > 32 ? 32 : trials;
 	CUevent ev[2];
-	if (bench_events(ev))
+	if (gpu_timing_events(ev))
 		return -1;
 	int r = probe_once(p);
 	for (int k = 0; k < trials && !r; k++) {
@@ -84,7 +63,7 @@ static double probe_ms(const struct probe *p, int trials)
 		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps;
 	}
-	bench_events_free(ev);
+	gpu_timing_events_free(ev);
 	if (r)
 		return -1;
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);

@@ -12,12 +12,6 @@
 int bench_fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed);
 /* n fp32 powers of two 2^e, e uniform in [lo, hi], at p. */
 int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed, int lo, int hi);
-/* The two timing events of a benchmark (ev[0] the start, ev[1] the end): 0, or -1 with both
- * NULL when the driver could not make them (a GPU fault earlier leaves the context unusable;
- * an event handle never made must not be recorded or destroyed). */
-int bench_events(CUevent ev[2]);
-/* Destroys what bench_events made (NULL handles skipped). */
-void bench_events_free(CUevent ev[2]);
 /* Streaming read of 4 GiB (k_read_bw), median of `trials` timings of 3 passes: TB/s, or a
  * negative value when the GPU call failed. */
 double bench_read_limit(struct gpu *g, int trials);

@@ -125,7 +125,7 @@ int bench_attention(int argc, char **argv)
 	const int H = 64, TOPK = 2048, ctxs[] = {1024, 8192, 32768, 131072}, batches[] = {1, 16, 64, 128};
 	const long long page_bytes = 64 * 132;
 	CUevent ev[2];
-	if (bench_events(ev))
+	if (gpu_timing_events(ev))
 		return 1;
 	CUevent e0 = ev[0], e1 = ev[1];
 	void *scan = gpu_kernel(&g, "k_indexer_scores");
@@ -447,7 +447,7 @@ int bench_attention(int argc, char **argv)
 	printf("targets (issue 10): scan >= 2.5 TB/s at 128K; top-k <= 50 us at 128K x 128; MLA decode <= 25 us "
 	       "at batch 1 and >= 200 TFLOP/s at batch 128 (flashmla = FlashMLA's us on this H200, vs_peer = "
 	       "its time / ours)\n");
-	bench_events_free(ev);
+	gpu_timing_events_free(ev);
 	gpu_close(&g);
 	return 0;
 }

@@ -58,7 +58,7 @@ typedef int (*launch_fn)(struct gpu *g, void *ctx, int i);
 static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trials)
 {
 	CUevent ev[2];
-	if (bench_events(ev))
+	if (gpu_timing_events(ev))
 		return -1;
 	float t[32], ms = -1;
 	trials = trials > 32 ? 32 : trials;
@@ -78,7 +78,7 @@ static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trial
 	qsort(t, (size_t)trials, sizeof *t, cmp_float);
 	ms = t[trials / 2];
 out:
-	bench_events_free(ev);
+	gpu_timing_events_free(ev);
 	return ms;
 }
 

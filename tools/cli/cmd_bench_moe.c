@@ -83,7 +83,7 @@ static float time_ms(const struct moe_bench *b, int reps, int trials, int graph,
 	CUgraph gr = NULL;
 	CUgraphExec exec = NULL;
 	float t[32], ms = -1;
-	if (bench_events(ev))
+	if (gpu_timing_events(ev))
 		return -1;
 	trials = trials > 32 ? 32 : trials < 1 ? 1 : trials;
 	if (run_stages(b) || gpu_sync(b->g)) /* warm-up */
@@ -128,7 +128,7 @@ out:
 		cu.cuGraphExecDestroy(exec);
 	if (gr)
 		cu.cuGraphDestroy(gr);
-	bench_events_free(ev);
+	gpu_timing_events_free(ev);
 	return ms;
 }
 
