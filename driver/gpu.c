@@ -53,6 +53,8 @@ int gpu_open(struct gpu *g, int ordinal, struct err *e)
 	CU_TRY(cu.cuDeviceGetAttribute(&g->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
 	CU_TRY(cu.cuDeviceGetAttribute(&g->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
 	CU_TRY(cu.cuDeviceGetAttribute(&g->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+	CU_TRY(cu.cuDeviceGetAttribute(&g->smem_block_optin,
+				       CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
 	CU_TRY(cu.cuDeviceTotalMem(&g->total_mem, dev));
 	CUcontext ctx;
 	CU_TRY(cu.cuDevicePrimaryCtxRetain(&ctx, dev));
@@ -118,12 +120,33 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 			return NULL;
 		g->fns = nf;
 		g->fns[g->n_fns++] =
-			(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1};
+			(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1, 0};
 		return f;
 	}
 	fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
 		g->n_modules);
 	return NULL;
+}
+
+int gpu_kernel_smem(struct gpu *g, const char *name, void **fn)
+{
+	void *f = *fn = gpu_kernel(g, name);
+	if (!f)
+		return -ENOENT;
+	struct gpu_kernel_fn *k = NULL;
+	for (int i = 0; i < g->n_fns && !k; i++)
+		k = g->fns[i].fn == f ? &g->fns[i] : NULL;
+	if (!k || k->smem_optin)
+		return 0;
+	int st = 0; /* static shared memory counts against the same limit */
+	if (cu_check(cu.cuFuncGetAttribute(&st, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f),
+		     "cuFuncGetAttribute", __FILE__, __LINE__) ||
+	    cu_check(cu.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+					   g->smem_block_optin - st),
+		     "cuFuncSetAttribute", __FILE__, __LINE__))
+		return -EIO;
+	k->smem_optin = 1;
+	return 0;
 }
 
 int gpu_args_check(const struct gpu *g, const void *fn, int n_args)

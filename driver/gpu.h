@@ -41,14 +41,16 @@ struct gpu_arena {
 
 struct gpu_kernel_fn {
 	const char *name;
-	void *fn;     /* CUfunction */
-	int n_params; /* its parameters (the PTX's), or -1 when not known */
+	void *fn;       /* CUfunction */
+	int n_params;   /* its parameters (the PTX's), or -1 when not known */
+	int smem_optin; /* its dynamic shared memory limit raised (gpu_kernel_smem) */
 };
 
 struct gpu {
 	int ordinal;
 	char name[128];
 	int cc_major, cc_minor, sm_count;
+	int smem_block_optin; /* the most shared memory a block may opt in to (bytes) */
 	size_t total_mem;
 	size_t granularity; /* VMM allocation granularity */
 	void *ctx;          /* CUcontext (primary) */
@@ -65,6 +67,11 @@ int gpu_open(struct gpu *g, int ordinal, struct err *e);
 void gpu_close(struct gpu *g);
 /* Finds kernel `fn` (an extern "C" entry point) in any loaded module; NULL if absent. */
 void *gpu_kernel(struct gpu *g, const char *fn);
+/* gpu_kernel for a kernel launched with more than 48 KB of dynamic shared memory: the first
+ * time, its limit is raised to all a block may opt in to (less its static shared memory), so
+ * any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in
+ * the modules) or -EIO (the driver refused). */
+int gpu_kernel_smem(struct gpu *g, const char *name, void **fn);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
  * (an array of pointers to each argument, as cuLaunchKernel takes them). n_args: the array's
  * length, or -1 when not known; fewer than the kernel's parameters is refused (-EINVAL, with

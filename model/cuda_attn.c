@@ -180,16 +180,16 @@ int cuda_mla_decode_diag(struct gpu *g, gpu_ptr q, gpu_ptr sel, int ld_sel, gpu_
 	const char *name = pair ? "k_mla_decode_wg2" : wg ? "k_mla_decode_wg" : "k_mla_decode";
 	/* the kernel's own switches (bit 19 -> 4, 20 -> 3, 21 -> 7) */
 	diag = (diag & 0x67) | (diag & 0x80000 ? 16 : 0) | (diag & 0x100000 ? 8 : 0) | (diag & 0x200000 ? 128 : 0);
-	void *fn = gpu_kernel(g, name);
-	if (!fn)
-		return -ENOENT;
+	void *fn;
+	int r = gpu_kernel_smem(g, name, &fn);
+	if (r)
+		return r;
 	unsigned smem = (unsigned)(wg ? mla_wg_smem_bytes() : mla_smem_bytes(R, rec_bytes));
-	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	void *args[] = {&q, &sel, &ld_sel, &pool, &rec_bytes, &R, &H, &scale, &o_lat, &kps, &ws, &diag};
 	/* the wgmma kernels wait for their inputs themselves: by PDL where DSV32_MLA_PDL is on */
-	int r = skip_main ? 0
-			  : gpu_launch_as(g, wg && mla_pdl_on(), fn, (unsigned)((H + MLA_HG - 1) / MLA_HG),
-					  (unsigned)B, (unsigned)splits, wg ? 384 : 512, 1, 1, smem, args);
+	r = skip_main ? 0
+		      : gpu_launch_as(g, wg && mla_pdl_on(), fn, (unsigned)((H + MLA_HG - 1) / MLA_HG),
+				      (unsigned)B, (unsigned)splits, wg ? 384 : 512, 1, 1, smem, args);
 	if (r || splits == 1 || skip_combine)
 		return r;
 	void *cargs[] = {&ws, &splits, &R, &o_lat};
@@ -303,22 +303,23 @@ int cuda_indexer_topk_mode(struct gpu *g, gpu_ptr scores, int ld, gpu_ptr n_keys
 		const int cl = mode == 4 ? 16 : mode == 5 ? 4 : 8;
 		if (ld < 1 || topk_cl_slice(ld, cl) > TOPK_CL_SLICE)
 			return -EINVAL;
-		void *fn = gpu_kernel(g, cl == 8 ? "k_topk_cl8" : cl == 4 ? "k_topk_cl4" : "k_topk_cl16");
-		if (!fn)
-			return -ENOENT;
+		void *fn;
+		int r = gpu_kernel_smem(g, cl == 8 ? "k_topk_cl8" : cl == 4 ? "k_topk_cl4" : "k_topk_cl16",
+					&fn);
+		if (r)
+			return r;
 		size_t smem = topk_cl_smem_bytes(ld, cl);
-		CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 		if (cl > 8)
 			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
 		return launch_pdl(g, fn, (unsigned)cl, (unsigned)B, 1, 1024, (unsigned)smem, args);
 	}
 	if (topk_smem_bytes(ld) > 200 * 1024)
 		return -EINVAL;
-	void *fn = gpu_kernel(g, "k_topk_select");
-	if (!fn)
-		return -ENOENT;
+	void *fn;
+	int r = gpu_kernel_smem(g, "k_topk_select", &fn);
+	if (r)
+		return r;
 	size_t smem = topk_smem_bytes(ld);
-	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 	return launch_pdl(g, fn, (unsigned)B, 1, 1, 1024, (unsigned)smem, args);
 }
 

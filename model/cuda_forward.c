@@ -338,13 +338,9 @@ int cuda_forward_prepare(struct gpu *g)
 	 * lin_stream in the invariant one; a function attribute, set outside any capture: once
 	 * here, no longer at every step) */
 	static const char *const more[] = {"k_fwd_lin_stream", "k_fwd_uv1_qh", "k_fwd_q_absorb1h"};
-	static const int more_smem[] = {LIN_STREAM_SMEM, FWD_UVH_SMEM, FWD_QAH_SMEM};
 	for (int v = 0; v < 6; v++) {
-		void *fn = gpu_kernel(g, v < 3 ? fwd_head_mma_names[v] : more[v - 3]);
-		int smem = v < 3 ? (int)fwd_head_mma_smem(1 << v) : more_smem[v - 3];
-		if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-							  smem),
-				    "cuFuncSetAttribute", __FILE__, __LINE__))
+		void *fn;
+		if (gpu_kernel_smem(g, v < 3 ? fwd_head_mma_names[v] : more[v - 3], &fn))
 			return -EIO;
 	}
 	return 0;

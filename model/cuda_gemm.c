@@ -256,33 +256,6 @@ static int pdl_on(void) { return env_on(&gemm_pdl, "DSV32_GEMM_PDL"); }
 #define launch_pdl(g, fn, gx, gy, bx, smem, args)                                                \
 	gpu_launch_as(g, pdl_on(), fn, gx, gy, 1, bx, 1, 1, smem, args)
 
-/* The kernel `name` with its dynamic shared memory limit raised to ST_SMEM_MAX less its static
- * shared memory (once per function handle); -ENOENT when the module lacks it. */
-static int kernel_optin(struct gpu *g, const char *name, void **out)
-{
-	void *fn = *out = gpu_kernel(g, name);
-	if (!fn)
-		return -ENOENT;
-	static void *done[64];
-	static int n_done;
-	pthread_mutex_lock(&gemm_lock);
-	int found = 0;
-	for (int i = 0; i < n_done && !found; i++)
-		found = done[i] == fn;
-	pthread_mutex_unlock(&gemm_lock);
-	if (found)
-		return 0;
-	int st = 0; /* static shared memory counts against the same limit */
-	CU_TRY(cu.cuFuncGetAttribute(&st, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn));
-	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-				     ST_SMEM_MAX - st));
-	pthread_mutex_lock(&gemm_lock);
-	if (n_done < 64)
-		done[n_done++] = fn;
-	pthread_mutex_unlock(&gemm_lock);
-	return 0;
-}
-
 /* The MoE block's step fused into the K-chunk sum of a grouped GEMM (kind 0: none): SwiGLU and
  * act_quant of the gate|up output into h8/hs (k_gemm_stream_reduce_swiglu), or the combine of
  * the down output's T tokens (routing weights w, pick order perm, top-k K) into y
@@ -396,7 +369,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	}
 	int smem = head + ns * stage;
 	void *fn;
-	int r = kernel_optin(g, name, &fn);
+	int r = gpu_kernel_smem(g, name, &fn);
 	if (r)
 		return r;
 	/* tensor maps: the weights (dense) or the template of every group's (grouped), boxes of
@@ -588,7 +561,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
 	void *fn;
-	int r = kernel_optin(g, name, &fn);
+	int r = gpu_kernel_smem(g, name, &fn);
 	if (r)
 		return r;
 	CUtensorMap wmap, xmap;
@@ -740,7 +713,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	next_slot = (next_slot + 1) % GV_SLOTS;
 	pthread_mutex_unlock(&gemm_lock);
 	void *fn;
-	int r = kernel_optin(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
+	int r = gpu_kernel_smem(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
 	if (r)
 		return r;
 	int flags = (f32 ? 1 : 0) | (w_tab && off_early ? 2 : 0); /* GV_F32, GV_OFF_EARLY */

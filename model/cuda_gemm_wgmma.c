@@ -34,12 +34,9 @@ static unsigned smem_bytes(int bn, int st)
 static int launch_n(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args,
 		    int n_args)
 {
-	void *fn = gpu_kernel(g, name);
-	if (!fn)
-		return -ENOENT;
-	/* above 48 KB a kernel must opt in to its dynamic shared memory */
-	CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
-	return gpu_launch_n(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args, n_args);
+	void *fn;
+	int r = gpu_kernel_smem(g, name, &fn); /* (above 48 KB a kernel must opt in) */
+	return r ? r : gpu_launch_n(g, fn, grid, 1, 1, WG_THREADS, 1, 1, smem, args, n_args);
 }
 /* (with the argument array's length, as gpu_launch) */
 #define launch(g, name, grid, smem, args) launch_n(g, name, grid, smem, args, GPU_NARGS(args))

@@ -518,27 +518,22 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
 					args);
 		} else {
-			void *fn = gpu_kernel(g, "k_moe_gate_route1");
-			if (!fn)
-				return -ENOENT;
-			unsigned smem = gate_route1_smem(D);
-			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						     (int)smem));
-			rc = moe_launch(g, fn, (unsigned)(E / 8), 96, smem, args); /* GR1_THREADS */
+			void *fn;
+			rc = gpu_kernel_smem(g, "k_moe_gate_route1", &fn);
+			if (!rc)
+				rc = moe_launch(g, fn, (unsigned)(E / 8), 96, gate_route1_smem(D),
+						args); /* GR1_THREADS */
 		}
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(g, T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
-		void *fn = gpu_kernel(g, k.name);
-		if (!fn)
-			return -ENOENT;
-		if (k.smem > 48 * 1024)
-			CU_TRY(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						     (int)k.smem));
-		rc = gpu_launch(g, fn, (unsigned)((E + k.experts - 1) / k.experts),
-				(unsigned)((T + k.rows - 1) / k.rows), 1, 256, 1, 1, k.smem, args);
+		void *fn;
+		rc = gpu_kernel_smem(g, k.name, &fn);
+		if (!rc)
+			rc = gpu_launch(g, fn, (unsigned)((E + k.experts - 1) / k.experts),
+					(unsigned)((T + k.rows - 1) / k.rows), 1, 256, 1, 1, k.smem, args);
 		if (rc)
 			return rc;
 	}

@@ -29,8 +29,8 @@ TEST(gpu_args, nargs_counts_arrays_only)
 TEST(gpu_args, check_refuses_too_few)
 {
 	int k0 = 0, k1 = 0, k2 = 0; /* (their addresses stand for CUfunctions) */
-	struct gpu_kernel_fn fns[] = {{"k_three", &k0, 3}, {"k_none", &k1, 0},
-				      {"k_unknown", &k2, -1}};
+	struct gpu_kernel_fn fns[] = {{"k_three", &k0, 3, 0}, {"k_none", &k1, 0, 0},
+				      {"k_unknown", &k2, -1, 0}};
 	struct gpu g;
 	memset(&g, 0, sizeof g);
 	g.fns = fns, g.n_fns = 3;

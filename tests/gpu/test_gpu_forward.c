@@ -857,11 +857,8 @@ TEST_T(gpu_forward, bf16_products, 120)
 		{"k_fwd_head_mma4", 0, 128, 3 * (128 + 128) * 72 * 2, {65, 100, 128, 0, 0}},
 	};
 	for (size_t ki = 0; ki < sizeof k / sizeof *k; ki++) {
-		void *fn = gpu_kernel(&g, k[ki].name);
-		REQUIRE(fn);
-		if (k[ki].smem > 48 * 1024)
-			REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						      k[ki].smem) == CUDA_SUCCESS);
+		void *fn;
+		REQUIRE(gpu_kernel_smem(&g, k[ki].name, &fn) == 0);
 		for (int mi = 0; mi < 5 && k[ki].m[mi]; mi++) {
 			int M = k[ki].m[mi], ldx = D, ldy = V, d = D, v = V;
 			gpu_test_poison(&g, dy, (size_t)MM * V * 4);
@@ -968,10 +965,8 @@ TEST_T(gpu_forward, uv_quant_fused, 60)
 	REQUIRE(h1 && h2);
 	{
 		const char *name = "k_fwd_uv1_qh";
-		void *fn = gpu_kernel(&g, name);
-		REQUIRE(fn);
-		REQUIRE(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_UVH_SMEM) ==
-			CUDA_SUCCESS);
+		void *fn;
+		REQUIRE(gpu_kernel_smem(&g, name, &fn) == 0);
 		gpu_test_poison(&g, o2, (size_t)H * dv * 2), gpu_test_poison(&g, q2, (size_t)H * dv);
 		gpu_test_poison(&g, s2, (size_t)H * 4);
 		void *a3[] = {&dol, &dw, &ds, &o2, &q2, &s2, &H, &Hpad, &nope, &dv, &R};
@@ -1036,10 +1031,8 @@ TEST_T(gpu_forward, q_absorb_head, 60)
 	REQUIRE(gpu_upload(&g, ds, sc, ns * 4) == 0);
 	REQUIRE(gpu_upload(&g, dcs, cs, ncs * 4) == 0);
 	REQUIRE(gpu_upload(&g, dpos, &p37, 4) == 0);
-	void *fh = gpu_kernel(&g, "k_fwd_q_absorb1h");
-	REQUIRE(fh);
-	REQUIRE(cu.cuFuncSetAttribute(fh, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FWD_QAH_SMEM) ==
-		CUDA_SUCCESS);
+	void *fh;
+	REQUIRE(gpu_kernel_smem(&g, "k_fwd_q_absorb1h", &fh) == 0);
 	for (int rot = 0; rot < 2; rot++) {
 		gpu_ptr c = rot ? dcs : 0;
 		REQUIRE(gpu_upload(&g, dq1, q, nq * 2) == 0);

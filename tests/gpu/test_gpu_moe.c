@@ -342,12 +342,8 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 		for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
 			if (E % ks[ki].experts || D % ks[ki].kc)
 				continue;
-			void *fn = gpu_kernel(&g, ks[ki].name);
-			REQUIRE(fn);
-			if (ks[ki].smem > 0)
-				REQUIRE(cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-								      (int)ks[ki].smem),
-						 "cuFuncSetAttribute", __FILE__, __LINE__) == 0);
+			void *fn;
+			REQUIRE(gpu_kernel_smem(&g, ks[ki].name, &fn) == 0);
 			gpu_test_poison(&g, d_l, (size_t)T * E * 4);
 			int tt = T, ee = E, dd = D;
 			void *args[] = {&d_w, &d_x, &d_l, &tt, &ee, &dd};
@@ -394,10 +390,8 @@ static int mma_gate_launch(struct gpu *g, int form, gpu_ptr w, gpu_ptr x, gpu_pt
 	static const char *const names[2] = {"k_moe_gate_logits_mma", "k_moe_gate_logits_mma64"};
 	const int rows = form ? 64 : 128;
 	const unsigned smem = form ? 12 * 128 * 144 : 8 * 192 * 144;
-	void *fn = gpu_kernel(g, names[form]);
-	if (!fn || cu_check(cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-						 (int)smem),
-			    "cuFuncSetAttribute", __FILE__, __LINE__))
+	void *fn;
+	if (gpu_kernel_smem(g, names[form], &fn))
 		return -1;
 	void *args[] = {&w, &x, &l, &T, &E, &D};
 	return gpu_launch(g, fn, (unsigned)((E + 63) / 64), (unsigned)((T + rows - 1) / rows), 1, 256,
