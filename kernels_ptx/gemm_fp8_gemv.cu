@@ -73,9 +73,9 @@ struct gv_slice {
 // flags & GV_PREFETCH (GROUPED): the producer warp, a unit before it waits for that unit's
 // stage (up to ns units ahead of the consumers), prefetches into this SM's L1 what the
 // consumers will load from global for it: the unit's line(s) of weight scales (a fresh 128-row
-// group every 8 tiles: a miss to DRAM on the consumers' path otherwise) and, at each new slice,
-// its token rows and their scales, where the producer has passed griddepcontrol.wait (not with
-// GV_OFF_EARLY: there they may not be written yet). Hints only: the same bits.
+// group every 8 tiles: an L1 miss, to L2 or DRAM, on the consumers' path otherwise) and, at each
+// new slice, its token rows and their scales, where the producer has passed griddepcontrol.wait
+// (not with GV_OFF_EARLY: there they may not be written yet). Hints only: the same bits.
 #define GV_PREFETCH 4
 
 __device__ __forceinline__ void prefetch_l1(const void *p)
