@@ -97,11 +97,13 @@ void gpu_close(struct gpu *g)
 	memset(g, 0, sizeof *g);
 }
 
-void *gpu_kernel(struct gpu *g, const char *fn)
+/* The cache entry of kernel `fn`, looked up and added on first use; NULL if absent (valid until
+ * the next lookup adds one). */
+static struct gpu_kernel_fn *kernel_entry(struct gpu *g, const char *fn)
 {
 	for (int i = 0; i < g->n_fns; i++)
 		if (!strcmp(g->fns[i].name, fn))
-			return g->fns[i].fn;
+			return &g->fns[i];
 	/* Find the module from the build-time entry list, so no driver call fails on a miss. */
 	for (int i = 0; i < g->n_modules; i++) {
 		const struct kernel_image *im = &kernel_images[i];
@@ -119,25 +121,30 @@ void *gpu_kernel(struct gpu *g, const char *fn)
 		if (!nf)
 			return NULL;
 		g->fns = nf;
-		g->fns[g->n_fns++] =
+		g->fns[g->n_fns] =
 			(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1, 0};
-		return f;
+		return &g->fns[g->n_fns++];
 	}
 	fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
 		g->n_modules);
 	return NULL;
 }
 
+void *gpu_kernel(struct gpu *g, const char *fn)
+{
+	const struct gpu_kernel_fn *k = kernel_entry(g, fn);
+	return k ? k->fn : NULL;
+}
+
 int gpu_kernel_smem(struct gpu *g, const char *name, void **fn)
 {
-	void *f = *fn = gpu_kernel(g, name);
-	if (!f)
+	struct gpu_kernel_fn *k = kernel_entry(g, name);
+	*fn = k ? k->fn : NULL;
+	if (!k)
 		return -ENOENT;
-	struct gpu_kernel_fn *k = NULL;
-	for (int i = 0; i < g->n_fns && !k; i++)
-		k = g->fns[i].fn == f ? &g->fns[i] : NULL;
-	if (!k || k->smem_optin)
+	if (k->smem_optin)
 		return 0;
+	void *f = k->fn;
 	int st = 0; /* static shared memory counts against the same limit */
 	if (cu_check(cu.cuFuncGetAttribute(&st, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f),
 		     "cuFuncGetAttribute", __FILE__, __LINE__) ||

@@ -67,9 +67,9 @@ int gpu_open(struct gpu *g, int ordinal, struct err *e);
 void gpu_close(struct gpu *g);
 /* Finds kernel `fn` (an extern "C" entry point) in any loaded module; NULL if absent. */
 void *gpu_kernel(struct gpu *g, const char *fn);
-/* gpu_kernel for a kernel launched with more than 48 KB of dynamic shared memory: the first
- * time, its limit is raised to all a block may opt in to (less its static shared memory), so
- * any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in
+/* gpu_kernel for a kernel that may be launched with more than 48 KB of dynamic shared memory:
+ * the first time, its limit is raised to all a block may opt in to (smem_block_optin less its
+ * static shared memory), so any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in
  * the modules) or -EIO (the driver refused). */
 int gpu_kernel_smem(struct gpu *g, const char *name, void **fn);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments

@@ -176,7 +176,8 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			if (GROUPED && sl[sidx].e != e_cur) {
 				e_cur = sl[sidx].e;
 				Wg = reinterpret_cast<const uint8_t *>(w_tab[e_cur]);
-				Sg = reinterpret_cast<const float *>(s_tab[e_cur]);
+				if (pf)
+					Sg = reinterpret_cast<const float *>(s_tab[e_cur]);
 			}
 			if (pf) { // (GV_PREFETCH)
 				const float *sr = Sg + (size_t)(tile >> 3) * KB + kb0; // 8 tiles a group
@@ -187,11 +188,11 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 				if (pf_x && sidx != x_cur) {
 					x_cur = sidx;
 					const gv_slice sv = sl[sidx];
-					const int xl = K >> 7, sl_n = (KB + 31) >> 5; // lines a row
+					const int xl = K >> 7, sxl = (KB + 31) >> 5; // lines a row
 					for (int i = lane; i < sv.rows * xl; i += 32)
 						prefetch_l1(X + (size_t)(sv.r0 + i / xl) * K + (size_t)(i % xl) * 128);
-					for (int i = lane; i < sv.rows * sl_n; i += 32)
-						prefetch_l1(SX + (size_t)(sv.r0 + i / sl_n) * KB + (size_t)(i % sl_n) * 32);
+					for (int i = lane; i < sv.rows * sxl; i += 32)
+						prefetch_l1(SX + (size_t)(sv.r0 + i / sxl) * KB + (size_t)(i % sxl) * 32);
 				}
 			}
 			mbar_wait(smem_u32(&empty[s]), ph ^ 1); // (a fresh barrier: returns at once)

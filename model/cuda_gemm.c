@@ -100,7 +100,6 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 	return gv > most ? gv : most; /* room for any of the kernels */
 }
 
-#define ST_SMEM_MAX 232448 /* opt-in shared memory per block, sm_90 */
 #define ST_COUNTS (1 << 20) /* the kernel's st_count entries */
 #define ST_MAXG 8192        /* the kernel's st_maps entries */
 
@@ -348,7 +347,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 	const int sxt = wi == 2 && !w_tab && !copy_only && mpad >= 16 && (K / 128) % 4 == 0 &&
 			!(sx & 15) && sx_tma();
 	head += sxt ? 128 + 8 * mpad * 32 : 0; /* each stage's box (8 stages at most) */
-	int ns = (ST_SMEM_MAX - head) / stage;
+	int ns = (g->smem_block_optin - head) / stage;
 	ns = ns > 8 ? 8 : ns;
 	ns = ns > stream_ns_cap(!w_tab) ? stream_ns_cap(!w_tab) : ns;
 	if (!w_tab) {
@@ -542,7 +541,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	unsigned grid = ks == 2 ? 2u * (unsigned)tiles : (unsigned)(tiles < sms ? tiles : sms);
 	const int ntb = (tiles + (int)grid / ks - 1) / ((int)grid / ks); /* tiles a block */
 	int head = 256 + 1024, scl = 4 * M * KB + ntb * 2 * nst * 12;
-	int ns = (ST_SMEM_MAX - head - scl) / stage;
+	int ns = (g->smem_block_optin - head - scl) / stage;
 	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
@@ -706,7 +705,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
 	ns = per < ns ? (int)per : ns;
 	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
-	if (smem > ST_SMEM_MAX - 1024) /* (room for the block scan's static words) */
+	if (smem > g->smem_block_optin - 1024) /* (room for the block scan's static words) */
 		return -ENOTSUP;
 	static int next_slot;
 	pthread_mutex_lock(&gemm_lock);
