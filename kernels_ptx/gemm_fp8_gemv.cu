@@ -70,18 +70,6 @@ struct gv_slice {
 // griddepcontrol.wait). The slices are then built and the weights streamed at once, while the
 // previous kernel (the SwiGLU) still runs; the consumers wait for it before reading X.
 #define GV_OFF_EARLY 2
-// flags & GV_PREFETCH (GROUPED): the producer warp, a unit before it waits for that unit's
-// stage (up to ns units ahead of the consumers), prefetches into this SM's L1 what the
-// consumers will load from global for it: the unit's line(s) of weight scales (a fresh 128-row
-// group every 8 tiles: an L1 miss, to L2 or DRAM, on the consumers' path otherwise) and, at each
-// new slice, its token rows and their scales, where the producer has passed griddepcontrol.wait
-// (not with GV_OFF_EARLY: there they may not be written yet). Hints only: the same bits.
-#define GV_PREFETCH 4
-
-__device__ __forceinline__ void prefetch_l1(const void *p)
-{
-	asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
 
 // The converted weight fragment of K block j of the stage at st (rows at rs bytes): lane (g, t)
 // reads bytes [32t, 32t + 32) of rows g and g + 8
@@ -164,11 +152,9 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		// griddepcontrol.wait (it reads only the weights, constants, and writes only this
 		// block's shared memory) ----
 		const uint64_t pol = l2_evict_first();
-		const bool pf = GROUPED && (flags & GV_PREFETCH), pf_x = pf && !early;
-		int s = 0, e_cur = -1, x_cur = -1;
+		int s = 0, e_cur = -1;
 		uint32_t ph = 0;
 		const uint8_t *Wg = W;
-		const float *Sg = S;
 		for (int u = u0; u < u1; u++) {
 			const int sidx = u / per_slice, rest = u % per_slice;
 			const int tile = rest / chunks, kb0 = (rest % chunks) * chunk_blocks;
@@ -176,24 +162,6 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			if (GROUPED && sl[sidx].e != e_cur) {
 				e_cur = sl[sidx].e;
 				Wg = reinterpret_cast<const uint8_t *>(w_tab[e_cur]);
-				if (pf)
-					Sg = reinterpret_cast<const float *>(s_tab[e_cur]);
-			}
-			if (pf) { // (GV_PREFETCH)
-				const float *sr = Sg + (size_t)(tile >> 3) * KB + kb0; // 8 tiles a group
-				if (lane == 0)
-					prefetch_l1(sr);
-				else if (lane == 1)
-					prefetch_l1(sr + nb - 1);
-				if (pf_x && sidx != x_cur) {
-					x_cur = sidx;
-					const gv_slice sv = sl[sidx];
-					const int xl = K >> 7, sxl = (KB + 31) >> 5; // lines a row
-					for (int i = lane; i < sv.rows * xl; i += 32)
-						prefetch_l1(X + (size_t)(sv.r0 + i / xl) * K + (size_t)(i % xl) * 128);
-					for (int i = lane; i < sv.rows * sxl; i += 32)
-						prefetch_l1(SX + (size_t)(sv.r0 + i / sxl) * KB + (size_t)(i % sxl) * 32);
-				}
 			}
 			mbar_wait(smem_u32(&empty[s]), ph ^ 1); // (a fresh barrier: returns at once)
 			if (lane == 0)

@@ -636,8 +636,7 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 #define GV_RING (128 << 10) /* the most weight bytes a block keeps in flight */
 #define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
-static int gemv_bits(void);     /* (its switches, below) */
-static int gemv_prefetch(void);
+static int gemv_bits(void); /* (its switch, below) */
 
 /* Its split: units of 16 rows x chunk_blocks K blocks, one block per SM taking a contiguous
  * range of them. K whole where two units fit the ring (K <= 4096: a unit is then one contiguous
@@ -716,8 +715,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	int r = gpu_kernel_smem(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
 	if (r)
 		return r;
-	/* GV_F32, GV_OFF_EARLY, GV_PREFETCH */
-	int flags = (f32 ? 1 : 0) | (w_tab && off_early ? 2 : 0) | (w_tab && gemv_prefetch() ? 4 : 0);
+	int flags = (f32 ? 1 : 0) | (w_tab && off_early ? 2 : 0); /* GV_F32, GV_OFF_EARLY */
 	void *args[] = {&W, &S, &x8, &sx, &y, &ws, &rows, &N, &K, &ldy, &sp.chunks, &sp.chunk_blocks,
 			&ns, &slot};
 	void *gargs[] = {&w_tab, &s_tab, &off, &G, &slice_cap, &x8, &sx, &y, &ws, &rows, &N, &K,
@@ -984,12 +982,6 @@ static int gemv_bits(void)
 	}
 	return gemv_on;
 }
-
-static int gemv_pf = -1;
-
-void cuda_gemm_set_gemv_prefetch(int on) { gemv_pf = on < 0 ? -1 : on != 0; }
-
-static int gemv_prefetch(void) { return env_is_1(&gemv_pf, "DSV32_GEMV_PREFETCH"); }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */
 static unsigned paths_off(int N, int K)

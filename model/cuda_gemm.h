@@ -164,11 +164,6 @@ void cuda_gemm_set_swap(int on);
  * runs 26 / 27).
  * Process-wide (the CUDA forward's switch DSV32_GEMM_GEMV). */
 void cuda_gemm_set_gemv(int on);
-/* The grouped one-row kernel's producer prefetching into L1 what its consumers load from global
- * (GV_PREFETCH, kernels_ptx/gemm_fp8_gemv.cu: the weight-scale lines, the token rows): 1 on, 0
- * off, -1 DSV32_GEMV_PREFETCH=1 in the environment, else off (not yet measured on a GPU: session
- * 16 wrote it for the next A/B). Process-wide (the CUDA forward's switch DSV32_GEMV_PREFETCH). */
-void cuda_gemm_set_gemv_prefetch(int on);
 /* Records the path for (bucket(M), N, K) in g's current mode, replacing an earlier entry. */
 void cuda_gemm_path_set(const struct gpu *g, int M, int N, int K, enum cuda_gemm_path path);
 /* Times the candidates of g's current mode on these operands at M = bucket(M) rows (x8/sx/y

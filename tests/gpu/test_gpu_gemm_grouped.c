@@ -239,8 +239,7 @@ TEST_T(gpu_gemm_grouped, expert_shapes_vs_cpu, 60)
 /* The one-row kernel's grouped form (cuda_gemm_fp8_grouped in the fast mode with
  * cuda_gemm_set_gemv(2), at most 16 rows) against the CPU: the one-token MoE shapes (8 experts
  * of 1 row + the shared expert, 257 groups; gate|up with K chunked, down), groups of more than 8
- * rows (two slices), empty groups first and last, a 16-row tile alone; without and with the
- * producer's prefetches (cuda_gemm_set_gemv_prefetch). */
+ * rows (two slices), empty groups first and last, a 16-row tile alone. */
 TEST_T(gpu_gemm_grouped, gemv_grouped_vs_cpu, 60)
 {
 	struct gpu g;
@@ -254,15 +253,10 @@ TEST_T(gpu_gemm_grouped, gemv_grouped_vs_cpu, 60)
 		moe[k * 31 + 2] = 1;
 	moe[256] = 1;
 	static const int rows2[] = {0, 10, 0, 2, 0}, rows3[] = {2, 1};
-	for (int pf = 0; pf < 2; pf++) { /* also with the producer's prefetches (GV_PREFETCH) */
-		printf("    %s the producer's L1 prefetches\n", pf ? "with" : "without");
-		cuda_gemm_set_gemv_prefetch(pf);
-		check_grouped(&g, pool, 5, rows2, 576, 1536, 910, 0);
-		check_grouped(&g, pool, 2, rows3, 16, 256, 911, 0);
-		check_grouped(&g, pool, 257, moe, 7168, 2048, 912, 0);
-		check_grouped(&g, pool, 257, moe, 4096, 7168, 913, 0);
-	}
-	cuda_gemm_set_gemv_prefetch(-1);
+	check_grouped(&g, pool, 5, rows2, 576, 1536, 910, 0);
+	check_grouped(&g, pool, 2, rows3, 16, 256, 911, 0);
+	check_grouped(&g, pool, 257, moe, 7168, 2048, 912, 0);
+	check_grouped(&g, pool, 257, moe, 4096, 7168, 913, 0);
 	cuda_gemm_set_gemv(-1);
 	cuda_gemm_set_batch_invariant(&g, 1);
 	cpu_pool_stop(pool);
