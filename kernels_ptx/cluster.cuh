@@ -1,6 +1,7 @@
 // cluster.cuh — thread-block-cluster primitives shared by the cluster kernels (the wgmma GEMM's
-// multicast clusters, gemm_fp8_wgmma.cu; the few-row top-k over 8 / 16 CTAs, topk.cu; the MLA
-// decode's CTA pair, mla_wgmma.cu). PTX ISA 7.8+, sm_90. Device code only.
+// multicast clusters, gemm_fp8_wgmma.cu; the swapped decode kernel's clusters,
+// gemm_fp8_stream.cu; the few-row top-k over 8 / 16 CTAs, topk.cu; the MLA decode's CTA pair,
+// mla_wgmma.cu). PTX ISA 7.8+, sm_90. Device code only.
 #pragma once
 #include <stdint.h>
 
@@ -28,6 +29,17 @@ __device__ __forceinline__ uint32_t cl_mapa(uint32_t a, uint32_t rank)
 	uint32_t r;
 	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
 	return r;
+}
+
+// One arrival on the mbarrier at CTA-relative shared address bar in the cluster's CTA `rank`
+// (maybe this one).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
+{
+	asm volatile("{\n.reg .b32 ra;\n"
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+		     "r"(rank)
+		     : "memory");
 }
 
 // 16 bytes into the shared memory of a CTA of the cluster at cluster address addr, completing 16

@@ -710,6 +710,18 @@ ST_ENTRY(0, 1, 0, )
 // (the first ceil(stages / 2) or the rest): each weight byte then comes with half the token
 // bytes of a tile half as wide (the tokens' share of the copies at 33-64 rows); rank 1's sums go
 // into rank 0's idle ring through distributed shared memory, and rank 0 adds and stores.
+// NP = 2 (KS = 1, SPLIT = 0): two tiles n, n + 1 (the blocks of a cluster pair, rank = the
+// tile's place) stream the same K range and share its token boxes: each block copies half of a
+// box's rows (mpad / 2, the token map's box) and multicasts them into both blocks' stage, so
+// the L2 serves a token box once a pair.
+// Why: at 33-64 tokens the L2 moves the weights twice (filled from HBM, read by the SMs) and
+// the token boxes once a tile: 7168x16384 at M = 64 on 112-row tiles x K halves, 117 + 117 + 67
+// MB, 35 us at the ~8.5 TB/s the L2 moves (s13-8's probe) = 3.3 TB/s of weights, as measured
+// (18432x7168 on 144-row tiles: 3.48 by that bound, 3.45 measured; paired 3.83 by the bound,
+// 3.53-3.55 measured in s17-2; pairs of the K-halves form would be clusters of 4, which do not
+// all fit at once: 2.1 TB/s). A stage's slot is then refilled only when both blocks' consumers
+// have released it: each consumer warp arrives on "empty" in both (count 2x); the pair
+// synchronises after the barriers' init and before either block leaves.
 //
 // Numerics (fast mode): per K block the 4 k32 wgmmas into a fresh fragment, then
 // acc += frag · (sx[m, kb] · S[n / 128, kb]) (the streaming kernel's promotion, the same
@@ -735,7 +747,7 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 #define SW_NOMMA 2
 #define SW_NOX 4
 
-template <int NT, bool SPLIT, int KS>
+template <int NT, bool SPLIT, int KS, int NP>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
@@ -743,6 +755,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					      int stage_bytes, int flags)
 {
 	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
+	static_assert(NP == 1 || (NP == 2 && KS == 1 && !SPLIT), "pairs of one-tile blocks only");
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, R = NW / 2;
 	const int STAGE = stage_bytes, XB = mpad * 128, W0 = ST_KBS * XB; // W0: the weights' offset
 	extern __shared__ __align__(1024) uint8_t smem[];
@@ -751,7 +764,9 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const uint32_t stage0 = (smem_u32(smem) + 256 + 1023) & ~1023u;
 	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
 	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)
-	const int nall = (KB + ST_KBS - 1) / ST_KBS, rank = KS == 2 ? (int)cluster_rank() : 0;
+	// the block's cluster rank: its K half (KS = 2) or its tile's place in the pair (NP = 2)
+	const int crank = KS * NP > 1 ? (int)cluster_rank() : 0, rank = KS == 2 ? crank : 0;
+	const int nall = (KB + ST_KBS - 1) / ST_KBS;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
 	// after the ring: the weight scales of the block's tiles over its K blocks (wsc: tile i's
@@ -768,18 +783,22 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < ns; s++) {
 			mbar_init(smem_u32(&full[s]), 1); // the copies' (bytes)
-			mbar_init(smem_u32(&empty[s]), SPLIT ? 8 : 4); // the consuming warps
+			mbar_init(smem_u32(&empty[s]), (SPLIT ? 8 : 4) * NP); // the consuming warps
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
 	__syncthreads();
+	if constexpr (NP == 2) // the pair's barriers initialised before its copies or arrivals
+		cluster_sync();
 
 	if (warp == 8) {
 		// ---- producer: stage Q (the block's Q-th) into slot Q % ns ----
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
 		const int xbytes = flags & SW_NOX ? 0 : mpad * 128; // a token box's
+		// NP = 2: this block's half of each token box (rows xoff ..), multicast to the pair
+		const int xoff = NP == 2 ? crank * (mpad / 2) : 0;
 		if (lane == 0)
 			for (int q = 0; q < pre; q++) {
 				const int kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
@@ -807,12 +826,19 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 									 n0, pol_w);
 					}
 					for (int j = 0; j < nb && xbytes; j++)
-						tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128, 0, pol_x);
+						if (NP == 2)
+							tma_load_2d_mc(st + j * XB + xoff * 128, xmap, bar,
+								       (kb + j) * 128, xoff, 3);
+						else
+							tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128,
+									 0, pol_x);
 				}
 			}
 		}
 		if constexpr (KS == 2) { // the pair's two cluster barriers (below); no thread leaves first
 			cluster_sync();
+			cluster_sync();
+		} else if constexpr (NP == 2) { // the pair's barrier before the exchange (below)
 			cluster_sync();
 		}
 		return;
@@ -838,6 +864,13 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	named_bar_sync(1, 256);
 
 	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0;
+	// a stage's release: this warp's arrival on "empty" here and (NP = 2) in the pair's other
+	// block, whose producer multicasts into this block's slot too
+	auto release = [&](int s) {
+		mbar_arrive_warp(smem_u32(&empty[s]), lane);
+		if (NP == 2 && lane == 0)
+			mbar_arrive_cluster(smem_u32(&empty[s]), (uint32_t)(crank ^ 1));
+	};
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
 	int Q = 0;
 	for (int tile = tile0; tile < tiles; tile += tstep, Q += nst) {
@@ -878,7 +911,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				if (EARLY && (j == ST_KBS - 1 || kb + 1 >= KB)) {
 					// the stage's last MMAs done and its scales read: released before
 					// the promotion
-					mbar_arrive_warp(smem_u32(&empty[s]), lane);
+					release(s);
 				}
 #pragma unroll
 				for (int i = 0; i < R / 4; i++) {
@@ -894,12 +927,16 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				}
 			}
 			if (!EARLY || (flags & SW_NOMMA))
-				mbar_arrive_warp(smem_u32(&empty[s]), lane);
+				release(s);
 		}
 		if constexpr (!SPLIT) {
 			// one tile a block (the host's rule), so every stage is consumed now (every copy
 			// landed, no wgmma reads the ring): warpgroup 1 hands its sums to warpgroup 0
-			// through the ring, thread-major (conflict-free), which adds them to its own
+			// through the ring, thread-major (conflict-free), which adds them to its own.
+			// NP = 2: first the pair's barrier (its blocks' copies into each other's rings
+			// and arrivals on each other's barriers all done: none leaves before)
+			if constexpr (NP == 2)
+				cluster_sync();
 			named_bar_sync(1, 256);
 			if (c == 1 && live)
 #pragma unroll
@@ -954,8 +991,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
 				   int ns, int mpad, int stage_bytes, int flags)                   \
 	{                                                                                         \
-		gemm_fp8_swap<NT, SPLIT, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
-					    stage_bytes, flags);                                   \
+		gemm_fp8_swap<NT, SPLIT, 1, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
+					       stage_bytes, flags);                                \
 	}
 // KS = 2: a cluster of two blocks a tile (its K halves)
 #define SW_ENTRY2(NT)                                                                             \
@@ -965,8 +1002,21 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				  const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
 				  int ns, int mpad, int stage_bytes, int flags)                    \
 	{                                                                                         \
-		gemm_fp8_swap<NT, false, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,       \
-					    stage_bytes, flags);                                   \
+		gemm_fp8_swap<NT, false, 2, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
+					       stage_bytes, flags);                                \
+	}
+// NP = 2: pairs of tiles sharing their token boxes (clusters of 2; the template also takes KS =
+// 2, clusters of 4, which s17-2 measured at 2.05-2.14 TB/s on 7168x16384 against 3.31: fewer
+// clusters of 4 blocks of ~200 KB fit at once than the 32 of a one-wave grid, so no entry)
+#define SW_ENTRY_P2(NT)                                                                           \
+	extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(288, 1)            \
+	k_gemm_fp8_swap_n##NT##p2(const __grid_constant__ tmap wmap,                         \
+				       const __grid_constant__ tmap xmap, const float *S,         \
+				       const float *SX, uint16_t *Y, int M, int N, int K, int ldy,\
+				       int ns, int mpad, int stage_bytes, int flags)               \
+	{                                                                                         \
+		gemm_fp8_swap<NT, false, 1, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
+					       stage_bytes, flags);                                \
 	}
 
 SW_ENTRY(8, false, )
@@ -991,6 +1041,14 @@ SW_ENTRY2(96)
 SW_ENTRY2(112)
 SW_ENTRY2(128)
 SW_ENTRY2(144)
+SW_ENTRY_P2(16)
+SW_ENTRY_P2(32)
+SW_ENTRY_P2(48)
+SW_ENTRY_P2(56)
+SW_ENTRY_P2(64)
+SW_ENTRY_P2(96)
+SW_ENTRY_P2(128)
+SW_ENTRY_P2(144)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

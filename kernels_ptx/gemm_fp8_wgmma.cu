@@ -72,8 +72,8 @@
 // wgmma's A and a chunk of up to 144 of a group's token rows as N, so an expert's weight tile
 // is read once per chunk rather than once per 128-token tile (the MoE gate|up GEMM's default).
 #include "common.cuh" // bf16 / e4m3 / UE8M0 rounding (the SwiGLU epilogue)
-#include "cluster.cuh" // cluster_sync, cluster_rank
-#include "tma.cuh" // mbarriers, bulk tensor copies, the tmap type, smem_u32
+#include "cluster.cuh" // cluster_sync, cluster_rank, mbar_arrive_cluster
+#include "tma.cuh" // mbarriers, bulk tensor copies (tma_load_2d_mc), the tmap type, smem_u32
 #include "wgmma.cuh" // descriptors (wgd_kmajor: tiles 1024-aligned, + 2 a k32 step), fences
 
 #define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
@@ -89,27 +89,6 @@
 __device__ tmap g_group_maps[WG_MAX_GROUPS];
 
 // ---- PTX wrappers beyond tma.cuh's -----------------------------------------------------------
-
-// The same box, written to the same CTA-relative smem offset in every CTA of ctamask within the
-// cluster, each completing on its own barrier at bar's offset.
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, uint32_t bar, int c0,
-					       int c1, uint16_t ctamask)
-{
-	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-		     ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
-		     "l"(map), "r"(bar), "r"(c0), "r"(c1), "h"(ctamask)
-		     : "memory");
-}
-
-// Arrival on the barrier at CTA-relative address bar in the cluster's CTA `rank` (maybe ours).
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
-{
-	asm volatile("{\n.reg .b32 ra;\n"
-		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
-		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-		     "r"(rank)
-		     : "memory");
-}
 
 __device__ __forceinline__ void tmap_prefetch(const void *map)
 {

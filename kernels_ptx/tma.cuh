@@ -119,6 +119,17 @@ __device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const void *map, 
 		     : "memory");
 }
 
+// The same box written to the same CTA-relative shared offset in every CTA of ctamask (bit r:
+// the cluster's CTA r), each copy completing on that CTA's barrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, uint32_t bar, int c0,
+					       int c1, uint16_t ctamask)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+		     ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+		     "l"(map), "r"(bar), "r"(c0), "r"(c1), "h"(ctamask)
+		     : "memory");
+}
+
 __device__ __forceinline__ uint64_t l2_evict_first()
 {
 	uint64_t p;

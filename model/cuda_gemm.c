@@ -483,6 +483,32 @@ static const struct {
 		 {48, "k_gemm_fp8_swap_n48k2"},	  {64, "k_gemm_fp8_swap_n64k2"},
 		 {96, "k_gemm_fp8_swap_n96k2"},	  {112, "k_gemm_fp8_swap_n112k2"},
 		 {128, "k_gemm_fp8_swap_n128k2"}, {144, "k_gemm_fp8_swap_n144k2"}};
+/* The pair forms (NP = 2, SW_ENTRY_P2): two one-tile blocks of a cluster sharing their token
+ * boxes, by tile width (the one-block form's widths; not the K-halves form's: a pair of its
+ * pairs is a cluster of 4, which streamed at 2.1 TB/s, docs/PERF.md session 17). */
+static const struct {
+	int nt;
+	const char *name;
+} sw_pairs[] = {{16, "k_gemm_fp8_swap_n16p2"},	 {32, "k_gemm_fp8_swap_n32p2"},
+		{48, "k_gemm_fp8_swap_n48p2"},	 {56, "k_gemm_fp8_swap_n56p2"},
+		{64, "k_gemm_fp8_swap_n64p2"},	 {96, "k_gemm_fp8_swap_n96p2"},
+		{128, "k_gemm_fp8_swap_n128p2"}, {144, "k_gemm_fp8_swap_n144p2"}};
+
+/* Whether the swapped kernel pairs its tiles (the token boxes shared, NP = 2) for token boxes
+ * of mpad rows: DSV32_GEMM_SW_PAIR=0 never, 1 wherever a pair form fits (one tile a block, an
+ * even number of tiles, M > 8); unset: from 17 rows (s17-2, 18432x7168: +1.7% at M = 32, +2.5%
+ * at 64, even at 16). cuda_gemm_set_sw_pair overrides (-1: the environment again). */
+static int sw_pair_on = -2;
+
+void cuda_gemm_set_sw_pair(int on) { sw_pair_on = on < 0 ? -2 : on != 0; }
+
+static int sw_pair(int mpad)
+{
+	if (sw_pair_on == -2)
+		sw_pair_on = env_int("DSV32_GEMM_SW_PAIR", -1);
+	return mpad >= 16 && (sw_pair_on == 1 || (sw_pair_on < 0 && mpad >= 32));
+}
+
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
  * (ceil(tiles / sms) x NT), the first (narrowest, unsplit) on a tie — 7168 rows: 56 (128
  * blocks), 18432: 144, 24576: 192s, 32768: 256s (one wave each); 36864: 144s (256 tiles, two
@@ -511,23 +537,52 @@ static int sw_diag(void)
 	return env_uint(&flags, "DSV32_GEMM_SW_DIAG") & 6;
 }
 
+/* The swapped kernel's form for M x N x K: the kernel, its tile width nt, split, ks (2: K
+ * halves over a cluster pair) and np (2: tiles paired to share their token boxes). */
+struct sw_form {
+	const char *name;
+	int nt, split, ks, np, mpad;
+};
+
+static struct sw_form sw_form_for(const struct gpu *g, int M, int N, int K, int ks2)
+{
+	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
+	const int ti = sw_tile(N, sms);
+	struct sw_form f = {sw_tiles[ti].name, sw_tiles[ti].nt, sw_tiles[ti].split, 1, 1,
+			    M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64};
+	for (int i = 0; ks2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2); i++)
+		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
+			f.nt = sw_tiles2[i].nt, f.split = 0, f.ks = 2, f.name = sw_tiles2[i].name;
+			break;
+		}
+	/* pairs: each block copies mpad / 2 rows of a token box (a multiple of 8, sw_pair: the
+	 * swizzle's 1 KB) and multicasts them; every block of a pair must have its tile */
+	if (!f.split && f.ks == 1 && (N + f.nt - 1) / f.nt % 2 == 0 && sw_pair(f.mpad))
+		for (int i = 0; i < (int)(sizeof sw_pairs / sizeof *sw_pairs); i++)
+			if (sw_pairs[i].nt == f.nt)
+				f.np = 2, f.name = sw_pairs[i].name;
+	return f;
+}
+
+const char *cuda_gemm_sw_kernel(const struct gpu *g, int M, int N, int K, int ks2)
+{
+	if (M < 1 || M > 64 || N % 16 || K % 128)
+		return NULL;
+	return sw_form_for(g, M, N, K, ks2).name;
+}
+
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, int ks2)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
 	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
-	int ti = sw_tile(N, sms), nt = sw_tiles[ti].nt, split = sw_tiles[ti].split, ks = 1;
-	const char *name = sw_tiles[ti].name;
-	for (int i = 0; ks2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2);
-	     i++)
-		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
-			nt = sw_tiles2[i].nt, split = 0, ks = 2, name = sw_tiles2[i].name;
-			break;
-		}
+	const struct sw_form f = sw_form_for(g, M, N, K, ks2);
+	const int nt = f.nt, split = f.split, ks = f.ks, np = f.np;
+	int mpad = f.mpad; /* (a kernel argument) */
+	const char *name = f.name;
 	/* stages a block streams (KS = 2: rank 0's, the larger half) */
 	const int nst = ks == 2 ? ((KB + 1) / 2 + 1) / 2 : (KB + 1) / 2, tiles = (N + nt - 1) / nt;
-	int mpad = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
 	 * (mpad token rows + nt weight rows each; at least the second token box + 8 KB: wgmma's
 	 * 64-row A operand reads past the box, inside the stage; 1 KB multiples), the weight scales
@@ -564,7 +619,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if (r)
 		return r;
 	CUtensorMap wmap, xmap;
-	if ((r = decode_wmap(&wmap, W, N, K, nt)) || (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad)))
+	if ((r = decode_wmap(&wmap, W, N, K, nt)) ||
+	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad / np)))
 		return r;
 	int flags = sw_diag();
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage, &flags};

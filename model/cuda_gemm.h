@@ -48,6 +48,14 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * the one-block form. -ENOTSUP where the ring does not fit. M <= 64. */
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, int ks2);
+/* The swapped kernel's pair forms (two tiles of a cluster sharing their token boxes by
+ * multicast, where a pair fits: the one-block form, one tile a block, an even number of tiles,
+ * M > 8): 1 on, 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows.
+ * Process-wide. */
+void cuda_gemm_set_sw_pair(int on);
+/* The kernel cuda_gemm_fp8_stream_sw would launch for M x N x K (ks2 as there; NULL: a shape it
+ * refuses), for tests and the benchmark. */
+const char *cuda_gemm_sw_kernel(const struct gpu *g, int M, int N, int K, int ks2);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
  * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
  * benchmark set it. */

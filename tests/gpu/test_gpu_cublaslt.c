@@ -220,10 +220,12 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
  * split between the warpgroups above, two tiles a block from 36864; tiles straddling 128-row
  * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups'
  * sums); each shape also in the cluster form (K halves over two blocks where it fits,
- * K >= 512); then
- * batch invariance: the first and last rows run alone (M = 1) give the same bits as in the
- * M-row GEMM. */
-TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
+ * K >= 512) and, from 9 rows, both with their tiles paired where a pair fits (the one-block
+ * form: the token boxes shared by multicast in clusters of 2, cuda_gemm_set_sw_pair; the real
+ * 7168-row and 18432-row shapes must take it); then
+ * batch invariance: the first and last rows run alone (M = 1, unpaired) give the same bits as in
+ * the M-row GEMM. */
+TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 240)
 {
 	struct gpu g;
 	gpu_test_open(&g);
@@ -232,17 +234,25 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 					{3, 2112, 7168},  {64, 8192, 512},  {40, 12288, 256},
 					{13, 16384, 256}, {2, 7168, 16384}, {24, 6144, 384},
 					{4, 24576, 512},  {37, 32768, 256}, {2, 36864, 256},
-					{64, 34816, 128}};
-	for (size_t i = 0; i < 2 * (sizeof shapes / sizeof *shapes); i++) {
-		static struct lt_case c; /* each shape's case, made once for both forms */
-		const int ks = 1 + (int)(i & 1);
-		if (ks == 1)
-			case_init(&g, &c, shapes[i / 2][0], shapes[i / 2][1], shapes[i / 2][2],
-				  1100 + i / 2);
-		CHECK_EQ_INT(case_run(&g, &c, ks == 2 ? VIA_SW2 : VIA_SW,
-				      ks == 2 ? "stream swap, cluster" : "stream swap"),
-			     0);
-		if (c.M > 1) {
+					{64, 34816, 128}, {64, 7168, 2048}, {48, 18432, 1024}};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		struct lt_case c;
+		case_init(&g, &c, shapes[i][0], shapes[i][1], shapes[i][2], 1100 + i);
+		for (int form = 0; form < 4; form++) {
+			const int ks2 = form & 1, pair = form >> 1;
+			if (pair && c.M <= 8)
+				continue; /* (no pair form: the same kernels as unpaired) */
+			cuda_gemm_set_sw_pair(pair);
+			const char *kname = cuda_gemm_sw_kernel(&g, c.M, c.N, c.K, ks2);
+			REQUIRE(kname);
+			if (pair && (c.N == 18432 || (c.N == 7168 && !ks2))) /* real shapes pair */
+				CHECK(strstr(kname, "p2") != NULL);
+			char label[64];
+			snprintf(label, sizeof label, "stream swap (%s)", kname);
+			CHECK_EQ_INT(case_run(&g, &c, ks2 ? VIA_SW2 : VIA_SW, label), 0);
+			cuda_gemm_set_sw_pair(0);
+			if (c.M == 1)
+				continue;
 			uint16_t *row = malloc((size_t)c.N * 2);
 			REQUIRE(row);
 			const int KB = c.K / 128;
@@ -250,7 +260,7 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 				gpu_test_poison(&g, c.dy, (size_t)c.N * 2);
 				REQUIRE(cuda_gemm_fp8_stream_sw(&g, c.dW, c.dS, c.dx + (size_t)m * c.K,
 								c.dsx + (size_t)m * KB * 4, c.dy, 1,
-								c.N, c.K, c.N, ks == 2) == 0);
+								c.N, c.K, c.N, ks2) == 0);
 				REQUIRE(gpu_download(&g, row, c.dy, (size_t)c.N * 2) == 0);
 				int differ = 0, first = -1;
 				for (int n = 0; n < c.N; n++)
@@ -259,17 +269,17 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 120)
 						first = first < 0 ? n : first;
 					}
 				if (differ)
-					printf("    swap ks=%d M=%d N=%d K=%d: row %d alone differs in %d "
+					printf("    %s M=%d N=%d K=%d: row %d alone differs in %d "
 					       "columns (first %d: %04x against %04x)\n",
-					       ks, c.M, c.N, c.K, m, differ, first, row[first],
+					       kname, c.M, c.N, c.K, m, differ, first, row[first],
 					       c.got[(size_t)m * c.N + first]);
 				CHECK_EQ_INT(differ, 0);
 			}
 			free(row);
 		}
-		if (ks == 2)
-			case_free(&c);
+		case_free(&c);
 	}
+	cuda_gemm_set_sw_pair(-1);
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }
