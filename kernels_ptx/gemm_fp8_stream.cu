@@ -972,13 +972,24 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		if (!live)
 			continue;
 #pragma unroll
+		// columns n, n + 1 (n even, N even: both or neither past N) as one 4-byte store where
+		// y's rows are 4-byte aligned (ldy even), else two
+		const bool two = (ldy & 1) || (reinterpret_cast<uintptr_t>(Y) & 3);
+#pragma unroll
 		for (int i = 0; i < R / 4; i++) {
 			const int n = n0 + cw0 + 8 * i + 2 * t;
 #pragma unroll
-			for (int q = 0; q < 4; q++) {
-				const int m = q < 2 ? m0 : m1, col = n + (q & 1);
-				if (m < M && col < N)
-					Y[(size_t)m * ldy + col] = f32_to_bf16(acc[4 * i + q]);
+			for (int h = 0; h < 2; h++) {
+				const int m = h ? m1 : m0;
+				if (m >= M || n >= N)
+					continue;
+				const uint16_t lo = f32_to_bf16(acc[4 * i + 2 * h]);
+				const uint16_t hi = f32_to_bf16(acc[4 * i + 2 * h + 1]);
+				uint16_t *yp = Y + (size_t)m * ldy + n;
+				if (two)
+					yp[0] = lo, yp[1] = hi;
+				else
+					*reinterpret_cast<uint32_t *>(yp) = (uint32_t)hi << 16 | lo;
 			}
 		}
 	}

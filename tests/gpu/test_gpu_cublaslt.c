@@ -214,6 +214,8 @@ TEST_T(gpu_cublaslt, stream_wgmma_vs_cpu, 120)
 	gpu_close(&g);
 }
 
+static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, const char *what);
+
 /* The swapped kernel (cuda_gemm_fp8_stream_sw: tokens as wgmma's A, NT weight rows a block, no K
  * split) against the CPU within the wgmma limit: M across the token boxes (1-8, 9-16, 17-32,
  * 33-64 rows), tile widths 8-256 (N from 576 to 36864: alternate stages up to 144, the rows
@@ -280,6 +282,34 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 240)
 		case_free(&c);
 	}
 	cuda_gemm_set_sw_pair(-1);
+	/* an odd row stride (y's rows not 4-byte aligned: the epilogue's two 2-byte stores instead
+	 * of one 4-byte store): the same bits as ldy = N, and nothing written past the N columns */
+	{
+		struct lt_case c;
+		case_init(&g, &c, 40, 2048, 1024, 1190);
+		const int ldy = c.N + 1;
+		REQUIRE(cuda_gemm_fp8_stream_sw(&g, c.dW, c.dS, c.dx, c.dsx, c.dy, c.M, c.N, c.K, c.N,
+						0) == 0);
+		REQUIRE(gpu_download(&g, c.got, c.dy, (size_t)c.M * c.N * 2) == 0);
+		gpu_ptr dy2 = gpu_test_alloc((size_t)c.M * ldy * 2);
+		gpu_test_poison(&g, dy2, (size_t)c.M * ldy * 2);
+		REQUIRE(cuda_gemm_fp8_stream_sw(&g, c.dW, c.dS, c.dx, c.dsx, dy2, c.M, c.N, c.K, ldy,
+						0) == 0);
+		uint16_t *y2 = malloc((size_t)c.M * ldy * 2);
+		REQUIRE(y2);
+		REQUIRE(gpu_download(&g, y2, dy2, (size_t)c.M * ldy * 2) == 0);
+		size_t differ = 0, past = 0;
+		for (int m = 0; m < c.M; m++) {
+			differ += count_differ(y2 + (size_t)m * ldy, c.got + (size_t)m * c.N,
+					       (size_t)c.N, "stream swap, odd ldy");
+			past += y2[(size_t)m * ldy + c.N] != 0xffff; /* (the poison) */
+		}
+		CHECK_EQ_INT((int)differ, 0);
+		CHECK_EQ_INT((int)past, 0);
+		free(y2);
+		cu.cuMemFree(dy2);
+		case_free(&c);
+	}
 	cuda_gemm_close(&g);
 	gpu_close(&g);
 }
