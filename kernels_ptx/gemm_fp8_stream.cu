@@ -995,40 +995,25 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	}
 }
 
-#define SW_ENTRY(NT, SPLIT, SUF)                                                                  \
-	extern "C" __global__ void __launch_bounds__(288, 1)                                      \
+// One entry: k_gemm_fp8_swap_n<NT><SUF>, gemm_fp8_swap<NT, SPLIT, KS, NP>, with the cluster
+// dimensions ATTR (empty: none)
+#define SW_KERNEL(NT, SUF, SPLIT, KS, NP, ATTR)                                                   \
+	extern "C" __global__ void ATTR __launch_bounds__(288, 1)                                 \
 	k_gemm_fp8_swap_n##NT##SUF(const __grid_constant__ tmap wmap,                             \
 				   const __grid_constant__ tmap xmap, const float *S,             \
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
 				   int ns, int mpad, int stage_bytes, int flags)                   \
 	{                                                                                         \
-		gemm_fp8_swap<NT, SPLIT, 1, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
-					       stage_bytes, flags);                                \
+		gemm_fp8_swap<NT, SPLIT, KS, NP>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,  \
+						 stage_bytes, flags);                              \
 	}
+#define SW_ENTRY(NT, SPLIT, SUF) SW_KERNEL(NT, SUF, SPLIT, 1, 1, )
 // KS = 2: a cluster of two blocks a tile (its K halves)
-#define SW_ENTRY2(NT)                                                                             \
-	extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(288, 1)            \
-	k_gemm_fp8_swap_n##NT##k2(const __grid_constant__ tmap wmap,                              \
-				  const __grid_constant__ tmap xmap, const float *S,              \
-				  const float *SX, uint16_t *Y, int M, int N, int K, int ldy,     \
-				  int ns, int mpad, int stage_bytes, int flags)                    \
-	{                                                                                         \
-		gemm_fp8_swap<NT, false, 2, 1>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
-					       stage_bytes, flags);                                \
-	}
-// NP = 2: pairs of tiles sharing their token boxes (clusters of 2; the template also takes KS =
-// 2, clusters of 4, which s17-2 measured at 2.05-2.14 TB/s on 7168x16384 against 3.31: fewer
-// clusters of 4 blocks of ~200 KB fit at once than the 32 of a one-wave grid, so no entry)
-#define SW_ENTRY_P2(NT)                                                                           \
-	extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(288, 1)            \
-	k_gemm_fp8_swap_n##NT##p2(const __grid_constant__ tmap wmap,                         \
-				       const __grid_constant__ tmap xmap, const float *S,         \
-				       const float *SX, uint16_t *Y, int M, int N, int K, int ldy,\
-				       int ns, int mpad, int stage_bytes, int flags)               \
-	{                                                                                         \
-		gemm_fp8_swap<NT, false, 1, 2>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,    \
-					       stage_bytes, flags);                                \
-	}
+#define SW_ENTRY2(NT) SW_KERNEL(NT, k2, false, 2, 1, __cluster_dims__(2, 1, 1))
+// NP = 2: pairs of tiles sharing their token boxes (clusters of 2; pairs of the K-halves form's
+// pairs, clusters of 4, streamed 2.05-2.14 TB/s on 7168x16384 against 3.31 in s17-2: fewer
+// clusters of 4 blocks of ~200 KB fit at once than the 32 of a one-wave grid)
+#define SW_ENTRY_P2(NT) SW_KERNEL(NT, p2, false, 1, 2, __cluster_dims__(2, 1, 1))
 
 SW_ENTRY(8, false, )
 SW_ENTRY(16, false, )
