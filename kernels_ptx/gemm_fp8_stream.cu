@@ -828,7 +828,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					for (int j = 0; j < nb && xbytes; j++)
 						if (NP == 2)
 							tma_load_2d_mc(st + j * XB + xoff * 128, xmap, bar,
-								       (kb + j) * 128, xoff, 3);
+								       (kb + j) * 128, xoff, 3); // both
 						else
 							tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128,
 									 0, pol_x);
@@ -971,7 +971,6 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		}
 		if (!live)
 			continue;
-#pragma unroll
 		// columns n, n + 1 (n even, N even: both or neither past N) as one 4-byte store where
 		// y's rows are 4-byte aligned (ldy even), else two
 		const bool two = (ldy & 1) || (reinterpret_cast<uintptr_t>(Y) & 3);

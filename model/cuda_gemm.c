@@ -504,8 +504,10 @@ void cuda_gemm_set_sw_pair(int on) { sw_pair_on = on < 0 ? -2 : on != 0; }
 
 static int sw_pair(int mpad)
 {
-	if (sw_pair_on == -2)
-		sw_pair_on = env_int("DSV32_GEMM_SW_PAIR", -1);
+	if (sw_pair_on == -2) { /* (0, 1, or anything else: the default) */
+		const int v = env_int("DSV32_GEMM_SW_PAIR", -1);
+		sw_pair_on = v == 0 || v == 1 ? v : -1;
+	}
 	return mpad >= 16 && (sw_pair_on == 1 || (sw_pair_on < 0 && mpad >= 32));
 }
 
