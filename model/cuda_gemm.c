@@ -539,27 +539,29 @@ static int sw_diag(void)
 	return env_uint(&flags, "DSV32_GEMM_SW_DIAG") & 6;
 }
 
-/* The swapped kernel's form for M x N x K: the kernel, its tile width nt, split, ks (2: K
- * halves over a cluster pair) and np (2: tiles paired to share their token boxes). */
+/* The swapped kernel's form for M x N x K: the kernel, its tile width nt and tiles, split, ks
+ * (2: K halves over a cluster pair), np (2: tiles paired to share their token boxes) and the
+ * token box's rows mpad. */
 struct sw_form {
 	const char *name;
-	int nt, split, ks, np, mpad;
+	int nt, tiles, split, ks, np, mpad;
 };
 
 static struct sw_form sw_form_for(const struct gpu *g, int M, int N, int K, int ks2)
 {
 	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
 	const int ti = sw_tile(N, sms);
-	struct sw_form f = {sw_tiles[ti].name, sw_tiles[ti].nt, sw_tiles[ti].split, 1, 1,
+	struct sw_form f = {sw_tiles[ti].name, sw_tiles[ti].nt, 0, sw_tiles[ti].split, 1, 1,
 			    M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64};
 	for (int i = 0; ks2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2); i++)
 		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
 			f.nt = sw_tiles2[i].nt, f.split = 0, f.ks = 2, f.name = sw_tiles2[i].name;
 			break;
 		}
+	f.tiles = (N + f.nt - 1) / f.nt;
 	/* pairs: each block copies mpad / 2 rows of a token box (a multiple of 8, sw_pair: the
 	 * swizzle's 1 KB) and multicasts them; every block of a pair must have its tile */
-	if (!f.split && f.ks == 1 && (N + f.nt - 1) / f.nt % 2 == 0 && sw_pair(f.mpad))
+	if (!f.split && f.ks == 1 && f.tiles % 2 == 0 && sw_pair(f.mpad))
 		for (int i = 0; i < (int)(sizeof sw_pairs / sizeof *sw_pairs); i++)
 			if (sw_pairs[i].nt == f.nt)
 				f.np = 2, f.name = sw_pairs[i].name;
@@ -580,11 +582,11 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 		return -EINVAL;
 	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
 	const struct sw_form f = sw_form_for(g, M, N, K, ks2);
-	const int nt = f.nt, split = f.split, ks = f.ks, np = f.np;
+	const int nt = f.nt, tiles = f.tiles, split = f.split, ks = f.ks, np = f.np;
 	int mpad = f.mpad; /* (a kernel argument) */
 	const char *name = f.name;
 	/* stages a block streams (KS = 2: rank 0's, the larger half) */
-	const int nst = ks == 2 ? ((KB + 1) / 2 + 1) / 2 : (KB + 1) / 2, tiles = (N + nt - 1) / nt;
+	const int nst = ks == 2 ? ((KB + 1) / 2 + 1) / 2 : (KB + 1) / 2;
 	/* shared memory: barriers (256 bytes), 1 KB of alignment slack, ns stages of two K blocks
 	 * (mpad token rows + nt weight rows each; at least the second token box + 8 KB: wgmma's
 	 * 64-row A operand reads past the box, inside the stage; 1 KB multiples), the weight scales
