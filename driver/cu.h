@@ -34,6 +34,7 @@
 	X(cuCtxSetCurrent) X(cuCtxSynchronize)                                                \
 	X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
 	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
+	X(cuOccupancyMaxActiveClusters)                                                       \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                           \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
 	X(cuEventDestroy) X(cuStreamWaitEvent)                                                \

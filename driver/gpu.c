@@ -208,6 +208,22 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 	return 0;
 }
 
+int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned block,
+			    unsigned smem)
+{
+	(void)g;
+	CUlaunchConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDimX = cluster, cfg.gridDimY = cfg.gridDimZ = 1; /* one cluster (its shape: the kernel's) */
+	cfg.blockDimX = block, cfg.blockDimY = cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	int n = 0;
+	if (!fn || cu_check(cu.cuOccupancyMaxActiveClusters(&n, (CUfunction)fn, &cfg),
+			    "cuOccupancyMaxActiveClusters", __FILE__, __LINE__))
+		return -EIO;
+	return n;
+}
+
 int gpu_launch_as_n(struct gpu *g, int pdl, void *fn, unsigned gx, unsigned gy, unsigned gz,
 		    unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {

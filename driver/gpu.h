@@ -72,6 +72,12 @@ void *gpu_kernel(struct gpu *g, const char *fn);
  * static shared memory), so any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in
  * the modules) or -EIO (the driver refused). */
 int gpu_kernel_smem(struct gpu *g, const char *name, void **fn);
+/* How many clusters of fn (a kernel whose compile-time cluster is `cluster` x 1 x 1) launched with
+ * `block` threads and `smem` bytes of dynamic shared memory a block the device holds at once
+ * (cuOccupancyMaxActiveClusters: a cluster's blocks share a GPC, so on the H200 only 30 of 4
+ * blocks of > ~114 KB, not 33), or -EIO when the driver cannot say. */
+int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned block,
+			    unsigned smem);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
  * (an array of pointers to each argument, as cuLaunchKernel takes them). n_args: the array's
  * length, or -1 when not known; fewer than the kernel's parameters is refused (-EINVAL, with

@@ -710,10 +710,10 @@ ST_ENTRY(0, 1, 0, )
 // (the first ceil(stages / 2) or the rest): each weight byte then comes with half the token
 // bytes of a tile half as wide (the tokens' share of the copies at 33-64 rows); rank 1's sums go
 // into rank 0's idle ring through distributed shared memory, and rank 0 adds and stores.
-// NP = 2 (KS = 1, SPLIT = 0): two tiles n, n + 1 (the blocks of a cluster pair, rank = the
-// tile's place) stream the same K range and share its token boxes: each block copies half of a
-// box's rows (mpad / 2, the token map's box) and multicasts them into both blocks' stage, so
-// the L2 serves a token box once a pair.
+// NP = 2 (SPLIT = 0): two tiles n, n + 1 (the blocks of a cluster pair, rank = the tile's
+// place; with KS = 2 a cluster of 4, rank = 2 place + K half) stream the same K range and share
+// its token boxes: each block copies half of a box's rows (mpad / 2, the token map's box) and
+// multicasts them into both blocks' stage, so the L2 serves a token box once a pair.
 // Why: at 33-64 tokens the L2 moves the weights twice (filled from HBM, read by the SMs) and
 // the token boxes once a tile: 7168x16384 at M = 64 on 112-row tiles x K halves, 117 + 117 + 67
 // MB, 35 us at the ~8.5 TB/s the L2 moves (s13-8's probe) = 3.3 TB/s of weights, as measured
@@ -755,7 +755,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					      int stage_bytes, int flags)
 {
 	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
-	static_assert(NP == 1 || (NP == 2 && KS == 1 && !SPLIT), "pairs of one-tile blocks only");
+	static_assert(NP == 1 || (NP == 2 && !SPLIT), "pairs of one-tile blocks only");
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, R = NW / 2;
 	const int STAGE = stage_bytes, XB = mpad * 128, W0 = ST_KBS * XB; // W0: the weights' offset
 	extern __shared__ __align__(1024) uint8_t smem[];
@@ -764,8 +764,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const uint32_t stage0 = (smem_u32(smem) + 256 + 1023) & ~1023u;
 	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
 	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)
-	// the block's cluster rank: its K half (KS = 2) or its tile's place in the pair (NP = 2)
-	const int crank = KS * NP > 1 ? (int)cluster_rank() : 0, rank = KS == 2 ? crank : 0;
+	// the block's cluster rank crank = KS place + r: its K half r (KS = 2) and its tile's place
+	// in the pair (NP = 2); peer: the pair's other block (the same K range)
+	const int crank = KS * NP > 1 ? (int)cluster_rank() : 0;
+	const int rank = KS == 2 ? (NP == 2 ? crank & 1 : crank) : 0;
+	const int peer = crank ^ KS, place = NP == 2 ? crank / KS : 0;
 	const int nall = (KB + ST_KBS - 1) / ST_KBS;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
@@ -798,7 +801,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
 		const int xbytes = flags & SW_NOX ? 0 : mpad * 128; // a token box's
 		// NP = 2: this block's half of each token box (rows xoff ..), multicast to the pair
-		const int xoff = NP == 2 ? crank * (mpad / 2) : 0;
+		const int xoff = NP == 2 ? place * (mpad / 2) : 0;
+		const uint16_t pair_mask = (uint16_t)(KS == 1 ? 3u : 1u << crank | 1u << peer); // the two
 		if (lane == 0)
 			for (int q = 0; q < pre; q++) {
 				const int kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
@@ -828,17 +832,19 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					for (int j = 0; j < nb && xbytes; j++)
 						if (NP == 2)
 							tma_load_2d_mc(st + j * XB + xoff * 128, xmap, bar,
-								       (kb + j) * 128, xoff, 3); // both
+								       (kb + j) * 128, xoff, pair_mask);
 						else
 							tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128,
 									 0, pol_x);
 				}
 			}
 		}
-		if constexpr (KS == 2) { // the pair's two cluster barriers (below); no thread leaves first
+		// the consumers' cluster barriers (below), so that no thread leaves first: the pair's
+		// before the exchange (NP = 2), the K halves' two (KS = 2)
+		if constexpr (NP == 2)
 			cluster_sync();
+		if constexpr (KS == 2) {
 			cluster_sync();
-		} else if constexpr (NP == 2) { // the pair's barrier before the exchange (below)
 			cluster_sync();
 		}
 		return;
@@ -869,7 +875,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	auto release = [&](int s) {
 		mbar_arrive_warp(smem_u32(&empty[s]), lane);
 		if (NP == 2 && lane == 0)
-			mbar_arrive_cluster(smem_u32(&empty[s]), (uint32_t)(crank ^ 1));
+			mbar_arrive_cluster(smem_u32(&empty[s]), (uint32_t)peer);
 	};
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
 	int Q = 0;
@@ -951,14 +957,16 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
 		}
 		if constexpr (KS == 2) {
-			// one tile a cluster: both ranks' rings idle after the first barrier (and rank 0's
-			// exchange above read); rank 1's sums into rank 0's ring, thread-major
+			// one tile a cluster (pair): both ranks' rings idle after the first barrier (and
+			// rank 0's exchange above read); rank 1's sums into rank 0's ring (cluster rank
+			// crank - 1), thread-major
 			cluster_sync();
 			if (rank == 1 && c == 0 && live)
 #pragma unroll
 				for (int i = 0; i < R; i++)
 					asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
-							     cl_mapa(stage0 + 4 * (i * 128 + tid), 0)),
+							     cl_mapa(stage0 + 4 * (i * 128 + tid),
+								     NP == 2 ? (uint32_t)(crank & ~1) : 0u)),
 						     "f"(acc[i])
 						     : "memory");
 			cluster_sync();
@@ -1009,10 +1017,12 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 #define SW_ENTRY(NT, SPLIT, SUF) SW_KERNEL(NT, SUF, SPLIT, 1, 1, )
 // KS = 2: a cluster of two blocks a tile (its K halves)
 #define SW_ENTRY2(NT) SW_KERNEL(NT, k2, false, 2, 1, __cluster_dims__(2, 1, 1))
-// NP = 2: pairs of tiles sharing their token boxes (clusters of 2; pairs of the K-halves form's
-// pairs, clusters of 4, streamed 2.05-2.14 TB/s on 7168x16384 against 3.31 in s17-2: fewer
-// clusters of 4 blocks of ~200 KB fit at once than the 32 of a one-wave grid)
+// NP = 2: pairs of tiles sharing their token boxes (clusters of 2)
 #define SW_ENTRY_P2(NT) SW_KERNEL(NT, p2, false, 1, 2, __cluster_dims__(2, 1, 1))
+// KS = 2 and NP = 2: pairs of the K-halves form's pairs (clusters of 4; the H200 holds 30 of
+// ~200 KB blocks at once, s18-3: its grid must be <= 30 clusters, model/cuda_gemm.c; 32 streamed
+// 2.05-2.14 TB/s on 7168x16384 in s17-2, as two waves)
+#define SW_ENTRY_Q4(NT) SW_KERNEL(NT, q4, false, 2, 2, __cluster_dims__(4, 1, 1))
 
 SW_ENTRY(8, false, )
 SW_ENTRY(16, false, )
@@ -1044,6 +1054,7 @@ SW_ENTRY_P2(64)
 SW_ENTRY_P2(96)
 SW_ENTRY_P2(128)
 SW_ENTRY_P2(144)
+SW_ENTRY_Q4(120)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

@@ -502,13 +502,53 @@ static int sw_pair_on = -2;
 
 void cuda_gemm_set_sw_pair(int on) { sw_pair_on = on < 0 ? -2 : on != 0; }
 
-static int sw_pair(int mpad)
+static int sw_pair_mode(void)
 {
 	if (sw_pair_on == -2) { /* (0, 1, or anything else: the default) */
 		const int v = env_int("DSV32_GEMM_SW_PAIR", -1);
 		sw_pair_on = v == 0 || v == 1 ? v : -1;
 	}
-	return mpad >= 16 && (sw_pair_on == 1 || (sw_pair_on < 0 && mpad >= 32));
+	return sw_pair_on;
+}
+
+static int sw_pair(int mpad)
+{
+	const int on = sw_pair_mode();
+	return mpad >= 16 && (on == 1 || (on < 0 && mpad >= 32));
+}
+
+/* The pairs of the K-halves form (KS = 2 and NP = 2: clusters of 4, SW_ENTRY_Q4), by width.
+ * A GPC holds a cluster's blocks, so of ~200 KB blocks in fours the H200 holds 30 at once, not
+ * 33 (s18-3, tools/probes/cluster_probe.cu; 32 clusters ran as two waves at 2.1 TB/s in s17-2):
+ * the form takes a width whose grid is one wave of those, on 7168 rows 120 (60 tiles, 120 of the
+ * 132 SMs). Under the pair switch (sw_pair_mode): by default from 33 rows, where the K-halves
+ * form's token reads bound it (M = 64: 117 MB of weights filled and read beside 67 MB of token
+ * boxes on 7168x16384; pairs halve the token boxes, and the 12 idle SMs cost little at that
+ * bound), with DSV32_GEMM_SW_PAIR=1 from 9 rows. */
+static const struct {
+	int nt;
+	const char *name;
+} sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
+
+static int sw_quad(int mpad)
+{
+	const int on = sw_pair_mode();
+	return mpad >= 16 && (on == 1 || (on < 0 && mpad >= 64));
+}
+
+/* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
+ * a process, of the first quad kernel: every width has the same block shape; the GPUs of a
+ * process alike); 0 when the driver cannot say (the form is then not used). */
+static int sw_quad_clusters(struct gpu *g)
+{
+	static int n = -1;
+	if (n < 0) {
+		void *fn;
+		int r = gpu_kernel_smem(g, sw_quads[0].name, &fn);
+		r = r ? r : gpu_max_active_clusters(g, fn, 4, 288, (unsigned)g->smem_block_optin);
+		n = r > 0 ? r : 0;
+	}
+	return n;
 }
 
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
@@ -547,7 +587,7 @@ struct sw_form {
 	int nt, tiles, split, ks, np, mpad;
 };
 
-static struct sw_form sw_form_for(const struct gpu *g, int M, int N, int K, int ks2)
+static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 {
 	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
 	const int ti = sw_tile(N, sms);
@@ -565,10 +605,21 @@ static struct sw_form sw_form_for(const struct gpu *g, int M, int N, int K, int 
 		for (int i = 0; i < (int)(sizeof sw_pairs / sizeof *sw_pairs); i++)
 			if (sw_pairs[i].nt == f.nt)
 				f.np = 2, f.name = sw_pairs[i].name;
+	/* pairs of the K halves: the narrowest width whose even number of tiles makes one wave of
+	 * the clusters of 4 that fit, and not a cluster fewer (so that it spans the SMs as the
+	 * K-halves form does but for the last GPC's remainder) */
+	for (int i = 0; f.ks == 2 && sw_quad(f.mpad) && i < (int)(sizeof sw_quads / sizeof *sw_quads);
+	     i++) {
+		const int cap = sw_quad_clusters(g), t = (N + sw_quads[i].nt - 1) / sw_quads[i].nt;
+		if (t % 2 == 0 && t / 2 <= cap && t / 2 >= cap - 1) {
+			f.nt = sw_quads[i].nt, f.tiles = t, f.np = 2, f.name = sw_quads[i].name;
+			break;
+		}
+	}
 	return f;
 }
 
-const char *cuda_gemm_sw_kernel(const struct gpu *g, int M, int N, int K, int ks2)
+const char *cuda_gemm_sw_kernel(struct gpu *g, int M, int N, int K, int ks2)
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128)
 		return NULL;

@@ -50,12 +50,13 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 			    gpu_ptr y, int M, int N, int K, int ldy, int ks2);
 /* The swapped kernel's pair forms (two tiles of a cluster sharing their token boxes by
  * multicast, where a pair fits: the one-block form, one tile a block, an even number of tiles,
- * M > 8): 1 on, 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows.
- * Process-wide. */
+ * M > 8; and the K-halves form's pairs, clusters of 4, where a grid of them is one wave): 1 on,
+ * 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows (the K-halves
+ * form's pairs from 33). Process-wide. */
 void cuda_gemm_set_sw_pair(int on);
 /* The kernel cuda_gemm_fp8_stream_sw would launch for M x N x K (ks2 as there; NULL: a shape it
  * refuses), for tests and the benchmark. */
-const char *cuda_gemm_sw_kernel(const struct gpu *g, int M, int N, int K, int ks2);
+const char *cuda_gemm_sw_kernel(struct gpu *g, int M, int N, int K, int ks2);
 /* 1: cuda_gemm_fp8_decode runs the streaming kernel; 0: the previous kernel (v2, below); -1
  * (the default): per shape by measurement (cuda_gemm.c: mostly v2). Process-wide; tests and the
  * benchmark set it. */

@@ -249,6 +249,8 @@ TEST_T(gpu_cublaslt, stream_swap_vs_cpu, 240)
 			REQUIRE(kname);
 			if (pair && (c.N == 18432 || (c.N == 7168 && !ks2))) /* real shapes pair */
 				CHECK(strstr(kname, "p2") != NULL);
+			if (pair && c.N == 7168 && ks2) /* the K-halves form's pairs (clusters of 4) */
+				CHECK(strstr(kname, "q4") != NULL);
 			char label[64];
 			snprintf(label, sizeof label, "stream swap (%s)", kname);
 			CHECK_EQ_INT(case_run(&g, &c, ks2 ? VIA_SW2 : VIA_SW, label), 0);
