@@ -16,8 +16,12 @@
  * batch-invariant mode (cuda_gemm_set_batch_invariant: the exact decode kernels up to 64 tokens,
  * the exact router logits). DSV32_CUDA_UNFUSED=1: the block's separate kernels
  * (CUDA_MOE_UNFUSED). The 256 experts take 11.3 GB: even one token's 8 experts (352 MB)
- * exceed the 60 MB L2, so repeats stream the expert weights from HBM; the router (3.7 MB) and
- * the shared expert (44 MB) may partly stay in L2 between repeats.
+ * exceed the 60 MB L2, so repeats stream the expert weights from HBM. The router (3.7 MB) and
+ * the shared expert (44 MB) would fit it, so the runs rotate over --layers N layers (default 4),
+ * each with its own router and shared expert (the routed experts' weights are common: even one
+ * token's exceed the L2): like the model's consecutive layers, a run finds none of its own
+ * router's or shared expert's bytes left in L2 by the run before (--layers 1: the same layer
+ * every run, as before session 18).
  * Time = median of trials of CUDA-event-timed launch sequences: the block launched eagerly and
  * replayed from a CUDA graph (the engine's decode steps run graphs), each stage alone replayed
  * from a graph (eagerly a one-kernel stage measured the host's launch rate). --tokens: the token
@@ -46,6 +50,9 @@ int bench_moe(int argc, char **argv)
 }
 #else
 
+/* --layers at most: each has its own router and shared expert (~48 MB) */
+#define MAX_LAYERS 8
+
 /* The H200's dense FP8 tensor-core peak (SXM, 1979 TFLOP/s without sparsity). */
 #define FP8_PEAK_TFLOPS 1979.0
 
@@ -59,16 +66,19 @@ struct moe_bench {
 	struct gpu *g;
 	struct gpu_arena *a;
 	const struct dsv32_config *c;
-	const struct cuda_moe_layer *L;
+	const struct cuda_moe_layer *L; /* [nl], run in turn */
+	int nl, next;
 	const struct cuda_moe_trace *tr;
 	gpu_ptr x, y;
 	int T;
 	unsigned stages; /* with CUDA_MOE_UNFUSED under DSV32_CUDA_UNFUSED=1 */
 };
 
-static int run_stages(const struct moe_bench *b)
+static int run_stages(struct moe_bench *b)
 {
-	return cuda_moe_forward_stages(b->g, b->a, b->c, b->L, b->x, b->y, b->T, b->tr, NULL,
+	const struct cuda_moe_layer *L = &b->L[b->next];
+	b->next = (b->next + 1) % b->nl;
+	return cuda_moe_forward_stages(b->g, b->a, b->c, L, b->x, b->y, b->T, b->tr, NULL,
 				       b->stages);
 }
 
@@ -77,7 +87,7 @@ static int run_stages(const struct moe_bench *b)
  * back (the GPU's time, as the engine's decode steps run, without the host's launch cost:
  * eagerly, a stage of one small kernel measures the host's ~5 us a launch, run 10); else
  * launched eagerly each trial. */
-static float time_ms(const struct moe_bench *b, int reps, int trials, int graph, int replays)
+static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int replays)
 {
 	CUevent ev[2];
 	CUgraph gr = NULL;
@@ -179,7 +189,7 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 
 int bench_moe(int argc, char **argv)
 {
-	int trials = 5, hot = 0, exact = 0, sustain_ms = 0;
+	int trials = 5, hot = 0, exact = 0, sustain_ms = 0, nl = 4;
 	const char *uf = getenv("DSV32_CUDA_UNFUSED");
 	const unsigned mode = uf && *uf == '1' ? CUDA_MOE_UNFUSED : 0;
 	const char *tokens = NULL;
@@ -191,6 +201,9 @@ int bench_moe(int argc, char **argv)
 		else if (!strcmp(argv[i], "--hot") && i + 1 < argc && atoi(argv[i + 1]) >= 8 &&
 			 atoi(argv[i + 1]) <= 128)
 			hot = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--layers") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+			 atoi(argv[i + 1]) <= MAX_LAYERS)
+			nl = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--exact"))
 			exact = 1;
 		else if (!strcmp(argv[i], "--sustain") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
@@ -199,7 +212,8 @@ int bench_moe(int argc, char **argv)
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
 					"[--exact] [--tokens T1,T2,.. (1 .. 4096)] [--sustain MS (1 .. "
-					"60000)]\n");
+					"60000)] [--layers N (1 .. %d)]\n",
+				MAX_LAYERS);
 			return 2;
 		}
 	}
@@ -221,31 +235,27 @@ int bench_moe(int argc, char **argv)
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; FP8 dense peak %.0f TFLOP/s\n",
 	       g.name, g.sm_count, read_tbs, FP8_PEAK_TFLOPS);
 
-	/* weights: all experts' fused gate|up then all down_proj, one allocation each */
+	/* weights: all experts' fused gate|up then all down_proj, one allocation each (common to
+	 * the layers); each layer's router and shared expert its own (layer 0: the seeds of the
+	 * one-layer bench) */
 	const size_t n13 = (size_t)2 * I * D, n2 = (size_t)D * I;
 	const size_t ns13 = (size_t)(2 * I / 128) * (D / 128) * 4, ns2 = (size_t)(D / 128) * (I / 128) * 4;
+	const size_t nsh13 = (size_t)2 * Ish * D, nsh2 = (size_t)D * Ish;
+	const long long nss13 = (long long)(2 * Ish / 128) * (D / 128), nss2 = (D / 128) * (Ish / 128);
 	gpu_ptr w13 = dev_alloc(n13 * E), w2 = dev_alloc(n2 * E), s13 = dev_alloc(ns13 * E),
-		s2 = dev_alloc(ns2 * E), sh13 = dev_alloc((size_t)2 * Ish * D),
-		sh2 = dev_alloc((size_t)D * Ish), shs13 = dev_alloc((size_t)(2 * Ish / 128) * (D / 128) * 4),
-		shs2 = dev_alloc((size_t)(D / 128) * (Ish / 128) * 4), bias = dev_alloc((size_t)E * 4);
-	gpu_ptr gate = upload_bf16(&g, (size_t)E * D, 0.05f, 11),
-		x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
+		s2 = dev_alloc(ns2 * E), bias = dev_alloc((size_t)E * 4);
+	gpu_ptr x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
 	gpu_ptr y = dev_alloc((size_t)max_T * D * 2);
 	struct cuda_moe_trace tr = {dev_alloc((size_t)max_T * E * 4), dev_alloc((size_t)max_T * K * 4),
 				    dev_alloc((size_t)max_T * K * 4)};
-	if (!w13 || !w2 || !s13 || !s2 || !sh13 || !sh2 || !shs13 || !shs2 || !bias || !gate || !x ||
-	    !y || !tr.logits || !tr.idx || !tr.wts) {
+	if (!w13 || !w2 || !s13 || !s2 || !bias || !x || !y || !tr.logits || !tr.idx || !tr.wts) {
 		fprintf(stderr, "dsv32 bench moe: device allocation failed\n");
 		return 1;
 	}
 	if (bench_fill_e4m3(&g, w13, (long long)(n13 * E), 21) ||
 	    bench_fill_e4m3(&g, w2, (long long)(n2 * E), 22) ||
-	    bench_fill_e4m3(&g, sh13, (long long)2 * Ish * D, 23) ||
-	    bench_fill_e4m3(&g, sh2, (long long)D * Ish, 24) ||
 	    bench_fill_pow2(&g, s13, (long long)(ns13 / 4 * E), 25, -12, -9) ||
 	    bench_fill_pow2(&g, s2, (long long)(ns2 / 4 * E), 26, -12, -9) ||
-	    bench_fill_pow2(&g, shs13, (long long)(2 * Ish / 128) * (D / 128), 27, -12, -9) ||
-	    bench_fill_pow2(&g, shs2, (long long)(D / 128) * (Ish / 128), 28, -12, -9) ||
 	    gpu_memset(&g, bias, 0, (size_t)E * 4)) {
 		fprintf(stderr, "dsv32 bench moe: filling the weights failed\n");
 		return 1;
@@ -269,15 +279,39 @@ int bench_moe(int argc, char **argv)
 	}
 	struct gpu_region reg;
 	struct gpu_arena arena;
-	struct cuda_moe_layer L;
-	struct cuda_fp8_mat m13 = {sh13, shs13, 2 * Ish, D}, m2 = {sh2, shs2, D, Ish};
+	struct cuda_moe_layer L[MAX_LAYERS];
 	if (gpu_region_reserve(&g, &reg, "bench-moe", (size_t)64 << 20, &e) ||
-	    gpu_region_grow(&g, &reg, (size_t)2 << 20, &e) ||
-	    cuda_moe_layer_init(&g, &reg, &c, gate, bias, t13, ts13, t2, ts2, m13, m2, &L, &e) ||
-	    gpu_arena_init(&g, &arena, cuda_moe_scratch_bytes(&g, &c, max_T), &e)) {
+	    gpu_region_grow(&g, &reg, (size_t)2 << 20, &e)) {
 		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
 		return 1;
 	}
+	for (int l = 0; l < nl; l++) {
+		const unsigned long long sd = 100ull * l; /* layer l's seeds */
+		gpu_ptr gate = upload_bf16(&g, (size_t)E * D, 0.05f, 11 + sd), sh13 = dev_alloc(nsh13),
+			sh2 = dev_alloc(nsh2), shs13 = dev_alloc((size_t)nss13 * 4),
+			shs2 = dev_alloc((size_t)nss2 * 4);
+		if (!gate || !sh13 || !sh2 || !shs13 || !shs2 ||
+		    bench_fill_e4m3(&g, sh13, (long long)nsh13, 23 + sd) ||
+		    bench_fill_e4m3(&g, sh2, (long long)nsh2, 24 + sd) ||
+		    bench_fill_pow2(&g, shs13, nss13, 27 + sd, -12, -9) ||
+		    bench_fill_pow2(&g, shs2, nss2, 28 + sd, -12, -9)) {
+			fprintf(stderr, "dsv32 bench moe: layer %d's router or shared expert failed\n", l);
+			return 1;
+		}
+		struct cuda_fp8_mat m13 = {sh13, shs13, 2 * Ish, D}, m2 = {sh2, shs2, D, Ish};
+		if (cuda_moe_layer_init(&g, &reg, &c, gate, bias, t13, ts13, t2, ts2, m13, m2, &L[l],
+					&e)) {
+			fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
+			return 1;
+		}
+	}
+	if (gpu_arena_init(&g, &arena, cuda_moe_scratch_bytes(&g, &c, max_T), &e)) {
+		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
+		return 1;
+	}
+	if (nl > 1)
+		printf("%d layers in turn (each its own router and shared expert; the routed experts "
+		       "common)\n", nl);
 
 	const double exp_bytes = (double)n13 + n2 + ns13 + ns2; /* one expert's weights + scales */
 	const double sh_bytes = 3.0 * Ish * D + (double)(2 * Ish / 128) * (D / 128) * 4 +
@@ -301,7 +335,7 @@ int bench_moe(int argc, char **argv)
 	int rc_all = 0;
 	for (int ti = 0; ti < nT; ti++) {
 		const int T = Ts[ti];
-		struct moe_bench b = {&g, &arena, &c, &L, &tr, x, y, T, CUDA_MOE_ALL | mode};
+		struct moe_bench b = {&g, &arena, &c, L, nl, 0, &tr, x, y, T, CUDA_MOE_ALL | mode};
 		const int reps = T >= 1024 ? 3 : T >= 128 ? 8 : 20; /* (the whole bench under a minute) */
 		float block = time_ms(&b, reps, trials, 0, 1), block_graph = time_ms(&b, reps, trials, 1, 1);
 		/* --sustain: the graph replayed for about that long at once (the clocks the power cap
@@ -309,7 +343,8 @@ int bench_moe(int argc, char **argv)
 		const int replays = block_graph > 0 ? (int)(sustain_ms / (block_graph * reps)) + 1 : 1;
 		float block_sus = sustain_ms > 0 && block_graph > 0 ? time_ms(&b, reps, 1, 1, replays)
 								    : -1;
-		/* the experts the timed runs hit, from the device's routing */
+		/* the experts the timed runs hit, from the device's routing (the last run's layer: the
+		 * layers' routers differ, their counts of experts hit barely; at one token 8 each) */
 		if (block < 0 || gpu_download(&g, idx, tr.idx, (size_t)T * K * 4)) {
 			printf("T=%d: the block failed\n", T);
 			rc_all = 1;
@@ -402,6 +437,7 @@ int bench_moe(int argc, char **argv)
 	if (sustain_ms)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --sustain %d",
 			 sustain_ms);
+	snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --layers %d", nl);
 	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; susN: N runs replayed "
