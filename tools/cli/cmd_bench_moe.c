@@ -343,18 +343,25 @@ int bench_moe(int argc, char **argv)
 		const int replays = block_graph > 0 ? (int)(sustain_ms / (block_graph * reps)) + 1 : 1;
 		float block_sus = sustain_ms > 0 && block_graph > 0 ? time_ms(&b, reps, 1, 1, replays)
 								    : -1;
-		/* the experts the timed runs hit, from the device's routing (the last run's layer: the
-		 * layers' routers differ, their counts of experts hit barely; at one token 8 each) */
-		if (block < 0 || gpu_download(&g, idx, tr.idx, (size_t)T * K * 4)) {
+		/* the experts the timed runs hit, from the device's routing: each layer's (their
+		 * routers differ) run once more, the mean of their counts (the runs rotate over the
+		 * layers); the rows per expert below are the last layer's */
+		double distinct = 0;
+		int bad = block < 0;
+		for (int l = 0; l < nl && !bad; l++) {
+			b.next = l;
+			bad = run_stages(&b) || gpu_sync(&g) ||
+			      gpu_download(&g, idx, tr.idx, (size_t)T * K * 4);
+			unsigned char hit[256] = {0};
+			for (int i = 0; i < T * K && !bad; i++)
+				if (idx[i] >= 0 && idx[i] < E && !hit[idx[i]])
+					hit[idx[i]] = 1, distinct += 1.0 / nl;
+		}
+		if (bad) {
 			printf("T=%d: the block failed\n", T);
 			rc_all = 1;
 			continue;
 		}
-		unsigned char hit[256] = {0};
-		int distinct = 0;
-		for (int i = 0; i < T * K; i++)
-			if (idx[i] >= 0 && idx[i] < E && !hit[idx[i]])
-				hit[idx[i]] = 1, distinct++;
 		const double R = (double)T * K;
 		const double f13 = 2.0 * R * 2 * I * D, f2 = 2.0 * R * D * I;
 		const double fsh = 2.0 * T * 3.0 * Ish * D, fgate = 2.0 * T * E * D;
@@ -372,7 +379,7 @@ int bench_moe(int argc, char **argv)
 			least = n && n < least ? n : least;
 			t128 += (n + 127) / 128, t64 += (n + 63) / 64, r16 += (n + 15) / 16 * 16;
 		}
-		printf("\nT=%d tokens: %d rows routed to %d distinct experts (at most %d rows one); "
+		printf("\nT=%d tokens: %d rows routed to %.2f distinct experts (at most %d rows one); "
 		       "weights touched %.1f MB (experts %.1f MB, shared %.1f MB, router %.1f MB)\n",
 		       T, T * K, distinct, most, touched / 1e6, distinct * exp_bytes / 1e6,
 		       sh_bytes / 1e6, gate_bytes / 1e6);
