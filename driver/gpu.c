@@ -214,7 +214,7 @@ int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned 
 	(void)g;
 	CUlaunchConfig cfg;
 	memset(&cfg, 0, sizeof cfg);
-	cfg.gridDimX = cluster, cfg.gridDimY = cfg.gridDimZ = 1; /* one cluster (its shape: the kernel's) */
+	cfg.gridDimX = cluster, cfg.gridDimY = cfg.gridDimZ = 1; /* one cluster, the kernel's shape */
 	cfg.blockDimX = block, cfg.blockDimY = cfg.blockDimZ = 1;
 	cfg.sharedMemBytes = smem;
 	int n = 0;

@@ -21,6 +21,13 @@ static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define MAX_GPUS 16
 
+/* The SMs the launch sizing plans for: the device's (gpu_open), or the H200's 132 where no
+ * count was reported. */
+static int gemm_sms(const struct gpu *g)
+{
+	return g->sm_count > 0 ? g->sm_count : 132;
+}
+
 /* Per GPU ordinal: 1 the fast mode: the decode and grouped GEMMs may run on wgmma (native
  * FP8; within tests/gpu/gemm_fp8_limit.h's limit of the CPU) and on cuBLASLt where measured
  * faster (the start-up measurement, else run 10's table); 0 (until the backend says otherwise)
@@ -74,7 +81,7 @@ static int wgmma_fits(int N, int ldy) { return N % 64 == 0 && N >= 64 && ldy % 2
  * summation order, and so every result, never depends on M. */
 struct gemm_split cuda_gemm_decode_split(const struct gpu *g, int N, int K)
 {
-	int kb = K / 128, tiles = (N + 127) / 128, sms = g->sm_count > 0 ? g->sm_count : 132;
+	int kb = K / 128, tiles = (N + 127) / 128, sms = gemm_sms(g);
 	struct gemm_split best = {1, 1, kb > 0 ? kb : 1};
 	double best_cost = 1e30;
 	for (int c = 1; c <= kb && c <= 64; c++) {
@@ -356,7 +363,7 @@ static int stream_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr of
 		 * around it, so it can be resident, its copies under way, while the previous one
 		 * runs (all of its weights, when they fit the ring) */
 		long long units = (long long)((rows + 63) / 64) * ((N + tile - 1) / tile) * sp.chunks;
-		int sms = g->sm_count > 0 ? g->sm_count : 132;
+		int sms = gemm_sms(g);
 		long long per = (units + sms - 1) / sms;
 		long long need = per * ((sp.chunk_blocks + 1) / 2);
 		ns = need < ns ? (int)(need > 2 ? need : 2) : ns;
@@ -589,7 +596,7 @@ struct sw_form {
 
 static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 {
-	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
+	const int sms = gemm_sms(g), KB = K / 128;
 	const int ti = sw_tile(N, sms);
 	struct sw_form f = {sw_tiles[ti].name, sw_tiles[ti].nt, 0, sw_tiles[ti].split, 1, 1,
 			    M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64};
@@ -631,7 +638,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 {
 	if (M < 1 || M > 64 || N % 16 || K % 128 || ldy < N)
 		return -EINVAL;
-	const int sms = g->sm_count > 0 ? g->sm_count : 132, KB = K / 128;
+	const int sms = gemm_sms(g), KB = K / 128;
 	const struct sw_form f = sw_form_for(g, M, N, K, ks2);
 	const int nt = f.nt, tiles = f.tiles, split = f.split, ks = f.ks, np = f.np;
 	int mpad = f.mpad; /* (a kernel argument) */
@@ -758,7 +765,7 @@ static int gemv_bits(void); /* (its switch, below) */
  * only (the summation order never depends on M). */
 static struct gemm_split gemv_split(const struct gpu *g, int N, int K)
 {
-	const int kb = K / 128, tiles = N / 16, sms = g->sm_count > 0 ? g->sm_count : 132;
+	const int kb = K / 128, tiles = N / 16, sms = gemm_sms(g);
 	struct gemm_split best = {1, 1, kb};
 	if (2 * 16 * K <= GV_RING)
 		return best;
@@ -807,7 +814,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 		return -ENOTSUP;
 	const int stage = 16 * (sp.chunks == 1 ? K : sp.chunk_blocks * 128 + 16);
 	const long long units = (long long)slice_cap * tiles * sp.chunks; /* (grouped: a bound) */
-	const int sms = g->sm_count > 0 ? g->sm_count : 132;
+	const int sms = gemm_sms(g);
 	unsigned grid = (unsigned)(units < sms ? units : sms);
 	/* stages: what the ring holds (at least one), no more than a block's units */
 	const long long per = (units + grid - 1) / grid;
