@@ -44,8 +44,10 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * tiles of NT weight rows as B, each over the whole of K, so no K chunks, no workspace and one
  * launch; within the wgmma limit; a row's result independent of M). ks2 1: its cluster form
  * where one fits (two blocks a tile twice as wide, each streaming half of K, the halves' sums
- * added through distributed shared memory: half the token bytes a weight byte; K >= 512), else
- * the one-block form. -ENOTSUP where the ring does not fit. M <= 64. */
+ * added through distributed shared memory: half the token bytes a weight byte; K >= 512; from
+ * 33 rows, where one wave of them fits, in pairs sharing their token boxes: clusters of 4, see
+ * cuda_gemm_set_sw_pair), else the one-block form. -ENOTSUP where the ring does not fit.
+ * M <= 64. */
 int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx,
 			    gpu_ptr y, int M, int N, int K, int ldy, int ks2);
 /* The swapped kernel's pair forms (two tiles of a cluster sharing their token boxes by
