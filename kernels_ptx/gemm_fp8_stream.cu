@@ -765,7 +765,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
 	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)
 	// the block's cluster rank crank = KS place + r: its K half r (KS = 2) and its tile's place
-	// in the pair (NP = 2); peer: the pair's other block (the same K range)
+	// in the pair (NP = 2); peer (NP = 2 only): the pair's other block, the same K range
 	const int crank = KS * NP > 1 ? (int)cluster_rank() : 0;
 	const int rank = KS == 2 ? (NP == 2 ? crank & 1 : crank) : 0;
 	const int peer = crank ^ KS, place = NP == 2 ? crank / KS : 0;

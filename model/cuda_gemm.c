@@ -545,7 +545,8 @@ static int sw_quad(int mpad)
 
 /* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
  * a process, of the first quad kernel: every width has the same block shape; the GPUs of a
- * process alike); 0 when the driver cannot say (the form is then not used). */
+ * process alike; cached like the knobs of env_knob.h, every first caller storing the same
+ * value); 0 when the driver cannot say (the form is then not used). */
 static int sw_quad_clusters(struct gpu *g)
 {
 	static int n = -1;
