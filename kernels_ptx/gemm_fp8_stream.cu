@@ -718,9 +718,10 @@ ST_ENTRY(0, 1, 0, )
 // the token boxes once a tile: 7168x16384 at M = 64 on 112-row tiles x K halves, 117 + 117 + 67
 // MB, 35 us at the ~8.5 TB/s the L2 moves (s13-8's probe) = 3.3 TB/s of weights, as measured
 // (18432x7168 on 144-row tiles: 3.48 by that bound, 3.45 measured; paired 3.83 by the bound,
-// 3.53-3.55 measured in s17-2, 3.66-3.68 once the outputs were stored as bf16 pairs; pairs of the K-halves form would be clusters of 4, which do not
-// all fit at once: 2.1 TB/s). A stage's slot is then refilled only when both blocks' consumers
-// have released it: each consumer warp arrives on "empty" in both (count 2x); the pair
+// 3.53-3.55 measured in s17-2, 3.66-3.68 once the outputs were stored as bf16 pairs; the
+// K-halves form's pairs, clusters of 4, one wave of the 30 that fit: 3.75 by the bound on both
+// 7168-row shapes, 3.55 / 3.64 measured in s18-4). A stage's slot is then refilled only when both
+// blocks' consumers have released it: each consumer warp arrives on "empty" in both (count 2x); the pair
 // synchronises after the barriers' init and before either block leaves.
 //
 // Numerics (fast mode): per K block the 4 k32 wgmmas into a fresh fragment, then

@@ -481,22 +481,22 @@ static const struct {
 		{144, 1, "k_gemm_fp8_swap_n144s"}, {192, 1, "k_gemm_fp8_swap_n192s"},
 		{256, 1, "k_gemm_fp8_swap_n256s"}};
 
-/* The cluster form (KS = 2: two blocks a tile, each streaming half of K; SW_ENTRY2) and its
- * widths. */
-static const struct {
+/* A cluster form of the swapped kernel at one tile width: the tables below. */
+struct sw_width {
 	int nt;
 	const char *name;
-} sw_tiles2[] = {{16, "k_gemm_fp8_swap_n16k2"},	  {32, "k_gemm_fp8_swap_n32k2"},
+};
+
+/* The cluster form (KS = 2: two blocks a tile, each streaming half of K; SW_ENTRY2) and its
+ * widths. */
+static const struct sw_width sw_tiles2[] = {{16, "k_gemm_fp8_swap_n16k2"},	  {32, "k_gemm_fp8_swap_n32k2"},
 		 {48, "k_gemm_fp8_swap_n48k2"},	  {64, "k_gemm_fp8_swap_n64k2"},
 		 {96, "k_gemm_fp8_swap_n96k2"},	  {112, "k_gemm_fp8_swap_n112k2"},
 		 {128, "k_gemm_fp8_swap_n128k2"}, {144, "k_gemm_fp8_swap_n144k2"}};
 /* The pair forms (NP = 2, SW_ENTRY_P2): two one-tile blocks of a cluster sharing their token
- * boxes, by tile width (the one-block form's widths; not the K-halves form's: a pair of its
- * pairs is a cluster of 4, which streamed at 2.1 TB/s, docs/PERF.md session 17). */
-static const struct {
-	int nt;
-	const char *name;
-} sw_pairs[] = {{16, "k_gemm_fp8_swap_n16p2"},	 {32, "k_gemm_fp8_swap_n32p2"},
+ * boxes, by tile width (the one-block form's widths; the K-halves form's pairs are clusters of
+ * 4, sw_quads below). */
+static const struct sw_width sw_pairs[] = {{16, "k_gemm_fp8_swap_n16p2"},	 {32, "k_gemm_fp8_swap_n32p2"},
 		{48, "k_gemm_fp8_swap_n48p2"},	 {56, "k_gemm_fp8_swap_n56p2"},
 		{64, "k_gemm_fp8_swap_n64p2"},	 {96, "k_gemm_fp8_swap_n96p2"},
 		{128, "k_gemm_fp8_swap_n128p2"}, {144, "k_gemm_fp8_swap_n144p2"}};
@@ -518,10 +518,12 @@ static int sw_pair_mode(void)
 	return sw_pair_on;
 }
 
-static int sw_pair(int mpad)
+/* Whether a pair form is taken for token boxes of mpad rows: switched on, from 9 rows (mpad
+ * 16: the box's half a multiple of 8, the swizzle's 1 KB); by default from `from` rows' boxes. */
+static int sw_paired(int mpad, int from)
 {
 	const int on = sw_pair_mode();
-	return mpad >= 16 && (on == 1 || (on < 0 && mpad >= 32));
+	return mpad >= 16 && (on == 1 || (on < 0 && mpad >= from));
 }
 
 /* The pairs of the K-halves form (KS = 2 and NP = 2: clusters of 4, SW_ENTRY_Q4), by width.
@@ -532,16 +534,7 @@ static int sw_pair(int mpad)
  * form's token reads bound it (M = 64: 117 MB of weights filled and read beside 67 MB of token
  * boxes on 7168x16384; pairs halve the token boxes, and the 12 idle SMs cost little at that
  * bound), with DSV32_GEMM_SW_PAIR=1 from 9 rows. */
-static const struct {
-	int nt;
-	const char *name;
-} sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
-
-static int sw_quad(int mpad)
-{
-	const int on = sw_pair_mode();
-	return mpad >= 16 && (on == 1 || (on < 0 && mpad >= 64));
-}
+static const struct sw_width sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
 
 /* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
  * a process, of the first quad kernel: every width has the same block shape; the GPUs of a
@@ -607,18 +600,20 @@ static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 			break;
 		}
 	f.tiles = (N + f.nt - 1) / f.nt;
-	/* pairs: each block copies mpad / 2 rows of a token box (a multiple of 8, sw_pair: the
-	 * swizzle's 1 KB) and multicasts them; every block of a pair must have its tile */
-	if (!f.split && f.ks == 1 && f.tiles % 2 == 0 && sw_pair(f.mpad))
+	/* pairs (from 17 rows): each block copies mpad / 2 rows of a token box and multicasts them;
+	 * every block of a pair must have its tile */
+	if (!f.split && f.ks == 1 && f.tiles % 2 == 0 && sw_paired(f.mpad, 32))
 		for (int i = 0; i < (int)(sizeof sw_pairs / sizeof *sw_pairs); i++)
 			if (sw_pairs[i].nt == f.nt)
 				f.np = 2, f.name = sw_pairs[i].name;
-	/* pairs of the K halves: the narrowest width whose even number of tiles makes one wave of
-	 * the clusters of 4 that fit, and not a cluster fewer (so that it spans the SMs as the
-	 * K-halves form does but for the last GPC's remainder) */
-	for (int i = 0; f.ks == 2 && sw_quad(f.mpad) && i < (int)(sizeof sw_quads / sizeof *sw_quads);
-	     i++) {
-		const int cap = sw_quad_clusters(g), t = (N + sw_quads[i].nt - 1) / sw_quads[i].nt;
+	/* pairs of the K halves (from 33 rows): the narrowest width whose even number of tiles
+	 * makes one wave of the clusters of 4 that fit, and not a cluster fewer (so that it spans
+	 * the SMs as the K-halves form does but for the last GPC's remainder) */
+	if (f.ks != 2 || !sw_paired(f.mpad, 64))
+		return f;
+	const int cap = sw_quad_clusters(g);
+	for (int i = 0; i < (int)(sizeof sw_quads / sizeof *sw_quads); i++) {
+		const int t = (N + sw_quads[i].nt - 1) / sw_quads[i].nt;
 		if (t % 2 == 0 && t / 2 <= cap && t / 2 >= cap - 1) {
 			f.nt = sw_quads[i].nt, f.tiles = t, f.np = 2, f.name = sw_quads[i].name;
 			break;
