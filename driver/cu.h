@@ -33,6 +33,7 @@
 	X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)          \
 	X(cuCtxSetCurrent) X(cuCtxSynchronize)                                                \
 	X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
+	X(cuModuleGetGlobal)                                                                   \
 	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
 	X(cuOccupancyMaxActiveClusters)                                                       \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                           \

@@ -208,6 +208,20 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 	return 0;
 }
 
+int gpu_module_global(struct gpu *g, const char *name, gpu_ptr *ptr, size_t *bytes)
+{
+	for (int i = 0; i < g->n_modules; i++) {
+		CUdeviceptr p;
+		size_t n;
+		/* a miss is CUDA_ERROR_NOT_FOUND, not a failure: no cu_check's message */
+		if (cu.cuModuleGetGlobal(&p, &n, g->modules[i], name) == CUDA_SUCCESS) {
+			*ptr = p, *bytes = n;
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
 int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned block,
 			    unsigned smem)
 {

@@ -72,6 +72,9 @@ void *gpu_kernel(struct gpu *g, const char *fn);
  * static shared memory), so any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in
  * the modules) or -EIO (the driver refused). */
 int gpu_kernel_smem(struct gpu *g, const char *name, void **fn);
+/* The device address and size of the __device__ variable `name` in any loaded module (for
+ * diagnosis buffers the host reads back); 0, -ENOENT when no module has it. */
+int gpu_module_global(struct gpu *g, const char *name, gpu_ptr *ptr, size_t *bytes);
 /* How many clusters of fn (a kernel whose compile-time cluster is `cluster` x 1 x 1) launched with
  * `block` threads and `smem` bytes of dynamic shared memory a block the device holds at once
  * (cuOccupancyMaxActiveClusters: a cluster's blocks share a GPC, so on the H200 only 30 of 4

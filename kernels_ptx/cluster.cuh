@@ -14,6 +14,19 @@ __device__ __forceinline__ void cluster_sync()
 	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
+// cluster_sync in two halves: arrive (releasing this thread's prior writes) as soon as it has
+// nothing more to give, wait (acquiring every CTA's) only where it must; each thread once each,
+// in that order.
+__device__ __forceinline__ void cluster_arrive()
+{
+	asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait()
+{
+	asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // This CTA's rank in its cluster.
 __device__ __forceinline__ uint32_t cluster_rank()
 {

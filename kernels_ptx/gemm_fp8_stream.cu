@@ -709,7 +709,13 @@ ST_ENTRY(0, 1, 0, )
 // SPLIT = 0): a cluster of two blocks per tile, rank r streaming the stages of its half of K
 // (the first ceil(stages / 2) or the rest): each weight byte then comes with half the token
 // bytes of a tile half as wide (the tokens' share of the copies at 33-64 rows); rank 1's sums go
-// into rank 0's idle ring through distributed shared memory, and rank 0 adds and stores.
+// into rank 0's idle ring through distributed shared memory (st.async, counted on a barrier of
+// rank 0's), and rank 0 adds and stores. The end is one cluster barrier, arrived as each thread
+// finishes its stages and waited only by rank 1 before it writes into rank 0's ring and by
+// every thread before it leaves (s19, traced: the three cluster barriers it replaced cost
+// 2.2 us of a 33 us launch at 64 rows after the cluster's last stage, now 1.6), and short code:
+// it runs once a block, its instructions fetched cold while HBM is busy (s19: the stores' old
+// unrolled address arithmetic took ~1 us even at one row, now 0.16).
 // NP = 2 (SPLIT = 0): two tiles n, n + 1 (the blocks of a cluster pair, rank = the tile's
 // place; with KS = 2 a cluster of 4, rank = 2 place + K half) stream the same K range and share
 // its token boxes: each block copies half of a box's rows (mpad / 2, the token map's box) and
@@ -734,11 +740,6 @@ ST_ENTRY(0, 1, 0, )
 // 8 (q >> 1), weight row n0 + cw0 + 8i + 2t + (q & 1) (cw0: the warpgroup's first row of the
 // tile, 0 with alternate stages).
 
-__device__ __forceinline__ void sts32f(uint32_t addr, float v)
-{
-	asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-
 // The swapped kernel's ring: up to 16 stages (its barriers fill the 256-byte header), so that
 // narrow tiles (small stages) still keep ~100-200 KB of weights in flight a block (run 21: 56-row
 // tiles in 7 stages, 98 KB, 2.3 TB/s on 7168x16384; 112-row tiles in 5, 140 KB, 3.4)
@@ -747,8 +748,44 @@ __device__ __forceinline__ void sts32f(uint32_t addr, float v)
 // or promotion, SW_NOX no token boxes.
 #define SW_NOMMA 2
 #define SW_NOX 4
+// SW_TRACE: each block's timeline (%globaltimer, ns) into g_sw_trace, the launch's slot flags >> 8
+// (mod SW_TRACE_SLOTS; the host counts its launches): where a launch's time goes besides the
+// stream (its start, the wait for the previous kernel, the last stage, the end's exchange and
+// stores). The points, in the order a block passes them:
+#define SW_TRACE 8
+enum {
+	SWT_START,     // thread 0, the block's first instruction
+	SWT_DEPWAIT,   // the producer, past griddepcontrol.wait (the previous kernel complete)
+	SWT_SCALES,    // consumer thread 0, the token scales loaded
+	SWT_FIRST,     // consumer thread 0, its first stage landed
+	SWT_LAST0,     // consumer thread 0 (warpgroup 0), its last stage consumed
+	SWT_LAST1,     // consumer thread 128 (warpgroup 1), its last stage consumed
+	SWT_EXCHANGED, // consumer thread 0, the sums exchanged (its block's part done, or stores next)
+	SWT_END,       // consumer thread 0, past its stores (= SWT_EXCHANGED where it stores none)
+	SWT_SM,        // %smid << 8 | the cluster rank
+	SWT_POINTS
+};
+#define SW_TRACE_SLOTS 8
+#define SW_TRACE_BLOCKS 160
+__device__ unsigned long long g_sw_trace[SW_TRACE_SLOTS * SW_TRACE_BLOCKS * SWT_POINTS];
 
-template <int NT, bool SPLIT, int KS, int NP>
+__device__ __forceinline__ void sw_mark(int flags, int point)
+{
+	if ((flags & SW_TRACE) && blockIdx.x < SW_TRACE_BLOCKS) {
+		unsigned long long v;
+		if (point == SWT_SM) {
+			uint32_t sm;
+			asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+			v = (unsigned long long)sm << 8 | cluster_rank();
+		} else {
+			asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+		}
+		g_sw_trace[((flags >> 8) % SW_TRACE_SLOTS * SW_TRACE_BLOCKS + blockIdx.x) * SWT_POINTS +
+			   point] = v;
+	}
+}
+
+template <int NT, bool SPLIT, int KS, int NP, bool TRACE>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
 					      const float *__restrict__ SX, uint16_t *__restrict__ Y,
@@ -777,17 +814,32 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	// K block kb0 + k, its b-th row block at 4 (3 (i KBc + k) + b), b < 3: past the tile's last,
 	// the last's again, for columns past N, whose weights are zeros), then sx[m][kb] (M x KB)
 	const int KBc = nst * ST_KBS, kb0 = qa * ST_KBS, ntb = (tiles + tstep - 1) / tstep;
-	const uint32_t wsc = stage0 + (uint32_t)(ns * STAGE), sxs = wsc + ntb * KBc * 12;
+	// xch: the end's exchanges in the idle ring (KS = 2: R floats a consumer thread of
+	// warpgroup 1, then of rank 1's warpgroup 0, R 1024 bytes: the host keeps 2 stages or more)
+	const uint32_t wsc = stage0 + (uint32_t)(ns * STAGE), sxs = wsc + ntb * KBc * 12, xch = stage0;
+	// KS = 2: rank 0's barrier for rank 1's sums, the last full barrier's place (the host keeps
+	// those rings to SW_MAXSTAGES - 1 stages)
+	const uint32_t xbar = smem_u32(&full[SW_MAXSTAGES - 1]);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	// a stage released once its last MMAs completed and its scales were read, before their
 	// promotion (the 144-column fragments: at the end, which spills no registers)
 	constexpr bool EARLY = NW <= 128;
+	// SW_TRACE's flags: in the traced twins only (the rest compile as if it did not exist)
+	const int tflags = TRACE ? flags : 0;
 
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as gemm_fp8_stream)
 	if (threadIdx.x == 0) {
+		sw_mark(tflags, SWT_START);
+		sw_mark(tflags, SWT_SM);
 		for (int s = 0; s < ns; s++) {
 			mbar_init(smem_u32(&full[s]), 1); // the copies' (bytes)
 			mbar_init(smem_u32(&empty[s]), (SPLIT ? 8 : 4) * NP); // the consuming warps
+		}
+		if (KS == 2) {
+			// rank 0's: the bytes of rank 1's warps that hold token rows (min(M, 64) / 16
+			// rounded up; rank 1 does not wait on its own)
+			mbar_init(xbar, 1);
+			mbar_arrive_expect_tx(xbar, (uint32_t)(min(4, (M + 15) / 16) * 32 * R * 4));
 		}
 		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -814,6 +866,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 							 (kb + j) * 128, tile0 * NT, pol_w);
 			}
 		asm volatile("griddepcontrol.wait;" ::: "memory"); // the tokens are the previous kernel's
+		if (lane == 0)
+			sw_mark(tflags, SWT_DEPWAIT);
 		int Q = 0;
 		for (int tile = tile0; tile < tiles; tile += tstep) {
 			const int n0 = tile * NT;
@@ -840,12 +894,12 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				}
 			}
 		}
-		// the consumers' cluster barriers (below), so that no thread leaves first: the pair's
-		// before the exchange (NP = 2), the K halves' two (KS = 2)
-		if constexpr (NP == 2)
-			cluster_sync();
+		// the consumers' cluster barrier (below), so that no thread leaves first: the K
+		// halves' (KS = 2), else the pair's (NP = 2)
 		if constexpr (KS == 2) {
-			cluster_sync();
+			cluster_arrive();
+			cluster_wait();
+		} else if constexpr (NP == 2) {
 			cluster_sync();
 		}
 		return;
@@ -869,6 +923,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		cp_async4(sxs + 4 * i, SX + i);
 	cp_async_wait_all();
 	named_bar_sync(1, 256);
+	if (tid == 0)
+		sw_mark(tflags, SWT_SCALES);
 
 	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0;
 	// a stage's release: this warp's arrival on "empty" here and (NP = 2) in the pair's other
@@ -884,6 +940,10 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		const int n0 = tile * NT, r0 = (n0 & 127) + cw0;
 		// this tile's weight scales (one tile a block unless SPLIT)
 		const uint32_t wt = SPLIT ? wsc + 12 * KBc * (Q / nst) : wsc;
+		if (tid == 0 && Q == 0 && (tflags & SW_TRACE)) {
+			mbar_wait(smem_u32(&full[0]), 0); // (as the loop's first wait, which then passes)
+			sw_mark(tflags, SWT_FIRST);
+		}
 		float acc[R], frag[R];
 #pragma unroll
 		for (int i = 0; i < R; i++)
@@ -936,94 +996,143 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			if (!EARLY || (flags & SW_NOMMA))
 				release(s);
 		}
+		if (tid == 0)
+			sw_mark(tflags, SWT_LAST0);
+		else if (tid == 128)
+			sw_mark(tflags, SWT_LAST1);
 		if constexpr (!SPLIT) {
 			// one tile a block (the host's rule), so every stage is consumed now (every copy
 			// landed, no wgmma reads the ring): warpgroup 1 hands its sums to warpgroup 0
-			// through the ring, thread-major (conflict-free), which adds them to its own.
-			// NP = 2: first the pair's barrier (its blocks' copies into each other's rings
-			// and arrivals on each other's barriers all done: none leaves before)
-			if constexpr (NP == 2)
+			// through the ring (xch, 16 bytes a thread at a time, thread-major:
+			// conflict-free), which adds them to its own.
+			// KS = 2: the cluster's one barrier after the stages (below) arrived here, waited
+			// before any block leaves; KS = 1, NP = 2: the pair's barrier first (its blocks'
+			// copies into each other's rings and arrivals on each other's barriers all done:
+			// none leaves before)
+			if constexpr (KS == 2)
+				cluster_arrive();
+			else if constexpr (NP == 2)
 				cluster_sync();
 			named_bar_sync(1, 256);
 			if (c == 1 && live)
 #pragma unroll
-				for (int i = 0; i < R; i++)
-					sts32f(stage0 + 4 * (i * 128 + tid - 128), acc[i]);
+				for (int i = 0; i < R / 4; i++)
+					sts128(xch + 16 * (i * 128 + tid - 128),
+					       make_uint4(__float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]),
+							  __float_as_uint(acc[4 * i + 2]), __float_as_uint(acc[4 * i + 3])));
 			named_bar_sync(1, 256);
-			if (KS == 1 && c == 1)
+			if (c == 1) {
+				if constexpr (KS == 2)
+					cluster_wait();
 				return;
-			if (c == 0 && live)
-#pragma unroll
-				for (int i = 0; i < R; i++)
-					acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
-		}
-		if constexpr (KS == 2) {
-			// one tile a cluster (pair): both ranks' rings idle after the first barrier (and
-			// rank 0's exchange above read); rank 1's sums into rank 0's ring (cluster rank
-			// crank - 1), thread-major
-			cluster_sync();
-			if (rank == 1 && c == 0 && live)
-#pragma unroll
-				for (int i = 0; i < R; i++)
-					asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
-							     cl_mapa(stage0 + 4 * (i * 128 + tid),
-								     NP == 2 ? (uint32_t)(crank & ~1) : 0u)),
-						     "f"(acc[i])
-						     : "memory");
-			cluster_sync();
-			if (rank == 1 || c == 1)
-				return;
+			}
 			if (live)
 #pragma unroll
-				for (int i = 0; i < R; i++)
-					acc[i] += lds32f(stage0 + 4 * (i * 128 + tid));
+				for (int i = 0; i < R / 4; i++) {
+					const uint4 v = lds128(xch + 16 * (i * 128 + tid));
+					acc[4 * i] += __uint_as_float(v.x), acc[4 * i + 1] += __uint_as_float(v.y);
+					acc[4 * i + 2] += __uint_as_float(v.z), acc[4 * i + 3] += __uint_as_float(v.w);
+				}
 		}
-		if (!live)
+		if constexpr (KS == 2) {
+			// one tile a cluster (pair): rank 1's sums into rank 0's ring past rank 0's own
+			// exchange (xch + R 512), once every block of the cluster arrived after its
+			// stages (rank 0's ring idle), by st.async counted on rank 0's xbar; rank 0
+			// adds them (rank 0's + rank 1's, as rank 1 would: the same bits either way)
+			const uint32_t rank0 = NP == 2 ? (uint32_t)(crank & ~1) : 0u;
+			if (rank == 1) {
+				cluster_wait();
+				const uint32_t dst = cl_mapa(xch + R * 512 + 16 * tid, rank0),
+					       bar = cl_mapa(xbar, rank0);
+				if (live)
+#pragma unroll
+					for (int i = 0; i < R / 4; i++)
+						cl_st_async(dst + 16 * 128 * i,
+							    make_uint4(__float_as_uint(acc[4 * i]),
+								       __float_as_uint(acc[4 * i + 1]),
+								       __float_as_uint(acc[4 * i + 2]),
+								       __float_as_uint(acc[4 * i + 3])),
+							    bar);
+				if (tid == 0) {
+					sw_mark(tflags, SWT_EXCHANGED);
+					sw_mark(tflags, SWT_END);
+				}
+				return;
+			}
+			mbar_wait(xbar, 0);
+			if (live)
+#pragma unroll
+				for (int i = 0; i < R / 4; i++) {
+					const uint4 v = lds128(xch + R * 512 + 16 * (i * 128 + tid));
+					acc[4 * i] += __uint_as_float(v.x), acc[4 * i + 1] += __uint_as_float(v.y);
+					acc[4 * i + 2] += __uint_as_float(v.z), acc[4 * i + 3] += __uint_as_float(v.w);
+				}
+		}
+		if (tid == 0)
+			sw_mark(tflags, SWT_EXCHANGED);
+		if (!live) {
+			if constexpr (KS == 2)
+				cluster_wait();
 			continue;
-		// columns n, n + 1 (n even, N even: both or neither past N) as one 4-byte store where
-		// y's rows are 4-byte aligned (ldy even), else two
+		}
+		// columns n, n + 1 (n even, N even: both or neither past N) as one bf16 pair where y's
+		// rows are 4-byte aligned (ldy even), else two halves; a row's address once (the end is
+		// code that runs once a block, fetched cold while HBM is busy: kept short, s19)
 		const bool two = (ldy & 1) || (reinterpret_cast<uintptr_t>(Y) & 3);
+		const int nc = n0 + cw0 + 2 * t, nleft = N - nc; // group i stored where 8 i < nleft
 #pragma unroll
-		for (int i = 0; i < R / 4; i++) {
-			const int n = n0 + cw0 + 8 * i + 2 * t;
+		for (int h = 0; h < 2; h++) {
+			const int m = h ? m1 : m0;
+			if (m >= M)
+				continue;
+			uint16_t *yr = Y + (size_t)m * ldy + nc;
+			if (!two) {
 #pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const int m = h ? m1 : m0;
-				if (m >= M || n >= N)
-					continue;
-				const uint16_t lo = f32_to_bf16(acc[4 * i + 2 * h]);
-				const uint16_t hi = f32_to_bf16(acc[4 * i + 2 * h + 1]);
-				uint16_t *yp = Y + (size_t)m * ldy + n;
-				if (two)
-					yp[0] = lo, yp[1] = hi;
-				else
-					*reinterpret_cast<uint32_t *>(yp) = (uint32_t)hi << 16 | lo;
+				for (int i = 0; i < R / 4; i++)
+					if (8 * i < nleft)
+						*reinterpret_cast<uint32_t *>(yr + 8 * i) =
+							bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+			} else {
+#pragma unroll
+				for (int i = 0; i < R / 4; i++)
+					if (8 * i < nleft) {
+						const uint32_t v = bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+						yr[8 * i] = (uint16_t)v, yr[8 * i + 1] = (uint16_t)(v >> 16);
+					}
 			}
 		}
+		if (tid == 0)
+			sw_mark(tflags, SWT_END);
+		if constexpr (KS == 2)
+			cluster_wait();
 	}
 }
 
-// One entry: k_gemm_fp8_swap_n<NT><SUF>, gemm_fp8_swap<NT, SPLIT, KS, NP>, with the cluster
+// One entry: k_gemm_fp8_swap_n<NT><SUF>, gemm_fp8_swap<NT, SPLIT, KS, NP, TR>, with the cluster
 // dimensions ATTR (empty: none)
-#define SW_KERNEL(NT, SUF, SPLIT, KS, NP, ATTR)                                                   \
+#define SW_KERNEL(NT, SUF, SPLIT, KS, NP, TR, ATTR)                                               \
 	extern "C" __global__ void ATTR __launch_bounds__(288, 1)                                 \
 	k_gemm_fp8_swap_n##NT##SUF(const __grid_constant__ tmap wmap,                             \
 				   const __grid_constant__ tmap xmap, const float *S,             \
 				   const float *SX, uint16_t *Y, int M, int N, int K, int ldy,    \
 				   int ns, int mpad, int stage_bytes, int flags)                   \
 	{                                                                                         \
-		gemm_fp8_swap<NT, SPLIT, KS, NP>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns, mpad,  \
-						 stage_bytes, flags);                              \
+		gemm_fp8_swap<NT, SPLIT, KS, NP, TR>(&wmap, &xmap, S, SX, Y, M, N, K, ldy, ns,    \
+						     mpad, stage_bytes, flags);                    \
 	}
-#define SW_ENTRY(NT, SPLIT, SUF) SW_KERNEL(NT, SUF, SPLIT, 1, 1, )
-// KS = 2: a cluster of two blocks a tile (its K halves)
-#define SW_ENTRY2(NT) SW_KERNEL(NT, k2, false, 2, 1, __cluster_dims__(2, 1, 1))
+#define SW_ENTRY(NT, SPLIT, SUF) SW_KERNEL(NT, SUF, SPLIT, 1, 1, false, )
+// KS = 2: a cluster of two blocks a tile (its K halves); .._traced: the traced twins (SW_TRACE;
+// diagnosis only: tools/check_spills.sh lets them spill a few bytes, their timelines the
+// production kernels' within that)
+#define SW_ENTRY2(NT) SW_KERNEL(NT, k2, false, 2, 1, false, __cluster_dims__(2, 1, 1))
+#define SW_ENTRY2T(NT) SW_KERNEL(NT, k2_traced, false, 2, 1, true, __cluster_dims__(2, 1, 1))
 // NP = 2: pairs of tiles sharing their token boxes (clusters of 2)
-#define SW_ENTRY_P2(NT) SW_KERNEL(NT, p2, false, 1, 2, __cluster_dims__(2, 1, 1))
+#define SW_ENTRY_P2(NT) SW_KERNEL(NT, p2, false, 1, 2, false, __cluster_dims__(2, 1, 1))
 // KS = 2 and NP = 2: pairs of the K-halves form's pairs (clusters of 4; the H200 holds 30 of
 // ~200 KB blocks at once, s18-3: its grid must be <= 30 clusters, model/cuda_gemm.c; 32 streamed
 // 2.05-2.14 TB/s on 7168x16384 in s17-2, as two waves)
-#define SW_ENTRY_Q4(NT) SW_KERNEL(NT, q4, false, 2, 2, __cluster_dims__(4, 1, 1))
+#define SW_ENTRY_Q4(NT) SW_KERNEL(NT, q4, false, 2, 2, false, __cluster_dims__(4, 1, 1))
+#define SW_ENTRY_Q4T(NT) SW_KERNEL(NT, q4_traced, false, 2, 2, true, __cluster_dims__(4, 1, 1))
 
 SW_ENTRY(8, false, )
 SW_ENTRY(16, false, )
@@ -1046,7 +1155,6 @@ SW_ENTRY2(64)
 SW_ENTRY2(96)
 SW_ENTRY2(112)
 SW_ENTRY2(128)
-SW_ENTRY2(144)
 SW_ENTRY_P2(16)
 SW_ENTRY_P2(32)
 SW_ENTRY_P2(48)
@@ -1056,6 +1164,10 @@ SW_ENTRY_P2(96)
 SW_ENTRY_P2(128)
 SW_ENTRY_P2(144)
 SW_ENTRY_Q4(120)
+// the traced twins (the widths the 7168-row shapes take)
+SW_ENTRY2T(112)
+SW_ENTRY2T(128)
+SW_ENTRY_Q4T(120)
 
 // st_maps[e] = tmpl with its global address replaced by w_tab[e], for each group e with a weight
 // (w_tab[e] != 0; one warp per group, block e; w_tab is constant, so no read of the row offsets).

@@ -488,11 +488,12 @@ struct sw_width {
 };
 
 /* The cluster form (KS = 2: two blocks a tile, each streaming half of K; SW_ENTRY2) and its
- * widths. */
+ * widths (no 144: its end's exchange by st.async would spill registers, s19; no model shape
+ * took it), for K >= 1024 (two stages a half or more: the ring holds the end's exchanges). */
 static const struct sw_width sw_tiles2[] = {{16, "k_gemm_fp8_swap_n16k2"},	  {32, "k_gemm_fp8_swap_n32k2"},
 		 {48, "k_gemm_fp8_swap_n48k2"},	  {64, "k_gemm_fp8_swap_n64k2"},
 		 {96, "k_gemm_fp8_swap_n96k2"},	  {112, "k_gemm_fp8_swap_n112k2"},
-		 {128, "k_gemm_fp8_swap_n128k2"}, {144, "k_gemm_fp8_swap_n144k2"}};
+		 {128, "k_gemm_fp8_swap_n128k2"}};
 /* The pair forms (NP = 2, SW_ENTRY_P2): two one-tile blocks of a cluster sharing their token
  * boxes, by tile width (the one-block form's widths; the K-halves form's pairs are clusters of
  * 4, sw_quads below). */
@@ -580,6 +581,33 @@ static int sw_diag(void)
 	return env_uint(&flags, "DSV32_GEMM_SW_DIAG") & 6;
 }
 
+/* cuda_gemm_sw_trace: the launches traced so far (-1: tracing off); each traces into slot
+ * count % SW_TRACE_SLOTS (kernels_ptx/gemm_fp8_stream.cu's SW_TRACE, flags >> 8). */
+static int sw_traced = -1;
+
+int cuda_gemm_sw_trace(struct gpu *g, int on)
+{
+	gpu_ptr p;
+	size_t bytes;
+	int r = on ? gpu_module_global(g, "g_sw_trace", &p, &bytes) : 0;
+	if (r || (on && (r = gpu_memset(g, p, 0, bytes))))
+		return r;
+	sw_traced = on ? 0 : -1;
+	return 0;
+}
+
+int cuda_gemm_sw_trace_read(struct gpu *g, unsigned long long *out, size_t n)
+{
+	gpu_ptr p;
+	size_t bytes;
+	int r = gpu_module_global(g, "g_sw_trace", &p, &bytes);
+	if (r)
+		return r;
+	if (n * sizeof *out != bytes)
+		return -EINVAL;
+	return gpu_sync(g) ? -EIO : gpu_download(g, out, p, bytes);
+}
+
 /* The swapped kernel's form for M x N x K: the kernel, its tile width nt and tiles, split, ks
  * (2: K halves over a cluster pair), np (2: tiles paired to share their token boxes) and the
  * token box's rows mpad. */
@@ -594,7 +622,7 @@ static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 	const int ti = sw_tile(N, sms);
 	struct sw_form f = {sw_tiles[ti].name, sw_tiles[ti].nt, 0, sw_tiles[ti].split, 1, 1,
 			    M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64};
-	for (int i = 0; ks2 && KB >= 4 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2); i++)
+	for (int i = 0; ks2 && KB >= 8 && i < (int)(sizeof sw_tiles2 / sizeof *sw_tiles2); i++)
 		if (2 * ((N + sw_tiles2[i].nt - 1) / sw_tiles2[i].nt) <= sms) {
 			f.nt = sw_tiles2[i].nt, f.split = 0, f.ks = 2, f.name = sw_tiles2[i].name;
 			break;
@@ -655,7 +683,9 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	const int ntb = (tiles + (int)grid / ks - 1) / ((int)grid / ks); /* tiles a block */
 	int head = 256 + 1024, scl = 4 * M * KB + ntb * 2 * nst * 12;
 	int ns = (g->smem_block_optin - head - scl) / stage;
-	ns = ns > 16 ? 16 : ns; /* the kernel's SW_MAXSTAGES */
+	/* the kernel's SW_MAXSTAGES (K halves: one less, the last full barrier's place holds the
+	 * end's) */
+	ns = ns > 16 - (ks == 2) ? 16 - (ks == 2) : ns;
 	if (stream_ns_env() && ns > stream_ns_env()) /* diagnosis: DSV32_GEMM_STREAM_NS */
 		ns = stream_ns_env();
 	if (!split) { /* one tile a block: no more stages than it has */
@@ -671,7 +701,17 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	}
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
+	/* the ring holds the end's two exchanges too (KS = 2: R = nt / 2 floats of 128 threads,
+	 * twice; the kernel's `ring`) */
+	if (ks == 2 && ns * stage < 512 * nt) /* the end's two exchanges in the ring */
+		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
+	/* tracing: the traced twin where there is one (the K-halves forms of 112 and 128 columns,
+	 * their pairs of 120: SW_ENTRY2T, SW_ENTRY_Q4T) */
+	char tname[64];
+	const int traced = sw_traced >= 0 && ks == 2 && (nt == 112 || nt == 120 || nt == 128);
+	if (traced)
+		snprintf(tname, sizeof tname, "%s_traced", name), name = tname;
 	void *fn;
 	int r = gpu_kernel_smem(g, name, &fn);
 	if (r)
@@ -681,6 +721,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad / np)))
 		return r;
 	int flags = sw_diag();
+	if (traced)
+		flags |= 8 | (sw_traced++ & 7) << 8; /* SW_TRACE, the launch's slot */
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage, &flags};
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }

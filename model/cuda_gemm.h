@@ -44,7 +44,7 @@ int cuda_gemm_fp8_stream_wg(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * tiles of NT weight rows as B, each over the whole of K, so no K chunks, no workspace and one
  * launch; within the wgmma limit; a row's result independent of M). ks2 1: its cluster form
  * where one fits (two blocks a tile twice as wide, each streaming half of K, the halves' sums
- * added through distributed shared memory: half the token bytes a weight byte; K >= 512; from
+ * added through distributed shared memory: half the token bytes a weight byte; K >= 1024; from
  * 33 rows, where one wave of them fits, in pairs sharing their token boxes: clusters of 4, see
  * cuda_gemm_set_sw_pair), else the one-block form. -ENOTSUP where the ring does not fit.
  * M <= 64. */
@@ -56,6 +56,16 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows (the K-halves
  * form's pairs from 33). Process-wide. */
 void cuda_gemm_set_sw_pair(int on);
+/* Diagnosis: with tracing on, each launch of cuda_gemm_fp8_stream_sw records every block's
+ * timeline (kernels_ptx/gemm_fp8_stream.cu's SW_TRACE points, %globaltimer ns) in slot
+ * (launch count since it was turned on) % CUDA_GEMM_SW_TRACE_SLOTS; _read waits for the GPU and
+ * copies all slots out: slots x CUDA_GEMM_SW_TRACE_BLOCKS x CUDA_GEMM_SW_TRACE_POINTS values
+ * (n must be that; -ENOENT: no module has the buffer). Process-wide, not thread-safe. */
+#define CUDA_GEMM_SW_TRACE_SLOTS 8
+#define CUDA_GEMM_SW_TRACE_BLOCKS 160
+#define CUDA_GEMM_SW_TRACE_POINTS 9
+int cuda_gemm_sw_trace(struct gpu *g, int on); /* on: the buffer zeroed first */
+int cuda_gemm_sw_trace_read(struct gpu *g, unsigned long long *out, size_t n);
 /* The kernel cuda_gemm_fp8_stream_sw would launch for M x N x K (ks2 as there; NULL: a shape it
  * refuses), for tests and the benchmark. */
 const char *cuda_gemm_sw_kernel(struct gpu *g, int M, int N, int K, int ks2);

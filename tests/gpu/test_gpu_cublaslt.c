@@ -222,7 +222,7 @@ static size_t count_differ(const uint16_t *got, const uint16_t *ref, size_t n, c
  * split between the warpgroups above, two tiles a block from 36864; tiles straddling 128-row
  * scale blocks, a partial last tile), K with one K block, an odd count and many (both warpgroups'
  * sums); each shape also in the cluster form (K halves over two blocks where it fits,
- * K >= 512) and, from 9 rows, both with their tiles paired where a pair fits (the token boxes
+ * K >= 1024) and, from 9 rows, both with their tiles paired where a pair fits (the token boxes
  * shared by multicast, cuda_gemm_set_sw_pair: the one-block form in clusters of 2, the K-halves
  * form in clusters of 4; the real 7168-row and 18432-row shapes must take them); then
  * batch invariance: the first and last rows run alone (M = 1, unpaired) give the same bits as in

@@ -371,9 +371,74 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+	unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+	return (x > y) - (x < y);
+}
+
+/* --sw-trace: 16 launches of the swapped kernel in a row, traced (cuda_gemm_sw_trace); the
+ * last CUDA_GEMM_SW_TRACE_SLOTS' timelines appended to f (one row a block: shape, M, ks2,
+ * launch, block, then the points less the launch's first start, ns, and the SM | rank) and
+ * summarised on stdout: the means over those launches (but the last, which has no next) of
+ * where each point falls after the launch's first block started (the median block, or the
+ * last), and of the next launch's first start after this one's last end (< 0: overlapped). */
+static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
+{
+	enum { S = CUDA_GEMM_SW_TRACE_SLOTS, B = CUDA_GEMM_SW_TRACE_BLOCKS, P = CUDA_GEMM_SW_TRACE_POINTS };
+	static unsigned long long tr[S * B * P];
+	memset(tr, 0, sizeof tr);
+	int r = cuda_gemm_sw_trace(g, 1);
+	for (int i = 0; i < 2 * S && !r; i++)
+		r = launch_stream_sw(g, c, i);
+	cuda_gemm_sw_trace(g, 0);
+	if (r || (r = cuda_gemm_sw_trace_read(g, tr, sizeof tr / sizeof *tr)))
+		return r;
+	/* the blocks of a launch: those whose START is not 0 (the buffer zeroed before) */
+	double sum[P + 2] = {0};
+	unsigned long long start[S], end[S];
+	for (int l = 0; l < S; l++) {
+		const unsigned long long *t = tr + (size_t)l * B * P;
+		unsigned long long v[P][B], s0 = ~0ull, e1 = 0;
+		int nb = 0;
+		for (int b = 0; b < B && t[b * P]; b++, nb++)
+			for (int p = 0; p < P; p++)
+				v[p][b] = t[b * P + p];
+		for (int b = 0; b < nb; b++) {
+			s0 = v[0][b] < s0 ? v[0][b] : s0;
+			e1 = v[7][b] > e1 ? v[7][b] : e1;
+		}
+		start[l] = s0, end[l] = e1;
+		for (int b = 0; b < nb && f; b++) {
+			fprintf(f, "%dx%d,%d,%d,%d,%d", c->N, c->K, c->M, c->ks2, l, b);
+			for (int p = 0; p < P - 1; p++)
+				fprintf(f, ",%lld", v[p][b] ? (long long)(v[p][b] - s0) : -1);
+			fprintf(f, ",%llu\n", v[P - 1][b]);
+		}
+		if (l == S - 1 || !nb)
+			continue;
+		for (int p = 0; p < P - 1; p++) { /* the median block's, the last's for the ends */
+			qsort(v[p], (size_t)nb, sizeof v[p][0], cmp_u64);
+			sum[p] += (double)(v[p][p >= 4 ? nb - 1 : nb / 2] - s0);
+		}
+	}
+	/* slot l is launch 8 + l; the next launch's first start against this one's last end */
+	for (int l = 0; l + 1 < S; l++) {
+		sum[P - 1] += (double)((long long)start[l + 1] - (long long)end[l]);
+		sum[P] += (double)(start[l + 1] - start[l]);
+	}
+	printf("  trace %dx%d M=%d ks2=%d, us after a launch's first start (median block; last for "
+	       "last0/last1/exch/end): start %.2f depwait %.2f scales %.2f first %.2f last0 %.2f "
+	       "last1 %.2f exch %.2f end %.2f | next start - end %.2f, period %.2f\n",
+	       c->N, c->K, c->M, c->ks2, sum[0] / 7e3, sum[1] / 7e3, sum[2] / 7e3, sum[3] / 7e3,
+	       sum[4] / 7e3, sum[5] / 7e3, sum[6] / 7e3, sum[7] / 7e3, sum[8] / 7e3, sum[9] / 7e3);
+	return 0;
+}
+
 int bench_gemm(int argc, char **argv)
 {
 	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1, only_n = 0, only_k = 0;
+	FILE *trace = NULL;
 	no_wgmma = 0, tune_times = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--trials") && i + 1 < argc)
@@ -391,9 +456,16 @@ int bench_gemm(int argc, char **argv)
 		else if (!strcmp(argv[i], "--shape") && i + 1 < argc &&
 			 sscanf(argv[i + 1], "%dx%d", &only_n, &only_k) == 2)
 			i++;
-		else {
+		else if (!strcmp(argv[i], "--sw-trace") && i + 1 < argc && !trace) {
+			if (!(trace = fopen(argv[++i], "w"))) {
+				fprintf(stderr, "dsv32 bench gemm: --sw-trace %s: %s\n", argv[i],
+					strerror(errno));
+				return 1;
+			}
+		} else {
 			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] "
-					"[--no-wgmma] [--no-tune] [--tune-times] [--shape NxK]\n");
+					"[--no-wgmma] [--no-tune] [--tune-times] [--shape NxK] "
+					"[--sw-trace FILE]\n");
 			return 2;
 		}
 	}
@@ -552,6 +624,12 @@ int bench_gemm(int argc, char **argv)
 				wsw2 = sw_ok[1] ? time_ms(&g, launch_stream_sw, &c, reps, trials) : -1;
 				c.ks2 = 0;
 			}
+			for (int ks = 0; trace && c.M <= 64 && ks < 2 && sw_ok[ks]; ks++) {
+				c.ks2 = ks;
+				if (sw_trace_run(&g, &c, trace))
+					fprintf(stderr, "dsv32 bench gemm: --sw-trace failed\n");
+				c.ks2 = 0;
+			}
 			if (c.M <= 8 && sw_ok[2])
 				wgv = time_ms(&g, launch_gemv, &c, reps, trials);
 			if (ms < 0 && (c.M <= 64 || !no_wgmma))
@@ -638,6 +716,8 @@ int bench_gemm(int argc, char **argv)
 		rc_all = 1;
 	cuda_gemm_close(&g);
 	gpu_close(&g);
+	if (trace)
+		fclose(trace);
 	return rc_all;
 }
 #endif
