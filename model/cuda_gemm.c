@@ -1139,11 +1139,25 @@ static int gemv_bits(void)
 	return gemv_on;
 }
 
+/* The swapped kernel at one row (bucket 1): always timed by the start-up measurement in the fast
+ * mode, taken where it measured fastest only while this switch is on (bench model --ab compares
+ * in one process). Its K-halves form's end, since s19 one cluster barrier and short code, made it
+ * the fastest at one row on the large matrices (s19-4, bench gemm: 7168x16384 3.76-3.78 TB/s
+ * against the dispatch's wg 3.61, 18432x7168 3.89 against v2 3.68); run 22 had it slower in a step
+ * than in bench gemm (q_b at one row, 21.4 against ~20 us), which is why one row was left out.
+ * -1: the environment (DSV32_GEMM_SW_M1=0/1) not read yet. */
+static int sw_m1_on = -1;
+
+void cuda_gemm_set_sw_m1(int on) { sw_m1_on = on < 0 ? -1 : on != 0; }
+
+static int sw_m1(void) { return env_is_1(&sw_m1_on, "DSV32_GEMM_SW_M1"); }
+
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */
-static unsigned paths_off(int N, int K)
+static unsigned paths_off(int N, int K, int bucket)
 {
-	return (swap_off(N, K) ? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2
-			       : 0) |
+	return (swap_off(N, K) || (bucket == 1 && !sw_m1())
+			? 1u << CUDA_GEMM_PATH_STREAM_SW | 1u << CUDA_GEMM_PATH_STREAM_SW2
+			: 0) |
 	       (gemv_bits() & 1 ? 0 : 1u << CUDA_GEMM_PATH_GEMV);
 }
 
@@ -1226,7 +1240,8 @@ enum cuda_gemm_path cuda_gemm_path_for(const struct gpu *g, int M, int N, int K)
 		e = entry_find(g->ordinal, fast, cuda_gemm_m_bucket(2), N, K);
 	enum cuda_gemm_path p = !e		       ? CUDA_GEMM_PATH_NONE
 				: e->forced != CUDA_GEMM_PATH_NONE ? e->forced
-								   : pick(e->t, e->lt_ok, paths_off(N, K),
+								   : pick(e->t, e->lt_ok,
+									  paths_off(N, K, e->bucket),
 									  e->bucket);
 	pthread_mutex_unlock(&gemm_lock);
 	if (p == CUDA_GEMM_PATH_NONE)
@@ -1460,9 +1475,8 @@ static enum cuda_gemm_path pick(const float *t, int lt_ok, unsigned off, int buc
 /* Times each candidate of the current mode at a->M rows and records the times for the bucket
  * (the dispatch picks the fastest of those its switches allow: cuBLASLt unless beaten by
  * TUNE_MARGIN), returns the fastest of all (NONE when no path ran). The swapped kernel is a
- * candidate in the fast mode from 2 rows: at one row run 22 measured the model's q_b
- * (24576x1536) on its cluster form at 21.4 us a call in the step against ~20 for v2, though
- * bench gemm had it faster (14.8 against 16.0 us); the dense one-row kernel at M <= 8 in the
+ * candidate in the fast mode (at one row only while cuda_gemm_set_sw_m1 is on: the times are
+ * recorded either way); the dense one-row kernel at M <= 8 in the
  * fast mode only while cuda_gemm_set_gemv's bit 0 is on (off by default: then not timed, so
  * --ab cannot turn it on in a process started without it). us[CUDA_GEMM_PATHS] (may be NULL): the
  * times, < 0 where a path was not timed or failed. */
@@ -1476,7 +1490,7 @@ static enum cuda_gemm_path tune_shape(struct gpu *g, struct tune_args *a, float 
 		t[CUDA_GEMM_PATH_DECODE] = time_path(g, a, CUDA_GEMM_PATH_DECODE);
 		if (fast)
 			t[CUDA_GEMM_PATH_STREAM_WG] = time_path(g, a, CUDA_GEMM_PATH_STREAM_WG);
-		if (fast && a->M > 1) {
+		if (fast) {
 			t[CUDA_GEMM_PATH_STREAM_SW] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW);
 			t[CUDA_GEMM_PATH_STREAM_SW2] = time_path(g, a, CUDA_GEMM_PATH_STREAM_SW2);
 		}

@@ -56,6 +56,9 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows (the K-halves
  * form's pairs from 33). Process-wide. */
 void cuda_gemm_set_sw_pair(int on);
+/* The swapped kernel at one row: 1 the dispatch may take it where the start-up measurement timed
+ * it fastest, 0 not (the default), -1 DSV32_GEMM_SW_M1 from the environment. Process-wide. */
+void cuda_gemm_set_sw_m1(int on);
 /* Diagnosis: with tracing on, each launch of cuda_gemm_fp8_stream_sw records every block's
  * timeline (kernels_ptx/gemm_fp8_stream.cu's SW_TRACE points, %globaltimer ns) in slot
  * (launch count since it was turned on) % CUDA_GEMM_SW_TRACE_SLOTS; _read waits for the GPU and
