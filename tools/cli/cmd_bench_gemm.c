@@ -377,12 +377,14 @@ static int cmp_u64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* --sw-trace: 16 launches of the swapped kernel in a row, traced (cuda_gemm_sw_trace); the
- * last CUDA_GEMM_SW_TRACE_SLOTS' timelines appended to f (one row a block: shape, M, ks2,
- * launch, block, then the points less the launch's first start, ns, and the SM | rank) and
- * summarised on stdout: the means over those launches (but the last, which has no next) of
- * where each point falls after the launch's first block started (the median block, or the
- * last), and of the next launch's first start after this one's last end (< 0: overlapped). */
+/* --sw-trace: 16 launches of the swapped kernel in a row, traced (cuda_gemm_sw_trace: its
+ * K-halves forms of 112-128 columns have traced twins); the last CUDA_GEMM_SW_TRACE_SLOTS'
+ * timelines appended to f (one row a block: shape, M, ks2, launch, block, then the points less
+ * the launch's first start, ns, and the SM << 8 | cluster rank) and summarised on stdout: the
+ * means over those launches (but the last) of where each point falls after the launch's median
+ * block passed griddepcontrol.wait (the previous launch complete; blocks start earlier, on the
+ * SMs the previous one leaves): the median block's, the last block's for the ends, and the
+ * launch period (the next one's median wait against this one's). */
 static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 {
 	enum { S = CUDA_GEMM_SW_TRACE_SLOTS, B = CUDA_GEMM_SW_TRACE_BLOCKS, P = CUDA_GEMM_SW_TRACE_POINTS };
@@ -395,43 +397,45 @@ static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 	if (r || (r = cuda_gemm_sw_trace_read(g, tr, sizeof tr / sizeof *tr)))
 		return r;
 	/* the blocks of a launch: those whose START is not 0 (the buffer zeroed before) */
-	double sum[P + 2] = {0};
-	unsigned long long start[S], end[S];
+	double sum[P] = {0}; /* points 0-7 after the wait, then the period */
+	unsigned long long dep[S];
+	int launches = 0;
 	for (int l = 0; l < S; l++) {
 		const unsigned long long *t = tr + (size_t)l * B * P;
-		unsigned long long v[P][B], s0 = ~0ull, e1 = 0;
+		static unsigned long long v[P][B];
+		unsigned long long s0 = ~0ull;
 		int nb = 0;
 		for (int b = 0; b < B && t[b * P]; b++, nb++)
 			for (int p = 0; p < P; p++)
 				v[p][b] = t[b * P + p];
-		for (int b = 0; b < nb; b++) {
+		for (int b = 0; b < nb; b++)
 			s0 = v[0][b] < s0 ? v[0][b] : s0;
-			e1 = v[7][b] > e1 ? v[7][b] : e1;
-		}
-		start[l] = s0, end[l] = e1;
 		for (int b = 0; b < nb && f; b++) {
 			fprintf(f, "%dx%d,%d,%d,%d,%d", c->N, c->K, c->M, c->ks2, l, b);
 			for (int p = 0; p < P - 1; p++)
 				fprintf(f, ",%lld", v[p][b] ? (long long)(v[p][b] - s0) : -1);
 			fprintf(f, ",%llu\n", v[P - 1][b]);
 		}
-		if (l == S - 1 || !nb)
-			continue;
-		for (int p = 0; p < P - 1; p++) { /* the median block's, the last's for the ends */
+		if (!nb) /* (a form without a traced twin) */
+			return 0;
+		for (int p = 0; p < P - 1; p++)
 			qsort(v[p], (size_t)nb, sizeof v[p][0], cmp_u64);
-			sum[p] += (double)(v[p][p >= 4 ? nb - 1 : nb / 2] - s0);
-		}
+		dep[l] = v[1][nb / 2];
+		if (l == S - 1)
+			continue;
+		for (int p = 0; p < P - 1; p++) /* the median block's, the last's for the ends */
+			sum[p] += (double)((long long)v[p][p >= 4 ? nb - 1 : nb / 2] - (long long)dep[l]);
+		launches++;
 	}
-	/* slot l is launch 8 + l; the next launch's first start against this one's last end */
-	for (int l = 0; l + 1 < S; l++) {
-		sum[P - 1] += (double)((long long)start[l + 1] - (long long)end[l]);
-		sum[P] += (double)(start[l + 1] - start[l]);
-	}
-	printf("  trace %dx%d M=%d ks2=%d, us after a launch's first start (median block; last for "
-	       "last0/last1/exch/end): start %.2f depwait %.2f scales %.2f first %.2f last0 %.2f "
-	       "last1 %.2f exch %.2f end %.2f | next start - end %.2f, period %.2f\n",
-	       c->N, c->K, c->M, c->ks2, sum[0] / 7e3, sum[1] / 7e3, sum[2] / 7e3, sum[3] / 7e3,
-	       sum[4] / 7e3, sum[5] / 7e3, sum[6] / 7e3, sum[7] / 7e3, sum[8] / 7e3, sum[9] / 7e3);
+	for (int l = 0; l + 1 < S; l++)
+		sum[P - 1] += (double)(dep[l + 1] - dep[l]);
+	const double d = launches * 1e3; /* ns -> us, the mean */
+	printf("  trace %dx%d M=%d ks2=%d (%s), us after the median block's griddepcontrol.wait "
+	       "(the median block; the last for last0/last1/exch/end): start %.2f scales %.2f first "
+	       "%.2f last0 %.2f last1 %.2f exch %.2f end %.2f | period %.2f\n",
+	       c->N, c->K, c->M, c->ks2, cuda_gemm_sw_kernel(g, c->M, c->N, c->K, c->ks2),
+	       sum[0] / d, sum[2] / d, sum[3] / d, sum[4] / d, sum[5] / d, sum[6] / d, sum[7] / d,
+	       sum[8] / d);
 	return 0;
 }
 
