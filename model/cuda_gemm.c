@@ -1144,13 +1144,16 @@ static int gemv_bits(void)
  * in one process). Its K-halves form's end, since s19 one cluster barrier and short code, made it
  * the fastest at one row on the large matrices (s19-4, bench gemm: 7168x16384 3.76-3.78 TB/s
  * against the dispatch's wg 3.61, 18432x7168 3.89 against v2 3.68); run 22 had it slower in a step
- * than in bench gemm (q_b at one row, 21.4 against ~20 us), which is why one row was left out.
+ * than in bench gemm (q_b at one row, 21.4 against ~20 us; q_b is now under DSV32_GEMM_SWAP's
+ * 64 MB), which is why one row was left out. Default on: s19-7, bench model --synthetic --layers 8
+ * --dense 3 --batches 1 --steps 50 --ab DSV32_GEMM_SW_M1=1, twice: -1.2 / -3.6 us a step at 4K,
+ * -11.6 / -13.3 at 32K (2.24 / 2.28 ms); s19-5 (4 layers, 1 dense) +3.0 / -3.1: the noise.
  * -1: the environment (DSV32_GEMM_SW_M1=0/1) not read yet. */
 static int sw_m1_on = -1;
 
 void cuda_gemm_set_sw_m1(int on) { sw_m1_on = on < 0 ? -1 : on != 0; }
 
-static int sw_m1(void) { return env_is_1(&sw_m1_on, "DSV32_GEMM_SW_M1"); }
+static int sw_m1(void) { return env_on(&sw_m1_on, "DSV32_GEMM_SW_M1"); }
 
 /* The paths the switches leave out of a measured entry's choice (a bit per path). */
 static unsigned paths_off(int N, int K, int bucket)

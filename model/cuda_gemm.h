@@ -57,7 +57,7 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * form's pairs from 33). Process-wide. */
 void cuda_gemm_set_sw_pair(int on);
 /* The swapped kernel at one row: 1 the dispatch may take it where the start-up measurement timed
- * it fastest, 0 not (the default), -1 DSV32_GEMM_SW_M1 from the environment. Process-wide. */
+ * it fastest (the default), 0 not, -1 DSV32_GEMM_SW_M1 from the environment. Process-wide. */
 void cuda_gemm_set_sw_m1(int on);
 /* Diagnosis: with tracing on, each launch of cuda_gemm_fp8_stream_sw records every block's
  * timeline (kernels_ptx/gemm_fp8_stream.cu's SW_TRACE points, %globaltimer ns) in slot
