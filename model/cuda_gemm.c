@@ -701,9 +701,9 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	}
 	if (ns < 1 || (ns < 2 && nst > 1))
 		return -ENOTSUP;
-	/* the ring holds the end's two exchanges too (KS = 2: R = nt / 2 floats of 128 threads,
-	 * twice; the kernel's `ring`) */
-	if (ks == 2 && ns * stage < 512 * nt) /* the end's two exchanges in the ring */
+	/* KS = 2: the ring also holds the end's two exchanges (R = nt / 2 floats of 128 threads,
+	 * twice: the kernel's xch; K >= 1024 gives two stages or more, which do) */
+	if (ks == 2 && ns * stage < 512 * nt)
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
 	/* tracing: the traced twin where there is one (the K-halves forms of 112 and 128 columns,
