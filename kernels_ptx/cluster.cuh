@@ -9,11 +9,6 @@
 // barrier inits) to the cluster and wait until every CTA has arrived. Used at the start (inits
 // visible before any remote access) and at the end (no CTA leaves while a peer may still read or
 // signal its shared memory).
-__device__ __forceinline__ void cluster_sync()
-{
-	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // cluster_sync in two halves: arrive (releasing this thread's prior writes) as soon as it has
 // nothing more to give, wait (acquiring every CTA's) only where it must; each thread once each,
 // in that order.
@@ -25,6 +20,12 @@ __device__ __forceinline__ void cluster_arrive()
 __device__ __forceinline__ void cluster_wait()
 {
 	asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_sync()
+{
+	cluster_arrive();
+	cluster_wait();
 }
 
 // This CTA's rank in its cluster.

@@ -785,6 +785,20 @@ __device__ __forceinline__ void sw_mark(int flags, int point)
 	}
 }
 
+// The end's exchanges move a thread's sums 4 at a time: acc[4i .. 4i + 3] as one 16-byte word,
+// and such a word added into them.
+__device__ __forceinline__ uint4 acc_word(const float *acc, int i)
+{
+	return make_uint4(__float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]),
+			  __float_as_uint(acc[4 * i + 2]), __float_as_uint(acc[4 * i + 3]));
+}
+
+__device__ __forceinline__ void acc_add_word(float *acc, int i, uint4 v)
+{
+	acc[4 * i] += __uint_as_float(v.x), acc[4 * i + 1] += __uint_as_float(v.y);
+	acc[4 * i + 2] += __uint_as_float(v.z), acc[4 * i + 3] += __uint_as_float(v.w);
+}
+
 template <int NT, bool SPLIT, int KS, int NP, bool TRACE>
 __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap,
 					      const float *__restrict__ S,
@@ -894,14 +908,9 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				}
 			}
 		}
-		// the consumers' cluster barrier (below), so that no thread leaves first: the K
-		// halves' (KS = 2), else the pair's (NP = 2)
-		if constexpr (KS == 2) {
-			cluster_arrive();
-			cluster_wait();
-		} else if constexpr (NP == 2) {
+		// the consumers' cluster barrier (below), so that no thread leaves first
+		if constexpr (KS == 2 || NP == 2)
 			cluster_sync();
-		}
 		return;
 	}
 
@@ -1017,9 +1026,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			if (c == 1 && live)
 #pragma unroll
 				for (int i = 0; i < R / 4; i++)
-					sts128(xch + 16 * (i * 128 + tid - 128),
-					       make_uint4(__float_as_uint(acc[4 * i]), __float_as_uint(acc[4 * i + 1]),
-							  __float_as_uint(acc[4 * i + 2]), __float_as_uint(acc[4 * i + 3])));
+					sts128(xch + 16 * (i * 128 + tid - 128), acc_word(acc, i));
 			named_bar_sync(1, 256);
 			if (c == 1) {
 				if constexpr (KS == 2)
@@ -1028,11 +1035,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			}
 			if (live)
 #pragma unroll
-				for (int i = 0; i < R / 4; i++) {
-					const uint4 v = lds128(xch + 16 * (i * 128 + tid));
-					acc[4 * i] += __uint_as_float(v.x), acc[4 * i + 1] += __uint_as_float(v.y);
-					acc[4 * i + 2] += __uint_as_float(v.z), acc[4 * i + 3] += __uint_as_float(v.w);
-				}
+				for (int i = 0; i < R / 4; i++)
+					acc_add_word(acc, i, lds128(xch + 16 * (i * 128 + tid)));
 		}
 		if constexpr (KS == 2) {
 			// one tile a cluster (pair): rank 1's sums into rank 0's ring past rank 0's own
@@ -1047,12 +1051,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 				if (live)
 #pragma unroll
 					for (int i = 0; i < R / 4; i++)
-						cl_st_async(dst + 16 * 128 * i,
-							    make_uint4(__float_as_uint(acc[4 * i]),
-								       __float_as_uint(acc[4 * i + 1]),
-								       __float_as_uint(acc[4 * i + 2]),
-								       __float_as_uint(acc[4 * i + 3])),
-							    bar);
+						cl_st_async(dst + 16 * 128 * i, acc_word(acc, i), bar);
 				if (tid == 0) {
 					sw_mark(tflags, SWT_EXCHANGED);
 					sw_mark(tflags, SWT_END);
@@ -1062,11 +1061,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			mbar_wait(xbar, 0);
 			if (live)
 #pragma unroll
-				for (int i = 0; i < R / 4; i++) {
-					const uint4 v = lds128(xch + R * 512 + 16 * (i * 128 + tid));
-					acc[4 * i] += __uint_as_float(v.x), acc[4 * i + 1] += __uint_as_float(v.y);
-					acc[4 * i + 2] += __uint_as_float(v.z), acc[4 * i + 3] += __uint_as_float(v.w);
-				}
+				for (int i = 0; i < R / 4; i++)
+					acc_add_word(acc, i, lds128(xch + R * 512 + 16 * (i * 128 + tid)));
 		}
 		if (tid == 0)
 			sw_mark(tflags, SWT_EXCHANGED);
