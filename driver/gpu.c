@@ -97,6 +97,25 @@ void gpu_close(struct gpu *g)
 	memset(g, 0, sizeof *g);
 }
 
+/* The embedded image (< n, an index) whose entry list has `fn`, its place there in *k; -1 if
+ * none: the build-time lists, so no driver call fails on a miss. */
+static int entry_image(const char *fn, int n, int *k)
+{
+	for (int i = 0; i < n; i++) {
+		const struct kernel_image *im = &kernel_images[i];
+		for (*k = 0; *k < im->n_entries; ++*k)
+			if (!strcmp(im->entries[*k], fn))
+				return i;
+	}
+	return -1;
+}
+
+int gpu_kernel_embedded(const char *fn)
+{
+	int k;
+	return entry_image(fn, n_kernel_images, &k) >= 0;
+}
+
 /* The cache entry of kernel `fn`, looked up and added on first use; NULL if absent (valid until
  * the next lookup adds one). */
 static struct gpu_kernel_fn *kernel_entry(struct gpu *g, const char *fn)
@@ -104,30 +123,25 @@ static struct gpu_kernel_fn *kernel_entry(struct gpu *g, const char *fn)
 	for (int i = 0; i < g->n_fns; i++)
 		if (!strcmp(g->fns[i].name, fn))
 			return &g->fns[i];
-	/* Find the module from the build-time entry list, so no driver call fails on a miss. */
-	for (int i = 0; i < g->n_modules; i++) {
-		const struct kernel_image *im = &kernel_images[i];
-		int k = 0;
-		while (k < im->n_entries && strcmp(im->entries[k], fn))
-			k++;
-		if (k == im->n_entries)
-			continue;
-		const char *name = im->entries[k]; /* the entry list's copy: static, unlike fn */
-		CUfunction f;
-		if (cu_check(cu.cuModuleGetFunction(&f, g->modules[i], fn), "cuModuleGetFunction",
-			     __FILE__, __LINE__))
-			return NULL;
-		struct gpu_kernel_fn *nf = realloc(g->fns, (size_t)(g->n_fns + 1) * sizeof *nf);
-		if (!nf)
-			return NULL;
-		g->fns = nf;
-		g->fns[g->n_fns] =
-			(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1, 0};
-		return &g->fns[g->n_fns++];
+	int k, i = entry_image(fn, g->n_modules, &k);
+	if (i < 0) {
+		fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
+			g->n_modules);
+		return NULL;
 	}
-	fprintf(stderr, "<3>dsv32: kernel %s not found in the %d embedded module(s)\n", fn,
-		g->n_modules);
-	return NULL;
+	const struct kernel_image *im = &kernel_images[i];
+	const char *name = im->entries[k]; /* the entry list's copy: static, unlike fn */
+	CUfunction f;
+	if (cu_check(cu.cuModuleGetFunction(&f, g->modules[i], fn), "cuModuleGetFunction", __FILE__,
+		     __LINE__))
+		return NULL;
+	struct gpu_kernel_fn *nf = realloc(g->fns, (size_t)(g->n_fns + 1) * sizeof *nf);
+	if (!nf)
+		return NULL;
+	g->fns = nf;
+	g->fns[g->n_fns] =
+		(struct gpu_kernel_fn){name, f, im->entry_params ? im->entry_params[k] : -1, 0};
+	return &g->fns[g->n_fns++];
 }
 
 void *gpu_kernel(struct gpu *g, const char *fn)

@@ -67,6 +67,8 @@ int gpu_open(struct gpu *g, int ordinal, struct err *e);
 void gpu_close(struct gpu *g);
 /* Finds kernel `fn` (an extern "C" entry point) in any loaded module; NULL if absent. */
 void *gpu_kernel(struct gpu *g, const char *fn);
+/* Whether the binary embeds kernel `fn` (a quiet test, no driver call: for optional variants). */
+int gpu_kernel_embedded(const char *fn);
 /* gpu_kernel for a kernel that may be launched with more than 48 KB of dynamic shared memory:
  * the first time, its limit is raised to all a block may opt in to (smem_block_optin less its
  * static shared memory), so any launch of it fits without a driver call each time. *fn: the function; 0, -ENOENT (not in

@@ -596,7 +596,7 @@ int cuda_gemm_sw_trace(struct gpu *g, int on)
 	return 0;
 }
 
-int cuda_gemm_sw_trace_read(struct gpu *g, unsigned long long *out, size_t n)
+int cuda_gemm_sw_trace_read(struct gpu *g, uint64_t *out, size_t n)
 {
 	gpu_ptr p;
 	size_t bytes;
@@ -706,12 +706,14 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	if (ks == 2 && ns * stage < 512 * nt)
 		return -ENOTSUP;
 	int smem = head + ns * stage + scl;
-	/* tracing: the traced twin where there is one (the K-halves forms of 112 and 128 columns,
-	 * their pairs of 120: SW_ENTRY2T, SW_ENTRY_Q4T) */
+	/* tracing: the kernel's traced twin where the binary has one (SW_ENTRY2T, SW_ENTRY_Q4T) */
 	char tname[64];
-	const int traced = sw_traced >= 0 && ks == 2 && (nt == 112 || nt == 120 || nt == 128);
-	if (traced)
-		snprintf(tname, sizeof tname, "%s_traced", name), name = tname;
+	int traced = 0;
+	if (sw_traced >= 0) {
+		snprintf(tname, sizeof tname, "%s_traced", name);
+		if ((traced = gpu_kernel_embedded(tname)))
+			name = tname;
+	}
 	void *fn;
 	int r = gpu_kernel_smem(g, name, &fn);
 	if (r)
@@ -721,8 +723,8 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 	    (r = cuda_gemm_tmap_2d(&xmap, x8, M, K, mpad / np)))
 		return r;
 	int flags = sw_diag();
-	if (traced)
-		flags |= 8 | (sw_traced++ & 7) << 8; /* SW_TRACE, the launch's slot */
+	if (traced) /* the kernel's SW_TRACE, and the launch's slot from bit 8 */
+		flags |= 8 | (sw_traced++ % CUDA_GEMM_SW_TRACE_SLOTS) << 8;
 	void *args[] = {&wmap, &xmap, &S, &sx, &y, &M, &N, &K, &ldy, &ns, &mpad, &stage, &flags};
 	return launch_pdl(g, fn, grid, 1, 288, (unsigned)smem, args);
 }

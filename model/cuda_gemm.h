@@ -68,7 +68,7 @@ void cuda_gemm_set_sw_m1(int on);
 #define CUDA_GEMM_SW_TRACE_BLOCKS 160
 #define CUDA_GEMM_SW_TRACE_POINTS 9
 int cuda_gemm_sw_trace(struct gpu *g, int on); /* on: the buffer zeroed first */
-int cuda_gemm_sw_trace_read(struct gpu *g, unsigned long long *out, size_t n);
+int cuda_gemm_sw_trace_read(struct gpu *g, uint64_t *out, size_t n);
 /* The kernel cuda_gemm_fp8_stream_sw would launch for M x N x K (ks2 as there; NULL: a shape it
  * refuses), for tests and the benchmark. */
 const char *cuda_gemm_sw_kernel(struct gpu *g, int M, int N, int K, int ks2);

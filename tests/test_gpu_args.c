@@ -3,7 +3,7 @@
  * parameters (the driver would read past the array: how a five-argument launch of a six-parameter
  * kernel crashed the forward in session 14) and lets the rest through; the embedded kernel table
  * carries each entry's parameter count from its PTX (tools/embed.c), checked on kernels whose
- * signatures this test knows. */
+ * signatures this test knows; gpu_kernel_embedded finds entries by name in that table. */
 #include <errno.h>
 #include <string.h>
 
@@ -70,5 +70,20 @@ TEST(gpu_args, embedded_table_counts_parameters)
 	CHECK_EQ_INT(embedded_params("k_moe_swiglu_quant"), 6);
 	CHECK_EQ_INT(embedded_params("k_moe_combine_v8"), 8);
 	printf("    %d kernels embedded, each with its parameter count\n", entries);
+}
+#endif
+
+#ifndef DSV32_NO_CUDA
+/* gpu_kernel_embedded: the quiet test cuda_gemm_fp8_stream_sw asks before taking a kernel's
+ * traced twin (k_..._traced, kernels_ptx/gemm_fp8_stream.cu) */
+TEST(gpu_args, embedded_kernels_known_by_name)
+{
+	const int any = n_kernel_images > 0;
+	CHECK_EQ_INT(gpu_kernel_embedded("k_act_quant"), any);
+	CHECK_EQ_INT(gpu_kernel_embedded("k_gemm_fp8_swap_n120q4"), any);
+	CHECK_EQ_INT(gpu_kernel_embedded("k_gemm_fp8_swap_n120q4_traced"), any);
+	CHECK_EQ_INT(gpu_kernel_embedded("k_gemm_fp8_swap_n64k2_traced"), 0); /* no twin */
+	CHECK_EQ_INT(gpu_kernel_embedded("k_act_quant_x"), 0);
+	CHECK_EQ_INT(gpu_kernel_embedded(""), 0);
 }
 #endif

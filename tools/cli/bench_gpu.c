@@ -3,6 +3,7 @@
  * (bench_gpu.h).
  */
 #include "tools/cli/bench_gpu.h"
+#include "tools/cli/bench_sort.h"
 
 #ifndef DSV32_NO_CUDA
 
@@ -20,12 +21,6 @@ int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long se
 	void *args[] = {&p, &n, &seed, &lo, &hi};
 	return gpu_launch(g, gpu_kernel(g, "k_fill_f32_pow2"), (unsigned)g->sm_count * 4, 1, 1, 256,
 			  1, 1, 0, args);
-}
-
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x > y) - (x < y);
 }
 
 /* One pass of a probe: 0 or a CUresult. */
@@ -66,7 +61,7 @@ static double probe_ms(const struct probe *p, int trials)
 	gpu_timing_events_free(ev);
 	if (r)
 		return -1;
-	qsort(t, (size_t)trials, sizeof *t, cmp_float);
+	qsort(t, (size_t)trials, sizeof *t, bench_cmp_float);
 	return t[trials / 2];
 }
 

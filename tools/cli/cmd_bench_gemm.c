@@ -38,6 +38,7 @@
 #include "model/cuda_gemm_wgmma.h"
 #include "tools/cli/bench_gpu.h"
 #include "tools/cli/cli.h"
+#include "tools/cli/bench_sort.h"
 
 #ifdef DSV32_NO_CUDA
 int bench_gemm(int argc, char **argv)
@@ -46,12 +47,6 @@ int bench_gemm(int argc, char **argv)
 	return 1;
 }
 #else
-
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x > y) - (x < y);
-}
 
 /* Milliseconds of `reps` runs of fn(i), median of `trials`. */
 typedef int (*launch_fn)(struct gpu *g, void *ctx, int i);
@@ -75,7 +70,7 @@ static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trial
 		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps;
 	}
-	qsort(t, (size_t)trials, sizeof *t, cmp_float);
+	qsort(t, (size_t)trials, sizeof *t, bench_cmp_float);
 	ms = t[trials / 2];
 out:
 	gpu_timing_events_free(ev);
@@ -371,12 +366,6 @@ static int bench_grouped(struct gpu *g, int trials, double read_tbs)
 	return 0;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
-	return (x > y) - (x < y);
-}
-
 /* --sw-trace: 16 launches of the swapped kernel in a row, traced (cuda_gemm_sw_trace: its
  * K-halves forms of 112-128 columns have traced twins); the last CUDA_GEMM_SW_TRACE_SLOTS'
  * timelines appended to f (one row a block: shape, M, ks2, launch, block, then the points less
@@ -388,7 +377,7 @@ static int cmp_u64(const void *a, const void *b)
 static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 {
 	enum { S = CUDA_GEMM_SW_TRACE_SLOTS, B = CUDA_GEMM_SW_TRACE_BLOCKS, P = CUDA_GEMM_SW_TRACE_POINTS };
-	static unsigned long long tr[S * B * P];
+	static uint64_t tr[S * B * P];
 	memset(tr, 0, sizeof tr);
 	int r = cuda_gemm_sw_trace(g, 1);
 	for (int i = 0; i < 2 * S && !r; i++)
@@ -398,12 +387,12 @@ static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 		return r;
 	/* the blocks of a launch: those whose START is not 0 (the buffer zeroed before) */
 	double sum[P] = {0}; /* points 0-7 after the wait, then the period */
-	unsigned long long dep[S];
+	uint64_t dep[S];
 	int launches = 0;
 	for (int l = 0; l < S; l++) {
-		const unsigned long long *t = tr + (size_t)l * B * P;
-		static unsigned long long v[P][B];
-		unsigned long long s0 = ~0ull;
+		const uint64_t *t = tr + (size_t)l * B * P;
+		static uint64_t v[P][B];
+		uint64_t s0 = ~0ull;
 		int nb = 0;
 		for (int b = 0; b < B && t[b * P]; b++, nb++)
 			for (int p = 0; p < P; p++)
@@ -414,12 +403,12 @@ static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 			fprintf(f, "%dx%d,%d,%d,%d,%d", c->N, c->K, c->M, c->ks2, l, b);
 			for (int p = 0; p < P - 1; p++)
 				fprintf(f, ",%lld", v[p][b] ? (long long)(v[p][b] - s0) : -1);
-			fprintf(f, ",%llu\n", v[P - 1][b]);
+			fprintf(f, ",%llu\n", (unsigned long long)v[P - 1][b]);
 		}
 		if (!nb) /* (a form without a traced twin) */
 			return 0;
 		for (int p = 0; p < P - 1; p++)
-			qsort(v[p], (size_t)nb, sizeof v[p][0], cmp_u64);
+			qsort(v[p], (size_t)nb, sizeof v[p][0], bench_cmp_u64);
 		dep[l] = v[1][nb / 2];
 		if (l == S - 1)
 			continue;
@@ -628,8 +617,8 @@ int bench_gemm(int argc, char **argv)
 				wsw2 = sw_ok[1] ? time_ms(&g, launch_stream_sw, &c, reps, trials) : -1;
 				c.ks2 = 0;
 			}
-			for (int ks = 0; trace && c.M <= 64 && ks < 2 && sw_ok[ks]; ks++) {
-				c.ks2 = ks;
+			if (trace && c.M <= 64 && sw_ok[1]) { /* (the traced twins: K-halves forms) */
+				c.ks2 = 1;
 				if (sw_trace_run(&g, &c, trace))
 					fprintf(stderr, "dsv32 bench gemm: --sw-trace failed\n");
 				c.ks2 = 0;

@@ -25,6 +25,7 @@
 #include "ipc/futex.h"
 #include "ipc/server.h"
 #include "model/clock.h"
+#include "tools/cli/bench_sort.h"
 #include "tools/cli/cli.h"
 
 static long n_cpus;  /* counted before anything is pinned (musl counts the affinity mask) */
@@ -42,19 +43,13 @@ static void pin(int cpu)
 	sched_setaffinity(0, sizeof s, &s);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 struct result {
 	double p50_us, p99_us;
 };
 
 static struct result summarize(uint64_t *t, int n)
 {
-	qsort(t, (size_t)n, sizeof *t, cmp_u64);
+	qsort(t, (size_t)n, sizeof *t, bench_cmp_u64);
 	return (struct result){t[n / 2] / 1e3, t[(int)(n * 0.99)] / 1e3};
 }
 

@@ -39,6 +39,7 @@
 #include "model/numerics.h"
 #include "tools/cli/bench_gpu.h"
 #include "tools/cli/cli.h"
+#include "tools/cli/bench_sort.h"
 
 int bench_moe(int argc, char **argv);
 
@@ -55,12 +56,6 @@ int bench_moe(int argc, char **argv)
 
 /* The H200's dense FP8 tensor-core peak (SXM, 1979 TFLOP/s without sparsity). */
 #define FP8_PEAK_TFLOPS 1979.0
-
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x > y) - (x < y);
-}
 
 struct moe_bench {
 	struct gpu *g;
@@ -131,7 +126,7 @@ static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int r
 		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps * (float)(graph ? replays : 1);
 	}
-	qsort(t, (size_t)trials, sizeof *t, cmp_float);
+	qsort(t, (size_t)trials, sizeof *t, bench_cmp_float);
 	ms = t[trials / 2];
 out:
 	if (exec)
