@@ -20,6 +20,9 @@
 // k_moe_gate_route1s: the same outputs in the fast mode, the logits summed in another fp32 order
 //   (each still the CPU's exact products; the order fixed) over E / 2 blocks, so every SM reads
 //   its share of the weights at once. See below.
+// k_moe_gate_route_t: route1s's logits for 2 .. 8 tokens (the same bits a token), then its last
+//   block routes and permutes them all (k_moe_route_w's and k_moe_permute's numbers): the fast
+//   mode's few-token router. See below.
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
 //   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
@@ -33,7 +36,8 @@
 //   x[t] (T rows, D % 128 == 0) into row R + t (the shared expert's) and copied to its K sorted
 //   rows perm[t * K + n] (k_moe_permute's), codes and scales: k_act_quant + k_moe_gather_q's
 //   bytes with one read of x and no read of the quantised rows. One warp per (token, 128-group),
-//   8 a block; K <= 32.
+//   8 a block; K <= 32. Waits (griddepcontrol.wait) before any read: launched with PDL behind
+//   k_moe_gate_route_t.
 // k_moe_swiglu_quant: h = bf16( silu(g) * u ) of the fused gate|up output gu bf16 [R, 2I]
 //   (gate columns first), then act_quant per 128 (spec §5.3) -> h8 e4m3 [R, I], hs fp32
 //   [R, I/128]: the CPU's cpu_swiglu followed by the cpu_act_quant inside cpu_fp8_linear.
@@ -379,29 +383,25 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 // D <= 1024 * GR1S_MAXP. Grid E / EPB, 128 EPB threads, no dynamic shared memory.
 #define GR1S_MAXP 8 // 16-byte pieces a thread at most (D <= 8192)
 #define GR1S_EPB 2  // experts a block
-template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+
+// The fast routers' row pieces: thread t's 16-byte pieces t, t + 128, ... of a row of D bf16
+// (np = D / 1024 of them)
+__device__ __forceinline__ void gate1s_load(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t, int np)
 {
-	__shared__ float red[4 * EPB];
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int h = tid >> 7, t = tid & 127, np = D / 1024;
-	const int e = blockIdx.x * EPB + h;
-	const uint4 *wrow = reinterpret_cast<const uint4 *>(W + (size_t)e * D);
-	uint4 wv[GR1S_MAXP];
 #pragma unroll
 	for (int m = 0; m < GR1S_MAXP; m++)
 		if (m < np)
-			wv[m] = __ldg(wrow + t + 128 * m);
-	// the next kernel (launched with PDL) may start its prologue; this grid, launched with PDL
-	// (model/cuda_moe.c), has read nothing but its weights before the wait: x is the previous
-	// kernel's output
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	asm volatile("griddepcontrol.wait;" ::: "memory");
-	uint4 xv[GR1S_MAXP];
-#pragma unroll
-	for (int m = 0; m < GR1S_MAXP; m++)
-		if (m < np)
-			xv[m] = __ldg(reinterpret_cast<const uint4 *>(x) + t + 128 * m);
-	float a0 = 0.f, a1 = 0.f; // even, odd elements (exact products: fma == multiply, then add)
+			v[m] = __ldg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
+}
+
+// The fast routers' products of one token by one warp: each lane's pieces of its expert's weight
+// row (wv) and of x (xv) in two fp32 chains (even, odd elements of a piece; pieces in ascending
+// order; exact products: fma == multiply, then add), then the lanes by a shuffle tree (xor 16 ..
+// 1). Every lane returns the warp's sum.
+__device__ __forceinline__ float gate1s_warp_dot(const uint4 (&wv)[GR1S_MAXP],
+						 const uint4 (&xv)[GR1S_MAXP], int np)
+{
+	float a0 = 0.f, a1 = 0.f;
 #pragma unroll
 	for (int m = 0; m < GR1S_MAXP; m++)
 		if (m < np) {
@@ -418,6 +418,37 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1)
 		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// The logit of expert en from its 4 warps' sums r[0 .. 3], (w0 + w1) + (w2 + w3), and its
+// scores (the double-precision sigmoid; sel = sc + bias) into sc_row fp32 [2][E]
+__device__ __forceinline__ void gate1s_logit(const float *r, int en, int E, const float *bias,
+					     float *logits, float *sc_row)
+{
+	const float p = (r[0] + r[1]) + (r[2] + r[3]);
+	const float sg = route_sigmoid(p);
+	logits[en] = p;
+	sc_row[en] = sg;
+	sc_row[E + en] = bias ? sg + bias[en] : sg;
+}
+
+template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+{
+	__shared__ float red[4 * EPB];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int h = tid >> 7, t = tid & 127, np = D / 1024;
+	const int e = blockIdx.x * EPB + h;
+	uint4 wv[GR1S_MAXP];
+	gate1s_load(wv, W + (size_t)e * D, t, np);
+	// the next kernel (launched with PDL) may start its prologue; this grid, launched with PDL
+	// (model/cuda_moe.c), has read nothing but its weights before the wait: x is the previous
+	// kernel's output
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	uint4 xv[GR1S_MAXP];
+	gate1s_load(xv, x, t, np);
+	const float v = gate1s_warp_dot(wv, xv, np);
 	if (lane == 0)
 		red[warp] = v;
 	__syncthreads(); // the warp sums
@@ -430,13 +461,7 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 	if (warp != 0)
 		return;
 	if (lane < EPB) { // lane n: expert EPB blockIdx.x + n
-		const int en = blockIdx.x * EPB + lane;
-		const float *r = red + 4 * lane;
-		const float p = (r[0] + r[1]) + (r[2] + r[3]);
-		const float sg = route_sigmoid(p);
-		logits[en] = p;
-		scores[en] = sg;
-		scores[E + en] = bias ? sg + bias[en] : sg;
+		gate1s_logit(red + 4 * lane, blockIdx.x * EPB + lane, E, bias, logits, scores);
 		__threadfence(); // the scores are visible device-wide before the count says so
 	}
 	__syncwarp();
@@ -447,6 +472,76 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
 {
 	gate_route1s<GR1S_EPB>(GATE1_ARGS);
+}
+
+// ---- k_moe_gate_route_t: the fast mode's router of a few tokens (T = 2 .. GRT_MAXT) -----------
+// k_moe_gate_route1s's logits for each of T tokens (the same products summed in the same order, so
+// a token's logits and scores are the same bits at T = 1 and here), the tokens two at a time (both
+// rows' pieces loaded before either is summed), scores fp32 [T][2][E]; then the last block to
+// finish (g_gatet_done, as g_gate1_done) routes token k by warp k (moe_route_select256 on its
+// scores: k_moe_route_w's numbers) and permutes them all (moe_permute_block: k_moe_permute's),
+// so one launch does what the separate logits, route and permute kernels do. The quantised rows
+// need the permutation: k_moe_quant_scatter follows (by PDL). Grid E / 2, 256 threads, E = 256 in
+// 8 groups, D % 1024 == 0, D <= 8192, 2 <= T <= GRT_MAXT (<= the 8 warps), K <= 32.
+#define GRT_MAXT 8
+__device__ unsigned g_gatet_done = 0; // blocks of the running k_moe_gate_route_t that are done
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, float *logits,
+		   int E, int D, const float *__restrict__ bias, int topk_group, int K,
+		   int norm_topk_prob, float route_scale, int *idx, float *__restrict__ wts,
+		   int *__restrict__ counts, int *__restrict__ offsets, int *__restrict__ perm,
+		   int *__restrict__ src, float *scores, int T)
+{
+	__shared__ float red[GRT_MAXT][8]; // [token][warp]
+	__shared__ int last;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int t = tid & 127, np = D / 1024;
+	uint4 wv[GR1S_MAXP];
+	gate1s_load(wv, W + (size_t)(blockIdx.x * 2 + (tid >> 7)) * D, t, np);
+	// as route1s: only the weights (constants) read before the wait
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	for (int k = 0; k < T; k += 2) {
+		const bool two = k + 1 < T;
+		uint4 xa[GR1S_MAXP], xb[GR1S_MAXP];
+		gate1s_load(xa, x + (size_t)k * D, t, np);
+		if (two)
+			gate1s_load(xb, x + (size_t)(k + 1) * D, t, np);
+		const float va = gate1s_warp_dot(wv, xa, np);
+		const float vb = two ? gate1s_warp_dot(wv, xb, np) : 0.f;
+		if (lane == 0) {
+			red[k][warp] = va;
+			if (two)
+				red[k + 1][warp] = vb;
+		}
+	}
+	__syncthreads(); // the warp sums
+	if (warp == 0 && lane < 2 * T) { // lane 2k + n: token k, expert 2 blockIdx.x + n
+		const int k = lane >> 1, n = lane & 1;
+		gate1s_logit(&red[k][4 * n], blockIdx.x * 2 + n, E, bias, logits + (size_t)k * E,
+			     scores + (size_t)k * 2 * E);
+		__threadfence(); // the scores are visible device-wide before the count says so
+	}
+	__syncthreads();
+	if (tid == 0)
+		last = atomicAdd(&g_gatet_done, 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence(); // every block's scores (read through L2) after their counts
+	if (warp < T) {
+		const float *row = scores + (size_t)warp * 2 * E;
+		float sc[8], sel[8];
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			sc[i] = __ldcg(row + 8 * lane + i), sel[i] = __ldcg(row + E + 8 * lane + i);
+		moe_route_select256(sc, sel, warp, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+	}
+	__syncthreads(); // every token's idx written (read back by the permutation)
+	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);
+	if (tid == 0)
+		g_gatet_done = 0; // for the next launch (stream order)
 }
 
 // The tiled forms for many tokens: TT tokens x 32 experts per block (TT = 32: _tiled, 64:
@@ -720,6 +815,10 @@ k_moe_quant_scatter(const uint16_t *__restrict__ x, const int *__restrict__ perm
 {
 	const int KB = D / 128;
 	const long long group = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+	// launched with PDL after k_moe_gate_route_t (model/cuda_moe.c): x and perm only after the
+	// wait (without PDL both return at once)
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
 	if (group >= (long long)T * KB)
 		return;
 	const int t = (int)(group / KB), c = (int)(group % KB), lane = threadIdx.x & 31;

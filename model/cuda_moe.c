@@ -224,6 +224,7 @@ enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, 
  * block) above this many tokens; below, k_moe_permute on one block (run 10: 67 us at 4096
  * tokens, 24 at 1024, 13 at 512). */
 #define PERM_PAR_FROM 512
+#define ROUTE_T_MAX 8 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
 #define PERM_TOKENS 128
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)
@@ -245,7 +246,8 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	sz[B_EY] = RT * D * 2;
 	sz[B_WS] = gemm_ws(g, d);
 	sz[B_BCNT] = ((T + PERM_TOKENS - 1) / PERM_TOKENS) * (size_t)d->E * 4;
-	sz[B_SCORE] = (size_t)2 * d->E * 4; /* k_moe_gate_route1's scores */
+	/* the fused routers' scores, [2][E] a token (k_moe_gate_route1 / _route_t) */
+	sz[B_SCORE] = (size_t)2 * d->E * 4 * (T < ROUTE_T_MAX ? (T > 1 ? T : 1) : ROUTE_T_MAX);
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
@@ -364,6 +366,19 @@ static int split_router(const struct gpu *g, const struct dsv32_config *c,
 	    d->D > 8192)
 		return 0;
 	return router_mode;
+}
+
+/* The fast mode's router of 2 .. ROUTE_T_MAX tokens, k_moe_gate_route_t: route1s's logits for
+ * each token (the same bits as at one token), then its last block routes and permutes them, in
+ * place of the separate logits (k_moe_gate_logits_a8), route and permute launches;
+ * k_moe_quant_scatter follows by PDL. DSV32_CUDA_MOE_ROUTER_T=0 (read once; diagnosis): the
+ * separate kernels. */
+static int few_router(const struct gpu *g, const struct dsv32_config *c, const struct moe_dims *d)
+{
+	static int on = -1;
+	return env_on(&on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
+	       warp_route(c, d) && !d->unfused && !cuda_gemm_batch_invariant(g) &&
+	       d->D % 1024 == 0 && d->D <= 8192;
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -508,7 +523,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
-	const int fused = fused_router(c, d);
+	const int fused = fused_router(c, d), few = few_router(g, c, d);
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
@@ -526,6 +541,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		}
 		if (rc)
 			return rc;
+	} else if ((stages & CUDA_MOE_GATE) && few) {
+		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
+				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
+				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
+				(void *)&b[B_SCORE], &T};
+		rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route_t"), (unsigned)(E / 2), 256, 0, args);
+		if (rc)
+			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(g, T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -538,7 +561,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_GATE + 1);
-	if ((stages & CUDA_MOE_ROUTE) && !fused) {
+	if ((stages & CUDA_MOE_ROUTE) && !fused && !few) {
 		if (warp_route(c, d)) { /* the real shape: a warp a token */
 			void *wargs[] = {(void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm, &scale,
 					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
@@ -555,7 +578,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_ROUTE + 1);
 	/* rows by expert (offsets [E + 2]: group E, the shared expert, is rows R .. R+T-1) */
-	if ((stages & CUDA_MOE_PERMUTE) && !fused && T > PERM_PAR_FROM) {
+	if ((stages & CUDA_MOE_PERMUTE) && !fused && !few && T > PERM_PAR_FROM) {
 		unsigned nb = (unsigned)((T + PERM_TOKENS - 1) / PERM_TOKENS);
 		void *cargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_BCNT]};
 		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_BCNT], (void *)&b[B_CNT],
@@ -566,7 +589,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					pargs);
 		if (rc)
 			return rc;
-	} else if ((stages & CUDA_MOE_PERMUTE) && !fused) {
+	} else if ((stages & CUDA_MOE_PERMUTE) && !fused && !few) {
 		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);
@@ -582,8 +605,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		long long ng = (long long)T * (D / 128);
 		void *args[] = {&x, (void *)&b[B_PERM], (void *)&b[B_XS8], (void *)&b[B_SXS], &D, &T, &K,
 				&R};
-		rc = gpu_launch(g, gpu_kernel(g, "k_moe_quant_scatter"), (unsigned)((ng + 7) / 8), 1, 1,
-				256, 1, 1, 0, args);
+		void *fn = gpu_kernel(g, "k_moe_quant_scatter");
+		rc = few ? moe_launch(g, fn, (unsigned)((ng + 7) / 8), 256, 0, args)
+			 : gpu_launch(g, fn, (unsigned)((ng + 7) / 8), 1, 1, 256, 1, 1, 0, args);
 		if (rc)
 			return rc;
 	} else if ((stages & CUDA_MOE_GATHER) && !gathered) { /* x quantised once, rows copied */
@@ -687,13 +711,14 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 			  unsigned flags)
 {
 	struct moe_dims d = moe_dims(g, c, T, flags);
-	int fused = fused_router(c, &d), wg = use_wgmma(&d);
+	int fused = fused_router(c, &d), few = few_router(g, c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
 	static char buf[288];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
-		 !fused ? k.name
+		 few	  ? "k_moe_gate_route_t"
+		 : !fused ? k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
-		 fused ? " (logits, routing, permutation)" : " + route + permute",
+		 fused || few ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
 				 "in the chunk sums where they run)"

@@ -250,6 +250,31 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 			bad_y += bf16_ulps(f32_to_bf16(y[i]), gy[i]) > 1 && !(rel <= MOE_REL_LIMIT_WGMMA);
 		}
 	}
+	/* 2 .. 8 tokens (k_moe_gate_route_t): each token's logits the bits of the one-token
+	 * router's (k_moe_gate_route1s) on that token alone */
+	int64_t alone_diff = 0;
+	if (T >= 2 && T <= 8) {
+		struct cuda_moe_trace t1 = {gpu_test_alloc((size_t)E * 4), gpu_test_alloc((size_t)K * 4),
+					    gpu_test_alloc((size_t)K * 4)};
+		gpu_ptr y1 = gpu_test_alloc((size_t)D * 2);
+		float *l1 = malloc((size_t)E * 4);
+		uint16_t *o1 = malloc((size_t)D * 2);
+		REQUIRE(l1 && o1);
+		cuda_gemm_set_batch_invariant(g, 0);
+		for (int t = 0; t < T; t++) {
+			gpu_test_poison(g, t1.logits, (size_t)E * 4);
+			run_block(g, arena, c, L, d_x + (size_t)t * D * 2, y1, 1, &t1, 0, 0, o1);
+			REQUIRE(gpu_download(g, l1, t1.logits, (size_t)E * 4) == 0);
+			for (int e = 0; e < E; e++)
+				alone_diff += memcmp(&l1[e], &gl[(size_t)t * E + e], 4) != 0;
+		}
+		cuda_gemm_set_batch_invariant(g, 1);
+		printf("    fast router of %d tokens against one token at a time: %lld logits differ\n", T,
+		       (long long)alone_diff);
+		cu.cuMemFree(t1.logits), cu.cuMemFree(t1.idx), cu.cuMemFree(t1.wts), cu.cuMemFree(y1);
+		free(l1), free(o1);
+	}
+	CHECK_EQ_INT(alone_diff, 0);
 	const double mean = T > flips ? sum_rel / ((double)(T - flips) * D) : 0;
 	printf("    fast mode (router logits in another fp32 order): worst logit |d| %.3g = %.3g of the "
 	       "sum of |products| (limit 2^-16 = %.3g), %lld over, %.1f%% bit-equal to the CPU's; "
@@ -411,11 +436,11 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		run_block(g, &arena, c, &L, d_x, d_y, T, &tr, 0, 1, g_y2);
 		graph_diff = count_diff(g_y2, g_y, (size_t)T * D);
 	}
-	/* the fast mode at 1 and from 8 tokens (graph-captured at decode sizes): against the CPU
-	 * within the wgmma limits below, its graph replay the same bytes */
+	/* the fast mode at decode sizes (graph-captured): against the CPU within the wgmma limits
+	 * below, its graph replay the same bytes */
 	uint16_t *g_yf = NULL;
 	int64_t fast_graph_diff = 0;
-	if ((T == 1 || T >= 8) && T <= 64) {
+	if (T <= 64) {
 		g_yf = malloc((size_t)T * D * 2);
 		REQUIRE(g_yf);
 		/* the fast mode is the GEMM dispatch's: its wgmma consumers at these sizes */
@@ -532,7 +557,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
-	if (T > 64 || T == 1)
+	if (T > 64 || T <= 8) /* the fast routers: 1 token, 2 .. 8 (k_moe_gate_route_t), prefill */
 		check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
@@ -603,12 +628,12 @@ TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
 {
 	/* the real routing shape (256 experts in 8 groups, keep 4, top-8) on a narrow model (hidden
 	 * 1024, inter 128): T = 1 runs the fused routers (k_moe_gate_route1; in the fast mode
-	 * k_moe_gate_route1s, also in two launches), T = 2 the separate kernels; small enough for
-	 * compute-sanitizer */
+	 * k_moe_gate_route1s), T = 2 and 3 the separate kernels (in the fast mode the few-token
+	 * router, k_moe_gate_route_t); small enough for compute-sanitizer */
 	const struct dsv32_config c = moe_config(1024, 128, 256, 8, 4, 8);
-	const struct dsv32_config configs[] = {c, c};
-	static const int Ts[] = {1, 2}, sets[] = {16, 16};
-	check_blocks(configs, Ts, sets, 2, 5300);
+	const struct dsv32_config configs[] = {c, c, c};
+	static const int Ts[] = {1, 2, 3}, sets[] = {16, 16, 16};
+	check_blocks(configs, Ts, sets, 3, 5300);
 }
 
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
