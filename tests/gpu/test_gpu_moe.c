@@ -81,6 +81,8 @@ TEST(gpu_moe, gate_matches_cpu)
 	gpu_test_open(&g);
 	check_route(&g, 256, 8, 4, 8, 1000, 4001); /* the real routing */
 	check_route(&g, 256, 8, 3, 6, 300, 4005);  /* the real shape, other counts */
+	check_route(&g, 256, 8, 4, 1, 300, 4006);  /* ... one pick */
+	check_route(&g, 256, 8, 2, 5, 300, 4007);
 	check_route(&g, 16, 4, 2, 4, 500, 4002);   /* the tiny model's */
 	check_route(&g, 32, 8, 3, 6, 500, 4003);   /* the wide numerics config's shape */
 	check_route(&g, 64, 1, 1, 8, 200, 4004);   /* no group limit */
