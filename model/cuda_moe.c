@@ -371,12 +371,18 @@ static int split_router(const struct gpu *g, const struct dsv32_config *c,
 /* The fast mode's router of 2 .. ROUTE_T_MAX tokens, k_moe_gate_route_t: route1s's logits for
  * each token (the same bits as at one token), then its last block routes and permutes them, in
  * place of the separate logits (k_moe_gate_logits_a8), route and permute launches;
- * k_moe_quant_scatter follows by PDL. DSV32_CUDA_MOE_ROUTER_T=0 (read once; diagnosis): the
- * separate kernels. */
+ * k_moe_quant_scatter follows by PDL. cuda_moe_set_router_t / DSV32_CUDA_MOE_ROUTER_T=0 (read
+ * once; a forward switch): the separate kernels. */
+static int router_t_on = -1;
+
+void cuda_moe_set_router_t(int on)
+{
+	router_t_on = on != 0;
+}
+
 static int few_router(const struct gpu *g, const struct dsv32_config *c, const struct moe_dims *d)
 {
-	static int on = -1;
-	return env_on(&on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
+	return env_on(&router_t_on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
 	       warp_route(c, d) && !d->unfused && !cuda_gemm_batch_invariant(g) &&
 	       d->D % 1024 == 0 && d->D <= 8192;
 }

@@ -84,6 +84,12 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
  * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
 void cuda_moe_set_router(int mode);
 
+/* The fast mode's router of 2 .. 8 tokens: on 1 (the default) one launch (k_moe_gate_route_t:
+ * the one-token router's logits for each token, then the routing and the permutation in its last
+ * block), 0 the separate logits, route and permute kernels. Process-wide;
+ * DSV32_CUDA_MOE_ROUTER_T=n, read at the first call, sets it; a forward switch. */
+void cuda_moe_set_router_t(int on);
+
 /* The shared expert at prefill sizes (the token-wide path: T > 64): on 1, its two GEMMs on the
  * dense dispatch (cuda_gemm_fp8: at these M the wgmma kernel or cuBLASLt) after the grouped
  * GEMMs of the routed experts alone; off 0, group E of those grouped GEMMs. Process-wide;
