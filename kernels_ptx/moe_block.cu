@@ -20,7 +20,7 @@
 // k_moe_gate_route1s: the same outputs in the fast mode, the logits summed in another fp32 order
 //   (each still the CPU's exact products; the order fixed) over E / 2 blocks, so every SM reads
 //   its share of the weights at once. See below.
-// k_moe_gate_route_t: route1s's logits for 2 .. 8 tokens (the same bits a token), then its last
+// k_moe_gate_route_t: route1s's logits for 2 .. 16 tokens (the same bits a token), then its last
 //   block routes and permutes them all (k_moe_route_w's and k_moe_permute's numbers): the fast
 //   mode's few-token router. See below.
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
@@ -478,12 +478,13 @@ extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(
 // k_moe_gate_route1s's logits for each of T tokens (the same products summed in the same order, so
 // a token's logits and scores are the same bits at T = 1 and here), the tokens two at a time (both
 // rows' pieces loaded before either is summed), scores fp32 [T][2][E]; then the last block to
-// finish (g_gatet_done, as g_gate1_done) routes token k by warp k (moe_route_select256 on its
+// finish (g_gatet_done, as g_gate1_done) routes token k by warp k % 8 (moe_route_select256 on its
 // scores: k_moe_route_w's numbers) and permutes them all (moe_permute_block: k_moe_permute's),
 // so one launch does what the separate logits, route and permute kernels do. The quantised rows
 // need the permutation: k_moe_quant_scatter follows (by PDL). Grid E / 2, 256 threads, E = 256 in
-// 8 groups, D % 1024 == 0, D <= 8192, 2 <= T <= GRT_MAXT (<= the 8 warps), K <= 32.
-#define GRT_MAXT 8
+// 8 groups, D % 1024 == 0, D <= 8192, 2 <= T <= GRT_MAXT, K <= 32 (moe_permute_block's one pass
+// of 256 / K tokens holds them).
+#define GRT_MAXT 16
 __device__ unsigned g_gatet_done = 0; // blocks of the running k_moe_gate_route_t that are done
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -530,13 +531,13 @@ k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 	if (!last)
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
-	if (warp < T) {
-		const float *row = scores + (size_t)warp * 2 * E;
+	for (int k = warp; k < T; k += 8) { // token k by warp k % 8
+		const float *row = scores + (size_t)k * 2 * E;
 		float sc[8], sel[8];
 #pragma unroll
 		for (int i = 0; i < 8; i++)
 			sc[i] = __ldcg(row + 8 * lane + i), sel[i] = __ldcg(row + E + 8 * lane + i);
-		moe_route_select256(sc, sel, warp, topk_group, K, norm_topk_prob, route_scale, idx, wts);
+		moe_route_select256(sc, sel, k, topk_group, K, norm_topk_prob, route_scale, idx, wts);
 	}
 	__syncthreads(); // every token's idx written (read back by the permutation)
 	moe_permute_block(idx, T, K, E, counts, offsets, perm, src);

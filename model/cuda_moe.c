@@ -224,7 +224,7 @@ enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, 
  * block) above this many tokens; below, k_moe_permute on one block (run 10: 67 us at 4096
  * tokens, 24 at 1024, 13 at 512). */
 #define PERM_PAR_FROM 512
-#define ROUTE_T_MAX 8 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
+#define ROUTE_T_MAX 16 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
 #define PERM_TOKENS 128
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)

@@ -84,7 +84,7 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
  * (bench model --ab DSV32_CUDA_MOE_ROUTER=0). */
 void cuda_moe_set_router(int mode);
 
-/* The fast mode's router of 2 .. 8 tokens: on 1 (the default) one launch (k_moe_gate_route_t:
+/* The fast mode's router of 2 .. 16 tokens: on 1 (the default) one launch (k_moe_gate_route_t:
  * the one-token router's logits for each token, then the routing and the permutation in its last
  * block), 0 the separate logits, route and permute kernels. Process-wide;
  * DSV32_CUDA_MOE_ROUTER_T=n, read at the first call, sets it; a forward switch. */

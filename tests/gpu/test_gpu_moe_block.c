@@ -250,10 +250,10 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 			bad_y += bf16_ulps(f32_to_bf16(y[i]), gy[i]) > 1 && !(rel <= MOE_REL_LIMIT_WGMMA);
 		}
 	}
-	/* 2 .. 8 tokens (k_moe_gate_route_t): each token's logits the bits of the one-token
+	/* 2 .. 16 tokens (k_moe_gate_route_t): each token's logits the bits of the one-token
 	 * router's (k_moe_gate_route1s) on that token alone */
 	int64_t alone_diff = 0;
-	if (T >= 2 && T <= 8) {
+	if (T >= 2 && T <= 16) {
 		struct cuda_moe_trace t1 = {gpu_test_alloc((size_t)E * 4), gpu_test_alloc((size_t)K * 4),
 					    gpu_test_alloc((size_t)K * 4)};
 		gpu_ptr y1 = gpu_test_alloc((size_t)D * 2);
@@ -557,7 +557,7 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
-	if (T > 64 || T <= 8) /* the fast routers: 1 token, 2 .. 8 (k_moe_gate_route_t), prefill */
+	if (T > 64 || T <= 16) /* the fast routers: 1 token, 2 .. 16 (k_moe_gate_route_t), prefill */
 		check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
