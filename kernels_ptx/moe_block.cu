@@ -524,10 +524,10 @@ k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 			     scores + (size_t)k * 2 * E);
 		__threadfence(); // the scores are visible device-wide before the count says so
 	}
-	__syncthreads();
+	__syncthreads(); // (the writers' fences are behind thread 0's count)
 	if (tid == 0)
 		last = atomicAdd(&g_gatet_done, 1u) == gridDim.x - 1;
-	__syncthreads();
+	__syncthreads(); // every thread knows whether this block is the last
 	if (!last)
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
