@@ -218,7 +218,7 @@ static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 /* The scratch buffers, in push order; sizes in bytes. The row buffers hold R + T rows: the
  * routed rows in sorted order, then the shared expert's (x itself). */
 enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, B_H8, B_HS, B_EY,
-       B_WS, B_BCNT, B_SCORE, B_COUNT };
+       B_WS, B_BCNT, B_SCORE, B_GPARTS, B_COUNT };
 
 /* The permutation over many blocks (k_moe_permute_count + _place, PERM_TOKENS = 128 tokens a
  * block) above this many tokens; below, k_moe_permute on one block (run 10: 67 us at 4096
@@ -226,6 +226,7 @@ enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, 
 #define PERM_PAR_FROM 512
 #define ROUTE_T_MAX 16 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
 #define PERM_TOKENS 128
+#define GK_PARTS 4 /* k_moe_gate_logits_ks's parts of K (moe_gate_ks.cu) */
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)
 {
@@ -248,6 +249,8 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	sz[B_BCNT] = ((T + PERM_TOKENS - 1) / PERM_TOKENS) * (size_t)d->E * 4;
 	/* the fused routers' scores, [2][E] a token (k_moe_gate_route1 / _route_t) */
 	sz[B_SCORE] = (size_t)2 * d->E * 4 * (T < ROUTE_T_MAX ? (T > 1 ? T : 1) : ROUTE_T_MAX);
+	/* k_moe_gate_logits_ks's parts of the logits (gate_ks) */
+	sz[B_GPARTS] = d->fast && T > 64 ? GK_PARTS * T * d->E * 4 : 256;
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
@@ -385,6 +388,35 @@ static int few_router(const struct gpu *g, const struct dsv32_config *c, const s
 	return env_on(&router_t_on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
 	       warp_route(c, d) && !d->unfused && !cuda_gemm_batch_invariant(g) &&
 	       d->D % 1024 == 0 && d->D <= 8192;
+}
+
+/* The fast mode's router above 64 tokens on the real routing shape: the logits in GK_PARTS parts
+ * of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_ks.cu: x taken into
+ * the SMs once, not once per 64 experts as by k_moe_gate_logits_mma), then the routing on their
+ * sum in part order (k_moe_route_wsum, which also leaves the logits). Still independent of T.
+ * cuda_moe_set_gate_ks / DSV32_CUDA_MOE_GATE_KS=0 (read once; a forward switch):
+ * k_moe_gate_logits_mma / _mma64 and k_moe_route_w. */
+static int gate_ks_on = -1;
+
+void cuda_moe_set_gate_ks(int on)
+{
+	gate_ks_on = on != 0;
+}
+
+static int gate_ks(const struct dsv32_config *c, const struct moe_dims *d)
+{
+	return env_on(&gate_ks_on, "DSV32_CUDA_MOE_GATE_KS") && d->fast && d->T > 64 &&
+	       warp_route(c, d) && d->D % (64 * GK_PARTS) == 0;
+}
+
+/* k_moe_gate_logits_ks's tile, 128 or 64 tokens: the fewer rows a block takes in (bm + 256
+ * a K column) times its waves of GK_PARTS x ceil(T / bm) blocks, one an SM */
+static int gate_ks_rows(const struct gpu *g, int T)
+{
+	const long long sms = g->sm_count > 0 ? g->sm_count : 1,
+			w128 = (GK_PARTS * ((T + 127LL) / 128) + sms - 1) / sms,
+			w64 = (GK_PARTS * ((T + 63LL) / 64) + sms - 1) / sms;
+	return 384 * w128 < 320 * w64 ? 128 : 64;
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -555,6 +587,17 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route_t"), (unsigned)(E / 2), 256, 0, args);
 		if (rc)
 			return rc;
+	} else if ((stages & CUDA_MOE_GATE) && gate_ks(c, d)) {
+		const int bm = gate_ks_rows(g, T);
+		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_GPARTS], &T, &E, &D};
+		void *fn;
+		rc = gpu_kernel_smem(g, bm == 128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64",
+				     &fn);
+		if (!rc) /* GK_SMEM(bm): 4 stages of bm + 256 rows of 144 bytes */
+			rc = gpu_launch(g, fn, GK_PARTS, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
+					(unsigned)(4 * (bm + 256) * 144), args);
+		if (rc)
+			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
 		struct gate_kernel k = gate_kernel_for(g, T, E, D);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &T, &E, &D};
@@ -567,7 +610,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_GATE + 1);
-	if ((stages & CUDA_MOE_ROUTE) && !fused && !few) {
+	if ((stages & CUDA_MOE_ROUTE) && !fused && !few && gate_ks(c, d)) {
+		void *wargs[] = {(void *)&b[B_GPARTS], (void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm,
+				 &scale, (void *)&b[B_IDX], (void *)&b[B_WTS]};
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_route_wsum"), (unsigned)((T + 7) / 8), 1, 1, 256,
+				1, 1, 0, wargs);
+		if (rc)
+			return rc;
+	} else if ((stages & CUDA_MOE_ROUTE) && !fused && !few) {
 		if (warp_route(c, d)) { /* the real shape: a warp a token */
 			void *wargs[] = {(void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm, &scale,
 					 (void *)&b[B_IDX], (void *)&b[B_WTS]};
@@ -722,7 +772,9 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	static char buf[288];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
 		 few	  ? "k_moe_gate_route_t"
-		 : !fused ? k.name
+		 : !fused ? gate_ks(c, &d) ? gate_ks_rows(g, T) == 128 ? "k_moe_gate_logits_ks"
+							     : "k_moe_gate_logits_ks64"
+			  : k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused || few ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"

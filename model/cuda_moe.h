@@ -90,6 +90,14 @@ void cuda_moe_set_router(int mode);
  * DSV32_CUDA_MOE_ROUTER_T=n, read at the first call, sets it; a forward switch. */
 void cuda_moe_set_router_t(int on);
 
+/* The fast mode's router above 64 tokens (E = 256 in 8 groups, hidden % 256 == 0): on 1 (the
+ * default) the logits in 4 parts of K with all the experts in a block (k_moe_gate_logits_ks),
+ * routed on their sum (k_moe_route_wsum); 0 the 64-expert tiles over all of K
+ * (k_moe_gate_logits_mma) and k_moe_route_w. Either way the logits do not depend on T, in
+ * different fp32 orders. Process-wide; DSV32_CUDA_MOE_GATE_KS=n, read at the first call, sets
+ * it; a forward switch. */
+void cuda_moe_set_gate_ks(int on);
+
 /* The shared expert at prefill sizes (the token-wide path: T > 64): on 1, its two GEMMs on the
  * dense dispatch (cuda_gemm_fp8: at these M the wgmma kernel or cuBLASLt) after the grouped
  * GEMMs of the routed experts alone; off 0, group E of those grouped GEMMs. Process-wide;

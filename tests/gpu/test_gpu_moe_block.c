@@ -636,6 +636,17 @@ TEST_T(gpu_moe_block, router_one_token_match_cpu, 60)
 	check_blocks(configs, Ts, sets, 3, 5300);
 }
 
+TEST_T(gpu_moe_block, router_prefill_match_cpu, 90)
+{
+	/* the real routing shape on the narrow model above 64 tokens: in the fast mode the logits in
+	 * 4 parts of K (k_moe_gate_logits_ks64 at these T) routed on their sum (k_moe_route_wsum),
+	 * checked by check_fast_block against the CPU's products, its routing of them and its y */
+	const struct dsv32_config c = moe_config(1024, 128, 256, 8, 4, 8);
+	const struct dsv32_config configs[] = {c, c};
+	static const int Ts[] = {130, 600}, sets[] = {16, 16};
+	check_blocks(configs, Ts, sets, 2, 5350);
+}
+
 TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
 	/* T = 1: the fused router (k_moe_gate_route1; in the fast mode k_moe_gate_route1s); others
