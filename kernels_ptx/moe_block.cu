@@ -28,7 +28,8 @@
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
 // k_moe_gate_logits_mma, _mma64: the fast mode's logits for many tokens on the tensor cores (the
 //   same products, summed in another fp32 order; still independent of T), 128 or 64 tokens x 64
-//   experts a block; see below.
+//   experts a block; see below. (The real routing shape takes moe_gate_ks.cu's form: all 256
+//   experts a block over 4 parts of K.)
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.

@@ -4,8 +4,9 @@
  * The flow for T rows, R = T * num_experts_per_tok routed rows, all on the engine stream with
  * grids sized from host bounds (the per-expert counts never leave the device):
  *   k_moe_gate_logits_* (fp32 logits, the CPU's summation order; in the fast mode above 64 tokens
- *   k_moe_gate_logits_mma, the same products summed on the tensor cores) -> k_moe_route* (experts,
- *   weights)
+ *   the same products summed on the tensor cores: on the real routing shape in 4 parts of K,
+ *   k_moe_gate_logits_ks, routed on their sum by k_moe_route_wsum (gate_ks), else
+ *   k_moe_gate_logits_mma) -> k_moe_route* (experts, weights)
  *   -> k_moe_permute (rows by expert, token order within an expert; offsets[E + 1] = R + T; from
  *   PERM_PAR_FROM tokens over many blocks: k_moe_permute_count, k_moe_permute_place);
  *   for one token of the real routing shape these three are one launch (k_moe_gate_route1,
