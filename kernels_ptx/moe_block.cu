@@ -26,10 +26,7 @@
 // k_moe_gate_logits_tiled, _t64: the same numbers for many tokens (E % 32 == 0, D % 64 == 0),
 //   a 32 (_t64: 64) tokens x 32 experts tile per block, grid (E / 32, ceil(T / 32 or 64)),
 //   GT_SMEM(32 or 64) bytes of dynamic shared memory; see below.
-// k_moe_gate_logits_mma, _mma64: the fast mode's logits for many tokens on the tensor cores (the
-//   same products, summed in another fp32 order; still independent of T), 128 or 64 tokens x 64
-//   experts a block; see below. (The real routing shape takes moe_gate_ks.cu's form: all 256
-//   experts a block over 4 parts of K.)
+// (The fast mode's logits for many tokens on the tensor cores: moe_gate_mma.cu.)
 // k_moe_gather_q: xs8[r] = x8[src[r]] (e4m3 [.., D]) and sxs[r] = sx[src[r]] (fp32 [.., D/128]):
 //   the quantised input rows in expert-sorted order (quantising x once then gathering gives the
 //   numbers of quantising each gathered row). One warp per sorted row, 8 a block; D % 16 == 0.
@@ -681,116 +678,6 @@ __device__ __forceinline__ void gate_logits_tiled(const uint16_t *__restrict__ W
 
 GATE_LOGITS_KERNEL(k_moe_gate_logits_tiled, (256), gate_logits_tiled<32>)
 GATE_LOGITS_KERNEL(k_moe_gate_logits_t64, (256, 1), gate_logits_tiled<64>)
-
-// k_moe_gate_logits_mma, _mma64: the fast mode's router logits for many tokens
-// (model/cuda_moe.c: above 64 tokens when the GEMMs are not batch-invariant; issue #11) on the
-// tensor cores: the same products as the exact kernels (bf16 x bf16, exact in fp32), summed in
-// fp32 by mma.sync m16n8k16 with K ascending in steps of 16 — not the CPU's order, so a logit
-// departs from the CPU's by fp32 rounding only (the routing is the CPU's for these logits:
-// k_moe_route_w). The order does not depend on T or on the tile (each output's sums are the
-// same instructions), so the logits are still independent of the batch, and both forms give
-// the same bits. Tile: BM = 128 (_mma) or 64 (_mma64) tokens x 64 experts a block, 8 warps as
-// BM / 32 (tokens, 32 each) x 256 / BM (experts, BM / 4 each), K in chunks of 64 through a
-// cp.async ring of 8 / 12 stages (~220 KB: run 17 measured 4 stages at ~90 us for any T from 128
-// to 4096, each SM's block bound by the bytes in flight over the memory latency), rows padded
-// to 144 bytes (ldmatrix's eight row addresses hit distinct banks); rows past T or E read a copy
-// of the last row and are never stored. Grid (ceil(E / 64), ceil(T / BM)) (a token tile's
-// expert tiles are neighbours, so x comes from HBM about once), 256 threads, GM_SMEM(BM) bytes
-// of dynamic shared memory. D % 64 == 0, E % 2 == 0.
-#define GM_BN 64
-#define GM_BK 64
-#define GM_LD (GM_BK + 8) // bf16 a staged row
-#define GM_STAGES(BM) ((BM) == 128 ? 8 : 12)
-#define GM_SMEM(BM) (GM_STAGES(BM) * ((BM) + GM_BN) * GM_LD * 2)
-template <int BM>
-__device__ __forceinline__ void gate_logits_mma(const uint16_t *__restrict__ W,
-						const uint16_t *__restrict__ x,
-						float *__restrict__ logits, int T, int E, int D)
-{
-	constexpr int S = GM_STAGES(BM), WM = BM / 32, NT = GM_BN * WM / 8 / 8; // n8 tiles a warp
-	constexpr uint32_t STAGE = (BM + GM_BN) * GM_LD * 2;                 // bytes
-	extern __shared__ __align__(16) uint16_t gm_smem[]; // [S][BM + GM_BN][GM_LD]
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-	const int wm = warp % WM, wn = warp / WM;
-	const int t0 = blockIdx.y * BM, e0 = blockIdx.x * GM_BN;
-	const int nk = D / GM_BK;
-	// a chunk: (BM + GM_BN) rows x 8 pieces of 16 bytes, NP a thread
-	constexpr int NP = (BM + GM_BN) * 8 / 256;
-	const uint16_t *src[NP];
-	uint32_t dst[NP];
-#pragma unroll
-	for (int p = 0; p < NP; p++) {
-		const int q = tid + 256 * p, row = q >> 3, piece = q & 7;
-		src[p] = row < BM ? x + (size_t)min(t0 + row, T - 1) * D + 8 * piece
-				  : W + (size_t)min(e0 + row - BM, E - 1) * D + 8 * piece;
-		dst[p] = smem_u32(gm_smem + row * GM_LD + 8 * piece);
-	}
-	auto issue = [&](int c) { // chunk c into stage c % S; one commit group a chunk
-		if (c < nk) {
-			const uint32_t so = (uint32_t)(c % S) * STAGE;
-#pragma unroll
-			for (int p = 0; p < NP; p++)
-				cp_async16(dst[p] + so, src[p] + (size_t)c * GM_BK);
-		}
-		cp_async_commit();
-	};
-	float acc[2][NT][4] = {};
-#pragma unroll
-	for (int c = 0; c < S - 1; c++)
-		issue(c);
-	// ldmatrix row addresses: A (16 x 16 per x4: lanes 0-15 rows at k 0, 16-31 at k 8), B
-	// (stored [n][k]; x4 = two n8 tiles: lanes 0-7 / 8-15 the first tile's k 0 / 8, 16-31 the
-	// second's) -> a0..a3 and b0 b1 of two tiles, PTX's fragment layouts (mma.cuh)
-	const uint32_t a_off = (uint32_t)(((wm * 32 + (lane & 15)) * GM_LD + (lane >> 4) * 8) * 2);
-	const uint32_t b_off = (uint32_t)(((BM + wn * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * GM_LD +
-					   ((lane >> 3) & 1) * 8) * 2);
-	const uint32_t base = smem_u32(gm_smem);
-	for (int c = 0; c < nk; c++) {
-		cp_async_wait_group<S - 2>(); // chunk c: mine
-		__syncthreads(); // chunk c: everyone's; chunk c - 1 read by all (its stage free)
-		issue(c + S - 1);
-		const uint32_t st = base + (uint32_t)(c % S) * STAGE;
-#pragma unroll
-		for (int ks = 0; ks < GM_BK / 16; ks++) {
-			uint32_t a[2][4], b[NT][2];
-#pragma unroll
-			for (int i = 0; i < 2; i++)
-				ldsm_x4(st + a_off + (uint32_t)((i * 16 * GM_LD + ks * 16) * 2), a[i][0],
-					a[i][1], a[i][2], a[i][3]);
-#pragma unroll
-			for (int jj = 0; jj < NT / 2; jj++)
-				ldsm_x4(st + b_off + (uint32_t)((jj * 16 * GM_LD + ks * 16) * 2),
-					b[2 * jj][0], b[2 * jj][1], b[2 * jj + 1][0], b[2 * jj + 1][1]);
-#pragma unroll
-			for (int i = 0; i < 2; i++)
-#pragma unroll
-				for (int j = 0; j < NT; j++)
-					mma_bf16_16816(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3],
-						       b[j][0], b[j][1]);
-		}
-	}
-	cp_async_wait_all();
-	// c0 c1: row g, experts 2t, 2t + 1 of the n8 tile; c2 c3: row g + 8
-	const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-	for (int i = 0; i < 2; i++)
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int tok = t0 + wm * 32 + i * 16 + g + 8 * h;
-			if (tok >= T)
-				continue;
-#pragma unroll
-			for (int j = 0; j < NT; j++) {
-				const int e = e0 + wn * NT * 8 + j * 8 + 2 * t;
-				if (e < E)
-					*reinterpret_cast<float2 *>(logits + (size_t)tok * E + e) =
-						make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-			}
-		}
-}
-
-GATE_LOGITS_KERNEL(k_moe_gate_logits_mma, (256, 1), gate_logits_mma<128>)
-GATE_LOGITS_KERNEL(k_moe_gate_logits_mma64, (256, 1), gate_logits_mma<64>)
 
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_gather_q(const uint8_t *__restrict__ x8, const float *__restrict__ sx,

@@ -227,7 +227,7 @@ enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, 
 #define PERM_PAR_FROM 512
 #define ROUTE_T_MAX 16 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
 #define PERM_TOKENS 128
-#define GK_PARTS 4 /* k_moe_gate_logits_ks's parts of K (moe_gate_ks.cu) */
+#define GK_PARTS 4 /* k_moe_gate_logits_ks's parts of K (moe_gate_mma.cu) */
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)
 {
@@ -270,8 +270,8 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 	return most;
 }
 
-/* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; all but _mma give the CPU's
- * bits): its tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2:
+/* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; the tensor-core _mma forms
+ * kernels_ptx/moe_gate_mma.cu; all but those give the CPU's bits): its tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2:
  * cp.async rings of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 /
  * 128); tiled, t64: GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
  * memory a FMA at the tiled kernel's speed, 688 us at 4096 tokens: not kept.) */
@@ -392,7 +392,7 @@ static int few_router(const struct gpu *g, const struct dsv32_config *c, const s
 }
 
 /* The fast mode's router above 64 tokens on the real routing shape: the logits in GK_PARTS parts
- * of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_ks.cu: x taken into
+ * of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_mma.cu: x taken into
  * the SMs once, not once per 64 experts as by k_moe_gate_logits_mma), then the routing on their
  * sum in part order (k_moe_route_wsum, which also leaves the logits). Still independent of T.
  * cuda_moe_set_gate_ks / DSV32_CUDA_MOE_GATE_KS=0 (read once; a forward switch):

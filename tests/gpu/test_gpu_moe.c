@@ -44,7 +44,7 @@ static void run_route(const struct route_case *rc, const char *kernel, unsigned 
 	CHECK_EQ_INT(bad_w, 0);
 }
 
-/* k_moe_route_wsum (kernels_ptx/moe_gate_ks.cu) on 4 parts of the logits lg whose sum in part
+/* k_moe_route_wsum (kernels_ptx/moe_gate_mma.cu) on 4 parts of the logits lg whose sum in part
  * order is lg exactly (p0 = lg - a, p1 = a, p2 = b, p3 = -b, multiples of 1/8): the logits it
  * leaves are lg to the bit, and the routing the CPU's. */
 static void check_route_wsum(struct gpu *g, const struct route_case *rc, const float *lg,
@@ -413,14 +413,14 @@ TEST_T(gpu_moe, gate_logits_bit_exact, 60)
 
 #ifndef DSV32_NO_CUDA
 /* The fast mode's router logits on the tensor cores (k_moe_gate_logits_mma, kernels_ptx/
- * moe_block.cu) against the CPU's cpu_bf16_linear: the same exact products summed in another fp32
+ * moe_gate_mma.cu) against the CPU's cpu_bf16_linear: the same exact products summed in another fp32
  * order, so each logit within 2^-16 of its sum of |products| (fp32 reordering over D <= 7168
  * terms stays ~100x below that; a lost or doubled 16-wide K step, a wrong row or expert is off by
  * ~sqrt(16 / D) of the logit's scale and more); and each row's logits the same bits whatever the
  * token count (the first rows of a run of T tokens against a run of fewer). Token counts across
  * the 128-token tiles, expert counts across the 64-expert tiles (E = 16, 66), the real shape. */
 /* k_moe_gate_logits_mma (form 0: 128-token tiles) or _mma64 (form 1: 64-token tiles) on x
- * [T, D] and W [E, D] into logits [T, E]; their dynamic shared memory (GM_SMEM) set first. */
+ * [T, D] and W [E, D] into logits [T, E]; their dynamic shared memory (GM_SMEM(rows, 64, stages)) set first. */
 static int mma_gate_launch(struct gpu *g, int form, gpu_ptr w, gpu_ptr x, gpu_ptr l, int T, int E,
 			   int D)
 {
@@ -507,7 +507,7 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
 
 #ifndef DSV32_NO_CUDA
 /* The fast mode's prefill router logits in 4 parts of K (k_moe_gate_logits_ks, _ks64:
- * kernels_ptx/moe_gate_ks.cu), summed on the host in part order as k_moe_route_wsum sums them
+ * kernels_ptx/moe_gate_mma.cu), summed on the host in part order as k_moe_route_wsum sums them
  * (checked to the bit in gate_matches_cpu), against the CPU's cpu_bf16_linear: each logit within
  * 2^-16 of its sum of |products|, as gate_logits_mma_within_fp32 holds the 64-expert tiles; each
  * part the same bits whatever the token count (the first rows alone) and the tile (_ks64 against
