@@ -13,14 +13,15 @@
 //   neighbours, so x comes from HBM about once), a ring of 8 / 12 stages (~220 KB: run 17
 //   measured 4 stages at ~90 us for any T from 128 to 4096, each SM's block bound by the bytes
 //   in flight over the memory latency). D % 64 == 0, E % 2 == 0.
-// k_moe_gate_logits_ks, _ks64: parts fp32 [GK_PARTS, T, E], part p over its D / GK_PARTS columns
-//   of K. Why: the 64-expert tiles take x into the SMs once per 64 experts and W once per 128
-//   tokens (352 MB at 4096 tokens); here a block holds every expert (E <= 256) and a part of K,
-//   so x comes in once and W once per BM tokens (176 MB at BM = 128), with GK_PARTS x the blocks
-//   to fill the GPU. BM = 128 / 64 tokens x 256 experts a block, grid (GK_PARTS, ceil(T / BM)),
-//   a 4-stage ring. D % (64 GK_PARTS) == 0, E <= 256, E % 2 == 0.
-// k_moe_route_wsum: k_moe_route_w (moe_gate.cu) on the logits ((p0 + p1) + p2) + p3 of those
-//   parts (fp32 adds in part order), which it also writes to logits fp32 [T, 256] (what the
+// k_moe_gate_logits_ks, _ks64: parts fp32 [P, T, E], part p over its D / P columns of K (P =
+//   gridDim.x: the host's 4 above 64 tokens, D / 256 at 17-64). Why: the 64-expert tiles take x
+//   into the SMs once per 64 experts and W once per 128 tokens (352 MB at 4096 tokens); here a
+//   block holds every expert (E <= 256) and a part of K, so x comes in once and W once per BM
+//   tokens (176 MB at BM = 128), with P x the blocks to fill the GPU (at decode sizes, 28 blocks
+//   instead of the exact kernels' long FMA chains). BM = 128 / 64 tokens x 256 experts a block,
+//   grid (P, ceil(T / BM)), a 4-stage ring. D % (64 P) == 0, E <= 256, E % 2 == 0.
+// k_moe_route_wsum: k_moe_route_w (moe_gate.cu) on the logits (((p0 + p1) + p2) + ...) of those
+//   P parts (fp32 adds in part order), which it also writes to logits fp32 [T, 256] (what the
 //   other routers leave there); E = 256 in 8 groups, one warp per token, 8 a block.
 // The logit kernels: 256 threads as 8 warps of TW tokens (TW / 16 m16 tiles) x BN / (8 BM / TW)
 // experts, K in chunks of 64 through a cp.async ring, rows padded to 144 bytes (ldmatrix's row
@@ -33,7 +34,6 @@
 #define GM_BK 64              // K columns a stage
 #define GM_LD (GM_BK + 8)     // bf16 a staged row (144 bytes)
 #define GM_SMEM(BM, BN, S) ((S) * ((BM) + (BN)) * GM_LD * 2)
-#define GK_PARTS 4 // the _ks forms' parts of K: fixed, so the fp32 order of a logit is too
 
 // out[t, e] (row stride E) for the block's BM tokens from t0 x BN experts from e0, over K columns
 // [k0, k0 + dk) of x [T, D] and W [E, D]; S ring stages, TW tokens a warp.
@@ -134,13 +134,13 @@ __device__ __forceinline__ void gate_logits_tc(const uint16_t *__restrict__ W,
 GATE_MMA_KERNEL(k_moe_gate_logits_mma, 128, 8)
 GATE_MMA_KERNEL(k_moe_gate_logits_mma64, 64, 12)
 
-// every expert, part blockIdx.x of K (4 stages)
+// every expert, part blockIdx.x of gridDim.x of K (4 stages)
 #define GATE_KS_KERNEL(name, BM)                                                                  \
 	extern "C" __global__ void __launch_bounds__(256, 1) name(                               \
 		const uint16_t *__restrict__ W, const uint16_t *__restrict__ x,                   \
 		float *__restrict__ parts, int T, int E, int D)                                   \
 	{                                                                                       \
-		const int dk = D / GK_PARTS;                                                      \
+		const int dk = D / (int)gridDim.x;                                                \
 		gate_logits_tc<BM, 256, 64, 4>(W, x, parts + (size_t)blockIdx.x * T * E, T, E, D, \
 					       blockIdx.y * BM, 0, blockIdx.x * dk, dk);          \
 	}
@@ -148,7 +148,7 @@ GATE_KS_KERNEL(k_moe_gate_logits_ks, 128)
 GATE_KS_KERNEL(k_moe_gate_logits_ks64, 64)
 
 extern "C" __global__ void __launch_bounds__(256)
-k_moe_route_wsum(const float *__restrict__ parts, float *__restrict__ logits,
+k_moe_route_wsum(const float *__restrict__ parts, int nparts, float *__restrict__ logits,
 		 const float *__restrict__ bias, int T, int topk_group, int K, int norm_topk_prob,
 		 float route_scale, int *__restrict__ idx, float *__restrict__ wts)
 {
@@ -156,20 +156,27 @@ k_moe_route_wsum(const float *__restrict__ parts, float *__restrict__ logits,
 	if (t >= T)
 		return;
 	const size_t plane = (size_t)T * 256, at = (size_t)t * 256 + 8 * lane;
-	float4 v[GK_PARTS][2];
+	float l[8];
+	// four parts' loads in flight at a time, added in part order
+	for (int p0 = 0; p0 < nparts; p0 += 4) {
+		float4 v[4][2];
 #pragma unroll
-	for (int p = 0; p < GK_PARTS; p++) {
-		v[p][0] = __ldcg(reinterpret_cast<const float4 *>(parts + p * plane + at));
-		v[p][1] = __ldcg(reinterpret_cast<const float4 *>(parts + p * plane + at + 4));
-	}
-	float l[8] = {v[0][0].x, v[0][0].y, v[0][0].z, v[0][0].w,
-		      v[0][1].x, v[0][1].y, v[0][1].z, v[0][1].w};
+		for (int q = 0; q < 4; q++)
+			if (p0 + q < nparts) {
+				const float *src = parts + (p0 + q) * plane + at;
+				v[q][0] = __ldcg(reinterpret_cast<const float4 *>(src));
+				v[q][1] = __ldcg(reinterpret_cast<const float4 *>(src + 4));
+			}
 #pragma unroll
-	for (int p = 1; p < GK_PARTS; p++) {
-		l[0] = __fadd_rn(l[0], v[p][0].x), l[1] = __fadd_rn(l[1], v[p][0].y);
-		l[2] = __fadd_rn(l[2], v[p][0].z), l[3] = __fadd_rn(l[3], v[p][0].w);
-		l[4] = __fadd_rn(l[4], v[p][1].x), l[5] = __fadd_rn(l[5], v[p][1].y);
-		l[6] = __fadd_rn(l[6], v[p][1].z), l[7] = __fadd_rn(l[7], v[p][1].w);
+		for (int q = 0; q < 4; q++) {
+			if (p0 + q >= nparts)
+				break;
+			const float w[8] = {v[q][0].x, v[q][0].y, v[q][0].z, v[q][0].w,
+					    v[q][1].x, v[q][1].y, v[q][1].z, v[q][1].w};
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				l[i] = p0 + q == 0 ? w[i] : __fadd_rn(l[i], w[i]);
+		}
 	}
 	*reinterpret_cast<float4 *>(logits + at) = make_float4(l[0], l[1], l[2], l[3]);
 	*reinterpret_cast<float4 *>(logits + at + 4) = make_float4(l[4], l[5], l[6], l[7]);

@@ -227,7 +227,14 @@ enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, 
 #define PERM_PAR_FROM 512
 #define ROUTE_T_MAX 16 /* k_moe_gate_route_t's most tokens (GRT_MAXT, moe_block.cu) */
 #define PERM_TOKENS 128
-#define GK_PARTS 4 /* k_moe_gate_logits_ks's parts of K (moe_gate_mma.cu) */
+/* k_moe_gate_logits_ks's parts of K (moe_gate_mma.cu): 4 above 64 tokens; at 17-64 tokens one a
+ * 256 columns (28 at V3.2's hidden size: blocks for the GPU where one token tile is all) */
+#define GK_PARTS 4
+#define GK_DECODE_COLS 256
+static int gate_parts(const struct moe_dims *d)
+{
+	return d->T > 64 ? GK_PARTS : d->D / GK_DECODE_COLS;
+}
 
 static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t *sz)
 {
@@ -251,7 +258,8 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	/* the fused routers' scores, [2][E] a token (k_moe_gate_route1 / _route_t) */
 	sz[B_SCORE] = (size_t)2 * d->E * 4 * (T < ROUTE_T_MAX ? (T > 1 ? T : 1) : ROUTE_T_MAX);
 	/* k_moe_gate_logits_ks's parts of the logits (gate_ks) */
-	sz[B_GPARTS] = d->fast && T > 64 ? GK_PARTS * T * d->E * 4 : 256;
+	sz[B_GPARTS] = d->fast && T > 16 && gate_parts(d) > 0 ? (size_t)gate_parts(d) * T * d->E * 4
+							      : 256;
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
@@ -391,12 +399,15 @@ static int few_router(const struct gpu *g, const struct dsv32_config *c, const s
 	       d->D % 1024 == 0 && d->D <= 8192;
 }
 
-/* The fast mode's router above 64 tokens on the real routing shape: the logits in GK_PARTS parts
- * of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_mma.cu: x taken into
- * the SMs once, not once per 64 experts as by k_moe_gate_logits_mma), then the routing on their
- * sum in part order (k_moe_route_wsum, which also leaves the logits). Still independent of T.
- * cuda_moe_set_gate_ks / DSV32_CUDA_MOE_GATE_KS=0 (read once; a forward switch):
- * k_moe_gate_logits_mma / _mma64 and k_moe_route_w. */
+/* The fast mode's router from 17 tokens on the real routing shape: the logits in gate_parts(d)
+ * parts of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_mma.cu: x
+ * taken into the SMs once, not once per 64 experts as by k_moe_gate_logits_mma), then the
+ * routing on their sum in part order (k_moe_route_wsum, which also leaves the logits). Above 64
+ * tokens 4 parts; at 17-64 (decode batches) parts of 256 columns, in place of the exact
+ * kernels (k_moe_gate_logits_a2l: each logit 8 FMA chains of D / 8 on the CUDA cores, 36.7 us at
+ * 64 tokens, s21-2). Independent of T within each range. cuda_moe_set_gate_ks /
+ * DSV32_CUDA_MOE_GATE_KS=0 (read once; a forward switch): k_moe_gate_logits_mma / _mma64 above
+ * 64 tokens, the exact kernels at 17-64, then k_moe_route_w. */
 static int gate_ks_on = -1;
 
 void cuda_moe_set_gate_ks(int on)
@@ -406,17 +417,17 @@ void cuda_moe_set_gate_ks(int on)
 
 static int gate_ks(const struct dsv32_config *c, const struct moe_dims *d)
 {
-	return env_on(&gate_ks_on, "DSV32_CUDA_MOE_GATE_KS") && d->fast && d->T > 64 &&
-	       warp_route(c, d) && d->D % (64 * GK_PARTS) == 0;
+	return env_on(&gate_ks_on, "DSV32_CUDA_MOE_GATE_KS") && d->fast && d->T > 16 &&
+	       warp_route(c, d) && d->D % GK_DECODE_COLS == 0;
 }
 
 /* k_moe_gate_logits_ks's tile, 128 or 64 tokens: the fewer rows a block takes in (bm + 256
- * a K column) times its waves of GK_PARTS x ceil(T / bm) blocks, one an SM */
-static int gate_ks_rows(const struct gpu *g, int T)
+ * a K column) times its waves of parts x ceil(T / bm) blocks, one an SM */
+static int gate_ks_rows(const struct gpu *g, int T, int parts)
 {
 	const long long sms = g->sm_count > 0 ? g->sm_count : 1,
-			w128 = (GK_PARTS * ((T + 127LL) / 128) + sms - 1) / sms,
-			w64 = (GK_PARTS * ((T + 63LL) / 64) + sms - 1) / sms;
+			w128 = ((long long)parts * ((T + 127LL) / 128) + sms - 1) / sms,
+			w64 = ((long long)parts * ((T + 63LL) / 64) + sms - 1) / sms;
 	return 384 * w128 < 320 * w64 ? 128 : 64;
 }
 
@@ -589,13 +600,13 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	} else if ((stages & CUDA_MOE_GATE) && gate_ks(c, d)) {
-		const int bm = gate_ks_rows(g, T);
+		const int parts = gate_parts(d), bm = gate_ks_rows(g, T, parts);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_GPARTS], &T, &E, &D};
 		void *fn;
 		rc = gpu_kernel_smem(g, bm == 128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64",
 				     &fn);
 		if (!rc) /* GK_SMEM(bm): 4 stages of bm + 256 rows of 144 bytes */
-			rc = gpu_launch(g, fn, GK_PARTS, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
+			rc = gpu_launch(g, fn, (unsigned)parts, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
 					(unsigned)(4 * (bm + 256) * 144), args);
 		if (rc)
 			return rc;
@@ -612,8 +623,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_GATE + 1);
 	if ((stages & CUDA_MOE_ROUTE) && !fused && !few && gate_ks(c, d)) {
-		void *wargs[] = {(void *)&b[B_GPARTS], (void *)&b[B_LOGITS], &bias, &T, &tg, &K, &norm,
-				 &scale, (void *)&b[B_IDX], (void *)&b[B_WTS]};
+		int parts = gate_parts(d);
+		void *wargs[] = {(void *)&b[B_GPARTS], &parts, (void *)&b[B_LOGITS], &bias, &T, &tg, &K,
+				 &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_route_wsum"), (unsigned)((T + 7) / 8), 1, 1, 256,
 				1, 1, 0, wargs);
 		if (rc)
@@ -770,12 +782,11 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	struct moe_dims d = moe_dims(g, c, T, flags);
 	int fused = fused_router(c, &d), few = few_router(g, c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
+	const int ks = gate_ks(c, &d), ks128 = ks && gate_ks_rows(g, T, gate_parts(&d)) == 128;
 	static char buf[288];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
 		 few	  ? "k_moe_gate_route_t"
-		 : !fused ? gate_ks(c, &d) ? gate_ks_rows(g, T) == 128 ? "k_moe_gate_logits_ks"
-							     : "k_moe_gate_logits_ks64"
-			  : k.name
+		 : !fused ? ks ? ks128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64" : k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused || few ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"

@@ -66,9 +66,10 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
  * in the batch-invariant mode its exact kernels (each row's output the CPU's whatever T), in the
  * fast mode its wgmma consumers; above 64 tokens the wgmma kernels, within wgmma's accumulation
  * limit. The router logits are the CPU's bits but in the fast mode (the GEMM dispatch's,
- * cuda_gemm_set_batch_invariant(g, 0)) above 64 tokens, where the tensor cores sum the same
- * products in another fp32 order, and at one token (cuda_moe_set_router), where E / 2 blocks sum
- * them in another order; the experts are the CPU's routing of the logits either way.
+ * cuda_gemm_set_batch_invariant(g, 0)) above 64 tokens and, on the real routing shape, from 17
+ * (cuda_moe_set_gate_ks), where the tensor cores sum the same products in another fp32 order,
+ * and at 1-16 tokens (cuda_moe_set_router, cuda_moe_set_router_t), where E / 2 blocks sum them
+ * in another order; the experts are the CPU's routing of the logits either way.
  * CUDA_MOE_UNFUSED (the forward's DSV32_CUDA_UNFUSED=1, a diagnosis switch): the separate
  * kernels instead of the fused router, quantise-and-scatter, SwiGLU epilogues and combine in the
  * chunk sums (model/cuda_moe.c): the same bits. */
@@ -90,12 +91,13 @@ void cuda_moe_set_router(int mode);
  * DSV32_CUDA_MOE_ROUTER_T=n, read at the first call, sets it; a forward switch. */
 void cuda_moe_set_router_t(int on);
 
-/* The fast mode's router above 64 tokens (E = 256 in 8 groups, hidden % 256 == 0): on 1 (the
- * default) the logits in 4 parts of K with all the experts in a block (k_moe_gate_logits_ks),
- * routed on their sum (k_moe_route_wsum); 0 the 64-expert tiles over all of K
- * (k_moe_gate_logits_mma) and k_moe_route_w. Either way the logits do not depend on T, in
- * different fp32 orders. Process-wide; DSV32_CUDA_MOE_GATE_KS=n, read at the first call, sets
- * it; a forward switch. */
+/* The fast mode's router from 17 tokens (E = 256 in 8 groups, hidden % 256 == 0): on 1 (the
+ * default) the logits in parts of K with all the experts in a block (k_moe_gate_logits_ks: 4
+ * parts above 64 tokens, parts of 256 columns at 17-64), routed on their sum
+ * (k_moe_route_wsum); 0 the 64-expert tiles over all of K (k_moe_gate_logits_mma) above 64
+ * tokens and the exact kernels (the CPU's order) at 17-64, then k_moe_route_w. Either way the
+ * logits do not depend on T within each range. Process-wide; DSV32_CUDA_MOE_GATE_KS=n, read at
+ * the first call, sets it; a forward switch. */
 void cuda_moe_set_gate_ks(int on);
 
 /* The shared expert at prefill sizes (the token-wide path: T > 64): on 1, its two GEMMs on the

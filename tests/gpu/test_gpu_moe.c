@@ -44,35 +44,36 @@ static void run_route(const struct route_case *rc, const char *kernel, unsigned 
 	CHECK_EQ_INT(bad_w, 0);
 }
 
-/* k_moe_route_wsum (kernels_ptx/moe_gate_mma.cu) on 4 parts of the logits lg whose sum in part
- * order is lg exactly (p0 = lg - a, p1 = a, p2 = b, p3 = -b, multiples of 1/8): the logits it
- * leaves are lg to the bit, and the routing the CPU's. */
+/* k_moe_route_wsum (kernels_ptx/moe_gate_mma.cu) on np parts of the logits lg whose sum in part
+ * order is lg exactly (p0 = lg - a, p1 = a, p2 = b, p3 = -b, multiples of 1/8, the rest 0): the
+ * logits it leaves are lg to the bit, and the routing the CPU's. */
 static void check_route_wsum(struct gpu *g, const struct route_case *rc, const float *lg,
-			     gpu_ptr d_b, uint64_t seed)
+			     gpu_ptr d_b, int np, uint64_t seed)
 {
 	const int T = rc->T;
 	const size_t n = (size_t)T * 256;
-	float *parts = malloc(4 * n * 4), *back = malloc(n * 4);
-	REQUIRE(parts && back);
+	float *parts = calloc((size_t)np * n, 4), *back = malloc(n * 4);
+	REQUIRE(parts && back && np >= 4);
 	for (size_t i = 0; i < n; i++) {
 		const float a = ((float)(test_rand(&seed) % 32) - 16.0f) * 0.125f,
 			    b = ((float)(test_rand(&seed) % 32) - 16.0f) * 0.125f;
 		parts[i] = lg[i] - a, parts[n + i] = a, parts[2 * n + i] = b, parts[3 * n + i] = -b;
 	}
-	gpu_ptr d_p = gpu_test_alloc(4 * n * 4), d_l = gpu_test_alloc(n * 4);
-	REQUIRE(gpu_upload(g, d_p, parts, 4 * n * 4) == 0);
+	gpu_ptr d_p = gpu_test_alloc((size_t)np * n * 4), d_l = gpu_test_alloc(n * 4);
+	REQUIRE(gpu_upload(g, d_p, parts, (size_t)np * n * 4) == 0);
 	gpu_test_poison(g, d_l, n * 4);
-	int tt = T, tg = rc->topk_group, k = rc->K, norm = 1;
+	int tt = T, tg = rc->topk_group, k = rc->K, norm = 1, npp = np;
 	float scale = 2.5f;
-	void *args[] = {&d_p, &d_l, &d_b, &tt, &tg, &k, &norm, &scale, (void *)&rc->d_i,
+	void *args[] = {&d_p, &npp, &d_l, &d_b, &tt, &tg, &k, &norm, &scale, (void *)&rc->d_i,
 			(void *)&rc->d_w};
 	run_route(rc, "k_moe_route_wsum", (unsigned)((T + 7) / 8), args);
 	REQUIRE(gpu_download(g, back, d_l, n * 4) == 0);
 	int64_t differ = 0;
 	for (size_t i = 0; i < n; i++)
 		differ += memcmp(&back[i], &lg[i], 4) != 0;
-	printf("    k_moe_route_wsum: %lld of %lld summed logits differ from the parts' exact sum\n",
-	       (long long)differ, (long long)n);
+	printf("    k_moe_route_wsum, %d parts: %lld of %lld summed logits differ from the parts' "
+	       "exact sum\n",
+	       np, (long long)differ, (long long)n);
 	CHECK_EQ_INT(differ, 0);
 	cu.cuMemFree(d_p), cu.cuMemFree(d_l);
 	free(parts), free(back);
@@ -104,7 +105,8 @@ static void check_route(struct gpu *g, int E, int G, int topk_group, int K, int 
 	if (E == 256 && G == 8) { /* the warp-per-token form of the real shape */
 		void *wargs[] = {&d_lg, &d_b, &tt, &tg, &k, &norm, &scale, &d_i, &d_w};
 		run_route(&rc, "k_moe_route_w", (unsigned)((T + 7) / 8), wargs);
-		check_route_wsum(g, &rc, lg, d_b, seed);
+		check_route_wsum(g, &rc, lg, d_b, 4, seed);  /* above 64 tokens */
+		check_route_wsum(g, &rc, lg, d_b, 28, seed); /* 17-64: 7168 / 256 */
 	}
 	cu.cuMemFree(d_lg), cu.cuMemFree(d_b), cu.cuMemFree(d_i), cu.cuMemFree(d_w);
 	free(lg), free(bias), free(ri), free(gi), free(rw), free(gw);
@@ -512,14 +514,14 @@ TEST_T(gpu_moe, gate_logits_mma_within_fp32, 60)
  * 2^-16 of its sum of |products|, as gate_logits_mma_within_fp32 holds the 64-expert tiles; each
  * part the same bits whatever the token count (the first rows alone) and the tile (_ks64 against
  * _ks). Token counts across the 64- and 128-token tiles, expert counts below 256, the real shape. */
-static int ks_gate_launch(struct gpu *g, int bm, gpu_ptr w, gpu_ptr x, gpu_ptr p, int T, int E,
-			  int D)
+static int ks_gate_launch(struct gpu *g, int bm, int np, gpu_ptr w, gpu_ptr x, gpu_ptr p, int T,
+			  int E, int D)
 {
 	void *fn;
 	if (gpu_kernel_smem(g, bm == 128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64", &fn))
 		return -1;
 	void *args[] = {&w, &x, &p, &T, &E, &D};
-	return gpu_launch(g, fn, 4, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
+	return gpu_launch(g, fn, (unsigned)np, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
 			  (unsigned)(4 * (bm + 256) * 144), args);
 }
 
@@ -527,26 +529,30 @@ TEST_T(gpu_moe, gate_logits_ks_within_fp32, 60)
 {
 	struct gpu g;
 	gpu_test_open(&g);
-	static const int shapes[][4] = {/* T, E, D, fewer tokens for the batch check */
-					{65, 256, 256, 1},    {300, 256, 1024, 129}, {200, 66, 512, 77},
-					{130, 256, 7168, 5}, {1100, 256, 7168, 777}};
+	static const int shapes[][5] = {/* T, E, D, fewer tokens for the batch check, parts */
+					{65, 256, 256, 1, 4},    {300, 256, 1024, 129, 4},
+					{200, 66, 512, 77, 4},   {130, 256, 7168, 5, 4},
+					{1100, 256, 7168, 777, 4}, {17, 256, 7168, 5, 28},
+					{64, 256, 7168, 33, 28},  {40, 256, 1024, 17, 4}};
 	uint64_t seed = 4411;
 	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3];
+		const int T = shapes[si][0], E = shapes[si][1], D = shapes[si][2], T2 = shapes[si][3],
+			  np = shapes[si][4];
 		struct gate_case gc;
 		gate_case_make(&g, &gc, T, E, D, &seed);
 		const size_t n = (size_t)T * E, n2 = (size_t)T2 * E;
-		gpu_ptr d_p = gpu_test_alloc(4 * n * 4);
-		float *got = malloc(4 * n * 4), *got2 = malloc(4 * n2 * 4), *got3 = malloc(4 * n * 4);
+		gpu_ptr d_p = gpu_test_alloc((size_t)np * n * 4);
+		float *got = malloc((size_t)np * n * 4), *got2 = malloc((size_t)np * n2 * 4),
+		      *got3 = malloc((size_t)np * n * 4);
 		REQUIRE(got && got2 && got3);
 		/* the 128-token form on T tokens, on the first T2, then the 64-token form on T */
 		for (int pass = 0; pass < 3; pass++) {
 			const int tt = pass == 1 ? T2 : T;
-			gpu_test_poison(&g, d_p, 4 * n * 4);
-			REQUIRE(ks_gate_launch(&g, pass == 2 ? 64 : 128, gc.d_w, gc.d_x, d_p, tt, E, D) ==
-				0);
+			gpu_test_poison(&g, d_p, (size_t)np * n * 4);
+			REQUIRE(ks_gate_launch(&g, pass == 2 ? 64 : 128, np, gc.d_w, gc.d_x, d_p, tt, E,
+					       D) == 0);
 			REQUIRE(gpu_download(&g, pass == 0 ? got : pass == 1 ? got2 : got3, d_p,
-					     4 * (size_t)tt * E * 4) == 0);
+					     (size_t)np * tt * E * 4) == 0);
 		}
 		double worst = 0;
 		int64_t bad = 0, first = -1, batch_diff = 0, form_diff = 0;
@@ -554,7 +560,7 @@ TEST_T(gpu_moe, gate_logits_ks_within_fp32, 60)
 			for (int e = 0; e < E; e++) {
 				const size_t i = (size_t)t * E + e;
 				float sum = got[i];
-				for (int p = 1; p < 4; p++)
+				for (int p = 1; p < np; p++)
 					sum += got[p * n + i];
 				double mag = 0;
 				for (int k = 0; k < D; k++)
@@ -567,15 +573,16 @@ TEST_T(gpu_moe, gate_logits_ks_within_fp32, 60)
 				}
 				worst = r > worst || isnan(r) ? r : worst;
 			}
-		for (int p = 0; p < 4; p++)
+		for (int p = 0; p < np; p++)
 			for (size_t i = 0; i < n2; i++)
 				batch_diff += memcmp(&got2[p * n2 + i], &got[p * n + i], 4) != 0;
-		for (size_t i = 0; i < 4 * n; i++)
+		for (size_t i = 0; i < (size_t)np * n; i++)
 			form_diff += memcmp(&got3[i], &got[i], 4) != 0;
-		printf("    k_moe_gate_logits_ks T=%-4d E=%-3d D=%-4d: worst |d| = %.3g of the sum of "
-		       "|products| (limit 2^-16), %lld over; first %d rows alone: %lld parts differ; "
-		       "64-token tiles: %lld differ\n",
-		       T, E, D, worst, (long long)bad, T2, (long long)batch_diff, (long long)form_diff);
+		printf("    k_moe_gate_logits_ks T=%-4d E=%-3d D=%-4d %2d parts: worst |d| = %.3g of the "
+		       "sum of |products| (limit 2^-16), %lld over; first %d rows alone: %lld parts "
+		       "differ; 64-token tiles: %lld differ\n",
+		       T, E, D, np, worst, (long long)bad, T2, (long long)batch_diff,
+		       (long long)form_diff);
 		if (first >= 0)
 			printf("      first over [%lld, %lld]: cpu %.9g\n", (long long)(first / E),
 			       (long long)(first % E), gc.ref[first]);
@@ -714,7 +721,7 @@ TEST_T(gpu_moe, timing_gate_logits_mma, 30)
 				float ms;
 				cu.cuEventRecord(e0, g.stream);
 				for (int i = 0; i < 4; i++)
-					ks_gate_launch(&g, form ? 64 : 128, d_w, d_x, d_p, T, E, D);
+					ks_gate_launch(&g, form ? 64 : 128, 4, d_w, d_x, d_p, T, E, D);
 				cu.cuEventRecord(e1, g.stream);
 				REQUIRE(cu.cuEventSynchronize(e1) == CUDA_SUCCESS);
 				cu.cuEventElapsedTime(&ms, e0, e1);

@@ -189,10 +189,11 @@ static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
 	return d;
 }
 
-/* The fast mode above 64 tokens (cuda_gemm_set_batch_invariant(g, 0)), whose router logits run on
- * the tensor cores (k_moe_gate_logits_mma: the CPU's products in another fp32 order), and at one
- * token (the real routing shape: k_moe_gate_route1s, the same products over E / 2 blocks in
- * another order; other shapes the exact logits): each logit
+/* The fast mode (cuda_gemm_set_batch_invariant(g, 0)), whose router logits run on the tensor
+ * cores from 17 tokens (the real routing shape: k_moe_gate_logits_ks, in parts of K; other
+ * shapes above 64 tokens k_moe_gate_logits_mma: the CPU's products in another fp32 order), at
+ * 2-16 tokens in k_moe_gate_route_t and at one token in k_moe_gate_route1s (the same products
+ * over E / 2 blocks in another order; other shapes the exact logits): each logit
  * within 2^-16 of its sum of |products| of the CPU's (logits, on x = f and W = gate); the routing
  * the CPU's moe_route of those logits to the bit (experts and weights); the experts the CPU's own
  * but for near ties (a logit's rounding may flip one: at most 1 + T / 256 tokens, printed; a
@@ -557,8 +558,9 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 
 	if (taps.gu)
 		check_stages(g, pool, &lw, c, f, T, idx, &taps);
-	if (T > 64 || T <= 16) /* the fast routers: 1 token, 2 .. 16 (k_moe_gate_route_t), prefill */
-		check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
+	/* the fast routers: 1 token, 2 .. 16 (k_moe_gate_route_t), from 17 the logits in parts of K
+	 * (k_moe_gate_logits_ks) on the real routing shape; the exact kernels otherwise */
+	check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
 			 d_x, tr.logits, tr.idx, tr.wts, d_y, taps.gu, taps.ey, taps.sh};
