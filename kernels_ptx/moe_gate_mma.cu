@@ -1,6 +1,7 @@
 // moe_gate_mma.cu — the fast mode's MoE router logits for many tokens on the tensor cores (spec
-// §3.9 "gate"; model/cuda_moe.c: above 64 tokens when the GEMMs are not batch-invariant), and
-// the routing of their parts. The exact kernels (the CPU's fp32 order) are moe_block.cu's.
+// §3.9 "gate"; model/cuda_moe.c, when the GEMMs are not batch-invariant: the _ks forms from 17
+// tokens on the real routing shape, the _mma forms above 64 tokens on other shapes), and the
+// routing of their parts. The exact kernels (the CPU's fp32 order) are moe_block.cu's.
 //
 // Every form here multiplies the same products as the exact kernels (bf16 x bf16, exact in fp32)
 // and sums them in fp32 by mma.sync m16n8k16 with K ascending in steps of 16 from the start of
