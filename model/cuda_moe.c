@@ -279,9 +279,9 @@ size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c,
 }
 
 /* The router-logit kernel for T rows (kernels_ptx/moe_block.cu; the tensor-core _mma forms
- * kernels_ptx/moe_gate_mma.cu; all but those give the CPU's bits): its tile (token rows x experts a block) and dynamic shared memory. a8 / a2l / a2:
- * cp.async rings of 6 / 3 / 6 stages of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 /
- * 128); tiled, t64: GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
+ * kernels_ptx/moe_gate_mma.cu; all but those give the CPU's bits): its tile (token rows x
+ * experts a block) and dynamic shared memory. a8 / a2l / a2: cp.async rings of 6 / 3 / 6 stages
+ * of (rows + 2) rows of 2 KC + 16 bytes (KC = 512 / 512 / 128); tiled, t64: GT_SMEM. (Run 8 measured a 64 x 64-tile form with all 8 partials a thread and 1 byte of shared
  * memory a FMA at the tiled kernel's speed, 688 us at 4096 tokens: not kept.) */
 struct gate_kernel {
 	const char *name;
@@ -421,14 +421,18 @@ static int gate_ks(const struct dsv32_config *c, const struct moe_dims *d)
 	       warp_route(c, d) && d->D % GK_DECODE_COLS == 0;
 }
 
-/* k_moe_gate_logits_ks's tile, 128 or 64 tokens: the fewer rows a block takes in (bm + 256
- * a K column) times its waves of parts x ceil(T / bm) blocks, one an SM */
-static int gate_ks_rows(const struct gpu *g, int T, int parts)
+/* k_moe_gate_logits_ks or _ks64 (a block: 128 or 64 tokens x all 256 experts x a part of K),
+ * whichever makes the fewer rows a block takes in (rows + 256 a K column) times its waves of
+ * gate_parts(d) x ceil(T / rows) blocks, one an SM; smem: GM_SMEM(rows, 256, 4), 4 stages of
+ * rows + 256 rows of 144 bytes (moe_gate_mma.cu). */
+static struct gate_kernel gate_ks_kernel(const struct gpu *g, const struct moe_dims *d)
 {
-	const long long sms = g->sm_count > 0 ? g->sm_count : 1,
-			w128 = ((long long)parts * ((T + 127LL) / 128) + sms - 1) / sms,
-			w64 = ((long long)parts * ((T + 63LL) / 64) + sms - 1) / sms;
-	return 384 * w128 < 320 * w64 ? 128 : 64;
+	const long long sms = g->sm_count > 0 ? g->sm_count : 1, parts = gate_parts(d), T = d->T,
+			w128 = (parts * ((T + 127) / 128) + sms - 1) / sms,
+			w64 = (parts * ((T + 63) / 64) + sms - 1) / sms;
+	const int rows = 384 * w128 < 320 * w64 ? 128 : 64;
+	return (struct gate_kernel){rows == 128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64",
+				    rows, 256, (unsigned)(4 * (rows + 256) * 144)};
 }
 
 /* Dynamic shared memory of k_moe_gate_route1: barriers, x split by partial, 8 weight rows
@@ -573,7 +577,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int G = (int)c->n_group, tg = (int)c->topk_group, norm = c->norm_topk_prob;
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
-	const int fused = fused_router(c, d), few = few_router(g, c, d);
+	const int fused = fused_router(c, d), few = few_router(g, c, d), ks = gate_ks(c, d);
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
@@ -599,15 +603,14 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route_t"), (unsigned)(E / 2), 256, 0, args);
 		if (rc)
 			return rc;
-	} else if ((stages & CUDA_MOE_GATE) && gate_ks(c, d)) {
-		const int parts = gate_parts(d), bm = gate_ks_rows(g, T, parts);
+	} else if ((stages & CUDA_MOE_GATE) && ks) {
+		const struct gate_kernel k = gate_ks_kernel(g, d);
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_GPARTS], &T, &E, &D};
 		void *fn;
-		rc = gpu_kernel_smem(g, bm == 128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64",
-				     &fn);
-		if (!rc) /* GK_SMEM(bm): 4 stages of bm + 256 rows of 144 bytes */
-			rc = gpu_launch(g, fn, (unsigned)parts, (unsigned)((T + bm - 1) / bm), 1, 256, 1, 1,
-					(unsigned)(4 * (bm + 256) * 144), args);
+		rc = gpu_kernel_smem(g, k.name, &fn);
+		if (!rc) /* a part of K a block in x */
+			rc = gpu_launch(g, fn, (unsigned)gate_parts(d),
+					(unsigned)((T + k.rows - 1) / k.rows), 1, 256, 1, 1, k.smem, args);
 		if (rc)
 			return rc;
 	} else if (stages & CUDA_MOE_GATE) {
@@ -622,7 +625,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_GATE + 1);
-	if ((stages & CUDA_MOE_ROUTE) && !fused && !few && gate_ks(c, d)) {
+	if ((stages & CUDA_MOE_ROUTE) && !fused && !few && ks) {
 		int parts = gate_parts(d);
 		void *wargs[] = {(void *)&b[B_GPARTS], &parts, (void *)&b[B_LOGITS], &bias, &T, &tg, &K,
 				 &norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS]};
@@ -781,12 +784,12 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 {
 	struct moe_dims d = moe_dims(g, c, T, flags);
 	int fused = fused_router(c, &d), few = few_router(g, c, &d), wg = use_wgmma(&d);
-	struct gate_kernel k = gate_kernel_for(g, T, d.E, d.D);
-	const int ks = gate_ks(c, &d), ks128 = ks && gate_ks_rows(g, T, gate_parts(&d)) == 128;
+	struct gate_kernel k =
+		gate_ks(c, &d) ? gate_ks_kernel(g, &d) : gate_kernel_for(g, T, d.E, d.D);
 	static char buf[288];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
 		 few	  ? "k_moe_gate_route_t"
-		 : !fused ? ks ? ks128 ? "k_moe_gate_logits_ks" : "k_moe_gate_logits_ks64" : k.name
+		 : !fused ? k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
 		 fused || few ? " (logits, routing, permutation)" : " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
