@@ -38,6 +38,7 @@
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
+#include "moe_epi.cuh"
 #include "scan.cuh"
 #include "tma.cuh"
 
@@ -82,117 +83,128 @@ __device__ __forceinline__ wfrag gv_wfrag(uint32_t st, int rs, int j)
 	return af;
 }
 
-template <bool GROUPED>
-__device__ __forceinline__ void
-gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
-	      const unsigned long long *__restrict__ w_tab, const unsigned long long *__restrict__ s_tab,
-	      const int *__restrict__ off, int G, int slice_cap, const uint8_t *__restrict__ X,
-	      const float *__restrict__ SX, uint16_t *__restrict__ Y, float *__restrict__ partial,
-	      int M, int N, int K, int ldy, int chunks, int chunk_blocks, int ns, int slot, int flags)
+// One GEMM as the unit loops see it: dense (W, S) or grouped (w_tab, s_tab over the slices);
+// flags: GV_F32 (the sums to partial[0] in fp32, not y).
+struct gv_op {
+	const uint8_t *W;
+	const float *S;
+	const unsigned long long *w_tab, *s_tab;
+	const uint8_t *X;
+	const float *SX;
+	uint16_t *Y;
+	float *partial;
+	int M, N, K, ldy, chunks, chunk_blocks, flags;
+};
+
+// A GEMM's unit geometry (computed once, at the kernel's start): K blocks, a stage row's bytes,
+// a unit's bytes in a stage, 16-row tiles, units a slice
+struct gv_geom {
+	int KB, rs, stage, tiles, per_slice;
+};
+
+__device__ __forceinline__ gv_geom gv_geom_of(const gv_op &o)
 {
-	// shared memory: the barriers (256 bytes), two sets of the warps' unit sums (8 KB), the
-	// last-arrival flags (128 bytes), the stages of 16 x rs bytes, then (GROUPED) the slices
-	extern __shared__ __align__(128) uint8_t smem[];
-	uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-	uint64_t *empty = full + GV_MAXSTAGES;
-	float *red = reinterpret_cast<float *>(smem + 256); // [2][GV_CW][16 rows][8 tokens]
-	int *last_flag = reinterpret_cast<int *>(smem + 256 + 2 * GV_CW * 128 * 4); // [2]
-	const uint32_t stage0 = smem_u32(smem) + 256 + 2 * GV_CW * 128 * 4 + 128;
-	const int KB = K >> 7, rs = chunks == 1 ? K : chunk_blocks * 128 + 16, stage_bytes = 16 * rs;
-	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + 256 + 2 * GV_CW * 128 * 4 + 128 +
-						      ns * stage_bytes);
-	const int tiles = N >> 4, per_slice = tiles * chunks;
-	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int KB = o.K >> 7, rs = o.chunks == 1 ? o.K : o.chunk_blocks * 128 + 16;
+	const int stage = 16 * rs, tiles = o.N >> 4;
+	return gv_geom{KB, rs, stage, tiles, tiles * o.chunks};
+}
 
-	// the next kernel (launched with PDL) may start and load its constants now; it reads this
-	// grid's outputs only after its griddepcontrol.wait (this grid complete). GROUPED without
-	// GV_OFF_EARLY: only once the offsets' writer is complete (below), so that a kernel two
-	// launches on may read them without a wait (GV_OFF_EARLY)
-	const bool early = GROUPED && (flags & GV_OFF_EARLY);
-	if (!GROUPED || early)
-		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	if (threadIdx.x == 0) {
-		for (int s = 0; s < ns; s++) {
-			mbar_init(smem_u32(&full[s]), 1);
-			mbar_init(smem_u32(&empty[s]), GV_CW);
-		}
-		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+// The ring of a block: ns slots of slot_bytes from stage0, a unit in SPAN consecutive slots (its
+// first slot's full barrier counts its bytes; the others' complete on the producer's arrival, so
+// that every slot's barriers complete once a turn of the ring), s / ph the next slot and its
+// phase — the producer's and the consumers' own copies.
+struct gv_ring {
+	uint32_t stage0;
+	int slot_bytes, ns;
+	uint64_t *full, *empty;
+	int s;
+	uint32_t ph;
+};
+
+template <int SPAN> __device__ __forceinline__ void gv_ring_next(gv_ring &r)
+{
+	r.s += SPAN;
+	if (r.s == r.ns)
+		r.s = 0, r.ph ^= 1;
+}
+
+// The grouped GEMM's slices from the offsets (every thread of the block; the caller syncs)
+__device__ __forceinline__ int gv_build_slices(const int *__restrict__ off, int G, int slice_cap,
+					       gv_slice *sl)
+{
+	int base = 0;
+	for (int e0 = 0; e0 < G; e0 += GV_THREADS) {
+		const int e = e0 + threadIdx.x;
+		int o = 0, cnt = 0;
+		if (e < G)
+			o = __ldcg(&off[e]), cnt = __ldcg(&off[e + 1]) - o;
+		const int k = (cnt + 7) >> 3;
+		int total;
+		const int at = base + block_exclusive_scan<GV_THREADS>(k, &total);
+		for (int j = 0; j < k && at + j < slice_cap; j++)
+			sl[at + j] = gv_slice{e, o + 8 * j, min(8, cnt - 8 * j), 0};
+		base += total;
 	}
-	int n_slices = 1;
-	if (GROUPED) {
-		if (!early) {
-			asm volatile("griddepcontrol.wait;" ::: "memory"); // the offsets
-			asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	return min(base, slice_cap);
+}
+
+// The producer warp: units [u0, u1)'s weight rows into the ring. It reads only the weights
+// (constants) and writes only this block's shared memory.
+template <bool GROUPED, int SPAN>
+__device__ __forceinline__ void gv_produce(const gv_op &o, const gv_geom &ge, const gv_slice *sl,
+					   int u0, int u1, gv_ring &r, int lane)
+{
+	const int KB = ge.KB, chunks = o.chunks, chunk_blocks = o.chunk_blocks, rs = ge.rs;
+	const int per_slice = ge.per_slice;
+	const uint64_t pol = l2_evict_first();
+	int e_cur = -1;
+	const uint8_t *Wg = o.W;
+	for (int u = u0; u < u1; u++) {
+		const int sidx = u / per_slice, rest = u % per_slice;
+		const int tile = rest / chunks, kb0 = (rest % chunks) * chunk_blocks;
+		const int nb = min(chunk_blocks, KB - kb0);
+		if (GROUPED && sl[sidx].e != e_cur) {
+			e_cur = sl[sidx].e;
+			Wg = reinterpret_cast<const uint8_t *>(o.w_tab[e_cur]);
 		}
-		int base = 0;
-		for (int e0 = 0; e0 < G; e0 += GV_THREADS) {
-			const int e = e0 + threadIdx.x;
-			int o = 0, cnt = 0;
-			if (e < G)
-				o = __ldcg(&off[e]), cnt = __ldcg(&off[e + 1]) - o;
-			const int k = (cnt + 7) >> 3;
-			int total;
-			const int at = base + block_exclusive_scan<GV_THREADS>(k, &total);
-			for (int j = 0; j < k && at + j < slice_cap; j++)
-				sl[at + j] = gv_slice{e, o + 8 * j, min(8, cnt - 8 * j), 0};
-			base += total;
+		const int s = r.s;
+		mbar_wait(smem_u32(&r.empty[s]), r.ph ^ 1); // (a fresh barrier: returns at once)
+		if (SPAN == 2)
+			mbar_wait(smem_u32(&r.empty[s + 1]), r.ph ^ 1);
+		if (lane == 0) {
+			mbar_arrive_expect_tx(smem_u32(&r.full[s]), (uint32_t)(16 * nb * 128));
+			if (SPAN == 2)
+				mbar_arrive(smem_u32(&r.full[s + 1]));
 		}
-		n_slices = min(base, slice_cap);
+		__syncwarp();
+		if (chunks == 1 && lane == 0) // the 16 rows, contiguous
+			bulk_load_hint(r.stage0 + (uint32_t)(s * r.slot_bytes),
+				       Wg + (size_t)tile * 16 * o.K, (uint32_t)(16 * o.K),
+				       smem_u32(&r.full[s]), pol);
+		else if (chunks > 1 && lane < 16)
+			bulk_load_hint(r.stage0 + (uint32_t)(s * r.slot_bytes + lane * rs),
+				       Wg + (size_t)(tile * 16 + lane) * o.K + (size_t)kb0 * 128,
+				       (uint32_t)(nb * 128), smem_u32(&r.full[s]), pol);
+		gv_ring_next<SPAN>(r);
 	}
-	__syncthreads(); // the barriers initialised, the slices written
+}
 
-	// this block's units [u0, u1) of slice * per_slice + tile * chunks + chunk
-	const int units = n_slices * per_slice;
-	const int u0 = (int)((long long)blockIdx.x * units / gridDim.x);
-	const int u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
-
-	if (warp == GV_CW) {
-		// ---- producer: the units' weight rows, ns stages ahead. Dense: no
-		// griddepcontrol.wait (it reads only the weights, constants, and writes only this
-		// block's shared memory) ----
-		const uint64_t pol = l2_evict_first();
-		int s = 0, e_cur = -1;
-		uint32_t ph = 0;
-		const uint8_t *Wg = W;
-		for (int u = u0; u < u1; u++) {
-			const int sidx = u / per_slice, rest = u % per_slice;
-			const int tile = rest / chunks, kb0 = (rest % chunks) * chunk_blocks;
-			const int nb = min(chunk_blocks, KB - kb0);
-			if (GROUPED && sl[sidx].e != e_cur) {
-				e_cur = sl[sidx].e;
-				Wg = reinterpret_cast<const uint8_t *>(w_tab[e_cur]);
-			}
-			mbar_wait(smem_u32(&empty[s]), ph ^ 1); // (a fresh barrier: returns at once)
-			if (lane == 0)
-				mbar_arrive_expect_tx(smem_u32(&full[s]), (uint32_t)(16 * nb * 128));
-			__syncwarp();
-			if (chunks == 1 && lane == 0) // the 16 rows, contiguous
-				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes),
-					       Wg + (size_t)tile * 16 * K, (uint32_t)(16 * K),
-					       smem_u32(&full[s]), pol);
-			else if (chunks > 1 && lane < 16)
-				bulk_load_hint(stage0 + (uint32_t)(s * stage_bytes + lane * rs),
-					       Wg + (size_t)(tile * 16 + lane) * K + (size_t)kb0 * 128,
-					       (uint32_t)(nb * 128), smem_u32(&full[s]), pol);
-			if (++s == ns)
-				s = 0, ph ^= 1;
-		}
-		return;
-	}
-
-	// ---- consumers ----
-	// the tokens and their scales are the previous kernel's outputs, and y / the partials may
-	// still be read by it (PDL)
-	if (!GROUPED || early)
-		asm volatile("griddepcontrol.wait;" ::: "memory");
+// The consumer warps: units [u0, u1) (see the top of the file). red: the two sets of the warps'
+// unit sums; last_flag: the two sets' last-arrival flags; slot: the arrival counts' set.
+template <bool GROUPED, int SPAN>
+__device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, const gv_slice *sl,
+					   int u0, int u1, gv_ring &r, float *red, int *last_flag,
+					   int slot, int warp, int lane)
+{
+	const int KB = ge.KB, K = o.K, N = o.N, M = o.M, chunks = o.chunks;
+	const int chunk_blocks = o.chunk_blocks, rs = ge.rs;
+	const int tiles = ge.tiles, per_slice = ge.per_slice;
 	const int g = lane >> 2, t = lane & 3;
 	const int row = threadIdx.x & 15, m = threadIdx.x >> 4; // the sums' (threads 0-127)
-	const bool f32_out = flags & GV_F32;
+	const bool f32_out = o.flags & GV_F32;
 	float tot = 0.f; // (row, m)'s chunks so far of the current tile
-	int s = 0, e_cur = -1;
-	uint32_t ph = 0;
-	const float *Sg = S;
+	int e_cur = -1;
+	const float *Sg = o.S;
 	// unit u's slice, tile and chunk, advanced a unit at a time (no division a unit)
 	int sidx = u0 / per_slice, tile = u0 % per_slice / chunks, c = u0 % chunks;
 	for (int u = u0; u < u1; u++, c = c + 1 < chunks ? c + 1 : 0,
@@ -202,14 +214,15 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		const gv_slice sv = GROUPED ? sl[sidx] : gv_slice{0, 0, M, 0};
 		if (GROUPED && sv.e != e_cur) {
 			e_cur = sv.e;
-			Sg = reinterpret_cast<const float *>(s_tab[e_cur]);
+			Sg = reinterpret_cast<const float *>(o.s_tab[e_cur]);
 		}
 		const float *s_row = Sg + (size_t)(n0 >> 7) * KB;
-		const uint8_t *Xs = X + (size_t)sv.r0 * K;
-		const float *SXs = SX + (size_t)sv.r0 * KB;
+		const uint8_t *Xs = o.X + (size_t)sv.r0 * K;
+		const float *SXs = o.SX + (size_t)sv.r0 * KB;
 		float acc[4] = {0.f, 0.f, 0.f, 0.f};
-		mbar_wait(smem_u32(&full[s]), ph);
-		const uint32_t st = stage0 + (uint32_t)(s * stage_bytes);
+		const int s = r.s;
+		mbar_wait(smem_u32(&r.full[s]), r.ph);
+		const uint32_t st = r.stage0 + (uint32_t)(s * r.slot_bytes);
 		// the warp's K blocks j = warp, warp + GV_CW, ...: two at a time, so that their MMA
 		// chains (8 dependent MMAs each) overlap; promoted in order, the same sums
 		int j = warp;
@@ -229,15 +242,16 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			kblock_promote(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
 				       s_row[kb0 + j]);
 		// this warp's reads of the stage are done (the arrival releases them)
-		mbar_arrive_warp(smem_u32(&empty[s]), lane);
-		if (++s == ns)
-			s = 0, ph ^= 1;
+		mbar_arrive_warp(smem_u32(&r.empty[s]), lane);
+		if (SPAN == 2)
+			mbar_arrive_warp(smem_u32(&r.empty[s + 1]), lane);
+		gv_ring_next<SPAN>(r);
 		const int set = u & 1;
-		float *r = red + (set * GV_CW + warp) * 128;
-		r[g * 8 + 2 * t] = acc[0];
-		r[g * 8 + 2 * t + 1] = acc[1];
-		r[(g + 8) * 8 + 2 * t] = acc[2];
-		r[(g + 8) * 8 + 2 * t + 1] = acc[3];
+		float *rd = red + (set * GV_CW + warp) * 128;
+		rd[g * 8 + 2 * t] = acc[0];
+		rd[g * 8 + 2 * t + 1] = acc[1];
+		rd[(g + 8) * 8 + 2 * t] = acc[2];
+		rd[(g + 8) * 8 + 2 * t + 1] = acc[3];
 		// every warp's sums are in; the other set is free (its readers passed this barrier)
 		named_bar_sync(1, GV_CW * 32);
 		if (threadIdx.x >= 128)
@@ -252,16 +266,16 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 			tot = c == 0 ? 0.f + p : tot + p;
 			if (c == chunks - 1 && live) {
 				if (f32_out)
-					partial[(size_t)yr * N + n] = tot;
+					o.partial[(size_t)yr * N + n] = tot;
 				else
-					Y[(size_t)yr * ldy + n] = f32_to_bf16(tot);
+					o.Y[(size_t)yr * o.ldy + n] = f32_to_bf16(tot);
 			}
 			continue;
 		}
 		// split between blocks: the partial, and at this range's last unit of the tile the
 		// arrival count; the block completing it sums every chunk in order
 		if (live)
-			partial[((size_t)c * M + yr) * N + n] = p;
+			o.partial[((size_t)c * M + yr) * N + n] = p;
 		if (c != chunks - 1 && u != u1 - 1)
 			continue;
 		__threadfence();
@@ -280,12 +294,89 @@ gemm_fp8_gemv(const uint8_t *__restrict__ W, const float *__restrict__ S,
 		__threadfence();
 		float sum = 0.f;
 		for (int k = 0; k < chunks; k++)
-			sum += __ldcg(&partial[((size_t)k * M + yr) * N + n]);
+			sum += __ldcg(&o.partial[((size_t)k * M + yr) * N + n]);
 		if (f32_out) // (chunk 0's partial of this output, read above, is no longer needed)
-			partial[(size_t)yr * N + n] = sum;
+			o.partial[(size_t)yr * N + n] = sum;
 		else
-			Y[(size_t)yr * ldy + n] = f32_to_bf16(sum);
+			o.Y[(size_t)yr * o.ldy + n] = f32_to_bf16(sum);
 	}
+}
+
+// (the dynamic shared memory)
+extern __shared__ __align__(128) uint8_t smem[];
+
+// shared memory of a block: the barriers (256 bytes), two sets of the warps' unit sums (8 KB),
+// the last-arrival flags (128 bytes), the ring, then (GROUPED) the slices
+#define GV_RED_OFF 256
+#define GV_FLAG_OFF (GV_RED_OFF + 2 * GV_CW * 128 * 4)
+#define GV_RING_OFF (GV_FLAG_OFF + 128)
+
+// The ring's barriers, initialised by thread 0 (the caller syncs)
+__device__ __forceinline__ gv_ring gv_ring_init(uint8_t *smem, int slot_bytes, int ns)
+{
+	gv_ring r;
+	r.full = reinterpret_cast<uint64_t *>(smem);
+	r.empty = r.full + GV_MAXSTAGES;
+	r.stage0 = smem_u32(smem) + GV_RING_OFF;
+	r.slot_bytes = slot_bytes, r.ns = ns, r.s = 0, r.ph = 0;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < ns; s++) {
+			mbar_init(smem_u32(&r.full[s]), 1);
+			mbar_init(smem_u32(&r.empty[s]), GV_CW);
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+	}
+	return r;
+}
+
+// this block's units [u0, u1) of U
+__device__ __forceinline__ void gv_range(int U, int &u0, int &u1)
+{
+	u0 = (int)((long long)blockIdx.x * U / gridDim.x);
+	u1 = (int)((long long)(blockIdx.x + 1) * U / gridDim.x);
+}
+
+template <bool GROUPED>
+__device__ __forceinline__ void gemm_fp8_gemv(const gv_op &o, const int *__restrict__ off, int G,
+					      int slice_cap, int ns, int slot)
+{
+	float *red = reinterpret_cast<float *>(smem + GV_RED_OFF); // [2][GV_CW][16 rows][8 tokens]
+	int *last_flag = reinterpret_cast<int *>(smem + GV_FLAG_OFF); // [2]
+	const gv_geom ge = gv_geom_of(o);
+	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + GV_RING_OFF + ns * ge.stage);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+	// the next kernel (launched with PDL) may start and load its constants now; it reads this
+	// grid's outputs only after its griddepcontrol.wait (this grid complete). GROUPED without
+	// GV_OFF_EARLY: only once the offsets' writer is complete (below), so that a kernel two
+	// launches on may read them without a wait (GV_OFF_EARLY)
+	const bool early = GROUPED && (o.flags & GV_OFF_EARLY);
+	if (!GROUPED || early)
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	gv_ring r = gv_ring_init(smem, ge.stage, ns);
+	int n_slices = 1;
+	if (GROUPED) {
+		if (!early) {
+			asm volatile("griddepcontrol.wait;" ::: "memory"); // the offsets
+			asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		}
+		n_slices = gv_build_slices(off, G, slice_cap, sl);
+	}
+	__syncthreads(); // the barriers initialised, the slices written
+
+	int u0, u1;
+	gv_range(n_slices * ge.per_slice, u0, u1);
+	if (warp == GV_CW) {
+		// the producer. Dense: no griddepcontrol.wait (the weights are constants)
+		gv_produce<GROUPED, 1>(o, ge, sl, u0, u1, r, lane);
+		return;
+	}
+	// the consumers: the tokens and their scales are the previous kernel's outputs, and y /
+	// the partials may still be read by it (PDL)
+	if (!GROUPED || early)
+		asm volatile("griddepcontrol.wait;" ::: "memory");
+	gv_consume<GROUPED, 1>(o, ge, sl, u0, u1, r, red, last_flag, slot, warp, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 1)
@@ -293,8 +384,9 @@ k_gemm_fp8_gemv(const uint8_t *W, const float *S, const uint8_t *X, const float 
 		float *partial, int M, int N, int K, int ldy, int chunks, int chunk_blocks, int ns,
 		int slot)
 {
-	gemm_fp8_gemv<false>(W, S, nullptr, nullptr, nullptr, 0, 0, X, SX, Y, partial, M, N, K, ldy,
-			     chunks, chunk_blocks, ns, slot, 0);
+	const gv_op o = {W, S, nullptr, nullptr, X, SX, Y, partial, M, N, K, ldy, chunks,
+			 chunk_blocks, 0};
+	gemm_fp8_gemv<false>(o, nullptr, 0, 0, ns, slot);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 1)
@@ -303,6 +395,122 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 		  uint16_t *Y, float *partial, int max_rows, int N, int K, int ldy, int chunks,
 		  int chunk_blocks, int ns, int slot, int flags)
 {
-	gemm_fp8_gemv<true>(nullptr, nullptr, w_tab, s_tab, off, G, slice_cap, X, SX, Y, partial,
-			    max_rows, N, K, ldy, chunks, chunk_blocks, ns, slot, flags);
+	const gv_op o = {nullptr, nullptr, w_tab, s_tab, X, SX, Y, partial, max_rows, N, K, ldy,
+			 chunks, chunk_blocks, flags};
+	gemm_fp8_gemv<true>(o, off, G, slice_cap, ns, slot);
+}
+
+// ---- the MoE block of 1-3 tokens after its router, in one launch ------------------------------
+// k_moe_gemv_block: what cuda_gemm_fp8_grouped_swiglu and cuda_gemm_fp8_grouped_combine do on
+// this kernel (the gate|up GEMM's fp32 sums, k_gemm_stream_reduce_swiglu, the down GEMM's fp32
+// sums, k_gemm_stream_reduce_combine: four launches), as four phases of one persistent grid
+// (one block an SM, every block resident) meeting at grid-wide arrivals:
+//   A  gate|up: the units of W13 (N = 2I, K = D in `chunks` chunks) into gu[chunk][row][2I]
+//   S  SwiGLU + act_quant of gu[0] into h8 / hs (moe_epi_swiglu_group, a warp a group)
+//   B  down: the units of W2 (N = D, K = I whole) into ey[row][D]
+//   C  the combine into y (moe_epi_combine_at, a thread an output)
+// gu and ey do not overlap: S reads gu and C ey through the L1, which must not hold a line
+// from before the other blocks wrote it (the split tiles' sums read with ld.global.cg).
+// The same units, sums and orders as the four launches: the same bits. Why: between the two
+// GEMMs a block's ring drained and the next kernel's block refilled it from nothing; here the
+// producer warp streams B's weights (constants) straight after A's, while the consumers finish A
+// and pass S, so each SM's HBM stream runs on through the seam. A's stages (16 rows of
+// chunk_blocks x 128 + 16 bytes) take two slots of the ring, B's (16 rows of I bytes, one
+// contiguous copy) one where 16 I < A's stage <= 2 x 16 I (k_moe_gemv_block), else both one
+// slot of the larger (k_moe_gemv_block1: small models).
+// The grid-wide arrival: gv_gbar[slot] (the host's set, as gv_count's), each block adding 1 and
+// block 0 0x80000000 - (grid - 1): its top bit flips when every block has arrived, and never
+// needs a reset.
+__device__ unsigned gv_gbar[GV_SLOTS];
+
+// Every consumer thread of every block: the writes before it are seen by the reads after it
+// (the block's writes ordered before thread 0's release by the CTA barrier; the others' reads
+// after its acquire by the second)
+__device__ __forceinline__ void gv_grid_sync(unsigned *bar)
+{
+	named_bar_sync(1, GV_CW * 32);
+	if (threadIdx.x == 0) {
+		const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+		unsigned old, now;
+		asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;"
+			     : "=r"(old)
+			     : "l"(bar), "r"(add)
+			     : "memory");
+		do
+			asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar) : "memory");
+		while (((old ^ now) & 0x80000000u) == 0);
+	}
+	named_bar_sync(1, GV_CW * 32);
+}
+
+// SPAN_A: the slots a gate|up stage takes (2: the ring's slots are down's stages; 1: slots of
+// the larger of the two stages, where gate|up's is not between 1 and 2 of down's)
+template <int SPAN_A>
+__device__ __forceinline__ void
+moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_tab,
+	       const unsigned long long *w2_tab, const unsigned long long *s2_tab, const int *off,
+	       int G, int slice_cap, const uint8_t *X, const float *SX, uint8_t *h8, float *hs,
+	       float *gu, float *ey, uint16_t *y, const float *wts, const int *perm, int T, int topk,
+	       int max_rows, int D, int I, int chunks, int chunk_blocks, int slot_bytes, int ns,
+	       int slot)
+{
+	float *red = reinterpret_cast<float *>(smem + GV_RED_OFF);
+	int *last_flag = reinterpret_cast<int *>(smem + GV_FLAG_OFF);
+	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + GV_RING_OFF + ns * slot_bytes);
+	const gv_op a = {nullptr, nullptr, w13_tab, s13_tab, X, SX, nullptr, gu, max_rows, 2 * I, D,
+			 2 * I, chunks, chunk_blocks, GV_F32};
+	const gv_op b = {nullptr, nullptr, w2_tab, s2_tab, h8, hs, nullptr, ey, max_rows, D, I, D,
+			 1, I / 128, GV_F32};
+	const gv_geom ga = gv_geom_of(a), gb = gv_geom_of(b);
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	gv_ring r = gv_ring_init(smem, slot_bytes, ns);
+	asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's offsets and rows
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	const int n_slices = gv_build_slices(off, G, slice_cap, sl);
+	__syncthreads(); // the barriers initialised, the slices written
+
+	int a0, a1, b0, b1;
+	gv_range(n_slices * ga.per_slice, a0, a1);
+	gv_range(n_slices * gb.per_slice, b0, b1);
+	if (warp == GV_CW) {
+		gv_produce<true, SPAN_A>(a, ga, sl, a0, a1, r, lane);
+		gv_produce<true, 1>(b, gb, sl, b0, b1, r, lane);
+		return;
+	}
+	gv_consume<true, SPAN_A>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp, lane);
+	gv_grid_sync(&gv_gbar[slot]);
+	// S: the rows R + T = off[G] of h, a warp a (row, 128 columns) group
+	const long long groups = (long long)__ldcg(&off[G]) * (I / 128);
+	for (long long grp = (long long)blockIdx.x * GV_CW + warp; grp < groups;
+	     grp += (long long)gridDim.x * GV_CW)
+		moe_epi_swiglu_group(gu, h8, hs, 1, 0, grp, I, lane);
+	gv_grid_sync(&gv_gbar[slot]);
+	gv_consume<true, 1>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane);
+	gv_grid_sync(&gv_gbar[slot]);
+	// C: y[t, d], a thread an output
+	const long long total = (long long)T * D;
+	for (long long i = (long long)blockIdx.x * (GV_CW * 32) + threadIdx.x; i < total;
+	     i += (long long)gridDim.x * (GV_CW * 32))
+		y[i] = moe_epi_combine_at(ey, wts, perm, 1, 0, D, T, topk, i);
+}
+
+#define MOE_GEMV_BLOCK_ARGS                                                                    \
+	const unsigned long long *w13_tab, const unsigned long long *s13_tab,                \
+		const unsigned long long *w2_tab, const unsigned long long *s2_tab,          \
+		const int *off, int G, int slice_cap, const uint8_t *X, const float *SX,     \
+		uint8_t *h8, float *hs, float *gu, float *ey, uint16_t *y, const float *wts, \
+		const int *perm, int T, int topk, int max_rows, int D, int I, int chunks,    \
+		int chunk_blocks, int slot_bytes, int ns, int slot
+#define MOE_GEMV_BLOCK_PASS                                                                     \
+	w13_tab, s13_tab, w2_tab, s2_tab, off, G, slice_cap, X, SX, h8, hs, gu, ey, y, wts,    \
+		perm, T, topk, max_rows, D, I, chunks, chunk_blocks, slot_bytes, ns, slot
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 1) k_moe_gemv_block(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<2>(MOE_GEMV_BLOCK_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 1) k_moe_gemv_block1(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<1>(MOE_GEMV_BLOCK_PASS);
 }

@@ -47,6 +47,7 @@
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
+#include "moe_epi.cuh"
 #include "scan.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -1225,12 +1226,10 @@ k_gemm_stream_reduce(const float *__restrict__ partial, uint16_t *__restrict__ Y
 }
 
 // The decode-sized MoE gate|up GEMM's chunk sum with SwiGLU and act_quant (spec §5.3): for each
-// row r < R and each 128 columns c of h (I = N / 2; gate columns first in the fused output),
-//   g, u = bf16( Σ_chunks partial[.][r][c ..] ), bf16( Σ_chunks partial[.][r][I + c ..] )
-//   h = bf16( silu(g) * u ), h8[r, c ..] e4m3 and hs[r, c / 128] = act_quant(h)
-// — k_gemm_stream_reduce's sums (same chunk order) then k_moe_swiglu_quant's arithmetic
-// (moe_block.cu), value for value: the bits of the GEMM's bf16 output through that kernel. One
-// warp per (row, 128 columns), lane l columns 4l .. 4l + 3; R as in k_gemm_stream_reduce.
+// row r < R and each 128 columns of h, moe_epi_swiglu_group (moe_epi.cuh) — k_gemm_stream_reduce's
+// sums (same chunk order) then k_moe_swiglu_quant's arithmetic (moe_block.cu), value for value:
+// the bits of the GEMM's bf16 output through that kernel. One warp per (row, 128 columns); R as
+// in k_gemm_stream_reduce.
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restrict__ h8,
 			    float *__restrict__ hs, int chunks, int rows,
@@ -1239,47 +1238,16 @@ k_gemm_stream_reduce_swiglu(const float *__restrict__ partial, uint8_t *__restri
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const int R = rows_dev ? min(rows, *rows_dev) : rows;
-	const int per_row = I / 128, lane = threadIdx.x & 31;
-	const long long plane = (long long)rows * 2 * I, groups = (long long)R * per_row;
+	const int lane = threadIdx.x & 31;
+	const long long plane = (long long)rows * 2 * I, groups = (long long)R * (I / 128);
 	for (long long grp = (long long)blockIdx.x * 8 + (threadIdx.x >> 5); grp < groups;
-	     grp += (long long)gridDim.x * 8) {
-		const long long row = grp / per_row;
-		const int c = (int)(grp % per_row);
-		const float *pg = partial + row * 2 * I + c * 128 + lane * 4, *pu = pg + I;
-		// the first 4 chunks' loads in flight together, then the sums in chunk order
-		float gl[4][4], ul[4][4];
-#pragma unroll
-		for (int ch = 0; ch < 4; ch++)
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				gl[ch][k] = ch < chunks ? pg[ch * plane + k] : 0.f;
-				ul[ch][k] = ch < chunks ? pu[ch * plane + k] : 0.f;
-			}
-		float v[4];
-#pragma unroll
-		for (int k = 0; k < 4; k++) {
-			float gs = gl[0][k], us = ul[0][k];
-#pragma unroll
-			for (int ch = 1; ch < 4; ch++)
-				if (ch < chunks)
-					gs += gl[ch][k], us += ul[ch][k];
-			for (int ch = 4; ch < chunks; ch++)
-				gs += pg[ch * plane + k], us += pu[ch * plane + k];
-			v[k] = swiglu_bf16(gs, us);
-		}
-		const float sc = warp_act_quant128_regs(v, h8 + row * I + c * 128, lane);
-		if (lane == 0)
-			hs[grp] = sc;
-	}
+	     grp += (long long)gridDim.x * 8)
+		moe_epi_swiglu_group(partial, h8, hs, chunks, plane, grp, I, lane);
 }
 
-// The decode-sized MoE down GEMM's chunk sum with the combine (spec §5.3): rows are the R = T K
-// routed rows in expert-sorted order, then the T rows of the shared expert; for each token t and
-// column d < N,
-//   e_r = bf16( Σ_chunks partial[.][r][d] )   (the GEMM's bf16 output of row r)
-//   y[t, d] = bf16( Σ_{k < K} e_{perm[t K + k]} · w[t, k]  +  e_{R + t} )
-// with one fp32 multiply and one fp32 add each in pick order (no FMA) — k_gemm_stream_reduce's
-// sums then k_moe_combine's arithmetic (moe_permute.cu), value for value. A thread an output.
+// The decode-sized MoE down GEMM's chunk sum with the combine (spec §5.3): y[t, d] for each token
+// t and column d < N by moe_epi_combine_at (moe_epi.cuh) — k_gemm_stream_reduce's sums then
+// k_moe_combine's arithmetic, value for value. A thread an output.
 extern "C" __global__ void __launch_bounds__(256)
 k_gemm_stream_reduce_combine(const float *__restrict__ partial, uint16_t *__restrict__ Y,
 			     const float *__restrict__ w, const int *__restrict__ perm, int chunks,
@@ -1288,44 +1256,7 @@ k_gemm_stream_reduce_combine(const float *__restrict__ partial, uint16_t *__rest
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); // (as the GEMM's)
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the GEMM's partials (PDL launch)
 	const long long plane = (long long)rows * N, total = (long long)T * N;
-	const int R = T * K;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-	     i += (long long)gridDim.x * blockDim.x) {
-		const int t = (int)(i / N), d = (int)(i % N);
-		float acc = 0.f;
-		// picks in groups of 8 (the shared row as pick K): the group's rows, then all their
-		// chunks' loads in flight together (chunks <= 4 at once), then the adds in order
-		for (int k0 = 0; k0 <= K; k0 += 8) {
-			int r[8];
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				r[j] = k0 + j < K ? perm[t * K + k0 + j] : R + t;
-			float e[8];
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const float *p = partial + (size_t)r[j] * N + d;
-				float v[4];
-#pragma unroll
-				for (int c = 0; c < 4; c++)
-					v[c] = k0 + j <= K && c < chunks ? p[c * plane] : 0.f;
-				float s = v[0];
-#pragma unroll
-				for (int c = 1; c < 4; c++)
-					if (c < chunks)
-						s += v[c];
-				for (int c = 4; c < chunks; c++)
-					s += p[c * plane];
-				e[j] = bf16_to_f32(f32_to_bf16(s));
-			}
-#pragma unroll
-			for (int j = 0; j < 8; j++) {
-				const int k = k0 + j;
-				if (k < K)
-					acc = __fadd_rn(acc, __fmul_rn(e[j], w[(size_t)t * K + k]));
-				else if (k == K)
-					acc = __fadd_rn(acc, e[j]);
-			}
-		}
-		Y[i] = f32_to_bf16(acc);
-	}
+	     i += (long long)gridDim.x * blockDim.x)
+		Y[i] = moe_epi_combine_at(partial, w, perm, chunks, plane, N, T, K, i);
 }

@@ -833,6 +833,18 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
 	return sp.chunks > 1 ? (size_t)sp.chunks * (M < 8 ? M : 8) * N * 4 : 0;
 }
 
+/* The kernel's set of arrival counts for the next launch (consecutive launches take different
+ * sets: two GEMMs forked on two streams never share one) */
+static int gv_next_slot(void)
+{
+	static int next_slot;
+	pthread_mutex_lock(&gemm_lock);
+	int slot = next_slot;
+	next_slot = (next_slot + 1) % GV_SLOTS;
+	pthread_mutex_unlock(&gemm_lock);
+	return slot;
+}
+
 /* The one-row kernel: dense (w_tab == 0: W, S, rows = M <= 8 tokens) or grouped (w_tab, s_tab,
  * off, G; rows = max_rows, groups in slices of <= 8 rows); f32: the sums into ws as the one
  * chunk of fp32 partials [rows][N] (for epi_launch) instead of y; off_early (grouped): off
@@ -864,11 +876,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
 	if (smem > g->smem_block_optin - 1024) /* (room for the block scan's static words) */
 		return -ENOTSUP;
-	static int next_slot;
-	pthread_mutex_lock(&gemm_lock);
-	int slot = next_slot;
-	next_slot = (next_slot + 1) % GV_SLOTS;
-	pthread_mutex_unlock(&gemm_lock);
+	int slot = gv_next_slot();
 	void *fn;
 	int r = gpu_kernel_smem(g, w_tab ? "k_gemm_fp8_gemv_g" : "k_gemm_fp8_gemv", &fn);
 	if (r)
@@ -1021,6 +1029,81 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 	}
 	return grouped_stream(g, w_tab, s_tab, off, G, x8, sx, y, max_rows, N, K, N, ws, ws_bytes,
 			      !cuda_gemm_batch_invariant(g), &epi);
+}
+
+/* DSV32_CUDA_MOE_GEMV_BLOCK (cuda_gemm_set_moe_block): 1 (the default) the MoE block's GEMMs and
+ * epilogues at 1-3 tokens in one launch, 0 the four launches */
+static int moe_block_on = -1;
+
+void cuda_gemm_set_moe_block(int on) { moe_block_on = on < 0 ? -1 : on != 0; }
+
+/* k_moe_gemv_block's launch: the gate|up split (the two launches' own), the ring's slots */
+struct moe_block_plan {
+	const char *kernel;
+	struct gemm_split a;
+	int slot_bytes, ns, slice_cap;
+	long long smem;
+	size_t ey_at; /* down's sums in the workspace */
+};
+
+/* 0 and *p where k_moe_gemv_block runs the block, else -ENOTSUP. Down's K is whole (a unit one
+ * contiguous copy of 16 I bytes); where gate|up's stage is 1-2 of those, a slot of the ring is
+ * down's stage and gate|up takes two (k_moe_gemv_block), else a slot is the larger stage
+ * (k_moe_gemv_block1). */
+static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, int I,
+			  size_t ws_bytes, struct moe_block_plan *p)
+{
+	const int max_rows = T * (topk + 1);
+	if (!env_on(&moe_block_on, "DSV32_CUDA_MOE_GEMV_BLOCK") || T < 1 || topk < 1 || G < 1 ||
+	    !grouped_gemv(g, max_rows) || D % 128 || D < 128 || I % 128 || I < 128)
+		return -ENOTSUP;
+	p->a = gemv_split(g, 2 * I, D);
+	const struct gemm_split b = gemv_split(g, D, I);
+	const int stage_a = 16 * (p->a.chunks == 1 ? D : p->a.chunk_blocks * 128 + 16),
+		  stage_b = 16 * I;
+	const int two = stage_a > stage_b && stage_a <= 2 * stage_b;
+	p->kernel = two ? "k_moe_gemv_block" : "k_moe_gemv_block1";
+	p->slot_bytes = two ? stage_b : stage_a > stage_b ? stage_a : stage_b;
+	p->ns = GV_RING / p->slot_bytes;
+	p->ns = (p->ns > 16 ? 16 : p->ns) & (two ? ~1 : ~0);
+	p->slice_cap = max_rows / 8 + (G < max_rows ? G : max_rows) + 1;
+	p->smem = GV_HEAD + (long long)p->ns * p->slot_bytes + p->slice_cap * 16;
+	const int tiles = (2 * I > D ? 2 * I : D) / 16;
+	/* gate|up's fp32 sums, then down's (apart: see gemm_fp8_gemv.cu) */
+	p->ey_at = ((size_t)p->a.chunks * max_rows * 2 * I * 4 + 255) & ~(size_t)255;
+	const size_t need = p->ey_at + (size_t)max_rows * D * 4;
+	if (b.chunks != 1 || p->ns < (two ? 2 : 1) || (long long)p->slice_cap * tiles > GV_TILES ||
+	    ws_bytes < need || p->smem > g->smem_block_optin - 1024)
+		return -ENOTSUP;
+	return 0;
+}
+
+const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,
+					   int I, size_t ws_bytes)
+{
+	struct moe_block_plan p;
+	return moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ? NULL : p.kernel;
+}
+
+int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
+			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
+			    gpu_ptr hs, gpu_ptr y, int T, int topk, gpu_ptr wts, gpu_ptr perm, int D,
+			    int I, gpu_ptr ws, size_t ws_bytes)
+{
+	struct moe_block_plan p;
+	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p))
+		return -ENOTSUP;
+	void *fn;
+	int r = gpu_kernel_smem(g, p.kernel, &fn);
+	if (r)
+		return r;
+	int max_rows = T * (topk + 1), slot = gv_next_slot();
+	gpu_ptr ey = ws + p.ey_at;
+	void *args[] = {&w13_tab, &s13_tab, &w2_tab, &s2_tab, &off, &G, &p.slice_cap, &x8, &sx,
+			&h8, &hs, &ws, &ey, &y, &wts, &perm, &T, &topk, &max_rows, &D, &I,
+			&p.a.chunks, &p.a.chunk_blocks, &p.slot_bytes, &p.ns, &slot};
+	/* one block an SM, all resident: the phases meet at grid-wide arrivals */
+	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, 9 * 32, (unsigned)p.smem, args);
 }
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */

@@ -267,6 +267,26 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 				  int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int T, int topk,
 				  gpu_ptr wts, gpu_ptr perm, int N, int K, gpu_ptr ws,
 				  size_t ws_bytes, int off_early);
+/* The MoE block after its router where both grouped GEMMs run on the one-row kernel (1-3
+ * tokens, the fast mode): cuda_gemm_fp8_grouped_swiglu then cuda_gemm_fp8_grouped_combine (the
+ * gate|up weights w13 [2I, D], the down weights w2 [D, I], the same rows, offsets and picks) in
+ * one launch, k_moe_gemv_block (gemm_fp8_gemv.cu: a persistent grid whose producer streams the
+ * down weights straight after the gate|up ones; the SwiGLU and the combine between grid-wide
+ * arrivals): the same units and sums, so the same h8, hs and y, bit for bit. ws: room for
+ * both GEMMs' fp32 sums apart, cuda_gemm_fp8_grouped_workspace of the one plus the other's
+ * (+ 256), else -ENOTSUP. -ENOTSUP where it does not run (another
+ * mode or size, DSV32_CUDA_MOE_GEMV_BLOCK=0 / cuda_gemm_set_moe_block(0)): the caller runs
+ * the two. */
+int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
+			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
+			    gpu_ptr hs, gpu_ptr y, int T, int topk, gpu_ptr wts, gpu_ptr perm, int D,
+			    int I, gpu_ptr ws, size_t ws_bytes);
+/* The kernel cuda_gemm_fp8_moe_block would launch for these sizes (ws_bytes of workspace), or
+ * NULL where it would return -ENOTSUP. */
+const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,
+					   int I, size_t ws_bytes);
+/* Process-wide (-1: DSV32_CUDA_MOE_GEMV_BLOCK, read at the first call; default 1). */
+void cuda_gemm_set_moe_block(int on);
 
 /* The streaming kernel whatever max_rows (tests and the benchmark). */
 int cuda_gemm_fp8_grouped_stream(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,

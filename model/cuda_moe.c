@@ -212,7 +212,9 @@ static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 		a = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, 2 * d->I, d->D);
 		b = cuda_gemm_fp8_grouped_workspace(g, d->RT, d->E + 1, d->D, d->I);
 	}
-	size_t m = a > b ? a : b;
+	/* both at once where cuda_gemm_fp8_moe_block runs (1-3 tokens on the one-row kernel: the
+	 * two GEMMs' fp32 sums apart) */
+	size_t m = d->T <= 3 && !use_wgmma(d) ? a + b + 256 : a > b ? a : b;
 	return m > 256 ? m : 256;
 }
 
@@ -705,11 +707,26 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	const int sd = use_shared_dense(d), ng = sd ? E : E + 1;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	int one_row = 0;  /* ... on the one-row kernel: the down GEMM may read off early */
-	if ((stages & CUDA_MOE_W13) && sw) {
+	/* at 1-3 tokens (the one-row kernel) the GEMMs, the SwiGLU and the combine in one launch
+	 * (cuda_gemm_fp8_moe_block: the same bits; -ENOTSUP: not), when all four stages run and no
+	 * expert output is tapped */
+	const unsigned four = CUDA_MOE_W13 | CUDA_MOE_SWIGLU | CUDA_MOE_W2 | CUDA_MOE_COMBINE;
+	int block_done = 0;
+	if ((stages & four) == four && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
+		rc = cuda_gemm_fp8_moe_block(g, L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab,
+					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
+					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes);
+		block_done = sw_done = rc == 0;
+		if (rc != -ENOTSUP && rc)
+			return rc;
+		rc = 0;
+	}
+	const int w13 = (stages & CUDA_MOE_W13) && !block_done;
+	if (w13 && sw) {
 		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
 							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
 							D);
-	} else if (stages & CUDA_MOE_W13) {
+	} else if (w13) {
 		/* the streaming kernel's chunk sum does the SwiGLU where it can (-ENOTSUP: not) */
 		rc = d->unfused || wgmma ? -ENOTSUP
 					 : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
@@ -740,8 +757,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* on the streaming kernel the down GEMM's chunk sum does the combine where it can
 	 * (cuda_gemm_fp8_grouped_combine, engineer G's: the same bits; -ENOTSUP: not), unless the
 	 * expert outputs are tapped */
-	int comb_done = 0;
-	if (!rc && (stages & CUDA_MOE_W2) && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
+	int comb_done = block_done;
+	if (!rc && (stages & CUDA_MOE_W2) && !comb_done && !wgmma && !d->unfused &&
+	    !(tr && (tr->ey || tr->sh))) {
 		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
 						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
 						   b[B_WS], ws_bytes, one_row);
@@ -786,8 +804,11 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	int fused = fused_router(c, &d), few = few_router(g, c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k =
 		gate_ks(c, &d) ? gate_ks_kernel(g, &d) : gate_kernel_for(g, T, d.E, d.D);
+	const char *one = wg || d.unfused ? NULL
+					  : cuda_gemm_fp8_moe_block_kernel(g, T, d.K, d.E + 1, d.D, d.I,
+									   gemm_ws(g, &d));
 	static char buf[288];
-	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s",
+	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s%s%s",
 		 few	  ? "k_moe_gate_route_t"
 		 : !fused ? k.name
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
@@ -799,6 +820,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 		 : !use_tw(&d)	     ? "wgmma, SwiGLU in the gate|up epilogue"
 		 : use_tw_down(&d) ? "token-wide (gate|up, then k_moe_swiglu_quant; down)"
 				   : "token-wide gate|up, then k_moe_swiglu_quant; down on wgmma tiles",
+		 one ? ", with SwiGLU and the combine, in one launch: " : "", one ? one : "",
 		 use_shared_dense(&d) ? "; the shared expert's on the dense dispatch" : "");
 	return buf;
 }

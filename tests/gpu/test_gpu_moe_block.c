@@ -451,6 +451,24 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		cuda_gemm_set_batch_invariant(g, 1);
 		fast_graph_diff = count_diff(g_y2, g_yf, (size_t)T * D);
 	}
+	/* 1-3 tokens in the fast mode: the GEMMs, SwiGLU and combine in one launch
+	 * (k_moe_gemv_block, a persistent grid meeting at grid-wide arrivals; its graph replays
+	 * above) against the four launches (cuda_gemm_set_moe_block(0)): the same bits */
+	int64_t one_diff = 0, one_path = 1;
+	if (T <= 3) {
+		cuda_gemm_set_batch_invariant(g, 0);
+		const char *path = cuda_moe_path(g, c, T, 0);
+		one_path = strstr(path, "in one launch: k_moe_gemv_block") != NULL;
+		printf("    fast mode, %d token(s): %s\n", T, path);
+		cuda_gemm_set_moe_block(0);
+		run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, 0, g_y2);
+		cuda_gemm_set_moe_block(-1);
+		cuda_gemm_set_batch_invariant(g, 1);
+		one_diff = count_diff(g_y2, g_yf, (size_t)T * D);
+		printf("    one launch against the four: %lld outputs differ\n", (long long)one_diff);
+	}
+	CHECK_EQ_INT(one_path, 1);
+	CHECK_EQ_INT(one_diff, 0);
 	free(g_y2);
 
 	int64_t bad_logits = 0, bad_ids = 0, bad_w = 0, first_logit = -1, first_id = -1;
@@ -653,11 +671,11 @@ TEST_T(gpu_moe_block, real_dims_match_cpu, 180)
 {
 	/* T = 1: the fused router (k_moe_gate_route1; in the fast mode k_moe_gate_route1s); others
 	 * the separate kernels; every T <= 64 also through a CUDA graph, and at 1 and from 8 in the
-	 * fast mode */
+	 * fast mode; at 1 and 2 the fast mode's block in one launch (k_moe_gemv_block) */
 	const struct dsv32_config c = moe_config(7168, 2048, 256, 8, 4, 8);
-	const struct dsv32_config configs[] = {c, c, c, c, c};
-	static const int Ts[] = {1, 4, 8, 16, 24}, sets[] = {8, 8, 8, 8, 8};
-	check_blocks(configs, Ts, sets, 5, 5200);
+	const struct dsv32_config configs[] = {c, c, c, c, c, c};
+	static const int Ts[] = {1, 4, 8, 16, 24, 2}, sets[] = {8, 8, 8, 8, 8, 8};
+	check_blocks(configs, Ts, sets, 6, 5200);
 }
 
 /* k_moe_swiglu_quant with its silu table against silu computed (kernels_ptx/moe_block.cu): the
