@@ -36,6 +36,9 @@
  *      on the streaming kernel the down GEMM's K-chunk sum does it where it can
  *      (cuda_gemm_fp8_grouped_combine: the same bits; a bench stage COMBINE timed alone runs
  *      the separate kernel).
+ *   At 1-3 tokens in the fast mode (both GEMMs on the one-row kernel) the two GEMMs, the SwiGLU
+ *   and the combine are one launch, k_moe_gemv_block (cuda_gemm_fp8_moe_block: a persistent
+ *   grid meeting at grid-wide arrivals; the same bits; DSV32_CUDA_MOE_GEMV_BLOCK=0: the four).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
  * act_quant as in cpu_fp8_linear. The shared expert's rows are the same function as a routed
  * expert's (same shapes: n_shared_experts == 1), so it is one more group.
