@@ -56,9 +56,13 @@ all: $(PROGRAMS)
 ifneq ($(NVCC),)
 PTX    := $(patsubst kernels_ptx/%.cu,$(BUILD)/ptx/%.ptx,$(KERNELS))
 CUBIN  := $(PTX:.ptx=.cubin)
+# NVCC_EXTRA: diagnosis builds only, in their own BUILD folder (e.g. -DGV_TRACE: the one-launch
+# MoE block's per-block timeline, printed by dsv32 bench moe); a fresh BUILD folder, since the
+# PTX rules do not depend on the flags
+NVCC_EXTRA ?=
 $(BUILD)/ptx/%.ptx: kernels_ptx/%.cu $(wildcard kernels_ptx/*.cuh)
 	@mkdir -p $(@D)
-	$(NVCC) -ptx -arch=sm_90a -O3 -std=c++17 -lineinfo -o $@ $<
+	$(NVCC) -ptx -arch=sm_90a -O3 -std=c++17 -lineinfo $(NVCC_EXTRA) -o $@ $<
 # ptxas fails the build on any error; its register/spill report is kept beside the cubin.
 $(BUILD)/ptx/%.cubin: $(BUILD)/ptx/%.ptx
 	$(PTXAS) -arch=sm_90a -v -o $@ $< 2> $(@:.cubin=.ptxas.txt) || { cat $(@:.cubin=.ptxas.txt); rm -f $@; exit 1; }

@@ -48,6 +48,31 @@
 #define GV_SLOTS 16	 // arrival-count sets, taken in turn by the host's launches
 #define GV_TILES 16384	 // (slice, 16-row tile) pairs a set counts
 
+// GV_TRACE (a diagnosis build: make BUILD=build-trace NVCC_EXTRA=-DGV_TRACE): k_moe_gemv_block
+// stamps %globaltimer at its steps into gv_trace[block][GV_TR_N] (ns; dsv32 bench moe prints
+// the timeline across the blocks). Steps: 0 entry; 1 the consumers past the wait, slices built;
+// 2 the first gate|up stage full; 3 the gate|up units done; 4 the first arrival passed; 5 the
+// SwiGLU done; 6 the second arrival passed; 7 the first down stage full; 8 the down units done;
+// 9 the third arrival passed; 10 the combine done; 11 the producer's last gate|up copy issued;
+// 12 its last down copy issued.
+#define GV_TR_N 16
+#ifdef GV_TRACE
+__device__ unsigned long long gv_trace[1024 * GV_TR_N];
+__device__ __forceinline__ void gv_stamp(int i)
+{
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	gv_trace[blockIdx.x * GV_TR_N + i] = t;
+}
+#define GV_STAMP(cond, i)                                                                          \
+	do {                                                                                       \
+		if (cond)                                                                          \
+			gv_stamp(i);                                                               \
+	} while (0)
+#else
+#define GV_STAMP(cond, i) ((void)0)
+#endif
+
 // Arrival counts of the chunk sums, [slot][tile]: zero when the module loads, and each GEMM
 // leaves them zero (the last arrival resets its count). The host gives consecutive launches
 // different slots, so GEMMs running at once on two streams (a fork) never share a count.
@@ -194,7 +219,7 @@ __device__ __forceinline__ void gv_produce(const gv_op &o, const gv_geom &ge, co
 template <bool GROUPED, int SPAN>
 __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, const gv_slice *sl,
 					   int u0, int u1, gv_ring &r, float *red, int *last_flag,
-					   int slot, int warp, int lane)
+					   int slot, int warp, int lane, int stamp = -1)
 {
 	const int KB = ge.KB, K = o.K, N = o.N, M = o.M, chunks = o.chunks;
 	const int chunk_blocks = o.chunk_blocks, rs = ge.rs;
@@ -222,6 +247,7 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 		float acc[4] = {0.f, 0.f, 0.f, 0.f};
 		const int s = r.s;
 		mbar_wait(smem_u32(&r.full[s]), r.ph);
+		GV_STAMP(stamp >= 0 && u == u0 && threadIdx.x == 0, stamp); // (GV_TRACE: the first)
 		const uint32_t st = r.stage0 + (uint32_t)(s * r.slot_bytes);
 		// the warp's K blocks j = warp, warp + GV_CW, ...: two at a time, so that their MMA
 		// chains (8 dependent MMAs each) overlap; promoted in order, the same sums
@@ -463,35 +489,46 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 			 1, I / 128, GV_F32};
 	const gv_geom ga = gv_geom_of(a), gb = gv_geom_of(b);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	GV_STAMP(threadIdx.x == 0, 0);
 	gv_ring r = gv_ring_init(smem, slot_bytes, ns);
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's offsets and rows
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	const int n_slices = gv_build_slices(off, G, slice_cap, sl);
 	__syncthreads(); // the barriers initialised, the slices written
+	GV_STAMP(threadIdx.x == 0, 1);
 
 	int a0, a1, b0, b1;
 	gv_range(n_slices * ga.per_slice, a0, a1);
 	gv_range(n_slices * gb.per_slice, b0, b1);
 	if (warp == GV_CW) {
 		gv_produce<true, SPAN_A>(a, ga, sl, a0, a1, r, lane);
+		GV_STAMP(lane == 0, 11);
 		gv_produce<true, 1>(b, gb, sl, b0, b1, r, lane);
+		GV_STAMP(lane == 0, 12);
 		return;
 	}
-	gv_consume<true, SPAN_A>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp, lane);
+	gv_consume<true, SPAN_A>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp, lane, 2);
+	GV_STAMP(threadIdx.x == 0, 3);
 	gv_grid_sync(&gv_gbar[slot]);
+	GV_STAMP(threadIdx.x == 0, 4);
 	// S: the rows R + T = off[G] of h, a warp a (row, 128 columns) group
 	const long long groups = (long long)__ldcg(&off[G]) * (I / 128);
 	for (long long grp = (long long)blockIdx.x * GV_CW + warp; grp < groups;
 	     grp += (long long)gridDim.x * GV_CW)
 		moe_epi_swiglu_group(gu, h8, hs, 1, 0, grp, I, lane);
+	GV_STAMP(threadIdx.x == 0, 5);
 	gv_grid_sync(&gv_gbar[slot]);
-	gv_consume<true, 1>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane);
+	GV_STAMP(threadIdx.x == 0, 6);
+	gv_consume<true, 1>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane, 7);
+	GV_STAMP(threadIdx.x == 0, 8);
 	gv_grid_sync(&gv_gbar[slot]);
+	GV_STAMP(threadIdx.x == 0, 9);
 	// C: y[t, d], a thread an output
 	const long long total = (long long)T * D;
 	for (long long i = (long long)blockIdx.x * (GV_CW * 32) + threadIdx.x; i < total;
 	     i += (long long)gridDim.x * (GV_CW * 32))
 		y[i] = moe_epi_combine_at(ey, wts, perm, 1, 0, D, T, topk, i);
+	GV_STAMP(threadIdx.x == 0, 10);
 }
 
 #define MOE_GEMV_BLOCK_ARGS                                                                    \

@@ -12,6 +12,12 @@ static inline int bench_cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
 static inline int bench_cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

@@ -163,6 +163,43 @@ static gpu_ptr dev_alloc(size_t bytes)
 	return cu_check(cu.cuMemAlloc(&p, bytes), "cuMemAlloc", __FILE__, __LINE__) ? 0 : p;
 }
 
+/* A diagnosis build's timeline (make NVCC_EXTRA=-DGV_TRACE: the one-launch MoE block stamps
+ * its steps, gemm_fp8_gemv.cu's gv_trace): the graph-replayed block once more, then each step's
+ * time after the first block's entry, min / median / max over the blocks that stamped it. */
+static void print_trace(struct moe_bench *b, int reps)
+{
+	enum { STEPS = 16, MAX_BLOCKS = 1024 };
+	static const char *const names[13] = {
+		"entry", "slices built", "first gate|up stage", "gate|up done", "arrival 1 passed",
+		"SwiGLU done", "arrival 2 passed", "first down stage", "down done", "arrival 3 passed",
+		"combine done", "producer: last gate|up copy", "producer: last down copy"};
+	gpu_ptr p;
+	size_t n;
+	if (gpu_module_global(b->g, "gv_trace", &p, &n) || n < (size_t)MAX_BLOCKS * STEPS * 8)
+		return;
+	static unsigned long long t[MAX_BLOCKS * STEPS];
+	if (gpu_memset(b->g, p, 0, sizeof t) || time_ms(b, reps, 1, 1, 1) < 0 ||
+	    gpu_download(b->g, t, p, sizeof t))
+		return;
+	unsigned long long t0 = ~0ull;
+	for (int k = 0; k < MAX_BLOCKS; k++)
+		if (t[k * STEPS] && t[k * STEPS] < t0)
+			t0 = t[k * STEPS];
+	printf("  trace (GV_TRACE build; us after the first block's entry: min / median / max over "
+	       "the blocks):\n");
+	for (int i = 0; i < 13; i++) {
+		static double v[MAX_BLOCKS];
+		int m = 0;
+		for (int k = 0; k < MAX_BLOCKS; k++)
+			if (t[k * STEPS + i] >= t0 && t0 != ~0ull)
+				v[m++] = (double)(t[k * STEPS + i] - t0) / 1e3;
+		if (!m)
+			continue;
+		qsort(v, (size_t)m, sizeof *v, bench_cmp_double);
+		printf("    %-28s %8.2f %8.2f %8.2f  (%d blocks)\n", names[i], v[0], v[m / 2], v[m - 1], m);
+	}
+}
+
 /* One stage's line: time, bytes and flops it moves/does. */
 static void print_part(const char *name, float ms, double bytes, double flops, double read_tbs)
 {
@@ -385,6 +422,7 @@ int bench_moe(int argc, char **argv)
 		       least, most, t128, t128 * 128 / rt, rt, t64 * 64 / rt, r16 / rt);
 		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
 		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs);
+		print_trace(&b, reps);
 		if (sustain_ms > 0) {
 			char what[32];
 			snprintf(what, sizeof what, "sus%d", reps * replays);
