@@ -39,6 +39,7 @@
 #include "gemm_fp8_f16.cuh"
 #include "mma.cuh"
 #include "moe_epi.cuh"
+#include "moe_route.cuh" // one token routed in k_moe_gemv_block
 #include "scan.cuh"
 #include "tma.cuh"
 
@@ -444,6 +445,9 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 // chunk_blocks x 128 + 16 bytes) take two slots of the ring, B's (16 rows of I bytes, one
 // contiguous copy) one where 16 I < A's stage <= 2 x 16 I (k_moe_gemv_block), else both one
 // slot of the larger (k_moe_gemv_block1: small models).
+// scores (not null, T = 1): the router before was k_moe_gate_logits1s (moe_block.cu: the logits,
+// scores and quantised rows, no routing); each block routes the token itself (gv_route_one)
+// instead of reading the offsets, ~2 us sooner than k_moe_gate_route1s's last block (s23).
 // The grid-wide arrival: gv_gbar[slot] (the host's set, as gv_count's), each block adding 1 and
 // block 0 0x80000000 - (grid - 1): its top bit flips when every block has arrived, and never
 // needs a reset.
@@ -469,16 +473,51 @@ __device__ __forceinline__ void gv_grid_sync(unsigned *bar)
 	named_bar_sync(1, GV_CW * 32);
 }
 
+// One token's routing in each block of k_moe_gemv_block (after k_moe_gate_logits1s: its
+// scores, no routing): warp 0 selects from scores fp32 [2][E] (moe_route_select256, E = 256 in
+// 8 groups: k_moe_gate_route1s's last block's numbers) into idx_s / wts_s (shared) and writes
+// the slices as gv_build_slices would from the offsets (the K picks ascending, a row each at
+// row n, then the shared expert's row K); block 0 also writes the routing, as that last block
+// (idx, wts, counts, off, perm, src: moe_permute_one). The caller syncs before the slices are
+// read; the routing in global memory is read after the first grid-wide arrival.
+__device__ __forceinline__ void gv_route_one(const float *scores, int E, int topk_group, int K,
+					     int norm_topk_prob, float route_scale, int *idx,
+					     float *wts, int *counts, int *off, int *perm, int *src,
+					     gv_slice *sl, int *idx_s, float *wts_s, int lane)
+{
+	float sc[8], sel[8];
+	const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+	const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+	const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+	sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+	sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+	sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+	sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
+	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
+					     idx_s, wts_s);
+	__syncwarp();
+	if (lane < K)
+		sl[lane] = gv_slice{idx_s[lane], lane, 1, 0};
+	if (lane == 0)
+		sl[K] = gv_slice{E, K, 1, 0};
+	if (blockIdx.x == 0) {
+		if (lane < K)
+			idx[lane] = idx_s[lane], wts[lane] = wts_s[lane];
+		moe_permute_one(pick, K, E, counts, off, perm, src);
+	}
+}
+
 // SPAN_A: the slots a gate|up stage takes (2: the ring's slots are down's stages; 1: slots of
 // the larger of the two stages, where gate|up's is not between 1 and 2 of down's)
 template <int SPAN_A>
 __device__ __forceinline__ void
 moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_tab,
-	       const unsigned long long *w2_tab, const unsigned long long *s2_tab, const int *off,
+	       const unsigned long long *w2_tab, const unsigned long long *s2_tab, int *off,
 	       int G, int slice_cap, const uint8_t *X, const float *SX, uint8_t *h8, float *hs,
-	       float *gu, float *ey, uint16_t *y, const float *wts, const int *perm, int T, int topk,
+	       float *gu, float *ey, uint16_t *y, float *wts, int *perm, int T, int topk,
 	       int max_rows, int D, int I, int chunks, int chunk_blocks, int slot_bytes, int ns,
-	       int slot)
+	       int slot, const float *scores, int *idx, int *counts, int *src, float route_scale,
+	       int topk_group, int norm_topk_prob)
 {
 	float *red = reinterpret_cast<float *>(smem + GV_RED_OFF);
 	int *last_flag = reinterpret_cast<int *>(smem + GV_FLAG_OFF);
@@ -493,7 +532,12 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	gv_ring r = gv_ring_init(smem, slot_bytes, ns);
 	asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's offsets and rows
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	const int n_slices = gv_build_slices(off, G, slice_cap, sl);
+	int n_slices = topk + 1; // (routed here: one token)
+	if (!scores)
+		n_slices = gv_build_slices(off, G, slice_cap, sl);
+	else if (warp == 0) // its scores only (k_moe_gate_logits1s)
+		gv_route_one(scores, G - 1, topk_group, topk, norm_topk_prob, route_scale, idx, wts,
+			     counts, off, perm, src, sl, reinterpret_cast<int *>(red), red + 32, lane);
 	__syncthreads(); // the barriers initialised, the slices written
 	GV_STAMP(threadIdx.x == 0, 1);
 
@@ -533,14 +577,16 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 
 #define MOE_GEMV_BLOCK_ARGS                                                                    \
 	const unsigned long long *w13_tab, const unsigned long long *s13_tab,                \
-		const unsigned long long *w2_tab, const unsigned long long *s2_tab,          \
-		const int *off, int G, int slice_cap, const uint8_t *X, const float *SX,     \
-		uint8_t *h8, float *hs, float *gu, float *ey, uint16_t *y, const float *wts, \
-		const int *perm, int T, int topk, int max_rows, int D, int I, int chunks,    \
-		int chunk_blocks, int slot_bytes, int ns, int slot
+		const unsigned long long *w2_tab, const unsigned long long *s2_tab, int *off, \
+		int G, int slice_cap, const uint8_t *X, const float *SX, uint8_t *h8,        \
+		float *hs, float *gu, float *ey, uint16_t *y, float *wts, int *perm, int T,  \
+		int topk, int max_rows, int D, int I, int chunks, int chunk_blocks,          \
+		int slot_bytes, int ns, int slot, const float *scores, int *idx,             \
+		int *counts, int *src, float route_scale, int topk_group, int norm_topk_prob
 #define MOE_GEMV_BLOCK_PASS                                                                     \
 	w13_tab, s13_tab, w2_tab, s2_tab, off, G, slice_cap, X, SX, h8, hs, gu, ey, y, wts,    \
-		perm, T, topk, max_rows, D, I, chunks, chunk_blocks, slot_bytes, ns, slot
+		perm, T, topk, max_rows, D, I, chunks, chunk_blocks, slot_bytes, ns, slot,     \
+		scores, idx, counts, src, route_scale, topk_group, norm_topk_prob
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 1) k_moe_gemv_block(MOE_GEMV_BLOCK_ARGS)
 {

@@ -431,7 +431,9 @@ __device__ __forceinline__ void gate1s_logit(const float *r, int en, int E, cons
 	sc_row[E + en] = bias ? sg + bias[en] : sg;
 }
 
-template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
+// TAIL false (k_moe_gate_logits1s): the logits, scores and rows only; the routing is the next
+// kernel's (k_moe_gemv_block's blocks each select from the scores, gemm_fp8_gemv.cu)
+template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -460,8 +462,11 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 		return;
 	if (lane < EPB) { // lane n: expert EPB blockIdx.x + n
 		gate1s_logit(red + 4 * lane, blockIdx.x * EPB + lane, E, bias, logits, scores);
-		__threadfence(); // the scores are visible device-wide before the count says so
+		if (TAIL)
+			__threadfence(); // the scores are visible device-wide before the count says so
 	}
+	if (!TAIL)
+		return;
 	__syncwarp();
 	gate1_route_last(scores, E, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,
 			 offsets, perm, src);
@@ -469,7 +474,15 @@ template <int EPB> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 
 extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(GATE1_PARAMS)
 {
-	gate_route1s<GR1S_EPB>(GATE1_ARGS);
+	gate_route1s<GR1S_EPB, true>(GATE1_ARGS);
+}
+
+// k_moe_gate_logits1s: k_moe_gate_route1s without its last block's routing (the same logits,
+// scores, quantised rows; idx, wts, counts, offsets, perm, src not written): the one-token block
+// on k_moe_gemv_block routes itself from the scores (cuda_gemm_fp8_moe_block's route argument)
+extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
+{
+	gate_route1s<GR1S_EPB, false>(GATE1_ARGS);
 }
 
 // ---- k_moe_gate_route_t: the fast mode's router of a few tokens (T = 2 .. GRT_MAXT) -----------

@@ -1085,14 +1085,32 @@ const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk,
 	return moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ? NULL : p.kernel;
 }
 
+/* DSV32_CUDA_MOE_BLOCK_ROUTE (cuda_gemm_set_moe_block_route): 1 (the default) one token's
+ * block routes itself after k_moe_gate_logits1s, 0 k_moe_gate_route1s routes it */
+static int moe_block_route_on = -1;
+
+void cuda_gemm_set_moe_block_route(int on) { moe_block_route_on = on < 0 ? -1 : on != 0; }
+
+int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, int D, int I,
+				   size_t ws_bytes)
+{
+	struct moe_block_plan p;
+	return T == 1 && G == 257 && topk <= 32 &&
+	       env_on(&moe_block_route_on, "DSV32_CUDA_MOE_BLOCK_ROUTE") &&
+	       !moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p);
+}
+
 int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
 			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 			    gpu_ptr hs, gpu_ptr y, int T, int topk, gpu_ptr wts, gpu_ptr perm, int D,
-			    int I, gpu_ptr ws, size_t ws_bytes)
+			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt)
 {
 	struct moe_block_plan p;
-	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p))
+	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ||
+	    (rt && (T != 1 || G != 257 || topk > 32)))
 		return -ENOTSUP;
+	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0};
+	const struct cuda_moe_route1 *q = rt ? rt : &none;
 	void *fn;
 	int r = gpu_kernel_smem(g, p.kernel, &fn);
 	if (r)
@@ -1101,7 +1119,9 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 	gpu_ptr ey = ws + p.ey_at;
 	void *args[] = {&w13_tab, &s13_tab, &w2_tab, &s2_tab, &off, &G, &p.slice_cap, &x8, &sx,
 			&h8, &hs, &ws, &ey, &y, &wts, &perm, &T, &topk, &max_rows, &D, &I,
-			&p.a.chunks, &p.a.chunk_blocks, &p.slot_bytes, &p.ns, &slot};
+			&p.a.chunks, &p.a.chunk_blocks, &p.slot_bytes, &p.ns, &slot,
+			(void *)&q->scores, (void *)&q->idx, (void *)&q->counts, (void *)&q->src,
+			(void *)&q->route_scale, (void *)&q->topk_group, (void *)&q->norm_topk_prob};
 	/* one block an SM, all resident: the phases meet at grid-wide arrivals */
 	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, 9 * 32, (unsigned)p.smem, args);
 }

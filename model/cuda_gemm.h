@@ -277,10 +277,26 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
  * (+ 256), else -ENOTSUP. -ENOTSUP where it does not run (another
  * mode or size, DSV32_CUDA_MOE_GEMV_BLOCK=0 / cuda_gemm_set_moe_block(0)): the caller runs
  * the two. */
+/* rt (not NULL, T = 1): the block routes its token itself from the scores fp32 [2][G - 1] of
+ * k_moe_gate_logits1s (k_moe_gate_route1s without its last block's routing): each of its blocks
+ * selects (k_moe_gate_route1s's numbers) and builds its slices, and it writes idx, wts, counts,
+ * off, perm and src as that router would. */
+struct cuda_moe_route1 {
+	gpu_ptr scores, idx, counts, src;
+	float route_scale;
+	int topk_group, norm_topk_prob;
+};
 int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
 			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 			    gpu_ptr hs, gpu_ptr y, int T, int topk, gpu_ptr wts, gpu_ptr perm, int D,
-			    int I, gpu_ptr ws, size_t ws_bytes);
+			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt);
+/* 1 where cuda_gemm_fp8_moe_block runs at these sizes and routes one token itself (T = 1, G - 1
+ * = 256 experts, topk <= 32; DSV32_CUDA_MOE_BLOCK_ROUTE=0 / cuda_gemm_set_moe_block_route(0):
+ * never), else 0. */
+int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, int D, int I,
+				   size_t ws_bytes);
+/* Process-wide (-1: DSV32_CUDA_MOE_BLOCK_ROUTE, read at the first call; default 1). */
+void cuda_gemm_set_moe_block_route(int on);
 /* The kernel cuda_gemm_fp8_moe_block would launch for these sizes (ws_bytes of workspace), or
  * NULL where it would return -ENOTSUP. */
 const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,

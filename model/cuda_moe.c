@@ -38,7 +38,10 @@
  *      the separate kernel).
  *   At 1-3 tokens in the fast mode (both GEMMs on the one-row kernel) the two GEMMs, the SwiGLU
  *   and the combine are one launch, k_moe_gemv_block (cuda_gemm_fp8_moe_block: a persistent
- *   grid meeting at grid-wide arrivals; the same bits; DSV32_CUDA_MOE_GEMV_BLOCK=0: the four).
+ *   grid meeting at grid-wide arrivals; the same bits; DSV32_CUDA_MOE_GEMV_BLOCK=0: the four);
+ *   at one token on the fast router that launch also routes: the router is k_moe_gate_logits1s
+ *   (k_moe_gate_route1s without its last block's routing) and each block of k_moe_gemv_block
+ *   selects from the scores (the same numbers; DSV32_CUDA_MOE_BLOCK_ROUTE=0: route1s routes).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
  * act_quant as in cpu_fp8_linear. The shared expert's rows are the same function as a routed
  * expert's (same shapes: n_shared_experts == 1), so it is one more group.
@@ -583,14 +586,27 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	float scale = (float)c->routed_scaling_factor;
 	gpu_ptr bias = L->gate_bias;
 	const int fused = fused_router(c, d), few = few_router(g, c, d), ks = gate_ks(c, d);
+	/* one token on the fast router where the GEMMs, SwiGLU and combine run in one launch (the
+	 * same conditions as below): the router only writes the scores, and that launch routes
+	 * (cuda_gemm_fp8_moe_block's rt; the same numbers) */
+	const unsigned four = CUDA_MOE_W13 | CUDA_MOE_SWIGLU | CUDA_MOE_W2 | CUDA_MOE_COMBINE;
+	const int one_launch = (stages & four) == four && !use_wgmma(d) && !d->unfused &&
+			       !(tr && (tr->ey || tr->sh));
+	const int self_route = (stages & CUDA_MOE_GATE) && fused && one_launch &&
+			       split_router(g, c, d) &&
+			       cuda_gemm_fp8_moe_block_routes(g, T, K, E + 1, D, I, ws_bytes);
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
 		if (split_router(g, c, d)) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
-			rc = moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"), (unsigned)(E / 2), 256, 0,
-					args);
+			/* (routing in the block: a plain launch; under PDL the forward's graph
+			 * and eager steps differed, s23-12, not understood) */
+			rc = self_route ? gpu_launch_as(g, 0, gpu_kernel(g, "k_moe_gate_logits1s"),
+							(unsigned)(E / 2), 1, 1, 256, 1, 1, 0, args)
+					: moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"),
+						     (unsigned)(E / 2), 256, 0, args);
 		} else {
 			void *fn;
 			rc = gpu_kernel_smem(g, "k_moe_gate_route1", &fn);
@@ -713,12 +729,16 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* at 1-3 tokens (the one-row kernel) the GEMMs, the SwiGLU and the combine in one launch
 	 * (cuda_gemm_fp8_moe_block: the same bits; -ENOTSUP: not), when all four stages run and no
 	 * expert output is tapped */
-	const unsigned four = CUDA_MOE_W13 | CUDA_MOE_SWIGLU | CUDA_MOE_W2 | CUDA_MOE_COMBINE;
 	int block_done = 0;
-	if ((stages & four) == four && !wgmma && !d->unfused && !(tr && (tr->ey || tr->sh))) {
+	if (one_launch) {
+		const struct cuda_moe_route1 rt = {b[B_SCORE], b[B_IDX], b[B_CNT], b[B_SRC],
+						   scale,      tg,	 norm};
 		rc = cuda_gemm_fp8_moe_block(g, L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab,
 					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
-					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes);
+					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes,
+					     self_route ? &rt : NULL);
+		if (self_route && rc) /* (the routing was left to this launch) */
+			return rc;
 		block_done = sw_done = rc == 0;
 		if (rc != -ENOTSUP && rc)
 			return rc;
@@ -810,12 +830,18 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	const char *one = wg || d.unfused ? NULL
 					  : cuda_gemm_fp8_moe_block_kernel(g, T, d.K, d.E + 1, d.D, d.I,
 									   gemm_ws(g, &d));
-	static char buf[288];
+	const int self_route = one && fused && split_router(g, c, &d) &&
+			       cuda_gemm_fp8_moe_block_routes(g, T, d.K, d.E + 1, d.D, d.I,
+							      gemm_ws(g, &d));
+	static char buf[320];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s%s%s",
-		 few	  ? "k_moe_gate_route_t"
-		 : !fused ? k.name
+		 few	      ? "k_moe_gate_route_t"
+		 : !fused     ? k.name
+		 : self_route ? "k_moe_gate_logits1s"
 		 : split_router(g, c, &d) ? "k_moe_gate_route1s" : "k_moe_gate_route1",
-		 fused || few ? " (logits, routing, permutation)" : " + route + permute",
+		 self_route	? " (logits; the routing and permutation in the one launch below)"
+		 : fused || few ? " (logits, routing, permutation)"
+				: " + route + permute",
 		 !wg ? d.unfused ? "cuda_gemm_fp8_grouped (streaming decode kernel)"
 			       : "cuda_gemm_fp8_grouped (streaming decode kernel; SwiGLU and the combine "
 				 "in the chunk sums where they run)"
