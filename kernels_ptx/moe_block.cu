@@ -233,15 +233,7 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
 	float sc[8], sel[8];
-	{
-		const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
-		const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
-		const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
-		sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
-		sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
-		sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
-		sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
-	}
+	moe_route_load256(scores, E, sc, sel, lane);
 	const int pick = moe_route_select256(sc, sel, 0, topk_group, K, norm_topk_prob, route_scale,
 					     idx, wts);
 	moe_permute_one(pick, K, E, counts, offsets, perm, src);

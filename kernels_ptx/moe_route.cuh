@@ -23,6 +23,21 @@ __device__ __forceinline__ unsigned route_key(float v)
 	return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// One token's scores fp32 [2][E] (E = 256: the sigmoid scores, then those + the correction
+// bias) read through L2 into lane l's sc[i], sel[i] of experts 8l + i: moe_route_select256's
+// input
+__device__ __forceinline__ void moe_route_load256(const float *scores, int E, float sc[8],
+						  float sel[8], int lane)
+{
+	const float4 *s4 = reinterpret_cast<const float4 *>(scores + 8 * lane);
+	const float4 *l4 = reinterpret_cast<const float4 *>(scores + E + 8 * lane);
+	const float4 a = __ldcg(s4), b = __ldcg(s4 + 1), c = __ldcg(l4), d = __ldcg(l4 + 1);
+	sc[0] = a.x, sc[1] = a.y, sc[2] = a.z, sc[3] = a.w;
+	sc[4] = b.x, sc[5] = b.y, sc[6] = b.z, sc[7] = b.w;
+	sel[0] = c.x, sel[1] = c.y, sel[2] = c.z, sel[3] = c.w;
+	sel[4] = d.x, sel[5] = d.y, sel[6] = d.z, sel[7] = d.w;
+}
+
 // The selection of one token by one warp, from its scores (k_moe_route_w, moe_gate.cu,
 // documents it): lane l holds sc[i], sel[i] of experts 8l + i (E = 256 in G = 8 groups of 32, so
 // group g is lanes 4g .. 4g+3), K <= 32, topk_group <= 8. Every choice is the CPU's: (value,
