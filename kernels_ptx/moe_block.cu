@@ -384,6 +384,21 @@ __device__ __forceinline__ void gate1s_load(uint4 (&v)[GR1S_MAXP], const uint16_
 			v[m] = __ldg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
 }
 
+// The same pieces of x through the L2 (ld.global.cg). Under PDL this grid is resident while the
+// kernel before it writes x, so x is not read-only for this grid's lifetime and the
+// non-coherent path (__ldg) is not allowed for it: with __ldg, k_moe_gate_logits1s launched
+// under PDL gave the forward's decode steps other logits whenever it overlapped the norm before
+// it (s24: eager steps with profile events between the kernels, which keep them apart, agreed
+// with the plain launch; eager steps without them and graph replays did not).
+__device__ __forceinline__ void gate1s_load_cg(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t,
+					       int np)
+{
+#pragma unroll
+	for (int m = 0; m < GR1S_MAXP; m++)
+		if (m < np)
+			v[m] = __ldcg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
+}
+
 // The fast routers' products of one token by one warp: each lane's pieces of its expert's weight
 // row (wv) and of x (xv) in two fp32 chains (even, odd elements of a piece; pieces in ascending
 // order; exact products: fma == multiply, then add), then the lanes by a shuffle tree (xor 16 ..
@@ -439,13 +454,13 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	uint4 xv[GR1S_MAXP];
-	gate1s_load(xv, x, t, np);
+	gate1s_load_cg(xv, x, t, np);
 	const float v = gate1s_warp_dot(wv, xv, np);
 	if (lane == 0)
 		red[warp] = v;
 	__syncthreads(); // the warp sums
 	for (int gi = blockIdx.x; warp == 1 && gi < D / 128; gi += gridDim.x) { // into K + 1 rows
-		const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
+		const uint2 raw = __ldcg(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
 		const float q[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
 				    __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
 		gate1_quant_rows(q, gi, xs8, sxs, D, K, lane);

@@ -601,12 +601,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
 				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
 		if (split_router(g, c, d)) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
-			/* (routing in the block: a plain launch; under PDL the forward's graph
-			 * and eager steps differed, s23-12, not understood) */
-			rc = self_route ? gpu_launch_as(g, 0, gpu_kernel(g, "k_moe_gate_logits1s"),
-							(unsigned)(E / 2), 1, 1, 256, 1, 1, 0, args)
-					: moe_launch(g, gpu_kernel(g, "k_moe_gate_route1s"),
-						     (unsigned)(E / 2), 256, 0, args);
+			rc = moe_launch(g, gpu_kernel(g, self_route ? "k_moe_gate_logits1s"
+								    : "k_moe_gate_route1s"),
+					(unsigned)(E / 2), 256, 0, args);
 		} else {
 			void *fn;
 			rc = gpu_kernel_smem(g, "k_moe_gate_route1", &fn);
