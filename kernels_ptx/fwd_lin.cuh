@@ -13,6 +13,12 @@
 // kernel may itself have triggered before its own wait), and may write nothing. Every kernel
 // launched that way waits in every block (so a grid completes after its predecessor: the order
 // stays transitive). Both are no-ops in a kernel launched without the attribute.
+// After the wait, read what an earlier kernel wrote with ordinary or .cg loads, not
+// ld.global.nc (__ldg, or what the compiler makes of a const __restrict__ pointer): ptxas
+// treats non-coherent loads as reads of data no one writes while the kernel lives and may move
+// them above the wait (SASS: LDG.E.*.CONSTANT before ACQBULK; session 24 found one of x's loads
+// so moved in k_moe_gate_logits1s). tools/pdl_audit.py lists the kernels where that happened
+// (tools/gpu_session.sh runs it on the GPU machine).
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 

@@ -11,6 +11,11 @@ for f in gpu_test_runner test_runner dsv32 dsv32d mkmodel; do
   [ -x "$build/$f" ] && cp "$build/$f" "$bundle/"
 done
 [ -f "$build/tokenizer/tokenizer.json" ] && cp "$build/tokenizer/tokenizer.json" "$bundle/"
+# the kernels' PTX and offline cubins, for tools/pdl_audit.py (the GPU machine has cuobjdump)
+if ls "$build"/ptx/*.cubin >/dev/null 2>&1; then
+  mkdir -p "$bundle/ptx"
+  cp "$build"/ptx/*.ptx "$build"/ptx/*.cubin "$bundle/ptx/"
+fi
 du -sh "$bundle"
 # extra commands for tools/gpu_session.sh (one shell line each), when the caller names a file
 [ -n "${EXTRA_FILE:-}" ] && [ -f "$EXTRA_FILE" ] && cp "$EXTRA_FILE" "$bundle/EXTRA"

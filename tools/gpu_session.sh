@@ -3,7 +3,8 @@
 #   tools/gpu_session.sh BUNDLE_DIR OUT_DIR
 # BUNDLE_DIR holds binaries built on the development machine (tools/gpu_bundle.sh makes it):
 # gpu_test_runner, dsv32, dsv32d, mkmodel, and tokenizer.json. Steps, each logged to OUT_DIR:
-#   1. the GPU and driver;  2. every GPU test (kernels against the CPU backend);
+#   1. the GPU and driver, and tools/pdl_audit.py over the bundle's ptx/ (loads ptxas hoisted
+#      above griddepcontrol.wait);  2. every GPU test (kernels against the CPU backend);
 #   3. the same under compute-sanitizer memcheck;  4. benchmarks;
 #   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
 # Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE=1 leave steps
@@ -22,6 +23,13 @@ step() { echo "== $*" | tee -a "$summary"; }
 step "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$summary"
 date -u | tee -a "$summary"
+
+if [ -d "$bundle/ptx" ] && command -v cuobjdump >/dev/null; then
+  step "non-coherent loads hoisted above griddepcontrol.wait (tools/pdl_audit.py)"
+  python3 tools/pdl_audit.py "$bundle" > "$out/pdl_audit.log" 2>&1
+  echo "exit status $?" >> "$out/pdl_audit.log"
+  tail -n 20 "$out/pdl_audit.log" | tee -a "$summary"
+fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "GPU tests"
