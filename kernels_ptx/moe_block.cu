@@ -291,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 	for (int i = 0; i < XP; i++) {
 		const int c = tid + i * GR1_THREADS;
 		if (c < D / 8)
-			xv[i] = __ldg(reinterpret_cast<const uint4 *>(x) + c);
+			xv[i] = __ldca(reinterpret_cast<const uint4 *>(x) + c); // (not __ldg: see gate1s_load_x)
 	}
 #pragma unroll
 	for (int i = 0; i < XP; i++) {
@@ -384,19 +384,22 @@ __device__ __forceinline__ void gate1s_load(uint4 (&v)[GR1S_MAXP], const uint16_
 			v[m] = __ldg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
 }
 
-// The same pieces of x through the L2 (ld.global.cg). Under PDL this grid is resident while the
-// kernel before it writes x, so x is not read-only for this grid's lifetime and the
-// non-coherent path (__ldg) is not allowed for it: with __ldg, k_moe_gate_logits1s launched
-// under PDL gave the forward's decode steps other logits whenever it overlapped the norm before
-// it (s24: eager steps with profile events between the kernels, which keep them apart, agreed
-// with the plain launch; eager steps without them and graph replays did not).
-__device__ __forceinline__ void gate1s_load_cg(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t,
-					       int np)
+// The same pieces of x by ordinary loads (ld.global.ca). Under PDL this grid is resident while
+// the kernel before it writes x, so x is not read-only for this grid's lifetime and the
+// non-coherent path (__ldg) is not allowed for it: ptxas moved one of x's __ldg loads above
+// griddepcontrol.wait in k_moe_gate_logits1s (SASS: LDG.E.128.CONSTANT before ACQBULK), and
+// launched under PDL it read the norm's output before the norm had finished whenever the two
+// overlapped (s24: the forward's graph and eager decode steps gave other logits; eager steps
+// with profile events between the kernels, which keep them apart, agreed with a plain launch).
+// Ordinary loads stay after the wait. (s24-6, bench moe 1-4 tokens: the same time as __ldg and
+// as ld.global.cg, within 0.5 us.)
+__device__ __forceinline__ void gate1s_load_x(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t,
+					      int np)
 {
 #pragma unroll
 	for (int m = 0; m < GR1S_MAXP; m++)
 		if (m < np)
-			v[m] = __ldcg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
+			v[m] = __ldca(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
 }
 
 // The fast routers' products of one token by one warp: each lane's pieces of its expert's weight
@@ -454,13 +457,13 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	uint4 xv[GR1S_MAXP];
-	gate1s_load_cg(xv, x, t, np);
+	gate1s_load_x(xv, x, t, np);
 	const float v = gate1s_warp_dot(wv, xv, np);
 	if (lane == 0)
 		red[warp] = v;
 	__syncthreads(); // the warp sums
 	for (int gi = blockIdx.x; warp == 1 && gi < D / 128; gi += gridDim.x) { // into K + 1 rows
-		const uint2 raw = __ldcg(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
+		const uint2 raw = __ldca(reinterpret_cast<const uint2 *>(x + gi * 128 + 4 * lane));
 		const float q[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
 				    __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
 		gate1_quant_rows(q, gi, xs8, sxs, D, K, lane);
@@ -524,9 +527,9 @@ k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 	for (int k = 0; k < T; k += 2) {
 		const bool two = k + 1 < T;
 		uint4 xa[GR1S_MAXP], xb[GR1S_MAXP];
-		gate1s_load(xa, x + (size_t)k * D, t, np);
+		gate1s_load_x(xa, x + (size_t)k * D, t, np); // (x: as route1s, ordinary loads)
 		if (two)
-			gate1s_load(xb, x + (size_t)(k + 1) * D, t, np);
+			gate1s_load_x(xb, x + (size_t)(k + 1) * D, t, np);
 		const float va = gate1s_warp_dot(wv, xa, np);
 		const float vb = two ? gate1s_warp_dot(wv, xb, np) : 0.f;
 		if (lane == 0) {
