@@ -13,12 +13,14 @@
 // kernel may itself have triggered before its own wait), and may write nothing. Every kernel
 // launched that way waits in every block (so a grid completes after its predecessor: the order
 // stays transitive). Both are no-ops in a kernel launched without the attribute.
-// After the wait, read what an earlier kernel wrote with ordinary or .cg loads, not
-// ld.global.nc (__ldg, or what the compiler makes of a const __restrict__ pointer): ptxas
-// treats non-coherent loads as reads of data no one writes while the kernel lives and may move
-// them above the wait (SASS: LDG.E.*.CONSTANT before ACQBULK; session 24 found one of x's loads
-// so moved in k_moe_gate_logits1s). tools/pdl_audit.py lists the kernels where that happened
-// (tools/gpu_session.sh runs it on the GPU machine).
+// ld.global.nc (__ldg, or what the compiler makes of a const __restrict__ pointer) of what an
+// earlier kernel wrote is not ordered by the wait: ptxas treats non-coherent loads as reads of
+// data no one writes while the kernel lives and may move them above it (SASS: LDG.E.*.CONSTANT
+// before ACQBULK; session 24 found one of x's loads so moved in k_moe_gate_logits1s, whose x is
+// now read by ordinary loads). Many kernels still read activations that way after the wait
+// (ordinary loads cost the decode GEMMs 13-52 us a step, session 24), so after any kernel change
+// tools/pdl_audit.py (tools/gpu_session.sh runs it on the GPU machine) must list no kernel;
+// where it lists one, make the moved load ordinary (.ca) or .cg.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
