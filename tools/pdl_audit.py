@@ -17,6 +17,10 @@ hoisted loads' SASS lines. A hoisted load that reads the previous kernel's outpu
 one that reads constants (weights) is harmless, so the list is for reading, not a verdict.
 Exit status 1 when any kernel is listed, 2 when cuobjdump is missing.
 
+pdl_audit.py --ptx BUILD_DIR (no cuobjdump needed: this machine) lists instead every waiting
+kernel with ld.global.nc loads after the wait in its PTX: the candidates, safe only while
+ptxas leaves them there.
+
 The driver compiles the PTX again when it loads the module (the binary embeds PTX), with the
 ptxas of its own CUDA version; the offline cubin approximates that compilation.
 """
@@ -50,7 +54,27 @@ def sass_functions(text):
     return out
 
 
+def ptx_candidates(build):
+    """--ptx: the waiting kernels with non-coherent loads after the wait"""
+    n = 0
+    for ptx in sorted(glob.glob(os.path.join(build, "ptx", "*.ptx"))):
+        for name, body in sorted(ptx_entries(open(ptx).read()).items()):
+            if "griddepcontrol.wait" not in body:
+                continue
+            i = body.index("griddepcontrol.wait")
+            after = len(re.findall(r"ld\.global\.nc", body[i:]))
+            if after:
+                n += 1
+                before = len(re.findall(r"ld\.global\.nc", body[:i]))
+                print(f"{os.path.basename(ptx)} {name}: ld.global.nc {before} before the wait, "
+                      f"{after} after")
+    print(f"pdl_audit --ptx: {n} waiting kernels with non-coherent loads after the wait")
+    return 0
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--ptx":
+        return ptx_candidates(sys.argv[2])
     if len(sys.argv) != 2:
         sys.stderr.write(__doc__)
         return 64
