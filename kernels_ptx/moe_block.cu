@@ -291,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 	for (int i = 0; i < XP; i++) {
 		const int c = tid + i * GR1_THREADS;
 		if (c < D / 8)
-			xv[i] = __ldca(reinterpret_cast<const uint4 *>(x) + c); // (not __ldg: see gate1s_load_x)
+			xv[i] = __ldca(reinterpret_cast<const uint4 *>(x) + c); // (not __ldg: see gate1s_load)
 	}
 #pragma unroll
 	for (int i = 0; i < XP; i++) {
@@ -375,31 +375,24 @@ extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(G
 #define GR1S_EPB 2  // experts a block
 
 // The fast routers' row pieces: thread t's 16-byte pieces t, t + 128, ... of a row of D bf16
-// (np = D / 1024 of them)
-__device__ __forceinline__ void gate1s_load(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t, int np)
-{
-#pragma unroll
-	for (int m = 0; m < GR1S_MAXP; m++)
-		if (m < np)
-			v[m] = __ldg(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
-}
-
-// The same pieces of x by ordinary loads (ld.global.ca). Under PDL this grid is resident while
-// the kernel before it writes x, so x is not read-only for this grid's lifetime and the
-// non-coherent path (__ldg) is not allowed for it: ptxas moved one of x's __ldg loads above
+// (np = D / 1024 of them). WEIGHTS: a weight row (constant), by the non-coherent path (__ldg),
+// before griddepcontrol.wait; else an activation row x by ordinary loads (ld.global.ca). Under
+// PDL this grid is resident while the kernel before it writes x, so x is not read-only for this
+// grid's lifetime and __ldg is not allowed for it: ptxas moved one of x's __ldg loads above
 // griddepcontrol.wait in k_moe_gate_logits1s (SASS: LDG.E.128.CONSTANT before ACQBULK), and
 // launched under PDL it read the norm's output before the norm had finished whenever the two
 // overlapped (s24: the forward's graph and eager decode steps gave other logits; eager steps
 // with profile events between the kernels, which keep them apart, agreed with a plain launch).
 // Ordinary loads stay after the wait. (s24-6, bench moe 1-4 tokens: the same time as __ldg and
 // as ld.global.cg, within 0.5 us.)
-__device__ __forceinline__ void gate1s_load_x(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t,
-					      int np)
+template <bool WEIGHTS>
+__device__ __forceinline__ void gate1s_load(uint4 (&v)[GR1S_MAXP], const uint16_t *row, int t, int np)
 {
+	const uint4 *p = reinterpret_cast<const uint4 *>(row) + t;
 #pragma unroll
 	for (int m = 0; m < GR1S_MAXP; m++)
 		if (m < np)
-			v[m] = __ldca(reinterpret_cast<const uint4 *>(row) + t + 128 * m);
+			v[m] = WEIGHTS ? __ldg(p + 128 * m) : __ldca(p + 128 * m);
 }
 
 // The fast routers' products of one token by one warp: each lane's pieces of its expert's weight
@@ -450,14 +443,14 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 	const int h = tid >> 7, t = tid & 127, np = D / 1024;
 	const int e = blockIdx.x * EPB + h;
 	uint4 wv[GR1S_MAXP];
-	gate1s_load(wv, W + (size_t)e * D, t, np);
+	gate1s_load<true>(wv, W + (size_t)e * D, t, np);
 	// the next kernel (launched with PDL) may start its prologue; this grid, launched with PDL
 	// (model/cuda_moe.c), has read nothing but its weights before the wait: x is the previous
 	// kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	uint4 xv[GR1S_MAXP];
-	gate1s_load_x(xv, x, t, np);
+	gate1s_load<false>(xv, x, t, np);
 	const float v = gate1s_warp_dot(wv, xv, np);
 	if (lane == 0)
 		red[warp] = v;
@@ -520,16 +513,16 @@ k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int t = tid & 127, np = D / 1024;
 	uint4 wv[GR1S_MAXP];
-	gate1s_load(wv, W + (size_t)(blockIdx.x * 2 + (tid >> 7)) * D, t, np);
+	gate1s_load<true>(wv, W + (size_t)(blockIdx.x * 2 + (tid >> 7)) * D, t, np);
 	// as route1s: only the weights (constants) read before the wait
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
 	for (int k = 0; k < T; k += 2) {
 		const bool two = k + 1 < T;
 		uint4 xa[GR1S_MAXP], xb[GR1S_MAXP];
-		gate1s_load_x(xa, x + (size_t)k * D, t, np); // (x: as route1s, ordinary loads)
+		gate1s_load<false>(xa, x + (size_t)k * D, t, np); // (x: as route1s, ordinary loads)
 		if (two)
-			gate1s_load_x(xb, x + (size_t)(k + 1) * D, t, np);
+			gate1s_load<false>(xb, x + (size_t)(k + 1) * D, t, np);
 		const float va = gate1s_warp_dot(wv, xa, np);
 		const float vb = two ? gate1s_warp_dot(wv, xb, np) : 0.f;
 		if (lane == 0) {

@@ -1091,11 +1091,15 @@ static int moe_block_route_on = -1;
 
 void cuda_gemm_set_moe_block_route(int on) { moe_block_route_on = on < 0 ? -1 : on != 0; }
 
+/* The shape the block routes itself: one token over 256 experts (moe_route_select256) + the
+ * shared one, at most 32 picks */
+static int route1_shape(int T, int topk, int G) { return T == 1 && G == 257 && topk <= 32; }
+
 int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, int D, int I,
 				   size_t ws_bytes)
 {
 	struct moe_block_plan p;
-	return T == 1 && G == 257 && topk <= 32 &&
+	return route1_shape(T, topk, G) &&
 	       env_on(&moe_block_route_on, "DSV32_CUDA_MOE_BLOCK_ROUTE") &&
 	       !moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p);
 }
@@ -1107,7 +1111,7 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 {
 	struct moe_block_plan p;
 	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ||
-	    (rt && (T != 1 || G != 257 || topk > 32)))
+	    (rt && !route1_shape(T, topk, G)))
 		return -ENOTSUP;
 	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0};
 	const struct cuda_moe_route1 *q = rt ? rt : &none;

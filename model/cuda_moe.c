@@ -407,6 +407,15 @@ static int few_router(const struct gpu *g, const struct dsv32_config *c, const s
 	       d->D % 1024 == 0 && d->D <= 8192;
 }
 
+/* 1 where one token's router only writes the scores and cuda_gemm_fp8_moe_block routes it (the
+ * split router and the one-launch block at these sizes: model/cuda_gemm.h); the caller adds
+ * its own conditions on the stages run and the taps. */
+static int block_routes(const struct gpu *g, const struct dsv32_config *c, const struct moe_dims *d)
+{
+	return split_router(g, c, d) && !use_wgmma(d) &&
+	       cuda_gemm_fp8_moe_block_routes(g, d->T, d->K, d->E + 1, d->D, d->I, gemm_ws(g, d));
+}
+
 /* The fast mode's router from 17 tokens on the real routing shape: the logits in gate_parts(d)
  * parts of K with every expert in a block (k_moe_gate_logits_ks / _ks64, moe_gate_mma.cu: x
  * taken into the SMs once, not once per 64 experts as by k_moe_gate_logits_mma), then the
@@ -592,9 +601,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	const unsigned four = CUDA_MOE_W13 | CUDA_MOE_SWIGLU | CUDA_MOE_W2 | CUDA_MOE_COMBINE;
 	const int one_launch = (stages & four) == four && !use_wgmma(d) && !d->unfused &&
 			       !(tr && (tr->ey || tr->sh));
-	const int self_route = (stages & CUDA_MOE_GATE) && fused && one_launch &&
-			       split_router(g, c, d) &&
-			       cuda_gemm_fp8_moe_block_routes(g, T, K, E + 1, D, I, ws_bytes);
+	const int self_route = (stages & CUDA_MOE_GATE) && one_launch && block_routes(g, c, d);
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
@@ -827,9 +834,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	const char *one = wg || d.unfused ? NULL
 					  : cuda_gemm_fp8_moe_block_kernel(g, T, d.K, d.E + 1, d.D, d.I,
 									   gemm_ws(g, &d));
-	const int self_route = one && fused && split_router(g, c, &d) &&
-			       cuda_gemm_fp8_moe_block_routes(g, T, d.K, d.E + 1, d.D, d.I,
-							      gemm_ws(g, &d));
+	const int self_route = block_routes(g, c, &d);
 	static char buf[320];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s%s%s",
 		 few	      ? "k_moe_gate_route_t"

@@ -54,6 +54,11 @@ def sass_functions(text):
     return out
 
 
+def nc_loads(ptx_text):
+    """ld.global.nc loads in a piece of PTX"""
+    return len(re.findall(r"ld\.global\.nc", ptx_text))
+
+
 def ptx_candidates(build):
     """--ptx: the waiting kernels with non-coherent loads after the wait"""
     n = 0
@@ -62,10 +67,10 @@ def ptx_candidates(build):
             if "griddepcontrol.wait" not in body:
                 continue
             i = body.index("griddepcontrol.wait")
-            after = len(re.findall(r"ld\.global\.nc", body[i:]))
+            after = nc_loads(body[i:])
             if after:
                 n += 1
-                before = len(re.findall(r"ld\.global\.nc", body[:i]))
+                before = nc_loads(body[:i])
                 print(f"{os.path.basename(ptx)} {name}: ld.global.nc {before} before the wait, "
                       f"{after} after")
     print(f"pdl_audit --ptx: {n} waiting kernels with non-coherent loads after the wait")
@@ -99,7 +104,7 @@ def main():
             if code is None:
                 continue
             checked += 1
-            ptx_before = len(re.findall(r"ld\.global\.nc", body[: body.index("griddepcontrol.wait")]))
+            ptx_before = nc_loads(body[: body.index("griddepcontrol.wait")])
             wait = next((i for i, l in enumerate(code) if "ACQBULK" in l), None)
             if wait is None:
                 continue

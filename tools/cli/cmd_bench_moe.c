@@ -185,13 +185,15 @@ static void print_trace(struct moe_bench *b, int reps)
 	for (int k = 0; k < MAX_BLOCKS; k++)
 		if (t[k * STEPS] && t[k * STEPS] < t0)
 			t0 = t[k * STEPS];
+	if (t0 == ~0ull) /* no block stamped its entry */
+		return;
 	printf("  trace (GV_TRACE build; us after the first block's entry: min / median / max over "
 	       "the blocks):\n");
 	for (int i = 0; i < 13; i++) {
 		static double v[MAX_BLOCKS];
 		int m = 0;
 		for (int k = 0; k < MAX_BLOCKS; k++)
-			if (t[k * STEPS + i] >= t0 && t0 != ~0ull)
+			if (t[k * STEPS + i] >= t0)
 				v[m++] = (double)(t[k * STEPS + i] - t0) / 1e3;
 		if (!m)
 			continue;
