@@ -216,8 +216,9 @@ __device__ __forceinline__ void gv_produce(const gv_op &o, const gv_geom &ge, co
 }
 
 // The consumer warps: units [u0, u1) (see the top of the file). red: the two sets of the warps'
-// unit sums; last_flag: the two sets' last-arrival flags; slot: the arrival counts' set.
-template <bool GROUPED, int SPAN>
+// unit sums; last_flag: the two sets' last-arrival flags; slot: the arrival counts' set. OWN: X
+// and SX were written by this grid (k_moe_gemv_block's down phase: kblock_load<true>).
+template <bool GROUPED, int SPAN, bool OWN = false>
 __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, const gv_slice *sl,
 					   int u0, int u1, gv_ring &r, float *red, int *last_flag,
 					   int slot, int warp, int lane, int stamp = -1)
@@ -256,8 +257,8 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 		for (; j + GV_CW < nb; j += 2 * GV_CW) {
 			const wfrag a0 = gv_wfrag(st, rs, j), a1 = gv_wfrag(st, rs, j + GV_CW);
 			kblock_tok t0, t1;
-			kblock_load(t0, Xs, SXs, sv.rows, K, kb0 + j, 0);
-			kblock_load(t1, Xs, SXs, sv.rows, K, kb0 + j + GV_CW, 0);
+			kblock_load<OWN>(t0, Xs, SXs, sv.rows, K, kb0 + j, 0);
+			kblock_load<OWN>(t1, Xs, SXs, sv.rows, K, kb0 + j + GV_CW, 0);
 			const float w0 = s_row[kb0 + j], w1 = s_row[kb0 + j + GV_CW];
 			float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
 			mma_kblock(c0, a0, t0.b0, t0.b1);
@@ -266,7 +267,7 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 			kblock_promote_c(acc, c1, t1, w1);
 		}
 		if (j < nb)
-			kblock_promote(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
+			kblock_promote<OWN>(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
 				       s_row[kb0 + j]);
 		// this warp's reads of the stage are done (the arrival releases them)
 		mbar_arrive_warp(smem_u32(&r.empty[s]), lane);
@@ -557,7 +558,7 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	GV_STAMP(threadIdx.x == 0, 5);
 	gv_grid_sync(&gv_gbar[slot]);
 	GV_STAMP(threadIdx.x == 0, 6);
-	gv_consume<true, 1>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane, 7);
+	gv_consume<true, 1, true>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane, 7);
 	GV_STAMP(threadIdx.x == 0, 8);
 	gv_grid_sync(&gv_gbar[slot]);
 	GV_STAMP(threadIdx.x == 0, 9);
