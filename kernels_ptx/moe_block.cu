@@ -546,11 +546,8 @@ k_moe_gate_route_t(const uint16_t *__restrict__ W, const uint16_t *__restrict__ 
 		return;
 	__threadfence(); // every block's scores (read through L2) after their counts
 	for (int k = warp; k < T; k += 8) { // token k by warp k % 8
-		const float *row = scores + (size_t)k * 2 * E;
 		float sc[8], sel[8];
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			sc[i] = __ldcg(row + 8 * lane + i), sel[i] = __ldcg(row + E + 8 * lane + i);
+		moe_route_load256(scores + (size_t)k * 2 * E, E, sc, sel, lane);
 		moe_route_select256(sc, sel, k, topk_group, K, norm_topk_prob, route_scale, idx, wts);
 	}
 	__syncthreads(); // every token's idx written (read back by the permutation)

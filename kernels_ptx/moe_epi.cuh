@@ -1,8 +1,9 @@
 // moe_epi.cuh — the MoE block's two epilogue steps on fp32 GEMM partials (spec §5.3), one output
 // group at a time: the launch kernels k_gemm_stream_reduce_swiglu / _combine (gemm_fp8_stream.cu)
 // and the one-launch decode block k_moe_gemv_block (gemm_fp8_gemv.cu) run the same code, so the
-// same bits. The partials are read with ld.global.cg: in k_moe_gemv_block other blocks wrote
-// them in the same launch, and the L1 must not serve a line it held from before.
+// same bits. The partials are read by ordinary loads, never the non-coherent path: in
+// k_moe_gemv_block other blocks wrote them in the same launch, before the grid-wide arrival whose
+// acquire orders these reads after those writes (gv_grid_sync).
 #pragma once
 #include "common.cuh"
 
