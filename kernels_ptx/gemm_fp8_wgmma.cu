@@ -927,7 +927,7 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
 #define TW_QSLOTS 2 // the item queue's slots (tw_next_item)
-#define TW_EP_WARP 1024 // a consumer warp's two 512-byte epilogue slots (tw_store)
+#define TW_EP_WARP 1024 // a consumer warp's 1 KB of the 8 KB epilogue tile (tw_store)
 #define TW_SMEM                                                                                  \
 	(TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 8 * TW_EP_WARP + 2 * TW_STAGES * 8 + \
 	 TW_QSLOTS * 20 + 1024)
@@ -1055,47 +1055,58 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 	}
 }
 
-// The consumers' epilogue, one warp's 16 weight rows n .. n + 15 of a box: y[row0 + t][n ..
-// n + 15] for the chunk's tokens t < rows, as bf16. Per 16 tokens: the fragment (weight rows x
-// tokens: registers 8jp + 0, 1 rows lane / 4, tokens 16jp + 2q, + 1; + 2, 3 row + 8; + 4 .. 7
-// the same for tokens + 8) -> bf16 pairs -> stmatrix.trans into the warp's 512-byte slot as 16
-// token rows of 32 bytes (the 16-byte halves swapped on tokens 4-7 of each 8: conflict-free),
-// then each lane copies one 16-byte half row to y: 16 whole 32-byte sectors a warp store, where
-// the fragment's own layout gives 2-byte stores (s13-1, bench moe at 4096 tokens: the down GEMM
-// 1,572 / 1,592 us against 1,742 / 1,794 with those; gate|up the same). Two slots in
-// turn, so one __syncwarp a round orders the reads of round i before the writes of round i + 2.
-// The store is predicated in its asm (a branch there made ptxas spill). Needs ldy % 8 == 0 and
-// y 16-byte aligned (the launcher checks).
+// The consumers' epilogue: y[row0 + t][n0 .. n0 + 255] for the chunk's tokens t < rows, as bf16,
+// 16 tokens a round. Each consumer warp's two fragments (its 16 weight rows of each box x 16
+// tokens: registers 8jp + 0, 1 rows lane / 4, tokens 16jp + 2q, + 1; + 2, 3 row + 8; + 4 .. 7 the
+// same for tokens + 8) -> bf16 pairs -> stmatrix.trans into the 8 KB epilogue tile as 16 token
+// rows of the item's 256 outputs (512 bytes a row; 16-byte chunk c of row t at c ^ (t % 8):
+// conflict-free both ways); then warp w copies rows 2w and 2w + 1 to y, 512 contiguous bytes a
+// store instruction (four whole 128-byte lines). Two named barriers (1: the 256 consumer
+// threads) a round. s25-6 (bench moe, 4096 tokens, two rounds): block 4,637 / 4,644 us against
+// 4,735 / 4,764 with each warp storing its own 16 x 16 piece (sixteen 32-byte sectors of 16 rows
+// a store instruction: the L1's store transactions bounded that epilogue), w13 2,502 / 2,543
+// against 2,613 / 2,603, w2 1,528 / 1,460 against 1,595 / 1,595. (The piecewise form had replaced
+// the fragment's own 2-byte stores in s13-1: down 1,572 / 1,592 us against 1,742 / 1,794.)
+// The stores are predicated in their asm (a branch there made ptxas spill). Needs ldy % 8 == 0
+// and y 16-byte aligned (the launcher checks).
 template <int NN>
-__device__ __forceinline__ void tw_store(const float *acc, const tw_item &it, int n, uint32_t slot,
-					 int lane, uint16_t *y, int ldy)
+__device__ __forceinline__ void tw_store(const float *acc0, const float *acc1,
+					      const tw_item &it, int cw, int wi, int lane,
+					      uint32_t ep, uint16_t *y, int ldy)
 {
 	const int m = lane >> 3, tl = (m >> 1) * 8 + (lane & 7); // stmatrix: matrix m, token row tl
-	const uint32_t wa = slot + (uint32_t)(tl * 32 + (((m & 1) ^ ((tl >> 2) & 1)) * 16));
-	const int tr = lane >> 1, hf = lane & 1; // the copy: token row tr, half hf
-	const uint32_t ra = slot + (uint32_t)(tr * 32 + ((hf ^ ((tr >> 2) & 1)) * 16));
-	uint16_t *yr = y + (size_t)(it.row0 + tr) * ldy + n + 8 * hf;
-	const int left = it.rows - tr;
+	const int c0 = cw * 8 + wi * 2 + (m & 1);                 // chain 0's chunk; chain 1: + 16
+	const uint32_t wa0 = ep + (uint32_t)(tl * 512 + ((c0 ^ (tl & 7)) * 16));
+	const uint32_t wa1 = ep + (uint32_t)(tl * 512 + (((c0 + 16) ^ (tl & 7)) * 16));
+	const int w = cw * 4 + wi;
 #pragma unroll
 	for (int jp = 0; jp < NN / 16; jp++) {
-		const uint32_t o = (jp & 1) * 512;
-		stmatrix_x4_trans(wa + o, bf16x2(acc[8 * jp + 0], acc[8 * jp + 1]),
-				  bf16x2(acc[8 * jp + 2], acc[8 * jp + 3]),
-				  bf16x2(acc[8 * jp + 4], acc[8 * jp + 5]),
-				  bf16x2(acc[8 * jp + 6], acc[8 * jp + 7]));
-		__syncwarp();
-		const uint4 v = lds128(ra + o);
-		asm volatile("{\n.reg .pred p;\nsetp.lt.s32 p, %5, %6;\n"
-			     "@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(
-				     yr + (size_t)(16 * jp) * ldy),
-			     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(16 * jp), "r"(left)
-			     : "memory");
+		stmatrix_x4_trans(wa0, bf16x2(acc0[8 * jp + 0], acc0[8 * jp + 1]),
+				  bf16x2(acc0[8 * jp + 2], acc0[8 * jp + 3]),
+				  bf16x2(acc0[8 * jp + 4], acc0[8 * jp + 5]),
+				  bf16x2(acc0[8 * jp + 6], acc0[8 * jp + 7]));
+		stmatrix_x4_trans(wa1, bf16x2(acc1[8 * jp + 0], acc1[8 * jp + 1]),
+				  bf16x2(acc1[8 * jp + 2], acc1[8 * jp + 3]),
+				  bf16x2(acc1[8 * jp + 4], acc1[8 * jp + 5]),
+				  bf16x2(acc1[8 * jp + 6], acc1[8 * jp + 7]));
+		named_bar_sync(1, 256); // the round's 16 rows are in
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int t = 2 * w + h;
+			const uint4 v = lds128(ep + (uint32_t)(t * 512 + ((lane ^ (t & 7)) * 16)));
+			asm volatile("{\n.reg .pred p;\nsetp.lt.s32 p, %5, %6;\n"
+				     "@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(
+					     y + (size_t)(it.row0 + 16 * jp + t) * ldy + it.n0 + 8 * lane),
+				     "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(16 * jp + t),
+				     "r"(it.rows)
+				     : "memory");
+		}
+		named_bar_sync(1, 256); // the round's reads are done before the next round's writes
 	}
-	__syncwarp(); // the last reads before the next call's first writes
 }
 
 // The shared-memory regions (addresses): the stages' weight tiles, token rows and scale
-// products, the epilogue slots.
+// products, the epilogue tile.
 struct tw_smem {
 	uint32_t w, x, scl, ep;
 };
@@ -1129,9 +1140,7 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const
 	}
 	if (flags & TW_DIAG_NOSTORE)
 		return;
-	const uint32_t slot = m.ep + (uint32_t)(cw * 4 + wi) * TW_EP_WARP;
-	tw_store<NN>(acc0, it, it.n0 + cw * 64 + wi * 16, slot, lane, y, ldy);
-	tw_store<NN>(acc1, it, it.n0 + 128 + cw * 64 + wi * 16, slot, lane, y, ldy);
+	tw_store<NN>(acc0, acc1, it, cw, wi, lane, m.ep, y, ldy);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -1143,7 +1152,7 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
 	const uint32_t w_smem = base, x_smem = w_smem + TW_STAGES * TW_W_BYTES;
 	const uint32_t scl = x_smem + TW_STAGES * TW_X_BYTES;
-	const uint32_t ep = scl + TW_STAGES * TW_SC_BYTES; // 8 x TW_EP_WARP, 512-aligned
+	const uint32_t ep = scl + TW_STAGES * TW_SC_BYTES; // the epilogue tile, 8 x TW_EP_WARP
 	const uint32_t bars = ep + 8 * TW_EP_WARP;
 	const int KB = K / 128;
 	tw_sched sc = {off, G, N / 256, 0, 0};
