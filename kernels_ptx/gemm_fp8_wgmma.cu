@@ -1070,9 +1070,8 @@ __device__ __forceinline__ void tw_chain(float *acc, float *frag, uint64_t da, u
 // The stores are predicated in their asm (a branch there made ptxas spill). Needs ldy % 8 == 0
 // and y 16-byte aligned (the launcher checks).
 template <int NN>
-__device__ __forceinline__ void tw_store(const float *acc0, const float *acc1,
-					      const tw_item &it, int cw, int wi, int lane,
-					      uint32_t ep, uint16_t *y, int ldy)
+__device__ __forceinline__ void tw_store(const float *acc0, const float *acc1, const tw_item &it,
+					 int cw, int wi, int lane, uint32_t ep, uint16_t *y, int ldy)
 {
 	const int m = lane >> 3, tl = (m >> 1) * 8 + (lane & 7); // stmatrix: matrix m, token row tl
 	const int c0 = cw * 8 + wi * 2 + (m & 1);                 // chain 0's chunk; chain 1: + 16

@@ -247,9 +247,8 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 }
 
 /* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
- * 1280 bytes of scales, the 8 KB epilogue tile, 8 barriers, the item queue (2
- * slots: 2 barriers and an int each), 1024 bytes of alignment slack (TW_SMEM in the kernel
- * file). */
+ * 1280 bytes of scales, the 8 KB epilogue tile, 8 barriers, the item queue (2 slots: 2 barriers
+ * and an int each), 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
 #define TW_SMEM (4 * (256 * 128 + 144 * 128 + 1280) + 8 * 1024 + 8 * 8 + 2 * 20 + 1024)
 
 /* DSV32_CUDA_TW_FLAGS (diagnosis): the token-wide kernel's flags, 2 = no stores (timing), 16 =
