@@ -945,7 +945,8 @@ struct tw_item {
 // blockIdx): t only grows, so the group only moves forward.
 struct tw_sched {
 	const int *off;
-	int G, NT; // groups, weight tiles of 256 rows
+	int G, NT; // groups, items of weight tiles a chunk of a group
+	int tmul, toff; // an item's tile index is it x tmul + toff (MC2: 2, the CTA's rank)
 	int e;
 	int base; // first item of group e
 };
@@ -959,7 +960,7 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 		if (t < sc.base + cnt) {
 			const int local = t - sc.base;
 			const int rc = ((c + nch - 1) / nch + 15) & ~15, ch = local % nch;
-			it.e = sc.e, it.n0 = (local / nch) * 256;
+			it.e = sc.e, it.n0 = ((local / nch) * sc.tmul + sc.toff) * 256;
 			it.row0 = r0 + ch * rc, it.rows = min(rc, c - ch * rc);
 			return true;
 		}
@@ -1111,10 +1112,10 @@ struct tw_smem {
 };
 
 // The consumers' item of width NN: every K block, then the bf16 stores of the chunk's rows.
-template <int NN>
+template <int NN, int MC>
 __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const tw_smem &m,
 						uint32_t bars, int &s, uint32_t &ph, uint16_t *y,
-						int ldy, int flags)
+						int ldy, int flags, uint32_t rank)
 {
 	const int cw = (threadIdx.x >> 7) - 1, wi = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 	const int q = lane & 3;
@@ -1132,8 +1133,11 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const
 		const uint32_t pq = sc_s + 4 * q * TW_PQ;
 		tw_chain<NN>(acc0, frag, da, db, pq);
 		tw_chain<NN>(acc1, frag, da1, db, pq + 4 * TW_PB);
-		if (lane == 0)
-			mbar_arrive(TW_EMPTY(s)); // this warp's MMAs and scale reads are done
+		if (lane == 0) { // this warp's MMAs and scale reads are done
+			mbar_arrive(TW_EMPTY(s));
+			if (MC == 2) // (the peer's copies write this CTA's stage too)
+				mbar_arrive_cluster(TW_EMPTY(s), rank ^ 1);
+		}
 		if (++s == TW_STAGES)
 			s = 0, ph ^= 1;
 	}
@@ -1142,10 +1146,17 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const
 	tw_store<NN>(acc0, acc1, it, cw, wi, lane, m.ep, y, ldy);
 }
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
-		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
-		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy, int flags)
+// The token-wide kernels' body. MC = 2 (k_gemm_fp8_tw_grouped_mc2, clusters of 2): a cluster's
+// item is the two weight tiles 2p, 2p + 1 of one chunk (CTA r the tile 2p + r), each CTA copying
+// its own weight tile and every other token box of the chunk (boxes j = r mod 2) multicast into
+// both CTAs' stage, so the L2 serves the chunk's token rows once a pair; a stage is refilled once
+// the consumer warps of both CTAs have released it ("empty" counts 16); items in steps of the
+// clusters (static: both CTAs walk the same sequence).
+template <int MC>
+__device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restrict__ sx,
+					   const unsigned long long *__restrict__ s_tab,
+					   const int *__restrict__ off, int G, uint16_t *__restrict__ y,
+					   int max_rows, int N, int K, int ldy, int flags)
 {
 	extern __shared__ uint8_t tw_smem_raw[];
 	const uint32_t base = (smem_u32(tw_smem_raw) + 1023) & ~1023u;
@@ -1154,12 +1165,15 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 	const uint32_t ep = scl + TW_STAGES * TW_SC_BYTES; // the epilogue tile, 8 x TW_EP_WARP
 	const uint32_t bars = ep + 8 * TW_EP_WARP;
 	const int KB = K / 128;
-	tw_sched sc = {off, G, N / 256, 0, 0};
-	const int t0 = blockIdx.x, dt = gridDim.x;
+	const uint32_t rank = MC == 2 ? cluster_rank() : 0;
+	tw_sched sc = {off, G, N / 256 / MC, MC, (int)rank, 0, 0};
+	const int t0 = blockIdx.x / MC, dt = gridDim.x / MC;
+	if (MC == 2)
+		flags |= TW_STATIC;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < TW_STAGES; s++) {
-			mbar_init(TW_FULL(s), 97); // the copy producer + 96 scale threads
-			mbar_init(TW_EMPTY(s), 8); // each consumer warp
+			mbar_init(TW_FULL(s), 97);      // the copy producer + 96 scale threads
+			mbar_init(TW_EMPTY(s), 8 * MC); // each consumer warp (MC2: of both CTAs)
 		}
 		for (int i = 0; i < TW_QSLOTS; i++) {
 			mbar_init(TW_QFULL(i), 1);
@@ -1170,6 +1184,8 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 		tmap_prefetch(&mX);
 	}
 	__syncthreads();
+	if (MC == 2)
+		cluster_sync(); // both CTAs' barriers initialised before any copy or remote arrival
 	const int wg = threadIdx.x >> 7;
 	tw_item it;
 	if (wg == 0) {
@@ -1205,8 +1221,13 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 					tma_load_2d(w + TW_W_BYTES / 2, wm, TW_FULL(s), kb * 128, it.n0 + 128);
 					for (int j = 0; j < nb; j++) {
 						const int r = it.row0 + 16 * j;
-						tma_load_2d(x_smem + s * TW_X_BYTES + j * 2048, &mX, TW_FULL(s),
-							    kb * 128, r < max_rows ? r : 0);
+						const uint32_t xd = x_smem + s * TW_X_BYTES + j * 2048;
+						if (MC == 1)
+							tma_load_2d(xd, &mX, TW_FULL(s), kb * 128,
+								    r < max_rows ? r : 0);
+						else if ((j & 1) == (int)rank)
+							tma_load_2d_mc(xd, &mX, TW_FULL(s), kb * 128,
+								       r < max_rows ? r : 0, 3);
 					}
 					if (++s == TW_STAGES)
 						s = 0, ph ^= 1;
@@ -1266,16 +1287,35 @@ k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__
 			if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
 				break;
 			switch ((it.rows + 15) / 16) {
-			case 1: tw_consume_item<16>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 2: tw_consume_item<32>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 3: tw_consume_item<48>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 4: tw_consume_item<64>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 5: tw_consume_item<80>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 6: tw_consume_item<96>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 7: tw_consume_item<112>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			case 8: tw_consume_item<128>(it, KB, m, bars, s, ph, y, ldy, flags); break;
-			default: tw_consume_item<144>(it, KB, m, bars, s, ph, y, ldy, flags); break;
+			case 1: tw_consume_item<16, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 2: tw_consume_item<32, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 3: tw_consume_item<48, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 4: tw_consume_item<64, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 5: tw_consume_item<80, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 6: tw_consume_item<96, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 7: tw_consume_item<112, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			case 8: tw_consume_item<128, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
+			default: tw_consume_item<144, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;
 			}
 		}
 	}
+	if (MC == 2)
+		cluster_sync(); // no CTA leaves while its peer may still copy into it or arrive on it
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+k_gemm_fp8_tw_grouped(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+		      const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+		      int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy, int flags)
+{
+	tw_grouped<1>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) CLUSTER2
+k_gemm_fp8_tw_grouped_mc2(const __grid_constant__ tmap mX, const float *__restrict__ sx,
+			  const unsigned long long *__restrict__ s_tab, const int *__restrict__ off,
+			  int G, uint16_t *__restrict__ y, int max_rows, int N, int K, int ldy,
+			  int flags)
+{
+	tw_grouped<2>(mX, sx, s_tab, off, G, y, max_rows, N, K, ldy, flags);
 }

@@ -255,6 +255,12 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
  * the items in steps of the grid rather than drawn */
 static int tw_flags_cache = -1;
 
+/* cuda_gemm_tw_set_mc: 2 the token-wide form in clusters of 2 sharing the token rows where the
+ * weight tiles pair up (k_gemm_fp8_tw_grouped_mc2), 1 one CTA an item; < 0 not read yet. */
+static int tw_mc = -1;
+
+void cuda_gemm_tw_set_mc(int mc) { tw_mc = mc == 2 ? 2 : mc < 0 ? -1 : 1; }
+
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)
 {
@@ -274,6 +280,21 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 		return r;
 	int flags = env_uint(&tw_flags_cache, "DSV32_CUDA_TW_FLAGS");
 	void *args[] = {&mX, &sx, &s_tab, &off, &G, &y, &max_rows, &N, &K, &ldy, &flags};
+	if (tw_mc < 0)
+		cuda_gemm_tw_set_mc(env_int("DSV32_CUDA_TW_MC", 1));
+	if (tw_mc == 2 && (N / 256) % 2 == 0) {
+		/* clusters of 2 sharing the token rows; as many as are resident at once (the items
+		 * are walked in steps of the clusters) */
+		void *fn;
+		if ((r = gpu_kernel_smem(g, "k_gemm_fp8_tw_grouped_mc2", &fn)))
+			return r;
+		int most = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
+		unsigned grid = (unsigned)g->sm_count & ~1u;
+		if (most > 0 && 2u * (unsigned)most < grid)
+			grid = 2u * (unsigned)most;
+		return gpu_launch_n(g, fn, grid, 1, 1, WG_THREADS, 1, 1, TW_SMEM, args,
+				    GPU_NARGS(args));
+	}
 	return launch(g, "k_gemm_fp8_tw_grouped", (unsigned)g->sm_count, TW_SMEM, args);
 }
 

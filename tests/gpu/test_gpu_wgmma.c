@@ -527,12 +527,15 @@ static const int gvars[][3] = {{128, 0, 0},  {192, 0, 0}, {128, 0, 1},
 			       {128, 1, ST | WGMMA_PAIRED}, {256, 1, ST | WGMMA_PAIRED}};
 #define N_GVAR (int)(sizeof gvars / sizeof *gvars)
 
-/* v = TW: the token-wide form, cuda_gemm_fp8_tw_grouped (N % 256 == 0) */
-enum { TW = -2 };
+/* v = TW: the token-wide form, cuda_gemm_fp8_tw_grouped (N % 256 == 0); TW2: the same in
+ * clusters of 2 sharing the token rows (cuda_gemm_tw_set_mc(2), N % 512 == 0) */
+enum { TW2 = -3, TW = -2 };
 
 /* Whether variant v applies to the case's N (the paired forms: N % (2 bn) == 0). */
 static int grp_usable(const struct grp_case *c, int v)
 {
+	if (v == TW2)
+		return c->N % 512 == 0;
 	if (v == TW)
 		return c->N % 256 == 0;
 	return v < 0 || !(gvars[v][2] & WGMMA_PAIRED) || c->N % (2 * gvars[v][0]) == 0;
@@ -541,9 +544,13 @@ static int grp_usable(const struct grp_case *c, int v)
 /* (v = -1: the default entry point, cuda_gemm_fp8_wgmma_grouped; v = TW: the token-wide form) */
 static int grp_run(struct gpu *g, struct grp_case *c, int v)
 {
-	if (v == TW)
-		return cuda_gemm_fp8_tw_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx, c->dsx,
-						c->dy, c->rows, c->N, c->K, c->N);
+	if (v == TW || v == TW2) {
+		cuda_gemm_tw_set_mc(v == TW2 ? 2 : 1);
+		int r = cuda_gemm_fp8_tw_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
+						 c->dsx, c->dy, c->rows, c->N, c->K, c->N);
+		cuda_gemm_tw_set_mc(-1);
+		return r;
+	}
 	if (v < 0)
 		return cuda_gemm_fp8_wgmma_grouped(g, c->dw_tab, c->ds_tab, c->doff, c->G, c->dx,
 						   c->dsx, c->dy, c->rows, c->N, c->K, c->N);
@@ -579,7 +586,8 @@ static void grp_check(struct gpu *g, struct cpu_pool *pool, struct grp_case *c, 
 		char what[112];
 		snprintf(what, sizeof what,
 			 "grouped %s%d/%d/%d %s group %d (%d rows, %d checked) N=%d K=%d",
-			 v == TW ? "token-wide " : "", v < 0 ? 0 : gvars[v][0],
+			 v == TW2 ? "token-wide pairs " : v == TW ? "token-wide " : "",
+			 v < 0 ? 0 : gvars[v][0],
 			 v < 0 ? 0 : gvars[v][1], v < 0 ? 0 : gvars[v][2],
 			 c->fill == REAL ? "REAL" : "WIDE", e, cnt, n, c->N, c->K);
 		bad += check_rows(g, pool, &gc, rows, n, what);
@@ -603,11 +611,11 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	/* the expert shapes of V3.2 (gate+up 4096 x 7168, down 7168 x 2048), sampled rows */
 	static const int c2[] = {3, 0, 200, 129, 0, 64};
 	grp_init(&g, &c, 6, c2, 4096, 7168, 1301, REAL);
-	for (int v = TW; v < N_GVAR; v++)
+	for (int v = TW2; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	grp_init(&g, &c, 6, c2, 7168, 2048, 1302, WIDE);
-	for (int v = TW; v < N_GVAR; v++)
+	for (int v = TW2; v < N_GVAR; v++)
 		grp_check(&g, pool, &c, v, 8);
 	grp_free(&c);
 	/* the token-wide form's chunks: 600 rows in 5 chunks of 120, 145 in 2 (80 + 65), 144 in
@@ -618,15 +626,18 @@ TEST_T(gpu_wgmma, grouped_vs_cpu, 90)
 	const size_t ybytes = (size_t)c.rows * c.N * 2;
 	uint16_t *ya = malloc(ybytes), *yb = malloc(ybytes);
 	REQUIRE(ya && yb && gpu_download(&g, ya, c.dy, ybytes) == 0);
-	grp_check(&g, pool, &c, TW, 64);
-	REQUIRE(gpu_download(&g, yb, c.dy, ybytes) == 0);
-	/* and bit for bit the tile form's outputs (the same products and K-block order) */
-	long long ndiff = 0;
-	for (size_t i = 0; i < ybytes / 2; i++)
-		ndiff += ya[i] != yb[i];
-	printf("    token-wide vs the 128-token tile form: %lld of %zu outputs differ\n", ndiff,
-	       ybytes / 2);
-	CHECK_EQ_INT(ndiff, 0);
+	/* and bit for bit the tile form's outputs (the same products and K-block order), alone
+	 * and in clusters of 2 */
+	for (int v = TW; v >= TW2; v--) {
+		grp_check(&g, pool, &c, v, 64);
+		REQUIRE(gpu_download(&g, yb, c.dy, ybytes) == 0);
+		long long ndiff = 0;
+		for (size_t i = 0; i < ybytes / 2; i++)
+			ndiff += ya[i] != yb[i];
+		printf("    token-wide%s vs the 128-token tile form: %lld of %zu outputs differ\n",
+		       v == TW2 ? " pairs" : "", ndiff, ybytes / 2);
+		CHECK_EQ_INT(ndiff, 0);
+	}
 	free(ya), free(yb);
 	grp_free(&c);
 	/* the token-wide form at K = 128 and 256 (one and two K blocks an item) */
