@@ -992,16 +992,60 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 __device__ int g_tw_next;
 __device__ unsigned g_tw_done;
 
-// A reader's next item index (every lane of the calling warp).
+// An arrival, released at cluster scope, on the mbarrier at CTA-relative address bar in the
+// cluster's CTA `rank`.
+__device__ __forceinline__ void tw_arrive_remote(uint32_t bar, uint32_t rank)
+{
+	asm volatile("{\n.reg .b32 ra;\n"
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+		     "r"(rank)
+		     : "memory");
+}
+
+// The clusters' item queue (k_gemm_fp8_tw_grouped_mc2): the leader (rank 0) posts each index it
+// draws in its own slot and, by st.async completing 4 bytes on the peer's qfull, in the peer's;
+// the peer's readers arrive on the leader's qempty (so it counts both CTAs' 11 readers and the
+// peer's copy thread: 23).
+__device__ __forceinline__ void tw_post_peer(uint32_t bars, int qs, int t)
+{
+	asm volatile("{\n.reg .b32 rb, rs;\n"
+		     "mapa.shared::cluster.u32 rb, %0, 1;\n"
+		     "mapa.shared::cluster.u32 rs, %1, 1;\n"
+		     "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [rb], 4;\n"
+		     "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [rs], %2, [rb];\n}\n" ::"r"(
+			     TW_QFULL(qs)),
+		     "r"(TW_QSLOT(qs)), "r"(t)
+		     : "memory");
+}
+
+// A reader's next item index (every lane of the calling warp; PEER: the cluster's rank 1, whose
+// slots the leader fills).
+template <bool PEER = false>
 __device__ __forceinline__ int tw_next_item(uint32_t bars, int &qs, uint32_t &qph, int lane)
 {
-	mbar_wait(TW_QFULL(qs), qph);
+	mbar_wait<true, PEER>(TW_QFULL(qs), qph);
 	int t;
 	asm volatile("ld.shared.s32 %0, [%1];" : "=r"(t) : "r"(TW_QSLOT(qs)) : "memory");
-	mbar_arrive_warp(TW_QEMPTY(qs), lane);
+	if (PEER) {
+		__syncwarp();
+		if (lane == 0)
+			tw_arrive_remote(TW_QEMPTY(qs), 0);
+	} else {
+		mbar_arrive_warp(TW_QEMPTY(qs), lane);
+	}
 	if (++qs == TW_QSLOTS)
 		qs = 0, qph ^= 1;
 	return t;
+}
+
+// Every reader's next index: the peer's readers through the leader's queue.
+template <int MC>
+__device__ __forceinline__ int tw_next(uint32_t bars, int &qs, uint32_t &qph, int lane,
+				       uint32_t rank)
+{
+	return MC == 2 && rank == 1 ? tw_next_item<true>(bars, qs, qph, lane)
+				    : tw_next_item<false>(bars, qs, qph, lane);
 }
 
 // The index of token t's scale product of box b in a stage's scale slot: thread group
@@ -1150,8 +1194,8 @@ __device__ __forceinline__ void tw_consume_item(const tw_item &it, int KB, const
 // item is the two weight tiles 2p, 2p + 1 of one chunk (CTA r the tile 2p + r), each CTA copying
 // its own weight tile and every other token box of the chunk (boxes j = r mod 2) multicast into
 // both CTAs' stage, so the L2 serves the chunk's token rows once a pair; a stage is refilled once
-// the consumer warps of both CTAs have released it ("empty" counts 16); items in steps of the
-// clusters (static: both CTAs walk the same sequence).
+// the consumer warps of both CTAs have released it ("empty" counts 16); the leader draws the
+// items and posts them to both CTAs' queues (tw_post_peer).
 template <int MC>
 __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restrict__ sx,
 					   const unsigned long long *__restrict__ s_tab,
@@ -1168,8 +1212,6 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 	const uint32_t rank = MC == 2 ? cluster_rank() : 0;
 	tw_sched sc = {off, G, N / 256 / MC, MC, (int)rank, 0, 0};
 	const int t0 = blockIdx.x / MC, dt = gridDim.x / MC;
-	if (MC == 2)
-		flags |= TW_STATIC;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < TW_STAGES; s++) {
 			mbar_init(TW_FULL(s), 97);      // the copy producer + 96 scale threads
@@ -1177,7 +1219,9 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 		}
 		for (int i = 0; i < TW_QSLOTS; i++) {
 			mbar_init(TW_QFULL(i), 1);
-			mbar_init(TW_QEMPTY(i), 11); // the scale warps and the consumer warps
+			// the scale warps and the consumer warps (the leader of a cluster: + the peer's,
+			// and its copy thread)
+			mbar_init(TW_QEMPTY(i), MC == 2 && rank == 0 ? 23 : 11);
 		}
 		asm volatile("fence.proxy.async.shared::cta;\nfence.mbarrier_init.release.cluster;" ::
 				     : "memory");
@@ -1197,10 +1241,23 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 			int qs = 0;
 			uint32_t qph = 0;
 			for (int i = 0;; i++) {
-				const int t = flags & TW_STATIC ? t0 + i * dt : atomicAdd(&g_tw_next, 1);
-				mbar_wait<false>(TW_QEMPTY(qs), qph ^ 1);
-				asm volatile("st.shared.s32 [%0], %1;" ::"r"(TW_QSLOT(qs)), "r"(t) : "memory");
-				mbar_arrive(TW_QFULL(qs));
+				int t;
+				if (MC == 2 && rank == 1) { // the leader's index (tw_next_item's steps)
+					mbar_wait<true, true>(TW_QFULL(qs), qph);
+					asm volatile("ld.shared.s32 %0, [%1];"
+						     : "=r"(t)
+						     : "r"(TW_QSLOT(qs))
+						     : "memory");
+					tw_arrive_remote(TW_QEMPTY(qs), 0);
+				} else {
+					t = flags & TW_STATIC ? t0 + i * dt : atomicAdd(&g_tw_next, 1);
+					mbar_wait<false, MC == 2>(TW_QEMPTY(qs), qph ^ 1);
+					asm volatile("st.shared.s32 [%0], %1;" ::"r"(TW_QSLOT(qs)), "r"(t)
+						     : "memory");
+					mbar_arrive(TW_QFULL(qs));
+					if (MC == 2)
+						tw_post_peer(bars, qs, t);
+				}
 				if (++qs == TW_QSLOTS)
 					qs = 0, qph ^= 1;
 				if (!tw_item_at(sc, t, it))
@@ -1233,9 +1290,9 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						s = 0, ph ^= 1;
 				}
 			}
-			if (!(flags & TW_STATIC)) { // this CTA's draws are over
+			if (!(flags & TW_STATIC) && rank == 0) { // this CTA's draws are over
 				__threadfence();
-				if (atomicAdd(&g_tw_done, 1u) == gridDim.x - 1)
+				if (atomicAdd(&g_tw_done, 1u) == gridDim.x / MC - 1)
 					g_tw_next = 0, g_tw_done = 0;
 			}
 		} else if (threadIdx.x >= 32) { // the scales: warps 1-3, rows L + 96 i
@@ -1243,7 +1300,7 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 			int qs = 0;
 			uint32_t qph = 0;
 			for (;;) {
-				if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
+				if (!tw_item_at(sc, tw_next<MC>(bars, qs, qph, threadIdx.x & 31, rank), it))
 					break;
 				const float *Se = reinterpret_cast<const float *>(__ldg(s_tab + it.e));
 				const float *w0 = Se + (size_t)(it.n0 / 128) * KB;
@@ -1284,7 +1341,7 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 		int s = 0, qs = 0;
 		uint32_t ph = 0, qph = 0;
 		for (;;) {
-			if (!tw_item_at(sc, tw_next_item(bars, qs, qph, threadIdx.x & 31), it))
+			if (!tw_item_at(sc, tw_next<MC>(bars, qs, qph, threadIdx.x & 31, rank), it))
 				break;
 			switch ((it.rows + 15) / 16) {
 			case 1: tw_consume_item<16, MC>(it, KB, m, bars, s, ph, y, ldy, flags, rank); break;

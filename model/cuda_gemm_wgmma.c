@@ -256,10 +256,14 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 static int tw_flags_cache = -1;
 
 /* cuda_gemm_tw_set_mc: 2 the token-wide form in clusters of 2 sharing the token rows where the
- * weight tiles pair up (k_gemm_fp8_tw_grouped_mc2), 1 one CTA an item; < 0 not read yet. */
+ * weight tiles pair up (k_gemm_fp8_tw_grouped_mc2), else one CTA an item; < 0 not read yet.
+ * Off by default: bench moe at 4096 tokens, graph-replayed block, against single CTAs in the
+ * same call: s25-13 4,459 / 4,412 / 4,576 us against 4,641 / 4,543 / 4,637, s25-15 4,722 /
+ * 4,717 against 4,585 / 4,668 (even, within the machines' noise); 4 / 16 / 64 tokens 10-15 us
+ * slower (s25-14). */
 static int tw_mc = -1;
 
-void cuda_gemm_tw_set_mc(int mc) { tw_mc = mc == 2 ? 2 : mc < 0 ? -1 : 1; }
+void cuda_gemm_tw_set_mc(int mc) { tw_mc = mc < 0 ? -1 : mc == 2 ? 2 : 1; }
 
 int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy)

@@ -84,10 +84,10 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 			     gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int max_rows, int N, int K, int ldy);
 /* The token-wide form in clusters of 2 (mc 2: k_gemm_fp8_tw_grouped_mc2, where N % 512 == 0: a
  * cluster's item the two weight tiles of one chunk, each CTA copying half of the chunk's token
- * rows into both; items in steps of the clusters, not drawn) or one CTA an item (1, the
- * default: s25-10/11, bench moe at 4096 tokens, within 2% either way of the drawn items; ~2%
- * faster than the same walk in steps of the grid). The same outputs. Process-wide, < 0 back to
- * the environment's; DSV32_CUDA_TW_MC=n, read at the first call, sets it. */
+ * rows into both; the leader draws the items for both) or one CTA an item (1, the default: the
+ * clusters measured even at 4096 tokens, slower at decode sizes). The same outputs.
+ * Process-wide, < 0 back to the environment's; DSV32_CUDA_TW_MC=n, read at the first call,
+ * sets it. */
 void cuda_gemm_tw_set_mc(int mc);
 /* Whether the MoE block runs its GEMMs at prefill sizes on the token-wide form (gate|up unfused:
  * bf16, then k_moe_swiglu_quant; down) rather than the 128-token tile forms (gate|up with the
