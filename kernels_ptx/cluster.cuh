@@ -46,14 +46,23 @@ __device__ __forceinline__ uint32_t cl_mapa(uint32_t a, uint32_t rank)
 }
 
 // One arrival on the mbarrier at CTA-relative shared address bar in the cluster's CTA `rank`
-// (maybe this one).
+// (maybe this one). REL_CLUSTER: released at cluster scope (the arriving thread's prior reads
+// and writes ordered before the other CTA's acquiring wait; default: the instruction's own).
+template <bool REL_CLUSTER = false>
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 {
-	asm volatile("{\n.reg .b32 ra;\n"
-		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
-		     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-		     "r"(rank)
-		     : "memory");
+	if (REL_CLUSTER)
+		asm volatile("{\n.reg .b32 ra;\n"
+			     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+			     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+			     "r"(rank)
+			     : "memory");
+	else
+		asm volatile("{\n.reg .b32 ra;\n"
+			     "mapa.shared::cluster.u32 ra, %0, %1;\n"
+			     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+			     "r"(rank)
+			     : "memory");
 }
 
 // 16 bytes into the shared memory of a CTA of the cluster at cluster address addr, completing 16

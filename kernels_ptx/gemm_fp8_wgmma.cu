@@ -992,17 +992,6 @@ __device__ __forceinline__ bool tw_item_at(tw_sched &sc, int t, tw_item &it)
 __device__ int g_tw_next;
 __device__ unsigned g_tw_done;
 
-// An arrival, released at cluster scope, on the mbarrier at CTA-relative address bar in the
-// cluster's CTA `rank`.
-__device__ __forceinline__ void tw_arrive_remote(uint32_t bar, uint32_t rank)
-{
-	asm volatile("{\n.reg .b32 ra;\n"
-		     "mapa.shared::cluster.u32 ra, %0, %1;\n"
-		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-		     "r"(rank)
-		     : "memory");
-}
-
 // The clusters' item queue (k_gemm_fp8_tw_grouped_mc2): the leader (rank 0) posts each index it
 // draws in its own slot and, by st.async completing 4 bytes on the peer's qfull, in the peer's;
 // the peer's readers arrive on the leader's qempty (so it counts both CTAs' 11 readers and the
@@ -1030,7 +1019,7 @@ __device__ __forceinline__ int tw_next_item(uint32_t bars, int &qs, uint32_t &qp
 	if (PEER) {
 		__syncwarp();
 		if (lane == 0)
-			tw_arrive_remote(TW_QEMPTY(qs), 0);
+			mbar_arrive_cluster<true>(TW_QEMPTY(qs), 0);
 	} else {
 		mbar_arrive_warp(TW_QEMPTY(qs), lane);
 	}
@@ -1248,7 +1237,7 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 						     : "=r"(t)
 						     : "r"(TW_QSLOT(qs))
 						     : "memory");
-					tw_arrive_remote(TW_QEMPTY(qs), 0);
+					mbar_arrive_cluster<true>(TW_QEMPTY(qs), 0);
 				} else {
 					t = flags & TW_STATIC ? t0 + i * dt : atomicAdd(&g_tw_next, 1);
 					mbar_wait<false, MC == 2>(TW_QEMPTY(qs), qph ^ 1);
