@@ -51,18 +51,17 @@ __device__ __forceinline__ uint32_t cl_mapa(uint32_t a, uint32_t rank)
 template <bool REL_CLUSTER = false>
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 {
+#define MBAR_ARRIVE_CLUSTER(SEM)                                                                   \
+	asm volatile("{\n.reg .b32 ra;\n"                                                        \
+		     "mapa.shared::cluster.u32 ra, %0, %1;\n"                                     \
+		     "mbarrier.arrive" SEM ".shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),        \
+		     "r"(rank)                                                                    \
+		     : "memory")
 	if (REL_CLUSTER)
-		asm volatile("{\n.reg .b32 ra;\n"
-			     "mapa.shared::cluster.u32 ra, %0, %1;\n"
-			     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-			     "r"(rank)
-			     : "memory");
+		MBAR_ARRIVE_CLUSTER(".release.cluster");
 	else
-		asm volatile("{\n.reg .b32 ra;\n"
-			     "mapa.shared::cluster.u32 ra, %0, %1;\n"
-			     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-			     "r"(rank)
-			     : "memory");
+		MBAR_ARRIVE_CLUSTER("");
+#undef MBAR_ARRIVE_CLUSTER
 }
 
 // 16 bytes into the shared memory of a CTA of the cluster at cluster address addr, completing 16

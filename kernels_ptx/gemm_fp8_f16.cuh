@@ -86,6 +86,13 @@ struct kblock_tok {
 	float x0, x1;
 };
 
+// A token's scale (kblock_load's OWN: by an ordinary load)
+template <bool OWN>
+__device__ __forceinline__ float kblock_scale(const float *__restrict__ p)
+{
+	return OWN ? __ldca(p) : *p;
+}
+
 template <bool OWN = false>
 __device__ __forceinline__ void kblock_load(kblock_tok &o, const uint8_t *__restrict__ X,
 					    const float *__restrict__ SX, int M, int K, int kb,
@@ -100,13 +107,8 @@ __device__ __forceinline__ void kblock_load(kblock_tok &o, const uint8_t *__rest
 		o.b1 = OWN ? __ldca(xp + 1) : __ldg(xp + 1);
 	}
 	const int m0 = tok0 + 2 * t;
-	if (OWN) {
-		o.x0 = m0 < M ? __ldca(SX + (size_t)m0 * KB + kb) : 0.f;
-		o.x1 = m0 + 1 < M ? __ldca(SX + (size_t)(m0 + 1) * KB + kb) : 0.f;
-	} else {
-		o.x0 = m0 < M ? SX[(size_t)m0 * KB + kb] : 0.f;
-		o.x1 = m0 + 1 < M ? SX[(size_t)(m0 + 1) * KB + kb] : 0.f;
-	}
+	o.x0 = m0 < M ? kblock_scale<OWN>(SX + (size_t)m0 * KB + kb) : 0.f;
+	o.x1 = m0 + 1 < M ? kblock_scale<OWN>(SX + (size_t)(m0 + 1) * KB + kb) : 0.f;
 }
 
 // acc += the K block's fresh products c, each (row, token) scaled by the token's scale times

@@ -1008,14 +1008,22 @@ __device__ __forceinline__ void tw_post_peer(uint32_t bars, int qs, int t)
 		     : "memory");
 }
 
-// A reader's next item index (every lane of the calling warp; PEER: the cluster's rank 1, whose
-// slots the leader fills).
-template <bool PEER = false>
-__device__ __forceinline__ int tw_next_item(uint32_t bars, int &qs, uint32_t &qph, int lane)
+// The index in queue slot qs once it is posted (PEER: the cluster's rank 1, whose slots the
+// leader fills; the caller arrives on qempty).
+template <bool PEER>
+__device__ __forceinline__ int tw_slot_read(uint32_t bars, int qs, uint32_t qph)
 {
 	mbar_wait<true, PEER>(TW_QFULL(qs), qph);
 	int t;
 	asm volatile("ld.shared.s32 %0, [%1];" : "=r"(t) : "r"(TW_QSLOT(qs)) : "memory");
+	return t;
+}
+
+// A reader's next item index (every lane of the calling warp; PEER as tw_slot_read).
+template <bool PEER = false>
+__device__ __forceinline__ int tw_next_item(uint32_t bars, int &qs, uint32_t &qph, int lane)
+{
+	const int t = tw_slot_read<PEER>(bars, qs, qph);
 	if (PEER) {
 		__syncwarp();
 		if (lane == 0)
@@ -1231,12 +1239,8 @@ __device__ __forceinline__ void tw_grouped(const tmap &mX, const float *__restri
 			uint32_t qph = 0;
 			for (int i = 0;; i++) {
 				int t;
-				if (MC == 2 && rank == 1) { // the leader's index (tw_next_item's steps)
-					mbar_wait<true, true>(TW_QFULL(qs), qph);
-					asm volatile("ld.shared.s32 %0, [%1];"
-						     : "=r"(t)
-						     : "r"(TW_QSLOT(qs))
-						     : "memory");
+				if (MC == 2 && rank == 1) { // the leader's index, as the peer's readers take it
+					t = tw_slot_read<true>(bars, qs, qph);
 					mbar_arrive_cluster<true>(TW_QEMPTY(qs), 0);
 				} else {
 					t = flags & TW_STATIC ? t0 + i * dt : atomicAdd(&g_tw_next, 1);

@@ -287,12 +287,14 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 	if (tw_mc < 0)
 		cuda_gemm_tw_set_mc(env_int("DSV32_CUDA_TW_MC", 1));
 	if (tw_mc == 2 && (N / 256) % 2 == 0) {
-		/* clusters of 2 sharing the token rows; as many as are resident at once (the items
-		 * are walked in steps of the clusters) */
+		/* clusters of 2 sharing the token rows, as many as are resident at once (their
+		 * leaders draw the items; asked of the driver once a process, as sw_quad_clusters) */
+		static int most = -1;
 		void *fn;
 		if ((r = gpu_kernel_smem(g, "k_gemm_fp8_tw_grouped_mc2", &fn)))
 			return r;
-		int most = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
+		if (most < 0)
+			most = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
 		unsigned grid = (unsigned)g->sm_count & ~1u;
 		if (most > 0 && 2u * (unsigned)most < grid)
 			grid = 2u * (unsigned)most;
