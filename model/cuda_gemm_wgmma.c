@@ -293,8 +293,10 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 		void *fn;
 		if ((r = gpu_kernel_smem(g, "k_gemm_fp8_tw_grouped_mc2", &fn)))
 			return r;
-		if (most < 0)
-			most = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
+		if (most < 0) { /* 0 when the driver cannot say: then one wave of the SMs' pairs */
+			int n = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
+			most = n > 0 ? n : 0;
+		}
 		unsigned grid = (unsigned)g->sm_count & ~1u;
 		if (most > 0 && 2u * (unsigned)most < grid)
 			grid = 2u * (unsigned)most;
