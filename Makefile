@@ -60,7 +60,7 @@ CUBIN  := $(PTX:.ptx=.cubin)
 # MoE block's per-block timeline, printed by dsv32 bench moe); a fresh BUILD folder, since the
 # PTX rules do not depend on the flags
 NVCC_EXTRA ?=
-$(BUILD)/ptx/%.ptx: kernels_ptx/%.cu $(wildcard kernels_ptx/*.cuh)
+$(BUILD)/ptx/%.ptx: kernels_ptx/%.cu $(wildcard kernels_ptx/*.cuh kernels_ptx/*.h)
 	@mkdir -p $(@D)
 	$(NVCC) -ptx -arch=sm_90a -O3 -std=c++17 -lineinfo $(NVCC_EXTRA) -o $@ $<
 # ptxas fails the build on any error; its register/spill report is kept beside the cubin.

@@ -75,11 +75,7 @@
 #include "cluster.cuh" // cluster_sync, cluster_rank, mbar_arrive_cluster
 #include "tma.cuh" // mbarriers, bulk tensor copies (tma_load_2d_mc), the tmap type, smem_u32
 #include "wgmma.cuh" // descriptors (wgd_kmajor: tiles 1024-aligned, + 2 a k32 step), fences
-
-#define WG_BM 128              // tokens per tile (2 consumer warpgroups x m64)
-#define WG_BK 128              // K bytes per stage = one scale block
-#define WG_THREADS 384         // producer warpgroup + 2 consumer warpgroups
-#define WG_MAX_GROUPS 1024     // size of g_group_maps
+#include "wgmma_layout.h" // WG_BM, WG_BK, WG_THREADS, WG_MAX_GROUPS, the variants' smem, TW_*
 // kernel flags (model/cuda_gemm_wgmma.h): skewed consumer warpgroups; timing diagnostics
 #define WG_SKEW 1
 #define WG_DIAG_NOSTORE 2
@@ -134,7 +130,7 @@ template <int BN, int STAGES, bool ST = false> struct wg_cfg {
 	static constexpr uint32_t A_BYTES = WG_BM * WG_BK; // x8 tile [128 tokens][128 K bytes]
 	static constexpr uint32_t B_BYTES = BN * WG_BK;    // W8 tile [BN rows][128 K bytes]
 	// scales of a stage (SS variants): sx of the tile's 128 rows, then the 2 weight scales
-	static constexpr uint32_t SC_BYTES = 528;
+	static constexpr uint32_t SC_BYTES = WG_SC_BYTES;
 	// STAGES x A, STAGES x B, 2 x STAGES barriers, STAGES x scales; +1024 so the tiles can be
 	// 1024-aligned
 	// ST variants: each consumer warpgroup's 64 x BN bf16 outputs staged for the stores, as
@@ -686,6 +682,10 @@ __device__ __forceinline__ void wgmma_gemm(const tmap *mA, const tmap *mB, const
 					   float *hs = nullptr, const tmap *mA64 = nullptr)
 {
 	typedef wg_cfg<BN, STAGES, ST> C;
+	// the launcher's numbers (wgmma_layout.h)
+	static_assert(STAGES == WG_STAGES(BN, ST) && C::ST_COLS == WG_ST_COLS(BN) &&
+			      C::SMEM == WG_SMEM(BN, ST),
+		      "wgmma_gemm: the layout differs from wgmma_layout.h's");
 	extern __shared__ uint8_t smem_raw[];
 	const uint32_t raw = smem_u32(smem_raw);
 	const uint32_t base = (raw + 1023) & ~1023u; // 128-byte swizzle atoms are 1024-aligned
@@ -917,20 +917,15 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // m64nNNk32 into a fresh fragment, wait, promote with the products (the CPU's order: the scale
 // product first, then one fma), the second box the same; release.
 // Registers: two accumulators + one fragment of NN / 2 each (TW_N = 144: 216).
-#define TW_N 144          // token rows an item at most (a multiple of 16)
-#define TW_STAGES 4
-#define TW_W_BYTES 32768  // 256 weight rows x 128 K bytes
-#define TW_X_BYTES (TW_N * 128)
-// a stage's scales: the products sx[token] · sw of both boxes laid out per consumer thread
-// group (tw_pre_at)
-#define TW_SC_BYTES 1280
+// TW_N (token rows an item at most), TW_STAGES, TW_W_BYTES (256 weight rows x 128 K bytes),
+// TW_X_BYTES, TW_SC_BYTES (a stage's scale products: both boxes' sx[token] · sw laid out per
+// consumer thread group, tw_pre_at), TW_QSLOTS (the item queue's slots, tw_next_item),
+// TW_EP_WARP (a consumer warp's 1 KB of the 8 KB epilogue tile, tw_store) and TW_SMEM:
+// wgmma_layout.h
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
-#define TW_QSLOTS 2 // the item queue's slots (tw_next_item)
-#define TW_EP_WARP 1024 // a consumer warp's 1 KB of the 8 KB epilogue tile (tw_store)
-#define TW_SMEM                                                                                  \
-	(TW_STAGES * (TW_W_BYTES + TW_X_BYTES + TW_SC_BYTES) + 8 * TW_EP_WARP + 2 * TW_STAGES * 8 + \
-	 TW_QSLOTS * 20 + 1024)
+static_assert(TW_N % 16 == 0 && TW_SC_BYTES >= 2 * TW_PB * 4 && TW_X_BYTES == TW_N * 128,
+	      "the token-wide stage layout");
 // kernel flags (DSV32_CUDA_TW_FLAGS, diagnosis): no stores (timing; the promotions then go too,
 // as dead code)
 #define TW_DIAG_NOSTORE 2

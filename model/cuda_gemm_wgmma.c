@@ -13,23 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "model/cuda_gemm.h" /* cuda_gemm_tmap_2d: the operand tensor maps */
+#include "kernels_ptx/wgmma_layout.h" /* the kernels' launch constants and shared memory */
+#include "model/cuda_gemm.h"		    /* cuda_gemm_tmap_2d: the operand tensor maps */
 #include "model/env_knob.h"
 
-#define WG_THREADS 384
-#define WG_BM 128
-#define WG_MAX_GROUPS 1024 /* g_group_maps in the kernel file */
-
-/* Dynamic shared memory of a variant: STAGES x (128 x 128 + BN x 128) bytes, the staged
- * outputs (st: 2 x 64 x BN bf16), 2 x STAGES barriers, STAGES x 528 bytes of scales, 1024 bytes
- * of alignment slack (wg_cfg in the kernel file; st variants have 5 stages). */
-static unsigned smem_bytes(int bn, int st)
-{
-	int stages = bn == 256 ? 4 : bn == 128 && !st ? 6 : 5;
-	int st_cols = bn > 128 ? 64 : bn; /* staged columns per round */
-	return (unsigned)(stages * (WG_BM * 128 + bn * 128) + (st ? 2 * 64 * st_cols * 2 : 0) +
-			  2 * stages * 8 + stages * 528 + 1024);
-}
+/* Dynamic shared memory of a variant (wgmma_layout.h: the kernel file checks its wg_cfg
+ * against it) */
+static unsigned smem_bytes(int bn, int st) { return (unsigned)WG_SMEM(bn, st); }
 
 static int launch_n(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args,
 		    int n_args)
@@ -245,11 +235,6 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_t
 	return cuda_gemm_fp8_wgmma_grouped_swiglu_mc(g, w_tab, s_tab, off, G, x8, sx, h8, hs,
 						     max_rows, I, K, mc);
 }
-
-/* The token-wide form's dynamic shared memory: 4 stages of 256 weight rows, 144 token rows and
- * 1280 bytes of scales, the 8 KB epilogue tile, 8 barriers, the item queue (2 slots: 2 barriers
- * and an int each), 1024 bytes of alignment slack (TW_SMEM in the kernel file). */
-#define TW_SMEM (4 * (256 * 128 + 144 * 128 + 1280) + 8 * 1024 + 8 * 8 + 2 * 20 + 1024)
 
 /* DSV32_CUDA_TW_FLAGS (diagnosis): the token-wide kernel's flags, 2 = no stores (timing), 16 =
  * the items in steps of the grid rather than drawn */
