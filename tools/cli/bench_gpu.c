@@ -7,6 +7,8 @@
 
 #ifndef DSV32_NO_CUDA
 
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 int bench_fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed)
@@ -100,6 +102,48 @@ double bench_copy_limit(struct gpu *g, int trials)
 	cu.cuMemFree(a);
 	cu.cuMemFree(b);
 	return ms > 0 ? 2.0 * (double)n / (ms * 1e-3) / 1e12 : -1;
+}
+
+/* NVML, as bench_energy_mj uses it (nvml.h's signatures; 0 = NVML_SUCCESS) */
+static struct {
+	int state; /* 0: not tried, 1: ready, -1: absent */
+	void *dev; /* nvmlDevice_t */
+	int (*energy)(void *dev, unsigned long long *mj);
+} nvml;
+
+static int nvml_open(struct gpu *g)
+{
+	void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return -1;
+	int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+	int (*by_bus)(const char *, void **) =
+		(int (*)(const char *, void **))dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+	nvml.energy = (int (*)(void *, unsigned long long *))dlsym(
+		lib, "nvmlDeviceGetTotalEnergyConsumption");
+	CUdevice d;
+	int dom = 0, bus = 0, dev = 0;
+	if (!init || !by_bus || !nvml.energy || init() != 0 || cu.cuDeviceGet(&d, g->ordinal) ||
+	    cu.cuDeviceGetAttribute(&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, d) ||
+	    cu.cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d) ||
+	    cu.cuDeviceGetAttribute(&dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, d))
+		return -1;
+	char id[40];
+	snprintf(id, sizeof id, "%08x:%02x:%02x.0", (unsigned)dom, (unsigned)bus, (unsigned)dev);
+	if (by_bus(id, &nvml.dev) != 0) { /* (the 4-digit domain of older drivers) */
+		snprintf(id, sizeof id, "%04x:%02x:%02x.0", (unsigned)dom, (unsigned)bus, (unsigned)dev);
+		if (by_bus(id, &nvml.dev) != 0)
+			return -1;
+	}
+	return 1;
+}
+
+long long bench_energy_mj(struct gpu *g)
+{
+	if (!nvml.state)
+		nvml.state = nvml_open(g);
+	unsigned long long mj;
+	return nvml.state == 1 && nvml.energy(nvml.dev, &mj) == 0 ? (long long)mj : -1;
 }
 
 #endif

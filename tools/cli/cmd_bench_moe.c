@@ -82,7 +82,11 @@ static int run_stages(struct moe_bench *b)
  * back (the GPU's time, as the engine's decode steps run, without the host's launch cost:
  * eagerly, a stage of one small kernel measures the host's ~5 us a launch, run 10); else
  * launched eagerly each trial. */
-static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int replays)
+/* The median of `trials` timings of `reps` runs (graph: captured once, replayed `replays`
+ * times a trial), ms a run; mj (not NULL): the GPU's energy over the timed trials (NVML, -1
+ * where not known), mJ. */
+static float time_ms_mj(struct moe_bench *b, int reps, int trials, int graph, int replays,
+			long long *mj)
 {
 	CUevent ev[2];
 	CUgraph gr = NULL;
@@ -108,6 +112,7 @@ static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int r
 		    gpu_sync(b->g)) /* (its first replay uploads the graph) */
 			goto out;
 	}
+	const long long e0 = mj ? bench_energy_mj(b->g) : -1;
 	for (int k = 0; k < trials; k++) {
 		cu.cuEventRecord(ev[0], b->g->stream);
 		if (graph) {
@@ -126,6 +131,10 @@ static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int r
 		cu.cuEventElapsedTime(&t[k], ev[0], ev[1]);
 		t[k] /= (float)reps * (float)(graph ? replays : 1);
 	}
+	if (mj) {
+		const long long e1 = e0 < 0 ? -1 : bench_energy_mj(b->g);
+		*mj = e1 < 0 ? -1 : e1 - e0;
+	}
 	qsort(t, (size_t)trials, sizeof *t, bench_cmp_float);
 	ms = t[trials / 2];
 out:
@@ -135,6 +144,11 @@ out:
 		cu.cuGraphDestroy(gr);
 	gpu_timing_events_free(ev);
 	return ms;
+}
+
+static float time_ms(struct moe_bench *b, int reps, int trials, int graph, int replays)
+{
+	return time_ms_mj(b, reps, trials, graph, replays, NULL);
 }
 
 /* Random bf16 ~ U(-amp, amp) (xorshift), uploaded to a new device buffer. */
@@ -375,8 +389,10 @@ int bench_moe(int argc, char **argv)
 		/* --sustain: the graph replayed for about that long at once (the clocks the power cap
 		 * leaves a long prefill, where the runs above start from an idle GPU) */
 		const int replays = block_graph > 0 ? (int)(sustain_ms / (block_graph * reps)) + 1 : 1;
-		float block_sus = sustain_ms > 0 && block_graph > 0 ? time_ms(&b, reps, 1, 1, replays)
-								    : -1;
+		long long sus_mj = -1;
+		float block_sus = sustain_ms > 0 && block_graph > 0
+					  ? time_ms_mj(&b, reps, 1, 1, replays, &sus_mj)
+					  : -1;
 		/* the experts the timed runs hit, from the device's routing: each layer's (their
 		 * routers differ) run once more, the mean of their counts (the runs rotate over the
 		 * layers); the rows per expert below are the last layer's */
@@ -429,6 +445,12 @@ int bench_moe(int argc, char **argv)
 			char what[32];
 			snprintf(what, sizeof what, "sus%d", reps * replays);
 			print_part(what, block_sus, touched, f13 + f2 + fsh + fgate, read_tbs);
+			/* the energy of those runs (NVML's counter, mJ steps): J a block, mean W */
+			if (sus_mj > 0 && block_sus > 0)
+				printf("  energy      %7.3f J a block (%.0f W over the %d sustained runs; "
+				       "NVML)\n",
+				       sus_mj / 1e3 / (reps * replays),
+				       sus_mj / (block_sus * reps * replays), reps * replays);
 		}
 		printf("  stages alone, graph-replayed (weights, or for gather/swiglu/combine bytes read + "
 		       "written):\n");
