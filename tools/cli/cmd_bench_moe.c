@@ -505,7 +505,8 @@ int bench_moe(int argc, char **argv)
 	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; susN: N runs replayed "
-	       "back to back for about the --sustain time (power-capped clocks); stages timed alone, "
+	       "back to back for about the --sustain time (power-capped clocks), energy: the GPU's "
+	       "over those runs (NVML); stages timed alone, "
 	       "graph-replayed, on the data of a full run; TB/s of the weights each touches; FLOPs "
 	       "2*rows*N*K per GEMM, the block's include the router)\n",
 	       mode ? "DSV32_CUDA_UNFUSED=1 " : "", trials, hot_arg);
