@@ -81,10 +81,8 @@ static int run_stages(struct moe_bench *b)
  * graph: the reps captured once into a CUDA graph, each trial `replays` replays of it back to
  * back (the GPU's time, as the engine's decode steps run, without the host's launch cost:
  * eagerly, a stage of one small kernel measures the host's ~5 us a launch, run 10); else
- * launched eagerly each trial. */
-/* The median of `trials` timings of `reps` runs (graph: captured once, replayed `replays`
- * times a trial), ms a run; mj (not NULL): the GPU's energy over the timed trials (NVML, -1
- * where not known), mJ. */
+ * launched eagerly each trial. mj (not NULL): the GPU's energy over the timed trials, mJ
+ * (NVML's counter; -1 where not known). */
 static float time_ms_mj(struct moe_bench *b, int reps, int trials, int graph, int replays,
 			long long *mj)
 {
