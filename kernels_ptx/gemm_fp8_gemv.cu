@@ -37,17 +37,13 @@
 // the grid (a cap), the ranges or M.
 #include "common.cuh"
 #include "gemm_fp8_f16.cuh"
+#include "gemv_layout.h" // GV_CW, GV_THREADS, GV_MAXSTAGES, GV_SLOTS, GV_TILES, the smem offsets
 #include "mma.cuh"
 #include "moe_epi.cuh"
 #include "moe_route.cuh" // one token routed in k_moe_gemv_block
 #include "scan.cuh"
 #include "tma.cuh"
 
-#define GV_CW 8		 // consumer warps
-#define GV_THREADS ((GV_CW + 1) * 32)
-#define GV_MAXSTAGES 16	 // the barriers' room (256 bytes)
-#define GV_SLOTS 16	 // arrival-count sets, taken in turn by the host's launches
-#define GV_TILES 16384	 // (slice, 16-row tile) pairs a set counts
 
 // GV_TRACE (a diagnosis build: make BUILD=build-trace NVCC_EXTRA=-DGV_TRACE): k_moe_gemv_block
 // stamps %globaltimer at its steps into gv_trace[block][GV_TR_N] (ns; dsv32 bench moe prints
@@ -334,10 +330,8 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 extern __shared__ __align__(128) uint8_t smem[];
 
 // shared memory of a block: the barriers (256 bytes), two sets of the warps' unit sums (8 KB),
-// the last-arrival flags (128 bytes), the ring, then (GROUPED) the slices
-#define GV_RED_OFF 256
-#define GV_FLAG_OFF (GV_RED_OFF + 2 * GV_CW * 128 * 4)
-#define GV_RING_OFF (GV_FLAG_OFF + 128)
+// the last-arrival flags (128 bytes), the ring, then (GROUPED) the slices (GV_RED_OFF,
+// GV_FLAG_OFF, GV_RING_OFF: gemv_layout.h)
 
 // The ring's barriers, initialised by thread 0 (the caller syncs)
 __device__ __forceinline__ gv_ring gv_ring_init(uint8_t *smem, int slot_bytes, int ns)

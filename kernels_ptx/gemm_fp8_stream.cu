@@ -49,6 +49,7 @@
 #include "mma.cuh"
 #include "moe_epi.cuh"
 #include "scan.cuh"
+#include "stream_layout.h" // ST_MAXG, ST_COUNTS (the launcher's checks)
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -57,7 +58,6 @@
 #define ST_KBS 2       // 128-wide K blocks per stage
 #define ST_MAXSTAGES 8
 #define ST_SLICE_ROWS 64
-#define ST_MAXG 8192   // groups with a tensor map in st_maps
 #define ST_SCL_BYTES (16 + ST_KBS * 64 * 4) // a stage's promotion scales (see scl0)
 // the kernel's flags: ST_FUSED the K chunks summed by the last-arriving warps (else by
 // k_gemm_stream_reduce). (Run 12 measured a stage's two K blocks' wgmmas in flight together,
@@ -165,8 +165,7 @@ __device__ __forceinline__ void wg_promote(float (&acc)[MGA][4], const float (&f
 // module loads, and each GEMM leaves them zero (the last arrival resets its count). One GEMM at
 // a time per GPU uses them (the engine's one stream); the host falls back to
 // k_gemm_stream_reduce (fused = 0) when a GEMM has more counts than this.
-#define ST_COUNTS (1 << 20)
-__device__ unsigned st_count[ST_COUNTS];
+__device__ unsigned st_count[ST_COUNTS]; // (ST_COUNTS: stream_layout.h)
 
 struct st_unit {
 	int e, r0, ms, n0, kb0, kb1, chunk, st; // st: the (slice, tile) index

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "driver/cublaslt.h"
+#include "kernels_ptx/gemv_layout.h"   /* the one-row kernel's threads, ring, counts, smem */
+#include "kernels_ptx/stream_layout.h" /* the streaming kernel's st_maps, st_count */
 #include "model/cuda_gemm_wgmma.h"
 #include "model/env_knob.h"
 
@@ -107,8 +109,6 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 	return gv > most ? gv : most; /* room for any of the kernels */
 }
 
-#define ST_COUNTS (1 << 20) /* the kernel's st_count entries */
-#define ST_MAXG 8192        /* the kernel's st_maps entries */
 
 /* Encoded maps kept for reuse (a decode step calls the same GEMMs on the same buffers again),
  * replaced round-robin; the encoding is a pure function of these fields (f32: the token scales'
@@ -789,10 +789,7 @@ int cuda_gemm_fp8_decode_v2(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
 
 /* ---- the one-row kernel (gemm_fp8_gemv.cu) ------------------------------------------------- */
 
-#define GV_SLOTS 16	    /* the kernel's arrival-count sets */
-#define GV_TILES 16384	    /* (slice, 16-row tile) pairs a set counts */
 #define GV_RING (128 << 10) /* the most weight bytes a block keeps in flight */
-#define GV_HEAD (256 + 2 * 8 * 128 * 4 + 128) /* barriers, the unit sums, the flags */
 
 static int gemv_bits(void); /* (its switch, below) */
 
@@ -871,9 +868,9 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 	/* stages: what the ring holds (at least one), no more than a block's units */
 	const long long per = (units + grid - 1) / grid;
 	int ns = GV_RING / stage;
-	ns = ns < 1 ? 1 : ns > 16 ? 16 : ns;
+	ns = ns < 1 ? 1 : ns > GV_MAXSTAGES ? GV_MAXSTAGES : ns;
 	ns = per < ns ? (int)per : ns;
-	const long long smem = GV_HEAD + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
+	const long long smem = GV_RING_OFF + (long long)ns * stage + (w_tab ? slice_cap * 16 : 0);
 	if (smem > g->smem_block_optin - 1024) /* (room for the block scan's static words) */
 		return -ENOTSUP;
 	int slot = gv_next_slot();
@@ -886,7 +883,7 @@ static int gemv_launch(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off,
 			&ns, &slot};
 	void *gargs[] = {&w_tab, &s_tab, &off, &G, &slice_cap, &x8, &sx, &y, &ws, &rows, &N, &K,
 			 &ldy, &sp.chunks, &sp.chunk_blocks, &ns, &slot, &flags};
-	return launch_pdl(g, fn, grid, 1, 9 * 32, (unsigned)smem, w_tab ? gargs : args);
+	return launch_pdl(g, fn, grid, 1, GV_THREADS, (unsigned)smem, w_tab ? gargs : args);
 }
 
 int cuda_gemm_fp8_gemv(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y,
@@ -1065,9 +1062,9 @@ static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, in
 	p->kernel = two ? "k_moe_gemv_block" : "k_moe_gemv_block1";
 	p->slot_bytes = two ? stage_b : stage_a > stage_b ? stage_a : stage_b;
 	p->ns = GV_RING / p->slot_bytes;
-	p->ns = (p->ns > 16 ? 16 : p->ns) & (two ? ~1 : ~0);
+	p->ns = (p->ns > GV_MAXSTAGES ? GV_MAXSTAGES : p->ns) & (two ? ~1 : ~0);
 	p->slice_cap = max_rows / 8 + (G < max_rows ? G : max_rows) + 1;
-	p->smem = GV_HEAD + (long long)p->ns * p->slot_bytes + p->slice_cap * 16;
+	p->smem = GV_RING_OFF + (long long)p->ns * p->slot_bytes + p->slice_cap * 16;
 	const int tiles = (2 * I > D ? 2 * I : D) / 16;
 	/* gate|up's fp32 sums, then down's (apart: see gemm_fp8_gemv.cu) */
 	p->ey_at = ((size_t)p->a.chunks * max_rows * 2 * I * 4 + 255) & ~(size_t)255;
@@ -1127,7 +1124,7 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			(void *)&q->scores, (void *)&q->idx, (void *)&q->counts, (void *)&q->src,
 			(void *)&q->route_scale, (void *)&q->topk_group, (void *)&q->norm_topk_prob};
 	/* one block an SM, all resident: the phases meet at grid-wide arrivals */
-	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, 9 * 32, (unsigned)p.smem, args);
+	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, GV_THREADS, (unsigned)p.smem, args);
 }
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */

@@ -1,0 +1,23 @@
+/*
+ * gemv_layout.h — the one-row kernel's launch constants (kernels_ptx/gemm_fp8_gemv.cu:
+ * k_gemm_fp8_gemv, k_gemm_fp8_gemv_g, k_moe_gemv_block*), shared with its launcher
+ * (model/cuda_gemm.c) so that the two cannot disagree on a block's threads, the ring's slots,
+ * the arrival counts or the shared memory ahead of the ring. Plain preprocessor definitions:
+ * read by nvcc and by the C compiler.
+ */
+#ifndef DSV32_GEMV_LAYOUT_H
+#define DSV32_GEMV_LAYOUT_H
+
+#define GV_CW 8			      /* consumer warps (and one producer warp) */
+#define GV_THREADS ((GV_CW + 1) * 32) /* a block */
+#define GV_MAXSTAGES 16		      /* the ring's slots at most (its barriers' room) */
+#define GV_SLOTS 16		      /* arrival-count sets, taken in turn by the host's launches */
+#define GV_TILES 16384		      /* (slice, 16-row tile) pairs a set counts */
+
+/* Shared memory ahead of the ring: the ring's full and empty barriers, two sets of the warps'
+ * unit sums (16 rows x 8 tokens of fp32 a warp), the last-arrival flags (128 bytes) */
+#define GV_RED_OFF (2 * GV_MAXSTAGES * 8)
+#define GV_FLAG_OFF (GV_RED_OFF + 2 * GV_CW * 128 * 4)
+#define GV_RING_OFF (GV_FLAG_OFF + 128)
+
+#endif
