@@ -252,6 +252,18 @@ int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned 
 	return n;
 }
 
+int gpu_max_active_clusters_once(struct gpu *g, int *cache, const char *name, unsigned cluster,
+				 unsigned block, unsigned smem)
+{
+	if (*cache < 0) {
+		void *fn;
+		int r = gpu_kernel_smem(g, name, &fn);
+		r = r ? r : gpu_max_active_clusters(g, fn, cluster, block, smem);
+		*cache = r > 0 ? r : 0;
+	}
+	return *cache;
+}
+
 int gpu_launch_as_n(struct gpu *g, int pdl, void *fn, unsigned gx, unsigned gy, unsigned gz,
 		    unsigned bx, unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {

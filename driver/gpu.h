@@ -83,6 +83,11 @@ int gpu_module_global(struct gpu *g, const char *name, gpu_ptr *ptr, size_t *byt
  * blocks of > ~114 KB, not 33), or -EIO when the driver cannot say. */
 int gpu_max_active_clusters(struct gpu *g, void *fn, unsigned cluster, unsigned block,
 			    unsigned smem);
+/* gpu_max_active_clusters of kernel `name` (gpu_kernel_smem), asked once and kept in *cache
+ * (a caller's static, < 0 until asked; the GPUs of a process taken as alike, every first caller
+ * storing the same value): 0 when the kernel is not there or the driver cannot say. */
+int gpu_max_active_clusters_once(struct gpu *g, int *cache, const char *name, unsigned cluster,
+				 unsigned block, unsigned smem);
 /* Launches fn on the engine stream with grid/block/shared bytes and the kernel's arguments
  * (an array of pointers to each argument, as cuLaunchKernel takes them). n_args: the array's
  * length, or -1 when not known; fewer than the kernel's parameters is refused (-EINVAL, with

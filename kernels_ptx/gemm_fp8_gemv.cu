@@ -44,7 +44,6 @@
 #include "scan.cuh"
 #include "tma.cuh"
 
-
 // GV_TRACE (a diagnosis build: make BUILD=build-trace NVCC_EXTRA=-DGV_TRACE): k_moe_gemv_block
 // stamps %globaltimer at its steps into gv_trace[block][GV_TR_N] (ns; dsv32 bench moe prints
 // the timeline across the blocks). Steps: 0 entry; 1 the consumers past the wait, slices built;

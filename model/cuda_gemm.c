@@ -109,7 +109,6 @@ size_t cuda_gemm_decode_workspace(const struct gpu *g, int M, int N, int K)
 	return gv > most ? gv : most; /* room for any of the kernels */
 }
 
-
 /* Encoded maps kept for reuse (a decode step calls the same GEMMs on the same buffers again),
  * replaced round-robin; the encoding is a pure function of these fields (f32: the token scales'
  * map, below). */
@@ -538,19 +537,13 @@ static int sw_paired(int mpad, int from)
 static const struct sw_width sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
 
 /* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
- * a process, of the first quad kernel: every width has the same block shape; the GPUs of a
- * process alike; cached like the knobs of env_knob.h, every first caller storing the same
- * value); 0 when the driver cannot say (the form is then not used). */
+ * a process, of the first quad kernel: every width has the same block shape); 0 when the driver
+ * cannot say (the form is then not used). */
 static int sw_quad_clusters(struct gpu *g)
 {
 	static int n = -1;
-	if (n < 0) {
-		void *fn;
-		int r = gpu_kernel_smem(g, sw_quads[0].name, &fn);
-		r = r ? r : gpu_max_active_clusters(g, fn, 4, 288, (unsigned)g->smem_block_optin);
-		n = r > 0 ? r : 0;
-	}
-	return n;
+	return gpu_max_active_clusters_once(g, &n, sw_quads[0].name, 4, 288,
+					    (unsigned)g->smem_block_optin);
 }
 
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM

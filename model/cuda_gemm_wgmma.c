@@ -17,10 +17,6 @@
 #include "model/cuda_gemm.h"		    /* cuda_gemm_tmap_2d: the operand tensor maps */
 #include "model/env_knob.h"
 
-/* Dynamic shared memory of a variant (wgmma_layout.h: the kernel file checks its wg_cfg
- * against it) */
-static unsigned smem_bytes(int bn, int st) { return (unsigned)WG_SMEM(bn, st); }
-
 static int launch_n(struct gpu *g, const char *name, unsigned grid, unsigned smem, void **args,
 		    int n_args)
 {
@@ -74,7 +70,7 @@ int cuda_gemm_fp8_wgmma_tile(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gp
 		name = mc == 1 ? "k_gemm_fp8_wgmma_n256_ss_st" : "k_gemm_fp8_wgmma_mc2_n256_ss_st";
 	if (!name)
 		return -EINVAL;
-	return launch(g, name, grid, smem_bytes(bn, st), args);
+	return launch(g, name, grid, (unsigned)WG_SMEM(bn, st), args);
 }
 
 /* The default variant, from the measurements at M = 128 .. 4096 (runs 4 and 5,
@@ -129,7 +125,7 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 	if (paired) /* clusters of 2: an even grid */
 		return launch(g, bn == 256 ? "k_gemm_fp8_wgmma_grouped_n256_ss_st_mc2"
 					   : "k_gemm_fp8_wgmma_grouped_n128_ss_st_mc2",
-			      grid < 2 ? 2 : grid & ~1u, smem_bytes(bn, st), args);
+			      grid < 2 ? 2 : grid & ~1u, (unsigned)WG_SMEM(bn, st), args);
 	return launch(g,
 		      bn == 256 ? (st ? "k_gemm_fp8_wgmma_grouped_n256_ss_st"
 				      : "k_gemm_fp8_wgmma_grouped_n256_ss")
@@ -137,7 +133,7 @@ int cuda_gemm_fp8_wgmma_grouped_bn(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, 
 		      : ss	? "k_gemm_fp8_wgmma_grouped_n128_ss"
 		      : bn == 128 ? "k_gemm_fp8_wgmma_grouped_n128"
 				  : "k_gemm_fp8_wgmma_grouped_n192",
-		      grid, smem_bytes(bn, st), args);
+		      grid, (unsigned)WG_SMEM(bn, st), args);
 }
 
 /* The SwiGLU form's codes staged in shared memory and stored as 16-byte chunks (the _st
@@ -189,7 +185,7 @@ int cuda_gemm_fp8_wgmma_grouped_swiglu_mc(struct gpu *g, gpu_ptr w_tab, gpu_ptr 
 	static const char *const names[2][2] = {
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_mc2"},
 		{"k_gemm_fp8_wgmma_grouped_n256_ss_sw_st", "k_gemm_fp8_wgmma_grouped_n256_ss_sw_st_mc2"}};
-	return launch(g, names[st][mc == 2], grid, smem_bytes(256, st), args);
+	return launch(g, names[st][mc == 2], grid, (unsigned)WG_SMEM(256, st), args);
 }
 
 /* The paired grouped forms (clusters of 2 sharing copies) where the groups average 128 rows or
@@ -273,15 +269,14 @@ int cuda_gemm_fp8_tw_grouped(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, gpu_pt
 		cuda_gemm_tw_set_mc(env_int("DSV32_CUDA_TW_MC", 1));
 	if (tw_mc == 2 && (N / 256) % 2 == 0) {
 		/* clusters of 2 sharing the token rows, as many as are resident at once (their
-		 * leaders draw the items; asked of the driver once a process, as sw_quad_clusters) */
-		static int most = -1;
+		 * leaders draw the items; 0 when the driver cannot say: then one wave of the SMs'
+		 * pairs) */
+		static int cap = -1;
 		void *fn;
 		if ((r = gpu_kernel_smem(g, "k_gemm_fp8_tw_grouped_mc2", &fn)))
 			return r;
-		if (most < 0) { /* 0 when the driver cannot say: then one wave of the SMs' pairs */
-			int n = gpu_max_active_clusters(g, fn, 2, WG_THREADS, TW_SMEM);
-			most = n > 0 ? n : 0;
-		}
+		const int most = gpu_max_active_clusters_once(g, &cap, "k_gemm_fp8_tw_grouped_mc2", 2,
+							      WG_THREADS, TW_SMEM);
 		unsigned grid = (unsigned)g->sm_count & ~1u;
 		if (most > 0 && 2u * (unsigned)most < grid)
 			grid = 2u * (unsigned)most;
