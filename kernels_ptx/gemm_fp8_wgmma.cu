@@ -924,8 +924,7 @@ k_wgmma_group_maps(const __grid_constant__ tmap tmpl, const unsigned long long *
 // wgmma_layout.h
 #define TW_PQ (TW_N / 4 + 4) // floats a thread group q (its 2 x TW_N / 8, + 4: banks)
 #define TW_PB (4 * TW_PQ)    // floats a box
-static_assert(TW_N % 16 == 0 && TW_SC_BYTES >= 2 * TW_PB * 4 && TW_X_BYTES == TW_N * 128,
-	      "the token-wide stage layout");
+static_assert(TW_N % 16 == 0 && TW_SC_BYTES >= 2 * TW_PB * 4, "the token-wide stage layout");
 // kernel flags (DSV32_CUDA_TW_FLAGS, diagnosis): no stores (timing; the promotions then go too,
 // as dead code)
 #define TW_DIAG_NOSTORE 2
