@@ -75,25 +75,31 @@ __device__ __forceinline__ void mma_kblock(float c[4], const wfrag &f, uint4 b0,
 // SX[token][kb] · sw (the token's and the weight block's scales) into acc: acc0, acc1 row g,
 // tokens tok0 + 2t, + 1; acc2, acc3 row g + 8. The decode kernels' step (gemm_fp8_decode.cu,
 // gemm_fp8_gemv.cu).
-// The operands of kblock_promote that come from global memory: the token words (b0, b1: zero
-// from M on) and the scales of the thread's two tokens (x0, x1: SX[token][kb], zero from M on).
-// OWN (k_moe_gemv_block's down phase): X and SX were written by other blocks of this grid (before
-// a grid-wide arrival), so they are read by ordinary loads (ld.global.ca), never by the
-// non-coherent path, whose contract is data nobody writes while the kernel runs; else X by __ldg
-// (an earlier kernel's output, read after griddepcontrol.wait: see pdl_wait in fwd_lin.cuh).
+// The operands of kblock_promote that come from memory: the token words (b0, b1: zero from M
+// on) and the scales of the thread's two tokens (x0, x1: SX[token][kb], zero from M on). Where
+// they come from (SRC):
+//   KB_NC   an earlier kernel's output, read after griddepcontrol.wait by the non-coherent path
+//           (__ldg; see pdl_wait in fwd_lin.cuh);
+//   KB_OWN  written by other blocks of this grid before a grid-wide arrival (k_moe_gemv_block's
+//           down phase): ordinary loads (ld.global.ca), never the non-coherent path, whose
+//           contract is data nobody writes while the kernel runs;
+//   KB_SMEM this block's shared memory (the one-token block's own quantised row, gemm_fp8_gemv.cu).
+#define KB_NC 0
+#define KB_OWN 1
+#define KB_SMEM 2
 struct kblock_tok {
 	uint4 b0, b1;
 	float x0, x1;
 };
 
-// A token's scale (kblock_load's OWN: by an ordinary load)
-template <bool OWN>
+// A token's scale
+template <int SRC>
 __device__ __forceinline__ float kblock_scale(const float *__restrict__ p)
 {
-	return OWN ? __ldca(p) : *p;
+	return SRC == KB_OWN ? __ldca(p) : *p;
 }
 
-template <bool OWN = false>
+template <int SRC = KB_NC>
 __device__ __forceinline__ void kblock_load(kblock_tok &o, const uint8_t *__restrict__ X,
 					    const float *__restrict__ SX, int M, int K, int kb,
 					    int tok0)
@@ -103,12 +109,12 @@ __device__ __forceinline__ void kblock_load(kblock_tok &o, const uint8_t *__rest
 	if (tok0 + g < M) {
 		const uint4 *xp = reinterpret_cast<const uint4 *>(X + (size_t)(tok0 + g) * K +
 								  (size_t)kb * 128 + 32 * t);
-		o.b0 = OWN ? __ldca(xp) : __ldg(xp);
-		o.b1 = OWN ? __ldca(xp + 1) : __ldg(xp + 1);
+		o.b0 = SRC == KB_OWN ? __ldca(xp) : SRC == KB_SMEM ? xp[0] : __ldg(xp);
+		o.b1 = SRC == KB_OWN ? __ldca(xp + 1) : SRC == KB_SMEM ? xp[1] : __ldg(xp + 1);
 	}
 	const int m0 = tok0 + 2 * t;
-	o.x0 = m0 < M ? kblock_scale<OWN>(SX + (size_t)m0 * KB + kb) : 0.f;
-	o.x1 = m0 + 1 < M ? kblock_scale<OWN>(SX + (size_t)(m0 + 1) * KB + kb) : 0.f;
+	o.x0 = m0 < M ? kblock_scale<SRC>(SX + (size_t)m0 * KB + kb) : 0.f;
+	o.x1 = m0 + 1 < M ? kblock_scale<SRC>(SX + (size_t)(m0 + 1) * KB + kb) : 0.f;
 }
 
 // acc += the K block's fresh products c, each (row, token) scaled by the token's scale times
@@ -123,14 +129,14 @@ __device__ __forceinline__ void kblock_promote_c(float acc[4], const float c[4],
 	acc[3] += c[3] * s1;
 }
 
-template <bool OWN = false>
+template <int SRC = KB_NC>
 __device__ __forceinline__ void kblock_promote(float acc[4], const wfrag &f,
 					       const uint8_t *__restrict__ X,
 					       const float *__restrict__ SX, int M, int K, int kb,
 					       int tok0, float sw)
 {
 	kblock_tok o;
-	kblock_load<OWN>(o, X, SX, M, K, kb, tok0);
+	kblock_load<SRC>(o, X, SX, M, K, kb, tok0);
 	float c[4] = {0.f, 0.f, 0.f, 0.f};
 	mma_kblock(c, f, o.b0, o.b1); // = the 4 e4m3 m16n8k32 of the K block
 	kblock_promote_c(acc, c, o, sw);
