@@ -50,7 +50,9 @@
 // 2 the first gate|up stage full; 3 the gate|up units done; 4 the first arrival passed; 5 the
 // SwiGLU done; 6 the second arrival passed; 7 the first down stage full; 8 the down units done;
 // 9 the third arrival passed; 10 the combine done; 11 the producer's last gate|up copy issued;
-// 12 its last down copy issued.
+// 12 its last down copy issued; one token routed in the block (R1): 13 the token's row
+// quantised, 14 the shared expert's gate|up units done; 15 holds the block's SM (%smid), not a
+// time.
 #define GV_TR_N 16
 #ifdef GV_TRACE
 __device__ unsigned long long gv_trace[1024 * GV_TR_N];
@@ -211,9 +213,10 @@ __device__ __forceinline__ void gv_produce(const gv_op &o, const gv_geom &ge, co
 }
 
 // The consumer warps: units [u0, u1) (see the top of the file). red: the two sets of the warps'
-// unit sums; last_flag: the two sets' last-arrival flags; slot: the arrival counts' set. OWN: X
-// and SX were written by this grid (k_moe_gemv_block's down phase: kblock_load<true>).
-template <bool GROUPED, int SPAN, bool OWN = false>
+// unit sums; last_flag: the two sets' last-arrival flags; slot: the arrival counts' set. SRC:
+// where X and SX are (kblock_load's KB_NC, KB_OWN: written by this grid, k_moe_gemv_block's down
+// phase; KB_SMEM: one token's row in this block's shared memory, every slice's row the same).
+template <bool GROUPED, int SPAN, int SRC = KB_NC>
 __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, const gv_slice *sl,
 					   int u0, int u1, gv_ring &r, float *red, int *last_flag,
 					   int slot, int warp, int lane, int stamp = -1)
@@ -239,8 +242,9 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 			Sg = reinterpret_cast<const float *>(o.s_tab[e_cur]);
 		}
 		const float *s_row = Sg + (size_t)(n0 >> 7) * KB;
-		const uint8_t *Xs = o.X + (size_t)sv.r0 * K;
-		const float *SXs = o.SX + (size_t)sv.r0 * KB;
+		const size_t r0 = SRC == KB_SMEM ? 0 : (size_t)sv.r0;
+		const uint8_t *Xs = o.X + r0 * K;
+		const float *SXs = o.SX + r0 * KB;
 		float acc[4] = {0.f, 0.f, 0.f, 0.f};
 		const int s = r.s;
 		mbar_wait(smem_u32(&r.full[s]), r.ph);
@@ -252,8 +256,8 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 		for (; j + GV_CW < nb; j += 2 * GV_CW) {
 			const wfrag a0 = gv_wfrag(st, rs, j), a1 = gv_wfrag(st, rs, j + GV_CW);
 			kblock_tok t0, t1;
-			kblock_load<OWN>(t0, Xs, SXs, sv.rows, K, kb0 + j, 0);
-			kblock_load<OWN>(t1, Xs, SXs, sv.rows, K, kb0 + j + GV_CW, 0);
+			kblock_load<SRC>(t0, Xs, SXs, sv.rows, K, kb0 + j, 0);
+			kblock_load<SRC>(t1, Xs, SXs, sv.rows, K, kb0 + j + GV_CW, 0);
 			const float w0 = s_row[kb0 + j], w1 = s_row[kb0 + j + GV_CW];
 			float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
 			mma_kblock(c0, a0, t0.b0, t0.b1);
@@ -262,7 +266,7 @@ __device__ __forceinline__ void gv_consume(const gv_op &o, const gv_geom &ge, co
 			kblock_promote_c(acc, c1, t1, w1);
 		}
 		if (j < nb)
-			kblock_promote<OWN>(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
+			kblock_promote<SRC>(acc, gv_wfrag(st, rs, j), Xs, SXs, sv.rows, K, kb0 + j, 0,
 				       s_row[kb0 + j]);
 		// this warp's reads of the stage are done (the arrival releases them)
 		mbar_arrive_warp(smem_u32(&r.empty[s]), lane);
@@ -441,11 +445,27 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 // slot of the larger (k_moe_gemv_block1: small models).
 // scores (not null, T = 1): the router before was k_moe_gate_logits1s (moe_block.cu: the logits,
 // scores and quantised rows, no routing); each block routes the token itself (gv_route_one)
-// instead of reading the offsets, ~2 us sooner than k_moe_gate_route1s's last block (s23).
+// instead of reading the offsets, ~2 us sooner than k_moe_gate_route1s's last block (s23): in
+// k_moe_gemv_block / _block1 warp 0 after the griddepcontrol.wait, the shared expert's slice
+// last; in the R1 forms (DSV32_CUDA_MOE_BLOCK_EARLY=1, model/cuda_moe.c) as below.
+// R1 (k_moe_gemv_block_r1, k_moe_gemv_block1_r1; T = 1): the router before was
+// k_moe_gate_logits1s (its quantised rows not read here), which sets *x_ready
+// (gv_xready[slot], st.release) once past its griddepcontrol.wait: the token's row x (its
+// input, the kernel before's output) is then complete. Each block's producer streams the shared
+// expert's gate|up units (slice 0: known without the routing, the weights constants) from its
+// start; its consumers wait for x_ready (ld.acquire), quantise x into shared memory (the
+// router's gate1_quant_rows numbers: warp_act_quant128_regs) and compute those units while the
+// router still runs; a routing warp waits for the router (griddepcontrol.wait), routes the token
+// (gv_route_one: slices 1 .. K) and lets the producer and the consumers on to the routed
+// experts. Block 0 sets *x_ready back to 0 after the first grid-wide arrival (every block has
+// read it). Without R1 the slices come from the offsets (the routing in the previous kernels),
+// the shared expert (group G - 1) last.
 // The grid-wide arrival: gv_gbar[slot] (the host's set, as gv_count's), each block adding 1 and
 // block 0 0x80000000 - (grid - 1): its top bit flips when every block has arrived, and never
 // needs a reset.
 __device__ unsigned gv_gbar[GV_SLOTS];
+// R1's x_ready flags (the host's set, as gv_gbar's; zero when the module loads)
+__device__ unsigned gv_xready[GV_SLOTS];
 
 // Every consumer thread of every block: the writes before it are seen by the reads after it
 // (the block's writes ordered before thread 0's release by the CTA barrier; the others' reads
@@ -467,13 +487,13 @@ __device__ __forceinline__ void gv_grid_sync(unsigned *bar)
 	named_bar_sync(1, GV_CW * 32);
 }
 
-// One token's routing in each block of k_moe_gemv_block (after k_moe_gate_logits1s: its
-// scores, no routing): warp 0 selects from scores fp32 [2][E] (moe_route_select256, E = 256 in
-// 8 groups: k_moe_gate_route1s's last block's numbers) into idx_s / wts_s (shared) and writes
-// the slices as gv_build_slices would from the offsets (the K picks ascending, a row each at
-// row n, then the shared expert's row K); block 0 also writes the routing, as that last block
-// (idx, wts, counts, off, perm, src: moe_permute_one). The caller syncs before the slices are
-// read; the routing in global memory is read after the first grid-wide arrival.
+// One token's routing in each block of k_moe_gemv_block (after k_moe_gate_logits1s: its scores,
+// no routing): warp 0 (R1: the routing warp) selects from scores fp32 [2][E] (moe_route_select256,
+// E = 256 in 8 groups: k_moe_gate_route1s's last block's numbers) into idx_s / wts_s (shared)
+// and writes the routed slices sl[0 .. K-1] (the K picks ascending, a row each at row n; the
+// shared expert's, row K, is the caller's); block 0 also writes the routing, as that last block
+// (idx, wts, counts, off, perm, src: moe_permute_one), read by the other blocks after the first
+// grid-wide arrival.
 __device__ __forceinline__ void gv_route_one(const float *scores, int E, int topk_group, int K,
 					     int norm_topk_prob, float route_scale, int *idx,
 					     float *wts, int *counts, int *off, int *perm, int *src,
@@ -486,8 +506,6 @@ __device__ __forceinline__ void gv_route_one(const float *scores, int E, int top
 	__syncwarp();
 	if (lane < K)
 		sl[lane] = gv_slice{idx_s[lane], lane, 1, 0};
-	if (lane == 0)
-		sl[K] = gv_slice{E, K, 1, 0};
 	if (blockIdx.x == 0) {
 		if (lane < K)
 			idx[lane] = idx_s[lane], wts[lane] = wts_s[lane];
@@ -495,9 +513,42 @@ __device__ __forceinline__ void gv_route_one(const float *scores, int E, int top
 	}
 }
 
+// The consumers of R1: the token's row x (bf16 [D], complete: see above) quantised into xq (e4m3
+// [D]) and sxq (fp32 [D / 128]) in shared memory, a warp a 128-column group; a warp's first
+// GV_QROW groups loaded before any is quantised (one trip to L2, not one a group)
+#define GV_QROW 8
+__device__ __forceinline__ void gv_quant_group(uint2 raw, int gi, uint8_t *xq, float *sxq, int lane)
+{
+	const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+			    __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
+	const float sc = warp_act_quant128_regs(v, xq + gi * 128, lane);
+	if (lane == 0)
+		sxq[gi] = sc;
+}
+
+__device__ __forceinline__ void gv_quant_row(const uint16_t *x, int D, uint8_t *xq, float *sxq,
+					     int warp, int lane)
+{
+	const int ng = D / 128;
+	uint2 raw[GV_QROW];
+#pragma unroll
+	for (int m = 0; m < GV_QROW; m++)
+		if (warp + m * GV_CW < ng)
+			raw[m] = __ldcg(reinterpret_cast<const uint2 *>(x + (warp + m * GV_CW) * 128) +
+					lane);
+#pragma unroll
+	for (int m = 0; m < GV_QROW; m++)
+		if (warp + m * GV_CW < ng)
+			gv_quant_group(raw[m], warp + m * GV_CW, xq, sxq, lane);
+	for (int gi = warp + GV_QROW * GV_CW; gi < ng; gi += GV_CW)
+		gv_quant_group(__ldcg(reinterpret_cast<const uint2 *>(x + gi * 128) + lane), gi, xq,
+			       sxq, lane);
+}
+
 // SPAN_A: the slots a gate|up stage takes (2: the ring's slots are down's stages; 1: slots of
-// the larger of the two stages, where gate|up's is not between 1 and 2 of down's)
-template <int SPAN_A>
+// the larger of the two stages, where gate|up's is not between 1 and 2 of down's). R1: one
+// token routed here (above).
+template <int SPAN_A, bool R1>
 __device__ __forceinline__ void
 moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_tab,
 	       const unsigned long long *w2_tab, const unsigned long long *s2_tab, int *off,
@@ -505,44 +556,115 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	       float *gu, float *ey, uint16_t *y, float *wts, int *perm, int T, int topk,
 	       int max_rows, int D, int I, int chunks, int chunk_blocks, int slot_bytes, int ns,
 	       int slot, const float *scores, int *idx, int *counts, int *src, float route_scale,
-	       int topk_group, int norm_topk_prob)
+	       int topk_group, int norm_topk_prob, const uint16_t *x, unsigned *x_ready)
 {
 	float *red = reinterpret_cast<float *>(smem + GV_RED_OFF);
 	int *last_flag = reinterpret_cast<int *>(smem + GV_FLAG_OFF);
 	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + GV_RING_OFF + ns * slot_bytes);
-	const gv_op a = {nullptr, nullptr, w13_tab, s13_tab, X, SX, nullptr, gu, max_rows, 2 * I, D,
-			 2 * I, chunks, chunk_blocks, GV_F32};
+	// R1: the routing warp's picks, then the token's quantised row (gemv_layout.h)
+	int *pick_i = reinterpret_cast<int *>(sl + slice_cap);
+	uint8_t *xq = reinterpret_cast<uint8_t *>(pick_i) + GV_R1_PICKS;
+	float *sxq = reinterpret_cast<float *>(xq + D);
+	const gv_op a = {nullptr, nullptr, w13_tab, s13_tab, R1 ? xq : X, R1 ? sxq : SX, nullptr,
+			 gu, max_rows, 2 * I, D, 2 * I, chunks, chunk_blocks, GV_F32};
 	const gv_op b = {nullptr, nullptr, w2_tab, s2_tab, h8, hs, nullptr, ey, max_rows, D, I, D,
 			 1, I / 128, GV_F32};
 	const gv_geom ga = gv_geom_of(a), gb = gv_geom_of(b);
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int all = (GV_CW + 2) * 32; // R1: the block (named barrier 3: the routed slices)
 	GV_STAMP(threadIdx.x == 0, 0);
+#ifdef GV_TRACE
+	if (threadIdx.x == 0) {
+		unsigned sm;
+		asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+		gv_trace[blockIdx.x * GV_TR_N + 15] = sm;
+	}
+#endif
 	gv_ring r = gv_ring_init(smem, slot_bytes, ns);
-	asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's offsets and rows
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	int n_slices = topk + 1; // (routed here: one token)
-	if (!scores)
-		n_slices = gv_build_slices(off, G, slice_cap, sl);
-	else if (warp == 0) // its scores only (k_moe_gate_logits1s)
-		gv_route_one(scores, G - 1, topk_group, topk, norm_topk_prob, route_scale, idx, wts,
-			     counts, off, perm, src, sl, reinterpret_cast<int *>(red), red + 32, lane);
-	__syncthreads(); // the barriers initialised, the slices written
-	GV_STAMP(threadIdx.x == 0, 1);
+	int n_slices = topk + 1;
+	if (R1) {
+		if (threadIdx.x == 0)
+			sl[0] = gv_slice{G - 1, topk, 1, 0}; // the shared expert, row K
+	} else {
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's offsets and rows
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		if (!scores) {
+			n_slices = gv_build_slices(off, G, slice_cap, sl);
+		} else if (warp == 0) { // its scores only (k_moe_gate_logits1s)
+			gv_route_one(scores, G - 1, topk_group, topk, norm_topk_prob, route_scale, idx,
+				     wts, counts, off, perm, src, sl, reinterpret_cast<int *>(red),
+				     red + 32, lane);
+			if (lane == 0)
+				sl[topk] = gv_slice{G - 1, topk, 1, 0}; // the shared expert, row K
+		}
+	}
+	__syncthreads(); // the barriers initialised, the slices (R1: the shared one) written
+	GV_STAMP(!R1 && threadIdx.x == 0, 1);
 
-	int a0, a1, b0, b1;
-	gv_range(n_slices * ga.per_slice, a0, a1);
+	// gate|up's units: R1 the shared expert's [a0, a1) (its units split over the blocks), then
+	// the routed [c0, c1): the rest of the block's share [t0, t1) of them all (c0 = P + t0 - a0,
+	// c1 = P + t1 - a1 for P = per_slice, contiguous and ascending in the block: the integers in
+	// (b U / G, (b + 1) U / G] are at least those in (b P / G, (b + 1) P / G] for U = (K + 1) P),
+	// so a block streams as many units as without the split; else all of them [a0, a1)
+	int a0, a1, c0 = 0, c1 = 0, b0, b1;
+	gv_range((R1 ? 1 : n_slices) * ga.per_slice, a0, a1);
+	if (R1) {
+		int t0, t1;
+		gv_range(n_slices * ga.per_slice, t0, t1);
+		c0 = ga.per_slice + t0 - a0, c1 = ga.per_slice + t1 - a1;
+	}
 	gv_range(n_slices * gb.per_slice, b0, b1);
 	if (warp == GV_CW) {
 		gv_produce<true, SPAN_A>(a, ga, sl, a0, a1, r, lane);
+		if (R1) {
+			named_bar_sync(3, all); // the routed slices
+			gv_produce<true, SPAN_A>(a, ga, sl, c0, c1, r, lane);
+		}
 		GV_STAMP(lane == 0, 11);
 		gv_produce<true, 1>(b, gb, sl, b0, b1, r, lane);
 		GV_STAMP(lane == 0, 12);
 		return;
 	}
-	gv_consume<true, SPAN_A>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp, lane, 2);
+	if (R1 && warp == GV_CW + 1) { // the routing warp
+		asm volatile("griddepcontrol.wait;" ::: "memory"); // the router's scores
+		asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+		gv_route_one(scores, G - 1, topk_group, topk, norm_topk_prob, route_scale, idx, wts,
+			     counts, off, perm, src, sl + 1, pick_i,
+			     reinterpret_cast<float *>(pick_i) + 32, lane);
+		__threadfence(); // (block 0: the routing before the consumers' first arrival)
+		__syncwarp();
+		GV_STAMP(lane == 0, 1);
+		asm volatile("bar.arrive 3, %0;" ::"r"(all) : "memory");
+		return;
+	}
+	if (R1) {
+		if (threadIdx.x == 0) { // x complete (the router past its wait)
+			unsigned v;
+			do
+				asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+					     : "=r"(v)
+					     : "l"(x_ready)
+					     : "memory");
+			while (v == 0);
+		}
+		named_bar_sync(1, GV_CW * 32);
+		gv_quant_row(x, D, xq, sxq, warp, lane);
+		named_bar_sync(1, GV_CW * 32);
+		GV_STAMP(threadIdx.x == 0, 13);
+		gv_consume<true, SPAN_A, KB_SMEM>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp,
+						  lane, 2);
+		GV_STAMP(threadIdx.x == 0, 14);
+		named_bar_sync(3, all); // the routed slices
+		gv_consume<true, SPAN_A, KB_SMEM>(a, ga, sl, c0, c1, r, red, last_flag, slot, warp,
+						  lane);
+	} else {
+		gv_consume<true, SPAN_A>(a, ga, sl, a0, a1, r, red, last_flag, slot, warp, lane, 2);
+	}
 	GV_STAMP(threadIdx.x == 0, 3);
 	gv_grid_sync(&gv_gbar[slot]);
 	GV_STAMP(threadIdx.x == 0, 4);
+	if (R1 && blockIdx.x == 0 && threadIdx.x == 0)
+		*x_ready = 0; // (every block read it before the arrival)
 	// S: the rows R + T = off[G] of h, a warp a (row, 128 columns) group
 	const long long groups = (long long)__ldcg(&off[G]) * (I / 128);
 	for (long long grp = (long long)blockIdx.x * GV_CW + warp; grp < groups;
@@ -551,7 +673,7 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	GV_STAMP(threadIdx.x == 0, 5);
 	gv_grid_sync(&gv_gbar[slot]);
 	GV_STAMP(threadIdx.x == 0, 6);
-	gv_consume<true, 1, true>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane, 7);
+	gv_consume<true, 1, KB_OWN>(b, gb, sl, b0, b1, r, red, last_flag, slot, warp, lane, 7);
 	GV_STAMP(threadIdx.x == 0, 8);
 	gv_grid_sync(&gv_gbar[slot]);
 	GV_STAMP(threadIdx.x == 0, 9);
@@ -570,18 +692,31 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 		float *hs, float *gu, float *ey, uint16_t *y, float *wts, int *perm, int T,  \
 		int topk, int max_rows, int D, int I, int chunks, int chunk_blocks,          \
 		int slot_bytes, int ns, int slot, const float *scores, int *idx,             \
-		int *counts, int *src, float route_scale, int topk_group, int norm_topk_prob
+		int *counts, int *src, float route_scale, int topk_group, int norm_topk_prob, \
+		const uint16_t *x, unsigned *x_ready
 #define MOE_GEMV_BLOCK_PASS                                                                     \
 	w13_tab, s13_tab, w2_tab, s2_tab, off, G, slice_cap, X, SX, h8, hs, gu, ey, y, wts,    \
 		perm, T, topk, max_rows, D, I, chunks, chunk_blocks, slot_bytes, ns, slot,     \
-		scores, idx, counts, src, route_scale, topk_group, norm_topk_prob
+		scores, idx, counts, src, route_scale, topk_group, norm_topk_prob, x, x_ready
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 1) k_moe_gemv_block(MOE_GEMV_BLOCK_ARGS)
 {
-	moe_gemv_block<2>(MOE_GEMV_BLOCK_PASS);
+	moe_gemv_block<2, false>(MOE_GEMV_BLOCK_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 1) k_moe_gemv_block1(MOE_GEMV_BLOCK_ARGS)
 {
-	moe_gemv_block<1>(MOE_GEMV_BLOCK_PASS);
+	moe_gemv_block<1, false>(MOE_GEMV_BLOCK_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_R1_THREADS, 1)
+k_moe_gemv_block_r1(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<2, true>(MOE_GEMV_BLOCK_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_R1_THREADS, 1)
+k_moe_gemv_block1_r1(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<1, true>(MOE_GEMV_BLOCK_PASS);
 }

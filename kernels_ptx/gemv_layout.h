@@ -20,4 +20,11 @@
 #define GV_FLAG_OFF (GV_RED_OFF + 2 * GV_CW * 128 * 4)
 #define GV_RING_OFF (GV_FLAG_OFF + 128)
 
+/* The one-token block that routes itself (k_moe_gemv_block_r1, k_moe_gemv_block1_r1): a routing
+ * warp beside the consumers and the producer; after the slices, the routing warp's picks (32
+ * expert ids, 32 weights) and the token's row quantised (D e4m3 codes, D / 128 fp32 scales) */
+#define GV_R1_THREADS ((GV_CW + 2) * 32)
+#define GV_R1_PICKS 256
+#define GV_R1_SMEM(D) (GV_R1_PICKS + (D) + (D) / 128 * 4)
+
 #endif

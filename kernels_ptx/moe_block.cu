@@ -247,10 +247,10 @@ __device__ __forceinline__ void gate1_route_last(const float *scores, int E, int
 		int D, const float *__restrict__ bias, int topk_group, int K, int norm_topk_prob, \
 		float route_scale, int *idx, float *__restrict__ wts, int *__restrict__ counts,   \
 		int *__restrict__ offsets, int *__restrict__ perm, int *__restrict__ src,         \
-		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores
+		uint8_t *__restrict__ xs8, float *__restrict__ sxs, float *scores, unsigned *x_ready
 #define GATE1_ARGS                                                                             \
 	W, x, logits, E, D, bias, topk_group, K, norm_topk_prob, route_scale, idx, wts, counts,   \
-		offsets, perm, src, xs8, sxs, scores
+		offsets, perm, src, xs8, sxs, scores, x_ready
 
 extern "C" __global__ void __launch_bounds__(GR1_THREADS, 1) k_moe_gate_route1(GATE1_PARAMS)
 {
@@ -435,7 +435,8 @@ __device__ __forceinline__ void gate1s_logit(const float *r, int en, int E, cons
 }
 
 // TAIL false (k_moe_gate_logits1s): the logits, scores and rows only; the routing is the next
-// kernel's (k_moe_gemv_block's blocks each select from the scores, gemm_fp8_gemv.cu)
+// kernel's (k_moe_gemv_block's blocks each select from the scores, gemm_fp8_gemv.cu; the _r1
+// forms also quantise x themselves, after x_ready)
 template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1_PARAMS)
 {
 	__shared__ float red[4 * EPB];
@@ -449,6 +450,10 @@ template <int EPB, bool TAIL> __device__ __forceinline__ void gate_route1s(GATE1
 	// kernel's output
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
+	// x_ready (k_moe_gate_logits1s before k_moe_gemv_block_r1): x is complete, which that
+	// kernel's blocks wait for (instead of this grid's end) before they read it
+	if (!TAIL && x_ready && blockIdx.x == 0 && tid == 0)
+		asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(x_ready) : "memory");
 	uint4 xv[GR1S_MAXP];
 	gate1s_load<false>(xv, x, t, np);
 	const float v = gate1s_warp_dot(wv, xv, np);
@@ -482,7 +487,8 @@ extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_route1s(
 
 // k_moe_gate_logits1s: k_moe_gate_route1s without its last block's routing (the same logits,
 // scores, quantised rows; idx, wts, counts, offsets, perm, src not written): the one-token block
-// on k_moe_gemv_block routes itself from the scores (cuda_gemm_fp8_moe_block's route argument)
+// on k_moe_gemv_block routes itself from the scores (cuda_gemm_fp8_moe_block's route argument);
+// with x_ready (not null; k_moe_gemv_block_r1 after it) it also sets *x_ready once x is complete
 extern "C" __global__ void __launch_bounds__(128 * GR1S_EPB) k_moe_gate_logits1s(GATE1_PARAMS)
 {
 	gate_route1s<GR1S_EPB, false>(GATE1_ARGS);

@@ -825,9 +825,9 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
 
 /* The kernel's set of arrival counts for the next launch (consecutive launches take different
  * sets: two GEMMs forked on two streams never share one) */
+static int next_slot;
 static int gv_next_slot(void)
 {
-	static int next_slot;
 	pthread_mutex_lock(&gemm_lock);
 	int slot = next_slot;
 	next_slot = (next_slot + 1) % GV_SLOTS;
@@ -1030,6 +1030,7 @@ void cuda_gemm_set_moe_block(int on) { moe_block_on = on < 0 ? -1 : on != 0; }
 /* k_moe_gemv_block's launch: the gate|up split (the two launches' own), the ring's slots */
 struct moe_block_plan {
 	const char *kernel;
+	int threads;
 	struct gemm_split a;
 	int slot_bytes, ns, slice_cap;
 	long long smem;
@@ -1039,9 +1040,10 @@ struct moe_block_plan {
 /* 0 and *p where k_moe_gemv_block runs the block, else -ENOTSUP. Down's K is whole (a unit one
  * contiguous copy of 16 I bytes); where gate|up's stage is 1-2 of those, a slot of the ring is
  * down's stage and gate|up takes two (k_moe_gemv_block), else a slot is the larger stage
- * (k_moe_gemv_block1). */
+ * (k_moe_gemv_block1). r1: one token routed in the block (the _r1 forms: a routing warp more, the
+ * token's quantised row and the picks in shared memory). */
 static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, int I,
-			  size_t ws_bytes, struct moe_block_plan *p)
+			  size_t ws_bytes, int r1, struct moe_block_plan *p)
 {
 	const int max_rows = T * (topk + 1);
 	if (!env_on(&moe_block_on, "DSV32_CUDA_MOE_GEMV_BLOCK") || T < 1 || topk < 1 || G < 1 ||
@@ -1052,12 +1054,15 @@ static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, in
 	const int stage_a = 16 * (p->a.chunks == 1 ? D : p->a.chunk_blocks * 128 + 16),
 		  stage_b = 16 * I;
 	const int two = stage_a > stage_b && stage_a <= 2 * stage_b;
-	p->kernel = two ? "k_moe_gemv_block" : "k_moe_gemv_block1";
+	p->kernel = two ? r1 ? "k_moe_gemv_block_r1" : "k_moe_gemv_block"
+			: r1 ? "k_moe_gemv_block1_r1" : "k_moe_gemv_block1";
+	p->threads = r1 ? GV_R1_THREADS : GV_THREADS;
 	p->slot_bytes = two ? stage_b : stage_a > stage_b ? stage_a : stage_b;
 	p->ns = GV_RING / p->slot_bytes;
 	p->ns = (p->ns > GV_MAXSTAGES ? GV_MAXSTAGES : p->ns) & (two ? ~1 : ~0);
 	p->slice_cap = max_rows / 8 + (G < max_rows ? G : max_rows) + 1;
-	p->smem = GV_RING_OFF + (long long)p->ns * p->slot_bytes + p->slice_cap * 16;
+	p->smem = GV_RING_OFF + (long long)p->ns * p->slot_bytes + p->slice_cap * 16 +
+		  (r1 ? GV_R1_SMEM(D) : 0);
 	const int tiles = (2 * I > D ? 2 * I : D) / 16;
 	/* gate|up's fp32 sums, then down's (apart: see gemm_fp8_gemv.cu) */
 	p->ey_at = ((size_t)p->a.chunks * max_rows * 2 * I * 4 + 255) & ~(size_t)255;
@@ -1069,10 +1074,21 @@ static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, in
 }
 
 const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,
-					   int I, size_t ws_bytes)
+					   int I, size_t ws_bytes, int early)
 {
 	struct moe_block_plan p;
-	return moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ? NULL : p.kernel;
+	return moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p) ? NULL : p.kernel;
+}
+
+/* DSV32_CUDA_MOE_BLOCK_EARLY (cuda_gemm_set_moe_block_early): 1 the one-token block that routes
+ * itself on the _r1 forms; 0 (the default) k_moe_gemv_block / _block1 */
+static int moe_block_early_on = -1;
+
+void cuda_gemm_set_moe_block_early(int on) { moe_block_early_on = on < 0 ? -1 : on != 0; }
+
+int cuda_gemm_moe_block_early(void)
+{
+	return env_is_1(&moe_block_early_on, "DSV32_CUDA_MOE_BLOCK_EARLY");
 }
 
 /* DSV32_CUDA_MOE_BLOCK_ROUTE (cuda_gemm_set_moe_block_route): 1 (the default) one token's
@@ -1091,7 +1107,20 @@ int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, 
 	struct moe_block_plan p;
 	return route1_shape(T, topk, G) &&
 	       env_on(&moe_block_route_on, "DSV32_CUDA_MOE_BLOCK_ROUTE") &&
-	       !moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p);
+	       !moe_block_plan(g, T, topk, G, D, I, ws_bytes, cuda_gemm_moe_block_early(), &p);
+}
+
+int cuda_gemm_fp8_moe_block_x_ready(struct gpu *g, gpu_ptr *flag)
+{
+	gpu_ptr p;
+	size_t n;
+	if (gpu_module_global(g, "gv_xready", &p, &n) || n < GV_SLOTS * sizeof(unsigned))
+		return -ENOENT;
+	pthread_mutex_lock(&gemm_lock);
+	const int slot = next_slot; /* the next launch's set (gv_next_slot) */
+	pthread_mutex_unlock(&gemm_lock);
+	*flag = p + (gpu_ptr)slot * sizeof(unsigned);
+	return 0;
 }
 
 int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
@@ -1100,10 +1129,11 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt)
 {
 	struct moe_block_plan p;
-	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, &p) ||
-	    (rt && !route1_shape(T, topk, G)))
+	const int early = rt && rt->x_ready; /* the _r1 forms */
+	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p) ||
+	    (rt && (!route1_shape(T, topk, G) || !rt->scores || (early && !rt->x))))
 		return -ENOTSUP;
-	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0};
+	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0, 0, 0};
 	const struct cuda_moe_route1 *q = rt ? rt : &none;
 	void *fn;
 	int r = gpu_kernel_smem(g, p.kernel, &fn);
@@ -1115,9 +1145,11 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			&h8, &hs, &ws, &ey, &y, &wts, &perm, &T, &topk, &max_rows, &D, &I,
 			&p.a.chunks, &p.a.chunk_blocks, &p.slot_bytes, &p.ns, &slot,
 			(void *)&q->scores, (void *)&q->idx, (void *)&q->counts, (void *)&q->src,
-			(void *)&q->route_scale, (void *)&q->topk_group, (void *)&q->norm_topk_prob};
+			(void *)&q->route_scale, (void *)&q->topk_group, (void *)&q->norm_topk_prob,
+			(void *)&q->x, (void *)&q->x_ready};
 	/* one block an SM, all resident: the phases meet at grid-wide arrivals */
-	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, GV_THREADS, (unsigned)p.smem, args);
+	return launch_pdl(g, fn, (unsigned)gemm_sms(g), 1, (unsigned)p.threads, (unsigned)p.smem,
+			  args);
 }
 
 /* ---- cuBLASLt -------------------------------------------------------------------------- */

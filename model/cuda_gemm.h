@@ -280,12 +280,22 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
 /* rt (not NULL, T = 1): the block routes its token itself from the scores fp32 [2][G - 1] of
  * k_moe_gate_logits1s (k_moe_gate_route1s without its last block's routing): each of its blocks
  * selects (k_moe_gate_route1s's numbers) and builds its slices, and it writes idx, wts, counts,
- * off, perm and src as that router would. */
+ * off, perm and src as that router would. With rt->x_ready (not 0), where that router was
+ * launched just before it with the same x_ready: k_moe_gemv_block_r1, each of whose blocks streams
+ * the shared expert's gate|up weights from its start, quantises the token's row x (bf16 [D],
+ * the router's input; x8 and sx are not read) once the router has set x_ready, computes the
+ * shared expert's gate|up while the router runs, then selects (k_moe_gate_route1s's numbers)
+ * and builds its slices; it writes idx, wts, counts, off, perm and src as that router would. */
 struct cuda_moe_route1 {
 	gpu_ptr scores, idx, counts, src;
 	float route_scale;
 	int topk_group, norm_topk_prob;
+	gpu_ptr x, x_ready; /* x_ready: 0, or cuda_gemm_fp8_moe_block_x_ready's, given to the router */
 };
+/* The flag (u32) k_moe_gate_logits1s sets once x is complete and the one-token block routed in
+ * one launch waits for before it reads x (and resets): gv_xready of the arrival-count set the
+ * next one-row launch takes. 0, or -ENOENT where the kernels have no such flag. */
+int cuda_gemm_fp8_moe_block_x_ready(struct gpu *g, gpu_ptr *flag);
 int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
 			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,
 			    gpu_ptr hs, gpu_ptr y, int T, int topk, gpu_ptr wts, gpu_ptr perm, int D,
@@ -297,10 +307,15 @@ int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, 
 				   size_t ws_bytes);
 /* Process-wide (-1: DSV32_CUDA_MOE_BLOCK_ROUTE, read at the first call; default 1). */
 void cuda_gemm_set_moe_block_route(int on);
-/* The kernel cuda_gemm_fp8_moe_block would launch for these sizes (ws_bytes of workspace), or
- * NULL where it would return -ENOTSUP. */
+/* The kernel cuda_gemm_fp8_moe_block would launch for these sizes (ws_bytes of workspace; early:
+ * with an rt that has x_ready), or NULL where it would return -ENOTSUP. */
 const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,
-					   int I, size_t ws_bytes);
+					   int I, size_t ws_bytes, int early);
+/* Whether the one-token block that routes itself runs on the _r1 forms (rt->x_ready given; the
+ * shared expert's gate|up streamed and computed while the router runs): process-wide (-1:
+ * DSV32_CUDA_MOE_BLOCK_EARLY, read at the first call; default 0, not yet measured on a GPU). */
+void cuda_gemm_set_moe_block_early(int on);
+int cuda_gemm_moe_block_early(void);
 /* Process-wide (-1: DSV32_CUDA_MOE_GEMV_BLOCK, read at the first call; default 1). */
 void cuda_gemm_set_moe_block(int on);
 

@@ -41,7 +41,10 @@
  *   grid meeting at grid-wide arrivals; the same bits; DSV32_CUDA_MOE_GEMV_BLOCK=0: the four);
  *   at one token on the fast router that launch also routes: the router is k_moe_gate_logits1s
  *   (k_moe_gate_route1s without its last block's routing) and each block of k_moe_gemv_block
- *   selects from the scores (the same numbers; DSV32_CUDA_MOE_BLOCK_ROUTE=0: route1s routes).
+ *   selects from the scores (the same numbers; DSV32_CUDA_MOE_BLOCK_ROUTE=0: route1s routes);
+ *   with DSV32_CUDA_MOE_BLOCK_EARLY=1 on k_moe_gemv_block_r1, whose blocks stream and compute
+ *   the shared expert's gate|up while the router runs (the router flags x complete; the same
+ *   bits).
  * Every rounding is the CPU's (mlp_forward): each GEMM output is bf16, SwiGLU rounds to bf16,
  * act_quant as in cpu_fp8_linear. The shared expert's rows are the same function as a routed
  * expert's (same shapes: n_shared_experts == 1), so it is one more group.
@@ -602,11 +605,17 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	const int one_launch = (stages & four) == four && !use_wgmma(d) && !d->unfused &&
 			       !(tr && (tr->ey || tr->sh));
 	const int self_route = (stages & CUDA_MOE_GATE) && one_launch && block_routes(g, c, d);
+	/* self_route on the _r1 forms: the router sets x_ready once x is complete (the block
+	 * reads x after it) */
+	gpu_ptr x_ready = 0;
+	if (self_route && cuda_gemm_moe_block_early() &&
+	    (rc = cuda_gemm_fp8_moe_block_x_ready(g, &x_ready)))
+		return rc;
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
 				&norm, &scale, (void *)&b[B_IDX], (void *)&b[B_WTS], (void *)&b[B_CNT],
 				(void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC],
-				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE]};
+				(void *)&b[B_XS8], (void *)&b[B_SXS], (void *)&b[B_SCORE], &x_ready};
 		if (split_router(g, c, d)) { /* E / 2 blocks of 256 threads (GR1S_EPB) */
 			rc = moe_launch(g, gpu_kernel(g, self_route ? "k_moe_gate_logits1s"
 								    : "k_moe_gate_route1s"),
@@ -736,7 +745,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	int block_done = 0;
 	if (one_launch) {
 		const struct cuda_moe_route1 rt = {b[B_SCORE], b[B_IDX], b[B_CNT], b[B_SRC],
-						   scale,      tg,	 norm};
+						   scale,      tg,	 norm,	   x,
+						   x_ready};
 		rc = cuda_gemm_fp8_moe_block(g, L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab,
 					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
 					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes,
@@ -831,10 +841,11 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	int fused = fused_router(c, &d), few = few_router(g, c, &d), wg = use_wgmma(&d);
 	struct gate_kernel k =
 		gate_ks(c, &d) ? gate_ks_kernel(g, &d) : gate_kernel_for(g, T, d.E, d.D);
+	const int self_route = block_routes(g, c, &d);
 	const char *one = wg || d.unfused ? NULL
 					  : cuda_gemm_fp8_moe_block_kernel(g, T, d.K, d.E + 1, d.D, d.I,
-									   gemm_ws(g, &d));
-	const int self_route = block_routes(g, c, &d);
+									   gemm_ws(g, &d),
+									   self_route && cuda_gemm_moe_block_early());
 	static char buf[320];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s%s%s",
 		 few	      ? "k_moe_gate_route_t"

@@ -467,8 +467,30 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		one_diff = count_diff(g_y2, g_yf, (size_t)T * D);
 		printf("    one launch against the four: %lld outputs differ\n", (long long)one_diff);
 	}
+	/* one token where the block routes itself, on the _r1 forms (cuda_gemm_set_moe_block_early:
+	 * the router flags x complete, the blocks compute the shared expert's gate|up while it
+	 * runs), eager and graph-replayed (the flag set and reset each replay): the same bits */
+	int64_t early_diff = 0, early_path = 1;
+	if (T == 1) {
+		cuda_gemm_set_batch_invariant(g, 0);
+		cuda_gemm_set_moe_block_early(1);
+		const char *path = cuda_moe_path(g, c, T, 0);
+		const int routes = strstr(path, "k_moe_gate_logits1s") != NULL;
+		early_path = !routes || strstr(path, "_r1") != NULL;
+		printf("    fast mode, early block: %s\n", path);
+		for (int graph = 0; graph < 2; graph++) {
+			run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, graph, g_y2);
+			early_diff += count_diff(g_y2, g_yf, (size_t)T * D);
+		}
+		cuda_gemm_set_moe_block_early(-1);
+		cuda_gemm_set_batch_invariant(g, 1);
+		printf("    early block (eager, graph) against the default: %lld outputs differ\n",
+		       (long long)early_diff);
+	}
 	CHECK_EQ_INT(one_path, 1);
 	CHECK_EQ_INT(one_diff, 0);
+	CHECK_EQ_INT(early_path, 1);
+	CHECK_EQ_INT(early_diff, 0);
 	free(g_y2);
 
 	int64_t bad_logits = 0, bad_ids = 0, bad_w = 0, first_logit = -1, first_id = -1;

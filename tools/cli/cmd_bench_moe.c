@@ -181,10 +181,11 @@ static gpu_ptr dev_alloc(size_t bytes)
 static void print_trace(struct moe_bench *b, int reps)
 {
 	enum { STEPS = 16, MAX_BLOCKS = 1024 };
-	static const char *const names[13] = {
+	static const char *const names[15] = {
 		"entry", "slices built", "first gate|up stage", "gate|up done", "arrival 1 passed",
 		"SwiGLU done", "arrival 2 passed", "first down stage", "down done", "arrival 3 passed",
-		"combine done", "producer: last gate|up copy", "producer: last down copy"};
+		"combine done", "producer: last gate|up copy", "producer: last down copy",
+		"x quantised (routes)", "shared gate|up done (routes)"};
 	gpu_ptr p;
 	size_t n;
 	if (gpu_module_global(b->g, "gv_trace", &p, &n) || n < (size_t)MAX_BLOCKS * STEPS * 8)
@@ -201,7 +202,7 @@ static void print_trace(struct moe_bench *b, int reps)
 		return;
 	printf("  trace (GV_TRACE build; us after the first block's entry: min / median / max over "
 	       "the blocks):\n");
-	for (int i = 0; i < 13; i++) {
+	for (int i = 0; i < 15; i++) {
 		static double v[MAX_BLOCKS];
 		int m = 0;
 		for (int k = 0; k < MAX_BLOCKS; k++)
@@ -212,6 +213,15 @@ static void print_trace(struct moe_bench *b, int reps)
 		qsort(v, (size_t)m, sizeof *v, bench_cmp_double);
 		printf("    %-28s %8.2f %8.2f %8.2f  (%d blocks)\n", names[i], v[0], v[m / 2], v[m - 1], m);
 	}
+	/* each block's SM (step 15) and its gate|up done (step 3), by SM */
+	printf("  gate|up done by SM (smid: us):");
+	for (int sm = 0, n = 0; sm < MAX_BLOCKS; sm++)
+		for (int k = 0; k < MAX_BLOCKS; k++)
+			if (t[k * STEPS] && t[k * STEPS + 15] == (unsigned long long)sm &&
+			    t[k * STEPS + 3] >= t0)
+				printf("%s%3d: %5.1f", n++ % 10 ? "  " : "\n    ", sm,
+				       (double)(t[k * STEPS + 3] - t0) / 1e3);
+	printf("\n");
 }
 
 /* One stage's line: time, bytes and flops it moves/does. */
