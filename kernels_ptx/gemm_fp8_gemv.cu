@@ -450,7 +450,7 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 // last; in the R1 forms (DSV32_CUDA_MOE_BLOCK_EARLY=1, model/cuda_moe.c) as below.
 // R1 (k_moe_gemv_block_r1, k_moe_gemv_block1_r1; T = 1): the router before was
 // k_moe_gate_logits1s (its quantised rows not read here), which sets *x_ready
-// (gv_xready[slot], st.release) once past its griddepcontrol.wait: the token's row x (its
+// (a gv_xready flag, st.release) once past its griddepcontrol.wait: the token's row x (its
 // input, the kernel before's output) is then complete. Each block's producer streams the shared
 // expert's gate|up units (slice 0: known without the routing, the weights constants) from its
 // start; its consumers wait for x_ready (ld.acquire), quantise x into shared memory (the

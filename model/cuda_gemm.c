@@ -825,9 +825,9 @@ static size_t gemv_workspace(const struct gpu *g, int M, int N, int K)
 
 /* The kernel's set of arrival counts for the next launch (consecutive launches take different
  * sets: two GEMMs forked on two streams never share one) */
-static int next_slot;
 static int gv_next_slot(void)
 {
+	static int next_slot;
 	pthread_mutex_lock(&gemm_lock);
 	int slot = next_slot;
 	next_slot = (next_slot + 1) % GV_SLOTS;
@@ -1116,10 +1116,8 @@ int cuda_gemm_fp8_moe_block_x_ready(struct gpu *g, gpu_ptr *flag)
 	size_t n;
 	if (gpu_module_global(g, "gv_xready", &p, &n) || n < GV_SLOTS * sizeof(unsigned))
 		return -ENOENT;
-	pthread_mutex_lock(&gemm_lock);
-	const int slot = next_slot; /* the next launch's set (gv_next_slot) */
-	pthread_mutex_unlock(&gemm_lock);
-	*flag = p + (gpu_ptr)slot * sizeof(unsigned);
+	/* a set of its own (two blocks at once on two streams never share a flag) */
+	*flag = p + (gpu_ptr)gv_next_slot() * sizeof(unsigned);
 	return 0;
 }
 
