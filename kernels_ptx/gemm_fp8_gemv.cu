@@ -67,8 +67,21 @@ __device__ __forceinline__ void gv_stamp(int i)
 		if (cond)                                                                          \
 			gv_stamp(i);                                                               \
 	} while (0)
+// step 15: the block's SM
+__device__ __forceinline__ void gv_stamp_sm(void)
+{
+	unsigned sm;
+	asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+	gv_trace[blockIdx.x * GV_TR_N + 15] = sm;
+}
+#define GV_STAMP_SM(cond)                                                                          \
+	do {                                                                                       \
+		if (cond)                                                                          \
+			gv_stamp_sm();                                                             \
+	} while (0)
 #else
 #define GV_STAMP(cond, i) ((void)0)
+#define GV_STAMP_SM(cond) ((void)0)
 #endif
 
 // Arrival counts of the chunk sums, [slot][tile]: zero when the module loads, and each GEMM
@@ -573,13 +586,7 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int all = (GV_CW + 2) * 32; // R1: the block (named barrier 3: the routed slices)
 	GV_STAMP(threadIdx.x == 0, 0);
-#ifdef GV_TRACE
-	if (threadIdx.x == 0) {
-		unsigned sm;
-		asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-		gv_trace[blockIdx.x * GV_TR_N + 15] = sm;
-	}
-#endif
+	GV_STAMP_SM(threadIdx.x == 0);
 	gv_ring r = gv_ring_init(smem, slot_bytes, ns);
 	int n_slices = topk + 1;
 	if (R1) {

@@ -213,14 +213,17 @@ static void print_trace(struct moe_bench *b, int reps)
 		qsort(v, (size_t)m, sizeof *v, bench_cmp_double);
 		printf("    %-28s %8.2f %8.2f %8.2f  (%d blocks)\n", names[i], v[0], v[m / 2], v[m - 1], m);
 	}
-	/* each block's SM (step 15) and its gate|up done (step 3), by SM */
+	/* each block's gate|up done (step 3) by its SM (step 15), in SM order */
+	static double by_sm[MAX_BLOCKS];
+	for (int sm = 0; sm < MAX_BLOCKS; sm++)
+		by_sm[sm] = -1;
+	for (int k = 0; k < MAX_BLOCKS; k++)
+		if (t[k * STEPS] && t[k * STEPS + 15] < MAX_BLOCKS && t[k * STEPS + 3] >= t0)
+			by_sm[t[k * STEPS + 15]] = (double)(t[k * STEPS + 3] - t0) / 1e3;
 	printf("  gate|up done by SM (smid: us):");
 	for (int sm = 0, n = 0; sm < MAX_BLOCKS; sm++)
-		for (int k = 0; k < MAX_BLOCKS; k++)
-			if (t[k * STEPS] && t[k * STEPS + 15] == (unsigned long long)sm &&
-			    t[k * STEPS + 3] >= t0)
-				printf("%s%3d: %5.1f", n++ % 10 ? "  " : "\n    ", sm,
-				       (double)(t[k * STEPS + 3] - t0) / 1e3);
+		if (by_sm[sm] >= 0)
+			printf("%s%3d: %5.1f", n++ % 10 ? "  " : "\n    ", sm, by_sm[sm]);
 	printf("\n");
 }
 
