@@ -89,6 +89,9 @@ void gpu_close(struct gpu *g)
 		cu.cuModuleUnload(g->modules[i]);
 	free(g->modules);
 	free(g->fns);
+	for (int i = 0; i < g->n_globals; i++)
+		free(g->globals[i].name);
+	free(g->globals);
 	if (g->stream)
 		cu.cuStreamDestroy(g->stream);
 	CUdevice dev;
@@ -224,14 +227,27 @@ int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned
 
 int gpu_module_global(struct gpu *g, const char *name, gpu_ptr *ptr, size_t *bytes)
 {
+	for (int i = 0; i < g->n_globals; i++)
+		if (!strcmp(g->globals[i].name, name)) {
+			*ptr = g->globals[i].ptr, *bytes = g->globals[i].bytes;
+			return 0;
+		}
 	for (int i = 0; i < g->n_modules; i++) {
 		CUdeviceptr p;
 		size_t n;
 		/* a miss is CUDA_ERROR_NOT_FOUND, not a failure: no cu_check's message */
-		if (cu.cuModuleGetGlobal(&p, &n, g->modules[i], name) == CUDA_SUCCESS) {
-			*ptr = p, *bytes = n;
-			return 0;
-		}
+		if (cu.cuModuleGetGlobal(&p, &n, g->modules[i], name) != CUDA_SUCCESS)
+			continue;
+		*ptr = p, *bytes = n;
+		struct gpu_global *ng = realloc(g->globals, (size_t)(g->n_globals + 1) * sizeof *ng);
+		char *copy = strdup(name);
+		if (ng)
+			g->globals = ng;
+		if (ng && copy)
+			g->globals[g->n_globals++] = (struct gpu_global){copy, p, n};
+		else
+			free(copy); /* (found all the same; only not kept) */
+		return 0;
 	}
 	return -ENOENT;
 }

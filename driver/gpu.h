@@ -46,6 +46,12 @@ struct gpu_kernel_fn {
 	int smem_optin; /* its dynamic shared memory limit raised (gpu_kernel_smem) */
 };
 
+struct gpu_global {
+	char *name; /* (owned) */
+	gpu_ptr ptr;
+	size_t bytes;
+};
+
 struct gpu {
 	int ordinal;
 	char name[128];
@@ -59,6 +65,8 @@ struct gpu {
 	void **modules;     /* CUmodule[] in kernel_images order */
 	int n_fns;
 	struct gpu_kernel_fn *fns; /* cache of looked-up functions */
+	int n_globals;
+	struct gpu_global *globals; /* cache of found __device__ variables (gpu_module_global) */
 };
 
 /* Opens device `ordinal`, makes its primary context current, creates the stream and loads
@@ -75,7 +83,8 @@ int gpu_kernel_embedded(const char *fn);
  * the modules) or -EIO (the driver refused). */
 int gpu_kernel_smem(struct gpu *g, const char *name, void **fn);
 /* The device address and size of the __device__ variable `name` in any loaded module (for
- * diagnosis buffers the host reads back); 0, -ENOENT when no module has it. */
+ * diagnosis buffers the host reads back, flags a kernel sets for another); 0, -ENOENT when no
+ * module has it. Found once and kept, so a call on every launch costs no driver call. */
 int gpu_module_global(struct gpu *g, const char *name, gpu_ptr *ptr, size_t *bytes);
 /* How many clusters of fn (a kernel whose compile-time cluster is `cluster` x 1 x 1) launched with
  * `block` threads and `smem` bytes of dynamic shared memory a block the device holds at once

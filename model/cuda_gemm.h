@@ -295,7 +295,8 @@ struct cuda_moe_route1 {
 /* The flag (u32) k_moe_gate_logits1s sets once x is complete and the one-token block routed in
  * one launch waits for before it reads x (and resets): gv_xready of an arrival-count set taken
  * for it (as a one-row launch takes one). 0, or -ENOENT where the kernels have no such flag.
- * The router given a flag must be followed by the block given the same one (the reset). */
+ * The router given a flag must be followed by the block given the same one (the reset), or,
+ * where that launch fails, by a clear of the flag. */
 int cuda_gemm_fp8_moe_block_x_ready(struct gpu *g, gpu_ptr *flag);
 int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu_ptr w2_tab,
 			    gpu_ptr s2_tab, gpu_ptr off, int G, gpu_ptr x8, gpu_ptr sx, gpu_ptr h8,

@@ -751,8 +751,11 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
 					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes,
 					     self_route ? &rt : NULL);
-		if (self_route && rc) /* (the routing was left to this launch) */
+		if (self_route && rc) { /* (the routing was left to this launch) */
+			if (x_ready) /* the router still sets it: clear it after, as the block would */
+				(void)gpu_memset(g, x_ready, 0, sizeof(unsigned));
 			return rc;
+		}
 		block_done = sw_done = rc == 0;
 		if (rc != -ENOTSUP && rc)
 			return rc;
