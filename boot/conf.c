@@ -124,7 +124,7 @@ static char *trim(char *s)
 	return s;
 }
 
-int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e)
+int conf_file_each(const char *path, conf_line_fn *fn, void *ctx, struct err *e)
 {
 	size_t len;
 	char *text = file_read(path, &len, 1 << 20, e);
@@ -150,10 +150,21 @@ int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e)
 			break;
 		}
 		*eq = 0;
-		r = conf_set(c, trim(l), trim(eq + 1), where, e);
+		r = fn(ctx, trim(l), trim(eq + 1), where, e);
 	}
 	free(text);
 	return r;
+}
+
+static int conf_line(void *ctx, const char *key, const char *value, const char *where,
+		     struct err *e)
+{
+	return conf_set(ctx, key, value, where, e);
+}
+
+int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e)
+{
+	return conf_file_each(path, conf_line, c, e);
 }
 
 static void usage(FILE *f)

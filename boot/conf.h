@@ -44,6 +44,12 @@ struct dsv32d_conf {
 void conf_defaults(struct dsv32d_conf *c);
 /* Applies a config file. 0, or -errno with e naming file, line and key. */
 int conf_load_file(struct dsv32d_conf *c, const char *path, struct err *e);
+/* The file format's reader, for any such file: fn(ctx, key, value, "path:line", e) for each
+ * `key = value` line (both trimmed) until fn returns non-zero. 0, that return, or -EINVAL with
+ * e set (the file unreadable, a line without '='). */
+typedef int conf_line_fn(void *ctx, const char *key, const char *value, const char *where,
+			 struct err *e);
+int conf_file_each(const char *path, conf_line_fn *fn, void *ctx, struct err *e);
 /* Applies one key/value (from a flag or a file line). `where` names the origin in messages. */
 int conf_set(struct dsv32d_conf *c, const char *key, const char *value, const char *where,
 	     struct err *e);
