@@ -7,7 +7,9 @@
 #   model/ driver/   -> the engine (build/libengine.a)
 #   ipc/             -> the client library (build/libdsv32.a) and the server side
 #   boot/            -> build/dsv32d          tools/cli/     -> build/dsv32
+#   boot/init/       -> build/dsv32-init (the appliance image's PID 1)
 #   tools/mkmodel/   -> build/mkmodel         tests/*.c      -> build/test_runner
+#   tools/mkimage/   -> build/mkimage         `make image`   -> build/image/dsv32.cpio
 #   tests/fuzz/fuzz_*.c -> build/fuzz/fuzz_*  (libFuzzer, clang)
 #   kernels_ptx/*.cu -> PTX + sm_90a cubin (nvcc, ptxas), embedded into the daemon
 
@@ -32,8 +34,13 @@ ENGINE_SRC := $(wildcard model/*.c) $(wildcard driver/*.c)
 IPC_SRC    := $(wildcard ipc/*.c)
 BOOT_SRC   := $(wildcard boot/*.c)
 BOOT_LIB   := $(filter-out boot/dsv32d.c,$(BOOT_SRC))
+INIT_SRC   := $(wildcard boot/init/*.c)
+INIT_LIB   := $(filter-out boot/init/init.c,$(INIT_SRC))
+# what dsv32-init links besides its own files: the config file reader
+INIT_DEPS  := boot/conf.c model/fileio.c
 CLI_SRC    := $(wildcard tools/cli/*.c)
 MKMODEL_SRC:= $(wildcard tools/mkmodel/*.c)
+MKIMAGE_SRC:= $(wildcard tools/mkimage/*.c)
 TEST_SRC   := $(wildcard tests/*.c)
 GPU_TEST_SRC := tests/runner.c $(wildcard tests/gpu/*.c)
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
@@ -45,9 +52,9 @@ fz  = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(1))
 mus = $(patsubst %.c,$(BUILD)/static/obj/%.o,$(1))
 
 PROGRAMS := $(BUILD)/dsv32d $(BUILD)/dsv32 $(BUILD)/mkmodel $(BUILD)/libdsv32.a $(BUILD)/test_runner \
-	    $(BUILD)/gpu_test_runner
+	    $(BUILD)/gpu_test_runner $(BUILD)/dsv32-init $(BUILD)/mkimage
 
-.PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test
+.PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test image
 # objects reached only through pattern rules are kept (make would delete them as intermediates)
 .SECONDARY:
 all: $(PROGRAMS)
@@ -114,7 +121,11 @@ $(BUILD)/dsv32: $(call obj,$(CLI_SRC)) $(BUILD)/libengine.a $(call obj,$(IPC_SRC
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/mkmodel: $(call obj,$(MKMODEL_SRC)) $(BUILD)/libengine.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BUILD)/test_runner: $(call obj,$(TEST_SRC)) $(call obj,$(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB)) $(EMBED_OBJ)
+$(BUILD)/dsv32-init: $(call obj,$(INIT_SRC) $(INIT_DEPS))
+	$(CC) $(CFLAGS) -o $@ $^
+$(BUILD)/mkimage: $(call obj,$(MKIMAGE_SRC))
+	$(CC) $(CFLAGS) -o $@ $^
+$(BUILD)/test_runner: $(call obj,$(TEST_SRC)) $(call obj,$(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB) $(INIT_LIB)) $(EMBED_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # GPU tests: built everywhere (CI checks they compile), run only by `make gpu-test` on a GPU.
@@ -122,8 +133,9 @@ $(BUILD)/gpu_test_runner: $(call obj,$(GPU_TEST_SRC)) $(BUILD)/libengine.a $(EMB
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- sanitizer build of the whole suite (clang ASan + UBSan) --------------------------------
-asan: $(BUILD)/asan/test_runner $(BUILD)/asan/mkmodel $(BUILD)/asan/dsv32 $(BUILD)/asan/dsv32d
-$(BUILD)/asan/test_runner: $(call san,$(TEST_SRC) $(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB)) $(BUILD)/gen/kernels_embed.c
+asan: $(BUILD)/asan/test_runner $(BUILD)/asan/mkmodel $(BUILD)/asan/dsv32 $(BUILD)/asan/dsv32d \
+      $(BUILD)/asan/dsv32-init $(BUILD)/asan/mkimage
+$(BUILD)/asan/test_runner: $(call san,$(TEST_SRC) $(ENGINE_SRC) $(IPC_SRC) $(BOOT_LIB) $(INIT_LIB)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 $(BUILD)/asan/mkmodel: $(call san,$(MKMODEL_SRC) $(ENGINE_SRC)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
@@ -131,6 +143,10 @@ $(BUILD)/asan/dsv32: $(call san,$(CLI_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/ge
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 $(BUILD)/asan/dsv32d: $(call san,$(BOOT_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -g -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
+$(BUILD)/asan/dsv32-init: $(call san,$(INIT_SRC) $(INIT_DEPS))
+	$(CLANG) $(SAN) -g -o $@ $^
+$(BUILD)/asan/mkimage: $(call san,$(MKIMAGE_SRC))
+	$(CLANG) $(SAN) -g -o $@ $^
 
 # ---- fuzz targets (libFuzzer) ---------------------------------------------------------------
 FUZZERS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
@@ -139,7 +155,8 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_S
 	$(CLANG) $(SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 
 # ---- static (musl) builds of everything that does not touch the GPU -------------------------
-STATIC_PROGRAMS := $(BUILD)/static/dsv32 $(BUILD)/static/mkmodel $(BUILD)/static/dsv32d
+STATIC_PROGRAMS := $(BUILD)/static/dsv32 $(BUILD)/static/mkmodel $(BUILD)/static/dsv32d \
+		   $(BUILD)/static/dsv32-init
 static: $(STATIC_PROGRAMS) $(BUILD)/static/libdsv32.a
 	@for p in $(STATIC_PROGRAMS); do \
 	  if readelf -d $$p 2>&1 | grep -q "There is no dynamic section"; then echo "static: $$p"; \
@@ -153,6 +170,8 @@ $(BUILD)/static/mkmodel: $(call mus,$(MKMODEL_SRC) $(ENGINE_SRC))
 	$(MUSLCC) -static -O2 -o $@ $^ $(LDLIBS)
 $(BUILD)/static/dsv32d: $(call mus,$(BOOT_SRC) $(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/static/gen/kernels_embed.c
 	$(MUSLCC) -static -O2 -I. -o $@ $(filter %.o,$^) $(BUILD)/static/gen/kernels_embed.c $(LDLIBS)
+$(BUILD)/static/dsv32-init: $(call mus,$(INIT_SRC) $(INIT_DEPS))
+	$(MUSLCC) -static -O2 -o $@ $^
 $(BUILD)/static/libdsv32.a: $(call mus,$(IPC_SRC))
 	@rm -f $@
 	ar rcs $@ $^
@@ -169,10 +188,32 @@ $(BUILD)/tokenizer/js/.installed: tools/fetch_tokenizer_js.sh
 TINY := $(BUILD)/models/tiny
 $(TINY)/config.json: $(BUILD)/mkmodel | tokenizer
 	$(BUILD)/mkmodel tiny --seed 1 --out $(TINY)
+# ---- the appliance image: an initramfs whose PID 1 is dsv32-init, serving the tiny model ----
+# (or IMAGE_MODEL, a checkpoint directory packed into it; dist/image/ holds its configuration).
+# Boot it: qemu-system-x86_64 -kernel VMLINUZ -initrd build/image/dsv32.cpio -m 2G
+#   -append "console=ttyS0" -nographic   (tests/image/boot_test.sh does, and checks it serves)
+IMAGE_MODEL ?= $(TINY)
+IMAGE_ROOT  := $(BUILD)/image/root
+image: $(BUILD)/image/dsv32.cpio
+$(BUILD)/image/dsv32.cpio: $(BUILD)/mkimage $(BUILD)/static/dsv32-init $(BUILD)/static/dsv32d \
+		$(BUILD)/static/dsv32 $(IMAGE_MODEL)/config.json $(wildcard dist/image/*)
+	rm -rf $(IMAGE_ROOT)
+	mkdir -p $(IMAGE_ROOT)/sbin $(IMAGE_ROOT)/bin $(IMAGE_ROOT)/etc/dsv32 $(IMAGE_ROOT)/dev \
+		 $(IMAGE_ROOT)/proc $(IMAGE_ROOT)/sys $(IMAGE_ROOT)/run $(IMAGE_ROOT)/tmp \
+		 $(IMAGE_ROOT)/srv/dsv32/model
+	cp $(BUILD)/static/dsv32-init $(IMAGE_ROOT)/init
+	cp $(BUILD)/static/dsv32d $(IMAGE_ROOT)/sbin/dsv32d
+	cp $(BUILD)/static/dsv32 $(IMAGE_ROOT)/bin/dsv32
+	strip $(IMAGE_ROOT)/init $(IMAGE_ROOT)/sbin/dsv32d $(IMAGE_ROOT)/bin/dsv32
+	cp dist/image/init.conf dist/image/dsv32d.conf $(IMAGE_ROOT)/etc/dsv32/
+	cp -l $(IMAGE_MODEL)/*.json $(IMAGE_MODEL)/*.safetensors $(IMAGE_ROOT)/srv/dsv32/model/ 2>/dev/null || \
+		cp $(IMAGE_MODEL)/*.json $(IMAGE_MODEL)/*.safetensors $(IMAGE_ROOT)/srv/dsv32/model/
+	$(BUILD)/mkimage --out $@ --tree $(IMAGE_ROOT) --nod /dev/console:c:5:1:0600 --nod /dev/null:c:1:3:0666
+
 run: all $(TINY)/config.json
 	$(BUILD)/dsv32 run --model $(TINY)
 
-test: all asan fuzz tokenizer
+test: all asan fuzz tokenizer image
 	@tools/run_tests.sh $(BUILD)
 
 gpu-test: all

@@ -1,0 +1,274 @@
+/*
+ * mkimage.c — the appliance image: a directory tree packed as the kernel's initramfs (a cpio
+ * archive in the "newc" format, uncompressed), reproducibly: entries in name order, owner root,
+ * time 0 (or $SOURCE_DATE_EPOCH), inode numbers counted from 1. Device nodes, which a build
+ * without root cannot create in the tree, are added by --nod.
+ *
+ *   mkimage --out dsv32.cpio --tree ROOT [--nod PATH:c|b:MAJOR:MINOR:MODE ...]
+ *   mkimage --list dsv32.cpio      (every entry: mode, size, name; the format checked)
+ *
+ * Owns: the format, both ways. Must not: follow a symbolic link (it is stored as a link), store
+ * anything but regular files, directories, links and the --nod nodes.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct out {
+	FILE *f;
+	const char *path;
+	uint32_t ino;
+	uint32_t mtime;
+	uint64_t bytes;
+};
+
+static int fail(const char *fmt, const char *a, const char *b)
+{
+	fprintf(stderr, "mkimage: ");
+	fprintf(stderr, fmt, a, b);
+	fprintf(stderr, "\n");
+	return -1;
+}
+
+static void pad4(struct out *o)
+{
+	static const char zero[4];
+	size_t n = (4 - o->bytes % 4) % 4;
+	fwrite(zero, 1, n, o->f);
+	o->bytes += n;
+}
+
+/* One entry's header and name (the data follows, then pad4) */
+static void header(struct out *o, const char *name, uint32_t mode, uint64_t size,
+		   uint32_t rmajor, uint32_t rminor)
+{
+	size_t nlen = strlen(name) + 1;
+	fprintf(o->f, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08zX%08X", ++o->ino, mode,
+		0u, 0u, S_ISDIR(mode) ? 2u : 1u, o->mtime, (uint32_t)size, 0u, 0u, rmajor, rminor,
+		nlen, 0u);
+	fwrite(name, 1, nlen, o->f);
+	o->bytes += 110 + nlen;
+	pad4(o);
+}
+
+static int copy_file(struct out *o, const char *src, uint64_t size)
+{
+	FILE *in = fopen(src, "rb");
+	if (!in)
+		return fail("%s: %s", src, strerror(errno));
+	char buf[1 << 16];
+	uint64_t left = size;
+	while (left) {
+		size_t n = fread(buf, 1, left < sizeof buf ? left : sizeof buf, in);
+		if (!n) {
+			fclose(in);
+			return fail("%s: %s", src, "shorter than its size (changed while packed?)");
+		}
+		fwrite(buf, 1, n, o->f);
+		left -= n;
+	}
+	fclose(in);
+	o->bytes += size;
+	pad4(o);
+	return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* dir (on disk) packed as name (in the image; "" = the root, not itself an entry) */
+static int pack_tree(struct out *o, const char *dir, const char *name)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return fail("%s: %s", dir, strerror(errno));
+	char **names = NULL;
+	size_t n = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char **nn = realloc(names, (n + 1) * sizeof *nn);
+		if (!nn || !(nn[n] = strdup(e->d_name))) {
+			closedir(d);
+			return fail("%s%s", "out of memory", "");
+		}
+		names = nn, n++;
+	}
+	closedir(d);
+	qsort(names, n, sizeof *names, by_name);
+	int r = 0;
+	for (size_t i = 0; i < n && !r; i++) {
+		char src[4096], dst[4096];
+		snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+		snprintf(dst, sizeof dst, "%s%s%s", name, *name ? "/" : "", names[i]);
+		struct stat st;
+		if (lstat(src, &st)) {
+			r = fail("%s: %s", src, strerror(errno));
+		} else if (S_ISDIR(st.st_mode)) {
+			header(o, dst, S_IFDIR | (st.st_mode & 07777), 0, 0, 0);
+			r = pack_tree(o, src, dst);
+		} else if (S_ISREG(st.st_mode)) {
+			if ((uint64_t)st.st_size > UINT32_MAX)
+				r = fail("%s: %s", src, "larger than the format's 4 GiB");
+			else {
+				header(o, dst, S_IFREG | (st.st_mode & 07777), (uint64_t)st.st_size, 0, 0);
+				r = copy_file(o, src, (uint64_t)st.st_size);
+			}
+		} else if (S_ISLNK(st.st_mode)) {
+			char target[4096];
+			ssize_t len = readlink(src, target, sizeof target);
+			if (len < 0 || len == (ssize_t)sizeof target) {
+				r = fail("%s: %s", src, "unreadable link");
+			} else {
+				header(o, dst, S_IFLNK | 0777, (uint64_t)len, 0, 0);
+				fwrite(target, 1, (size_t)len, o->f);
+				o->bytes += (uint64_t)len;
+				pad4(o);
+			}
+		} else {
+			r = fail("%s: %s", src, "not a file, directory or link (use --nod for devices)");
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	return r;
+}
+
+/* PATH:c|b:MAJOR:MINOR:MODE */
+static int pack_nod(struct out *o, const char *tree, const char *spec)
+{
+	char path[256], type;
+	unsigned maj, min, mode;
+	int used = 0;
+	if (sscanf(spec, "%255[^:]:%c:%u:%u:%o%n", path, &type, &maj, &min, &mode, &used) != 5 ||
+	    spec[used] || (type != 'c' && type != 'b') || mode > 07777)
+		return fail("--nod %s: %s", spec, "expected PATH:c|b:MAJOR:MINOR:MODE (octal)");
+	const char *name = path[0] == '/' ? path + 1 : path;
+	/* its directory must be in the tree (the kernel creates no missing directories) */
+	char dir[4352];
+	struct stat st;
+	snprintf(dir, sizeof dir, "%s/%s", tree, name);
+	*strrchr(dir, '/') = 0;
+	if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+		return fail("--nod %s: %s", spec, "its directory is not in the tree");
+	header(o, name, (type == 'c' ? S_IFCHR : S_IFBLK) | mode, 0, maj, min);
+	return 0;
+}
+
+/* Reads one hex field of 8 digits */
+static int hex8(const char *p, uint32_t *v)
+{
+	*v = 0;
+	for (int i = 0; i < 8; i++) {
+		int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
+				  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+							 : -1;
+		if (d < 0)
+			return -1;
+		*v = *v << 4 | (uint32_t)d;
+	}
+	return 0;
+}
+
+static int list(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return fail("%s: %s", path, strerror(errno));
+	uint64_t off = 0;
+	int r = -1;
+	for (;;) {
+		char h[110], name[4096];
+		uint32_t v[13];
+		if (fread(h, 1, 110, f) != 110 || memcmp(h, "070701", 6)) {
+			fail("%s: %s", path, "not a newc cpio archive, or cut short before its trailer");
+			break;
+		}
+		int ok = 1;
+		for (int i = 0; i < 13; i++)
+			ok &= !hex8(h + 6 + 8 * i, &v[i]);
+		uint32_t mode = v[1], size = v[6], nlen = v[11];
+		if (!ok || !nlen || nlen > sizeof name || fread(name, 1, nlen, f) != nlen ||
+		    name[nlen - 1]) {
+			fail("%s: %s", path, "a malformed entry header");
+			break;
+		}
+		/* the name after the 110-byte header, the data and the next entry 4-byte aligned */
+		const uint64_t pos = off + 110 + nlen, data = (pos + 3) & ~(uint64_t)3;
+		const uint64_t next = (data + size + 3) & ~(uint64_t)3, skip = next - pos;
+		off = next;
+		if (!strcmp(name, "TRAILER!!!")) {
+			r = 0;
+			break;
+		}
+		printf("%06o %10u %s", mode, size, name);
+		if (S_ISCHR(mode) || S_ISBLK(mode))
+			printf(" (%u, %u)", v[9], v[10]);
+		printf("\n");
+		if (fseeko(f, (off_t)skip, SEEK_CUR)) {
+			fail("%s: %s", path, strerror(errno));
+			break;
+		}
+	}
+	fclose(f);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	const char *out = NULL, *tree = NULL;
+	if (argc == 3 && !strcmp(argv[1], "--list"))
+		return list(argv[2]) ? 1 : 0;
+	for (int i = 1; i < argc; i++) {
+		if (i + 1 < argc && !strcmp(argv[i], "--out"))
+			out = argv[++i];
+		else if (i + 1 < argc && !strcmp(argv[i], "--tree"))
+			tree = argv[++i];
+		else if (i + 1 < argc && !strcmp(argv[i], "--nod"))
+			i++; /* (packed after the tree) */
+		else
+			out = NULL, i = argc;
+	}
+	if (!out || !tree) {
+		fprintf(stderr, "usage: mkimage --out FILE --tree DIR [--nod PATH:c|b:MAJOR:MINOR:MODE ...]\n"
+				"       mkimage --list FILE\n");
+		return 2;
+	}
+	struct out o = {.path = out};
+	const char *epoch = getenv("SOURCE_DATE_EPOCH");
+	o.mtime = epoch ? (uint32_t)strtoul(epoch, NULL, 10) : 0;
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s.tmp", out);
+	if (!(o.f = fopen(tmp, "wb")))
+		return fail("%s: %s", tmp, strerror(errno)) ? 1 : 0;
+	int r = pack_tree(&o, tree, "");
+	for (int i = 1; i < argc && !r; i++)
+		if (!strcmp(argv[i], "--nod"))
+			r = pack_nod(&o, tree, argv[++i]);
+		else if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--tree"))
+			i++;
+	if (!r) {
+		header(&o, "TRAILER!!!", 0, 0, 0, 0);
+		static const char zero[512]; /* (pad to a 512-byte block, as cpio(1) does) */
+		fwrite(zero, 1, (512 - o.bytes % 512) % 512, o.f);
+	}
+	if (fclose(o.f) || r) {
+		unlink(tmp);
+		return r ? 1 : fail("%s: %s", tmp, strerror(errno)) ? 1 : 0;
+	}
+	if (rename(tmp, out))
+		return fail("%s: %s", out, strerror(errno)) ? 1 : 0;
+	printf("mkimage: %s: %u entries, %llu bytes\n", out, o.ino,
+	       (unsigned long long)o.bytes);
+	return 0;
+}
