@@ -68,10 +68,14 @@ static int load_modules(const struct init_conf *c)
 {
 	for (int i = 0; i < c->n_modules; i++) {
 		int fd = open(c->modules[i], O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) && errno != EEXIST)) {
-			LOG("module %s: %s\n", c->modules[i], strerror(errno));
-			if (fd >= 0)
-				close(fd);
+		if (fd < 0) {
+			LOG("module %s: cannot open: %s\n", c->modules[i], strerror(errno));
+			return -1;
+		}
+		if (syscall(SYS_finit_module, fd, "", 0) && errno != EEXIST) {
+			LOG("module %s: the kernel refused it: %s (its message is above; a module it "
+			    "depends on must be loaded before it)\n", c->modules[i], strerror(errno));
+			close(fd);
 			return -1;
 		}
 		close(fd);
@@ -102,6 +106,11 @@ static int do_mounts(const struct init_conf *c)
 		struct stat st;
 		while (m->source[0] == '/' && stat(m->source, &st) && svc_now_ms() < until)
 			usleep(50 * 1000);
+		if (m->source[0] == '/' && stat(m->source, &st)) {
+			LOG("mount %s on %s: %s did not appear within %.3f s (its driver not loaded?)\n",
+			    m->source, m->target, m->source, c->device_timeout_ms / 1e3);
+			return -1;
+		}
 		mkdir_p(m->target);
 		if (mount(m->source, m->target, m->fstype, m->flags, m->data[0] ? m->data : NULL)) {
 			LOG("mount %s on %s (%s): %s\n", m->source, m->target, m->fstype,
@@ -368,6 +377,7 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	int sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	int bad = load_conf(&in);
+	const int conf_bad = bad;
 	if (check || (!in.pid1 && bad))
 		return bad ? 2 : 0;
 	if (!bad && in.pid1 && (load_modules(&in.conf) || do_mounts(&in.conf)))
@@ -382,6 +392,15 @@ int main(int argc, char **argv)
 	if (bad || r) {
 		if (!in.pid1)
 			return 2;
+		/* a one-shot image (its configuration read) ends as it would have after its ready
+		 * commands (they did not run: their count says so); a serving one, or one whose
+		 * configuration is wrong, waits for its operator */
+		if (!conf_bad && in.conf.ready_done != INIT_READY_DONE_SERVE && in.conf.n_ready) {
+			LOG("the service cannot start; ready commands: 0 of %d succeeded\n",
+			    in.conf.n_ready);
+			final_act(in.conf.ready_done == INIT_READY_DONE_REBOOT ? RB_AUTOBOOT
+									       : RB_POWER_OFF);
+		}
 		LOG("the service is not started; power off with SIGTERM, reboot with ctrl-alt-del\n");
 		idle_forever(sfd);
 	}
