@@ -86,3 +86,17 @@ char *path_join(char *buf, size_t size, const char *dir, const char *name)
 	snprintf(buf, size, "%s%s%s", dir, n && dir[n - 1] == '/' ? "" : "/", name);
 	return buf;
 }
+
+int dir_make(const char *dir)
+{
+	char buf[4096];
+	if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+		return -ENAMETOOLONG;
+	for (char *p = buf + 1; *p; p++)
+		if (*p == '/') {
+			*p = 0;
+			mkdir(buf, 0755); /* (an existing one, or a failure the last mkdir reports) */
+			*p = '/';
+		}
+	return mkdir(buf, 0755) && errno != EEXIST ? -errno : 0;
+}

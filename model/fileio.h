@@ -13,6 +13,9 @@
 char *file_read(const char *path, size_t *len, size_t max, struct err *e);
 /* Writes n bytes to path (created or truncated, mode 0644). 0 or -errno with e set. */
 int file_write(const char *path, const void *p, size_t n, struct err *e);
+/* mkdir -p: dir and every missing directory above it (mode 0755). 0 (also when it exists), or
+ * -errno of the last mkdir. */
+int dir_make(const char *dir);
 /* path_join(buf, size, dir, name) -> "dir/name"; returns buf. */
 char *path_join(char *buf, size_t size, const char *dir, const char *name);
 

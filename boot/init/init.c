@@ -32,6 +32,7 @@
 
 #include "boot/init/init_conf.h"
 #include "boot/init/svc.h"
+#include "model/fileio.h"
 
 #define LOG(...) fprintf(stderr, "dsv32-init: " __VA_ARGS__)
 
@@ -84,19 +85,6 @@ static int load_modules(const struct init_conf *c)
 	return 0;
 }
 
-static void mkdir_p(const char *path)
-{
-	char p[256];
-	snprintf(p, sizeof p, "%s", path);
-	for (char *s = p + 1; *s; s++)
-		if (*s == '/') {
-			*s = 0;
-			mkdir(p, 0755);
-			*s = '/';
-		}
-	mkdir(p, 0755);
-}
-
 static int do_mounts(const struct init_conf *c)
 {
 	for (int i = 0; i < c->n_mounts; i++) {
@@ -111,7 +99,7 @@ static int do_mounts(const struct init_conf *c)
 			    m->source, m->target, m->source, c->device_timeout_ms / 1e3);
 			return -1;
 		}
-		mkdir_p(m->target);
+		dir_make(m->target);
 		if (mount(m->source, m->target, m->fstype, m->flags, m->data[0] ? m->data : NULL)) {
 			LOG("mount %s on %s (%s): %s\n", m->source, m->target, m->fstype,
 			    strerror(errno));
@@ -385,7 +373,7 @@ int main(int argc, char **argv)
 	char dir[108];
 	snprintf(dir, sizeof dir, "%s", in.notify_path);
 	if (strrchr(dir, '/'))
-		*strrchr(dir, '/') = 0, mkdir_p(dir);
+		*strrchr(dir, '/') = 0, dir_make(dir);
 	int r = bad ? -1 : svc_open(&in.svc, &in.conf, in.notify_path);
 	if (!bad && r)
 		LOG("notification socket %s: %s\n", in.notify_path, strerror(-r));

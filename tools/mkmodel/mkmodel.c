@@ -324,19 +324,6 @@ static int usage(void)
 	return 2;
 }
 
-static int mkdir_p(const char *dir)
-{
-	char buf[4096];
-	snprintf(buf, sizeof buf, "%s", dir);
-	for (char *p = buf + 1; *p; p++)
-		if (*p == '/') {
-			*p = 0;
-			mkdir(buf, 0755);
-			*p = '/';
-		}
-	return mkdir(buf, 0755) && errno != EEXIST ? -errno : 0;
-}
-
 static int parse_i64(const char *s, int64_t *v)
 {
 	char *end;
@@ -426,7 +413,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mkmodel: %s\n", e.msg);
 		return 1;
 	}
-	if (mkdir_p(out)) {
+	if (dir_make(out)) {
 		fprintf(stderr, "mkmodel: %s: cannot create directory: %s\n", out, strerror(errno));
 		return 1;
 	}
