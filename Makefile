@@ -151,7 +151,7 @@ $(BUILD)/asan/mkimage: $(call san,$(MKIMAGE_SRC))
 # ---- fuzz targets (libFuzzer) ---------------------------------------------------------------
 FUZZERS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 fuzz: $(FUZZERS)
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC)) $(BUILD)/gen/kernels_embed.c
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC) $(INIT_LIB) boot/conf.c) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 
 # ---- static (musl) builds of everything that does not touch the GPU -------------------------
