@@ -425,6 +425,28 @@ TEST_T(init, program_stops_the_service_on_sigterm, 120)
 	free(log);
 }
 
+TEST_T(init, program_ends_a_ready_command_that_outlives_the_stop, 120)
+{
+	/* a ready command that ignores SIGTERM: killed once the service is down, not waited for */
+	char args[1024], *log = NULL;
+	const char *conf = write_confs("ready = /usr/bin/env python3 -c 'import signal, time; "
+				       "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+				       "print(\"marker-\" + str(41 + 1), flush=True); "
+				       "time.sleep(60)'\n",
+				       "serve");
+	snprintf(args, sizeof args, "--conf %s --notify %s/notify", conf, test_tmpdir());
+	int64_t t0 = svc_now_ms();
+	int r = run_init(args, 100, &log, "marker-42"); /* (the line, not the configuration's echo) */
+	REQUIRE(log);
+	if (r != 1 || !strstr(log, "status 0x9)"))
+		fprintf(stderr, "%s", log);
+	CHECK_EQ_INT(r, 1); /* the ready command did not succeed */
+	CHECK(svc_now_ms() - t0 < 50 * 1000);
+	CHECK(strstr(log, "ready command 1 failed (status 0x9)") != NULL); /* SIGKILL */
+	CHECK(strstr(log, "exited with status 0") != NULL); /* the service's own stop */
+	free(log);
+}
+
 TEST(init, program_refuses_a_bad_configuration)
 {
 	char path[512], args[1024], *log = NULL;

@@ -278,8 +278,12 @@ static int run(struct init *in, int sfd)
 	if (svc_start(&in->svc, svc_now_ms()))
 		LOG("fork: %s\n", strerror(errno));
 	for (;;) {
-		if (in->shutting_down && in->svc.state == SVC_STATE_DOWN && in->ready.pid <= 0)
-			return in->ready.failed || (in->conf.n_ready && !in->ready.done) ? 1 : 0;
+		if (in->shutting_down && in->svc.state == SVC_STATE_DOWN) {
+			if (in->ready.pid <= 0)
+				return in->ready.failed || (in->conf.n_ready && !in->ready.done) ? 1 : 0;
+			/* a ready command still running with its server gone (it had SIGTERM) */
+			kill(in->ready.pid, SIGKILL);
+		}
 		int64_t now = svc_now_ms(), dl = svc_deadline(&in->svc);
 		int timeout = dl ? (dl > now ? (int)(dl - now < 60000 ? dl - now : 60000) : 0) : -1;
 		struct pollfd p[2] = {{sfd, POLLIN, 0}, {svc_fd(&in->svc), POLLIN, 0}};

@@ -171,7 +171,9 @@ void svc_on_notify(struct svc *s, int64_t now_ms)
 				memcpy(&u, CMSG_DATA(c), sizeof u);
 				from = u.pid;
 			}
-		if (s->pid <= 0 || from != s->pid) { /* NotifyAccess=main */
+		if (s->pid <= 0)
+			continue; /* (a last word of a service already reaped) */
+		if (from != s->pid) { /* NotifyAccess=main */
 			LOG("notification from pid %d ignored (the service is pid %d)\n", (int)from,
 			    (int)s->pid);
 			continue;
