@@ -103,7 +103,8 @@ static int pack_tree(struct out *o, const char *dir, const char *name)
 		names = nn, n++;
 	}
 	closedir(d);
-	qsort(names, n, sizeof *names, by_name);
+	if (n) /* (qsort takes no NULL, even for nothing) */
+		qsort(names, n, sizeof *names, by_name);
 	int r = 0;
 	for (size_t i = 0; i < n && !r; i++) {
 		char src[4096], dst[4096];
