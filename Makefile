@@ -41,6 +41,7 @@ INIT_DEPS  := boot/conf.c model/fileio.c
 CLI_SRC    := $(wildcard tools/cli/*.c)
 MKMODEL_SRC:= $(wildcard tools/mkmodel/*.c)
 MKIMAGE_SRC:= $(wildcard tools/mkimage/*.c)
+MKIMAGE_LIB:= $(filter-out tools/mkimage/mkimage.c,$(MKIMAGE_SRC))
 TEST_SRC   := $(wildcard tests/*.c)
 GPU_TEST_SRC := tests/runner.c $(wildcard tests/gpu/*.c)
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
@@ -151,7 +152,7 @@ $(BUILD)/asan/mkimage: $(call san,$(MKIMAGE_SRC))
 # ---- fuzz targets (libFuzzer) ---------------------------------------------------------------
 FUZZERS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 fuzz: $(FUZZERS)
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC) $(INIT_LIB) boot/conf.c) $(BUILD)/gen/kernels_embed.c
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(call fz,$(ENGINE_SRC) $(IPC_SRC) $(INIT_LIB) boot/conf.c $(MKIMAGE_LIB)) $(BUILD)/gen/kernels_embed.c
 	$(CLANG) $(SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(BUILD)/gen/kernels_embed.c -I. $(LDLIBS)
 
 # ---- static (musl) builds of everything that does not touch the GPU -------------------------

@@ -17,8 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "tools/mkimage/cpio.h"
 
 struct out {
 	FILE *f;
@@ -165,64 +168,31 @@ static int pack_nod(struct out *o, const char *tree, const char *spec)
 	return 0;
 }
 
-/* Reads one hex field of 8 digits */
-static int hex8(const char *p, uint32_t *v)
+static int print_entry(void *ctx, const struct cpio_entry *e)
 {
-	*v = 0;
-	for (int i = 0; i < 8; i++) {
-		int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
-				  : c >= 'A' && c <= 'F' ? c - 'A' + 10
-				  : c >= 'a' && c <= 'f' ? c - 'a' + 10
-							 : -1;
-		if (d < 0)
-			return -1;
-		*v = *v << 4 | (uint32_t)d;
-	}
+	(void)ctx;
+	printf("%06o %10u %s", e->mode, e->size, e->name);
+	if (S_ISCHR(e->mode) || S_ISBLK(e->mode))
+		printf(" (%u, %u)", e->rmajor, e->rminor);
+	printf("\n");
 	return 0;
 }
 
 static int list(const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f)
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st))
 		return fail("%s: %s", path, strerror(errno));
-	uint64_t off = 0;
-	int r = -1;
-	for (;;) {
-		char h[110], name[4096];
-		uint32_t v[13];
-		if (fread(h, 1, 110, f) != 110 || memcmp(h, "070701", 6)) {
-			fail("%s: %s", path, "not a newc cpio archive, or cut short before its trailer");
-			break;
-		}
-		int ok = 1;
-		for (int i = 0; i < 13; i++)
-			ok &= !hex8(h + 6 + 8 * i, &v[i]);
-		uint32_t mode = v[1], size = v[6], nlen = v[11];
-		if (!ok || !nlen || nlen > sizeof name || fread(name, 1, nlen, f) != nlen ||
-		    name[nlen - 1]) {
-			fail("%s: %s", path, "a malformed entry header");
-			break;
-		}
-		/* the name after the 110-byte header, the data and the next entry 4-byte aligned */
-		const uint64_t pos = off + 110 + nlen, data = (pos + 3) & ~(uint64_t)3;
-		const uint64_t next = (data + size + 3) & ~(uint64_t)3, skip = next - pos;
-		off = next;
-		if (!strcmp(name, "TRAILER!!!")) {
-			r = 0;
-			break;
-		}
-		printf("%06o %10u %s", mode, size, name);
-		if (S_ISCHR(mode) || S_ISBLK(mode))
-			printf(" (%u, %u)", v[9], v[10]);
-		printf("\n");
-		if (fseeko(f, (off_t)skip, SEEK_CUR)) {
-			fail("%s: %s", path, strerror(errno));
-			break;
-		}
-	}
-	fclose(f);
-	return r;
+	const char *why = NULL;
+	void *p = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+	close(fd);
+	if (p == MAP_FAILED)
+		return fail("%s: %s", path, strerror(errno));
+	int r = cpio_walk(p, (size_t)st.st_size, print_entry, NULL, &why);
+	if (p)
+		munmap(p, (size_t)st.st_size);
+	return r ? fail("%s: %s", path, why) : 0;
 }
 
 int main(int argc, char **argv)
