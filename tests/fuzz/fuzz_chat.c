@@ -13,12 +13,7 @@
 #include <string.h>
 
 #include "model/chat.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static void fuzz_encode(const char *s, size_t n, uint8_t flags)
 {

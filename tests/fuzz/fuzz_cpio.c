@@ -7,12 +7,7 @@
 #include <string.h>
 
 #include "tools/mkimage/cpio.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 struct span {
 	const unsigned char *p;

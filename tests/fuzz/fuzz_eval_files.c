@@ -9,12 +9,7 @@
 
 #include "model/npy.h"
 #include "model/token_file.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static void check_array(const struct npy_array *a)
 {

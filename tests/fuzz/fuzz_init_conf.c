@@ -10,12 +10,7 @@
 #include <string.h>
 
 #include "boot/init/init_conf.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static void check_conf(const struct init_conf *c)
 {

@@ -10,12 +10,7 @@
 #include <string.h>
 
 #include "model/json.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static void round_trip(const struct json *root, int ascii)
 {

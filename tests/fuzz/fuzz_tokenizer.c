@@ -21,12 +21,7 @@
 
 #include "model/detok.h"
 #include "model/tokenizer.h"
-
-#define FUZZ_CHECK(c)                   \
-	do {                            \
-		if (!(c))               \
-			__builtin_trap(); \
-	} while (0)
+#include "tests/fuzz/fuzz.h"
 
 static struct tokenizer *tok;
 
