@@ -98,13 +98,13 @@ boot image.boots_serves_and_powers_off "$image"
 name=image.serves_a_checkpoint_on_a_disk
 if [ ! -s "$modules/order" ]; then
   fail $name "no kernel modules in ${modules:-(DSV32_KERNEL_MODULES unset)}"
-elif ! command -v mkfs.ext4 >/dev/null; then
+elif ! PATH=$PATH:/sbin:/usr/sbin command -v mkfs.ext4 >/dev/null; then
   fail $name "mkfs.ext4 not found (apt-get install e2fsprogs)"
 else
   mkdir -p "$work/disk/dsv32" "$work/over/etc/dsv32" "$work/over/lib/modules"
   cp "$model"/*.json "$model"/*.safetensors "$work/disk/dsv32/"
   mb=$(( $(du -sm "$work/disk" | cut -f1) * 12 / 10 + 32 ))
-  mkfs.ext4 -q -F -L dsv32 -d "$work/disk" "$work/disk.img" "${mb}M" > "$work/mkfs.log" 2>&1 ||
+  PATH=$PATH:/sbin:/usr/sbin mkfs.ext4 -q -F -L dsv32 -d "$work/disk" "$work/disk.img" "${mb}M" > "$work/mkfs.log" 2>&1 ||
     fail $name "mkfs.ext4: $(cat "$work/mkfs.log")"
   {
     echo "exec = /sbin/dsv32d --config /etc/dsv32/dsv32d.conf --model /srv/models/dsv32"
