@@ -104,8 +104,11 @@ else
   mkdir -p "$work/disk/dsv32" "$work/over/etc/dsv32" "$work/over/lib/modules"
   cp "$model"/*.json "$model"/*.safetensors "$work/disk/dsv32/"
   mb=$(( $(du -sm "$work/disk" | cut -f1) * 12 / 10 + 32 ))
-  PATH=$PATH:/sbin:/usr/sbin mkfs.ext4 -q -F -L dsv32 -d "$work/disk" "$work/disk.img" "${mb}M" > "$work/mkfs.log" 2>&1 ||
+  if ! PATH=$PATH:/sbin:/usr/sbin mkfs.ext4 -q -F -L dsv32 -d "$work/disk" "$work/disk.img" \
+      "${mb}M" > "$work/mkfs.log" 2>&1; then
     fail $name "mkfs.ext4: $(cat "$work/mkfs.log")"
+    exit $failed
+  fi
   {
     echo "exec = /sbin/dsv32d --config /etc/dsv32/dsv32d.conf --model /srv/models/dsv32"
     while read -r m; do
