@@ -125,16 +125,8 @@ static void ready_start_next(struct ready *r, const struct init_conf *c)
 		const char *cmd = c->ready[r->next++];
 		LOG("ready command %d: %s\n", r->next, cmd);
 		pid_t pid = fork();
-		if (pid == 0) {
-			char buf[INIT_CMD_BYTES], *argv[INIT_ARGV_MAX];
-			sigset_t none;
-			sigemptyset(&none);
-			sigprocmask(SIG_SETMASK, &none, NULL);
-			if (init_split(cmd, buf, sizeof buf, argv, INIT_ARGV_MAX) > 0)
-				execv(argv[0], argv);
-			LOG("exec %s: %s\n", cmd, strerror(errno));
-			_exit(127);
-		}
+		if (pid == 0)
+			svc_exec(cmd);
 		if (pid > 0) {
 			r->pid = pid;
 			return;
@@ -147,6 +139,15 @@ static void ready_start_next(struct ready *r, const struct init_conf *c)
 }
 
 /* ---- 6. shutdown ---------------------------------------------------------------------------- */
+
+/* What a signal to PID 1 asks for: SIGINT (ctrl-alt-del) and SIGUSR1 reboot, the rest power off */
+static int signal_act(int sig) { return sig == SIGINT || sig == SIGUSR1 ? RB_AUTOBOOT : RB_POWER_OFF; }
+
+/* What ready-done (not serve) asks for */
+static int ready_done_act(enum init_ready_done d)
+{
+	return d == INIT_READY_DONE_REBOOT ? RB_AUTOBOOT : RB_POWER_OFF;
+}
 
 /* PID 1's last act: every other process ended, the disks synced, the machine off or rebooted */
 static void __attribute__((noreturn)) final_act(int reboot_cmd)
@@ -242,6 +243,14 @@ static void begin_shutdown(struct init *in, int reboot_cmd)
 	svc_stop(&in->svc, svc_now_ms());
 }
 
+/* The next ready command; after the last, what ready-done says */
+static void ready_step(struct init *in)
+{
+	ready_start_next(&in->ready, &in->conf);
+	if (in->ready.done && in->conf.ready_done != INIT_READY_DONE_SERVE)
+		begin_shutdown(in, ready_done_act(in->conf.ready_done));
+}
+
 static void on_signal(struct init *in, int sig)
 {
 	if (sig == SIGCHLD) {
@@ -256,21 +265,14 @@ static void on_signal(struct init *in, int sig)
 				    ok ? "succeeded" : "failed", status);
 				in->ready.failed += !ok;
 				in->ready.pid = 0;
-				if (!in->shutting_down) {
-					ready_start_next(&in->ready, &in->conf);
-					if (in->ready.done && in->conf.ready_done != INIT_READY_DONE_SERVE)
-						begin_shutdown(in, in->conf.ready_done ==
-									   INIT_READY_DONE_REBOOT
-								   ? RB_AUTOBOOT
-								   : RB_POWER_OFF);
-				}
+				if (!in->shutting_down)
+					ready_step(in);
 			} /* else an orphan, reaped */
 		}
 		return;
 	}
-	LOG("%s: %s\n", strsignal(sig),
-	    sig == SIGINT || sig == SIGUSR1 ? "reboot" : "power off");
-	begin_shutdown(in, sig == SIGINT || sig == SIGUSR1 ? RB_AUTOBOOT : RB_POWER_OFF);
+	LOG("%s: %s\n", strsignal(sig), signal_act(sig) == RB_AUTOBOOT ? "reboot" : "power off");
+	begin_shutdown(in, signal_act(sig));
 }
 
 static int run(struct init *in, int sfd)
@@ -299,13 +301,8 @@ static int run(struct init *in, int sfd)
 		svc_on_time(&in->svc, svc_now_ms());
 		if (in->svc.became_ready) {
 			in->svc.became_ready = 0;
-			if (!in->ready.next && !in->ready.done && !in->shutting_down) {
-				ready_start_next(&in->ready, &in->conf);
-				if (in->ready.done && in->conf.ready_done != INIT_READY_DONE_SERVE)
-					begin_shutdown(in, in->conf.ready_done == INIT_READY_DONE_REBOOT
-								   ? RB_AUTOBOOT
-								   : RB_POWER_OFF);
-			}
+			if (!in->ready.next && !in->ready.done && !in->shutting_down)
+				ready_step(in);
 		}
 	}
 }
@@ -331,8 +328,7 @@ static int idle_forever(int sfd)
 			while (waitpid(-1, NULL, WNOHANG) > 0)
 				;
 		else
-			final_act(si.ssi_signo == SIGINT || si.ssi_signo == SIGUSR1 ? RB_AUTOBOOT
-										 : RB_POWER_OFF);
+			final_act(signal_act((int)si.ssi_signo));
 	}
 }
 
@@ -390,8 +386,7 @@ int main(int argc, char **argv)
 		if (!conf_bad && in.conf.ready_done != INIT_READY_DONE_SERVE && in.conf.n_ready) {
 			LOG("the service cannot start; ready commands: 0 of %d succeeded\n",
 			    in.conf.n_ready);
-			final_act(in.conf.ready_done == INIT_READY_DONE_REBOOT ? RB_AUTOBOOT
-									       : RB_POWER_OFF);
+			final_act(ready_done_act(in.conf.ready_done));
 		}
 		LOG("the service is not started; power off with SIGTERM, reboot with ctrl-alt-del\n");
 		idle_forever(sfd);

@@ -11,6 +11,9 @@
 
 #include "boot/conf.h"
 
+/* enum init_ready_done's values as the key spells them */
+static const char *const ready_done_names[] = {"serve", "poweroff", "reboot"};
+
 void init_conf_defaults(struct init_conf *c)
 {
 	memset(c, 0, sizeof *c);
@@ -171,9 +174,8 @@ int init_conf_set(struct init_conf *c, const char *key, const char *value, const
 		return copy_str(c->ready[c->n_ready++], INIT_CMD_BYTES, value, where, k, e);
 	}
 	if (!strcmp(k, "ready-done")) {
-		static const char *names[] = {"serve", "poweroff", "reboot"};
 		for (int i = 0; i < 3; i++)
-			if (!strcmp(value, names[i])) {
+			if (!strcmp(value, ready_done_names[i])) {
 				c->ready_done = (enum init_ready_done)i;
 				return 0;
 			}
@@ -277,7 +279,6 @@ int init_conf_load_cmdline(struct init_conf *c, const char *cmdline, struct err 
 
 void init_conf_print(const struct init_conf *c, FILE *f, const char *prefix)
 {
-	static const char *done[] = {"serve", "poweroff", "reboot"};
 	fprintf(f, "%sexec = %s\n%sruntime-directory = %s\n", prefix, c->exec, prefix,
 		c->runtime_dir);
 	fprintf(f, "%srestart-sec = %.3f\n%swatchdog-sec = %.3f\n%sstart-timeout-sec = %.3f\n"
@@ -293,5 +294,5 @@ void init_conf_print(const struct init_conf *c, FILE *f, const char *prefix)
 			c->mounts[i].data[0] ? " " : "", c->mounts[i].data);
 	for (int i = 0; i < c->n_ready; i++)
 		fprintf(f, "%sready = %s\n", prefix, c->ready[i]);
-	fprintf(f, "%sready-done = %s\n", prefix, done[c->ready_done]);
+	fprintf(f, "%sready-done = %s\n", prefix, ready_done_names[c->ready_done]);
 }

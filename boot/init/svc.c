@@ -68,13 +68,22 @@ void svc_close(struct svc *s)
 int svc_fd(const struct svc *s) { return s->fd; }
 int64_t svc_deadline(const struct svc *s) { return s->deadline_ms; }
 
+void svc_exec(const char *cmd)
+{
+	char buf[INIT_CMD_BYTES], *argv[INIT_ARGV_MAX];
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	if (init_split(cmd, buf, sizeof buf, argv, INIT_ARGV_MAX) > 0)
+		execv(argv[0], argv);
+	LOG("exec %s: %s\n", cmd, strerror(errno));
+	_exit(127);
+}
+
 /* The child: the environment systemd gives a Type=notify service, then exec */
 static void svc_child(const struct svc *s)
 {
-	char buf[INIT_CMD_BYTES], *argv[INIT_ARGV_MAX], v[32];
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL); /* (the caller blocks the signals it takes by fd) */
+	char v[32];
 	setsid();
 	setenv("NOTIFY_SOCKET", s->notify_path, 1);
 	if (s->conf->watchdog_ms > 0) {
@@ -86,10 +95,7 @@ static void svc_child(const struct svc *s)
 		unsetenv("WATCHDOG_USEC");
 		unsetenv("WATCHDOG_PID");
 	}
-	if (init_split(s->conf->exec, buf, sizeof buf, argv, INIT_ARGV_MAX) > 0)
-		execv(argv[0], argv);
-	LOG("exec %s: %s\n", s->conf->exec, strerror(errno));
-	_exit(127);
+	svc_exec(s->conf->exec);
 }
 
 int svc_start(struct svc *s, int64_t now_ms)

@@ -58,6 +58,9 @@ void svc_stop(struct svc *s, int64_t now_ms);
 int svc_fd(const struct svc *s);
 int64_t svc_deadline(const struct svc *s);
 const char *svc_state_name(enum svc_state st);
+/* In a child just forked by the caller: the signals unblocked (the caller takes its own by a
+ * signalfd), cmd split (init_split) and executed; on failure the reason logged, exit 127. */
+void svc_exec(const char *cmd) __attribute__((noreturn));
 /* A monotonic clock in milliseconds. */
 int64_t svc_now_ms(void);
 
