@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +32,15 @@ struct out {
 	uint64_t bytes;
 };
 
-static int fail(const char *fmt, const char *a, const char *b)
+/* The message, prefixed "mkimage: "; -1 */
+__attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...)
 {
+	va_list ap;
+	va_start(ap, fmt);
 	fprintf(stderr, "mkimage: ");
-	fprintf(stderr, fmt, a, b);
+	vfprintf(stderr, fmt, ap);
 	fprintf(stderr, "\n");
+	va_end(ap);
 	return -1;
 }
 
@@ -101,7 +106,7 @@ static int pack_tree(struct out *o, const char *dir, const char *name)
 		char **nn = realloc(names, (n + 1) * sizeof *nn);
 		if (!nn || !(nn[n] = strdup(e->d_name))) {
 			closedir(d);
-			return fail("%s%s", "out of memory", "");
+			return fail("out of memory");
 		}
 		names = nn, n++;
 	}
@@ -200,19 +205,22 @@ int main(int argc, char **argv)
 	const char *out = NULL, *tree = NULL;
 	if (argc == 3 && !strcmp(argv[1], "--list"))
 		return list(argv[2]) ? 1 : 0;
-	for (int i = 1; i < argc; i++) {
+	const char **nods = calloc((size_t)argc, sizeof *nods); /* the --nod specs, in order */
+	int n_nods = 0, usage = !nods;
+	for (int i = 1; i < argc && !usage; i++) {
 		if (i + 1 < argc && !strcmp(argv[i], "--out"))
 			out = argv[++i];
 		else if (i + 1 < argc && !strcmp(argv[i], "--tree"))
 			tree = argv[++i];
 		else if (i + 1 < argc && !strcmp(argv[i], "--nod"))
-			i++; /* (packed after the tree) */
+			nods[n_nods++] = argv[++i];
 		else
-			out = NULL, i = argc;
+			usage = 1;
 	}
-	if (!out || !tree) {
+	if (usage || !out || !tree) {
 		fprintf(stderr, "usage: mkimage --out FILE --tree DIR [--nod PATH:c|b:MAJOR:MINOR:MODE ...]\n"
 				"       mkimage --list FILE\n");
+		free(nods);
 		return 2;
 	}
 	struct out o = {.path = out};
@@ -220,25 +228,25 @@ int main(int argc, char **argv)
 	o.mtime = epoch ? (uint32_t)strtoul(epoch, NULL, 10) : 0;
 	char tmp[4096];
 	snprintf(tmp, sizeof tmp, "%s.tmp", out);
-	if (!(o.f = fopen(tmp, "wb")))
-		return fail("%s: %s", tmp, strerror(errno)) ? 1 : 0;
-	int r = pack_tree(&o, tree, "");
-	for (int i = 1; i < argc && !r; i++)
-		if (!strcmp(argv[i], "--nod"))
-			r = pack_nod(&o, tree, argv[++i]);
-		else if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--tree"))
-			i++;
+	int r = (o.f = fopen(tmp, "wb")) ? pack_tree(&o, tree, "") : fail("%s: %s", tmp, strerror(errno));
+	for (int i = 0; i < n_nods && !r; i++)
+		r = pack_nod(&o, tree, nods[i]);
+	free(nods);
+	if (!o.f)
+		return 1;
 	if (!r) {
 		header(&o, "TRAILER!!!", 0, 0, 0, 0);
 		static const char zero[512]; /* (pad to a 512-byte block, as cpio(1) does) */
 		fwrite(zero, 1, (512 - o.bytes % 512) % 512, o.f);
 	}
-	if (fclose(o.f) || r) {
+	if (fclose(o.f) && !r)
+		r = fail("%s: %s", tmp, strerror(errno));
+	if (!r && rename(tmp, out))
+		r = fail("%s: %s", out, strerror(errno));
+	if (r) {
 		unlink(tmp);
-		return r ? 1 : fail("%s: %s", tmp, strerror(errno)) ? 1 : 0;
+		return 1;
 	}
-	if (rename(tmp, out))
-		return fail("%s: %s", out, strerror(errno)) ? 1 : 0;
 	printf("mkimage: %s: %u entries, %llu bytes\n", out, o.ino,
 	       (unsigned long long)o.bytes);
 	return 0;
