@@ -181,7 +181,7 @@ static gpu_ptr dev_alloc(size_t bytes)
 static void print_trace(struct moe_bench *b, int reps)
 {
 	enum { STEPS = 16, MAX_BLOCKS = 1024 };
-	static const char *const names[15] = {
+	static const char *const names[] = {
 		"entry", "slices built", "first gate|up stage", "gate|up done", "arrival 1 passed",
 		"SwiGLU done", "arrival 2 passed", "first down stage", "down done", "arrival 3 passed",
 		"combine done", "producer: last gate|up copy", "producer: last down copy",
@@ -202,7 +202,7 @@ static void print_trace(struct moe_bench *b, int reps)
 		return;
 	printf("  trace (GV_TRACE build; us after the first block's entry: min / median / max over "
 	       "the blocks):\n");
-	for (int i = 0; i < 15; i++) {
+	for (int i = 0; i < (int)(sizeof names / sizeof *names); i++) {
 		static double v[MAX_BLOCKS];
 		int m = 0;
 		for (int k = 0; k < MAX_BLOCKS; k++)
