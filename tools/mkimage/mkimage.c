@@ -100,26 +100,30 @@ static int pack_tree(struct out *o, const char *dir, const char *name)
 		return fail("%s: %s", dir, strerror(errno));
 	char **names = NULL;
 	size_t n = 0;
+	int r = 0;
 	for (struct dirent *e; (e = readdir(d));) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		char **nn = realloc(names, (n + 1) * sizeof *nn);
-		if (!nn || !(nn[n] = strdup(e->d_name))) {
-			closedir(d);
-			return fail("out of memory");
+		if (nn)
+			names = nn;
+		if (!nn || !(names[n] = strdup(e->d_name))) {
+			r = fail("out of memory");
+			break;
 		}
-		names = nn, n++;
+		n++;
 	}
 	closedir(d);
-	if (n) /* (qsort takes no NULL, even for nothing) */
+	if (n && !r) /* (qsort takes no NULL, even for nothing) */
 		qsort(names, n, sizeof *names, by_name);
-	int r = 0;
 	for (size_t i = 0; i < n && !r; i++) {
 		char src[4096], dst[4096];
-		snprintf(src, sizeof src, "%s/%s", dir, names[i]);
-		snprintf(dst, sizeof dst, "%s%s%s", name, *name ? "/" : "", names[i]);
 		struct stat st;
-		if (lstat(src, &st)) {
+		if ((size_t)snprintf(src, sizeof src, "%s/%s", dir, names[i]) >= sizeof src ||
+		    (size_t)snprintf(dst, sizeof dst, "%s%s%s", name, *name ? "/" : "", names[i]) >=
+			    sizeof dst) {
+			r = fail("%s/%s: %s", dir, names[i], "path longer than 4095 bytes");
+		} else if (lstat(src, &st)) {
 			r = fail("%s: %s", src, strerror(errno));
 		} else if (S_ISDIR(st.st_mode)) {
 			header(o, dst, S_IFDIR | (st.st_mode & 07777), 0, 0, 0);
