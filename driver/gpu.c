@@ -175,6 +175,8 @@ int gpu_kernel_smem(struct gpu *g, const char *name, void **fn)
 
 int gpu_args_check(const struct gpu *g, const void *fn, int n_args)
 {
+	if (!fn)
+		return -ENOENT;
 	if (n_args < 0)
 		return 0;
 	for (int i = 0; i < g->n_fns; i++) {
@@ -190,16 +192,10 @@ int gpu_args_check(const struct gpu *g, const void *fn, int n_args)
 	return 0;
 }
 
-/* What both launches check first: a kernel that was found, given enough arguments */
-static int launch_ready(const struct gpu *g, const void *fn, int n_args)
-{
-	return fn ? gpu_args_check(g, fn, n_args) : -ENOENT;
-}
-
 int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 		 unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {
-	int r = launch_ready(g, fn, n_args);
+	int r = gpu_args_check(g, fn, n_args);
 	if (r)
 		return r;
 	CU_TRY(cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, g->stream, args, NULL));
@@ -209,7 +205,7 @@ int gpu_launch_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz,
 int gpu_launch_pdl_n(struct gpu *g, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 		     unsigned by, unsigned bz, unsigned smem, void **args, int n_args)
 {
-	int r = launch_ready(g, fn, n_args);
+	int r = gpu_args_check(g, fn, n_args);
 	if (r)
 		return r;
 	CUlaunchAttribute at;

@@ -134,7 +134,8 @@ int gpu_timing_events(CUevent ev[2]);
 void gpu_timing_events_free(CUevent ev[2]);
 #endif
 /* 0 when a launch of fn with n_args arguments is sound (n_args < 0, or fn unknown: not
- * checked), else -EINVAL (printed); what gpu_launch_n checks first. */
+ * checked), -ENOENT for no kernel (fn NULL: not found), else -EINVAL (printed); what
+ * gpu_launch_n and gpu_launch_pdl_n check first. */
 int gpu_args_check(const struct gpu *g, const void *fn, int n_args);
 int gpu_sync(struct gpu *g);
 

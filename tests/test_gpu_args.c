@@ -42,6 +42,8 @@ TEST(gpu_args, check_refuses_too_few)
 	CHECK_EQ_INT(gpu_args_check(&g, &k1, 0), 0);
 	CHECK_EQ_INT(gpu_args_check(&g, &k2, 1), 0);  /* parameters not known */
 	CHECK_EQ_INT(gpu_args_check(&g, &g, 1), 0);   /* not a looked-up kernel */
+	CHECK_EQ_INT(gpu_args_check(&g, NULL, 3), -ENOENT); /* no kernel: not found */
+	CHECK_EQ_INT(gpu_args_check(&g, NULL, -1), -ENOENT);
 }
 
 /* The parameter count of entry `name` in the embedded table, -2 when absent. */
