@@ -720,6 +720,10 @@ ST_ENTRY(0, 1, 0, )
 // place; with KS = 2 a cluster of 4, rank = 2 place + K half) stream the same K range and share
 // its token boxes: each block copies half of a box's rows (mpad / 2, the token map's box) and
 // multicasts them into both blocks' stage, so the L2 serves a token box once a pair.
+// NP = 4 (with KS = 2: clusters of 8, rank = 2 place + K half): four tiles of a K half share its
+// token boxes, each block copying a quarter of a box's rows (mpad >= 32: a multiple of the
+// swizzle's 8 rows), a box served once a four; a stage's slot refilled once all four blocks'
+// consumers released it.
 // Why: at 33-64 tokens the L2 moves the weights twice (filled from HBM, read by the SMs) and
 // the token boxes once a tile: 7168x16384 at M = 64 on 112-row tiles x K halves, 117 + 117 + 67
 // MB, 35 us at the ~8.5 TB/s the L2 moves (s13-8's probe) = 3.3 TB/s of weights, as measured
@@ -807,7 +811,8 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 					      int stage_bytes, int flags)
 {
 	static_assert(KS == 1 || !SPLIT, "a cluster's K halves with alternate stages only");
-	static_assert(NP == 1 || (NP == 2 && !SPLIT), "pairs of one-tile blocks only");
+	static_assert(NP == 1 || ((NP == 2 || (NP == 4 && KS == 2)) && !SPLIT),
+		      "pairs (or the K-halves form's fours) of one-tile blocks only");
 	constexpr int NW = SPLIT ? NT / 2 : NT, WB = NT * 128, R = NW / 2;
 	const int STAGE = stage_bytes, XB = mpad * 128, W0 = ST_KBS * XB; // W0: the weights' offset
 	extern __shared__ __align__(1024) uint8_t smem[];
@@ -817,10 +822,11 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 	const int KB = K >> 7, tiles = (N + NT - 1) / NT;
 	// this block's stages [qa, qa + nst) of the tile's (KS = 2: rank r's half of K)
 	// the block's cluster rank crank = KS place + r: its K half r (KS = 2) and its tile's place
-	// in the pair (NP = 2); peer (NP = 2 only): the pair's other block, the same K range
+	// among the NP tiles sharing the token boxes (NP > 1); its peers, the same K range: the
+	// ranks KS p + r of the other places p
 	const int crank = KS * NP > 1 ? (int)cluster_rank() : 0;
-	const int rank = KS == 2 ? (NP == 2 ? crank & 1 : crank) : 0;
-	const int peer = crank ^ KS, place = NP == 2 ? crank / KS : 0;
+	const int rank = KS == 2 ? (NP > 1 ? crank & 1 : crank) : 0;
+	const int place = NP > 1 ? crank / KS : 0;
 	const int nall = (KB + ST_KBS - 1) / ST_KBS;
 	const int qa = rank * ((nall + 1) / 2), nst = KS == 2 ? (rank ? nall - qa : (nall + 1) / 2) : nall;
 	const int tile0 = blockIdx.x / KS, tstep = gridDim.x / KS;
@@ -859,7 +865,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 	}
 	__syncthreads();
-	if constexpr (NP == 2) // the pair's barriers initialised before its copies or arrivals
+	if constexpr (NP > 1) // the cluster's barriers initialised before its copies or arrivals
 		cluster_sync();
 
 	if (warp == 8) {
@@ -867,9 +873,12 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		const uint64_t pol_w = l2_evict_first(), pol_x = l2_evict_normal();
 		const int pre = min(ns, nst); // the first tile's first stages: weights before the wait
 		const int xbytes = flags & SW_NOX ? 0 : mpad * 128; // a token box's
-		// NP = 2: this block's half of each token box (rows xoff ..), multicast to the pair
-		const int xoff = NP == 2 ? place * (mpad / 2) : 0;
-		const uint16_t pair_mask = (uint16_t)(KS == 1 ? 3u : 1u << crank | 1u << peer); // the two
+		// NP > 1: this block's 1 / NP of each token box (rows xoff ..), multicast to the
+		// blocks of its K range (ranks KS p + rank)
+		const int xoff = place * (mpad / NP);
+		uint16_t share_mask = 0;
+		for (int p = 0; p < NP; p++)
+			share_mask |= (uint16_t)(1u << (KS * p + rank));
 		if (lane == 0)
 			for (int q = 0; q < pre; q++) {
 				const int kb = (qa + q) * ST_KBS, nb = min(ST_KBS, KB - kb);
@@ -899,9 +908,9 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 									 n0, pol_w);
 					}
 					for (int j = 0; j < nb && xbytes; j++)
-						if (NP == 2)
+						if (NP > 1)
 							tma_load_2d_mc(st + j * XB + xoff * 128, xmap, bar,
-								       (kb + j) * 128, xoff, pair_mask);
+								       (kb + j) * 128, xoff, share_mask);
 						else
 							tma_load_2d_hint(st + j * XB, xmap, bar, (kb + j) * 128,
 									 0, pol_x);
@@ -909,7 +918,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			}
 		}
 		// the consumers' cluster barrier (below), so that no thread leaves first
-		if constexpr (KS == 2 || NP == 2)
+		if constexpr (KS == 2 || NP > 1)
 			cluster_sync();
 		return;
 	}
@@ -936,12 +945,13 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 		sw_mark(tflags, SWT_SCALES);
 
 	const int m0 = 16 * (warp & 3) + g, m1 = m0 + 8, cw0 = SPLIT ? c * NW : 0;
-	// a stage's release: this warp's arrival on "empty" here and (NP = 2) in the pair's other
-	// block, whose producer multicasts into this block's slot too
+	// a stage's release: this warp's arrival on "empty" here and (NP > 1) in its peers, whose
+	// producers multicast into this block's slot too (lane l < NP - 1: the peer at place + 1 + l)
 	auto release = [&](int s) {
 		mbar_arrive_warp(smem_u32(&empty[s]), lane);
-		if (NP == 2 && lane == 0)
-			mbar_arrive_cluster(smem_u32(&empty[s]), (uint32_t)peer);
+		if (NP > 1 && lane < NP - 1)
+			mbar_arrive_cluster(smem_u32(&empty[s]),
+					    (uint32_t)(KS * ((place + 1 + lane) % NP) + rank));
 	};
 	const bool live = 16 * (warp & 3) < M; // warps whose token rows exist
 	int Q = 0;
@@ -1020,7 +1030,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			// none leaves before)
 			if constexpr (KS == 2)
 				cluster_arrive();
-			else if constexpr (NP == 2)
+			else if constexpr (NP > 1)
 				cluster_sync();
 			named_bar_sync(1, 256);
 			if (c == 1 && live)
@@ -1043,7 +1053,7 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 			// exchange (xch + R 512), once every block of the cluster arrived after its
 			// stages (rank 0's ring idle), by st.async counted on rank 0's xbar; rank 0
 			// adds them (rank 0's + rank 1's, as rank 1 would: the same bits either way)
-			const uint32_t rank0 = NP == 2 ? (uint32_t)(crank & ~1) : 0u;
+			const uint32_t rank0 = NP > 1 ? (uint32_t)(crank & ~1) : 0u;
 			if (rank == 1) {
 				cluster_wait();
 				const uint32_t dst = cl_mapa(xch + R * 512 + 16 * tid, rank0),
@@ -1129,6 +1139,9 @@ __device__ __forceinline__ void gemm_fp8_swap(const tmap *wmap, const tmap *xmap
 // 2.05-2.14 TB/s on 7168x16384 in s17-2, as two waves)
 #define SW_ENTRY_Q4(NT) SW_KERNEL(NT, q4, false, 2, 2, false, __cluster_dims__(4, 1, 1))
 #define SW_ENTRY_Q4T(NT) SW_KERNEL(NT, q4_traced, false, 2, 2, true, __cluster_dims__(4, 1, 1))
+// KS = 2 and NP = 4: fours of the K-halves form's pairs (clusters of 8; the H200 holds 15 of
+// ~200 KB blocks, s18-3: 120 SMs as the quads), each token box served once a four
+#define SW_ENTRY_O8(NT) SW_KERNEL(NT, o8, false, 2, 4, false, __cluster_dims__(8, 1, 1))
 
 SW_ENTRY(8, false, )
 SW_ENTRY(16, false, )
@@ -1160,6 +1173,7 @@ SW_ENTRY_P2(96)
 SW_ENTRY_P2(128)
 SW_ENTRY_P2(144)
 SW_ENTRY_Q4(120)
+SW_ENTRY_O8(120)
 // the traced twins (the widths the 7168-row shapes take)
 SW_ENTRY2T(112)
 SW_ENTRY2T(128)

@@ -149,7 +149,7 @@ static const char *const switch_names[] = {
 	"DSV32_CUDA_QB_EARLY", "DSV32_CUDA_QB_FUSE", "DSV32_CUDA_MOE_ROUTER", "DSV32_GEMM_GEMV",
 	"DSV32_MLA_PDL", "DSV32_GEMM_SW_PAIR", "DSV32_GEMM_SW_M1", "DSV32_CUDA_MOE_ROUTER_T",
 	"DSV32_CUDA_MOE_GATE_KS", "DSV32_CUDA_MOE_GEMV_BLOCK", "DSV32_CUDA_MOE_BLOCK_ROUTE",
-	"DSV32_CUDA_MOE_BLOCK_EARLY",
+	"DSV32_CUDA_MOE_BLOCK_EARLY", "DSV32_GEMM_SW_OCT",
 };
 #define N_SWITCHES (int)(sizeof switch_names / sizeof switch_names[0])
 
@@ -189,6 +189,7 @@ int cuda_forward_switch_set(struct fwd_switches *s, const char *name, const char
 	case 21: cuda_gemm_set_moe_block(v ? atoi(v) : -1); break; /* (cuda_gemm's own; -1 default) */
 	case 22: cuda_gemm_set_moe_block_route(v ? atoi(v) : -1); break; /* (cuda_gemm's own) */
 	case 23: cuda_gemm_set_moe_block_early(v ? atoi(v) : -1); break; /* (cuda_gemm's own) */
+	case 24: cuda_gemm_set_sw_oct(v ? atoi(v) : -1); break; /* (cuda_gemm's own; -1 default) */
 	default: /* (cuda_attn's own; 0 = its dispatch) */
 		s->topk_mode = n > 0 && n <= 9 ? (int)n : 0;
 		cuda_attn_set_topk_mode(s->topk_mode);

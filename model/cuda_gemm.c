@@ -536,6 +536,24 @@ static int sw_paired(int mpad, int from)
  * bound), with DSV32_GEMM_SW_PAIR=1 from 9 rows. */
 static const struct sw_width sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
 
+/* The quads' fours (KS = 2 and NP = 4: clusters of 8, SW_ENTRY_O8): four tiles of a K half share
+ * its token boxes, a box served once a four instead of once a pair (M = 64 on 7168x16384: the
+ * L2's bound 117 + 117 + 16 MB instead of 117 + 117 + 31 MB); the H200 holds 15 clusters of 8
+ * of ~200 KB blocks (s18-3), 120 SMs as the quads' 30 clusters of 4. By DSV32_GEMM_SW_OCT (1 on,
+ * where a quad is taken and a one-wave grid of them fits; default off). cuda_gemm_set_sw_oct
+ * overrides (-1: the environment again). */
+static const struct sw_width sw_octs[] = {{120, "k_gemm_fp8_swap_n120o8"}};
+static int sw_oct_on = -2;
+
+void cuda_gemm_set_sw_oct(int on) { sw_oct_on = on < 0 ? -2 : on != 0; }
+
+static int sw_oct_mode(void)
+{
+	if (sw_oct_on == -2)
+		sw_oct_on = env_int("DSV32_GEMM_SW_OCT", 0) == 1;
+	return sw_oct_on;
+}
+
 /* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
  * a process, of the first quad kernel: every width has the same block shape); 0 when the driver
  * cannot say (the form is then not used). */
@@ -544,6 +562,19 @@ static int sw_quad_clusters(struct gpu *g)
 	static int n = -1;
 	return gpu_max_active_clusters_once(g, &n, sw_quads[0].name, 4, 288,
 					    (unsigned)g->smem_block_optin);
+}
+
+/* The same for clusters of 8 (the oct form). */
+static int sw_oct_clusters(struct gpu *g)
+{
+	static int n = -1;
+	return gpu_max_active_clusters_once(g, &n, sw_octs[0].name, 8, 288,
+					    (unsigned)g->smem_block_optin);
+}
+
+int cuda_gemm_sw_clusters(struct gpu *g, int size)
+{
+	return size == 4 ? sw_quad_clusters(g) : size == 8 ? sw_oct_clusters(g) : 0;
 }
 
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
@@ -637,6 +668,18 @@ static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 		const int t = (N + sw_quads[i].nt - 1) / sw_quads[i].nt;
 		if (t % 2 == 0 && t / 2 <= cap && t / 2 >= cap - 1) {
 			f.nt = sw_quads[i].nt, f.tiles = t, f.np = 2, f.name = sw_quads[i].name;
+			break;
+		}
+	}
+	/* the quads' fours, switched on, by the same rule over the clusters of 8 that fit; a
+	 * quarter of a token box is a multiple of the swizzle's 8 rows from 32-row boxes */
+	if (f.np != 2 || f.mpad < 32 || !sw_oct_mode())
+		return f;
+	const int cap8 = sw_oct_clusters(g);
+	for (int i = 0; i < (int)(sizeof sw_octs / sizeof *sw_octs); i++) {
+		const int t = (N + sw_octs[i].nt - 1) / sw_octs[i].nt;
+		if (t % 4 == 0 && t / 4 <= cap8 && t / 4 >= cap8 - 1) {
+			f.nt = sw_octs[i].nt, f.tiles = t, f.np = 4, f.name = sw_octs[i].name;
 			break;
 		}
 	}

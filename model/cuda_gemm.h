@@ -56,6 +56,13 @@ int cuda_gemm_fp8_stream_sw(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu
  * 0 off, -1 DSV32_GEMM_SW_PAIR from the environment, by default from 17 rows (the K-halves
  * form's pairs from 33). Process-wide. */
 void cuda_gemm_set_sw_pair(int on);
+/* The K-halves form's pairs as fours (clusters of 8, four tiles of a K half sharing its token
+ * boxes), where a quad is taken and a one-wave grid of clusters of 8 fits: 1 on, 0 off, -1
+ * DSV32_GEMM_SW_OCT from the environment (default off). Process-wide. */
+void cuda_gemm_set_sw_oct(int on);
+/* How many clusters of `size` (4 or 8) of the swapped kernel's blocks the device holds at once
+ * (0: not known). */
+int cuda_gemm_sw_clusters(struct gpu *g, int size);
 /* The swapped kernel at one row: 1 the dispatch may take it where the start-up measurement timed
  * it fastest (the default), 0 not, -1 DSV32_GEMM_SW_M1 from the environment. Process-wide. */
 void cuda_gemm_set_sw_m1(int on);
