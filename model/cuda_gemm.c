@@ -640,6 +640,23 @@ struct sw_form {
 	int nt, tiles, split, ks, np, mpad;
 };
 
+/* The K-halves form's clusters of np tiles (2 K halves each): the first width w[i] whose tiles
+ * come in whole clusters making one wave of the cap that fit, and not a cluster fewer (so that
+ * it spans the SMs as the K-halves form does but for the last GPC's remainder); 1 when f took
+ * it. */
+static int sw_take_wave(struct sw_form *f, const struct sw_width *w, int n, int N, int np,
+			int cap)
+{
+	for (int i = 0; i < n; i++) {
+		const int t = (N + w[i].nt - 1) / w[i].nt;
+		if (t % np == 0 && t / np <= cap && t / np >= cap - 1) {
+			f->nt = w[i].nt, f->tiles = t, f->np = np, f->name = w[i].name;
+			return 1;
+		}
+	}
+	return 0;
+}
+
 static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 {
 	const int sms = gemm_sms(g), KB = K / 128;
@@ -658,31 +675,17 @@ static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 		for (int i = 0; i < (int)(sizeof sw_pairs / sizeof *sw_pairs); i++)
 			if (sw_pairs[i].nt == f.nt)
 				f.np = 2, f.name = sw_pairs[i].name;
-	/* pairs of the K halves (from 33 rows): the narrowest width whose even number of tiles
-	 * makes one wave of the clusters of 4 that fit, and not a cluster fewer (so that it spans
-	 * the SMs as the K-halves form does but for the last GPC's remainder) */
+	/* pairs of the K halves (from 33 rows): clusters of 4, one wave of those that fit */
 	if (f.ks != 2 || !sw_paired(f.mpad, 64))
 		return f;
-	const int cap = sw_quad_clusters(g);
-	for (int i = 0; i < (int)(sizeof sw_quads / sizeof *sw_quads); i++) {
-		const int t = (N + sw_quads[i].nt - 1) / sw_quads[i].nt;
-		if (t % 2 == 0 && t / 2 <= cap && t / 2 >= cap - 1) {
-			f.nt = sw_quads[i].nt, f.tiles = t, f.np = 2, f.name = sw_quads[i].name;
-			break;
-		}
-	}
+	if (!sw_take_wave(&f, sw_quads, (int)(sizeof sw_quads / sizeof *sw_quads), N, 2,
+			  sw_quad_clusters(g)))
+		return f;
 	/* the quads' fours, switched on, by the same rule over the clusters of 8 that fit; a
 	 * quarter of a token box is a multiple of the swizzle's 8 rows from 32-row boxes */
-	if (f.np != 2 || f.mpad < 32 || !sw_oct_mode())
-		return f;
-	const int cap8 = sw_oct_clusters(g);
-	for (int i = 0; i < (int)(sizeof sw_octs / sizeof *sw_octs); i++) {
-		const int t = (N + sw_octs[i].nt - 1) / sw_octs[i].nt;
-		if (t % 4 == 0 && t / 4 <= cap8 && t / 4 >= cap8 - 1) {
-			f.nt = sw_octs[i].nt, f.tiles = t, f.np = 4, f.name = sw_octs[i].name;
-			break;
-		}
-	}
+	if (f.mpad >= 32 && sw_oct_mode())
+		sw_take_wave(&f, sw_octs, (int)(sizeof sw_octs / sizeof *sw_octs), N, 4,
+			     sw_oct_clusters(g));
 	return f;
 }
 
