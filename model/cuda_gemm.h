@@ -322,7 +322,8 @@ const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk,
 					   int I, size_t ws_bytes, int early);
 /* Whether the one-token block that routes itself runs on the _r1 forms (rt->x_ready given; the
  * shared expert's gate|up streamed and computed while the router runs): process-wide (-1:
- * DSV32_CUDA_MOE_BLOCK_EARLY, read at the first call; default 0, not yet measured on a GPU). */
+ * DSV32_CUDA_MOE_BLOCK_EARLY, read at the first call; default 0: on the H200 the block is ~2 us
+ * faster alone but a model step ~6 us slower, sessions 30-31, docs/PERF.md). */
 void cuda_gemm_set_moe_block_early(int on);
 int cuda_gemm_moe_block_early(void);
 /* Process-wide (-1: DSV32_CUDA_MOE_GEMV_BLOCK, read at the first call; default 1). */
