@@ -471,7 +471,10 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 // router still runs; a routing warp waits for the router (griddepcontrol.wait), routes the token
 // (gv_route_one: slices 1 .. K) and lets the producer and the consumers on to the routed
 // experts. Block 0 sets *x_ready back to 0 after the first grid-wide arrival (every block has
-// read it). Without R1 the slices come from the offsets (the routing in the previous kernels),
+// read it). HOLD (k_moe_gemv_block_r1h, _block1_r1h; DSV32_CUDA_MOE_BLOCK_EARLY=2): the
+// producer too waits for x_ready before it streams (session 30: the R1 blocks, resident by PDL
+// while the kernels before the router still run, streaming the shared expert's weights beside
+// them cost the H200's model step ~6 us; held, the stream starts with the router). Without R1 the slices come from the offsets (the routing in the previous kernels),
 // the shared expert (group G - 1) last.
 // The grid-wide arrival: gv_gbar[slot] (the host's set, as gv_count's), each block adding 1 and
 // block 0 0x80000000 - (grid - 1): its top bit flips when every block has arrived, and never
@@ -558,10 +561,19 @@ __device__ __forceinline__ void gv_quant_row(const uint16_t *x, int D, uint8_t *
 			       sxq, lane);
 }
 
+// Until *flag is set (ld.acquire.gpu: what its setter wrote before setting it is then visible).
+__device__ __forceinline__ void gv_wait_set(const unsigned *flag)
+{
+	unsigned v;
+	do
+		asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+	while (v == 0);
+}
+
 // SPAN_A: the slots a gate|up stage takes (2: the ring's slots are down's stages; 1: slots of
 // the larger of the two stages, where gate|up's is not between 1 and 2 of down's). R1: one
 // token routed here (above).
-template <int SPAN_A, bool R1>
+template <int SPAN_A, bool R1, bool HOLD = false>
 __device__ __forceinline__ void
 moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_tab,
 	       const unsigned long long *w2_tab, const unsigned long long *s2_tab, int *off,
@@ -621,7 +633,13 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 		c0 = ga.per_slice + t0 - a0, c1 = ga.per_slice + t1 - a1;
 	}
 	gv_range(n_slices * gb.per_slice, b0, b1);
+	static_assert(R1 || !HOLD, "the stream held for x_ready: the R1 forms only");
 	if (warp == GV_CW) {
+		if (HOLD) { // x complete (the router past its wait) before the first copy
+			if (lane == 0)
+				gv_wait_set(x_ready);
+			__syncwarp();
+		}
 		gv_produce<true, SPAN_A>(a, ga, sl, a0, a1, r, lane);
 		if (R1) {
 			named_bar_sync(3, all); // the routed slices
@@ -645,15 +663,8 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 		return;
 	}
 	if (R1) {
-		if (threadIdx.x == 0) { // x complete (the router past its wait)
-			unsigned v;
-			do
-				asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-					     : "=r"(v)
-					     : "l"(x_ready)
-					     : "memory");
-			while (v == 0);
-		}
+		if (threadIdx.x == 0) // x complete (the router past its wait)
+			gv_wait_set(x_ready);
 		named_bar_sync(1, GV_CW * 32);
 		gv_quant_row(x, D, xq, sxq, warp, lane);
 		named_bar_sync(1, GV_CW * 32);
@@ -726,4 +737,16 @@ extern "C" __global__ void __launch_bounds__(GV_R1_THREADS, 1)
 k_moe_gemv_block1_r1(MOE_GEMV_BLOCK_ARGS)
 {
 	moe_gemv_block<1, true>(MOE_GEMV_BLOCK_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_R1_THREADS, 1)
+k_moe_gemv_block_r1h(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<2, true, true>(MOE_GEMV_BLOCK_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_R1_THREADS, 1)
+k_moe_gemv_block1_r1h(MOE_GEMV_BLOCK_ARGS)
+{
+	moe_gemv_block<1, true, true>(MOE_GEMV_BLOCK_PASS);
 }

@@ -1087,7 +1087,8 @@ struct moe_block_plan {
  * contiguous copy of 16 I bytes); where gate|up's stage is 1-2 of those, a slot of the ring is
  * down's stage and gate|up takes two (k_moe_gemv_block), else a slot is the larger stage
  * (k_moe_gemv_block1). r1: one token routed in the block (the _r1 forms: a routing warp more, the
- * token's quantised row and the picks in shared memory). */
+ * token's quantised row and the picks in shared memory; 2: the _r1h forms, their stream held
+ * until x is complete). */
 static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, int I,
 			  size_t ws_bytes, int r1, struct moe_block_plan *p)
 {
@@ -1100,8 +1101,10 @@ static int moe_block_plan(const struct gpu *g, int T, int topk, int G, int D, in
 	const int stage_a = 16 * (p->a.chunks == 1 ? D : p->a.chunk_blocks * 128 + 16),
 		  stage_b = 16 * I;
 	const int two = stage_a > stage_b && stage_a <= 2 * stage_b;
-	p->kernel = two ? r1 ? "k_moe_gemv_block_r1" : "k_moe_gemv_block"
-			: r1 ? "k_moe_gemv_block1_r1" : "k_moe_gemv_block1";
+	static const char *const names[2][3] = {
+		{"k_moe_gemv_block1", "k_moe_gemv_block1_r1", "k_moe_gemv_block1_r1h"},
+		{"k_moe_gemv_block", "k_moe_gemv_block_r1", "k_moe_gemv_block_r1h"}};
+	p->kernel = names[two][r1 == 2 ? 2 : r1 != 0];
 	p->threads = r1 ? GV_R1_THREADS : GV_THREADS;
 	p->slot_bytes = two ? stage_b : stage_a > stage_b ? stage_a : stage_b;
 	p->ns = GV_RING / p->slot_bytes;
@@ -1127,14 +1130,21 @@ const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk,
 }
 
 /* DSV32_CUDA_MOE_BLOCK_EARLY (cuda_gemm_set_moe_block_early): 1 the one-token block that routes
- * itself on the _r1 forms; 0 (the default) k_moe_gemv_block / _block1 */
+ * itself on the _r1 forms, 2 on the _r1h forms; 0 (the default) k_moe_gemv_block / _block1 */
 static int moe_block_early_on = -1;
 
-void cuda_gemm_set_moe_block_early(int on) { moe_block_early_on = on < 0 ? -1 : on != 0; }
+void cuda_gemm_set_moe_block_early(int on)
+{
+	moe_block_early_on = on < 0 ? -1 : on == 2 ? 2 : on != 0;
+}
 
 int cuda_gemm_moe_block_early(void)
 {
-	return env_is_1(&moe_block_early_on, "DSV32_CUDA_MOE_BLOCK_EARLY");
+	if (moe_block_early_on < 0) {
+		const int v = env_int("DSV32_CUDA_MOE_BLOCK_EARLY", 0);
+		moe_block_early_on = v == 1 || v == 2 ? v : 0;
+	}
+	return moe_block_early_on;
 }
 
 /* DSV32_CUDA_MOE_BLOCK_ROUTE (cuda_gemm_set_moe_block_route): 1 (the default) one token's
@@ -1173,7 +1183,8 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt)
 {
 	struct moe_block_plan p;
-	const int early = rt && rt->x_ready; /* the _r1 forms */
+	/* the _r1 forms (_r1h: DSV32_CUDA_MOE_BLOCK_EARLY=2) */
+	const int early = rt && rt->x_ready ? (cuda_gemm_moe_block_early() == 2 ? 2 : 1) : 0;
 	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p) ||
 	    (rt && (!route1_shape(T, topk, G) || !rt->scores || (early && !rt->x))))
 		return -ENOTSUP;

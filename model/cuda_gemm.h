@@ -317,11 +317,12 @@ int cuda_gemm_fp8_moe_block_routes(const struct gpu *g, int T, int topk, int G, 
 /* Process-wide (-1: DSV32_CUDA_MOE_BLOCK_ROUTE, read at the first call; default 1). */
 void cuda_gemm_set_moe_block_route(int on);
 /* The kernel cuda_gemm_fp8_moe_block would launch for these sizes (ws_bytes of workspace; early:
- * with an rt that has x_ready), or NULL where it would return -ENOTSUP. */
+ * with an rt that has x_ready, 2 the held forms), or NULL where it would return -ENOTSUP. */
 const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk, int G, int D,
 					   int I, size_t ws_bytes, int early);
 /* Whether the one-token block that routes itself runs on the _r1 forms (rt->x_ready given; the
- * shared expert's gate|up streamed and computed while the router runs): process-wide (-1:
+ * shared expert's gate|up streamed and computed while the router runs; 2: on the _r1h forms,
+ * whose stream waits for x to be complete, i.e. starts with the router): process-wide (-1:
  * DSV32_CUDA_MOE_BLOCK_EARLY, read at the first call; default 0: on the H200 the block is ~2 us
  * faster alone but a model step ~6 us slower, sessions 30-31, docs/PERF.md). */
 void cuda_gemm_set_moe_block_early(int on);

@@ -848,7 +848,7 @@ const char *cuda_moe_path(const struct gpu *g, const struct dsv32_config *c, int
 	const char *one = wg || d.unfused ? NULL
 					  : cuda_gemm_fp8_moe_block_kernel(g, T, d.K, d.E + 1, d.D, d.I,
 									   gemm_ws(g, &d),
-									   self_route && cuda_gemm_moe_block_early());
+									   self_route ? cuda_gemm_moe_block_early() : 0);
 	static char buf[320];
 	snprintf(buf, sizeof buf, "router %s%s; grouped GEMMs %s%s%s%s",
 		 few	      ? "k_moe_gate_route_t"

@@ -467,24 +467,28 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 		one_diff = count_diff(g_y2, g_yf, (size_t)T * D);
 		printf("    one launch against the four: %lld outputs differ\n", (long long)one_diff);
 	}
-	/* one token where the block routes itself, on the _r1 forms (cuda_gemm_set_moe_block_early:
-	 * the router flags x complete, the blocks compute the shared expert's gate|up while it
-	 * runs), eager and graph-replayed (the flag set and reset each replay): the same bits */
+	/* one token where the block routes itself, on the _r1 forms (cuda_gemm_set_moe_block_early
+	 * 1: the router flags x complete, the blocks compute the shared expert's gate|up while it
+	 * runs) and the _r1h forms (2: their stream held until that flag), eager and
+	 * graph-replayed (the flag set and reset each replay): the same bits */
 	int64_t early_diff = 0, early_path = 1;
-	if (T == 1) {
+	for (int form = 1; form <= 2 && T == 1; form++) {
 		cuda_gemm_set_batch_invariant(g, 0);
-		cuda_gemm_set_moe_block_early(1);
+		cuda_gemm_set_moe_block_early(form);
 		const char *path = cuda_moe_path(g, c, T, 0);
 		if (strstr(path, "k_moe_gate_logits1s")) { /* (where the block routes) */
-			early_path = strstr(path, "_r1") != NULL;
-			printf("    fast mode, early block: %s\n", path);
+			early_path &= strstr(path, "_r1") != NULL &&
+				      (strstr(path, "_r1h") != NULL) == (form == 2);
+			printf("    fast mode, early block (%d): %s\n", form, path);
+			int64_t diff = 0;
 			for (int graph = 0; graph < 2; graph++) {
 				run_block(g, &arena, c, &L, d_x, d_y, T, NULL, 0, graph, g_y2);
-				early_diff += count_diff(g_y2, g_yf, (size_t)T * D);
+				diff += count_diff(g_y2, g_yf, (size_t)T * D);
 			}
-			printf("    early block (eager, graph) against the default: %lld outputs "
+			printf("    early block %d (eager, graph) against the default: %lld outputs "
 			       "differ\n",
-			       (long long)early_diff);
+			       form, (long long)diff);
+			early_diff += diff;
 		}
 		cuda_gemm_set_moe_block_early(-1);
 		cuda_gemm_set_batch_invariant(g, 1);
