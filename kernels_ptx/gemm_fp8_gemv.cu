@@ -474,8 +474,9 @@ k_gemm_fp8_gemv_g(const unsigned long long *w_tab, const unsigned long long *s_t
 // read it). HOLD (k_moe_gemv_block_r1h, _block1_r1h; DSV32_CUDA_MOE_BLOCK_EARLY=2): the
 // producer too waits for x_ready before it streams (session 30: the R1 blocks, resident by PDL
 // while the kernels before the router still run, streaming the shared expert's weights beside
-// them cost the H200's model step ~6 us; held, the stream starts with the router). Without R1 the slices come from the offsets (the routing in the previous kernels),
-// the shared expert (group G - 1) last.
+// them cost the H200's model step ~6 us; held, the stream starts with the router).
+// Without R1 the slices come from the offsets (the routing in the previous kernels), the shared
+// expert (group G - 1) last.
 // The grid-wide arrival: gv_gbar[slot] (the host's set, as gv_count's), each block adding 1 and
 // block 0 0x80000000 - (grid - 1): its top bit flips when every block has arrived, and never
 // needs a reset.
@@ -583,6 +584,7 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 	       int slot, const float *scores, int *idx, int *counts, int *src, float route_scale,
 	       int topk_group, int norm_topk_prob, const uint16_t *x, unsigned *x_ready)
 {
+	static_assert(R1 || !HOLD, "the stream held for x_ready: the R1 forms only");
 	float *red = reinterpret_cast<float *>(smem + GV_RED_OFF);
 	int *last_flag = reinterpret_cast<int *>(smem + GV_FLAG_OFF);
 	gv_slice *sl = reinterpret_cast<gv_slice *>(smem + GV_RING_OFF + ns * slot_bytes);
@@ -633,7 +635,6 @@ moe_gemv_block(const unsigned long long *w13_tab, const unsigned long long *s13_
 		c0 = ga.per_slice + t0 - a0, c1 = ga.per_slice + t1 - a1;
 	}
 	gv_range(n_slices * gb.per_slice, b0, b1);
-	static_assert(R1 || !HOLD, "the stream held for x_ready: the R1 forms only");
 	if (warp == GV_CW) {
 		if (HOLD) { // x complete (the router past its wait) before the first copy
 			if (lane == 0)

@@ -543,38 +543,22 @@ static const struct sw_width sw_quads[] = {{120, "k_gemm_fp8_swap_n120q4"}};
  * where a quad is taken and a one-wave grid of them fits; default off). cuda_gemm_set_sw_oct
  * overrides (-1: the environment again). */
 static const struct sw_width sw_octs[] = {{120, "k_gemm_fp8_swap_n120o8"}};
-static int sw_oct_on = -2;
+static int sw_oct_on = -1;
 
-void cuda_gemm_set_sw_oct(int on) { sw_oct_on = on < 0 ? -2 : on != 0; }
+void cuda_gemm_set_sw_oct(int on) { sw_oct_on = on < 0 ? -1 : on != 0; }
 
-static int sw_oct_mode(void)
-{
-	if (sw_oct_on == -2)
-		sw_oct_on = env_int("DSV32_GEMM_SW_OCT", 0) == 1;
-	return sw_oct_on;
-}
-
-/* How many clusters of 4 of the quad form's ~200 KB blocks the device holds at once (asked once
- * a process, of the first quad kernel: every width has the same block shape); 0 when the driver
- * cannot say (the form is then not used). */
-static int sw_quad_clusters(struct gpu *g)
-{
-	static int n = -1;
-	return gpu_max_active_clusters_once(g, &n, sw_quads[0].name, 4, 288,
-					    (unsigned)g->smem_block_optin);
-}
-
-/* The same for clusters of 8 (the oct form). */
-static int sw_oct_clusters(struct gpu *g)
-{
-	static int n = -1;
-	return gpu_max_active_clusters_once(g, &n, sw_octs[0].name, 8, 288,
-					    (unsigned)g->smem_block_optin);
-}
-
+/* How many clusters of `size` (4: the quads, 8: the fours) of the swapped kernel's ~200 KB
+ * blocks the device holds at once (asked once a process and size, of the form's first kernel:
+ * every width has the same block shape); 0 when the driver cannot say (the form is then not
+ * used). */
 int cuda_gemm_sw_clusters(struct gpu *g, int size)
 {
-	return size == 4 ? sw_quad_clusters(g) : size == 8 ? sw_oct_clusters(g) : 0;
+	static int n4 = -1, n8 = -1;
+	if (size != 4 && size != 8)
+		return 0;
+	return gpu_max_active_clusters_once(g, size == 4 ? &n4 : &n8,
+					    (size == 4 ? sw_quads : sw_octs)[0].name,
+					    (unsigned)size, 288, (unsigned)g->smem_block_optin);
 }
 
 /* The tile for N rows on sms SMs: the fewest rows streamed by the busiest SM
@@ -679,13 +663,13 @@ static struct sw_form sw_form_for(struct gpu *g, int M, int N, int K, int ks2)
 	if (f.ks != 2 || !sw_paired(f.mpad, 64))
 		return f;
 	if (!sw_take_wave(&f, sw_quads, (int)(sizeof sw_quads / sizeof *sw_quads), N, 2,
-			  sw_quad_clusters(g)))
+			  cuda_gemm_sw_clusters(g, 4)))
 		return f;
 	/* the quads' fours, switched on, by the same rule over the clusters of 8 that fit; a
 	 * quarter of a token box is a multiple of the swizzle's 8 rows from 32-row boxes */
-	if (f.mpad >= 32 && sw_oct_mode())
+	if (f.mpad >= 32 && env_is_1(&sw_oct_on, "DSV32_GEMM_SW_OCT"))
 		sw_take_wave(&f, sw_octs, (int)(sizeof sw_octs / sizeof *sw_octs), N, 4,
-			     sw_oct_clusters(g));
+			     cuda_gemm_sw_clusters(g, 8));
 	return f;
 }
 
