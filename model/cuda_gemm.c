@@ -1124,11 +1124,7 @@ void cuda_gemm_set_moe_block_early(int on)
 
 int cuda_gemm_moe_block_early(void)
 {
-	if (moe_block_early_on < 0) {
-		const int v = env_int("DSV32_CUDA_MOE_BLOCK_EARLY", 0);
-		moe_block_early_on = v == 1 || v == 2 ? v : 0;
-	}
-	return moe_block_early_on;
+	return env_choice(&moe_block_early_on, "DSV32_CUDA_MOE_BLOCK_EARLY", 2);
 }
 
 /* DSV32_CUDA_MOE_BLOCK_ROUTE (cuda_gemm_set_moe_block_route): 1 (the default) one token's
@@ -1167,12 +1163,13 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt)
 {
 	struct moe_block_plan p;
-	/* the _r1 forms (_r1h: DSV32_CUDA_MOE_BLOCK_EARLY=2) */
-	const int early = rt && rt->x_ready ? (cuda_gemm_moe_block_early() == 2 ? 2 : 1) : 0;
+	/* the _r1 forms (_r1h: form 2) */
+	const int early = rt && rt->x_ready ? rt->form : 0;
 	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p) ||
-	    (rt && (!route1_shape(T, topk, G) || !rt->scores || (early && !rt->x))))
+	    (rt && (!route1_shape(T, topk, G) || !rt->scores ||
+		    (rt->x_ready && ((early != 1 && early != 2) || !rt->x)))))
 		return -ENOTSUP;
-	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0, 0, 0};
+	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0, 0, 0, 0};
 	const struct cuda_moe_route1 *q = rt ? rt : &none;
 	void *fn;
 	int r = gpu_kernel_smem(g, p.kernel, &fn);

@@ -292,12 +292,14 @@ int cuda_gemm_fp8_grouped_combine(struct gpu *g, gpu_ptr w_tab, gpu_ptr s_tab, g
  * the shared expert's gate|up weights from its start, quantises the token's row x (bf16 [D],
  * the router's input; x8 and sx are not read) once the router has set x_ready, computes the
  * shared expert's gate|up while the router runs, then selects (k_moe_gate_route1s's numbers)
- * and builds its slices; it writes idx, wts, counts, off, perm and src as that router would. */
+ * and builds its slices; it writes idx, wts, counts, off, perm and src as that router would.
+ * rt->form 2 (with x_ready): k_moe_gemv_block_r1h, whose stream also waits for x_ready. */
 struct cuda_moe_route1 {
 	gpu_ptr scores, idx, counts, src;
 	float route_scale;
 	int topk_group, norm_topk_prob;
 	gpu_ptr x, x_ready; /* x_ready: 0, or cuda_gemm_fp8_moe_block_x_ready's, given to the router */
+	int form;	    /* with x_ready: 1 the _r1 forms, 2 the _r1h (cuda_gemm_moe_block_early) */
 };
 /* The flag (u32) k_moe_gate_logits1s sets once x is complete and the one-token block routed in
  * one launch waits for before it reads x (and resets): gv_xready of an arrival-count set taken

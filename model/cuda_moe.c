@@ -608,8 +608,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* self_route on the _r1 forms: the router sets x_ready once x is complete (the block
 	 * reads x after it) */
 	gpu_ptr x_ready = 0;
-	if (self_route && cuda_gemm_moe_block_early() &&
-	    (rc = cuda_gemm_fp8_moe_block_x_ready(g, &x_ready)))
+	const int early = self_route ? cuda_gemm_moe_block_early() : 0;
+	if (early && (rc = cuda_gemm_fp8_moe_block_x_ready(g, &x_ready)))
 		return rc;
 	if ((stages & CUDA_MOE_GATE) && fused) {
 		void *args[] = {(void *)&L->gate, &x, (void *)&b[B_LOGITS], &E, &D, &bias, &tg, &K,
@@ -744,9 +744,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * expert output is tapped */
 	int block_done = 0;
 	if (one_launch) {
-		const struct cuda_moe_route1 rt = {b[B_SCORE], b[B_IDX], b[B_CNT], b[B_SRC],
-						   scale,      tg,	 norm,	   x,
-						   x_ready};
+		const struct cuda_moe_route1 rt = {
+			b[B_SCORE], b[B_IDX], b[B_CNT], b[B_SRC], scale, tg, norm, x, x_ready, early};
 		rc = cuda_gemm_fp8_moe_block(g, L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab,
 					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
 					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes,

@@ -46,4 +46,15 @@ static inline int env_uint(int *v, const char *name)
 	return *v;
 }
 
+/* A knob with a few meanings, 0..max: *v, or (when < 0) `name`'s value, 0 when unset or outside
+ * 0..max (a value it does not know keeps the default). */
+static inline int env_choice(int *v, const char *name, int max)
+{
+	if (*v < 0) {
+		const int x = env_int(name, 0);
+		*v = x >= 0 && x <= max ? x : 0;
+	}
+	return *v;
+}
+
 #endif
