@@ -54,9 +54,6 @@ int bench_moe(int argc, char **argv)
 /* --layers at most: each has its own router and shared expert (~48 MB) */
 #define MAX_LAYERS 8
 
-/* The H200's dense FP8 tensor-core peak (SXM, 1979 TFLOP/s without sparsity). */
-#define FP8_PEAK_TFLOPS 1979.0
-
 struct moe_bench {
 	struct gpu *g;
 	struct gpu_arena *a;
@@ -228,7 +225,8 @@ static void print_trace(struct moe_bench *b, int reps)
 }
 
 /* One stage's line: time, bytes and flops it moves/does. */
-static void print_part(const char *name, float ms, double bytes, double flops, double read_tbs)
+static void print_part(const char *name, float ms, double bytes, double flops, double read_tbs,
+		       double peak)
 {
 	if (ms < 0) {
 		printf("  %-8s %10s\n", name, "failed");
@@ -241,8 +239,9 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 	else
 		printf("  %28s", "");
 	if (flops > 0)
-		printf("  %7.1f TFLOP/s (%4.1f%% of FP8 peak)", flops / s / 1e12,
-		       100.0 * flops / s / 1e12 / FP8_PEAK_TFLOPS);
+		printf("  %7.1f TFLOP/s", flops / s / 1e12);
+	if (flops > 0 && peak > 0)
+		printf(" (%4.1f%% of FP8 peak)", 100.0 * flops / s / 1e12 / peak);
 	printf("\n");
 }
 
@@ -291,8 +290,10 @@ int bench_moe(int argc, char **argv)
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
-	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; FP8 dense peak %.0f TFLOP/s\n",
-	       g.name, g.sm_count, read_tbs, FP8_PEAK_TFLOPS);
+	const double peak = bench_tensor_peak(&g, 1);
+	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; FP8 dense peak %.0f TFLOP/s "
+	       "(8192 FLOP a clock an SM at %.0f MHz; 0: not known here)\n",
+	       g.name, g.sm_count, read_tbs, peak, g.clock_khz / 1e3);
 
 	/* weights: all experts' fused gate|up then all down_proj, one allocation each (common to
 	 * the layers); each layer's router and shared expert its own (layer 0: the seeds of the
@@ -449,13 +450,13 @@ int bench_moe(int argc, char **argv)
 		printf("  rows per expert hit %d .. %d; token tiles: %lld of 128 rows = %.2fx the %.0f "
 		       "rows (64-row halves %.2fx), rows rounded up to 16 %.2fx\n",
 		       least, most, t128, t128 * 128 / rt, rt, t64 * 64 / rt, r16 / rt);
-		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs);
-		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs);
+		print_part("block", block, touched, f13 + f2 + fsh + fgate, read_tbs, peak);
+		print_part("graph", block_graph, touched, f13 + f2 + fsh + fgate, read_tbs, peak);
 		print_trace(&b, reps);
 		if (sustain_ms > 0) {
 			char what[32];
 			snprintf(what, sizeof what, "sus%d", reps * replays);
-			print_part(what, block_sus, touched, f13 + f2 + fsh + fgate, read_tbs);
+			print_part(what, block_sus, touched, f13 + f2 + fsh + fgate, read_tbs, peak);
 			/* the energy of those runs (NVML's counter, mJ steps): J a block, mean W */
 			if (sus_mj > 0 && block_sus > 0)
 				printf("  energy      %7.3f J a block (%.0f W over the %d sustained runs; "
@@ -494,7 +495,7 @@ int bench_moe(int argc, char **argv)
 			case CUDA_MOE_COMBINE: by = R * (double)D * 2 + 4.0 * T * D; break;
 			default: break;
 			}
-			print_part(parts[p].name, ms, by, fl, read_tbs);
+			print_part(parts[p].name, ms, by, fl, read_tbs, peak);
 			sum += ms > 0 ? ms : 0;
 			rc_all |= ms < 0;
 		}
