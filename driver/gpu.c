@@ -53,7 +53,6 @@ int gpu_open(struct gpu *g, int ordinal, struct err *e)
 	CU_TRY(cu.cuDeviceGetAttribute(&g->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
 	CU_TRY(cu.cuDeviceGetAttribute(&g->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
 	CU_TRY(cu.cuDeviceGetAttribute(&g->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-	CU_TRY(cu.cuDeviceGetAttribute(&g->clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev));
 	CU_TRY(cu.cuDeviceGetAttribute(&g->smem_block_optin,
 				       CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
 	CU_TRY(cu.cuDeviceTotalMem(&g->total_mem, dev));

@@ -56,7 +56,6 @@ struct gpu {
 	int ordinal;
 	char name[128];
 	int cc_major, cc_minor, sm_count;
-	int clock_khz;        /* the SM clock the driver names (its "typical": the top boost on Hopper) */
 	int smem_block_optin; /* the most shared memory a block may opt in to (bytes) */
 	size_t total_mem;
 	size_t granularity; /* VMM allocation granularity */

@@ -1163,11 +1163,11 @@ int cuda_gemm_fp8_moe_block(struct gpu *g, gpu_ptr w13_tab, gpu_ptr s13_tab, gpu
 			    int I, gpu_ptr ws, size_t ws_bytes, const struct cuda_moe_route1 *rt)
 {
 	struct moe_block_plan p;
-	/* the _r1 forms (_r1h: form 2) */
+	/* with x_ready the _r1 forms (form 1) or the _r1h (form 2), which also read x */
 	const int early = rt && rt->x_ready ? rt->form : 0;
-	if (!ws || moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p) ||
-	    (rt && (!route1_shape(T, topk, G) || !rt->scores ||
-		    (rt->x_ready && ((early != 1 && early != 2) || !rt->x)))))
+	const int bad_rt = rt && (!route1_shape(T, topk, G) || !rt->scores ||
+				  (rt->x_ready && (early < 1 || early > 2 || !rt->x)));
+	if (!ws || bad_rt || moe_block_plan(g, T, topk, G, D, I, ws_bytes, early, &p))
 		return -ENOTSUP;
 	const struct cuda_moe_route1 none = {0, 0, 0, 0, 0.f, 0, 0, 0, 0, 0};
 	const struct cuda_moe_route1 *q = rt ? rt : &none;

@@ -7,6 +7,7 @@
 #ifndef DSV32_ENV_KNOB_H
 #define DSV32_ENV_KNOB_H
 
+#include <limits.h>
 #include <stdlib.h>
 
 /* The decimal value of environment variable `name`, or dflt when it is unset or not a number. */
@@ -35,17 +36,6 @@ static inline int env_is_1(int *on, const char *name)
 	return *on;
 }
 
-/* A knob that takes a value: *v, or (when < 0) `name` as a non-negative number (0 when unset or
- * negative). */
-static inline int env_uint(int *v, const char *name)
-{
-	if (*v < 0) {
-		const int x = env_int(name, 0);
-		*v = x > 0 ? x : 0;
-	}
-	return *v;
-}
-
 /* A knob with a few meanings, 0..max: *v, or (when < 0) `name`'s value, 0 when unset or outside
  * 0..max (a value it does not know keeps the default). */
 static inline int env_choice(int *v, const char *name, int max)
@@ -56,5 +46,9 @@ static inline int env_choice(int *v, const char *name, int max)
 	}
 	return *v;
 }
+
+/* A knob that takes a value: *v, or (when < 0) `name` as a non-negative number (0 when unset or
+ * negative). */
+static inline int env_uint(int *v, const char *name) { return env_choice(v, name, INT_MAX); }
 
 #endif

@@ -67,11 +67,18 @@ static double probe_ms(const struct probe *p, int trials)
 	return t[trials / 2];
 }
 
-double bench_tensor_peak(const struct gpu *g, int fp8)
+double bench_tensor_peak(const struct gpu *g, int fp8, double *mhz)
 {
+	CUdevice dev;
+	int khz = 0;
+	if (cu.cuDeviceGet(&dev, g->ordinal) != CUDA_SUCCESS ||
+	    cu.cuDeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev) != CUDA_SUCCESS)
+		khz = 0;
+	if (mhz)
+		*mhz = khz / 1e3;
 	/* dense FLOP a clock an SM: four tensor cores, each 1024 FP8 (512 bf16) multiply-adds */
 	const int per_sm = g->cc_major == 9 && g->cc_minor == 0 ? (fp8 ? 8192 : 4096) : 0;
-	return (double)g->sm_count * g->clock_khz * 1e3 * per_sm / 1e12;
+	return (double)g->sm_count * khz * 1e3 * per_sm / 1e12;
 }
 
 double bench_read_limit(struct gpu *g, int trials)

@@ -18,10 +18,11 @@ double bench_read_limit(struct gpu *g, int trials);
 /* Device-to-device copy of 2 GiB (cuMemcpyDtoDAsync), median of `trials` timings of 3 copies:
  * TB/s of bytes read + written (2 x 2 GiB a copy), or a negative value when a GPU call failed. */
 double bench_copy_limit(struct gpu *g, int trials);
-/* GPU g's dense tensor-core peak in TFLOP/s at the clock its driver names (struct gpu's
- * clock_khz): SMs x clock x FLOP a clock an SM (sm_90: 8192 FP8, 4096 bf16); 0 where the
- * architecture is not one this table knows. */
-double bench_tensor_peak(const struct gpu *g, int fp8);
+/* GPU g's dense tensor-core peak in TFLOP/s at the SM clock its driver names
+ * (CU_DEVICE_ATTRIBUTE_CLOCK_RATE, the top boost on Hopper; *mhz, when not NULL): SMs x clock x
+ * FLOP a clock an SM (sm_90: 8192 FP8, 4096 bf16); 0 where the architecture is not one this
+ * table knows or the clock cannot be read. */
+double bench_tensor_peak(const struct gpu *g, int fp8, double *mhz);
 /* The energy GPU g has used since its driver loaded, in millijoules (NVML's counter:
  * libnvidia-ml.so.1, opened at the first call; the device found by its PCI address, as CUDA's
  * ordinals and NVML's indices need not agree), or -1 where NVML or the counter is not there. */

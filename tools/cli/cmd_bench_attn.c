@@ -138,7 +138,7 @@ int bench_attention(int argc, char **argv)
 	probe_fixed_costs(&g, e0, e1);
 	/* floors: scan = keys + scores at the read limit; top-k = one read of the scores; MLA =
 	 * max(gathered records at the read limit, FLOPs at the bf16 dense tensor-core peak) */
-	const double bf16_peak = bench_tensor_peak(&g, 0) * 1e12; /* 0: not known here */
+	const double bf16_peak = bench_tensor_peak(&g, 0, NULL) * 1e12; /* 0: not known here */
 	/* FlashMLA on this H200 (the issue's peer: sparse FP8 decode, 128 heads, top-k 2048, one
 	 * query token), by batch 1/16/64/128: measured there, so compared on an H200 only */
 	const double peer_us[] = {18.5, 40.2, 97.8, 187.6};

@@ -290,10 +290,11 @@ int bench_moe(int argc, char **argv)
 	double read_tbs = bench_read_limit(&g, trials);
 	if (read_tbs <= 0)
 		return 1;
-	const double peak = bench_tensor_peak(&g, 1);
+	double mhz;
+	const double peak = bench_tensor_peak(&g, 1, &mhz);
 	printf("GPU: %s, %d SMs; HBM streaming read (4 GiB): %.3f TB/s; FP8 dense peak %.0f TFLOP/s "
 	       "(8192 FLOP a clock an SM at %.0f MHz; 0: not known here)\n",
-	       g.name, g.sm_count, read_tbs, peak, g.clock_khz / 1e3);
+	       g.name, g.sm_count, read_tbs, peak, mhz);
 
 	/* weights: all experts' fused gate|up then all down_proj, one allocation each (common to
 	 * the layers); each layer's router and shared expert its own (layer 0: the seeds of the
