@@ -37,9 +37,16 @@ struct seq {
 	int ignore_eos;
 	struct kv_seq kv;
 	struct detok dt;
+	/* MTP drafting (cfg.mtp_draft) */
+	int64_t n_mtp;             /* positions whose MTP-layer K/V are in the cache */
+	int32_t draft;             /* the MTP layer's guess for tokens[n_tokens], or -1 */
 	/* this step */
-	int64_t rows;              /* scheduled rows (0 = none) */
+	int64_t rows;              /* scheduled rows (0 = none), the draft's included */
 	int decode;                /* the rows are a decode */
+	int verify;                /* the last row is the draft (tokens[n_tokens]) */
+	int sample;                /* the rows end the uncomputed tokens: a token is drawn */
+	int64_t row0, pos0;        /* the first row in the step (its hidden rows start there) and
+				    * its position */
 };
 
 struct sched {
@@ -64,6 +71,9 @@ struct sched {
 	struct backend_sample *draw; /* [max_seqs] each scheduled sequence's draw (by the backend:
 				      * backend_step_draw, or here from the logits) */
 	struct backend_sample **drawp; /* [max_seqs] the backend's draws: &draw[k] or NULL */
+	struct backend_sample *draw2; /* [max_seqs] a verification's second row (mtp_draft) */
+	float *hidden;             /* [max_batch_tokens, hidden_size] (mtp_draft): the main step's
+				    * final hidden rows, the MTP step's input */
 	struct sbuf piece;         /* detok output of one token */
 	/* events */
 	struct sched_event *ev;
@@ -76,6 +86,7 @@ struct sched {
 	int64_t n_pend, cap_pend;
 	/* counters */
 	uint64_t preemptions, steps, added, finished, prefill_tokens, decode_tokens;
+	uint64_t drafts, drafts_accepted;
 	double t_step, t_backend, t_sample, last_step;
 };
 
@@ -162,7 +173,8 @@ static void seq_free(struct seq *q)
 	free(q);
 }
 
-static int seq_append(struct seq *q, int32_t t)
+/* Room for one id past n_tokens (a token to append, or a draft to verify there). */
+static int seq_room(struct seq *q)
 {
 	if (q->n_tokens == q->cap) {
 		int64_t cap = q->cap * 2;
@@ -172,6 +184,13 @@ static int seq_append(struct seq *q, int32_t t)
 		q->tokens = p;
 		q->cap = cap;
 	}
+	return 0;
+}
+
+static int seq_append(struct seq *q, int32_t t)
+{
+	if (seq_room(q) < 0)
+		return -ENOMEM;
 	q->tokens[q->n_tokens++] = t;
 	return 0;
 }
@@ -253,11 +272,17 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		return err_set(e, -EINVAL, "max_context and max_waiting must be >= 0");
 	if (b->n_pages < 1)
 		return err_set(e, -EINVAL, "backend has %lld KV pages", (long long)b->n_pages);
+	if (cfg->mtp_draft && b->n_layers <= b->c->num_hidden_layers)
+		return err_set(e, -EINVAL, "mtp_draft = 1: the model has no MTP layer "
+				"(num_nextn_predict_layers = %lld, or its weights are absent)",
+			       (long long)b->c->num_nextn_predict_layers);
 	struct sched *s = calloc(1, sizeof *s);
 	if (!s)
 		return -ENOMEM;
 	s->b = b;
 	s->cfg = *cfg;
+	if (cfg->mtp_draft)
+		s->cfg.prefix_cache = 0; /* a hit's MTP slots are not this sequence's (sched.h) */
 	s->vocab = b->c->vocab_size;
 	s->eos = (int32_t)b->c->eos_token_id;
 	int64_t lim = cfg->max_context ? cfg->max_context : b->c->max_position_embeddings;
@@ -267,7 +292,8 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		lim = b->n_pages * KV_PAGE_TOKENS;
 	s->limit = lim;
 	int64_t S = cfg->max_seqs, B = cfg->max_batch_tokens;
-	int64_t L = S < B ? S : B; /* rows with logits per step */
+	int64_t L = (cfg->mtp_draft ? 2 * S : S) < B ? (cfg->mtp_draft ? 2 * S : S) : B; /* rows
+				* with logits per step: a verification has two */
 	int rc = kv_pages_init(&s->kp, b->n_pages);
 	if (rc < 0)
 		goto fail;
@@ -283,9 +309,14 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	s->logits = backend_host_alloc(b, (size_t)L * (size_t)s->vocab * sizeof *s->logits);
 	s->draw = calloc((size_t)S, sizeof *s->draw);
 	s->drawp = calloc((size_t)S, sizeof *s->drawp);
+	if (cfg->mtp_draft) {
+		s->draw2 = calloc((size_t)S, sizeof *s->draw2);
+		s->hidden = backend_host_alloc(b, (size_t)B * (size_t)b->c->hidden_size *
+							  sizeof *s->hidden);
+	}
 	rc = -ENOMEM;
 	if (!s->running || !s->sched || !s->bseq || !s->pos || !s->flags || !s->logits ||
-	    !s->draw || !s->drawp)
+	    !s->draw || !s->drawp || (cfg->mtp_draft && (!s->draw2 || !s->hidden)))
 		goto fail;
 	*out = s;
 	return 0;
@@ -314,6 +345,9 @@ void sched_free(struct sched *s)
 		backend_host_free(s->b, s->logits);
 	free(s->draw);
 	free(s->drawp);
+	free(s->draw2);
+	if (s->hidden)
+		backend_host_free(s->b, s->hidden);
 	sbuf_free(&s->piece);
 	sbuf_free(&s->text);
 	free(s->ev);
@@ -397,6 +431,7 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
 	}
 	memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
 	q->n_tokens = q->n_prompt = r->n_prompt;
+	q->draft = -1;
 	q->max_tokens = r->max_tokens;
 	q->sp = r->sampling;
 	if (!r->seeded)
@@ -458,7 +493,8 @@ static void preempt(struct sched *s, struct seq *q)
 	ASSERT(q->state == SEQ_RUNNING && q->rows == 0);
 	list_remove(s->running, &s->n_running, q);
 	kv_pages_release(&s->kp, &q->kv);
-	q->n_computed = 0;
+	q->n_computed = q->n_mtp = 0;
+	q->draft = -1;
 	int rc = waiting_insert(s, q);
 	ASSERT(rc == 0); /* growing the queue fails only when the host is out of memory */
 	s->preemptions++;
@@ -468,16 +504,37 @@ static void add_rows(struct sched *s, struct seq *q, int64_t n, int decode)
 {
 	q->rows = n;
 	q->decode = decode;
+	q->verify = 0;
 	s->sched[s->n_sched++] = q;
 }
 
-/* Decodes: one token each, admission order; a missing page preempts the newest running. */
+/* A draft to verify: a second row at tokens[n_tokens] where the budget, a token slot and the
+ * pages allow without preempting anyone; otherwise the draft is dropped. */
+static int draft_row(struct sched *s, struct seq *q, int64_t budget)
+{
+	if (q->draft >= 0 && budget >= 2 && seq_room(q) == 0 &&
+	    kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 2) == 0) {
+		q->tokens[q->n_tokens] = q->draft;
+		return 1;
+	}
+	q->draft = -1;
+	return 0;
+}
+
+/* Decodes: one token each (two with a draft to verify), admission order; a missing page
+ * preempts the newest running. */
 static int64_t schedule_decodes(struct sched *s, int64_t budget)
 {
 	for (int64_t i = 0; i < s->n_running && budget > 0; i++) {
 		struct seq *q = s->running[i];
 		if (q->n_tokens - q->n_computed != 1)
 			continue;
+		if (draft_row(s, q, budget)) {
+			add_rows(s, q, 2, 1);
+			q->verify = 1;
+			budget -= 2;
+			continue;
+		}
 		int self = 0;
 		while (kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 1) < 0) {
 			struct seq *v = s->running[s->n_running - 1];
@@ -606,17 +663,17 @@ static int is_stop_id(const struct seq *q, int32_t t)
 	return 0;
 }
 
-/* One sampled token of q: stop checks, append, events. */
-static void accept_token(struct sched *s, struct seq *q, const struct sampler_out *o)
+/* One sampled token of q: stop checks, append, events. 1 if q lives on, 0 if it was freed. */
+static int accept_token(struct sched *s, struct seq *q, const struct sampler_out *o)
 {
 	int32_t t = o->token;
 	if (t == s->eos && !q->ignore_eos) {
 		finish(s, q, SCHED_FINISH_EOS, 1);
-		return;
+		return 0;
 	}
 	if (is_stop_id(q, t)) {
 		finish(s, q, SCHED_FINISH_STOP, 1);
-		return;
+		return 0;
 	}
 	if (seq_append(q, t) < 0) {
 		struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
@@ -624,7 +681,7 @@ static void accept_token(struct sched *s, struct seq *q, const struct sampler_ou
 		ev->msg = "out of memory";
 		q->rows = 0;
 		seq_drop(s, q);
-		return;
+		return 0;
 	}
 	struct sched_event *ev = ev_new(s, SCHED_EVENT_TOKEN, q->id);
 	ev->seq = q->n_emitted++;
@@ -649,7 +706,79 @@ static void accept_token(struct sched *s, struct seq *q, const struct sampler_ou
 		finish(s, q, SCHED_FINISH_LENGTH, 1);
 	else if (q->n_tokens >= s->limit)
 		finish(s, q, SCHED_FINISH_CONTEXT_LIMIT, 1);
+	else
+		return 1;
+	return 0;
 }
+
+/* A draw that failed (sampler_sample's rc): the request ends with an ERROR event. */
+static void draw_failed(struct sched *s, struct seq *q, int rc)
+{
+	struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
+	ev->error = rc;
+	ev->msg = rc == -EDOM ? "engine fault: the logits hold NaN or no finite value"
+			      : "engine fault: a token of the history is out of range";
+	q->rows = 0;
+	seq_drop(s, q);
+}
+
+/* The draft: the MTP logits' argmax, ties to the lower id (a NaN never wins; a draft only
+ * decides how many tokens a step gives, never which). */
+static int32_t draft_of(const float *x, int64_t n)
+{
+	int64_t best = 0;
+	for (int64_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = i;
+	return (int32_t)best;
+}
+
+/* mtp_draft: the MTP layer at the positions the main step committed, [n_mtp, n_computed) of
+ * each live scheduled sequence (h_i from its hidden rows, x_{i+1} from its tokens), and the
+ * drafts of those that drew a token. The backend's rc. */
+static int mtp_step(struct sched *s, int64_t n_sched)
+{
+	const int64_t D = s->b->c->hidden_size;
+	int64_t n = 0, row = 0, n_logits = 0;
+	for (int64_t k = 0; k < n_sched; k++) {
+		struct seq *q = s->sched[k];
+		if (!q || q->n_computed == q->n_mtp)
+			continue;
+		/* the rows are this step's: their hidden states are in s->hidden from row0 on */
+		ASSERT(q->n_mtp == q->pos0 && q->n_tokens > q->n_computed);
+		int64_t m = q->n_computed - q->n_mtp;
+		int want = q->n_tokens - q->n_computed == 1; /* a drawn token: draft the next */
+		for (int64_t j = 0; j < m; j++) {
+			s->pos[row + j] = q->n_mtp + j;
+			s->flags[row + j] = 0;
+		}
+		if (want)
+			s->flags[row + m - 1] = BACKEND_ROW_LOGITS;
+		s->bseq[n] = (struct backend_seq){
+			.n = m, .tokens = q->tokens + q->n_mtp + 1, .pos = s->pos + row,
+			.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = s->flags + row,
+			.logits = want ? s->logits + n_logits * s->vocab : NULL,
+			.mtp_hidden = s->hidden + q->row0 * D};
+		s->sched[n++] = q;
+		row += m;
+		n_logits += want;
+	}
+	if (!n)
+		return 0;
+	struct backend_step st = {.mtp = 1, .n_seqs = n, .seqs = s->bseq};
+	int rc = backend_step(s->b, &st);
+	if (rc < 0)
+		return rc;
+	for (int64_t k = 0, l = 0; k < n; k++) {
+		struct seq *q = s->sched[k];
+		q->n_mtp = q->n_computed;
+		if (q->n_tokens - q->n_computed == 1)
+			q->draft = draft_of(s->logits + l++ * s->vocab, s->vocab);
+	}
+	return 0;
+}
+
+
 
 /* ---- the step ----------------------------------------------------------------------------- */
 
@@ -675,20 +804,27 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	double t1 = t0, t2 = t0;
 	int64_t row = 0, n_logits = 0, n_dev = 0, n_hist = 0;
 	const int can = s->b->step_draw && !s->cfg.host_sampling;
+	const int64_t D = s->b->c->hidden_size;
+	/* mtp_draft: every row's hidden state, the MTP step's input */
+	const uint8_t row_flags = s->cfg.mtp_draft ? BACKEND_ROW_HIDDEN : 0;
 	if (s->n_sched > 0) {
 		for (int64_t k = 0; k < s->n_sched; k++) {
 			struct seq *q = s->sched[k];
 			struct backend_seq *bs = &s->bseq[k];
-			int sample = q->n_computed + q->rows == q->n_tokens;
+			int sample = q->sample = q->n_computed + q->rows - q->verify == q->n_tokens;
 			const int64_t hist = sampler_params_penalised(&q->sp) ? q->n_tokens : 0;
-			int dev = sample && can && n_dev < s->b->sample_rows &&
+			int dev = sample && !q->verify && can && n_dev < s->b->sample_rows &&
 				  n_hist + hist <= s->b->hist_ids;
 			for (int64_t j = 0; j < q->rows; j++) {
 				s->pos[row + j] = q->n_computed + j;
-				s->flags[row + j] = 0;
+				s->flags[row + j] = row_flags;
 			}
 			if (sample)
-				s->flags[row + q->rows - 1] = BACKEND_ROW_LOGITS;
+				s->flags[row + q->rows - 1] |= BACKEND_ROW_LOGITS;
+			if (q->verify) /* the drawn token's row too: its draw decides the draft's */
+				s->flags[row + q->rows - 2] |= BACKEND_ROW_LOGITS;
+			q->row0 = row;
+			q->pos0 = q->n_computed;
 			bs->n = q->rows;
 			bs->tokens = q->tokens + q->n_computed;
 			bs->pos = s->pos + row;
@@ -696,7 +832,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			bs->n_blocks = q->kv.n_blocks;
 			bs->flags = s->flags + row;
 			bs->logits = sample && !dev ? s->logits + n_logits * s->vocab : NULL;
-			bs->hidden = NULL;
+			bs->hidden = s->hidden ? s->hidden + row * D : NULL;
 			bs->mtp_hidden = NULL;
 			s->drawp[k] = dev ? &s->draw[k] : NULL;
 			s->draw[k] = (struct backend_sample){
@@ -704,7 +840,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 				.prompt = q->tokens, .n_prompt = q->n_prompt,
 				.output = q->tokens + q->n_prompt, .n_output = q->n_tokens - q->n_prompt};
 			row += q->rows;
-			n_logits += sample && !dev;
+			n_logits += sample && !dev ? 1 + q->verify : 0;
 			n_dev += dev;
 			n_hist += dev ? hist : 0;
 		}
@@ -720,11 +856,12 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	}
 
 	/* postprocess: progress and publication, then sampling, then stop checks */
+	/* (a draft's row counts once its token is drawn equal to it, below) */
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		q->n_computed += q->rows;
+		q->n_computed += q->rows - q->verify;
 		if (q->decode)
-			s->decode_tokens += (uint64_t)q->rows;
+			s->decode_tokens += (uint64_t)(q->rows - q->verify);
 		else
 			s->prefill_tokens += (uint64_t)q->rows;
 		if (s->cfg.prefix_cache)
@@ -733,35 +870,61 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	double t3 = now_s(s);
 	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		if (q->n_computed != q->n_tokens || s->drawp[k])
+		if (!q->sample || s->drawp[k])
 			continue;
-		s->draw[k].rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, q->tokens,
-					       q->n_prompt, q->tokens + q->n_prompt,
-					       q->n_tokens - q->n_prompt, s->draw[k].index,
-					       &s->draw[k].out);
+		struct backend_sample *d = &s->draw[k];
+		d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l++ * s->vocab, d->prompt,
+				       d->n_prompt, d->output, d->n_output, d->index, &d->out);
+		if (!q->verify)
+			continue;
+		if (!d->rc && d->out.token == q->draft) {
+			/* accepted: the draft's row is the drawn token's own, its K/V stand, and
+			 * its logits draw the next token (history and index one further) */
+			struct backend_sample *d2 = &s->draw2[k];
+			*d2 = *d;
+			d2->n_output++;
+			d2->index++;
+			d2->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab,
+						d2->prompt, d2->n_prompt, d2->output, d2->n_output,
+						d2->index, &d2->out);
+			q->n_computed++;
+			q->verify = 2;
+		}
 		l++;
 	}
 	double t4 = now_s(s);
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		if (q->n_computed != q->n_tokens) {
-			q->rows = 0;
-			continue;
-		}
-		if (s->draw[k].rc < 0) {
-			struct sched_event *ev = ev_new(s, SCHED_EVENT_ERROR, q->id);
-			ev->error = s->draw[k].rc;
-			ev->msg = s->draw[k].rc == -EDOM
-					  ? "engine fault: the logits hold NaN or no finite value"
-					  : "engine fault: a token of the history is out of range";
-			q->rows = 0;
-			seq_drop(s, q);
-			continue;
-		}
+		const int verified = q->verify != 0, accepted = q->verify == 2;
 		q->rows = 0;
-		accept_token(s, q, &s->draw[k].out); /* may free q */
+		q->draft = -1;
+		if (!q->sample)
+			continue;
+		s->sched[k] = NULL; /* unless it lives on, below */
+		if (s->draw[k].rc < 0) {
+			draw_failed(s, q, s->draw[k].rc);
+			continue;
+		}
+		s->drafts += (uint64_t)verified;
+		s->drafts_accepted += (uint64_t)accepted;
+		s->decode_tokens += (uint64_t)accepted;
+		if (!accept_token(s, q, &s->draw[k].out))
+			continue;
+		if (accepted && s->draw2[k].rc < 0) {
+			draw_failed(s, q, s->draw2[k].rc);
+			continue;
+		}
+		if (accepted && !accept_token(s, q, &s->draw2[k].out))
+			continue;
+		s->sched[k] = q;
 	}
 	s->t_sample += t4 - t3;
+	if (s->cfg.mtp_draft) { /* the main step's tokens are committed: a failure here is a
+				 * fault with its events made (sched.h) */
+		double t5 = now_s(s);
+		rc = mtp_step(s, s->n_sched);
+		t2 += now_s(s) - t5;
+	}
 out:;
 	if (s->n_sched > 0) { /* steps that only deliver cancel events are not counted */
 		double t5 = now_s(s);
@@ -812,6 +975,9 @@ void sched_stats(const struct sched *s, struct sched_stats *st)
 		st->avg_sched_us = (s->t_step - s->t_backend - s->t_sample) / n * 1e6;
 	}
 	st->context_limit = s->limit;
+	st->drafts = s->drafts;
+	st->drafts_accepted = s->drafts_accepted;
+	st->draft_accept_rate = s->drafts ? (double)s->drafts_accepted / (double)s->drafts : 0.0;
 }
 
 const struct kv_pages *sched_pages(const struct sched *s) { return &s->kp; }

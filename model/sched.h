@@ -41,9 +41,25 @@
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not
  *            change a seeded request's tokens), stop conditions are checked and events emitted.
- * MTP: steps run the main model only (mtp = 0); speculative decoding is not implemented, so
- * the MTP layer's page slots are never written or read (the rule for prefix hits when it is:
- * model/kv_pages.h).
+ * MTP drafting (mtp_draft = 1; off by default): speculative decoding with the checkpoint's MTP
+ *            layer (spec §4), one drafted token a sequence a step. After the main step and its
+ *            draws, one MTP step (backend.h) writes the MTP layer's K/V at every position the
+ *            main step has just committed (token x_{i+1} and the main model's final hidden
+ *            state h_i, which the main step returns for every row of a drafting sequence); its
+ *            logits at a sequence's last position give the draft, their argmax (ties to the
+ *            lower id), for the token after the one just drawn. The next decode of that
+ *            sequence has two rows, the drawn token and the draft; the draft is accepted only
+ *            if the token drawn from the first row's logits (the request's own sampler at its
+ *            own index: greedy, seeded or not) is the draft itself, and then the second row's
+ *            logits give one more token in the same step. So a request's tokens are exactly
+ *            those of mtp_draft = 0 on a batch-invariant backend (the CPU backend, the CUDA
+ *            backend's batch_invariant mode); the draft only decides how many come per step.
+ *            A rejected draft's K/V at its position is overwritten by the next step's row
+ *            there. The rows of a verification are drawn here (host sampling), never by the
+ *            backend. Drafting sequences take no prefix-cache hits and publish none
+ *            (prefix_cache is off with mtp_draft): a hit's MTP slots would need the hidden
+ *            states of positions this sequence never computed (model/kv_pages.h).
+ *            Decodes with fewer than two rows of budget left verify nothing that step.
  * Deadlock freedom: the context limit is capped at n_pages * 64 tokens and a request whose
  * prompt reaches it is refused at sched_add (-E2BIG), so one sequence always fits once every
  * later-admitted one is preempted; the oldest running sequence is never preempted by a newer
@@ -101,6 +117,8 @@ struct sched_config {
 	int host_sampling;        /* 1: every token drawn here from downloaded logits, even where
 				   * the backend could draw it (backend_step_draw); the tokens are
 				   * the same either way (one sampling function, model/sampler.h) */
+	int mtp_draft;            /* 1: speculative decoding with the MTP layer (above); the
+				   * backend must have it (-EINVAL otherwise); prefix_cache off */
 };
 
 struct sched_str {
@@ -177,6 +195,9 @@ struct sched_stats {
 	double avg_backend_us, avg_sample_us;   /* sampling here (the backend's draws are in
 						 * avg_backend_us) */
 	int64_t context_limit;                   /* effective */
+	/* mtp_draft: drafts verified (two-row decodes) and accepted (one token more each) */
+	uint64_t drafts, drafts_accepted;
+	double draft_accept_rate;                /* accepted / verified, 0 with none */
 };
 
 const char *sched_finish_name(enum sched_finish r);
@@ -202,8 +223,9 @@ int sched_has_work(const struct sched *s);
 /* One step. *ev / *n: the events, first those of cancels and fail_all since the last step
  * (valid until the next sched_step; sched_add, sched_cancel and sched_fail_all may be called
  * while walking them). 0, or the
- * backend's negative errno (engine fault: nothing of the step is committed; the events so far
- * are still returned). A row of logits with a NaN ends that request with ERROR -EDOM. */
+ * backend's negative errno (engine fault: nothing of the step is committed, except where the
+ * MTP step of mtp_draft fails after the main step's tokens were committed and their events
+ * made; the events so far are still returned). A row of logits with a NaN ends that request with ERROR -EDOM. */
 int sched_step(struct sched *s, const struct sched_event **ev, int64_t *n);
 /* Ends every live request with an ERROR event (code, msg) and frees it; the events come with
  * the next sched_step (which then has no work). For engine faults and shutdown. */

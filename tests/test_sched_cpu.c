@@ -483,3 +483,214 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	}
 	test_model_free(&m);
 }
+
+/* ---- MTP drafting (sched_config.mtp_draft) ------------------------------------------------- */
+
+/* The requests of the drafting tests: greedy, seeded temperatures with top-k / top-p / min-p, a
+ * penalty (its second draw's history holds the draft), logprobs with alternatives. */
+enum { MTP_N = 6, MTP_LEN = 56, MTP_OUT = 20 };
+
+static void mtp_requests(int64_t V, int32_t p[MTP_N][MTP_LEN], struct sampler_params *sp)
+{
+	for (int i = 0; i < MTP_N; i++) {
+		prompt_of(p[i], MTP_LEN - 7 * i, V, 500 + (uint64_t)i);
+		sampler_params_default(&sp[i]);
+		sp[i].seed = 91 + (uint64_t)i;
+	}
+	sp[1].temperature = 0.8, sp[1].top_k = 40;
+	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
+	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
+	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
+	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2, sp[5].presence_penalty = 0.5;
+}
+
+static void mtp_run(struct backend *b, int64_t budget, int64_t max_seqs, int draft, int64_t V,
+		    struct sched_trace *t, struct sched_stats *st)
+{
+	int32_t p[MTP_N][MTP_LEN];
+	struct sampler_params sp[MTP_N];
+	mtp_requests(V, p, sp);
+	struct sched_config c = {0};
+	c.max_batch_tokens = budget;
+	c.max_seqs = max_seqs;
+	c.seed = 9;
+	c.prefix_cache = 1; /* off with mtp_draft (sched.h) */
+	c.mtp_draft = draft;
+	struct sched *s;
+	struct err e = {{0}};
+	int rc = sched_init(&s, b, &c, &e);
+	if (rc)
+		test_fail(__FILE__, __LINE__, "sched_init: %s", e.msg);
+	REQUIRE(rc == 0);
+	for (int i = 0; i < MTP_N; i++)
+		add(s, (uint64_t)i, p[i], MTP_LEN - 7 * i, MTP_OUT, &sp[i]);
+	sched_trace_run(s, t);
+	sched_trace_sort(t);
+	sched_stats(s, st);
+	CHECK_EQ_INT(st->pages_used, 0);
+	sched_free(s);
+}
+
+static void mtp_same(const struct sched_trace *a, const struct sched_trace *b, const char *what)
+{
+	double worst;
+	int64_t bad = sched_trace_diff(a, b, UINT64_MAX, &worst);
+	if (bad || worst != 0)
+		test_fail(__FILE__, __LINE__, "%s: %lld token events differ from plain decoding, "
+			  "worst logprob difference %g", what, (long long)bad, worst);
+}
+
+/* With the tiny model's own (random) MTP layer: the drafting runs give plain decoding's token
+ * events bit for bit, alone, batched, preempted (a pool of 3 pages for 6 requests), and with
+ * the backend drawing the rows it may (the verifications on the host). */
+TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
+{
+	struct test_model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size;
+	static struct sched_trace plain, one, busy, small, drawn;
+	struct sched_stats st;
+	struct rec *r = rec_new(&m, 16, 0);
+	mtp_run(&r->base, 64, 8, 0, V, &plain, &st);
+	CHECK_EQ_INT(st.drafts, 0);
+	CHECK_EQ_INT(plain.n, MTP_N * (MTP_OUT + 1));
+	mtp_run(&r->base, 64, 1, 1, V, &one, &st);
+	mtp_same(&plain, &one, "one at a time");
+	CHECK(st.drafts > 0);
+	mtp_run(&r->base, 64, 8, 1, V, &busy, &st);
+	mtp_same(&plain, &busy, "batched");
+	backend_destroy(&r->base);
+	r = rec_new(&m, 3, 0);
+	mtp_run(&r->base, 48, 8, 1, V, &small, &st);
+	mtp_same(&plain, &small, "preempted");
+	CHECK(st.preemptions > 0);
+	backend_destroy(&r->base);
+	struct drawer *d = drawer_new(&m, 16, 8, 1 << 20);
+	mtp_run(&d->base, 64, 8, 1, V, &drawn, &st);
+	mtp_same(&plain, &drawn, "backend draws");
+	CHECK(d->draws > 0); /* the prefills' first tokens */
+	backend_destroy(&d->base);
+	/* a model without an MTP layer refuses drafting, naming it */
+	r = rec_new(&m, 4, 0);
+	r->base.n_layers = m.c.num_hidden_layers;
+	struct sched_config c = {.max_batch_tokens = 8, .max_seqs = 2, .mtp_draft = 1};
+	struct sched *s;
+	struct err e = {{0}};
+	CHECK_EQ_INT(sched_init(&s, &r->base, &c, &e), -EINVAL);
+	CHECK(strstr(e.msg, "MTP") != NULL);
+	backend_destroy(&r->base);
+	test_model_free(&m);
+}
+
+/* An MTP layer that drafts from a known answer: the CPU backend's MTP step, then each draft row
+ * rewritten to peak at the reference's token for it, or, at every `wrong`-th position, at
+ * another; requests one at a time (max_seqs 1), each known by its MTP rows starting at 0. */
+struct oracle {
+	struct backend base;
+	struct backend *cpu;
+	const struct sched_trace *ref; /* plain decoding's sorted events */
+	const int32_t (*prompt)[MTP_LEN];
+	int64_t cur, wrong;
+};
+
+/* The token at position `pos` of request `id`: its prompt's, else its reference output's. */
+static int32_t oracle_token(const struct oracle *o, int64_t id, int64_t pos)
+{
+	int64_t n_prompt = MTP_LEN - 7 * id;
+	if (pos < n_prompt)
+		return o->prompt[id][pos];
+	for (int64_t i = 0; i < o->ref->n; i++) {
+		const struct sched_event *ev = &o->ref->ev[i];
+		if (ev->type == SCHED_EVENT_TOKEN && (int64_t)ev->id == id &&
+		    ev->seq == pos - n_prompt)
+			return ev->token;
+	}
+	return 0; /* past the reference's end: any draft */
+}
+
+static int oracle_step(struct backend *b, const struct backend_step *st)
+{
+	struct oracle *o = (struct oracle *)b;
+	int rc = backend_step(o->cpu, st);
+	if (rc || !st->mtp)
+		return rc;
+	REQUIRE(st->n_seqs == 1);
+	const struct backend_seq *q = &st->seqs[0];
+	if (q->pos[0] == 0)
+		o->cur++;
+	int64_t V = b->c->vocab_size, l = 0;
+	for (int64_t i = 0; i < q->n; i++) {
+		if (!(backend_row_flags(q, i) & BACKEND_ROW_LOGITS))
+			continue;
+		/* row i at position pos drafts the token at pos + 2 */
+		int64_t pos = q->pos[i];
+		int32_t t = oracle_token(o, o->cur - 1, pos + 2);
+		if (o->wrong && pos % o->wrong == 0)
+			t = (t + 1) % (int32_t)V;
+		float *x = q->logits + l++ * V;
+		for (int64_t v = 0; v < V; v++)
+			x[v] = 0;
+		x[t] = 1;
+	}
+	return 0;
+}
+
+static int oracle_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
+			  void *buf, int write)
+{
+	return backend_page_io(((struct oracle *)b)->cpu, layer, pool, page, buf, write);
+}
+
+static void oracle_destroy(struct backend *b)
+{
+	struct oracle *o = (struct oracle *)b;
+	backend_destroy(o->cpu);
+	free(o);
+}
+
+static const struct backend_ops oracle_ops = {"oracle-mtp+cpu", oracle_step, oracle_page_io,
+					      oracle_destroy};
+
+/* Drafts right at every position, then wrong at every third: the tokens stay plain decoding's,
+ * logprobs and alternatives included (the second row of an accepted draft draws with the
+ * request's index and history one further); every right draft is accepted, so a request's
+ * decodes take half the steps. */
+TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
+{
+	struct test_model m;
+	model_load(&m, "mini");
+	int64_t V = m.c.vocab_size;
+	int32_t p[MTP_N][MTP_LEN];
+	struct sampler_params sp[MTP_N];
+	mtp_requests(V, p, sp);
+	static struct sched_trace plain, right, some;
+	struct sched_stats st, st_plain;
+	struct rec *r = rec_new(&m, 16, 0);
+	mtp_run(&r->base, 64, 1, 0, V, &plain, &st_plain);
+	backend_destroy(&r->base);
+	for (int run = 0; run < 2; run++) {
+		struct oracle *o = calloc(1, sizeof *o);
+		REQUIRE(o);
+		struct err e;
+		REQUIRE(backend_cpu_create(&m.c, &m.w, 16, 2, &o->cpu, &e) == 0);
+		o->base = *o->cpu;
+		o->base.ops = &oracle_ops;
+		o->ref = &plain;
+		o->prompt = (const int32_t(*)[MTP_LEN])p;
+		o->wrong = run ? 3 : 0;
+		mtp_run(&o->base, 64, 1, 1, V, run ? &some : &right, &st);
+		mtp_same(&plain, run ? &some : &right, run ? "a third wrong" : "all right");
+		CHECK_EQ_INT(o->cur, MTP_N);
+		if (run == 0) {
+			CHECK(st.drafts > 0);
+			CHECK_EQ_INT(st.drafts_accepted, st.drafts);
+			/* each request: its prefill step, then two tokens a step until the last
+			 * (20 tokens: 1 + 9 x 2 + 1 -> 11 steps), against 20 steps plainly */
+			CHECK(st.steps < st_plain.steps * 2 / 3);
+		} else {
+			CHECK(st.drafts_accepted > 0 && st.drafts_accepted < st.drafts);
+		}
+		backend_destroy(&o->base);
+	}
+	test_model_free(&m);
+}
