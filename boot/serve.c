@@ -183,7 +183,8 @@ static void handle_stats(struct serve *sv, const struct ipc_item *it)
 			 "prefix_hit_rate %.4f\nprefill_tokens %llu\ndecode_tokens %llu\n"
 			 "prefill_tok_s %.1f\ndecode_tok_s %.1f\npreemptions %llu\nsteps %llu\n"
 			 "last_step_us %.1f\navg_step_us %.1f\ncontext_limit %lld\nlive_requests %lld\n"
-			 "requests %llu\nrejected %llu\nfinished %llu\n",
+			 "requests %llu\nrejected %llu\nfinished %llu\n"
+			 "mtp_drafts %llu\nmtp_drafts_accepted %llu\nmtp_draft_accept_rate %.4f\n",
 			 sv->en->backend_name,
 			 strcmp(sv->en->backend_name, "cuda") ? "batch-invariant" : backend_cuda_mode(sv->en->be),
 			 (long long)st.pages_total, (long long)st.pages_used,
@@ -194,7 +195,8 @@ static void handle_stats(struct serve *sv, const struct ipc_item *it)
 			 (unsigned long long)st.steps, st.last_step_us, st.avg_step_us,
 			 (long long)st.context_limit, (long long)sv->n_live,
 			 (unsigned long long)sv->n_requests, (unsigned long long)sv->n_rejected,
-			 (unsigned long long)sv->n_finished);
+			 (unsigned long long)sv->n_finished, (unsigned long long)st.drafts,
+			 (unsigned long long)st.drafts_accepted, st.draft_accept_rate);
 	if (n > 0 && (size_t)n < sizeof buf)
 		n += ipc_server_format_stats(sv->ipc, buf + n, sizeof buf - (size_t)n);
 	if (n < 0 || (size_t)n >= sizeof buf)

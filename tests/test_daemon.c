@@ -327,6 +327,37 @@ TEST_T(daemon, streams_equal_eval_many_clients, 600)
 	CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
+static long long stat_of(const char *text, const char *key);
+static int fetch_stats(const char *sock, char *buf, size_t n);
+
+/* --mtp-draft: the streams are still eval's greedy tokens (a draft is kept only where the
+ * model's own draw equals it), and the stats count the drafts verified. */
+TEST_T(daemon, mtp_draft_streams_equal_eval, 300)
+{
+	char model[512];
+	make_model(model, sizeof model);
+	uint32_t ref[N_PROMPTS][GEN];
+	eval_reference(model, ref);
+	struct daemon d;
+	daemon_start(&d, model, "--max-seqs 8 --mtp-draft");
+	pid_t pids[4];
+	for (int c = 0; c < 4; c++) {
+		pids[c] = fork();
+		if (pids[c] == 0)
+			_exit(client_streams(d.sock, 6, 3, ref, 100 + (uint64_t)c));
+	}
+	for (int c = 0; c < 4; c++) {
+		int st;
+		waitpid(pids[c], &st, 0);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	char stats[4096];
+	REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
+	CHECK(stat_of(stats, "mtp_drafts") > 0);
+	CHECK(stat_of(stats, "mtp_drafts_accepted") >= 0);
+	CHECK_EQ_INT(daemon_stop(&d), 0);
+}
+
 /* Stats as a key -> value lookup. */
 static long long stat_of(const char *text, const char *key)
 {

@@ -1,8 +1,11 @@
 /*
- * cmd_run.c — `dsv32 run --model DIR [--prompt TEXT] [--max-tokens N] [--raw] [--thinking]`:
+ * cmd_run.c — `dsv32 run --model DIR [--prompt TEXT] [--max-tokens N] [--raw] [--thinking]`
+ * [--mtp-draft]:
  * the main job offline, in this process: open the engine (the same code the daemon serves
  * with), render the prompt as a chat turn (or take it raw), and stream the generated text and
  * token ids to stdout, with the numbers at the end. `make run` calls it on the tiny model.
+ * --mtp-draft: speculative decoding with the MTP layer (model/sched.h; the same tokens), the
+ * drafts verified and accepted printed at the end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,7 +20,7 @@
 static int usage(void)
 {
 	fprintf(stderr, "usage: dsv32 run --model DIR [--prompt TEXT] [--max-tokens N] [--raw] "
-			"[--thinking] [--temperature T] [--seed N] [--threads N]\n");
+			"[--thinking] [--temperature T] [--seed N] [--threads N] [--mtp-draft]\n");
 	return 2;
 }
 
@@ -25,7 +28,7 @@ int cmd_run(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = "Write a haiku about the sea.";
 	int64_t max_tokens = 32, seed = 0;
-	int raw = 0, thinking = 0, threads = 0;
+	int raw = 0, thinking = 0, threads = 0, mtp_draft = 0;
 	double temperature = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -45,13 +48,15 @@ int cmd_run(int argc, char **argv)
 			raw = 1;
 		else if (!strcmp(a, "--thinking"))
 			thinking = 1;
+		else if (!strcmp(a, "--mtp-draft"))
+			mtp_draft = 1;
 		else
 			return usage();
 	}
 	if (!model || max_tokens < 1)
 		return usage();
 	struct engine_opts o = {.model_dir = model, .backend = "cpu", .threads = threads,
-				.host_memory_mb = 1024, .kv_pages = 256};
+				.host_memory_mb = 1024, .kv_pages = 256, .mtp_draft = mtp_draft};
 	struct engine en;
 	struct err e;
 	if (engine_open(&en, &o, &e)) {
@@ -131,6 +136,13 @@ int cmd_run(int argc, char **argv)
 		printf(" %d", out[i]);
 	printf("\nprefill %zu tokens + first token in %.3f s; %.1f tokens/s decode\n", ids.n, t_first,
 	       n_out > 1 ? (double)(n_out - 1) / (dt - t_first) : 0.0);
+	if (mtp_draft) {
+		struct sched_stats st;
+		sched_stats(en.s, &st);
+		printf("MTP drafts: %llu verified, %llu accepted (%.1f%%), %llu steps\n",
+		       (unsigned long long)st.drafts, (unsigned long long)st.drafts_accepted,
+		       st.draft_accept_rate * 100, (unsigned long long)st.steps);
+	}
 	free(out);
 	tokenizer_ids_free(&ids);
 	engine_close(&en);
