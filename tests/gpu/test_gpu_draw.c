@@ -6,6 +6,8 @@
  * request with penalties (its prompt and output uploaded as its history): every token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
  * test_gpu_sampler.c), the same alternatives; the draws really ran on the device (counted);
  * a draw the backend must refuse (a history it is not given, two logits rows) is refused.
+ * And the scheduler's MTP drafting (sched_config.mtp_draft: the CUDA backend's MTP steps fed
+ * the main steps' hidden rows, two-row verifications drawn on the host) gives the same events.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -22,13 +24,14 @@
 #define NTOK 12
 
 static void run(struct backend *b, int host, const struct sampler_params *sp,
-		int32_t (*p)[48], struct sched_trace *t)
+		int32_t (*p)[48], struct sched_trace *t, int mtp_draft, struct sched_stats *st)
 {
 	struct sched_config c = {0};
 	c.max_batch_tokens = 96;
 	c.max_seqs = 8;
 	c.seed = 5;
 	c.host_sampling = host;
+	c.mtp_draft = mtp_draft;
 	struct sched *s;
 	struct err e = {""};
 	REQUIRE(sched_init(&s, b, &c, &e) == 0);
@@ -45,6 +48,8 @@ static void run(struct backend *b, int host, const struct sampler_params *sp,
 		REQUIRE(sched_add(s, &q, &e) == 0);
 	}
 	sched_trace_run(s, t);
+	if (st)
+		sched_stats(s, st);
 	sched_free(s);
 	sched_trace_sort(t);
 }
@@ -84,9 +89,9 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	sp[5].temperature = 0.7, sp[5].top_k = 20, sp[5].top_p = 0.8, sp[5].logprobs = 1;
 	sp[6].temperature = 1.2, sp[6].min_p = 0.02;
 	static struct sched_trace host, dev;
-	run(b, 1, sp, p, &host);
+	run(b, 1, sp, p, &host, 0, NULL);
 	int64_t d0 = backend_cuda_draws(b);
-	run(b, 0, sp, p, &dev);
+	run(b, 0, sp, p, &dev, 0, NULL);
 	int64_t drawn = backend_cuda_draws(b) - d0;
 	CHECK_EQ_INT(d0, 0);
 	CHECK_EQ_INT(drawn, NREQ * NTOK);
@@ -118,6 +123,20 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	CHECK_EQ_INT(backend_step_draw(b, &st, dp), 0);
 	CHECK_EQ_INT(ds.rc, 0);
 	CHECK(ds.out.token >= 0 && ds.out.token < V);
+
+	/* MTP drafting: the same events as the host's plain run (the verifications drawn on the
+	 * host, the other first tokens on the device) */
+	static struct sched_trace drafted;
+	struct sched_stats sst;
+	run(b, 0, sp, p, &drafted, 1, &sst);
+	bad = sched_trace_diff(&host, &drafted, UINT64_MAX, &worst);
+	printf("    MTP drafting: %llu drafts verified, %llu accepted, %llu steps; %lld token events "
+	       "differ, worst logprob difference %.2e\n", (unsigned long long)sst.drafts,
+	       (unsigned long long)sst.drafts_accepted, (unsigned long long)sst.steps,
+	       (long long)bad, worst);
+	CHECK_EQ_INT(bad, 0);
+	CHECK(worst <= 1e-5);
+	CHECK(sst.drafts > 0);
 	backend_destroy(b);
 	test_model_free(&m);
 }
