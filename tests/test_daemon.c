@@ -302,20 +302,17 @@ TEST_T(daemon, notify_sequence_and_drain, 120)
 	close(fd);
 }
 
-TEST_T(daemon, streams_equal_eval_many_clients, 600)
+/* `clients` processes of client_streams (per requests, window in flight, seeds from seed0),
+ * each checked to exit 0. */
+static void clients_stream(const char *sock, int clients, int per, int window,
+			   uint32_t ref[N_PROMPTS][GEN], uint64_t seed0)
 {
-	char model[512];
-	make_model(model, sizeof model);
-	uint32_t ref[N_PROMPTS][GEN];
-	eval_reference(model, ref);
-	struct daemon d;
-	daemon_start(&d, model, "--max-seqs 32");
-	int clients = sanitizer() ? 4 : 16, per = sanitizer() ? 10 : 50;
 	pid_t pids[16];
+	REQUIRE(clients <= 16);
 	for (int c = 0; c < clients; c++) {
 		pids[c] = fork();
 		if (pids[c] == 0)
-			_exit(client_streams(d.sock, per, 4, ref, (uint64_t)c));
+			_exit(client_streams(sock, per, window, ref, seed0 + (uint64_t)c));
 	}
 	for (int c = 0; c < clients; c++) {
 		int st;
@@ -324,6 +321,23 @@ TEST_T(daemon, streams_equal_eval_many_clients, 600)
 		if (!WIFEXITED(st) || WEXITSTATUS(st))
 			fprintf(stderr, "    client %d: status %d\n", c, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	}
+}
+
+/* The tiny model, eval's greedy tokens for the prompts, and dsv32d on it with `flags`. */
+static void daemon_with_ref(struct daemon *d, uint32_t ref[N_PROMPTS][GEN], const char *flags)
+{
+	char model[512];
+	make_model(model, sizeof model);
+	eval_reference(model, ref);
+	daemon_start(d, model, flags);
+}
+
+TEST_T(daemon, streams_equal_eval_many_clients, 600)
+{
+	uint32_t ref[N_PROMPTS][GEN];
+	struct daemon d;
+	daemon_with_ref(&d, ref, "--max-seqs 32");
+	clients_stream(d.sock, sanitizer() ? 4 : 16, sanitizer() ? 10 : 50, 4, ref, 0);
 	CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
@@ -334,23 +348,10 @@ static int fetch_stats(const char *sock, char *buf, size_t n);
  * model's own draw equals it), and the stats count the drafts verified. */
 TEST_T(daemon, mtp_draft_streams_equal_eval, 300)
 {
-	char model[512];
-	make_model(model, sizeof model);
 	uint32_t ref[N_PROMPTS][GEN];
-	eval_reference(model, ref);
 	struct daemon d;
-	daemon_start(&d, model, "--max-seqs 8 --mtp-draft");
-	pid_t pids[4];
-	for (int c = 0; c < 4; c++) {
-		pids[c] = fork();
-		if (pids[c] == 0)
-			_exit(client_streams(d.sock, 6, 3, ref, 100 + (uint64_t)c));
-	}
-	for (int c = 0; c < 4; c++) {
-		int st;
-		waitpid(pids[c], &st, 0);
-		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	}
+	daemon_with_ref(&d, ref, "--max-seqs 8 --mtp-draft");
+	clients_stream(d.sock, 4, 6, 3, ref, 100);
 	char stats[4096];
 	REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
 	CHECK(stat_of(stats, "mtp_drafts") > 0);

@@ -45,6 +45,19 @@ static void model_load(struct test_model *m, const char *preset)
 
 /* ---- a recorder around the CPU backend ----------------------------------------------------- */
 
+/* The wrappers below (recorder, drawer, oracle) start with these two members: their pages are
+ * the CPU backend's. */
+struct wrapped {
+	struct backend base;
+	struct backend *cpu;
+};
+
+static int wrapped_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
+			   void *buf, int write)
+{
+	return backend_page_io(((struct wrapped *)b)->cpu, layer, pool, page, buf, write);
+}
+
 struct rec {
 	struct backend base;
 	struct backend *cpu;
@@ -78,13 +91,6 @@ static int rec_step(struct backend *b, const struct backend_step *s)
 	return rc;
 }
 
-static int rec_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
-		       void *buf, int write)
-{
-	struct rec *r = (struct rec *)b;
-	return backend_page_io(r->cpu, layer, pool, page, buf, write);
-}
-
 static void rec_destroy(struct backend *b)
 {
 	struct rec *r = (struct rec *)b;
@@ -94,7 +100,8 @@ static void rec_destroy(struct backend *b)
 	free(r);
 }
 
-static const struct backend_ops rec_ops = {"recorder+cpu", rec_step, rec_page_io, rec_destroy};
+static const struct backend_ops rec_ops = {"recorder+cpu", rec_step, wrapped_page_io,
+					   rec_destroy};
 
 static struct rec *rec_new(struct test_model *m, int64_t n_pages, int64_t cap)
 {
@@ -383,12 +390,6 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	return 0;
 }
 
-static int drawer_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
-			  void *buf, int write)
-{
-	return backend_page_io(((struct drawer *)b)->cpu, layer, pool, page, buf, write);
-}
-
 static void drawer_destroy(struct backend *b)
 {
 	struct drawer *d = (struct drawer *)b;
@@ -398,7 +399,7 @@ static void drawer_destroy(struct backend *b)
 	free(d);
 }
 
-static const struct backend_ops drawer_ops = {"drawer+cpu", drawer_step, drawer_page_io,
+static const struct backend_ops drawer_ops = {"drawer+cpu", drawer_step, wrapped_page_io,
 					      drawer_destroy};
 
 static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t sample_rows,
@@ -419,6 +420,21 @@ static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t 
 	return d;
 }
 
+/* Six requests' sampling: greedy, seeded temperatures with top-k / top-p / min-p, logprobs
+ * with alternatives, a penalty (request 5); seeds from seed0. */
+static void sampling_mix(struct sampler_params sp[6], uint64_t seed0)
+{
+	for (int i = 0; i < 6; i++) {
+		sampler_params_default(&sp[i]);
+		sp[i].seed = seed0 + (uint64_t)i;
+	}
+	sp[1].temperature = 0.8, sp[1].top_k = 40;
+	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
+	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
+	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
+	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2, sp[5].presence_penalty = 0.5;
+}
+
 /* Greedy, seeded temperature with top-k / top-p / min-p, a penalty, logprobs with alternatives:
  * the same requests through the backend's draws (sample_rows 8 >= max_seqs: every row, the
  * penalised one with its history) and through the scheduler's own sampling (host_sampling) give
@@ -433,16 +449,9 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	enum { N = 6 };
 	int32_t p[N][40];
 	struct sampler_params sp[N];
-	for (int i = 0; i < N; i++) {
+	for (int i = 0; i < N; i++)
 		prompt_of(p[i], 40, V, 300 + (uint64_t)i);
-		sampler_params_default(&sp[i]);
-		sp[i].seed = 77 + (uint64_t)i;
-	}
-	sp[1].temperature = 0.8, sp[1].top_k = 40;
-	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
-	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
-	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
-	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2, sp[5].presence_penalty = 0.5;
+	sampling_mix(sp, 77);
 	static struct sched_trace host, dev, short_hist, narrow;
 	struct sched_trace *tr[4] = {&host, &dev, &short_hist, &narrow};
 	int64_t draws[4], host_rows[4];
@@ -486,22 +495,15 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 
 /* ---- MTP drafting (sched_config.mtp_draft) ------------------------------------------------- */
 
-/* The requests of the drafting tests: greedy, seeded temperatures with top-k / top-p / min-p, a
- * penalty (its second draw's history holds the draft), logprobs with alternatives. */
+/* The requests of the drafting tests: sampling_mix's (the penalised one's second draw of a
+ * verification has the draft in its history). */
 enum { MTP_N = 6, MTP_LEN = 56, MTP_OUT = 20 };
 
 static void mtp_requests(int64_t V, int32_t p[MTP_N][MTP_LEN], struct sampler_params *sp)
 {
-	for (int i = 0; i < MTP_N; i++) {
+	for (int i = 0; i < MTP_N; i++)
 		prompt_of(p[i], MTP_LEN - 7 * i, V, 500 + (uint64_t)i);
-		sampler_params_default(&sp[i]);
-		sp[i].seed = 91 + (uint64_t)i;
-	}
-	sp[1].temperature = 0.8, sp[1].top_k = 40;
-	sp[2].temperature = 1.0, sp[2].top_p = 0.9, sp[2].logprobs = 1, sp[2].top_logprobs = 5;
-	sp[3].temperature = 1.3, sp[3].min_p = 0.05;
-	sp[4].logprobs = 1, sp[4].top_logprobs = 3;
-	sp[5].temperature = 0.9, sp[5].repetition_penalty = 1.2, sp[5].presence_penalty = 0.5;
+	sampling_mix(sp, 91);
 }
 
 static void mtp_run(struct backend *b, int64_t budget, int64_t max_seqs, int draft, int64_t V,
@@ -635,12 +637,6 @@ static int oracle_step(struct backend *b, const struct backend_step *st)
 	return 0;
 }
 
-static int oracle_page_io(struct backend *b, int64_t layer, enum backend_pool pool, int64_t page,
-			  void *buf, int write)
-{
-	return backend_page_io(((struct oracle *)b)->cpu, layer, pool, page, buf, write);
-}
-
 static void oracle_destroy(struct backend *b)
 {
 	struct oracle *o = (struct oracle *)b;
@@ -648,7 +644,7 @@ static void oracle_destroy(struct backend *b)
 	free(o);
 }
 
-static const struct backend_ops oracle_ops = {"oracle-mtp+cpu", oracle_step, oracle_page_io,
+static const struct backend_ops oracle_ops = {"oracle-mtp+cpu", oracle_step, wrapped_page_io,
 					      oracle_destroy};
 
 /* Drafts right at every position, then wrong at every third: the tokens stay plain decoding's,
