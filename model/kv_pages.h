@@ -32,12 +32,13 @@
  * The MTP layer (backend.h: its cache at position p needs token p + 1, so it lags the main
  * layers by one) is outside the prefix cache's promise: a published page guarantees only the
  * main layers' K/V. The MTP slot of a page's last position depends on the first token of the
- * next page, which the page's hash does not cover. Rule: the scheduler that drives this manager
- * never runs MTP steps (no speculative decoding yet), so no MTP slot is ever written or read;
- * the pages simply reserve them. When MTP drafting is added, a drafting sequence must not take
- * prefix hits (it may still publish: nobody else reads its MTP slots) — correct and simple; a
- * finer rule (recompute the MTP slot of each hit prefix's last position, which needs the main
- * hidden state there, i.e. recomputing that position) can come later.
+ * next page, which the page's hash does not cover. Rule: without MTP drafting the scheduler
+ * never runs MTP steps, so no MTP slot is ever written or read and the pages simply reserve
+ * them; with it (sched_config.mtp_draft) the scheduler turns the prefix cache off, so a
+ * drafting sequence neither takes hits nor publishes — correct and simple. A finer rule
+ * (take hits and recompute the MTP slots of the hit prefix, which needs the main model's
+ * hidden state at each of its positions, i.e. recomputing them, or keeping those states) can
+ * come later.
  */
 #ifndef DSV32_KV_PAGES_H
 #define DSV32_KV_PAGES_H
