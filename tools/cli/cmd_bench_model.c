@@ -9,10 +9,12 @@
  *                     [--batches LIST] [--contexts LIST] [--prompts LIST] [--steps N]
  *                     [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]
  *                     [--prefill-reps N] [--profile] [--keep] [--daemon] [--batch-invariant]
- *                     [--pageable-logits] [--ab NAME=VALUE]...
+ *                     [--pageable-logits] [--ab NAME=VALUE]... [--mtp-draft]
  *
  * --batch-invariant: the CUDA backend's batch-invariant mode (backend_cuda_opts; the daemon
  * gets the flag too); without it its fast paths. The "backend:" line says which runs.
+ * --mtp-draft (with --daemon): dsv32d drafts with the MTP layer (sched_config.mtp_draft); with
+ * synthetic weights the drafts are ~never right, so this times what drafting costs.
  * The decode steps' logits go into the backend's own host memory (backend_host_alloc: pinned,
  * the download lands there directly), as the scheduler's do; --pageable-logits: a malloc'd
  * buffer instead (the backend then stages the download through its pinned buffer).
@@ -94,7 +96,7 @@ extern char **environ;
 #define MAX_LIST 16
 
 struct opts {
-	int synthetic, keep, daemon, batch_invariant;
+	int synthetic, keep, daemon, batch_invariant, mtp_draft;
 	int pageable_logits; /* --pageable-logits: the decode logits malloc'd, not backend_host_alloc */
 	const char *ab[8];   /* --ab NAME=VALUE: switch settings timed after each decode point */
 	int n_ab;
@@ -117,6 +119,7 @@ static int usage(void)
 		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
 		"                         [--prefill-reps N] [--profile] [--keep] [--daemon]\n"
 		"                         [--batch-invariant] [--pageable-logits] [--ab NAME=VALUE]...\n"
+		"                         [--mtp-draft]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -134,6 +137,8 @@ static int usage(void)
 		"  --keep           keep the temporary checkpoint directory\n"
 		"  --daemon         time to first token and streaming rate through dsv32d instead\n"
 		"  --batch-invariant the CUDA backend's batch-invariant mode (default: its fast paths)\n"
+		"  --mtp-draft      with --daemon: dsv32d --mtp-draft (speculative decoding by the MTP\n"
+		"                   layer; synthetic weights: drafts ~never right, i.e. its cost)\n"
 		"  --pageable-logits the decode logits into malloc'd memory (default: the backend's\n"
 		"                   host memory, pinned on CUDA, as the scheduler's)\n"
 		"  --ab NAME=VALUE  after each decode point, its steps again with this CUDA forward switch\n"
@@ -234,6 +239,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->batch_invariant = 1;
 			continue;
 		}
+		if (!strcmp(a, "--mtp-draft")) {
+			o->mtp_draft = 1;
+			continue;
+		}
 		if (!strcmp(a, "--pageable-logits")) {
 			o->pageable_logits = 1;
 			continue;
@@ -318,6 +327,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		memcpy(o->contexts, fc, sizeof fc), o->n_contexts = 4;
 	if (o->daemon && !have_prompts) {
 		o->prompts[0] = 1024, o->prompts[1] = 4096, o->n_prompts = 2;
+	}
+	if (o->mtp_draft && !o->daemon) {
+		fprintf(stderr, "dsv32 bench model: --mtp-draft needs --daemon (drafting is the "
+				"scheduler's)\n");
+		return 2;
 	}
 	return 0;
 }
@@ -950,6 +964,8 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		argv[n++] = "--synthetic-weights", argv[n++] = seed;
 	if (o->batch_invariant)
 		argv[n++] = "--batch-invariant", argv[n++] = "1";
+	if (o->mtp_draft)
+		argv[n++] = "--mtp-draft", argv[n++] = "1";
 	argv[n] = NULL;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -961,9 +977,10 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		fprintf(stderr, "dsv32 bench model: cannot start %s: %s\n", exe, strerror(r));
 		return 1;
 	}
-	printf("dsv32d: %s --model %s --backend cuda%s%s%s (log %s)\n", exe, model,
+	printf("dsv32d: %s --model %s --backend cuda%s%s%s%s (log %s)\n", exe, model,
 	       o->synthetic ? " --synthetic-weights " : "", o->synthetic ? seed : "",
-	       o->batch_invariant ? " --batch-invariant 1" : "", d->log);
+	       o->batch_invariant ? " --batch-invariant 1" : "",
+	       o->mtp_draft ? " --mtp-draft 1" : "", d->log);
 	double t0 = now_s();
 	for (;;) {
 		dsv32_t *h;
@@ -1116,6 +1133,27 @@ static int batch_requests(dsv32_t *h, uint64_t *id, int B, int64_t P, uint32_t g
 	return 0;
 }
 
+/* The daemon's MTP drafting counters (its stats' mtp_* lines), printed as they come. */
+static void print_draft_stats(dsv32_t *h, uint64_t id)
+{
+	struct dsv32_event ev;
+	int r = dsv32_stats(h, id);
+	while (!r && (r = dsv32_wait(h, 10000, &ev)) == 1)
+		if (ev.type == DSV32_EVENT_STATS) {
+			const char *p = ev.stats.text;
+			printf("\ndsv32d's drafts (all requests above):");
+			while ((p = strstr(p, "mtp_"))) {
+				const char *end = strchr(p, '\n');
+				int len = end ? (int)(end - p) : (int)strlen(p);
+				printf(" %.*s;", len, p);
+				p += len;
+			}
+			printf("\n");
+			return;
+		}
+	printf("\ndsv32d's drafts: no stats (%d)\n", r);
+}
+
 static int bench_daemon(const struct opts *o, const char *model, const char *tmp)
 {
 	struct dsv32_config c;
@@ -1170,6 +1208,8 @@ static int bench_daemon(const struct opts *o, const char *model, const char *tmp
 			}
 		printf("%7d | %10.2f %12.1f\n", B, median(w, 3) * 1e3, median(ts, 3));
 	}
+	if (o->mtp_draft)
+		print_draft_stats(h, id++);
 	printf("\ncommand: dsv32 bench model%s (server_ms: the daemon's own submit-to-first-token; "
 	       "stream_tok/s: tokens after the first over their arrival time; tokens/s: all the "
 	       "batch's tokens over the wall time from its first submit to its last done event)\n",
