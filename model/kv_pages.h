@@ -34,11 +34,12 @@
  * main layers' K/V. The MTP slot of a page's last position depends on the first token of the
  * next page, which the page's hash does not cover. Rule: without MTP drafting the scheduler
  * never runs MTP steps, so no MTP slot is ever written or read and the pages simply reserve
- * them; with it (sched_config.mtp_draft) the scheduler turns the prefix cache off, so a
- * drafting sequence neither takes hits nor publishes — correct and simple. A finer rule
- * (take hits and recompute the MTP slots of the hit prefix, which needs the main model's
- * hidden state at each of its positions, i.e. recomputing them, or keeping those states) can
- * come later.
+ * them; with it (sched_config.mtp_draft) the MTP slots of a hit prefix are taken as its
+ * publisher left them: right except the last position's (written with the publisher's next
+ * token) and those a publisher that ended before its MTP step never wrote. That is safe
+ * because the MTP layer only drafts: a draft is kept only where the main model's own draw
+ * equals it, so stale slots cost acceptance, never tokens. Nothing writes a hit page's slots
+ * (a hitter's MTP rows start at its first computed position).
  */
 #ifndef DSV32_KV_PAGES_H
 #define DSV32_KV_PAGES_H

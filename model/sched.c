@@ -281,8 +281,6 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		return -ENOMEM;
 	s->b = b;
 	s->cfg = *cfg;
-	if (cfg->mtp_draft)
-		s->cfg.prefix_cache = 0; /* a hit's MTP slots are not this sequence's (sched.h) */
 	s->vocab = b->c->vocab_size;
 	s->eos = (int32_t)b->c->eos_token_id;
 	int64_t lim = cfg->max_context ? cfg->max_context : b->c->max_position_embeddings;
@@ -609,7 +607,7 @@ static int64_t schedule_prefills(struct sched *s, int64_t budget)
 		memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
 		s->n_waiting--;
 		q->state = SEQ_RUNNING;
-		q->n_computed = start;
+		q->n_computed = q->n_mtp = start; /* a hit's MTP slots are its publisher's (sched.h) */
 		if (!q->admitted_once) {
 			q->n_prompt_cached = start;
 			q->admitted_once = 1;

@@ -56,9 +56,10 @@
  *            backend's batch_invariant mode); the draft only decides how many come per step.
  *            A rejected draft's K/V at its position is overwritten by the next step's row
  *            there. The rows of a verification are drawn here (host sampling), never by the
- *            backend. Drafting sequences take no prefix-cache hits and publish none
- *            (prefix_cache is off with mtp_draft): a hit's MTP slots would need the hidden
- *            states of positions this sequence never computed (model/kv_pages.h).
+ *            backend. A prefix-cache hit's MTP-layer slots are those its publisher wrote
+ *            (the same tokens, but the slot of the hit's last position saw the publisher's
+ *            next token, and a publisher that ended before its MTP step left its last slots
+ *            unwritten): they shape later drafts, never tokens (model/kv_pages.h).
  *            Decodes with fewer than two rows of budget left verify nothing that step.
  * Deadlock freedom: the context limit is capped at n_pages * 64 tokens and a request whose
  * prompt reaches it is refused at sched_add (-E2BIG), so one sequence always fits once every
@@ -118,7 +119,7 @@ struct sched_config {
 				   * the backend could draw it (backend_step_draw); the tokens are
 				   * the same either way (one sampling function, model/sampler.h) */
 	int mtp_draft;            /* 1: speculative decoding with the MTP layer (above); the
-				   * backend must have it (-EINVAL otherwise); prefix_cache off */
+				   * backend must have it (-EINVAL otherwise) */
 };
 
 struct sched_str {

@@ -516,7 +516,7 @@ static void mtp_run(struct backend *b, int64_t budget, int64_t max_seqs, int dra
 	c.max_batch_tokens = budget;
 	c.max_seqs = max_seqs;
 	c.seed = 9;
-	c.prefix_cache = 1; /* off with mtp_draft (sched.h) */
+	c.prefix_cache = 1; /* the preempted come back through their own pages */
 	c.mtp_draft = draft;
 	struct sched *s;
 	struct err e = {{0}};
@@ -542,9 +542,28 @@ static void mtp_same(const struct sched_trace *a, const struct sched_trace *b, c
 			  "worst logprob difference %g", what, (long long)bad, worst);
 }
 
+/* A 150-token prompt, then the same prompt again (its first 128 positions from the prefix
+ * cache, their MTP slots the first request's); greedy, 12 tokens each, into res[0], res[1]. */
+static void mtp_prefix_run(struct backend *b, int draft, int64_t V, struct result *res)
+{
+	int32_t p[150];
+	prompt_of(p, 150, V, 7);
+	struct sched_config c = {.max_batch_tokens = 64, .max_seqs = 2, .seed = 9,
+				 .prefix_cache = 1, .mtp_draft = draft};
+	struct sched *s;
+	struct err e = {{0}};
+	REQUIRE(sched_init(&s, b, &c, &e) == 0);
+	add(s, 0, p, 150, 12, NULL);
+	drain(s, res);
+	add(s, 1, p, 150, 12, NULL);
+	drain(s, res);
+	sched_free(s);
+}
+
 /* With the tiny model's own (random) MTP layer: the drafting runs give plain decoding's token
- * events bit for bit, alone, batched, preempted (a pool of 3 pages for 6 requests), and with
- * the backend drawing the rows it may (the verifications on the host). */
+ * events bit for bit, alone, batched, preempted (a pool of 3 pages for 6 requests), with
+ * the backend drawing the rows it may (the verifications on the host), and after a prefix-cache
+ * hit. */
 TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 {
 	struct test_model m;
@@ -572,6 +591,15 @@ TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 	mtp_same(&plain, &drawn, "backend draws");
 	CHECK(d->draws > 0); /* the prefills' first tokens */
 	backend_destroy(&d->base);
+	static struct result hit_plain[MAXREQ], hit_drafted[MAXREQ];
+	r = rec_new(&m, 16, 0);
+	mtp_prefix_run(&r->base, 0, V, hit_plain);
+	mtp_prefix_run(&r->base, 1, V, hit_drafted);
+	backend_destroy(&r->base);
+	CHECK_EQ_INT(hit_drafted[1].cached, 128);
+	CHECK_EQ_INT(hit_drafted[1].n, 12);
+	CHECK(same(&hit_plain[0], &hit_drafted[0]) && same(&hit_plain[1], &hit_drafted[1]));
+	CHECK(same(&hit_drafted[0], &hit_drafted[1]));
 	/* a model without an MTP layer refuses drafting, naming it */
 	r = rec_new(&m, 4, 0);
 	r->base.n_layers = m.c.num_hidden_layers;
