@@ -43,7 +43,8 @@ struct seq {
 	/* this step */
 	int64_t rows;              /* scheduled rows (0 = none), the draft's included */
 	int decode;                /* the rows are a decode */
-	int verify;                /* the last row is the draft (tokens[n_tokens]) */
+	int verify;                /* 1: the last row is the draft (tokens[n_tokens]); 2: and the
+				    * first row's draw equalled it (accepted) */
 	int sample;                /* the rows end the uncomputed tokens: a token is drawn */
 	int64_t row0, pos0;        /* the first row in the step (its hidden rows start there) and
 				    * its position */
@@ -290,8 +291,8 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		lim = b->n_pages * KV_PAGE_TOKENS;
 	s->limit = lim;
 	int64_t S = cfg->max_seqs, B = cfg->max_batch_tokens;
-	int64_t L = (cfg->mtp_draft ? 2 * S : S) < B ? (cfg->mtp_draft ? 2 * S : S) : B; /* rows
-				* with logits per step: a verification has two */
+	int64_t L = cfg->mtp_draft ? 2 * S : S; /* rows with logits a step (a verification: two) */
+	L = L < B ? L : B;
 	int rc = kv_pages_init(&s->kp, b->n_pages);
 	if (rc < 0)
 		goto fail;
@@ -775,8 +776,6 @@ static int mtp_step(struct sched *s, int64_t n_sched)
 	}
 	return 0;
 }
-
-
 
 /* ---- the step ----------------------------------------------------------------------------- */
 
