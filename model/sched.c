@@ -507,11 +507,15 @@ static void add_rows(struct sched *s, struct seq *q, int64_t n, int decode)
 	s->sched[s->n_sched++] = q;
 }
 
-/* A draft to verify: a second row at tokens[n_tokens] where the budget, a token slot and the
- * pages allow without preempting anyone; otherwise the draft is dropped. */
+/* A draft to verify: a second row at tokens[n_tokens] where its token could be used (max_tokens
+ * and the context limit leave room for two more) and the budget, a token slot and the pages
+ * allow without preempting anyone; otherwise the draft is dropped. */
 static int draft_row(struct sched *s, struct seq *q, int64_t budget)
 {
-	if (q->draft >= 0 && budget >= 2 && seq_room(q) == 0 &&
+	const int64_t n_out = q->n_tokens - q->n_prompt;
+	const int usable = (!q->max_tokens || n_out + 2 <= q->max_tokens) &&
+			   q->n_tokens + 2 <= s->limit;
+	if (q->draft >= 0 && usable && budget >= 2 && seq_room(q) == 0 &&
 	    kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 2) == 0) {
 		q->tokens[q->n_tokens] = q->draft;
 		return 1;
