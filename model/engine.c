@@ -109,7 +109,7 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 		.max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 2048,
 		.max_seqs = o->max_seqs > 0 ? o->max_seqs : 64,
 		.max_context = o->max_context,
-		.prefix_cache = 1, /* off with mtp_draft (model/sched.h) */
+		.prefix_cache = 1,
 		.seed = 0x5eed,
 		.mtp_draft = o->mtp_draft,
 		.tok = en->tok,

@@ -737,13 +737,14 @@ static int32_t draft_of(const float *x, int64_t n)
 }
 
 /* mtp_draft: the MTP layer at the positions the main step committed, [n_mtp, n_computed) of
- * each live scheduled sequence (h_i from its hidden rows, x_{i+1} from its tokens), and the
- * drafts of those that drew a token. The backend's rc. */
-static int mtp_step(struct sched *s, int64_t n_sched)
+ * each scheduled sequence still live (s->sched[k] not NULL; the list is compacted to those it
+ * runs), h_i from its hidden rows and x_{i+1} from its tokens, and the drafts of those that
+ * drew a token. The backend's rc. */
+static int mtp_step(struct sched *s)
 {
 	const int64_t D = s->b->c->hidden_size;
 	int64_t n = 0, row = 0, n_logits = 0;
-	for (int64_t k = 0; k < n_sched; k++) {
+	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
 		if (!q || q->n_computed == q->n_mtp)
 			continue;
@@ -923,7 +924,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	if (s->cfg.mtp_draft) { /* the main step's tokens are committed: a failure here is a
 				 * fault with its events made (sched.h) */
 		double t5 = now_s(s);
-		rc = mtp_step(s, s->n_sched);
+		rc = mtp_step(s);
 		t2 += now_s(s) - t5;
 	}
 out:;

@@ -60,7 +60,8 @@
  *            (the same tokens, but the slot of the hit's last position saw the publisher's
  *            next token, and a publisher that ended before its MTP step left its last slots
  *            unwritten): they shape later drafts, never tokens (model/kv_pages.h).
- *            Decodes with fewer than two rows of budget left verify nothing that step.
+ *            A decode verifies nothing where fewer than two rows of budget are left or where
+ *            the second token could not be kept (max_tokens or the context limit one away).
  * Deadlock freedom: the context limit is capped at n_pages * 64 tokens and a request whose
  * prompt reaches it is refused at sched_add (-E2BIG), so one sequence always fits once every
  * later-admitted one is preempted; the oldest running sequence is never preempted by a newer
@@ -226,7 +227,8 @@ int sched_has_work(const struct sched *s);
  * while walking them). 0, or the
  * backend's negative errno (engine fault: nothing of the step is committed, except where the
  * MTP step of mtp_draft fails after the main step's tokens were committed and their events
- * made; the events so far are still returned). A row of logits with a NaN ends that request with ERROR -EDOM. */
+ * made; the events so far are still returned). A row of logits with a NaN ends that request
+ * with ERROR -EDOM. */
 int sched_step(struct sched *s, const struct sched_event **ev, int64_t *n);
 /* Ends every live request with an ERROR event (code, msg) and frees it; the events come with
  * the next sched_step (which then has no work). For engine faults and shutdown. */

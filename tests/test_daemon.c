@@ -341,24 +341,6 @@ TEST_T(daemon, streams_equal_eval_many_clients, 600)
 	CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
-static long long stat_of(const char *text, const char *key);
-static int fetch_stats(const char *sock, char *buf, size_t n);
-
-/* --mtp-draft: the streams are still eval's greedy tokens (a draft is kept only where the
- * model's own draw equals it), and the stats count the drafts verified. */
-TEST_T(daemon, mtp_draft_streams_equal_eval, 300)
-{
-	uint32_t ref[N_PROMPTS][GEN];
-	struct daemon d;
-	daemon_with_ref(&d, ref, "--max-seqs 8 --mtp-draft");
-	clients_stream(d.sock, 4, 6, 3, ref, 100);
-	char stats[4096];
-	REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
-	CHECK(stat_of(stats, "mtp_drafts") > 0);
-	CHECK(stat_of(stats, "mtp_drafts_accepted") >= 0);
-	CHECK_EQ_INT(daemon_stop(&d), 0);
-}
-
 /* Stats as a key -> value lookup. */
 static long long stat_of(const char *text, const char *key)
 {
@@ -384,6 +366,21 @@ static int fetch_stats(const char *sock, char *buf, size_t n)
 		}
 	dsv32_close(h);
 	return r == 1 ? 0 : -1;
+}
+
+/* --mtp-draft: the streams are still eval's greedy tokens (a draft is kept only where the
+ * model's own draw equals it), and the stats count the drafts verified. */
+TEST_T(daemon, mtp_draft_streams_equal_eval, 300)
+{
+	uint32_t ref[N_PROMPTS][GEN];
+	struct daemon d;
+	daemon_with_ref(&d, ref, "--max-seqs 8 --mtp-draft");
+	clients_stream(d.sock, 4, 6, 3, ref, 100);
+	char stats[4096];
+	REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
+	CHECK(stat_of(stats, "mtp_drafts") > 0);
+	CHECK(stat_of(stats, "mtp_drafts_accepted") >= 0);
+	CHECK_EQ_INT(daemon_stop(&d), 0);
 }
 
 static int count_fds(pid_t pid)

@@ -5,6 +5,9 @@
 #ifndef DSV32_CLI_H
 #define DSV32_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 struct cli_cmd {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -21,6 +24,12 @@ int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+
+/* The server's stats text (dsv32_stats, then up to 10 s for its event) into buf, cut to n - 1
+ * bytes and NUL-terminated: 1; 0 on a timeout; -EIO for the server's ERROR event, buf then
+ * holding "NAME: message"; another negative errno from the client library. */
+struct dsv32;
+int cli_fetch_stats(struct dsv32 *h, uint64_t request_id, char *buf, size_t n);
 
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);

@@ -1136,22 +1136,19 @@ static int batch_requests(dsv32_t *h, uint64_t *id, int B, int64_t P, uint32_t g
 /* The daemon's MTP drafting counters (its stats' mtp_* lines), printed as they come. */
 static void print_draft_stats(dsv32_t *h, uint64_t id)
 {
-	struct dsv32_event ev;
-	int r = dsv32_stats(h, id);
-	while (!r && (r = dsv32_wait(h, 10000, &ev)) == 1)
-		if (ev.type == DSV32_EVENT_STATS) {
-			const char *p = ev.stats.text;
-			printf("\ndsv32d's drafts (all requests above):");
-			while ((p = strstr(p, "mtp_"))) {
-				const char *end = strchr(p, '\n');
-				int len = end ? (int)(end - p) : (int)strlen(p);
-				printf(" %.*s;", len, p);
-				p += len;
-			}
-			printf("\n");
-			return;
-		}
-	printf("\ndsv32d's drafts: no stats (%d)\n", r);
+	static char text[1 << 16];
+	int r = cli_fetch_stats(h, id, text, sizeof text);
+	if (r != 1) {
+		printf("\ndsv32d's drafts: no stats (%d%s%s)\n", r, *text ? ": " : "", text);
+		return;
+	}
+	printf("\ndsv32d's drafts (all requests above):");
+	for (const char *p = text; (p = strstr(p, "mtp_"));) {
+		int len = (int)strcspn(p, "\n");
+		printf(" %.*s;", len, p);
+		p += len;
+	}
+	printf("\n");
 }
 
 static int bench_daemon(const struct opts *o, const char *model, const char *tmp)

@@ -338,19 +338,32 @@ int cmd_stats(int argc, char **argv)
 	dsv32_t *h;
 	if (connect_or_say(&o, &h))
 		return 1;
-	int r = dsv32_stats(h, 1);
-	struct dsv32_event ev;
-	while (!r && (r = dsv32_wait(h, 10000, &ev)) == 1) {
-		if (ev.type == DSV32_EVENT_STATS) {
-			fwrite(ev.stats.text, 1, ev.stats.len, stdout);
-			break;
-		}
-		if (ev.type == DSV32_EVENT_ERROR) {
-			fprintf(stderr, "dsv32 stats: %s: %s\n", dsv32_error_name(ev.error.code), ev.error.message);
-			r = -EIO;
-			break;
-		}
-	}
+	static char text[1 << 16];
+	int r = cli_fetch_stats(h, 1, text, sizeof text);
+	if (r == 1)
+		fputs(text, stdout);
+	else if (r == -EIO)
+		fprintf(stderr, "dsv32 stats: %s\n", text);
 	dsv32_close(h);
 	return r == 1 ? 0 : 1;
+}
+
+int cli_fetch_stats(dsv32_t *h, uint64_t request_id, char *buf, size_t n)
+{
+	struct dsv32_event ev;
+	int r = dsv32_stats(h, request_id);
+	buf[0] = 0;
+	while (!r && (r = dsv32_wait(h, 10000, &ev)) == 1) {
+		if (ev.type == DSV32_EVENT_STATS) {
+			size_t k = ev.stats.len < n - 1 ? ev.stats.len : n - 1;
+			memcpy(buf, ev.stats.text, k);
+			buf[k] = 0;
+			return 1;
+		}
+		if (ev.type == DSV32_EVENT_ERROR) {
+			snprintf(buf, n, "%s: %s", dsv32_error_name(ev.error.code), ev.error.message);
+			return -EIO;
+		}
+	}
+	return r;
 }
