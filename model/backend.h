@@ -227,6 +227,10 @@ int backend_cuda_set_switch(struct backend *b, const char *name, const char *val
  * -ENOTSUP for another backend. */
 int64_t backend_cuda_draws(const struct backend *b);
 
+/* Decode steps a CUDA backend has captured as CUDA graphs and replayed since its creation (tests:
+ * that a shape replays). 0, or -ENOTSUP (both counts 0) for another backend. */
+int backend_cuda_graph_stats(const struct backend *b, int64_t *captures, int64_t *replays);
+
 /* Benchmarks (CUDA backend only): fills positions [0, n_tokens) of the sequence whose block
  * table is bt (ceil(n_tokens / 64) pages) in every layer's MLA and indexer pools with valid
  * synthetic records (random latent, rope and indexer keys quantised by the real KV-write

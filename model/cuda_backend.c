@@ -104,6 +104,13 @@ int64_t backend_cuda_draws(const struct backend *b)
 	return -ENOTSUP;
 }
 
+int backend_cuda_graph_stats(const struct backend *b, int64_t *captures, int64_t *replays)
+{
+	(void)b;
+	*captures = *replays = 0;
+	return -ENOTSUP;
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
@@ -755,6 +762,15 @@ int64_t backend_cuda_draws(const struct backend *base)
 	if (!base || base->ops != &cuda_ops)
 		return -ENOTSUP;
 	return (int64_t)((const struct cuda_backend *)base)->smp.draws;
+}
+
+int backend_cuda_graph_stats(const struct backend *base, int64_t *captures, int64_t *replays)
+{
+	*captures = *replays = 0;
+	if (!base || base->ops != &cuda_ops)
+		return -ENOTSUP;
+	cuda_forward_graphs_stats(((const struct cuda_backend *)base)->graphs, captures, replays);
+	return 0;
 }
 
 const char *backend_cuda_mode(const struct backend *base)

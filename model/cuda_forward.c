@@ -33,7 +33,8 @@
  *     the selection width always index_topk, the sparse attention with a decode row's key
  *     splits for every row count; the like-with-like tests run in this mode.
  * A step larger than the scratch arena holds runs in passes (cuda_forward_step); decode-sized
- * steps (<= 64 rows, no dumps, no hidden rows, not MTP) replay captured CUDA graphs. Switches
+ * steps (<= 64 rows, no dumps; MTP steps and steps with hidden rows too) replay captured CUDA
+ * graphs. Switches
  * for diagnosis (struct fwd_switches: read when the backend is created, backend_cuda_set_switch
  * later): DSV32_CUDA_GRAPHS=0, DSV32_CUDA_UNFUSED=1, DSV32_CUDA_FWD_PDL=0/1/names,
  * DSV32_CUDA_FWD_FORK=0, DSV32_CUDA_LOGITS_STAGED=0/1, DSV32_CUDA_MLA_FP32=1, DSV32_CUDA_PROFILE=1,
@@ -541,15 +542,17 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 /* ---- decode graphs ------------------------------------------------------------------------------ */
 
 /* A captured step: valid for every step with the same shape (rows, block-table columns,
- * selection width, whether scores run, logits rows) and mode, the same pinned staging buffer
- * and the same arena top (its scratch addresses are baked in). */
+ * selection width, whether scores run, logits rows, hidden rows, main or MTP) and mode, the
+ * same pinned staging buffer and the same arena top (its scratch addresses are baked in). A
+ * replay keeps the capture's scratch taken until the step ends (end): step_finish's gathers
+ * take scratch above it, not over the metadata and rows the graph wrote. */
 struct fwd_graph {
-	int T, mb, ksel, need, nl, inv;
+	int T, mb, ksel, need, nl, nh, mtp, inv;
 	unsigned sw; /* the switches' generation (fwd_switches.gen) */
 	void *pinned;
-	size_t top;
+	size_t top, end;
 	CUgraphExec exec;
-	gpu_ptr out, r, l32;
+	gpu_ptr out, r, l32, hrows; /* hrows: the uploaded hidden-row list (step_finish's gather) */
 	unsigned long long used;
 };
 
@@ -589,7 +592,7 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 	struct fwd_graphs *G = F->E->graphs;
 	const struct backend_step *st = F->st;
 	*ran = 0;
-	if (!G || G->off || st->dump || st->mtp || F->n_hidden || F->T > FWD_GRAPH_MAX_ROWS)
+	if (!G || G->off || st->dump || F->T > FWD_GRAPH_MAX_ROWS)
 		return 0;
 	int need = F->max_n > F->c->index_topk;
 	size_t top = F->A->top;
@@ -597,7 +600,8 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 	for (int i = 0; i < G->n && !hit; i++) {
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
-		    x->nl == F->n_logits && x->inv == F->E->batch_invariant &&
+		    x->nl == F->n_logits && x->nh == F->n_hidden && x->mtp == !!st->mtp &&
+		    x->inv == F->E->batch_invariant &&
 		    x->sw == F->E->sw->gen &&
 		    x->pinned == *F->E->pinned && x->top == top)
 			hit = x;
@@ -613,21 +617,23 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 		}
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
-		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->E->batch_invariant,
-				      F->E->sw->gen, *F->E->pinned, top, NULL, 0, 0, 0, 0};
+		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->n_hidden,
+				      !!st->mtp, F->E->batch_invariant, F->E->sw->gen, *F->E->pinned,
+				      top, 0, NULL, 0, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__)) {
 			G->off = 1;
 			return 0;
 		}
 		int rc = step_device(F, &x.out, &x.r, &x.l32);
+		x.end = F->A->top, x.hrows = F->hrows;
 		CUresult er = cu.cuStreamEndCapture(F->g->stream, &graph);
 		if (!rc && er == CUDA_SUCCESS)
 			er = cu.cuGraphInstantiateWithFlags(&exec, graph, 0);
 		if (graph)
 			cu.cuGraphDestroy(graph);
-		gpu_arena_release(F->A, top); /* the replay uses the same addresses */
 		if (rc || er != CUDA_SUCCESS) {
+			gpu_arena_release(F->A, top);
 			fprintf(stderr, "<4>dsv32: cuda forward: decode graph capture failed (%d, CUresult "
 					"%d): steps run eagerly from now on\n", rc, (int)er);
 			if (exec)
@@ -646,6 +652,8 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 	if (cu_check(cu.cuGraphLaunch(hit->exec, F->g->stream), "cuGraphLaunch", __FILE__, __LINE__))
 		return -EIO;
 	*out = hit->out, *r = hit->r, *l32 = hit->l32;
+	F->hrows = hit->hrows;
+	F->A->top = hit->end; /* the replay's scratch stays taken until the step ends */
 	*ran = 1;
 	return 0;
 }

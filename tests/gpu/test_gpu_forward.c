@@ -285,6 +285,63 @@ static void seq_rows(struct backend_seq *s, const struct pair *p, int64_t p0, in
 				  NULL};
 }
 
+/* Steps of n rows over positions [p0, p1) of one sequence (pages bt), every row flagged logits
+ * and hidden, run eagerly and then through captured graphs (DSV32_CUDA_GRAPHS=0 / 1): the
+ * logits and the hidden rows must be the same bits. mtp_hidden: NULL for main steps, else the
+ * MTP step's input rows h_i for position i (tokens x_{i+1}). The shapes of a drafting step:
+ * main steps of 2 rows with hidden rows (a verification), MTP steps. */
+static void graphs_with_hidden_rows(const char *what, struct pair *p, int64_t p0, int64_t p1, int64_t n,
+				    const int32_t *bt, int64_t nb, const float *mtp_hidden)
+{
+	int64_t V = p->V, D = p->D, R = p1 - p0;
+	float *lg[2], *hd[2];
+	for (int k = 0; k < 2; k++) {
+		lg[k] = malloc((size_t)R * V * 4), hd[k] = malloc((size_t)R * D * 4);
+		REQUIRE(lg[k] && hd[k]);
+		gpu_fill_nan(lg[k], R * V), gpu_fill_nan(hd[k], R * D);
+	}
+	int64_t *pos = malloc((size_t)n * sizeof *pos);
+	uint8_t *fl = malloc((size_t)n);
+	REQUIRE(pos && fl);
+	int64_t replays0 = 0, replays1 = 0, captures = 0;
+	for (int mode = 0; mode < 2; mode++) {
+		set_switch(p->gpu, "DSV32_CUDA_GRAPHS", mode ? "1" : "0");
+		if (mode)
+			backend_cuda_graph_stats(p->gpu, &captures, &replays0);
+		for (int64_t a = p0; a < p1; a += n) {
+			int64_t m = p1 - a < n ? p1 - a : n;
+			struct backend_seq s;
+			seq_rows(&s, p, a, m, pos, fl, BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN, bt, nb, NULL, NULL);
+			if (mtp_hidden)
+				s.tokens = p->tok + a + 1, s.mtp_hidden = mtp_hidden + a * D;
+			s.logits = lg[mode] + (a - p0) * V, s.hidden = hd[mode] + (a - p0) * D;
+			struct backend_step st = {mtp_hidden != NULL, 1, &s, NULL};
+			int rc = backend_step(p->gpu, &st);
+			if (rc) {
+				test_fail(__FILE__, __LINE__, "%s: step at %lld (%s) = %d", what, (long long)a,
+					  mode ? "graphs" : "eager", rc);
+				break;
+			}
+		}
+	}
+	backend_cuda_graph_stats(p->gpu, &captures, &replays1);
+	set_switch(p->gpu, "DSV32_CUDA_GRAPHS", NULL);
+	int64_t same_l = 0, same_h = 0;
+	for (int64_t t = 0; t < R; t++) {
+		same_l += !memcmp(lg[0] + t * V, lg[1] + t * V, (size_t)V * 4);
+		same_h += !memcmp(hd[0] + t * D, hd[1] + t * D, (size_t)D * 4);
+	}
+	printf("    %s, steps of %lld rows: eager vs graphs (%lld replays): logits %lld of %lld rows, "
+	       "hidden rows %lld of %lld bit-identical\n", what, (long long)n,
+	       (long long)(replays1 - replays0), (long long)same_l, (long long)R, (long long)same_h,
+	       (long long)R);
+	CHECK(same_l == R && same_h == R);
+	CHECK(replays1 - replays0 >= (R + n - 1) / n - 2); /* (the first of each shape captures) */
+	for (int k = 0; k < 2; k++)
+		free(lg[k]), free(hd[k]);
+	free(pos), free(fl);
+}
+
 /* ---- the cases -------------------------------------------------------------------------------- */
 
 /* Teacher forcing: the CPU's layer input for layer l goes to both backends' layer step. */
@@ -570,6 +627,8 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		check_logits(what, gg + d0 * V, ref + d0 * V, T - d0, V);
 		free(ge), free(gg);
 	}
+	snprintf(what, sizeof what, "%s decode with hidden rows", name);
+	graphs_with_hidden_rows(what, &p, T - 32, T, 2, bt + nb, nb, NULL);
 	for (int k = 0; k < 2; k++) { /* batch invariance: B's and C's rows are A's bits */
 		const float *g = k ? gc : gb;
 		double *e = malloc((size_t)T * sizeof *e);
@@ -610,6 +669,8 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 			snprintf(what, sizeof what, "%s MTP step", name);
 			check_logits(what, mg, mref, n, V);
 		}
+		snprintf(what, sizeof what, "%s MTP steps", name);
+		graphs_with_hidden_rows(what, &p, n - 48, n, 16, bt, nb, hid);
 		free(mref), free(mg);
 	}
 	free(bt), free(pos), free(fl), free(ref), free(hid), free(ga), free(gb), free(gc);
