@@ -24,14 +24,17 @@ int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 		for (int64_t j = 0; j < s->n; j++)
 			n_logits += !!(backend_row_flags(s, j) & BACKEND_ROW_LOGITS);
 		const struct backend_sample *d = draw ? draw[i] : NULL;
-		if (d) { /* one LOGITS row; with a penalty, a history within hist_ids */
-			if (n_logits != 1 || ++n_sample > b->sample_rows || !d->p)
+		if (d && (n_logits != 1 + !!d->row2 || (d->row2 && d->row2->row2)))
+			return -EINVAL;
+		/* each draw: a sampler; with a penalty, a history within hist_ids */
+		for (const struct backend_sample *q = d; q; q = q->row2) {
+			if (++n_sample > b->sample_rows || !q->p)
 				return -EINVAL;
-			if (sampler_params_penalised(d->p)) {
-				if (d->n_prompt < 0 || d->n_output < 0 || (d->n_prompt && !d->prompt) ||
-				    (d->n_output && !d->output))
+			if (sampler_params_penalised(q->p)) {
+				if (q->n_prompt < 0 || q->n_output < 0 || (q->n_prompt && !q->prompt) ||
+				    (q->n_output && !q->output))
 					return -EINVAL;
-				n_hist += d->n_prompt + d->n_output;
+				n_hist += q->n_prompt + q->n_output;
 				if (n_hist > b->hist_ids)
 					return -EINVAL;
 			}

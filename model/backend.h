@@ -52,6 +52,9 @@ struct backend_sample {
 	int rc;                         /* out: 0, -EDOM (a NaN or +inf logit, or every logit
 					 * -inf: an engine fault), -EINVAL (a history id out of
 					 * range) */
+	struct backend_sample *row2;    /* NULL, or the draw from the sequence's second LOGITS
+					 * row (an MTP verification: its own index and history;
+					 * drawn whatever the first row's draw is; row2 NULL) */
 };
 
 struct backend_seq {
@@ -119,12 +122,12 @@ struct backend {
 	void *(*host_alloc)(struct backend *b, size_t bytes);
 	void (*host_free)(struct backend *b, void *p);
 	/* Optional (NULL, sample_rows 0: the caller samples the logits): a step that also draws the
-	 * token of every sequence i with draw[i] != NULL, at most sample_rows of them, each with
-	 * exactly one LOGITS row, their histories (draws with a penalty) at most hist_ids ids in
-	 * all (the CUDA backend: on the device, beside the logits, which then never leave it: such
-	 * a sequence's logits may be NULL, a buffer given is left undefined). Otherwise step's
-	 * contract; -EINVAL also for draws that break these rules. Callers go through
-	 * backend_step_draw. */
+	 * token of every sequence i with draw[i] != NULL, each with exactly one LOGITS row (two
+	 * where draw[i]->row2 is set: that row's draw too), at most sample_rows draws in all,
+	 * their histories (draws with a penalty) at most hist_ids ids in all (the CUDA backend: on
+	 * the device, beside the logits, which then never leave it: such a sequence's logits may
+	 * be NULL, a buffer given is left undefined). Otherwise step's contract; -EINVAL also for
+	 * draws that break these rules. Callers go through backend_step_draw. */
 	int (*step_draw)(struct backend *b, const struct backend_step *s,
 			 struct backend_sample *const *draw);
 	int64_t sample_rows, hist_ids;

@@ -726,8 +726,9 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
 	return r;
 }
 
-/* A step larger than the arena holds runs as consecutive passes over its rows in order (pass
- * k: rows [k * max, (k + 1) * max) of the step's row order), each a complete step of its own:
+/* A step larger than the arena holds runs as consecutive passes over its rows in order (up to
+ * max rows of the step's row order each; one fewer where a verification's two drawn rows
+ * would be split), each a complete step of its own:
  * a sequence's rows are in position order, so every row still finds the keys of the rows
  * before it in the cache, as in chunked prefill. Sequence indices are kept (sequences with no
  * rows in a pass have n = 0), so dumps name the same sequences. */
@@ -756,11 +757,26 @@ int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
 		for (int64_t j = 0; j < s->n; j++)
 			fl[i][j] = s->flags ? s->flags[j] : (j == s->n - 1 ? BACKEND_ROW_LOGITS : 0);
 	}
-	for (int64_t t0 = 0; t0 < T && !r; t0 += max) {
+	for (int64_t t0 = 0, t1; t0 < T && !r; t0 = t1) {
+		t1 = t0 + max < T ? t0 + max : T;
+		/* a verification's two drawn rows stay in one pass (their draws are made together):
+		 * a boundary after its first LOGITS row moves before it */
+		for (int64_t i = 0, base = 0; i < n && t1 < T && E->draw; base += st->seqs[i++].n) {
+			if (t1 <= base || t1 >= base + st->seqs[i].n || !E->draw[i] || !E->draw[i]->row2)
+				continue;
+			int64_t first = -1, before = 0;
+			for (int64_t j = 0; j < t1 - base; j++)
+				if (fl[i][j] & BACKEND_ROW_LOGITS)
+					before++, first = first < 0 ? base + j : first;
+			if (before == 1 && first > t0)
+				t1 = first;
+			else if (before == 1)
+				r = -E2BIG; /* (a pass of one row: DSV32_CUDA_MAX_ROWS=1) */
+		}
 		int64_t base = 0; /* global index of sequence i's first row */
-		for (int64_t i = 0; i < n; i++) {
+		for (int64_t i = 0; i < n && !r; i++) {
 			const struct backend_seq *s = &st->seqs[i];
-			int64_t a = t0 - base, b = t0 + max - base;
+			int64_t a = t0 - base, b = t1 - base;
 			a = a < 0 ? 0 : a > s->n ? s->n : a;
 			b = b < 0 ? 0 : b > s->n ? s->n : b;
 			sub[i] = *s;
@@ -779,7 +795,8 @@ int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
 		}
 		struct backend_step part = *st;
 		part.seqs = sub;
-		r = step_pass(E, &part);
+		if (!r)
+			r = step_pass(E, &part);
 	}
 	for (int64_t i = 0; fl && i < n; i++)
 		free(fl[i]);

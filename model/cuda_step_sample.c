@@ -47,7 +47,7 @@ void cuda_step_sampler_free(struct gpu *g, struct cuda_step_sampler *s)
 	memset(s, 0, sizeof *s);
 }
 
-/* Sequence i is drawn in this step: asked, and its LOGITS row is in st. */
+/* A sequence's LOGITS rows in st (a drawn one's: its draws in this pass, or none). */
 static int64_t logits_rows(const struct backend_seq *q)
 {
 	int64_t nl = 0;
@@ -64,21 +64,25 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 	int n = 0;
 	int64_t nh = 0; /* history ids staged */
 	for (int64_t i = 0; i < st->n_seqs; i++) {
-		const struct backend_sample *q = draw[i];
-		if (!q || !logits_rows(&st->seqs[i]))
+		const int64_t nl = draw[i] ? logits_rows(&st->seqs[i]) : 0;
+		if (!nl)
 			continue;
-		if (n == s->rows)
-			return -E2BIG;
-		int64_t np = 0, no = 0; /* the history, only where a penalty reads it */
-		if (sampler_params_penalised(q->p)) {
-			np = q->n_prompt, no = q->n_output;
-			if (nh + np + no > s->hist_ids)
+		if (nl != 1 + !!draw[i]->row2) /* (a pass holds both of a verification's rows) */
+			return -EINVAL;
+		for (const struct backend_sample *q = draw[i]; q; q = q->row2) {
+			if (n == s->rows)
 				return -E2BIG;
-			memcpy(s->h_hist + nh, q->prompt, (size_t)np * sizeof *s->h_hist);
-			memcpy(s->h_hist + nh + np, q->output, (size_t)no * sizeof *s->h_hist);
+			int64_t np = 0, no = 0; /* the history, only where a penalty reads it */
+			if (sampler_params_penalised(q->p)) {
+				np = q->n_prompt, no = q->n_output;
+				if (nh + np + no > s->hist_ids)
+					return -E2BIG;
+				memcpy(s->h_hist + nh, q->prompt, (size_t)np * sizeof *s->h_hist);
+				memcpy(s->h_hist + nh + np, q->output, (size_t)no * sizeof *s->h_hist);
+			}
+			cuda_sampler_row_set(&s->h_params[n++], q->p, q->index, nh, np, nh + np, no);
+			nh += np + no;
 		}
-		cuda_sampler_row_set(&s->h_params[n++], q->p, q->index, nh, np, nh + np, no);
-		nh += np + no;
 	}
 	s->n = n;
 	if (!n)
@@ -96,10 +100,10 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 		const int64_t nl = i < st->n_seqs ? logits_rows(&st->seqs[i]) : -1;
 		if (!nl)
 			continue;
-		if (nl > 0 && draw[i]) {
+		if (nl > 0 && draw[i]) { /* (its nl rows are its nl draws) */
 			if (run0 < 0)
 				run0 = row, k0 = k;
-			k++;
+			k += (int)nl;
 		} else if (run0 >= 0) { /* the run [run0, row) ends here */
 			int r = cuda_sampler_sample(g, l32 + (size_t)run0 * (size_t)ld * 4, ld,
 						    (int)(row - run0), s->vocab, s->params + (size_t)k0 * rb,
@@ -120,20 +124,21 @@ void cuda_step_sample_finish(struct cuda_step_sampler *s, const struct backend_s
 			     struct backend_sample *const *draw)
 {
 	for (int64_t i = 0, k = 0; i < st->n_seqs && k < s->n; i++) {
-		struct backend_sample *q = draw[i];
-		if (!q || !logits_rows(&st->seqs[i]))
+		if (!draw[i] || !logits_rows(&st->seqs[i]))
 			continue;
-		const struct cuda_sampler_result *o = &s->h_out[k++];
-		s->draws++;
-		memset(&q->out, 0, sizeof q->out);
-		q->rc = o->err;
-		if (o->err)
-			continue;
-		q->out.token = o->token;
-		q->out.logprob = o->logprob;
-		q->out.n_top = o->n_top;
-		memcpy(q->out.top_ids, o->top_ids, sizeof q->out.top_ids);
-		memcpy(q->out.top_logprobs, o->top_logprobs, sizeof q->out.top_logprobs);
+		for (struct backend_sample *q = draw[i]; q; q = q->row2) {
+			const struct cuda_sampler_result *o = &s->h_out[k++];
+			s->draws++;
+			memset(&q->out, 0, sizeof q->out);
+			q->rc = o->err;
+			if (o->err)
+				continue;
+			q->out.token = o->token;
+			q->out.logprob = o->logprob;
+			q->out.n_top = o->n_top;
+			memcpy(q->out.top_ids, o->top_ids, sizeof q->out.top_ids);
+			memcpy(q->out.top_logprobs, o->top_logprobs, sizeof q->out.top_logprobs);
+		}
 	}
 	s->n = 0;
 }

@@ -72,7 +72,9 @@ struct sched {
 	struct backend_sample *draw; /* [max_seqs] each scheduled sequence's draw (by the backend:
 				      * backend_step_draw, or here from the logits) */
 	struct backend_sample **drawp; /* [max_seqs] the backend's draws: &draw[k] or NULL */
-	struct backend_sample *draw2; /* [max_seqs] a verification's second row (mtp_draft) */
+	struct backend_sample *draw2; /* [max_seqs] a verification's second row (mtp_draft; the
+				       * backend's: draw[k].row2 = &draw2[k]) */
+	struct sampler_params greedy; /* the MTP step's drafts (the argmax) */
 	float *hidden;             /* [max_batch_tokens, hidden_size] (mtp_draft): the main step's
 				    * final hidden rows, the MTP step's input */
 	struct sbuf piece;         /* detok output of one token */
@@ -299,6 +301,7 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	rc = sampler_init(&s->smp, s->vocab);
 	if (rc < 0)
 		goto fail;
+	sampler_params_default(&s->greedy);
 	s->running = calloc((size_t)S, sizeof *s->running);
 	s->sched = calloc((size_t)S, sizeof *s->sched);
 	s->bseq = calloc((size_t)S, sizeof *s->bseq);
@@ -743,7 +746,8 @@ static int32_t draft_of(const float *x, int64_t n)
 static int mtp_step(struct sched *s)
 {
 	const int64_t D = s->b->c->hidden_size;
-	int64_t n = 0, row = 0, n_logits = 0;
+	const int can = s->b->step_draw && !s->cfg.host_sampling; /* drafts drawn by the backend */
+	int64_t n = 0, row = 0, n_logits = 0, n_dev = 0;
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
 		if (!q || q->n_computed == q->n_mtp)
@@ -758,25 +762,33 @@ static int mtp_step(struct sched *s)
 		}
 		if (want)
 			s->flags[row + m - 1] = BACKEND_ROW_LOGITS;
+		const int dev = want && can && n_dev < s->b->sample_rows;
+		s->draw[n] = (struct backend_sample){.p = &s->greedy};
+		s->drawp[n] = dev ? &s->draw[n] : NULL;
 		s->bseq[n] = (struct backend_seq){
 			.n = m, .tokens = q->tokens + q->n_mtp + 1, .pos = s->pos + row,
 			.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = s->flags + row,
-			.logits = want ? s->logits + n_logits * s->vocab : NULL,
+			.logits = want && !dev ? s->logits + n_logits * s->vocab : NULL,
 			.mtp_hidden = s->hidden + q->row0 * D};
 		s->sched[n++] = q;
 		row += m;
-		n_logits += want;
+		n_logits += want && !dev;
+		n_dev += dev;
 	}
 	if (!n)
 		return 0;
 	struct backend_step st = {.mtp = 1, .n_seqs = n, .seqs = s->bseq};
-	int rc = backend_step(s->b, &st);
+	int rc = n_dev ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
 	if (rc < 0)
 		return rc;
 	for (int64_t k = 0, l = 0; k < n; k++) {
 		struct seq *q = s->sched[k];
 		q->n_mtp = q->n_computed;
-		if (q->n_tokens - q->n_computed == 1)
+		if (q->n_tokens - q->n_computed != 1)
+			continue;
+		if (s->drawp[k]) /* (a draw that failed, NaN logits: no draft) */
+			q->draft = s->draw[k].rc ? -1 : s->draw[k].out.token;
+		else
 			q->draft = draft_of(s->logits + l++ * s->vocab, s->vocab);
 	}
 	return 0;
@@ -815,8 +827,10 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			struct backend_seq *bs = &s->bseq[k];
 			int sample = q->sample = q->n_computed + q->rows - q->verify == q->n_tokens;
 			const int64_t hist = sampler_params_penalised(&q->sp) ? q->n_tokens : 0;
-			int dev = sample && !q->verify && can && n_dev < s->b->sample_rows &&
-				  n_hist + hist <= s->b->hist_ids;
+			/* a verification: two draws, the second's history one longer (the draft) */
+			const int64_t nd = 1 + q->verify, hist2 = q->verify && hist ? hist + 1 : 0;
+			int dev = sample && can && n_dev + nd <= s->b->sample_rows &&
+				  n_hist + hist + hist2 <= s->b->hist_ids;
 			for (int64_t j = 0; j < q->rows; j++) {
 				s->pos[row + j] = q->n_computed + j;
 				s->flags[row + j] = row_flags;
@@ -841,10 +855,17 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 				.p = &q->sp, .index = (uint64_t)(q->n_tokens - q->n_prompt),
 				.prompt = q->tokens, .n_prompt = q->n_prompt,
 				.output = q->tokens + q->n_prompt, .n_output = q->n_tokens - q->n_prompt};
+			if (q->verify) { /* the draft's row: index and history one further */
+				struct backend_sample *d2 = &s->draw2[k];
+				*d2 = s->draw[k];
+				d2->n_output++;
+				d2->index++;
+				s->draw[k].row2 = dev ? d2 : NULL;
+			}
 			row += q->rows;
 			n_logits += sample && !dev ? 1 + q->verify : 0;
-			n_dev += dev;
-			n_hist += dev ? hist : 0;
+			n_dev += dev ? nd : 0;
+			n_hist += dev ? hist + hist2 : 0;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
 		t1 = now_s(s);
@@ -872,27 +893,27 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	double t3 = now_s(s);
 	for (int64_t k = 0, l = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		if (!q->sample || s->drawp[k])
+		if (!q->sample)
 			continue;
 		struct backend_sample *d = &s->draw[k];
-		d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l++ * s->vocab, d->prompt,
-				       d->n_prompt, d->output, d->n_output, d->index, &d->out);
+		const int host = !s->drawp[k]; /* else the backend drew both rows */
+		if (host)
+			d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l++ * s->vocab, d->prompt,
+					       d->n_prompt, d->output, d->n_output, d->index, &d->out);
 		if (!q->verify)
 			continue;
 		if (!d->rc && d->out.token == q->draft) {
 			/* accepted: the draft's row is the drawn token's own, its K/V stand, and
-			 * its logits draw the next token (history and index one further) */
+			 * its logits draw the next token (draw2: history and index one further) */
 			struct backend_sample *d2 = &s->draw2[k];
-			*d2 = *d;
-			d2->n_output++;
-			d2->index++;
-			d2->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab,
-						d2->prompt, d2->n_prompt, d2->output, d2->n_output,
-						d2->index, &d2->out);
+			if (host)
+				d2->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab,
+							d2->prompt, d2->n_prompt, d2->output,
+							d2->n_output, d2->index, &d2->out);
 			q->n_computed++;
 			q->verify = 2;
 		}
-		l++;
+		l += host;
 	}
 	double t4 = now_s(s);
 	for (int64_t k = 0; k < s->n_sched; k++) {

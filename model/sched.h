@@ -47,7 +47,8 @@
  *            main step has just committed (token x_{i+1} and the main model's final hidden
  *            state h_i, which the main step returns for every row of a drafting sequence); its
  *            logits at a sequence's last position give the draft, their argmax (ties to the
- *            lower id), for the token after the one just drawn. The next decode of that
+ *            lower id; a greedy draw by the backend where it draws), for the token after the
+ *            one just drawn. The next decode of that
  *            sequence has two rows, the drawn token and the draft; the draft is accepted only
  *            if the token drawn from the first row's logits (the request's own sampler at its
  *            own index: greedy, seeded or not) is the draft itself, and then the second row's
@@ -55,8 +56,9 @@
  *            those of mtp_draft = 0 on a batch-invariant backend (the CPU backend, the CUDA
  *            backend's batch_invariant mode); the draft only decides how many come per step.
  *            A rejected draft's K/V at its position is overwritten by the next step's row
- *            there. The rows of a verification are drawn here (host sampling), never by the
- *            backend. A prefix-cache hit's MTP-layer slots are those its publisher wrote
+ *            there. A verification's two rows are drawn together (the second with index and
+ *            history one further, used only if the draft is accepted), by the backend where
+ *            both fit its sample_rows and hist_ids, else here. A prefix-cache hit's MTP-layer slots are those its publisher wrote
  *            (the same tokens, but the slot of the hit's last position saw the publisher's
  *            next token, and a publisher that ended before its MTP step left its last slots
  *            unwritten): they shape later drafts, never tokens (model/kv_pages.h).

@@ -333,16 +333,17 @@ TEST_T(sched_cpu, seeded_request_same_alone_and_in_busy_batch, 300)
 
 /* ---- draws by the backend (backend_step_draw) ---------------------------------------------- */
 
-/* A backend that draws the tokens itself, as the CUDA backend does on the device: the CPU
- * backend's logits of each drawn sequence into a buffer of its own, then sampler_sample with
- * the draw's history. Counts the draws it made and the logits rows it handed back. */
+/* A backend that draws the tokens itself, as the CUDA backend does on the device: the inner
+ * backend's (the CPU's, or the oracle's below) logits of each drawn sequence into a buffer of
+ * its own, then sampler_sample with each draw's history (a verification: two draws, the
+ * second from the second row). Counts the draws it made and the logits rows it handed back. */
 struct drawer {
 	struct backend base;
-	struct backend *cpu;
+	struct backend *cpu; /* (the inner backend) */
 	const struct weights *w;
 	float *rows; /* [sample_rows, vocab] */
 	struct sampler smp;
-	int64_t draws, host_rows;
+	int64_t draws, row2_draws, host_rows;
 };
 
 static void count_host_rows(struct drawer *d, const struct backend_step *st,
@@ -372,21 +373,25 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	int64_t V = b->c->vocab_size, k = 0;
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		seqs[i] = st->seqs[i];
-		if (draw[i])
-			seqs[i].logits = d->rows + k++ * V;
+		if (draw[i]) {
+			seqs[i].logits = d->rows + k * V;
+			k += 1 + !!draw[i]->row2;
+		}
 	}
 	struct backend_step s2 = *st;
 	s2.seqs = seqs;
 	if ((rc = backend_step(d->cpu, &s2)))
 		return rc;
 	count_host_rows(d, st, draw);
-	for (int64_t i = 0; i < st->n_seqs; i++)
-		if (draw[i]) {
-			const struct backend_sample *q = draw[i];
-			draw[i]->rc = sampler_sample(&d->smp, q->p, seqs[i].logits, q->prompt, q->n_prompt,
-						     q->output, q->n_output, q->index, &draw[i]->out);
+	for (int64_t i = 0; i < st->n_seqs; i++) {
+		const float *x = seqs[i].logits;
+		for (struct backend_sample *q = draw[i]; q; q = q->row2, x += V) {
+			q->rc = sampler_sample(&d->smp, q->p, x, q->prompt, q->n_prompt, q->output,
+					       q->n_output, q->index, &q->out);
 			d->draws++;
+			d->row2_draws += q != draw[i];
 		}
+	}
 	return 0;
 }
 
@@ -402,13 +407,17 @@ static void drawer_destroy(struct backend *b)
 static const struct backend_ops drawer_ops = {"drawer+cpu", drawer_step, wrapped_page_io,
 					      drawer_destroy};
 
-static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t sample_rows,
-				 int64_t hist_ids)
+/* A drawer around inner (which it destroys), or around a new CPU backend of n_pages when inner
+ * is NULL. */
+static struct drawer *drawer_around(struct backend *inner, struct test_model *m, int64_t n_pages,
+				    int64_t sample_rows, int64_t hist_ids)
 {
 	struct drawer *d = calloc(1, sizeof *d);
 	REQUIRE(d);
 	struct err e;
-	REQUIRE(backend_cpu_create(&m->c, &m->w, n_pages, 2, &d->cpu, &e) == 0);
+	d->cpu = inner;
+	if (!inner)
+		REQUIRE(backend_cpu_create(&m->c, &m->w, n_pages, 2, &d->cpu, &e) == 0);
 	d->base = *d->cpu;
 	d->base.ops = &drawer_ops;
 	d->base.step_draw = drawer_step_draw;
@@ -419,6 +428,7 @@ static struct drawer *drawer_new(struct test_model *m, int64_t n_pages, int64_t 
 	REQUIRE(d->rows && sampler_init(&d->smp, m->c.vocab_size) == 0);
 	return d;
 }
+
 
 /* Six requests' sampling: greedy, seeded temperatures with top-k / top-p / min-p, logprobs
  * with alternatives, a penalty (request 5); seeds from seed0. */
@@ -457,7 +467,7 @@ TEST_T(sched_cpu, backend_draws_equal_host_draws, 300)
 	int64_t draws[4], host_rows[4];
 	for (int run = 0; run < 4; run++) {
 		/* run 2: 30 ids of history, less than request 5's prompt */
-		struct drawer *d = drawer_new(&m, 16, run == 3 ? 2 : 8, run == 2 ? 30 : 1 << 20);
+		struct drawer *d = drawer_around(NULL, &m, 16, run == 3 ? 2 : 8, run == 2 ? 30 : 1 << 20);
 		struct sched_config c = {0};
 		c.max_batch_tokens = 64;
 		c.max_seqs = 8;
@@ -562,8 +572,8 @@ static void mtp_prefix_run(struct backend *b, int draft, int64_t V, struct resul
 
 /* With the tiny model's own (random) MTP layer: the drafting runs give plain decoding's token
  * events bit for bit, alone, batched, preempted (a pool of 3 pages for 6 requests), with
- * the backend drawing the rows it may (the verifications on the host), and after a prefix-cache
- * hit. */
+ * the backend drawing the rows it may (8 draws a step: verifications' two rows and drafts
+ * there, the rest on the host), and after a prefix-cache hit. */
 TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 {
 	struct test_model m;
@@ -586,10 +596,11 @@ TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 	mtp_same(&plain, &small, "preempted");
 	CHECK(st.preemptions > 0);
 	backend_destroy(&r->base);
-	struct drawer *d = drawer_new(&m, 16, 8, 1 << 20);
+	struct drawer *d = drawer_around(NULL, &m, 16, 8, 1 << 20);
 	mtp_run(&d->base, 64, 8, 1, V, &drawn, &st);
 	mtp_same(&plain, &drawn, "backend draws");
-	CHECK(d->draws > 0); /* the prefills' first tokens */
+	CHECK(d->draws > 0 && d->row2_draws > 0); /* verifications among them */
+	CHECK(d->host_rows > 0); /* (8 draws a step: some verifications on the host) */
 	backend_destroy(&d->base);
 	static struct result hit_plain[MAXREQ], hit_drafted[MAXREQ];
 	r = rec_new(&m, 16, 0);
@@ -678,7 +689,9 @@ static const struct backend_ops oracle_ops = {"oracle-mtp+cpu", oracle_step, wra
 /* Drafts right at every position, then wrong at every third: the tokens stay plain decoding's,
  * logprobs and alternatives included (the second row of an accepted draft draws with the
  * request's index and history one further); every right draft is accepted, so a request's
- * decodes take half the steps. */
+ * decodes take half the steps. Both with the draws on the host and by the backend (a drawer
+ * around the oracle: every row drawn there, the verifications' second rows and the drafts
+ * included). */
 TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 {
 	struct test_model m;
@@ -692,7 +705,7 @@ TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 	struct rec *r = rec_new(&m, 16, 0);
 	mtp_run(&r->base, 64, 1, 0, V, &plain, &st_plain);
 	backend_destroy(&r->base);
-	for (int run = 0; run < 2; run++) {
+	for (int run = 0; run < 4; run++) {
 		struct oracle *o = calloc(1, sizeof *o);
 		REQUIRE(o);
 		struct err e;
@@ -701,11 +714,19 @@ TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 		o->base.ops = &oracle_ops;
 		o->ref = &plain;
 		o->prompt = (const int32_t(*)[MTP_LEN])p;
-		o->wrong = run ? 3 : 0;
-		mtp_run(&o->base, 64, 1, 1, V, run ? &some : &right, &st);
-		mtp_same(&plain, run ? &some : &right, run ? "a third wrong" : "all right");
+		o->wrong = run & 1 ? 3 : 0;
+		struct drawer *d = run >= 2 ? drawer_around(&o->base, &m, 0, 8, 1 << 20) : NULL;
+		struct backend *b = d ? &d->base : &o->base;
+		static const char *what[4] = {"all right", "a third wrong", "all right, backend draws",
+					      "a third wrong, backend draws"};
+		mtp_run(b, 64, 1, 1, V, run & 1 ? &some : &right, &st);
+		mtp_same(&plain, run & 1 ? &some : &right, what[run]);
 		CHECK_EQ_INT(o->cur, MTP_N);
-		if (run == 0) {
+		if (d) { /* every logits row drawn by the backend */
+			CHECK_EQ_INT(d->host_rows, 0);
+			CHECK(d->row2_draws > 0);
+		}
+		if (!(run & 1)) {
 			/* 9 verifications a request: the 20th token comes alone (a draft after it
 			 * would be past max_tokens) */
 			CHECK_EQ_INT(st.drafts, MTP_N * 9);
@@ -716,7 +737,7 @@ TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 		} else {
 			CHECK(st.drafts_accepted > 0 && st.drafts_accepted < st.drafts);
 		}
-		backend_destroy(&o->base);
+		backend_destroy(b);
 	}
 	test_model_free(&m);
 }

@@ -5,9 +5,11 @@
  * mode (a row's logits are the same bits in both runs) with the tiny model's 129280 ids, one
  * request with penalties (its prompt and output uploaded as its history): every token the same, logprobs within 1e-5 (the GPU's exp / log may differ from glibc's by an ulp:
  * test_gpu_sampler.c), the same alternatives; the draws really ran on the device (counted);
- * a draw the backend must refuse (a history it is not given, two logits rows) is refused.
+ * a draw the backend must refuse (a history it is not given, two logits rows with one draw,
+ * one row with two) is refused; two rows with two draws (a verification) are taken.
  * And the scheduler's MTP drafting (sched_config.mtp_draft: the CUDA backend's MTP steps fed
- * the main steps' hidden rows, two-row verifications drawn on the host) gives the same events.
+ * the main steps' hidden rows, drafts and two-row verifications drawn on the device) gives the
+ * same events, every logits row drawn on the device.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -119,16 +121,28 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	sampler_params_default(&pen);
 	s1.n = 2, s1.flags = fl;
 	CHECK_EQ_INT(backend_step_draw(b, &st, dp), -EINVAL);
-	s1.n = 1, s1.flags = NULL; /* and the same draw on one row is taken */
+	struct backend_sample ds2 = {.p = &pen}; /* two rows, two draws: taken */
+	ds.row2 = &ds2;
+	CHECK_EQ_INT(backend_step_draw(b, &st, dp), 0);
+	CHECK_EQ_INT(ds.rc, 0);
+	CHECK_EQ_INT(ds2.rc, 0);
+	CHECK(ds2.out.token >= 0 && ds2.out.token < V);
+	s1.n = 1, s1.flags = NULL; /* one row, two draws: refused */
+	CHECK_EQ_INT(backend_step_draw(b, &st, dp), -EINVAL);
+	ds.row2 = NULL; /* and the one draw on one row is taken */
 	CHECK_EQ_INT(backend_step_draw(b, &st, dp), 0);
 	CHECK_EQ_INT(ds.rc, 0);
 	CHECK(ds.out.token >= 0 && ds.out.token < V);
 
-	/* MTP drafting: the same events as the host's plain run (the verifications drawn on the
-	 * host, the other first tokens on the device) */
+	/* MTP drafting: the same events as the host's plain run, every row drawn on the device:
+	 * each token's first draw, each verification's second row, each draft (greedy) */
 	static struct sched_trace drafted;
 	struct sched_stats sst;
+	int64_t d1 = backend_cuda_draws(b);
 	run(b, 0, sp, p, &drafted, 1, &sst);
+	drawn = backend_cuda_draws(b) - d1;
+	printf("    MTP drafting: %lld draws on the device\n", (long long)drawn);
+	CHECK(drawn >= NREQ * NTOK - (int64_t)sst.drafts_accepted + 2 * (int64_t)sst.drafts);
 	bad = sched_trace_diff(&host, &drafted, UINT64_MAX, &worst);
 	printf("    MTP drafting: %llu drafts verified, %llu accepted, %llu steps; %lld token events "
 	       "differ, worst logprob difference %.2e\n", (unsigned long long)sst.drafts,
