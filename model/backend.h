@@ -24,6 +24,12 @@
  * BACKEND_ROW_HIDDEN of an earlier main step). It writes the MTP layer's caches at pos[i] and
  * returns the draft logits for x_{i+2}. The MTP layer's caches lag the main ones by one
  * position, because x_{i+1} must be known.
+ *
+ * Kept rows (drafting): h_i need not leave the backend. A main step keeps the final hidden state
+ * of its rows flagged BACKEND_ROW_KEEP (in row order, replacing what the previous main step
+ * kept; a main step without such rows, or a failed one, keeps none), and an MTP step whose
+ * sequences give no mtp_hidden reads h_i from those rows instead (backend_seq.mtp_kept). MTP
+ * steps leave the kept rows as they are. Given and kept h_i give the same bits.
  */
 #ifndef DSV32_BACKEND_H
 #define DSV32_BACKEND_H
@@ -40,6 +46,8 @@
 
 #define BACKEND_ROW_LOGITS 1u /* write this row's fp32 logits [vocab_size] */
 #define BACKEND_ROW_HIDDEN 2u /* write this row's final hidden state [hidden_size] */
+#define BACKEND_ROW_KEEP 4u   /* main step: keep this row's final hidden state in the backend
+			       * (the MTP step's input, see "Kept rows" above) */
 
 /* A token drawn by the backend (backend_step_draw): sampler_sample (model/sampler.h) on the
  * sequence's one LOGITS row. */
@@ -68,7 +76,11 @@ struct backend_seq {
 	float *hidden;              /* [rows flagged HIDDEN, hidden_size] out (bf16 values): main
 				     * step: the final normed state fed to lm_head; MTP step: the
 				     * MTP block's output before shared_head.norm */
-	const float *mtp_hidden;    /* MTP step only: [n, hidden_size] h_i (bf16 values) */
+	const float *mtp_hidden;    /* MTP step only: [n, hidden_size] h_i (bf16 values), or NULL:
+				     * row j's h_i is the latest main step's kept row
+				     * mtp_kept + j (every sequence of the step gives mtp_hidden,
+				     * or none does) */
+	int64_t mtp_kept;
 };
 
 /* Named intermediates, one call per row, under the names the CPU code uses (ggml-style):
@@ -247,10 +259,14 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
 int backend_validate_step(const struct backend *b, const struct weights *w,
 			  const struct backend_step *st);
 /* backend_validate_step for a step with draws (backend.step_draw): also each draw's rules (one
- * LOGITS row, at most sample_rows, histories of at most hist_ids ids), and a drawn sequence may
- * have no logits buffer. */
+ * LOGITS row, two with row2, at most sample_rows, histories of at most hist_ids ids), and a
+ * drawn sequence may have no logits buffer. The range of an MTP step's kept rows is the
+ * backend's to check (backend_kept_ok). */
 int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 			       const struct backend_step *st, struct backend_sample *const *draw);
+/* 1 when every sequence of an MTP step without mtp_hidden reads kept rows [mtp_kept, mtp_kept +
+ * n) within the n_kept rows the backend holds (a step with mtp_hidden: 1). */
+int backend_kept_ok(const struct backend_step *st, int64_t n_kept);
 
 /* Test switch: 1 = use the naive attention form (§3.7a) instead of the absorbed one. */
 void backend_cpu_set_naive_attention(struct backend *b, int on);

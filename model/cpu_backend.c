@@ -38,6 +38,8 @@ struct cpu_backend {
 	struct kv_pools kv;      /* [n_layers] MLA and indexer pools */
 	float *inv_freq;         /* [qk_rope_head_dim / 2] YaRN inverse frequencies */
 	int naive_attention;     /* test switch: §3.7a instead of §3.7b */
+	float *kept;             /* [n_kept, hidden] the latest main step's kept rows (backend.h) */
+	int64_t n_kept, cap_kept;
 };
 
 /* The rows of one step, flattened across its sequences in order. */
@@ -301,7 +303,9 @@ static void mtp_input(struct cpu_backend *b, const struct rows *R, float *z)
 	memset(row_in_seq, 0, (size_t)R->st->n_seqs * sizeof *row_in_seq);
 	for (int64_t t = 0; t < T; t++) {
 		const struct backend_seq *s = &R->st->seqs[R->seq[t]];
-		const float *h = s->mtp_hidden + row_in_seq[R->seq[t]]++ * D; /* [D] */
+		const int64_t j = row_in_seq[R->seq[t]]++;
+		const float *h = s->mtp_hidden ? s->mtp_hidden + j * D /* [D] given or kept */
+					       : b->kept + (s->mtp_kept + j) * D;
 		int64_t e_at = 0, h_at = D; /* [e ; h]: the engines' order (spec §4, pitfall 12) */
 		if (cpu_mutated(CPU_MUTATION_MTP_CONCAT_SWAPPED))
 			e_at = D, h_at = 0;
@@ -326,6 +330,10 @@ static int cpu_step(struct backend *base, const struct backend_step *st)
 	int r_ = backend_validate_step(base, w, st);
 	if (r_)
 		return r_;
+	if (!backend_kept_ok(st, b->n_kept))
+		return -EINVAL;
+	if (!st->mtp)
+		b->n_kept = 0; /* (replaced below by this step's KEEP rows) */
 	struct rows R = {0, NULL, NULL, NULL, st};
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		R.T += st->seqs[i].n;
@@ -384,6 +392,14 @@ static int cpu_step(struct backend *base, const struct backend_step *st)
 			if (fl & BACKEND_ROW_HIDDEN)
 				memcpy(s->hidden + n_hidden++ * D, (st->mtp ? pre : out) + t * D,
 				       (size_t)D * sizeof *out);
+			if (fl & BACKEND_ROW_KEEP) {
+				if (b->n_kept == b->cap_kept) {
+					b->cap_kept = b->cap_kept ? 2 * b->cap_kept : 64;
+					b->kept = realloc(b->kept, (size_t)(b->cap_kept * D) * sizeof *b->kept);
+					ASSERT(b->kept);
+				}
+				memcpy(b->kept + b->n_kept++ * D, out + t * D, (size_t)D * sizeof *out);
+			}
 			if (fl & BACKEND_ROW_LOGITS) {
 				memcpy(hrows + n_logits * D, out + t * D, (size_t)D * sizeof *out);
 				hrow_t[n_logits++] = t;
@@ -440,6 +456,7 @@ static void cpu_destroy(struct backend *base)
 	cpu_pool_stop(b->pool);
 	kv_pools_free(&b->kv);
 	free(b->inv_freq);
+	free(b->kept);
 	free(b);
 }
 

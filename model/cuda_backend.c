@@ -146,6 +146,7 @@ struct cuda_backend {
 	struct fwd_model m;               /* device addresses the forward reads */
 	void *pinned;                     /* per-step metadata staging (grown on demand) */
 	struct fwd_graphs *graphs;        /* captured decode steps (made on first use) */
+	struct fwd_kept kept;             /* the latest main step's kept rows (in the scratch arena) */
 	CUstream side;                    /* the forward's side stream (fwd_env.side) */
 	CUevent ev_fork, ev_join;         /* its fork and join events */
 	void *plog;                       /* pinned logits staging (fwd_env.plog) */
@@ -534,7 +535,7 @@ static struct fwd_env env_of(struct cuda_backend *b)
 	return (struct fwd_env){.g = &b->g, .arena = &b->scratch, .c = b->base.c, .m = &b->m,
 				.base = &b->base, .kv_base = b->kv_region.base, .pinned = &b->pinned,
 				.pinned_bytes = &b->pinned_bytes, .plog = &b->plog,
-				.plog_bytes = &b->plog_bytes, .host_blocks = b->hb,
+				.plog_bytes = &b->plog_bytes, .host_blocks = b->hb, .kept = &b->kept,
 				.n_host_blocks = b->n_hb, .sw = &b->sw, .graphs = on ? b->graphs : NULL,
 				.side = b->side, .ev_fork = b->ev_fork, .ev_join = b->ev_join,
 				.batch_invariant = b->batch_invariant, .smp = &b->smp};

@@ -275,6 +275,9 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 			int fl = row_flags(&st->seqs[i], j);
 			F->n_logits += !!(fl & BACKEND_ROW_LOGITS);
 			F->n_hidden += !!(fl & BACKEND_ROW_HIDDEN);
+			F->n_keep += !!(fl & BACKEND_ROW_KEEP);
+			/* (validated: all or none of an MTP step's sequences give h_i) */
+			F->mtp_kept |= st->mtp && !st->seqs[i].mtp_hidden;
 		}
 	/* block-table columns and the selection width rounded up to powers of two, so a captured
 	 * decode graph serves many steps (scores past a row's keys are -inf, lists -1 padded); the
@@ -289,13 +292,14 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	F->max_n = (int)(maxp + 1);
 	F->ksel = (int)(ks < c->index_topk && !E->batch_invariant ? ks : c->index_topk);
 	int64_t D = c->hidden_size;
-	/* pinned layout: tok, pos, slot, nkeys [T]; bt [T, mb]; lrows, hrows; then bf16 inputs */
+	/* pinned layout: tok, pos, slot, nkeys [T]; bt [T, mb]; lrows, hrows, krows; then bf16
+	 * inputs */
 	size_t o_tok = 0, o_pos = al256(T * 4), o_slot = o_pos + al256(T * 4);
 	size_t o_nk = o_slot + al256(T * 4), o_bt = o_nk + al256(T * 4);
 	size_t o_lr = o_bt + al256((size_t)T * F->mb * 4), o_hr = o_lr + al256((size_t)F->n_logits * 4 + 4);
-	size_t o_up = o_hr + al256((size_t)F->n_hidden * 4 + 4);
+	size_t o_kr = o_hr + al256((size_t)F->n_hidden * 4 + 4), o_up = o_kr + al256((size_t)T * 4);
 	size_t up_bytes = al256((size_t)T * D * 2);
-	int n_up = st->mtp ? 1 : (in0 ? 1 : 0) + (in1 ? 1 : 0);
+	int n_up = st->mtp ? !F->mtp_kept : (in0 ? 1 : 0) + (in1 ? 1 : 0);
 	size_t total = o_up + (size_t)n_up * up_bytes;
 	if (*E->pinned_bytes < total) {
 		gpu_host_free(*E->pinned);
@@ -308,8 +312,9 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 	int32_t *tok = (int32_t *)(h + o_tok), *pos = (int32_t *)(h + o_pos);
 	int32_t *slot = (int32_t *)(h + o_slot), *nk = (int32_t *)(h + o_nk);
 	int32_t *bt = (int32_t *)(h + o_bt), *lr = (int32_t *)(h + o_lr), *hr = (int32_t *)(h + o_hr);
+	int32_t *kr = (int32_t *)(h + o_kr);
 	uint16_t *up = (uint16_t *)(h + o_up);
-	int nl = 0, nh = 0;
+	int nl = 0, nh = 0, nkeep = 0;
 	for (int64_t i = 0, t = 0; i < st->n_seqs; i++) {
 		const struct backend_seq *s = &st->seqs[i];
 		for (int64_t j = 0; j < s->n; j++, t++) {
@@ -325,7 +330,11 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 				lr[nl++] = (int32_t)t;
 			if (fl & BACKEND_ROW_HIDDEN)
 				hr[nh++] = (int32_t)t;
-			if (st->mtp)
+			if (fl & BACKEND_ROW_KEEP)
+				kr[nkeep++] = (int32_t)t;
+			if (F->mtp_kept)
+				kr[t] = (int32_t)(s->mtp_kept + j);
+			else if (st->mtp)
 				for (int64_t d = 0; d < D; d++)
 					up[t * D + d] = f32_to_bf16(s->mtp_hidden[j * D + d]);
 		}
@@ -339,7 +348,7 @@ static int fwd_begin(struct fwd *F, const struct fwd_env *E, const struct backen
 			dst[i] = f32_to_bf16(in[i]);
 	}
 	F->meta_bytes = total, F->o_pos = o_pos, F->o_slot = o_slot, F->o_nk = o_nk, F->o_bt = o_bt;
-	F->o_lr = o_lr, F->o_hr = o_hr, F->o_up = o_up, F->up_bytes = up_bytes;
+	F->o_lr = o_lr, F->o_hr = o_hr, F->o_kr = o_kr, F->o_up = o_up, F->up_bytes = up_bytes;
 	return 0;
 }
 
@@ -367,6 +376,7 @@ static int fwd_upload(struct fwd *F)
 		return -EIO;
 	F->tok = dev, F->pos = dev + F->o_pos, F->slot = dev + F->o_slot, F->nkeys = dev + F->o_nk;
 	F->bt = dev + F->o_bt, F->lrows = dev + F->o_lr, F->hrows = dev + F->o_hr;
+	F->krows = dev + F->o_kr;
 	F->up[0] = dev + F->o_up, F->up[1] = dev + F->o_up + F->up_bytes;
 	return 0;
 }
@@ -427,10 +437,17 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 		/* MTP input (§4): x = eh_proj([enorm(embed(x_{i+1})) ; hnorm(h_i)]) */
 		TAKE(e, (size_t)F->Tp * D * 2);
 		TAKE(cat, (size_t)F->Tp * 2 * D * 2); /* bf16 [Tp, 2D] */
-		gpu_ptr emb = m->mtp_embed;
+		gpu_ptr emb = m->mtp_embed, h = F->up[0]; /* h_i uploaded, or gathered from the kept rows */
+		if (F->mtp_kept) {
+			gpu_ptr kept = F->E->kept->p;
+			h = fwd_take(F, (size_t)F->Tp * D * 2);
+			if (!h)
+				return -ENOMEM;
+			LAUNCH("k_moe_gather", T, 1, 256, 0, &kept, &F->krows, &h, &D);
+		}
 		LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &e, &D);
 		TRY(fwd_rms(F, e, D, 0, m->enorm, cat, 2 * D, D));
-		TRY(fwd_rms(F, F->up[0], D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
+		TRY(fwd_rms(F, h, D, 0, m->hnorm, cat + (size_t)D * 2, 2 * D, D));
 		TRY(fwd_dump_all(F, "mtp_cat", Lm, cat, DUMP_BF16, 2 * D, 2 * D));
 		TRY_TAG("eh_proj", fwd_lin(F, m->eh_proj, cat, 2 * D, 0, x, D, T, 2 * D, D));
 		TRY(fwd_dump_all(F, "mtp_eh_proj", Lm, x, DUMP_BF16, D, D));
@@ -441,6 +458,10 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	TAKE(out, (size_t)F->Tp * D * 2);
 	TRY(fwd_rms(F, x, D, r, norm, out, D, D));
 	TRY(fwd_dump_all(F, "result_norm", st->mtp ? Lm : -1, out, DUMP_BF16, D, D));
+	if (F->n_keep) { /* the KEEP rows into the kept rows, after the earlier passes' */
+		gpu_ptr kd = F->E->kept->p + (size_t)F->keep_off * D * 2;
+		LAUNCH("k_moe_gather", F->n_keep, 1, 256, 0, &out, &F->krows, &kd, &D);
+	}
 	*out_p = out, *r_p = r, *l32_p = 0;
 	if (F->n_logits) {
 		int nl = F->n_logits;
@@ -542,12 +563,14 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 /* ---- decode graphs ------------------------------------------------------------------------------ */
 
 /* A captured step: valid for every step with the same shape (rows, block-table columns,
- * selection width, whether scores run, logits rows, hidden rows, main or MTP) and mode, the
+ * selection width, whether scores run, logits rows, hidden rows, main or MTP, kept rows written
+ * or read and where) and mode, the
  * same pinned staging buffer and the same arena top (its scratch addresses are baked in). A
  * replay keeps the capture's scratch taken until the step ends (end): step_finish's gathers
  * take scratch above it, not over the metadata and rows the graph wrote. */
 struct fwd_graph {
-	int T, mb, ksel, need, nl, nh, mtp, inv;
+	int T, mb, ksel, need, nl, nh, mtp, nk, mk, inv;
+	gpu_ptr kept; /* the kept rows' address where the step writes or reads them */
 	unsigned sw; /* the switches' generation (fwd_switches.gen) */
 	void *pinned;
 	size_t top, end;
@@ -592,15 +615,17 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 	struct fwd_graphs *G = F->E->graphs;
 	const struct backend_step *st = F->st;
 	*ran = 0;
-	if (!G || G->off || st->dump || F->T > FWD_GRAPH_MAX_ROWS)
+	if (!G || G->off || st->dump || F->T > FWD_GRAPH_MAX_ROWS || F->keep_off)
 		return 0;
 	int need = F->max_n > F->c->index_topk;
+	gpu_ptr kept = F->n_keep || F->mtp_kept ? F->E->kept->p : 0;
 	size_t top = F->A->top;
 	struct fwd_graph *hit = NULL;
 	for (int i = 0; i < G->n && !hit; i++) {
 		struct fwd_graph *x = &G->g[i];
 		if (x->T == F->T && x->mb == F->mb && x->ksel == F->ksel && x->need == need &&
 		    x->nl == F->n_logits && x->nh == F->n_hidden && x->mtp == !!st->mtp &&
+		    x->nk == F->n_keep && x->mk == F->mtp_kept && x->kept == kept &&
 		    x->inv == F->E->batch_invariant &&
 		    x->sw == F->E->sw->gen &&
 		    x->pinned == *F->E->pinned && x->top == top)
@@ -618,8 +643,8 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
 		struct fwd_graph x = {F->T, F->mb, F->ksel, need, F->n_logits, F->n_hidden,
-				      !!st->mtp, F->E->batch_invariant, F->E->sw->gen, *F->E->pinned,
-				      top, 0, NULL, 0, 0, 0, 0, 0};
+				      !!st->mtp, F->n_keep, F->mtp_kept, F->E->batch_invariant, kept,
+				      F->E->sw->gen, *F->E->pinned, top, 0, NULL, 0, 0, 0, 0, 0};
 		if (cu_check(cu.cuStreamBeginCapture(F->g->stream, CU_STREAM_CAPTURE_MODE_RELAXED),
 			     "cuStreamBeginCapture", __FILE__, __LINE__)) {
 			G->off = 1;
@@ -694,11 +719,12 @@ static void fwd_sync_all(const struct fwd_env *E)
 		cu.cuStreamSynchronize(E->side);
 }
 
-static int step_pass(const struct fwd_env *E, const struct backend_step *st)
+static int step_pass(const struct fwd_env *E, const struct backend_step *st, int64_t keep_off)
 {
 	struct fwd F;
 	size_t mark = gpu_arena_mark(E->arena);
 	int r = fwd_begin(&F, E, st, NULL, NULL);
+	F.keep_off = keep_off;
 	if (!r && F.T) {
 		gpu_ptr out = 0, res = 0, l32 = 0;
 		int graphed = 0;
@@ -732,17 +758,15 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st)
  * a sequence's rows are in position order, so every row still finds the keys of the rows
  * before it in the cache, as in chunked prefill. Sequence indices are kept (sequences with no
  * rows in a pass have n = 0), so dumps name the same sequences. */
-int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
+static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 {
-	if (st->mtp && !E->m->has_mtp)
-		return -EINVAL;
 	int64_t T = 0, max = fwd_max_rows(E);
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		T += st->seqs[i].n;
 	if (T <= max)
-		return step_pass(E, st);
+		return step_pass(E, st, 0);
 	const struct dsv32_config *c = E->c;
-	int64_t n = st->n_seqs, V = c->vocab_size, D = c->hidden_size;
+	int64_t n = st->n_seqs, V = c->vocab_size, D = c->hidden_size, kept = 0;
 	struct backend_seq *sub = calloc((size_t)n, sizeof *sub);
 	uint8_t **fl = calloc((size_t)n, sizeof *fl);
 	int64_t *done_l = calloc((size_t)n, sizeof *done_l), *done_h = calloc((size_t)n, sizeof *done_h);
@@ -796,11 +820,45 @@ int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
 		struct backend_step part = *st;
 		part.seqs = sub;
 		if (!r)
-			r = step_pass(E, &part);
+			r = step_pass(E, &part, kept);
+		for (int64_t i = 0, base = 0; i < n; base += st->seqs[i++].n) /* (rows kept so far) */
+			for (int64_t j = 0; j < st->seqs[i].n; j++)
+				kept += base + j >= t0 && base + j < t1 && (fl[i][j] & BACKEND_ROW_KEEP);
 	}
 	for (int64_t i = 0; fl && i < n; i++)
 		free(fl[i]);
 	free(fl), free(sub), free(done_l), free(done_h);
+	return r;
+}
+
+/* The kept rows (backend.h): a main step drops the previous ones and takes room for its own
+ * KEEP rows at the arena's top, below its scratch, where they stay until the next main step
+ * (so an MTP step's scratch lies above them); a failed main step keeps none. An MTP step reads
+ * them (its range checked here). */
+int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
+{
+	struct fwd_kept *K = E->kept;
+	if (st->mtp)
+		return !E->m->has_mtp || !backend_kept_ok(st, K->n) ? -EINVAL : step_passes(E, st);
+	if (K->n)
+		gpu_arena_release(E->arena, K->mark);
+	K->n = 0, K->p = 0;
+	int64_t nk = 0;
+	for (int64_t i = 0; i < st->n_seqs; i++)
+		for (int64_t j = 0; j < st->seqs[i].n; j++)
+			nk += !!(row_flags(&st->seqs[i], j) & BACKEND_ROW_KEEP);
+	if (nk) {
+		K->mark = gpu_arena_mark(E->arena);
+		K->p = gpu_arena_push(E->arena, (size_t)nk * (size_t)E->c->hidden_size * 2);
+		if (!K->p)
+			return -ENOMEM;
+		K->n = nk;
+	}
+	int r = step_passes(E, st);
+	if (r && K->n) {
+		gpu_arena_release(E->arena, K->mark);
+		K->n = 0, K->p = 0;
+	}
 	return r;
 }
 

@@ -114,6 +114,15 @@ struct fwd_host_block {
 	size_t bytes;
 };
 
+/* The rows the latest main step kept (BACKEND_ROW_KEEP, backend.h): bf16 [n, D] at p, taken from
+ * the scratch arena (its top was mark below them) and held there between steps, until the next
+ * main step drops them. */
+struct fwd_kept {
+	gpu_ptr p;
+	int64_t n;
+	size_t mark;
+};
+
 /* What a step runs against. */
 struct cuda_step_sampler;
 
@@ -143,6 +152,7 @@ struct fwd_env {
 	struct backend_sample *const *draw; /* NULL, or [n_seqs]: the step's draws
 				       * (backend_step_draw): drawn on the device, their logits
 				       * never downloaded */
+	struct fwd_kept *kept;        /* the kept rows (main steps replace them) */
 };
 
 /* With DSV32_CUDA_PROFILE=1, eager steps record the GPU time between consecutive ops; this

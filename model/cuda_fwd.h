@@ -69,15 +69,19 @@ struct fwd {
 	int mb;                    /* block-table columns per row: max(pos) / 64 + 1 */
 	int max_n;                 /* max(pos) + 1: the longest causal key list */
 	int n_logits, n_hidden;
+	int n_keep;                /* main step: rows flagged BACKEND_ROW_KEEP */
+	int mtp_kept;              /* MTP step: h_i from the kept rows (fwd_env.kept) */
+	int64_t keep_off;          /* this pass's first kept row among the step's */
 	/* device metadata, int32 */
 	gpu_ptr tok, pos, slot, nkeys; /* [T] */
 	gpu_ptr bt;                /* [T, mb] the row's sequence's block table */
 	gpu_ptr lrows, hrows;      /* [n_logits], [n_hidden] row indices */
+	gpu_ptr krows;             /* main: [n_keep] the KEEP rows; MTP kept: [T] each row's kept row */
 	gpu_ptr up[2];             /* bf16 [T, D] host inputs: MTP h_i, or teacher forcing x, r */
 	int ksel;                  /* selected keys per row: min(index_topk, pow2 >= max_n) */
 	const char *tag;           /* the profile's name for the next launches (NULL: the kernel's) */
 	int side_open;             /* work on the side stream that the engine stream has not joined */
-	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_up, up_bytes; /* pinned layout */
+	size_t meta_bytes, o_pos, o_slot, o_nk, o_bt, o_lr, o_hr, o_kr, o_up, up_bytes; /* pinned */
 };
 #define TAKE(var, bytes)                          \
 	gpu_ptr var = fwd_take(F, (size_t)(bytes));   \

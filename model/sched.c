@@ -46,7 +46,7 @@ struct seq {
 	int verify;                /* 1: the last row is the draft (tokens[n_tokens]); 2: and the
 				    * first row's draw equalled it (accepted) */
 	int sample;                /* the rows end the uncomputed tokens: a token is drawn */
-	int64_t row0, pos0;        /* the first row in the step (its hidden rows start there) and
+	int64_t row0, pos0;        /* the first row in the step (its kept rows start there) and
 				    * its position */
 };
 
@@ -75,8 +75,6 @@ struct sched {
 	struct backend_sample *draw2; /* [max_seqs] a verification's second row (mtp_draft; the
 				       * backend's: draw[k].row2 = &draw2[k]) */
 	struct sampler_params greedy; /* the MTP step's drafts (the argmax) */
-	float *hidden;             /* [max_batch_tokens, hidden_size] (mtp_draft): the main step's
-				    * final hidden rows, the MTP step's input */
 	struct sbuf piece;         /* detok output of one token */
 	/* events */
 	struct sched_event *ev;
@@ -311,14 +309,11 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	s->logits = backend_host_alloc(b, (size_t)L * (size_t)s->vocab * sizeof *s->logits);
 	s->draw = calloc((size_t)S, sizeof *s->draw);
 	s->drawp = calloc((size_t)S, sizeof *s->drawp);
-	if (cfg->mtp_draft) {
+	if (cfg->mtp_draft)
 		s->draw2 = calloc((size_t)S, sizeof *s->draw2);
-		s->hidden = backend_host_alloc(b, (size_t)B * (size_t)b->c->hidden_size *
-							  sizeof *s->hidden);
-	}
 	rc = -ENOMEM;
 	if (!s->running || !s->sched || !s->bseq || !s->pos || !s->flags || !s->logits ||
-	    !s->draw || !s->drawp || (cfg->mtp_draft && (!s->draw2 || !s->hidden)))
+	    !s->draw || !s->drawp || (cfg->mtp_draft && !s->draw2))
 		goto fail;
 	*out = s;
 	return 0;
@@ -348,8 +343,6 @@ void sched_free(struct sched *s)
 	free(s->draw);
 	free(s->drawp);
 	free(s->draw2);
-	if (s->hidden)
-		backend_host_free(s->b, s->hidden);
 	sbuf_free(&s->piece);
 	sbuf_free(&s->text);
 	free(s->ev);
@@ -741,18 +734,18 @@ static int32_t draft_of(const float *x, int64_t n)
 
 /* mtp_draft: the MTP layer at the positions the main step committed, [n_mtp, n_computed) of
  * each scheduled sequence still live (s->sched[k] not NULL; the list is compacted to those it
- * runs), h_i from its hidden rows and x_{i+1} from its tokens, and the drafts of those that
+ * runs), h_i from the rows the main step kept (backend.h) and x_{i+1} from its tokens, and the
+ * drafts of those that
  * drew a token. The backend's rc. */
 static int mtp_step(struct sched *s)
 {
-	const int64_t D = s->b->c->hidden_size;
 	const int can = s->b->step_draw && !s->cfg.host_sampling; /* drafts drawn by the backend */
 	int64_t n = 0, row = 0, n_logits = 0, n_dev = 0;
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
 		if (!q || q->n_computed == q->n_mtp)
 			continue;
-		/* the rows are this step's: their hidden states are in s->hidden from row0 on */
+		/* the rows are this step's: kept from row0 on (every row of the step was kept) */
 		ASSERT(q->n_mtp == q->pos0 && q->n_tokens > q->n_computed);
 		int64_t m = q->n_computed - q->n_mtp;
 		int want = q->n_tokens - q->n_computed == 1; /* a drawn token: draft the next */
@@ -769,7 +762,7 @@ static int mtp_step(struct sched *s)
 			.n = m, .tokens = q->tokens + q->n_mtp + 1, .pos = s->pos + row,
 			.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = s->flags + row,
 			.logits = want && !dev ? s->logits + n_logits * s->vocab : NULL,
-			.mtp_hidden = s->hidden + q->row0 * D};
+			.mtp_hidden = NULL, .mtp_kept = q->row0};
 		s->sched[n++] = q;
 		row += m;
 		n_logits += want && !dev;
@@ -818,9 +811,8 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	double t1 = t0, t2 = t0;
 	int64_t row = 0, n_logits = 0, n_dev = 0, n_hist = 0;
 	const int can = s->b->step_draw && !s->cfg.host_sampling;
-	const int64_t D = s->b->c->hidden_size;
-	/* mtp_draft: every row's hidden state, the MTP step's input */
-	const uint8_t row_flags = s->cfg.mtp_draft ? BACKEND_ROW_HIDDEN : 0;
+	/* mtp_draft: every row's final hidden state kept in the backend, the MTP step's input */
+	const uint8_t row_flags = s->cfg.mtp_draft ? BACKEND_ROW_KEEP : 0;
 	if (s->n_sched > 0) {
 		for (int64_t k = 0; k < s->n_sched; k++) {
 			struct seq *q = s->sched[k];
@@ -848,7 +840,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			bs->n_blocks = q->kv.n_blocks;
 			bs->flags = s->flags + row;
 			bs->logits = sample && !dev ? s->logits + n_logits * s->vocab : NULL;
-			bs->hidden = s->hidden ? s->hidden + row * D : NULL;
+			bs->hidden = NULL;
 			bs->mtp_hidden = NULL;
 			s->drawp[k] = dev ? &s->draw[k] : NULL;
 			s->draw[k] = (struct backend_sample){

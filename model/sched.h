@@ -45,7 +45,8 @@
  *            layer (spec §4), one drafted token a sequence a step. After the main step and its
  *            draws, one MTP step (backend.h) writes the MTP layer's K/V at every position the
  *            main step has just committed (token x_{i+1} and the main model's final hidden
- *            state h_i, which the main step returns for every row of a drafting sequence); its
+ *            state h_i, which the main step keeps in the backend for every row: its kept rows,
+ *            backend.h, so on the GPU h_i never leaves the device); its
  *            logits at a sequence's last position give the draft, their argmax (ties to the
  *            lower id; a greedy draw by the backend where it draws), for the token after the
  *            one just drawn. The next decode of that

@@ -89,7 +89,7 @@ static void run_rows(struct backend *b, const int32_t *tok, int64_t p0, int64_t 
 	REQUIRE(n <= 512);
 	for (int64_t i = 0; i < n; i++)
 		pos[i] = p0 + i, fl[i] = BACKEND_ROW_LOGITS;
-	struct backend_seq s = {n, tok + p0, pos, bt, n_blocks, fl, out, NULL, NULL};
+	struct backend_seq s = {n, tok + p0, pos, bt, n_blocks, fl, out, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	REQUIRE(backend_step(b, &st) == 0);
 }
@@ -187,7 +187,7 @@ TEST_T(forward, mixed_batches_and_threads_are_bit_identical, 300)
 				for (int64_t i = 0; i < n; i++)
 					pos[s][i] = done[s] + i, fl[s][i] = BACKEND_ROW_LOGITS;
 				seqs[ns++] = (struct backend_seq){n, tok[s] + done[s], pos[s], bt[s], 2,
-								  fl[s], got[s] + done[s] * V, NULL, NULL};
+								  fl[s], got[s] + done[s] * V, NULL, NULL, 0};
 				done[s] += n;
 			}
 			if (ns == 0) {
@@ -325,7 +325,7 @@ TEST_T(forward, cache_bytes_match_the_layouts, 120)
 	uint8_t fl[30];
 	for (int i = 0; i < 30; i++)
 		pos[i] = i, fl[i] = BACKEND_ROW_LOGITS;
-	struct backend_seq s = {30, tok, pos, bt, 1, fl, logits, NULL, NULL};
+	struct backend_seq s = {30, tok, pos, bt, 1, fl, logits, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &s, &d};
 	REQUIRE(backend_step(b, &st) == 0);
 	/* top-k of position 21 with index_topk 8: 8 ascending positions <= 21 */
@@ -366,8 +366,8 @@ TEST_T(forward, mtp_is_batch_invariant_and_finite, 120)
 	int64_t pos[30];
 	uint8_t fl[30];
 	for (int i = 0; i < T; i++)
-		pos[i] = i, fl[i] = BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN;
-	struct backend_seq s = {T, tok, pos, bt, 1, fl, lg, hid, NULL};
+		pos[i] = i, fl[i] = BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN | BACKEND_ROW_KEEP;
+	struct backend_seq s = {T, tok, pos, bt, 1, fl, lg, hid, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	REQUIRE(backend_step(b, &st) == 0);
 	for (int64_t chunk = T - 1; chunk >= 1; chunk -= (chunk > 5 ? 13 : 4)) {
@@ -375,7 +375,7 @@ TEST_T(forward, mtp_is_batch_invariant_and_finite, 120)
 		for (int64_t p = 0; p < T - 1; p += chunk) {
 			int64_t n = T - 1 - p < chunk ? T - 1 - p : chunk;
 			struct backend_seq ms = {n, tok + p + 1, pos + p, bt, 1, fl + p, out + p * V,
-						 NULL, hid + p * D};
+						 NULL, hid + p * D, 0};
 			for (int64_t i = 0; i < n; i++)
 				fl[p + i] = BACKEND_ROW_LOGITS;
 			struct backend_step mst = {1, 1, &ms, NULL};
@@ -386,8 +386,34 @@ TEST_T(forward, mtp_is_batch_invariant_and_finite, 120)
 	}
 	for (int64_t i = 0; i < (T - 1) * V; i++)
 		REQUIRE(isfinite(ref[i]));
-	/* MTP rows without h_i are rejected */
-	struct backend_seq bad = {1, tok, pos, bt, 1, NULL, lg, NULL, NULL};
+	/* h_i from the main step's kept rows instead of given (backend.h): the same bits, in
+	 * two sequences of one step (pages written twice with the same records) */
+	memset(got, 0, (size_t)(T * V) * sizeof *got);
+	for (int i = 0; i < T; i++)
+		fl[i] = BACKEND_ROW_LOGITS;
+	struct backend_seq ks[2] = {{11, tok + 1, pos, bt, 1, fl, got, NULL, NULL, 0},
+				    {T - 12, tok + 12, pos + 11, bt, 1, fl, got + 11 * V, NULL, NULL, 11}};
+	struct backend_step kst = {1, 2, ks, NULL};
+	CHECK(backend_step(b, &kst) == 0);
+	CHECK(first_diff(ref, got, (T - 1) * V) < 0);
+	/* MTP rows without h_i are rejected: kept rows out of range (or negative), h_i given for
+	 * one sequence and not the other; KEEP flagged in an MTP step; and after a main step that
+	 * kept nothing, any kept row */
+	ks[1].mtp_kept = 13; /* (rows 13 .. T: one past the T kept) */
+	CHECK(backend_step(b, &kst) == -EINVAL);
+	ks[1].mtp_kept = -1;
+	CHECK(backend_step(b, &kst) == -EINVAL);
+	ks[1].mtp_kept = 11, ks[1].mtp_hidden = hid + 11 * D;
+	CHECK(backend_step(b, &kst) == -EINVAL);
+	ks[1].mtp_hidden = NULL;
+	fl[0] |= BACKEND_ROW_KEEP;
+	CHECK(backend_step(b, &kst) == -EINVAL);
+	fl[0] = BACKEND_ROW_LOGITS;
+	CHECK(backend_step(b, &kst) == 0); /* (still taken) */
+	struct backend_seq one = {1, tok, pos, bt, 1, NULL, lg, NULL, NULL, 0};
+	struct backend_step ost = {0, 1, &one, NULL}; /* keeps nothing */
+	REQUIRE(backend_step(b, &ost) == 0);
+	struct backend_seq bad = {1, tok, pos, bt, 1, NULL, lg, NULL, NULL, 0};
 	struct backend_step bst = {1, 1, &bad, NULL};
 	CHECK(backend_step(b, &bst) == -EINVAL);
 	free(hid);
@@ -406,7 +432,7 @@ TEST_T(forward, step_validation, 60)
 	float *lg = malloc((size_t)m.c.vocab_size * sizeof *lg);
 	int32_t tok[1] = {5}, bt[2] = {0, 1};
 	int64_t pos[1] = {0};
-	struct backend_seq s = {1, tok, pos, bt, 1, NULL, lg, NULL, NULL};
+	struct backend_seq s = {1, tok, pos, bt, 1, NULL, lg, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	CHECK(backend_step(b, &st) == 0);
 	tok[0] = (int32_t)m.c.vocab_size;
@@ -442,7 +468,7 @@ TEST_T(forward, tiny_model_100_greedy_steps_stay_finite, 600)
 	for (int64_t p = 0; p < T + steps - 1; p++) {
 		int64_t pos = p;
 		uint8_t fl = BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN;
-		struct backend_seq s = {1, tok + p, &pos, bt, 2, &fl, lg, hid, NULL};
+		struct backend_seq s = {1, tok + p, &pos, bt, 2, &fl, lg, hid, NULL, 0};
 		struct backend_step st = {0, 1, &s, NULL};
 		REQUIRE(backend_step(b, &st) == 0);
 		int64_t best = 0;
@@ -483,12 +509,12 @@ static void run_with_mtp(struct test_model *m, const int32_t *tok, int64_t T, fl
 	struct backend *b = make_backend(m, 1, 2);
 	for (int64_t i = 0; i < T; i++)
 		pos[i] = i, fl[i] = BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN;
-	struct backend_seq s = {T, tok, pos, bt, 1, fl, lg, hid, NULL};
+	struct backend_seq s = {T, tok, pos, bt, 1, fl, lg, hid, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	REQUIRE(backend_step(b, &st) == 0);
 	for (int64_t i = 0; i < T; i++)
 		fl[i] = BACKEND_ROW_LOGITS;
-	struct backend_seq ms = {T - 1, tok + 1, pos, bt, 1, fl, mtp, NULL, hid};
+	struct backend_seq ms = {T - 1, tok + 1, pos, bt, 1, fl, mtp, NULL, hid, 0};
 	struct backend_step mst = {1, 1, &ms, NULL};
 	REQUIRE(backend_step(b, &mst) == 0);
 	backend_destroy(b);

@@ -149,7 +149,7 @@ TEST_T(numerics, structured_checkpoint_margins, 120)
 	for (int64_t t = 0; t < T; t++)
 		pos[t] = t;
 	float *logits = malloc((size_t)m.c.vocab_size * sizeof *logits);
-	struct backend_seq sq = {T, S.tok[0], pos, bt, nb, NULL, logits, NULL, NULL};
+	struct backend_seq sq = {T, S.tok[0], pos, bt, nb, NULL, logits, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &sq, &dump};
 	REQUIRE(backend_step(b, &st) == 0);
 	double med = nc_pct(d.idx_gap, d.idx_rows, 50), p10 = nc_pct(d.idx_gap, d.idx_rows, 10);

@@ -16,7 +16,11 @@
  *     sequence's 16-row prefill chunks: the same logits limits for both;
  *   - decode one token per step eagerly and through captured CUDA graphs: bit-identical, both
  *     timed;
- *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits;
+ *   - steps with hidden rows (2 rows, a verification's shape) and MTP steps of 16 rows,
+ *     eagerly and through graphs: the same bits;
+ *   - the MTP step (spec §4) on the CPU's hidden states: the same logits limits; on the main
+ *     step's rows kept on the device (BACKEND_ROW_KEEP) against the same rows given: the same
+ *     bits, replayed and eager;
  *   - batch invariance: every row of the token-by-token decode and of the 16-row chunks
  *     bit-identical to the same row of the chunked prefill.
  * The fast mode (the default; large-M GEMM and MoE paths) departs from the CPU by its
@@ -282,7 +286,7 @@ static void seq_rows(struct backend_seq *s, const struct pair *p, int64_t p0, in
 		pos[i] = p0 + i, fl[i] = (uint8_t)flags;
 	*s = (struct backend_seq){n, p->tok + p0, pos, bt, nb, fl,
 				  logits ? logits + p0 * p->V : NULL, hidden ? hidden + p0 * p->D : NULL,
-				  NULL};
+				  NULL, 0};
 }
 
 /* Steps of n rows over positions [p0, p1) of one sequence (pages bt), every row flagged logits
@@ -340,6 +344,54 @@ static void graphs_with_hidden_rows(const char *what, struct pair *p, int64_t p0
 	for (int k = 0; k < 2; k++)
 		free(lg[k]), free(hd[k]);
 	free(pos), free(fl);
+}
+
+/* h_i kept on the device (BACKEND_ROW_KEEP, backend.h) against the same h_i downloaded and
+ * given back (mtp_hidden): a main step over positions [p0, p1) keeps its rows (and returns
+ * them), then MTP steps of 16 rows over the same positions read them given, kept through graphs
+ * (the default) and kept eagerly: the same logits, bit for bit. */
+static void kept_rows_equal_given(const char *name, struct pair *p, int64_t p0, int64_t p1,
+				  const int32_t *bt, int64_t nb)
+{
+	int64_t V = p->V, D = p->D, R = p1 - p0;
+	float *hid = malloc((size_t)R * D * 4), *lm = malloc((size_t)R * V * 4), *lg[3];
+	int64_t *pos = malloc((size_t)R * sizeof *pos);
+	uint8_t *fl = malloc((size_t)R);
+	REQUIRE(hid && lm && pos && fl);
+	for (int k = 0; k < 3; k++) {
+		REQUIRE(lg[k] = malloc((size_t)R * V * 4));
+		gpu_fill_nan(lg[k], R * V);
+	}
+	struct backend_seq s;
+	seq_rows(&s, p, p0, R, pos, fl, BACKEND_ROW_LOGITS | BACKEND_ROW_HIDDEN | BACKEND_ROW_KEEP, bt,
+		 nb, NULL, NULL);
+	s.logits = lm, s.hidden = hid;
+	struct backend_step st = {0, 1, &s, NULL};
+	REQUIRE(backend_step(p->gpu, &st) == 0);
+	int rc = 0;
+	for (int k = 0; k < 3 && !rc; k++) { /* given; kept, graphs; kept, eager */
+		set_switch(p->gpu, "DSV32_CUDA_GRAPHS", k == 2 ? "0" : NULL);
+		for (int64_t a = p0; a < p1 && !rc; a += 16) {
+			int64_t m = p1 - a < 16 ? p1 - a : 16;
+			seq_rows(&s, p, a, m, pos, fl, BACKEND_ROW_LOGITS, bt, nb, NULL, NULL);
+			s.tokens = p->tok + a + 1, s.logits = lg[k] + (a - p0) * V;
+			s.mtp_hidden = k ? NULL : hid + (a - p0) * D, s.mtp_kept = a - p0;
+			struct backend_step ms = {1, 1, &s, NULL};
+			rc = backend_step(p->gpu, &ms);
+		}
+	}
+	set_switch(p->gpu, "DSV32_CUDA_GRAPHS", NULL);
+	int64_t same[2] = {0, 0};
+	for (int k = 1; k < 3; k++)
+		for (int64_t t = 0; t < R; t++)
+			same[k - 1] += !memcmp(lg[0] + t * V, lg[k] + t * V, (size_t)V * 4);
+	printf("    %s MTP steps of 16 rows from kept rows vs given h_i: %lld (graphs) and %lld "
+	       "(eager) of %lld rows bit-identical (rc %d)\n", name, (long long)same[0],
+	       (long long)same[1], (long long)R, rc);
+	CHECK(rc == 0 && same[0] == R && same[1] == R);
+	for (int k = 0; k < 3; k++)
+		free(lg[k]);
+	free(hid), free(lm), free(pos), free(fl);
 }
 
 /* ---- the cases -------------------------------------------------------------------------------- */
@@ -658,7 +710,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		gpu_fill_nan(mg, n * V);
 		for (int64_t i = 0; i < n; i++)
 			pos[i] = i, fl[i] = BACKEND_ROW_LOGITS;
-		struct backend_seq ms = {n, p.tok + 1, pos, bt, nb, fl, mref, NULL, hid};
+		struct backend_seq ms = {n, p.tok + 1, pos, bt, nb, fl, mref, NULL, hid, 0};
 		struct backend_step mst = {1, 1, &ms, NULL};
 		REQUIRE(backend_step(p.cpu, &mst) == 0);
 		ms.logits = mg;
@@ -671,6 +723,7 @@ static void end_to_end(const char *name, int64_t T, int64_t chunk)
 		}
 		snprintf(what, sizeof what, "%s MTP steps", name);
 		graphs_with_hidden_rows(what, &p, n - 48, n, 16, bt, nb, hid);
+		kept_rows_equal_given(name, &p, n - 48, n, bt, nb);
 		free(mref), free(mg);
 	}
 	free(bt), free(pos), free(fl), free(ref), free(hid), free(ga), free(gb), free(gc);
@@ -1171,7 +1224,7 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 	for (int64_t i = 0; i < P + ND; i++)
 		tok[i] = (int32_t)(test_rand(&seed) % (uint64_t)V), pos[i] = i;
 	fl[P - 1] = BACKEND_ROW_LOGITS;
-	struct backend_seq s = {P, tok, pos, bt, 8, fl, lg, NULL, NULL};
+	struct backend_seq s = {P, tok, pos, bt, 8, fl, lg, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	t0 = now_us();
 	int rc = backend_step(b, &st);
@@ -1190,7 +1243,7 @@ TEST_T(gpu_forward, real_dims_synthetic_timing, 300)
 			set_switch(b, "DSV32_CUDA_PROFILE", "1"); /* per-op GPU times of the eager steps */
 		for (int64_t i = 0; i < ND && !rc; i++) {
 			struct backend_seq d = {1, tok + P + i, pos + P + i, bt, 8, NULL, lg + (mode * ND + i) * V,
-						NULL, NULL};
+						NULL, NULL, 0};
 			struct backend_step sd = {0, 1, &d, NULL};
 			t0 = now_us();
 			rc = backend_step(b, &sd);
@@ -1258,7 +1311,7 @@ TEST_T(gpu_forward, step_validation, 120)
 	int64_t pos[1] = {0}, far[1] = {200};
 	float *lg = malloc((size_t)p.V * 4);
 	REQUIRE(lg);
-	struct backend_seq s = {1, bad_tok, pos, bt, 2, NULL, lg, NULL, NULL};
+	struct backend_seq s = {1, bad_tok, pos, bt, 2, NULL, lg, NULL, NULL, 0};
 	struct backend_step st = {0, 1, &s, NULL};
 	CHECK_EQ_INT(backend_step(p.gpu, &st), -EINVAL); /* token out of range */
 	s.tokens = p.tok, s.pos = far;

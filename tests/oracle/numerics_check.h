@@ -416,7 +416,7 @@ NC_FN void nc_e2e(struct nc_verdict *v, const char *name, const struct nc_e2e_li
 		struct nc_dumps d;
 		nc_dumps_init(&d, n_layers, T, c->num_experts_per_tok);
 		struct backend_dump dump = {nc_dump_cb, &d};
-		struct backend_seq sq = {T, S.tok[s], pos, bt, nb, fl, logits, hidden, NULL};
+		struct backend_seq sq = {T, S.tok[s], pos, bt, nb, fl, logits, hidden, NULL, 0};
 		struct backend_step step = {0, 1, &sq, &dump};
 		REQUIRE(backend_step(b, &step) == 0);
 		char key[32], fb[64];
@@ -436,7 +436,7 @@ NC_FN void nc_e2e(struct nc_verdict *v, const char *name, const struct nc_e2e_li
 		npy_free(&fx);
 		npy_free(&rows);
 		if (m.has_mtp && T > 1) {
-			struct backend_seq mq = {T - 1, S.tok[s] + 1, pos, bt, nb, fl, logits, NULL, hidden};
+			struct backend_seq mq = {T - 1, S.tok[s] + 1, pos, bt, nb, fl, logits, NULL, hidden, 0};
 			struct backend_step ms = {1, 1, &mq, &dump};
 			for (int64_t t = 0; t < T - 1; t++)
 				fl[t] = BACKEND_ROW_LOGITS;
@@ -579,7 +579,7 @@ NC_FN void nc_layers(struct nc_verdict *v, const char *name)
 			memcpy(r, rin + t * D, (size_t)D * sizeof *r);
 			int64_t p = t;
 			uint8_t fl = 0;
-			struct backend_seq sq = {1, tok + t, &p, bt, nb, &fl, NULL, NULL, NULL};
+			struct backend_seq sq = {1, tok + t, &p, bt, nb, &fl, NULL, NULL, NULL, 0};
 			struct backend_step st = {0, 1, &sq, &dump};
 			REQUIRE(backend_cpu_layer_step(b, l, &st, x, r) == 0);
 			rx[t] = nc_rel_l2(x, xo + t * D, D);

@@ -394,7 +394,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 	for (int64_t b = 0; b < T && !r; b += chunk) {
 		int64_t n = T - b < chunk ? T - b : chunk;
 		struct backend_seq s = {n, tok + b, pos + b, bt, n_blocks, flags + b, logits,
-					hidden ? hidden + b * D : NULL, NULL};
+					hidden ? hidden + b * D : NULL, NULL, 0};
 		struct backend_step st = {0, 1, &s, dump};
 		r = backend_step(be, &st);
 		for (int64_t i = 0; i < n && !r && !o->bench; i++) {
@@ -418,7 +418,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 		for (int64_t b = 0; b + 1 < T && !r; b += chunk) {
 			int64_t n = T - 1 - b < chunk ? T - 1 - b : chunk;
 			struct backend_seq s = {n, tok + b + 1, pos + b, bt, n_blocks, flags + b,
-						*mtp_all + b * V, NULL, hidden + b * D};
+						*mtp_all + b * V, NULL, hidden + b * D, 0};
 			struct backend_step st = {1, 1, &s, dump};
 			r = backend_step(be, &st);
 		}
@@ -435,7 +435,7 @@ static int run_seq(struct backend *be, const struct dsv32_config *c, const struc
 				break;
 			int32_t id = (int32_t)cur;
 			int64_t p = T + g;
-			struct backend_seq s = {1, &id, &p, bt, n_blocks, NULL, logits, NULL, NULL};
+			struct backend_seq s = {1, &id, &p, bt, n_blocks, NULL, logits, NULL, NULL, 0};
 			struct backend_step st = {0, 1, &s, NULL};
 			r = backend_step(be, &st);
 			cur = argmax(logits, V);
