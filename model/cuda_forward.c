@@ -564,10 +564,10 @@ static int step_finish(struct fwd *F, gpu_ptr out, gpu_ptr r, gpu_ptr l32)
 
 /* A captured step: valid for every step with the same shape (rows, block-table columns,
  * selection width, whether scores run, logits rows, hidden rows, main or MTP, kept rows written
- * or read and where) and mode, the
- * same pinned staging buffer and the same arena top (its scratch addresses are baked in). A
- * replay keeps the capture's scratch taken until the step ends (end): step_finish's gathers
- * take scratch above it, not over the metadata and rows the graph wrote. */
+ * or read and where) and mode, the same pinned staging buffer and the same arena top (its
+ * scratch addresses are baked in). A replay keeps the capture's scratch taken until the step
+ * ends (end): step_finish's gathers take scratch above it, not over the metadata and rows the
+ * graph wrote. */
 struct fwd_graph {
 	int T, mb, ksel, need, nl, nh, mtp, nk, mk, inv;
 	gpu_ptr kept; /* the kept rows' address where the step writes or reads them */

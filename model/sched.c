@@ -735,8 +735,8 @@ static int32_t draft_of(const float *x, int64_t n)
 /* mtp_draft: the MTP layer at the positions the main step committed, [n_mtp, n_computed) of
  * each scheduled sequence still live (s->sched[k] not NULL; the list is compacted to those it
  * runs), h_i from the rows the main step kept (backend.h) and x_{i+1} from its tokens, and the
- * drafts of those that
- * drew a token. The backend's rc. */
+ * drafts of those that drew a token (drawn greedily by the backend where it draws). The
+ * backend's rc. */
 static int mtp_step(struct sched *s)
 {
 	const int can = s->b->step_draw && !s->cfg.host_sampling; /* drafts drawn by the backend */
