@@ -151,6 +151,19 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	CHECK_EQ_INT(bad, 0);
 	CHECK(worst <= 1e-5);
 	CHECK(sst.drafts > 0);
+	/* again in passes of 5 rows (DSV32_CUDA_MAX_ROWS=5): a pass boundary between a
+	 * verification's two rows moves before them (their draws are made together), and the
+	 * kept rows of a step come from all its passes */
+	REQUIRE(backend_cuda_set_switch(b, "DSV32_CUDA_MAX_ROWS", "5") == 0);
+	static struct sched_trace passes;
+	run(b, 0, sp, p, &passes, 1, &sst);
+	REQUIRE(backend_cuda_set_switch(b, "DSV32_CUDA_MAX_ROWS", NULL) == 0);
+	bad = sched_trace_diff(&host, &passes, UINT64_MAX, &worst);
+	printf("    MTP drafting in passes of 5 rows: %llu drafts verified; %lld token events differ, "
+	       "worst logprob difference %.2e\n", (unsigned long long)sst.drafts, (long long)bad,
+	       worst);
+	CHECK_EQ_INT(bad, 0);
+	CHECK(worst <= 1e-5);
 	backend_destroy(b);
 	test_model_free(&m);
 }
