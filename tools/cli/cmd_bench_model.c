@@ -13,8 +13,9 @@
  *
  * --batch-invariant: the CUDA backend's batch-invariant mode (backend_cuda_opts; the daemon
  * gets the flag too); without it its fast paths. The "backend:" line says which runs.
- * --mtp-draft (with --daemon): dsv32d drafts with the MTP layer (sched_config.mtp_draft); with
- * synthetic weights the drafts are ~never right, so this times what drafting costs.
+ * --mtp-draft with --daemon: dsv32d drafts with the MTP layer (sched_config.mtp_draft); with
+ * synthetic weights the drafts are ~never right, so this times what drafting costs. In process:
+ * see below.
  * The decode steps' logits go into the backend's own host memory (backend_host_alloc: pinned,
  * the download lands there directly), as the scheduler's do; --pageable-logits: a malloc'd
  * buffer instead (the backend then stages the download through its pinned buffer).
@@ -53,6 +54,13 @@
  * (the scheduler's per-step token budget, max_batch_tokens, whose default is 2048 in
  * model/engine.c and boot/conf.c), logits for the last row only; tokens/s and TFLOP/s, the
  * median of --prefill-reps runs after a warm-up (one 2048-token chunk).
+ * --mtp-draft (in process): after each decode point, the two steps of a drafting decode
+ *   (model/sched.h) timed the same way: the verification (two rows a sequence, the token and a
+ *   draft, at positions context and context + 1, both with logits, their final hidden rows
+ *   kept: BACKEND_ROW_KEEP) and the MTP step (one row a sequence at position context, h_i from
+ *   the verification's kept rows, logits: the next draft). Printed: both times, their sum (a
+ *   drafting cycle) against the plain step, and the acceptance that cycle needs to pay: a cycle
+ *   gives 1 + a tokens a sequence at acceptance a, so it pays above a = cycle / plain - 1.
  * --profile: after each decode point / prompt length, extra eager steps with the switch
  * DSV32_CUDA_PROFILE=1
  * (the forward's GPU time between consecutive ops, model/cuda_forward.h) and the per-op table,
@@ -138,7 +146,9 @@ static int usage(void)
 		"  --daemon         time to first token and streaming rate through dsv32d instead\n"
 		"  --batch-invariant the CUDA backend's batch-invariant mode (default: its fast paths)\n"
 		"  --mtp-draft      with --daemon: dsv32d --mtp-draft (speculative decoding by the MTP\n"
-		"                   layer; synthetic weights: drafts ~never right, i.e. its cost)\n"
+		"                   layer; synthetic weights: drafts ~never right, i.e. its cost);\n"
+		"                   without: after each decode point, a drafting decode's two steps\n"
+		"                   (verification and MTP step) and the acceptance they need to pay\n"
 		"  --pageable-logits the decode logits into malloc'd memory (default: the backend's\n"
 		"                   host memory, pinned on CUDA, as the scheduler's)\n"
 		"  --ab NAME=VALUE  after each decode point, its steps again with this CUDA forward switch\n"
@@ -327,11 +337,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		memcpy(o->contexts, fc, sizeof fc), o->n_contexts = 4;
 	if (o->daemon && !have_prompts) {
 		o->prompts[0] = 1024, o->prompts[1] = 4096, o->n_prompts = 2;
-	}
-	if (o->mtp_draft && !o->daemon) {
-		fprintf(stderr, "dsv32 bench model: --mtp-draft needs --daemon (drafting is the "
-				"scheduler's)\n");
-		return 2;
 	}
 	return 0;
 }
@@ -593,6 +598,58 @@ static int time_steps(const struct opts *o, struct backend *be, const struct bac
 	return 0;
 }
 
+/* --mtp-draft in process: at a decode point of B sequences at position ctx (tokens, pages bt
+ * of `blocks` each), a drafting decode's two steps timed like the plain one (whose time is
+ * plain): the verification, two rows a sequence (the token, a draft) with logits and their
+ * rows kept, then the MTP step on the kept rows, one logits row a sequence. logits holds 2B
+ * rows. 0 or 1. */
+static int bench_draft_cycle(const struct opts *o, struct backend *be, const int32_t *tokens,
+			     int64_t B, int64_t ctx, const int32_t *bt, int64_t blocks, float *logits,
+			     int64_t V, double plain, double *t)
+{
+	int64_t *pos = malloc((size_t)(2 * B) * sizeof *pos);
+	int32_t *tok = malloc((size_t)(2 * B) * sizeof *tok);
+	uint8_t *fl = malloc((size_t)(2 * B));
+	struct backend_seq *v = calloc((size_t)B, sizeof *v), *m = calloc((size_t)B, sizeof *m);
+	int rc = !pos || !tok || !fl || !v || !m;
+	for (int64_t b = 0; b < B && !rc; b++) {
+		tok[2 * b] = tokens[b], tok[2 * b + 1] = tokens[(b + 1) % B]; /* (any draft) */
+		pos[2 * b] = ctx, pos[2 * b + 1] = ctx + 1;
+		fl[2 * b] = fl[2 * b + 1] = BACKEND_ROW_LOGITS | BACKEND_ROW_KEEP;
+		v[b] = (struct backend_seq){.n = 2, .tokens = tok + 2 * b, .pos = pos + 2 * b,
+					    .block_table = bt + b * blocks, .n_blocks = blocks,
+					    .flags = fl + 2 * b, .logits = logits + (size_t)(2 * b) * V};
+		/* position ctx: its token x_{ctx+1} (the draft's row) and h_ctx (kept row 2b) */
+		m[b] = (struct backend_seq){.n = 1, .tokens = tok + 2 * b + 1, .pos = pos + 2 * b,
+					    .block_table = bt + b * blocks, .n_blocks = blocks,
+					    .flags = NULL, .logits = logits + (size_t)b * V,
+					    .mtp_hidden = NULL, .mtp_kept = 2 * b};
+	}
+	struct backend_step vs = {.mtp = 0, .n_seqs = B, .seqs = v}, ms = {.mtp = 1, .n_seqs = B, .seqs = m};
+	double med[2][2] = {{0, 0}, {0, 0}}; /* [verification, MTP][eager, graphs] */
+	for (int mode = 0; mode < 2 && !rc; mode++) {
+		if (!(o->graphs & (1 << mode)))
+			continue;
+		/* the verification last before the MTP step: the kept rows are its */
+		rc = time_steps(o, be, &vs, mode, t, &med[0][mode]);
+		if (!rc)
+			rc = time_steps(o, be, &ms, mode, t, &med[1][mode]);
+	}
+	if (!rc) {
+		const int g = med[0][1] > 0; /* graphs where timed, as the plain step's time */
+		double cycle = med[0][g] + med[1][g];
+		printf("        drafting (--mtp-draft, %s): verification %.3f ms (2 rows a sequence), "
+		       "MTP step %.3f ms; cycle %.3f ms = %.2fx the plain step: pays above an "
+		       "acceptance of %.2f", g ? "graphs" : "eager", med[0][g] * 1e3, med[1][g] * 1e3,
+		       cycle * 1e3, cycle / plain, cycle / plain - 1);
+		if (g && med[0][0] > 0)
+			printf(" (eager: %.3f + %.3f ms)", med[0][0] * 1e3, med[1][0] * 1e3);
+		printf("\n");
+	}
+	free(pos), free(tok), free(fl), free(v), free(m);
+	return rc;
+}
+
 static int bench_decode(const struct opts *o, const struct dsv32_config *c, struct backend *be,
 			double read_tbs, double copy_tbs)
 {
@@ -600,7 +657,7 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	int64_t maxB = 0;
 	for (int i = 0; i < o->n_batches; i++)
 		maxB = o->batches[i] > maxB ? o->batches[i] : maxB;
-	size_t lbytes = (size_t)maxB * (size_t)V * sizeof(float);
+	size_t lbytes = (size_t)maxB * (size_t)V * sizeof(float) * (o->mtp_draft ? 2 : 1);
 	float *logits = o->pageable_logits ? malloc(lbytes) : backend_host_alloc(be, lbytes);
 	int32_t *tokens = malloc((size_t)maxB * sizeof *tokens);
 	int64_t *pos = malloc((size_t)maxB * sizeof *pos);
@@ -626,7 +683,9 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 	       "batch", "eager_ms", "graph_ms", "tok_us", "layer_us", "wts_GB", "kv_GB", "experts",
 	       "GFLOP", "TFLOP/s", "roof_ms", "x_roof", "x_copy");
 	for (int ci = 0; ci < o->n_contexts; ci++) {
-		const int64_t ctx = o->contexts[ci], blocks = ctx / KV_PAGE_TOKENS + 1;
+		/* (pages to position ctx + 1: a drafting decode's second row) */
+		const int64_t ctx = o->contexts[ci], last = ctx + !!o->mtp_draft;
+		const int64_t blocks = last / KV_PAGE_TOKENS + 1;
 		int64_t filled = 0; /* sequences whose KV holds [0, ctx) */
 		free(bt);
 		bt = malloc((size_t)(maxB * blocks) * sizeof *bt);
@@ -636,7 +695,7 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 		}
 		for (int64_t i = 0; i < maxB * blocks; i++)
 			bt[i] = (int32_t)i; /* sequence b: pages [b * blocks, (b + 1) * blocks) */
-		if (ctx + 1 > c->max_position_embeddings) {
+		if (last + 1 > c->max_position_embeddings) {
 			printf("%7lld       | skipped: past max_position_embeddings %lld\n", (long long)ctx,
 			       (long long)c->max_position_embeddings);
 			continue;
@@ -730,6 +789,9 @@ static int bench_decode(const struct opts *o, const struct dsv32_config *c, stru
 				       "measured right after)\n", ab_mode ? "graph" : "eager", m * 1e3, o->ab[k],
 				       (m - m0) * 1e6, m0 * 1e3);
 			}
+			if (o->mtp_draft && (rc = bench_draft_cycle(o, be, tokens, B, ctx, bt, blocks, logits,
+								    V, step, t)))
+				goto out;
 			if (filled == B && tf > 0.01)
 				fprintf(stderr, "  (KV fill of %lld sequences x %lld tokens: %.2f s wall)\n",
 					(long long)B, (long long)ctx, tf);
@@ -900,7 +962,12 @@ static int bench_in_process(const struct opts *o, const char *dir)
 	       be->ops->name, (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
 	       (long long)be->n_pages, now_s() - t0,
 	       o->synthetic ? " (weights generated on the GPU)" : "", backend_cuda_mode(be));
-	rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs, copy_tbs) : 0;
+	if (o->mtp_draft && be->n_layers <= c.num_hidden_layers) {
+		fprintf(stderr, "dsv32 bench model: --mtp-draft: the model has no MTP layer\n");
+		rc = 1;
+	} else {
+		rc = o->n_contexts ? bench_decode(o, &c, be, read_tbs, copy_tbs) : 0;
+	}
 	if (!rc && o->n_prompts)
 		rc = bench_prefill(o, &c, be);
 	if (!rc)
