@@ -95,7 +95,7 @@ int main(int argc, char **argv)
 		.synthetic_weights = conf.synthetic_weights >= 0,
 		.synthetic_seed = (uint64_t)(conf.synthetic_weights >= 0 ? conf.synthetic_weights : 0),
 		.batch_invariant = conf.batch_invariant == 1,
-		.mtp_draft = conf.mtp_draft == 1,
+		.mtp_draft = (int)conf.mtp_draft,
 	};
 	if ((r = engine_open(&en, &eo, &e))) {
 		fprintf(stderr, "<3>dsv32d: %s\n", e.msg);

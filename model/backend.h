@@ -60,9 +60,10 @@ struct backend_sample {
 	int rc;                         /* out: 0, -EDOM (a NaN or +inf logit, or every logit
 					 * -inf: an engine fault), -EINVAL (a history id out of
 					 * range) */
-	struct backend_sample *row2;    /* NULL, or the draw from the sequence's second LOGITS
-					 * row (an MTP verification: its own index and history;
-					 * drawn whatever the first row's draw is; row2 NULL) */
+	struct backend_sample *row2;    /* NULL, or the draw from the sequence's next LOGITS row
+					 * (an MTP verification: its own index and history; drawn
+					 * whatever the row before gives), and so on: a chain of one
+					 * draw per LOGITS row */
 };
 
 struct backend_seq {
@@ -134,8 +135,8 @@ struct backend {
 	void *(*host_alloc)(struct backend *b, size_t bytes);
 	void (*host_free)(struct backend *b, void *p);
 	/* Optional (NULL, sample_rows 0: the caller samples the logits): a step that also draws the
-	 * token of every sequence i with draw[i] != NULL, each with exactly one LOGITS row (two
-	 * where draw[i]->row2 is set: that row's draw too), at most sample_rows draws in all,
+	 * token of every sequence i with draw[i] != NULL, each with exactly one LOGITS row (one
+	 * per draw of the chain draw[i], draw[i]->row2, ...), at most sample_rows draws in all,
 	 * their histories (draws with a penalty) at most hist_ids ids in all (the CUDA backend: on
 	 * the device, beside the logits, which then never leave it: such a sequence's logits may
 	 * be NULL, a buffer given is left undefined). Otherwise step's contract; -EINVAL also for
@@ -259,7 +260,8 @@ int backend_cuda_kv_fill_synthetic(struct backend *b, const int32_t *bt, int64_t
 int backend_validate_step(const struct backend *b, const struct weights *w,
 			  const struct backend_step *st);
 /* backend_validate_step for a step with draws (backend.step_draw): also each draw's rules (one
- * LOGITS row, two with row2, at most sample_rows, histories of at most hist_ids ids), and a
+ * LOGITS row a draw of its row2 chain, at most sample_rows, histories of at most hist_ids ids),
+ * and a
  * drawn sequence may have no logits buffer. The range of an MTP step's kept rows is the
  * backend's to check (backend_kept_ok). */
 int backend_validate_step_draw(const struct backend *b, const struct weights *w,

@@ -753,8 +753,8 @@ static int step_pass(const struct fwd_env *E, const struct backend_step *st, int
 }
 
 /* A step larger than the arena holds runs as consecutive passes over its rows in order (up to
- * max rows of the step's row order each; one fewer where a verification's two drawn rows
- * would be split), each a complete step of its own:
+ * max rows of the step's row order each; fewer where a verification's drawn rows would be
+ * split), each a complete step of its own:
  * a sequence's rows are in position order, so every row still finds the keys of the rows
  * before it in the cache, as in chunked prefill. Sequence indices are kept (sequences with no
  * rows in a pass have n = 0), so dumps name the same sequences. */
@@ -783,19 +783,21 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 	}
 	for (int64_t t0 = 0, t1; t0 < T && !r; t0 = t1) {
 		t1 = t0 + max < T ? t0 + max : T;
-		/* a verification's two drawn rows stay in one pass (their draws are made together):
-		 * a boundary after its first LOGITS row moves before it */
+		/* a verification's drawn rows stay in one pass (their draws are made together): a
+		 * boundary after its first LOGITS row and before its last moves before the first */
 		for (int64_t i = 0, base = 0; i < n && t1 < T && E->draw; base += st->seqs[i++].n) {
 			if (t1 <= base || t1 >= base + st->seqs[i].n || !E->draw[i] || !E->draw[i]->row2)
 				continue;
-			int64_t first = -1, before = 0;
+			int64_t first = -1, before = 0, chain = 0;
+			for (const struct backend_sample *q = E->draw[i]; q; q = q->row2)
+				chain++;
 			for (int64_t j = 0; j < t1 - base; j++)
 				if (fl[i][j] & BACKEND_ROW_LOGITS)
 					before++, first = first < 0 ? base + j : first;
-			if (before == 1 && first > t0)
+			if (before > 0 && before < chain && first > t0)
 				t1 = first;
-			else if (before == 1)
-				r = -E2BIG; /* (a pass of one row: DSV32_CUDA_MAX_ROWS=1) */
+			else if (before > 0 && before < chain)
+				r = -E2BIG; /* (passes shorter than the chain: DSV32_CUDA_MAX_ROWS) */
 		}
 		int64_t base = 0; /* global index of sequence i's first row */
 		for (int64_t i = 0; i < n && !r; i++) {

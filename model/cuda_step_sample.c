@@ -67,7 +67,10 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 		const int64_t nl = draw[i] ? logits_rows(&st->seqs[i]) : 0;
 		if (!nl)
 			continue;
-		if (nl != 1 + !!draw[i]->row2) /* (a pass holds both of a verification's rows) */
+		int64_t chain = 0; /* (a pass holds all of a verification's rows) */
+		for (const struct backend_sample *q = draw[i]; q; q = q->row2)
+			chain++;
+		if (nl != chain)
 			return -EINVAL;
 		for (const struct backend_sample *q = draw[i]; q; q = q->row2) {
 			if (n == s->rows)

@@ -39,9 +39,10 @@ void cuda_step_sampler_free(struct gpu *g, struct cuda_step_sampler *s);
 
 /* Enqueues on g->stream, for each sequence i of st with draw[i] and its LOGITS rows in st (a
  * pass of a larger step may hold none), the draw from each of those rows of l32 (fp32
- * [n_logits, ld]: the step's LOGITS rows in row order; a second row: draw[i]->row2), and the
- * results' download. The number of draws, or a negative errno (-E2BIG: more draws or history
- * than the capacity; -EINVAL: a pass with one of a verification's two rows). */
+ * [n_logits, ld]: the step's LOGITS rows in row order; the rows after the first: the chain
+ * draw[i]->row2, ...), and the results' download. The number of draws, or a negative errno
+ * (-E2BIG: more draws or history than the capacity; -EINVAL: a pass with part of a chain's
+ * rows). */
 int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 			    const struct backend_step *st, struct backend_sample *const *draw,
 			    gpu_ptr l32, int64_t ld);

@@ -39,12 +39,13 @@ struct seq {
 	struct detok dt;
 	/* MTP drafting (cfg.mtp_draft) */
 	int64_t n_mtp;             /* positions whose MTP-layer K/V are in the cache */
-	int32_t draft;             /* the MTP layer's guess for tokens[n_tokens], or -1 */
+	int32_t draft[SCHED_MAX_DRAFTS]; /* the MTP layer's guesses for tokens[n_tokens + j] */
+	int n_draft;
 	/* this step */
-	int64_t rows;              /* scheduled rows (0 = none), the draft's included */
+	int64_t rows;              /* scheduled rows (0 = none), the drafts' included */
 	int decode;                /* the rows are a decode */
-	int verify;                /* 1: the last row is the draft (tokens[n_tokens]); 2: and the
-				    * first row's draw equalled it (accepted) */
+	int verify;                /* the last `verify` rows are drafts (tokens[n_tokens + j]) */
+	int accepted;              /* of them, accepted (each draw before it equal to it) */
 	int sample;                /* the rows end the uncomputed tokens: a token is drawn */
 	int64_t row0, pos0;        /* the first row in the step (its kept rows start there) and
 				    * its position */
@@ -72,9 +73,12 @@ struct sched {
 	struct backend_sample *draw; /* [max_seqs] each scheduled sequence's draw (by the backend:
 				      * backend_step_draw, or here from the logits) */
 	struct backend_sample **drawp; /* [max_seqs] the backend's draws: &draw[k] or NULL */
-	struct backend_sample *draw2; /* [max_seqs] a verification's second row (mtp_draft; the
-				       * backend's: draw[k].row2 = &draw2[k]) */
-	struct sampler_params greedy; /* the MTP step's drafts (the argmax) */
+	struct backend_sample *draw2; /* [max_seqs, mtp_draft] a verification's draft rows' draws
+				       * (the backend's: the chain draw[k].row2 = &draw2[k K], ...) */
+	struct sampler_params greedy; /* the MTP steps' drafts (the argmax) */
+	float *mtp_h[2];           /* [max_seqs, hidden_size] (mtp_draft > 1): the MTP block's
+				    * output, the next MTP step's h (two: one read, one written) */
+	int64_t *chain;            /* [max_seqs] (mtp_draft): an MTP step's drafting sequences */
 	struct sbuf piece;         /* detok output of one token */
 	/* events */
 	struct sched_event *ev;
@@ -174,11 +178,11 @@ static void seq_free(struct seq *q)
 	free(q);
 }
 
-/* Room for one id past n_tokens (a token to append, or a draft to verify there). */
-static int seq_room(struct seq *q)
+/* Room for n ids past n_tokens (a token to append, or drafts to verify there). */
+static int seq_room(struct seq *q, int64_t n)
 {
-	if (q->n_tokens == q->cap) {
-		int64_t cap = q->cap * 2;
+	if (q->n_tokens + n > q->cap) {
+		int64_t cap = q->cap * 2 > q->n_tokens + n ? q->cap * 2 : q->n_tokens + n;
 		int32_t *p = realloc(q->tokens, (size_t)cap * sizeof *p);
 		if (!p)
 			return -ENOMEM;
@@ -190,7 +194,7 @@ static int seq_room(struct seq *q)
 
 static int seq_append(struct seq *q, int32_t t)
 {
-	if (seq_room(q) < 0)
+	if (seq_room(q, 1) < 0)
 		return -ENOMEM;
 	q->tokens[q->n_tokens++] = t;
 	return 0;
@@ -273,10 +277,13 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		return err_set(e, -EINVAL, "max_context and max_waiting must be >= 0");
 	if (b->n_pages < 1)
 		return err_set(e, -EINVAL, "backend has %lld KV pages", (long long)b->n_pages);
+	if (cfg->mtp_draft < 0 || cfg->mtp_draft > SCHED_MAX_DRAFTS)
+		return err_set(e, -EINVAL, "mtp_draft = %d: out of range [0, %d]", cfg->mtp_draft,
+			       SCHED_MAX_DRAFTS);
 	if (cfg->mtp_draft && b->n_layers <= b->c->num_hidden_layers)
-		return err_set(e, -EINVAL, "mtp_draft = 1: the model has no MTP layer "
+		return err_set(e, -EINVAL, "mtp_draft = %d: the model has no MTP layer "
 				"(num_nextn_predict_layers = %lld, or its weights are absent)",
-			       (long long)b->c->num_nextn_predict_layers);
+			       cfg->mtp_draft, (long long)b->c->num_nextn_predict_layers);
 	struct sched *s = calloc(1, sizeof *s);
 	if (!s)
 		return -ENOMEM;
@@ -291,7 +298,8 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 		lim = b->n_pages * KV_PAGE_TOKENS;
 	s->limit = lim;
 	int64_t S = cfg->max_seqs, B = cfg->max_batch_tokens;
-	int64_t L = cfg->mtp_draft ? 2 * S : S; /* rows with logits a step (a verification: two) */
+	const int64_t K = cfg->mtp_draft, D = b->c->hidden_size;
+	int64_t L = (1 + K) * S; /* rows with logits a step (a verification: 1 + its drafts) */
 	L = L < B ? L : B;
 	int rc = kv_pages_init(&s->kp, b->n_pages);
 	if (rc < 0)
@@ -309,11 +317,16 @@ int sched_init(struct sched **out, struct backend *b, const struct sched_config 
 	s->logits = backend_host_alloc(b, (size_t)L * (size_t)s->vocab * sizeof *s->logits);
 	s->draw = calloc((size_t)S, sizeof *s->draw);
 	s->drawp = calloc((size_t)S, sizeof *s->drawp);
-	if (cfg->mtp_draft)
-		s->draw2 = calloc((size_t)S, sizeof *s->draw2);
+	if (K)
+		s->draw2 = calloc((size_t)(S * K), sizeof *s->draw2);
+	for (int i = 0; i < 2 && K > 1; i++)
+		s->mtp_h[i] = backend_host_alloc(b, (size_t)(S * D) * sizeof *s->mtp_h[i]);
+	if (K)
+		s->chain = calloc((size_t)S, sizeof *s->chain);
 	rc = -ENOMEM;
 	if (!s->running || !s->sched || !s->bseq || !s->pos || !s->flags || !s->logits ||
-	    !s->draw || !s->drawp || (cfg->mtp_draft && !s->draw2))
+	    !s->draw || !s->drawp || (K && (!s->draw2 || !s->chain)) ||
+	    (K > 1 && (!s->mtp_h[0] || !s->mtp_h[1])))
 		goto fail;
 	*out = s;
 	return 0;
@@ -343,6 +356,10 @@ void sched_free(struct sched *s)
 	free(s->draw);
 	free(s->drawp);
 	free(s->draw2);
+	for (int i = 0; i < 2; i++)
+		if (s->mtp_h[i])
+			backend_host_free(s->b, s->mtp_h[i]);
+	free(s->chain);
 	sbuf_free(&s->piece);
 	sbuf_free(&s->text);
 	free(s->ev);
@@ -426,7 +443,7 @@ int sched_add(struct sched *s, const struct sched_request *r, struct err *e)
 	}
 	memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
 	q->n_tokens = q->n_prompt = r->n_prompt;
-	q->draft = -1;
+	q->n_draft = 0;
 	q->max_tokens = r->max_tokens;
 	q->sp = r->sampling;
 	if (!r->seeded)
@@ -489,7 +506,7 @@ static void preempt(struct sched *s, struct seq *q)
 	list_remove(s->running, &s->n_running, q);
 	kv_pages_release(&s->kp, &q->kv);
 	q->n_computed = q->n_mtp = 0;
-	q->draft = -1;
+	q->n_draft = 0;
 	int rc = waiting_insert(s, q);
 	ASSERT(rc == 0); /* growing the queue fails only when the host is out of memory */
 	s->preemptions++;
@@ -499,28 +516,35 @@ static void add_rows(struct sched *s, struct seq *q, int64_t n, int decode)
 {
 	q->rows = n;
 	q->decode = decode;
-	q->verify = 0;
+	q->verify = q->accepted = 0;
 	s->sched[s->n_sched++] = q;
 }
 
-/* A draft to verify: a second row at tokens[n_tokens] where its token could be used (max_tokens
- * and the context limit leave room for two more) and the budget, a token slot and the pages
- * allow without preempting anyone; otherwise the draft is dropped. */
-static int draft_row(struct sched *s, struct seq *q, int64_t budget)
+/* 1 when draft j of q (the token at tokens[n_tokens + j]) could be used: max_tokens and the
+ * context limit leave room for j + 2 more tokens. */
+static int draft_usable(const struct sched *s, const struct seq *q, int64_t j)
 {
 	const int64_t n_out = q->n_tokens - q->n_prompt;
-	const int usable = (!q->max_tokens || n_out + 2 <= q->max_tokens) &&
-			   q->n_tokens + 2 <= s->limit;
-	if (q->draft >= 0 && usable && budget >= 2 && seq_room(q) == 0 &&
-	    kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 2) == 0) {
-		q->tokens[q->n_tokens] = q->draft;
-		return 1;
-	}
-	q->draft = -1;
-	return 0;
+	return (!q->max_tokens || n_out + j + 2 <= q->max_tokens) && q->n_tokens + j + 2 <= s->limit;
 }
 
-/* Decodes: one token each (two with a draft to verify), admission order; a missing page
+/* The drafts to verify: rows at tokens[n_tokens + j] for the first v drafts whose tokens could
+ * be used and that the budget, token slots and pages allow without preempting anyone; the rest
+ * are dropped. Returns v. */
+static int draft_rows(struct sched *s, struct seq *q, int64_t budget)
+{
+	int v = q->n_draft;
+	while (v > 0 && (!draft_usable(s, q, v - 1) || v + 1 > budget))
+		v--;
+	while (v > 0 && (seq_room(q, v) < 0 || kv_pages_reserve(&s->kp, &q->kv, q->n_computed + 1 + v) < 0))
+		v--;
+	for (int j = 0; j < v; j++)
+		q->tokens[q->n_tokens + j] = q->draft[j];
+	q->n_draft = 0;
+	return v;
+}
+
+/* Decodes: one token each (and the drafts to verify), admission order; a missing page
  * preempts the newest running. */
 static int64_t schedule_decodes(struct sched *s, int64_t budget)
 {
@@ -528,10 +552,11 @@ static int64_t schedule_decodes(struct sched *s, int64_t budget)
 		struct seq *q = s->running[i];
 		if (q->n_tokens - q->n_computed != 1)
 			continue;
-		if (draft_row(s, q, budget)) {
-			add_rows(s, q, 2, 1);
-			q->verify = 1;
-			budget -= 2;
+		const int v = draft_rows(s, q, budget);
+		if (v) {
+			add_rows(s, q, 1 + v, 1);
+			q->verify = v;
+			budget -= 1 + v;
 			continue;
 		}
 		int self = 0;
@@ -732,14 +757,75 @@ static int32_t draft_of(const float *x, int64_t n)
 	return (int32_t)best;
 }
 
+/* Runs the MTP step of bseq[0, n) (n_dev of them drawn by the backend), then each drafting
+ * sequence's draft (at[k] >= 0: sequence s->sched[at[k]] drafts its draft d): the backend's
+ * greedy draw, or the argmax of its logits row (in order). The backend's rc. */
+static int mtp_run(struct sched *s, int64_t n, int64_t n_dev, const int64_t *at, int d)
+{
+	struct backend_step st = {.mtp = 1, .n_seqs = n, .seqs = s->bseq};
+	int rc = n_dev ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
+	if (rc < 0)
+		return rc;
+	for (int64_t k = 0, l = 0; k < n; k++) {
+		if (at[k] < 0)
+			continue;
+		struct seq *q = s->sched[at[k]];
+		int32_t t = s->drawp[k] ? (s->draw[k].rc ? -1 : s->draw[k].out.token) /* (NaN: none) */
+					: draft_of(s->logits + l++ * s->vocab, s->vocab);
+		if (t >= 0)
+			q->draft[d] = t, q->n_draft = d + 1;
+	}
+	return 0;
+}
+
+/* mtp_draft > 1: the drafts after the first, one MTP step a depth d: the MTP layer on its own
+ * output (s->mtp_h) at position n_computed + d - 1 of each of s->sched[0, n) that drafted d
+ * tokens so far and whose next draft could be used, token draft d - 1 (sched.h). The
+ * backend's rc. */
+static int mtp_chain(struct sched *s, int64_t n)
+{
+	const int K = s->cfg.mtp_draft, can = s->b->step_draw && !s->cfg.host_sampling;
+	const int64_t D = s->b->c->hidden_size;
+	for (int d = 1; d < K; d++) {
+		int64_t m = 0, n_logits = 0, n_dev = 0;
+		for (int64_t k = 0; k < n; k++) {
+			struct seq *q = s->sched[k];
+			const int64_t p = q->n_computed + d - 1;
+			if (q->n_draft != d || !draft_usable(s, q, d) ||
+			    kv_pages_reserve(&s->kp, &q->kv, p + 1) < 0)
+				continue;
+			const int dev = can && n_dev < s->b->sample_rows;
+			s->pos[m] = p;
+			s->flags[m] = BACKEND_ROW_LOGITS | (d + 1 < K ? BACKEND_ROW_HIDDEN : 0);
+			s->draw[m] = (struct backend_sample){.p = &s->greedy};
+			s->drawp[m] = dev ? &s->draw[m] : NULL;
+			s->bseq[m] = (struct backend_seq){
+				.n = 1, .tokens = &q->draft[d - 1], .pos = &s->pos[m],
+				.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = &s->flags[m],
+				.logits = dev ? NULL : s->logits + n_logits * s->vocab,
+				.hidden = s->mtp_h[d & 1] + k * D, .mtp_hidden = s->mtp_h[(d - 1) & 1] + k * D};
+			s->chain[m++] = k;
+			n_logits += !dev;
+			n_dev += dev;
+		}
+		if (!m)
+			break;
+		int rc = mtp_run(s, m, n_dev, s->chain, d);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 /* mtp_draft: the MTP layer at the positions the main step committed, [n_mtp, n_computed) of
  * each scheduled sequence still live (s->sched[k] not NULL; the list is compacted to those it
  * runs), h_i from the rows the main step kept (backend.h) and x_{i+1} from its tokens, and the
- * drafts of those that drew a token (drawn greedily by the backend where it draws). The
- * backend's rc. */
+ * first drafts of those that drew a token (drawn greedily by the backend where it draws), then
+ * the later drafts (mtp_chain). The backend's rc. */
 static int mtp_step(struct sched *s)
 {
-	const int can = s->b->step_draw && !s->cfg.host_sampling; /* drafts drawn by the backend */
+	const int K = s->cfg.mtp_draft, can = s->b->step_draw && !s->cfg.host_sampling;
+	const int64_t D = s->b->c->hidden_size;
 	int64_t n = 0, row = 0, n_logits = 0, n_dev = 0;
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
@@ -753,8 +839,8 @@ static int mtp_step(struct sched *s)
 			s->pos[row + j] = q->n_mtp + j;
 			s->flags[row + j] = 0;
 		}
-		if (want)
-			s->flags[row + m - 1] = BACKEND_ROW_LOGITS;
+		if (want) /* (and its output, the next depth's h) */
+			s->flags[row + m - 1] = BACKEND_ROW_LOGITS | (K > 1 ? BACKEND_ROW_HIDDEN : 0);
 		const int dev = want && can && n_dev < s->b->sample_rows;
 		s->draw[n] = (struct backend_sample){.p = &s->greedy};
 		s->drawp[n] = dev ? &s->draw[n] : NULL;
@@ -762,29 +848,20 @@ static int mtp_step(struct sched *s)
 			.n = m, .tokens = q->tokens + q->n_mtp + 1, .pos = s->pos + row,
 			.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = s->flags + row,
 			.logits = want && !dev ? s->logits + n_logits * s->vocab : NULL,
+			.hidden = want && K > 1 ? s->mtp_h[0] + n * D : NULL,
 			.mtp_hidden = NULL, .mtp_kept = q->row0};
+		s->chain[n] = want ? n : -1; /* (the sequences that draft) */
 		s->sched[n++] = q;
 		row += m;
 		n_logits += want && !dev;
 		n_dev += dev;
+		q->n_mtp = q->n_computed;
+		q->n_draft = 0;
 	}
 	if (!n)
 		return 0;
-	struct backend_step st = {.mtp = 1, .n_seqs = n, .seqs = s->bseq};
-	int rc = n_dev ? backend_step_draw(s->b, &st, s->drawp) : backend_step(s->b, &st);
-	if (rc < 0)
-		return rc;
-	for (int64_t k = 0, l = 0; k < n; k++) {
-		struct seq *q = s->sched[k];
-		q->n_mtp = q->n_computed;
-		if (q->n_tokens - q->n_computed != 1)
-			continue;
-		if (s->drawp[k]) /* (a draw that failed, NaN logits: no draft) */
-			q->draft = s->draw[k].rc ? -1 : s->draw[k].out.token;
-		else
-			q->draft = draft_of(s->logits + l++ * s->vocab, s->vocab);
-	}
-	return 0;
+	int rc = mtp_run(s, n, n_dev, s->chain, 0);
+	return rc < 0 || K == 1 ? rc : mtp_chain(s, n);
 }
 
 /* ---- the step ----------------------------------------------------------------------------- */
@@ -819,18 +896,19 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			struct backend_seq *bs = &s->bseq[k];
 			int sample = q->sample = q->n_computed + q->rows - q->verify == q->n_tokens;
 			const int64_t hist = sampler_params_penalised(&q->sp) ? q->n_tokens : 0;
-			/* a verification: two draws, the second's history one longer (the draft) */
-			const int64_t nd = 1 + q->verify, hist2 = q->verify && hist ? hist + 1 : 0;
+			/* a verification: 1 + v draws, each one's history one longer (a draft) */
+			const int64_t v = q->verify, nd = 1 + v;
+			const int64_t hists = hist ? nd * hist + v * (v + 1) / 2 : 0;
 			int dev = sample && can && n_dev + nd <= s->b->sample_rows &&
-				  n_hist + hist + hist2 <= s->b->hist_ids;
+				  n_hist + hists <= s->b->hist_ids;
 			for (int64_t j = 0; j < q->rows; j++) {
 				s->pos[row + j] = q->n_computed + j;
 				s->flags[row + j] = row_flags;
 			}
-			if (sample)
-				s->flags[row + q->rows - 1] |= BACKEND_ROW_LOGITS;
-			if (q->verify) /* the drawn token's row too: its draw decides the draft's */
-				s->flags[row + q->rows - 2] |= BACKEND_ROW_LOGITS;
+			/* the last row, and with drafts the drawn token's row and theirs: each row's
+			 * draw decides the next draft's */
+			for (int64_t j = q->rows - 1 - v; sample && j < q->rows; j++)
+				s->flags[row + j] |= BACKEND_ROW_LOGITS;
 			q->row0 = row;
 			q->pos0 = q->n_computed;
 			bs->n = q->rows;
@@ -847,17 +925,20 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 				.p = &q->sp, .index = (uint64_t)(q->n_tokens - q->n_prompt),
 				.prompt = q->tokens, .n_prompt = q->n_prompt,
 				.output = q->tokens + q->n_prompt, .n_output = q->n_tokens - q->n_prompt};
-			if (q->verify) { /* the draft's row: index and history one further */
-				struct backend_sample *d2 = &s->draw2[k];
+			/* draft j's row: index and history j + 1 further (the chain by the backend) */
+			for (int64_t j = 0, K = s->cfg.mtp_draft; j < v; j++) {
+				struct backend_sample *d2 = &s->draw2[k * K + j];
 				*d2 = s->draw[k];
-				d2->n_output++;
-				d2->index++;
-				s->draw[k].row2 = dev ? d2 : NULL;
+				d2->row2 = NULL;
+				d2->n_output += j + 1;
+				d2->index += (uint64_t)(j + 1);
+				if (dev)
+					(j ? &s->draw2[k * K + j - 1] : &s->draw[k])->row2 = d2;
 			}
 			row += q->rows;
-			n_logits += sample && !dev ? 1 + q->verify : 0;
+			n_logits += sample && !dev ? nd : 0;
 			n_dev += dev ? nd : 0;
-			n_hist += dev ? hist + hist2 : 0;
+			n_hist += dev ? hists : 0;
 		}
 		struct backend_step st = {.mtp = 0, .n_seqs = s->n_sched, .seqs = s->bseq};
 		t1 = now_s(s);
@@ -887,32 +968,32 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 		struct seq *q = s->sched[k];
 		if (!q->sample)
 			continue;
-		struct backend_sample *d = &s->draw[k];
-		const int host = !s->drawp[k]; /* else the backend drew both rows */
+		const int host = !s->drawp[k]; /* else the backend drew every row */
+		struct backend_sample *d = &s->draw[k], *d2 = s->draw2 + k * s->cfg.mtp_draft;
 		if (host)
-			d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l++ * s->vocab, d->prompt,
+			d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, d->prompt,
 					       d->n_prompt, d->output, d->n_output, d->index, &d->out);
-		if (!q->verify)
-			continue;
-		if (!d->rc && d->out.token == q->draft) {
-			/* accepted: the draft's row is the drawn token's own, its K/V stand, and
-			 * its logits draw the next token (draw2: history and index one further) */
-			struct backend_sample *d2 = &s->draw2[k];
+		/* draft j is accepted when the row before it drew it: its row is that token's own,
+		 * its K/V stand, and its logits draw the next token (draw2[j]) */
+		for (int j = 0; j < q->verify; j++) {
+			const struct backend_sample *prev = j ? &d2[j - 1] : d;
+			if (prev->rc || prev->out.token != q->tokens[q->n_tokens + j])
+				break;
 			if (host)
-				d2->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab,
-							d2->prompt, d2->n_prompt, d2->output,
-							d2->n_output, d2->index, &d2->out);
-			q->n_computed++;
-			q->verify = 2;
+				d2[j].rc = sampler_sample(&s->smp, &q->sp, s->logits + (l + 1 + j) * s->vocab,
+							  d2[j].prompt, d2[j].n_prompt, d2[j].output,
+							  d2[j].n_output, d2[j].index, &d2[j].out);
+			q->accepted++;
 		}
-		l += host;
+		q->n_computed += q->accepted;
+		l += host ? 1 + q->verify : 0;
 	}
 	double t4 = now_s(s);
 	for (int64_t k = 0; k < s->n_sched; k++) {
 		struct seq *q = s->sched[k];
-		const int verified = q->verify != 0, accepted = q->verify == 2;
+		const int accepted = q->accepted;
 		q->rows = 0;
-		q->draft = -1;
+		q->n_draft = 0;
 		if (!q->sample)
 			continue;
 		s->sched[k] = NULL; /* unless it lives on, below */
@@ -920,18 +1001,21 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 			draw_failed(s, q, s->draw[k].rc);
 			continue;
 		}
-		s->drafts += (uint64_t)verified;
+		s->drafts += (uint64_t)q->verify;
 		s->drafts_accepted += (uint64_t)accepted;
 		s->decode_tokens += (uint64_t)accepted;
-		if (!accept_token(s, q, &s->draw[k].out))
-			continue;
-		if (accepted && s->draw2[k].rc < 0) {
-			draw_failed(s, q, s->draw2[k].rc);
-			continue;
+		int live = accept_token(s, q, &s->draw[k].out);
+		for (int j = 0; live && j < accepted; j++) { /* one token more an accepted draft */
+			const struct backend_sample *d2 = &s->draw2[k * s->cfg.mtp_draft + j];
+			if (d2->rc < 0) {
+				draw_failed(s, q, d2->rc);
+				live = 0;
+			} else {
+				live = accept_token(s, q, &d2->out);
+			}
 		}
-		if (accepted && !accept_token(s, q, &s->draw2[k].out))
-			continue;
-		s->sched[k] = q;
+		if (live)
+			s->sched[k] = q;
 	}
 	s->t_sample += t4 - t3;
 	if (s->cfg.mtp_draft) { /* the main step's tokens are committed: a failure here is a

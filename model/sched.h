@@ -41,30 +41,34 @@
  *  post      full pages are published to the prefix cache; each finished row is sampled
  *            (sampler index = the request's output count, so preemption and batching do not
  *            change a seeded request's tokens), stop conditions are checked and events emitted.
- * MTP drafting (mtp_draft = 1; off by default): speculative decoding with the checkpoint's MTP
- *            layer (spec §4), one drafted token a sequence a step. After the main step and its
- *            draws, one MTP step (backend.h) writes the MTP layer's K/V at every position the
- *            main step has just committed (token x_{i+1} and the main model's final hidden
- *            state h_i, which the main step keeps in the backend for every row: its kept rows,
- *            backend.h, so on the GPU h_i never leaves the device); its
- *            logits at a sequence's last position give the draft, their argmax (ties to the
- *            lower id; a greedy draw by the backend where it draws), for the token after the
- *            one just drawn. The next decode of that
- *            sequence has two rows, the drawn token and the draft; the draft is accepted only
- *            if the token drawn from the first row's logits (the request's own sampler at its
- *            own index: greedy, seeded or not) is the draft itself, and then the second row's
- *            logits give one more token in the same step. So a request's tokens are exactly
- *            those of mtp_draft = 0 on a batch-invariant backend (the CPU backend, the CUDA
- *            backend's batch_invariant mode); the draft only decides how many come per step.
- *            A rejected draft's K/V at its position is overwritten by the next step's row
- *            there. A verification's two rows are drawn together (the second with index and
- *            history one further, used only if the draft is accepted), by the backend where
- *            both fit its sample_rows and hist_ids, else here. A prefix-cache hit's MTP-layer slots are those its publisher wrote
- *            (the same tokens, but the slot of the hit's last position saw the publisher's
- *            next token, and a publisher that ended before its MTP step left its last slots
+ * MTP drafting (mtp_draft = K, 1..SCHED_MAX_DRAFTS; 0, off, by default): speculative decoding
+ *            with the checkpoint's MTP layer (spec §4), up to K drafted tokens a sequence a
+ *            step. After the main step and its draws, one MTP step (backend.h) writes the MTP
+ *            layer's K/V at every position the main step has just committed (token x_{i+1}
+ *            and the main model's final hidden state h_i, which the main step keeps in the
+ *            backend for every row: its kept rows, backend.h, so on the GPU h_i never leaves
+ *            the device); its logits at a sequence's last position give the first draft, their
+ *            argmax (ties to the lower id; a greedy draw by the backend where it draws), for
+ *            the token after the one just drawn. With K > 1 the MTP layer then runs again on
+ *            its own output, one row a sequence a step: draft j as the token, the MTP block's
+ *            output of the step before (backend_seq.hidden of an MTP step) as h, at the next
+ *            position, giving draft j + 1 (those MTP-layer slots are rewritten once the main
+ *            model has computed their positions). The next decode of that sequence has 1 + v
+ *            rows (v <= K drafts that max_tokens, the context limit, the budget and the pages
+ *            allow), the drawn token and the drafts, each with logits; draft j is accepted only
+ *            if the drafts before it were and the token drawn from the row before it (the
+ *            request's own sampler at its own index: greedy, seeded or not; index and history
+ *            one further a row) is draft j itself, and each accepted draft's row gives one
+ *            more token in the same step. So a request's tokens are exactly those of
+ *            mtp_draft = 0 on a batch-invariant backend (the CPU backend, the CUDA backend's
+ *            batch_invariant mode); the drafts only decide how many come per step. A rejected
+ *            draft's K/V at its position is overwritten by a later step's row there. A
+ *            verification's rows are drawn together (the rows after a rejection are drawn and
+ *            dropped), by the backend where they all fit its sample_rows and hist_ids, else
+ *            here. A prefix-cache hit's MTP-layer slots are those its publisher wrote (the same
+ *            tokens, but the slot of the hit's last position saw the publisher's next token or
+ *            draft, and a publisher that ended before its MTP step left its last slots
  *            unwritten): they shape later drafts, never tokens (model/kv_pages.h).
- *            A decode verifies nothing where fewer than two rows of budget are left or where
- *            the second token could not be kept (max_tokens or the context limit one away).
  * Deadlock freedom: the context limit is capped at n_pages * 64 tokens and a request whose
  * prompt reaches it is refused at sched_add (-E2BIG), so one sequence always fits once every
  * later-admitted one is preempted; the oldest running sequence is never preempted by a newer
@@ -106,6 +110,7 @@
 #define SCHED_MAX_STOP_STRINGS 16
 #define SCHED_MAX_STOP_LEN 256    /* bytes */
 #define SCHED_MAX_STOP_IDS 64
+#define SCHED_MAX_DRAFTS 4        /* sched_config.mtp_draft: drafts a sequence a step */
 
 struct sched_config {
 	int64_t max_batch_tokens; /* rows per step (decode + prefill), >= max_seqs */
@@ -122,8 +127,9 @@ struct sched_config {
 	int host_sampling;        /* 1: every token drawn here from downloaded logits, even where
 				   * the backend could draw it (backend_step_draw); the tokens are
 				   * the same either way (one sampling function, model/sampler.h) */
-	int mtp_draft;            /* 1: speculative decoding with the MTP layer (above); the
-				   * backend must have it (-EINVAL otherwise) */
+	int mtp_draft;            /* K > 0: speculative decoding with the MTP layer, up to K drafts
+				   * a sequence a step (above; K <= SCHED_MAX_DRAFTS); the backend
+				   * must have it (-EINVAL otherwise) */
 };
 
 struct sched_str {
@@ -200,7 +206,7 @@ struct sched_stats {
 	double avg_backend_us, avg_sample_us;   /* sampling here (the backend's draws are in
 						 * avg_backend_us) */
 	int64_t context_limit;                   /* effective */
-	/* mtp_draft: drafts verified (two-row decodes) and accepted (one token more each) */
+	/* mtp_draft: drafted tokens verified and accepted (one token more each) */
 	uint64_t drafts, drafts_accepted;
 	double draft_accept_rate;                /* accepted / verified, 0 with none */
 };

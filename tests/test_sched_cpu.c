@@ -373,10 +373,9 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	int64_t V = b->c->vocab_size, k = 0;
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		seqs[i] = st->seqs[i];
-		if (draw[i]) {
-			seqs[i].logits = d->rows + k * V;
-			k += 1 + !!draw[i]->row2;
-		}
+		seqs[i].logits = draw[i] ? d->rows + k * V : seqs[i].logits;
+		for (const struct backend_sample *q = draw[i]; q; q = q->row2)
+			k++; /* (a row a draw of the chain) */
 	}
 	struct backend_step s2 = *st;
 	s2.seqs = seqs;
@@ -570,10 +569,11 @@ static void mtp_prefix_run(struct backend *b, int draft, int64_t V, struct resul
 	sched_free(s);
 }
 
-/* With the tiny model's own (random) MTP layer: the drafting runs give plain decoding's token
- * events bit for bit, alone, batched, preempted (a pool of 3 pages for 6 requests), with
- * the backend drawing the rows it may (8 draws a step: verifications' two rows and drafts
- * there, the rest on the host), and after a prefix-cache hit. */
+/* With the tiny model's own (random) MTP layer: the drafting runs (one draft a step, and three:
+ * the MTP layer chained on itself) give plain decoding's token events bit for bit, alone,
+ * batched, preempted (a pool of 3 pages for 6 requests), with the backend drawing the rows it
+ * may (8 draws a step: verifications' rows and drafts there, the rest on the host), and after a
+ * prefix-cache hit. */
 TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 {
 	struct test_model m;
@@ -585,23 +585,32 @@ TEST_T(sched_cpu, mtp_draft_tokens_equal_plain_decoding, 300)
 	mtp_run(&r->base, 64, 8, 0, V, &plain, &st);
 	CHECK_EQ_INT(st.drafts, 0);
 	CHECK_EQ_INT(plain.n, MTP_N * (MTP_OUT + 1));
-	mtp_run(&r->base, 64, 1, 1, V, &one, &st);
-	mtp_same(&plain, &one, "one at a time");
-	CHECK(st.drafts > 0);
-	mtp_run(&r->base, 64, 8, 1, V, &busy, &st);
-	mtp_same(&plain, &busy, "batched");
 	backend_destroy(&r->base);
-	r = rec_new(&m, 3, 0);
-	mtp_run(&r->base, 48, 8, 1, V, &small, &st);
-	mtp_same(&plain, &small, "preempted");
-	CHECK(st.preemptions > 0);
-	backend_destroy(&r->base);
-	struct drawer *d = drawer_around(NULL, &m, 16, 8, 1 << 20);
-	mtp_run(&d->base, 64, 8, 1, V, &drawn, &st);
-	mtp_same(&plain, &drawn, "backend draws");
-	CHECK(d->draws > 0 && d->row2_draws > 0); /* verifications among them */
-	CHECK(d->host_rows > 0); /* (8 draws a step: some verifications on the host) */
-	backend_destroy(&d->base);
+	for (int K = 1; K <= 3; K += 2) {
+		char what[64];
+		r = rec_new(&m, 16, 0);
+		mtp_run(&r->base, 64, 1, K, V, &one, &st);
+		snprintf(what, sizeof what, "%d draft(s), one at a time", K);
+		mtp_same(&plain, &one, what);
+		CHECK(st.drafts > 0);
+		mtp_run(&r->base, 64, 8, K, V, &busy, &st);
+		snprintf(what, sizeof what, "%d draft(s), batched", K);
+		mtp_same(&plain, &busy, what);
+		backend_destroy(&r->base);
+		r = rec_new(&m, 3, 0);
+		mtp_run(&r->base, 48, 8, K, V, &small, &st);
+		snprintf(what, sizeof what, "%d draft(s), preempted", K);
+		mtp_same(&plain, &small, what);
+		CHECK(st.preemptions > 0);
+		backend_destroy(&r->base);
+		struct drawer *d = drawer_around(NULL, &m, 16, 8, 1 << 20);
+		mtp_run(&d->base, 64, 8, K, V, &drawn, &st);
+		snprintf(what, sizeof what, "%d draft(s), backend draws", K);
+		mtp_same(&plain, &drawn, what);
+		CHECK(d->draws > 0 && d->row2_draws > 0); /* verifications among them */
+		CHECK(d->host_rows > 0); /* (8 draws a step: some verifications on the host) */
+		backend_destroy(&d->base);
+	}
 	static struct result hit_plain[MAXREQ], hit_drafted[MAXREQ];
 	r = rec_new(&m, 16, 0);
 	mtp_prefix_run(&r->base, 0, V, hit_plain);
@@ -687,11 +696,12 @@ static const struct backend_ops oracle_ops = {"oracle-mtp+cpu", oracle_step, wra
 					      oracle_destroy};
 
 /* Drafts right at every position, then wrong at every third: the tokens stay plain decoding's,
- * logprobs and alternatives included (the second row of an accepted draft draws with the
- * request's index and history one further); every right draft is accepted, so a request's
- * decodes take half the steps. Both with the draws on the host and by the backend (a drawer
- * around the oracle: every row drawn there, the verifications' second rows and the drafts
- * included). */
+ * logprobs and alternatives included (the row of an accepted draft draws with the request's
+ * index and history one further); every right draft is accepted, so a request's decodes take
+ * half the steps with one draft a step, a quarter with three (the MTP layer chained on
+ * itself: the oracle answers each chained row too). Both with the draws on the host and by the
+ * backend (a drawer around the oracle: every row drawn there, the verifications' draft rows and
+ * the drafts included). */
 TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 {
 	struct test_model m;
@@ -705,7 +715,8 @@ TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 	struct rec *r = rec_new(&m, 16, 0);
 	mtp_run(&r->base, 64, 1, 0, V, &plain, &st_plain);
 	backend_destroy(&r->base);
-	for (int run = 0; run < 4; run++) {
+	for (int run = 0; run < 8; run++) { /* bits: wrong drafts, backend draws, three drafts */
+		const int K = run & 4 ? 3 : 1;
 		struct oracle *o = calloc(1, sizeof *o);
 		REQUIRE(o);
 		struct err e;
@@ -715,25 +726,26 @@ TEST_T(sched_cpu, mtp_draft_accepted_drafts_keep_tokens, 300)
 		o->ref = &plain;
 		o->prompt = (const int32_t(*)[MTP_LEN])p;
 		o->wrong = run & 1 ? 3 : 0;
-		struct drawer *d = run >= 2 ? drawer_around(&o->base, &m, 0, 8, 1 << 20) : NULL;
+		struct drawer *d = run & 2 ? drawer_around(&o->base, &m, 0, 8, 1 << 20) : NULL;
 		struct backend *b = d ? &d->base : &o->base;
-		static const char *what[4] = {"all right", "a third wrong", "all right, backend draws",
-					      "a third wrong, backend draws"};
-		mtp_run(b, 64, 1, 1, V, run & 1 ? &some : &right, &st);
-		mtp_same(&plain, run & 1 ? &some : &right, what[run]);
+		char what[96];
+		snprintf(what, sizeof what, "%d draft(s), %s%s", K, run & 1 ? "a third wrong" : "all right",
+			 d ? ", backend draws" : "");
+		mtp_run(b, 64, 1, K, V, run & 1 ? &some : &right, &st);
+		mtp_same(&plain, run & 1 ? &some : &right, what);
 		CHECK_EQ_INT(o->cur, MTP_N);
 		if (d) { /* every logits row drawn by the backend */
 			CHECK_EQ_INT(d->host_rows, 0);
 			CHECK(d->row2_draws > 0);
 		}
 		if (!(run & 1)) {
-			/* 9 verifications a request: the 20th token comes alone (a draft after it
-			 * would be past max_tokens) */
-			CHECK_EQ_INT(st.drafts, MTP_N * 9);
+			/* one draft: 9 a request, the 20th token alone (a draft after it would be
+			 * past max_tokens): its prefill step, then 1 + 9 x 2 + 1 tokens in 10 steps,
+			 * against 20 steps plainly; three: 3 drafts a step four times, then 2 (a third
+			 * would be past max_tokens): 14 a request, 1 + 4 x 4 + 3 tokens in 5 steps */
+			CHECK_EQ_INT(st.drafts, MTP_N * (K == 1 ? 9 : 14));
 			CHECK_EQ_INT(st.drafts_accepted, st.drafts);
-			/* each request: its prefill step, then two tokens a step until the last
-			 * (20 tokens: 1 + 9 x 2 + 1 -> 11 steps), against 20 steps plainly */
-			CHECK(st.steps < st_plain.steps * 2 / 3);
+			CHECK(st.steps < st_plain.steps * (K == 1 ? 2 : 1) / 3);
 		} else {
 			CHECK(st.drafts_accepted > 0 && st.drafts_accepted < st.drafts);
 		}

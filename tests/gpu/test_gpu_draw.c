@@ -8,8 +8,8 @@
  * a draw the backend must refuse (a history it is not given, two logits rows with one draw,
  * one row with two) is refused; two rows with two draws (a verification) are taken.
  * And the scheduler's MTP drafting (sched_config.mtp_draft: the CUDA backend's MTP steps fed
- * the main steps' hidden rows, drafts and two-row verifications drawn on the device) gives the
- * same events, every logits row drawn on the device.
+ * the main steps' hidden rows, drafts and verifications drawn on the device; one draft a step
+ * and three, also in passes) gives the same events, every logits row drawn on the device.
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -164,6 +164,23 @@ TEST_T(gpu_draw, device_draws_equal_host_draws, 120)
 	       worst);
 	CHECK_EQ_INT(bad, 0);
 	CHECK(worst <= 1e-5);
+	/* three drafts a step (the MTP layer chained on its own output; verifications of up to
+	 * four rows drawn on the device), alone and in passes of 6 rows (a boundary inside a
+	 * verification moves before its rows) */
+	for (int k = 0; k < 2; k++) {
+		static struct sched_trace three;
+		if (k)
+			REQUIRE(backend_cuda_set_switch(b, "DSV32_CUDA_MAX_ROWS", "6") == 0);
+		run(b, 0, sp, p, &three, 3, &sst);
+		REQUIRE(backend_cuda_set_switch(b, "DSV32_CUDA_MAX_ROWS", NULL) == 0);
+		bad = sched_trace_diff(&host, &three, UINT64_MAX, &worst);
+		printf("    MTP drafting, three drafts a step%s: %llu drafts verified, %llu steps; %lld "
+		       "token events differ, worst logprob difference %.2e\n",
+		       k ? " in passes of 6 rows" : "", (unsigned long long)sst.drafts,
+		       (unsigned long long)sst.steps, (long long)bad, worst);
+		CHECK_EQ_INT(bad, 0);
+		CHECK(worst <= 1e-5);
+	}
 	backend_destroy(b);
 	test_model_free(&m);
 }

@@ -127,7 +127,7 @@ static int usage(void)
 		"                         [--warmup N] [--kv-pages N] [--graphs off|on|both] [--full]\n"
 		"                         [--prefill-reps N] [--profile] [--keep] [--daemon]\n"
 		"                         [--batch-invariant] [--pageable-logits] [--ab NAME=VALUE]...\n"
-		"                         [--mtp-draft]\n"
+		"                         [--mtp-draft [K]]\n"
 		"  --synthetic      header-only checkpoint at the real dimensions (mkmodel real), big\n"
 		"                   tensors generated on the GPU; --layers N (default 4) of which --dense K\n"
 		"                   (default 1) dense; --seed S (default 1)\n"
@@ -145,10 +145,10 @@ static int usage(void)
 		"  --keep           keep the temporary checkpoint directory\n"
 		"  --daemon         time to first token and streaming rate through dsv32d instead\n"
 		"  --batch-invariant the CUDA backend's batch-invariant mode (default: its fast paths)\n"
-		"  --mtp-draft      with --daemon: dsv32d --mtp-draft (speculative decoding by the MTP\n"
-		"                   layer; synthetic weights: drafts ~never right, i.e. its cost);\n"
-		"                   without: after each decode point, a drafting decode's two steps\n"
-		"                   (verification and MTP step) and the acceptance they need to pay\n"
+		"  --mtp-draft [K]  with --daemon: dsv32d --mtp-draft K (default 1; speculative decoding\n"
+		"                   by the MTP layer; synthetic weights: drafts ~never right, i.e. its\n"
+		"                   cost); without: after each decode point, a one-draft decode's two\n"
+		"                   steps (verification and MTP step) and the acceptance they need to pay\n"
 		"  --pageable-logits the decode logits into malloc'd memory (default: the backend's\n"
 		"                   host memory, pinned on CUDA, as the scheduler's)\n"
 		"  --ab NAME=VALUE  after each decode point, its steps again with this CUDA forward switch\n"
@@ -249,8 +249,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->batch_invariant = 1;
 			continue;
 		}
-		if (!strcmp(a, "--mtp-draft")) {
+		if (!strcmp(a, "--mtp-draft")) { /* a count of drafts may follow (default 1) */
 			o->mtp_draft = 1;
+			if (i + 1 < argc && argv[i + 1][0] >= '1' && argv[i + 1][0] <= '9' && !argv[i + 1][1])
+				o->mtp_draft = argv[++i][0] - '0';
 			continue;
 		}
 		if (!strcmp(a, "--pageable-logits")) {
@@ -1031,8 +1033,10 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		argv[n++] = "--synthetic-weights", argv[n++] = seed;
 	if (o->batch_invariant)
 		argv[n++] = "--batch-invariant", argv[n++] = "1";
+	char drafts[8];
+	snprintf(drafts, sizeof drafts, "%d", o->mtp_draft);
 	if (o->mtp_draft)
-		argv[n++] = "--mtp-draft", argv[n++] = "1";
+		argv[n++] = "--mtp-draft", argv[n++] = drafts;
 	argv[n] = NULL;
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
@@ -1044,10 +1048,10 @@ static int daemon_start(struct daemon *d, const struct opts *o, const char *mode
 		fprintf(stderr, "dsv32 bench model: cannot start %s: %s\n", exe, strerror(r));
 		return 1;
 	}
-	printf("dsv32d: %s --model %s --backend cuda%s%s%s%s (log %s)\n", exe, model,
+	printf("dsv32d: %s --model %s --backend cuda%s%s%s%s%s (log %s)\n", exe, model,
 	       o->synthetic ? " --synthetic-weights " : "", o->synthetic ? seed : "",
 	       o->batch_invariant ? " --batch-invariant 1" : "",
-	       o->mtp_draft ? " --mtp-draft 1" : "", d->log);
+	       o->mtp_draft ? " --mtp-draft " : "", o->mtp_draft ? drafts : "", d->log);
 	double t0 = now_s();
 	for (;;) {
 		dsv32_t *h;

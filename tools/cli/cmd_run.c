@@ -1,11 +1,11 @@
 /*
  * cmd_run.c — `dsv32 run --model DIR [--prompt TEXT] [--max-tokens N] [--raw] [--thinking]`
- * [--mtp-draft]:
+ * [--mtp-draft [K]]:
  * the main job offline, in this process: open the engine (the same code the daemon serves
  * with), render the prompt as a chat turn (or take it raw), and stream the generated text and
  * token ids to stdout, with the numbers at the end. `make run` calls it on the tiny model.
- * --mtp-draft: speculative decoding with the MTP layer (model/sched.h; the same tokens), the
- * drafts verified and accepted printed at the end.
+ * --mtp-draft [K]: speculative decoding with the MTP layer, up to K drafts a step (default 1;
+ * model/sched.h; the same tokens), the drafts verified and accepted printed at the end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 static int usage(void)
 {
 	fprintf(stderr, "usage: dsv32 run --model DIR [--prompt TEXT] [--max-tokens N] [--raw] "
-			"[--thinking] [--temperature T] [--seed N] [--threads N] [--mtp-draft]\n");
+			"[--thinking] [--temperature T] [--seed N] [--threads N] [--mtp-draft [K]]\n");
 	return 2;
 }
 
@@ -48,8 +48,11 @@ int cmd_run(int argc, char **argv)
 			raw = 1;
 		else if (!strcmp(a, "--thinking"))
 			thinking = 1;
-		else if (!strcmp(a, "--mtp-draft"))
+		else if (!strcmp(a, "--mtp-draft")) { /* a count of drafts may follow (default 1) */
 			mtp_draft = 1;
+			if (v && v[0] >= '1' && v[0] <= '9' && !v[1])
+				mtp_draft = v[0] - '0', i++;
+		}
 		else
 			return usage();
 	}
