@@ -368,19 +368,23 @@ static int fetch_stats(const char *sock, char *buf, size_t n)
 	return r == 1 ? 0 : -1;
 }
 
-/* --mtp-draft: the streams are still eval's greedy tokens (a draft is kept only where the
- * model's own draw equals it), and the stats count the drafts verified. */
+/* --mtp-draft (one draft a step) and --mtp-draft 3: the streams are still eval's greedy tokens
+ * (a draft is kept only where the model's own draw equals it), and the stats count the drafts
+ * verified. */
 TEST_T(daemon, mtp_draft_streams_equal_eval, 300)
 {
-	uint32_t ref[N_PROMPTS][GEN];
-	struct daemon d;
-	daemon_with_ref(&d, ref, "--max-seqs 8 --mtp-draft");
-	clients_stream(d.sock, 4, 6, 3, ref, 100);
-	char stats[4096];
-	REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
-	CHECK(stat_of(stats, "mtp_drafts") > 0);
-	CHECK(stat_of(stats, "mtp_drafts_accepted") >= 0);
-	CHECK_EQ_INT(daemon_stop(&d), 0);
+	static const char *const flags[2] = {"--max-seqs 8 --mtp-draft", "--max-seqs 8 --mtp-draft 3"};
+	for (int k = 0; k < 2; k++) {
+		uint32_t ref[N_PROMPTS][GEN];
+		struct daemon d;
+		daemon_with_ref(&d, ref, flags[k]);
+		clients_stream(d.sock, 4, 6, 3, ref, 100);
+		char stats[4096];
+		REQUIRE(fetch_stats(d.sock, stats, sizeof stats) == 0);
+		CHECK(stat_of(stats, "mtp_drafts") > 0);
+		CHECK(stat_of(stats, "mtp_drafts_accepted") >= 0);
+		CHECK_EQ_INT(daemon_stop(&d), 0);
+	}
 }
 
 static int count_fds(pid_t pid)
