@@ -969,7 +969,8 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 		if (!q->sample)
 			continue;
 		const int host = !s->drawp[k]; /* else the backend drew every row */
-		struct backend_sample *d = &s->draw[k], *d2 = s->draw2 + k * s->cfg.mtp_draft;
+		struct backend_sample *d = &s->draw[k];
+		struct backend_sample *d2 = q->verify ? s->draw2 + k * s->cfg.mtp_draft : NULL;
 		if (host)
 			d->rc = sampler_sample(&s->smp, &q->sp, s->logits + l * s->vocab, d->prompt,
 					       d->n_prompt, d->output, d->n_output, d->index, &d->out);
