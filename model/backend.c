@@ -25,10 +25,7 @@ int backend_validate_step_draw(const struct backend *b, const struct weights *w,
 		for (int64_t j = 0; j < s->n; j++)
 			n_logits += !!(backend_row_flags(s, j) & BACKEND_ROW_LOGITS);
 		const struct backend_sample *d = draw ? draw[i] : NULL;
-		int64_t chain = 0; /* draws: one a LOGITS row (counted no further: a cycle ends it) */
-		for (const struct backend_sample *q = d; q && chain <= n_logits; q = q->row2)
-			chain++;
-		if (d && chain != n_logits)
+		if (d && backend_sample_chain(d, n_logits) != n_logits) /* one draw a LOGITS row */
 			return -EINVAL;
 		/* each draw: a sampler; with a penalty, a history within hist_ids */
 		for (const struct backend_sample *q = d; q; q = q->row2) {

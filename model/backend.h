@@ -146,6 +146,16 @@ struct backend {
 	int64_t sample_rows, hist_ids;
 };
 
+/* The draws of the chain d, d->row2, ... (one a LOGITS row), counted up to max + 1 at most (a
+ * cycle stops there); 0 for d NULL. */
+static inline int64_t backend_sample_chain(const struct backend_sample *d, int64_t max)
+{
+	int64_t n = 0;
+	for (; d && n <= max; d = d->row2)
+		n++;
+	return n;
+}
+
 /* Row j's BACKEND_ROW_* bits (flags NULL: LOGITS on the last row). */
 static inline unsigned backend_row_flags(const struct backend_seq *s, int64_t j)
 {

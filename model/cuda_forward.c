@@ -788,9 +788,8 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 		for (int64_t i = 0, base = 0; i < n && t1 < T && E->draw; base += st->seqs[i++].n) {
 			if (t1 <= base || t1 >= base + st->seqs[i].n || !E->draw[i] || !E->draw[i]->row2)
 				continue;
-			int64_t first = -1, before = 0, chain = 0;
-			for (const struct backend_sample *q = E->draw[i]; q; q = q->row2)
-				chain++;
+			const int64_t chain = backend_sample_chain(E->draw[i], st->seqs[i].n);
+			int64_t first = -1, before = 0;
 			for (int64_t j = 0; j < t1 - base; j++)
 				if (fl[i][j] & BACKEND_ROW_LOGITS)
 					before++, first = first < 0 ? base + j : first;
@@ -799,7 +798,7 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 			else if (before > 0 && before < chain)
 				r = -E2BIG; /* (passes shorter than the chain: DSV32_CUDA_MAX_ROWS) */
 		}
-		int64_t base = 0; /* global index of sequence i's first row */
+		int64_t base = 0, keep_off = kept; /* sequence i's first row; rows kept before */
 		for (int64_t i = 0; i < n && !r; i++) {
 			const struct backend_seq *s = &st->seqs[i];
 			int64_t a = t0 - base, b = t1 - base;
@@ -816,16 +815,14 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 			for (int64_t j = a; j < b; j++) {
 				done_l[i] += !!(fl[i][j] & BACKEND_ROW_LOGITS);
 				done_h[i] += !!(fl[i][j] & BACKEND_ROW_HIDDEN);
+				kept += !!(fl[i][j] & BACKEND_ROW_KEEP);
 			}
 			base += s->n;
 		}
 		struct backend_step part = *st;
 		part.seqs = sub;
 		if (!r)
-			r = step_pass(E, &part, kept);
-		for (int64_t i = 0, base = 0; i < n; base += st->seqs[i++].n) /* (rows kept so far) */
-			for (int64_t j = 0; j < st->seqs[i].n; j++)
-				kept += base + j >= t0 && base + j < t1 && (fl[i][j] & BACKEND_ROW_KEEP);
+			r = step_pass(E, &part, keep_off);
 	}
 	for (int64_t i = 0; fl && i < n; i++)
 		free(fl[i]);

@@ -67,10 +67,7 @@ int cuda_step_sample_launch(struct gpu *g, struct cuda_step_sampler *s,
 		const int64_t nl = draw[i] ? logits_rows(&st->seqs[i]) : 0;
 		if (!nl)
 			continue;
-		int64_t chain = 0; /* (a pass holds all of a verification's rows) */
-		for (const struct backend_sample *q = draw[i]; q; q = q->row2)
-			chain++;
-		if (nl != chain)
+		if (backend_sample_chain(draw[i], nl) != nl) /* (a pass holds a verification whole) */
 			return -EINVAL;
 		for (const struct backend_sample *q = draw[i]; q; q = q->row2) {
 			if (n == s->rows)

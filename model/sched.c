@@ -757,6 +757,26 @@ static int32_t draft_of(const float *x, int64_t n)
 	return (int32_t)best;
 }
 
+/* 1 when the backend draws tokens itself (backend_step_draw) and the scheduler lets it. */
+static int backend_draws(const struct sched *s)
+{
+	return s->b->step_draw && !s->cfg.host_sampling;
+}
+
+/* Where sequence n of an MTP step drafts (want: it does): a greedy draw by the backend while it
+ * has draws left (draw[n], counted in *n_dev; returns NULL: no logits row here), else its row of
+ * s->logits (counted in *n_logits; returned); NULL when it does not draft. */
+static float *mtp_draft_at(struct sched *s, int64_t n, int want, int64_t *n_dev, int64_t *n_logits)
+{
+	const int dev = want && backend_draws(s) && *n_dev < s->b->sample_rows;
+	s->draw[n] = (struct backend_sample){.p = &s->greedy};
+	s->drawp[n] = dev ? &s->draw[n] : NULL;
+	*n_dev += dev;
+	if (!want || dev)
+		return NULL;
+	return s->logits + (*n_logits)++ * s->vocab;
+}
+
 /* Runs the MTP step of bseq[0, n) (n_dev of them drawn by the backend), then each drafting
  * sequence's draft (at[k] >= 0: sequence s->sched[at[k]] drafts its draft d): the backend's
  * greedy draw, or the argmax of its logits row (in order). The backend's rc. */
@@ -784,7 +804,7 @@ static int mtp_run(struct sched *s, int64_t n, int64_t n_dev, const int64_t *at,
  * backend's rc. */
 static int mtp_chain(struct sched *s, int64_t n)
 {
-	const int K = s->cfg.mtp_draft, can = s->b->step_draw && !s->cfg.host_sampling;
+	const int K = s->cfg.mtp_draft;
 	const int64_t D = s->b->c->hidden_size;
 	for (int d = 1; d < K; d++) {
 		int64_t m = 0, n_logits = 0, n_dev = 0;
@@ -794,19 +814,14 @@ static int mtp_chain(struct sched *s, int64_t n)
 			if (q->n_draft != d || !draft_usable(s, q, d) ||
 			    kv_pages_reserve(&s->kp, &q->kv, p + 1) < 0)
 				continue;
-			const int dev = can && n_dev < s->b->sample_rows;
 			s->pos[m] = p;
 			s->flags[m] = BACKEND_ROW_LOGITS | (d + 1 < K ? BACKEND_ROW_HIDDEN : 0);
-			s->draw[m] = (struct backend_sample){.p = &s->greedy};
-			s->drawp[m] = dev ? &s->draw[m] : NULL;
 			s->bseq[m] = (struct backend_seq){
 				.n = 1, .tokens = &q->draft[d - 1], .pos = &s->pos[m],
 				.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = &s->flags[m],
-				.logits = dev ? NULL : s->logits + n_logits * s->vocab,
+				.logits = mtp_draft_at(s, m, 1, &n_dev, &n_logits),
 				.hidden = s->mtp_h[d & 1] + k * D, .mtp_hidden = s->mtp_h[(d - 1) & 1] + k * D};
 			s->chain[m++] = k;
-			n_logits += !dev;
-			n_dev += dev;
 		}
 		if (!m)
 			break;
@@ -824,7 +839,7 @@ static int mtp_chain(struct sched *s, int64_t n)
  * the later drafts (mtp_chain). The backend's rc. */
 static int mtp_step(struct sched *s)
 {
-	const int K = s->cfg.mtp_draft, can = s->b->step_draw && !s->cfg.host_sampling;
+	const int K = s->cfg.mtp_draft;
 	const int64_t D = s->b->c->hidden_size;
 	int64_t n = 0, row = 0, n_logits = 0, n_dev = 0;
 	for (int64_t k = 0; k < s->n_sched; k++) {
@@ -841,20 +856,15 @@ static int mtp_step(struct sched *s)
 		}
 		if (want) /* (and its output, the next depth's h) */
 			s->flags[row + m - 1] = BACKEND_ROW_LOGITS | (K > 1 ? BACKEND_ROW_HIDDEN : 0);
-		const int dev = want && can && n_dev < s->b->sample_rows;
-		s->draw[n] = (struct backend_sample){.p = &s->greedy};
-		s->drawp[n] = dev ? &s->draw[n] : NULL;
 		s->bseq[n] = (struct backend_seq){
 			.n = m, .tokens = q->tokens + q->n_mtp + 1, .pos = s->pos + row,
 			.block_table = q->kv.bt, .n_blocks = q->kv.n_blocks, .flags = s->flags + row,
-			.logits = want && !dev ? s->logits + n_logits * s->vocab : NULL,
+			.logits = mtp_draft_at(s, n, want, &n_dev, &n_logits),
 			.hidden = want && K > 1 ? s->mtp_h[0] + n * D : NULL,
 			.mtp_hidden = NULL, .mtp_kept = q->row0};
 		s->chain[n] = want ? n : -1; /* (the sequences that draft) */
 		s->sched[n++] = q;
 		row += m;
-		n_logits += want && !dev;
-		n_dev += dev;
 		q->n_mtp = q->n_computed;
 		q->n_draft = 0;
 	}
@@ -887,7 +897,7 @@ int sched_step(struct sched *s, const struct sched_event **evp, int64_t *np)
 	 * drawn here */
 	double t1 = t0, t2 = t0;
 	int64_t row = 0, n_logits = 0, n_dev = 0, n_hist = 0;
-	const int can = s->b->step_draw && !s->cfg.host_sampling;
+	const int can = backend_draws(s);
 	/* mtp_draft: every row's final hidden state kept in the backend, the MTP step's input */
 	const uint8_t row_flags = s->cfg.mtp_draft ? BACKEND_ROW_KEEP : 0;
 	if (s->n_sched > 0) {

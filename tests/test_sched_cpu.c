@@ -374,8 +374,7 @@ static int drawer_step_draw(struct backend *b, const struct backend_step *st,
 	for (int64_t i = 0; i < st->n_seqs; i++) {
 		seqs[i] = st->seqs[i];
 		seqs[i].logits = draw[i] ? d->rows + k * V : seqs[i].logits;
-		for (const struct backend_sample *q = draw[i]; q; q = q->row2)
-			k++; /* (a row a draw of the chain) */
+		k += backend_sample_chain(draw[i], st->seqs[i].n); /* (a row a draw of the chain) */
 	}
 	struct backend_step s2 = *st;
 	s2.seqs = seqs;

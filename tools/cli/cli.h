@@ -31,6 +31,10 @@ int cmd_detokenize(int argc, char **argv);
 struct dsv32;
 int cli_fetch_stats(struct dsv32 *h, uint64_t request_id, char *buf, size_t n);
 
+/* The count 1..9 that may follow the flag at argv[*i] (*i then moves past it), else dflt: an
+ * optional value such as --mtp-draft's. */
+int cli_flag_count(int argc, char **argv, int *i, int dflt);
+
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);
 int bench_attention(int argc, char **argv);

@@ -250,9 +250,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			continue;
 		}
 		if (!strcmp(a, "--mtp-draft")) { /* a count of drafts may follow (default 1) */
-			o->mtp_draft = 1;
-			if (i + 1 < argc && argv[i + 1][0] >= '1' && argv[i + 1][0] <= '9' && !argv[i + 1][1])
-				o->mtp_draft = argv[++i][0] - '0';
+			o->mtp_draft = cli_flag_count(argc, argv, &i, 1);
 			continue;
 		}
 		if (!strcmp(a, "--pageable-logits")) {

@@ -48,11 +48,8 @@ int cmd_run(int argc, char **argv)
 			raw = 1;
 		else if (!strcmp(a, "--thinking"))
 			thinking = 1;
-		else if (!strcmp(a, "--mtp-draft")) { /* a count of drafts may follow (default 1) */
-			mtp_draft = 1;
-			if (v && v[0] >= '1' && v[0] <= '9' && !v[1])
-				mtp_draft = v[0] - '0', i++;
-		}
+		else if (!strcmp(a, "--mtp-draft")) /* a count of drafts may follow (default 1) */
+			mtp_draft = cli_flag_count(argc, argv, &i, 1);
 		else
 			return usage();
 	}

@@ -25,6 +25,15 @@ static const struct cli_cmd commands[] = {
 	{"bench", cmd_bench, "benchmarks: dsv32 bench WHAT (gemm, ...)"},
 };
 
+int cli_flag_count(int argc, char **argv, int *i, int dflt)
+{
+	const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+	if (!v || v[0] < '1' || v[0] > '9' || v[1])
+		return dflt;
+	++*i;
+	return v[0] - '0';
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "dsv32 %s — DeepSeek-V3.2 inference engine tools\n\nusage: dsv32 COMMAND [ARGS]\n\n",
