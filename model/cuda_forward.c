@@ -812,6 +812,7 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 			sub[i].logits = s->logits ? s->logits + done_l[i] * V : NULL;
 			sub[i].hidden = s->hidden ? s->hidden + done_h[i] * D : NULL;
 			sub[i].mtp_hidden = s->mtp_hidden ? s->mtp_hidden + a * D : NULL;
+			sub[i].mtp_kept = s->mtp_kept + a; /* (kept h_i: row j's is mtp_kept + j) */
 			for (int64_t j = a; j < b; j++) {
 				done_l[i] += !!(fl[i][j] & BACKEND_ROW_LOGITS);
 				done_h[i] += !!(fl[i][j] & BACKEND_ROW_HIDDEN);

@@ -351,7 +351,8 @@ static void graphs_with_hidden_rows(const char *what, struct pair *p, int64_t p0
  * them), then MTP steps of 16 rows over the same positions read them given, kept through graphs
  * (the default) and kept eagerly; then the main step again in passes of 7 rows
  * (DSV32_CUDA_MAX_ROWS=7: each pass keeps its rows after the earlier passes') and the MTP steps
- * from its kept rows: the same logits, bit for bit (batch-invariant mode). */
+ * from its kept rows in passes of 7 rows too (each pass reads its own rows' h_i): the same
+ * logits, bit for bit (batch-invariant mode). */
 static void kept_rows_equal_given(const char *name, struct pair *p, int64_t p0, int64_t p1,
 				  const int32_t *bt, int64_t nb)
 {
@@ -373,13 +374,12 @@ static void kept_rows_equal_given(const char *name, struct pair *p, int64_t p0, 
 	int rc = 0;
 	for (int k = 0; k < 4 && !rc; k++) { /* given; kept, graphs; kept, eager; kept in passes */
 		set_switch(p->gpu, "DSV32_CUDA_GRAPHS", k == 2 ? "0" : NULL);
-		if (k == 3) {
+		if (k == 3) { /* (passes of 7 rows for the MTP steps below too) */
 			set_switch(p->gpu, "DSV32_CUDA_MAX_ROWS", "7");
 			seq_rows(&s, p, p0, R, pos, fl, BACKEND_ROW_LOGITS | BACKEND_ROW_KEEP, bt, nb, NULL,
 				 NULL);
 			s.logits = lm;
 			rc = backend_step(p->gpu, &st);
-			set_switch(p->gpu, "DSV32_CUDA_MAX_ROWS", NULL);
 		}
 		for (int64_t a = p0; a < p1 && !rc; a += 16) {
 			int64_t m = p1 - a < 16 ? p1 - a : 16;
@@ -391,12 +391,13 @@ static void kept_rows_equal_given(const char *name, struct pair *p, int64_t p0, 
 		}
 	}
 	set_switch(p->gpu, "DSV32_CUDA_GRAPHS", NULL);
+	set_switch(p->gpu, "DSV32_CUDA_MAX_ROWS", NULL);
 	int64_t same[3] = {0, 0, 0};
 	for (int k = 1; k < 4; k++)
 		for (int64_t t = 0; t < R; t++)
 			same[k - 1] += !memcmp(lg[0] + t * V, lg[k] + t * V, (size_t)V * 4);
 	printf("    %s MTP steps of 16 rows from kept rows vs given h_i: %lld (graphs), %lld (eager), "
-	       "%lld (kept by a main step in passes of 7 rows) of %lld rows bit-identical (rc %d)\n",
+	       "%lld (kept and read in passes of 7 rows) of %lld rows bit-identical (rc %d)\n",
 	       name, (long long)same[0], (long long)same[1], (long long)same[2], (long long)R, rc);
 	CHECK(rc == 0 && same[0] == R && same[1] == R && same[2] == R);
 	for (int k = 0; k < 4; k++)
