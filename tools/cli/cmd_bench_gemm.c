@@ -24,7 +24,9 @@
  * Weights are synthetic, generated on the GPU (random e4m3 codes, power-of-two block scales,
  * never zeros), and rotated among enough copies (>= 1 GiB in all) that the 60 MB L2 never
  * serves a repeat: every launch streams its weights from HBM. Time = median of trials of
- * CUDA-event-timed launch sequences.
+ * CUDA-event-timed launch sequences. --sustain MS: at M = 128 and 4096, ours and cuBLASLt
+ * each also launched back to back for about MS ms, the rate and the energy a launch (NVML) at
+ * the clocks the power cap leaves a long prefill.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -75,6 +77,51 @@ static float time_ms(struct gpu *g, launch_fn fn, void *ctx, int reps, int trial
 out:
 	gpu_timing_events_free(ev);
 	return ms;
+}
+
+/* --sustain: `fn` launched back to back for about sustain_ms (per_ms a launch, as timed above):
+ * ms a launch over that run, and the GPU's energy over it in *mj (NVML; -1 where absent). The
+ * timings above start from a GPU idle between shapes, which the power controller lets run
+ * above its cap for ~100 ms; a prefill of many layers runs at the capped clocks this sees. */
+static float time_sustained(struct gpu *g, launch_fn fn, void *ctx, float per_ms, int sustain_ms,
+			    int *launches, long long *mj)
+{
+	CUevent ev[2];
+	float ms = -1;
+	int n = per_ms > 0 ? (int)(sustain_ms / per_ms) + 1 : 1;
+	n = n > 1000000 ? 1000000 : n;
+	*launches = n, *mj = -1;
+	if (gpu_timing_events(ev))
+		return -1;
+	const long long e0 = bench_energy_mj(g);
+	cu.cuEventRecord(ev[0], g->stream);
+	for (int i = 0; i < n; i++)
+		if (fn(g, ctx, i))
+			goto out;
+	cu.cuEventRecord(ev[1], g->stream);
+	if (cu_check(cu.cuEventSynchronize(ev[1]), "cuEventSynchronize", __FILE__, __LINE__))
+		goto out;
+	const long long e1 = e0 < 0 ? -1 : bench_energy_mj(g);
+	*mj = e1 < 0 ? -1 : e1 - e0;
+	cu.cuEventElapsedTime(&ms, ev[0], ev[1]);
+	ms /= (float)n;
+out:
+	gpu_timing_events_free(ev);
+	return ms;
+}
+
+/* One --sustain line: TFLOP/s of the sustained run, its energy a launch and the mean power. */
+static void print_sustained(const char *who, float ms, int n, long long mj, double flops)
+{
+	if (ms <= 0) {
+		printf(" %s failed;", who);
+		return;
+	}
+	printf(" %s %.1f us %.0f TFLOP/s", who, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+	if (mj > 0)
+		printf(" (%.3f J, %.2f pJ/FLOP, %.0f W)", mj / 1e3 / n, mj * 1e-3 / n / flops * 1e12,
+		       mj / ((double)ms * n));
+	printf(";");
 }
 
 struct gemm_ctx {
@@ -431,6 +478,7 @@ static int sw_trace_run(struct gpu *g, struct gemm_ctx *c, FILE *f)
 int bench_gemm(int argc, char **argv)
 {
 	int trials = 7, run_dense = 1, run_grouped = 1, tune = 1, only_n = 0, only_k = 0;
+	int sustain_ms = 0;
 	FILE *trace = NULL;
 	no_wgmma = 0, tune_times = 0;
 	for (int i = 1; i < argc; i++) {
@@ -446,6 +494,9 @@ int bench_gemm(int argc, char **argv)
 			tune_times = 1;
 		else if (!strcmp(argv[i], "--no-tune"))
 			tune = 0;
+		else if (!strcmp(argv[i], "--sustain") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+			 atoi(argv[i + 1]) <= 60000)
+			sustain_ms = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--shape") && i + 1 < argc &&
 			 sscanf(argv[i + 1], "%dx%d", &only_n, &only_k) == 2)
 			i++;
@@ -458,7 +509,7 @@ int bench_gemm(int argc, char **argv)
 		} else {
 			fprintf(stderr, "usage: dsv32 bench gemm [--trials N] [--grouped | --dense] "
 					"[--no-wgmma] [--no-tune] [--tune-times] [--shape NxK] "
-					"[--sw-trace FILE]\n");
+					"[--sw-trace FILE] [--sustain MS (1 .. 60000)]\n");
 			return 2;
 		}
 	}
@@ -670,6 +721,22 @@ int bench_gemm(int argc, char **argv)
 				else if (c.M <= 64 && (k < 6 || c.M <= 8))
 					printf(" %6s", "n/a");
 			printf("\n");
+			if (sustain_ms && c.M >= 128) { /* at the capped clocks */
+				int n_ours = 0, n_lt = 0;
+				long long mj_ours = -1, mj_lt = -1;
+				float s_ours = ms > 0 ? time_sustained(&g, launch_dispatch, &c, ms,
+								       sustain_ms, &n_ours, &mj_ours)
+						      : -1;
+				usleep(300000);
+				float s_lt = lt > 0 ? time_sustained(&g, launch_lt, &c, lt, sustain_ms,
+								     &n_lt, &mj_lt)
+						    : -1;
+				printf("  sustained ~%d ms:", sustain_ms);
+				print_sustained("ours", s_ours, n_ours, mj_ours, flops);
+				print_sustained("cuBLASLt", s_lt, n_lt, mj_lt, flops);
+				printf("\n");
+				usleep(300000);
+			}
 			fflush(stdout); /* rows survive a later failure */
 		}
 		free(cw);
@@ -681,8 +748,11 @@ int bench_gemm(int argc, char **argv)
 	}
 	for (int k = 0; k < n_kept; k++)
 		cu.cuMemFree(kept[k]);
+	char sus_arg[32] = "";
+	if (sustain_ms)
+		snprintf(sus_arg, sizeof sus_arg, " --sustain %d", sustain_ms);
 	if (run_dense)
-		printf("\ncommand: dsv32 bench gemm --trials %d%s (ours: cuda_gemm_fp8, the dispatch the "
+		printf("\ncommand: dsv32 bench gemm --trials %d%s%s (ours: cuda_gemm_fp8, the dispatch the "
 		       "engine runs, %s; path: what it ran (stream / v2: the exact decode kernels, wg: "
 		       "the streaming kernel's wgmma consumers, wgmma, lt: cuBLASLt); %%lim: ours "
 		       "against the read limit; stream: k_gemm_fp8_stream_m* forced (mma.sync), split: "
@@ -700,8 +770,10 @@ int bench_gemm(int argc, char **argv)
 		       "transpose; weights rotated over >= 1 GiB; ours/lt = cuBLASLt time / our time, "
 		       "> 1: ours faster; faster: which measured faster, \"same\" where ours ran "
 		       "cuBLASLt itself (two timings of one path: their ratio is noise); n/a: the path "
-		       "cannot run the shape)\n",
-		       trials, tune ? "" : " --no-tune",
+		       "cannot run the shape; sustained: at M >= 128, ours and then cuBLASLt launched "
+		       "back to back for about --sustain ms each (the power-capped clocks of a long "
+		       "prefill), with the GPU's energy a launch from NVML's counter)\n",
+		       trials, tune ? "" : " --no-tune", sus_arg,
 		       tune ? "after the start-up measurement (cuda_gemm_tune_rotate, cold L2) of each "
 			      "shape and M bucket"
 			    : "its defaults without the start-up measurement");
