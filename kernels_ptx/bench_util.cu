@@ -25,6 +25,23 @@ extern "C" __global__ void k_fill_e4m3(uint8_t *p, long long n, unsigned long lo
 	}
 }
 
+// k_fill_e4m3_normal: p[i] = the e4m3 code of N(0, sigma^2) (Box-Muller on two 32-bit draws),
+// rounded and saturated as a checkpoint's per-block quantiser does (sigma = 448 / 4.56 puts a
+// 128x128 block's expected largest |value| at e4m3's 448: weights drawn like a real checkpoint's
+// rather than uniform over the codes). Never NaN (satfinite); zeros only where N(0, sigma^2)
+// rounds to one.
+extern "C" __global__ void k_fill_e4m3_normal(uint8_t *p, long long n, unsigned long long seed,
+					      float sigma)
+{
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (long long)gridDim.x * blockDim.x) {
+		uint64_t r = mix64(seed + (uint64_t)i * 0x9e3779b97f4a7c15ull);
+		float u1 = ((uint32_t)r + 1.0f) * 2.3283064e-10f; // (0, 1]
+		float u2 = (uint32_t)(r >> 32) * 2.3283064e-10f;   // [0, 1)
+		p[i] = f32_to_e4m3(sigma * sqrtf(-2.0f * __logf(u1)) * __cosf(6.2831853f * u2));
+	}
+}
+
 // k_fill_f32_pow2: p[i] = 2^(e) with e uniform in [lo, hi] (block scales).
 extern "C" __global__ void k_fill_f32_pow2(float *p, long long n, unsigned long long seed, int lo,
 					   int hi)

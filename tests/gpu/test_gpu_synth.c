@@ -76,6 +76,56 @@ TEST(gpu_synth, fp8_codes_and_distribution)
 	gpu_close(&g);
 }
 
+/* k_fill_e4m3_normal (bench moe --weights normal): deterministic a seed, never NaN, and the
+ * decoded values N(0, sigma^2) as e4m3 rounds them: mean ~0, standard deviation ~sigma, the
+ * share of |value| >= 224 that of |x| >= 216 (the rounding midpoint below 224: 2.8%), the
+ * largest near 448 (saturated there, never above). */
+TEST(gpu_synth, e4m3_normal_fill)
+{
+	struct gpu g;
+	gpu_test_open(&g);
+	long long n = 1 << 22;
+	unsigned long long seed = 7;
+	float sigma = 448.0f / 4.56f;
+	gpu_ptr d = gpu_test_alloc((size_t)n), d2 = gpu_test_alloc((size_t)n);
+	void *a1[] = {&d, &n, &seed, &sigma}, *a2[] = {&d2, &n, &seed, &sigma};
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fill_e4m3_normal"), 256, 1, 1, 256, 1, 1, 0, a1) == 0);
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fill_e4m3_normal"), 64, 1, 1, 128, 1, 1, 0, a2) == 0);
+	uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
+	REQUIRE(a && b);
+	REQUIRE(gpu_download(&g, a, d, (size_t)n) == 0);
+	REQUIRE(gpu_download(&g, b, d2, (size_t)n) == 0);
+	CHECK(memcmp(a, b, (size_t)n) == 0); /* the same bytes whatever the grid */
+	double sum = 0, sq = 0, mx = 0;
+	long long nan = 0, beyond = 0;
+	for (long long i = 0; i < n; i++) {
+		if ((a[i] & 0x7f) == 0x7f) {
+			nan++;
+			continue;
+		}
+		double v = e4m3_to_f32(a[i]);
+		sum += v, sq += v * v;
+		mx = fabs(v) > mx ? fabs(v) : mx;
+		beyond += fabs(v) >= 224;
+	}
+	double mean = sum / n, sd = sqrt(sq / n - mean * mean), tail = (double)beyond / n;
+	const double want = erfc(216 / (sigma * sqrt(2.0)));
+	printf("    %lld codes: mean %.3f, sd %.2f (sigma %.2f), |v| >= 224 %.4f (want %.4f), "
+	       "largest %g\n",
+	       n, mean, sd, sigma, tail, want, mx);
+	CHECK(nan == 0);
+	CHECK(fabs(mean) < 0.01 * sigma);
+	CHECK(fabs(sd - sigma) < 0.02 * sigma); /* e4m3's rounding: ~1% of a value's size */
+	CHECK(fabs(tail - want) < 0.002);
+	CHECK(mx <= 448 && mx >= 352);
+	seed = 8; /* another seed: other bytes */
+	REQUIRE(gpu_launch(&g, gpu_kernel(&g, "k_fill_e4m3_normal"), 64, 1, 1, 128, 1, 1, 0, a2) == 0);
+	REQUIRE(gpu_download(&g, b, d2, (size_t)n) == 0);
+	CHECK(memcmp(a, b, (size_t)n) != 0);
+	free(a), free(b);
+	gpu_close(&g);
+}
+
 static void check_bf16(struct gpu *g, const char *name, int64_t rows, int64_t cols, int shift)
 {
 	struct st_tensor t = tensor(name, ST_BF16, rows, cols);

@@ -18,6 +18,14 @@ int bench_fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long se
 			  1, 0, args);
 }
 
+int bench_fill_e4m3_normal(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed,
+			   float sigma)
+{
+	void *args[] = {&p, &n, &seed, &sigma};
+	return gpu_launch(g, gpu_kernel(g, "k_fill_e4m3_normal"), (unsigned)g->sm_count * 8, 1, 1,
+			  256, 1, 1, 0, args);
+}
+
 int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed, int lo, int hi)
 {
 	void *args[] = {&p, &n, &seed, &lo, &hi};

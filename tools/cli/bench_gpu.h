@@ -10,6 +10,10 @@
 #ifndef DSV32_NO_CUDA
 /* n bytes of random e4m3 codes (never NaN) at p. */
 int bench_fill_e4m3(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed);
+/* n bytes of e4m3 codes of N(0, sigma^2) at p (k_fill_e4m3_normal: drawn like a checkpoint's
+ * weights, quantised per block to e4m3's range). */
+int bench_fill_e4m3_normal(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed,
+			   float sigma);
 /* n fp32 powers of two 2^e, e uniform in [lo, hi], at p. */
 int bench_fill_pow2(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed, int lo, int hi);
 /* Streaming read of 4 GiB (k_read_bw), median of `trials` timings of 3 passes: TB/s, or a

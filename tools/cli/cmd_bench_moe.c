@@ -245,9 +245,28 @@ static void print_part(const char *name, float ms, double bytes, double flops, d
 	printf("\n");
 }
 
+/* --weights: uniform over the e4m3 codes up to 15 (the default; block scales 2^-12 .. 2^-9) or
+ * drawn like a checkpoint's (normal: N(0, 98^2) rounded to e4m3, a block's largest near 448;
+ * block scales 2^-17 .. 2^-14, the outputs of the same size). Same bytes and FLOPs either way;
+ * the tensor cores' power is what may differ. */
+static int weights_normal;
+
+static int fill_weights(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed)
+{
+	return weights_normal ? bench_fill_e4m3_normal(g, p, n, seed, 448.0f / 4.56f)
+			      : bench_fill_e4m3(g, p, n, seed);
+}
+
+static int fill_scales(struct gpu *g, gpu_ptr p, long long n, unsigned long long seed)
+{
+	return weights_normal ? bench_fill_pow2(g, p, n, seed, -17, -14)
+			      : bench_fill_pow2(g, p, n, seed, -12, -9);
+}
+
 int bench_moe(int argc, char **argv)
 {
 	int trials = 5, hot = 0, exact = 0, sustain_ms = 0, nl = 4;
+	weights_normal = 0;
 	const char *uf = getenv("DSV32_CUDA_UNFUSED");
 	const unsigned mode = uf && *uf == '1' ? CUDA_MOE_UNFUSED : 0;
 	const char *tokens = NULL;
@@ -264,13 +283,16 @@ int bench_moe(int argc, char **argv)
 			nl = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--exact"))
 			exact = 1;
+		else if (!strcmp(argv[i], "--weights") && i + 1 < argc &&
+			 (!strcmp(argv[i + 1], "codes") || !strcmp(argv[i + 1], "normal")))
+			weights_normal = !strcmp(argv[++i], "normal");
 		else if (!strcmp(argv[i], "--sustain") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
 			 atoi(argv[i + 1]) <= 60000)
 			sustain_ms = atoi(argv[++i]);
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
 					"[--exact] [--tokens T1,T2,.. (1 .. 4096)] [--sustain MS (1 .. "
-					"60000)] [--layers N (1 .. %d)]\n",
+					"60000)] [--layers N (1 .. %d)] [--weights codes|normal]\n",
 				MAX_LAYERS);
 			return 2;
 		}
@@ -313,10 +335,10 @@ int bench_moe(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench moe: device allocation failed\n");
 		return 1;
 	}
-	if (bench_fill_e4m3(&g, w13, (long long)(n13 * E), 21) ||
-	    bench_fill_e4m3(&g, w2, (long long)(n2 * E), 22) ||
-	    bench_fill_pow2(&g, s13, (long long)(ns13 / 4 * E), 25, -12, -9) ||
-	    bench_fill_pow2(&g, s2, (long long)(ns2 / 4 * E), 26, -12, -9) ||
+	if (fill_weights(&g, w13, (long long)(n13 * E), 21) ||
+	    fill_weights(&g, w2, (long long)(n2 * E), 22) ||
+	    fill_scales(&g, s13, (long long)(ns13 / 4 * E), 25) ||
+	    fill_scales(&g, s2, (long long)(ns2 / 4 * E), 26) ||
 	    gpu_memset(&g, bias, 0, (size_t)E * 4)) {
 		fprintf(stderr, "dsv32 bench moe: filling the weights failed\n");
 		return 1;
@@ -352,10 +374,9 @@ int bench_moe(int argc, char **argv)
 			sh2 = dev_alloc(nsh2), shs13 = dev_alloc((size_t)nss13 * 4),
 			shs2 = dev_alloc((size_t)nss2 * 4);
 		if (!gate || !sh13 || !sh2 || !shs13 || !shs2 ||
-		    bench_fill_e4m3(&g, sh13, (long long)nsh13, 23 + sd) ||
-		    bench_fill_e4m3(&g, sh2, (long long)nsh2, 24 + sd) ||
-		    bench_fill_pow2(&g, shs13, nss13, 27 + sd, -12, -9) ||
-		    bench_fill_pow2(&g, shs2, nss2, 28 + sd, -12, -9)) {
+		    fill_weights(&g, sh13, (long long)nsh13, 23 + sd) ||
+		    fill_weights(&g, sh2, (long long)nsh2, 24 + sd) ||
+		    fill_scales(&g, shs13, nss13, 27 + sd) || fill_scales(&g, shs2, nss2, 28 + sd)) {
 			fprintf(stderr, "dsv32 bench moe: layer %d's router or shared expert failed\n", l);
 			return 1;
 		}
@@ -514,7 +535,8 @@ int bench_moe(int argc, char **argv)
 	if (sustain_ms)
 		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --sustain %d",
 			 sustain_ms);
-	snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --layers %d", nl);
+	snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --layers %d%s", nl,
+		 weights_normal ? " --weights normal" : "");
 	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; susN: N runs replayed "
