@@ -333,6 +333,12 @@ int gpu_region_reserve(struct gpu *g, struct gpu_region *r, const char *name, si
 
 int gpu_region_grow(struct gpu *g, struct gpu_region *r, size_t bytes, struct err *e)
 {
+	return gpu_region_grow_shared(g, r, bytes, -1, e);
+}
+
+int gpu_region_grow_shared(struct gpu *g, struct gpu_region *r, size_t bytes, int peer,
+			   struct err *e)
+{
 	if (bytes <= r->mapped)
 		return 0;
 	size_t want = round_up(bytes, g->granularity);
@@ -350,11 +356,16 @@ int gpu_region_grow(struct gpu *g, struct gpu_region *r, size_t bytes, struct er
 		cu.cuMemRelease(h);
 		return err_set(e, -EIO, "%s: cuMemMap failed", r->name);
 	}
-	CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->ordinal},
-			       .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-	if (cu_check(cu.cuMemSetAccess(r->base + r->mapped, size, &acc, 1), "cuMemSetAccess",
+	CUmemAccessDesc acc[2] = {
+		{.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->ordinal},
+		 .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+		{.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = peer},
+		 .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
+	const size_t n_acc = peer >= 0 && peer != g->ordinal ? 2 : 1;
+	if (cu_check(cu.cuMemSetAccess(r->base + r->mapped, size, acc, n_acc), "cuMemSetAccess",
 		     __FILE__, __LINE__))
-		return err_set(e, -EIO, "%s: cuMemSetAccess failed", r->name);
+		return err_set(e, -EIO, "%s: cuMemSetAccess failed (GPU %d%s)", r->name, g->ordinal,
+			       n_acc > 1 ? " and its peer" : "");
 	CUmemGenericAllocationHandle *hs = realloc(r->chunks, (size_t)(r->n_chunks + 1) * sizeof *hs);
 	if (!hs)
 		return err_set(e, -ENOMEM, "out of memory");

@@ -144,6 +144,11 @@ int gpu_sync(struct gpu *g);
 int gpu_region_reserve(struct gpu *g, struct gpu_region *r, const char *name, size_t reserve,
 		       struct err *e);
 int gpu_region_grow(struct gpu *g, struct gpu_region *r, size_t bytes, struct err *e);
+/* gpu_region_grow whose new memory GPU `peer` may also read and write (a pipeline stage's rows,
+ * written by the previous stage's GPU); peer < 0 or g's own: as gpu_region_grow. Every grow of
+ * a region shares it with the same peer. */
+int gpu_region_grow_shared(struct gpu *g, struct gpu_region *r, size_t bytes, int peer,
+			   struct err *e);
 gpu_ptr gpu_region_alloc(struct gpu_region *r, size_t bytes);
 void gpu_region_free(struct gpu *g, struct gpu_region *r);
 

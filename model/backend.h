@@ -213,6 +213,8 @@ int backend_cuda_create(const struct dsv32_config *c, const struct weights *w,
 			const struct checkpoint *ck, int64_t n_pages, struct backend **out,
 			struct err *e);
 
+#define CUDA_MAX_STAGES 8
+
 /* The CUDA backend with options. synthetic = 1: ck may be a header-only checkpoint (`mkmodel
  * real --header-only`); the tensors it leaves as holes (model/cuda_synth.h) are generated on the
  * GPU from seed instead of read, the others are read from ck. n_pages as above. */
@@ -228,6 +230,15 @@ struct backend_cuda_opts {
 	 * variable DSV32_CUDA_BATCH_INVARIANT=1 / 0 overrides it (read when the backend is
 	 * created). */
 	int batch_invariant;
+	/* GPUs (model/cuda_pipeline.c). stages <= 1: the whole model on GPU stage_gpu[0] (0 unless
+	 * set). stages = N > 1: a pipeline: the main layers split into N consecutive ranges of
+	 * (nearly) equal counts, range i on GPU stage_gpu[i] with its layers' weights and KV
+	 * pools, the embedding on the first, the final norm, lm_head and the MTP layer on the
+	 * last; each step runs the stages in turn, the rows (layer output and residual) handed
+	 * from one GPU to the next. The same numbers as one GPU (the same kernels on the same
+	 * rows); one scheduler, one page manager. Stages may share a GPU (tests). */
+	int stages;
+	int stage_gpu[CUDA_MAX_STAGES];
 };
 int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,

@@ -45,6 +45,7 @@
 #include "model/cuda_forward.h"
 #include "model/cuda_gemm.h"
 #include "model/cuda_gemm_tune.h"
+#include "model/cuda_stage.h"
 #include "model/cuda_step_sample.h"
 #include "model/cuda_synth.h"
 #include "model/env_knob.h"
@@ -162,6 +163,9 @@ struct cuda_backend {
 	size_t pinned_bytes;
 	size_t upload_bytes;
 	double upload_s;
+	int64_t l0, l1;                   /* the main layers it runs: all (0, num_hidden_layers), or
+					   * a pipeline stage's range (model/cuda_stage.h) */
+	struct gpu_region rows_in[2];     /* a later stage: the previous stage's rows (x, r) */
 };
 
 /* Streams n bytes from host src (the mmap) to device dst through the two pinned buffers. */
@@ -262,6 +266,29 @@ static int place_pair(struct cuda_backend *b, const struct fp8_linear *x, const 
 	return place_group(b, p, 2, out);
 }
 
+/* Whether this backend runs layer l (main layers 0 .. num_hidden_layers - 1, then the MTP
+ * layer): a stage runs its range, and the last one the MTP layer too. */
+static int owns_layer(const struct cuda_backend *b, int64_t l)
+{
+	return l < b->base.c->num_hidden_layers ? l >= b->l0 && l < b->l1
+						: b->l1 == b->base.c->num_hidden_layers;
+}
+
+/* Whether checkpoint tensor `name` is uploaded: its layer's when owns_layer, the embedding on the
+ * first stage, the final norm and lm_head on the last, anything else everywhere. */
+static int tensor_wanted(const struct cuda_backend *b, const char *name)
+{
+	long long l;
+	int n = 0;
+	if (sscanf(name, "model.layers.%lld.%n", &l, &n) == 1 && n > 0)
+		return l >= 0 && owns_layer(b, l);
+	if (!strncmp(name, "model.embed_tokens.", 19))
+		return b->l0 == 0;
+	if (!strncmp(name, "model.norm.", 11) || !strncmp(name, "lm_head.", 8))
+		return b->l1 == b->base.c->num_hidden_layers;
+	return 1;
+}
+
 static const struct layer_weights *layer_w(const struct cuda_backend *b, int64_t l)
 {
 	return l < b->base.c->num_hidden_layers ? &b->w->layers[l] : &b->w->mtp.layer;
@@ -277,6 +304,8 @@ static int place_fused(struct cuda_backend *b, struct err *e)
 {
 	const struct dsv32_config *c = b->base.c;
 	for (int64_t l = 0; l < n_fwd_layers(b); l++) {
+		if (!owns_layer(b, l))
+			continue;
 		const struct layer_weights *lw = layer_w(b, l);
 		struct fwd_layer *L = &b->m.layers[l];
 		const struct fp8_linear *qkv[3] = {&lw->wq_a, &lw->idx_wk, &lw->wkv_a};
@@ -310,7 +339,7 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 	const struct dsv32_config *c = b->base.c;
 	size_t total = 0;
 	for (size_t i = 0; i < ck->n_tensors; i++)
-		total += round256(ck->tensors[i].nbytes);
+		total += tensor_wanted(b, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
 	/* + the fp32 vectors, the RoPE table and the MoE address tables */
 	size_t per_layer = 16 * 256 + (size_t)4 * (2 * c->hidden_size + c->q_lora_rank +
 						  c->kv_lora_rank + 2 * c->index_head_dim +
@@ -358,6 +387,8 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 	double t0 = clock_mono_s();
 	for (size_t k = 0; k < ck->n_tensors && !r; k++) {
 		const struct st_tensor *t = &ck->tensors[order[k]];
+		if (!tensor_wanted(b, t->name)) /* (another pipeline stage's) */
+			continue;
 		gpu_ptr d = b->tensor_dev[order[k]]; /* placed already (fused), or next in the region */
 		if (!d)
 			d = gpu_region_alloc(&b->weights_region, t->nbytes);
@@ -494,14 +525,16 @@ static int build_model(struct cuda_backend *b, struct err *e)
 	struct fwd_model *m = &b->m;
 	int r = build_rope(b, e);
 	for (int64_t l = 0; l < n_fwd_layers(b) && !r; l++)
-		r = build_layer(b, l, e);
+		r = owns_layer(b, l) ? build_layer(b, l, e) : 0;
 	if (r)
 		return r;
-	m->embed = dev_of(b, w->embed.w);
-	m->norm = dev_vec(b, w->norm, c->hidden_size);
-	m->lm_head = dev_of(b, w->lm_head.w);
-	m->has_mtp = w->has_mtp;
-	if (w->has_mtp) {
+	const int first = b->l0 == 0, last = b->l1 == c->num_hidden_layers;
+	m->l0 = b->l0, m->l1 = b->l1;
+	m->embed = first ? dev_of(b, w->embed.w) : 0;
+	m->norm = last ? dev_vec(b, w->norm, c->hidden_size) : 0;
+	m->lm_head = last ? dev_of(b, w->lm_head.w) : 0;
+	m->has_mtp = w->has_mtp && last;
+	if (m->has_mtp) {
 		m->mtp_embed = dev_of(b, w->mtp.embed.w);
 		m->enorm = dev_vec(b, w->mtp.enorm, c->hidden_size);
 		m->hnorm = dev_vec(b, w->mtp.hnorm, c->hidden_size);
@@ -509,8 +542,8 @@ static int build_model(struct cuda_backend *b, struct err *e)
 		m->head_norm = dev_vec(b, w->mtp.head_norm, c->hidden_size);
 		m->mtp_head = dev_of(b, w->mtp.head.w);
 	}
-	if (!m->embed || !m->norm || !m->lm_head ||
-	    (w->has_mtp && (!m->mtp_embed || !m->enorm || !m->hnorm || !m->eh_proj ||
+	if ((first && !m->embed) || (last && (!m->norm || !m->lm_head)) ||
+	    (m->has_mtp && (!m->mtp_embed || !m->enorm || !m->hnorm || !m->eh_proj ||
 			    !m->head_norm || !m->mtp_head)))
 		return err_set(e, -EINVAL, "cuda backend: a model-level tensor has no device copy");
 	return 0;
@@ -533,7 +566,8 @@ static struct fwd_env env_of(struct cuda_backend *b)
 	if (on && !b->graphs)
 		b->graphs = cuda_forward_graphs_new();
 	return (struct fwd_env){.g = &b->g, .arena = &b->scratch, .c = b->base.c, .m = &b->m,
-				.base = &b->base, .kv_base = b->kv_region.base, .pinned = &b->pinned,
+				.base = &b->base, .kv_base = b->kv_region.base, .kv_layer0 = b->l0,
+				.pinned = &b->pinned,
 				.pinned_bytes = &b->pinned_bytes, .plog = &b->plog,
 				.plog_bytes = &b->plog_bytes, .host_blocks = b->hb, .kept = &b->kept,
 				.n_host_blocks = b->n_hb, .sw = &b->sw, .graphs = on ? b->graphs : NULL,
@@ -612,6 +646,8 @@ static void cuda_host_free(struct backend *base, void *p)
 static void cuda_destroy(struct backend *base)
 {
 	struct cuda_backend *b = (struct cuda_backend *)base;
+	if (b->g.ctx) /* (a pipeline's stages: each its own GPU) */
+		cu.cuCtxSetCurrent(b->g.ctx);
 	cuda_forward_profile_print();
 	while (b->n_hb) /* (blocks the callers did not free: theirs is a bug, leaked no further) */
 		cuda_host_free(base, (void *)b->hb[b->n_hb - 1].p);
@@ -625,6 +661,8 @@ static void cuda_destroy(struct backend *base)
 		cu.cuStreamDestroy(b->side);
 	cuda_step_sampler_free(&b->g, &b->smp);
 	gpu_arena_free(&b->g, &b->scratch);
+	gpu_region_free(&b->g, &b->rows_in[0]);
+	gpu_region_free(&b->g, &b->rows_in[1]);
 	gpu_region_free(&b->g, &b->kv_region);
 	gpu_region_free(&b->g, &b->weights_region);
 	gpu_host_free(b->pinned);
@@ -654,15 +692,30 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
 			     struct backend **out, struct err *e)
 {
+	if (o->stages > 1)
+		return cuda_pipeline_create(c, w, ck, o, out, e);
+	return cuda_stage_create(c, w, ck, o, o->stage_gpu[0], 0, c->num_hidden_layers, out, e);
+}
+
+int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
+		      const struct checkpoint *ck, const struct backend_cuda_opts *o, int ordinal,
+		      int64_t l0, int64_t l1, struct backend **out, struct err *e)
+{
 	int64_t n_pages = o->n_pages;
+	if (l0 < 0 || l1 <= l0 || l1 > c->num_hidden_layers)
+		return err_set(e, -EINVAL, "cuda backend: layers [%lld, %lld) are not a range of the "
+					   "model's %lld", (long long)l0, (long long)l1,
+			       (long long)c->num_hidden_layers);
 	struct cuda_backend *b = calloc(1, sizeof *b);
 	if (!b)
 		return err_set(e, -ENOMEM, "out of memory");
-	int r = gpu_open(&b->g, 0, e);
+	int r = gpu_open(&b->g, ordinal, e);
 	if (r) {
 		free(b);
 		return r;
 	}
+	cuda_gemm_retain(&b->g);
+	b->l0 = l0, b->l1 = l1;
 	b->synthetic = o->synthetic;
 	b->seed = o->seed;
 	b->batch_invariant = invariant_mode(o);
@@ -671,7 +724,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	b->base.host_alloc = cuda_host_alloc;
 	b->base.host_free = cuda_host_free;
 	b->base.c = c;
-	b->base.n_layers = c->num_hidden_layers + c->num_nextn_predict_layers;
+	b->base.n_layers = (l1 - l0) + (l1 == c->num_hidden_layers ? c->num_nextn_predict_layers : 0);
 	b->base.mla_page_bytes = kv_mla_page_bytes(c);
 	b->base.idx_page_bytes = kv_index_page_bytes(c);
 	b->w = w;
@@ -694,7 +747,7 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 		goto err;
 	}
 	/* the draws' buffers (before the KV pool takes what is left) */
-	if (env_int("DSV32_CUDA_DRAW", 1) != 0) {
+	if (env_int("DSV32_CUDA_DRAW", 1) != 0 && l1 == c->num_hidden_layers) { /* (last stage) */
 		if ((r = cuda_step_sampler_init(&b->g, &b->smp, STEP_DRAWS, (int)c->vocab_size,
 						STEP_DRAW_HIST, e)))
 			goto err;
@@ -721,11 +774,15 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	/* the GEMM dispatch measured on these weights (model/cuda_gemm_tune.h; logs, never fatal:
 	 * what it could not measure keeps the defaults) */
 	(void)cuda_gemm_tune_model(&b->g, &b->m, (int)n_fwd_layers(b), &b->scratch);
+	char range[64] = "";
+	if (l0 > 0 || l1 < c->num_hidden_layers)
+		snprintf(range, sizeof range, " layers %lld-%lld", (long long)l0, (long long)l1 - 1);
 	fprintf(stderr,
-		"<6>dsv32: cuda backend on %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB uploaded "
-		"in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch %zu MiB, "
-		"sampler %zu MiB (%lld draws a step); mode %s%s\n",
-		b->g.name, b->g.cc_major, b->g.cc_minor, b->g.sm_count, b->g.total_mem / 1073741824.0,
+		"<6>dsv32: cuda backend%s on GPU %d, %s (sm_%d%d, %d SMs, %.1f GiB): weights %.2f GiB "
+		"uploaded in %.2f s (%.1f GB/s), KV pool %lld pages of 64 tokens (%.2f GiB), scratch "
+		"%zu MiB, sampler %zu MiB (%lld draws a step); mode %s%s\n",
+		range, ordinal, b->g.name, b->g.cc_major, b->g.cc_minor, b->g.sm_count,
+		b->g.total_mem / 1073741824.0,
 		b->upload_bytes / 1073741824.0, b->upload_s,
 		b->upload_s > 0 ? b->upload_bytes / b->upload_s / 1e9 : 0.0,
 		(long long)b->base.n_pages, kv_bytes / 1073741824.0, SCRATCH_BYTES >> 20,
@@ -741,61 +798,130 @@ err:
 	return r;
 }
 
+/* The CUDA backends behind base: itself, or a pipeline's stages in order (model/cuda_stage.h);
+ * how many (0: base is not a CUDA backend). */
+static int cuda_parts(const struct backend *base, struct cuda_backend **parts)
+{
+	if (base && base->ops == &cuda_ops) {
+		parts[0] = (struct cuda_backend *)base;
+		return 1;
+	}
+	struct backend *st[CUDA_MAX_STAGES];
+	int n = base ? cuda_pipeline_stages(base, st) : 0;
+	for (int i = 0; i < n; i++)
+		parts[i] = (struct cuda_backend *)st[i];
+	return n;
+}
+
 int backend_cuda_kv_fill_synthetic(struct backend *base, const int32_t *bt, int64_t n_tokens,
 				   uint64_t seed, struct err *e)
 {
-	if (!base || base->ops != &cuda_ops)
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts), r = n ? 0 : -ENOTSUP;
+	if (!n)
 		return err_set(e, -ENOTSUP, "synthetic KV fill: not a CUDA backend");
-	struct cuda_backend *b = (struct cuda_backend *)base;
-	size_t mla_layer = (size_t)base->n_pages * base->mla_page_bytes;
-	size_t idx_layer = (size_t)base->n_pages * base->idx_page_bytes;
-	gpu_ptr mla = b->kv_region.base, idx = mla + (size_t)base->n_layers * mla_layer;
-	int r = cuda_synth_kv_fill(&b->g, base->c, mla, mla_layer, idx, idx_layer, (int)base->n_layers,
-				   bt, n_tokens, seed, &b->scratch);
-	if (!r)
-		r = gpu_sync(&b->g);
+	for (int i = 0; i < n && !r; i++) { /* each stage its own layers' pools */
+		struct cuda_backend *b = parts[i];
+		const struct backend *sb = &b->base;
+		size_t mla_layer = (size_t)sb->n_pages * sb->mla_page_bytes;
+		size_t idx_layer = (size_t)sb->n_pages * sb->idx_page_bytes;
+		gpu_ptr mla = b->kv_region.base, idx = mla + (size_t)sb->n_layers * mla_layer;
+		cu.cuCtxSetCurrent(b->g.ctx);
+		r = cuda_synth_kv_fill(&b->g, sb->c, mla, mla_layer, idx, idx_layer, (int)sb->n_layers,
+				       bt, n_tokens, seed, &b->scratch);
+		if (!r)
+			r = gpu_sync(&b->g);
+	}
 	return r ? err_set(e, r, "synthetic KV fill of %lld tokens failed (%d)", (long long)n_tokens, r)
 		 : 0;
 }
 
 int64_t backend_cuda_draws(const struct backend *base)
 {
-	if (!base || base->ops != &cuda_ops)
-		return -ENOTSUP;
-	return (int64_t)((const struct cuda_backend *)base)->smp.draws;
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts); /* (the last stage draws) */
+	return n ? (int64_t)parts[n - 1]->smp.draws : -ENOTSUP;
 }
 
 int backend_cuda_graph_stats(const struct backend *base, int64_t *captures, int64_t *replays)
 {
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts);
 	*captures = *replays = 0;
-	if (!base || base->ops != &cuda_ops)
-		return -ENOTSUP;
-	cuda_forward_graphs_stats(((const struct cuda_backend *)base)->graphs, captures, replays);
-	return 0;
+	for (int i = 0; i < n; i++) { /* (a pipeline: every stage's) */
+		int64_t c, r;
+		cuda_forward_graphs_stats(parts[i]->graphs, &c, &r);
+		*captures += c, *replays += r;
+	}
+	return n ? 0 : -ENOTSUP;
 }
 
 const char *backend_cuda_mode(const struct backend *base)
 {
-	if (!base || base->ops != &cuda_ops)
-		return "not cuda";
-	return ((const struct cuda_backend *)base)->batch_invariant ? "batch-invariant" : "fast";
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts);
+	return !n ? "not cuda" : parts[0]->batch_invariant ? "batch-invariant" : "fast";
 }
 
 int backend_cuda_set_batch_invariant(struct backend *base, int on)
 {
-	if (!base || base->ops != &cuda_ops)
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts);
+	if (!n)
 		return -ENOTSUP;
-	struct cuda_backend *b = (struct cuda_backend *)base;
-	int was = b->batch_invariant;
-	b->batch_invariant = !!on;
+	int was = parts[0]->batch_invariant;
+	for (int i = 0; i < n; i++)
+		parts[i]->batch_invariant = !!on;
 	return was;
 }
 
 int backend_cuda_set_switch(struct backend *base, const char *name, const char *value)
 {
-	if (!base || base->ops != &cuda_ops)
-		return -ENOTSUP;
-	return cuda_forward_switch_set(&((struct cuda_backend *)base)->sw, name, value);
+	struct cuda_backend *parts[CUDA_MAX_STAGES] = {0};
+	int n = cuda_parts(base, parts), r = n ? 0 : -ENOTSUP;
+	for (int i = 0; i < n && !r; i++)
+		r = cuda_forward_switch_set(&parts[i]->sw, name, value);
+	return r;
+}
+
+/* ---- a pipeline stage's side (model/cuda_stage.h) ---------------------------------------------- */
+
+void cuda_stage_current(struct backend *base)
+{
+	cu.cuCtxSetCurrent(((struct cuda_backend *)base)->g.ctx);
+}
+
+int cuda_stage_rows_in(struct backend *base, int64_t rows, int writer, gpu_ptr *x, gpu_ptr *r,
+		       struct err *e)
+{
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	const size_t plane = (size_t)rows * (size_t)base->c->hidden_size * 2;
+	int rc = 0;
+	cu.cuCtxSetCurrent(b->g.ctx);
+	for (int k = 0; k < 2 && !rc; k++) {
+		struct gpu_region *g = &b->rows_in[k];
+		if (!g->base)
+			rc = gpu_region_reserve(&b->g, g, k ? "stage rows in (residual)" : "stage rows in",
+						(size_t)CUDA_STAGE_MAX_ROWS * base->c->hidden_size * 2, e);
+		if (!rc)
+			rc = gpu_region_grow_shared(&b->g, g, plane, writer, e);
+	}
+	if (rc)
+		return rc;
+	*x = b->rows_in[0].base, *r = b->rows_in[1].base;
+	b->m.in_x = *x, b->m.in_r = *r;
+	return 0;
+}
+
+void cuda_stage_rows_out(struct backend *base, gpu_ptr x, gpu_ptr r)
+{
+	struct cuda_backend *b = (struct cuda_backend *)base;
+	b->m.out_x = x, b->m.out_r = r;
+}
+
+int cuda_stage_ordinal(const struct backend *base)
+{
+	return ((const struct cuda_backend *)base)->g.ordinal;
 }
 
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,

@@ -406,6 +406,16 @@ static int gather_download(struct fwd *F, gpu_ptr src, gpu_ptr idx, int n, int D
 	return r;
 }
 
+/* n bytes from src to dst on the engine stream (either may be on another GPU: a pipeline
+ * stage's rows); capturable. 0 or -EIO. */
+static int fwd_copy(struct fwd *F, gpu_ptr dst, gpu_ptr src, size_t n)
+{
+	return cu_check(cu.cuMemcpyDtoDAsync(dst, src, n, F->g->stream), "cuMemcpyDtoDAsync",
+			__FILE__, __LINE__)
+		       ? -EIO
+		       : 0;
+}
+
 /* Everything of a step on the device, up to the final normed rows (*out, and r = the MTP
  * block's output) and the logits of the flagged rows (*l32: fp32 [n_logits, V], 0 if none).
  * No synchronisation unless dumping: this is what a decode graph captures. */
@@ -422,16 +432,28 @@ static int step_device(struct fwd *F, gpu_ptr *out_p, gpu_ptr *r_p, gpu_ptr *l32
 	TAKE(r, (size_t)F->Tp * D * 2); /* bf16 [Tp, D] residual stream */
 	gpu_ptr norm, head;
 	if (!st->mtp) {
-		/* the embedding inside the first norm's launch (fwd_layer), unless dumped or unfused */
-		const int embed = st->dump || !fwd_fused(F);
+		/* the embedding inside the first norm's launch (fwd_layer), unless dumped or unfused;
+		 * a later pipeline stage starts from the rows the stage before it left */
+		const int embed = m->l0 == 0 && (st->dump || !fwd_fused(F));
+		const size_t off = (size_t)F->row_off * D * 2, rows = (size_t)T * D * 2;
+		if (m->l0 > 0) {
+			TRY(fwd_copy(F, x, m->in_x + off, rows));
+			TRY(fwd_copy(F, r, m->in_r + off, rows));
+		}
 		if (embed) {
 			gpu_ptr emb = m->embed;
 			LAUNCH("k_embed", T, 1, 256, 0, &emb, &F->tok, &x, &D);
 			TRY(fwd_dump_all(F, "embed", -1, x, DUMP_BF16, D, D));
 		}
-		for (int64_t l = 0; l < Lm; l++)
+		for (int64_t l = m->l0; l < m->l1; l++)
 			TRY(fwd_layer(F, l, &m->layers[l], x, r,
 				      l ? 0 : embed ? FWD_FIRST : FWD_FIRST_EMBED));
+		if (m->l1 < Lm) { /* an earlier stage: its rows to the next, no outputs */
+			TRY(fwd_copy(F, m->out_x + off, x, rows));
+			TRY(fwd_copy(F, m->out_r + off, r, rows));
+			*out_p = *r_p = *l32_p = 0;
+			return fwd_side_close(F);
+		}
 		norm = m->norm, head = m->lm_head;
 	} else {
 		/* MTP input (§4): x = eh_proj([enorm(embed(x_{i+1})) ; hnorm(h_i)]) */
@@ -615,7 +637,7 @@ static int step_graph(struct fwd *F, int *ran, gpu_ptr *out, gpu_ptr *r, gpu_ptr
 	struct fwd_graphs *G = F->E->graphs;
 	const struct backend_step *st = F->st;
 	*ran = 0;
-	if (!G || G->off || st->dump || F->T > FWD_GRAPH_MAX_ROWS || F->keep_off)
+	if (!G || G->off || st->dump || F->T > FWD_GRAPH_MAX_ROWS || F->keep_off || F->row_off)
 		return 0;
 	int need = F->max_n > F->c->index_topk;
 	gpu_ptr kept = F->n_keep || F->mtp_kept ? F->E->kept->p : 0;
@@ -719,12 +741,13 @@ static void fwd_sync_all(const struct fwd_env *E)
 		cu.cuStreamSynchronize(E->side);
 }
 
-static int step_pass(const struct fwd_env *E, const struct backend_step *st, int64_t keep_off)
+static int step_pass(const struct fwd_env *E, const struct backend_step *st, int64_t keep_off,
+		     int64_t row_off)
 {
 	struct fwd F;
 	size_t mark = gpu_arena_mark(E->arena);
 	int r = fwd_begin(&F, E, st, NULL, NULL);
-	F.keep_off = keep_off;
+	F.keep_off = keep_off, F.row_off = row_off;
 	if (!r && F.T) {
 		gpu_ptr out = 0, res = 0, l32 = 0;
 		int graphed = 0;
@@ -764,7 +787,7 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 	for (int64_t i = 0; i < st->n_seqs; i++)
 		T += st->seqs[i].n;
 	if (T <= max)
-		return step_pass(E, st, 0);
+		return step_pass(E, st, 0, 0);
 	const struct dsv32_config *c = E->c;
 	int64_t n = st->n_seqs, V = c->vocab_size, D = c->hidden_size, kept = 0;
 	struct backend_seq *sub = calloc((size_t)n, sizeof *sub);
@@ -823,7 +846,7 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 		struct backend_step part = *st;
 		part.seqs = sub;
 		if (!r)
-			r = step_pass(E, &part, keep_off);
+			r = step_pass(E, &part, keep_off, t0);
 	}
 	for (int64_t i = 0; fl && i < n; i++)
 		free(fl[i]);
@@ -838,6 +861,14 @@ static int step_passes(const struct fwd_env *E, const struct backend_step *st)
 int cuda_forward_step(const struct fwd_env *E, const struct backend_step *st)
 {
 	struct fwd_kept *K = E->kept;
+	if (E->m->l1 < E->c->num_hidden_layers) { /* an earlier pipeline stage: rows, no outputs */
+		for (int64_t i = 0; i < st->n_seqs; i++)
+			for (int64_t j = 0; j < st->seqs[i].n; j++)
+				if (row_flags(&st->seqs[i], j))
+					return -EINVAL;
+		if (st->mtp || E->draw)
+			return -EINVAL;
+	}
 	if (st->mtp)
 		return !E->m->has_mtp || !backend_kept_ok(st, K->n) ? -EINVAL : step_passes(E, st);
 	if (K->n)

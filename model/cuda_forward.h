@@ -48,9 +48,18 @@ struct fwd_layer {
 };
 
 struct fwd_model {
-	struct fwd_layer *layers;     /* [num_hidden_layers + MTP layers] */
-	gpu_ptr embed, norm, lm_head; /* bf16 [V, D], fp32 [D], bf16 [V, D] */
-	int has_mtp;
+	struct fwd_layer *layers;     /* [num_hidden_layers + MTP layers]; only [l0, l1) (and the
+				       * MTP layer on the last stage) filled */
+	/* A pipeline stage (model/cuda_pipeline.c) runs main layers [l0, l1): after the embedding
+	 * when l0 == 0, else from the rows the previous stage left at in_x / in_r (bf16 [rows, D]
+	 * each: its layer output and residual, the step's row order); up to the logits when l1 ==
+	 * num_hidden_layers, else leaving its own rows at out_x / out_r (the next stage's in_x /
+	 * in_r, maybe on another GPU). One GPU: l0 = 0, l1 = num_hidden_layers. */
+	int64_t l0, l1;
+	gpu_ptr in_x, in_r, out_x, out_r;
+	gpu_ptr embed, norm, lm_head; /* bf16 [V, D], fp32 [D], bf16 [V, D] (embed on the first
+				       * stage, norm and lm_head on the last; else 0) */
+	int has_mtp;                  /* the MTP layer is here (the last stage) */
 	gpu_ptr mtp_embed, enorm, hnorm, eh_proj, head_norm, mtp_head;
 	gpu_ptr rope_cs;              /* fp32 [rope_max_pos, 32, 2] (cos, sin), rope_cos_sin's values */
 	int64_t rope_max_pos;
@@ -133,6 +142,7 @@ struct fwd_env {
 	const struct fwd_model *m;
 	const struct backend *base;   /* pools: n_layers, n_pages, page sizes */
 	gpu_ptr kv_base;              /* [n_layers][n_pages] MLA pages, then the indexer pages */
+	int64_t kv_layer0;            /* the layer of pool 0 (a pipeline stage's m->l0) */
 	void **pinned;                /* the per-step metadata buffer (pinned, grown on demand) */
 	size_t *pinned_bytes;
 	void **plog;                  /* pinned staging of the logits (grown on demand), for callers'

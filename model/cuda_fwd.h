@@ -72,6 +72,8 @@ struct fwd {
 	int n_keep;                /* main step: rows flagged BACKEND_ROW_KEEP */
 	int mtp_kept;              /* MTP step: h_i from the kept rows (fwd_env.kept) */
 	int64_t keep_off;          /* this pass's first kept row among the step's */
+	int64_t row_off;           /* this pass's first row among the step's (a pipeline stage's
+				    * rows in and out: fwd_model.in_x ..) */
 	/* device metadata, int32 */
 	gpu_ptr tok, pos, slot, nkeys; /* [T] */
 	gpu_ptr bt;                /* [T, mb] the row's sequence's block table */

@@ -23,14 +23,14 @@
 static gpu_ptr fwd_pool_mla(const struct fwd *F, int64_t layer)
 {
 	const struct backend *b = F->E->base;
-	return F->E->kv_base + (size_t)layer * b->n_pages * b->mla_page_bytes;
+	return F->E->kv_base + (size_t)(layer - F->E->kv_layer0) * b->n_pages * b->mla_page_bytes;
 }
 
 static gpu_ptr fwd_pool_idx(const struct fwd *F, int64_t layer)
 {
 	const struct backend *b = F->E->base;
 	return F->E->kv_base + (size_t)b->n_layers * b->n_pages * b->mla_page_bytes +
-	       (size_t)layer * b->n_pages * b->idx_page_bytes;
+	       (size_t)(layer - F->E->kv_layer0) * b->n_pages * b->idx_page_bytes;
 }
 
 /* The query side of the attention after q_a's norm (§3.5): q = q_b(cq8) [T, H, nope | rope], its

@@ -1703,11 +1703,28 @@ int cuda_gemm_tune_rotate(struct gpu *g, const gpu_ptr *W, const gpu_ptr *S, int
 	return tune_shape(g, &a, us) == CUDA_GEMM_PATH_NONE ? -EIO : 0;
 }
 
+static int gemm_users[MAX_GPUS]; /* cuda_gemm_retain's references, by ordinal */
+
+void cuda_gemm_retain(struct gpu *g)
+{
+	if (g->ordinal < 0 || g->ordinal >= MAX_GPUS)
+		return;
+	pthread_mutex_lock(&gemm_lock);
+	gemm_users[g->ordinal]++;
+	pthread_mutex_unlock(&gemm_lock);
+}
+
 void cuda_gemm_close(struct gpu *g)
 {
 	if (g->ordinal < 0 || g->ordinal >= MAX_GPUS)
 		return;
 	pthread_mutex_lock(&gemm_lock);
+	if (gemm_users[g->ordinal] > 1) { /* another user of this GPU still runs */
+		gemm_users[g->ordinal]--;
+		pthread_mutex_unlock(&gemm_lock);
+		return;
+	}
+	gemm_users[g->ordinal] = 0;
 	if (lt_state[g->ordinal] == 1)
 		cublaslt_close(lt_of[g->ordinal]);
 	lt_of[g->ordinal] = NULL;

@@ -222,8 +222,11 @@ int cuda_gemm_tune_rotate(struct gpu *g, const gpu_ptr *W, const gpu_ptr *S, int
  * refuses the shape. ws: cuda_gemm_fp8_workspace(g, M, N, K) bytes. */
 int cuda_gemm_fp8(struct gpu *g, gpu_ptr W, gpu_ptr S, gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int M,
 		  int N, int K, int ldy, gpu_ptr ws, size_t ws_bytes);
-/* Closes g's cuBLASLt handle and forgets its table (before gpu_close). */
+/* Closes g's cuBLASLt handle and forgets its table (before gpu_close): the GPU's state is per
+ * ordinal, so where several users of one GPU each took a reference (cuda_gemm_retain: the
+ * stages of a pipeline on one GPU, a test's two backends), only the last one's close does. */
 void cuda_gemm_close(struct gpu *g);
+void cuda_gemm_retain(struct gpu *g);
 /* ---- grouped GEMM (MoE experts) ------------------------------------------------------------ */
 
 /* Group e (e = 0 .. G-1) multiplies rows [off[e], off[e+1]) of x8/sx/y by its own weight:
