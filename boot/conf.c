@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/backend.h"
 #include "model/fileio.h"
 #include "model/sched.h"
 
@@ -50,6 +51,7 @@ static const struct key keys[] = {
 	I("host-memory-mb", host_memory_mb, 64, INT64_C(1) << 24, "8192", "bound on host memory for the CPU KV cache"),
 	I("synthetic-weights", synthetic_weights, -1, INT64_MAX, "-1", "seed: generate the weights a header-only checkpoint leaves out on the GPU (backend cuda; -1: off)"),
 	{"mtp-draft", C_SWITCH, offsetof(struct dsv32d_conf, mtp_draft), 8, 0, SCHED_MAX_DRAFTS, "0", "K > 0: speculative decoding with the checkpoint's MTP layer (up to K drafted tokens a sequence a step, the MTP layer chained on itself after the first; each kept only where the request's own draw equals it: the same tokens, fewer steps when drafts are right), 0: off; --mtp-draft alone means 1"},
+	I("gpus", gpus, 1, CUDA_MAX_STAGES, "1", "GPUs the CUDA backend spreads the model over (GPUs 0 .. N-1, each a consecutive range of the layers with their KV cache; the model's numbers are one GPU's): a model larger than one GPU"),
 	SW("batch-invariant", batch_invariant, "0", "1: the CUDA backend's batch-invariant mode (a row's numbers do not depend on its batch; slower prefill and large batches), 0: its fast paths; --batch-invariant alone means 1"),
 };
 

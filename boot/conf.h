@@ -39,6 +39,7 @@ struct dsv32d_conf {
 				    * header-only checkpoint (mkmodel real --header-only); -1: off */
 	int64_t batch_invariant;   /* 1: the CUDA backend's batch-invariant mode (backend_cuda_opts);
 				    * 0: its fast paths. A flag without a value means 1. */
+	int64_t gpus;              /* the CUDA backend's GPUs (backend_cuda_opts.stages) */
 	int64_t mtp_draft;         /* 1: speculative decoding with the MTP layer (sched_config);
 				    * 0: off. A flag without a value means 1. */
 };

@@ -95,6 +95,7 @@ int main(int argc, char **argv)
 		.synthetic_weights = conf.synthetic_weights >= 0,
 		.synthetic_seed = (uint64_t)(conf.synthetic_weights >= 0 ? conf.synthetic_weights : 0),
 		.batch_invariant = conf.batch_invariant == 1,
+		.gpus = (int)conf.gpus,
 		.mtp_draft = (int)conf.mtp_draft,
 	};
 	if ((r = engine_open(&en, &eo, &e))) {

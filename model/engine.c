@@ -75,7 +75,10 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 		struct backend_cuda_opts co = {.n_pages = o->kv_pages,
 					       .synthetic = o->synthetic_weights,
 					       .seed = o->synthetic_seed,
-					       .batch_invariant = o->batch_invariant};
+					       .batch_invariant = o->batch_invariant,
+					       .stages = o->gpus};
+		for (int i = 0; i < CUDA_MAX_STAGES; i++)
+			co.stage_gpu[i] = i;
 		r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e);
 		if (r && strcmp(want, "auto"))
 			goto err_tok;

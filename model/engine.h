@@ -34,6 +34,8 @@ struct engine_opts {
 	int synthetic_weights;
 	uint64_t synthetic_seed;
 	int batch_invariant;      /* the CUDA backend's batch-invariant mode (backend_cuda_opts) */
+	int gpus;                 /* the CUDA backend over GPUs 0 .. gpus - 1 by layer ranges
+				   * (backend_cuda_opts.stages; 0 or 1: GPU 0 alone) */
 	int mtp_draft;            /* speculative decoding with the MTP layer (sched_config) */
 	/* called with a short description before each loading stage (may be NULL) */
 	void (*progress)(void *ctx, const char *stage);

@@ -153,3 +153,29 @@ TEST(conf, synthetic_weights_seed_and_backend)
 	CHECK(conf_load_file(&c, path, &e) == -EINVAL);
 	CHECK_CONTAINS(e.msg, ":1: synthetic-weights: \"1.5\" is not an integer");
 }
+
+/* gpus: the CUDA backend's stages (1 .. CUDA_MAX_STAGES), from flags and files, refused outside. */
+TEST(conf, gpus)
+{
+	struct dsv32d_conf c;
+	struct err e;
+	conf_defaults(&c);
+	CHECK_EQ_INT(c.gpus, 1);
+	char *two[] = {"dsv32d", "--gpus", "2"};
+	REQUIRE(conf_from_args(&c, 3, two, &e) == 0);
+	CHECK_EQ_INT(c.gpus, 2);
+	conf_defaults(&c);
+	char *zero[] = {"dsv32d", "--gpus", "0"};
+	CHECK(conf_from_args(&c, 3, zero, &e) == -ERANGE);
+	CHECK_CONTAINS(e.msg, "gpus = 0 out of range [1, 8]");
+	char *nine[] = {"dsv32d", "--gpus=9"};
+	CHECK(conf_from_args(&c, 2, nine, &e) == -ERANGE);
+	CHECK_CONTAINS(e.msg, "gpus = 9 out of range [1, 8]");
+	char path[512];
+	snprintf(path, sizeof path, "%s/gpus.conf", test_tmpdir());
+	const char *text = "gpus = 8\n";
+	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	conf_defaults(&c);
+	REQUIRE(conf_load_file(&c, path, &e) == 0);
+	CHECK_EQ_INT(c.gpus, 8);
+}
