@@ -239,6 +239,11 @@ struct backend_cuda_opts {
 	 * rows); one scheduler, one page manager. Stages may share a GPU (tests). */
 	int stages;
 	int stage_gpu[CUDA_MAX_STAGES];
+	/* (set by the pipeline for stages sharing a GPU) the KV pool sized from the GPU's free
+	 * memory less later_bytes (what the stages still to be created there will take besides
+	 * their pools), divided by share (those stages, this one included) */
+	int share;
+	size_t later_bytes;
 };
 int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,

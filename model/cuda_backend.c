@@ -276,17 +276,23 @@ static int owns_layer(const struct cuda_backend *b, int64_t l)
 
 /* Whether checkpoint tensor `name` is uploaded: its layer's when owns_layer, the embedding on the
  * first stage, the final norm and lm_head on the last, anything else everywhere. */
-static int tensor_wanted(const struct cuda_backend *b, const char *name)
+static int wanted_in(const struct dsv32_config *c, int64_t l0, int64_t l1, const char *name)
 {
+	const int64_t Lm = c->num_hidden_layers;
 	long long l;
 	int n = 0;
 	if (sscanf(name, "model.layers.%lld.%n", &l, &n) == 1 && n > 0)
-		return l >= 0 && owns_layer(b, l);
+		return l >= 0 && (l < Lm ? l >= l0 && l < l1 : l1 == Lm);
 	if (!strncmp(name, "model.embed_tokens.", 19))
-		return b->l0 == 0;
+		return l0 == 0;
 	if (!strncmp(name, "model.norm.", 11) || !strncmp(name, "lm_head.", 8))
-		return b->l1 == b->base.c->num_hidden_layers;
+		return l1 == Lm;
 	return 1;
+}
+
+static int tensor_wanted(const struct cuda_backend *b, const char *name)
+{
+	return wanted_in(b->base.c, b->l0, b->l1, name);
 }
 
 static const struct layer_weights *layer_w(const struct cuda_backend *b, int64_t l)
@@ -692,9 +698,23 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,
 			     struct backend **out, struct err *e)
 {
-	if (o->stages > 1)
-		return cuda_pipeline_create(c, w, ck, o, out, e);
-	return cuda_stage_create(c, w, ck, o, o->stage_gpu[0], 0, c->num_hidden_layers, out, e);
+	/* DSV32_CUDA_STAGES=N and DSV32_CUDA_STAGE_GPUS=a,b,.. override the options (tests: a
+	 * daemon's pipeline on one GPU) */
+	struct backend_cuda_opts v = *o;
+	v.stages = env_int("DSV32_CUDA_STAGES", v.stages);
+	const char *gpus = getenv("DSV32_CUDA_STAGE_GPUS");
+	for (int i = 0; gpus && *gpus && i < CUDA_MAX_STAGES; i++) {
+		char *end;
+		long g = strtol(gpus, &end, 10);
+		if (end == gpus || g < 0 || g > 1023 || (*end && *end != ','))
+			return err_set(e, -EINVAL, "DSV32_CUDA_STAGE_GPUS: \"%s\" is not a list of GPU "
+						   "ordinals", getenv("DSV32_CUDA_STAGE_GPUS"));
+		v.stage_gpu[i] = (int)g;
+		gpus = *end ? end + 1 : end;
+	}
+	if (v.stages > 1)
+		return cuda_pipeline_create(c, w, ck, &v, out, e);
+	return cuda_stage_create(c, w, ck, &v, v.stage_gpu[0], 0, c->num_hidden_layers, out, e);
 }
 
 int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
@@ -760,7 +780,11 @@ int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 	cu.cuMemGetInfo(&free_b, &total_b);
 	size_t page_bytes = (size_t)b->base.n_layers * (b->base.mla_page_bytes + b->base.idx_page_bytes);
 	size_t keep = (size_t)1 << 30;
+	/* (pipeline stages still to come on this GPU: their weights and scratch first, then a share
+	 * of the rest each) */
+	keep += o->later_bytes;
 	int64_t fit = free_b > keep ? (int64_t)((free_b - keep) / page_bytes) : 0;
+	fit /= o->share > 1 ? o->share : 1;
 	b->base.n_pages = n_pages > 0 && n_pages < fit ? n_pages : fit;
 	if (b->base.n_pages < 1) {
 		r = err_set(e, -ENOMEM, "no GPU memory left for the KV cache (%zu MiB free after weights)",
@@ -885,6 +909,15 @@ int backend_cuda_set_switch(struct backend *base, const char *name, const char *
 }
 
 /* ---- a pipeline stage's side (model/cuda_stage.h) ---------------------------------------------- */
+
+size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpoint *ck,
+			      int64_t l0, int64_t l1)
+{
+	size_t n = SCRATCH_BYTES + ((size_t)1 << 30); /* (the sampler, tables, slack) */
+	for (size_t i = 0; i < ck->n_tensors; i++)
+		n += wanted_in(c, l0, l1, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
+	return n;
+}
 
 void cuda_stage_current(struct backend *base)
 {

@@ -206,7 +206,16 @@ int cuda_pipeline_create(const struct dsv32_config *c, const struct weights *w,
 		P->l0[i] = i * Lm / n;
 	int r = 0;
 	for (int i = 0; i < n && !r; i++) {
-		r = cuda_stage_create(c, w, ck, o, o->stage_gpu[i], P->l0[i], P->l0[i + 1], &P->st[i],
+		struct backend_cuda_opts so = *o; /* stages sharing a GPU share its memory */
+		so.share = 0, so.later_bytes = 0;
+		for (int k = i; k < n; k++)
+			if (o->stage_gpu[k] == o->stage_gpu[i]) {
+				so.share++;
+				so.later_bytes += k > i ? cuda_stage_fixed_bytes(c, ck, P->l0[k],
+										 P->l0[k + 1])
+							: 0;
+			}
+		r = cuda_stage_create(c, w, ck, &so, o->stage_gpu[i], P->l0[i], P->l0[i + 1], &P->st[i],
 				      e);
 		if (!r)
 			P->n = i + 1;

@@ -18,13 +18,17 @@
 
 /* The rows a step may hand from one stage to the next (the address space each stage reserves
  * for its rows-in planes; memory is mapped as steps need it). */
-#define CUDA_STAGE_MAX_ROWS ((int64_t)1 << 18)
+#define CUDA_STAGE_MAX_ROWS ((int64_t)1 << 20) /* (dsv32d's max-batch-tokens cap) */
 
 /* A CUDA backend for main layers [l0, l1) on GPU `ordinal` (o's other fields as for
  * backend_cuda_create_opts; its KV pool: o->n_pages, or what the GPU has left). */
 int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 		      const struct checkpoint *ck, const struct backend_cuda_opts *o, int ordinal,
 		      int64_t l0, int64_t l1, struct backend **out, struct err *e);
+/* What a stage of main layers [l0, l1) takes on its GPU besides its KV pool: its tensors, the
+ * scratch arena and a margin (a pipeline sizing the pools of stages that share a GPU). */
+size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpoint *ck,
+			      int64_t l0, int64_t l1);
 /* Makes the stage's GPU context current on the calling thread. */
 void cuda_stage_current(struct backend *b);
 int cuda_stage_ordinal(const struct backend *b);

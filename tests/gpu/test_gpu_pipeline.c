@@ -74,15 +74,21 @@ static struct backend_seq rows(const struct two *t, int64_t p0, int64_t n, int64
 	return (struct backend_seq){n, t->tok + p0, pos, bt, nb, fl, lg, hd, NULL, 0};
 }
 
-static void pipeline_case(int stages, int invariant)
+/* The structured tiny checkpoint (mkmodel --structured) in TMP/name. */
+static void tiny_model(struct test_model *m, const char *name)
 {
-	struct test_model m;
-	snprintf(m.dir, sizeof m.dir, "%s/pipe_tiny", test_tmpdir());
+	snprintf(m->dir, sizeof m->dir, "%s/%s", test_tmpdir(), name);
 	char cmd[4096];
 	snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s/tests/data/numerics_tiny.json --seed 1 "
 		 "--tokenizer fallback --structured --out %s >%s.log 2>&1", test_bin_dir(), test_root(),
-		 m.dir, m.dir);
-	test_model_make(&m, cmd);
+		 m->dir, m->dir);
+	test_model_make(m, cmd);
+}
+
+static void pipeline_case(int stages, int invariant)
+{
+	struct test_model m;
+	tiny_model(&m, "pipe_tiny");
 	const int64_t T = 160, nb = 4, Lall = m.c.num_hidden_layers + m.c.num_nextn_predict_layers;
 	struct err e = {""};
 	struct two t = {.V = m.c.vocab_size, .D = m.c.hidden_size};
@@ -252,12 +258,7 @@ TEST_T(gpu_pipeline, three_stages_invariant, 300)
 TEST_T(gpu_pipeline, refuses_more_stages_than_layers, 120)
 {
 	struct test_model m;
-	snprintf(m.dir, sizeof m.dir, "%s/pipe_tiny_refuse", test_tmpdir());
-	char cmd[4096];
-	snprintf(cmd, sizeof cmd, "%s/mkmodel --config %s/tests/data/numerics_tiny.json --seed 1 "
-		 "--tokenizer fallback --structured --out %s >%s.log 2>&1", test_bin_dir(), test_root(),
-		 m.dir, m.dir);
-	test_model_make(&m, cmd);
+	tiny_model(&m, "pipe_tiny_refuse");
 	struct err e = {""};
 	struct backend *b = NULL;
 	struct backend_cuda_opts o = {.n_pages = 4, .stages = 5};
