@@ -775,6 +775,13 @@ int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 		b->base.sample_rows = STEP_DRAWS;
 		b->base.hist_ids = STEP_DRAW_HIST;
 	}
+	/* a later pipeline stage: the planes the previous stage's rows arrive in, mapped before the
+	 * KV pool takes what is left */
+	if (l0 > 0) {
+		gpu_ptr x, rr;
+		if ((r = cuda_stage_rows_in(&b->base, cuda_stage_step_rows(o), o->prev_gpu, &x, &rr, e)))
+			goto err;
+	}
 	/* the KV pool: what is left, keeping 1 GiB for the driver and library workspaces */
 	size_t free_b = 0, total_b = 0;
 	cu.cuMemGetInfo(&free_b, &total_b);
@@ -910,10 +917,18 @@ int backend_cuda_set_switch(struct backend *base, const char *name, const char *
 
 /* ---- a pipeline stage's side (model/cuda_stage.h) ---------------------------------------------- */
 
+int64_t cuda_stage_step_rows(const struct backend_cuda_opts *o)
+{
+	int64_t n = o->step_rows > 0 ? o->step_rows : 8192;
+	return n < CUDA_STAGE_MAX_ROWS ? n : CUDA_STAGE_MAX_ROWS;
+}
+
 size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpoint *ck,
-			      int64_t l0, int64_t l1)
+			      int64_t l0, int64_t l1, int64_t step_rows)
 {
 	size_t n = SCRATCH_BYTES + ((size_t)1 << 30); /* (the sampler, tables, slack) */
+	if (l0 > 0) /* the rows-in planes */
+		n += 2 * (size_t)step_rows * (size_t)c->hidden_size * 2;
 	for (size_t i = 0; i < ck->n_tensors; i++)
 		n += wanted_in(c, l0, l1, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
 	return n;

@@ -212,9 +212,11 @@ int cuda_pipeline_create(const struct dsv32_config *c, const struct weights *w,
 			if (o->stage_gpu[k] == o->stage_gpu[i]) {
 				so.share++;
 				so.later_bytes += k > i ? cuda_stage_fixed_bytes(c, ck, P->l0[k],
-										 P->l0[k + 1])
+										 P->l0[k + 1],
+										 cuda_stage_step_rows(o))
 							: 0;
 			}
+		so.prev_gpu = i ? o->stage_gpu[i - 1] : -1;
 		r = cuda_stage_create(c, w, ck, &so, o->stage_gpu[i], P->l0[i], P->l0[i + 1], &P->st[i],
 				      e);
 		if (!r)
@@ -224,6 +226,18 @@ int cuda_pipeline_create(const struct dsv32_config *c, const struct weights *w,
 		pipe_destroy(&P->base);
 		return r;
 	}
+	/* the rows-in planes each later stage mapped: the earlier stage writes there */
+	const int64_t rows = cuda_stage_step_rows(o);
+	for (int i = 1; i < n && !r; i++) {
+		gpu_ptr x, rr;
+		if (!(r = cuda_stage_rows_in(P->st[i], rows, o->stage_gpu[i - 1], &x, &rr, e)))
+			cuda_stage_rows_out(P->st[i - 1], x, rr);
+	}
+	if (r) {
+		pipe_destroy(&P->base);
+		return r;
+	}
+	P->rows = rows;
 	P->base.n_pages = P->st[0]->n_pages;
 	for (int i = 1; i < n; i++)
 		P->base.n_pages = P->st[i]->n_pages < P->base.n_pages ? P->st[i]->n_pages

@@ -28,7 +28,9 @@ int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 /* What a stage of main layers [l0, l1) takes on its GPU besides its KV pool: its tensors, the
  * scratch arena and a margin (a pipeline sizing the pools of stages that share a GPU). */
 size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpoint *ck,
-			      int64_t l0, int64_t l1);
+			      int64_t l0, int64_t l1, int64_t step_rows);
+/* The rows-in planes' rows mapped at creation (backend_cuda_opts.step_rows, or its default). */
+int64_t cuda_stage_step_rows(const struct backend_cuda_opts *o);
 /* Makes the stage's GPU context current on the calling thread. */
 void cuda_stage_current(struct backend *b);
 int cuda_stage_ordinal(const struct backend *b);

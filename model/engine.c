@@ -76,7 +76,8 @@ int engine_open(struct engine *en, const struct engine_opts *o, struct err *e)
 					       .synthetic = o->synthetic_weights,
 					       .seed = o->synthetic_seed,
 					       .batch_invariant = o->batch_invariant,
-					       .stages = o->gpus};
+					       .stages = o->gpus,
+					       .step_rows = o->max_batch_tokens};
 		for (int i = 0; i < CUDA_MAX_STAGES; i++)
 			co.stage_gpu[i] = i;
 		r = backend_cuda_create_opts(&en->c, &en->w, &en->ck, &co, &en->be, e);
