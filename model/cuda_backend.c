@@ -851,7 +851,8 @@ int backend_cuda_kv_fill_synthetic(struct backend *base, const int32_t *bt, int6
 	int n = cuda_parts(base, parts), r = n ? 0 : -ENOTSUP;
 	if (!n)
 		return err_set(e, -ENOTSUP, "synthetic KV fill: not a CUDA backend");
-	for (int i = 0; i < n && !r; i++) { /* each stage its own layers' pools */
+	for (int i = 0; i < n && !r; i++) { /* each stage its own layers' pools (a pipeline's stages
+					      * fill theirs alike from the same seed: timing data) */
 		struct cuda_backend *b = parts[i];
 		const struct backend *sb = &b->base;
 		size_t mla_layer = (size_t)sb->n_pages * sb->mla_page_bytes;
@@ -975,7 +976,8 @@ int cuda_stage_ordinal(const struct backend *base)
 int backend_cuda_layer_step(struct backend *base, int64_t layer, const struct backend_step *st,
 			    float *x, float *r)
 {
-	ASSERT(base->ops == &cuda_ops);
+	if (base->ops != &cuda_ops) /* (a pipeline: its layers are its stages') */
+		return -ENOTSUP;
 	struct cuda_backend *b = (struct cuda_backend *)base;
 	if (st->mtp || !x || !r)
 		return -EINVAL;

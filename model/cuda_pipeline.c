@@ -126,8 +126,13 @@ static int pipe_run(struct backend *b, const struct backend_step *st,
 			cuda_stage_current(P->st[i]);
 			r = backend_step(P->st[i], &q);
 		}
-		if (r)
+		if (r) { /* a failed main step keeps no rows (backend.h): the last stage's dropped by
+			  * an empty main step */
+			const struct backend_step none = {0};
+			cuda_stage_current(last);
+			backend_step(last, &none);
 			return r;
+		}
 	}
 	cuda_stage_current(last);
 	return draw ? backend_step_draw(last, st, draw) : backend_step(last, st);
