@@ -5,6 +5,15 @@
 #include "model/fileio.h"
 #include "tests/test.h"
 
+/* TMP/name holding text; its path in path[512]. */
+static const char *conf_file(char *path, const char *name, const char *text)
+{
+	struct err e;
+	snprintf(path, 512, "%s/%s", test_tmpdir(), name);
+	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	return path;
+}
+
 TEST(conf, defaults_file_and_flag_precedence)
 {
 	char path[512];
@@ -84,9 +93,7 @@ TEST(conf, batch_invariant_switch)
 	CHECK(conf_from_args(&c, 3, word, &e) == -EINVAL);
 	CHECK_CONTAINS(e.msg, "batch-invariant: \"yes\" is not an integer");
 	char path[512];
-	snprintf(path, sizeof path, "%s/inv.conf", test_tmpdir());
-	const char *text = "batch-invariant = 1\n";
-	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
+	conf_file(path, "inv.conf", "batch-invariant = 1\n");
 	conf_defaults(&c);
 	char *file[] = {"dsv32d", "--config", path};
 	REQUIRE(conf_from_args(&c, 3, file, &e) == 0);
@@ -172,10 +179,7 @@ TEST(conf, gpus)
 	CHECK(conf_from_args(&c, 2, nine, &e) == -ERANGE);
 	CHECK_CONTAINS(e.msg, "gpus = 9 out of range [1, 8]");
 	char path[512];
-	snprintf(path, sizeof path, "%s/gpus.conf", test_tmpdir());
-	const char *text = "gpus = 8\n";
-	REQUIRE(file_write(path, text, strlen(text), &e) == 0);
 	conf_defaults(&c);
-	REQUIRE(conf_load_file(&c, path, &e) == 0);
+	REQUIRE(conf_load_file(&c, conf_file(path, "gpus.conf", "gpus = 8\n"), &e) == 0);
 	CHECK_EQ_INT(c.gpus, 8);
 }
