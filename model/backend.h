@@ -243,12 +243,6 @@ struct backend_cuda_opts {
 	 * the planes that hand a step's rows between GPUs for that many when it is created, before
 	 * the KV pools take what is left (a larger step maps more then). */
 	int64_t step_rows;
-	/* (set by the pipeline for stages sharing a GPU) the KV pool sized from the GPU's free
-	 * memory less later_bytes (what the stages still to be created there will take besides
-	 * their pools), divided by share (those stages, this one included) */
-	int share;
-	size_t later_bytes;
-	int prev_gpu; /* (set by the pipeline) the GPU of the stage before (it writes the rows) */
 };
 int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights *w,
 			     const struct checkpoint *ck, const struct backend_cuda_opts *o,

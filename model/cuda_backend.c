@@ -295,6 +295,16 @@ static int tensor_wanted(const struct cuda_backend *b, const char *name)
 	return wanted_in(b->base.c, b->l0, b->l1, name);
 }
 
+/* Bytes of the tensors a backend of main layers [l0, l1) uploads (each 256-aligned). */
+static size_t wanted_bytes(const struct dsv32_config *c, const struct checkpoint *ck, int64_t l0,
+			   int64_t l1)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < ck->n_tensors; i++)
+		n += wanted_in(c, l0, l1, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
+	return n;
+}
+
 static const struct layer_weights *layer_w(const struct cuda_backend *b, int64_t l)
 {
 	return l < b->base.c->num_hidden_layers ? &b->w->layers[l] : &b->w->mtp.layer;
@@ -343,9 +353,7 @@ static int upload_weights(struct cuda_backend *b, struct err *e)
 {
 	const struct checkpoint *ck = b->ck;
 	const struct dsv32_config *c = b->base.c;
-	size_t total = 0;
-	for (size_t i = 0; i < ck->n_tensors; i++)
-		total += tensor_wanted(b, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
+	size_t total = wanted_bytes(c, ck, b->l0, b->l1);
 	/* + the fp32 vectors, the RoPE table and the MoE address tables */
 	size_t per_layer = 16 * 256 + (size_t)4 * (2 * c->hidden_size + c->q_lora_rank +
 						  c->kv_lora_rank + 2 * c->index_head_dim +
@@ -714,14 +722,16 @@ int backend_cuda_create_opts(const struct dsv32_config *c, const struct weights 
 	}
 	if (v.stages > 1)
 		return cuda_pipeline_create(c, w, ck, &v, out, e);
-	return cuda_stage_create(c, w, ck, &v, v.stage_gpu[0], 0, c->num_hidden_layers, out, e);
+	const struct cuda_stage_place whole = {v.stage_gpu[0], 0, c->num_hidden_layers, -1, 1, 0};
+	return cuda_stage_create(c, w, ck, &v, &whole, out, e);
 }
 
 int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
-		      const struct checkpoint *ck, const struct backend_cuda_opts *o, int ordinal,
-		      int64_t l0, int64_t l1, struct backend **out, struct err *e)
+		      const struct checkpoint *ck, const struct backend_cuda_opts *o,
+		      const struct cuda_stage_place *p, struct backend **out, struct err *e)
 {
-	int64_t n_pages = o->n_pages;
+	const int ordinal = p->ordinal;
+	const int64_t l0 = p->l0, l1 = p->l1, n_pages = o->n_pages;
 	if (l0 < 0 || l1 <= l0 || l1 > c->num_hidden_layers)
 		return err_set(e, -EINVAL, "cuda backend: layers [%lld, %lld) are not a range of the "
 					   "model's %lld", (long long)l0, (long long)l1,
@@ -779,7 +789,7 @@ int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 	 * KV pool takes what is left */
 	if (l0 > 0) {
 		gpu_ptr x, rr;
-		if ((r = cuda_stage_rows_in(&b->base, cuda_stage_step_rows(o), o->prev_gpu, &x, &rr, e)))
+		if ((r = cuda_stage_rows_in(&b->base, cuda_stage_step_rows(o), p->prev_gpu, &x, &rr, e)))
 			goto err;
 	}
 	/* the KV pool: what is left, keeping 1 GiB for the driver and library workspaces */
@@ -789,9 +799,9 @@ int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
 	size_t keep = (size_t)1 << 30;
 	/* (pipeline stages still to come on this GPU: their weights and scratch first, then a share
 	 * of the rest each) */
-	keep += o->later_bytes;
+	keep += p->later_bytes;
 	int64_t fit = free_b > keep ? (int64_t)((free_b - keep) / page_bytes) : 0;
-	fit /= o->share > 1 ? o->share : 1;
+	fit /= p->share > 1 ? p->share : 1;
 	b->base.n_pages = n_pages > 0 && n_pages < fit ? n_pages : fit;
 	if (b->base.n_pages < 1) {
 		r = err_set(e, -ENOMEM, "no GPU memory left for the KV cache (%zu MiB free after weights)",
@@ -930,9 +940,7 @@ size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpo
 	size_t n = SCRATCH_BYTES + ((size_t)1 << 30); /* (the sampler, tables, slack) */
 	if (l0 > 0) /* the rows-in planes */
 		n += 2 * (size_t)step_rows * (size_t)c->hidden_size * 2;
-	for (size_t i = 0; i < ck->n_tensors; i++)
-		n += wanted_in(c, l0, l1, ck->tensors[i].name) ? round256(ck->tensors[i].nbytes) : 0;
-	return n;
+	return n + wanted_bytes(c, ck, l0, l1);
 }
 
 void cuda_stage_current(struct backend *base)

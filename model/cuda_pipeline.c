@@ -54,23 +54,22 @@ int cuda_pipeline_stages(const struct backend *b, struct backend **st)
 	return P->n;
 }
 
-/* Every later stage's rows-in planes hold `rows` rows (grown by doubling; the addresses stay). */
-static int pipe_rows(struct cuda_pipe *P, int64_t rows)
+/* Every later stage's rows-in planes hold `rows` rows (grown by doubling; the addresses stay),
+ * each earlier stage writing into the next one's. */
+static int pipe_rows(struct cuda_pipe *P, int64_t rows, struct err *e)
 {
 	if (rows <= P->rows)
 		return 0;
 	if (rows > CUDA_STAGE_MAX_ROWS)
-		return -E2BIG;
+		return err_set(e, -E2BIG, "cuda pipeline: a step of %lld rows (at most %lld)",
+			       (long long)rows, (long long)CUDA_STAGE_MAX_ROWS);
 	int64_t want = rows < 2 * P->rows ? 2 * P->rows : rows < 64 ? 64 : rows;
 	want = want > CUDA_STAGE_MAX_ROWS ? CUDA_STAGE_MAX_ROWS : want;
 	for (int i = 1; i < P->n; i++) {
 		gpu_ptr x, r;
-		struct err e = {""};
-		int rc = cuda_stage_rows_in(P->st[i], want, cuda_stage_ordinal(P->st[i - 1]), &x, &r, &e);
-		if (rc) {
-			fprintf(stderr, "<3>dsv32: cuda pipeline: %s\n", e.msg);
+		int rc = cuda_stage_rows_in(P->st[i], want, cuda_stage_ordinal(P->st[i - 1]), &x, &r, e);
+		if (rc)
 			return rc;
-		}
 		cuda_stage_rows_out(P->st[i - 1], x, r);
 	}
 	P->rows = want;
@@ -120,7 +119,10 @@ static int pipe_run(struct backend *b, const struct backend_step *st,
 		for (int64_t i = 0; i < st->n_seqs; i++)
 			T += st->seqs[i].n;
 		struct backend_step q;
-		if ((r = pipe_rows(P, T)) || (r = pipe_quiet(P, st, &q)))
+		struct err e = {""};
+		if ((r = pipe_rows(P, T, &e)))
+			fprintf(stderr, "<3>dsv32: %s\n", e.msg);
+		if (r || (r = pipe_quiet(P, st, &q)))
 			return r;
 		for (int i = 0; i < P->n - 1 && !r; i++) {
 			cuda_stage_current(P->st[i]);
@@ -211,19 +213,17 @@ int cuda_pipeline_create(const struct dsv32_config *c, const struct weights *w,
 		P->l0[i] = i * Lm / n;
 	int r = 0;
 	for (int i = 0; i < n && !r; i++) {
-		struct backend_cuda_opts so = *o; /* stages sharing a GPU share its memory */
-		so.share = 0, so.later_bytes = 0;
-		for (int k = i; k < n; k++)
+		struct cuda_stage_place pl = {o->stage_gpu[i], P->l0[i], P->l0[i + 1],
+					      i ? o->stage_gpu[i - 1] : -1, 0, 0};
+		for (int k = i; k < n; k++) /* stages sharing a GPU share its memory */
 			if (o->stage_gpu[k] == o->stage_gpu[i]) {
-				so.share++;
-				so.later_bytes += k > i ? cuda_stage_fixed_bytes(c, ck, P->l0[k],
+				pl.share++;
+				pl.later_bytes += k > i ? cuda_stage_fixed_bytes(c, ck, P->l0[k],
 										 P->l0[k + 1],
 										 cuda_stage_step_rows(o))
 							: 0;
 			}
-		so.prev_gpu = i ? o->stage_gpu[i - 1] : -1;
-		r = cuda_stage_create(c, w, ck, &so, o->stage_gpu[i], P->l0[i], P->l0[i + 1], &P->st[i],
-				      e);
+		r = cuda_stage_create(c, w, ck, o, &pl, &P->st[i], e);
 		if (!r)
 			P->n = i + 1;
 	}
@@ -231,18 +231,11 @@ int cuda_pipeline_create(const struct dsv32_config *c, const struct weights *w,
 		pipe_destroy(&P->base);
 		return r;
 	}
-	/* the rows-in planes each later stage mapped: the earlier stage writes there */
-	const int64_t rows = cuda_stage_step_rows(o);
-	for (int i = 1; i < n && !r; i++) {
-		gpu_ptr x, rr;
-		if (!(r = cuda_stage_rows_in(P->st[i], rows, o->stage_gpu[i - 1], &x, &rr, e)))
-			cuda_stage_rows_out(P->st[i - 1], x, rr);
-	}
-	if (r) {
+	/* the rows-in planes each later stage mapped at creation, linked (nothing more to map) */
+	if ((r = pipe_rows(P, cuda_stage_step_rows(o), e))) {
 		pipe_destroy(&P->base);
 		return r;
 	}
-	P->rows = rows;
 	P->base.n_pages = P->st[0]->n_pages;
 	for (int i = 1; i < n; i++)
 		P->base.n_pages = P->st[i]->n_pages < P->base.n_pages ? P->st[i]->n_pages

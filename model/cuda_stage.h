@@ -20,11 +20,22 @@
  * for its rows-in planes; memory is mapped as steps need it). */
 #define CUDA_STAGE_MAX_ROWS ((int64_t)1 << 20) /* (dsv32d's max-batch-tokens cap) */
 
-/* A CUDA backend for main layers [l0, l1) on GPU `ordinal` (o's other fields as for
- * backend_cuda_create_opts; its KV pool: o->n_pages, or what the GPU has left). */
+/* Where a stage goes: main layers [l0, l1) on GPU `ordinal`, its rows written by GPU prev_gpu
+ * (l0 > 0). Its KV pool: o->n_pages, or the GPU's free memory less later_bytes (what the
+ * stages still to be created on that GPU take besides their pools), divided by share (those
+ * stages, this one included); one GPU alone: share 1, later_bytes 0. */
+struct cuda_stage_place {
+	int ordinal;
+	int64_t l0, l1;
+	int prev_gpu;
+	int share;
+	size_t later_bytes;
+};
+
+/* A CUDA backend at place p (o as for backend_cuda_create_opts). */
 int cuda_stage_create(const struct dsv32_config *c, const struct weights *w,
-		      const struct checkpoint *ck, const struct backend_cuda_opts *o, int ordinal,
-		      int64_t l0, int64_t l1, struct backend **out, struct err *e);
+		      const struct checkpoint *ck, const struct backend_cuda_opts *o,
+		      const struct cuda_stage_place *p, struct backend **out, struct err *e);
 /* What a stage of main layers [l0, l1) takes on its GPU besides its KV pool: its tensors, the
  * scratch arena and a margin (a pipeline sizing the pools of stages that share a GPU). */
 size_t cuda_stage_fixed_bytes(const struct dsv32_config *c, const struct checkpoint *ck,
