@@ -57,6 +57,30 @@ char *file_read(const char *path, size_t *len, size_t max, struct err *e)
 	return buf;
 }
 
+char *file_read_stream(const char *path, size_t max, struct err *e)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	char *buf = fd >= 0 ? malloc(max + 1) : NULL;
+	size_t got = 0;
+	ssize_t r = 1;
+	while (buf && got < max && (r = read(fd, buf + got, max - got)) != 0)
+		if (r > 0)
+			got += (size_t)r;
+		else if (errno != EINTR)
+			break;
+	if (fd < 0 || !buf || r < 0) {
+		err_set(e, fd < 0 || r < 0 ? -errno : -ENOMEM, "%s: %s", path,
+			fd < 0 || r < 0 ? strerror(errno) : "out of memory");
+		free(buf);
+		buf = NULL;
+	} else {
+		buf[got] = 0;
+	}
+	if (fd >= 0)
+		close(fd);
+	return buf;
+}
+
 int file_write(const char *path, const void *p, size_t n, struct err *e)
 {
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -14,10 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "boot/init/init_conf.h"
+#include "boot/init/nvdev.h"
 #include "boot/init/svc.h"
 #include "model/fileio.h"
 #include "tests/ckpt_helpers.h"
@@ -49,6 +52,7 @@ TEST(init, file_then_kernel_command_line)
 			   "watchdog-sec = 10\n"
 			   "ready = /bin/dsv32 stats\n"
 			   "module = /lib/modules/virtio_blk.ko\n"
+			   "nvidia-devices = on\n"
 			   "mount = /dev/vda /srv/models ext4 ro,noatime,errors=remount-ro\n";
 	REQUIRE(file_write(path, text, strlen(text), NULL) == 0);
 	struct init_conf c;
@@ -62,6 +66,7 @@ TEST(init, file_then_kernel_command_line)
 	CHECK_EQ_INT(c.watchdog_ms, 10000);
 	CHECK_EQ_INT(c.n_ready, 1);
 	CHECK_EQ_INT(c.n_modules, 1);
+	CHECK_EQ_INT(c.nvidia_devices, 1);
 	REQUIRE(c.n_mounts == 1);
 	CHECK(!strcmp(c.mounts[0].source, "/dev/vda") && !strcmp(c.mounts[0].target, "/srv/models"));
 	CHECK(!strcmp(c.mounts[0].fstype, "ext4") && !strcmp(c.mounts[0].data, "errors=remount-ro"));
@@ -96,6 +101,7 @@ TEST(init, bad_values_name_where_and_key)
 		{"mount", "/dev/vda srv ext4", "target \"srv\" is not an absolute path"},
 		{"module", "virtio.ko", "module: \"virtio.ko\" is not an absolute path"},
 		{"runtime-directory", "run", "runtime-directory: \"run\" is not an absolute path"},
+		{"nvidia-devices", "yes", "nvidia-devices: \"yes\" is not on or off"},
 		{"no-such-key", "1", "unknown key \"no-such-key\""},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -127,6 +133,94 @@ TEST(init, bad_values_name_where_and_key)
 	CHECK(strstr(e.msg, "expected dsv32.KEY=VALUE") != NULL);
 	CHECK(init_conf_load_cmdline(&c, "dsv32.ready=\"/bin/x", &e) < 0);
 	CHECK(strstr(e.msg, "unclosed quote") != NULL);
+}
+
+/* ---- the NVIDIA driver's device nodes ------------------------------------------------------ */
+
+/* PROC/devices, and one information file a GPU (minor < 0: the file without its minor line) */
+static void fake_proc(const char *proc, const char *devices, const int *minors, int n)
+{
+	char path[512];
+	REQUIRE(dir_make(proc) == 0);
+	snprintf(path, sizeof path, "%s/devices", proc);
+	REQUIRE(file_write(path, devices, strlen(devices), NULL) == 0);
+	for (int i = 0; i < n; i++) {
+		char text[256];
+		snprintf(path, sizeof path, "%s/driver/nvidia/gpus/0000:%02x:00.0", proc, 0x18 + i);
+		REQUIRE(dir_make(path) == 0);
+		int len = minors[i] < 0 ? snprintf(text, sizeof text, "Model: \t\t NVIDIA H200\n")
+					: snprintf(text, sizeof text, "Model: \t\t NVIDIA H200\nIRQ: \t\t "
+						   "%d\nDevice Minor: \t %d\nBus Location: \t x\n",
+						   100 + i, minors[i]);
+		strcat(path, "/information");
+		REQUIRE(file_write(path, text, (size_t)len, NULL) == 0);
+	}
+}
+
+TEST(init, nvidia_device_nodes_planned_from_proc)
+{
+	/* the majors of character devices only; GPUs in the order of their minors */
+	const char *devices = "Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-nvlink\n"
+			      "508 nvidia-uvm\n\nBlock devices:\n  7 loop\n509 nvidia-uvm\n";
+	char proc[512], dev[512];
+	snprintf(proc, sizeof proc, "%s/proc", test_tmpdir());
+	fake_proc(proc, devices, (int[]){2, 0, 1}, 3);
+	struct nvdev_node nodes[NVDEV_MAX];
+	struct err e = {{0}};
+	REQUIRE(nvdev_plan(proc, nodes, NVDEV_MAX, &e) == 6);
+	static const struct {
+		const char *name;
+		unsigned major, minor;
+	} want[] = {{"nvidiactl", 195, 255}, {"nvidia-uvm", 508, 0}, {"nvidia-uvm-tools", 508, 1},
+		    {"nvidia0", 195, 0},     {"nvidia1", 195, 1},    {"nvidia2", 195, 2}};
+	for (int i = 0; i < 6; i++) {
+		CHECK_EQ_STR(nodes[i].name, want[i].name);
+		CHECK_EQ_INT(nodes[i].major, want[i].major);
+		CHECK_EQ_INT(nodes[i].minor, want[i].minor);
+	}
+	/* no NVIDIA driver: nothing to make; the driver without its uvm module: an error that
+	 * says which; a GPU whose information lacks its minor: an error naming the file */
+	snprintf(proc, sizeof proc, "%s/proc-none", test_tmpdir());
+	fake_proc(proc, "Character devices:\n  1 mem\n\nBlock devices:\n195 nvidia\n", NULL, 0);
+	CHECK_EQ_INT(nvdev_plan(proc, nodes, NVDEV_MAX, &e), 0);
+	snprintf(proc, sizeof proc, "%s/proc-nouvm", test_tmpdir());
+	fake_proc(proc, "Character devices:\n195 nvidia\n", (int[]){0}, 1);
+	CHECK_EQ_INT(nvdev_plan(proc, nodes, NVDEV_MAX, &e), -ENODEV);
+	CHECK_CONTAINS(e.msg, "nvidia-uvm");
+	snprintf(proc, sizeof proc, "%s/proc-nominor", test_tmpdir());
+	fake_proc(proc, devices, (int[]){0, -1}, 2);
+	CHECK_EQ_INT(nvdev_plan(proc, nodes, NVDEV_MAX, &e), -EINVAL);
+	CHECK_CONTAINS(e.msg, "0000:19:00.0/information");
+	CHECK_CONTAINS(e.msg, "Device Minor");
+	snprintf(proc, sizeof proc, "%s/proc-absent", test_tmpdir());
+	CHECK(nvdev_plan(proc, nodes, NVDEV_MAX, &e) < 0);
+	CHECK_CONTAINS(e.msg, "proc-absent/devices");
+
+	/* the nodes: something else in a node's place is refused by name */
+	snprintf(dev, sizeof dev, "%s/dev", test_tmpdir());
+	REQUIRE(dir_make(dev) == 0);
+	char path[600];
+	snprintf(path, sizeof path, "%s/nvidiactl", dev);
+	REQUIRE(file_write(path, "x", 1, NULL) == 0);
+	CHECK_EQ_INT(nvdev_make(dev, nodes, 6, &e), -EEXIST);
+	CHECK_CONTAINS(e.msg, "nvidiactl exists and is not the character device 195:255");
+	REQUIRE(unlink(path) == 0);
+	/* made where this process may make devices (root); else the refusal names the node */
+	int r = nvdev_make(dev, nodes, 6, &e);
+	if (r) {
+		CHECK_EQ_INT(r, -EPERM);
+		CHECK_CONTAINS(e.msg, "mknod");
+		CHECK_CONTAINS(e.msg, "nvidiactl");
+		return;
+	}
+	for (int i = 0; i < 6; i++) {
+		struct stat st;
+		snprintf(path, sizeof path, "%s/%s", dev, want[i].name);
+		REQUIRE(stat(path, &st) == 0);
+		CHECK(S_ISCHR(st.st_mode) && (st.st_mode & 07777) == 0666);
+		CHECK(st.st_rdev == makedev(want[i].major, want[i].minor));
+	}
+	CHECK_EQ_INT(nvdev_make(dev, nodes, 6, &e), 0); /* the same nodes kept */
 }
 
 /* ---- the supervisor against small services -------------------------------------------------- */

@@ -3,7 +3,8 @@
  * table of contents of its life:
  *   1. the kernel's filesystems (proc, sysfs, devtmpfs, tmpfs on /run and /tmp);
  *   2. the configuration: /etc/dsv32/init.conf, then the kernel command line (init_conf.h);
- *   3. kernel modules, then mounts (a disk with the checkpoint), each device awaited;
+ *   3. kernel modules, the NVIDIA driver's device nodes (nvdev.h), then mounts (a disk with
+ *      the checkpoint), each device awaited;
  *   4. dsv32d, supervised as systemd supervises dist/dsv32d.service (svc.h);
  *   5. the ready commands, once, the first time the service is ready; then, as ready-done
  *      says, keep serving, or stop and power off / reboot;
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "boot/init/init_conf.h"
+#include "boot/init/nvdev.h"
 #include "boot/init/svc.h"
 #include "model/fileio.h"
 
@@ -82,6 +84,27 @@ static int load_modules(const struct init_conf *c)
 		close(fd);
 		LOG("module %s loaded\n", c->modules[i]);
 	}
+	return 0;
+}
+
+/* The NVIDIA driver's nodes under dev, planned from proc (nvidia-devices = on; also the
+ * --nvidia-devices option). No driver loaded is not an error here: the service then finds no
+ * GPU and says so itself (backend = cuda) or runs on the CPU (auto). */
+static int make_nvidia_devices(const char *proc, const char *dev)
+{
+	struct nvdev_node nodes[NVDEV_MAX];
+	struct err e = {{0}};
+	int n = nvdev_plan(proc, nodes, NVDEV_MAX, &e);
+	if (n < 0 || (n > 0 && nvdev_make(dev, nodes, n, &e))) {
+		LOG("nvidia-devices: %s\n", e.msg);
+		return -1;
+	}
+	if (!n)
+		LOG("nvidia-devices: no NVIDIA driver in %s/devices: no nodes made (no GPU for the "
+		    "service)\n", proc);
+	for (int i = 0; i < n; i++)
+		LOG("nvidia-devices: %s/%s c %u %u\n", dev, nodes[i].name, nodes[i].major,
+		    nodes[i].minor);
 	return 0;
 }
 
@@ -183,31 +206,6 @@ struct init {
 	int shutting_down, reboot_cmd;
 };
 
-/* The whole of a file whose size stat(2) does not tell (/proc/cmdline, a pipe), up to 64 KB;
- * NULL with e set */
-static char *read_all(const char *path, struct err *e)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	char *buf = malloc(65537);
-	size_t got = 0;
-	ssize_t r = 1;
-	while (fd >= 0 && buf && got < 65536 && (r = read(fd, buf + got, 65536 - got)) != 0)
-		if (r > 0)
-			got += (size_t)r;
-		else if (errno != EINTR)
-			break;
-	if (fd < 0 || !buf || r < 0) {
-		err_set(e, -errno, "%s: %s", path, strerror(errno));
-		free(buf);
-		buf = NULL;
-	} else {
-		buf[got] = 0;
-	}
-	if (fd >= 0)
-		close(fd);
-	return buf;
-}
-
 static int load_conf(struct init *in)
 {
 	struct err e = {{0}};
@@ -217,7 +215,7 @@ static int load_conf(struct init *in)
 	    init_conf_load_file(&in->conf, in->conf_path, &e))
 		goto bad;
 	if (in->cmdline_path) {
-		char *text = read_all(in->cmdline_path, &e);
+		char *text = file_read_stream(in->cmdline_path, 65536, &e);
 		if (!text)
 			goto bad;
 		int r = init_conf_load_cmdline(&in->conf, text, &e);
@@ -310,9 +308,12 @@ static int run(struct init *in, int sfd)
 static int usage(void)
 {
 	fprintf(stderr, "usage: dsv32-init [--conf FILE] [--cmdline FILE] [--notify PATH] [--check]\n"
+			"       dsv32-init --nvidia-devices PROC DEV\n"
 			"  As PID 1 (the appliance image's /init): mounts the kernel's filesystems,\n"
 			"  reads /etc/dsv32/init.conf and /proc/cmdline, runs dsv32d supervised.\n"
-			"  As any other process: the same without the mounts; exits when stopped.\n");
+			"  As any other process: the same without the mounts; exits when stopped.\n"
+			"  --nvidia-devices: only the NVIDIA driver's device nodes, planned from PROC\n"
+			"  (/proc) and made under DEV, then exit (0, or 2 on an error).\n");
 	return 2;
 }
 
@@ -348,6 +349,8 @@ int main(int argc, char **argv)
 			in.cmdline_path = argv[++i];
 		else if (i + 1 < argc && !strcmp(argv[i], "--notify"))
 			in.notify_path = argv[++i];
+		else if (!in.pid1 && i + 2 < argc && !strcmp(argv[i], "--nvidia-devices"))
+			return make_nvidia_devices(argv[i + 1], argv[i + 2]) ? 2 : 0;
 		else if (!in.pid1) /* (the kernel passes PID 1 its own unknown words) */
 			return usage();
 	}
@@ -368,7 +371,10 @@ int main(int argc, char **argv)
 	const int conf_bad = bad;
 	if (check || (!in.pid1 && bad))
 		return bad ? 2 : 0;
-	if (!bad && in.pid1 && (load_modules(&in.conf) || do_mounts(&in.conf)))
+	if (!bad && in.pid1 &&
+	    (load_modules(&in.conf) ||
+	     (in.conf.nvidia_devices && make_nvidia_devices("/proc", "/dev")) ||
+	     do_mounts(&in.conf)))
 		bad = 1;
 	char dir[108];
 	snprintf(dir, sizeof dir, "%s", in.notify_path);

@@ -193,6 +193,13 @@ int init_conf_set(struct init_conf *c, const char *key, const char *value, const
 				       value);
 		return copy_str(c->modules[c->n_modules++], sizeof c->modules[0], value, where, k, e);
 	}
+	if (!strcmp(k, "nvidia-devices")) {
+		if (strcmp(value, "on") && strcmp(value, "off"))
+			return err_set(e, -EINVAL, "%s: nvidia-devices: \"%s\" is not on or off",
+				       where, value);
+		c->nvidia_devices = !strcmp(value, "on");
+		return 0;
+	}
 	return err_set(e, -EINVAL, "%s: unknown key \"%s\"", where, key);
 }
 
@@ -288,6 +295,7 @@ void init_conf_print(const struct init_conf *c, FILE *f, const char *prefix)
 		c->device_timeout_ms / 1e3);
 	for (int i = 0; i < c->n_modules; i++)
 		fprintf(f, "%smodule = %s\n", prefix, c->modules[i]);
+	fprintf(f, "%snvidia-devices = %s\n", prefix, c->nvidia_devices ? "on" : "off");
 	for (int i = 0; i < c->n_mounts; i++)
 		fprintf(f, "%smount = %s %s %s flags 0x%lx%s%s\n", prefix, c->mounts[i].source,
 			c->mounts[i].target, c->mounts[i].fstype, c->mounts[i].flags,

@@ -50,6 +50,7 @@ struct init_conf {
 	struct init_mount mounts[INIT_MOUNT_MAX]; /* mounted in order before the service starts */
 	int n_modules;
 	char modules[INIT_MODULE_MAX][256]; /* kernel modules (.ko) loaded before the mounts */
+	int nvidia_devices; /* after the modules, the NVIDIA driver's device nodes (nvdev.h) */
 };
 
 void init_conf_defaults(struct init_conf *c);
