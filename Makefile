@@ -55,7 +55,7 @@ mus = $(patsubst %.c,$(BUILD)/static/obj/%.o,$(1))
 PROGRAMS := $(BUILD)/dsv32d $(BUILD)/dsv32 $(BUILD)/mkmodel $(BUILD)/libdsv32.a $(BUILD)/test_runner \
 	    $(BUILD)/gpu_test_runner $(BUILD)/dsv32-init $(BUILD)/mkimage
 
-.PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test image
+.PHONY: all run test static fuzz asan kernels tokenizer clean install gpu-test image image-gpu
 # objects reached only through pattern rules are kept (make would delete them as intermediates)
 .SECONDARY:
 all: $(PROGRAMS)
@@ -210,6 +210,15 @@ $(BUILD)/image/dsv32.cpio: $(BUILD)/mkimage $(BUILD)/static/dsv32-init $(BUILD)/
 	cp -l $(IMAGE_MODEL)/*.json $(IMAGE_MODEL)/*.safetensors $(IMAGE_ROOT)/srv/dsv32/model/ 2>/dev/null || \
 		cp $(IMAGE_MODEL)/*.json $(IMAGE_MODEL)/*.safetensors $(IMAGE_ROOT)/srv/dsv32/model/
 	$(BUILD)/mkimage --out $@ --tree $(IMAGE_ROOT) --nod /dev/console:c:5:1:0600 --nod /dev/null:c:1:3:0666
+
+# ---- the GPU appliance image: dsv32-init as PID 1, the glibc dsv32d and dsv32 with the C
+# library, the NVIDIA driver's user-space libraries found here (NVIDIA_LIBS), its modules
+# (NVIDIA_MODULES) and firmware (NVIDIA_FIRMWARE) when given: tools/image_gpu.sh says how ----
+image-gpu: $(BUILD)/image-gpu/dsv32-gpu.cpio
+$(BUILD)/image-gpu/dsv32-gpu.cpio: tools/image_gpu.sh $(BUILD)/mkimage $(BUILD)/static/dsv32-init \
+		$(BUILD)/dsv32d $(BUILD)/dsv32 $(IMAGE_MODEL)/config.json $(wildcard dist/image/*)
+	@mkdir -p $(@D)
+	tools/image_gpu.sh $(BUILD) $(IMAGE_MODEL) $@
 
 run: all $(TINY)/config.json
 	$(BUILD)/dsv32 run --model $(TINY)

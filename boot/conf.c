@@ -31,7 +31,7 @@ struct key {
 
 static const struct key keys[] = {
 	S("model", model, "", "checkpoint directory (config.json, safetensors, tokenizer.json)"),
-	S("backend", backend, "auto", "cpu, cuda, or auto (the CPU until the GPU forward pass exists)"),
+	S("backend", backend, "auto", "cpu, cuda, or auto (the GPU when the driver finds one and the CUDA backend takes the model, else the CPU, saying why)"),
 	S("socket", socket, "/run/dsv32/dsv32.sock", "unix socket clients connect to"),
 	{"socket-mode", C_MODE, offsetof(struct dsv32d_conf, socket_mode), 4, 0, 0777, "0666", "file mode of the socket (octal)"},
 	S("allow-uids", allow_uids, "", "comma-separated uids allowed to connect (empty: any)"),

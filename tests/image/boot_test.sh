@@ -11,6 +11,10 @@
 #   image.serves_a_checkpoint_on_a_disk  the model on an ext4 virtio disk instead, with a second
 #       archive appended to the initramfs (the kernel unpacks both) that brings the disk's kernel
 #       modules and an init.conf loading them and mounting the disk read-only.
+#   image.gpu_image_serves_on_the_cpu_without_a_driver  the GPU image (tools/image_gpu.sh,
+#       without the NVIDIA libraries: none here): the glibc dsv32d and dsv32 with the C library
+#       packed beside them, no driver found (no device nodes, backend auto -> the CPU backend),
+#       and the same ids.
 #   tests/image/boot_test.sh BUILD_DIR   (prints "ok    image.NAME (N s)" or "FAIL  ..." for
 #   each; exit status: the number that failed)
 # Environment: DSV32_KERNEL, DSV32_KERNEL_MODULES (a kernel image and a directory of modules
@@ -86,6 +90,7 @@ gen="--ids --max-tokens 8 --temperature 0 Hello"
 if ! setup > "$work/setup.log"; then
   fail image.boots_serves_and_powers_off "$(cat "$work/setup.log")"
   fail image.serves_a_checkpoint_on_a_disk "$(cat "$work/setup.log")"
+  fail image.gpu_image_serves_on_the_cpu_without_a_driver "$(cat "$work/setup.log")"
   exit $failed
 fi
 
@@ -125,5 +130,18 @@ else
   else
     fail $name "mkimage: $(cat "$work/mkimage.log")"
   fi
+fi
+
+# 3. the GPU image with no driver in it
+name=image.gpu_image_serves_on_the_cpu_without_a_driver
+rm -f "$work/both.cpio" "$work/disk.img"
+if NVIDIA_LIBS=none IMAGE_GPU_ROOT="$work/gpuroot" tools/image_gpu.sh "$build" "$model" \
+    "$work/gpu.cpio" > "$work/image_gpu.log" 2>&1; then
+  rm -rf "$work/gpuroot"
+  expect=("nvidia-devices: no NVIDIA driver in /proc/devices" "backend auto: no NVIDIA driver"
+          "using the CPU backend" "/srv/dsv32/model: 4 layers")
+  boot $name "$work/gpu.cpio"
+else
+  fail $name "tools/image_gpu.sh: $(cat "$work/image_gpu.log")"
 fi
 exit $failed
