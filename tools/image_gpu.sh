@@ -126,3 +126,5 @@ cp "$top/dist/image/dsv32d-gpu.conf" "$root/etc/dsv32/dsv32d.conf"
 
 "$build/mkimage" --out "$out" --tree "$root" --nod /dev/console:c:5:1:0600 --nod /dev/null:c:1:3:0666
 echo "image_gpu: $out ($(du -sh "$out" | cut -f1)); libraries:${packed:- none}"
+[ -e "$root$libdir/libcuda.so.1" ] ||
+  echo "image_gpu: no libcuda.so.1 in the image: it runs the CPU backend (NVIDIA_LIBS)"
