@@ -78,12 +78,16 @@ fi
 
 # Everything those load: the loader's own answer (ldd) for each program and library, until
 # nothing new comes (libraries' dependencies included). The interpreter at its PT_INTERP path.
+# A library the loader cannot find is refused here, not at the first boot.
+missing=
 while :; do
   new=0
   for f in "$root/sbin/dsv32d" "$root/bin/dsv32" "$root$libdir"/*; do
     [ -f "$f" ] || continue
     while read -r name arrow path _; do
-      if [ "$arrow" = "=>" ] && [ -e "$path" ] && [ ! -e "$root$libdir/$name" ]; then
+      if [ "$arrow" = "=>" ] && [ "$path" = not ]; then
+        missing="$missing $name (for ${f#$root})"
+      elif [ "$arrow" = "=>" ] && [ -e "$path" ] && [ ! -e "$root$libdir/$name" ]; then
         pack_lib "$name" "$path"
         new=1
       elif [ "${name#/}" != "$name" ] && [ -e "$name" ] && [ ! -e "$root$name" ]; then
@@ -95,10 +99,7 @@ while :; do
   done
   [ $new = 1 ] || break
 done
-# a library none of the above can find is refused here, not at the first boot
-missing=$(for f in "$root/sbin/dsv32d" "$root/bin/dsv32" "$root$libdir"/*; do
-  LD_LIBRARY_PATH=$root$libdir ldd "$f" 2>/dev/null | grep 'not found'; done | sort -u)
-[ -z "$missing" ] || { echo "image_gpu: unresolved: $missing" >&2; exit 1; }
+[ -z "$missing" ] || { echo "image_gpu: unresolved:$missing" >&2; exit 1; }
 
 modules=
 if [ -n "${NVIDIA_MODULES:-}" ]; then

@@ -13,8 +13,6 @@
 
 #include "model/fileio.h"
 
-#define NVDEV_GPU_MAX (NVDEV_MAX - 3)
-
 /* The majors of the "Character devices:" part of a /proc/devices text; -1 where absent */
 static void char_majors(const char *text, int *ctl, int *uvm)
 {
@@ -42,11 +40,12 @@ static int gpu_minor(const char *path, struct err *e)
 		return -1;
 	const char *p = strstr(text, "Device Minor:");
 	int minor = -1;
-	if (!p || sscanf(p + strlen("Device Minor:"), "%d", &minor) != 1 || minor < 0 ||
-	    minor >= NVDEV_CTL_MINOR - 1) /* 254 is nvidia-modeset's */
-		err_set(e, -EINVAL, "%s: no \"Device Minor: N\" line with N in 0..253", path),
-			minor = -1;
+	if (p)
+		sscanf(p + strlen("Device Minor:"), "%d", &minor);
 	free(text);
+	if (minor < 0 || minor >= NVDEV_CTL_MINOR - 1) /* 254 is nvidia-modeset's */
+		return err_set(e, -EINVAL, "%s: no \"Device Minor: N\" line with N in 0..253",
+			       path), -1;
 	return minor;
 }
 
@@ -95,16 +94,14 @@ int nvdev_plan(const char *proc, struct nvdev_node *out, int max, struct err *e)
 		if (de->d_name[0] == '.')
 			continue;
 		char info[1024];
+		int minor = -1;
 		if (snprintf(info, sizeof info, "%s/%s/information", path, de->d_name) >=
-		    (int)sizeof info) {
+		    (int)sizeof info)
 			r = err_set(e, -ENAMETOOLONG, "%s/%s: path too long", path, de->d_name);
-			break;
-		}
-		int minor = gpu_minor(info, e);
-		if (minor < 0)
+		else if ((minor = gpu_minor(info, e)) < 0)
 			r = -EINVAL;
-		else if (n == max || n - first_gpu == NVDEV_GPU_MAX)
-			r = err_set(e, -ERANGE, "%s: more than %d GPUs", path, n - first_gpu);
+		else if (n == max)
+			r = err_set(e, -ERANGE, "%s: more than %d GPUs", path, max - first_gpu);
 		else {
 			char name[24];
 			snprintf(name, sizeof name, "nvidia%d", minor);

@@ -17,7 +17,7 @@
 
 #include "model/err.h"
 
-#define NVDEV_MAX 68 /* nodes: nvidiactl, uvm, uvm-tools, and up to 64 GPUs */
+#define NVDEV_MAX 67 /* nodes: nvidiactl, uvm, uvm-tools, and up to 64 GPUs */
 #define NVDEV_CTL_MINOR 255
 
 struct nvdev_node {
