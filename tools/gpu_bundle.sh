@@ -11,6 +11,9 @@ for f in gpu_test_runner test_runner dsv32 dsv32d mkmodel; do
   [ -x "$build/$f" ] && cp "$build/$f" "$bundle/"
 done
 [ -f "$build/tokenizer/tokenizer.json" ] && cp "$build/tokenizer/tokenizer.json" "$bundle/"
+# the GPU image's pieces, for tools/image_gpu_check.sh (make BUILD=... static mkimage)
+[ -x "$build/mkimage" ] && cp "$build/mkimage" "$bundle/"
+[ -x "$build/static/dsv32-init" ] && mkdir -p "$bundle/static" && cp "$build/static/dsv32-init" "$bundle/static/"
 # the kernels' PTX and offline cubins, for tools/pdl_audit.py (the GPU machine has cuobjdump)
 if ls "$build"/ptx/*.cubin >/dev/null 2>&1; then
   mkdir -p "$bundle/ptx"

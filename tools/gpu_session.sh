@@ -6,9 +6,11 @@
 #   1. the GPU and driver, and tools/pdl_audit.py over the bundle's ptx/ (loads ptxas hoisted
 #      above griddepcontrol.wait);  2. every GPU test (kernels against the CPU backend);
 #   3. the same under compute-sanitizer memcheck;  4. benchmarks;
-#   5. the tiny checkpoint read back by the independent `safetensors` Python reader.
-# Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE=1 leave steps
-# out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in
+#   5. the tiny checkpoint read back by the independent `safetensors` Python reader;
+#   6. the GPU appliance image's tree on this driver (tools/image_gpu_check.sh), where the
+#      bundle has static/dsv32-init and mkimage.
+# Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE, SKIP_IMAGE=1
+# leave steps out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in
 # seconds. Two sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate
 # OUT_DIRs).
 set -u
@@ -97,6 +99,13 @@ if [ "${SKIP_DAEMON:-0}" != 1 ]; then
     echo "exit status $?" >> "$out/daemon_$(basename $m).log"
     grep -E "cuda backend|not yet on GPU|warm-up|exit status|<3>" "$out/daemon_$(basename $m).log" | tee -a "$summary"
   done
+fi
+
+if [ "${SKIP_IMAGE:-0}" != 1 ] && [ -x "$bundle/static/dsv32-init" ] && [ -x "$bundle/mkimage" ]; then
+  step "the GPU image's tree on this driver (tools/image_gpu_check.sh)"
+  timeout 400 tools/image_gpu_check.sh "$bundle" "$out/image_gpu" > "$out/image_gpu_check.log" 2>&1
+  echo "exit status $?" >> "$out/image_gpu_check.log"
+  cat "$out/image_gpu_check.log" | tee -a "$summary"
 fi
 
 if [ -f tests/oracle/READY_TO_RUN ]; then

@@ -30,8 +30,9 @@ libs_from=${NVIDIA_LIBS:-auto}
 libdir=/lib/x86_64-linux-gnu # a directory the glibc loader searches by itself (no ld.so.cache)
 
 # The driver's libraries dsv32 opens: libcuda.so.1 (the driver API), the PTX JIT compiler
-# libcuda opens to load our embedded PTX, NVML (the benches' energy), cuBLASLt (the prefill
-# GEMMs' peer and the dispatch's other choice).
+# libcuda opens where it compiles our embedded PTX (on sm_90 the embedded cubins load and it is
+# not opened: driver 580, docs/PERF.md session 38), NVML (the benches' energy), cuBLASLt (the
+# prefill GEMMs' peer and the dispatch's other choice).
 driver_libs="libcuda.so.1 libnvidia-ptxjitcompiler.so.1 libnvidia-ml.so.1 libcublasLt.so.13"
 
 for f in "$build/dsv32d" "$build/dsv32" "$build/static/dsv32-init" "$build/mkimage" "$model/config.json"; do
