@@ -31,7 +31,7 @@
 	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                 \
 	X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)         \
 	X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)          \
-	X(cuCtxSetCurrent) X(cuCtxSynchronize)                                                \
+	X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxSynchronize)                             \
 	X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)  \
 	X(cuModuleGetGlobal)                                                                   \
 	X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                           \
