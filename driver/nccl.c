@@ -181,6 +181,10 @@ int nccl_all_reduce_sum(struct nccl *c, const gpu_ptr *send, const gpu_ptr *recv
 		return err_set(e, -EINVAL, "NCCL all-reduce of %zu elements", count);
 	if (!count)
 		return 0;
+	for (int q = 0; q < c->n; q++)
+		if (!send[q] || !recv[q])
+			return err_set(e, -EINVAL, "NCCL all-reduce: rank %d has no %s buffer", q,
+				       send[q] ? "receive" : "send");
 	ncclDataType_t t = type == NCCL_TYPE_F32 ? ncclFloat32 : ncclBfloat16;
 	CUcontext cur = NULL;
 	cu.cuCtxGetCurrent(&cur);
@@ -196,8 +200,10 @@ int nccl_all_reduce_sum(struct nccl *c, const gpu_ptr *send, const gpu_ptr *recv
 	}
 	ncclResult_t end = nc_fn.ncclGroupEnd();
 	cu.cuCtxSetCurrent(cur);
-	if (r != ncclSuccess)
+	if (r != ncclSuccess) { /* the ranks before it were queued: the group is not to be trusted */
+		c->broken = 1;
 		return nc_fail(e, r, c->comm[failed], "ncclAllReduce");
+	}
 	if (end != ncclSuccess) {
 		c->broken = 1;
 		return nc_fail(e, end, NULL, "ncclGroupEnd (ncclAllReduce)");

@@ -49,7 +49,8 @@ int nccl_ranks(const struct nccl *c);
 /* Sum over the clique: recv[r][i] = the sum over q of send[q][i] for i < count, on every rank
  * r, enqueued on each rank's GPU stream (send[r] == recv[r] is in place). Its order of
  * summation is NCCL's, so with three or more ranks it need not be a fixed one. 0, -EINVAL
- * (count beyond size_t's reach in bytes), or -EIO with NCCL's words. */
+ * (count beyond size_t's reach in bytes, a buffer missing), or -EIO with NCCL's words (the
+ * clique is then broken: every later call refused). */
 int nccl_all_reduce_sum(struct nccl *c, const gpu_ptr *send, const gpu_ptr *recv, size_t count,
 			enum nccl_type type, struct err *e);
 /* An error NCCL met after its call returned (on the GPUs or their links): 0, or -EIO naming the

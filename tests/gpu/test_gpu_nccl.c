@@ -106,6 +106,9 @@ TEST(gpu_nccl, one_rank_is_a_copy)
 	CHECK_EQ_INT(nccl_check(c, &e), 0);
 	CHECK_EQ_INT(nccl_all_reduce_sum(c, &dx, &dy, SIZE_MAX / 2, NCCL_TYPE_F32, &e), -EINVAL);
 	CHECK_CONTAINS(e.msg, "elements");
+	gpu_ptr none = 0;
+	CHECK_EQ_INT(nccl_all_reduce_sum(c, &dx, &none, n, NCCL_TYPE_F32, &e), -EINVAL);
+	CHECK_CONTAINS(e.msg, "rank 0 has no receive buffer");
 
 	/* captured in a graph (as a step's graph would hold it), replayed three times */
 	gpu_test_poison(&g, dy, n * 4);
