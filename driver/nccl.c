@@ -85,9 +85,9 @@ static int load_from(const char *name, struct err *e)
 			       name, v, NCCL_OLDEST);
 	}
 	nc_fn = fn;
-	nc_lib = lib;
 	snprintf(version_msg, sizeof version_msg, "NCCL %d.%d.%d (%s)", v / 10000,
 		 v / 100 % 100, v % 100, name);
+	nc_lib = lib; /* last: a clique reads nc_fn only after a load that saw it set */
 	return 0;
 }
 
