@@ -133,21 +133,18 @@ void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const flo
 		}
 }
 
-void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct layer_weights *lw,
-		 const float *f, int64_t T, float *y, int32_t *idx, float *wts, float *logits)
+/* ex_out[t*K + n] = Expert_e(f[t]) for each pick n of token t whose expert e is in [e0, e1);
+ * the other picks' rows are left as they are. ex_out [T, K, D]. */
+static void moe_experts(struct cpu_pool *p, const struct dsv32_config *c,
+			const struct layer_weights *lw, const float *f, int64_t T,
+			const int32_t *idx, int64_t e0, int64_t e1, float *ex_out)
 {
-	int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-	cpu_bf16_linear(p, &lw->gate, f, T, logits, 0); /* logits [T, E] fp32 */
-	for (int64_t t = 0; t < T; t++)
-		moe_route(c, logits + t * E, lw->gate_bias, idx + t * K, wts + t * K);
-
-	float *ex_out = malloc((size_t)(T * K * D) * sizeof *ex_out); /* [T, K, D] per pick */
+	int64_t D = c->hidden_size, K = c->num_experts_per_tok;
 	float *xg = malloc((size_t)(T * D) * sizeof *xg);   /* [m, D] rows routed to one expert */
 	float *yg = malloc((size_t)(T * D) * sizeof *yg);   /* [m, D] */
 	int64_t *slot = malloc((size_t)T * sizeof *slot);   /* [m] t*K + pick of each gathered row */
-	float *sh = malloc((size_t)(T * D) * sizeof *sh);   /* [T, D] shared expert */
-	ASSERT(ex_out && xg && yg && slot && sh);
-	for (int64_t e = 0; e < E; e++) {
+	ASSERT(xg && yg && slot);
+	for (int64_t e = e0; e < e1; e++) {
 		int64_t m = 0;
 		for (int64_t t = 0; t < T; t++)
 			for (int64_t n = 0; n < K; n++)
@@ -161,13 +158,67 @@ void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct 
 		for (int64_t i = 0; i < m; i++)
 			memcpy(ex_out + slot[i] * D, yg + i * D, (size_t)D * sizeof *yg);
 	}
-	mlp_forward(p, &lw->sh_w1, &lw->sh_w3, &lw->sh_w2, f, T, sh);
-	if (cpu_mutated(CPU_MUTATION_NO_SHARED_EXPERT))
-		memset(sh, 0, (size_t)(T * D) * sizeof *sh);
-	moe_combine(T, K, D, ex_out, wts, sh, y);
-	free(ex_out);
 	free(xg);
 	free(yg);
 	free(slot);
+}
+
+/* sh [T, D] = the shared expert of every row (zero under its mutation). */
+static void moe_shared(struct cpu_pool *p, const struct dsv32_config *c,
+		       const struct layer_weights *lw, const float *f, int64_t T, float *sh)
+{
+	mlp_forward(p, &lw->sh_w1, &lw->sh_w3, &lw->sh_w2, f, T, sh);
+	if (cpu_mutated(CPU_MUTATION_NO_SHARED_EXPERT))
+		memset(sh, 0, (size_t)(T * c->hidden_size) * sizeof *sh);
+}
+
+void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct layer_weights *lw,
+		 const float *f, int64_t T, float *y, int32_t *idx, float *wts, float *logits)
+{
+	int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+	cpu_bf16_linear(p, &lw->gate, f, T, logits, 0); /* logits [T, E] fp32 */
+	for (int64_t t = 0; t < T; t++)
+		moe_route(c, logits + t * E, lw->gate_bias, idx + t * K, wts + t * K);
+
+	float *ex_out = malloc((size_t)(T * K * D) * sizeof *ex_out); /* [T, K, D] per pick */
+	float *sh = malloc((size_t)(T * D) * sizeof *sh);   /* [T, D] shared expert */
+	ASSERT(ex_out && sh);
+	moe_experts(p, c, lw, f, T, idx, 0, E, ex_out);
+	moe_shared(p, c, lw, f, T, sh);
+	moe_combine(T, K, D, ex_out, wts, sh, y);
+	free(ex_out);
 	free(sh);
+}
+
+/* ---- expert parallelism: one rank's share (docs/MULTIGPU.md step 3) ---------------------- */
+
+void moe_rank_experts(int64_t n_experts, int rank, int ranks, int64_t *e0, int64_t *e1)
+{
+	ASSERT(ranks >= 1 && rank >= 0 && rank < ranks);
+	*e0 = n_experts * rank / ranks;
+	*e1 = n_experts * (rank + 1) / ranks;
+}
+
+void moe_forward_rank(struct cpu_pool *p, const struct dsv32_config *c,
+		      const struct layer_weights *lw, const float *f, int64_t T,
+		      const int32_t *idx, const float *wts, int rank, int ranks, float *y_part)
+{
+	int64_t D = c->hidden_size, K = c->num_experts_per_tok, e0, e1;
+	moe_rank_experts(c->n_routed_experts, rank, ranks, &e0, &e1);
+	float *ex_out = malloc((size_t)(T * K * D) * sizeof *ex_out); /* [T, K, D] owned picks */
+	ASSERT(ex_out);
+	moe_experts(p, c, lw, f, T, idx, e0, e1, ex_out);
+	if (rank == 0)
+		moe_shared(p, c, lw, f, T, y_part); /* added after the picks, as moe_combine does */
+	for (int64_t t = 0; t < T; t++)
+		for (int64_t d = 0; d < D; d++) {
+			float acc = 0;
+			for (int64_t n = 0; n < K; n++) {
+				int32_t e = idx[t * K + n];
+				if (e >= e0 && e < e1)
+					acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
+			}
+			y_part[t * D + d] = rank == 0 ? acc + y_part[t * D + d] : acc;
+		}
+	free(ex_out);
 }

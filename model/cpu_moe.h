@@ -40,4 +40,19 @@ void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const flo
 void moe_forward(struct cpu_pool *p, const struct dsv32_config *c, const struct layer_weights *lw,
 		 const float *f, int64_t T, float *y, int32_t *idx, float *wts, float *logits);
 
+/* Expert parallelism (docs/MULTIGPU.md step 3): rank `rank` of `ranks` owns the routed experts
+ * [e0, e1) = [E * rank / ranks, E * (rank + 1) / ranks) (contiguous; the ranks together own
+ * each expert once) and, on rank 0, the shared expert. */
+void moe_rank_experts(int64_t n_experts, int rank, int ranks, int64_t *e0, int64_t *e1);
+
+/* One rank's share of the MoE block, given the routing every rank computes alike (idx, wts
+ * [T, num_experts_per_tok] from moe_route): y_part[t] = the fp32 sum over token t's picks that
+ * the rank owns, in ascending expert id, of wts * Expert(f[t]), plus Shared(f[t]) on rank 0;
+ * not rounded. The block's output is bf16 of the sum of the ranks' shares (the all-reduce):
+ * moe_forward's y up to the order of that fp32 sum, and with one rank its bits. f, y_part:
+ * [T, hidden]. */
+void moe_forward_rank(struct cpu_pool *p, const struct dsv32_config *c,
+		      const struct layer_weights *lw, const float *f, int64_t T,
+		      const int32_t *idx, const float *wts, int rank, int ranks, float *y_part);
+
 #endif
