@@ -10,8 +10,8 @@
 #   6. the GPU appliance image's tree on this driver (tools/image_gpu_check.sh), where the
 #      bundle has static/dsv32-init and mkimage.
 # Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE, SKIP_IMAGE=1
-# leave steps out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT, EXTRA_TIMEOUT in
-# seconds. Two sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate
+# leave steps out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT,
+# EXTRA_TIMEOUT in seconds. Two sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate
 # OUT_DIRs).
 set -u
 bundle=${1:?bundle dir}
@@ -105,7 +105,7 @@ if [ "${SKIP_IMAGE:-0}" != 1 ] && [ -x "$bundle/static/dsv32-init" ] && [ -x "$b
   step "the GPU image's tree on this driver (tools/image_gpu_check.sh)"
   timeout 400 tools/image_gpu_check.sh "$bundle" "$out/image_gpu" > "$out/image_gpu_check.log" 2>&1
   echo "exit status $?" >> "$out/image_gpu_check.log"
-  cat "$out/image_gpu_check.log" | tee -a "$summary"
+  tee -a "$summary" < "$out/image_gpu_check.log"
 fi
 
 if [ -f tests/oracle/READY_TO_RUN ]; then
