@@ -11,8 +11,8 @@
 #      bundle has static/dsv32-init and mkimage.
 # Environment: SKIP_TESTS (also step 5), SKIP_SANITIZER, SKIP_DAEMON, SKIP_ORACLE, SKIP_IMAGE=1
 # leave steps out; BENCHES (default "gemm attention moe"); TEST_TIMEOUT, BENCH_TIMEOUT,
-# EXTRA_TIMEOUT in seconds. Two sessions may run at once on a two-GPU machine (CUDA_VISIBLE_DEVICES, separate
-# OUT_DIRs).
+# EXTRA_TIMEOUT in seconds. Two sessions may run at once on a two-GPU machine
+# (CUDA_VISIBLE_DEVICES, separate OUT_DIRs).
 set -u
 bundle=${1:?bundle dir}
 top=${2:?out dir}
