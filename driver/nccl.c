@@ -146,6 +146,10 @@ int nccl_open(struct gpu *const *gpus, int n, struct nccl **out, struct err *e)
 		return err_set(e, -ENOMEM, "NCCL clique: out of memory");
 	c->n = n;
 	memcpy(c->gpu, gpus, (size_t)n * sizeof *gpus);
+	/* NVLink SHARP (multicast objects in the NVSwitches) stays off unless the environment asks
+	 * for it: the all-reduces here are small (rows of 7168 values), and on shared hosts a
+	 * program using multicast can take the GPUs out of service (the GPU machines' rule). */
+	setenv("NCCL_NVLS_ENABLE", "0", 0);
 	CUcontext cur = NULL;
 	cu.cuCtxGetCurrent(&cur);
 	ncclResult_t r = nc_fn.ncclCommInitAll(c->comm, n, dev);

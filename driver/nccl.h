@@ -40,7 +40,8 @@ const char *nccl_version(void);
 
 /* A clique over gpus[0..n) (each opened by gpu_open, each a different device), rank r on
  * gpus[r]; NCCL is loaded if it is not. 0, or -EINVAL (n outside 1..NCCL_MAX_RANKS, a GPU
- * twice: named), -ENODEV / -ENOTSUP (nccl_load), -EIO (NCCL refused: its words). */
+ * twice: named), -ENODEV / -ENOTSUP (nccl_load), -EIO (NCCL refused: its words).
+ * NCCL_NVLS_ENABLE is set to 0 where the environment does not set it (no NVLink multicast). */
 int nccl_open(struct gpu *const *gpus, int n, struct nccl **out, struct err *e);
 /* Destroys the communicators (aborts them after an error); NULL is allowed. */
 void nccl_close(struct nccl *c);
