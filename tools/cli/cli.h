@@ -38,6 +38,7 @@ int cli_flag_count(int argc, char **argv, int *i, int dflt);
 /* benchmarks (dsv32 bench NAME) */
 int bench_gemm(int argc, char **argv);
 int bench_attention(int argc, char **argv);
+int bench_nccl(int argc, char **argv);
 int bench_tokenizer(int argc, char **argv);
 int bench_ipc(int argc, char **argv);
 int bench_sched(int argc, char **argv);

@@ -18,6 +18,7 @@ static const struct cli_cmd benches[] = {
 	{"model", bench_model, "the whole model at real dims (synthetic weights and KV): decode, prefill, TTFT (GPU)"},
 	{"gemm", bench_gemm, "FP8 block-scaled GEMMs at the real shapes vs the HBM read limit (GPU)"},
 	{"moe", bench_moe, "the MoE block at the real dims, 1-4096 tokens: stages, TB/s, TFLOP/s (GPU)"},
+	{"nccl", bench_nccl, "NCCL's all-reduce over this process's GPUs at 1-4096 rows of 7168 (GPU)"},
 };
 
 int cmd_bench(int argc, char **argv)
