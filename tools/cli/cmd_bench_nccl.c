@@ -145,7 +145,7 @@ int bench_nccl(int argc, char **argv)
 	double top_us = time_us(&b, big / 4, NCCL_TYPE_F32);
 	double top = bus_gbs(big, top_us, b.n);
 	if (fixed < 0 || top_us < 0)
-		goto out;
+		goto timing_failed;
 	printf("one element: %.1f us; 1 GiB: %.0f us, bus %.1f GB/s\n", fixed, top_us, top);
 	printf("%6s %5s | %9s %8s %8s %7s | %s\n", "rows", "type", "us", "alg GB/s", "bus GB/s",
 	       "of 1GiB", "x fixed");
@@ -163,7 +163,7 @@ int bench_nccl(int argc, char **argv)
 			size_t count = (size_t)R * HIDDEN, bytes = count * (t ? 2 : 4);
 			double us = time_us(&b, count, t ? NCCL_TYPE_BF16 : NCCL_TYPE_F32);
 			if (us < 0)
-				goto out;
+				goto timing_failed;
 			double bus = bus_gbs(bytes, us, b.n);
 			printf("%6ld %5s | %9.1f %8.1f %8.1f %6.0f%% | %.1f\n", R, t ? "bf16" : "fp32",
 			       us, bytes / (us * 1e3), bus, 100 * bus / top, us / fixed);
@@ -176,6 +176,9 @@ int bench_nccl(int argc, char **argv)
 	       "against a 1 GiB all-reduce's bus bandwidth in this run; \"x fixed\": against a "
 	       "one-element all-reduce)\n", b.n, b.trials, rows, b.trials);
 	rc = 0;
+	goto out;
+timing_failed:
+	snprintf(e.msg, sizeof e.msg, "a timed all-reduce failed (the GPU call's error is above)");
 out:
 	if (rc)
 		fprintf(stderr, "dsv32 bench nccl: %s\n", e.msg);
