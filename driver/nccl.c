@@ -28,7 +28,6 @@ int nccl_open(struct gpu *const *gpus, int n, struct nccl **out, struct err *e)
 }
 
 void nccl_close(struct nccl *c) {}
-int nccl_ranks(const struct nccl *c) { return 0; }
 
 int nccl_all_reduce_sum(struct nccl *c, const gpu_ptr *send, const gpu_ptr *recv, size_t count,
 			enum nccl_type type, struct err *e)
@@ -114,8 +113,6 @@ struct nccl {
 	ncclComm_t comm[NCCL_MAX_RANKS];
 	struct gpu *gpu[NCCL_MAX_RANKS];
 };
-
-int nccl_ranks(const struct nccl *c) { return c ? c->n : 0; }
 
 /* NCCL's words for r, with its last error's detail where it has one. */
 static int nc_fail(struct err *e, ncclResult_t r, ncclComm_t comm, const char *call)

@@ -45,7 +45,6 @@ const char *nccl_version(void);
 int nccl_open(struct gpu *const *gpus, int n, struct nccl **out, struct err *e);
 /* Destroys the communicators (aborts them after an error); NULL is allowed. */
 void nccl_close(struct nccl *c);
-int nccl_ranks(const struct nccl *c);
 
 /* Sum over the clique: recv[r][i] = the sum over q of send[q][i] for i < count, on every rank
  * r, enqueued on each rank's GPU stream (send[r] == recv[r] is in place). Its order of

@@ -121,16 +121,28 @@ void moe_route(const struct dsv32_config *c, const float *logits, const float *b
 
 /* ---- MoE block ------------------------------------------------------------------------- */
 
-void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const float *wts,
-		 const float *sh, float *y)
+/* y[t] = sum over token t's picks in ascending expert id (idx NULL: every pick; else those
+ * whose expert is in [e0, e1)) of ex_out * wts, one multiply and one add each, then + sh[t]
+ * (sh NULL: nothing; sh may be y itself), rounded to bf16 when `round`. */
+static void moe_sum_picks(int64_t T, int64_t K, int64_t D, const float *ex_out,
+			  const float *wts, const int32_t *idx, int64_t e0, int64_t e1,
+			  const float *sh, int round, float *y)
 {
 	for (int64_t t = 0; t < T; t++)
 		for (int64_t d = 0; d < D; d++) {
 			float acc = 0;
 			for (int64_t n = 0; n < K; n++)
-				acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
-			y[t * D + d] = bf16_round(acc + sh[t * D + d]);
+				if (!idx || (idx[t * K + n] >= e0 && idx[t * K + n] < e1))
+					acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
+			float v = sh ? acc + sh[t * D + d] : acc;
+			y[t * D + d] = round ? bf16_round(v) : v;
 		}
+}
+
+void moe_combine(int64_t T, int64_t K, int64_t D, const float *ex_out, const float *wts,
+		 const float *sh, float *y)
+{
+	moe_sum_picks(T, K, D, ex_out, wts, NULL, 0, 0, sh, 1, y);
 }
 
 /* ex_out[t*K + n] = Expert_e(f[t]) for each pick n of token t whose expert e is in [e0, e1);
@@ -210,15 +222,6 @@ void moe_forward_rank(struct cpu_pool *p, const struct dsv32_config *c,
 	moe_experts(p, c, lw, f, T, idx, e0, e1, ex_out);
 	if (rank == 0)
 		moe_shared(p, c, lw, f, T, y_part); /* added after the picks, as moe_combine does */
-	for (int64_t t = 0; t < T; t++)
-		for (int64_t d = 0; d < D; d++) {
-			float acc = 0;
-			for (int64_t n = 0; n < K; n++) {
-				int32_t e = idx[t * K + n];
-				if (e >= e0 && e < e1)
-					acc += ex_out[(t * K + n) * D + d] * wts[t * K + n];
-			}
-			y_part[t * D + d] = rank == 0 ? acc + y_part[t * D + d] : acc;
-		}
+	moe_sum_picks(T, K, D, ex_out, wts, idx, e0, e1, rank == 0 ? y_part : NULL, 0, y_part);
 	free(ex_out);
 }

@@ -42,11 +42,10 @@ struct test_model {
 	struct weights w;
 };
 
-/* Runs cmd (a shell command that writes the checkpoint into m->dir), then loads its config,
- * opens it and binds every tensor; ends the case with the reason on any failure. */
-static inline void test_model_make(struct test_model *m, const char *cmd)
+/* Loads m->dir's config, opens the checkpoint and binds every tensor; ends the case with the
+ * reason on any failure. */
+static inline void test_model_bind(struct test_model *m)
 {
-	REQUIRE(system(cmd) == 0);
 	struct err e;
 	REQUIRE(config_load(&m->c, m->dir, &e) == 0);
 	REQUIRE(ckpt_open(&m->ck, m->dir, &e) == 0);
@@ -54,6 +53,13 @@ static inline void test_model_make(struct test_model *m, const char *cmd)
 		test_fail(__FILE__, __LINE__, "weights_bind: %s", e.msg);
 		test_abort_case();
 	}
+}
+
+/* Runs cmd (a shell command that writes the checkpoint into m->dir), then test_model_bind. */
+static inline void test_model_make(struct test_model *m, const char *cmd)
+{
+	REQUIRE(system(cmd) == 0);
+	test_model_bind(m);
 }
 
 static inline void test_model_free(struct test_model *m)

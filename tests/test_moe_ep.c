@@ -2,8 +2,8 @@
  * of docs/MULTIGPU.md; the oracle a GPU rank's MoE block will be checked against): on the mini
  * checkpoint's first MoE layer (16 experts, 4 picks a token), the ranks' shares summed in fp32
  * and rounded to bf16 give moe_forward's output: bit for bit with one rank, and with 2, 3, 4
- * and 16 ranks within the reordering of that fp32 sum (at most one bf16 ulp, and most values
- * the same). The ranks' expert ranges tile the experts exactly once; a share with none of a
+ * and 16 ranks within the reordering of that fp32 sum (nc_bf16_close: at most one bf16 ulp,
+ * 90% of the values the same). The ranks' expert ranges tile the experts exactly once; a share with none of a
  * token's picks and no shared expert is exactly zero; leaving one rank out of the sum moves
  * the output (so a share computed twice or dropped cannot pass). */
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "model/cpu_moe.h"
 #include "model/numerics.h"
 #include "tests/ckpt_helpers.h"
+#include "tests/oracle/numerics_ops.h"
 
 TEST(moe_ep, expert_ranges_tile_the_experts)
 {
@@ -30,25 +31,11 @@ TEST(moe_ep, expert_ranges_tile_the_experts)
 	CHECK(e0 == 96 && e1 == 128);
 }
 
-/* bf16 ulps between two values that are bf16 already (NaN: huge). */
-static int ulps(float a, float b)
-{
-	uint16_t x = f32_to_bf16(a), y = f32_to_bf16(b);
-	if (a != a || b != b)
-		return 1 << 30;
-	int ix = (x & 0x8000) ? -(int)(x & 0x7fff) : (int)x;
-	int iy = (y & 0x8000) ? -(int)(y & 0x7fff) : (int)y;
-	return ix > iy ? ix - iy : iy - ix;
-}
-
 TEST_T(moe_ep, shares_sum_to_the_block, 120)
 {
 	struct test_model m;
 	snprintf(m.dir, sizeof m.dir, "%s", make_mini("ep", 3, 0));
-	struct err e;
-	REQUIRE(config_load(&m.c, m.dir, &e) == 0);
-	REQUIRE(ckpt_open(&m.ck, m.dir, &e) == 0);
-	REQUIRE(weights_bind(&m.w, &m.c, &m.ck, &e) == 0);
+	test_model_bind(&m);
 	const struct dsv32_config *c = &m.c;
 	const int64_t D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
 	const int64_t T = 40;
@@ -57,9 +44,10 @@ TEST_T(moe_ep, shares_sum_to_the_block, 120)
 
 	float *f = malloc((size_t)(T * D) * 4), *y = malloc((size_t)(T * D) * 4);
 	float *sum = malloc((size_t)(T * D) * 4), *part = malloc((size_t)(T * D) * 4);
+	float *rs = malloc((size_t)(T * D) * 4); /* the sum rounded to bf16: the block's output */
 	float *logits = malloc((size_t)(T * E) * 4), *wts = malloc((size_t)(T * K) * 4);
 	int32_t *idx = malloc((size_t)(T * K) * 4);
-	REQUIRE(f && y && sum && part && logits && wts && idx);
+	REQUIRE(f && y && sum && part && rs && logits && wts && idx);
 	uint64_t seed = 17;
 	for (int64_t i = 0; i < T * D; i++) /* bf16 values ~ U(-2, 2), as a normed row */
 		f[i] = bf16_round((float)((test_rand(&seed) >> 40) * 0x1p-24) * 4.0f - 2.0f);
@@ -89,32 +77,25 @@ TEST_T(moe_ep, shares_sum_to_the_block, 120)
 			for (int64_t i = 0; i < T * D; i++)
 				sum[i] += part[i];
 		}
-		int64_t same = 0, worst = 0;
-		for (int64_t i = 0; i < T * D; i++) {
-			int u = ulps(bf16_round(sum[i]), y[i]);
-			same += u == 0;
-			worst = u > worst ? u : worst;
-		}
-		printf("    %2d ranks: %lld / %lld values identical, worst %lld bf16 ulp; %lld / %lld "
-		       "shares without the token's experts exactly zero\n",
-		       ranks, (long long)same, (long long)(T * D), (long long)worst,
-		       (long long)zero_ok, (long long)zero_shares);
+		for (int64_t i = 0; i < T * D; i++)
+			rs[i] = bf16_round(sum[i]);
+		/* one rank: the block's bits; more: within one bf16 ulp, 90% the same */
+		char what[32];
+		snprintf(what, sizeof what, "ep, %d ranks", ranks);
+		struct nc_verdict v = {0};
+		nc_bf16_close(&v, what, rs, y, T * D, ranks == 1 ? 0.0 : 0.1);
+		CHECK_EQ_INT(v.fails, 0);
+		printf("    %2d ranks: %lld / %lld shares without the token's experts exactly zero\n",
+		       ranks, (long long)zero_ok, (long long)zero_shares);
 		CHECK_EQ_INT(zero_ok, zero_shares);
-		if (ranks == 1) {
-			CHECK_EQ_INT(same, T * D);
-		} else {
-			CHECK(worst <= 1);
-			CHECK(same >= T * D * 9 / 10);
-		}
 		if (ranks == 4) { /* the sum without rank 2 is not the block */
 			moe_forward_rank(NULL, c, lw, f, T, idx, wts, 2, 4, part);
 			int64_t moved = 0;
 			for (int64_t i = 0; i < T * D; i++)
-				moved += ulps(bf16_round(sum[i] - part[i]), y[i]) > 1;
+				moved += nc_bf16_far(bf16_round(sum[i] - part[i]), y[i]);
 			CHECK(moved > T * D / 10);
 		}
 	}
-	free(f), free(y), free(sum), free(part), free(logits), free(wts), free(idx);
-	weights_free(&m.w);
-	ckpt_close(&m.ck);
+	free(f), free(y), free(sum), free(part), free(rs), free(logits), free(wts), free(idx);
+	test_model_free(&m);
 }

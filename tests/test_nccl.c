@@ -29,7 +29,6 @@ TEST(nccl, clique_refused_before_loading)
 	CHECK_CONTAINS(e.msg, "clique of 0 GPUs");
 	CHECK_EQ_INT(nccl_open(gs, NCCL_MAX_RANKS + 1, &c, &e), -EINVAL);
 #endif
-	CHECK_EQ_INT(nccl_ranks(NULL), 0);
 	nccl_close(NULL);
 }
 
@@ -40,9 +39,7 @@ TEST(nccl, load_names_what_is_not_nccl)
 	CHECK_EQ_INT(nccl_load(NULL, &e), -ENOTSUP);
 	CHECK_CONTAINS(nccl_version(), "no NCCL");
 #else
-	/* once a real NCCL is loaded (another case in this process), paths are not tried */
-	if (strncmp(nccl_version(), "NCCL not loaded", 15) != 0)
-		return;
+	/* (each case runs in its own child: no NCCL is loaded yet) */
 	CHECK_EQ_INT(nccl_load("/nonexistent/libnccl.so.2", &e), -ENODEV);
 	CHECK_CONTAINS(e.msg, "dlopen(/nonexistent/libnccl.so.2)");
 	CHECK_EQ_INT(nccl_load("libm.so.6", &e), -ENODEV);

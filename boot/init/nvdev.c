@@ -43,9 +43,10 @@ static int gpu_minor(const char *path, struct err *e)
 	if (p)
 		sscanf(p + strlen("Device Minor:"), "%d", &minor);
 	free(text);
-	if (minor < 0 || minor >= NVDEV_CTL_MINOR - 1) /* 254 is nvidia-modeset's */
-		return err_set(e, -EINVAL, "%s: no \"Device Minor: N\" line with N in 0..253",
-			       path), -1;
+	if (minor < 0 || minor >= NVDEV_CTL_MINOR - 1) { /* 254 is nvidia-modeset's */
+		err_set(e, -EINVAL, "%s: no \"Device Minor: N\" line with N in 0..253", path);
+		return -1;
+	}
 	return minor;
 }
 

@@ -8,8 +8,7 @@
  *     rank order; with two ranks a sum is one addition, so fp32 must be bit-exact and bf16 the
  *     round-to-nearest of the fp32 sum; with more, within the reordering of the additions (and
  *     bf16 within a rounding an addition).
- * Prints the time of one all-reduce of 16 rows of 7168 bf16 values (a MoE layer's output at a
- * 16-token step, what expert parallelism sums after every MoE layer).
+ * (Its times at the sizes expert parallelism sums: `dsv32 bench nccl`.)
  */
 #include "tests/gpu/gpu_harness.h"
 
@@ -26,40 +25,6 @@ static void nccl_test_open(struct gpu *const *gs, int n, struct nccl **c)
 		test_fail(__FILE__, __LINE__, "nccl_open: %s", e.msg);
 		test_abort_case();
 	}
-}
-
-/* The time of one all-reduce of n elements of t over the clique (us, the median of 20 after 3
- * warm-ups), measured on rank 0's stream after every rank's stream has drained. */
-static double all_reduce_us(struct nccl *c, struct gpu *const *gs, const gpu_ptr *buf, size_t n,
-			    enum nccl_type t)
-{
-	struct err e;
-	CUevent ev[2];
-	cu.cuCtxSetCurrent(gs[0]->ctx);
-	if (gpu_timing_events(ev))
-		return -1;
-	double us[20];
-	for (int k = -3; k < 20; k++) {
-		for (int r = 0; r < nccl_ranks(c); r++)
-			gpu_sync(gs[r]);
-		cu.cuCtxSetCurrent(gs[0]->ctx);
-		cu.cuEventRecord(ev[0], gs[0]->stream);
-		REQUIRE(nccl_all_reduce_sum(c, buf, buf, n, t, &e) == 0);
-		cu.cuCtxSetCurrent(gs[0]->ctx);
-		cu.cuEventRecord(ev[1], gs[0]->stream);
-		cu.cuEventSynchronize(ev[1]);
-		float ms = 0;
-		cu.cuEventElapsedTime(&ms, ev[0], ev[1]);
-		if (k >= 0)
-			us[k] = ms * 1e3;
-	}
-	gpu_timing_events_free(ev);
-	for (int i = 1; i < 20; i++) /* insertion sort: the median */
-		for (int j = i; j > 0 && us[j] < us[j - 1]; j--) {
-			double s = us[j];
-			us[j] = us[j - 1], us[j - 1] = s;
-		}
-	return (us[9] + us[10]) / 2;
 }
 
 TEST(gpu_nccl, one_rank_is_a_copy)
@@ -130,10 +95,6 @@ TEST(gpu_nccl, one_rank_is_a_copy)
 	cu.cuGraphDestroy(graph);
 	CHECK_EQ_INT(nccl_check(c, &e), 0);
 
-	gpu_ptr rows = gpu_test_alloc(7168 * 16 * 2);
-	REQUIRE(gpu_memset(&g, rows, 0, 7168 * 16 * 2) == 0);
-	printf("    all-reduce of 16 x 7168 bf16, 1 rank: %.1f us\n",
-	       all_reduce_us(c, gs, &rows, 7168 * 16, NCCL_TYPE_BF16));
 	nccl_close(c);
 	free(x), free(y), free(xb), free(yb);
 	gpu_close(&g);
@@ -211,8 +172,6 @@ TEST(gpu_nccl, every_gpu_sums)
 		CHECK(worst32 <= 8 * n * 0x1p-20); /* the values' ulp is 2^-20 or finer */
 		CHECK(worst16 <= n); /* NCCL rounds to bf16 at each of its n - 1 additions */
 	}
-	printf("    all-reduce of 16 x 7168 bf16, %d ranks: %.1f us\n", n,
-	       all_reduce_us(c, gs, d16, 7168 * 16, NCCL_TYPE_BF16));
 	nccl_close(c);
 	free(x), free(y), free(xb), free(yb);
 	for (int r = 0; r < n; r++)

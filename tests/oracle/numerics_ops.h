@@ -14,6 +14,15 @@
 
 /* ---- op level (ops.npz) ---------------------------------------------------------------------- */
 
+/* Whether two bf16 values differ by more than one bf16 ulp (of the larger; NaN: yes). */
+NC_FN int nc_bf16_far(float a, float b)
+{
+	float m = fmaxf(fabsf(a), fabsf(b));
+	int ex;
+	frexpf(m, &ex);
+	return !(fabsf(a - b) <= ldexpf(1.0f, ex - 8)) && m > 1e-30f;
+}
+
 /* Elements of ours vs ref (bf16 values): none may differ by more than one bf16 ulp, at most
  * max_frac may differ at all. */
 NC_FN void nc_bf16_close(struct nc_verdict *v, const char *what, const float *ours,
@@ -24,11 +33,7 @@ NC_FN void nc_bf16_close(struct nc_verdict *v, const char *what, const float *ou
 		if (ours[i] == ref[i])
 			continue;
 		diff++;
-		float m = fmaxf(fabsf(ours[i]), fabsf(ref[i]));
-		int ex;
-		frexpf(m, &ex);
-		if (!(fabsf(ours[i] - ref[i]) <= ldexpf(1.0f, ex - 8)) && m > 1e-30f)
-			far++;
+		far += nc_bf16_far(ours[i], ref[i]);
 	}
 	fprintf(stderr, "numerics op %-16s %lld values: %lld differ (%lld by more than 1 bf16 ulp)\n",
 		what, (long long)n, (long long)diff, (long long)far);

@@ -118,6 +118,11 @@ int bench_nccl(int argc, char **argv)
 		fprintf(stderr, "dsv32 bench nccl: --gpus %d, but %d visible\n", b.n, visible);
 		return 1;
 	}
+	if (b.n == 1) { /* in place on one rank NCCL has nothing to do (0.3 us at any size, s38-5) */
+		printf("one GPU: an all-reduce of one rank in place is no work; nothing to measure "
+		       "(run with two or more GPUs)\n");
+		return 0;
+	}
 	struct gpu gpus[BENCH_NCCL_MAX_GPUS];
 	const size_t big = (size_t)1 << 30; /* bytes a rank holds: the 1 GiB ceiling run */
 	int rc = 1, opened = 0;
@@ -134,13 +139,7 @@ int bench_nccl(int argc, char **argv)
 	}
 	if (nccl_open(b.g, b.n, &b.c, &e))
 		goto out;
-	printf("%s, %d GPU%s (%s)\n", nccl_version(), b.n, b.n > 1 ? "s" : "", gpus[0].name);
-	if (b.n == 1) { /* in place on one rank NCCL has nothing to do (0.3 us at any size) */
-		printf("one GPU: an all-reduce of one rank in place is no work; nothing to measure "
-		       "(run with two or more GPUs)\n");
-		rc = 0;
-		goto out;
-	}
+	printf("%s, %d GPUs (%s)\n", nccl_version(), b.n, gpus[0].name);
 	double fixed = time_us(&b, 1, NCCL_TYPE_F32);
 	double top_us = time_us(&b, big / 4, NCCL_TYPE_F32);
 	double top = bus_gbs(big, top_us, b.n);
