@@ -329,7 +329,8 @@ const char *cuda_gemm_fp8_moe_block_kernel(const struct gpu *g, int T, int topk,
  * shared expert's gate|up streamed and computed while the router runs; 2: on the _r1h forms,
  * whose stream waits for x to be complete, i.e. starts with the router): process-wide (-1:
  * DSV32_CUDA_MOE_BLOCK_EARLY, read at the first call; default 0: on the H200 the block is ~2 us
- * faster alone but a model step ~6 us slower, sessions 30-31, docs/PERF.md). */
+ * faster alone but a model step ~4-6 us slower, for 1 (sessions 30-31) and 2 (session 39),
+ * docs/PERF.md). */
 void cuda_gemm_set_moe_block_early(int on);
 int cuda_gemm_moe_block_early(void);
 /* Process-wide (-1: DSV32_CUDA_MOE_GEMV_BLOCK, read at the first call; default 1). */
