@@ -40,6 +40,7 @@
 	X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)         \
 	X(cuEventDestroy) X(cuStreamWaitEvent)                                                \
 	X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemsetD8) X(cuMemsetD8Async)           \
+	X(cuMemsetD32Async)                                                                   \
 	X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync)                  \
 	X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
 	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)             \

@@ -47,6 +47,12 @@
 //   in pick order + shared ), bit-identical to the CPU's moe_combine) with 8 outputs per thread
 //   and 16-byte loads (D % 8 == 0); the same arithmetic per output. Grid-stride over T * D / 8.
 //   Launched with PDL: it triggers its dependents at once and waits before any read.
+// k_moe_combine_rank: one rank's share of the combine under expert parallelism (docs/MULTIGPU.md
+//   step 3), fp32 [T, D]: the weighted rows of the rank's own picks in pick order, + the shared
+//   expert's row where sh is given (the rank that holds it), not rounded: the CPU's
+//   moe_forward_rank, the same arithmetic as k_moe_combine_v8 a pick. A pick is the rank's iff
+//   its sorted row is at or past *first (k_moe_rank_picks sorts the other ranks' picks before
+//   the rank's rows). PDL as k_moe_combine_v8.
 #include "common.cuh"
 #include "moe_route.cuh" // the fused routers: moe_route_*, moe_permute_*
 #include "tma.cuh"       // mbarriers (k_moe_gate_route1)
@@ -919,5 +925,43 @@ k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 			o[h] = (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
 		}
 		*reinterpret_cast<uint4 *>(y + e0) = make_uint4(o[0], o[1], o[2], o[3]);
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_combine_rank(const uint16_t *__restrict__ ex, const float *__restrict__ w,
+		   const int *__restrict__ perm, const int *__restrict__ first,
+		   const uint16_t *__restrict__ sh, float *__restrict__ y, int T, int K, int D)
+{
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+	const int own_from = *first;
+	const long long n8 = (long long)T * D / 8;
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
+	     i += (long long)gridDim.x * blockDim.x) {
+		const long long e0 = i * 8;
+		const int t = (int)(e0 / D), d = (int)(e0 % D);
+		float acc[8];
+#pragma unroll
+		for (int q = 0; q < 8; q++)
+			acc[q] = 0.f;
+		for (int k = 0; k < K; k++) {
+			const int r = perm[t * K + k];
+			if (r >= own_from)
+				combine_add8(acc, *reinterpret_cast<const uint4 *>(ex + (size_t)r * D + d),
+					     w[(size_t)t * K + k]);
+		}
+		if (sh) {
+			const uint4 s = *reinterpret_cast<const uint4 *>(sh + e0);
+			const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+			for (int h = 0; h < 4; h++) {
+				acc[2 * h] = __fadd_rn(acc[2 * h], __uint_as_float(sw[h] << 16));
+				acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __uint_as_float(sw[h] & 0xffff0000u));
+			}
+		}
+		float4 *out = reinterpret_cast<float4 *>(y + e0);
+		out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+		out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
 	}
 }

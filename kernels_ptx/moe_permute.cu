@@ -13,6 +13,13 @@
 //   that hit it gives each row its rank by popcounts. (The body is moe_permute_block,
 //   moe_route.cuh, which the fused router of moe_block.cu runs too.) k_moe_permute_count +
 //   k_moe_permute_place: the same over many blocks (see below).
+// k_moe_rank_picks: one rank's view of the picks under expert parallelism (docs/MULTIGPU.md
+//   step 3): idx int [T * K] (experts in [0, E)) -> ridx int [T * K]: a pick of the rank's own
+//   experts [e0, e1) becomes K + e - e0, any other pick n of its token becomes n. k_moe_permute
+//   over the K + e1 - e0 virtual experts of ridx then sorts the other ranks' picks first (rows
+//   [0, offsets[K]): K groups no GEMM runs) and the rank's experts after them, expert e0 + j as
+//   group K + j (so offsets + K are the grouped GEMMs' offsets over the rank's experts, then the
+//   shared expert); each token's picks stay distinct, as k_moe_permute needs. Grid-stride.
 // k_moe_gather: x bf16 [T, D] -> xs bf16 [T*K, D], xs[r] = x[src[r]]; one block per sorted row,
 //   16-byte copies (D % 8 == 0).
 // k_moe_combine: y[t, d] = bf16( Σ_n ex[perm[t*K+n], d] * w[t, n] + sh[t, d] ) with the picks in
@@ -20,6 +27,15 @@
 //   contraction: bit-identical to the CPU's moe_combine. ex bf16 [T*K, D] (expert outputs in
 //   sorted order), w fp32 [T, K], sh bf16 [T, D], y bf16 [T, D]. Grid-stride over T * D.
 #include "moe_route.cuh" // moe_permute_block: the body of k_moe_permute
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_rank_picks(const int *__restrict__ idx, int n, int K, int e0, int e1, int *__restrict__ ridx)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		const int e = idx[i];
+		ridx[i] = e >= e0 && e < e1 ? K + e - e0 : i % K;
+	}
+}
 
 extern "C" __global__ void __launch_bounds__(1024)
 k_moe_permute(const int *__restrict__ idx, int T, int K, int E, int *__restrict__ counts,

@@ -52,6 +52,16 @@
  * size).
  * DSV32_CUDA_MOE_STATS=n (diagnosis, eager steps only: it synchronises): the first n calls print
  * the routing's row counts per expert and the GPU time of each stage to stderr.
+ * Expert parallelism (cuda_moe_forward_rank, docs/MULTIGPU.md step 3): a rank's layer lists only
+ * its experts [e0, e0 + own) and the shared expert (cuda_moe_layer_init_rank). The routing runs
+ * as above on the separate kernels (every rank computes the same), then k_moe_rank_picks gives
+ * the rank's view of the picks: its own experts as K + (e - e0), every other pick n of a token as
+ * n, so k_moe_permute (over K + own experts) sorts the other ranks' picks first, as K groups, and
+ * offsets + K are the grouped GEMMs' offsets over the rank's experts then the shared expert
+ * (empty on ranks other than 0: its end is set to R); the rows before offsets[K] belong to no
+ * group, so no GEMM reads or writes them. k_moe_combine_rank sums the picks whose sorted row is
+ * at or past offsets[K] (+ the shared expert's row on rank 0) in fp32, unrounded. Not on this
+ * path: the fused routers, the one-launch block and the combine in the down GEMM's chunk sum.
  * CUDA_MOE_UNFUSED (the caller's flag: the forward's DSV32_CUDA_UNFUSED=1): the separate kernels
  * instead of the fused router (k_moe_gate_route1), the quantise-and-scatter, the SwiGLU epilogues
  * and the combine in the chunk sum (the same bits; but for the fast mode's one-token router,
@@ -66,14 +76,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "model/cpu_moe.h" /* moe_rank_experts */
 #include "model/cuda_gemm.h"
 #include "model/cuda_gemm_wgmma.h"
 #include "model/env_knob.h"
 
-int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
-			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
-			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
-			struct cuda_fp8_mat sh2, struct cuda_moe_layer *L, struct err *e)
+int cuda_moe_layer_init_rank(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
+			     gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
+			     const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
+			     struct cuda_fp8_mat sh2, int rank, int ranks, struct cuda_moe_layer *L,
+			     struct err *e)
 {
 	int E = (int)c->n_routed_experts, I = (int)c->moe_intermediate_size;
 	if (E < 2 || E > 256 || E % 2 || c->hidden_size % 128 || I % 128 ||
@@ -85,9 +97,22 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 			       "shared expert %d x %d; one shared expert of the routed width)",
 			       E, (long long)c->hidden_size, I, sh13.out, sh13.in);
 	}
-	/* entry E of each table: the shared expert (group E of the grouped GEMMs) */
-	size_t tab = (size_t)(E + 1) * sizeof(uint64_t);
-	*L = (struct cuda_moe_layer){.gate = gate, .gate_bias = gate_bias, .sh13 = sh13, .sh2 = sh2};
+	if (ranks < 1 || ranks > E || rank < 0 || rank >= ranks)
+		return err_set(e, -EINVAL, "cuda_moe_layer_init: rank %d of %d (1 to %d ranks)", rank,
+			       ranks, E);
+	int64_t e0, e1;
+	moe_rank_experts(E, rank, ranks, &e0, &e1);
+	const int own = (int)(e1 - e0);
+	/* the rank's permutation sorts over K + own virtual experts (k_moe_rank_picks) */
+	if (ranks > 1 && c->num_experts_per_tok + own > 256)
+		return err_set(e, -EINVAL,
+			       "cuda_moe_layer_init: rank %d of %d owns %d experts; with %lld picks a "
+			       "token that is more than the permutation's 256",
+			       rank, ranks, own, (long long)c->num_experts_per_tok);
+	/* entry `own` of each table: the shared expert (the last group of the grouped GEMMs) */
+	size_t tab = (size_t)(own + 1) * sizeof(uint64_t);
+	*L = (struct cuda_moe_layer){.gate = gate, .gate_bias = gate_bias, .sh13 = sh13, .sh2 = sh2,
+				     .rank = rank, .ranks = ranks, .e0 = (int)e0, .n_own = own};
 	L->w13_tab = gpu_region_alloc(r, tab);
 	L->s13_tab = gpu_region_alloc(r, tab);
 	L->w2_tab = gpu_region_alloc(r, tab);
@@ -102,9 +127,9 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 	gpu_ptr dst[4] = {L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab};
 	int rc = 0;
 	for (int k = 0; k < 4 && !rc; k++) {
-		for (int x = 0; x < E; x++)
+		for (int x = 0; x < own; x++)
 			h[x] = src[k][x];
-		h[E] = shared[k];
+		h[own] = shared[k];
 		rc = gpu_upload(g, dst[k], h, tab);
 	}
 	free(h);
@@ -112,11 +137,25 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 		  : 0;
 }
 
+int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
+			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
+			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
+			struct cuda_fp8_mat sh2, struct cuda_moe_layer *L, struct err *e)
+{
+	return cuda_moe_layer_init_rank(g, r, c, gate, gate_bias, w13, s13, w2, s2, sh13, sh2, 0, 1,
+					L, e);
+}
+
 /* The shapes of one call: R routed rows, then the T shared-expert rows (RT = R + T in all). */
 struct moe_dims {
 	int T, R, RT, D, I, E, K;
 	int unfused; /* CUDA_MOE_UNFUSED */
 	int fast;    /* the GEMM dispatch's fast mode (!cuda_gemm_batch_invariant) */
+	/* expert parallelism (cuda_moe_forward_rank): ep 1 for a rank's share; the rank, its first
+	 * expert and how many it owns; PE the permutation's experts (E, or K + own: the other
+	 * ranks' picks as K groups first, k_moe_rank_picks); G the grouped GEMMs' groups (E + 1, or
+	 * own + 1; the shared expert last) */
+	int ep, rank, e0, own, PE, G;
 };
 
 static struct moe_dims moe_dims(const struct gpu *g, const struct dsv32_config *c, int T,
@@ -128,6 +167,8 @@ static struct moe_dims moe_dims(const struct gpu *g, const struct dsv32_config *
 			     .fast = !cuda_gemm_batch_invariant(g)};
 	d.R = T * d.K;
 	d.RT = d.R + T;
+	d.own = d.PE = d.E;
+	d.G = d.E + 1;
 	return d;
 }
 
@@ -230,7 +271,7 @@ static size_t gemm_ws(const struct gpu *g, const struct moe_dims *d)
 /* The scratch buffers, in push order; sizes in bytes. The row buffers hold R + T rows: the
  * routed rows in sorted order, then the shared expert's (x itself). */
 enum { B_LOGITS, B_IDX, B_WTS, B_CNT, B_OFF, B_PERM, B_SRC, B_XS8, B_SXS, B_GU, B_H8, B_HS, B_EY,
-       B_WS, B_BCNT, B_SCORE, B_GPARTS, B_COUNT };
+       B_WS, B_BCNT, B_SCORE, B_GPARTS, B_RIDX, B_COUNT };
 
 /* The permutation over many blocks (k_moe_permute_count + _place, PERM_TOKENS = 128 tokens a
  * block) above this many tokens; below, k_moe_permute on one block (run 10: 67 us at 4096
@@ -254,8 +295,9 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	sz[B_LOGITS] = T * d->E * 4;
 	sz[B_IDX] = R * 4;
 	sz[B_WTS] = R * 4;
-	sz[B_CNT] = (size_t)d->E * 4;
-	sz[B_OFF] = ((size_t)d->E + 2) * 4;
+	/* counts and offsets of the permutation's experts: E, or under ep K + own (<= E + K) */
+	sz[B_CNT] = ((size_t)d->E + d->K) * 4;
+	sz[B_OFF] = ((size_t)d->E + d->K + 2) * 4;
 	sz[B_PERM] = R * 4;
 	sz[B_SRC] = R * 4;
 	sz[B_XS8] = RT * D;
@@ -265,12 +307,13 @@ static void scratch_sizes(const struct gpu *g, const struct moe_dims *d, size_t 
 	sz[B_HS] = RT * (I / 128) * 4;
 	sz[B_EY] = RT * D * 2;
 	sz[B_WS] = gemm_ws(g, d);
-	sz[B_BCNT] = ((T + PERM_TOKENS - 1) / PERM_TOKENS) * (size_t)d->E * 4;
+	sz[B_BCNT] = ((T + PERM_TOKENS - 1) / PERM_TOKENS) * ((size_t)d->E + d->K) * 4;
 	/* the fused routers' scores, [2][E] a token (k_moe_gate_route1 / _route_t) */
 	sz[B_SCORE] = (size_t)2 * d->E * 4 * (T < ROUTE_T_MAX ? (T > 1 ? T : 1) : ROUTE_T_MAX);
 	/* k_moe_gate_logits_ks's parts of the logits (gate_ks) */
 	sz[B_GPARTS] = d->fast && T > 16 && gate_parts(d) > 0 ? (size_t)gate_parts(d) * T * d->E * 4
 							      : 256;
+	sz[B_RIDX] = R * 4; /* k_moe_rank_picks's picks (ep) */
 }
 
 size_t cuda_moe_scratch_bytes(const struct gpu *g, const struct dsv32_config *c, int T)
@@ -358,7 +401,8 @@ static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
  * launches did from two tokens on; run 12: route1 14.4 us graph-replayed, the a8 form 17.4. */
 static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 {
-	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
+	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused &&
+	       !d->ep;
 }
 
 /* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
@@ -406,7 +450,7 @@ void cuda_moe_set_router_t(int on)
 static int few_router(const struct gpu *g, const struct dsv32_config *c, const struct moe_dims *d)
 {
 	return env_on(&router_t_on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
-	       warp_route(c, d) && !d->unfused && !cuda_gemm_batch_invariant(g) &&
+	       warp_route(c, d) && !d->unfused && !d->ep && !cuda_gemm_batch_invariant(g) &&
 	       d->D % 1024 == 0 && d->D <= 8192;
 }
 
@@ -462,7 +506,7 @@ static unsigned gate_route1_smem(int D)
 	return (unsigned)(8 * 16 + 32 * (D / 8 + 4) + 8 * (2 * D + 16));
 }
 
-/* One grouped GEMM over the E + 1 groups (y row stride N). */
+/* One grouped GEMM over G groups (y row stride N). */
 static int grouped(struct gpu *g, int wgmma, gpu_ptr w_tab, gpu_ptr s_tab, gpu_ptr off, int G,
 		   gpu_ptr x8, gpu_ptr sx, gpu_ptr y, int rows, int N, int K, gpu_ptr ws,
 		   size_t ws_bytes)
@@ -602,7 +646,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * same conditions as below): the router only writes the scores, and that launch routes
 	 * (cuda_gemm_fp8_moe_block's rt; the same numbers) */
 	const unsigned four = CUDA_MOE_W13 | CUDA_MOE_SWIGLU | CUDA_MOE_W2 | CUDA_MOE_COMBINE;
-	const int one_launch = (stages & four) == four && !use_wgmma(d) && !d->unfused &&
+	const int one_launch = (stages & four) == four && !use_wgmma(d) && !d->unfused && !d->ep &&
 			       !(tr && (tr->ey || tr->sh));
 	const int self_route = (stages & CUDA_MOE_GATE) && one_launch && block_routes(g, c, d);
 	/* self_route on the _r1 forms: the router sets x_ready once x is complete (the block
@@ -683,11 +727,24 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 			return rc;
 	}
 	stats_mark(g, ST_ROUTE + 1);
-	/* rows by expert (offsets [E + 2]: group E, the shared expert, is rows R .. R+T-1) */
+	/* under ep the permutation sorts the rank's view of the picks (k_moe_rank_picks: the other
+	 * ranks' picks first, as K groups no GEMM runs) over PE = K + own experts */
+	gpu_ptr pidx = b[B_IDX];
+	int PE = d->PE;
+	if ((stages & CUDA_MOE_PERMUTE) && d->ep) {
+		int e1 = d->e0 + d->own;
+		void *args[] = {(void *)&b[B_IDX], &R, &K, (void *)&d->e0, &e1, (void *)&b[B_RIDX]};
+		rc = gpu_launch(g, gpu_kernel(g, "k_moe_rank_picks"), (unsigned)((R + 255) / 256), 1, 1,
+				256, 1, 1, 0, args);
+		if (rc)
+			return rc;
+		pidx = b[B_RIDX];
+	}
+	/* rows by expert (offsets [PE + 2]: group PE, the shared expert, is rows R .. R+T-1) */
 	if ((stages & CUDA_MOE_PERMUTE) && !fused && !few && T > PERM_PAR_FROM) {
 		unsigned nb = (unsigned)((T + PERM_TOKENS - 1) / PERM_TOKENS);
-		void *cargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_BCNT]};
-		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_BCNT], (void *)&b[B_CNT],
+		void *cargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_BCNT]};
+		void *pargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_BCNT], (void *)&b[B_CNT],
 				 (void *)&b[B_OFF], (void *)&b[B_PERM], (void *)&b[B_SRC]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute_count"), nb, 1, 1, 256, 1, 1, 0, cargs);
 		if (!rc)
@@ -696,12 +753,22 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		if (rc)
 			return rc;
 	} else if ((stages & CUDA_MOE_PERMUTE) && !fused && !few) {
-		void *pargs[] = {(void *)&b[B_IDX], &T, &K, &E, (void *)&b[B_CNT], (void *)&b[B_OFF],
+		void *pargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);
 		if (rc)
 			return rc;
 	}
+	/* a rank without the shared expert: its group (the last) has no rows */
+	const int has_shared = !d->ep || d->rank == 0;
+	if ((stages & CUDA_MOE_PERMUTE) && !has_shared &&
+	    cu_check(cu.cuMemsetD32Async(b[B_OFF] + ((size_t)PE + 1) * 4, (unsigned)R, 1, g->stream),
+		     "cuMemsetD32Async", __FILE__, __LINE__))
+		return -EIO;
+	/* the grouped GEMMs' offsets: group j's rows [off[j], off[j + 1]), j < G; under ep from the
+	 * rank's first own expert (the other ranks' rows before it are in no group) */
+	const gpu_ptr off = b[B_OFF] + (d->ep ? (size_t)K * 4 : 0);
+	const int NG = d->G;
 	stats_mark(g, ST_PERMUTE + 1);
 	/* the quantised rows: routed rows in sorted order, then x itself (one token through the
 	 * fused router: written there) */
@@ -736,7 +803,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * tile form the first GEMM writes the SwiGLU's quantised output itself */
 	const int wgmma = use_wgmma(d), tw = use_tw(d), sw = wgmma && !d->unfused && !tw;
 	/* sd: the shared expert on the dense dispatch, the grouped GEMMs over the routed experts */
-	const int sd = use_shared_dense(d), ng = sd ? E : E + 1;
+	const int sd = use_shared_dense(d), ng = sd ? NG - 1 : NG;
 	int sw_done = sw; /* SwiGLU done by the gate|up GEMM */
 	int one_row = 0;  /* ... on the one-row kernel: the down GEMM may read off early */
 	/* at 1-3 tokens (the one-row kernel) the GEMMs, the SwiGLU and the combine in one launch
@@ -747,7 +814,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		const struct cuda_moe_route1 rt = {
 			b[B_SCORE], b[B_IDX], b[B_CNT], b[B_SRC], scale, tg, norm, x, x_ready, early};
 		rc = cuda_gemm_fp8_moe_block(g, L->w13_tab, L->s13_tab, L->w2_tab, L->s2_tab,
-					     b[B_OFF], E + 1, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
+					     off, NG, b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], y,
 					     T, K, b[B_WTS], b[B_PERM], D, I, b[B_WS], ws_bytes,
 					     self_route ? &rt : NULL);
 		if (self_route && rc) { /* (the routing was left to this launch) */
@@ -762,25 +829,25 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	const int w13 = (stages & CUDA_MOE_W13) && !block_done;
 	if (w13 && sw) {
-		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+		rc = cuda_gemm_fp8_wgmma_grouped_swiglu(g, L->w13_tab, L->s13_tab, off, NG,
 							b[B_XS8], b[B_SXS], b[B_H8], b[B_HS], RT, I,
 							D);
 	} else if (w13) {
 		/* the streaming kernel's chunk sum does the SwiGLU where it can (-ENOTSUP: not) */
 		rc = d->unfused || wgmma ? -ENOTSUP
-					 : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, b[B_OFF],
-							      E + 1, b[B_XS8], b[B_SXS], b[B_H8],
+					 : cuda_gemm_fp8_grouped_swiglu(g, L->w13_tab, L->s13_tab, off,
+							      NG, b[B_XS8], b[B_SXS], b[B_H8],
 							      b[B_HS], RT, 2 * I, D, b[B_WS], ws_bytes,
 							      &one_row);
 		sw_done = rc == 0;
 		if (rc == -ENOTSUP) {
-			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, b[B_OFF], ng,
+			rc = tw ? cuda_gemm_fp8_tw_grouped(g, L->w13_tab, L->s13_tab, off, ng,
 							   b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I,
 							   D, 2 * I)
-				: grouped(g, wgmma, L->w13_tab, L->s13_tab, b[B_OFF], E + 1,
+				: grouped(g, wgmma, L->w13_tab, L->s13_tab, off, NG,
 					  b[B_XS8], b[B_SXS], b[B_GU], RT, 2 * I, D, b[B_WS],
 					  ws_bytes);
-			if (!rc && sd) /* rows R .. R + T: x itself */
+			if (!rc && sd && has_shared) /* rows R .. R + T: x itself */
 				rc = cuda_gemm_fp8(g, L->sh13.w, L->sh13.s, b[B_XS8] + (size_t)R * D,
 						   b[B_SXS] + (size_t)R * (D / 128) * 4,
 						   b[B_GU] + (size_t)R * 2 * I * 2, T, 2 * I, D, 2 * I,
@@ -797,9 +864,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * (cuda_gemm_fp8_grouped_combine, engineer G's: the same bits; -ENOTSUP: not), unless the
 	 * expert outputs are tapped */
 	int comb_done = block_done;
-	if (!rc && (stages & CUDA_MOE_W2) && !comb_done && !wgmma && !d->unfused &&
+	if (!rc && (stages & CUDA_MOE_W2) && !comb_done && !wgmma && !d->unfused && !d->ep &&
 	    !(tr && (tr->ey || tr->sh))) {
-		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, b[B_OFF], E + 1, b[B_H8],
+		rc = cuda_gemm_fp8_grouped_combine(g, L->w2_tab, L->s2_tab, off, NG, b[B_H8],
 						   b[B_HS], y, T, K, b[B_WTS], b[B_PERM], D, I,
 						   b[B_WS], ws_bytes, one_row);
 		comb_done = rc == 0;
@@ -807,11 +874,11 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	if (!rc && (stages & CUDA_MOE_W2) && !comb_done) {
 		rc = use_tw_down(d)
-			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, b[B_OFF], ng,
+			     ? cuda_gemm_fp8_tw_grouped(g, L->w2_tab, L->s2_tab, off, ng,
 							b[B_H8], b[B_HS], b[B_EY], RT, D, I, D)
-			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, b[B_OFF], ng, b[B_H8],
+			     : grouped(g, wgmma, L->w2_tab, L->s2_tab, off, ng, b[B_H8],
 				       b[B_HS], b[B_EY], RT, D, I, b[B_WS], ws_bytes);
-		if (!rc && sd)
+		if (!rc && sd && has_shared)
 			rc = cuda_gemm_fp8(g, L->sh2.w, L->sh2.s, b[B_H8] + (size_t)R * I,
 					   b[B_HS] + (size_t)R * (I / 128) * 4,
 					   b[B_EY] + (size_t)R * D * 2, T, D, I, D, b[B_WS], ws_bytes);
@@ -823,14 +890,21 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	stats_mark(g, ST_W2 + 1);
 	if (rc)
 		return rc;
-	/* y = bf16( sum of weighted expert rows + shared ) */
-	if ((stages & CUDA_MOE_COMBINE) && !comb_done) {
+	/* y = bf16( sum of weighted expert rows + shared ); under ep the rank's fp32 share: its own
+	 * picks (sorted rows from off[0] on), + shared on the rank that has it */
+	long long cblocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
+	cblocks = cblocks < cap ? cblocks : cap;
+	if ((stages & CUDA_MOE_COMBINE) && !comb_done && d->ep) {
+		gpu_ptr sh = has_shared ? b[B_EY] + (size_t)R * D * 2 : 0;
+		void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], (void *)&off,
+				 &sh, &y, &T, &K, &D};
+		rc = moe_launch(g, gpu_kernel(g, "k_moe_combine_rank"), (unsigned)cblocks, 256, 0,
+				cargs);
+	} else if ((stages & CUDA_MOE_COMBINE) && !comb_done) {
 		gpu_ptr sh = b[B_EY] + (size_t)R * D * 2;
 		void *cargs[] = {(void *)&b[B_EY], (void *)&b[B_WTS], (void *)&b[B_PERM], &sh, &y, &T,
 				 &K, &D};
-		long long blocks = ((long long)T * D / 8 + 255) / 256, cap = 64LL * g->sm_count;
-		rc = moe_launch(g, gpu_kernel(g, "k_moe_combine_v8"),
-				(unsigned)(blocks < cap ? blocks : cap), 256, 0, cargs);
+		rc = moe_launch(g, gpu_kernel(g, "k_moe_combine_v8"), (unsigned)cblocks, 256, 0, cargs);
 	}
 	stats_mark(g, ST_COMBINE + 1);
 	return rc;
@@ -877,14 +951,21 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 				       CUDA_MOE_ALL | (flags & CUDA_MOE_UNFUSED));
 }
 
-int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
-			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
-			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,
-			    unsigned stages)
+/* The block for cuda_moe_forward_stages (ep 0) and cuda_moe_forward_rank (ep 1). */
+static int moe_block_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
+			     const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,
+			     unsigned stages, int ep)
 {
+	if (ep != (L->ranks > 1)) /* a rank's tables hold only its experts, and the reverse */
+		return -EINVAL;
 	if (T < 1)
 		return T == 0 ? 0 : -EINVAL;
 	struct moe_dims d = moe_dims(g, c, T, stages);
+	if (ep) {
+		d.ep = 1, d.rank = L->rank, d.e0 = L->e0, d.own = L->n_own;
+		d.PE = d.K + d.own, d.G = d.own + 1;
+	}
 	size_t sz[B_COUNT];
 	scratch_sizes(g, &d, sz);
 	size_t mark = gpu_arena_mark(a);
@@ -903,13 +984,29 @@ int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv
 			return -ENOMEM;
 		}
 	}
-	int measured = (stages & CUDA_MOE_ALL) == CUDA_MOE_ALL && stats_begin();
+	int measured = (stages & CUDA_MOE_ALL) == CUDA_MOE_ALL && !ep && stats_begin();
 	int rc = moe_run(g, c, L, x, y, &d, b, sz[B_WS], stages, taps);
 	if (!rc && measured)
 		stats_print(g, &d, b[B_CNT]);
 	stats.on = 0;
 	gpu_arena_release(a, mark);
 	return rc;
+}
+
+int cuda_moe_forward_stages(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			    const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
+			    const struct cuda_moe_trace *trace, const struct cuda_moe_taps *taps,
+			    unsigned stages)
+{
+	return moe_block_forward(g, a, c, L, x, y, T, trace, taps, stages, 0);
+}
+
+int cuda_moe_forward_rank(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			  const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y_part, int T,
+			  const struct cuda_moe_trace *trace, unsigned flags)
+{
+	return moe_block_forward(g, a, c, L, x, y_part, T, trace, NULL,
+			   CUDA_MOE_ALL | (flags & CUDA_MOE_UNFUSED), 1);
 }
 
 #endif

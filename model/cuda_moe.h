@@ -36,6 +36,10 @@ struct cuda_moe_layer {
 	gpu_ptr w13_tab, s13_tab;
 	gpu_ptr w2_tab, s2_tab;
 	struct cuda_fp8_mat sh13, sh2; /* shared expert: fused gate|up, down */
+	/* expert parallelism (cuda_moe_layer_init_rank): this layer is rank `rank` of `ranks`, its
+	 * tables list experts [e0, e0 + n_own) then the shared expert (entry n_own); ranks 1: all
+	 * E experts, entry E the shared expert */
+	int rank, ranks, e0, n_own;
 };
 
 /* Builds L: allocates and fills the address tables in region r (the weights region).
@@ -46,6 +50,18 @@ int cuda_moe_layer_init(struct gpu *g, struct gpu_region *r, const struct dsv32_
 			gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
 			const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
 			struct cuda_fp8_mat sh2, struct cuda_moe_layer *L, struct err *e);
+
+/* The same for rank `rank` of `ranks` under expert parallelism (docs/MULTIGPU.md step 3): the
+ * rank owns experts [e0, e1) of moe_rank_experts (model/cpu_moe.h) and rank 0 the shared expert;
+ * w13, s13, w2, s2 list the owned experts' tensors only (host arrays [e1 - e0]; index 0 is expert
+ * e0); sh13 / sh2 are used on rank 0 only (others may pass zero addresses of the right shape).
+ * -EINVAL also for a rank outside [0, ranks), ranks < 1 or > E, or K + e1 - e0 > 256 (the
+ * permutation's experts). cuda_moe_layer_init is rank 0 of 1. */
+int cuda_moe_layer_init_rank(struct gpu *g, struct gpu_region *r, const struct dsv32_config *c,
+			     gpu_ptr gate, gpu_ptr gate_bias, const gpu_ptr *w13, const gpu_ptr *s13,
+			     const gpu_ptr *w2, const gpu_ptr *s2, struct cuda_fp8_mat sh13,
+			     struct cuda_fp8_mat sh2, int rank, int ranks, struct cuda_moe_layer *L,
+			     struct err *e);
 
 /* Device buffers that receive the routing of the T rows, for dumps and tests (any may be 0). */
 struct cuda_moe_trace {
@@ -77,6 +93,20 @@ enum { CUDA_MOE_UNFUSED = 1 << 16 };
 int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
 		     const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y, int T,
 		     const struct cuda_moe_trace *trace, unsigned flags);
+
+/* One rank's share of the block under expert parallelism (L from cuda_moe_layer_init_rank with
+ * ranks > 1): y_part fp32 [T, hidden] = the weighted outputs of the picks whose experts the rank
+ * owns, summed in pick order, + the shared expert's output on rank 0, not rounded: the CPU's
+ * moe_forward_rank. Every rank computes the same routing (the router is replicated; the fused
+ * one-token and 2-16-token routers and the one-launch block do not run here: the separate
+ * logits, routing and permutation kernels do); the rank's grouped GEMMs run only its own
+ * experts' rows (the other ranks' picks are sorted before them and belong to no group). The sum
+ * of every rank's share, rounded to bf16, is cuda_moe_forward's y up to the order of that sum
+ * (an all-reduce's). trace and flags as cuda_moe_forward's (trace->idx: the routing over all E
+ * experts). -EINVAL for a layer of one rank. */
+int cuda_moe_forward_rank(struct gpu *g, struct gpu_arena *a, const struct dsv32_config *c,
+			  const struct cuda_moe_layer *L, gpu_ptr x, gpu_ptr y_part, int T,
+			  const struct cuda_moe_trace *trace, unsigned flags);
 
 /* The fast mode's one-token router: mode 1 (the default) the logits over E / 2 blocks in another
  * fp32 order (k_moe_gate_route1s), 0 the CPU's order over E / 8 blocks (k_moe_gate_route1, the

@@ -152,21 +152,26 @@ static void check_stages(struct gpu *g, struct cpu_pool *pool, const struct laye
 }
 
 /* The block on d_x into d_y (poisoned first) with flags, directly or captured into a CUDA graph
- * and replayed twice; y downloaded into out. */
-static void run_block(struct gpu *g, struct gpu_arena *arena, const struct dsv32_config *c,
-		      const struct cuda_moe_layer *L, gpu_ptr d_x, gpu_ptr d_y, int T,
-		      const struct cuda_moe_trace *tr, unsigned flags, int graph, uint16_t *out)
+ * and replayed twice; y downloaded into out: bf16 [T, hidden] (cuda_moe_forward), or with
+ * rank_share fp32 (cuda_moe_forward_rank, L a rank's layer). */
+static void run_forward(struct gpu *g, struct gpu_arena *arena, const struct dsv32_config *c,
+			const struct cuda_moe_layer *L, gpu_ptr d_x, gpu_ptr d_y, int T,
+			const struct cuda_moe_trace *tr, unsigned flags, int graph, void *out,
+			int rank_share)
 {
-	const size_t bytes = (size_t)T * c->hidden_size * 2;
+	const size_t bytes = (size_t)T * c->hidden_size * (rank_share ? 4 : 2);
 	gpu_test_poison(g, d_y, bytes);
+#define MOE_FWD()                                                                                  \
+	(rank_share ? cuda_moe_forward_rank(g, arena, c, L, d_x, d_y, T, tr, flags)                \
+		    : cuda_moe_forward(g, arena, c, L, d_x, d_y, T, tr, flags))
 	if (!graph) {
-		REQUIRE(cuda_moe_forward(g, arena, c, L, d_x, d_y, T, tr, flags) == 0);
+		REQUIRE(MOE_FWD() == 0);
 	} else {
 		CUgraph gr;
 		CUgraphExec exec;
 		REQUIRE(cu_check(cu.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
 				 "cuStreamBeginCapture", __FILE__, __LINE__) == 0);
-		int crc = cuda_moe_forward(g, arena, c, L, d_x, d_y, T, tr, flags);
+		int crc = MOE_FWD();
 		REQUIRE(cu_check(cu.cuStreamEndCapture(g->stream, &gr), "cuStreamEndCapture",
 				 __FILE__, __LINE__) == 0);
 		REQUIRE(crc == 0);
@@ -178,7 +183,15 @@ static void run_block(struct gpu *g, struct gpu_arena *arena, const struct dsv32
 		cu.cuGraphExecDestroy(exec);
 		cu.cuGraphDestroy(gr);
 	}
+#undef MOE_FWD
 	REQUIRE(gpu_download(g, out, d_y, bytes) == 0);
+}
+
+static void run_block(struct gpu *g, struct gpu_arena *arena, const struct dsv32_config *c,
+		      const struct cuda_moe_layer *L, gpu_ptr d_x, gpu_ptr d_y, int T,
+		      const struct cuda_moe_trace *tr, unsigned flags, int graph, uint16_t *out)
+{
+	run_forward(g, arena, c, L, d_x, d_y, T, tr, flags, graph, out, 0);
 }
 
 static int64_t count_diff(const uint16_t *a, const uint16_t *b, size_t n)
@@ -291,6 +304,118 @@ static void check_fast_block(struct gpu *g, struct gpu_arena *arena, const struc
 	CHECK_EQ_INT(bad_y, 0);
 	CHECK(mean < MOE_MEAN_LIMIT_WGMMA);
 	free(gl), free(gw), free(rw), free(gi), free(ri), free(gy);
+}
+
+/* One case's device layer as cuda_moe_layer_init takes it (tables of expert addresses). */
+struct moe_dev {
+	gpu_ptr gate, bias;
+	const gpu_ptr *t13, *ts13, *t2, *ts2; /* [E] */
+	struct cuda_fp8_mat sh13, sh2;
+};
+
+/* Expert parallelism (cuda_moe_forward_rank, docs/MULTIGPU.md step 3) on one case, for 2 and 3
+ * ranks, each rank's layer built from its own experts' addresses only (cuda_moe_layer_init_rank):
+ * - batch-invariant mode: the routing is the CPU's; each rank's fp32 share against the CPU's
+ *   moe_forward_rank on the CPU's routing: bit for bit at decode sizes (the exact GEMMs), within
+ *   the block's wgmma limit above; the shares summed in rank order (as an all-reduce might) and
+ *   rounded against the whole block's output y_whole: within one bf16 ulp or 2^-12 of the row's
+ *   RMS (only the fp32 order of the pick sums differs); rank 1's share replayed from a CUDA graph
+ *   gives the same bytes (decode sizes);
+ * - fast mode up to 16 tokens (where this path's router logits are exact): the routing the
+ *   CPU's, the summed shares against the CPU's y within the wgmma limits.
+ * A whole layer is refused by cuda_moe_forward_rank, a rank's by cuda_moe_forward (-EINVAL). */
+static void check_ep(struct gpu *g, struct cpu_pool *pool, struct gpu_arena *arena,
+		     struct gpu_region *reg, const struct dsv32_config *c,
+		     const struct layer_weights *lw, const struct moe_dev *dev,
+		     const struct cuda_moe_layer *whole, gpu_ptr d_x, int T, const float *f,
+		     const int32_t *idx, const float *wts, const float *y_cpu,
+		     const uint16_t *y_whole)
+{
+	const int D = (int)c->hidden_size, E = (int)c->n_routed_experts,
+		  K = (int)c->num_experts_per_tok;
+	const size_t n = (size_t)T * D;
+	float *share = malloc(n * 4), *ref = malloc(n * 4), *sum = malloc(n * 4),
+	      *again = malloc(n * 4);
+	uint16_t *sum16 = malloc(n * 2);
+	int32_t *g_idx = malloc((size_t)T * K * 4);
+	REQUIRE(share && ref && sum && again && sum16 && g_idx);
+	gpu_ptr d_part = gpu_test_alloc(n * 4);
+	struct cuda_moe_trace tr = {0, gpu_test_alloc((size_t)T * K * 4),
+				    gpu_test_alloc((size_t)T * K * 4)};
+	const double limit = T <= 64 ? MOE_REL_LIMIT_MMA : MOE_REL_LIMIT_WGMMA;
+	CHECK_EQ_INT(cuda_moe_forward_rank(g, arena, c, whole, d_x, d_part, T, NULL, 0), -EINVAL);
+	for (int ranks = 2; ranks <= 3; ranks++)
+		for (int fast = 0; fast < 2 && (!fast || T <= 16); fast++) {
+			cuda_gemm_set_batch_invariant(g, !fast);
+			memset(sum, 0, n * 4);
+			int64_t ids_bad = 0, exact = 0, share_bad = 0, graph_diff = 0;
+			for (int r = 0; r < ranks; r++) {
+				int64_t e0, e1;
+				moe_rank_experts(E, r, ranks, &e0, &e1);
+				struct cuda_moe_layer L;
+				struct err er = {""};
+				int rc = cuda_moe_layer_init_rank(g, reg, c, dev->gate, dev->bias,
+								  dev->t13 + e0, dev->ts13 + e0,
+								  dev->t2 + e0, dev->ts2 + e0, dev->sh13,
+								  dev->sh2, r, ranks, &L, &er);
+				if (rc)
+					printf("    cuda_moe_layer_init_rank: %s\n", er.msg);
+				REQUIRE(rc == 0);
+				if (r == 1 && !fast)
+					CHECK_EQ_INT(cuda_moe_forward(g, arena, c, &L, d_x, d_part, T,
+								      NULL, 0),
+						     -EINVAL);
+				gpu_test_poison(g, tr.idx, (size_t)T * K * 4);
+				run_forward(g, arena, c, &L, d_x, d_part, T, &tr, 0, 0, share, 1);
+				REQUIRE(gpu_download(g, g_idx, tr.idx, (size_t)T * K * 4) == 0);
+				ids_bad += memcmp(g_idx, idx, (size_t)T * K * 4) != 0;
+				for (size_t i = 0; i < n; i++)
+					sum[i] += share[i];
+				if (fast)
+					continue;
+				moe_forward_rank(pool, c, lw, f, T, idx, wts, r, ranks, ref);
+				for (int t = 0; t < T; t++) {
+					double rms = gpu_row_rms(y_cpu + (size_t)t * D, D);
+					for (int d = 0; d < D; d++) {
+						size_t i = (size_t)t * D + d;
+						exact += memcmp(&share[i], &ref[i], 4) == 0;
+						share_bad += !(fabs((double)share[i] - ref[i]) <=
+							       limit * (rms > 0 ? rms : 1));
+					}
+				}
+				if (r == 1 && T <= 64) {
+					run_forward(g, arena, c, &L, d_x, d_part, T, &tr, 0, 1, again, 1);
+					for (size_t i = 0; i < n; i++)
+						graph_diff += memcmp(&again[i], &share[i], 4) != 0;
+				}
+			}
+			for (size_t i = 0; i < n; i++)
+				sum16[i] = f32_to_bf16(sum[i]);
+			printf("    EP, %d ranks, %s mode: routing %s the CPU's", ranks,
+			       fast ? "fast" : "batch-invariant", ids_bad ? "NOT" : "is");
+			int64_t bad = 0;
+			if (!fast) {
+				printf("; shares: %lld of %lld values the CPU's bits, %lld beyond the "
+				       "limit; graph replay: %lld differ\n",
+				       (long long)exact, (long long)(n * ranks), (long long)share_bad,
+				       (long long)graph_diff);
+				bad = gpu_count_bad_bf16(sum, y_whole, T, D, 1.0 / 4096,
+							 "    EP shares summed against the whole block");
+				if (T <= 64)
+					CHECK_EQ_INT(exact, (int64_t)(n * ranks));
+				CHECK_EQ_INT(share_bad, 0);
+				CHECK_EQ_INT(graph_diff, 0);
+			} else {
+				printf("\n");
+				bad = gpu_count_bad_bf16(y_cpu, sum16, T, D, MOE_REL_LIMIT_WGMMA,
+							 "    EP shares summed (fast mode) against the CPU");
+			}
+			CHECK_EQ_INT(ids_bad, 0);
+			CHECK_EQ_INT(bad, 0);
+		}
+	cuda_gemm_set_batch_invariant(g, 1);
+	cu.cuMemFree(d_part), cu.cuMemFree(tr.idx), cu.cuMemFree(tr.wts);
+	free(share), free(ref), free(sum), free(again), free(sum16), free(g_idx);
 }
 
 /* One case: config c, T rows, `sets` distinct expert code sets (expert e uses set e % sets). */
@@ -607,6 +732,8 @@ static void check_block(struct gpu *g, struct cpu_pool *pool, const struct dsv32
 	/* the fast routers: 1 token, 2 .. 16 (k_moe_gate_route_t), from 17 the logits in parts of K
 	 * (k_moe_gate_logits_ks) on the real routing shape; the exact kernels otherwise */
 	check_fast_block(g, &arena, c, &L, d_x, d_y, T, &tr, f, gate, bias, logits, idx, y);
+	const struct moe_dev dev = {d_gate, d_bias, t13, ts13, t2, ts2, m_sh13, m_sh2};
+	check_ep(g, pool, &arena, &reg, c, &lw, &dev, &L, d_x, T, f, idx, wts, y, g_y);
 
 	gpu_ptr all[] = {d_w13, d_w2, d_s13, d_s2, d_sh13, d_sh2, d_shs13, d_shs2, d_gate, d_bias,
 			 d_x, tr.logits, tr.idx, tr.wts, d_y, taps.gu, taps.ey, taps.sh};
