@@ -881,6 +881,54 @@ __device__ __forceinline__ void combine_add8(float acc[8], uint4 v, float wk)
 	}
 }
 
+// acc[q] (zeroed here) = the sum of token t's weighted pick rows at columns d .. d + 7 (ALL) or
+// of those whose sorted row is at or past own_from, in pick order (ascending expert id, as
+// moe_combine); the first 8 rows' loads all in flight.
+template <bool ALL>
+__device__ __forceinline__ void combine_picks8(float acc[8], const uint16_t *__restrict__ ex,
+					       const float *__restrict__ w,
+					       const int *__restrict__ perm, int t, int K, int D,
+					       int d, int own_from)
+{
+#pragma unroll
+	for (int q = 0; q < 8; q++)
+		acc[q] = 0.f;
+	uint4 v[8];
+	float wk[8];
+	bool own[8];
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		if (k < K) {
+			const int r = perm[t * K + k];
+			own[k] = ALL || r >= own_from;
+			wk[k] = w[(size_t)t * K + k];
+			if (own[k])
+				v[k] = *reinterpret_cast<const uint4 *>(ex + (size_t)r * D + d);
+		}
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		if (k < K && own[k])
+			combine_add8(acc, v[k], wk[k]);
+	for (int k = 8; k < K; k++) {
+		const int r = perm[t * K + k];
+		if (ALL || r >= own_from)
+			combine_add8(acc, *reinterpret_cast<const uint4 *>(ex + (size_t)r * D + d),
+				     w[(size_t)t * K + k]);
+	}
+}
+
+// acc[q] += bf16 value q of the 8 at sh (16-byte aligned): the shared expert's row.
+__device__ __forceinline__ void combine_shared8(float acc[8], const uint16_t *__restrict__ sh)
+{
+	const uint4 s = *reinterpret_cast<const uint4 *>(sh);
+	const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+	for (int h = 0; h < 4; h++) {
+		acc[2 * h] = __fadd_rn(acc[2 * h], __uint_as_float(sw[h] << 16));
+		acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __uint_as_float(sw[h] & 0xffff0000u));
+	}
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 		 const int *__restrict__ perm, const uint16_t *__restrict__ sh,
@@ -896,34 +944,13 @@ k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 		const long long e0 = i * 8;
 		const int t = (int)(e0 / D), d = (int)(e0 % D);
 		float acc[8];
-#pragma unroll
-		for (int q = 0; q < 8; q++)
-			acc[q] = 0.f;
-		// picks in ascending expert id, as moe_combine; the first 8 rows' loads all in flight
-		uint4 v[8];
-		float wk[8];
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			if (k < K) {
-				wk[k] = w[(size_t)t * K + k];
-				v[k] = *reinterpret_cast<const uint4 *>(ex + (size_t)perm[t * K + k] * D + d);
-			}
-#pragma unroll
-		for (int k = 0; k < 8; k++)
-			if (k < K)
-				combine_add8(acc, v[k], wk[k]);
-		for (int k = 8; k < K; k++)
-			combine_add8(acc, *reinterpret_cast<const uint4 *>(ex + (size_t)perm[t * K + k] * D + d),
-				     w[(size_t)t * K + k]);
-		const uint4 s = *reinterpret_cast<const uint4 *>(sh + e0);
-		const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+		combine_picks8<true>(acc, ex, w, perm, t, K, D, d, 0);
+		combine_shared8(acc, sh + e0);
 		uint32_t o[4];
 #pragma unroll
-		for (int h = 0; h < 4; h++) {
-			const float lo = __fadd_rn(acc[2 * h], __uint_as_float(sw[h] << 16));
-			const float hi = __fadd_rn(acc[2 * h + 1], __uint_as_float(sw[h] & 0xffff0000u));
-			o[h] = (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
-		}
+		for (int h = 0; h < 4; h++)
+			o[h] = (uint32_t)f32_to_bf16(acc[2 * h]) |
+			       ((uint32_t)f32_to_bf16(acc[2 * h + 1]) << 16);
 		*reinterpret_cast<uint4 *>(y + e0) = make_uint4(o[0], o[1], o[2], o[3]);
 	}
 }
@@ -942,24 +969,9 @@ k_moe_combine_rank(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 		const long long e0 = i * 8;
 		const int t = (int)(e0 / D), d = (int)(e0 % D);
 		float acc[8];
-#pragma unroll
-		for (int q = 0; q < 8; q++)
-			acc[q] = 0.f;
-		for (int k = 0; k < K; k++) {
-			const int r = perm[t * K + k];
-			if (r >= own_from)
-				combine_add8(acc, *reinterpret_cast<const uint4 *>(ex + (size_t)r * D + d),
-					     w[(size_t)t * K + k]);
-		}
-		if (sh) {
-			const uint4 s = *reinterpret_cast<const uint4 *>(sh + e0);
-			const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
-#pragma unroll
-			for (int h = 0; h < 4; h++) {
-				acc[2 * h] = __fadd_rn(acc[2 * h], __uint_as_float(sw[h] << 16));
-				acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __uint_as_float(sw[h] & 0xffff0000u));
-			}
-		}
+		combine_picks8<false>(acc, ex, w, perm, t, K, D, d, own_from);
+		if (sh)
+			combine_shared8(acc, sh + e0);
 		float4 *out = reinterpret_cast<float4 *>(y + e0);
 		out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
 		out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
