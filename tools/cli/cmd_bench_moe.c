@@ -25,7 +25,12 @@
  * Time = median of trials of CUDA-event-timed launch sequences: the block launched eagerly and
  * replayed from a CUDA graph (the engine's decode steps run graphs), each stage alone replayed
  * from a graph (eagerly a one-kernel stage measured the host's launch rate). --tokens: the token
- * counts to run (default 1 .. 4096).
+ * counts to run (default 1 .. 4096). --ranks N (2 .. 8): then each of N ranks' share under expert
+ * parallelism (cuda_moe_forward_rank: the rank's experts of moe_rank_experts, the shared expert
+ * on rank 0, an fp32 share; docs/MULTIGPU.md step 3) graph-replayed alone on this GPU, as it
+ * would run on its own: its time, the weights it touches (its experts hit, the router, the
+ * shared expert on rank 0) and the slowest rank, which bounds an EP step's MoE layer (the
+ * all-reduce of the shares not included).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,6 +39,7 @@
 
 #include "driver/gpu.h"
 #include "model/config.h"
+#include "model/cpu_moe.h" /* moe_rank_experts */
 #include "model/cuda_gemm.h"
 #include "model/cuda_moe.h"
 #include "model/numerics.h"
@@ -53,6 +59,8 @@ int bench_moe(int argc, char **argv)
 
 /* --layers at most: each has its own router and shared expert (~48 MB) */
 #define MAX_LAYERS 8
+/* --ranks at most (a node's GPUs) */
+#define MAX_RANKS 8
 
 struct moe_bench {
 	struct gpu *g;
@@ -64,12 +72,16 @@ struct moe_bench {
 	gpu_ptr x, y;
 	int T;
 	unsigned stages; /* with CUDA_MOE_UNFUSED under DSV32_CUDA_UNFUSED=1 */
+	int rank_share;  /* L are a rank's layers: cuda_moe_forward_rank into y (fp32) */
 };
 
 static int run_stages(struct moe_bench *b)
 {
 	const struct cuda_moe_layer *L = &b->L[b->next];
 	b->next = (b->next + 1) % b->nl;
+	if (b->rank_share)
+		return cuda_moe_forward_rank(b->g, b->a, b->c, L, b->x, b->y, b->T, b->tr,
+					     b->stages & CUDA_MOE_UNFUSED);
 	return cuda_moe_forward_stages(b->g, b->a, b->c, L, b->x, b->y, b->T, b->tr, NULL,
 				       b->stages);
 }
@@ -263,9 +275,58 @@ static int fill_scales(struct gpu *g, gpu_ptr p, long long n, unsigned long long
 			      : bench_fill_pow2(g, p, n, seed, -12, -9);
 }
 
+/* --ranks: each rank's share of the block at b's T (b: the whole block's setup, after its runs
+ * left the routing of its last layer in b->tr), graph-replayed, over the same layers in turn;
+ * the weights a rank touches: its experts that the routing of every layer hits (mean over the
+ * layers), the router, the shared expert on rank 0. 0, or 1 when a rank failed. */
+static int bench_ranks(struct moe_bench *b, struct cuda_moe_layer (*LR)[MAX_LAYERS], int ranks,
+		       int reps, int trials, double exp_bytes, double sh_bytes, double gate_bytes,
+		       double read_tbs)
+{
+	const int E = (int)b->c->n_routed_experts, K = (int)b->c->num_experts_per_tok, T = b->T;
+	int32_t *idx = malloc((size_t)T * K * 4);
+	if (!idx)
+		return 1;
+	printf("  expert parallelism, %d ranks (each rank's fp32 share alone, graph-replayed):\n",
+	       ranks);
+	float slowest = 0;
+	int rc = 0;
+	for (int r = 0; r < ranks; r++) {
+		int64_t e0, e1;
+		moe_rank_experts(E, r, ranks, &e0, &e1);
+		struct moe_bench rb = *b;
+		rb.L = LR[r], rb.next = 0, rb.rank_share = 1, rb.stages = CUDA_MOE_ALL | (b->stages & CUDA_MOE_UNFUSED);
+		float ms = time_ms(&rb, reps, trials, 1, 1);
+		double hit = 0; /* the rank's experts hit, mean over the layers */
+		for (int l = 0; l < b->nl && ms > 0; l++) {
+			rb.next = l;
+			if (run_stages(&rb) || gpu_sync(rb.g) ||
+			    gpu_download(rb.g, idx, rb.tr->idx, (size_t)T * K * 4)) {
+				ms = -1;
+				break;
+			}
+			unsigned char seen[256] = {0};
+			for (int i = 0; i < T * K; i++)
+				if (idx[i] >= e0 && idx[i] < e1 && !seen[idx[i]])
+					seen[idx[i]] = 1, hit += 1.0 / b->nl;
+		}
+		char what[32];
+		snprintf(what, sizeof what, "rank %d", r);
+		printf("    experts %3lld .. %3lld, %.2f hit:", (long long)e0, (long long)e1 - 1, hit);
+		print_part(what, ms, hit * exp_bytes + gate_bytes + (r == 0 ? sh_bytes : 0), 0,
+			   read_tbs, 0);
+		slowest = ms > slowest ? ms : slowest;
+		rc |= ms < 0;
+	}
+	printf("    slowest rank %.1f us (the all-reduce of the shares not included)\n",
+	       slowest * 1e3);
+	free(idx);
+	return rc;
+}
+
 int bench_moe(int argc, char **argv)
 {
-	int trials = 5, hot = 0, exact = 0, sustain_ms = 0, nl = 4;
+	int trials = 5, hot = 0, exact = 0, sustain_ms = 0, nl = 4, ranks = 0;
 	weights_normal = 0;
 	const char *uf = getenv("DSV32_CUDA_UNFUSED");
 	const unsigned mode = uf && *uf == '1' ? CUDA_MOE_UNFUSED : 0;
@@ -283,6 +344,9 @@ int bench_moe(int argc, char **argv)
 			nl = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--exact"))
 			exact = 1;
+		else if (!strcmp(argv[i], "--ranks") && i + 1 < argc && atoi(argv[i + 1]) >= 2 &&
+			 atoi(argv[i + 1]) <= MAX_RANKS)
+			ranks = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--weights") && i + 1 < argc &&
 			 (!strcmp(argv[i + 1], "codes") || !strcmp(argv[i + 1], "normal")))
 			weights_normal = !strcmp(argv[++i], "normal");
@@ -292,8 +356,9 @@ int bench_moe(int argc, char **argv)
 		else {
 			fprintf(stderr, "usage: dsv32 bench moe [--trials N] [--hot N (8 .. 128)] "
 					"[--exact] [--tokens T1,T2,.. (1 .. 4096)] [--sustain MS (1 .. "
-					"60000)] [--layers N (1 .. %d)] [--weights codes|normal]\n",
-				MAX_LAYERS);
+					"60000)] [--layers N (1 .. %d)] [--weights codes|normal] "
+					"[--ranks N (2 .. %d)]\n",
+				MAX_LAYERS, MAX_RANKS);
 			return 2;
 		}
 	}
@@ -328,7 +393,7 @@ int bench_moe(int argc, char **argv)
 	gpu_ptr w13 = dev_alloc(n13 * E), w2 = dev_alloc(n2 * E), s13 = dev_alloc(ns13 * E),
 		s2 = dev_alloc(ns2 * E), bias = dev_alloc((size_t)E * 4);
 	gpu_ptr x = upload_bf16(&g, (size_t)max_T * D, 1.0f, 12);
-	gpu_ptr y = dev_alloc((size_t)max_T * D * 2);
+	gpu_ptr y = dev_alloc((size_t)max_T * D * 4); /* bf16, or a rank's fp32 share */
 	struct cuda_moe_trace tr = {dev_alloc((size_t)max_T * E * 4), dev_alloc((size_t)max_T * K * 4),
 				    dev_alloc((size_t)max_T * K * 4)};
 	if (!w13 || !w2 || !s13 || !s2 || !bias || !x || !y || !tr.logits || !tr.idx || !tr.wts) {
@@ -362,7 +427,7 @@ int bench_moe(int argc, char **argv)
 	}
 	struct gpu_region reg;
 	struct gpu_arena arena;
-	struct cuda_moe_layer L[MAX_LAYERS];
+	struct cuda_moe_layer L[MAX_LAYERS], LR[MAX_RANKS][MAX_LAYERS];
 	if (gpu_region_reserve(&g, &reg, "bench-moe", (size_t)64 << 20, &e) ||
 	    gpu_region_grow(&g, &reg, (size_t)2 << 20, &e)) {
 		fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
@@ -385,6 +450,16 @@ int bench_moe(int argc, char **argv)
 					&e)) {
 			fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
 			return 1;
+		}
+		for (int r = 0; r < ranks; r++) { /* rank r's layer l: its experts' addresses only */
+			int64_t e0, e1;
+			moe_rank_experts(E, r, ranks, &e0, &e1);
+			if (cuda_moe_layer_init_rank(&g, &reg, &c, gate, bias, t13 + e0, ts13 + e0,
+						     t2 + e0, ts2 + e0, m13, m2, r, ranks, &LR[r][l],
+						     &e)) {
+				fprintf(stderr, "dsv32 bench moe: %s\n", e.msg);
+				return 1;
+			}
 		}
 	}
 	if (gpu_arena_init(&g, &arena, cuda_moe_scratch_bytes(&g, &c, max_T), &e)) {
@@ -417,7 +492,7 @@ int bench_moe(int argc, char **argv)
 	int rc_all = 0;
 	for (int ti = 0; ti < nT; ti++) {
 		const int T = Ts[ti];
-		struct moe_bench b = {&g, &arena, &c, L, nl, 0, &tr, x, y, T, CUDA_MOE_ALL | mode};
+		struct moe_bench b = {&g, &arena, &c, L, nl, 0, &tr, x, y, T, CUDA_MOE_ALL | mode, 0};
 		const int reps = T >= 1024 ? 3 : T >= 128 ? 8 : 20; /* (the whole bench under a minute) */
 		float block = time_ms(&b, reps, trials, 0, 1), block_graph = time_ms(&b, reps, trials, 1, 1);
 		/* --sustain: the graph replayed for about that long at once (the clocks the power cap
@@ -523,6 +598,9 @@ int bench_moe(int argc, char **argv)
 		}
 		printf("  (stages sum %.1f us; block %.1f us eager, %.1f us graph-replayed)\n", sum * 1e3,
 		       block * 1e3, block_graph * 1e3);
+		if (ranks)
+			rc_all |= bench_ranks(&b, LR, ranks, reps, trials, exp_bytes, sh_bytes,
+					      gate_bytes, read_tbs);
 	}
 	char hot_arg[160] = "";
 	if (hot)
@@ -537,6 +615,9 @@ int bench_moe(int argc, char **argv)
 			 sustain_ms);
 	snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --layers %d%s", nl,
 		 weights_normal ? " --weights normal" : "");
+	if (ranks)
+		snprintf(hot_arg + strlen(hot_arg), sizeof hot_arg - strlen(hot_arg), " --ranks %d",
+			 ranks);
 	printf("\ncommand: %sdsv32 bench moe --trials %d%s (block: cuda_moe_forward launched "
 	       "eagerly, "
 	       "graph: the same captured into a CUDA graph and replayed; susN: N runs replayed "
