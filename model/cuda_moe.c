@@ -54,14 +54,15 @@
  * the routing's row counts per expert and the GPU time of each stage to stderr.
  * Expert parallelism (cuda_moe_forward_rank, docs/MULTIGPU.md step 3): a rank's layer lists only
  * its experts [e0, e0 + own) and the shared expert (cuda_moe_layer_init_rank). The routing runs
- * as above on the separate kernels (every rank computes the same), then k_moe_rank_picks gives
+ * as above (every rank computes the same), then k_moe_rank_picks gives
  * the rank's view of the picks: its own experts as K + (e - e0), every other pick n of a token as
  * n, so k_moe_permute (over K + own experts) sorts the other ranks' picks first, as K groups, and
  * offsets + K are the grouped GEMMs' offsets over the rank's experts then the shared expert
  * (empty on ranks other than 0: its end is set to R); the rows before offsets[K] belong to no
  * group, so no GEMM reads or writes them. k_moe_combine_rank sums the picks whose sorted row is
- * at or past offsets[K] (+ the shared expert's row on rank 0) in fp32, unrounded. Not on this
- * path: the fused routers, the one-launch block and the combine in the down GEMM's chunk sum.
+ * at or past offsets[K] (+ the shared expert's row on rank 0) in fp32, unrounded. The fused
+ * routers' own permutation is redone so; not on this path: the one-launch block and the combine
+ * in the down GEMM's chunk sum.
  * CUDA_MOE_UNFUSED (the caller's flag: the forward's DSV32_CUDA_UNFUSED=1): the separate kernels
  * instead of the fused router (k_moe_gate_route1), the quantise-and-scatter, the SwiGLU epilogues
  * and the combine in the chunk sum (the same bits; but for the fast mode's one-token router,
@@ -401,8 +402,7 @@ static int warp_route(const struct dsv32_config *c, const struct moe_dims *d)
  * launches did from two tokens on; run 12: route1 14.4 us graph-replayed, the a8 form 17.4. */
 static int fused_router(const struct dsv32_config *c, const struct moe_dims *d)
 {
-	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused &&
-	       !d->ep;
+	return warp_route(c, d) && d->T == 1 && d->D % 512 == 0 && d->D <= 8192 && !d->unfused;
 }
 
 /* The fast mode's one-token router, k_moe_gate_route1s (the same outputs, each logit summed in
@@ -450,7 +450,7 @@ void cuda_moe_set_router_t(int on)
 static int few_router(const struct gpu *g, const struct dsv32_config *c, const struct moe_dims *d)
 {
 	return env_on(&router_t_on, "DSV32_CUDA_MOE_ROUTER_T") && d->T >= 2 && d->T <= ROUTE_T_MAX &&
-	       warp_route(c, d) && !d->unfused && !d->ep && !cuda_gemm_batch_invariant(g) &&
+	       warp_route(c, d) && !d->unfused && !cuda_gemm_batch_invariant(g) &&
 	       d->D % 1024 == 0 && d->D <= 8192;
 }
 
@@ -728,7 +728,9 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	}
 	stats_mark(g, ST_ROUTE + 1);
 	/* under ep the permutation sorts the rank's view of the picks (k_moe_rank_picks: the other
-	 * ranks' picks first, as K groups no GEMM runs) over PE = K + own experts */
+	 * ranks' picks first, as K groups no GEMM runs) over PE = K + own experts, also after the
+	 * fused routers, whose own permutation it replaces (at one token their quantised rows are
+	 * all x's, right for any order) */
 	gpu_ptr pidx = b[B_IDX];
 	int PE = d->PE;
 	if ((stages & CUDA_MOE_PERMUTE) && d->ep) {
@@ -741,7 +743,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 		pidx = b[B_RIDX];
 	}
 	/* rows by expert (offsets [PE + 2]: group PE, the shared expert, is rows R .. R+T-1) */
-	if ((stages & CUDA_MOE_PERMUTE) && !fused && !few && T > PERM_PAR_FROM) {
+	const int permute = (stages & CUDA_MOE_PERMUTE) && (d->ep || (!fused && !few));
+	if (permute && T > PERM_PAR_FROM) {
 		unsigned nb = (unsigned)((T + PERM_TOKENS - 1) / PERM_TOKENS);
 		void *cargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_BCNT]};
 		void *pargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_BCNT], (void *)&b[B_CNT],
@@ -752,7 +755,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 					pargs);
 		if (rc)
 			return rc;
-	} else if ((stages & CUDA_MOE_PERMUTE) && !fused && !few) {
+	} else if (permute) {
 		void *pargs[] = {(void *)&pidx, &T, &K, &PE, (void *)&b[B_CNT], (void *)&b[B_OFF],
 				 (void *)&b[B_PERM], (void *)&b[B_SRC]};
 		rc = gpu_launch(g, gpu_kernel(g, "k_moe_permute"), 1, 1, 1, 1024, 1, 1, 0, pargs);

@@ -97,9 +97,9 @@ int cuda_moe_forward(struct gpu *g, struct gpu_arena *a, const struct dsv32_conf
 /* One rank's share of the block under expert parallelism (L from cuda_moe_layer_init_rank with
  * ranks > 1): y_part fp32 [T, hidden] = the weighted outputs of the picks whose experts the rank
  * owns, summed in pick order, + the shared expert's output on rank 0, not rounded: the CPU's
- * moe_forward_rank. Every rank computes the same routing (the router is replicated; the fused
- * one-token and 2-16-token routers and the one-launch block do not run here: the separate
- * logits, routing and permutation kernels do); the rank's grouped GEMMs run only its own
+ * moe_forward_rank. Every rank computes the same routing (the router is replicated, the same
+ * kernels as cuda_moe_forward's; the one-launch block of 1-3 tokens does not run here, the
+ * separate GEMM, SwiGLU and combine launches do); the rank's grouped GEMMs run only its own
  * experts' rows (the other ranks' picks are sorted before them and belong to no group). The sum
  * of every rank's share, rounded to bf16, is cuda_moe_forward's y up to the order of that sum
  * (an all-reduce's). trace and flags as cuda_moe_forward's (trace->idx: the routing over all E
