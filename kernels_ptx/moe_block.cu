@@ -929,30 +929,51 @@ __device__ __forceinline__ void combine_shared8(float acc[8], const uint16_t *__
 	}
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
-		 const int *__restrict__ perm, const uint16_t *__restrict__ sh,
-		 uint16_t *__restrict__ y, int T, int K, int D)
+// The body of k_moe_combine_v8 (RANK false: every pick, + sh, rounded to bf16 into y) and of
+// k_moe_combine_rank (RANK true: the picks whose sorted row is at or past *first, + sh where
+// given, fp32 into y). Launched with PDL (model/cuda_moe.c): everything it reads after the wait;
+// the next kernel (the next layer's norm) may start and load its weights meanwhile.
+template <bool RANK>
+__device__ __forceinline__ void moe_combine8(const uint16_t *__restrict__ ex,
+					     const float *__restrict__ w,
+					     const int *__restrict__ perm, const int *__restrict__ first,
+					     const uint16_t *__restrict__ sh, void *__restrict__ y, int T,
+					     int K, int D)
 {
-	// launched with PDL (model/cuda_moe.c): everything it reads after the wait; the next
-	// kernel (the next layer's norm) may start and load its weights meanwhile
 	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
+	const int own_from = RANK ? *first : 0;
 	const long long n8 = (long long)T * D / 8;
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
 	     i += (long long)gridDim.x * blockDim.x) {
 		const long long e0 = i * 8;
 		const int t = (int)(e0 / D), d = (int)(e0 % D);
 		float acc[8];
-		combine_picks8<true>(acc, ex, w, perm, t, K, D, d, 0);
-		combine_shared8(acc, sh + e0);
-		uint32_t o[4];
+		combine_picks8<!RANK>(acc, ex, w, perm, t, K, D, d, own_from);
+		if (!RANK || sh)
+			combine_shared8(acc, sh + e0);
+		if (RANK) {
+			float4 *out = reinterpret_cast<float4 *>(static_cast<float *>(y) + e0);
+			out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+			out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+		} else {
+			uint32_t o[4];
 #pragma unroll
-		for (int h = 0; h < 4; h++)
-			o[h] = (uint32_t)f32_to_bf16(acc[2 * h]) |
-			       ((uint32_t)f32_to_bf16(acc[2 * h + 1]) << 16);
-		*reinterpret_cast<uint4 *>(y + e0) = make_uint4(o[0], o[1], o[2], o[3]);
+			for (int h = 0; h < 4; h++)
+				o[h] = (uint32_t)f32_to_bf16(acc[2 * h]) |
+				       ((uint32_t)f32_to_bf16(acc[2 * h + 1]) << 16);
+			*reinterpret_cast<uint4 *>(static_cast<uint16_t *>(y) + e0) =
+				make_uint4(o[0], o[1], o[2], o[3]);
+		}
 	}
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+k_moe_combine_v8(const uint16_t *__restrict__ ex, const float *__restrict__ w,
+		 const int *__restrict__ perm, const uint16_t *__restrict__ sh,
+		 uint16_t *__restrict__ y, int T, int K, int D)
+{
+	moe_combine8<false>(ex, w, perm, nullptr, sh, y, T, K, D);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -960,20 +981,5 @@ k_moe_combine_rank(const uint16_t *__restrict__ ex, const float *__restrict__ w,
 		   const int *__restrict__ perm, const int *__restrict__ first,
 		   const uint16_t *__restrict__ sh, float *__restrict__ y, int T, int K, int D)
 {
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-	asm volatile("griddepcontrol.wait;" ::: "memory");
-	const int own_from = *first;
-	const long long n8 = (long long)T * D / 8;
-	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
-	     i += (long long)gridDim.x * blockDim.x) {
-		const long long e0 = i * 8;
-		const int t = (int)(e0 / D), d = (int)(e0 % D);
-		float acc[8];
-		combine_picks8<false>(acc, ex, w, perm, t, K, D, d, own_from);
-		if (sh)
-			combine_shared8(acc, sh + e0);
-		float4 *out = reinterpret_cast<float4 *>(y + e0);
-		out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-		out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-	}
+	moe_combine8<true>(ex, w, perm, first, sh, y, T, K, D);
 }
