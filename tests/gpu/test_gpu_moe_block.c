@@ -316,10 +316,10 @@ struct moe_dev {
 /* Expert parallelism (cuda_moe_forward_rank, docs/MULTIGPU.md step 3) on one case, for 2 and 3
  * ranks, each rank's layer built from its own experts' addresses only (cuda_moe_layer_init_rank):
  * - batch-invariant mode: the routing is the CPU's; each rank's fp32 share against the CPU's
- *   moe_forward_rank on the CPU's routing within the block's own limits (no value more than one
- *   bf16 ulp and more than the limit of the row's RMS away: an intermediate bf16 or e4m3
- *   rounding may flip, as for the whole block; the values bit-identical are printed); the
- *   shares summed in rank order (as an all-reduce might) and
+ *   moe_forward_rank on the CPU's routing within the block's own limits (a value more than one
+ *   bf16 ulp and more than the limit of the row's RMS away is bad; an intermediate bf16 or e4m3
+ *   rounding may flip, as for the whole block, so at most 1e-4 of the values may be; the values
+ *   bit-identical are printed); the shares summed in rank order (as an all-reduce might) and
  *   rounded against the whole block's output y_whole: within one bf16 ulp or 2^-12 of the row's
  *   RMS (only the fp32 order of the pick sums differs); rank 1's share replayed from a CUDA graph
  *   gives the same bytes (decode sizes);
@@ -417,7 +417,12 @@ static void check_ep(struct gpu *g, struct cpu_pool *pool, struct gpu_arena *are
 				       (long long)graph_diff);
 				bad = gpu_count_bad_bf16(sum, y_whole, T, D, 1.0 / 4096,
 							 "    EP shares summed against the whole block");
-				CHECK_EQ_INT(share_bad, 0);
+				/* flips are rare (s39-4, H100: at most 1 of 114,688 values, real dims
+				 * at 8 tokens, where the whole block's y has 1.5% of its outputs over
+				 * an ulp and its worst 0.013 of the row at one ulp: a share, smaller
+				 * than y, spans more ulps for the same error); a wrong expert or rank
+				 * moves every value of its rows, and the sum above catches it too */
+				CHECK((double)share_bad <= 1e-4 * (double)(n * ranks));
 				CHECK_EQ_INT(graph_diff, 0);
 			} else {
 				printf("\n");
