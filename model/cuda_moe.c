@@ -153,10 +153,8 @@ struct moe_dims {
 	int unfused; /* CUDA_MOE_UNFUSED */
 	int fast;    /* the GEMM dispatch's fast mode (!cuda_gemm_batch_invariant) */
 	/* expert parallelism (cuda_moe_forward_rank): ep 1 for a rank's share; the rank, its first
-	 * expert and how many it owns; PE the permutation's experts (E, or K + own: the other
-	 * ranks' picks as K groups first, k_moe_rank_picks); G the grouped GEMMs' groups (E + 1, or
-	 * own + 1; the shared expert last) */
-	int ep, rank, e0, own, PE, G;
+	 * expert and how many it owns (E when ep is 0) */
+	int ep, rank, e0, own;
 };
 
 static struct moe_dims moe_dims(const struct gpu *g, const struct dsv32_config *c, int T,
@@ -168,8 +166,7 @@ static struct moe_dims moe_dims(const struct gpu *g, const struct dsv32_config *
 			     .fast = !cuda_gemm_batch_invariant(g)};
 	d.R = T * d.K;
 	d.RT = d.R + T;
-	d.own = d.PE = d.E;
-	d.G = d.E + 1;
+	d.own = d.E;
 	return d;
 }
 
@@ -732,7 +729,8 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	 * fused routers, whose own permutation it replaces (at one token their quantised rows are
 	 * all x's, right for any order) */
 	gpu_ptr pidx = b[B_IDX];
-	int PE = d->PE;
+	/* the permutation's experts: E, or K + own (the other ranks' picks as K groups first) */
+	int PE = d->ep ? K + d->own : E;
 	if ((stages & CUDA_MOE_PERMUTE) && d->ep) {
 		int e1 = d->e0 + d->own;
 		void *args[] = {(void *)&b[B_IDX], &R, &K, (void *)&d->e0, &e1, (void *)&b[B_RIDX]};
@@ -771,7 +769,7 @@ static int moe_run(struct gpu *g, const struct dsv32_config *c, const struct cud
 	/* the grouped GEMMs' offsets: group j's rows [off[j], off[j + 1]), j < G; under ep from the
 	 * rank's first own expert (the other ranks' rows before it are in no group) */
 	const gpu_ptr off = b[B_OFF] + (d->ep ? (size_t)K * 4 : 0);
-	const int NG = d->G;
+	const int NG = d->own + 1; /* the grouped GEMMs' groups: the shared expert last */
 	stats_mark(g, ST_PERMUTE + 1);
 	/* the quantised rows: routed rows in sorted order, then x itself (one token through the
 	 * fused router: written there) */
@@ -967,7 +965,6 @@ static int moe_block_forward(struct gpu *g, struct gpu_arena *a, const struct ds
 	struct moe_dims d = moe_dims(g, c, T, stages);
 	if (ep) {
 		d.ep = 1, d.rank = L->rank, d.e0 = L->e0, d.own = L->n_own;
-		d.PE = d.K + d.own, d.G = d.own + 1;
 	}
 	size_t sz[B_COUNT];
 	scratch_sizes(g, &d, sz);

@@ -310,9 +310,9 @@ static int bench_ranks(struct moe_bench *b, struct cuda_moe_layer (*LR)[MAX_LAYE
 				if (idx[i] >= e0 && idx[i] < e1 && !seen[idx[i]])
 					seen[idx[i]] = 1, hit += 1.0 / b->nl;
 		}
-		char what[32];
-		snprintf(what, sizeof what, "rank %d", r);
-		printf("    experts %3lld .. %3lld, %.2f hit:", (long long)e0, (long long)e1 - 1, hit);
+		char what[64];
+		snprintf(what, sizeof what, "rank %d (experts %lld .. %lld, %.2f hit)", r, (long long)e0,
+			 (long long)e1 - 1, hit);
 		print_part(what, ms, hit * exp_bytes + gate_bytes + (r == 0 ? sh_bytes : 0), 0,
 			   read_tbs, 0);
 		slowest = ms > slowest ? ms : slowest;
